@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("topoctl: being written");
+    std::process::exit(2);
+}

@@ -1,0 +1,23 @@
+//! topo: topology-aware job placement for the batch systems HPC sites already run.
+//!
+//! This crate is the placement core that every part of topo shares:
+//!
+//! - [`topology`]: the hardware graph of a host, read from Linux sysfs or an hwloc XML file;
+//! - [`request`]: the request language (LSF `CPUSET[...]` and `affinity[...]`, which is also the
+//!   syntax of Slurm's `--topology=` and PBS's `-l topology=`), normalized into one [`request::Request`];
+//! - [`place`]: placement strategies and their metrics, pure functions of (graph, ledger, request);
+//! - [`ledger`]: who holds which CPUs and memory nodes on one host, with its invariants.
+//!
+//! Nothing here touches the file system except the topology readers, which take their root
+//! directory or file as an argument so that tests run on snapshots of real machines.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cpuset;
+pub mod ledger;
+pub mod place;
+pub mod request;
+pub mod topology;
+
+pub use cpuset::CpuSet;

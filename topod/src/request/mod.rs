@@ -1,0 +1,201 @@
+//! The request language: what a job asks of one host's topology.
+//!
+//! Two syntaxes arrive from the batch systems, and both normalize into one [`Request`]:
+//!
+//! - LSF's `CPUSET[KEY=value;...]` (`bsub -extsched`, the queue's `DEFAULT_EXTSCHED` and
+//!   `MANDATORY_EXTSCHED`), from the SGI cpuset integration;
+//! - LSF's `affinity[...]` resource-requirement section, which is also the value of Slurm's
+//!   `--topology=` and PBS's `-l topology=`.
+//!
+//! A request string may hold one of each (`CPUSET[...] affinity[...]`). A [`Request`] prints back
+//! to one canonical string that parses to the same `Request`.
+
+use crate::cpuset::CpuSet;
+use serde::Serialize;
+
+/// A processor-unit type, and the levels that `same=`, `exclusive=` and `cpubind=` name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Level {
+    /// A hardware thread (PU). Aliases: `thread`, `cpu`.
+    Thread,
+    /// A physical core.
+    Core,
+    /// An L3 cache group (CCX on AMD). topo extension: `l3`.
+    L3,
+    /// A NUMA node. Aliases: `numa`, `mcm`.
+    Numa,
+    /// A package. `socket`.
+    Socket,
+}
+
+/// Who else may share a domain marked exclusive (`exclusive=(level,scope)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    /// No other task of the same job.
+    InTask,
+    /// No other job (tasks of this job may share).
+    InJob,
+    /// Neither (LSF `alljobs`).
+    AllJobs,
+}
+
+/// `exclusive=(level[,scope])`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Exclusive {
+    /// The level whose domains are held exclusively.
+    pub level: Level,
+    /// Against whom.
+    pub scope: Scope,
+}
+
+/// `membind=`: which memory nodes the job gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemBind {
+    /// All memory nodes, the local ones preferred (LSF's default).
+    #[default]
+    LocalPrefer,
+    /// Only the NUMA nodes local to the chosen CPUs.
+    LocalOnly,
+}
+
+/// `distribute=`: how tasks spread inside the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Distribute {
+    /// No preference (LSF's default): topo uses its best-fit strategy.
+    #[default]
+    Any,
+    /// As close together as possible; `pack(level=n)` requires the whole job inside `n`
+    /// domains of `level` or it does not fit.
+    Pack(Option<(Level, u32)>),
+    /// Spread evenly over the domains of the level the tasks are bound at.
+    Balance,
+}
+
+/// `CPUSET_TYPE=`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpusetType {
+    /// A cpuset made for the job (the normal case).
+    Dynamic,
+    /// An existing, administrator-made cpuset named by `CPUSET_NAME`.
+    Static,
+    /// No cpuset: the job runs unconfined.
+    None,
+}
+
+/// One `CPUSET_OPTIONS` flag (names from SGI IRIX cpusets, as LSF used them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum CpusetOption {
+    /// `CPUSET_CPU_EXCLUSIVE`: no other job on the job's CPUs or their SMT siblings.
+    CpuExclusive,
+    /// `CPUSET_MEMORY_LOCAL`: memory only from the nodes local to the CPUs.
+    MemoryLocal,
+    /// `CPUSET_MEMORY_EXCLUSIVE`: no other job gets those memory nodes.
+    MemoryExclusive,
+    /// `CPUSET_MEMORY_KERNEL_AVOID`: the kernel avoids the job's memory nodes.
+    MemoryKernelAvoid,
+    /// `CPUSET_MEMORY_MANDATORY`: allocation fails rather than spill to other nodes.
+    MemoryMandatory,
+    /// `CPUSET_POLICY_PAGE`: page to swap when the nodes are full.
+    PolicyPage,
+    /// `CPUSET_POLICY_KILL`: kill the job when the nodes are full.
+    PolicyKill,
+    /// `CPUSET_EVENT_NOTIFY`: notify on cpuset events.
+    EventNotify,
+}
+
+/// `RESUME_OPTION=`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum ResumeOption {
+    /// `ORIG_CPUS`: try to get the original CPUs back on resume.
+    OrigCpus,
+}
+
+/// The normalized request: everything a job asks of one host, whichever syntax it came in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Request {
+    /// Number of tasks: `*count` in the affinity syntax; `None` means "as many as the batch
+    /// system gives" (`bsub -n`, `srun -n`), 1 when nobody says.
+    pub tasks: Option<u32>,
+    /// The unit each task asks for (`core` in `core(2)`); `Thread` for CPUSET requests.
+    pub unit: Level,
+    /// Units per task (`2` in `core(2)`).
+    pub units_per_task: u32,
+    /// `same=`: each task's units lie inside one domain of this level.
+    pub same: Option<Level>,
+    /// `exclusive=(level,scope)`.
+    pub exclusive: Option<Exclusive>,
+    /// `cpubind=`: the level tasks are bound at.
+    pub cpubind: Option<Level>,
+    /// `membind=`.
+    pub membind: MemBind,
+    /// `distribute=`.
+    pub distribute: Distribute,
+    /// `CPUSET_TYPE=`.
+    pub cpuset_type: Option<CpusetType>,
+    /// `CPUSET_NAME=`: the static cpuset to run in.
+    pub cpuset_name: Option<String>,
+    /// `CPU_LIST=`: only these CPUs may be used.
+    pub cpu_list: Option<CpuSet>,
+    /// `MAX_RADIUS=`: largest NUMA distance allowed between any two of the job's NUMA nodes,
+    /// in hops where a hop is one step of the SLIT above local (see `place`).
+    pub max_radius: Option<u32>,
+    /// `MAX_CPU_PER_NODE=`: at most this many CPUs from any one NUMA node.
+    pub max_cpu_per_node: Option<u32>,
+    /// `CPUSET_OPTIONS=`.
+    pub cpuset_options: Vec<CpusetOption>,
+    /// `RESUME_OPTION=`.
+    pub resume_option: Option<ResumeOption>,
+    /// topo extension: memory in MiB the job needs from its memory nodes.
+    pub mem_mib: Option<u64>,
+}
+
+impl Default for Request {
+    fn default() -> Self {
+        Self {
+            tasks: None,
+            unit: Level::Thread,
+            units_per_task: 1,
+            same: None,
+            exclusive: None,
+            cpubind: None,
+            membind: MemBind::LocalPrefer,
+            distribute: Distribute::Any,
+            cpuset_type: None,
+            cpuset_name: None,
+            cpu_list: None,
+            max_radius: None,
+            max_cpu_per_node: None,
+            cpuset_options: Vec::new(),
+            resume_option: None,
+            mem_mib: None,
+        }
+    }
+}
+
+impl Request {
+    /// A plain request for `n` hardware threads, as a slot-counting scheduler would make.
+    pub fn threads(n: u32) -> Self {
+        Self { tasks: Some(n), ..Self::default() }
+    }
+
+    /// Whether the job must not share SMT siblings (or larger domains) with other jobs.
+    pub fn exclusive_level(&self) -> Option<Level> {
+        match self.exclusive {
+            Some(Exclusive { level, scope: Scope::InJob | Scope::AllJobs }) => Some(level),
+            _ if self.cpuset_options.contains(&CpusetOption::CpuExclusive) => Some(Level::Core),
+            _ => None,
+        }
+    }
+
+    /// Whether the memory nodes are limited to those local to the CPUs.
+    pub fn memory_local_only(&self) -> bool {
+        self.membind == MemBind::LocalOnly
+            || self.cpuset_options.contains(&CpusetOption::MemoryLocal)
+            || self.cpuset_options.contains(&CpusetOption::MemoryMandatory)
+    }
+}

@@ -1,0 +1,241 @@
+//! The hardware graph of one host, and its readers.
+//!
+//! The graph is plain data: every level (package, die, NUMA node, L3 group, L2/cluster group,
+//! core, PU) is a list of domains, each with the set of OS CPU ids it covers. Levels are *not*
+//! assumed to nest: sub-NUMA clustering puts two NUMA nodes under one L3, some platforms report
+//! every core as a package, and a NUMA node may have no CPU at all (HBM, GPU memory). Code that
+//! needs "the NUMA node of this L3 group" asks by set intersection, never by tree position.
+//!
+//! The graph describes the whole machine that the reader saw. Which CPUs a job may get is a
+//! separate question, answered by [`Topology::allowed_cpus`] (online, inside the reading
+//! process's cpuset) minus what configuration reserves; [`Topology::counts`] counts only what
+//! is allowed, as hwloc and a scheduler do.
+//!
+//! Readers: [`sysfs`] (a Linux `/sys` + `/proc` tree under any root directory) and [`hwloc_xml`]
+//! (hwloc's XML v2 export, so any machine can be emulated from a file).
+
+pub mod hwloc_xml;
+pub mod sysfs;
+
+use crate::cpuset::CpuSet;
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// One domain of one level: the CPUs it covers and the OS (or hwloc logical) index when known.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Domain {
+    /// OS index (`physical_package_id`, cache id, ...) when the source gives one.
+    pub os_index: Option<u32>,
+    /// Every CPU of the domain, allowed or not.
+    pub cpus: CpuSet,
+}
+
+/// What kind of memory a NUMA node holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryKind {
+    /// Ordinary DRAM (the default when nothing says otherwise).
+    Dram,
+    /// High-bandwidth memory (MCDRAM, HBM), usually a CPU-less node.
+    Hbm,
+    /// A GPU's memory exposed as a NUMA node (POWER9 + V100, Grace Hopper).
+    GpuMemory,
+    /// Persistent or far memory (Optane, CXL expanders).
+    FarMemory,
+}
+
+/// A NUMA node: a memory and the CPUs local to it (possibly none).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NumaNode {
+    /// The kernel's node id (`nodeN`).
+    pub os_index: u32,
+    /// CPUs local to this node; empty for CPU-less nodes.
+    pub cpus: CpuSet,
+    /// Memory size in bytes (0 when unknown).
+    pub memory_bytes: u64,
+    /// What memory it is.
+    pub kind: MemoryKind,
+}
+
+/// A class of CPU on hybrid processors (P-cores and E-cores), in the order the source gives
+/// (hwloc: ascending efficiency).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CpuKind {
+    /// The CPUs of this kind.
+    pub cpus: CpuSet,
+    /// A label: `IntelAtom`/`IntelCore`, the ARM part number, or `capacity=N`.
+    pub name: String,
+    /// Relative efficiency rank as the source gives it (higher = faster), if any.
+    pub efficiency: Option<i32>,
+}
+
+/// The class of an I/O device, as far as placement cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceClass {
+    /// Display / 3D controller (PCI class 0x03).
+    Gpu,
+    /// Network or InfiniBand controller (PCI class 0x02, 0x0c06).
+    Network,
+    /// Processing accelerator (PCI class 0x12, 0x0b40), vector engines, FPGAs.
+    Accelerator,
+    /// Storage controller (PCI class 0x01).
+    Storage,
+    /// Anything else.
+    Other,
+}
+
+/// A PCI device with its locality.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IoDevice {
+    /// `domain:bus:device.function`, e.g. `0000:3b:00.0`.
+    pub pci_address: String,
+    /// What it is.
+    pub class: DeviceClass,
+    /// The PCI class code (24 bits, `0x030200`).
+    pub class_code: u32,
+    /// PCI vendor id, when known.
+    pub vendor_id: Option<u16>,
+    /// PCI device id, when known.
+    pub device_id: Option<u16>,
+    /// Names the OS gives it (`eth0`, `mlx5_0`, `cuda0`, ...).
+    pub names: Vec<String>,
+    /// The NUMA node it hangs off, when known.
+    pub numa_node: Option<u32>,
+    /// CPUs local to it (empty when unknown).
+    pub local_cpus: CpuSet,
+}
+
+/// The NUMA distance matrix (SLIT), square, in the order of `nodes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Distances {
+    /// NUMA node OS indexes, in row order.
+    pub nodes: Vec<u32>,
+    /// Row-major `nodes.len()²` values; 10 means local by the ACPI convention.
+    pub values: Vec<u32>,
+}
+
+impl Distances {
+    /// Distance from node `a` to node `b` (OS indexes), if both are in the matrix.
+    pub fn between(&self, a: u32, b: u32) -> Option<u32> {
+        let i = self.nodes.iter().position(|&n| n == a)?;
+        let j = self.nodes.iter().position(|&n| n == b)?;
+        self.values.get(i * self.nodes.len() + j).copied()
+    }
+}
+
+/// The hardware graph of one host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Topology {
+    /// Where the graph came from (a path, or `/` for the running host).
+    pub source: String,
+    /// Every PU (hardware thread) the reader saw online, by OS id.
+    pub pus: CpuSet,
+    /// CPUs that are online and inside the reading process's cpuset (cgroup or affinity).
+    pub allowed: CpuSet,
+    /// NUMA node ids that the reading process's cpuset allows (`cpuset.mems`).
+    pub allowed_mems: CpuSet,
+    /// Physical cores.
+    pub cores: Vec<Domain>,
+    /// L2 cache / cluster groups (cores sharing an L2, e.g. Atom clusters, Bulldozer modules).
+    pub l2_groups: Vec<Domain>,
+    /// L3 cache groups (CCX/CCD on AMD, the LLC on Intel).
+    pub l3_groups: Vec<Domain>,
+    /// NUMA nodes, CPU-less ones included.
+    pub numa_nodes: Vec<NumaNode>,
+    /// Dies (several per package on multi-chip modules), when the source reports them.
+    pub dies: Vec<Domain>,
+    /// Packages (sockets). On some platforms each core reports as its own package.
+    pub packages: Vec<Domain>,
+    /// CPU kinds on hybrid processors; empty when all CPUs are alike.
+    pub cpu_kinds: Vec<CpuKind>,
+    /// NUMA distances, when the source has them.
+    pub distances: Option<Distances>,
+    /// PCI devices that matter for placement (GPUs, NICs, accelerators).
+    pub devices: Vec<IoDevice>,
+}
+
+/// The five numbers that hwloc's `hwloc-calc -N` reports, over allowed resources only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Packages with at least one allowed PU.
+    pub packages: usize,
+    /// NUMA nodes that are allowed (`allowed_mems`).
+    pub numa_nodes: usize,
+    /// L3 groups with at least one allowed PU.
+    pub l3_groups: usize,
+    /// Cores with at least one allowed PU.
+    pub cores: usize,
+    /// Allowed PUs.
+    pub pus: usize,
+}
+
+/// Why a topology could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file's content is not what the format says.
+    #[error("{path}: {what}")]
+    Format {
+        /// The file (and for XML, the line).
+        path: String,
+        /// What is wrong, in words.
+        what: String,
+    },
+    /// The source has no CPU at all, or nothing usable.
+    #[error("{source_name}: {what}")]
+    Empty {
+        /// The source.
+        source_name: String,
+        /// What is missing.
+        what: String,
+    },
+}
+
+impl Topology {
+    /// CPUs a job may be given before configuration reservations: online and allowed.
+    pub fn allowed_cpus(&self) -> &CpuSet {
+        &self.allowed
+    }
+
+    /// The counts of allowed resources, comparable with `hwloc-calc -N`.
+    pub fn counts(&self) -> Counts {
+        let touching = |doms: &[Domain]| doms.iter().filter(|d| d.cpus.intersects(&self.allowed)).count();
+        Counts {
+            packages: touching(&self.packages),
+            numa_nodes: self.numa_nodes.iter().filter(|n| self.allowed_mems.contains(n.os_index)).count(),
+            l3_groups: touching(&self.l3_groups),
+            cores: touching(&self.cores),
+            pus: self.allowed.len(),
+        }
+    }
+
+    /// NUMA nodes that hold at least one allowed CPU.
+    pub fn numa_nodes_with_cpus(&self) -> impl Iterator<Item = &NumaNode> {
+        self.numa_nodes.iter().filter(|n| n.cpus.intersects(&self.allowed))
+    }
+
+    /// The NUMA distance between two nodes (OS ids): the SLIT value, else 10 for the same node
+    /// and 20 for two different ones (the ACPI defaults the kernel also assumes).
+    pub fn numa_distance(&self, a: u32, b: u32) -> u32 {
+        self.distances
+            .as_ref()
+            .and_then(|d| d.between(a, b))
+            .unwrap_or(if a == b { 10 } else { 20 })
+    }
+
+    /// A short name for display: the file stem of the source.
+    pub fn short_name(&self) -> &str {
+        let s = self.source.trim_end_matches('/');
+        let base = s.rsplit('/').next().unwrap_or(s);
+        base.strip_suffix(".xml").or_else(|| base.strip_suffix(".tar.bz2")).unwrap_or(base)
+    }
+}
