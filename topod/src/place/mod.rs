@@ -1,1 +1,246 @@
-//! placement (being written)
+//! Placement: which CPUs and memory nodes a job gets on one host.
+//!
+//! Everything here is a pure function of a [`HostModel`] (the hardware graph, prepared once), an
+//! [`Occupancy`] (which CPUs other jobs hold or fence off) and a [`Request`]. The host daemon
+//! calls it to allocate; the cluster-side plug-ins call the very same function on a cached
+//! occupancy to decide whether a host fits and how well ([`fit_and_score`]), so cluster and host
+//! never disagree.
+//!
+//! ## How a request becomes a placement
+//!
+//! 1. **Available CPUs**: allocatable, not held, not fenced by another job's exclusive domain,
+//!    inside `CPU_LIST` if given. With `exclusive=(level,..)` (or `CPUSET_CPU_EXCLUSIVE`, which
+//!    means `exclusive=(core,alljobs)`), only domains of that level that are wholly free count.
+//! 2. **Units**: a `thread` unit is one available CPU; a `core`/`l3`/`numa`/`socket` unit is such
+//!    a domain whose every allocatable CPU is available.
+//! 3. **Tasks**: `tasks` × `units_per_task` units; with `same=level` each task's units lie inside
+//!    one domain of that level. `MAX_CPU_PER_NODE` caps the CPUs taken from any NUMA node, and
+//!    `MAX_RADIUS` bounds the NUMA distance (in hops) between the job's nodes.
+//! 4. **The strategy** decides where, walking the placement tree of the model (see
+//!    [`model`]); the strategies are described on [`Strategy`].
+//! 5. **Memory**: `membind=localonly` (or `CPUSET_MEMORY_LOCAL`/`_MANDATORY`) gives the NUMA
+//!    nodes local to the chosen CPUs plus the CPU-less nodes (HBM, GPU memory) nearest to them;
+//!    otherwise every allowed memory node.
+
+pub mod baseline;
+pub mod engine;
+pub mod metrics;
+pub mod model;
+
+pub use metrics::{HostMetrics, PlacementMetrics};
+pub use model::HostModel;
+
+use crate::cpuset::CpuSet;
+use crate::request::{Level, Request};
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+
+/// Which CPUs are taken on a host, as placement sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Occupancy {
+    /// CPUs held by jobs.
+    pub held: CpuSet,
+    /// CPUs not held but unusable by other jobs: the rest of an exclusive job's cores/domains.
+    pub fenced: CpuSet,
+}
+
+impl Occupancy {
+    /// CPUs of `model` that a new job may use.
+    pub fn free(&self, model: &HostModel) -> CpuSet {
+        let mut f = model.allocatable.difference(&self.held);
+        f.difference_with(&self.fenced);
+        f
+    }
+}
+
+/// A placement strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// The default. Put the job in the smallest, tightest domain that holds it (the domain with
+    /// the fewest free units that still fits, so large free blocks survive); when it must span,
+    /// take the set of domains with the fewest members and the smallest NUMA distance between
+    /// them, consuming the fuller ones first.
+    BestFit,
+    /// Fill the fullest domains first at every level, spilling into the next when one is full.
+    Pack,
+    /// Spread the job's units evenly over the domains at every level.
+    Balance,
+    /// Topology-blind: the lowest-numbered available units, as a scheduler that counts slots.
+    FirstFit,
+    /// Split the job into power-of-two blocks and put each block in the tightest tree domain
+    /// that holds it (after the Multiple Buddy Strategy / Modified 2-D Buddy allocators).
+    Buddy,
+    /// Baseline: Kubernetes CPU manager static policy, `takeByTopologyNUMAPacked`.
+    K8sStatic,
+    /// Baseline: Slurm `select/cons_tres` block distribution (fewest sockets, tightest socket).
+    SlurmBlock,
+}
+
+impl Strategy {
+    /// Every strategy, ours first, then the baselines.
+    pub const ALL: [Strategy; 7] = [
+        Strategy::BestFit,
+        Strategy::Pack,
+        Strategy::Balance,
+        Strategy::FirstFit,
+        Strategy::Buddy,
+        Strategy::K8sStatic,
+        Strategy::SlurmBlock,
+    ];
+
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::BestFit => "best-fit",
+            Strategy::Pack => "pack",
+            Strategy::Balance => "balance",
+            Strategy::FirstFit => "first-fit",
+            Strategy::Buddy => "buddy",
+            Strategy::K8sStatic => "k8s-static",
+            Strategy::SlurmBlock => "slurm-block",
+        }
+    }
+
+    /// Whether the strategy honours the shape of a request (`same=`, `MAX_RADIUS`,
+    /// `MAX_CPU_PER_NODE`). The topology-blind one and the baselines only place a count of CPUs
+    /// (whole cores where the request asks for cores or exclusivity).
+    pub fn honours_shape(self) -> bool {
+        matches!(self, Strategy::BestFit | Strategy::Pack | Strategy::Balance | Strategy::Buddy)
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An unknown strategy name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown placement strategy {0:?}; expected one of best-fit, pack, balance, first-fit, buddy, k8s-static, slurm-block")]
+pub struct UnknownStrategy(pub String);
+
+impl FromStr for Strategy {
+    type Err = UnknownStrategy;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Strategy::ALL.into_iter().find(|st| st.name() == s).ok_or_else(|| UnknownStrategy(s.to_string()))
+    }
+}
+
+/// Where a job goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Placement {
+    /// Every CPU of the job.
+    pub cpus: CpuSet,
+    /// The CPUs of each task, in task order.
+    pub tasks: Vec<CpuSet>,
+    /// Memory nodes (OS ids) the job may allocate from.
+    pub mems: CpuSet,
+    /// CPUs other jobs may no longer use because this job holds their domain exclusively.
+    pub fenced: CpuSet,
+    /// How good it is.
+    pub metrics: PlacementMetrics,
+}
+
+/// Why a job does not fit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceError {
+    /// Fewer units are free than the job needs.
+    #[error("needs {needed} {unit} units but only {free} are free{detail}")]
+    NotEnoughFree {
+        /// Units needed.
+        needed: usize,
+        /// Units free (in the request's unit, after exclusivity and CPU_LIST).
+        free: usize,
+        /// The unit.
+        unit: &'static str,
+        /// More context.
+        detail: String,
+    },
+    /// Enough units are free, but not in the shape the request asks for.
+    #[error("{needed} {unit} units are free but not in the requested shape: {why}")]
+    Shape {
+        /// Units needed.
+        needed: usize,
+        /// The unit.
+        unit: &'static str,
+        /// Which constraint could not be met.
+        why: String,
+    },
+    /// The request can never fit this host, even empty.
+    #[error("can never fit this host: {0}")]
+    Impossible(String),
+}
+
+impl PlaceError {
+    /// Whether the host had enough free units and failed only on shape: the "rejected while
+    /// free" case that fragmentation causes.
+    pub fn rejected_while_free(&self) -> bool {
+        matches!(self, PlaceError::Shape { .. })
+    }
+}
+
+/// Default number of tasks when neither the request nor the batch system says.
+pub const DEFAULT_TASKS: u32 = 1;
+
+/// Places `request` on the host described by `model` with the given occupancy.
+pub fn place(model: &HostModel, occupancy: &Occupancy, request: &Request, strategy: Strategy) -> Result<Placement, PlaceError> {
+    let job = engine::JobShape::new(model, occupancy, request)?;
+    let chosen = match strategy {
+        Strategy::K8sStatic => baseline::k8s_static(model, &job)?,
+        Strategy::SlurmBlock => baseline::slurm_block(model, &job)?,
+        Strategy::FirstFit => engine::first_fit(model, &job)?,
+        Strategy::BestFit | Strategy::Pack | Strategy::Balance | Strategy::Buddy => engine::place_shaped(model, &job, strategy)?,
+    };
+    Ok(finish(model, occupancy, request, &job, chosen))
+}
+
+/// Score of a placement: lower is better. Extra NUMA nodes beyond the minimum weigh most, then
+/// extra L3 groups, then distance, then free whole L3 groups the job breaks into.
+pub fn score(m: &PlacementMetrics) -> u64 {
+    let extra_numa = (m.numa_nodes.saturating_sub(m.min_numa_nodes)) as u64;
+    let extra_l3 = (m.l3_groups.saturating_sub(m.min_l3_groups)) as u64;
+    extra_numa * 10_000 + extra_l3 * 1_000 + u64::from(m.hops) * 100 + m.free_l3_broken as u64 * 10 + m.smt_shared as u64
+}
+
+/// What a cluster-side plug-in asks of a host: does the job fit, and how well.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Fit {
+    /// The score of the placement the host would make (lower is better).
+    pub score: u64,
+    /// The CPUs it would get.
+    pub cpus: CpuSet,
+}
+
+/// Fit-and-score on a host summary: exactly what [`place`] with best-fit would do on that host.
+pub fn fit_and_score(model: &HostModel, occupancy: &Occupancy, request: &Request) -> Result<Fit, PlaceError> {
+    let p = place(model, occupancy, request, Strategy::BestFit)?;
+    Ok(Fit { score: score(&p.metrics), cpus: p.cpus })
+}
+
+fn finish(model: &HostModel, occupancy: &Occupancy, request: &Request, job: &engine::JobShape, tasks: Vec<CpuSet>) -> Placement {
+    let cpus = tasks.iter().fold(CpuSet::new(), |acc, t| acc.union(t));
+    let fenced = match job.exclusive {
+        Some(level) => model.closure(level, &cpus).difference(&cpus),
+        None => CpuSet::new(),
+    };
+    let mems = if request.memory_local_only() { model.local_mems_with_cpuless(&cpus) } else { model.all_mems.clone() };
+    let metrics = PlacementMetrics::measure(model, occupancy, &cpus);
+    Placement { cpus, tasks, mems, fenced, metrics }
+}
+
+/// The unit name of a level, for messages.
+pub(crate) fn unit_name(level: Level) -> &'static str {
+    match level {
+        Level::Thread => "thread",
+        Level::Core => "core",
+        Level::L3 => "l3",
+        Level::Numa => "numa",
+        Level::Socket => "socket",
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -239,3 +239,61 @@ impl Topology {
         base.strip_suffix(".xml").or_else(|| base.strip_suffix(".tar.bz2")).unwrap_or(base)
     }
 }
+
+/// Shape of a regular machine, for tests and examples: `packages × numa_per_package ×
+/// l3_per_numa × cores_per_l3 × threads_per_core`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyntheticShape {
+    /// Packages.
+    pub packages: u32,
+    /// NUMA nodes per package.
+    pub numa_per_package: u32,
+    /// L3 groups per NUMA node.
+    pub l3_per_numa: u32,
+    /// Cores per L3 group.
+    pub cores_per_l3: u32,
+    /// Hardware threads per core.
+    pub threads_per_core: u32,
+}
+
+impl Topology {
+    /// A regular machine numbered as Linux numbers x86 machines: first thread of every core
+    /// first, SMT siblings `cores` apart. NUMA distance 10 local, 12 inside a package, 32 across.
+    pub fn synthetic(shape: SyntheticShape) -> Topology {
+        let SyntheticShape { packages, numa_per_package, l3_per_numa, cores_per_l3, threads_per_core } = shape;
+        let cores_total = packages * numa_per_package * l3_per_numa * cores_per_l3;
+        let cpus_of_core = |core: u32| -> CpuSet { (0..threads_per_core).map(|t| core + t * cores_total).collect() };
+        let span = |first_core: u32, n: u32| -> CpuSet {
+            (first_core..first_core + n).fold(CpuSet::new(), |acc, c| acc.union(&cpus_of_core(c)))
+        };
+        let dom = |i: u32, cpus: CpuSet| Domain { os_index: Some(i), cpus };
+        let per_l3 = cores_per_l3;
+        let per_numa = per_l3 * l3_per_numa;
+        let per_pkg = per_numa * numa_per_package;
+        let numa_count = packages * numa_per_package;
+        let mut values = Vec::new();
+        for a in 0..numa_count {
+            for b in 0..numa_count {
+                values.push(if a == b { 10 } else if a / numa_per_package == b / numa_per_package { 12 } else { 32 });
+            }
+        }
+        let pus = CpuSet::first_n(cores_total * threads_per_core);
+        Topology {
+            source: format!("synthetic-{packages}p{numa_per_package}n{l3_per_numa}l{cores_per_l3}c{threads_per_core}t"),
+            allowed: pus.clone(),
+            allowed_mems: CpuSet::first_n(numa_count),
+            pus,
+            cores: (0..cores_total).map(|c| dom(c, cpus_of_core(c))).collect(),
+            l2_groups: Vec::new(),
+            l3_groups: (0..cores_total / per_l3).map(|i| dom(i, span(i * per_l3, per_l3))).collect(),
+            numa_nodes: (0..numa_count)
+                .map(|i| NumaNode { os_index: i, cpus: span(i * per_numa, per_numa), memory_bytes: 64 << 30, kind: MemoryKind::Dram })
+                .collect(),
+            dies: Vec::new(),
+            packages: (0..packages).map(|i| dom(i, span(i * per_pkg, per_pkg))).collect(),
+            cpu_kinds: Vec::new(),
+            distances: Some(Distances { nodes: (0..numa_count).collect(), values }),
+            devices: Vec::new(),
+        }
+    }
+}

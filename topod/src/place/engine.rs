@@ -1,0 +1,493 @@
+//! The shape-aware placement engine behind best-fit, pack, balance and buddy, and first-fit.
+//!
+//! A job is `tasks` tasks of `units_per_task` units. The engine counts, for every node of the
+//! placement tree, how many units are available under it and (with `same=level`) how many whole
+//! tasks fit under it; then it walks down from the machine, at each node asking the strategy how
+//! to split the remaining need among the children. Inside a node that lies in one `same=` domain
+//! it switches from counting tasks to counting units. At a leaf (a core) it takes CPUs.
+
+use super::model::{level_slot, HostModel};
+use super::{unit_name, Occupancy, PlaceError, Strategy, DEFAULT_TASKS};
+use crate::cpuset::CpuSet;
+use crate::request::{Distribute, Level, Request};
+
+/// A request resolved against one host: what is available and what is needed.
+#[derive(Debug, Clone)]
+pub struct JobShape {
+    /// CPUs the job may take (free, inside CPU_LIST, wholly free domains when exclusive).
+    pub avail: CpuSet,
+    /// One CPU per available unit: the unit's first CPU (for threads, `avail` itself).
+    pub unit_reps: CpuSet,
+    /// The unit level.
+    pub unit: Level,
+    /// Units per task.
+    pub units_per_task: usize,
+    /// Tasks.
+    pub tasks: usize,
+    /// `same=` level.
+    pub same: Option<Level>,
+    /// The level held exclusively, if any.
+    pub exclusive: Option<Level>,
+    /// At most this many units from one NUMA node.
+    pub numa_cap_units: Option<usize>,
+    /// `MAX_RADIUS` in hops.
+    pub max_hops: Option<u32>,
+    /// `distribute=pack(level=n)`.
+    pub pack_limit: Option<(Level, u32)>,
+}
+
+impl JobShape {
+    /// Resolves `request` on `model` under `occupancy`.
+    pub fn new(model: &HostModel, occupancy: &Occupancy, request: &Request) -> Result<Self, PlaceError> {
+        let mut free = occupancy.free(model);
+        if let Some(list) = &request.cpu_list {
+            free.intersect_with(list);
+        }
+        let exclusive = request.exclusive_level();
+        let avail = match exclusive {
+            Some(level) if level != Level::Thread => wholly_within(model.domains(level), &free),
+            _ => free,
+        };
+        let unit = request.unit;
+        let unit_reps = match unit {
+            Level::Thread => avail.clone(),
+            _ => model.domains(unit).iter().filter(|d| d.is_subset(&avail)).filter_map(|d| d.first()).collect(),
+        };
+        let pus_per_unit = match unit {
+            Level::Thread => 1,
+            _ => model.domains(unit).iter().map(|d| d.len()).max().unwrap_or(1),
+        };
+        let numa_cap_units = request.max_cpu_per_node.map(|c| (c as usize / pus_per_unit).max(0));
+        let max_hops = request.max_radius;
+        let pack_limit = match request.distribute {
+            Distribute::Pack(limit) => limit,
+            _ => None,
+        };
+        let job = JobShape {
+            avail,
+            unit_reps,
+            unit,
+            units_per_task: request.units_per_task.max(1) as usize,
+            tasks: request.tasks.unwrap_or(DEFAULT_TASKS).max(1) as usize,
+            same: request.same.filter(|s| *s > unit),
+            exclusive,
+            numa_cap_units,
+            max_hops,
+            pack_limit,
+        };
+        job.check_possible(model)?;
+        Ok(job)
+    }
+
+    /// Units the whole job needs.
+    pub fn units_needed(&self) -> usize {
+        self.tasks * self.units_per_task
+    }
+
+    fn check_possible(&self, model: &HostModel) -> Result<(), PlaceError> {
+        let total_units = match self.unit {
+            Level::Thread => model.allocatable.len(),
+            u => model.domains(u).len(),
+        };
+        let need = self.units_needed();
+        if need > total_units {
+            return Err(PlaceError::Impossible(format!(
+                "asks for {need} {} units, the host has {total_units}",
+                unit_name(self.unit)
+            )));
+        }
+        if let Some(same) = self.same {
+            let largest = model.domains(same).iter().map(|d| self.units_in(model, d, &model.allocatable)).max().unwrap_or(0);
+            if self.units_per_task > largest {
+                return Err(PlaceError::Impossible(format!(
+                    "each task asks for {} {} units in one {}, the largest {} has {largest}",
+                    self.units_per_task,
+                    unit_name(self.unit),
+                    unit_name(same),
+                    unit_name(same)
+                )));
+            }
+        }
+        if let Some(0) = self.numa_cap_units {
+            return Err(PlaceError::Impossible("MAX_CPU_PER_NODE is smaller than one unit".into()));
+        }
+        let free_units = self.unit_reps.len();
+        if free_units < need {
+            return Err(PlaceError::NotEnoughFree { needed: need, free: free_units, unit: unit_name(self.unit), detail: String::new() });
+        }
+        Ok(())
+    }
+
+    /// Units of this job's unit type inside `cpus`, counting only domains wholly in `pool`.
+    fn units_in(&self, model: &HostModel, cpus: &CpuSet, pool: &CpuSet) -> usize {
+        match self.unit {
+            Level::Thread => cpus.intersection_len(pool),
+            u => model.domains(u).iter().filter(|d| d.is_subset(cpus) && d.is_subset(pool)).count(),
+        }
+    }
+
+    /// The CPUs of the unit whose first CPU is `rep`.
+    fn unit_cpus(&self, model: &HostModel, rep: u32) -> CpuSet {
+        match self.unit {
+            Level::Thread => std::iter::once(rep).collect(),
+            u => model.domain_of(u, rep).map(|i| model.domains(u)[i].clone()).unwrap_or_default(),
+        }
+    }
+}
+
+/// The union of the domains wholly inside `pool`.
+fn wholly_within(domains: &[CpuSet], pool: &CpuSet) -> CpuSet {
+    let mut out = CpuSet::new();
+    for d in domains.iter().filter(|d| d.is_subset(pool)) {
+        out.union_with(d);
+    }
+    out
+}
+
+/// Per-tree-node counts for one job: available units, and whole tasks.
+struct Counts {
+    units: Vec<usize>,
+    slots: Vec<usize>,
+}
+
+fn count(model: &HostModel, job: &JobShape, reps: &CpuSet) -> Counts {
+    let n = model.tree.len();
+    let mut units = vec![0usize; n];
+    let mut slots = vec![0usize; n];
+    let same_slot = job.same.and_then(level_slot);
+    // Children always come after their parent, so a reverse walk is bottom-up.
+    for id in (0..n).rev() {
+        let node = &model.tree[id];
+        let mut u = if node.children.is_empty() {
+            node.cpus.intersection_len(reps)
+        } else {
+            node.children.iter().map(|&c| units[c]).sum()
+        };
+        if let (Some(cap), Some(_)) = (job.numa_cap_units, node.numa) {
+            u = u.min(cap);
+        }
+        units[id] = u;
+        slots[id] = match same_slot {
+            Some(s) if node.within[s].is_some() || node.children.is_empty() => u / job.units_per_task,
+            Some(_) => node.children.iter().map(|&c| slots[c]).sum(),
+            None => u,
+        };
+    }
+    Counts { units, slots }
+}
+
+/// Places a job with a shape-aware strategy; returns the CPUs of each task.
+pub fn place_shaped(model: &HostModel, job: &JobShape, strategy: Strategy) -> Result<Vec<CpuSet>, PlaceError> {
+    let tasks = place_once(model, job, &job.unit_reps, strategy)?;
+    let cpus = tasks.iter().fold(CpuSet::new(), |a, t| a.union(t));
+    if within_limits(model, job, &cpus) {
+        return Ok(tasks);
+    }
+    // The unconstrained choice breaks MAX_RADIUS or pack(level=n): retry inside each region that
+    // satisfies the limit, and keep the best.
+    let mut best: Option<(u64, Vec<CpuSet>)> = None;
+    for region in limit_regions(model, job) {
+        let reps = job.unit_reps.intersection(&region);
+        if let Ok(t) = place_once(model, job, &reps, strategy) {
+            let cpus = t.iter().fold(CpuSet::new(), |a, s| a.union(s));
+            if within_limits(model, job, &cpus) {
+                let m = super::PlacementMetrics::measure(model, &Occupancy::default(), &cpus);
+                let s = super::score(&m);
+                if best.as_ref().is_none_or(|(b, _)| s < *b) {
+                    best = Some((s, t));
+                }
+            }
+        }
+    }
+    best.map(|(_, t)| t).ok_or_else(|| PlaceError::Shape {
+        needed: job.units_needed(),
+        unit: unit_name(job.unit),
+        why: match (job.max_hops, job.pack_limit) {
+            (Some(h), _) => format!("no set of NUMA nodes within MAX_RADIUS={h} hops has room"),
+            (None, Some((l, n))) => format!("does not fit in {n} {} domain(s)", unit_name(l)),
+            _ => "limits".into(),
+        },
+    })
+}
+
+fn within_limits(model: &HostModel, job: &JobShape, cpus: &CpuSet) -> bool {
+    if let Some(h) = job.max_hops {
+        let numa = model.touched(Level::Numa, cpus);
+        if model.hops(model.radius(&numa)) > h {
+            return false;
+        }
+    }
+    if let Some((level, n)) = job.pack_limit {
+        let k = if level == Level::Thread { cpus.len() } else { model.touched(level, cpus).len() };
+        if k > n as usize {
+            return false;
+        }
+    }
+    true
+}
+
+/// Candidate regions (CPU sets) that satisfy the job's MAX_RADIUS / pack limit.
+fn limit_regions(model: &HostModel, job: &JobShape) -> Vec<CpuSet> {
+    let mut regions = Vec::new();
+    if let Some(h) = job.max_hops {
+        let n = model.numa.len();
+        for centre in 0..n {
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by_key(|&o| (model.distance(centre, o), o));
+            let mut chosen: Vec<usize> = Vec::new();
+            for o in order {
+                if chosen.iter().all(|&c| model.hops(model.distance(c, o)) <= h) {
+                    chosen.push(o);
+                }
+            }
+            regions.push(chosen.iter().fold(CpuSet::new(), |a, &i| a.union(&model.numa[i])));
+        }
+    } else if let Some((level, n)) = job.pack_limit {
+        let doms = model.domains(level);
+        for start in 0..doms.len() {
+            // n consecutive domains starting at each one: neighbours by numbering are close.
+            let region = (0..n as usize).map(|k| &doms[(start + k) % doms.len()]).fold(CpuSet::new(), |a, d| a.union(d));
+            regions.push(region);
+        }
+    }
+    regions.sort();
+    regions.dedup();
+    regions
+}
+
+fn place_once(model: &HostModel, job: &JobShape, reps: &CpuSet, strategy: Strategy) -> Result<Vec<CpuSet>, PlaceError> {
+    let mut taken: Vec<CpuSet> = Vec::with_capacity(job.tasks);
+    if strategy == Strategy::Buddy {
+        // Power-of-two blocks of tasks, largest first, each placed best-fit on what is left.
+        let mut left = reps.clone();
+        for block in power_of_two_blocks(job.tasks) {
+            let sub = JobShape { tasks: block, ..job.clone() };
+            let tasks = descend(model, &sub, &left, Strategy::BestFit)?;
+            for t in &tasks {
+                left.difference_with(t);
+            }
+            taken.extend(tasks);
+        }
+        return Ok(taken);
+    }
+    descend(model, job, reps, strategy)
+}
+
+fn power_of_two_blocks(n: usize) -> Vec<usize> {
+    (0..usize::BITS).rev().map(|b| 1usize << b).filter(|b| n & b != 0).collect()
+}
+
+fn descend(model: &HostModel, job: &JobShape, reps: &CpuSet, strategy: Strategy) -> Result<Vec<CpuSet>, PlaceError> {
+    let counts = count(model, job, reps);
+    let need_slots = if job.same.is_some() { job.tasks } else { job.units_needed() };
+    if counts.slots[0] < need_slots {
+        let free_units = reps.len();
+        let why = match job.same {
+            Some(s) => format!(
+                "no room for {} task(s) of {} {} unit(s) each inside one {}",
+                job.tasks,
+                job.units_per_task,
+                unit_name(job.unit),
+                unit_name(s)
+            ),
+            None => "MAX_CPU_PER_NODE leaves too few per NUMA node".to_string(),
+        };
+        return Err(if free_units < job.units_needed() {
+            PlaceError::NotEnoughFree { needed: job.units_needed(), free: free_units, unit: unit_name(job.unit), detail: String::new() }
+        } else {
+            PlaceError::Shape { needed: job.units_needed(), unit: unit_name(job.unit), why }
+        });
+    }
+    let mut out = Walk { model, job, reps, counts: &counts, strategy, tasks: Vec::with_capacity(job.tasks) };
+    if job.same.is_some() {
+        out.by_tasks(0, need_slots);
+    } else {
+        let units = out.by_units(0, need_slots);
+        out.split_into_tasks(units);
+    }
+    if out.tasks.len() != job.tasks {
+        // Counting and walking disagree: a bug, reported rather than hidden.
+        return Err(PlaceError::Shape {
+            needed: job.units_needed(),
+            unit: unit_name(job.unit),
+            why: format!("internal: placed {} of {} tasks", out.tasks.len(), job.tasks),
+        });
+    }
+    Ok(out.tasks)
+}
+
+struct Walk<'a> {
+    model: &'a HostModel,
+    job: &'a JobShape,
+    reps: &'a CpuSet,
+    counts: &'a Counts,
+    strategy: Strategy,
+    tasks: Vec<CpuSet>,
+}
+
+impl Walk<'_> {
+    /// Places `need` whole tasks under `node` (same= mode).
+    fn by_tasks(&mut self, node: usize, need: usize) {
+        let same_slot = self.job.same.and_then(level_slot);
+        let n = &self.model.tree[node];
+        if same_slot.is_some_and(|s| n.within[s].is_some()) || n.children.is_empty() {
+            let units = self.by_units(node, need * self.job.units_per_task);
+            self.split_into_tasks(units);
+            return;
+        }
+        if let Some(inner) = self.smallest_fitting_below(node, need, &self.counts.slots) {
+            return self.by_tasks(inner, need);
+        }
+        for (child, k) in self.split(node, need, &self.counts.slots) {
+            self.by_tasks(child, k);
+        }
+    }
+
+    /// Takes `need` units under `node`; returns their representative CPUs in placement order.
+    fn by_units(&mut self, node: usize, need: usize) -> Vec<u32> {
+        let n = &self.model.tree[node];
+        if n.children.is_empty() {
+            return n.cpus.intersection(self.reps).iter().take(need).collect();
+        }
+        if let Some(inner) = self.smallest_fitting_below(node, need, &self.counts.units) {
+            return self.by_units(inner, need);
+        }
+        let mut out = Vec::with_capacity(need);
+        for (child, k) in self.split(node, need, &self.counts.units) {
+            out.extend(self.by_units(child, k));
+        }
+        out
+    }
+
+    /// Best-fit only: the smallest domain strictly below `node` that holds `need` on its own,
+    /// the tightest (fewest free) among equally small ones. Searching the whole subtree rather
+    /// than the children one level at a time keeps a greedy choice high in the tree (the
+    /// emptier package) from hiding a tight hole lower down (a nearly full L3 group).
+    fn smallest_fitting_below(&self, node: usize, need: usize, counts: &[usize]) -> Option<usize> {
+        if !matches!(self.strategy, Strategy::BestFit | Strategy::Buddy) {
+            return None;
+        }
+        let tree = &self.model.tree;
+        let mut best: Option<(usize, usize, usize, usize)> = None;
+        let mut stack: Vec<usize> = tree[node].children.clone();
+        while let Some(id) = stack.pop() {
+            if counts[id] < need {
+                continue;
+            }
+            // Equal candidates: the one whose parent is tightest, then the lowest.
+            let parent_free = tree[id].parent.map_or(0, |p| counts[p]);
+            let key = (tree[id].cpus.len(), counts[id], parent_free, id);
+            if best.is_none_or(|b| key < b) {
+                best = Some(key);
+            }
+            stack.extend_from_slice(&tree[id].children);
+        }
+        best.map(|(_, _, _, id)| id)
+    }
+
+    fn split_into_tasks(&mut self, reps: Vec<u32>) {
+        for chunk in reps.chunks(self.job.units_per_task) {
+            let cpus = chunk.iter().fold(CpuSet::new(), |a, &r| a.union(&self.job.unit_cpus(self.model, r)));
+            self.tasks.push(cpus);
+        }
+    }
+
+    /// How to share `need` among the children of `node`, by the strategy.
+    fn split(&self, node: usize, need: usize, counts: &[usize]) -> Vec<(usize, usize)> {
+        let children: Vec<usize> = self.model.tree[node].children.iter().copied().filter(|&c| counts[c] > 0).collect();
+        match self.strategy {
+            Strategy::Pack => fill_in_order(children, counts, need, |c| (counts[c], c)),
+            Strategy::Balance => balance(&children, counts, need),
+            _ => self.best_fit_split(&children, counts, need),
+        }
+    }
+
+    fn best_fit_split(&self, children: &[usize], counts: &[usize], need: usize) -> Vec<(usize, usize)> {
+        // One child holds it all: the tightest one.
+        if let Some(&c) = children.iter().filter(|&&c| counts[c] >= need).min_by_key(|&&c| (counts[c], c)) {
+            return vec![(c, need)];
+        }
+        // Span: grow a set around each possible centre, nearest first (largest first among equally
+        // near ones, so the set stays small); keep the set with the fewest members, then the
+        // smallest radius, then the least left over.
+        let numa_of = |c: usize| self.model.domain_of(Level::Numa, self.model.tree[c].cpus.first().unwrap_or(0)).unwrap_or(0);
+        let mut best: Option<((usize, u32, usize), Vec<usize>)> = None;
+        for &centre in children {
+            let cn = numa_of(centre);
+            let mut order: Vec<usize> = children.iter().copied().filter(|&c| c != centre).collect();
+            order.sort_by_key(|&c| (self.model.distance(cn, numa_of(c)), std::cmp::Reverse(counts[c]), c));
+            let mut set = vec![centre];
+            let mut sum = counts[centre];
+            for c in order {
+                if sum >= need {
+                    break;
+                }
+                set.push(c);
+                sum += counts[c];
+            }
+            if sum < need {
+                continue;
+            }
+            let numas: Vec<usize> = set.iter().map(|&c| numa_of(c)).collect();
+            let key = (set.len(), self.model.radius(&numas), sum - need);
+            if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                best = Some((key, set));
+            }
+        }
+        let set = best.map(|(_, s)| s).unwrap_or_default();
+        // Consume the fuller (fewer free) members whole, the remainder from the emptiest.
+        fill_in_order(set, counts, need, |c| (counts[c], c))
+    }
+}
+
+/// Takes from `members` in the order of `key`, each as much as it has, until `need` is met.
+fn fill_in_order<K: Ord>(mut members: Vec<usize>, counts: &[usize], need: usize, key: impl Fn(usize) -> K) -> Vec<(usize, usize)> {
+    members.sort_by_key(|&c| key(c));
+    let mut left = need;
+    let mut out = Vec::new();
+    for c in members {
+        if left == 0 {
+            break;
+        }
+        let k = counts[c].min(left);
+        out.push((c, k));
+        left -= k;
+    }
+    out
+}
+
+/// Spreads `need` over `children` as evenly as their counts allow (water-filling).
+fn balance(children: &[usize], counts: &[usize], need: usize) -> Vec<(usize, usize)> {
+    let mut given = vec![0usize; children.len()];
+    let mut left = need;
+    while left > 0 {
+        let open: Vec<usize> = (0..children.len()).filter(|&i| given[i] < counts[children[i]]).collect();
+        if open.is_empty() {
+            break;
+        }
+        let share = (left / open.len()).max(1);
+        for i in open {
+            let k = share.min(counts[children[i]] - given[i]).min(left);
+            given[i] += k;
+            left -= k;
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    children.iter().zip(given).filter(|(_, g)| *g > 0).map(|(&c, g)| (c, g)).collect()
+}
+
+/// Topology-blind: the lowest-numbered available units, split into tasks in order.
+pub fn first_fit(model: &HostModel, job: &JobShape) -> Result<Vec<CpuSet>, PlaceError> {
+    let reps: Vec<u32> = job.unit_reps.iter().take(job.units_needed()).collect();
+    if reps.len() < job.units_needed() {
+        return Err(PlaceError::NotEnoughFree {
+            needed: job.units_needed(),
+            free: job.unit_reps.len(),
+            unit: unit_name(job.unit),
+            detail: String::new(),
+        });
+    }
+    Ok(reps.chunks(job.units_per_task).map(|c| c.iter().fold(CpuSet::new(), |a, &r| a.union(&job.unit_cpus(model, r)))).collect())
+}

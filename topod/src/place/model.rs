@@ -1,0 +1,387 @@
+//! `HostModel`: the hardware graph prepared for fast placement.
+//!
+//! Placement needs, many times per second, "how many free units are under this domain" and
+//! "which domains of level X does this set touch". The model answers both with precomputed
+//! bitsets and per-CPU lookup tables. It is built once per topology (and per set of reserved
+//! CPUs) and shared read-only: topod builds one for its host, the cluster-side plug-in builds one
+//! per distinct machine type and evaluates every host of that type against it.
+//!
+//! **The placement tree.** The levels of the graph need not nest (sub-NUMA clustering puts two
+//! NUMA nodes under one L3; on the IBM x3950 four packages share a NUMA node). The model builds a
+//! strict tree anyway by successive refinement: start from the whole machine and split each node
+//! by the domains of the next level, largest levels first, keeping the non-empty intersections.
+//! A level whose split changes nothing is skipped. Every tree node records the level it came from,
+//! so a tree node of level X always lies inside one domain of X.
+
+use crate::cpuset::CpuSet;
+use crate::request::Level;
+use crate::topology::Topology;
+
+/// A node of the placement tree.
+#[derive(Debug, Clone)]
+pub struct TreeNode {
+    /// The level this node was split by (`None` for the machine root).
+    pub level: Option<Level>,
+    /// Allocatable CPUs under this node.
+    pub cpus: CpuSet,
+    /// Children, in ascending order of first CPU.
+    pub children: Vec<usize>,
+    /// The parent (`None` for the root).
+    pub parent: Option<usize>,
+    /// Index of the NUMA node domain (in `HostModel::numa`) this node lies in, when it lies in one.
+    pub numa: Option<usize>,
+    /// For core, L3, NUMA and socket (in that order): the one domain of that level this node
+    /// lies in, if it lies in one.
+    pub within: [Option<usize>; 4],
+}
+
+/// Position of a level in [`TreeNode::within`] (`None` for threads).
+pub fn level_slot(level: Level) -> Option<usize> {
+    match level {
+        Level::Thread => None,
+        Level::Core => Some(0),
+        Level::L3 => Some(1),
+        Level::Numa => Some(2),
+        Level::Socket => Some(3),
+    }
+}
+
+/// The hardware graph restricted to allocatable CPUs, indexed for placement.
+#[derive(Debug, Clone)]
+pub struct HostModel {
+    /// Name of the topology it was built from.
+    pub name: String,
+    /// CPUs jobs may be given: online, allowed, not reserved.
+    pub allocatable: CpuSet,
+    /// CPUs seen but not allocatable (outside the allowed set, or reserved), for display.
+    pub excluded: CpuSet,
+    /// Domains per level, restricted to allocatable CPUs, empty ones dropped. Level order:
+    /// `Thread` is implicit (each allocatable CPU), then core, L3, NUMA, socket.
+    pub cores: Vec<CpuSet>,
+    /// L3 groups; when the machine has none, the NUMA∩package domains stand in.
+    pub l3: Vec<CpuSet>,
+    /// NUMA nodes with allocatable CPUs.
+    pub numa: Vec<CpuSet>,
+    /// OS ids of the NUMA nodes in `numa`.
+    pub numa_os: Vec<u32>,
+    /// Every NUMA node whose memory the job may use (including CPU-less ones), by OS id.
+    pub all_mems: CpuSet,
+    /// Packages.
+    pub sockets: Vec<CpuSet>,
+    /// `numa_distance[i * numa.len() + j]`: SLIT distance between `numa[i]` and `numa[j]`.
+    pub numa_distance: Vec<u32>,
+    /// Distinct remote distances, ascending: `hops(d)` is the position of `d` in this list + 1.
+    remote_distances: Vec<u32>,
+    /// For each CPU id (up to the largest allocatable), index into `cores`/`l3`/`numa`/`sockets`.
+    core_of: Vec<u32>,
+    l3_of: Vec<u32>,
+    numa_of: Vec<u32>,
+    socket_of: Vec<u32>,
+    /// The placement tree; node 0 is the machine.
+    pub tree: Vec<TreeNode>,
+    /// CPU-less memory nodes (OS id) with the CPU NUMA domains nearest to each.
+    pub cpuless: Vec<(u32, Vec<usize>)>,
+    /// Threads per core on this machine (the largest core's size).
+    pub threads_per_core: usize,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// Why a host model could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// Nothing is left to allocate.
+    #[error("{name}: no allocatable CPU (allowed: {allowed:?}, reserved: {reserved:?})")]
+    NoCpus {
+        /// Topology name.
+        name: String,
+        /// The allowed set.
+        allowed: String,
+        /// The reserved set.
+        reserved: String,
+    },
+}
+
+impl HostModel {
+    /// Builds the model of `topo`, leaving out the `reserved` CPUs.
+    pub fn new(topo: &Topology, reserved: &CpuSet) -> Result<Self, ModelError> {
+        let allocatable = topo.allowed.difference(reserved);
+        if allocatable.is_empty() {
+            return Err(ModelError::NoCpus {
+                name: topo.short_name().to_string(),
+                allowed: topo.allowed.to_string(),
+                reserved: reserved.to_string(),
+            });
+        }
+        let restrict = |sets: &mut dyn Iterator<Item = &CpuSet>| -> Vec<CpuSet> {
+            let mut out: Vec<CpuSet> = sets.map(|s| s.intersection(&allocatable)).filter(|s| !s.is_empty()).collect();
+            out.sort_by_key(|s| s.first());
+            out.dedup();
+            out
+        };
+        let mut cores = restrict(&mut topo.cores.iter().map(|d| &d.cpus));
+        // CPUs no core claims (readers should not produce them, but be safe) become cores of one.
+        let covered = cores.iter().fold(CpuSet::new(), |acc, c| acc.union(c));
+        for cpu in allocatable.difference(&covered).iter() {
+            cores.push(std::iter::once(cpu).collect());
+        }
+        cores.sort_by_key(|s| s.first());
+        let mut numa_pairs: Vec<(CpuSet, u32)> = topo
+            .numa_nodes
+            .iter()
+            .map(|n| (n.cpus.intersection(&allocatable), n.os_index))
+            .filter(|(s, _)| !s.is_empty())
+            .collect();
+        numa_pairs.sort_by_key(|(s, _)| s.first());
+        let (mut numa, mut numa_os): (Vec<CpuSet>, Vec<u32>) = numa_pairs.into_iter().unzip();
+        let numa_covered = numa.iter().fold(CpuSet::new(), |acc, c| acc.union(c));
+        let orphan = allocatable.difference(&numa_covered);
+        if !orphan.is_empty() {
+            // CPUs with no local memory node (offline node 0): treat them as one more domain with
+            // no memory of its own, so that they can still be placed and measured.
+            numa.push(orphan);
+            numa_os.push(NONE);
+        }
+        let mut sockets = restrict(&mut topo.packages.iter().map(|d| &d.cpus));
+        if sockets.is_empty() {
+            sockets.push(allocatable.clone());
+        }
+        let mut l3 = restrict(&mut topo.l3_groups.iter().map(|d| &d.cpus));
+        if l3.is_empty() {
+            // No L3 (KNL, old Opterons): the cache-sharing level that matters is then the NUMA
+            // node within the package.
+            for n in &numa {
+                for s in &sockets {
+                    let x = n.intersection(s);
+                    if !x.is_empty() {
+                        l3.push(x);
+                    }
+                }
+            }
+            l3.sort_by_key(|s| s.first());
+        }
+        let max_cpu = allocatable.last().unwrap_or(0) as usize + 1;
+        let index_of = |doms: &[CpuSet]| {
+            let mut v = vec![NONE; max_cpu];
+            for (i, d) in doms.iter().enumerate() {
+                for c in d.iter() {
+                    if (c as usize) < max_cpu && v[c as usize] == NONE {
+                        v[c as usize] = i as u32;
+                    }
+                }
+            }
+            v
+        };
+        let (core_of, l3_of, numa_of, socket_of) = (index_of(&cores), index_of(&l3), index_of(&numa), index_of(&sockets));
+        let n = numa.len();
+        let mut numa_distance = vec![10; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                numa_distance[i * n + j] = if i == j {
+                    10
+                } else if numa_os[i] == NONE || numa_os[j] == NONE {
+                    20
+                } else {
+                    topo.numa_distance(numa_os[i], numa_os[j]).max(11)
+                };
+            }
+        }
+        let mut remote_distances: Vec<u32> = numa_distance.iter().copied().filter(|&d| d > 10).collect();
+        remote_distances.sort_unstable();
+        remote_distances.dedup();
+        let all_mems = topo.numa_nodes.iter().map(|n| n.os_index).filter(|id| topo.allowed_mems.contains(*id)).collect();
+        let threads_per_core = cores.iter().map(|c| c.len()).max().unwrap_or(1);
+        let cpuless = topo
+            .numa_nodes
+            .iter()
+            .filter(|m| topo.allowed_mems.contains(m.os_index) && !m.cpus.intersects(&topo.allowed))
+            .map(|m| {
+                let dist: Vec<u32> = numa_os.iter().map(|&os| if os == NONE { u32::MAX } else { topo.numa_distance(m.os_index, os) }).collect();
+                let best = dist.iter().copied().min().unwrap_or(u32::MAX);
+                let near = if topo.distances.is_some() && best != u32::MAX {
+                    dist.iter().enumerate().filter(|(_, &d)| d == best).map(|(i, _)| i).collect()
+                } else {
+                    Vec::new()
+                };
+                (m.os_index, near)
+            })
+            .collect();
+        let mut model = HostModel {
+            name: topo.short_name().to_string(),
+            excluded: topo.pus.difference(&allocatable),
+            allocatable,
+            cores,
+            l3,
+            numa,
+            numa_os,
+            all_mems,
+            sockets,
+            numa_distance,
+            remote_distances,
+            core_of,
+            l3_of,
+            numa_of,
+            socket_of,
+            tree: Vec::new(),
+            cpuless,
+            threads_per_core,
+        };
+        model.tree = model.build_tree();
+        Ok(model)
+    }
+
+    /// The domains of `level` (for `Thread`, none: every CPU is its own domain).
+    pub fn domains(&self, level: Level) -> &[CpuSet] {
+        match level {
+            Level::Thread => &[],
+            Level::Core => &self.cores,
+            Level::L3 => &self.l3,
+            Level::Numa => &self.numa,
+            Level::Socket => &self.sockets,
+        }
+    }
+
+    /// Index of the domain of `level` holding `cpu`.
+    #[inline]
+    pub fn domain_of(&self, level: Level, cpu: u32) -> Option<usize> {
+        let table = match level {
+            Level::Thread => return Some(cpu as usize),
+            Level::Core => &self.core_of,
+            Level::L3 => &self.l3_of,
+            Level::Numa => &self.numa_of,
+            Level::Socket => &self.socket_of,
+        };
+        table.get(cpu as usize).copied().filter(|&i| i != NONE).map(|i| i as usize)
+    }
+
+    /// Indexes of the domains of `level` that `cpus` touches.
+    pub fn touched(&self, level: Level, cpus: &CpuSet) -> Vec<usize> {
+        let mut out: Vec<usize> = cpus.iter().filter_map(|c| self.domain_of(level, c)).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The union of the domains of `level` that `cpus` touches.
+    pub fn closure(&self, level: Level, cpus: &CpuSet) -> CpuSet {
+        if level == Level::Thread {
+            return cpus.clone();
+        }
+        let doms = self.domains(level);
+        self.touched(level, cpus).into_iter().fold(CpuSet::new(), |acc, i| acc.union(&doms[i]))
+    }
+
+    /// The smallest number of domains of `level` that could hold `n` CPUs on the empty machine.
+    pub fn min_domains_for(&self, level: Level, n: usize) -> usize {
+        let mut sizes: Vec<usize> = self.domains(level).iter().map(|d| d.len()).collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        let mut sum = 0;
+        for (i, s) in sizes.iter().enumerate() {
+            sum += s;
+            if sum >= n {
+                return i + 1;
+            }
+        }
+        sizes.len().max(1)
+    }
+
+    /// SLIT distance between NUMA domains `a` and `b` (indexes into `numa`).
+    #[inline]
+    pub fn distance(&self, a: usize, b: usize) -> u32 {
+        self.numa_distance[a * self.numa.len() + b]
+    }
+
+    /// Radius of a set of NUMA domains: the largest SLIT distance between two of them (10 for one).
+    pub fn radius(&self, numa: &[usize]) -> u32 {
+        let mut r = 10;
+        for &a in numa {
+            for &b in numa {
+                r = r.max(self.distance(a, b));
+            }
+        }
+        r
+    }
+
+    /// Radius in hops: 0 inside one NUMA node, k when the largest distance is the k-th smallest
+    /// distinct remote distance of this machine (the `MAX_RADIUS` unit).
+    pub fn hops(&self, distance: u32) -> u32 {
+        if distance <= 10 {
+            return 0;
+        }
+        self.remote_distances.iter().position(|&d| d >= distance).map_or(self.remote_distances.len() as u32, |p| p as u32 + 1)
+    }
+
+    /// The memory nodes (OS ids) local to `cpus`.
+    pub fn local_mems(&self, cpus: &CpuSet) -> CpuSet {
+        self.touched(Level::Numa, cpus).into_iter().map(|i| self.numa_os[i]).filter(|&id| id != NONE).collect()
+    }
+
+    fn build_tree(&self) -> Vec<TreeNode> {
+        // Largest levels first by average domain size; ties keep socket > numa > l3 > core.
+        let mut levels: Vec<Level> = vec![Level::Socket, Level::Numa, Level::L3, Level::Core];
+        let avg = |l: Level| {
+            let d = self.domains(l);
+            self.allocatable.len() as f64 / d.len().max(1) as f64
+        };
+        levels.sort_by(|a, b| avg(*b).partial_cmp(&avg(*a)).unwrap_or(std::cmp::Ordering::Equal));
+        let mut tree = vec![self.tree_node(None, self.allocatable.clone())];
+        let mut frontier = vec![0usize];
+        for level in levels {
+            let mut next = Vec::new();
+            let mut changed = false;
+            let mut splits: Vec<(usize, Vec<CpuSet>)> = Vec::new();
+            for &node in &frontier {
+                let parts: Vec<CpuSet> = self
+                    .touched(level, &tree[node].cpus)
+                    .into_iter()
+                    .map(|i| self.domains(level)[i].intersection(&tree[node].cpus))
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                if parts.len() > 1 || parts.first().is_some_and(|p| p != &tree[node].cpus) {
+                    changed = true;
+                }
+                splits.push((node, parts));
+            }
+            if !changed && level != Level::Core {
+                // This level adds nothing below what we have; still tag the nodes so that a
+                // request naming it (same=l3 where L3 == NUMA) finds its domains.
+                continue;
+            }
+            for (node, parts) in splits {
+                for part in parts {
+                    let mut child = self.tree_node(Some(level), part);
+                    child.parent = Some(node);
+                    tree.push(child);
+                    let id = tree.len() - 1;
+                    tree[node].children.push(id);
+                    next.push(id);
+                }
+            }
+            frontier = next;
+        }
+        tree
+    }
+
+    fn tree_node(&self, level: Option<Level>, cpus: CpuSet) -> TreeNode {
+        let within = [Level::Core, Level::L3, Level::Numa, Level::Socket].map(|l| self.single_domain(l, &cpus));
+        TreeNode { level, numa: within[2], within, cpus, children: Vec::new(), parent: None }
+    }
+
+    /// The memory nodes local to `cpus` plus the CPU-less nodes (HBM, GPU memory) nearest to them.
+    pub fn local_mems_with_cpuless(&self, cpus: &CpuSet) -> CpuSet {
+        let mut mems = self.local_mems(cpus);
+        let touched = self.touched(Level::Numa, cpus);
+        for (os, near) in &self.cpuless {
+            if near.iter().any(|n| touched.contains(n)) {
+                mems.insert(*os);
+            }
+        }
+        mems
+    }
+
+    /// The index of the one domain of `level` that holds all of `cpus`, if there is one.
+    pub fn single_domain(&self, level: Level, cpus: &CpuSet) -> Option<usize> {
+        let t = self.touched(level, cpus);
+        (t.len() == 1).then(|| t[0])
+    }
+}

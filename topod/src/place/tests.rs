@@ -1,0 +1,285 @@
+//! Placement tests on regular synthetic machines, where the right answer is known by hand.
+
+use super::*;
+use crate::ledger::Ledger;
+use crate::request::{CpusetOption, Exclusive, MemBind, Scope};
+use crate::topology::{SyntheticShape, Topology};
+use proptest::prelude::{any, prop_assert, prop_assert_eq, prop_oneof, proptest, Just, ProptestConfig};
+use proptest::strategy::Strategy as PropStrategy;
+
+/// 2 packages × 2 NUMA × 2 L3 × 4 cores × 2 threads = 64 PUs; siblings 32 apart.
+fn machine() -> HostModel {
+    let topo = Topology::synthetic(SyntheticShape { packages: 2, numa_per_package: 2, l3_per_numa: 2, cores_per_l3: 4, threads_per_core: 2 });
+    HostModel::new(&topo, &CpuSet::new()).unwrap()
+}
+
+fn threads(n: u32) -> Request {
+    Request::threads(n)
+}
+
+fn cores(per_task: u32, tasks: u32, same: Option<Level>) -> Request {
+    Request { unit: Level::Core, units_per_task: per_task, tasks: Some(tasks), same, ..Request::default() }
+}
+
+fn set(s: &str) -> CpuSet {
+    CpuSet::parse_list(s).unwrap()
+}
+
+#[test]
+fn the_tree_follows_the_machine() {
+    let m = machine();
+    assert_eq!(m.allocatable.len(), 64);
+    assert_eq!((m.sockets.len(), m.numa.len(), m.l3.len(), m.cores.len()), (2, 4, 8, 32));
+    // machine + 2 sockets + 4 numa + 8 l3 + 32 cores
+    assert_eq!(m.tree.len(), 47);
+    assert_eq!(m.min_domains_for(Level::Numa, 20), 2);
+    assert_eq!(m.hops(12), 1);
+    assert_eq!(m.hops(32), 2);
+}
+
+#[test]
+fn best_fit_keeps_a_small_job_in_one_l3() {
+    let m = machine();
+    let p = place(&m, &Occupancy::default(), &threads(8), Strategy::BestFit).unwrap();
+    assert_eq!(p.cpus, set("0-3,32-35"), "a whole L3 group: 4 cores with both threads");
+    assert_eq!((p.metrics.l3_groups, p.metrics.numa_nodes, p.metrics.smt_shared), (1, 1, 0));
+}
+
+#[test]
+fn best_fit_chooses_the_tightest_domain() {
+    let m = machine();
+    // L3 group 5 (cores 20-23) has 2 free threads left; L3 group 0 has 5 free.
+    let occ = Occupancy { held: set("20-23,52-53,0-2"), fenced: CpuSet::new() };
+    // Two threads: the smallest domain that holds them is a whole free core, and the one in the
+    // tightest L3 group (group 0) wins; the two stranded threads of group 5 would share cores.
+    let p = place(&m, &occ, &threads(2), Strategy::BestFit).unwrap();
+    assert_eq!(p.cpus, set("3,35"));
+    assert_eq!(p.metrics.smt_shared, 0);
+    let p = place(&m, &occ, &threads(5), Strategy::BestFit).unwrap();
+    assert_eq!(p.cpus, set("3,32-35"), "the 5 free threads of L3 group 0, not a fresh group");
+}
+
+#[test]
+fn best_fit_spans_the_nearest_domains() {
+    let m = machine();
+    let p = place(&m, &Occupancy::default(), &threads(20), Strategy::BestFit).unwrap();
+    assert_eq!(p.metrics.numa_nodes, 2);
+    assert_eq!(p.metrics.sockets, 1, "two NUMA nodes of the same package (distance 12), not across (32)");
+    assert_eq!(p.metrics.radius, 12);
+    assert_eq!(p.metrics.l3_groups, 3);
+}
+
+#[test]
+fn first_fit_is_topology_blind() {
+    let m = machine();
+    let p = place(&m, &Occupancy::default(), &threads(8), Strategy::FirstFit).unwrap();
+    assert_eq!(p.cpus, set("0-7"), "the lowest ids: one thread of 8 cores in two L3 groups");
+    assert_eq!(p.metrics.l3_groups, 2);
+}
+
+#[test]
+fn exclusive_cpus_fence_their_siblings() {
+    let m = machine();
+    let req = Request { tasks: Some(3), cpuset_options: vec![CpusetOption::CpuExclusive], ..Request::default() };
+    let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
+    assert_eq!(p.cpus.len(), 3);
+    assert_eq!(p.fenced.len(), 1, "the fourth thread of the second core is fenced");
+    let mut ledger = Ledger::new();
+    ledger.allocate("a", &p, "x").unwrap();
+    // Fill every other CPU with single threads: none may land on the fenced one.
+    for i in 0..60 {
+        let q = place(&m, ledger.occupancy(), &threads(1), Strategy::BestFit).unwrap();
+        assert!(!q.cpus.intersects(&p.fenced));
+        ledger.allocate(&format!("j{i}"), &q, "x").unwrap();
+    }
+    let err = place(&m, ledger.occupancy(), &threads(1), Strategy::BestFit).unwrap_err();
+    assert!(matches!(err, PlaceError::NotEnoughFree { free: 0, .. }), "{err}");
+    ledger.check().unwrap();
+}
+
+#[test]
+fn an_exclusive_job_needs_wholly_free_cores() {
+    let m = machine();
+    // One thread of every core is held: no core is wholly free.
+    let occ = Occupancy { held: set("0-31"), fenced: CpuSet::new() };
+    let req = Request { exclusive: Some(Exclusive { level: Level::Core, scope: Scope::AllJobs }), ..threads(1) };
+    let err = place(&m, &occ, &req, Strategy::BestFit).unwrap_err();
+    assert!(matches!(err, PlaceError::NotEnoughFree { free: 0, .. }), "{err}");
+}
+
+#[test]
+fn same_numa_keeps_each_task_in_one_node() {
+    let m = machine();
+    // Node 0 has 3 free cores (cores 0-4 held), node 1 has 8, the other package is full.
+    let held = set("0-4,32-36,16-31,48-63");
+    let occ = Occupancy { held, fenced: CpuSet::new() };
+    let p = place(&m, &occ, &cores(2, 4, Some(Level::Numa)), Strategy::BestFit).unwrap();
+    assert_eq!(p.tasks.len(), 4);
+    for t in &p.tasks {
+        assert_eq!(t.len(), 4, "two whole cores of two threads");
+        assert_eq!(m.touched(Level::Numa, t).len(), 1, "task {t} spans NUMA nodes");
+    }
+}
+
+#[test]
+fn same_shape_is_rejected_while_free_when_fragmented() {
+    let m = machine();
+    // Every NUMA node keeps exactly one free core: 4 free cores, but no node has 2.
+    let mut held = m.allocatable.clone();
+    for core in [0u32, 8, 16, 24] {
+        held.remove(core);
+        held.remove(core + 32);
+    }
+    let occ = Occupancy { held, fenced: CpuSet::new() };
+    let err = place(&m, &occ, &cores(2, 1, Some(Level::Numa)), Strategy::BestFit).unwrap_err();
+    assert!(err.rejected_while_free(), "{err}");
+    assert!(err.to_string().contains("inside one numa"), "{err}");
+    // Without the shape the same job fits.
+    assert!(place(&m, &occ, &cores(2, 1, None), Strategy::BestFit).is_ok());
+}
+
+#[test]
+fn cpu_list_and_max_cpu_per_node() {
+    let m = machine();
+    let req = Request { cpu_list: Some(set("40-47")), ..threads(4) };
+    let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
+    assert!(p.cpus.is_subset(&set("40-47")));
+    let req = Request { max_cpu_per_node: Some(2), ..threads(8) };
+    let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
+    assert_eq!(p.metrics.numa_nodes, 4);
+    for n in &m.numa {
+        assert!(n.intersection_len(&p.cpus) <= 2);
+    }
+    let req = Request { max_cpu_per_node: Some(2), ..threads(9) };
+    assert!(place(&m, &Occupancy::default(), &req, Strategy::BestFit).is_err());
+}
+
+#[test]
+fn max_radius_keeps_the_job_in_one_package() {
+    let m = machine();
+    // Package 0: node 0 full, node 1 has 8 free. Package 1: node 2 has 10 free, node 3 full.
+    let held = set("0-7,32-39,24-31,56-63,16-19,48").union(&set("8-11,40-43"));
+    let occ = Occupancy { held, fenced: CpuSet::new() };
+    let free = occ.free(&m);
+    assert_eq!(free.len(), 8 + 11, "setup: 8 free in node 1, 11 in node 2");
+    let req = Request { max_radius: Some(1), ..threads(free.len() as u32) };
+    let err = place(&m, &occ, &req, Strategy::BestFit).unwrap_err();
+    assert!(err.to_string().contains("MAX_RADIUS"), "{err}");
+    let ok = Request { max_radius: Some(2), ..threads(free.len() as u32) };
+    assert!(place(&m, &occ, &ok, Strategy::BestFit).is_ok());
+}
+
+#[test]
+fn whole_domain_units_and_memory_binding() {
+    let m = machine();
+    let req = Request { unit: Level::Numa, tasks: Some(2), membind: MemBind::LocalOnly, ..Request::default() };
+    let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
+    assert_eq!(p.cpus.len(), 32);
+    assert_eq!(p.metrics.numa_nodes, 2);
+    assert_eq!(p.metrics.sockets, 1);
+    assert_eq!(p.mems, set("0-1"));
+    let prefer = place(&m, &Occupancy::default(), &threads(2), Strategy::BestFit).unwrap();
+    assert_eq!(prefer.mems, set("0-3"), "localprefer: every node, local first");
+}
+
+#[test]
+fn impossible_requests_say_so() {
+    let m = machine();
+    let e = place(&m, &Occupancy::default(), &threads(65), Strategy::BestFit).unwrap_err();
+    assert!(matches!(e, PlaceError::Impossible(_)), "{e}");
+    let e = place(&m, &Occupancy::default(), &cores(9, 1, Some(Level::L3)), Strategy::BestFit).unwrap_err();
+    assert!(e.to_string().contains("largest l3 has 4"), "{e}");
+}
+
+#[test]
+fn every_strategy_places_a_plain_job() {
+    let m = machine();
+    for s in Strategy::ALL {
+        let p = place(&m, &Occupancy::default(), &threads(12), s).unwrap();
+        assert_eq!(p.cpus.len(), 12, "{s}");
+        assert_eq!(p.tasks.len(), 12, "{s}");
+        assert_eq!(s.name().parse::<Strategy>().unwrap(), s);
+    }
+    assert!("bestfit".parse::<Strategy>().unwrap_err().to_string().contains("best-fit"));
+}
+
+#[test]
+fn balance_spreads_and_pack_fills() {
+    let m = machine();
+    let p = place(&m, &Occupancy::default(), &threads(4), Strategy::Balance).unwrap();
+    assert_eq!(p.metrics.sockets, 2);
+    let occ = Occupancy { held: set("0"), fenced: CpuSet::new() };
+    let p = place(&m, &occ, &threads(4), Strategy::Pack).unwrap();
+    assert!(p.cpus.is_subset(&set("0-3,32-35")), "pack fills the used L3 group first: {}", p.cpus);
+}
+
+#[test]
+fn fit_and_score_on_a_summary_matches_the_host() {
+    let m = machine();
+    let mut ledger = Ledger::new();
+    for (i, n) in [3u32, 8, 5, 1, 16].into_iter().enumerate() {
+        let p = place(&m, ledger.occupancy(), &threads(n), Strategy::BestFit).unwrap();
+        ledger.allocate(&format!("j{i}"), &p, "x").unwrap();
+    }
+    // What a plug-in caches: the occupancy, serialized and read back.
+    let wire = serde_json::to_string(ledger.occupancy()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&wire).unwrap();
+    let summary = Occupancy {
+        held: CpuSet::parse_list(v["held"].as_str().unwrap()).unwrap(),
+        fenced: CpuSet::parse_list(v["fenced"].as_str().unwrap()).unwrap(),
+    };
+    for n in [1u32, 2, 6, 12, 20] {
+        let req = threads(n);
+        let host = place(&m, ledger.occupancy(), &req, Strategy::BestFit).unwrap();
+        let fit = fit_and_score(&m, &summary, &req).unwrap();
+        assert_eq!(fit.cpus, host.cpus);
+        assert_eq!(fit.score, score(&host.metrics));
+    }
+}
+
+fn arb_request() -> impl PropStrategy<Value = Request> {
+    let unit = prop_oneof![Just(Level::Thread), Just(Level::Core)];
+    let same = prop_oneof![Just(None), Just(Some(Level::L3)), Just(Some(Level::Numa)), Just(Some(Level::Socket))];
+    (unit, 1u32..5, 1u32..5, same, any::<bool>()).prop_map(|(unit, upt, tasks, same, excl)| Request {
+        unit,
+        units_per_task: upt,
+        tasks: Some(tasks),
+        same,
+        cpuset_options: if excl { vec![CpusetOption::CpuExclusive] } else { vec![] },
+        ..Request::default()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Random allocate/release sequences: every placement lies in free CPUs, has the asked size
+    /// and shape, and the ledger's invariants hold after every step.
+    #[test]
+    fn ledger_invariants_hold(ops in proptest::collection::vec((arb_request(), 0usize..7, any::<bool>()), 1..60)) {
+        let m = machine();
+        let mut ledger = Ledger::new();
+        for (i, (req, strat, release)) in ops.into_iter().enumerate() {
+            let strategy = Strategy::ALL[strat];
+            if release && !ledger.is_empty() {
+                let victim = ledger.jobs().nth(i % ledger.len()).map(|a| a.job.clone()).unwrap();
+                ledger.release(&victim).unwrap();
+            } else if let Ok(p) = place(&m, ledger.occupancy(), &req, strategy) {
+                let free = ledger.occupancy().free(&m);
+                prop_assert!(p.cpus.is_subset(&free), "{strategy}: {} outside free {}", p.cpus, free);
+                prop_assert_eq!(p.tasks.len(), req.tasks.unwrap() as usize);
+                let per_unit = if req.unit == Level::Core { 2 } else { 1 };
+                if req.exclusive_level().is_none() || strategy.honours_shape() || req.unit == Level::Core {
+                    prop_assert_eq!(p.cpus.len(), (req.tasks.unwrap() * req.units_per_task) as usize * per_unit);
+                }
+                if let (Some(same), true) = (req.same, strategy.honours_shape()) {
+                    for t in &p.tasks {
+                        prop_assert_eq!(m.touched(same, t).len(), 1, "{}: task {} breaks same={:?}", strategy, t, same);
+                    }
+                }
+                ledger.allocate(&format!("job{i}"), &p, "x").unwrap();
+            }
+            prop_assert!(ledger.check().is_ok(), "{:?}", ledger.check());
+        }
+    }
+}
