@@ -138,6 +138,11 @@ impl CpuSet {
         self.words.iter().enumerate().all(|(i, &w)| w & !other.words.get(i).copied().unwrap_or(0) == 0)
     }
 
+    /// Whether every member of `other` is also in `self`.
+    pub fn is_superset_of(&self, other: &CpuSet) -> bool {
+        other.is_subset(self)
+    }
+
     /// `self ∩ other`.
     pub fn intersection(&self, other: &CpuSet) -> CpuSet {
         let mut words: Vec<u64> = self.words.iter().zip(&other.words).map(|(a, b)| a & b).collect();

@@ -14,8 +14,10 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod cpuset;
 pub mod ledger;
+pub mod picture;
 pub mod place;
 pub mod request;
 pub mod topology;

@@ -12,11 +12,7 @@ use crate::request::Level;
 /// CPUs the baseline needs and may use: `(need, pool)`, whole free cores only when the request
 /// asks for cores or exclusivity (kubelet's `full-pcpus-only`, Slurm's core allocation).
 fn need_and_pool(model: &HostModel, job: &JobShape) -> Result<(usize, CpuSet), PlaceError> {
-    let pus_per_unit = match job.unit {
-        Level::Thread => 1,
-        u => model.domains(u).iter().map(|d| d.len()).max().unwrap_or(1),
-    };
-    let need = job.units_needed() * pus_per_unit;
+    let need = job.units_needed() * model.pus_per_unit(job.unit);
     let whole_cores = job.unit != Level::Thread || job.exclusive.is_some();
     let pool = if whole_cores {
         model.cores.iter().filter(|c| c.is_subset(&job.avail)).fold(CpuSet::new(), |a, c| a.union(c))

@@ -53,10 +53,7 @@ impl JobShape {
             Level::Thread => avail.clone(),
             _ => model.domains(unit).iter().filter(|d| d.is_subset(&avail)).filter_map(|d| d.first()).collect(),
         };
-        let pus_per_unit = match unit {
-            Level::Thread => 1,
-            _ => model.domains(unit).iter().map(|d| d.len()).max().unwrap_or(1),
-        };
+        let pus_per_unit = model.pus_per_unit(unit);
         let numa_cap_units = request.max_cpu_per_node.map(|c| (c as usize / pus_per_unit).max(0));
         let max_hops = request.max_radius;
         let pack_limit = match request.distribute {
@@ -97,7 +94,8 @@ impl JobShape {
             )));
         }
         if let Some(same) = self.same {
-            let largest = model.domains(same).iter().map(|d| self.units_in(model, d, &model.allocatable)).max().unwrap_or(0);
+            let per_unit = model.pus_per_unit(self.unit);
+            let largest = model.domains(same).iter().map(|d| d.len() / per_unit).max().unwrap_or(0);
             if self.units_per_task > largest {
                 return Err(PlaceError::Impossible(format!(
                     "each task asks for {} {} units in one {}, the largest {} has {largest}",
@@ -116,14 +114,6 @@ impl JobShape {
             return Err(PlaceError::NotEnoughFree { needed: need, free: free_units, unit: unit_name(self.unit), detail: String::new() });
         }
         Ok(())
-    }
-
-    /// Units of this job's unit type inside `cpus`, counting only domains wholly in `pool`.
-    fn units_in(&self, model: &HostModel, cpus: &CpuSet, pool: &CpuSet) -> usize {
-        match self.unit {
-            Level::Thread => cpus.intersection_len(pool),
-            u => model.domains(u).iter().filter(|d| d.is_subset(cpus) && d.is_subset(pool)).count(),
-        }
     }
 
     /// The CPUs of the unit whose first CPU is `rep`.

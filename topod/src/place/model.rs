@@ -241,6 +241,15 @@ impl HostModel {
         }
     }
 
+    /// CPUs in one unit of `level` (the largest such domain; 1 for threads).
+    pub fn pus_per_unit(&self, level: Level) -> usize {
+        match level {
+            Level::Thread => 1,
+            Level::Core => self.threads_per_core,
+            l => self.domains(l).iter().map(|d| d.len()).max().unwrap_or(1),
+        }
+    }
+
     /// Index of the domain of `level` holding `cpu`.
     #[inline]
     pub fn domain_of(&self, level: Level, cpu: u32) -> Option<usize> {

@@ -1,0 +1,249 @@
+//! The placement-quality benchmark: one seeded job stream replayed per strategy on a host.
+//!
+//! The stream: job sizes mostly powers of two from one PU up to a whole package (one in five
+//! any size in that range), in four shapes, a quarter each:
+//! - a plain count of threads (`thread*N`, what a slot-counting scheduler sees);
+//! - threads grouped by NUMA node (`thread(k,same=numa)*t`, k up to the NUMA node's size);
+//! - exclusive whole cores kept in one L3 group or one socket per task
+//!   (`core(c,same=l3|socket)*t`, whole cores are exclusive by construction);
+//! - a plain count with `membind=localonly`.
+//!
+//! The replay keeps the host about 85% busy: before each arrival, running jobs leave in order of
+//! their end time until at most 85% of the allocatable PUs are held; then the job is placed or
+//! rejected (a rejected job is dropped). Every strategy sees the same jobs in the same order.
+//!
+//! Per strategy it reports the share of placed jobs within the minimum possible number of NUMA
+//! nodes and of L3 groups for their size, the mean radius (largest SLIT distance inside the job),
+//! SMT siblings shared with another job, rejections while enough PUs were free, and the time of
+//! each placement decision (p50/p99, measured around the `place` call only).
+
+use crate::place::{self, HostModel, Occupancy, Strategy};
+use crate::ledger::Ledger;
+use crate::request::{Level, MemBind, Request};
+use serde::Serialize;
+use std::time::Instant;
+
+/// Target share of allocatable PUs held just before each arrival.
+pub const TARGET_LOAD: f64 = 0.85;
+
+/// A job of the stream.
+#[derive(Debug, Clone)]
+pub struct StreamJob {
+    /// What it asks for.
+    pub request: Request,
+    /// How many arrivals it stays for.
+    pub lifetime: u32,
+    /// PUs it needs on this host.
+    pub pus: usize,
+}
+
+/// A small, fast, seeded generator (SplitMix64), so streams are the same on every machine and
+/// with every version of every crate.
+#[derive(Debug, Clone)]
+pub struct SplitMix(u64);
+
+impl SplitMix {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// Makes the seeded job stream for `model`.
+pub fn job_stream(model: &HostModel, seed: u64, count: usize) -> Vec<StreamJob> {
+    let mut rng = SplitMix::new(seed);
+    let package = model.sockets.iter().map(|s| s.len()).max().unwrap_or(1).max(1);
+    let numa = model.numa.iter().map(|s| s.len()).max().unwrap_or(1).max(1);
+    let tpc = model.threads_per_core.max(1);
+    let l3_cores = model.l3.iter().map(|s| s.len() / tpc).max().unwrap_or(1).max(1);
+    let socket_cores = package / tpc;
+    let mut out = Vec::with_capacity(count);
+    while out.len() < count {
+        let size = pick_size(&mut rng, package);
+        let lifetime = 1 + rng.below(40) as u32;
+        let request = match rng.below(4) {
+            0 => Request::threads(size as u32),
+            1 => {
+                let k = largest_divisor_at_most(size, numa);
+                Request { unit: Level::Thread, units_per_task: k as u32, tasks: Some((size / k) as u32), same: Some(Level::Numa), ..Request::default() }
+            }
+            2 => {
+                let cores = (size / tpc).max(1);
+                let (same, room) = if rng.below(2) == 0 { (Level::L3, l3_cores) } else { (Level::Socket, socket_cores) };
+                let c = largest_divisor_at_most(cores, room);
+                Request { unit: Level::Core, units_per_task: c as u32, tasks: Some((cores / c) as u32), same: Some(same), ..Request::default() }
+            }
+            _ => Request { membind: MemBind::LocalOnly, ..Request::threads(size as u32) },
+        };
+        let pus = request.tasks.unwrap_or(1) as usize * request.units_per_task as usize * model.pus_per_unit(request.unit);
+        out.push(StreamJob { request, lifetime, pus });
+    }
+    out
+}
+
+fn pick_size(rng: &mut SplitMix, package: usize) -> usize {
+    if rng.below(5) == 0 {
+        return 1 + rng.below(package as u64) as usize;
+    }
+    let max_exp = usize::BITS - 1 - package.leading_zeros();
+    // Smaller sizes are more common: exponent e with weight (max_exp + 1 - e).
+    let total: u64 = (1..=u64::from(max_exp) + 1).sum();
+    let mut r = rng.below(total);
+    for e in 0..=max_exp {
+        let w = u64::from(max_exp + 1 - e);
+        if r < w {
+            return 1usize << e;
+        }
+        r -= w;
+    }
+    1
+}
+
+fn largest_divisor_at_most(n: usize, limit: usize) -> usize {
+    (1..=limit.min(n).max(1)).rev().find(|d| n % d == 0).unwrap_or(1)
+}
+
+/// What one strategy did with the stream on one host.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchResult {
+    /// The topology's name.
+    pub topology: String,
+    /// The strategy.
+    pub strategy: String,
+    /// Jobs offered.
+    pub jobs: usize,
+    /// Jobs placed.
+    pub placed: usize,
+    /// Share of placed jobs spanning no more NUMA nodes than their size requires.
+    pub numa_optimal_share: f64,
+    /// Share of placed jobs spanning no more L3 groups than their size requires.
+    pub l3_optimal_share: f64,
+    /// Mean over placed jobs of the largest SLIT distance inside the job (10 = one node).
+    pub mean_radius: f64,
+    /// Cores shared between two jobs, counted when the second job is placed.
+    pub smt_shared: usize,
+    /// Jobs rejected although at least as many PUs as they needed were free.
+    pub rejected_while_free: usize,
+    /// Placed jobs whose placement breaks their `same=` request (strategies that cannot express it).
+    pub shape_violations: usize,
+    /// Mean share of allocatable PUs held at each arrival.
+    pub mean_load: f64,
+    /// Median placement decision time, microseconds.
+    pub decision_p50_us: f64,
+    /// 99th percentile placement decision time, microseconds.
+    pub decision_p99_us: f64,
+}
+
+/// Replays `stream` on `model` with `strategy`.
+pub fn replay(model: &HostModel, stream: &[StreamJob], strategy: Strategy) -> BenchResult {
+    let capacity = model.allocatable.len().max(1);
+    let mut ledger = Ledger::new();
+    let mut running: Vec<(u64, String)> = Vec::new();
+    let mut times_ns: Vec<u64> = Vec::with_capacity(stream.len());
+    let (mut placed, mut numa_ok, mut l3_ok, mut radius_sum, mut smt, mut rwf, mut violations) = (0, 0, 0, 0u64, 0, 0, 0);
+    let mut load_sum = 0.0;
+    for (i, job) in stream.iter().enumerate() {
+        let now = i as u64;
+        running.sort_by_key(|(end, _)| std::cmp::Reverse(*end));
+        while ledger.occupancy().held.len() as f64 > TARGET_LOAD * capacity as f64 {
+            let Some((_, id)) = running.pop() else { break };
+            let _ = ledger.release(&id);
+        }
+        load_sum += ledger.occupancy().held.len() as f64 / capacity as f64;
+        let free = ledger.occupancy().free(model).len();
+        let occupancy: &Occupancy = ledger.occupancy();
+        let start = Instant::now();
+        let result = place::place(model, occupancy, &job.request, strategy);
+        times_ns.push(start.elapsed().as_nanos() as u64);
+        match result {
+            Ok(p) => {
+                placed += 1;
+                numa_ok += usize::from(p.metrics.numa_optimal());
+                l3_ok += usize::from(p.metrics.l3_optimal());
+                radius_sum += u64::from(p.metrics.radius);
+                smt += p.metrics.smt_shared;
+                if let Some(same) = job.request.same {
+                    violations += usize::from(p.tasks.iter().any(|t| model.touched(same, t).len() > 1));
+                }
+                let id = format!("job{i}");
+                if ledger.allocate(&id, &p, "").is_ok() {
+                    running.push((now + u64::from(job.lifetime), id));
+                }
+            }
+            Err(_) => rwf += usize::from(free >= job.pus),
+        }
+    }
+    times_ns.sort_unstable();
+    let pct = |q: f64| -> f64 {
+        if times_ns.is_empty() {
+            return 0.0;
+        }
+        let idx = ((times_ns.len() as f64 - 1.0) * q).round() as usize;
+        times_ns[idx] as f64 / 1000.0
+    };
+    let share = |n: usize| if placed == 0 { 0.0 } else { n as f64 / placed as f64 };
+    BenchResult {
+        topology: model.name.clone(),
+        strategy: strategy.name().to_string(),
+        jobs: stream.len(),
+        placed,
+        numa_optimal_share: share(numa_ok),
+        l3_optimal_share: share(l3_ok),
+        mean_radius: if placed == 0 { 0.0 } else { radius_sum as f64 / placed as f64 },
+        smt_shared: smt,
+        rejected_while_free: rwf,
+        shape_violations: violations,
+        mean_load: load_sum / stream.len().max(1) as f64,
+        decision_p50_us: pct(0.50),
+        decision_p99_us: pct(0.99),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpuset::CpuSet;
+    use crate::topology::{SyntheticShape, Topology};
+
+    fn model() -> HostModel {
+        let t = Topology::synthetic(SyntheticShape { packages: 2, numa_per_package: 2, l3_per_numa: 2, cores_per_l3: 4, threads_per_core: 2 });
+        HostModel::new(&t, &CpuSet::new()).unwrap()
+    }
+
+    #[test]
+    fn the_stream_is_seeded_and_fits_the_host() {
+        let m = model();
+        let a = job_stream(&m, 7, 300);
+        let b = job_stream(&m, 7, 300);
+        assert_eq!(a.iter().map(|j| j.request.clone()).collect::<Vec<_>>(), b.iter().map(|j| j.request.clone()).collect::<Vec<_>>());
+        assert!(a.iter().all(|j| j.pus >= 1 && j.pus <= 32), "sizes from 1 PU to a package");
+        assert_ne!(job_stream(&m, 8, 300).iter().map(|j| j.pus).collect::<Vec<_>>(), a.iter().map(|j| j.pus).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn replay_keeps_the_host_busy_and_best_fit_beats_first_fit() {
+        let m = model();
+        let stream = job_stream(&m, 1, 2000);
+        let best = replay(&m, &stream, Strategy::BestFit);
+        let first = replay(&m, &stream, Strategy::FirstFit);
+        assert!(best.mean_load > 0.6 && best.mean_load < 0.9, "load {}", best.mean_load);
+        assert!(best.placed > 1000);
+        assert!(best.numa_optimal_share > first.numa_optimal_share, "{best:?} vs {first:?}");
+        assert!(best.l3_optimal_share > first.l3_optimal_share);
+        assert_eq!(best.shape_violations, 0);
+    }
+}

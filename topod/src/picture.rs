@@ -1,0 +1,222 @@
+//! The text picture of a host: packages, NUMA nodes, L3 groups, cores and PUs, with who holds
+//! what. It fits a 100-column terminal for any machine: each L3 group is one line of at most 16
+//! cores (longer groups wrap), and each core is a cell of one character per hardware thread.
+//!
+//! ```text
+//! Package 0
+//!   NUMA 0  96 cores, 377 GiB
+//!     L3 0   PU 0-7,192-199      AA AA AA AA BB .. .. ..
+//! ```
+//! `.` free, a letter the job holding it (see the job table), `-` fenced by an exclusive job,
+//! `r` reserved by configuration, `x` outside the allowed set (another cpuset, offline).
+
+use crate::cpuset::CpuSet;
+use crate::ledger::Ledger;
+use crate::topology::{DeviceClass, Domain, Topology};
+use std::fmt::Write;
+
+/// Cores shown per line.
+const CORES_PER_LINE: usize = 16;
+
+/// Letters given to jobs, in order of their first CPU.
+const LABELS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwyz0123456789";
+
+/// Marks for CPUs that are not plain free or held.
+#[derive(Debug, Clone, Default)]
+pub struct Marks {
+    /// CPUs reserved by configuration.
+    pub reserved: CpuSet,
+}
+
+/// Draws `topo` with the jobs of `ledger`.
+pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
+    let mut out = String::new();
+    let c = topo.counts();
+    let _ = writeln!(
+        out,
+        "{}: {} packages, {} NUMA nodes, {} L3 groups, {} cores, {} of {} PUs allowed",
+        topo.short_name(),
+        c.packages,
+        c.numa_nodes,
+        c.l3_groups,
+        c.cores,
+        c.pus,
+        topo.pus.len()
+    );
+    let mut jobs: Vec<_> = ledger.jobs().collect();
+    jobs.sort_by_key(|a| a.cpus.first());
+    let label_of = |cpu: u32| -> Option<char> {
+        jobs.iter().position(|a| a.cpus.contains(cpu)).map(|i| LABELS[i % LABELS.len()] as char)
+    };
+    let fenced = &ledger.occupancy().fenced;
+    let cell = |cpu: u32| -> char {
+        if !topo.allowed.contains(cpu) {
+            'x'
+        } else if marks.reserved.contains(cpu) {
+            'r'
+        } else if let Some(l) = label_of(cpu) {
+            l
+        } else if fenced.contains(cpu) {
+            '-'
+        } else {
+            '.'
+        }
+    };
+    let packages = if topo.packages.is_empty() {
+        vec![Domain { os_index: Some(0), cpus: topo.pus.clone() }]
+    } else {
+        topo.packages.clone()
+    };
+    for (pi, pkg) in packages.iter().enumerate() {
+        let _ = writeln!(out, "Package {}", pkg.os_index.unwrap_or(pi as u32));
+        let numas: Vec<(String, CpuSet)> = {
+            let v: Vec<(String, CpuSet)> = topo
+                .numa_nodes
+                .iter()
+                .filter(|n| n.cpus.intersects(&pkg.cpus))
+                .map(|n| {
+                    let part = if n.cpus.is_subset(&pkg.cpus) { "" } else { " (part)" };
+                    (format!("NUMA {}{part}  {}", n.os_index, human_bytes(n.memory_bytes)), n.cpus.intersection(&pkg.cpus))
+                })
+                .collect();
+            let covered = v.iter().fold(CpuSet::new(), |a, (_, s)| a.union(s));
+            let mut v = v;
+            let rest = pkg.cpus.difference(&covered);
+            if !rest.is_empty() {
+                v.push(("no local memory node".to_string(), rest));
+            }
+            v
+        };
+        for (label, ncpus) in numas {
+            let _ = writeln!(out, "  {label}");
+            let groups: Vec<CpuSet> = {
+                let mut g: Vec<CpuSet> = topo.l3_groups.iter().map(|l| l.cpus.intersection(&ncpus)).filter(|s| !s.is_empty()).collect();
+                let covered = g.iter().fold(CpuSet::new(), |a, s| a.union(s));
+                let rest = ncpus.difference(&covered);
+                if !rest.is_empty() {
+                    g.push(rest);
+                }
+                g
+            };
+            for (gi, gcpus) in groups.iter().enumerate() {
+                let l3_name = topo
+                    .l3_groups
+                    .iter()
+                    .position(|l| l.cpus.is_superset_of(gcpus))
+                    .map_or_else(|| "     ".to_string(), |i| format!("L3 {i:<2}"));
+                let _ = gi;
+                let cores: Vec<CpuSet> = cores_in(topo, gcpus);
+                for (li, line) in cores.chunks(CORES_PER_LINE).enumerate() {
+                    let span = line.iter().fold(CpuSet::new(), |a, s| a.union(s));
+                    let head = if li == 0 { l3_name.clone() } else { "     ".to_string() };
+                    let cells: Vec<String> = line.iter().map(|core| core.iter().map(cell).collect()).collect();
+                    let _ = writeln!(out, "    {head} {:<18} {}", format!("PU {}", short_list(&span, 15)), cells.join(" "));
+                }
+            }
+        }
+    }
+    if !jobs.is_empty() {
+        let _ = writeln!(out, "\nJobs");
+        for (i, a) in jobs.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  {}  {:<16} {:>4} PUs  PU {}  mem {}",
+                LABELS[i % LABELS.len()] as char,
+                a.job,
+                a.cpus.len(),
+                a.cpus,
+                if a.mems.is_empty() { "-".to_string() } else { a.mems.to_string() }
+            );
+        }
+    }
+    let foreign = topo.pus.difference(&topo.allowed);
+    if !foreign.is_empty() || !marks.reserved.is_empty() || !fenced.is_empty() {
+        let _ = writeln!(out);
+        if !foreign.is_empty() {
+            let _ = writeln!(out, "  x  PU {} outside the allowed cpuset (another cpuset, or offline)", foreign);
+        }
+        if !marks.reserved.is_empty() {
+            let _ = writeln!(out, "  r  PU {} reserved by configuration", marks.reserved);
+        }
+        if !fenced.is_empty() {
+            let _ = writeln!(out, "  -  PU {} kept free by an exclusive job", fenced);
+        }
+    }
+    let devices: Vec<_> = topo.devices.iter().filter(|d| d.class != DeviceClass::Other).collect();
+    if !devices.is_empty() {
+        let _ = writeln!(out, "\nDevices");
+        for d in devices {
+            let names = if d.names.is_empty() { String::new() } else { format!(" ({})", d.names.join(", ")) };
+            let near = match d.numa_node {
+                Some(n) => format!("NUMA {n}"),
+                None => "NUMA ?".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "  {:<12} {:<12}{}  near {near}, PU {}",
+                format!("{:?}", d.class).to_lowercase(),
+                d.pci_address,
+                names,
+                short_list(&d.local_cpus, 40)
+            );
+        }
+    }
+    out
+}
+
+fn cores_in(topo: &Topology, cpus: &CpuSet) -> Vec<CpuSet> {
+    let mut cores: Vec<CpuSet> = topo.cores.iter().map(|c| c.cpus.intersection(cpus)).filter(|s| !s.is_empty()).collect();
+    let covered = cores.iter().fold(CpuSet::new(), |a, s| a.union(s));
+    for cpu in cpus.difference(&covered).iter() {
+        cores.push(std::iter::once(cpu).collect());
+    }
+    cores.sort_by_key(|c| c.first());
+    cores
+}
+
+/// The list form, cut with `...` when longer than `max` characters.
+fn short_list(set: &CpuSet, max: usize) -> String {
+    let s = set.to_string();
+    if s.len() <= max {
+        return s;
+    }
+    let cut = s[..max.saturating_sub(3)].rfind(',').unwrap_or(max.saturating_sub(3));
+    format!("{}...", &s[..cut])
+}
+
+fn human_bytes(b: u64) -> String {
+    if b == 0 {
+        return "memory size unknown".to_string();
+    }
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+    if b >= GIB {
+        format!("{} GiB", b / GIB)
+    } else {
+        format!("{} MiB", b / MIB)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::place::{place, HostModel, Strategy};
+    use crate::request::Request;
+    use crate::topology::SyntheticShape;
+
+    #[test]
+    fn the_picture_shows_jobs_and_fits_100_columns() {
+        let topo = Topology::synthetic(SyntheticShape { packages: 2, numa_per_package: 1, l3_per_numa: 12, cores_per_l3: 8, threads_per_core: 2 });
+        let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
+        let mut ledger = Ledger::new();
+        for (i, n) in [8u32, 3, 40].into_iter().enumerate() {
+            let p = place(&model, ledger.occupancy(), &Request::threads(n), Strategy::BestFit).unwrap();
+            ledger.allocate(&format!("job{i}"), &p, "").unwrap();
+        }
+        let pic = render(&topo, &ledger, &Marks::default());
+        assert!(pic.lines().all(|l| l.chars().count() <= 100), "{pic}");
+        assert!(pic.contains("AA AA AA AA"), "job A holds 4 whole cores:\n{pic}");
+        assert!(pic.contains("  C  job2"), "{pic}");
+        assert_eq!(pic.lines().filter(|l| l.trim_start().starts_with("L3")).count(), 24);
+    }
+}
