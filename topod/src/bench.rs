@@ -3,9 +3,11 @@
 //! The stream: job sizes mostly powers of two from one PU up to a whole package (one in five
 //! any size in that range), in four shapes, a quarter each:
 //! - a plain count of threads (`thread*N`, what a slot-counting scheduler sees);
-//! - threads grouped by NUMA node (`thread(k,same=numa)*t`, k up to the NUMA node's size);
+//! - threads grouped by NUMA node (`thread(k,same=numa)*t`, k up to 16 and half the node);
 //! - exclusive whole cores kept in one L3 group or one socket per task
-//!   (`core(c,same=l3|socket)*t`, whole cores are exclusive by construction);
+//!   (`core(c,same=l3|socket)*t`, tasks of up to 16 PUs and half the domain; whole cores are
+//!   exclusive by
+//!   construction);
 //! - a plain count with `membind=localonly`.
 //!
 //! The replay keeps the host about 85% busy: before each arrival, running jobs leave in order of
@@ -25,6 +27,10 @@ use std::time::Instant;
 
 /// Target share of allocatable PUs held just before each arrival.
 pub const TARGET_LOAD: f64 = 0.85;
+
+/// The largest task of a shaped job, in PUs: hybrid MPI+threads jobs run tasks of a few cores
+/// each; a single task the size of a package would only test whether a package is free.
+pub const MAX_TASK_PUS: usize = 16;
 
 /// A job of the stream.
 #[derive(Debug, Clone)]
@@ -78,12 +84,13 @@ pub fn job_stream(model: &HostModel, seed: u64, count: usize) -> Vec<StreamJob> 
         let request = match rng.below(4) {
             0 => Request::threads(size as u32),
             1 => {
-                let k = largest_divisor_at_most(size, numa);
+                let k = largest_divisor_at_most(size, (numa / 2).clamp(1, MAX_TASK_PUS));
                 Request { unit: Level::Thread, units_per_task: k as u32, tasks: Some((size / k) as u32), same: Some(Level::Numa), ..Request::default() }
             }
             2 => {
                 let cores = (size / tpc).max(1);
                 let (same, room) = if rng.below(2) == 0 { (Level::L3, l3_cores) } else { (Level::Socket, socket_cores) };
+                let room = (room / 2).min(MAX_TASK_PUS / tpc).max(1);
                 let c = largest_divisor_at_most(cores, room);
                 Request { unit: Level::Core, units_per_task: c as u32, tasks: Some((cores / c) as u32), same: Some(same), ..Request::default() }
             }

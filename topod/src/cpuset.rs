@@ -10,7 +10,13 @@
 //!   most significant first;
 //! - hwloc XML bitmap format, `0x0000ffff,0xffffffff` or `0xf...f,0x000000ff` (infinite tail).
 
+use smallvec::SmallVec;
 use std::fmt;
+
+/// Words kept inline before the set spills to the heap: 512 CPUs, more than almost any node has,
+/// so the placement hot path does not allocate for sets.
+const INLINE_WORDS: usize = 8;
+type Words = SmallVec<[u64; INLINE_WORDS]>;
 
 /// Upper bound on CPU ids accepted from text, so that a hostile or corrupt input such as
 /// `0-4294967295` cannot make us allocate gigabytes. Linux's `NR_CPUS` maximum is 8192.
@@ -19,7 +25,7 @@ pub const MAX_CPU_ID: u32 = 65_535;
 /// A set of small non-negative integers (CPU ids or NUMA node ids).
 #[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CpuSet {
-    words: Vec<u64>,
+    words: Words,
 }
 
 /// A text form of a set that could not be read.
@@ -43,8 +49,8 @@ impl CpuSetParseError {
 
 impl CpuSet {
     /// The empty set.
-    pub const fn new() -> Self {
-        Self { words: Vec::new() }
+    pub fn new() -> Self {
+        Self { words: SmallVec::new() }
     }
 
     /// `{0, 1, ..., n-1}`.
@@ -133,6 +139,15 @@ impl CpuSet {
         self.words.iter().zip(&other.words).any(|(a, b)| a & b != 0)
     }
 
+    /// Whether some member of `self` outside `except` is in `other` (no allocation).
+    #[inline]
+    pub fn intersects_outside(&self, except: &CpuSet, other: &CpuSet) -> bool {
+        self.words
+            .iter()
+            .enumerate()
+            .any(|(i, &w)| w & !except.words.get(i).copied().unwrap_or(0) & other.words.get(i).copied().unwrap_or(0) != 0)
+    }
+
     /// Whether every member is also in `other`.
     pub fn is_subset(&self, other: &CpuSet) -> bool {
         self.words.iter().enumerate().all(|(i, &w)| w & !other.words.get(i).copied().unwrap_or(0) == 0)
@@ -145,7 +160,7 @@ impl CpuSet {
 
     /// `self ∩ other`.
     pub fn intersection(&self, other: &CpuSet) -> CpuSet {
-        let mut words: Vec<u64> = self.words.iter().zip(&other.words).map(|(a, b)| a & b).collect();
+        let mut words: Words = self.words.iter().zip(&other.words).map(|(a, b)| a & b).collect();
         trim_words(&mut words);
         CpuSet { words }
     }
@@ -161,6 +176,15 @@ impl CpuSet {
     pub fn difference(&self, other: &CpuSet) -> CpuSet {
         let mut out = self.clone();
         out.difference_with(other);
+        out
+    }
+
+    /// The union of all `sets`.
+    pub fn union_all<'a>(sets: impl IntoIterator<Item = &'a CpuSet>) -> CpuSet {
+        let mut out = CpuSet::new();
+        for s in sets {
+            out.union_with(s);
+        }
         out
     }
 
@@ -307,7 +331,7 @@ fn parse_id(text: &str, offset: usize, s: &str) -> Result<u32, CpuSetParseError>
     Ok(v as u32)
 }
 
-fn trim_words(words: &mut Vec<u64>) {
+fn trim_words(words: &mut Words) {
     while words.last() == Some(&0) {
         words.pop();
     }

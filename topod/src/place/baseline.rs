@@ -1,7 +1,8 @@
 //! Baselines, written from their published descriptions (see `shared/reference/placement.md`):
-//! what a batch system or kubelet that knows only a CPU count would choose. Both take whole
-//! cores when the request asks for cores or exclusivity, and ignore `same=`, `MAX_RADIUS` and
-//! `MAX_CPU_PER_NODE`, which they cannot express.
+//! what kubelet's CPU manager and Slurm's block distribution would choose. Both take whole
+//! cores when the request asks for cores or exclusivity, keep each task inside one domain when
+//! the request says `same=` (as Topology Manager alignment and Slurm task binding can), and
+//! ignore `MAX_RADIUS` and `MAX_CPU_PER_NODE`, which they cannot express.
 
 use super::engine::JobShape;
 use super::model::HostModel;
@@ -9,20 +10,66 @@ use super::{unit_name, PlaceError};
 use crate::cpuset::CpuSet;
 use crate::request::Level;
 
-/// CPUs the baseline needs and may use: `(need, pool)`, whole free cores only when the request
-/// asks for cores or exclusivity (kubelet's `full-pcpus-only`, Slurm's core allocation).
+/// CPUs the baseline needs per task and may use: `(need, pool)`, whole free cores only when the
+/// request asks for cores or exclusivity (kubelet's `full-pcpus-only`, Slurm's core allocation).
 fn need_and_pool(model: &HostModel, job: &JobShape) -> Result<(usize, CpuSet), PlaceError> {
-    let need = job.units_needed() * model.pus_per_unit(job.unit);
+    let need = job.units_per_task * model.pus_per_unit(job.unit);
     let whole_cores = job.unit != Level::Thread || job.exclusive.is_some();
-    let pool = if whole_cores {
-        model.cores.iter().filter(|c| c.is_subset(&job.avail)).fold(CpuSet::new(), |a, c| a.union(c))
-    } else {
-        job.avail.clone()
-    };
-    if pool.len() < need {
-        return Err(PlaceError::NotEnoughFree { needed: need, free: pool.len(), unit: unit_name(Level::Thread), detail: String::new() });
+    let pool = if whole_cores { CpuSet::union_all(model.cores.iter().filter(|c| c.is_subset(&job.avail))) } else { job.avail.clone() };
+    if pool.len() < need * job.tasks {
+        return Err(PlaceError::NotEnoughFree {
+            needed: need * job.tasks,
+            free: pool.len(),
+            unit: unit_name(Level::Thread),
+            detail: String::new(),
+        });
     }
     Ok((need, pool))
+}
+
+/// How a baseline picks the one domain for a task that must stay inside one (`same=`): kubelet's
+/// Topology Manager prefers the narrowest hint, then the lowest NUMA id (the first domain that
+/// fits); Slurm's block distribution the fullest domain that still fits.
+#[derive(Clone, Copy)]
+enum DomainChoice {
+    FirstThatFits,
+    FullestThatFits,
+}
+
+/// Runs a baseline: the whole job at once, or, when each task must stay inside one domain of a
+/// level, task by task inside the domain the batch system's own rule picks. The baselines honour
+/// `same=` that way (kubelet aligns each container to a NUMA node or socket, Slurm binds tasks in
+/// blocks); `MAX_RADIUS` and `MAX_CPU_PER_NODE` they cannot express.
+fn run(
+    model: &HostModel,
+    job: &JobShape,
+    choice: DomainChoice,
+    take: fn(&HostModel, &CpuSet, usize) -> CpuSet,
+) -> Result<Vec<CpuSet>, PlaceError> {
+    let (per_task, mut pool) = need_and_pool(model, job)?;
+    let Some(level) = job.same else {
+        let all = take(model, &pool, per_task * job.tasks);
+        return Ok(into_tasks(job, &all));
+    };
+    let mut tasks = Vec::with_capacity(job.tasks);
+    for _ in 0..job.tasks {
+        let fits = model.domains(level).iter().filter(|d| d.intersection_len(&pool) >= per_task);
+        let dom = match choice {
+            DomainChoice::FirstThatFits => fits.min_by_key(|d| d.first()),
+            DomainChoice::FullestThatFits => fits.min_by_key(|d| (d.intersection_len(&pool), d.first())),
+        };
+        let Some(dom) = dom else {
+            return Err(PlaceError::Shape {
+                needed: job.units_needed(),
+                unit: unit_name(job.unit),
+                why: format!("no {} has {per_task} free CPUs for the next task", unit_name(level)),
+            });
+        };
+        let t = take(model, &dom.intersection(&pool), per_task);
+        pool.difference_with(&t);
+        tasks.push(t);
+    }
+    Ok(tasks)
 }
 
 /// Cuts the chosen CPUs into the job's tasks, in order.
@@ -44,7 +91,11 @@ fn into_tasks(job: &JobShape, cpus: &CpuSet) -> Vec<CpuSet> {
 /// sockets (the larger level first), then whole free cores, then single threads; every list
 /// ordered by the free CPUs of the enclosing domain, fewest first, then by id.
 pub fn k8s_static(model: &HostModel, job: &JobShape) -> Result<Vec<CpuSet>, PlaceError> {
-    let (need, mut pool) = need_and_pool(model, job)?;
+    run(model, job, DomainChoice::FirstThatFits, k8s_take)
+}
+
+fn k8s_take(model: &HostModel, pool: &CpuSet, need: usize) -> CpuSet {
+    let mut pool = pool.clone();
     let mut taken = CpuSet::new();
     let numa_first = model.sockets.len() >= model.numa.len();
     let levels = if numa_first { [&model.numa, &model.sockets] } else { [&model.sockets, &model.numa] };
@@ -83,7 +134,7 @@ pub fn k8s_static(model: &HostModel, job: &JobShape) -> Result<Vec<CpuSet>, Plac
         }
         taken.insert(c);
     }
-    Ok(into_tasks(job, &taken))
+    taken
 }
 
 fn take(taken: &mut CpuSet, pool: &mut CpuSet, dom: &CpuSet) {
@@ -95,7 +146,10 @@ fn take(taken: &mut CpuSet, pool: &mut CpuSet, dom: &CpuSet) {
 /// free CPUs that still holds the rest, else the one with the most; inside a socket, cores in
 /// order, all free threads of each core.
 pub fn slurm_block(model: &HostModel, job: &JobShape) -> Result<Vec<CpuSet>, PlaceError> {
-    let (need, pool) = need_and_pool(model, job)?;
+    run(model, job, DomainChoice::FullestThatFits, slurm_take)
+}
+
+fn slurm_take(model: &HostModel, pool: &CpuSet, need: usize) -> CpuSet {
     let mut taken = CpuSet::new();
     let mut sockets: Vec<(usize, usize)> = model.sockets.iter().enumerate().map(|(i, s)| (i, s.intersection_len(&pool))).collect();
     while taken.len() < need {
@@ -117,5 +171,5 @@ pub fn slurm_block(model: &HostModel, job: &JobShape) -> Result<Vec<CpuSet>, Pla
         }
         sockets.retain(|(i, _)| *i != s);
     }
-    Ok(into_tasks(job, &taken))
+    taken
 }

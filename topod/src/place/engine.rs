@@ -116,12 +116,20 @@ impl JobShape {
         Ok(())
     }
 
-    /// The CPUs of the unit whose first CPU is `rep`.
-    fn unit_cpus(&self, model: &HostModel, rep: u32) -> CpuSet {
-        match self.unit {
-            Level::Thread => std::iter::once(rep).collect(),
-            u => model.domain_of(u, rep).map(|i| model.domains(u)[i].clone()).unwrap_or_default(),
+    /// The CPUs of the units whose first CPUs are `reps`.
+    fn units_cpus(&self, model: &HostModel, reps: &[u32]) -> CpuSet {
+        let mut out = CpuSet::new();
+        for &rep in reps {
+            match self.unit {
+                Level::Thread => out.insert(rep),
+                u => {
+                    if let Some(i) = model.domain_of(u, rep) {
+                        out.union_with(&model.domains(u)[i]);
+                    }
+                }
+            }
         }
+        out
     }
 }
 
@@ -169,7 +177,7 @@ fn count(model: &HostModel, job: &JobShape, reps: &CpuSet) -> Counts {
 /// Places a job with a shape-aware strategy; returns the CPUs of each task.
 pub fn place_shaped(model: &HostModel, job: &JobShape, strategy: Strategy) -> Result<Vec<CpuSet>, PlaceError> {
     let tasks = place_once(model, job, &job.unit_reps, strategy)?;
-    let cpus = tasks.iter().fold(CpuSet::new(), |a, t| a.union(t));
+    let cpus = CpuSet::union_all(&tasks);
     if within_limits(model, job, &cpus) {
         return Ok(tasks);
     }
@@ -179,7 +187,7 @@ pub fn place_shaped(model: &HostModel, job: &JobShape, strategy: Strategy) -> Re
     for region in limit_regions(model, job) {
         let reps = job.unit_reps.intersection(&region);
         if let Ok(t) = place_once(model, job, &reps, strategy) {
-            let cpus = t.iter().fold(CpuSet::new(), |a, s| a.union(s));
+            let cpus = CpuSet::union_all(&t);
             if within_limits(model, job, &cpus) {
                 let m = super::PlacementMetrics::measure(model, &Occupancy::default(), &cpus);
                 let s = super::score(&m);
@@ -230,13 +238,13 @@ fn limit_regions(model: &HostModel, job: &JobShape) -> Vec<CpuSet> {
                     chosen.push(o);
                 }
             }
-            regions.push(chosen.iter().fold(CpuSet::new(), |a, &i| a.union(&model.numa[i])));
+            regions.push(CpuSet::union_all(chosen.iter().map(|&i| &model.numa[i])));
         }
     } else if let Some((level, n)) = job.pack_limit {
         let doms = model.domains(level);
         for start in 0..doms.len() {
             // n consecutive domains starting at each one: neighbours by numbering are close.
-            let region = (0..n as usize).map(|k| &doms[(start + k) % doms.len()]).fold(CpuSet::new(), |a, d| a.union(d));
+            let region = CpuSet::union_all((0..n as usize).map(|k| &doms[(start + k) % doms.len()]));
             regions.push(region);
         }
     }
@@ -377,8 +385,7 @@ impl Walk<'_> {
 
     fn split_into_tasks(&mut self, reps: Vec<u32>) {
         for chunk in reps.chunks(self.job.units_per_task) {
-            let cpus = chunk.iter().fold(CpuSet::new(), |a, &r| a.union(&self.job.unit_cpus(self.model, r)));
-            self.tasks.push(cpus);
+            self.tasks.push(self.job.units_cpus(self.model, chunk));
         }
     }
 
@@ -388,6 +395,7 @@ impl Walk<'_> {
         match self.strategy {
             Strategy::Pack => fill_in_order(children, counts, need, |c| (counts[c], c)),
             Strategy::Balance => balance(&children, counts, need),
+            _ if self.model.tree[node].numa.is_some() => fewest_children(children, counts, need),
             _ => self.best_fit_split(&children, counts, need),
         }
     }
@@ -428,6 +436,36 @@ impl Walk<'_> {
         // Consume the fuller (fewer free) members whole, the remainder from the emptiest.
         fill_in_order(set, counts, need, |c| (counts[c], c))
     }
+}
+
+/// Inside one NUMA node every child is as near as any other: the fewest children that hold the
+/// need are the ones with the most free, and of those the fuller are consumed whole first.
+fn fewest_children(mut children: Vec<usize>, counts: &[usize], need: usize) -> Vec<(usize, usize)> {
+    children.sort_by_key(|&c| (std::cmp::Reverse(counts[c]), c));
+    let mut sum = 0;
+    let mut k = 0;
+    while k < children.len() && sum < need {
+        sum += counts[children[k]];
+        k += 1;
+    }
+    // Of the sets of k children that hold the need, pick one with the least left over: slot by
+    // slot, the smallest child that still lets the largest remaining ones cover the rest.
+    let mut chosen = Vec::with_capacity(k);
+    let mut left = need;
+    for slot in 0..k {
+        let after = k - slot - 1;
+        let pick = (0..children.len())
+            .filter(|&i| {
+                let others: usize = children.iter().enumerate().filter(|&(j, _)| j != i).take(after).map(|(_, &c)| counts[c]).sum();
+                counts[children[i]] + others >= left
+            })
+            .min_by_key(|&i| (counts[children[i]], children[i]));
+        let Some(i) = pick else { break };
+        let c = children.remove(i);
+        left = left.saturating_sub(counts[c]);
+        chosen.push(c);
+    }
+    fill_in_order(chosen, counts, need, |c| (counts[c], c))
 }
 
 /// Takes from `members` in the order of `key`, each as much as it has, until `need` is met.
@@ -479,5 +517,5 @@ pub fn first_fit(model: &HostModel, job: &JobShape) -> Result<Vec<CpuSet>, Place
             detail: String::new(),
         });
     }
-    Ok(reps.chunks(job.units_per_task).map(|c| c.iter().fold(CpuSet::new(), |a, &r| a.union(&job.unit_cpus(model, r)))).collect())
+    Ok(reps.chunks(job.units_per_task).map(|c| job.units_cpus(model, c)).collect())
 }

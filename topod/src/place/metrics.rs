@@ -40,15 +40,15 @@ impl PlacementMetrics {
         let radius = model.radius(&numa);
         let n = cpus.len();
         let smt_shared = model
-            .touched(Level::Core, cpus)
-            .into_iter()
-            .filter(|&c| model.cores[c].difference(cpus).intersects(&before.held))
+            .touched_set(Level::Core, cpus)
+            .iter()
+            .filter(|&c| model.cores[c as usize].intersects_outside(cpus, &before.held))
             .count();
-        let free_l3_broken = model
-            .touched(Level::L3, cpus)
-            .into_iter()
+        let l3 = model.touched_set(Level::L3, cpus);
+        let free_l3_broken = l3
+            .iter()
             .filter(|&l| {
-                let d = &model.l3[l];
+                let d = &model.l3[l as usize];
                 !d.intersects(&before.held) && !d.intersects(&before.fenced) && !d.is_subset(cpus)
             })
             .count();
@@ -56,9 +56,9 @@ impl PlacementMetrics {
             cpus: n,
             numa_nodes: numa.len(),
             min_numa_nodes: model.min_domains_for(Level::Numa, n),
-            l3_groups: model.touched(Level::L3, cpus).len(),
+            l3_groups: l3.len(),
             min_l3_groups: model.min_domains_for(Level::L3, n),
-            sockets: model.touched(Level::Socket, cpus).len(),
+            sockets: model.touched_set(Level::Socket, cpus).len(),
             min_sockets: model.min_domains_for(Level::Socket, n),
             radius,
             hops: model.hops(radius),

@@ -221,7 +221,7 @@ pub fn fit_and_score(model: &HostModel, occupancy: &Occupancy, request: &Request
 }
 
 fn finish(model: &HostModel, occupancy: &Occupancy, request: &Request, job: &engine::JobShape, tasks: Vec<CpuSet>) -> Placement {
-    let cpus = tasks.iter().fold(CpuSet::new(), |acc, t| acc.union(t));
+    let cpus = CpuSet::union_all(&tasks);
     let fenced = match job.exclusive {
         Some(level) => model.closure(level, &cpus).difference(&cpus),
         None => CpuSet::new(),

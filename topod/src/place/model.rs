@@ -79,6 +79,8 @@ pub struct HostModel {
     socket_of: Vec<u32>,
     /// The placement tree; node 0 is the machine.
     pub tree: Vec<TreeNode>,
+    /// Per level (core, L3, NUMA, socket): running sums of domain sizes, largest first.
+    largest_first_prefix: [Vec<usize>; 4],
     /// CPU-less memory nodes (OS id) with the CPU NUMA domains nearest to each.
     pub cpuless: Vec<(u32, Vec<usize>)>,
     /// Threads per core on this machine (the largest core's size).
@@ -121,7 +123,7 @@ impl HostModel {
         };
         let mut cores = restrict(&mut topo.cores.iter().map(|d| &d.cpus));
         // CPUs no core claims (readers should not produce them, but be safe) become cores of one.
-        let covered = cores.iter().fold(CpuSet::new(), |acc, c| acc.union(c));
+        let covered = CpuSet::union_all(&cores);
         for cpu in allocatable.difference(&covered).iter() {
             cores.push(std::iter::once(cpu).collect());
         }
@@ -134,7 +136,7 @@ impl HostModel {
             .collect();
         numa_pairs.sort_by_key(|(s, _)| s.first());
         let (mut numa, mut numa_os): (Vec<CpuSet>, Vec<u32>) = numa_pairs.into_iter().unzip();
-        let numa_covered = numa.iter().fold(CpuSet::new(), |acc, c| acc.union(c));
+        let numa_covered = CpuSet::union_all(&numa);
         let orphan = allocatable.difference(&numa_covered);
         if !orphan.is_empty() {
             // CPUs with no local memory node (offline node 0): treat them as one more domain with
@@ -223,10 +225,22 @@ impl HostModel {
             numa_of,
             socket_of,
             tree: Vec::new(),
+            largest_first_prefix: Default::default(),
             cpuless,
             threads_per_core,
         };
         model.tree = model.build_tree();
+        model.largest_first_prefix = [Level::Core, Level::L3, Level::Numa, Level::Socket].map(|l| {
+            let mut sizes: Vec<usize> = model.domains(l).iter().map(|d| d.len()).collect();
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            sizes
+                .iter()
+                .scan(0, |acc, s| {
+                    *acc += s;
+                    Some(*acc)
+                })
+                .collect()
+        });
         Ok(model)
     }
 
@@ -265,9 +279,17 @@ impl HostModel {
 
     /// Indexes of the domains of `level` that `cpus` touches.
     pub fn touched(&self, level: Level, cpus: &CpuSet) -> Vec<usize> {
-        let mut out: Vec<usize> = cpus.iter().filter_map(|c| self.domain_of(level, c)).collect();
-        out.sort_unstable();
-        out.dedup();
+        self.touched_set(level, cpus).iter().map(|i| i as usize).collect()
+    }
+
+    /// The indexes of the domains of `level` that `cpus` touches, as a set.
+    pub fn touched_set(&self, level: Level, cpus: &CpuSet) -> CpuSet {
+        let mut out = CpuSet::new();
+        for c in cpus.iter() {
+            if let Some(i) = self.domain_of(level, c) {
+                out.insert(i as u32);
+            }
+        }
         out
     }
 
@@ -277,21 +299,15 @@ impl HostModel {
             return cpus.clone();
         }
         let doms = self.domains(level);
-        self.touched(level, cpus).into_iter().fold(CpuSet::new(), |acc, i| acc.union(&doms[i]))
+        CpuSet::union_all(self.touched(level, cpus).into_iter().map(|i| &doms[i]))
     }
 
     /// The smallest number of domains of `level` that could hold `n` CPUs on the empty machine.
     pub fn min_domains_for(&self, level: Level, n: usize) -> usize {
-        let mut sizes: Vec<usize> = self.domains(level).iter().map(|d| d.len()).collect();
-        sizes.sort_unstable_by(|a, b| b.cmp(a));
-        let mut sum = 0;
-        for (i, s) in sizes.iter().enumerate() {
-            sum += s;
-            if sum >= n {
-                return i + 1;
-            }
-        }
-        sizes.len().max(1)
+        let Some(slot) = level_slot(level) else { return n };
+        // prefix[k] = CPUs in the k+1 largest domains.
+        let prefix = &self.largest_first_prefix[slot];
+        prefix.partition_point(|&sum| sum < n).min(prefix.len().saturating_sub(1)) + 1
     }
 
     /// SLIT distance between NUMA domains `a` and `b` (indexes into `numa`).
