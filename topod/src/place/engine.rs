@@ -51,7 +51,19 @@ impl JobShape {
         let unit = request.unit;
         let unit_reps = match unit {
             Level::Thread => avail.clone(),
-            _ => model.domains(unit).iter().filter(|d| d.is_subset(&avail)).filter_map(|d| d.first()).collect(),
+            _ => {
+                // Visit only available CPUs that start a domain: O(free CPUs), not O(domains).
+                let doms = model.domains(unit);
+                let mut reps = CpuSet::new();
+                for cpu in avail.iter() {
+                    if let Some(i) = model.domain_of(unit, cpu) {
+                        if doms[i].first() == Some(cpu) && doms[i].is_subset(&avail) {
+                            reps.insert(cpu);
+                        }
+                    }
+                }
+                reps
+            }
         };
         let pus_per_unit = model.pus_per_unit(unit);
         let numa_cap_units = request.max_cpu_per_node.map(|c| (c as usize / pus_per_unit).max(0));
@@ -151,26 +163,47 @@ struct Counts {
 fn count(model: &HostModel, job: &JobShape, reps: &CpuSet) -> Counts {
     let n = model.tree.len();
     let mut units = vec![0usize; n];
-    let mut slots = vec![0usize; n];
     let same_slot = job.same.and_then(level_slot);
-    // Children always come after their parent, so a reverse walk is bottom-up.
-    for id in (0..n).rev() {
+    // Leaves first, by visiting the available units only; then, since children always come
+    // after their parent, a reverse walk is bottom-up.
+    for cpu in reps.iter() {
+        if let Some(leaf) = model.leaf_of(cpu) {
+            units[leaf] += 1;
+        }
+    }
+    if let Some(cap) = job.numa_cap_units {
+        for (id, node) in model.tree.iter().enumerate() {
+            if node.children.is_empty() && node.numa.is_some() {
+                units[id] = units[id].min(cap);
+            }
+        }
+    }
+    for &id in model.internal_bottom_up() {
         let node = &model.tree[id];
-        let mut u = if node.children.is_empty() {
-            node.cpus.intersection_len(reps)
-        } else {
-            node.children.iter().map(|&c| units[c]).sum()
-        };
+        let mut u: usize = node.children.iter().map(|&c| units[c]).sum();
         if let (Some(cap), Some(_)) = (job.numa_cap_units, node.numa) {
             u = u.min(cap);
         }
         units[id] = u;
-        slots[id] = match same_slot {
-            Some(s) if node.within[s].is_some() || node.children.is_empty() => u / job.units_per_task,
-            Some(_) => node.children.iter().map(|&c| slots[c]).sum(),
-            None => u,
-        };
     }
+    let slots = match same_slot {
+        None => units.clone(),
+        Some(s) => {
+            let mut slots = vec![0usize; n];
+            for (id, node) in model.tree.iter().enumerate() {
+                if node.children.is_empty() || node.within[s].is_some() {
+                    slots[id] = units[id] / job.units_per_task;
+                }
+            }
+            for &id in model.internal_bottom_up() {
+                let node = &model.tree[id];
+                if node.within[s].is_none() {
+                    slots[id] = node.children.iter().map(|&c| slots[c]).sum();
+                }
+            }
+            slots
+        }
+    };
     Counts { units, slots }
 }
 

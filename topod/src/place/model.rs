@@ -79,6 +79,10 @@ pub struct HostModel {
     socket_of: Vec<u32>,
     /// The placement tree; node 0 is the machine.
     pub tree: Vec<TreeNode>,
+    /// Tree nodes with children, deepest first (children before parents).
+    internal_bottom_up: Vec<usize>,
+    /// For each CPU id, the tree leaf holding it.
+    leaf_of: Vec<u32>,
     /// Per level (core, L3, NUMA, socket): running sums of domain sizes, largest first.
     largest_first_prefix: [Vec<usize>; 4],
     /// CPU-less memory nodes (OS id) with the CPU NUMA domains nearest to each.
@@ -226,10 +230,21 @@ impl HostModel {
             socket_of,
             tree: Vec::new(),
             largest_first_prefix: Default::default(),
+            leaf_of: Vec::new(),
+            internal_bottom_up: Vec::new(),
             cpuless,
             threads_per_core,
         };
         model.tree = model.build_tree();
+        model.internal_bottom_up = (0..model.tree.len()).rev().filter(|&i| !model.tree[i].children.is_empty()).collect();
+        model.leaf_of = vec![NONE; max_cpu];
+        for (id, node) in model.tree.iter().enumerate().filter(|(_, n)| n.children.is_empty()) {
+            for cpu in node.cpus.iter() {
+                if let Some(slot) = model.leaf_of.get_mut(cpu as usize) {
+                    *slot = id as u32;
+                }
+            }
+        }
         model.largest_first_prefix = [Level::Core, Level::L3, Level::Numa, Level::Socket].map(|l| {
             let mut sizes: Vec<usize> = model.domains(l).iter().map(|d| d.len()).collect();
             sizes.sort_unstable_by(|a, b| b.cmp(a));
@@ -262,6 +277,17 @@ impl HostModel {
             Level::Core => self.threads_per_core,
             l => self.domains(l).iter().map(|d| d.len()).max().unwrap_or(1),
         }
+    }
+
+    /// Tree nodes that have children, children before parents.
+    pub fn internal_bottom_up(&self) -> &[usize] {
+        &self.internal_bottom_up
+    }
+
+    /// The tree leaf holding `cpu`.
+    #[inline]
+    pub fn leaf_of(&self, cpu: u32) -> Option<usize> {
+        self.leaf_of.get(cpu as usize).copied().filter(|&i| i != NONE).map(|i| i as usize)
     }
 
     /// Index of the domain of `level` holding `cpu`.

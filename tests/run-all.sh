@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what the tests need, then runs them.
+# Usage: tests/run-all.sh            (README's test command; .ci/run calls exactly this)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The real machine topologies the tests read live beside the repository, never in it.
+shared="${TOPO_SHARED_DIR:-../shared}"
+if [ ! -d "$shared/topologies" ]; then
+    echo "tests/run-all.sh: $shared/topologies not found; the tests need the shared folder beside the repository (or TOPO_SHARED_DIR)" >&2
+    exit 1
+fi
+export TOPO_SHARED_DIR="$(cd "$shared" && pwd)"
+
+# System packages: a C compiler for the bzip2 crate (the sysfs snapshots are .tar.bz2).
+need=()
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+if [ "${#need[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -eq 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+    else
+        echo "tests/run-all.sh: please install ${need[*]} (needs root)" >&2
+        exit 1
+    fi
+fi
+
+# Unit, property and integration tests (placement, request language, topology readers against
+# every real machine in shared/topologies, the topoctl command line).
+cargo test --workspace --locked
+
+# The placement benchmark runs too, briefly, so that a change that breaks it fails here; the
+# figures that matter come from the full run in README ("Benchmarks").
+cargo run --quiet --release --locked -p topod --bin topoctl -- bench placement --jobs 300 >/dev/null
+echo "tests/run-all.sh: all tests passed"
