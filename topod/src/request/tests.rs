@@ -1,0 +1,1 @@
+//! Tests of the request language: examples, errors, round trips, fuzzing.
