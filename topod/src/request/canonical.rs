@@ -138,9 +138,8 @@ impl Request {
                 CpusetKey::CpusetType => self.cpuset_type.map(|t| t.name().to_string()),
                 CpusetKey::CpusetName => self.cpuset_name.clone(),
                 CpusetKey::CpuList => self.cpu_list.as_ref().map(ToString::to_string),
-                CpusetKey::CpusetOptions => (!self.cpuset_options.is_empty()).then(|| {
-                    self.cpuset_options.iter().map(|o| o.name()).collect::<Vec<_>>().join(" ")
-                }),
+                CpusetKey::CpusetOptions => (!self.cpuset_options.is_empty())
+                    .then(|| self.cpuset_options.iter().map(|o| o.name()).collect::<Vec<_>>().join(" ")),
                 CpusetKey::MaxRadius => self.max_radius.map(|n| n.to_string()),
                 CpusetKey::MaxCpuPerNode => self.max_cpu_per_node.map(|n| n.to_string()),
                 CpusetKey::ResumeOption => self.resume_option.map(|_| "ORIG_CPUS".to_string()),

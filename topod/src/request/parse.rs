@@ -79,9 +79,7 @@
 //! that point. An empty `KEY=` value is an error here; it is accepted only by
 //! [`merge_extsched`](super::merge_extsched), where it cancels a lower-priority setting.
 
-use super::{
-    CpusetOption, CpusetType, Distribute, Exclusive, Level, MemBind, Request, ResumeOption, Scope,
-};
+use super::{CpusetOption, CpusetType, Distribute, Exclusive, Level, MemBind, Request, ResumeOption, Scope};
 use crate::cpuset::CpuSet;
 use std::fmt;
 use std::ops::Range;
@@ -153,12 +151,7 @@ const FRAGMENT_SHOWN: usize = 40;
 impl RequestError {
     /// Builds an error for `span` of `text`, moving the span's ends out to character boundaries
     /// and inside the text.
-    pub(crate) fn new(
-        text: &str,
-        span: Range<usize>,
-        message: impl Into<String>,
-        expected: &[&'static str],
-    ) -> Self {
+    pub(crate) fn new(text: &str, span: Range<usize>, message: impl Into<String>, expected: &[&'static str]) -> Self {
         let span = snap(text, span);
         let fragment = text.get(span.clone()).unwrap_or_default().to_string();
         Self { span, fragment, message: message.into(), expected: expected.to_vec() }
@@ -238,15 +231,8 @@ pub(crate) enum CpusetKey {
 }
 
 /// The keyword names, indexed by `CpusetKey as usize`.
-pub(crate) const KEY_NAMES: &[&str] = &[
-    "CPUSET_TYPE",
-    "CPUSET_NAME",
-    "CPU_LIST",
-    "CPUSET_OPTIONS",
-    "MAX_RADIUS",
-    "MAX_CPU_PER_NODE",
-    "RESUME_OPTION",
-];
+pub(crate) const KEY_NAMES: &[&str] =
+    &["CPUSET_TYPE", "CPUSET_NAME", "CPU_LIST", "CPUSET_OPTIONS", "MAX_RADIUS", "MAX_CPU_PER_NODE", "RESUME_OPTION"];
 
 impl CpusetKey {
     /// Every keyword, in canonical order.
@@ -742,11 +728,7 @@ impl<'a> Affinity<'a> {
             return Err(self.error(t, format!("unknown {what}"), &expected));
         };
         if level < allowed_from {
-            let msg = format!(
-                "{} is smaller than the processor unit {}",
-                level.name(),
-                allowed_from.name()
-            );
+            let msg = format!("{} is smaller than the processor unit {}", level.name(), allowed_from.name());
             return Err(self.error(t, msg, &expected));
         }
         Ok((t, level))
@@ -801,8 +783,8 @@ impl<'a> Affinity<'a> {
                 Tok::Punct(b',') => {
                     let names: Vec<&'static str> = SCOPE_NAMES.iter().map(|(n, _)| *n).collect();
                     let (t, word) = self.expect_word("an exclusive scope", &names)?;
-                    scope = lookup(SCOPE_NAMES, word)
-                        .ok_or_else(|| self.error(t, "unknown exclusive scope", &names))?;
+                    scope =
+                        lookup(SCOPE_NAMES, word).ok_or_else(|| self.error(t, "unknown exclusive scope", &names))?;
                     self.expect_punct(b')', ")")?;
                 }
                 _ => return Err(self.error(t, self.unexpected(t, "',' or ')'"), &[",", ")"])),
@@ -889,7 +871,11 @@ fn parse_size(word: &str) -> Result<u64, String> {
     };
     let max_digits = if round_up_kib { MAX_MEM_MIB << 10 } else { MAX_MEM_MIB >> shift };
     let n = parse_digits(digits, max_digits).map_err(|e| {
-        if e.starts_with("too large") { format!("larger than the largest accepted, {MAX_MEM_MIB} MiB") } else { e }
+        if e.starts_with("too large") {
+            format!("larger than the largest accepted, {MAX_MEM_MIB} MiB")
+        } else {
+            e
+        }
     })?;
     let mib = if round_up_kib { n.div_ceil(1024) } else { n << shift };
     if mib == 0 {

@@ -74,7 +74,8 @@ fn ibm_affinity_examples() {
         "affinity[core(2,same=socket,exclusive=(socket,alljobs)):cpubind=socket:distribute=balance]"
     );
 
-    let text = "affinity[core(1,same=socket,exclusive=(socket,injob)):cpubind=socket:membind=localonly:distribute=pack]";
+    let text =
+        "affinity[core(1,same=socket,exclusive=(socket,injob)):cpubind=socket:membind=localonly:distribute=pack]";
     let r = p(text);
     assert_eq!(
         r,
@@ -143,11 +144,7 @@ fn ibm_cpuset_examples() {
     let r = p(text);
     assert_eq!(
         r,
-        Request {
-            cpuset_options: vec![CpusetOption::CpuExclusive],
-            max_radius: Some(2),
-            ..Request::default()
-        }
+        Request { cpuset_options: vec![CpusetOption::CpuExclusive], max_radius: Some(2), ..Request::default() }
     );
     assert_eq!(r.to_string(), text);
     assert_eq!(r.exclusive_level(), Some(Level::Core));
@@ -168,11 +165,7 @@ fn every_cpuset_keyword() {
             cpuset_type: Some(CpusetType::Static),
             cpuset_name: Some("Batch-1.a".into()),
             cpu_list: CpuSet::parse_list("0-3,8").ok(),
-            cpuset_options: vec![
-                CpusetOption::CpuExclusive,
-                CpusetOption::MemoryMandatory,
-                CpusetOption::EventNotify
-            ],
+            cpuset_options: vec![CpusetOption::CpuExclusive, CpusetOption::MemoryMandatory, CpusetOption::EventNotify],
             max_radius: Some(0),
             max_cpu_per_node: Some(16),
             resume_option: Some(ResumeOption::OrigCpus),
@@ -195,7 +188,10 @@ fn affinity_forms_aliases_and_extensions() {
     assert_eq!(p("affinity[thread]"), Request::default());
     assert_eq!(p("affinity[cpu]"), Request::default());
     assert_eq!(p("affinity[mcm]").unit, Level::Numa);
-    assert_eq!(p("AFFINITY[ L3 ( 2 ) * 3 ]"), Request { unit: Level::L3, units_per_task: 2, tasks: Some(3), ..Request::default() });
+    assert_eq!(
+        p("AFFINITY[ L3 ( 2 ) * 3 ]"),
+        Request { unit: Level::L3, units_per_task: 2, tasks: Some(3), ..Request::default() }
+    );
     assert_eq!(p("affinity[core*4]"), Request { tasks: Some(4), ..core_req() });
     assert_eq!(p("affinity[core(2)*4]").tasks, Some(4));
     // exclusive without same, default scope, either option order.
@@ -302,7 +298,12 @@ fn errors_cpuset() {
     assert_err("CPUSET[CPUSET_NAME=a/b]", 19, "a/b", "bad CPUSET_NAME");
     let long = format!("CPUSET[CPUSET_NAME={}]", "a".repeat(65));
     assert_err(&long, 19, &"a".repeat(65), "longer than 64");
-    assert_err("CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE|NODE_EXCLUSIVE]", 43, "NODE_EXCLUSIVE", "unknown CPUSET_OPTIONS option");
+    assert_err(
+        "CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE|NODE_EXCLUSIVE]",
+        43,
+        "NODE_EXCLUSIVE",
+        "unknown CPUSET_OPTIONS option",
+    );
     assert_err("CPUSET[CPUSET_OPTIONS=CPUSET_POLICY_KILL CPUSET_POLICY_KILL]", 41, "CPUSET_POLICY_KILL", "given twice");
     assert_err("CPUSET[CPUSET_OPTIONS=|]", 22, "|", "names no option");
     assert_err("CPUSET[MAX_RADIUS=-1]", 18, "-1", "not a whole number");
@@ -334,7 +335,12 @@ fn errors_affinity() {
     assert_err("affinity[core(2,exclusive=(socket,sometimes))]", 34, "sometimes", "unknown exclusive scope");
     assert_err("affinity[core(2,exclusive=socket)]", 26, "socket", "'('");
     assert_err("affinity[core(2,same=core,same=core)]", 26, "same", "same= given twice");
-    assert_err("affinity[core(2,Same=socket,exclusive=(socket),EXCLUSIVE=(numa))]", 47, "EXCLUSIVE", "exclusive= given twice");
+    assert_err(
+        "affinity[core(2,Same=socket,exclusive=(socket),EXCLUSIVE=(numa))]",
+        47,
+        "EXCLUSIVE",
+        "exclusive= given twice",
+    );
     assert_err("affinity[core(2,shared=yes)]", 16, "shared", "unknown processor unit option");
     assert_err("affinity[core(2 3)]", 16, "3", "',' or ')'");
     assert_err("affinity[core:mem=4X]", 18, "4X", "unknown unit");
@@ -359,7 +365,8 @@ fn merge_worked_example() {
         Some("CPUSET[CPU_LIST=1,5,7-12;MAX_CPU_PER_NODE=4]"),
         Some("CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]"),
     );
-    let expected = p("CPUSET[CPUSET_TYPE=dynamic;MAX_CPU_PER_NODE=2;CPU_LIST=1, 5, 7-12;CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]");
+    let expected =
+        p("CPUSET[CPUSET_TYPE=dynamic;MAX_CPU_PER_NODE=2;CPU_LIST=1, 5, 7-12;CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]");
     assert_eq!(merged, Ok(expected));
 }
 
@@ -369,14 +376,12 @@ fn merge_empty_value_deletes() {
     let merged = merge_extsched(Some("CPUSET[MAX_RADIUS=]"), Some("CPUSET[MAX_RADIUS=3;CPU_LIST=0-3]"), None);
     assert_eq!(merged, Ok(p("CPUSET[CPU_LIST=0-3]")));
     // A job's empty value drops the queue default (LSF's SLURM[nodes=3;tmp=] example, in CPUSET).
-    let merged = merge_extsched(
-        None,
-        Some("CPUSET[MAX_RADIUS=3;CPU_LIST=]"),
-        Some("CPUSET[MAX_RADIUS=2;CPU_LIST=0-3]"),
-    );
+    let merged =
+        merge_extsched(None, Some("CPUSET[MAX_RADIUS=3;CPU_LIST=]"), Some("CPUSET[MAX_RADIUS=2;CPU_LIST=0-3]"));
     assert_eq!(merged.map(|r| r.to_string()), Ok("CPUSET[MAX_RADIUS=3]".to_string()));
     // The mandatory string deletes even what the default sets.
-    let merged = merge_extsched(Some("CPUSET[CPUSET_OPTIONS=]"), None, Some("CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]"));
+    let merged =
+        merge_extsched(Some("CPUSET[CPUSET_OPTIONS=]"), None, Some("CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]"));
     assert_eq!(merged, Ok(Request::default()));
     // An empty value in the default string deletes nothing below it: a no-op.
     let merged = merge_extsched(None, Some("CPUSET[MAX_RADIUS=1]"), Some("CPUSET[MAX_RADIUS=;CPU_LIST=]"));
@@ -476,12 +481,10 @@ const ALL_OPTIONS: [CpusetOption; 8] = [
 ];
 
 fn cpuset_request() -> impl Strategy<Value = Request> {
-    let cpuset_type = prop::option::of(prop_oneof![
-        Just(CpusetType::Static),
-        Just(CpusetType::Dynamic),
-        Just(CpusetType::None)
-    ]);
-    let name = prop::option::of("[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}".prop_filter("valid name", |n| check_name(n).is_ok()));
+    let cpuset_type =
+        prop::option::of(prop_oneof![Just(CpusetType::Static), Just(CpusetType::Dynamic), Just(CpusetType::None)]);
+    let name =
+        prop::option::of("[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}".prop_filter("valid name", |n| check_name(n).is_ok()));
     let cpus = prop::option::of(prop::collection::vec(prop_oneof![0u32..=64, 0u32..=crate::cpuset::MAX_CPU_ID], 1..12));
     let options = prop::collection::vec(any::<bool>(), 8);
     let numbers = (prop::option::of(0u32..=MAX_COUNT), prop::option::of(count()), any::<bool>());
@@ -505,7 +508,16 @@ fn valid_request() -> impl Strategy<Value = Request> {
     (affinity_request(), cpuset_request(), 0..3u8).prop_map(|(a, c, which)| match which {
         0 => a,
         1 => c,
-        _ => Request { cpuset_type: c.cpuset_type, cpuset_name: c.cpuset_name, cpu_list: c.cpu_list, cpuset_options: c.cpuset_options, max_radius: c.max_radius, max_cpu_per_node: c.max_cpu_per_node, resume_option: c.resume_option, ..a },
+        _ => Request {
+            cpuset_type: c.cpuset_type,
+            cpuset_name: c.cpuset_name,
+            cpu_list: c.cpu_list,
+            cpuset_options: c.cpuset_options,
+            max_radius: c.max_radius,
+            max_cpu_per_node: c.max_cpu_per_node,
+            resume_option: c.resume_option,
+            ..a
+        },
     })
 }
 
@@ -557,11 +569,59 @@ fn check_merge(m: &str, j: &str, d: &str) -> Result<(), String> {
 
 /// Pieces of the grammar, for random inputs that get deep into the parser.
 const PIECES: &[&str] = &[
-    "CPUSET", "affinity", "[", "]", "(", ")", ":", ";", ",", "=", "*", " ", "|", "core", "numa", "socket", "thread",
-    "l3", "mcm", "cpu", "same", "exclusive", "injob", "alljobs", "intask", "cpubind", "membind", "localonly",
-    "distribute", "pack", "balance", "any", "mem", "4G", "2", "0", "65536", "99999999999999999999", "CPU_LIST",
-    "MAX_RADIUS", "CPUSET_OPTIONS", "CPUSET_CPU_EXCLUSIVE", "CPUSET_NAME", "CPUSET_TYPE", "dynamic", "1-3",
-    "1, 5", "ö", "€", "\u{0}", "\t", "..", "/",
+    "CPUSET",
+    "affinity",
+    "[",
+    "]",
+    "(",
+    ")",
+    ":",
+    ";",
+    ",",
+    "=",
+    "*",
+    " ",
+    "|",
+    "core",
+    "numa",
+    "socket",
+    "thread",
+    "l3",
+    "mcm",
+    "cpu",
+    "same",
+    "exclusive",
+    "injob",
+    "alljobs",
+    "intask",
+    "cpubind",
+    "membind",
+    "localonly",
+    "distribute",
+    "pack",
+    "balance",
+    "any",
+    "mem",
+    "4G",
+    "2",
+    "0",
+    "65536",
+    "99999999999999999999",
+    "CPU_LIST",
+    "MAX_RADIUS",
+    "CPUSET_OPTIONS",
+    "CPUSET_CPU_EXCLUSIVE",
+    "CPUSET_NAME",
+    "CPUSET_TYPE",
+    "dynamic",
+    "1-3",
+    "1, 5",
+    "ö",
+    "€",
+    "\u{0}",
+    "\t",
+    "..",
+    "/",
 ];
 const INSERTS: &[u8] = b"[]():;,=*";
 
@@ -667,7 +727,11 @@ impl XorShift {
 const LEVELS: [Level; 5] = [Level::Thread, Level::Core, Level::L3, Level::Numa, Level::Socket];
 
 fn random_count(rng: &mut XorShift) -> u32 {
-    if rng.chance(4) { 1 + rng.below(u64::from(MAX_COUNT)) as u32 } else { 1 + rng.below(8) as u32 }
+    if rng.chance(4) {
+        1 + rng.below(u64::from(MAX_COUNT)) as u32
+    } else {
+        1 + rng.below(8) as u32
+    }
 }
 
 fn random_request(rng: &mut XorShift) -> Request {
