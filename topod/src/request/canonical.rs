@@ -1,18 +1,7 @@
 //! The canonical text of a [`Request`] (`Display`), and the invariants that make it reparse to
 //! the same `Request` ([`Request::validate`]).
 //!
-//! Canonical form:
-//! - `CPUSET[...]` first, only when some `CPUSET` keyword is set; keywords in the order
-//!   `CPUSET_TYPE, CPUSET_NAME, CPU_LIST, CPUSET_OPTIONS, MAX_RADIUS, MAX_CPU_PER_NODE,
-//!   RESUME_OPTION`, separated by `;`, no trailing `;`; `CPUSET_TYPE` in lower case, CPU lists
-//!   without spaces (`1,5,7-12`), options in upper case separated by one space, in
-//!   [`CpusetOption`]'s order;
-//! - then, separated by one space, `affinity[...]` when some affinity field differs from the
-//!   default or when no `CPUSET` keyword is set (so that the text is never empty): lower case,
-//!   canonical level names (`thread`, not `cpu`), `unit` alone when there is one unit per task
-//!   and no unit option, else `unit(n[,same=..][,exclusive=(level,scope)])` (the scope always
-//!   written), then `*tasks`, then `:cpubind=`, `:membind=localonly`, `:distribute=` and
-//!   `:mem=`, in that order, each only when not the default.
+//! The canonical form is documented on `impl Display for Request`.
 
 use super::parse::{check_name, CpusetKey, MAX_COUNT, MAX_MEM_MIB};
 use super::{CpusetOption, CpusetType, Distribute, MemBind, Request, Scope};
@@ -200,8 +189,21 @@ fn format_size(mib: u64) -> String {
     }
 }
 
-/// The canonical text (see the module docs of `request::canonical`): for every `Request` that
-/// passes [`Request::validate`], `parse(&r.to_string()) == Ok(r)`.
+/// The canonical text: for every `Request` that passes [`Request::validate`],
+/// `parse(&r.to_string()) == Ok(r)`.
+///
+/// Canonical form:
+/// - `CPUSET[...]` first, only when some `CPUSET` keyword is set; keywords in the order
+///   `CPUSET_TYPE, CPUSET_NAME, CPU_LIST, CPUSET_OPTIONS, MAX_RADIUS, MAX_CPU_PER_NODE,
+///   RESUME_OPTION`, separated by `;`, no trailing `;`; `CPUSET_TYPE` in lower case, CPU lists
+///   without spaces (`1,5,7-12`), options in upper case separated by one space, in
+///   [`CpusetOption`]'s order;
+/// - then, separated by one space, `affinity[...]` when some affinity field differs from the
+///   default or when no `CPUSET` keyword is set (so that the text is never empty): lower case,
+///   canonical level names (`thread`, not `cpu`), `unit` alone when there is one unit per task
+///   and no unit option, else `unit(n[,same=..][,exclusive=(level,scope)])` (the scope always
+///   written), then `*tasks`, then `:cpubind=`, `:membind=localonly`, `:distribute=` and
+///   `:mem=`, in that order, each only when not the default.
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let cpuset = self.has_cpuset_keywords();

@@ -1,24 +1,6 @@
 //! The queue merge of `-extsched` strings (LSF's `MANDATORY_EXTSCHED` and `DEFAULT_EXTSCHED`).
 //!
-//! Precedence, per `CPUSET` keyword: the queue's `MANDATORY_EXTSCHED` over the job's
-//! `-extsched` over the queue's `DEFAULT_EXTSCHED`. The highest-priority string that names a
-//! keyword decides it; when it names the keyword with an empty value (`MAX_RADIUS=`), the
-//! keyword is unset whatever the lower-priority strings say. LSF's worked example:
-//!
-//! ```text
-//! job                 CPUSET[CPU_LIST=1,5,7-12;MAX_CPU_PER_NODE=4]
-//! DEFAULT_EXTSCHED    CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]
-//! MANDATORY_EXTSCHED  CPUSET[CPUSET_TYPE=dynamic;MAX_CPU_PER_NODE=2]
-//! effective           CPUSET[CPUSET_TYPE=dynamic;MAX_CPU_PER_NODE=2;CPU_LIST=1, 5, 7-12;
-//!                            CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]
-//! ```
-//!
-//! The `affinity[...]` section is one unit, not merged clause by clause (its parts depend on
-//! each other: `same=` and `exclusive=` are checked against the unit): it is taken whole from
-//! the highest-priority string that has one.
-//!
-//! A string that is absent (`None`) or only white space contributes nothing. Each present
-//! string must parse on its own (with empty values allowed); an error names the string.
+//! The rules are documented on [`merge_extsched`].
 
 use super::parse::{parse_parts, CpusetKey, Mention, Parts, RequestError};
 use super::Request;
@@ -63,8 +45,28 @@ impl MergeError {
 }
 
 /// Merges the job's `-extsched` string with the queue's `MANDATORY_EXTSCHED` and
-/// `DEFAULT_EXTSCHED` (see the module docs). `None` where the string is not set. The merged
+/// `DEFAULT_EXTSCHED` (rules below). `None` where the string is not set. The merged
 /// request's canonical text is `to_string()` of the result.
+///
+/// Precedence, per `CPUSET` keyword: the queue's `MANDATORY_EXTSCHED` over the job's
+/// `-extsched` over the queue's `DEFAULT_EXTSCHED`. The highest-priority string that names a
+/// keyword decides it; when it names the keyword with an empty value (`MAX_RADIUS=`), the
+/// keyword is unset whatever the lower-priority strings say. LSF's worked example:
+///
+/// ```text
+/// job                 CPUSET[CPU_LIST=1,5,7-12;MAX_CPU_PER_NODE=4]
+/// DEFAULT_EXTSCHED    CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]
+/// MANDATORY_EXTSCHED  CPUSET[CPUSET_TYPE=dynamic;MAX_CPU_PER_NODE=2]
+/// effective           CPUSET[CPUSET_TYPE=dynamic;MAX_CPU_PER_NODE=2;CPU_LIST=1, 5, 7-12;
+///                            CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]
+/// ```
+///
+/// The `affinity[...]` section is one unit, not merged clause by clause (its parts depend on
+/// each other: `same=` and `exclusive=` are checked against the unit): it is taken whole from
+/// the highest-priority string that has one.
+///
+/// A string that is absent (`None`) or only white space contributes nothing. Each present
+/// string must parse on its own (with empty values allowed); an error names the string.
 pub fn merge_extsched(
     mandatory: Option<&str>,
     job: Option<&str>,

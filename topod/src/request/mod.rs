@@ -11,8 +11,8 @@
 //! to one canonical string that parses to the same `Request`.
 //!
 //! - [`parse`] (also `str::parse::<Request>()`): the grammar, the meaning of each part and
-//!   topo's extensions (`l3`, `:mem=SIZE`, `|` between `CPUSET_OPTIONS`) are documented in
-//!   the `parse` module source docs, repeated here in short:
+//!   topo's extensions (`l3`, `:mem=SIZE`, `|` between `CPUSET_OPTIONS`) are documented on
+//!   [`parse`]; in short:
 //!
 //!   ```text
 //!   CPUSET[KEY=value;...]   KEY ∈ CPUSET_TYPE CPUSET_NAME CPU_LIST CPUSET_OPTIONS MAX_RADIUS

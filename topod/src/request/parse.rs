@@ -1,83 +1,6 @@
 //! The parser: request text into a [`Request`].
 //!
-//! # Grammar
-//!
-//! A request is one `CPUSET[...]` section and/or one `affinity[...]` section, in either order,
-//! separated by white space. Section names are matched case-insensitively (`cpuset[`,
-//! `AFFINITY[` are accepted); [`Request`]'s `Display` prints `CPUSET[` and `affinity[`.
-//!
-//! ```text
-//! request      = ws section [ ws section ] ws            (at most one of each kind)
-//! section      = "CPUSET" ws "[" cpuset_body "]"
-//!              | "affinity" ws "[" affinity_body "]"
-//!
-//! cpuset_body  = item { ";" item } [ ";" ]               (white space around keys and values ok)
-//! item         = KEY "=" value
-//!   CPUSET_TYPE      = static | dynamic | none
-//!   CPUSET_NAME      = name              (1-64 of A-Z a-z 0-9 _ - . ; not starting with . or -,
-//!                                         no "..")
-//!   CPU_LIST         = 1,5,7-12          (spaces after commas ok: LSF prints "1, 5, 7-12")
-//!   CPUSET_OPTIONS   = opt { sep opt }   (sep: white space and/or "|")
-//!       opt ∈ CPUSET_CPU_EXCLUSIVE CPUSET_MEMORY_LOCAL CPUSET_MEMORY_EXCLUSIVE
-//!             CPUSET_MEMORY_KERNEL_AVOID CPUSET_MEMORY_MANDATORY CPUSET_POLICY_PAGE
-//!             CPUSET_POLICY_KILL CPUSET_EVENT_NOTIFY
-//!   MAX_RADIUS       = n                 (0 ..= 65536)
-//!   MAX_CPU_PER_NODE = n                 (1 ..= 65536)
-//!   RESUME_OPTION    = ORIG_CPUS
-//!
-//! affinity_body = unit_spec { ":" clause }               (each clause at most once, any order)
-//! unit_spec    = pu_type [ "(" count { "," pu_option } ")" ] [ "*" count ]
-//! pu_type      = numa | socket | core | thread | mcm (= numa) | cpu (= thread) | l3
-//! pu_option    = "same" "=" level
-//!              | "exclusive" "=" "(" level [ "," scope ] ")"   (each option at most once)
-//! scope        = injob | alljobs | intask                     (default when omitted: intask)
-//! clause       = "cpubind" "=" level
-//!              | "membind" "=" ( localonly | localprefer )
-//!              | "distribute" "=" ( "pack" [ "(" level "=" count ")" ] | balance | any )
-//!              | "mem" "=" size                                 (topo extension)
-//! level        = pu_type
-//! count        = 1 ..= 65536
-//! size         = digits [ K | M | G | T ] [ B ]                 (binary units; no suffix: MiB)
-//! ```
-//!
-//! Keywords and keyword values are matched case-insensitively everywhere (LSF documents the
-//! `CPUSET` keywords in upper case and the affinity keywords in lower case; both spellings of
-//! either are accepted). Only `CPUSET_NAME`'s value keeps its case. White space is allowed
-//! between any two tokens of the affinity section (IBM's examples write
-//! `core(2, same=socket, exclusive=(socket, injob))`) and around keys and values in `CPUSET`.
-//!
-//! # Meaning
-//!
-//! - `*count` is the number of tasks ([`Request::tasks`]); without it the batch system's slot
-//!   count decides (`bsub -n`). `(n)` is the number of units *per task*
-//!   ([`Request::units_per_task`]): `core(2)*4` is four tasks of two cores each.
-//! - `same=level`: each task's units lie in one domain of `level`, which must be at least as
-//!   large as the unit, in the nominal order `thread < core < l3 < numa < socket`.
-//! - `exclusive=(level[,scope])`: `level` must be at least the unit. The scope defaults to
-//!   `intask`, the narrowest one (as IBM's documentation for LSF 10.1 describes the default,
-//!   from memory: the full page could not be re-read when this was written). Canonical printing
-//!   always writes the scope, so no reader depends on the default.
-//! - `pack(level=n)`: the docs' `pack(socket=1)`, i.e. the level's name is the key: the whole
-//!   job inside `n` domains of that level. `n >= 1`.
-//!
-//! # topo extensions
-//!
-//! - `l3` is a processor unit type and level (an L3 cache group, a CCX on AMD). No `cache`
-//!   alias: "cache" does not say which cache level.
-//! - `:mem=SIZE` is a clause of the affinity section (not a unit option, because it is memory
-//!   for the whole job, not per unit): [`Request::mem_mib`]. Units are binary and
-//!   case-insensitive: `K` (rounded up to whole MiB), `M`, `G`, `T`, optionally followed by
-//!   `B`; a bare number is MiB. `1 MiB ..= 2^40 MiB`. Printed as `T`, `G` or `M`, whichever is
-//!   exact and largest.
-//! - `CPUSET_OPTIONS` also accepts `|` between options (LSF's docs only show one option, and
-//!   the reference leaves the separator unverified; white space is what SGI's tools used).
-//!
-//! # Errors
-//!
-//! Nothing unrecognized is skipped: every error is a [`RequestError`] with the byte span of the
-//! offending text in the input, that text, a message and the accepted keywords or values at
-//! that point. An empty `KEY=` value is an error here; it is accepted only by
-//! [`merge_extsched`](super::merge_extsched), where it cancels a lower-priority setting.
+//! The grammar and its meaning are documented on [`parse`].
 
 use super::{CpusetOption, CpusetType, Distribute, Exclusive, Level, MemBind, Request, ResumeOption, Scope};
 use crate::cpuset::CpuSet;
@@ -204,8 +127,86 @@ fn snap(text: &str, span: Range<usize>) -> Range<usize> {
     start..end
 }
 
-/// Parses a request: one `CPUSET[...]` and/or one `affinity[...]` section (see the module docs
-/// for the grammar).
+/// Parses a request: one `CPUSET[...]` and/or one `affinity[...]` section.
+///
+/// # Grammar
+///
+/// A request is one `CPUSET[...]` section and/or one `affinity[...]` section, in either order,
+/// separated by white space. Section names are matched case-insensitively (`cpuset[`,
+/// `AFFINITY[` are accepted); [`Request`]'s `Display` prints `CPUSET[` and `affinity[`.
+///
+/// ```text
+/// request      = ws section [ ws section ] ws            (at most one of each kind)
+/// section      = "CPUSET" ws "[" cpuset_body "]"
+///              | "affinity" ws "[" affinity_body "]"
+///
+/// cpuset_body  = item { ";" item } [ ";" ]               (white space around keys and values ok)
+/// item         = KEY "=" value
+///   CPUSET_TYPE      = static | dynamic | none
+///   CPUSET_NAME      = name              (1-64 of A-Z a-z 0-9 _ - . ; not starting with . or -,
+///                                         no "..")
+///   CPU_LIST         = 1,5,7-12          (spaces after commas ok: LSF prints "1, 5, 7-12")
+///   CPUSET_OPTIONS   = opt { sep opt }   (sep: white space and/or "|")
+///       opt ∈ CPUSET_CPU_EXCLUSIVE CPUSET_MEMORY_LOCAL CPUSET_MEMORY_EXCLUSIVE
+///             CPUSET_MEMORY_KERNEL_AVOID CPUSET_MEMORY_MANDATORY CPUSET_POLICY_PAGE
+///             CPUSET_POLICY_KILL CPUSET_EVENT_NOTIFY
+///   MAX_RADIUS       = n                 (0 ..= 65536)
+///   MAX_CPU_PER_NODE = n                 (1 ..= 65536)
+///   RESUME_OPTION    = ORIG_CPUS
+///
+/// affinity_body = unit_spec { ":" clause }               (each clause at most once, any order)
+/// unit_spec    = pu_type [ "(" count { "," pu_option } ")" ] [ "*" count ]
+/// pu_type      = numa | socket | core | thread | mcm (= numa) | cpu (= thread) | l3
+/// pu_option    = "same" "=" level
+///              | "exclusive" "=" "(" level [ "," scope ] ")"   (each option at most once)
+/// scope        = injob | alljobs | intask                     (default when omitted: intask)
+/// clause       = "cpubind" "=" level
+///              | "membind" "=" ( localonly | localprefer )
+///              | "distribute" "=" ( "pack" [ "(" level "=" count ")" ] | balance | any )
+///              | "mem" "=" size                                 (topo extension)
+/// level        = pu_type
+/// count        = 1 ..= 65536
+/// size         = digits [ K | M | G | T ] [ B ]                 (binary units; no suffix: MiB)
+/// ```
+///
+/// Keywords and keyword values are matched case-insensitively everywhere (LSF documents the
+/// `CPUSET` keywords in upper case and the affinity keywords in lower case; both spellings of
+/// either are accepted). Only `CPUSET_NAME`'s value keeps its case. White space is allowed
+/// between any two tokens of the affinity section (IBM's examples write
+/// `core(2, same=socket, exclusive=(socket, injob))`) and around keys and values in `CPUSET`.
+///
+/// # Meaning
+///
+/// - `*count` is the number of tasks ([`Request::tasks`]); without it the batch system's slot
+///   count decides (`bsub -n`). `(n)` is the number of units *per task*
+///   ([`Request::units_per_task`]): `core(2)*4` is four tasks of two cores each.
+/// - `same=level`: each task's units lie in one domain of `level`, which must be at least as
+///   large as the unit, in the nominal order `thread < core < l3 < numa < socket`.
+/// - `exclusive=(level[,scope])`: `level` must be at least the unit. The scope defaults to
+///   `intask`, the narrowest one (as IBM's documentation for LSF 10.1 describes the default,
+///   from memory: the full page could not be re-read when this was written). Canonical printing
+///   always writes the scope, so no reader depends on the default.
+/// - `pack(level=n)`: the docs' `pack(socket=1)`, i.e. the level's name is the key: the whole
+///   job inside `n` domains of that level. `n >= 1`.
+///
+/// # topo extensions
+///
+/// - `l3` is a processor unit type and level (an L3 cache group, a CCX on AMD). No `cache`
+///   alias: "cache" does not say which cache level.
+/// - `:mem=SIZE` is a clause of the affinity section (not a unit option, because it is memory
+///   for the whole job, not per unit): [`Request::mem_mib`]. Units are binary and
+///   case-insensitive: `K` (rounded up to whole MiB), `M`, `G`, `T`, optionally followed by
+///   `B`; a bare number is MiB. `1 MiB ..= 2^40 MiB`. Printed as `T`, `G` or `M`, whichever is
+///   exact and largest.
+/// - `CPUSET_OPTIONS` also accepts `|` between options (LSF's docs only show one option, and
+///   the reference leaves the separator unverified; white space is what SGI's tools used).
+///
+/// # Errors
+///
+/// Nothing unrecognized is skipped: every error is a [`RequestError`] with the byte span of the
+/// offending text in the input, that text, a message and the accepted keywords or values at
+/// that point. An empty `KEY=` value is an error here; it is accepted only by
+/// [`merge_extsched`](super::merge_extsched), where it cancels a lower-priority setting.
 pub fn parse(text: &str) -> Result<Request, RequestError> {
     parse_parts(text, false).map(|parts| parts.req)
 }
