@@ -9,9 +9,38 @@
 //!
 //! A request string may hold one of each (`CPUSET[...] affinity[...]`). A [`Request`] prints back
 //! to one canonical string that parses to the same `Request`.
+//!
+//! - [`parse`] (also `str::parse::<Request>()`): the grammar, the meaning of each part and
+//!   topo's extensions (`l3`, `:mem=SIZE`, `|` between `CPUSET_OPTIONS`) are documented on
+//!   [`parse`]; in short:
+//!
+//!   ```text
+//!   CPUSET[KEY=value;...]   KEY ∈ CPUSET_TYPE CPUSET_NAME CPU_LIST CPUSET_OPTIONS MAX_RADIUS
+//!                                 MAX_CPU_PER_NODE RESUME_OPTION
+//!   affinity[pu_type[(n[,same=level][,exclusive=(level[,scope])])][*tasks]
+//!            [:cpubind=level][:membind=localonly|localprefer]
+//!            [:distribute=pack|pack(level=n)|balance|any][:mem=SIZE]]
+//!   pu_type, level ∈ numa socket core thread mcm(=numa) cpu(=thread) l3
+//!   scope ∈ intask (default) injob alljobs
+//!   ```
+//! - [`merge_extsched`]: the per-keyword queue merge, where an empty value deletes;
+//! - `Display` for [`Request`]: the canonical text; [`Request::validate`]: the invariants that
+//!   make `parse(&r.to_string()) == Ok(r)`.
+//!
+//! Errors ([`RequestError`], [`MergeError`]) carry the byte span of the offending text, the text,
+//! a message and the accepted keywords.
 
 use crate::cpuset::CpuSet;
 use serde::Serialize;
+
+mod canonical;
+mod merge;
+mod parse;
+#[cfg(test)]
+mod tests;
+
+pub use merge::{merge_extsched, ExtschedSource, MergeError};
+pub use parse::{parse, RequestError, MAX_COUNT, MAX_MEM_MIB, MAX_NAME_LEN};
 
 /// A processor-unit type, and the levels that `same=`, `exclusive=` and `cpubind=` name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
