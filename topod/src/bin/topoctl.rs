@@ -1,4 +1,454 @@
-fn main() {
-    eprintln!("topoctl: being written");
-    std::process::exit(2);
+//! `topoctl`: the administrator's and user's view of topo.
+//!
+//! Offline commands work on any machine's topology file, with no daemon and no root:
+//! `show` (the host picture), `check` (parse and merge a request), `place` (what-if placement),
+//! `bench placement` (the placement-quality benchmark) and `demo`.
+
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use topod::bench;
+use topod::ledger::Ledger;
+use topod::picture::{self, Marks};
+use topod::place::{self, HostMetrics, HostModel, Placement, Strategy};
+use topod::request::{self, Request};
+use topod::topology::{hwloc_xml, sysfs, Topology};
+use topod::CpuSet;
+
+#[derive(Parser)]
+#[command(name = "topoctl", version, about = "Topology-aware job placement: look at hosts, check requests, try placements")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Draw a host: packages, NUMA nodes, L3 groups, cores, PUs and devices.
+    Show {
+        #[command(flatten)]
+        source: Source,
+        /// Print JSON (the whole graph and its counts) instead of the picture.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Parse a request (LSF CPUSET[...] and/or affinity[...]), merge it with queue strings, and
+    /// print the normalized form, or say what is wrong and where.
+    Check {
+        /// The job's request, e.g. "affinity[core(2,same=numa)*4:membind=localonly]".
+        request: String,
+        /// The queue's DEFAULT_EXTSCHED (used where the job says nothing).
+        #[arg(long, value_name = "STRING")]
+        queue_default: Option<String>,
+        /// The queue's MANDATORY_EXTSCHED (overrides the job).
+        #[arg(long, value_name = "STRING")]
+        queue_mandatory: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Place a sequence of requests on a topology and show where they went.
+    Place {
+        #[command(flatten)]
+        source: Source,
+        /// Placement strategy.
+        #[arg(long, short, default_value = "best-fit", value_parser = parse_strategy)]
+        strategy: Strategy,
+        /// Tasks for requests that do not say (like `bsub -n`).
+        #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+        tasks: u32,
+        /// CPUs no job may get (like the daemon's `reserved_cpus`), e.g. 0-1.
+        #[arg(long, value_name = "LIST", value_parser = parse_cpus)]
+        reserve: Option<CpuSet>,
+        /// Requests, placed in order.
+        #[arg(required = true)]
+        requests: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+    /// Place a short mixed job stream on a real machine (the 2-socket AMD EPYC 9654 from the
+    /// shared topologies, or this host) and show the picture and the metrics.
+    Demo {
+        #[command(flatten)]
+        source: Source,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Replay a seeded job stream per strategy on each topology and compare placement quality.
+    Placement {
+        /// Topology files (hwloc XML) or sysfs roots; default: every XML topology in the shared
+        /// topologies folder.
+        #[arg(long = "topology", value_name = "FILE")]
+        topologies: Vec<PathBuf>,
+        /// Strategies to compare; default: all.
+        #[arg(long = "strategy", short, value_parser = parse_strategy)]
+        strategies: Vec<Strategy>,
+        /// Seed of the job stream.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Jobs in the stream.
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+        jobs: u64,
+        /// Print one JSON object per (topology, strategy), one per line.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct Source {
+    /// An hwloc XML v2 file (e.g. from `lstopo --of xml`), or a directory holding `sys/` and
+    /// `proc/` (an extracted `hwloc-gather-topology` snapshot).
+    #[arg(long, value_name = "FILE", conflicts_with = "sysfs")]
+    topology: Option<PathBuf>,
+    /// A directory holding `sys/` and `proc/`, read like this host's /sys.
+    #[arg(long, value_name = "DIR")]
+    sysfs: Option<PathBuf>,
+}
+
+fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    s.parse().map_err(|e: place::UnknownStrategy| e.to_string())
+}
+
+fn parse_cpus(s: &str) -> Result<CpuSet, String> {
+    CpuSet::parse_list(s).map_err(|e| e.to_string())
+}
+
+/// A failure that ends the command, with the exit code to use.
+struct Failure {
+    message: String,
+    code: u8,
+}
+
+impl Failure {
+    fn input(message: impl Into<String>) -> Self {
+        Failure { message: message.into(), code: 2 }
+    }
+    fn runtime(message: impl Into<String>) -> Self {
+        Failure { message: message.into(), code: 1 }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Show { source, json } => show(&source, json),
+        Command::Check { request, queue_default, queue_mandatory, json } => {
+            check(&request, queue_default.as_deref(), queue_mandatory.as_deref(), json)
+        }
+        Command::Place { source, strategy, tasks, reserve, requests, json } => {
+            place_cmd(&source, strategy, tasks, reserve.unwrap_or_default(), &requests, json)
+        }
+        Command::Bench { what: BenchCommand::Placement { topologies, strategies, seed, jobs, json } } => {
+            bench_placement(&topologies, &strategies, seed, jobs as usize, json)
+        }
+        Command::Demo { source, json } => demo(&source, json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("topoctl: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn load(source: &Source) -> Result<Topology, Failure> {
+    match (&source.topology, &source.sysfs) {
+        (Some(path), _) => load_path(path),
+        (None, Some(dir)) => sysfs::read(dir).map_err(|e| Failure::input(e.to_string())),
+        (None, None) => sysfs::read(Path::new("/")).map_err(|e| Failure::runtime(format!("reading this host: {e}"))),
+    }
+}
+
+fn load_path(path: &Path) -> Result<Topology, Failure> {
+    if path.is_dir() {
+        return sysfs::read(path).map_err(|e| Failure::input(e.to_string()));
+    }
+    let name = path.to_string_lossy();
+    if name.ends_with(".tar.bz2") || name.ends_with(".tar") {
+        return Err(Failure::input(format!(
+            "{name} is an archive; extract it first (tar xjf {name}) and pass the directory that holds sys/ and proc/"
+        )));
+    }
+    hwloc_xml::read_file(path).map_err(|e| Failure::input(e.to_string()))
+}
+
+fn print_json<T: Serialize>(value: &T) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| Failure::runtime(format!("cannot write JSON: {e}")))?;
+    println!("{text}");
+    Ok(())
+}
+
+fn show(source: &Source, json: bool) -> Result<(), Failure> {
+    let topo = load(source)?;
+    if json {
+        #[derive(Serialize)]
+        struct Shown<'a> {
+            #[serde(flatten)]
+            counts: topod::topology::Counts,
+            topology: &'a Topology,
+        }
+        return print_json(&Shown { counts: topo.counts(), topology: &topo });
+    }
+    print!("{}", picture::render(&topo, &Ledger::new(), &Marks::default()));
+    Ok(())
+}
+
+fn parse_request(text: &str) -> Result<Request, Failure> {
+    request::parse(text).map_err(|e| Failure::input(format!("bad request\n{}", e.render(text))))
+}
+
+fn check(job: &str, queue_default: Option<&str>, queue_mandatory: Option<&str>, json: bool) -> Result<(), Failure> {
+    let merged = request::merge_extsched(queue_mandatory, Some(job), queue_default).map_err(|e| Failure::input(e.to_string()))?;
+    if json {
+        #[derive(Serialize)]
+        struct Checked<'a> {
+            canonical: String,
+            request: &'a Request,
+        }
+        return print_json(&Checked { canonical: merged.to_string(), request: &merged });
+    }
+    println!("{merged}");
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Placed {
+    job: String,
+    request: String,
+    #[serde(flatten)]
+    outcome: Outcome,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Outcome {
+    Placed { placement: Placement, score: u64 },
+    Rejected { reason: String },
+}
+
+fn place_cmd(source: &Source, strategy: Strategy, tasks: u32, reserve: CpuSet, requests: &[String], json: bool) -> Result<(), Failure> {
+    let topo = load(source)?;
+    let model = HostModel::new(&topo, &reserve).map_err(|e| Failure::input(e.to_string()))?;
+    let mut parsed = Vec::with_capacity(requests.len());
+    for text in requests {
+        let mut r = parse_request(text)?;
+        r.tasks.get_or_insert(tasks);
+        parsed.push(r);
+    }
+    let (ledger, placed) = place_all(&model, &parsed, strategy);
+    if json {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            topology: &'a str,
+            strategy: Strategy,
+            jobs: &'a [Placed],
+            host: HostMetrics,
+        }
+        return print_json(&Out { topology: topo.short_name(), strategy, jobs: &placed, host: HostMetrics::measure(&model, ledger.occupancy()) });
+    }
+    print!("{}", picture::render(&topo, &ledger, &Marks { reserved: reserve.intersection(&topo.pus) }));
+    println!();
+    print_outcomes(&placed);
+    print_host_metrics(&HostMetrics::measure(&model, ledger.occupancy()));
+    Ok(())
+}
+
+fn place_all(model: &HostModel, requests: &[Request], strategy: Strategy) -> (Ledger, Vec<Placed>) {
+    let mut ledger = Ledger::new();
+    let mut out = Vec::new();
+    for (i, req) in requests.iter().enumerate() {
+        let job = format!("job{}", i + 1);
+        let canonical = req.to_string();
+        let outcome = match place::place(model, ledger.occupancy(), req, strategy) {
+            Ok(p) => match ledger.allocate(&job, &p, &canonical) {
+                Ok(_) => Outcome::Placed { score: place::score(&p.metrics), placement: p },
+                Err(e) => Outcome::Rejected { reason: e.to_string() },
+            },
+            Err(e) => Outcome::Rejected { reason: e.to_string() },
+        };
+        out.push(Placed { job, request: canonical, outcome });
+    }
+    (ledger, out)
+}
+
+fn print_outcomes(placed: &[Placed]) {
+    println!("{:<6} {:>4} {:>9} {:>9} {:>6} {:>4} {:>6}  request", "job", "PUs", "NUMA/min", "L3/min", "radius", "SMT", "score");
+    for p in placed {
+        match &p.outcome {
+            Outcome::Placed { placement, score } => {
+                let m = &placement.metrics;
+                println!(
+                    "{:<6} {:>4} {:>9} {:>9} {:>6} {:>4} {:>6}  {}",
+                    p.job,
+                    m.cpus,
+                    format!("{}/{}", m.numa_nodes, m.min_numa_nodes),
+                    format!("{}/{}", m.l3_groups, m.min_l3_groups),
+                    m.radius,
+                    m.smt_shared,
+                    score,
+                    p.request
+                );
+            }
+            Outcome::Rejected { reason } => println!("{:<6} rejected: {reason}\n       request {}", p.job, p.request),
+        }
+    }
+}
+
+fn print_host_metrics(h: &HostMetrics) {
+    println!(
+        "\nfree: {} PUs, {} whole cores, {} whole L3 groups, {} whole NUMA nodes, {} whole packages; \
+         most in one L3 {}, in one NUMA node {}, in one package {}",
+        h.free_cpus,
+        h.free_cores,
+        h.free_l3_groups,
+        h.free_numa_nodes,
+        h.free_sockets,
+        h.largest_in_one_l3,
+        h.largest_in_one_numa,
+        h.largest_in_one_socket
+    );
+}
+
+/// Where the shared topologies live: `$TOPO_TOPOLOGIES`, or a `shared/topologies` folder next to
+/// (or above) the current directory or the source tree.
+fn shared_topologies() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("TOPO_TOPOLOGIES") {
+        return Some(PathBuf::from(dir));
+    }
+    let mut starts: Vec<PathBuf> = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        starts.push(cwd);
+    }
+    starts.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    for start in starts {
+        for dir in start.ancestors().take(4) {
+            let candidate = dir.join("shared").join("topologies");
+            if candidate.is_dir() {
+                return Some(candidate);
+            }
+        }
+    }
+    None
+}
+
+fn default_bench_topologies() -> Result<Vec<PathBuf>, Failure> {
+    let root = shared_topologies().ok_or_else(|| {
+        Failure::input("no --topology given and no shared/topologies folder found (set TOPO_TOPOLOGIES to it)")
+    })?;
+    let mut files = Vec::new();
+    for sub in ["xml", "converted-hwloc2.9"] {
+        let dir = root.join(sub);
+        let entries = std::fs::read_dir(&dir).map_err(|e| Failure::input(format!("cannot list {}: {e}", dir.display())))?;
+        for entry in entries.flatten() {
+            let p = entry.path();
+            if p.extension().is_some_and(|x| x == "xml") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+fn bench_placement(topologies: &[PathBuf], strategies: &[Strategy], seed: u64, jobs: usize, json: bool) -> Result<(), Failure> {
+    let files = if topologies.is_empty() { default_bench_topologies()? } else { topologies.to_vec() };
+    let strategies: Vec<Strategy> = if strategies.is_empty() { Strategy::ALL.to_vec() } else { strategies.to_vec() };
+    if !json {
+        println!("seed {seed}, {jobs} jobs per stream, host kept about {:.0}% busy\n", bench::TARGET_LOAD * 100.0);
+    }
+    for file in files {
+        let topo = load_path(&file)?;
+        let model = HostModel::new(&topo, &CpuSet::new()).map_err(|e| Failure::input(e.to_string()))?;
+        let stream = bench::job_stream(&model, seed, jobs);
+        let results: Vec<bench::BenchResult> = strategies.iter().map(|&s| bench::replay(&model, &stream, s)).collect();
+        if json {
+            for r in &results {
+                let line = serde_json::to_string(r).map_err(|e| Failure::runtime(e.to_string()))?;
+                println!("{line}");
+            }
+            continue;
+        }
+        let c = topo.counts();
+        println!(
+            "{} ({} PUs, {} cores, {} L3, {} NUMA, {} packages)",
+            topo.short_name(),
+            c.pus,
+            c.cores,
+            c.l3_groups,
+            c.numa_nodes,
+            c.packages
+        );
+        println!(
+            "  {:<12} {:>6} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8}",
+            "strategy", "placed", "NUMA-ok", "L3-ok", "radius", "SMT", "rej-free", "p50 us", "p99 us"
+        );
+        for r in &results {
+            println!(
+                "  {:<12} {:>6} {:>7.3} {:>7.3} {:>7.2} {:>7} {:>8} {:>8.2} {:>8.2}",
+                r.strategy,
+                r.placed,
+                r.numa_optimal_share,
+                r.l3_optimal_share,
+                r.mean_radius,
+                r.smt_shared,
+                r.rejected_while_free,
+                r.decision_p50_us,
+                r.decision_p99_us
+            );
+        }
+        println!();
+    }
+    Ok(())
+}
+
+/// The demo's job mix: every syntax, the shapes of the benchmark, and one that cannot fit.
+const DEMO_REQUESTS: &[&str] = &[
+    "affinity[core(8,same=l3)*2:membind=localonly]",
+    "affinity[thread*6]",
+    "CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE;MAX_RADIUS=0] affinity[thread*3]",
+    "affinity[core(4,same=numa,exclusive=(core,alljobs))*4:cpubind=core:distribute=pack]",
+    "affinity[thread*40]",
+    "affinity[core(2,same=socket)*8:distribute=balance]",
+    "affinity[numa*1]",
+    "affinity[thread*1]",
+];
+
+fn demo(source: &Source, json: bool) -> Result<(), Failure> {
+    let topo = if source.topology.is_some() || source.sysfs.is_some() {
+        load(source)?
+    } else {
+        match shared_topologies().map(|d| d.join("converted-hwloc2.9").join("AMD-19h-Zen4-2xEpyc-9654.xml")) {
+            Some(p) if p.is_file() => load_path(&p)?,
+            _ => {
+                eprintln!("topoctl: shared topologies not found; using this host's /sys");
+                load(source)?
+            }
+        }
+    };
+    let model = HostModel::new(&topo, &CpuSet::new()).map_err(|e| Failure::input(e.to_string()))?;
+    let requests: Vec<Request> = DEMO_REQUESTS.iter().map(|t| parse_request(t)).collect::<Result<_, _>>()?;
+    let (ledger, placed) = place_all(&model, &requests, Strategy::BestFit);
+    if json {
+        return print_json(&placed);
+    }
+    println!("topo demo: {} requests placed best-fit on {}\n", requests.len(), topo.short_name());
+    print!("{}", picture::render(&topo, &ledger, &Marks::default()));
+    println!();
+    print_outcomes(&placed);
+    print_host_metrics(&HostMetrics::measure(&model, ledger.occupancy()));
+    Ok(())
 }

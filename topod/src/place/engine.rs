@@ -26,8 +26,12 @@ pub struct JobShape {
     pub tasks: usize,
     /// `same=` level.
     pub same: Option<Level>,
-    /// The level held exclusively, if any.
+    /// The level held exclusively against other jobs, if any.
     pub exclusive: Option<Level>,
+    /// `exclusive=(level,injob)`: no two tasks of the job in one domain of this level.
+    pub task_spread: Option<Level>,
+    /// `exclusive=(level,intask)`: no two units of the job in one domain of this level.
+    pub unit_spread: Option<Level>,
     /// At most this many units from one NUMA node.
     pub numa_cap_units: Option<usize>,
     /// `MAX_RADIUS` in hops.
@@ -80,6 +84,8 @@ impl JobShape {
             tasks: request.tasks.unwrap_or(DEFAULT_TASKS).max(1) as usize,
             same: request.same.filter(|s| *s > unit),
             exclusive,
+            task_spread: request.task_spread_level().filter(|l| *l > unit),
+            unit_spread: request.unit_spread_level().filter(|l| *l > unit),
             numa_cap_units,
             max_hops,
             pack_limit,
@@ -160,50 +166,68 @@ struct Counts {
     slots: Vec<usize>,
 }
 
+impl JobShape {
+    /// Whether the job is counted in whole tasks (each inside one `same=` domain, or no two in
+    /// one `injob` domain) rather than in units.
+    fn by_tasks(&self) -> bool {
+        self.same.is_some() || self.task_spread.is_some()
+    }
+
+    /// Whether a tree node is where a task's units are picked: it lies inside one `same=` domain
+    /// and one `injob` domain (or is a leaf).
+    fn is_task_terminal(&self, node: &super::model::TreeNode) -> bool {
+        let inside = |level: Option<Level>| level.and_then(level_slot).is_none_or(|s| node.within[s].is_some());
+        node.children.is_empty() || (inside(self.same) && inside(self.task_spread))
+    }
+
+    /// Whether a tree node lies inside one domain of `level`.
+    fn within(node: &super::model::TreeNode, level: Option<Level>) -> bool {
+        level.and_then(level_slot).is_some_and(|s| node.within[s].is_some())
+    }
+}
+
 fn count(model: &HostModel, job: &JobShape, reps: &CpuSet) -> Counts {
     let n = model.tree.len();
     let mut units = vec![0usize; n];
-    let same_slot = job.same.and_then(level_slot);
     // Leaves first, by visiting the available units only; then, since children always come
-    // after their parent, a reverse walk is bottom-up.
+    // after their parent, the internal nodes bottom-up.
     for cpu in reps.iter() {
         if let Some(leaf) = model.leaf_of(cpu) {
             units[leaf] += 1;
         }
     }
-    if let Some(cap) = job.numa_cap_units {
-        for (id, node) in model.tree.iter().enumerate() {
-            if node.children.is_empty() && node.numa.is_some() {
-                units[id] = units[id].min(cap);
-            }
+    let cap_units = |node: &super::model::TreeNode, u: usize| -> usize {
+        let mut u = u;
+        if let (Some(cap), Some(_)) = (job.numa_cap_units, node.numa) {
+            u = u.min(cap);
+        }
+        if JobShape::within(node, job.unit_spread) {
+            u = u.min(1);
+        }
+        u
+    };
+    if job.numa_cap_units.is_some() || job.unit_spread.is_some() {
+        for (id, node) in model.tree.iter().enumerate().filter(|(_, n)| n.children.is_empty()) {
+            units[id] = cap_units(node, units[id]);
         }
     }
     for &id in model.internal_bottom_up() {
         let node = &model.tree[id];
-        let mut u: usize = node.children.iter().map(|&c| units[c]).sum();
-        if let (Some(cap), Some(_)) = (job.numa_cap_units, node.numa) {
-            u = u.min(cap);
-        }
-        units[id] = u;
+        units[id] = cap_units(node, node.children.iter().map(|&c| units[c]).sum());
     }
-    let slots = match same_slot {
-        None => units.clone(),
-        Some(s) => {
-            let mut slots = vec![0usize; n];
-            for (id, node) in model.tree.iter().enumerate() {
-                if node.children.is_empty() || node.within[s].is_some() {
-                    slots[id] = units[id] / job.units_per_task;
-                }
-            }
-            for &id in model.internal_bottom_up() {
-                let node = &model.tree[id];
-                if node.within[s].is_none() {
-                    slots[id] = node.children.iter().map(|&c| slots[c]).sum();
-                }
-            }
-            slots
-        }
-    };
+    if !job.by_tasks() {
+        return Counts { slots: units.clone(), units };
+    }
+    let cap_tasks = |node: &super::model::TreeNode, t: usize| if JobShape::within(node, job.task_spread) { t.min(1) } else { t };
+    let mut slots = vec![0usize; n];
+    for (id, node) in model.tree.iter().enumerate().filter(|(_, n)| n.children.is_empty()) {
+        slots[id] = cap_tasks(node, units[id] / job.units_per_task);
+    }
+    for &id in model.internal_bottom_up() {
+        let node = &model.tree[id];
+        let t = if job.is_task_terminal(node) { units[id] / job.units_per_task } else { node.children.iter().map(|&c| slots[c]).sum() };
+        slots[id] = cap_tasks(node, t);
+    }
     Counts { units, slots }
 }
 
@@ -296,6 +320,10 @@ fn place_once(model: &HostModel, job: &JobShape, reps: &CpuSet, strategy: Strate
             let tasks = descend(model, &sub, &left, Strategy::BestFit)?;
             for t in &tasks {
                 left.difference_with(t);
+                // Later blocks must not share the spread domains of this one either.
+                for level in [job.unit_spread, job.task_spread].into_iter().flatten() {
+                    left.difference_with(&model.closure(level, t));
+                }
             }
             taken.extend(tasks);
         }
@@ -310,19 +338,22 @@ fn power_of_two_blocks(n: usize) -> Vec<usize> {
 
 fn descend(model: &HostModel, job: &JobShape, reps: &CpuSet, strategy: Strategy) -> Result<Vec<CpuSet>, PlaceError> {
     let counts = count(model, job, reps);
-    let need_slots = if job.same.is_some() { job.tasks } else { job.units_needed() };
+    let need_slots = if job.by_tasks() { job.tasks } else { job.units_needed() };
     if counts.slots[0] < need_slots {
         let free_units = reps.len();
-        let why = match job.same {
-            Some(s) => format!(
-                "no room for {} task(s) of {} {} unit(s) each inside one {}",
-                job.tasks,
-                job.units_per_task,
-                unit_name(job.unit),
-                unit_name(s)
-            ),
-            None => "MAX_CPU_PER_NODE leaves too few per NUMA node".to_string(),
-        };
+        let mut why = format!("no room for {} task(s) of {} {} unit(s)", job.tasks, job.units_per_task, unit_name(job.unit));
+        if let Some(s) = job.same {
+            why += &format!(", each inside one {}", unit_name(s));
+        }
+        if let Some(t) = job.task_spread {
+            why += &format!(", each task in a {} of its own (injob)", unit_name(t));
+        }
+        if let Some(u) = job.unit_spread {
+            why += &format!(", each unit in a {} of its own (intask)", unit_name(u));
+        }
+        if job.numa_cap_units.is_some() {
+            why += ", at most MAX_CPU_PER_NODE per NUMA node";
+        }
         return Err(if free_units < job.units_needed() {
             PlaceError::NotEnoughFree { needed: job.units_needed(), free: free_units, unit: unit_name(job.unit), detail: String::new() }
         } else {
@@ -330,7 +361,7 @@ fn descend(model: &HostModel, job: &JobShape, reps: &CpuSet, strategy: Strategy)
         });
     }
     let mut out = Walk { model, job, reps, counts: &counts, strategy, tasks: Vec::with_capacity(job.tasks) };
-    if job.same.is_some() {
+    if job.by_tasks() {
         out.by_tasks(0, need_slots);
     } else {
         let units = out.by_units(0, need_slots);
@@ -359,9 +390,7 @@ struct Walk<'a> {
 impl Walk<'_> {
     /// Places `need` whole tasks under `node` (same= mode).
     fn by_tasks(&mut self, node: usize, need: usize) {
-        let same_slot = self.job.same.and_then(level_slot);
-        let n = &self.model.tree[node];
-        if same_slot.is_some_and(|s| n.within[s].is_some()) || n.children.is_empty() {
+        if self.job.is_task_terminal(&self.model.tree[node]) {
             let units = self.by_units(node, need * self.job.units_per_task);
             self.split_into_tasks(units);
             return;

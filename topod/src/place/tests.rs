@@ -240,11 +240,18 @@ fn fit_and_score_on_a_summary_matches_the_host() {
 fn arb_request() -> impl PropStrategy<Value = Request> {
     let unit = prop_oneof![Just(Level::Thread), Just(Level::Core)];
     let same = prop_oneof![Just(None), Just(Some(Level::L3)), Just(Some(Level::Numa)), Just(Some(Level::Socket))];
-    (unit, 1u32..5, 1u32..5, same, any::<bool>()).prop_map(|(unit, upt, tasks, same, excl)| Request {
+    let spread = prop_oneof![
+        Just(None),
+        Just(Some(Exclusive { level: Level::Core, scope: Scope::InTask })),
+        Just(Some(Exclusive { level: Level::L3, scope: Scope::InJob })),
+        Just(Some(Exclusive { level: Level::Numa, scope: Scope::InJob })),
+    ];
+    (unit, 1u32..5, 1u32..5, same, any::<bool>(), spread).prop_map(|(unit, upt, tasks, same, excl, spread)| Request {
         unit,
         units_per_task: upt,
         tasks: Some(tasks),
         same,
+        exclusive: spread.filter(|e| e.level > unit),
         cpuset_options: if excl { vec![CpusetOption::CpuExclusive] } else { vec![] },
         ..Request::default()
     })
@@ -277,9 +284,53 @@ proptest! {
                         prop_assert_eq!(m.touched(same, t).len(), 1, "{}: task {} breaks same={:?}", strategy, t, same);
                     }
                 }
+                if strategy.honours_shape() {
+                    if let Some(level) = req.task_spread_level() {
+                        let mut seen = CpuSet::new();
+                        for t in &p.tasks {
+                            let doms = m.touched_set(level, t);
+                            prop_assert!(!doms.intersects(&seen), "{}: tasks share a {:?}: {:?}", strategy, level, p.tasks);
+                            seen.union_with(&doms);
+                        }
+                    }
+                    if let Some(level) = req.unit_spread_level() {
+                        let units = p.cpus.len() / per_unit;
+                        prop_assert_eq!(m.touched(level, &p.cpus).len(), units, "{}: units share a {:?}: {}", strategy, level, p.cpus);
+                    }
+                }
                 ledger.allocate(&format!("job{i}"), &p, "x").unwrap();
             }
             prop_assert!(ledger.check().is_ok(), "{:?}", ledger.check());
         }
     }
+}
+
+#[test]
+fn injob_puts_each_task_in_its_own_domain() {
+    let m = machine();
+    // IBM's example: two tasks of two cores, each in one socket, the two on different sockets.
+    let req = Request {
+        exclusive: Some(Exclusive { level: Level::Socket, scope: Scope::InJob }),
+        ..cores(2, 2, Some(Level::Socket))
+    };
+    let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
+    let sockets: Vec<Vec<usize>> = p.tasks.iter().map(|t| m.touched(Level::Socket, t)).collect();
+    assert_eq!(sockets.len(), 2);
+    assert_eq!(sockets[0].len(), 1);
+    assert_eq!(sockets[1].len(), 1);
+    assert_ne!(sockets[0], sockets[1], "{:?}", p.tasks);
+    assert!(p.fenced.is_empty(), "injob keeps other jobs out of nothing");
+    // Three such tasks cannot fit two sockets.
+    let three = Request { tasks: Some(3), ..req };
+    assert!(place(&m, &Occupancy::default(), &three, Strategy::BestFit).unwrap_err().to_string().contains("injob"));
+}
+
+#[test]
+fn intask_gives_every_unit_its_own_domain() {
+    let m = machine();
+    let req = Request { exclusive: Some(Exclusive { level: Level::Core, scope: Scope::InTask }), units_per_task: 4, ..threads(1) };
+    let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
+    assert_eq!(p.cpus.len(), 4);
+    assert_eq!(m.touched(Level::Core, &p.cpus).len(), 4, "four threads on four different cores: {}", p.cpus);
+    assert_eq!(m.touched(Level::L3, &p.cpus).len(), 1, "and still close together: {}", p.cpus);
 }

@@ -62,11 +62,14 @@ pub enum Level {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scope {
-    /// No other task of the same job.
+    /// Each unit of a task gets a domain of the level to itself (`intask`). topo enforces it for
+    /// every unit of the job, which is stronger than LSF requires but never weaker.
     InTask,
-    /// No other job (tasks of this job may share).
+    /// Each task of the job gets its own domains of the level: no two tasks of this job share
+    /// one (`injob`; IBM's example `core(2,same=socket,exclusive=(socket,injob))` puts the two
+    /// tasks on different sockets). Other jobs may share.
     InJob,
-    /// Neither (LSF `alljobs`).
+    /// No other job may use the job's domains of that level (`alljobs`).
     AllJobs,
 }
 
@@ -212,11 +215,28 @@ impl Request {
         Self { tasks: Some(n), ..Self::default() }
     }
 
-    /// Whether the job must not share SMT siblings (or larger domains) with other jobs.
+    /// The level at which the job must not share domains with other jobs (`alljobs`, or
+    /// `CPUSET_CPU_EXCLUSIVE`, which means no SMT sibling shared with another job).
     pub fn exclusive_level(&self) -> Option<Level> {
         match self.exclusive {
-            Some(Exclusive { level, scope: Scope::InJob | Scope::AllJobs }) => Some(level),
+            Some(Exclusive { level, scope: Scope::AllJobs }) => Some(level),
             _ if self.cpuset_options.contains(&CpusetOption::CpuExclusive) => Some(Level::Core),
+            _ => None,
+        }
+    }
+
+    /// The level at which the tasks of this job must not share domains (`injob`).
+    pub fn task_spread_level(&self) -> Option<Level> {
+        match self.exclusive {
+            Some(Exclusive { level, scope: Scope::InJob }) => Some(level),
+            _ => None,
+        }
+    }
+
+    /// The level at which every unit must have a domain to itself (`intask`).
+    pub fn unit_spread_level(&self) -> Option<Level> {
+        match self.exclusive {
+            Some(Exclusive { level, scope: Scope::InTask }) => Some(level),
             _ => None,
         }
     }
