@@ -289,18 +289,41 @@ impl CpuSet {
         Ok(set)
     }
 
-    /// Reads hwloc's XML bitmap format: `0x...` 32-bit words, most significant first; a first word
-    /// of `0xf...f` means "all higher ids too", which we cut at `limit` (exclusive).
+    /// Reads hwloc's XML bitmap format: `0x...` 32-bit words, most significant first, where an
+    /// empty word (`0x0000ffff,,0x1`) is zero; a first word of `0xf...f` means "all higher ids
+    /// too", which we cut at `limit` (exclusive).
     pub fn parse_hwloc(text: &str, limit: u32) -> Result<CpuSet, CpuSetParseError> {
         let trimmed = text.trim();
-        if let Some(rest) = trimmed.strip_prefix("0xf...f") {
-            let rest = rest.trim_start_matches(',');
-            let mut tail = if rest.is_empty() { CpuSet::new() } else { Self::parse_mask(rest)? };
-            let words = if rest.is_empty() { 0 } else { rest.split(',').count() as u32 };
-            tail.insert_range(words * 32, limit.max(words * 32));
-            return Ok(tail);
+        let (infinite, rest) = match trimmed.strip_prefix("0xf...f") {
+            Some(rest) => (true, rest.strip_prefix(',').unwrap_or(rest)),
+            None => (false, trimmed),
+        };
+        let groups: Vec<&str> = if rest.is_empty() { Vec::new() } else { rest.split(',').collect() };
+        if groups.len() as u64 * 32 > u64::from(MAX_CPU_ID) + 1 {
+            return Err(CpuSetParseError::new(text, 0, "bitmap is wider than the largest CPU id accepted"));
         }
-        Self::parse_mask(trimmed)
+        let mut set = CpuSet::new();
+        let mut offset = text.len() - text.trim_start().len() + (trimmed.len() - rest.len());
+        for (i, g) in groups.iter().enumerate() {
+            let digits = g.trim();
+            let digits = digits.strip_prefix("0x").unwrap_or(digits);
+            let value = if digits.is_empty() {
+                0
+            } else {
+                u32::from_str_radix(digits, 16)
+                    .map_err(|_| CpuSetParseError::new(text, offset, format!("{g:?} is not a 32-bit hex word")))?
+            };
+            offset += g.len() + 1;
+            let base = ((groups.len() - 1 - i) * 32) as u32;
+            for bit in BitIter(u64::from(value)) {
+                set.insert(base + bit);
+            }
+        }
+        if infinite {
+            let from = groups.len() as u32 * 32;
+            set.insert_range(from, limit.max(from));
+        }
+        Ok(set)
     }
 
     /// The kernel's mask format (as `cpuset.cpus` accepts only the list format, this is for display).
@@ -439,6 +462,9 @@ mod tests {
         assert_eq!(h.to_string(), "0-39");
         let inf = CpuSet::parse_hwloc("0xf...f,0x0000000f", 40).unwrap();
         assert_eq!(inf.to_string(), "0-3,32-39");
+        let gaps = CpuSet::parse_hwloc("0x000000ff,0xff000000,,0x0", 0).unwrap();
+        assert_eq!(gaps.to_string(), "88-103");
+        assert!(CpuSet::parse_hwloc("0x1,0xzz", 0).is_err());
         assert!(CpuSet::parse_mask("zz").is_err());
     }
 

@@ -12,7 +12,7 @@
 
 use crate::cpuset::CpuSet;
 use crate::ledger::Ledger;
-use crate::topology::{DeviceClass, Domain, Topology};
+use crate::topology::{DeviceClass, Domain, MemoryKind, Topology};
 use std::fmt::Write;
 
 /// Cores shown per line.
@@ -34,7 +34,7 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
     let c = topo.counts();
     let _ = writeln!(
         out,
-        "{}: {} packages, {} NUMA nodes, {} L3 groups, {} cores, {} of {} PUs allowed",
+        "{}\n{} packages, {} NUMA nodes, {} L3 groups, {} cores, {} of {} PUs allowed",
         topo.short_name(),
         c.packages,
         c.numa_nodes,
@@ -62,11 +62,12 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
             '.'
         }
     };
-    let packages = if topo.packages.is_empty() {
+    let mut packages = if topo.packages.is_empty() {
         vec![Domain { os_index: Some(0), cpus: topo.pus.clone() }]
     } else {
         topo.packages.clone()
     };
+    packages.sort_by_key(|p| (p.os_index, p.cpus.first()));
     for (pi, pkg) in packages.iter().enumerate() {
         let _ = writeln!(out, "Package {}", pkg.os_index.unwrap_or(pi as u32));
         let numas: Vec<(String, CpuSet)> = {
@@ -87,6 +88,17 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
             }
             v
         };
+        let mut memory_only: Vec<_> = topo.numa_nodes.iter().filter(|n| n.cpus.is_empty() && n.near_cpus.intersects(&pkg.cpus)).collect();
+        memory_only.sort_by_key(|n| (n.near_cpus.first(), n.os_index));
+        for n in memory_only {
+            let kind = match n.kind {
+                MemoryKind::Hbm => "high-bandwidth memory",
+                MemoryKind::GpuMemory => "GPU memory",
+                MemoryKind::FarMemory => "far memory",
+                MemoryKind::Dram => "memory",
+            };
+            let _ = writeln!(out, "  NUMA {}  {} {}, no CPUs (near PU {})", n.os_index, human_bytes(n.memory_bytes), kind, short_list(&n.near_cpus, 30));
+        }
         for (label, ncpus) in numas {
             let _ = writeln!(out, "  {label}");
             let groups: Vec<CpuSet> = {

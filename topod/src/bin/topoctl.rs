@@ -212,7 +212,14 @@ fn parse_request(text: &str) -> Result<Request, Failure> {
 }
 
 fn check(job: &str, queue_default: Option<&str>, queue_mandatory: Option<&str>, json: bool) -> Result<(), Failure> {
-    let merged = request::merge_extsched(queue_mandatory, Some(job), queue_default).map_err(|e| Failure::input(e.to_string()))?;
+    let merged = request::merge_extsched(queue_mandatory, Some(job), queue_default).map_err(|e| {
+        let input = match e.source_string {
+            request::ExtschedSource::QueueMandatory => queue_mandatory.unwrap_or_default(),
+            request::ExtschedSource::Job => job,
+            request::ExtschedSource::QueueDefault => queue_default.unwrap_or_default(),
+        };
+        Failure::input(format!("bad request {}", e.render(input)))
+    })?;
     if json {
         #[derive(Serialize)]
         struct Checked<'a> {

@@ -200,15 +200,16 @@ impl HostModel {
         let cpuless = topo
             .numa_nodes
             .iter()
-            .filter(|m| topo.allowed_mems.contains(m.os_index) && !m.cpus.intersects(&topo.allowed))
+            .filter(|m| topo.allowed_mems.contains(m.os_index) && !m.cpus.intersects(&allocatable))
             .map(|m| {
+                // Nearest CPU domains: those holding its near CPUs, else the closest by distance.
+                let by_cpus: Vec<usize> = (0..numa.len()).filter(|&i| numa[i].intersects(&m.near_cpus)).collect();
+                if !by_cpus.is_empty() || topo.distances.is_none() {
+                    return (m.os_index, by_cpus);
+                }
                 let dist: Vec<u32> = numa_os.iter().map(|&os| if os == NONE { u32::MAX } else { topo.numa_distance(m.os_index, os) }).collect();
                 let best = dist.iter().copied().min().unwrap_or(u32::MAX);
-                let near = if topo.distances.is_some() && best != u32::MAX {
-                    dist.iter().enumerate().filter(|(_, &d)| d == best).map(|(i, _)| i).collect()
-                } else {
-                    Vec::new()
-                };
+                let near = if best == u32::MAX { Vec::new() } else { (0..dist.len()).filter(|&i| dist[i] == best).collect() };
                 (m.os_index, near)
             })
             .collect();

@@ -49,8 +49,12 @@ pub enum MemoryKind {
 pub struct NumaNode {
     /// The kernel's node id (`nodeN`).
     pub os_index: u32,
-    /// CPUs local to this node; empty for CPU-less nodes.
+    /// CPUs whose local memory this is (the kernel's `cpulist`); empty for CPU-less nodes.
     pub cpus: CpuSet,
+    /// CPUs nearest to this memory: `cpus` for ordinary nodes; for CPU-less nodes (HBM, GPU
+    /// memory) the CPUs of the package or cluster they hang off (hwloc's cpuset of the node),
+    /// else of the nearest CPU nodes by distance. Empty when unknown.
+    pub near_cpus: CpuSet,
     /// Memory size in bytes (0 when unknown).
     pub memory_bytes: u64,
     /// What memory it is.
@@ -160,7 +164,8 @@ pub struct Topology {
 pub struct Counts {
     /// Packages with at least one allowed PU.
     pub packages: usize,
-    /// NUMA nodes that are allowed (`allowed_mems`).
+    /// NUMA nodes that are allowed (`allowed_mems`) and near an allowed PU (as hwloc counts
+    /// them: a node whose CPUs were all taken away is not counted).
     pub numa_nodes: usize,
     /// L3 groups with at least one allowed PU.
     pub l3_groups: usize,
@@ -211,7 +216,11 @@ impl Topology {
         let touching = |doms: &[Domain]| doms.iter().filter(|d| d.cpus.intersects(&self.allowed)).count();
         Counts {
             packages: touching(&self.packages),
-            numa_nodes: self.numa_nodes.iter().filter(|n| self.allowed_mems.contains(n.os_index)).count(),
+            numa_nodes: self
+                .numa_nodes
+                .iter()
+                .filter(|n| self.allowed_mems.contains(n.os_index) && (n.cpus.intersects(&self.allowed) || n.near_cpus.intersects(&self.allowed)))
+                .count(),
             l3_groups: touching(&self.l3_groups),
             cores: touching(&self.cores),
             pus: self.allowed.len(),
@@ -287,7 +296,10 @@ impl Topology {
             l2_groups: Vec::new(),
             l3_groups: (0..cores_total / per_l3).map(|i| dom(i, span(i * per_l3, per_l3))).collect(),
             numa_nodes: (0..numa_count)
-                .map(|i| NumaNode { os_index: i, cpus: span(i * per_numa, per_numa), memory_bytes: 64 << 30, kind: MemoryKind::Dram })
+                .map(|i| {
+                    let cpus = span(i * per_numa, per_numa);
+                    NumaNode { os_index: i, near_cpus: cpus.clone(), cpus, memory_bytes: 64 << 30, kind: MemoryKind::Dram }
+                })
                 .collect(),
             dies: Vec::new(),
             packages: (0..packages).map(|i| dom(i, span(i * per_pkg, per_pkg))).collect(),
@@ -295,5 +307,18 @@ impl Topology {
             distances: Some(Distances { nodes: (0..numa_count).collect(), values }),
             devices: Vec::new(),
         }
+    }
+}
+
+/// What a PCI class code (24 bits: class, subclass, programming interface) means for placement.
+pub fn classify_pci(class_code: u32) -> DeviceClass {
+    let class = class_code >> 16;
+    let subclass = (class_code >> 8) & 0xff;
+    match (class, subclass) {
+        (0x03, _) => DeviceClass::Gpu,
+        (0x02, _) | (0x0c, 0x06) => DeviceClass::Network,
+        (0x12, _) | (0x0b, 0x40) => DeviceClass::Accelerator,
+        (0x01, _) => DeviceClass::Storage,
+        _ => DeviceClass::Other,
     }
 }

@@ -1,0 +1,55 @@
+//! Every hwloc XML v2 file in `shared/topologies` reads with the counts hwloc 2.9 reports
+//! (`expected-counts.tsv`: packages, NUMA nodes, L3 groups, cores, PUs, allowed only).
+
+use std::path::PathBuf;
+use topod::topology::hwloc_xml;
+
+fn shared() -> PathBuf {
+    let dir = std::env::var_os("TOPO_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
+    assert!(dir.join("topologies/expected-counts.tsv").is_file(), "shared topologies missing at {}; set TOPO_SHARED_DIR", dir.display());
+    dir.join("topologies")
+}
+
+#[test]
+fn xml_counts_match_hwloc() {
+    let root = shared();
+    let tsv = std::fs::read_to_string(root.join("expected-counts.tsv")).unwrap();
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for line in tsv.lines().skip(1).filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split('\t').collect();
+        assert_eq!(f.len(), 6, "bad line in expected-counts.tsv: {line}");
+        if !f[0].ends_with(".xml") {
+            continue;
+        }
+        let expected: Vec<usize> = f[1..].iter().map(|v| v.parse().unwrap()).collect();
+        let topo = hwloc_xml::read_file(&root.join(f[0])).unwrap_or_else(|e| panic!("{}: {e}", f[0]));
+        let c = topo.counts();
+        let got = vec![c.packages, c.numa_nodes, c.l3_groups, c.cores, c.pus];
+        if got != expected {
+            wrong.push(format!("{}: got {got:?}, hwloc says {expected:?}", f[0]));
+        }
+        checked += 1;
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(checked >= 20, "only {checked} XML files checked");
+}
+
+#[test]
+fn v3_files_are_refused_clearly() {
+    let e = hwloc_xml::read_file(&shared().join("hwloc-master-v3-xml/AMD-19h-Zen4-2xEpyc-9654.xml")).unwrap_err().to_string();
+    assert!(e.contains("version 3") && e.contains("hwloc 2.x"), "{e}");
+}
+
+#[test]
+fn devices_and_distances_are_read() {
+    let t = hwloc_xml::read_file(&shared().join("xml/96em64t-4n4d3ca2co-pci.xml")).unwrap();
+    assert_eq!(t.numa_distance(0, 1), 26);
+    assert!(t.devices.iter().any(|d| d.names.iter().any(|n| n == "eth0")), "{:?}", t.devices);
+    let gpus = hwloc_xml::read_file(&shared().join("converted-hwloc2.9/nvidiagpunumanodes.keptgpunuma.xml")).unwrap();
+    assert_eq!(gpus.numa_nodes.iter().filter(|n| n.kind == topod::topology::MemoryKind::GpuMemory).count(), 6);
+    let hybrid = hwloc_xml::read_file(&shared().join("converted-hwloc2.9/20em64t-hybrid-1p6c2t+2ca4co1t.xml")).unwrap();
+    assert_eq!(hybrid.cpu_kinds.len(), 2);
+}

@@ -1,0 +1,141 @@
+//! `topoctl` as a user runs it: the real binary, real topology files, and what it prints.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn shared() -> PathBuf {
+    let dir = std::env::var_os("TOPO_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
+    assert!(dir.join("topologies").is_dir(), "the shared folder with topologies is missing at {}; set TOPO_SHARED_DIR", dir.display());
+    dir
+}
+
+fn zen4() -> PathBuf {
+    shared().join("topologies/converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml")
+}
+
+fn topoctl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_topoctl")).args(args).output().expect("topoctl runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn show_json_has_the_counts() {
+    let o = topoctl(&["show", "--topology", zen4().to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (v["packages"].as_u64(), v["numa_nodes"].as_u64(), v["l3_groups"].as_u64(), v["cores"].as_u64(), v["pus"].as_u64()),
+        (Some(2), Some(1), Some(24), Some(192), Some(384))
+    );
+}
+
+#[test]
+fn every_picture_fits_100_columns() {
+    for sub in ["xml", "converted-hwloc2.9"] {
+        for entry in std::fs::read_dir(shared().join("topologies").join(sub)).unwrap() {
+            let path = entry.unwrap().path();
+            let o = topoctl(&["show", "--topology", path.to_str().unwrap()]);
+            assert!(o.status.success(), "{}: {}", path.display(), stderr(&o));
+            let text = stdout(&o);
+            for line in text.lines() {
+                assert!(line.chars().count() <= 100, "{}: line of {} columns:\n{line}", path.display(), line.chars().count());
+            }
+            assert!(text.contains("Package"), "{}", path.display());
+        }
+    }
+}
+
+#[test]
+fn check_prints_the_normalized_request() {
+    let o = topoctl(&["check", "affinity[core(2, same=numa)*4 : membind=localonly]"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "affinity[core(2,same=numa)*4:membind=localonly]");
+}
+
+#[test]
+fn check_merges_queue_strings_per_keyword() {
+    let o = topoctl(&[
+        "check",
+        "CPUSET[CPU_LIST=1,5,7-12;MAX_CPU_PER_NODE=4]",
+        "--queue-default",
+        "CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]",
+        "--queue-mandatory",
+        "CPUSET[CPUSET_TYPE=dynamic;MAX_CPU_PER_NODE=2]",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let r = &v["request"];
+    assert_eq!(r["max_cpu_per_node"], 2);
+    assert_eq!(r["cpu_list"], "1,5,7-12");
+    assert_eq!(r["cpuset_type"], "dynamic");
+    assert_eq!(r["cpuset_options"][0], "CpuExclusive");
+}
+
+#[test]
+fn a_bad_request_points_at_the_fragment() {
+    let o = topoctl(&["check", "affinity[cores(2)]"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("cores"), "{err}");
+    assert!(err.contains('^'), "a caret line under the fragment:\n{err}");
+    assert!(err.contains("core"), "the accepted words:\n{err}");
+}
+
+#[test]
+fn place_shows_the_picture_and_metrics() {
+    let o = topoctl(&["place", "--topology", zen4().to_str().unwrap(), "affinity[core(4,same=l3)*2]", "affinity[thread*6]", "-n", "3", "CPUSET[MAX_RADIUS=0]"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("job1") && text.contains("job3"), "{text}");
+    assert!(text.contains("NUMA/min"), "{text}");
+    assert!(!text.contains("rejected"), "{text}");
+    let o = topoctl(&["place", "--topology", zen4().to_str().unwrap(), "--json", "affinity[socket*3]"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["jobs"][0]["rejected"]["reason"].as_str().unwrap().contains("never fit"), "{v}");
+}
+
+#[test]
+fn unknown_strategy_lists_the_known_ones() {
+    let o = topoctl(&["place", "--topology", zen4().to_str().unwrap(), "--strategy", "fastest", "affinity[thread]"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("best-fit"), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_topology_file_is_a_clear_error() {
+    let o = topoctl(&["show", "--topology", "/nonexistent/machine.xml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("/nonexistent/machine.xml"), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_json_has_every_field() {
+    let o = topoctl(&["bench", "placement", "--topology", zen4().to_str().unwrap(), "--jobs", "200", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = lines.iter().map(|v| v["strategy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["best-fit", "pack", "balance", "first-fit", "buddy", "k8s-static", "slurm-block"]);
+    for v in &lines {
+        for key in ["topology", "numa_optimal_share", "l3_optimal_share", "mean_radius", "smt_shared", "rejected_while_free", "decision_p50_us", "decision_p99_us"] {
+            assert!(!v[key].is_null(), "{key} missing in {v}");
+        }
+    }
+}
+
+#[test]
+fn demo_runs() {
+    let o = topoctl(&["demo"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("AMD-19h-Zen4-2xEpyc-9654"), "{}", stdout(&o));
+}
