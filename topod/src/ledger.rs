@@ -2,7 +2,8 @@
 //!
 //! Invariants, checked on every change and by property tests over random sequences:
 //! - no CPU is held by two jobs;
-//! - no job holds a CPU that another job fences (the rest of an exclusive job's core/domain);
+//! - no job holds a CPU that another job fences (the rest of an exclusive job's core/domain),
+//!   and no CPU is fenced twice;
 //! - `occupancy()` is exactly the union of what the jobs hold and fence.
 //!
 //! A refused change leaves the ledger as it was.
@@ -88,12 +89,21 @@ impl Ledger {
         if alloc.cpus.is_empty() {
             return Err(LedgerError::Empty(alloc.job));
         }
-        let claims = alloc.cpus.union(&alloc.fenced);
-        for other in self.jobs.values() {
-            let clash = alloc.cpus.intersection(&other.cpus.union(&other.fenced));
-            let clash = clash.union(&claims.intersection(&other.cpus));
-            if !clash.is_empty() {
-                return Err(LedgerError::Conflict { job: alloc.job.clone(), cpus: clash, holder: other.job.clone() });
+        // The occupancy answers "is anything in the way" in a few word operations; only when
+        // something is do we look for whom, to name the holder.
+        let in_way = alloc.cpus.intersects(&self.occupancy.held)
+            || alloc.cpus.intersects(&self.occupancy.fenced)
+            || alloc.fenced.intersects(&self.occupancy.held)
+            || alloc.fenced.intersects(&self.occupancy.fenced);
+        if in_way {
+            for other in self.jobs.values() {
+                let mut clash = alloc.cpus.intersection(&other.cpus);
+                clash.union_with(&alloc.cpus.intersection(&other.fenced));
+                clash.union_with(&alloc.fenced.intersection(&other.cpus));
+                clash.union_with(&alloc.fenced.intersection(&other.fenced));
+                if !clash.is_empty() {
+                    return Err(LedgerError::Conflict { job: alloc.job.clone(), cpus: clash, holder: other.job.clone() });
+                }
             }
         }
         self.occupancy.held.union_with(&alloc.cpus);
@@ -107,9 +117,8 @@ impl Ledger {
     pub fn release(&mut self, job: &str) -> Result<Allocation, LedgerError> {
         let alloc = self.jobs.remove(job).ok_or_else(|| LedgerError::UnknownJob(job.to_string()))?;
         self.occupancy.held.difference_with(&alloc.cpus);
-        // Fences may overlap between exclusive jobs of the same domain level only if both fence
-        // the same free CPUs; rebuild the fence union rather than subtract.
-        self.occupancy.fenced = self.jobs.values().fold(CpuSet::new(), |a, j| a.union(&j.fenced));
+        // Fences never overlap: an exclusive job needs wholly free domains, fenced CPUs are not.
+        self.occupancy.fenced.difference_with(&alloc.fenced);
         self.generation += 1;
         Ok(alloc)
     }
@@ -161,6 +170,9 @@ impl Ledger {
             if a.cpus.intersects(&held) {
                 return Err(format!("job {} holds CPUs {} that another job holds", a.job, a.cpus.intersection(&held)));
             }
+            if a.fenced.intersects(&fenced) {
+                return Err(format!("job {} fences CPUs {} that another job fences", a.job, a.fenced.intersection(&fenced)));
+            }
             held.union_with(&a.cpus);
             fenced.union_with(&a.fenced);
         }
@@ -171,5 +183,44 @@ impl Ledger {
             return Err("the occupancy summary does not match the jobs".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(job: &str, cpus: &str, fenced: &str) -> Allocation {
+        Allocation {
+            job: job.into(),
+            cpus: CpuSet::parse_list(cpus).unwrap(),
+            tasks: vec![],
+            mems: CpuSet::new(),
+            fenced: CpuSet::parse_list(fenced).unwrap(),
+            request: String::new(),
+        }
+    }
+
+    #[test]
+    fn refused_changes_leave_the_ledger_as_it_was() {
+        let mut l = Ledger::new();
+        l.insert(alloc("a", "0-1", "2")).unwrap();
+        let g = l.generation();
+        for (bad, holder) in [(alloc("b", "1", ""), "a"), (alloc("b", "2", ""), "a"), (alloc("b", "5", "0"), "a"), (alloc("b", "5", "2"), "a")] {
+            match l.insert(bad) {
+                Err(LedgerError::Conflict { holder: h, .. }) => assert_eq!(h, holder),
+                other => panic!("expected a conflict, got {other:?}"),
+            }
+        }
+        assert!(matches!(l.insert(alloc("a", "9", "")), Err(LedgerError::AlreadyAllocated(..))));
+        assert!(matches!(l.insert(alloc("c", "", "")), Err(LedgerError::Empty(_))));
+        assert!(matches!(l.release("zz"), Err(LedgerError::UnknownJob(_))));
+        assert_eq!(l.generation(), g);
+        assert_eq!(l.len(), 1);
+        l.check().unwrap();
+        assert_eq!(l.holder_of(1).map(|a| a.job.as_str()), Some("a"));
+        l.release("a").unwrap();
+        assert!(l.occupancy().held.is_empty() && l.occupancy().fenced.is_empty());
+        l.check().unwrap();
     }
 }

@@ -1,6 +1,7 @@
 //! The text picture of a host: packages, NUMA nodes, L3 groups, cores and PUs, with who holds
-//! what. It fits a 100-column terminal for any machine: each L3 group is one line of at most 16
-//! cores (longer groups wrap), and each core is a cell of one character per hardware thread.
+//! what. It fits a 100-column terminal for any machine: each L3 group is one line of cores
+//! (16 two-thread cores, 8 four-thread cores; longer groups wrap), and each core is a cell of
+//! one character per hardware thread.
 //!
 //! ```text
 //! Package 0
@@ -15,8 +16,15 @@ use crate::ledger::Ledger;
 use crate::topology::{DeviceClass, Domain, MemoryKind, Topology};
 use std::fmt::Write;
 
-/// Cores shown per line.
-const CORES_PER_LINE: usize = 16;
+/// Columns for the core cells of one line (the rest of 100 holds the labels).
+const CELL_COLUMNS: usize = 72;
+
+/// Cores per line: as many cells of `threads` characters and a space as fit, rounded down to a
+/// power of two so that lines of one machine align.
+fn cores_per_line(threads: usize) -> usize {
+    let fit = (CELL_COLUMNS / (threads + 1)).max(1);
+    1 << (usize::BITS - 1 - fit.leading_zeros())
+}
 
 /// Letters given to jobs, in order of their first CPU.
 const LABELS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwyz0123456789";
@@ -118,7 +126,8 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
                     .map_or_else(|| "     ".to_string(), |i| format!("L3 {i:<2}"));
                 let _ = gi;
                 let cores: Vec<CpuSet> = cores_in(topo, gcpus);
-                for (li, line) in cores.chunks(CORES_PER_LINE).enumerate() {
+                let threads = cores.iter().map(|c| c.len()).max().unwrap_or(1);
+                for (li, line) in cores.chunks(cores_per_line(threads)).enumerate() {
                     let span = line.iter().fold(CpuSet::new(), |a, s| a.union(s));
                     let head = if li == 0 { l3_name.clone() } else { "     ".to_string() };
                     let cells: Vec<String> = line.iter().map(|core| core.iter().map(cell).collect()).collect();
