@@ -1,9 +1,599 @@
-//! Linux sysfs/procfs reader with an injectable root directory. (Being written.)
+//! Linux sysfs/procfs reader with an injectable root directory.
+//!
+//! `root` holds `sys/` and `proc/`: `/` for the running host, or an extracted
+//! `hwloc-gather-topology` snapshot. What is read, and from where:
+//!
+//! | what | files |
+//! |---|---|
+//! | online CPUs | `sys/devices/system/cpu/online` |
+//! | cores, packages, dies | `cpuN/topology/{core_cpus,thread_siblings,package_cpus,core_siblings,die_cpus}[_list]`, `physical_package_id`, `die_id` |
+//! | L2 and L3 groups | `cpuN/cache/index*/{level,type,shared_cpu_list|shared_cpu_map,id}` |
+//! | CPU kinds | `cpuN/cpu_capacity`, `cpuN/cpufreq/cpuinfo_max_freq` (two or more distinct values) |
+//! | NUMA nodes | `sys/devices/system/node/nodeN/{cpulist|cpumap,meminfo,distance}` |
+//! | GPU memory nodes | `proc/driver/nvidia/gpus/*/numa_status` (`Node: N`); hidden unless asked for, as hwloc does |
+//! | PCI devices | `sys/bus/pci/devices/*/{class,vendor,device,numa_node,local_cpulist|local_cpus}`, names under `net/`, `infiniband/`, `drm/` |
+//! | allowed CPUs and memory | the process's cpuset cgroup (`proc/self/cpuset` or `proc/self/cgroup`, mounts from `proc/mounts`: cgroup v2 `cpuset.*.effective`, v1 `cpuset.cpus`, the legacy cpuset filesystem's `cpus`), and `Cpus_allowed_list` / `Mems_allowed_list` in `proc/self/status` |
+//!
+//! Sets are cut to the online CPUs (the kernel lists offline siblings). Optional files may be
+//! missing; a file that is there but malformed is an error naming the file.
 
-use super::{Topology, TopologyError};
-use std::path::Path;
+use super::{CpuKind, Distances, Domain, IoDevice, MemoryKind, NumaNode, Topology, TopologyError};
+use crate::cpuset::CpuSet;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
-/// Reads the topology under `root` (a directory holding `sys/` and `proc/`; `/` for this host).
+/// Reader choices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Keep NVIDIA GPU memory NUMA nodes (hwloc's `HWLOC_KEEP_NVIDIA_GPU_NUMA_NODES=1`).
+    pub keep_gpu_numa_nodes: bool,
+}
+
+/// Reads the topology under `root` with the default options.
 pub fn read(root: &Path) -> Result<Topology, TopologyError> {
-    Err(TopologyError::Empty { source_name: root.display().to_string(), what: "sysfs reader not written yet".into() })
+    read_with(root, &ReadOptions::default())
+}
+
+/// Reads the topology under `root`.
+pub fn read_with(root: &Path, options: &ReadOptions) -> Result<Topology, TopologyError> {
+    let fs = Fs { root: root.to_path_buf() };
+    let cpu_dir = "sys/devices/system/cpu";
+    let online = match fs.optional(&format!("{cpu_dir}/online"))? {
+        Some(text) => fs.list(&format!("{cpu_dir}/online"), &text)?,
+        None => fs.cpu_dirs(cpu_dir)?,
+    };
+    if online.is_empty() {
+        return Err(TopologyError::Empty { source_name: root.display().to_string(), what: format!("no online CPU under {cpu_dir}") });
+    }
+    let mut groups = Groups::default();
+    groups.read_ids(&fs, cpu_dir, &online)?;
+    let mut kinds: BTreeMap<(Option<u64>, Option<u64>), CpuSet> = BTreeMap::new();
+    for cpu in online.iter() {
+        let dir = format!("{cpu_dir}/cpu{cpu}");
+        groups.read_cpu(&fs, &dir, cpu, &online)?;
+        let capacity = fs.number(&format!("{dir}/cpu_capacity"))?;
+        let max_freq = fs.number(&format!("{dir}/cpufreq/cpuinfo_max_freq"))?;
+        kinds.entry((capacity, max_freq)).or_default().insert(cpu);
+    }
+    let (numa_nodes, distances) = read_nodes(&fs, &online, options)?;
+    let (allowed_cpus, allowed_mems) = allowed(&fs)?;
+    let node_ids: CpuSet = numa_nodes.iter().map(|n| n.os_index).collect();
+    let topo = Topology {
+        source: root.display().to_string(),
+        allowed: allowed_cpus.map_or_else(|| online.clone(), |a| a.intersection(&online)),
+        allowed_mems: allowed_mems.map_or_else(|| node_ids.clone(), |m| m.intersection(&node_ids)),
+        pus: online,
+        cores: groups.cores.into_domains(),
+        l2_groups: groups.l2.into_domains(),
+        l3_groups: groups.l3.into_domains(),
+        numa_nodes,
+        dies: groups.dies.into_domains(),
+        packages: groups.packages.into_domains(),
+        cpu_kinds: cpu_kinds(kinds),
+        distances,
+        devices: read_pci(&fs)?,
+    };
+    Ok(topo)
+}
+
+/// File access under the root, with errors that name the file.
+struct Fs {
+    root: PathBuf,
+}
+
+impl Fs {
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel.trim_start_matches('/'))
+    }
+
+    /// The file's text, or `None` when it does not exist.
+    fn optional(&self, rel: &str) -> Result<Option<String>, TopologyError> {
+        let path = self.path(rel);
+        match std::fs::read(&path) {
+            // Some sysfs files (and snapshots of them) end in NUL padding.
+            Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).trim_end_matches(['\0', '\n', ' ']).to_string())),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => Ok(None),
+            // Reading some sysfs attributes is refused to non-root users (EACCES) or fails for
+            // devices that are gone (ENODEV, EINVAL); treat those as absent too.
+            Err(e) if matches!(e.raw_os_error(), Some(13) | Some(19) | Some(22) | Some(1)) => Ok(None),
+            Err(source) => Err(TopologyError::Io { path, source }),
+        }
+    }
+
+    fn bad(&self, rel: &str, what: String) -> TopologyError {
+        TopologyError::Format { path: self.path(rel).display().to_string(), what }
+    }
+
+    fn list(&self, rel: &str, text: &str) -> Result<CpuSet, TopologyError> {
+        CpuSet::parse_list(text).map_err(|e| self.bad(rel, e.to_string()))
+    }
+
+    fn mask(&self, rel: &str, text: &str) -> Result<CpuSet, TopologyError> {
+        CpuSet::parse_mask(text).map_err(|e| self.bad(rel, e.to_string()))
+    }
+
+    /// A set from `<base>_list` (list format) or `<base>` (mask format), whichever exists.
+    fn set(&self, base: &str) -> Result<Option<CpuSet>, TopologyError> {
+        let list = format!("{base}_list");
+        if let Some(text) = self.optional(&list)? {
+            return self.list(&list, &text).map(Some);
+        }
+        match self.optional(base)? {
+            Some(text) => self.mask(base, &text).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn number(&self, rel: &str) -> Result<Option<u64>, TopologyError> {
+        match self.optional(rel)? {
+            None => Ok(None),
+            Some(text) => {
+                let t = text.trim();
+                t.parse::<i64>().map(|v| u64::try_from(v).ok()).map_err(|_| self.bad(rel, format!("{t:?} is not a number")))
+            }
+        }
+    }
+
+    fn entries(&self, rel: &str) -> Vec<String> {
+        std::fs::read_dir(self.path(rel))
+            .map(|it| it.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    }
+
+    /// `cpuN` directories, when `online` is missing.
+    fn cpu_dirs(&self, rel: &str) -> Result<CpuSet, TopologyError> {
+        Ok(self.entries(rel).iter().filter_map(|n| n.strip_prefix("cpu")?.parse::<u32>().ok()).filter(|&n| n <= crate::cpuset::MAX_CPU_ID).collect())
+    }
+}
+
+/// Distinct CPU sets of one level, with the OS index the kernel gives each.
+#[derive(Default)]
+struct Level(BTreeMap<CpuSet, Option<u32>>);
+
+impl Level {
+    fn add(&mut self, set: CpuSet, id: Option<u64>) {
+        if !set.is_empty() {
+            let id = id.and_then(|i| u32::try_from(i).ok());
+            self.0.entry(set).or_insert(id);
+        }
+    }
+
+    fn into_domains(self) -> Vec<Domain> {
+        let mut v: Vec<Domain> = self.0.into_iter().map(|(cpus, os_index)| Domain { os_index, cpus }).collect();
+        v.sort_by_key(|d| d.cpus.first());
+        v
+    }
+}
+
+#[derive(Default)]
+struct Groups {
+    /// Per CPU: (package id, die id, core id) where the kernel gives them.
+    ids: BTreeMap<u32, (Option<u64>, Option<u64>, Option<u64>)>,
+    cores: Level,
+    packages: Level,
+    dies: Level,
+    l2: Level,
+    l3: Level,
+}
+
+impl Groups {
+    fn read_ids(&mut self, fs: &Fs, cpu_dir: &str, online: &CpuSet) -> Result<(), TopologyError> {
+        for cpu in online.iter() {
+            let topo = format!("{cpu_dir}/cpu{cpu}/topology");
+            let ids = (
+                fs.number(&format!("{topo}/physical_package_id"))?,
+                fs.number(&format!("{topo}/die_id"))?,
+                fs.number(&format!("{topo}/core_id"))?,
+            );
+            self.ids.insert(cpu, ids);
+        }
+        Ok(())
+    }
+
+    fn read_cpu(&mut self, fs: &Fs, dir: &str, cpu: u32, online: &CpuSet) -> Result<(), TopologyError> {
+        let me: CpuSet = std::iter::once(cpu).collect();
+        let topo = format!("{dir}/topology");
+        let core = match fs.set(&format!("{topo}/core_cpus"))? {
+            Some(s) => Some(s),
+            None => fs.set(&format!("{topo}/thread_siblings"))?,
+        };
+        // A core is the thread siblings that also share (package, die, core_id): AMD Bulldozer
+        // lists the two cores of a compute module as thread siblings, with different core ids.
+        let mine = self.ids.get(&cpu).copied();
+        let core: CpuSet = core
+            .unwrap_or_else(|| me.clone())
+            .intersection(online)
+            .iter()
+            .filter(|c| mine.is_none_or(|m| m.2.is_none() || self.ids.get(c).copied() == Some(m)))
+            .collect();
+        // core_id is only unique inside a package, so cores keep no OS index.
+        self.cores.add(core, None);
+        let package = match fs.set(&format!("{topo}/package_cpus"))? {
+            Some(s) => Some(s),
+            None => fs.set(&format!("{topo}/core_siblings"))?,
+        };
+        self.packages.add(package.unwrap_or_else(|| me.clone()).intersection(online), fs.number(&format!("{topo}/physical_package_id"))?);
+        if let Some(die) = fs.set(&format!("{topo}/die_cpus"))? {
+            self.dies.add(die.intersection(online), fs.number(&format!("{topo}/die_id"))?);
+        }
+        for index in fs.entries(&format!("{dir}/cache")).into_iter().filter(|e| e.starts_with("index")) {
+            let cache = format!("{dir}/cache/{index}");
+            let level = fs.number(&format!("{cache}/level"))?;
+            let kind = fs.optional(&format!("{cache}/type"))?.unwrap_or_default();
+            if kind.trim() == "Instruction" {
+                continue;
+            }
+            let shared = match fs.optional(&format!("{cache}/shared_cpu_list"))? {
+                Some(t) => fs.list(&format!("{cache}/shared_cpu_list"), &t)?,
+                None => match fs.optional(&format!("{cache}/shared_cpu_map"))? {
+                    Some(t) => fs.mask(&format!("{cache}/shared_cpu_map"), &t)?,
+                    None => continue,
+                },
+            };
+            let id = fs.number(&format!("{cache}/id"))?;
+            match level {
+                Some(2) => self.l2.add(shared.intersection(online), id),
+                Some(3) => self.l3.add(shared.intersection(online), id),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn cpu_kinds(kinds: BTreeMap<(Option<u64>, Option<u64>), CpuSet>) -> Vec<CpuKind> {
+    if kinds.len() < 2 {
+        return Vec::new();
+    }
+    // Ascending capacity/frequency = ascending efficiency rank, as hwloc orders kinds.
+    kinds
+        .into_iter()
+        .enumerate()
+        .map(|(rank, ((capacity, freq), cpus))| {
+            let name = match (capacity, freq) {
+                (Some(c), _) => format!("capacity={c}"),
+                (None, Some(f)) => format!("max_freq={}MHz", f / 1000),
+                (None, None) => "unknown".to_string(),
+            };
+            CpuKind { cpus, name, efficiency: i32::try_from(rank).ok() }
+        })
+        .collect()
+}
+
+fn read_nodes(fs: &Fs, online: &CpuSet, options: &ReadOptions) -> Result<(Vec<NumaNode>, Option<Distances>), TopologyError> {
+    let node_dir = "sys/devices/system/node";
+    let mut ids: Vec<u32> = fs.entries(node_dir).iter().filter_map(|n| n.strip_prefix("node")?.parse().ok()).collect();
+    ids.sort_unstable();
+    let gpu_nodes = nvidia_gpu_nodes(fs)?;
+    let mut nodes = Vec::new();
+    let mut rows: Vec<(u32, Vec<u32>)> = Vec::new();
+    for &id in &ids {
+        let dir = format!("{node_dir}/node{id}");
+        let cpus = match fs.optional(&format!("{dir}/cpulist"))? {
+            Some(t) => fs.list(&format!("{dir}/cpulist"), &t)?,
+            None => match fs.optional(&format!("{dir}/cpumap"))? {
+                Some(t) => fs.mask(&format!("{dir}/cpumap"), &t)?,
+                None => CpuSet::new(),
+            },
+        }
+        .intersection(online);
+        let memory_bytes = match fs.optional(&format!("{dir}/meminfo"))? {
+            Some(t) => mem_total(&t).ok_or_else(|| fs.bad(&format!("{dir}/meminfo"), "no readable MemTotal line".into()))?,
+            None => 0,
+        };
+        if let Some(t) = fs.optional(&format!("{dir}/distance"))? {
+            let row: Result<Vec<u32>, _> = t.split_whitespace().map(str::parse::<u32>).collect();
+            let row = row.map_err(|_| fs.bad(&format!("{dir}/distance"), format!("{:?} is not a list of numbers", t.trim())))?;
+            rows.push((id, row));
+        }
+        let kind = if gpu_nodes.contains(id) { MemoryKind::GpuMemory } else { MemoryKind::Dram };
+        nodes.push(NumaNode { os_index: id, near_cpus: cpus.clone(), cpus, memory_bytes, kind });
+    }
+    let possible = match fs.optional(&format!("{node_dir}/possible"))? {
+        Some(t) => fs.list(&format!("{node_dir}/possible"), &t)?.iter().collect(),
+        None => Vec::new(),
+    };
+    let distances = build_distances(fs, node_dir, &ids, &possible, rows)?;
+    // CPU-less nodes: near the CPUs of the nodes closest to them.
+    if let Some(d) = &distances {
+        let with_cpus: Vec<(u32, CpuSet)> = nodes.iter().filter(|n| !n.cpus.is_empty()).map(|n| (n.os_index, n.cpus.clone())).collect();
+        for n in nodes.iter_mut().filter(|n| n.cpus.is_empty()) {
+            let best = with_cpus.iter().filter_map(|(o, _)| d.between(n.os_index, *o)).min();
+            if let Some(best) = best {
+                n.near_cpus = CpuSet::union_all(with_cpus.iter().filter(|(o, _)| d.between(n.os_index, *o) == Some(best)).map(|(_, c)| c));
+            }
+        }
+    }
+    if !options.keep_gpu_numa_nodes {
+        nodes.retain(|n| n.kind != MemoryKind::GpuMemory);
+    }
+    Ok((nodes, distances))
+}
+
+/// The SLIT from the `distance` rows. A row has one entry per node present, or, when a node is
+/// offline, one per possible node (seen on kernels that keep offline nodes in the table).
+fn build_distances(fs: &Fs, node_dir: &str, ids: &[u32], possible: &[u32], rows: Vec<(u32, Vec<u32>)>) -> Result<Option<Distances>, TopologyError> {
+    if rows.is_empty() || rows.len() != ids.len() {
+        return Ok(None);
+    }
+    let width = rows[0].1.len();
+    let columns: &[u32] = if width == ids.len() {
+        ids
+    } else if width == possible.len() {
+        possible
+    } else {
+        return Err(fs.bad(
+            &format!("{node_dir}/node{}/distance", rows[0].0),
+            format!("{width} distances for {} NUMA nodes ({} possible)", ids.len(), possible.len()),
+        ));
+    };
+    // Square matrix over `columns`; rows of absent nodes are unknown (20 off the diagonal).
+    let n = columns.len();
+    let mut values: Vec<u32> = (0..n * n).map(|k| if k / n == k % n { 10 } else { 20 }).collect();
+    for (id, row) in rows {
+        if row.len() != n {
+            return Err(fs.bad(&format!("{node_dir}/node{id}/distance"), format!("{} distances where the other nodes have {n}", row.len())));
+        }
+        let Some(i) = columns.iter().position(|&c| c == id) else { continue };
+        for (j, v) in row.into_iter().enumerate() {
+            values[i * n + j] = v;
+            // The SLIT is symmetric: fill the column of a node whose own row is missing.
+            if !ids.contains(&columns[j]) {
+                values[j * n + i] = values[i * n + j];
+            }
+        }
+    }
+    Ok(Some(Distances { nodes: columns.to_vec(), values }))
+}
+
+/// `Node 0 MemTotal:  129839104 kB` → bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.contains("MemTotal:"))?;
+    let kb: u64 = line.split("MemTotal:").nth(1)?.split_whitespace().next()?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// NUMA nodes that are NVIDIA GPU memory, from the driver's `numa_status` files.
+fn nvidia_gpu_nodes(fs: &Fs) -> Result<CpuSet, TopologyError> {
+    let dir = "proc/driver/nvidia/gpus";
+    let mut out = CpuSet::new();
+    for gpu in fs.entries(dir) {
+        let file = format!("{dir}/{gpu}/numa_status");
+        if let Some(text) = fs.optional(&file)? {
+            let node = text.lines().find_map(|l| l.trim().strip_prefix("Node:")).map(str::trim);
+            if let Some(node) = node {
+                let id: i64 = node.parse().map_err(|_| fs.bad(&file, format!("Node: {node:?} is not a number")))?;
+                if let Ok(id) = u32::try_from(id) {
+                    out.insert(id.min(crate::cpuset::MAX_CPU_ID));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The process's allowed CPUs and memory nodes: its cpuset cgroup, then `proc/self/status`.
+fn allowed(fs: &Fs) -> Result<(Option<CpuSet>, Option<CpuSet>), TopologyError> {
+    let (mut cpus, mut mems) = cgroup_cpuset(fs)?;
+    if let Some(status) = fs.optional("proc/self/status")? {
+        for line in status.lines() {
+            let field = |name: &str| line.strip_prefix(name).map(str::trim);
+            if let Some(v) = field("Cpus_allowed_list:") {
+                let s = fs.list("proc/self/status", v)?;
+                cpus = Some(cpus.map_or_else(|| s.clone(), |c| c.intersection(&s)));
+            } else if let Some(v) = field("Mems_allowed_list:") {
+                let s = fs.list("proc/self/status", v)?;
+                mems = Some(mems.map_or_else(|| s.clone(), |m| m.intersection(&s)));
+            }
+        }
+    }
+    Ok((cpus, mems))
+}
+
+/// A mounted cpuset hierarchy: where, and how its files are named.
+struct CpusetMount {
+    mount_point: String,
+    /// File names for (cpus, mems), most specific first.
+    cpus: &'static [&'static str],
+    mems: &'static [&'static str],
+    v2: bool,
+}
+
+fn cpuset_mounts(mounts: &str) -> Vec<CpusetMount> {
+    let mut out = Vec::new();
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 {
+            continue;
+        }
+        let (point, fstype, opts) = (f[1], f[2], f[3]);
+        match fstype {
+            "cgroup2" => out.push(CpusetMount {
+                mount_point: point.to_string(),
+                cpus: &["cpuset.cpus.effective", "cpuset.cpus"],
+                mems: &["cpuset.mems.effective", "cpuset.mems"],
+                v2: true,
+            }),
+            // v1: the configured `cpuset.cpus`, as hwloc reads it (`effective_cpus` differs only
+            // under `cpuset_v2_mode` after hot-unplug).
+            "cgroup" if opts.split(',').any(|o| o == "cpuset") => out.push(CpusetMount {
+                mount_point: point.to_string(),
+                cpus: &["cpuset.cpus"],
+                mems: &["cpuset.mems"],
+                v2: false,
+            }),
+            "cpuset" => out.push(CpusetMount { mount_point: point.to_string(), cpus: &["cpus"], mems: &["mems"], v2: false }),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The cpus/mems of the process's cpuset cgroup, if one can be found.
+fn cgroup_cpuset(fs: &Fs) -> Result<(Option<CpuSet>, Option<CpuSet>), TopologyError> {
+    let Some(mounts) = fs.optional("proc/mounts")? else { return Ok((None, None)) };
+    let cgroup_file = fs.optional("proc/self/cgroup")?.unwrap_or_default();
+    let v1_path = cgroup_file.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers.split(',').any(|c| c == "cpuset").then(|| path.to_string())
+    });
+    let v2_path = cgroup_file.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string));
+    let cpuset_path = fs.optional("proc/self/cpuset")?.map(|p| p.trim().to_string());
+    for mount in cpuset_mounts(&mounts) {
+        let path = if mount.v2 { v2_path.clone().or_else(|| cpuset_path.clone()) } else { v1_path.clone().or_else(|| cpuset_path.clone()) };
+        let Some(path) = path else { continue };
+        if path.split('/').any(|c| c == "..") {
+            continue;
+        }
+        // Walk up from the process's cgroup until a level says something.
+        let mut rel = path.trim_end_matches('/').to_string();
+        loop {
+            let dir = format!("{}/{}", mount.mount_point.trim_end_matches('/'), rel.trim_start_matches('/'));
+            let cpus = first_set(fs, &dir, mount.cpus)?;
+            let mems = first_set(fs, &dir, mount.mems)?;
+            if cpus.as_ref().is_some_and(|c| !c.is_empty()) {
+                return Ok((cpus, mems.filter(|m| !m.is_empty())));
+            }
+            match rel.rfind('/') {
+                Some(i) if !rel.is_empty() => rel.truncate(i),
+                _ => break,
+            }
+        }
+    }
+    Ok((None, None))
+}
+
+fn first_set(fs: &Fs, dir: &str, names: &[&str]) -> Result<Option<CpuSet>, TopologyError> {
+    for name in names {
+        let rel = format!("{dir}/{name}");
+        if let Some(text) = fs.optional(&rel)? {
+            if !text.trim().is_empty() {
+                return fs.list(&rel, &text).map(Some);
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn read_pci(fs: &Fs) -> Result<Vec<IoDevice>, TopologyError> {
+    let dir = "sys/bus/pci/devices";
+    let mut addresses = fs.entries(dir);
+    addresses.sort();
+    let mut out = Vec::new();
+    for addr in addresses {
+        let dev = format!("{dir}/{addr}");
+        let Some(class_text) = fs.optional(&format!("{dev}/class"))? else { continue };
+        let hex = |t: &str| u32::from_str_radix(t.trim().trim_start_matches("0x"), 16).ok();
+        let Some(class_code) = hex(&class_text) else {
+            return Err(fs.bad(&format!("{dev}/class"), format!("{:?} is not a PCI class code", class_text.trim())));
+        };
+        let class = super::classify_pci(class_code);
+        if class == super::DeviceClass::Other {
+            continue;
+        }
+        let id16 = |name: &str| -> Result<Option<u16>, TopologyError> {
+            Ok(fs.optional(&format!("{dev}/{name}"))?.and_then(|t| hex(&t)).and_then(|v| u16::try_from(v).ok()))
+        };
+        let numa_node = fs.optional(&format!("{dev}/numa_node"))?.and_then(|t| t.trim().parse::<i64>().ok()).and_then(|n| u32::try_from(n).ok());
+        let local_cpus = match fs.optional(&format!("{dev}/local_cpulist"))? {
+            Some(t) => fs.list(&format!("{dev}/local_cpulist"), &t)?,
+            None => match fs.optional(&format!("{dev}/local_cpus"))? {
+                Some(t) => fs.mask(&format!("{dev}/local_cpus"), &t)?,
+                None => CpuSet::new(),
+            },
+        };
+        let mut names = Vec::new();
+        for sub in ["net", "infiniband", "drm"] {
+            let mut n = fs.entries(&format!("{dev}/{sub}"));
+            n.sort();
+            names.extend(n);
+        }
+        out.push(IoDevice {
+            pci_address: addr.clone(),
+            class,
+            class_code,
+            vendor_id: id16("vendor")?,
+            device_id: id16("device")?,
+            names,
+            numa_node,
+            local_cpus,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    /// Two cores of two threads, one NUMA node, a cgroup v2 cpuset allowing three CPUs.
+    fn tiny(root: &Path) {
+        write(root, "sys/devices/system/cpu/online", "0-3\n");
+        for cpu in 0..4 {
+            let core = if cpu % 2 == 0 { "0,2" } else { "1,3" };
+            let d = format!("sys/devices/system/cpu/cpu{cpu}");
+            write(root, &format!("{d}/topology/thread_siblings_list"), core);
+            write(root, &format!("{d}/topology/core_siblings_list"), "0-3");
+            write(root, &format!("{d}/topology/physical_package_id"), "0");
+            write(root, &format!("{d}/cache/index3/level"), "3");
+            write(root, &format!("{d}/cache/index3/type"), "Unified");
+            write(root, &format!("{d}/cache/index3/shared_cpu_map"), "0000000f");
+        }
+        write(root, "sys/devices/system/node/node0/cpulist", "0-3");
+        write(root, "sys/devices/system/node/node0/meminfo", "Node 0 MemTotal:  1024 kB\n");
+        write(root, "sys/devices/system/node/node0/distance", "10\n");
+        write(root, "proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");
+        write(root, "proc/self/cgroup", "0::/job/1\n");
+        write(root, "sys/fs/cgroup/job/1/cpuset.cpus.effective", "0-2\n");
+        write(root, "sys/fs/cgroup/job/1/cpuset.mems.effective", "0\n");
+    }
+
+    #[test]
+    fn reads_a_tiny_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        tiny(dir.path());
+        let t = read(dir.path()).unwrap();
+        assert_eq!(t.cores.len(), 2);
+        assert_eq!(t.cores[0].cpus.to_string(), "0,2");
+        assert_eq!(t.allowed.to_string(), "0-2");
+        assert_eq!(t.numa_nodes[0].memory_bytes, 1024 * 1024);
+        let c = t.counts();
+        assert_eq!((c.packages, c.numa_nodes, c.l3_groups, c.cores, c.pus), (1, 1, 1, 2, 3));
+    }
+
+    #[test]
+    fn malformed_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        tiny(dir.path());
+        write(dir.path(), "sys/devices/system/node/node0/cpulist", "0-x");
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("node0/cpulist") && e.contains("\"x\""), "{e}");
+        tiny(dir.path());
+        write(dir.path(), "sys/devices/system/cpu/online", "");
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("no online CPU"), "{e}");
+        tiny(dir.path());
+        write(dir.path(), "sys/devices/system/node/node0/distance", "10 20\n");
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("2 distances for 1 NUMA nodes"), "{e}");
+        tiny(dir.path());
+        write(dir.path(), "sys/devices/system/node/possible", "0-1");
+        write(dir.path(), "sys/devices/system/node/node0/distance", "10 21\n");
+        let t = read(dir.path()).unwrap();
+        assert_eq!(t.numa_distance(0, 1), 21, "a row over the possible nodes");
+    }
+
+    #[test]
+    fn an_empty_root_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("no online CPU"), "{e}");
+    }
 }
