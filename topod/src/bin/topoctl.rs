@@ -52,13 +52,14 @@ enum Command {
     Place {
         #[command(flatten)]
         source: Source,
-        /// Placement strategy.
+        /// Placement strategy: best-fit, pack, balance, first-fit, buddy, or the baselines
+        /// k8s-static and slurm-block.
         #[arg(long, short, default_value = "best-fit", value_parser = parse_strategy)]
         strategy: Strategy,
         /// Tasks for requests that do not say (like `bsub -n`).
         #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
         tasks: u32,
-        /// CPUs no job may get (like the daemon's `reserved_cpus`), e.g. 0-1.
+        /// CPUs no job may get (kept for the system), e.g. 0-1.
         #[arg(long, value_name = "LIST", value_parser = parse_cpus)]
         reserve: Option<CpuSet>,
         /// Requests, placed in order.
@@ -92,7 +93,8 @@ enum BenchCommand {
         /// topologies folder.
         #[arg(long = "topology", value_name = "FILE")]
         topologies: Vec<PathBuf>,
-        /// Strategies to compare; default: all.
+        /// Strategies to compare (best-fit, pack, balance, first-fit, buddy, k8s-static,
+        /// slurm-block); default: all.
         #[arg(long = "strategy", short, value_parser = parse_strategy)]
         strategies: Vec<Strategy>,
         /// Seed of the job stream.

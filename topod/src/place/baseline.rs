@@ -6,7 +6,7 @@
 
 use super::engine::JobShape;
 use super::model::HostModel;
-use super::{unit_name, PlaceError};
+use super::{domain_name, unit_name, PlaceError};
 use crate::cpuset::CpuSet;
 use crate::request::Level;
 
@@ -62,7 +62,7 @@ fn run(
             return Err(PlaceError::Shape {
                 needed: job.units_needed(),
                 unit: unit_name(job.unit),
-                why: format!("no {} has {per_task} free CPUs for the next task", unit_name(level)),
+                why: format!("no {} has {per_task} free CPUs for the next task", domain_name(level)),
             });
         };
         let t = take(model, &dom.intersection(&pool), per_task);

@@ -7,7 +7,7 @@
 //! it switches from counting tasks to counting units. At a leaf (a core) it takes CPUs.
 
 use super::model::{level_slot, HostModel};
-use super::{unit_name, Occupancy, PlaceError, Strategy, DEFAULT_TASKS};
+use super::{domain_name, unit_name, Occupancy, PlaceError, Strategy, DEFAULT_TASKS};
 use crate::cpuset::CpuSet;
 use crate::request::{Distribute, Level, Request};
 
@@ -107,7 +107,7 @@ impl JobShape {
         let need = self.units_needed();
         if need > total_units {
             return Err(PlaceError::Impossible(format!(
-                "asks for {need} {} units, the host has {total_units}",
+                "asks for {need} {}(s), the host has {total_units}",
                 unit_name(self.unit)
             )));
         }
@@ -116,11 +116,11 @@ impl JobShape {
             let largest = model.domains(same).iter().map(|d| d.len() / per_unit).max().unwrap_or(0);
             if self.units_per_task > largest {
                 return Err(PlaceError::Impossible(format!(
-                    "each task asks for {} {} units in one {}, the largest {} has {largest}",
+                    "each task asks for {} {}(s) in one {}, the largest {} has {largest}",
                     self.units_per_task,
                     unit_name(self.unit),
-                    unit_name(same),
-                    unit_name(same)
+                    domain_name(same),
+                    domain_name(same)
                 )));
             }
         }
@@ -259,7 +259,7 @@ pub fn place_shaped(model: &HostModel, job: &JobShape, strategy: Strategy) -> Re
         unit: unit_name(job.unit),
         why: match (job.max_hops, job.pack_limit) {
             (Some(h), _) => format!("no set of NUMA nodes within MAX_RADIUS={h} hops has room"),
-            (None, Some((l, n))) => format!("does not fit in {n} {} domain(s)", unit_name(l)),
+            (None, Some((l, n))) => format!("does not fit in {n} {}(s)", domain_name(l)),
             _ => "limits".into(),
         },
     })
@@ -341,15 +341,15 @@ fn descend(model: &HostModel, job: &JobShape, reps: &CpuSet, strategy: Strategy)
     let need_slots = if job.by_tasks() { job.tasks } else { job.units_needed() };
     if counts.slots[0] < need_slots {
         let free_units = reps.len();
-        let mut why = format!("no room for {} task(s) of {} {} unit(s)", job.tasks, job.units_per_task, unit_name(job.unit));
+        let mut why = format!("no room for {} task(s) of {} {}(s)", job.tasks, job.units_per_task, unit_name(job.unit));
         if let Some(s) = job.same {
-            why += &format!(", each inside one {}", unit_name(s));
+            why += &format!(", each inside one {}", domain_name(s));
         }
         if let Some(t) = job.task_spread {
-            why += &format!(", each task in a {} of its own (injob)", unit_name(t));
+            why += &format!(", each task in a {} of its own (injob)", domain_name(t));
         }
         if let Some(u) = job.unit_spread {
-            why += &format!(", each unit in a {} of its own (intask)", unit_name(u));
+            why += &format!(", each unit in a {} of its own (intask)", domain_name(u));
         }
         if job.numa_cap_units.is_some() {
             why += ", at most MAX_CPU_PER_NODE per NUMA node";

@@ -18,7 +18,10 @@
 //!    `MAX_RADIUS` bounds the NUMA distance (in hops) between the job's nodes.
 //! 4. **The strategy** decides where, walking the placement tree of the model (see
 //!    [`model`]); the strategies are described on [`Strategy`].
-//! 5. **Memory**: `membind=localonly` (or `CPUSET_MEMORY_LOCAL`/`_MANDATORY`) gives the NUMA
+//! 5. **Binding**: `cpubind=level` binds each task to the job's CPUs in the domains of that level
+//!    its own CPUs touch (`Placement::bind`); `distribute=balance` makes best-fit spread the
+//!    tasks evenly (the balance strategy); `pack` and `any` are what best-fit does.
+//! 6. **Memory**: `membind=localonly` (or `CPUSET_MEMORY_LOCAL`/`_MANDATORY`) gives the NUMA
 //!    nodes local to the chosen CPUs plus the CPU-less nodes (HBM, GPU memory) nearest to them;
 //!    otherwise every allowed memory node.
 
@@ -31,7 +34,7 @@ pub use metrics::{HostMetrics, PlacementMetrics};
 pub use model::HostModel;
 
 use crate::cpuset::CpuSet;
-use crate::request::{Level, Request};
+use crate::request::{Distribute, Level, Request};
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -136,6 +139,9 @@ pub struct Placement {
     pub cpus: CpuSet,
     /// The CPUs of each task, in task order.
     pub tasks: Vec<CpuSet>,
+    /// The CPUs each task is bound to: its own CPUs, or with `cpubind=level` the job's CPUs in
+    /// the domains of that level its CPUs touch.
+    pub bind: Vec<CpuSet>,
     /// Memory nodes (OS ids) the job may allocate from.
     pub mems: CpuSet,
     /// CPUs other jobs may no longer use because this job holds their domain exclusively.
@@ -148,7 +154,7 @@ pub struct Placement {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlaceError {
     /// Fewer units are free than the job needs.
-    #[error("needs {needed} {unit} units but only {free} are free{detail}")]
+    #[error("needs {needed} {unit}(s) but only {free} are free{detail}")]
     NotEnoughFree {
         /// Units needed.
         needed: usize,
@@ -160,7 +166,7 @@ pub enum PlaceError {
         detail: String,
     },
     /// Enough units are free, but not in the shape the request asks for.
-    #[error("{needed} {unit} units are free but not in the requested shape: {why}")]
+    #[error("{needed} {unit}(s) are free but not in the requested shape: {why}")]
     Shape {
         /// Units needed.
         needed: usize,
@@ -188,6 +194,12 @@ pub const DEFAULT_TASKS: u32 = 1;
 /// Places `request` on the host described by `model` with the given occupancy.
 pub fn place(model: &HostModel, occupancy: &Occupancy, request: &Request, strategy: Strategy) -> Result<Placement, PlaceError> {
     let job = engine::JobShape::new(model, occupancy, request)?;
+    // `distribute=balance` asks the default strategy to spread; `pack` and `any` are what
+    // best-fit does anyway.
+    let strategy = match (strategy, request.distribute) {
+        (Strategy::BestFit, Distribute::Balance) => Strategy::Balance,
+        (s, _) => s,
+    };
     let chosen = match strategy {
         Strategy::K8sStatic => baseline::k8s_static(model, &job)?,
         Strategy::SlurmBlock => baseline::slurm_block(model, &job)?,
@@ -228,16 +240,31 @@ fn finish(model: &HostModel, occupancy: &Occupancy, request: &Request, job: &eng
     };
     let mems = if request.memory_local_only() { model.local_mems_with_cpuless(&cpus) } else { model.all_mems.clone() };
     let metrics = PlacementMetrics::measure(model, occupancy, &cpus);
-    Placement { cpus, tasks, mems, fenced, metrics }
+    let bind = match request.cpubind {
+        Some(level) if level != Level::Thread => tasks.iter().map(|t| model.closure(level, t).intersection(&cpus)).collect(),
+        _ => tasks.clone(),
+    };
+    Placement { cpus, tasks, bind, mems, fenced, metrics }
 }
 
-/// The unit name of a level, for messages.
+/// A unit of a level, for messages: what one unit of a request is.
 pub(crate) fn unit_name(level: Level) -> &'static str {
     match level {
         Level::Thread => "thread",
+        Level::Core => "whole core",
+        Level::L3 => "whole L3 group",
+        Level::Numa => "whole NUMA node",
+        Level::Socket => "whole socket",
+    }
+}
+
+/// A domain of a level, for messages.
+pub(crate) fn domain_name(level: Level) -> &'static str {
+    match level {
+        Level::Thread => "thread",
         Level::Core => "core",
-        Level::L3 => "l3",
-        Level::Numa => "numa",
+        Level::L3 => "L3 group",
+        Level::Numa => "NUMA node",
         Level::Socket => "socket",
     }
 }

@@ -133,7 +133,7 @@ fn same_shape_is_rejected_while_free_when_fragmented() {
     let occ = Occupancy { held, fenced: CpuSet::new() };
     let err = place(&m, &occ, &cores(2, 1, Some(Level::Numa)), Strategy::BestFit).unwrap_err();
     assert!(err.rejected_while_free(), "{err}");
-    assert!(err.to_string().contains("inside one numa"), "{err}");
+    assert!(err.to_string().contains("inside one NUMA node"), "{err}");
     // Without the shape the same job fits.
     assert!(place(&m, &occ, &cores(2, 1, None), Strategy::BestFit).is_ok());
 }
@@ -188,7 +188,7 @@ fn impossible_requests_say_so() {
     let e = place(&m, &Occupancy::default(), &threads(65), Strategy::BestFit).unwrap_err();
     assert!(matches!(e, PlaceError::Impossible(_)), "{e}");
     let e = place(&m, &Occupancy::default(), &cores(9, 1, Some(Level::L3)), Strategy::BestFit).unwrap_err();
-    assert!(e.to_string().contains("largest l3 has 4"), "{e}");
+    assert!(e.to_string().contains("largest L3 group has 4"), "{e}");
 }
 
 #[test]
@@ -333,4 +333,18 @@ fn intask_gives_every_unit_its_own_domain() {
     assert_eq!(p.cpus.len(), 4);
     assert_eq!(m.touched(Level::Core, &p.cpus).len(), 4, "four threads on four different cores: {}", p.cpus);
     assert_eq!(m.touched(Level::L3, &p.cpus).len(), 1, "and still close together: {}", p.cpus);
+}
+
+#[test]
+fn cpubind_and_distribute() {
+    let m = machine();
+    let req = Request { cpubind: Some(Level::Socket), ..cores(1, 2, None) };
+    let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
+    assert_eq!(p.tasks.len(), 2);
+    assert!(p.bind.iter().all(|b| *b == p.cpus), "both tasks bound to the job's CPUs in their socket: {:?}", p.bind);
+    let plain = place(&m, &Occupancy::default(), &cores(1, 2, None), Strategy::BestFit).unwrap();
+    assert_eq!(plain.bind, plain.tasks);
+    let spread = Request { distribute: crate::request::Distribute::Balance, ..threads(4) };
+    let p = place(&m, &Occupancy::default(), &spread, Strategy::BestFit).unwrap();
+    assert_eq!(p.metrics.sockets, 2, "distribute=balance spreads: {}", p.cpus);
 }

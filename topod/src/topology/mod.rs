@@ -243,6 +243,9 @@ impl Topology {
 
     /// A short name for display: the file stem of the source.
     pub fn short_name(&self) -> &str {
+        if self.source == "/" {
+            return "this host";
+        }
         let s = self.source.trim_end_matches('/');
         let base = s.rsplit('/').next().unwrap_or(s);
         base.strip_suffix(".xml").or_else(|| base.strip_suffix(".tar.bz2")).unwrap_or(base)
