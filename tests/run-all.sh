@@ -28,6 +28,10 @@ fi
 # every real machine in shared/topologies, the topoctl command line).
 cargo test --workspace --locked
 
+# The request parser's fuzz run at full size: 1,000,000 random and mutated request strings
+# (the default run above does 20,000 through proptest).
+cargo test --release --locked -p topod --lib -- --ignored request_fuzz_million
+
 # The placement benchmark runs too, briefly, so that a change that breaks it fails here; the
 # figures that matter come from the full run in README ("Benchmarks").
 cargo run --quiet --release --locked -p topod --bin topoctl -- bench placement --jobs 300 >/dev/null

@@ -377,7 +377,13 @@ fn bench_placement(topologies: &[PathBuf], strategies: &[Strategy], seed: u64, j
     let files = if topologies.is_empty() { default_bench_topologies()? } else { topologies.to_vec() };
     let strategies: Vec<Strategy> = if strategies.is_empty() { Strategy::ALL.to_vec() } else { strategies.to_vec() };
     if !json {
-        println!("seed {seed}, {jobs} jobs per stream, host kept about {:.0}% busy\n", bench::TARGET_LOAD * 100.0);
+        println!(
+            "seed {seed}, {jobs} jobs per stream, host kept at most {:.0}% busy before each arrival\n\
+             NUMA-ok / L3-ok: share of placed jobs within the fewest NUMA nodes / L3 groups their size allows\n\
+             radius: mean largest SLIT distance inside a job (10 = one node); SMT: cores shared by two jobs\n\
+             rej-free: jobs rejected while at least as many PUs were free; load: mean share of PUs held\n",
+            bench::TARGET_LOAD * 100.0
+        );
     }
     for file in files {
         let topo = load_path(&file)?;
@@ -402,12 +408,12 @@ fn bench_placement(topologies: &[PathBuf], strategies: &[Strategy], seed: u64, j
             c.packages
         );
         println!(
-            "  {:<12} {:>6} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>8}",
-            "strategy", "placed", "NUMA-ok", "L3-ok", "radius", "SMT", "rej-free", "p50 us", "p99 us"
+            "  {:<12} {:>6} {:>7} {:>7} {:>7} {:>7} {:>8} {:>5} {:>8} {:>8}",
+            "strategy", "placed", "NUMA-ok", "L3-ok", "radius", "SMT", "rej-free", "load", "p50 us", "p99 us"
         );
         for r in &results {
             println!(
-                "  {:<12} {:>6} {:>7.3} {:>7.3} {:>7.2} {:>7} {:>8} {:>8.2} {:>8.2}",
+                "  {:<12} {:>6} {:>7.3} {:>7.3} {:>7.2} {:>7} {:>8} {:>4.0}% {:>8.2} {:>8.2}",
                 r.strategy,
                 r.placed,
                 r.numa_optimal_share,
@@ -415,6 +421,7 @@ fn bench_placement(topologies: &[PathBuf], strategies: &[Strategy], seed: u64, j
                 r.mean_radius,
                 r.smt_shared,
                 r.rejected_while_free,
+                r.mean_load * 100.0,
                 r.decision_p50_us,
                 r.decision_p99_us
             );
