@@ -35,14 +35,14 @@ pub struct Allocation {
 pub enum LedgerError {
     /// The job already holds an allocation.
     #[error("job {0} already holds CPUs {1}")]
-    AlreadyAllocated(String, CpuSet),
+    AlreadyAllocated(String, String),
     /// Some of the CPUs are held by other jobs.
     #[error("CPUs {cpus} requested for job {job} are held by job {holder}")]
     Conflict {
         /// The job asking.
         job: String,
-        /// The CPUs in conflict.
-        cpus: CpuSet,
+        /// The CPUs in conflict, in list form.
+        cpus: String,
         /// A job holding or fencing them.
         holder: String,
     },
@@ -84,7 +84,7 @@ impl Ledger {
     /// Records an allocation (also used when rebuilding the ledger from what exists).
     pub fn insert(&mut self, alloc: Allocation) -> Result<&Allocation, LedgerError> {
         if let Some(existing) = self.jobs.get(&alloc.job) {
-            return Err(LedgerError::AlreadyAllocated(alloc.job.clone(), existing.cpus.clone()));
+            return Err(LedgerError::AlreadyAllocated(alloc.job.clone(), existing.cpus.to_string()));
         }
         if alloc.cpus.is_empty() {
             return Err(LedgerError::Empty(alloc.job));
@@ -102,7 +102,7 @@ impl Ledger {
                 clash.union_with(&alloc.fenced.intersection(&other.cpus));
                 clash.union_with(&alloc.fenced.intersection(&other.fenced));
                 if !clash.is_empty() {
-                    return Err(LedgerError::Conflict { job: alloc.job.clone(), cpus: clash, holder: other.job.clone() });
+                    return Err(LedgerError::Conflict { job: alloc.job.clone(), cpus: clash.to_string(), holder: other.job.clone() });
                 }
             }
         }

@@ -1,15 +1,13 @@
 //! Every hwloc XML v2 file in `shared/topologies` reads with the counts hwloc 2.9 reports
 //! (`expected-counts.tsv`: packages, NUMA nodes, L3 groups, cores, PUs, allowed only).
 
+mod common;
+
 use std::path::PathBuf;
 use topod::topology::hwloc_xml;
 
 fn shared() -> PathBuf {
-    let dir = std::env::var_os("TOPO_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
-    assert!(dir.join("topologies/expected-counts.tsv").is_file(), "shared topologies missing at {}; set TOPO_SHARED_DIR", dir.display());
-    dir.join("topologies")
+    common::topologies()
 }
 
 #[test]

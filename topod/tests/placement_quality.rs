@@ -5,6 +5,8 @@
 //! rejections while enough PUs are free than either baseline. The full benchmark is
 //! `topoctl bench placement`.
 
+mod common;
+
 use std::path::PathBuf;
 use topod::bench::{job_stream, replay};
 use topod::place::{HostModel, Strategy};
@@ -15,12 +17,9 @@ use topod::CpuSet;
 const JOBS: usize = 2000;
 
 fn topology_files() -> Vec<PathBuf> {
-    let shared = std::env::var_os("TOPO_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
     let mut files = Vec::new();
     for sub in ["xml", "converted-hwloc2.9"] {
-        let dir = shared.join("topologies").join(sub);
+        let dir = common::topologies().join(sub);
         for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e} (set TOPO_SHARED_DIR)", dir.display())) {
             let p = entry.unwrap().path();
             if p.extension().is_some_and(|x| x == "xml") {

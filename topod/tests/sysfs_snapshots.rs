@@ -2,16 +2,14 @@
 //! 2.9 reports (`expected-counts.tsv`), and the same graph as the XML export of the same snapshot
 //! (`converted-hwloc2.9/`). Also this machine's own `/sys`.
 
+mod common;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use topod::topology::{hwloc_xml, sysfs, Topology};
 
 fn shared() -> PathBuf {
-    let dir = std::env::var_os("TOPO_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
-    assert!(dir.join("topologies/expected-counts.tsv").is_file(), "shared topologies missing at {}; set TOPO_SHARED_DIR", dir.display());
-    dir.join("topologies")
+    common::topologies()
 }
 
 /// Extracts a `.tar.bz2` snapshot and returns the directory holding `sys/` and `proc/`.
@@ -99,7 +97,7 @@ fn devices_have_locality() {
 #[test]
 fn this_machine() {
     let t = sysfs::read(Path::new("/")).expect("this host's /sys reads");
-    assert!(t.allowed.len() >= 1);
+    assert!(!t.allowed.is_empty());
     for cpu in t.allowed.iter() {
         assert_eq!(t.cores.iter().filter(|c| c.cpus.contains(cpu)).count(), 1, "CPU {cpu} in exactly one core");
     }

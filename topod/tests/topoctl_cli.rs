@@ -1,14 +1,12 @@
 //! `topoctl` as a user runs it: the real binary, real topology files, and what it prints.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn shared() -> PathBuf {
-    let dir = std::env::var_os("TOPO_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
-    assert!(dir.join("topologies").is_dir(), "the shared folder with topologies is missing at {}; set TOPO_SHARED_DIR", dir.display());
-    dir
+    common::topologies().parent().unwrap().to_path_buf()
 }
 
 fn zen4() -> PathBuf {

@@ -245,7 +245,7 @@ struct Placed {
 #[derive(Serialize)]
 #[serde(rename_all = "snake_case")]
 enum Outcome {
-    Placed { placement: Placement, score: u64 },
+    Placed { placement: Box<Placement>, score: u64 },
     Rejected { reason: String },
 }
 
@@ -284,7 +284,7 @@ fn place_all(model: &HostModel, requests: &[Request], strategy: Strategy) -> (Le
         let canonical = req.to_string();
         let outcome = match place::place(model, ledger.occupancy(), req, strategy) {
             Ok(p) => match ledger.allocate(&job, &p, &canonical) {
-                Ok(_) => Outcome::Placed { score: place::score(&p.metrics), placement: p },
+                Ok(_) => Outcome::Placed { score: place::score(&p.metrics), placement: Box::new(p) },
                 Err(e) => Outcome::Rejected { reason: e.to_string() },
             },
             Err(e) => Outcome::Rejected { reason: e.to_string() },

@@ -151,7 +151,7 @@ pub fn slurm_block(model: &HostModel, job: &JobShape) -> Result<Vec<CpuSet>, Pla
 
 fn slurm_take(model: &HostModel, pool: &CpuSet, need: usize) -> CpuSet {
     let mut taken = CpuSet::new();
-    let mut sockets: Vec<(usize, usize)> = model.sockets.iter().enumerate().map(|(i, s)| (i, s.intersection_len(&pool))).collect();
+    let mut sockets: Vec<(usize, usize)> = model.sockets.iter().enumerate().map(|(i, s)| (i, s.intersection_len(pool))).collect();
     while taken.len() < need {
         let left = need - taken.len();
         let pick = sockets
@@ -161,7 +161,7 @@ fn slurm_take(model: &HostModel, pool: &CpuSet, need: usize) -> CpuSet {
             .or_else(|| sockets.iter().filter(|(_, f)| *f > 0).max_by_key(|(i, f)| (*f, std::cmp::Reverse(*i))))
             .copied();
         let Some((s, _)) = pick else { break };
-        let free_here = model.sockets[s].intersection(&pool);
+        let free_here = model.sockets[s].intersection(pool);
         for core in model.cores.iter().filter(|c| c.intersects(&free_here)) {
             for cpu in core.intersection(&free_here).iter() {
                 if taken.len() < need {

@@ -70,7 +70,7 @@ impl JobShape {
             }
         };
         let pus_per_unit = model.pus_per_unit(unit);
-        let numa_cap_units = request.max_cpu_per_node.map(|c| (c as usize / pus_per_unit).max(0));
+        let numa_cap_units = request.max_cpu_per_node.map(|c| c as usize / pus_per_unit);
         let max_hops = request.max_radius;
         let pack_limit = match request.distribute {
             Distribute::Pack(limit) => limit,

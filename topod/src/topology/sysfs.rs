@@ -165,10 +165,13 @@ impl Level {
     }
 }
 
+/// (package id, die id, core id) of one CPU.
+type CpuIds = (Option<u64>, Option<u64>, Option<u64>);
+
 #[derive(Default)]
 struct Groups {
-    /// Per CPU: (package id, die id, core id) where the kernel gives them.
-    ids: BTreeMap<u32, (Option<u64>, Option<u64>, Option<u64>)>,
+    /// Per CPU: its ids, where the kernel gives them.
+    ids: BTreeMap<u32, CpuIds>,
     cores: Level,
     packages: Level,
     dies: Level,
