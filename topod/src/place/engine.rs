@@ -405,18 +405,44 @@ impl Walk<'_> {
 
     /// Takes `need` units under `node`; returns their representative CPUs in placement order.
     fn by_units(&mut self, node: usize, need: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(need);
+        self.collect_units(node, need, &mut out);
+        out
+    }
+
+    fn collect_units(&mut self, node: usize, need: usize, out: &mut Vec<u32>) {
         let n = &self.model.tree[node];
+        if need == self.counts.units[node] && self.job.numa_cap_units.is_none() && self.job.unit_spread.is_none() {
+            // Everything under this node: no choice left to make.
+            self.take_all(node, out);
+            return;
+        }
         if n.children.is_empty() {
-            return n.cpus.intersection(self.reps).iter().take(need).collect();
+            let before = out.len();
+            out.extend(n.cpus.iter().filter(|&c| self.reps.contains(c)).take(need));
+            debug_assert!(out.len() - before <= need);
+            return;
         }
         if let Some(inner) = self.smallest_fitting_below(node, need, &self.counts.units) {
-            return self.by_units(inner, need);
+            return self.collect_units(inner, need, out);
         }
-        let mut out = Vec::with_capacity(need);
         for (child, k) in self.split(node, need, &self.counts.units) {
-            out.extend(self.by_units(child, k));
+            self.collect_units(child, k, out);
         }
-        out
+    }
+
+    /// Every available unit under `node`, core by core.
+    fn take_all(&self, node: usize, out: &mut Vec<u32>) {
+        let n = &self.model.tree[node];
+        if n.children.is_empty() {
+            out.extend(n.cpus.iter().filter(|&c| self.reps.contains(c)));
+            return;
+        }
+        for &child in &n.children {
+            if self.counts.units[child] > 0 {
+                self.take_all(child, out);
+            }
+        }
     }
 
     /// Best-fit only: the smallest domain strictly below `node` that holds `need` on its own,
@@ -428,19 +454,22 @@ impl Walk<'_> {
             return None;
         }
         let tree = &self.model.tree;
-        let mut best: Option<(usize, usize, usize, usize)> = None;
-        let mut stack: Vec<usize> = tree[node].children.clone();
-        while let Some(id) = stack.pop() {
-            if counts[id] < need {
-                continue;
-            }
+        let key = |id: usize| {
             // Equal candidates: the one whose parent is tightest, then the lowest. (Ordering by
             // the fullness of every ancestor instead, or by which candidate keeps the largest
             // free block of each level, was measured and is worse on most machines.)
             let parent_free = tree[id].parent.map_or(0, |p| counts[p]);
-            let key = (tree[id].cpus.len(), counts[id], parent_free, id);
-            if best.is_none_or(|b| key < b) {
-                best = Some(key);
+            (tree[id].cpus.len(), counts[id], parent_free, id)
+        };
+        let mut best: Option<(usize, usize, usize, usize)> = None;
+        let mut stack: smallvec::SmallVec<[usize; 64]> = tree[node].children.iter().copied().collect();
+        while let Some(id) = stack.pop() {
+            if counts[id] < need {
+                continue;
+            }
+            let k = key(id);
+            if best.is_none_or(|b| k < b) {
+                best = Some(k);
             }
             stack.extend_from_slice(&tree[id].children);
         }
@@ -514,15 +543,26 @@ fn fewest_children(mut children: Vec<usize>, counts: &[usize], need: usize) -> V
     }
     // Of the sets of k children that hold the need, pick one with the least left over: slot by
     // slot, the smallest child that still lets the largest remaining ones cover the rest.
+    // `children` stays sorted largest first, so "the largest remaining" is a prefix sum.
     let mut chosen = Vec::with_capacity(k);
     let mut left = need;
     for slot in 0..k {
         let after = k - slot - 1;
+        let mut prefix = Vec::with_capacity(children.len() + 1);
+        prefix.push(0usize);
+        for &c in &children {
+            prefix.push(prefix[prefix.len() - 1] + counts[c]);
+        }
+        let largest_others = |i: usize| {
+            let top = after.min(children.len());
+            if i >= top {
+                prefix[top]
+            } else {
+                prefix[(top + 1).min(children.len())] - counts[children[i]]
+            }
+        };
         let pick = (0..children.len())
-            .filter(|&i| {
-                let others: usize = children.iter().enumerate().filter(|&(j, _)| j != i).take(after).map(|(_, &c)| counts[c]).sum();
-                counts[children[i]] + others >= left
-            })
+            .filter(|&i| counts[children[i]] + largest_others(i) >= left)
             .min_by_key(|&i| (counts[children[i]], children[i]));
         let Some(i) = pick else { break };
         let c = children.remove(i);
