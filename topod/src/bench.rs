@@ -191,6 +191,11 @@ pub fn replay(model: &HostModel, stream: &[StreamJob], strategy: Strategy) -> Be
     result
 }
 
+/// One replay, for the quality figures only (the timing fields stay 0): what tests need.
+pub fn replay_quality(model: &HostModel, stream: &[StreamJob], strategy: Strategy) -> BenchResult {
+    replay_once(model, stream, strategy).0
+}
+
 /// One replay: the quality figures, and each decision's time in nanoseconds, in stream order.
 fn replay_once(model: &HostModel, stream: &[StreamJob], strategy: Strategy) -> (BenchResult, Vec<u64>) {
     let capacity = model.allocatable.len().max(1);

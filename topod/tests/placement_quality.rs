@@ -8,7 +8,7 @@
 mod common;
 
 use std::path::PathBuf;
-use topod::bench::{job_stream, replay};
+use topod::bench::{job_stream, replay_quality};
 use topod::place::{HostModel, Strategy};
 use topod::topology::hwloc_xml;
 use topod::CpuSet;
@@ -43,7 +43,7 @@ fn best_fit_is_the_most_local_and_rejects_least() {
         let topo = hwloc_xml::read_file(file).unwrap();
         let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
         let stream = job_stream(&model, 1, JOBS);
-        let results: Vec<_> = strategies.iter().map(|&s| replay(&model, &stream, s)).collect();
+        let results: Vec<_> = strategies.iter().map(|&s| replay_quality(&model, &stream, s)).collect();
         let best = &results[0];
         assert_eq!(best.strategy, "best-fit");
         assert_eq!(best.shape_violations, 0, "{}", best.topology);
