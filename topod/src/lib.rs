@@ -6,7 +6,8 @@
 //! - [`request`]: the request language (LSF `CPUSET[...]` and `affinity[...]`, which is also the
 //!   syntax of Slurm's `--topology=` and PBS's `-l topology=`), normalized into one [`request::Request`];
 //! - [`place`]: placement strategies and their metrics, pure functions of (graph, ledger, request);
-//! - [`ledger`]: who holds which CPUs and memory nodes on one host, with its invariants.
+//! - [`ledger`]: who holds which CPUs and memory nodes on one host, with its invariants;
+//! - [`proto`]: the versioned line protocol between topod and its clients.
 //!
 //! Nothing here touches the file system except the topology readers, which take their root
 //! directory or file as an argument so that tests run on snapshots of real machines.
@@ -19,6 +20,7 @@ pub mod cpuset;
 pub mod ledger;
 pub mod picture;
 pub mod place;
+pub mod proto;
 pub mod request;
 pub mod topology;
 

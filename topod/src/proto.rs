@@ -1,0 +1,311 @@
+//! The wire protocol between topod and its clients (`topo-exec`, `topoctl`, the plug-ins).
+//!
+//! One JSON object per line, each carrying the protocol version `v`. A request names its
+//! operation in `op`; a reply is either `{"v":1,"ok":{...}}` or `{"v":1,"error":{"code":..,
+//! "message":..}}`. Lines longer than [`MAX_LINE_BYTES`] are refused before they are parsed.
+//!
+//! ```text
+//! {"v":1,"op":"version"}
+//! {"v":1,"op":"topology"}
+//! {"v":1,"op":"free_map"}
+//! {"v":1,"op":"fit","request":"affinity[core(2)*4]"}
+//! {"v":1,"op":"allocate","job":"1234","request":"affinity[thread*8]","cpus":"0-15","mem_limit_bytes":1073741824}
+//! {"v":1,"op":"join","job":"1234","pid":4242}
+//! {"v":1,"op":"release","job":"1234"}
+//! {"v":1,"op":"list"}
+//! ```
+//!
+//! Parsing is strict: unknown fields, unknown operations, a missing or different version, and
+//! anything that is not one JSON object on one line are refused with a message that says which.
+
+use serde::{Deserialize, Serialize};
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The longest request line accepted, newline excluded.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+
+/// The operations, as they appear in `op`.
+pub const OPERATIONS: &[&str] = &["version", "topology", "free_map", "fit", "allocate", "join", "release", "list"];
+
+/// What a client asks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Op {
+    /// The daemon's version and protocol version.
+    Version,
+    /// The host's hardware graph.
+    Topology,
+    /// Who holds what, with a generation number that changes on every change.
+    FreeMap,
+    /// Would a request fit, and how well (read-only).
+    Fit {
+        /// The request string.
+        request: String,
+        /// Tasks when the request does not say (`bsub -n`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tasks: Option<u32>,
+    },
+    /// Place a job and create its cgroup; the same job and request again is not an error.
+    Allocate {
+        /// The batch system's job id.
+        job: String,
+        /// The request string.
+        request: String,
+        /// Tasks when the request does not say.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tasks: Option<u32>,
+        /// CPUs the batch system already gave the job (list format); placement stays inside.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpus: Option<String>,
+        /// Memory limit for the job's cgroup.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mem_limit_bytes: Option<u64>,
+    },
+    /// Move a process (all its threads) into the job's cgroup.
+    Join {
+        /// The job id.
+        job: String,
+        /// The process.
+        pid: i32,
+    },
+    /// Kill what is left of the job, remove its cgroup, free its CPUs.
+    Release {
+        /// The job id.
+        job: String,
+    },
+    /// Every allocation.
+    List,
+}
+
+/// A request line: the version and the operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Protocol version.
+    pub v: u32,
+    /// The operation and its fields.
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+impl Request {
+    /// A request in this build's protocol version.
+    pub fn new(op: Op) -> Self {
+        Self { v: PROTOCOL_VERSION, op }
+    }
+
+    /// The line to send, newline included.
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"));
+        s.push('\n');
+        s
+    }
+}
+
+/// Error codes a reply may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The line is not a valid request (JSON, fields, size, version).
+    BadRequest,
+    /// The request string (topology request) does not parse.
+    BadTopologyRequest,
+    /// The peer may not do this (state changes need root or a configured administrator).
+    Forbidden,
+    /// No such job.
+    UnknownJob,
+    /// The job does not fit now.
+    DoesNotFit,
+    /// Something failed on the host (cgroup, file system).
+    Internal,
+}
+
+/// An error reply's body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// What kind of error.
+    pub code: ErrorCode,
+    /// What is wrong, for a person.
+    pub message: String,
+}
+
+/// A reply line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reply {
+    /// Protocol version.
+    pub v: u32,
+    /// The result, on success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok: Option<serde_json::Value>,
+    /// The error, on failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+impl Reply {
+    /// A success carrying `value`.
+    pub fn ok(value: serde_json::Value) -> Self {
+        Self { v: PROTOCOL_VERSION, ok: Some(value), error: None }
+    }
+
+    /// A failure.
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { v: PROTOCOL_VERSION, ok: None, error: Some(ErrorBody { code, message: message.into() }) }
+    }
+
+    /// The line to send, newline included.
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"));
+        s.push('\n');
+        s
+    }
+}
+
+/// Why a request line was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    /// Longer than [`MAX_LINE_BYTES`].
+    #[error("request of {0} bytes is longer than the limit of {MAX_LINE_BYTES} bytes")]
+    TooLong(usize),
+    /// Not UTF-8.
+    #[error("request is not UTF-8 text (invalid byte at offset {0})")]
+    NotText(usize),
+    /// Empty line.
+    #[error("empty request line; send one JSON object per line")]
+    Empty,
+    /// Not JSON, or not an object, or wrong fields.
+    #[error("request is not valid: {0}")]
+    Invalid(String),
+    /// `op` names no operation.
+    #[error("unknown operation {0:?}; expected one of {ops}", ops = OPERATIONS.join(", "))]
+    UnknownOp(String),
+    /// Wrong or missing version.
+    #[error("protocol version {got} is not supported; this topod speaks version {PROTOCOL_VERSION}")]
+    Version {
+        /// The version the client sent (0 when missing).
+        got: u64,
+    },
+}
+
+/// Parses one request line (without or with its trailing newline).
+pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.len() > MAX_LINE_BYTES {
+        return Err(ProtoError::TooLong(line.len()));
+    }
+    let text = std::str::from_utf8(line).map_err(|e| ProtoError::NotText(e.valid_up_to()))?;
+    if text.trim().is_empty() {
+        return Err(ProtoError::Empty);
+    }
+    // Look at the envelope first, so that the error names the real problem (a bad version or
+    // an unknown operation) rather than a serde message about variants.
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| ProtoError::Invalid(format!("not JSON: {e}")))?;
+    let obj = value.as_object().ok_or_else(|| ProtoError::Invalid("expected a JSON object".into()))?;
+    match obj.get("v").and_then(serde_json::Value::as_u64) {
+        Some(v) if v == u64::from(PROTOCOL_VERSION) => {}
+        Some(v) => return Err(ProtoError::Version { got: v }),
+        None => return Err(ProtoError::Invalid("missing protocol version \"v\"".into())),
+    }
+    let op = match obj.get("op").and_then(serde_json::Value::as_str) {
+        Some(op) if OPERATIONS.contains(&op) => op,
+        Some(op) => return Err(ProtoError::UnknownOp(op.chars().take(64).collect())),
+        None => return Err(ProtoError::Invalid("missing operation \"op\"".into())),
+    };
+    // serde cannot refuse unknown fields through `flatten`: check them here.
+    let allowed = fields_of(op);
+    if let Some(extra) = obj.keys().find(|k| !matches!(k.as_str(), "v" | "op") && !allowed.contains(&k.as_str())) {
+        let accepted = if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") };
+        return Err(ProtoError::Invalid(format!(
+            "unknown field {:?} for operation {op}; accepted fields: {accepted}",
+            extra.chars().take(64).collect::<String>()
+        )));
+    }
+    serde_json::from_value(value).map_err(|e| ProtoError::Invalid(e.to_string()))
+}
+
+/// The fields each operation takes besides `v` and `op`.
+fn fields_of(op: &str) -> &'static [&'static str] {
+    match op {
+        "fit" => &["request", "tasks"],
+        "allocate" => &["job", "request", "tasks", "cpus", "mem_limit_bytes"],
+        "join" => &["job", "pid"],
+        "release" => &["job"],
+        _ => &[],
+    }
+}
+
+/// Parses one reply line.
+pub fn parse_reply(line: &[u8]) -> Result<Reply, ProtoError> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let text = std::str::from_utf8(line).map_err(|e| ProtoError::NotText(e.valid_up_to()))?;
+    let reply: Reply = serde_json::from_str(text).map_err(|e| ProtoError::Invalid(format!("reply: {e}")))?;
+    if reply.v != PROTOCOL_VERSION {
+        return Err(ProtoError::Version { got: u64::from(reply.v) });
+    }
+    Ok(reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn every_operation_round_trips() {
+        let ops = vec![
+            Op::Version,
+            Op::Topology,
+            Op::FreeMap,
+            Op::Fit { request: "affinity[core(2)]".into(), tasks: Some(4) },
+            Op::Allocate { job: "1234[7]".into(), request: "affinity[thread*8]".into(), tasks: None, cpus: Some("0-15".into()), mem_limit_bytes: Some(1 << 30) },
+            Op::Join { job: "1234".into(), pid: 4242 },
+            Op::Release { job: "1234".into() },
+            Op::List,
+        ];
+        assert_eq!(ops.len(), OPERATIONS.len());
+        for op in ops {
+            let line = Request::new(op.clone()).to_line();
+            assert!(line.ends_with('\n') && !line[..line.len() - 1].contains('\n'));
+            assert_eq!(parse_request(line.as_bytes()).unwrap().op, op, "{line}");
+        }
+        let r = Reply::error(ErrorCode::Forbidden, "only root may release");
+        assert_eq!(parse_reply(r.to_line().as_bytes()).unwrap(), r);
+    }
+
+    #[test]
+    fn bad_lines_say_what_is_wrong() {
+        let e = |s: &str| parse_request(s.as_bytes()).unwrap_err().to_string();
+        assert!(e("").contains("empty"));
+        assert!(e("{\"v\":1,\"op\":\"version\"").contains("not JSON"));
+        assert!(e("[1,2]").contains("JSON object"));
+        assert!(e("{\"op\":\"version\"}").contains("missing protocol version"));
+        assert!(e("{\"v\":2,\"op\":\"version\"}").contains("version 2 is not supported"));
+        assert!(e("{\"v\":1,\"op\":\"format_disk\"}").contains("unknown operation \"format_disk\"; expected one of version"));
+        assert!(e("{\"v\":1}").contains("missing operation"));
+        assert!(e("{\"v\":1,\"op\":\"release\"}").contains("job"));
+        assert!(e("{\"v\":1,\"op\":\"join\",\"job\":\"1\",\"pid\":\"x\"}").contains("invalid type"));
+        assert!(e("{\"v\":1,\"op\":\"list\",\"extra\":true}").contains("unknown field"));
+        let long = format!("{{\"v\":1,\"op\":\"release\",\"job\":\"{}\"}}", "a".repeat(MAX_LINE_BYTES));
+        assert!(e(&long).contains("longer than the limit"));
+        assert!(matches!(parse_request(b"{\"v\":1,\"op\":\"li\xffst\"}"), Err(ProtoError::NotText(_))));
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = parse_request(&bytes);
+            let _ = parse_reply(&bytes);
+        }
+
+        #[test]
+        fn truncated_valid_lines_are_refused(cut in 0usize..60) {
+            let line = Request::new(Op::Release { job: "123".into() }).to_line();
+            let cut = cut.min(line.len() - 2);
+            prop_assert!(parse_request(&line.as_bytes()[..cut]).is_err());
+        }
+    }
+}
