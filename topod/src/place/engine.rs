@@ -38,6 +38,8 @@ pub struct JobShape {
     pub max_hops: Option<u32>,
     /// `distribute=pack(level=n)`.
     pub pack_limit: Option<(Level, u32)>,
+    /// Whether `CPU_LIST` narrowed what is available.
+    pub inside_cpu_list: bool,
 }
 
 impl JobShape {
@@ -89,6 +91,7 @@ impl JobShape {
             numa_cap_units,
             max_hops,
             pack_limit,
+            inside_cpu_list: request.cpu_list.is_some(),
         };
         job.check_possible(model)?;
         Ok(job)
@@ -129,7 +132,14 @@ impl JobShape {
         }
         let free_units = self.unit_reps.len();
         if free_units < need {
-            return Err(PlaceError::NotEnoughFree { needed: need, free: free_units, unit: unit_name(self.unit), detail: String::new() });
+            let mut detail = String::new();
+            if self.inside_cpu_list {
+                detail += " inside CPU_LIST";
+            }
+            if let Some(level) = self.exclusive {
+                detail += &format!(" (exclusive: only wholly free {}s count)", domain_name(level));
+            }
+            return Err(PlaceError::NotEnoughFree { needed: need, free: free_units, unit: unit_name(self.unit), detail });
         }
         Ok(())
     }
@@ -301,7 +311,7 @@ fn limit_regions(model: &HostModel, job: &JobShape) -> Vec<CpuSet> {
         let doms = model.domains(level);
         for start in 0..doms.len() {
             // n consecutive domains starting at each one: neighbours by numbering are close.
-            let region = CpuSet::union_all((0..n as usize).map(|k| &doms[(start + k) % doms.len()]));
+            let region = CpuSet::union_all((0..(n as usize).min(doms.len())).map(|k| &doms[(start + k) % doms.len()]));
             regions.push(region);
         }
     }
