@@ -9,13 +9,16 @@
 //! - [`ledger`]: who holds which CPUs and memory nodes on one host, with its invariants;
 //! - [`proto`]: the versioned line protocol between topod and its clients.
 //!
-//! Nothing here touches the file system except the topology readers, which take their root
+//! - [`cgroup`]: job cgroups (v1, v2, and an in-memory fake), the one OS boundary of topod.
+//!
+//! Nothing else here touches the file system except the topology readers, which take their root
 //! directory or file as an argument so that tests run on snapshots of real machines.
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod cgroup;
 pub mod cpuset;
 pub mod ledger;
 pub mod picture;

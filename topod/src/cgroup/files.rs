@@ -1,0 +1,78 @@
+//! Reading and writing cgroup files, with errors that carry the path and the data.
+
+use super::CgroupError;
+use crate::cpuset::CpuSet;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub(crate) fn read(path: &Path) -> Result<String, CgroupError> {
+    std::fs::read_to_string(path).map_err(|source| CgroupError::Io { action: "reading", path: path.to_path_buf(), data: None, source })
+}
+
+/// Writes `data` to an existing cgroup file in one `write(2)` (the kernel takes one value per
+/// write), without creating or truncating it.
+pub(crate) fn write(path: &Path, data: &str) -> Result<(), CgroupError> {
+    let err = |source| CgroupError::Io { action: "writing", path: path.to_path_buf(), data: Some(data.to_string()), source };
+    let mut f = std::fs::OpenOptions::new().write(true).create(false).truncate(false).open(path).map_err(err)?;
+    f.write_all(data.as_bytes()).map_err(err)
+}
+
+pub(crate) fn mkdir(path: &Path) -> Result<bool, CgroupError> {
+    match std::fs::create_dir(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(source) => Err(CgroupError::Io { action: "creating", path: path.to_path_buf(), data: None, source }),
+    }
+}
+
+pub(crate) fn rmdir(path: &Path) -> Result<(), CgroupError> {
+    match std::fs::remove_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(CgroupError::Io { action: "removing", path: path.to_path_buf(), data: None, source }),
+    }
+}
+
+pub(crate) fn read_set(path: &Path) -> Result<CpuSet, CgroupError> {
+    let text = read(path)?;
+    CpuSet::parse_list(&text).map_err(|e| CgroupError::Format { path: path.to_path_buf(), what: e.to_string() })
+}
+
+/// The pids in a `cgroup.procs` file. The kernel may list a pid twice while it migrates.
+pub(crate) fn read_pids(path: &Path) -> Result<Vec<i32>, CgroupError> {
+    let text = read(path)?;
+    let mut pids = Vec::new();
+    for word in text.split_whitespace() {
+        let pid: i32 = word.parse().map_err(|_| CgroupError::Format { path: path.to_path_buf(), what: format!("{word:?} is not a pid") })?;
+        pids.push(pid);
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
+}
+
+/// Polls `done` every few milliseconds until it holds or `timeout` passes.
+pub(crate) fn wait_until(timeout: Duration, mut done: impl FnMut() -> Result<bool, CgroupError>) -> Result<bool, CgroupError> {
+    let start = Instant::now();
+    loop {
+        if done()? {
+            return Ok(true);
+        }
+        if start.elapsed() >= timeout {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SIGKILL to each pid; a pid that is already gone is not an error.
+pub(crate) fn kill_all(pids: &[i32]) -> usize {
+    let mut killed = 0;
+    for &pid in pids {
+        if pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok() {
+            killed += 1;
+        }
+    }
+    killed
+}

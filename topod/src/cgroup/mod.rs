@@ -1,0 +1,119 @@
+//! Job cgroups: the one OS boundary topod crosses to confine a job.
+//!
+//! One trait, [`CgroupBackend`], with three implementations: [`v1::V1`] (separate `cpuset`,
+//! `freezer` and `memory` hierarchies, as on most hybrid hosts), [`v2::V2`] (the unified
+//! hierarchy: `cpuset.cpus`/`cpuset.mems`, `memory.max`, `cgroup.freeze`, `cgroup.kill`,
+//! `cgroup.events`), and [`fake::Fake`] (in memory, for tests of the callers).
+//!
+//! Rules every backend keeps (kernel facts from `shared/reference/cgroups.md`):
+//! - a job's cgroup is named by a validated [`JobId`] only, so no id can name a path outside
+//!   our subtree;
+//! - `cpus` and `mems` are written before any process joins (a v1 cpuset with no CPUs refuses
+//!   tasks), and the effective values are read back;
+//! - release freezes the job, kills every process, thaws, waits until the cgroup is empty, and
+//!   removes it, in bounded time, reporting whatever would not die;
+//! - the cgroup tree is the truth: [`CgroupBackend::list`] finds every job cgroup that exists, so
+//!   a restarted daemon can rebuild its ledger.
+
+pub mod fake;
+mod files;
+pub mod jobid;
+pub mod v1;
+pub mod v2;
+
+pub use jobid::{JobId, JobIdError};
+
+use crate::cpuset::CpuSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What a job's cgroup gets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupSpec {
+    /// Its CPUs.
+    pub cpus: CpuSet,
+    /// Its memory nodes.
+    pub mems: CpuSet,
+    /// Memory limit in bytes.
+    pub memory_limit: Option<u64>,
+}
+
+/// What the kernel says a job's cgroup has.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Effective {
+    /// Effective CPUs.
+    pub cpus: CpuSet,
+    /// Effective memory nodes.
+    pub mems: CpuSet,
+}
+
+/// The outcome of a release.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReleaseReport {
+    /// Processes that were killed.
+    pub killed: usize,
+    /// Processes still there when the time ran out (the cgroup is then left in place).
+    pub survivors: Vec<i32>,
+}
+
+/// A failed cgroup operation, with the file and what was written.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// Reading, writing, creating or removing a cgroup file failed.
+    #[error("{action} {path}{data}: {source}", data = data.as_ref().map(|d| format!(" (writing {d:?})")).unwrap_or_default())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// What was written, if anything.
+        data: Option<String>,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A cgroup file held something unexpected.
+    #[error("{path}: {what}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// The job has no cgroup.
+    #[error("job {0} has no cgroup")]
+    NoSuchJob(String),
+    /// The job's cgroup exists already with other CPUs.
+    #[error("job {job} already has a cgroup with CPUs {existing}, not {wanted}")]
+    Exists {
+        /// The job.
+        job: String,
+        /// What it has.
+        existing: String,
+        /// What was asked.
+        wanted: String,
+    },
+    /// A join before the cgroup has CPUs and memory nodes.
+    #[error("job {0}: its cgroup has no CPUs or memory nodes yet; refusing to move a process in")]
+    NotReady(String),
+    /// The needed controller is not there.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// The cgroup operations topod needs.
+pub trait CgroupBackend: Send + Sync {
+    /// `v1`, `v2` or `fake`.
+    fn kind(&self) -> &'static str;
+    /// Creates the job's cgroup with its CPUs and memory nodes (idempotent for the same spec),
+    /// and returns what the kernel made effective.
+    fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError>;
+    /// Moves a process, with all its threads, into the job's cgroup.
+    fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError>;
+    /// The processes in the job's cgroup.
+    fn pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError>;
+    /// Kills everything in the job's cgroup and removes it.
+    fn release(&self, job: &JobId, timeout: Duration) -> Result<ReleaseReport, CgroupError>;
+    /// Every job cgroup under our subtree, with its effective CPUs and memory nodes.
+    fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError>;
+}

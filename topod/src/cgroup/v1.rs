@@ -1,0 +1,194 @@
+//! cgroup v1: a `cpuset` hierarchy (required), and `freezer` and `memory` hierarchies when
+//! mounted. Each job gets a directory named by its id under our subtree in each of them.
+//!
+//! v1 rules kept here: `cpuset.cpus` and `cpuset.mems` are written before any task joins (the
+//! kernel refuses tasks in an empty cpuset); our subtree's own cpuset directory is given its
+//! parent's CPUs and memory nodes when created; a process is moved by writing its pid to
+//! `cgroup.procs` of each hierarchy; release freezes through `freezer.state`.
+//! `cpuset.cpu_exclusive` is not used: it would need our whole subtree to be exclusive of the
+//! rest of the system; exclusivity between jobs is the ledger's.
+
+use super::files::{kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
+use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// cgroup v1 job cgroups.
+#[derive(Debug, Clone)]
+pub struct V1 {
+    cpuset: PathBuf,
+    freezer: Option<PathBuf>,
+    memory: Option<PathBuf>,
+}
+
+/// Where the v1 hierarchies are mounted, from `/proc/self/mountinfo`-style text (`/proc/mounts`
+/// format: device, mount point, type, options).
+pub fn v1_mounts(mounts: &str) -> (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>) {
+    let (mut cpuset, mut freezer, mut memory) = (None, None, None);
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 || f[2] != "cgroup" {
+            continue;
+        }
+        let opts: Vec<&str> = f[3].split(',').collect();
+        let point = PathBuf::from(f[1]);
+        if opts.contains(&"cpuset") {
+            cpuset.get_or_insert(point.clone());
+        }
+        if opts.contains(&"freezer") {
+            freezer.get_or_insert(point.clone());
+        }
+        if opts.contains(&"memory") {
+            memory.get_or_insert(point);
+        }
+    }
+    (cpuset, freezer, memory)
+}
+
+impl V1 {
+    /// Uses (and creates) `subtree` under each mounted hierarchy of this host.
+    pub fn detect(subtree: &str) -> Result<Self, CgroupError> {
+        let mounts = read(Path::new("/proc/mounts"))?;
+        let (cpuset, freezer, memory) = v1_mounts(&mounts);
+        let cpuset = cpuset.ok_or_else(|| CgroupError::Unsupported("no cgroup v1 cpuset hierarchy is mounted".into()))?;
+        V1::new(cpuset.join(subtree), freezer.map(|f| f.join(subtree)), memory.map(|m| m.join(subtree)))
+    }
+
+    /// Job cgroups under these subtree roots (created if missing).
+    pub fn new(cpuset: PathBuf, freezer: Option<PathBuf>, memory: Option<PathBuf>) -> Result<Self, CgroupError> {
+        mkdir(&cpuset)?;
+        // A new cpuset directory has no CPUs: give ours its parent's, so jobs can be made in it.
+        for file in ["cpuset.mems", "cpuset.cpus"] {
+            if read(&cpuset.join(file))?.trim().is_empty() {
+                let parent = cpuset.parent().ok_or_else(|| CgroupError::Unsupported(format!("{} has no parent", cpuset.display())))?;
+                let value = read(&parent.join(file))?;
+                write(&cpuset.join(file), value.trim())?;
+            }
+        }
+        for root in freezer.iter().chain(memory.iter()) {
+            mkdir(root)?;
+        }
+        Ok(V1 { cpuset, freezer, memory })
+    }
+
+    fn dirs(&self, job: &JobId) -> impl Iterator<Item = PathBuf> + '_ {
+        let name = job.as_str().to_string();
+        std::iter::once(&self.cpuset).chain(self.freezer.iter()).chain(self.memory.iter()).map(move |root| root.join(&name))
+    }
+
+    fn effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
+        let pick = |a: &str, b: &str| if dir.join(a).exists() { dir.join(a) } else { dir.join(b) };
+        Ok(Effective {
+            cpus: read_set(&pick("cpuset.effective_cpus", "cpuset.cpus"))?,
+            mems: read_set(&pick("cpuset.effective_mems", "cpuset.mems"))?,
+        })
+    }
+
+    fn all_pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
+        let mut pids = Vec::new();
+        for dir in self.dirs(job) {
+            if dir.exists() {
+                pids.extend(read_pids(&dir.join("cgroup.procs"))?);
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        Ok(pids)
+    }
+}
+
+impl CgroupBackend for V1 {
+    fn kind(&self) -> &'static str {
+        "v1"
+    }
+
+    fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
+        let dir = self.cpuset.join(job.as_str());
+        if !mkdir(&dir)? {
+            let existing = self.effective(&dir)?;
+            if existing.cpus != spec.cpus || existing.mems != spec.mems {
+                return Err(CgroupError::Exists { job: job.to_string(), existing: existing.cpus.to_string(), wanted: spec.cpus.to_string() });
+            }
+        }
+        // Memory nodes first: some kernels check the pair when CPUs are written.
+        write(&dir.join("cpuset.mems"), &spec.mems.to_string())?;
+        write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
+        if let Some(freezer) = &self.freezer {
+            mkdir(&freezer.join(job.as_str()))?;
+        }
+        if let Some(memory) = &self.memory {
+            let m = memory.join(job.as_str());
+            mkdir(&m)?;
+            if let Some(limit) = spec.memory_limit {
+                write(&m.join("memory.limit_in_bytes"), &limit.to_string())?;
+            }
+        }
+        self.effective(&dir)
+    }
+
+    fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
+        let dir = self.cpuset.join(job.as_str());
+        if !dir.is_dir() {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        let eff = self.effective(&dir)?;
+        if eff.cpus.is_empty() || eff.mems.is_empty() {
+            return Err(CgroupError::NotReady(job.to_string()));
+        }
+        for d in self.dirs(job) {
+            write(&d.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
+        if !self.cpuset.join(job.as_str()).is_dir() {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        self.all_pids(job)
+    }
+
+    fn release(&self, job: &JobId, timeout: Duration) -> Result<ReleaseReport, CgroupError> {
+        if !self.dirs(job).any(|d| d.is_dir()) {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        let freezer = self.freezer.as_ref().map(|f| f.join(job.as_str())).filter(|d| d.is_dir());
+        let mut killed = 0;
+        if let Some(f) = &freezer {
+            // Frozen, nothing can fork between reading the pids and killing them.
+            write(&f.join("freezer.state"), "FROZEN")?;
+            wait_until(timeout / 2, || Ok(read(&f.join("freezer.state"))?.trim() != "FREEZING"))?;
+            killed += kill_all(&self.all_pids(job)?);
+            write(&f.join("freezer.state"), "THAWED")?;
+        }
+        // Without a freezer (or for what slipped through): kill until empty.
+        let empty = wait_until(timeout, || {
+            let pids = self.all_pids(job)?;
+            killed += kill_all(&pids);
+            Ok(pids.is_empty())
+        })?;
+        if !empty {
+            return Ok(ReleaseReport { killed, survivors: self.all_pids(job)? });
+        }
+        for d in self.dirs(job) {
+            rmdir(&d)?;
+        }
+        Ok(ReleaseReport { killed, survivors: Vec::new() })
+    }
+
+    fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError> {
+        let entries = std::fs::read_dir(&self.cpuset).map_err(|source| CgroupError::Io { action: "listing", path: self.cpuset.clone(), data: None, source })?;
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            if !entry.path().is_dir() {
+                continue;
+            }
+            // Directories we did not make (names that are not job ids) are left alone.
+            if let Ok(job) = JobId::parse(&entry.file_name().to_string_lossy()) {
+                out.push((job, self.effective(&entry.path())?));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}
