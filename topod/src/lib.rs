@@ -9,7 +9,9 @@
 //! - [`ledger`]: who holds which CPUs and memory nodes on one host, with its invariants;
 //! - [`proto`]: the versioned line protocol between topod and its clients.
 //!
-//! - [`cgroup`]: job cgroups (v1, v2, and an in-memory fake), the one OS boundary of topod.
+//! - [`cgroup`]: job cgroups (v1, v2, and an in-memory fake), the one OS boundary of topod;
+//! - `daemon` (feature `daemon`): topod's configuration, host state and socket server, and
+//!   [`client`], what talks to it.
 //!
 //! Nothing else here touches the file system except the topology readers, which take their root
 //! directory or file as an argument so that tests run on snapshots of real machines.
@@ -19,7 +21,10 @@
 
 pub mod bench;
 pub mod cgroup;
+pub mod client;
 pub mod cpuset;
+#[cfg(feature = "daemon")]
+pub mod daemon;
 pub mod ledger;
 pub mod picture;
 pub mod place;

@@ -62,6 +62,9 @@ pub enum Op {
         /// Memory limit for the job's cgroup.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mem_limit_bytes: Option<u64>,
+        /// The uid the job runs as: that user may then join its own processes to the job.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner_uid: Option<u32>,
     },
     /// Move a process (all its threads) into the job's cgroup.
     Join {
@@ -231,7 +234,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
 fn fields_of(op: &str) -> &'static [&'static str] {
     match op {
         "fit" => &["request", "tasks"],
-        "allocate" => &["job", "request", "tasks", "cpus", "mem_limit_bytes"],
+        "allocate" => &["job", "request", "tasks", "cpus", "mem_limit_bytes", "owner_uid"],
         "join" => &["job", "pid"],
         "release" => &["job"],
         _ => &[],
@@ -261,7 +264,7 @@ mod tests {
             Op::Topology,
             Op::FreeMap,
             Op::Fit { request: "affinity[core(2)]".into(), tasks: Some(4) },
-            Op::Allocate { job: "1234[7]".into(), request: "affinity[thread*8]".into(), tasks: None, cpus: Some("0-15".into()), mem_limit_bytes: Some(1 << 30) },
+            Op::Allocate { job: "1234[7]".into(), request: "affinity[thread*8]".into(), tasks: None, cpus: Some("0-15".into()), mem_limit_bytes: Some(1 << 30), owner_uid: Some(1000) },
             Op::Join { job: "1234".into(), pid: 4242 },
             Op::Release { job: "1234".into() },
             Op::List,

@@ -1,0 +1,210 @@
+//! topod as a process: its socket protocol, bad input, permissions, `topo-exec`, and a restart
+//! after SIGKILL with real cgroups (as root, on a host with the v1 cpuset hierarchy; skipped
+//! visibly elsewhere).
+
+mod common;
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use topod::client::{Client, ClientError};
+use topod::proto::Op;
+
+/// A topod process that is killed when the test ends.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts topod on an emulated 2-socket EPYC 9654 (`emulate`), or on this host's own topology.
+fn start(dir: &Path, extra: &[&str], emulate: bool) -> Daemon {
+    let socket = dir.join("topod.sock");
+    let zen4 = common::topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_topod"));
+    cmd.args(["--socket", socket.to_str().unwrap(), "--state-dir", dir.to_str().unwrap()]);
+    if emulate {
+        cmd.args(["--topology", zen4.to_str().unwrap()]);
+    }
+    let child = cmd
+        .args(extra)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("topod starts");
+    let start = Instant::now();
+    while UnixStream::connect(&socket).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(20), "topod did not open its socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Daemon { child, socket }
+}
+
+/// Sends raw bytes as one request and returns the reply object.
+fn raw(socket: &Path, bytes: &[u8]) -> Value {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.write_all(bytes).unwrap();
+    s.write_all(b"\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("reply {line:?}: {e}"))
+}
+
+fn error_of(v: &Value) -> (String, String) {
+    (v["error"]["code"].as_str().unwrap_or("").to_string(), v["error"]["message"].as_str().unwrap_or("").to_string())
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+#[test]
+fn protocol_and_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let mut c = Client::connect(&d.socket).unwrap();
+    assert_eq!(c.call(Op::Version).unwrap()["protocol"], 1);
+    assert_eq!(c.call(Op::Topology).unwrap()["pus"], "0-383");
+    let a = c
+        .call(Op::Allocate { job: "100".into(), request: "affinity[core(4,same=l3)*2]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None })
+        .unwrap();
+    assert_eq!(a["cpus"].as_str().map(|s| topod::CpuSet::parse_list(s).unwrap().len()), Some(16));
+    let gen = c.call(Op::FreeMap).unwrap()["generation"].as_u64().unwrap();
+
+    // Garbage of every kind: a clear error each, nothing changes.
+    let long = format!("{{\"v\":1,\"op\":\"release\",\"job\":\"{}\"}}", "9".repeat(70_000));
+    let cases: Vec<(Vec<u8>, &str, &str)> = vec![
+        (b"{\"v\":1,\"op\":\"allocate\"".to_vec(), "bad_request", "not JSON"),
+        (b"not json at all".to_vec(), "bad_request", "not JSON"),
+        (long.into_bytes(), "bad_request", "longer than the limit"),
+        (b"{\"v\":1,\"op\":\"reboot\"}".to_vec(), "bad_request", "unknown operation"),
+        (b"{\"v\":7,\"op\":\"list\"}".to_vec(), "bad_request", "version 7"),
+        (b"{\"v\":1,\"op\":\"release\",\"job\":\"../x\"}".to_vec(), "bad_request", "'/'"),
+        (b"{\"v\":1,\"op\":\"release\",\"job\":\"a/b\"}".to_vec(), "bad_request", "'/'"),
+        (b"{\"v\":1,\"op\":\"release\",\"job\":\".\"}".to_vec(), "bad_request", "starts with"),
+        (b"{\"v\":1,\"op\":\"release\",\"job\":\"a\\u0000b\"}".to_vec(), "bad_request", "'\\0'"),
+        (format!("{{\"v\":1,\"op\":\"release\",\"job\":\"{}\"}}", "7".repeat(4096)).into_bytes(), "bad_request", "4096 bytes"),
+        (b"{\"v\":1,\"op\":\"allocate\",\"job\":\"101\",\"request\":\"affinity[cores]\"}".to_vec(), "bad_topology_request", "cores"),
+        (b"{\"v\":1,\"op\":\"allocate\",\"job\":\"101\",\"request\":\"affinity[socket*3]\"}".to_vec(), "does_not_fit", "never fit"),
+        (b"{\"v\":1,\"op\":\"release\",\"job\":\"999\"}".to_vec(), "unknown_job", "999"),
+    ];
+    for (bytes, code, text) in cases {
+        let reply = raw(&d.socket, &bytes);
+        let (got_code, message) = error_of(&reply);
+        assert_eq!(got_code, code, "{message}");
+        assert!(message.contains(text), "{code}: {message:?} should mention {text:?}");
+    }
+    let after = c.call(Op::FreeMap).unwrap();
+    assert_eq!(after["generation"].as_u64(), Some(gen), "no bad request changed the ledger");
+    assert_eq!(after["jobs"], 1);
+
+    // A user who is not an administrator may read, not change.
+    if is_root() {
+        let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
+            .args(["--socket", d.socket.to_str().unwrap(), "--job", "102", "--request", "affinity[thread]", "--", "true"])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("allocate needs root"), "{err}");
+        assert_eq!(c.call(Op::FreeMap).unwrap()["jobs"], 1);
+    } else {
+        eprintln!("SKIPPED: the non-administrator check needs root to switch users");
+    }
+    let done = c.call(Op::Release { job: "100".into() }).unwrap();
+    assert_eq!(done["job"], "100");
+    assert!(matches!(c.call(Op::Release { job: "100".into() }), Err(ClientError::Refused(_))));
+}
+
+#[test]
+fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
+    if !is_root() {
+        return eprintln!("SKIPPED: real cgroups need root");
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let (Some(cpuset_mount), _, _) = topod::cgroup::v1::v1_mounts(&mounts) else {
+        return eprintln!("SKIPPED: no cgroup v1 cpuset hierarchy");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let subtree = format!("topo-daemon-test-{}", std::process::id());
+    let config = dir.path().join("topod.toml");
+    std::fs::write(&config, format!("cgroup = \"v1\"\ncgroup_subtree = \"{subtree}\"\n")).unwrap();
+    let cleanup = SubtreeCleanup(subtree.clone());
+    let mut d = start(dir.path(), &["--config", config.to_str().unwrap()], false);
+    // The job: a shell (started by topo-exec inside the job's cgroup) that reports its CPUs.
+    let out_file = dir.path().join("inside.txt");
+    let mut job = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
+        .args(["--socket", d.socket.to_str().unwrap(), "--job", "200", "--request", "affinity[thread*1]", "--"])
+        .args(["sh", "-c", &format!("grep Cpus_allowed_list /proc/self/status > {}; echo $TOPO_CPUS >> {}; sleep 300", out_file.display(), out_file.display())])
+        .spawn()
+        .unwrap();
+    let start_t = Instant::now();
+    while std::fs::read_to_string(&out_file).map(|s| s.lines().count() < 2).unwrap_or(true) {
+        assert!(start_t.elapsed() < Duration::from_secs(20), "the job did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let inside = std::fs::read_to_string(&out_file).unwrap();
+    let mut lines = inside.lines();
+    let allowed = lines.next().unwrap().split(':').nth(1).unwrap().trim().to_string();
+    let given = lines.next().unwrap().trim().to_string();
+    assert_eq!(allowed, given, "the job runs on exactly the CPUs topod gave it");
+    let cgroup_dir = cpuset_mount.join(&subtree).join("200");
+    assert!(std::fs::read_to_string(cgroup_dir.join("cgroup.procs")).unwrap().contains(&job.id().to_string()));
+
+    // SIGKILL topod and start it again: the job keeps its CPUs and stays in the ledger.
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    drop(d);
+    let d = start(dir.path(), &["--config", config.to_str().unwrap()], false);
+    let mut c = Client::connect(&d.socket).unwrap();
+    let list = c.call(Op::List).unwrap();
+    assert_eq!(list[0]["job"], "200", "{list}");
+    assert_eq!(list[0]["cpus"], given.as_str());
+    // Nobody else gets those CPUs.
+    let other = c.call(Op::Allocate { job: "201".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None });
+    match other {
+        Ok(o) => {
+            assert_ne!(o["cpus"], given.as_str());
+            c.call(Op::Release { job: "201".into() }).unwrap();
+        }
+        Err(e) => assert!(e.to_string().contains("free"), "a one-CPU host has nothing left: {e}"),
+    }
+    // Release kills the job and removes its cgroup.
+    c.call(Op::Release { job: "200".into() }).unwrap();
+    assert!(job.wait().unwrap().code().is_none(), "the job was killed");
+    assert!(!cgroup_dir.exists());
+    drop(cleanup);
+}
+
+struct SubtreeCleanup(String);
+
+impl Drop for SubtreeCleanup {
+    fn drop(&mut self) {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let (a, b, c) = topod::cgroup::v1::v1_mounts(&mounts);
+        for root in [a, b, c].into_iter().flatten().map(|m| m.join(&self.0)) {
+            if let Ok(entries) = std::fs::read_dir(&root) {
+                for e in entries.flatten().filter(|e| e.path().is_dir()) {
+                    if let Ok(procs) = std::fs::read_to_string(e.path().join("cgroup.procs")) {
+                        for pid in procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+                            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+            let _ = std::fs::remove_dir(&root);
+        }
+    }
+}
