@@ -32,6 +32,17 @@ cargo test --workspace --locked
 # (the default run above does 20,000 through proptest).
 cargo test --release --locked -p topod --lib -- --ignored request_fuzz_million
 
+# The systemd unit, as systemd reads it (ExecStart pointed at the binary just built).
+if command -v systemd-analyze >/dev/null 2>&1; then
+    cargo build --quiet --locked -p topod --bin topod
+    unit_dir=$(mktemp -d)
+    sed "s|^ExecStart=.*|ExecStart=$PWD/target/debug/topod|" packaging/systemd/topod.service > "$unit_dir/topod.service"
+    systemd-analyze verify "$unit_dir/topod.service"
+    rm -rf "$unit_dir"
+else
+    echo "tests/run-all.sh: systemd-analyze not installed; the unit file was not verified"
+fi
+
 # The placement benchmark runs too, briefly, so that a change that breaks it fails here; the
 # figures that matter come from the full run in README ("Benchmarks").
 cargo run --quiet --release --locked -p topod --bin topoctl -- bench placement --jobs 300 >/dev/null

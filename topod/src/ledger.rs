@@ -10,11 +10,11 @@
 
 use crate::cpuset::CpuSet;
 use crate::place::{Occupancy, Placement};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// What one job holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
     /// The job id as the batch system names it.
     pub job: String,

@@ -14,6 +14,9 @@ use topod::picture::{self, Marks};
 use topod::place::{self, HostMetrics, HostModel, Placement, Strategy};
 use topod::request::{self, Request};
 use topod::topology::{hwloc_xml, sysfs, Topology};
+use topod::client::Client;
+use topod::ledger::Allocation;
+use topod::proto::Op;
 use topod::CpuSet;
 
 #[derive(Parser)]
@@ -74,6 +77,66 @@ enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+    /// Ask the local topod: the host picture with its live jobs and reserved or foreign CPUs.
+    Status {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the local topod: the jobs it holds CPUs for.
+    Jobs {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the local topod to place a job and make its cgroup (root or administrators).
+    Alloc {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// The job id.
+        #[arg(long)]
+        job: String,
+        /// Tasks when the request does not say.
+        #[arg(long, short = 'n')]
+        tasks: Option<u32>,
+        /// Place only inside these CPUs (those the batch system gave the job).
+        #[arg(long, value_name = "LIST")]
+        cpus: Option<String>,
+        /// The request.
+        request: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the local topod to kill what is left of a job and free its CPUs (root or
+    /// administrators).
+    Release {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// The job id.
+        job: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command in a new job on this host: allocate, run inside the job's cgroup, release.
+    Run {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// The request.
+        #[arg(long)]
+        request: String,
+        /// The job id [default: topoctl-run-PID].
+        #[arg(long)]
+        job: Option<String>,
+        /// The command and its arguments.
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
     /// Place a short mixed job stream on a real machine (the 2-socket AMD EPYC 9654 from the
     /// shared topologies, or this host) and show the picture and the metrics.
     Demo {
@@ -107,6 +170,13 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Args)]
+struct Daemon {
+    /// topod's socket.
+    #[arg(long, value_name = "PATH", default_value = "/run/topo/topod.sock")]
+    socket: PathBuf,
 }
 
 #[derive(Args)]
@@ -157,6 +227,13 @@ fn main() -> ExitCode {
             bench_placement(&topologies, &strategies, seed, jobs as usize, json)
         }
         Command::Demo { source, json } => demo(&source, json),
+        Command::Status { daemon, json } => status(&daemon, json),
+        Command::Jobs { daemon, json } => jobs(&daemon, json),
+        Command::Alloc { daemon, job, tasks, cpus, request, json } => {
+            call_and_print(&daemon, Op::Allocate { job, request, tasks, cpus, mem_limit_bytes: None, owner_uid: None }, json)
+        }
+        Command::Release { daemon, job, json } => call_and_print(&daemon, Op::Release { job }, json),
+        Command::Run { daemon, request, job, command } => run_job(&daemon, request, job, &command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -467,4 +544,90 @@ fn demo(source: &Source, json: bool) -> Result<(), Failure> {
     print_outcomes(&placed);
     print_host_metrics(&HostMetrics::measure(&model, ledger.occupancy()));
     Ok(())
+}
+
+fn connect(daemon: &Daemon) -> Result<Client, Failure> {
+    Client::connect(&daemon.socket).map_err(|e| Failure::runtime(e.to_string()))
+}
+
+fn call(client: &mut Client, op: Op) -> Result<serde_json::Value, Failure> {
+    client.call(op).map_err(|e| Failure::runtime(e.to_string()))
+}
+
+fn live_state(daemon: &Daemon) -> Result<(Topology, Vec<Allocation>, serde_json::Value), Failure> {
+    let mut c = connect(daemon)?;
+    let topo: Topology = serde_json::from_value(call(&mut c, Op::Topology)?).map_err(|e| Failure::runtime(format!("topod sent a topology topoctl cannot read: {e}")))?;
+    let jobs: Vec<Allocation> = serde_json::from_value(call(&mut c, Op::List)?).map_err(|e| Failure::runtime(format!("topod sent a job list topoctl cannot read: {e}")))?;
+    let free = call(&mut c, Op::FreeMap)?;
+    Ok((topo, jobs, free))
+}
+
+fn status(daemon: &Daemon, json: bool) -> Result<(), Failure> {
+    let (topo, jobs, free) = live_state(daemon)?;
+    if json {
+        return print_json(&serde_json::json!({ "topology": topo, "jobs": jobs, "free_map": free }));
+    }
+    let mut ledger = Ledger::new();
+    for a in jobs {
+        ledger.insert(a).map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
+    }
+    let allocatable = free["allocatable"].as_str().and_then(|s| CpuSet::parse_list(s).ok()).unwrap_or_else(|| topo.allowed.clone());
+    let reserved = topo.allowed.difference(&allocatable);
+    print!("{}", picture::render(&topo, &ledger, &Marks { reserved }));
+    println!("\ngeneration {}, {} job(s)", free["generation"], free["jobs"]);
+    Ok(())
+}
+
+fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
+    let (_, jobs, _) = live_state(daemon)?;
+    if json {
+        return print_json(&jobs);
+    }
+    if jobs.is_empty() {
+        println!("no jobs");
+        return Ok(());
+    }
+    println!("{:<16} {:>4}  {:<24} {:<8} request", "job", "PUs", "CPUs", "mems");
+    for a in jobs {
+        println!("{:<16} {:>4}  {:<24} {:<8} {}", a.job, a.cpus.len(), a.cpus.to_string(), a.mems.to_string(), a.request);
+    }
+    Ok(())
+}
+
+fn call_and_print(daemon: &Daemon, op: Op, json: bool) -> Result<(), Failure> {
+    let mut c = connect(daemon)?;
+    let v = call(&mut c, op)?;
+    if json {
+        return print_json(&v);
+    }
+    match (v["job"].as_str(), v["cpus"].as_str(), v["killed"].as_u64()) {
+        (Some(job), Some(cpus), _) => println!("job {job}: CPUs {cpus}, memory nodes {}", v["mems"].as_str().unwrap_or("")),
+        (Some(job), None, Some(killed)) => println!("job {job} released ({killed} process(es) killed)"),
+        _ => println!("{v}"),
+    }
+    Ok(())
+}
+
+fn run_job(daemon: &Daemon, request: String, job: Option<String>, command: &[String]) -> Result<(), Failure> {
+    let job = job.unwrap_or_else(|| format!("topoctl-run-{}", std::process::id()));
+    let mut c = connect(daemon)?;
+    let alloc = call(&mut c, Op::Allocate { job: job.clone(), request, tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None })?;
+    eprintln!("topoctl: job {job} on CPUs {}", alloc["cpus"].as_str().unwrap_or(""));
+    // topo-exec moves itself into the job's cgroup before it execs the command, so nothing the
+    // command forks can start outside.
+    let topo_exec = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("topo-exec"))).filter(|p| p.exists()).unwrap_or_else(|| PathBuf::from("topo-exec"));
+    let status = std::process::Command::new(&topo_exec)
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["--job", &job, "--"])
+        .args(command)
+        .status();
+    let released = c.call(Op::Release { job: job.clone() });
+    let status = status.map_err(|e| Failure::runtime(format!("running {}: {e}", topo_exec.display())))?;
+    released.map_err(|e| Failure::runtime(format!("releasing job {job}: {e}")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Failure { message: format!("{} exited with {status}", command[0]), code: status.code().map_or(1, |c| c.clamp(1, 255) as u8) })
+    }
 }

@@ -40,7 +40,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

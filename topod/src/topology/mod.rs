@@ -18,11 +18,11 @@ pub mod hwloc_xml;
 pub mod sysfs;
 
 use crate::cpuset::CpuSet;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// One domain of one level: the CPUs it covers and the OS (or hwloc logical) index when known.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Domain {
     /// OS index (`physical_package_id`, cache id, ...) when the source gives one.
     pub os_index: Option<u32>,
@@ -31,7 +31,7 @@ pub struct Domain {
 }
 
 /// What kind of memory a NUMA node holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum MemoryKind {
     /// Ordinary DRAM (the default when nothing says otherwise).
@@ -45,7 +45,7 @@ pub enum MemoryKind {
 }
 
 /// A NUMA node: a memory and the CPUs local to it (possibly none).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NumaNode {
     /// The kernel's node id (`nodeN`).
     pub os_index: u32,
@@ -63,7 +63,7 @@ pub struct NumaNode {
 
 /// A class of CPU on hybrid processors (P-cores and E-cores), in the order the source gives
 /// (hwloc: ascending efficiency).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CpuKind {
     /// The CPUs of this kind.
     pub cpus: CpuSet,
@@ -74,7 +74,7 @@ pub struct CpuKind {
 }
 
 /// The class of an I/O device, as far as placement cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeviceClass {
     /// Display / 3D controller (PCI class 0x03).
@@ -90,7 +90,7 @@ pub enum DeviceClass {
 }
 
 /// A PCI device with its locality.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IoDevice {
     /// `domain:bus:device.function`, e.g. `0000:3b:00.0`.
     pub pci_address: String,
@@ -111,7 +111,7 @@ pub struct IoDevice {
 }
 
 /// The NUMA distance matrix (SLIT), square, in the order of `nodes`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Distances {
     /// NUMA node OS indexes, in row order.
     pub nodes: Vec<u32>,
@@ -129,7 +129,7 @@ impl Distances {
 }
 
 /// The hardware graph of one host.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Topology {
     /// Where the graph came from (a path, or `/` for the running host).
     pub source: String,
@@ -160,7 +160,7 @@ pub struct Topology {
 }
 
 /// The five numbers that hwloc's `hwloc-calc -N` reports, over allowed resources only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
     /// Packages with at least one allowed PU.
     pub packages: usize,
