@@ -67,6 +67,17 @@ impl V1 {
         }
         for root in freezer.iter().chain(memory.iter()) {
             mkdir(root)?;
+            // Leftovers of a release cut short: a job directory with no cpuset directory and no
+            // process is provably dead.
+            if let Ok(entries) = std::fs::read_dir(root) {
+                for e in entries.flatten().filter(|e| e.path().is_dir()) {
+                    let name = e.file_name();
+                    let orphan = JobId::parse(&name.to_string_lossy()).is_ok() && !cpuset.join(&name).exists();
+                    if orphan && read_pids(&e.path().join("cgroup.procs")).map(|p| p.is_empty()).unwrap_or(false) {
+                        let _ = rmdir(&e.path());
+                    }
+                }
+            }
         }
         Ok(V1 { cpuset, freezer, memory })
     }
@@ -136,6 +147,9 @@ impl CgroupBackend for V1 {
             return Err(CgroupError::NotReady(job.to_string()));
         }
         for d in self.dirs(job) {
+            // A create cut short (topod killed) may have made the cpuset but not the freezer or
+            // memory directory: make it now.
+            mkdir(&d)?;
             write(&d.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
@@ -170,7 +184,11 @@ impl CgroupBackend for V1 {
         if !empty {
             return Ok(ReleaseReport { killed, survivors: self.all_pids(job)? });
         }
-        for d in self.dirs(job) {
+        // The cpuset directory goes last: it is what `list` finds, so a release cut short leaves
+        // the job findable, never a nameless freezer or memory directory.
+        let mut dirs: Vec<PathBuf> = self.dirs(job).collect();
+        dirs.rotate_left(1);
+        for d in dirs {
             rmdir(&d)?;
         }
         Ok(ReleaseReport { killed, survivors: Vec::new() })

@@ -84,6 +84,8 @@ pub struct Recovery {
     pub conflicts: Vec<String>,
     /// Hints for jobs that have no cgroup any more (dropped).
     pub dropped_hints: Vec<String>,
+    /// Job cgroups that never got CPUs and hold no process (removed).
+    pub removed: Vec<String>,
 }
 
 /// The state of one host.
@@ -115,6 +117,15 @@ impl Host {
         };
         let mut report = Recovery::default();
         for (job, eff) in self.backend.list()? {
+            if eff.cpus.is_empty() {
+                // Made but never given CPUs (topod died inside allocate): nothing can have
+                // joined it, so it is provably dead.
+                if self.backend.pids(&job).map(|p| p.is_empty()).unwrap_or(false) {
+                    let _ = self.backend.release(&job, self.release_timeout);
+                    report.removed.push(job.to_string());
+                    continue;
+                }
+            }
             let hint = hints.remove(job.as_str()).unwrap_or_default();
             let tasks = if hint.tasks.is_empty() { vec![eff.cpus.clone()] } else { hint.tasks.clone() };
             let fenced = match request::parse(&hint.request).ok().and_then(|r| r.exclusive_level()) {
@@ -161,6 +172,17 @@ impl Host {
         if let Some(existing) = self.ledger.get(id.as_str()) {
             if existing.request == canonical {
                 return Ok(existing.clone());
+            }
+            if existing.request.is_empty() {
+                // Recovered from its cgroup without a hint (topod died before writing it): the
+                // batch system asking again tells us what it was.
+                let mut adopted = existing.clone();
+                adopted.request = canonical.clone();
+                self.ledger.release(id.as_str())?;
+                self.ledger.insert(adopted.clone())?;
+                self.hints.insert(job.to_string(), JobHint { request: canonical, tasks: adopted.tasks.clone(), owner_uid });
+                self.save_hints();
+                return Ok(adopted);
             }
             return Err(HostError::AlreadyAllocated { job: job.to_string(), cpus: existing.cpus.to_string(), request: existing.request.clone() });
         }

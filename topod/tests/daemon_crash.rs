@@ -1,0 +1,188 @@
+//! topod survives SIGKILL at any point: concurrent clients run allocate / join / release cycles
+//! with real processes in real cgroups while another thread kills topod and starts it again.
+//! Checked: every job keeps exactly its CPUs across restarts, no CPU is ever held by two jobs,
+//! and once every job is released no cgroup and no job process is left.
+//! Needs root and the cgroup v1 cpuset hierarchy (the CI machine class); skipped visibly
+//! elsewhere. `TOPO_CRASH_CYCLES` and `TOPO_CRASH_KILLS` scale it (defaults 1000 and 100).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use topod::client::{Client, ClientError};
+use topod::proto::{ErrorCode, Op};
+use topod::CpuSet;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn spawn_topod(socket: &Path, dir: &Path, config: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_topod"))
+        .args(["--socket", socket.to_str().unwrap(), "--state-dir", dir.to_str().unwrap(), "--config", config.to_str().unwrap()])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("topod starts")
+}
+
+/// One call, retried across topod restarts (connection refused, reset, or cut mid-reply).
+fn call(socket: &Path, op: Op) -> Result<serde_json::Value, topod::proto::ErrorBody> {
+    let start = Instant::now();
+    loop {
+        let result = Client::connect(socket).and_then(|mut c| c.call(op.clone()));
+        match result {
+            Ok(v) => return Ok(v),
+            Err(ClientError::Refused(body)) => return Err(body),
+            Err(_) if start.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(3)),
+            Err(e) => panic!("topod unreachable for a minute: {e}"),
+        }
+    }
+}
+
+fn cpus_allowed(pid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).map(|s| s.trim().to_string())
+}
+
+fn check_no_cpu_twice(list: &serde_json::Value, failures: &Mutex<Vec<String>>) {
+    let mut held = CpuSet::new();
+    for job in list.as_array().into_iter().flatten() {
+        let cpus = CpuSet::parse_list(job["cpus"].as_str().unwrap_or("")).unwrap_or_default();
+        if cpus.intersects(&held) {
+            failures.lock().unwrap().push(format!("CPUs {} held twice (job {})", cpus.intersection(&held), job["job"]));
+        }
+        held.union_with(&cpus);
+    }
+}
+
+#[test]
+fn sigkill_at_random_points() {
+    if !nix::unistd::geteuid().is_root() {
+        return eprintln!("SKIPPED: the crash test needs root for real cgroups");
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let (Some(cpuset_mount), freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts) else {
+        return eprintln!("SKIPPED: no cgroup v1 cpuset hierarchy");
+    };
+    let cycles = env_or("TOPO_CRASH_CYCLES", 1000);
+    let min_kills = env_or("TOPO_CRASH_KILLS", 100);
+    // As many clients as CPUs (at least 2, at most 8): each can always place a one-CPU job,
+    // unless another holds on to one across a restart.
+    let clients = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(2, 8);
+    let dir = tempfile::tempdir().unwrap();
+    let subtree = format!("topo-crash-test-{}", std::process::id());
+    let roots: Vec<PathBuf> = [Some(cpuset_mount.clone()), freezer, memory].into_iter().flatten().map(|m| m.join(&subtree)).collect();
+    let config = dir.path().join("topod.toml");
+    std::fs::write(&config, format!("cgroup = \"v1\"\ncgroup_subtree = \"{subtree}\"\n")).unwrap();
+    let socket = dir.path().join("topod.sock");
+    let daemon = Arc::new(Mutex::new(spawn_topod(&socket, dir.path(), &config)));
+    let done = Arc::new(AtomicBool::new(false));
+    let kills = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let next_cycle = Arc::new(AtomicUsize::new(0));
+    let completed = Arc::new(AtomicUsize::new(0));
+    let allocated = Arc::new(AtomicUsize::new(0));
+
+    // The killer: SIGKILL topod at random moments and start it again.
+    let killer = {
+        let (daemon, done, kills, socket, dir, config) = (daemon.clone(), done.clone(), kills.clone(), socket.clone(), dir.path().to_path_buf(), config.clone());
+        std::thread::spawn(move || {
+            let mut rng = 0x2545_F491_4F6C_DD1Du64;
+            while !done.load(Ordering::SeqCst) {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                std::thread::sleep(Duration::from_millis(5 + rng % 40));
+                let mut d = daemon.lock().unwrap();
+                let _ = d.kill();
+                let _ = d.wait();
+                kills.fetch_add(1, Ordering::SeqCst);
+                *d = spawn_topod(&socket, &dir, &config);
+            }
+        })
+    };
+
+    let workers: Vec<_> = (0..clients)
+        .map(|w| {
+            let (socket, failures, next_cycle, completed, kills, allocated) =
+                (socket.clone(), failures.clone(), next_cycle.clone(), completed.clone(), kills.clone(), allocated.clone());
+            std::thread::spawn(move || loop {
+                let i = next_cycle.fetch_add(1, Ordering::SeqCst);
+                // Until enough cycles placed a job and enough kills happened.
+                if allocated.load(Ordering::SeqCst) >= cycles && kills.load(Ordering::SeqCst) >= min_kills {
+                    return;
+                }
+                let job = format!("w{w}-{i}");
+                let alloc = match call(&socket, Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None }) {
+                    Ok(a) => a,
+                    Err(e) if e.code == ErrorCode::DoesNotFit => {
+                        completed.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                    Err(e) => {
+                        failures.lock().unwrap().push(format!("{job}: allocate: {}", e.message));
+                        continue;
+                    }
+                };
+                allocated.fetch_add(1, Ordering::SeqCst);
+                let cpus = alloc["cpus"].as_str().unwrap_or("").to_string();
+                let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+                if let Err(e) = call(&socket, Op::Join { job: job.clone(), pid: child.id() as i32 }) {
+                    failures.lock().unwrap().push(format!("{job}: join after allocate: {} (a lost job?)", e.message));
+                }
+                if cpus_allowed(child.id()).as_deref() != Some(cpus.as_str()) {
+                    failures.lock().unwrap().push(format!("{job}: process runs on {:?}, topod gave {cpus}", cpus_allowed(child.id())));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                // After any number of restarts the job still holds exactly its CPUs.
+                if let Ok(list) = call(&socket, Op::List) {
+                    check_no_cpu_twice(&list, &failures);
+                    let mine = list.as_array().and_then(|a| a.iter().find(|j| j["job"] == job.as_str()).cloned());
+                    match mine {
+                        Some(j) if j["cpus"] == cpus.as_str() => {}
+                        other => failures.lock().unwrap().push(format!("{job}: lost or moved: {other:?}, had {cpus}")),
+                    }
+                }
+                match call(&socket, Op::Release { job: job.clone() }) {
+                    Ok(_) => {}
+                    // A release whose reply was cut by a kill, retried: already done.
+                    Err(e) if e.code == ErrorCode::UnknownJob => {}
+                    Err(e) => failures.lock().unwrap().push(format!("{job}: release: {}", e.message)),
+                }
+                let _ = child.wait();
+                completed.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    done.store(true, Ordering::SeqCst);
+    killer.join().unwrap();
+
+    // The end state: nothing held, no job cgroup, no job process.
+    let list = call(&socket, Op::List).unwrap();
+    let left: Vec<String> = std::fs::read_dir(cpuset_mount.join(&subtree)).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    {
+        let mut d = daemon.lock().unwrap();
+        let _ = d.kill();
+        let _ = d.wait();
+    }
+    for root in &roots {
+        let _ = std::fs::remove_dir(root);
+    }
+    let failures = failures.lock().unwrap();
+    let kills = kills.load(Ordering::SeqCst);
+    let (completed, allocated) = (completed.load(Ordering::SeqCst), allocated.load(Ordering::SeqCst));
+    eprintln!("crash test: {completed} cycles ({allocated} with a job placed, the rest found the host full), {kills} SIGKILLs, {} failures", failures.len());
+    assert!(allocated >= cycles, "only {allocated} cycles placed a job");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(kills >= min_kills, "only {kills} kills");
+    assert_eq!(list, serde_json::json!([]), "no job left in the ledger");
+    assert!(left.is_empty(), "job cgroups left behind: {left:?}");
+    let _ = common::topologies;
+}
