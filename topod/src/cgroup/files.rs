@@ -52,9 +52,11 @@ pub(crate) fn read_pids(path: &Path) -> Result<Vec<i32>, CgroupError> {
     Ok(pids)
 }
 
-/// Polls `done` every few milliseconds until it holds or `timeout` passes.
+/// Polls `done` until it holds or `timeout` passes: every 50 us at first (a killed process
+/// usually leaves within a millisecond), backing off to every 5 ms.
 pub(crate) fn wait_until(timeout: Duration, mut done: impl FnMut() -> Result<bool, CgroupError>) -> Result<bool, CgroupError> {
     let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
     loop {
         if done()? {
             return Ok(true);
@@ -62,7 +64,8 @@ pub(crate) fn wait_until(timeout: Duration, mut done: impl FnMut() -> Result<boo
         if start.elapsed() >= timeout {
             return Ok(false);
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(5));
     }
 }
 

@@ -142,8 +142,8 @@ impl CgroupBackend for V1 {
         if !dir.is_dir() {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
-        let eff = self.effective(&dir)?;
-        if eff.cpus.is_empty() || eff.mems.is_empty() {
+        // The configured values (one read each) say whether CPUs and memory nodes were written.
+        if read(&dir.join("cpuset.cpus"))?.trim().is_empty() || read(&dir.join("cpuset.mems"))?.trim().is_empty() {
             return Err(CgroupError::NotReady(job.to_string()));
         }
         for d in self.dirs(job) {

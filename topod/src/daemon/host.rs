@@ -96,14 +96,51 @@ pub struct Host {
     hints: BTreeMap<String, JobHint>,
     backend: Box<dyn CgroupBackend>,
     hint_file: Option<PathBuf>,
+    hint_writer: Option<HintWriter>,
     strategy: Strategy,
     release_timeout: Duration,
+}
+
+/// Writes the hint file off the request path: each change sends the whole file; the writer
+/// keeps only the newest. A write lost in a crash costs nothing but a hint.
+struct HintWriter {
+    tx: std::sync::mpsc::Sender<Vec<u8>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl HintWriter {
+    fn start(path: PathBuf) -> HintWriter {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let thread = std::thread::spawn(move || {
+            while let Ok(mut bytes) = rx.recv() {
+                while let Ok(newer) = rx.try_recv() {
+                    bytes = newer;
+                }
+                let tmp = path.with_extension("tmp");
+                if let Err(e) = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path)) {
+                    tracing::warn!("cannot write the hint file {}: {e}", path.display());
+                }
+            }
+        });
+        HintWriter { tx, thread }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // Let the writer finish what it was given.
+        if let Some(w) = self.hint_writer.take() {
+            drop(w.tx);
+            let _ = w.thread.join();
+        }
+    }
 }
 
 impl Host {
     /// A host with an empty ledger; call [`Host::recover`] next.
     pub fn new(topo: Topology, model: HostModel, backend: Box<dyn CgroupBackend>, hint_file: Option<PathBuf>, strategy: Strategy) -> Self {
-        Host { topo, model, ledger: Ledger::new(), hints: BTreeMap::new(), backend, hint_file, strategy, release_timeout: Duration::from_secs(10) }
+        let hint_writer = hint_file.clone().map(HintWriter::start);
+        Host { topo, model, ledger: Ledger::new(), hints: BTreeMap::new(), backend, hint_file, hint_writer, strategy, release_timeout: Duration::from_secs(10) }
     }
 
     /// Rebuilds the ledger from the job cgroups that exist; the hint file adds their requests.
@@ -273,17 +310,15 @@ impl Host {
         self.backend.kind()
     }
 
-    /// Writes the hint file atomically (temporary file, then rename). A failure is only logged:
-    /// the cgroup tree stays the truth.
+    /// Hands the hint file to its writer, which writes it atomically (temporary file, then
+    /// rename). A failure is only logged: the cgroup tree stays the truth.
     fn save_hints(&self) {
-        let Some(path) = &self.hint_file else { return };
-        let tmp = path.with_extension("tmp");
-        let result = serde_json::to_vec_pretty(&self.hints)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = result {
-            tracing::warn!("cannot write the hint file {}: {e}", path.display());
+        let Some(writer) = &self.hint_writer else { return };
+        match serde_json::to_vec(&self.hints) {
+            Ok(bytes) => {
+                let _ = writer.tx.send(bytes);
+            }
+            Err(e) => tracing::warn!("cannot encode the job hints: {e}"),
         }
     }
 }

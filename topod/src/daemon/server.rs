@@ -101,7 +101,12 @@ pub fn handle(host: &Mutex<Host>, admins: &Admins, peer: &Peer, op: Op) -> Reply
         Reply::error(ErrorCode::Forbidden, format!("{what} needs root or a configured administrator; you are uid {} gid {}", peer.uid, peer.gid))
     };
     match op {
-        Op::Version => Reply::ok(json!({ "topod": env!("CARGO_PKG_VERSION"), "protocol": proto::PROTOCOL_VERSION, "cgroup": host.backend_kind() })),
+        Op::Version => Reply::ok(json!({
+            "topod": env!("CARGO_PKG_VERSION"),
+            "protocol": proto::PROTOCOL_VERSION,
+            "cgroup": host.backend_kind(),
+            "pid": std::process::id(),
+        })),
         Op::Topology => Reply::ok(serde_json::to_value(host.topology()).unwrap_or_default()),
         Op::FreeMap => {
             let l = host.ledger();

@@ -4,6 +4,8 @@
 //! `show` (the host picture), `check` (parse and merge a request), `place` (what-if placement),
 //! `bench placement` (the placement-quality benchmark) and `demo`.
 
+mod bench_daemon;
+
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -150,6 +152,22 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Measure a running topod: job start (allocate + join) and release against the same
+    /// cgroup v1 operations done directly (as root), allocate/release pairs per second with
+    /// concurrent clients, and topod's memory with many live jobs.
+    Daemon {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// Start/release cycles to time.
+        #[arg(long, default_value_t = 300)]
+        cycles: usize,
+        /// Concurrent clients for the throughput figure.
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Replay a seeded job stream per strategy on each topology and compare placement quality.
     Placement {
         /// Topology files (hwloc XML) or sysfs roots; default: every XML topology in the shared
@@ -199,16 +217,16 @@ fn parse_cpus(s: &str) -> Result<CpuSet, String> {
 }
 
 /// A failure that ends the command, with the exit code to use.
-struct Failure {
+pub(crate) struct Failure {
     message: String,
     code: u8,
 }
 
 impl Failure {
-    fn input(message: impl Into<String>) -> Self {
+    pub(crate) fn input(message: impl Into<String>) -> Self {
         Failure { message: message.into(), code: 2 }
     }
-    fn runtime(message: impl Into<String>) -> Self {
+    pub(crate) fn runtime(message: impl Into<String>) -> Self {
         Failure { message: message.into(), code: 1 }
     }
 }
@@ -223,6 +241,7 @@ fn main() -> ExitCode {
         Command::Place { source, strategy, tasks, reserve, requests, json } => {
             place_cmd(&source, strategy, tasks, reserve.unwrap_or_default(), &requests, json)
         }
+        Command::Bench { what: BenchCommand::Daemon { daemon, cycles, clients, json } } => bench_daemon::run(&daemon.socket, cycles, clients, json),
         Command::Bench { what: BenchCommand::Placement { topologies, strategies, seed, jobs, json } } => {
             bench_placement(&topologies, &strategies, seed, jobs as usize, json)
         }
@@ -265,7 +284,7 @@ fn load_path(path: &Path) -> Result<Topology, Failure> {
     hwloc_xml::read_file(path).map_err(|e| Failure::input(e.to_string()))
 }
 
-fn print_json<T: Serialize>(value: &T) -> Result<(), Failure> {
+pub(crate) fn print_json<T: Serialize>(value: &T) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value).map_err(|e| Failure::runtime(format!("cannot write JSON: {e}")))?;
     println!("{text}");
     Ok(())

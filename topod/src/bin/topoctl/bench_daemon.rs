@@ -1,0 +1,240 @@
+//! `topoctl bench daemon`: what topod costs on top of the kernel.
+//!
+//! 1. Job start and release through topod: `allocate` + `join` of a waiting process, then
+//!    `release` (which kills it), timed per cycle.
+//! 2. The same kernel operations done directly, in the same run, when this host has the cgroup
+//!    v1 cpuset hierarchy and we are root: mkdir in each hierarchy, write `cpuset.mems`,
+//!    `cpuset.cpus`, the pid to `cgroup.procs`; then freeze, kill, thaw, wait until empty, rmdir.
+//! 3. Allocate/release pairs per second from concurrent clients (no processes).
+//! 4. topod's resident memory, before and after filling the host with one-thread jobs.
+
+use super::{print_json, Failure};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+use topod::client::Client;
+use topod::proto::Op;
+
+#[derive(Serialize)]
+struct Figures {
+    cycles: usize,
+    topod_start_p50_us: f64,
+    topod_start_p99_us: f64,
+    topod_release_p50_us: f64,
+    topod_release_p99_us: f64,
+    raw_start_p50_us: Option<f64>,
+    raw_start_p99_us: Option<f64>,
+    raw_release_p50_us: Option<f64>,
+    raw_release_p99_us: Option<f64>,
+    start_plus_release_ratio_p50: Option<f64>,
+    clients: usize,
+    pairs_per_second: f64,
+    live_jobs: usize,
+    rss_kib_idle: u64,
+    rss_kib_with_live_jobs: u64,
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v.get(((v.len().max(1) - 1) as f64 * q).round() as usize).copied().unwrap_or(0.0)
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn call(c: &mut Client, op: Op) -> Result<serde_json::Value, Failure> {
+    c.call(op).map_err(|e| Failure::runtime(e.to_string()))
+}
+
+fn sleeper() -> Result<Child, Failure> {
+    Command::new("sleep").arg("600").spawn().map_err(|e| Failure::runtime(format!("cannot start sleep: {e}")))
+}
+
+fn rss_kib(pid: u64) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0))))
+        .unwrap_or(0)
+}
+
+pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> Result<(), Failure> {
+    let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
+    let version = call(&mut c, Op::Version)?;
+    let pid = version["pid"].as_u64().unwrap_or(0);
+    let backend = version["cgroup"].as_str().unwrap_or("?").to_string();
+
+    // 1. Through topod.
+    let (mut start_t, mut release_t) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
+    let mut first_cpus = String::new();
+    for i in 0..cycles {
+        let mut child = sleeper()?;
+        let job = format!("bench-{}-{i}", std::process::id());
+        let t0 = Instant::now();
+        let a = call(&mut c, Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None })?;
+        call(&mut c, Op::Join { job: job.clone(), pid: child.id() as i32 })?;
+        start_t.push(us(t0.elapsed()));
+        if first_cpus.is_empty() {
+            first_cpus = a["cpus"].as_str().unwrap_or("0").to_string();
+        }
+        let t1 = Instant::now();
+        call(&mut c, Op::Release { job })?;
+        release_t.push(us(t1.elapsed()));
+        if backend == "fake" {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+
+    // 2. The same kernel operations, directly.
+    let raw = raw_v1(cycles, &first_cpus)?;
+
+    // 3. Throughput from concurrent clients.
+    let pairs = cycles.max(100);
+    let started = Instant::now();
+    let threads: Vec<_> = (0..clients)
+        .map(|w| {
+            let socket = socket.to_path_buf();
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut c = Client::connect(&socket).map_err(|e| e.to_string())?;
+                for i in (w..pairs).step_by(clients.max(1)) {
+                    let job = format!("pair-{}-{i}", std::process::id());
+                    let op = Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None };
+                    match c.call(op) {
+                        Ok(_) => {
+                            c.call(Op::Release { job }).map_err(|e| e.to_string())?;
+                        }
+                        Err(topod::client::ClientError::Refused(e)) if e.code == topod::proto::ErrorCode::DoesNotFit => {}
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().map_err(|_| Failure::runtime("a client thread panicked"))?.map_err(Failure::runtime)?;
+    }
+    let pairs_per_second = pairs as f64 / started.elapsed().as_secs_f64();
+
+    // 4. Memory with the host full of one-thread jobs (with the fake backend, no processes).
+    let rss_idle = rss_kib(pid);
+    let mut live = Vec::new();
+    loop {
+        let job = format!("live-{}-{}", std::process::id(), live.len());
+        match c.call(Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None }) {
+            Ok(_) => live.push(job),
+            Err(_) => break,
+        }
+        if live.len() >= 1000 {
+            break;
+        }
+    }
+    let rss_live = rss_kib(pid);
+    for job in &live {
+        call(&mut c, Op::Release { job: job.clone() })?;
+    }
+
+    let (mut s, mut r) = (start_t, release_t);
+    let mut f = Figures {
+        cycles,
+        topod_start_p50_us: pct(&mut s, 0.5),
+        topod_start_p99_us: pct(&mut s, 0.99),
+        topod_release_p50_us: pct(&mut r, 0.5),
+        topod_release_p99_us: pct(&mut r, 0.99),
+        raw_start_p50_us: None,
+        raw_start_p99_us: None,
+        raw_release_p50_us: None,
+        raw_release_p99_us: None,
+        start_plus_release_ratio_p50: None,
+        clients,
+        pairs_per_second,
+        live_jobs: live.len(),
+        rss_kib_idle: rss_idle,
+        rss_kib_with_live_jobs: rss_live,
+    };
+    if let Some((mut rs, mut rr)) = raw {
+        f.raw_start_p50_us = Some(pct(&mut rs, 0.5));
+        f.raw_start_p99_us = Some(pct(&mut rs, 0.99));
+        f.raw_release_p50_us = Some(pct(&mut rr, 0.5));
+        f.raw_release_p99_us = Some(pct(&mut rr, 0.99));
+        f.start_plus_release_ratio_p50 = Some((f.topod_start_p50_us + f.topod_release_p50_us) / (pct(&mut rs, 0.5) + pct(&mut rr, 0.5)));
+    }
+    if json {
+        return print_json(&f);
+    }
+    println!("topod ({backend} cgroups), {cycles} cycles, one-thread jobs");
+    println!("  start (allocate + join)   p50 {:>8.1} us  p99 {:>8.1} us", f.topod_start_p50_us, f.topod_start_p99_us);
+    println!("  release                   p50 {:>8.1} us  p99 {:>8.1} us", f.topod_release_p50_us, f.topod_release_p99_us);
+    match (f.raw_start_p50_us, f.raw_start_p99_us, f.raw_release_p50_us, f.raw_release_p99_us, f.start_plus_release_ratio_p50) {
+        (Some(a), Some(b), Some(c2), Some(d), Some(ratio)) => {
+            println!("the same cgroup v1 operations done directly, same run");
+            println!("  start (mkdir, cpus, mems, pid)  p50 {a:>8.1} us  p99 {b:>8.1} us");
+            println!("  release (freeze, kill, rmdir)   p50 {c2:>8.1} us  p99 {d:>8.1} us");
+            println!("  start + release through topod / direct, at p50: {ratio:.2}x");
+        }
+        _ => println!("(no direct baseline: it needs root and the cgroup v1 cpuset hierarchy)"),
+    }
+    println!("{clients} concurrent clients: {:.0} allocate/release pairs per second", f.pairs_per_second);
+    println!("topod resident memory: {} KiB idle, {} KiB with {} live jobs", f.rss_kib_idle, f.rss_kib_with_live_jobs, f.live_jobs);
+    Ok(())
+}
+
+/// The kernel operations behind one job start and release, done directly on cgroup v1.
+/// Start and release times, microseconds, one per cycle.
+type Timings = (Vec<f64>, Vec<f64>);
+
+fn raw_v1(cycles: usize, cpus: &str) -> Result<Option<Timings>, Failure> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let (Some(cpuset), freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts) else { return Ok(None) };
+    let name = format!("topo-raw-bench-{}", std::process::id());
+    let roots: Vec<PathBuf> = [Some(cpuset), freezer.clone(), memory].into_iter().flatten().map(|m| m.join(&name)).collect();
+    let io = |what: &str, p: &Path, e: std::io::Error| Failure::runtime(format!("{what} {}: {e}", p.display()));
+    for r in &roots {
+        std::fs::create_dir(r).map_err(|e| io("mkdir", r, e))?;
+    }
+    let parent_mems = std::fs::read_to_string(roots[0].parent().map(|p| p.join("cpuset.mems")).unwrap_or_default()).unwrap_or_default();
+    std::fs::write(roots[0].join("cpuset.mems"), parent_mems.trim()).map_err(|e| io("write", &roots[0], e))?;
+    let parent_cpus = std::fs::read_to_string(roots[0].parent().map(|p| p.join("cpuset.cpus")).unwrap_or_default()).unwrap_or_default();
+    std::fs::write(roots[0].join("cpuset.cpus"), parent_cpus.trim()).map_err(|e| io("write", &roots[0], e))?;
+    let (mut start, mut release) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
+    for i in 0..cycles {
+        let mut child = sleeper()?;
+        let dirs: Vec<PathBuf> = roots.iter().map(|r| r.join(i.to_string())).collect();
+        let t0 = Instant::now();
+        for d in &dirs {
+            std::fs::create_dir(d).map_err(|e| io("mkdir", d, e))?;
+        }
+        std::fs::write(dirs[0].join("cpuset.mems"), parent_mems.trim()).map_err(|e| io("write", &dirs[0], e))?;
+        std::fs::write(dirs[0].join("cpuset.cpus"), cpus).map_err(|e| io("write", &dirs[0], e))?;
+        for d in &dirs {
+            std::fs::write(d.join("cgroup.procs"), child.id().to_string()).map_err(|e| io("write", d, e))?;
+        }
+        start.push(us(t0.elapsed()));
+        let t1 = Instant::now();
+        let frozen = freezer.is_some().then(|| dirs[1].join("freezer.state"));
+        if let Some(f) = &frozen {
+            let _ = std::fs::write(f, "FROZEN");
+        }
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL);
+        if let Some(f) = &frozen {
+            let _ = std::fs::write(f, "THAWED");
+        }
+        while !std::fs::read_to_string(dirs[0].join("cgroup.procs")).unwrap_or_default().trim().is_empty() {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        for d in dirs.iter().rev() {
+            std::fs::remove_dir(d).map_err(|e| io("rmdir", d, e))?;
+        }
+        release.push(us(t1.elapsed()));
+        let _ = child.wait();
+    }
+    for r in &roots {
+        let _ = std::fs::remove_dir(r);
+    }
+    Ok(Some((start, release)))
+}
