@@ -147,10 +147,13 @@ impl CgroupBackend for V1 {
             return Err(CgroupError::NotReady(job.to_string()));
         }
         for d in self.dirs(job) {
-            // A create cut short (topod killed) may have made the cpuset but not the freezer or
-            // memory directory: make it now.
-            mkdir(&d)?;
-            write(&d.join("cgroup.procs"), &pid.to_string())?;
+            let procs = d.join("cgroup.procs");
+            if write(&procs, &pid.to_string()).is_err() {
+                // A create cut short (topod killed) may have made the cpuset but not the freezer
+                // or memory directory: make it and try again.
+                mkdir(&d)?;
+                write(&procs, &pid.to_string())?;
+            }
         }
         Ok(())
     }
@@ -169,9 +172,9 @@ impl CgroupBackend for V1 {
         let freezer = self.freezer.as_ref().map(|f| f.join(job.as_str())).filter(|d| d.is_dir());
         let mut killed = 0;
         if let Some(f) = &freezer {
-            // Frozen, nothing can fork between reading the pids and killing them.
+            // Freezing stops forks; SIGKILL reaches frozen tasks once thawed. Whatever forked
+            // before the freeze took hold is caught by the loop below.
             write(&f.join("freezer.state"), "FROZEN")?;
-            wait_until(timeout / 2, || Ok(read(&f.join("freezer.state"))?.trim() != "FREEZING"))?;
             killed += kill_all(&self.all_pids(job)?);
             write(&f.join("freezer.state"), "THAWED")?;
         }

@@ -48,8 +48,12 @@ fn call(c: &mut Client, op: Op) -> Result<serde_json::Value, Failure> {
     c.call(op).map_err(|e| Failure::runtime(e.to_string()))
 }
 
+/// A process to put in the job, settled (its exec done) before the clock starts, so that both
+/// paths time only the cgroup work.
 fn sleeper() -> Result<Child, Failure> {
-    Command::new("sleep").arg("600").spawn().map_err(|e| Failure::runtime(format!("cannot start sleep: {e}")))
+    let child = Command::new("sleep").arg("600").spawn().map_err(|e| Failure::runtime(format!("cannot start sleep: {e}")))?;
+    std::thread::sleep(Duration::from_millis(2));
+    Ok(child)
 }
 
 fn rss_kib(pid: u64) -> u64 {
