@@ -161,6 +161,12 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     let cgroup_dir = cpuset_mount.join(&subtree).join("200");
     assert!(std::fs::read_to_string(cgroup_dir.join("cgroup.procs")).unwrap().contains(&job.id().to_string()));
 
+    // topod runs with only the capabilities it needs.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(|v| u64::from_str_radix(v.trim(), 16).unwrap()).unwrap();
+    // CAP_CHOWN 0, CAP_DAC_OVERRIDE 1, CAP_FOWNER 3, CAP_KILL 5, CAP_SYS_NICE 23.
+    let wanted = (1u64 << 0) | (1 << 1) | (1 << 3) | (1 << 5) | (1 << 23);
+    assert_eq!(eff, wanted, "CapEff {eff:#x}");
     // SIGKILL topod and start it again: the job keeps its CPUs and stays in the ledger.
     d.child.kill().unwrap();
     d.child.wait().unwrap();

@@ -86,6 +86,7 @@ fn run(args: Args) -> Result<(), String> {
         tracing::warn!("job cgroup {job} overlaps another job's CPUs; left alone, not in the ledger");
     }
     let listener = bind(&socket)?;
+    drop_capabilities()?;
     let admins = Arc::new(Admins { uids: config.admin_uids.clone(), gids: config.admin_gids.clone() });
     tracing::info!("listening on {}", socket.display());
     notify_systemd();
@@ -143,4 +144,40 @@ fn notify_systemd() {
             send("WATCHDOG=1");
         });
     }
+}
+
+/// What topod keeps after start-up (`shared/reference/cgroups.md` A.1.4): writing in the cgroup
+/// tree, killing job processes, setting other users' CPU affinity, and chown/fowner for
+/// delegated subtrees. Moving another user's process on cgroup v1 needs euid 0, which stays.
+/// The same list is the unit's `CapabilityBoundingSet`.
+const KEEP: [caps::Capability; 5] = [
+    caps::Capability::CAP_DAC_OVERRIDE,
+    caps::Capability::CAP_KILL,
+    caps::Capability::CAP_SYS_NICE,
+    caps::Capability::CAP_CHOWN,
+    caps::Capability::CAP_FOWNER,
+];
+
+fn drop_capabilities() -> Result<(), String> {
+    use caps::{CapSet, Capability};
+    let keep: caps::CapsHashSet = KEEP.iter().copied().collect();
+    let has = caps::read(None, CapSet::Permitted).map_err(|e| format!("reading capabilities: {e}"))?;
+    if has.is_empty() {
+        // Not root, and nothing to drop: an unprivileged run (fake cgroups, emulation).
+        return Ok(());
+    }
+    let can_drop_bounding = has.contains(&Capability::CAP_SETPCAP);
+    if can_drop_bounding {
+        for cap in caps::all().into_iter().filter(|c| !keep.contains(c)) {
+            caps::drop(None, CapSet::Bounding, cap).map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
+        }
+    }
+    let kept: caps::CapsHashSet = keep.intersection(&has).copied().collect();
+    caps::clear(None, CapSet::Inheritable).map_err(|e| format!("clearing inheritable capabilities: {e}"))?;
+    caps::set(None, CapSet::Effective, &kept).map_err(|e| format!("setting effective capabilities: {e}"))?;
+    caps::set(None, CapSet::Permitted, &kept).map_err(|e| format!("setting permitted capabilities: {e}"))?;
+    let mut names: Vec<String> = kept.iter().map(|c| c.to_string()).collect();
+    names.sort();
+    tracing::info!("capabilities kept: {}", names.join(" "));
+    Ok(())
 }
