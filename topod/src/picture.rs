@@ -9,7 +9,8 @@
 //!     L3 0   PU 0-7,192-199      AA AA AA AA BB .. .. ..
 //! ```
 //! `.` free, a letter the job holding it (see the job table), `-` fenced by an exclusive job,
-//! `r` reserved by configuration, `x` outside the allowed set (another cpuset, offline).
+//! `r` reserved (by configuration, or held by an exclusive cpuset topod did not create), `x`
+//! outside the allowed set (another cpuset, offline).
 
 use crate::cpuset::CpuSet;
 use crate::ledger::Ledger;
@@ -157,7 +158,7 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
             let _ = writeln!(out, "  x  PU {} outside the allowed cpuset (another cpuset, or offline)", foreign);
         }
         if !marks.reserved.is_empty() {
-            let _ = writeln!(out, "  r  PU {} reserved by configuration", marks.reserved);
+            let _ = writeln!(out, "  r  PU {} reserved (configuration, or another exclusive cpuset)", marks.reserved);
         }
         if !fenced.is_empty() {
             let _ = writeln!(out, "  -  PU {} kept free by an exclusive job", fenced);

@@ -70,8 +70,12 @@ fn run(args: Args) -> Result<(), String> {
         None => CpuSet::new(),
     };
     let strategy: Strategy = config.strategy.as_deref().unwrap_or("best-fit").parse().map_err(|e: topod::place::UnknownStrategy| e.to_string())?;
-    let model = HostModel::new(&topo, &reserved).map_err(|e| e.to_string())?;
     let backend = backend(&kind, &subtree, &topo)?;
+    let foreign = backend.foreign_cpus().map_err(|e| format!("looking for other exclusive cpusets: {e}"))?;
+    if !foreign.is_empty() {
+        tracing::info!("CPUs {foreign} belong to exclusive cpusets topod did not create; no job gets them");
+    }
+    let model = HostModel::new(&topo, &reserved.union(&foreign)).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&state_dir).map_err(|e| format!("cannot create the state directory {}: {e}", state_dir.display()))?;
     let mut host = Host::new(topo, model, backend, Some(state_dir.join("jobs.json")), strategy);
     let recovery = host.recover().map_err(|e| format!("rebuilding the ledger from the cgroups: {e}"))?;

@@ -116,4 +116,9 @@ pub trait CgroupBackend: Send + Sync {
     fn release(&self, job: &JobId, timeout: Duration) -> Result<ReleaseReport, CgroupError>;
     /// Every job cgroup under our subtree, with its effective CPUs and memory nodes.
     fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError>;
+    /// CPUs that cpusets we did not create hold exclusively (an administrator's exclusive
+    /// cpuset, a v2 partition): never to be given to a job.
+    fn foreign_cpus(&self) -> Result<CpuSet, CgroupError> {
+        Ok(CpuSet::new())
+    }
 }

@@ -57,13 +57,15 @@ impl V1 {
     /// Job cgroups under these subtree roots (created if missing).
     pub fn new(cpuset: PathBuf, freezer: Option<PathBuf>, memory: Option<PathBuf>) -> Result<Self, CgroupError> {
         mkdir(&cpuset)?;
-        // A new cpuset directory has no CPUs: give ours its parent's, so jobs can be made in it.
-        for file in ["cpuset.mems", "cpuset.cpus"] {
-            if read(&cpuset.join(file))?.trim().is_empty() {
-                let parent = cpuset.parent().ok_or_else(|| CgroupError::Unsupported(format!("{} has no parent", cpuset.display())))?;
-                let value = read(&parent.join(file))?;
-                write(&cpuset.join(file), value.trim())?;
-            }
+        // A new cpuset directory has no CPUs: give ours its parent's, less those an exclusive
+        // sibling holds (the kernel refuses an overlap with an exclusive cpuset).
+        let parent = cpuset.parent().ok_or_else(|| CgroupError::Unsupported(format!("{} has no parent", cpuset.display())))?.to_path_buf();
+        if read(&cpuset.join("cpuset.mems"))?.trim().is_empty() {
+            write(&cpuset.join("cpuset.mems"), read(&parent.join("cpuset.mems"))?.trim())?;
+        }
+        if read(&cpuset.join("cpuset.cpus"))?.trim().is_empty() {
+            let cpus = read_set(&parent.join("cpuset.cpus"))?.difference(&exclusive_siblings(&cpuset)?);
+            write(&cpuset.join("cpuset.cpus"), &cpus.to_string())?;
         }
         for root in freezer.iter().chain(memory.iter()) {
             mkdir(root)?;
@@ -108,7 +110,28 @@ impl V1 {
     }
 }
 
+/// The CPUs of the cpusets beside `root` (same parent) that are marked `cpuset.cpu_exclusive`.
+fn exclusive_siblings(root: &Path) -> Result<crate::cpuset::CpuSet, CgroupError> {
+    let mut out = crate::cpuset::CpuSet::new();
+    let Some(parent) = root.parent() else { return Ok(out) };
+    let Ok(entries) = std::fs::read_dir(parent) else { return Ok(out) };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p == root || !p.is_dir() {
+            continue;
+        }
+        if read(&p.join("cpuset.cpu_exclusive")).map(|v| v.trim() == "1").unwrap_or(false) {
+            out.union_with(&read_set(&p.join("cpuset.cpus"))?);
+        }
+    }
+    Ok(out)
+}
+
 impl CgroupBackend for V1 {
+    fn foreign_cpus(&self) -> Result<crate::cpuset::CpuSet, CgroupError> {
+        exclusive_siblings(&self.cpuset)
+    }
+
     fn kind(&self) -> &'static str {
         "v1"
     }

@@ -75,6 +75,24 @@ impl CgroupBackend for V2 {
         "v2"
     }
 
+    /// CPUs of the partitions (`cpuset.cpus.partition` root or isolated) beside our subtree.
+    fn foreign_cpus(&self) -> Result<crate::cpuset::CpuSet, CgroupError> {
+        let mut out = crate::cpuset::CpuSet::new();
+        let Some(parent) = self.root.parent() else { return Ok(out) };
+        let Ok(entries) = std::fs::read_dir(parent) else { return Ok(out) };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p == self.root || !p.is_dir() {
+                continue;
+            }
+            let partition = read(&p.join("cpuset.cpus.partition")).unwrap_or_default();
+            if matches!(partition.split_whitespace().next(), Some("root") | Some("isolated")) {
+                out.union_with(&read_set(&p.join("cpuset.cpus.effective"))?);
+            }
+        }
+        Ok(out)
+    }
+
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
         if !self.cpuset {
             return Err(CgroupError::Unsupported(format!(

@@ -1,0 +1,49 @@
+//! An administrator's exclusive cpuset beside topod's subtree: topod's subtree leaves its CPUs
+//! out, and reports them as foreign so that no job gets them. Real cgroup v1, as root (skipped
+//! visibly elsewhere). Its own test binary: an exclusive cpuset would collide with the subtrees
+//! other tests make at the same level.
+
+use std::path::PathBuf;
+use topod::cgroup::v1::{v1_mounts, V1};
+use topod::cgroup::CgroupBackend;
+use topod::CpuSet;
+
+struct Remove(Vec<PathBuf>);
+
+impl Drop for Remove {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+}
+
+#[test]
+fn an_exclusive_cpuset_beside_ours_is_foreign() {
+    if !nix::unistd::geteuid().is_root() {
+        return eprintln!("SKIPPED: needs root");
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let (Some(mount), _, _) = v1_mounts(&mounts) else {
+        return eprintln!("SKIPPED: no cgroup v1 cpuset hierarchy");
+    };
+    let all = CpuSet::parse_list(&std::fs::read_to_string(mount.join("cpuset.cpus")).unwrap()).unwrap();
+    if all.len() < 2 {
+        return eprintln!("SKIPPED: needs two CPUs");
+    }
+    let last = all.last().unwrap();
+    let admin = mount.join(format!("admin-exclusive-{}", std::process::id()));
+    let ours = mount.join(format!("topo-foreign-test-{}", std::process::id()));
+    let _cleanup = Remove(vec![ours.clone(), admin.clone()]);
+    std::fs::create_dir(&admin).unwrap();
+    std::fs::write(admin.join("cpuset.mems"), std::fs::read_to_string(mount.join("cpuset.mems")).unwrap().trim()).unwrap();
+    std::fs::write(admin.join("cpuset.cpus"), last.to_string()).unwrap();
+    if std::fs::write(admin.join("cpuset.cpu_exclusive"), "1").is_err() {
+        return eprintln!("SKIPPED: another cpuset here already overlaps CPU {last}; cannot make an exclusive one");
+    }
+    let v1 = V1::new(ours.clone(), None, None).unwrap();
+    assert_eq!(v1.foreign_cpus().unwrap().to_string(), last.to_string());
+    let ours_cpus = CpuSet::parse_list(&std::fs::read_to_string(ours.join("cpuset.cpus")).unwrap()).unwrap();
+    assert!(!ours_cpus.contains(last), "our subtree leaves the exclusive CPU out: {ours_cpus}");
+    assert_eq!(ours_cpus, all.difference(&std::iter::once(last).collect()));
+}
