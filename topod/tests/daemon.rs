@@ -214,3 +214,32 @@ impl Drop for SubtreeCleanup {
         }
     }
 }
+
+#[test]
+fn auto_release_frees_a_finished_job() {
+    if !is_root() {
+        return eprintln!("SKIPPED: real cgroups need root");
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let (Some(cpuset_mount), _, _) = topod::cgroup::v1::v1_mounts(&mounts) else {
+        return eprintln!("SKIPPED: no cgroup v1 cpuset hierarchy");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let subtree = format!("topo-auto-test-{}", std::process::id());
+    let config = dir.path().join("topod.toml");
+    std::fs::write(&config, format!("cgroup = \"v1\"\ncgroup_subtree = \"{subtree}\"\nauto_release = true\n")).unwrap();
+    let _cleanup = SubtreeCleanup(subtree.clone());
+    let d = start(dir.path(), &["--config", config.to_str().unwrap()], false);
+    let status = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
+        .args(["--socket", d.socket.to_str().unwrap(), "--job", "300", "--request", "affinity[thread]", "--", "true"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut c = Client::connect(&d.socket).unwrap();
+    let start_t = Instant::now();
+    while c.call(Op::List).unwrap() != serde_json::json!([]) {
+        assert!(start_t.elapsed() < Duration::from_secs(10), "the finished job was not released");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!cpuset_mount.join(&subtree).join("300").exists());
+}

@@ -94,7 +94,18 @@ fn run(args: Args) -> Result<(), String> {
     let admins = Arc::new(Admins { uids: config.admin_uids.clone(), gids: config.admin_gids.clone() });
     tracing::info!("listening on {}", socket.display());
     notify_systemd();
-    server::serve(listener, Arc::new(Mutex::new(host)), admins);
+    let host = Arc::new(Mutex::new(host));
+    if config.auto_release {
+        let host = host.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let released = host.lock().unwrap_or_else(|e| e.into_inner()).release_empty();
+            for job in released {
+                tracing::info!("job {job}: its cgroup is empty; released");
+            }
+        });
+    }
+    server::serve(listener, host, admins);
     Err("the socket stopped accepting connections".into())
 }
 

@@ -99,6 +99,8 @@ pub struct Host {
     hint_writer: Option<HintWriter>,
     strategy: Strategy,
     release_timeout: Duration,
+    /// Jobs that have had a process: only those are released when they become empty.
+    joined: std::collections::BTreeSet<String>,
 }
 
 /// Writes the hint file off the request path: each change sends the whole file; the writer
@@ -140,7 +142,18 @@ impl Host {
     /// A host with an empty ledger; call [`Host::recover`] next.
     pub fn new(topo: Topology, model: HostModel, backend: Box<dyn CgroupBackend>, hint_file: Option<PathBuf>, strategy: Strategy) -> Self {
         let hint_writer = hint_file.clone().map(HintWriter::start);
-        Host { topo, model, ledger: Ledger::new(), hints: BTreeMap::new(), backend, hint_file, hint_writer, strategy, release_timeout: Duration::from_secs(10) }
+        Host {
+            topo,
+            model,
+            ledger: Ledger::new(),
+            hints: BTreeMap::new(),
+            backend,
+            hint_file,
+            hint_writer,
+            strategy,
+            release_timeout: Duration::from_secs(10),
+            joined: Default::default(),
+        }
     }
 
     /// Rebuilds the ledger from the job cgroups that exist; the hint file adds their requests.
@@ -170,6 +183,9 @@ impl Host {
                 None => CpuSet::new(),
             };
             let alloc = Allocation { job: job.to_string(), cpus: eff.cpus.clone(), tasks, mems: eff.mems.clone(), fenced, request: hint.request.clone() };
+            if self.backend.pids(&job).map(|p| !p.is_empty()).unwrap_or(false) {
+                self.joined.insert(job.to_string());
+            }
             match self.ledger.insert(alloc) {
                 Ok(_) => {
                     report.kept.push(job.to_string());
@@ -247,7 +263,22 @@ impl Host {
             return Err(HostError::UnknownJob(job.to_string()));
         }
         self.backend.join(&id, pid)?;
+        self.joined.insert(job.to_string());
         Ok(())
+    }
+
+    /// Releases every job whose cgroup has had processes and has none left; returns their ids.
+    /// (A job allocated but not yet joined is left alone.)
+    pub fn release_empty(&mut self) -> Vec<String> {
+        let candidates: Vec<String> = self.joined.iter().filter(|j| self.ledger.get(j).is_some()).cloned().collect();
+        let mut released = Vec::new();
+        for job in candidates {
+            let Ok(id) = JobId::parse(&job) else { continue };
+            if self.backend.pids(&id).map(|p| p.is_empty()).unwrap_or(false) && self.release(&job).is_ok() {
+                released.push(job);
+            }
+        }
+        released
     }
 
     /// Kills what is left of the job, removes its cgroup and frees its CPUs.
@@ -267,6 +298,7 @@ impl Host {
             self.ledger.release(id.as_str())?;
         }
         self.hints.remove(job);
+        self.joined.remove(job);
         self.save_hints();
         Ok(report.killed)
     }
@@ -345,7 +377,17 @@ mod tests {
         assert!(matches!(h.allocate("7", "affinity[thread]", None, None, None, None), Err(HostError::AlreadyAllocated { .. })));
         h.join("7", 123).unwrap();
         assert!(matches!(h.join("8", 1), Err(HostError::UnknownJob(_))));
+        assert!(h.release_empty().is_empty(), "job 7 still has its process");
         assert_eq!(h.release("7").unwrap(), 1);
+        // A job that had a process and has none left goes by itself; one never joined stays.
+        h.allocate("10", "affinity[thread]", None, None, None, None).unwrap();
+        h.allocate("11", "affinity[thread]", None, None, None, None).unwrap();
+        h.join("10", 77).unwrap();
+        h.backend.release(&JobId::parse("10").unwrap(), Duration::from_secs(1)).unwrap();
+        h.backend.create(&JobId::parse("10").unwrap(), &CgroupSpec { cpus: h.ledger().get("10").unwrap().cpus.clone(), mems: h.ledger().get("10").unwrap().mems.clone(), memory_limit: None }).unwrap();
+        assert_eq!(h.release_empty(), ["10"]);
+        assert!(h.ledger().get("11").is_some());
+        h.release("11").unwrap();
         assert!(h.ledger().is_empty());
         assert!(matches!(h.release("7"), Err(HostError::UnknownJob(_))));
     }

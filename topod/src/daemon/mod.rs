@@ -39,6 +39,10 @@ pub struct Config {
     /// Gids whose members may allocate and release.
     #[serde(default)]
     pub admin_gids: Vec<u32>,
+    /// Release a job by itself once its cgroup has had processes and has none left
+    /// (for batch systems that do not call release; off by default).
+    #[serde(default)]
+    pub auto_release: bool,
 }
 
 /// A configuration file that cannot be used.
