@@ -243,3 +243,33 @@ fn auto_release_frees_a_finished_job() {
     }
     assert!(!cpuset_mount.join(&subtree).join("300").exists());
 }
+
+#[test]
+fn the_tcp_listener_is_read_only_and_keyed() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let key_file = dir.path().join("tcp.key");
+    std::fs::write(&key_file, "0123456789abcdef-test-key\n").unwrap();
+    let config = dir.path().join("topod.toml");
+    std::fs::write(
+        &config,
+        format!("tcp_listen = \"127.0.0.1:{port}\"\ntcp_allow = [\"127.0.0.0/8\"]\ntcp_key_file = \"{}\"\n", key_file.display()),
+    )
+    .unwrap();
+    let _d = start(dir.path(), &["--cgroup", "fake", "--config", config.to_str().unwrap()], true);
+    let ask = |first: &str, request: &str| -> Value {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(format!("{first}\n{request}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    let free = ask("0123456789abcdef-test-key", "{\"v\":1,\"op\":\"free_map\"}");
+    assert_eq!(free["ok"]["allocatable"], "0-383", "{free}");
+    let (code, message) = error_of(&ask("wrong-key", "{\"v\":1,\"op\":\"free_map\"}"));
+    assert_eq!(code, "forbidden", "{message}");
+    assert!(message.contains("key"));
+    let (code, message) = error_of(&ask("0123456789abcdef-test-key", "{\"v\":1,\"op\":\"release\",\"job\":\"1\"}"));
+    assert_eq!(code, "forbidden");
+    assert!(message.contains("read-only"), "{message}");
+}

@@ -105,6 +105,19 @@ fn run(args: Args) -> Result<(), String> {
             }
         });
     }
+    if let Some(addr) = &config.tcp_listen {
+        let key_file = config.tcp_key_file.clone().unwrap_or_default();
+        let key = std::fs::read_to_string(&key_file).map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
+        let key = key.trim().to_string();
+        if key.len() < 16 {
+            return Err(format!("tcp_key_file {}: the key must be at least 16 characters", key_file.display()));
+        }
+        let allow: Vec<_> = config.tcp_allow.iter().filter_map(|a| topod::daemon::tcp::Allow::parse(a).ok()).collect();
+        let tcp = std::net::TcpListener::bind(addr).map_err(|e| format!("tcp_listen {addr}: {e}"))?;
+        tracing::info!("read-only TCP listener on {addr} for {} allowed address(es)", allow.len());
+        let (host, allow, key) = (host.clone(), Arc::new(allow), Arc::new(key));
+        std::thread::spawn(move || topod::daemon::tcp::serve(tcp, host, allow, key));
+    }
     server::serve(listener, host, admins);
     Err("the socket stopped accepting connections".into())
 }

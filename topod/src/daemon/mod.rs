@@ -5,6 +5,7 @@
 
 pub mod host;
 pub mod server;
+pub mod tcp;
 
 use crate::cpuset::CpuSet;
 use serde::Deserialize;
@@ -43,6 +44,14 @@ pub struct Config {
     /// (for batch systems that do not call release; off by default).
     #[serde(default)]
     pub auto_release: bool,
+    /// Address for the read-only TCP listener (`"0.0.0.0:7979"`) that serves the free map to the
+    /// scheduler's plug-in; off when unset. Needs `tcp_key_file`.
+    pub tcp_listen: Option<String>,
+    /// Addresses or networks (`"10.1.0.0/16"`, `"192.0.2.7"`) allowed to connect over TCP.
+    #[serde(default)]
+    pub tcp_allow: Vec<String>,
+    /// A file holding the shared key a TCP client must send first (one line).
+    pub tcp_key_file: Option<PathBuf>,
 }
 
 /// A configuration file that cannot be used.
@@ -85,6 +94,12 @@ impl Config {
                 return Err(ConfigError::Invalid { path: path.to_path_buf(), what: format!("cgroup = {c:?}; expected auto, v1, v2 or fake") });
             }
         }
+        if config.tcp_listen.is_some() && config.tcp_key_file.is_none() {
+            return Err(ConfigError::Invalid { path: path.to_path_buf(), what: "tcp_listen needs tcp_key_file".into() });
+        }
+        for entry in &config.tcp_allow {
+            tcp::Allow::parse(entry).map_err(|what| ConfigError::Invalid { path: path.to_path_buf(), what: format!("tcp_allow: {what}") })?;
+        }
         if let Some(s) = &config.strategy {
             s.parse::<crate::place::Strategy>().map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), what: format!("strategy: {e}") })?;
         }
@@ -110,6 +125,10 @@ mod tests {
         assert!(e.contains("reserved_cpus"), "{e}");
         let e = Config::parse(p, "cgroup = \"v3\"").unwrap_err().to_string();
         assert!(e.contains("expected auto, v1, v2 or fake"), "{e}");
+        let e = Config::parse(p, "tcp_listen = \"0.0.0.0:7979\"").unwrap_err().to_string();
+        assert!(e.contains("tcp_key_file"), "{e}");
+        let e = Config::parse(p, "tcp_allow = [\"10.0.0.0/33\"]").unwrap_err().to_string();
+        assert!(e.contains("10.0.0.0/33"), "{e}");
         let e = Config::parse(p, "strategy = \"fast\"").unwrap_err().to_string();
         assert!(e.contains("best-fit"), "{e}");
     }
