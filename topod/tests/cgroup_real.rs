@@ -3,6 +3,8 @@
 //! root on a host with cgroup v1 cpuset/freezer/memory and a v2 mount, where they all run.
 //! Every test works in its own subtree and removes it, and its processes, even when it fails.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,17 +27,7 @@ struct Cleanup(Vec<PathBuf>);
 impl Drop for Cleanup {
     fn drop(&mut self) {
         for root in &self.0 {
-            let Ok(entries) = std::fs::read_dir(root) else { continue };
-            for e in entries.flatten().filter(|e| e.path().is_dir()) {
-                if let Ok(procs) = std::fs::read_to_string(e.path().join("cgroup.procs")) {
-                    for pid in procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-                        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(50));
-                let _ = std::fs::remove_dir(e.path());
-            }
-            let _ = std::fs::remove_dir(root);
+            common::remove_cgroup_tree(root);
         }
     }
 }

@@ -128,19 +128,8 @@ fn protocol_and_bad_input() {
 
 #[test]
 fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
-    if !is_root() {
-        return eprintln!("SKIPPED: real cgroups need root");
-    }
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    let (Some(cpuset_mount), _, _) = topod::cgroup::v1::v1_mounts(&mounts) else {
-        return eprintln!("SKIPPED: no cgroup v1 cpuset hierarchy");
-    };
     let dir = tempfile::tempdir().unwrap();
-    let subtree = format!("topo-daemon-test-{}", std::process::id());
-    let config = dir.path().join("topod.toml");
-    std::fs::write(&config, format!("cgroup = \"v1\"\ncgroup_subtree = \"{subtree}\"\n")).unwrap();
-    let cleanup = SubtreeCleanup(subtree.clone());
-    let mut d = start(dir.path(), &["--config", config.to_str().unwrap()], false);
+    let Some((mut d, cpuset_mount, subtree, cleanup, config)) = v1_daemon(dir.path(), "topo-daemon-test", "") else { return };
     // The job: a shell (started by topo-exec inside the job's cgroup) that reports its CPUs.
     let out_file = dir.path().join("inside.txt");
     let mut job = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
@@ -198,38 +187,36 @@ impl Drop for SubtreeCleanup {
     fn drop(&mut self) {
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
         let (a, b, c) = topod::cgroup::v1::v1_mounts(&mounts);
-        for root in [a, b, c].into_iter().flatten().map(|m| m.join(&self.0)) {
-            if let Ok(entries) = std::fs::read_dir(&root) {
-                for e in entries.flatten().filter(|e| e.path().is_dir()) {
-                    if let Ok(procs) = std::fs::read_to_string(e.path().join("cgroup.procs")) {
-                        for pid in procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-                            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-                        }
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                    let _ = std::fs::remove_dir(e.path());
-                }
-            }
-            let _ = std::fs::remove_dir(&root);
+        for root in [a, b, c].into_iter().flatten() {
+            common::remove_cgroup_tree(&root.join(&self.0));
         }
     }
 }
 
-#[test]
-fn auto_release_frees_a_finished_job() {
+/// A topod on real cgroup v1 in its own subtree (`name`, plus `extra` config lines), or `None`
+/// when this host cannot (not root, no v1 cpuset): the test then says SKIPPED.
+fn v1_daemon(dir: &Path, name: &str, extra: &str) -> Option<(Daemon, PathBuf, String, SubtreeCleanup, PathBuf)> {
     if !is_root() {
-        return eprintln!("SKIPPED: real cgroups need root");
+        eprintln!("SKIPPED: real cgroups need root");
+        return None;
     }
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    let (Some(cpuset_mount), _, _) = topod::cgroup::v1::v1_mounts(&mounts) else {
-        return eprintln!("SKIPPED: no cgroup v1 cpuset hierarchy");
+    let Some(cpuset_mount) = topod::cgroup::v1::v1_mounts(&mounts).0 else {
+        eprintln!("SKIPPED: no cgroup v1 cpuset hierarchy");
+        return None;
     };
+    let subtree = format!("{name}-{}", std::process::id());
+    let config = dir.join("topod.toml");
+    std::fs::write(&config, format!("cgroup = \"v1\"\ncgroup_subtree = \"{subtree}\"\n{extra}")).unwrap();
+    let cleanup = SubtreeCleanup(subtree.clone());
+    let d = start(dir, &["--config", config.to_str().unwrap()], false);
+    Some((d, cpuset_mount, subtree, cleanup, config))
+}
+
+#[test]
+fn auto_release_frees_a_finished_job() {
     let dir = tempfile::tempdir().unwrap();
-    let subtree = format!("topo-auto-test-{}", std::process::id());
-    let config = dir.path().join("topod.toml");
-    std::fs::write(&config, format!("cgroup = \"v1\"\ncgroup_subtree = \"{subtree}\"\nauto_release = true\n")).unwrap();
-    let _cleanup = SubtreeCleanup(subtree.clone());
-    let d = start(dir.path(), &["--config", config.to_str().unwrap()], false);
+    let Some((d, cpuset_mount, subtree, _cleanup, _)) = v1_daemon(dir.path(), "topo-auto-test", "auto_release = true\n") else { return };
     let status = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
         .args(["--socket", d.socket.to_str().unwrap(), "--job", "300", "--request", "affinity[thread]", "--", "true"])
         .status()

@@ -1,9 +1,9 @@
 //! Reading and writing cgroup files, with errors that carry the path and the data.
 
-use super::CgroupError;
+use super::{CgroupError, JobId};
 use crate::cpuset::CpuSet;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub(crate) fn read(path: &Path) -> Result<String, CgroupError> {
@@ -78,4 +78,17 @@ pub(crate) fn kill_all(pids: &[i32]) -> usize {
         }
     }
     killed
+}
+
+/// The job cgroup directories under `root`, by job id. Directories whose names are not job ids
+/// (made by someone else) are left out.
+pub(crate) fn job_dirs(root: &Path) -> Result<Vec<(JobId, PathBuf)>, CgroupError> {
+    let entries = std::fs::read_dir(root).map_err(|source| CgroupError::Io { action: "listing", path: root.to_path_buf(), data: None, source })?;
+    let mut out: Vec<(JobId, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| JobId::parse(&e.file_name().to_string_lossy()).ok().map(|j| (j, e.path())))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
 }

@@ -8,7 +8,7 @@
 //! `cpuset.cpu_exclusive` is not used: it would need our whole subtree to be exclusive of the
 //! rest of the system; exclusivity between jobs is the ledger's.
 
-use super::files::{kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
+use super::files::{job_dirs, kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -221,18 +221,6 @@ impl CgroupBackend for V1 {
     }
 
     fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError> {
-        let entries = std::fs::read_dir(&self.cpuset).map_err(|source| CgroupError::Io { action: "listing", path: self.cpuset.clone(), data: None, source })?;
-        let mut out = Vec::new();
-        for entry in entries.flatten() {
-            if !entry.path().is_dir() {
-                continue;
-            }
-            // Directories we did not make (names that are not job ids) are left alone.
-            if let Ok(job) = JobId::parse(&entry.file_name().to_string_lossy()) {
-                out.push((job, self.effective(&entry.path())?));
-            }
-        }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
+        job_dirs(&self.cpuset)?.into_iter().map(|(job, dir)| Ok((job, self.effective(&dir)?))).collect()
     }
 }

@@ -7,7 +7,7 @@
 //! `cgroup.kill` (Linux 5.14+), or freezes with `cgroup.freeze` and kills, then waits for
 //! `populated 0` in `cgroup.events` before `rmdir`.
 
-use super::files::{kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
+use super::files::{job_dirs, kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -168,18 +168,9 @@ impl CgroupBackend for V2 {
     }
 
     fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError> {
-        let entries = std::fs::read_dir(&self.root).map_err(|source| CgroupError::Io { action: "listing", path: self.root.clone(), data: None, source })?;
-        let mut out = Vec::new();
-        for entry in entries.flatten() {
-            if !entry.path().is_dir() {
-                continue;
-            }
-            if let Ok(job) = JobId::parse(&entry.file_name().to_string_lossy()) {
-                let eff = if self.cpuset { self.effective(&entry.path())? } else { Effective::default() };
-                out.push((job, eff));
-            }
-        }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
+        job_dirs(&self.root)?
+            .into_iter()
+            .map(|(job, dir)| Ok((job, if self.cpuset { self.effective(&dir)? } else { Effective::default() })))
+            .collect()
     }
 }
