@@ -12,17 +12,8 @@ if [ ! -d "$shared/topologies" ]; then
 fi
 export TOPO_SHARED_DIR="$(cd "$shared" && pwd)"
 
-# System packages: a C compiler for the bzip2 crate (the sysfs snapshots are .tar.bz2).
-need=()
-command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
-if [ "${#need[@]}" -gt 0 ]; then
-    if [ "$(id -u)" -eq 0 ]; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
-    else
-        echo "tests/run-all.sh: please install ${need[*]} (needs root)" >&2
-        exit 1
-    fi
-fi
+# System packages (C compiler, Slurm, munge, valgrind, ...): tests/install-deps.sh lists them.
+tests/install-deps.sh
 
 # Unit, property and integration tests (placement, request language, topology readers against
 # every real machine in shared/topologies, the topoctl command line).

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The Debian packages the test suite needs, installed only where missing (needs root for that).
+# Each part of the suite adds its packages here, with the reason, so that one apt-get run covers all.
+set -euo pipefail
+
+packages=(
+    gcc libc6-dev          # the bzip2 crate builds C (the sysfs snapshots are .tar.bz2)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+    echo "tests/install-deps.sh: please install ${missing[*]} (apt-get needs root)" >&2
+    exit 1
+fi
+echo "tests/install-deps.sh: installing ${missing[*]}"
+apt-get update -qq
+# Services the packages ship (munge, slurmd, ...) must not start on their own: the tests start
+# exactly the daemons they need and stop them by pid.
+policy=$(mktemp)
+printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"
+cleanup() { rm -f /usr/sbin/policy-rc.d "$policy"; }
+[ -e /usr/sbin/policy-rc.d ] || { cp "$policy" /usr/sbin/policy-rc.d; trap cleanup EXIT; }
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
