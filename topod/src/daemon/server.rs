@@ -116,6 +116,7 @@ pub fn handle(host: &Mutex<Host>, admins: &Admins, peer: &Peer, op: Op) -> Reply
                 "held": l.occupancy().held,
                 "fenced": l.occupancy().fenced,
                 "jobs": l.len(),
+                "job_ids": l.jobs().map(|a| a.job.as_str()).collect::<Vec<_>>(),
                 "free": host.host_metrics(),
             }))
         }

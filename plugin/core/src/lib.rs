@@ -1,0 +1,40 @@
+//! What every topo batch-system plug-in shares on the scheduler side.
+//!
+//! A cluster scheduler (LSF's mbschd, a Slurm or PBS scheduler hook) must decide, for thousands
+//! of hosts and within its own scheduling cycle, which hosts can hold a job's topology request
+//! and which fits best. Asking each host's topod while deciding would put a network round trip
+//! per host on the scheduler's thread (the 2001 design), so instead:
+//!
+//! - [`cache::HostCache`] holds, per host, the hardware model (shared between hosts with the
+//!   same topology) and its free map: held and fenced CPUs, the ledger generation and the jobs
+//!   it holds. It is pure data; nothing in it does I/O.
+//! - [`fetch::Refresher`] fills the cache in the background from each host's topod (its
+//!   read-only TCP listener, or a local socket), in parallel with timeouts, through the
+//!   [`fetch::HostSource`] trait (a real and a fake implementation). Entries that are not
+//!   refreshed in time go stale.
+//! - [`reserve::Reservations`] holds the tentative placements the scheduler has decided but the
+//!   hosts have not reported yet, so that two jobs dispatched in one session never count the same
+//!   CPUs; they go when the host's free map shows the job, when the scheduler deallocates, or
+//!   after a time-out.
+//! - [`eval`] answers fit-and-score for a host with the placement core's own best-fit
+//!   placement on (cache state + reservations), and applies the [`config::Unreachable`] policy
+//!   to hosts whose state is unknown or stale.
+//!
+//! The plug-ins themselves (`plugin/lsf`, `plugin/slurm`, `packaging/pbs`) only translate
+//! between their batch system's calls and these types.
+
+pub mod address;
+pub mod cache;
+pub mod config;
+pub mod eval;
+pub mod fetch;
+pub mod reserve;
+
+pub use address::Address;
+pub use cache::HostCache;
+pub use config::{CacheConfig, Unreachable};
+pub use eval::{evaluate, NoFit, Verdict};
+pub use reserve::Reservations;
+
+#[cfg(test)]
+mod tests;
