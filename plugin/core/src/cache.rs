@@ -58,6 +58,8 @@ pub struct HostEntry {
     pub fetched_at: Option<Instant>,
     /// Why the last fetch failed, when it did.
     pub last_error: Option<Box<str>>,
+    /// Changes whenever `state` does (for [`crate::eval::Memo`]).
+    pub version: u32,
 }
 
 /// Why a host's state cannot be used.
@@ -110,7 +112,7 @@ impl HostCache {
             return id;
         }
         let id = self.hosts.len() as HostId;
-        self.hosts.push(HostEntry { name: name.into(), address, state: None, fetched_at: None, last_error: None });
+        self.hosts.push(HostEntry { name: name.into(), address, state: None, fetched_at: None, last_error: None, version: 0 });
         self.by_name.insert(name.into(), id);
         id
     }
@@ -198,6 +200,7 @@ impl HostCache {
         h.state = Some(HostState { model, occupancy: Occupancy { held: free.held, fenced: unusable }, generation: free.generation, jobs: jobs.into() });
         h.fetched_at = Some(at);
         h.last_error = None;
+        h.version = h.version.wrapping_add(1);
         Ok(())
     }
 

@@ -5,6 +5,7 @@ use crate::cache::{HostCache, HostId, Unknown};
 use crate::config::Unreachable;
 use crate::reserve::Reservations;
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use topod::cpuset::CpuSet;
 use topod::place::{self, Occupancy, PlaceError};
@@ -122,4 +123,77 @@ pub fn max_tasks(ctx: &Context<'_>, host: HostId, request: &Request, limit: u32)
         }
     }
     lo
+}
+
+/// Remembered verdicts per request shape and host, valid while neither the host's state nor its
+/// reservations change. A host's state changes only when a job starts or ends there, so a
+/// scheduler matching many jobs of the same shape pays for a placement once per host and
+/// change, not once per job (LSF, for the same reason, matches "peer jobs" with equal
+/// requests together).
+#[derive(Debug, Default)]
+pub struct Memo {
+    shapes: HashMap<String, ShapeMemo>,
+    tick: u64,
+}
+
+#[derive(Debug, Default)]
+struct ShapeMemo {
+    last_used: u64,
+    /// Per host: the stamp the verdict was computed at (0: none) and the score (`NO_FIT`).
+    entries: Vec<(u64, u64)>,
+}
+
+/// The most shapes remembered; the least recently used goes first.
+pub const MEMO_SHAPES: usize = 64;
+const NO_FIT: u64 = u64::MAX;
+
+impl Memo {
+    /// Empty.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Verdicts for `request` (whose canonical text with its task count is `key`) on each of
+    /// `hosts`, as `Some(score)` when it fits; each comes from the memo when the host has not
+    /// changed since, else from [`evaluate`].
+    pub fn scores(&mut self, ctx: &Context<'_>, key: &str, request: &Request, hosts: &[HostId]) -> Vec<Option<u64>> {
+        self.tick += 1;
+        if !self.shapes.contains_key(key) && self.shapes.len() >= MEMO_SHAPES {
+            if let Some(oldest) = self.shapes.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) {
+                self.shapes.remove(&oldest);
+            }
+        }
+        let shape = self.shapes.entry(key.to_string()).or_default();
+        shape.last_used = self.tick;
+        hosts
+            .iter()
+            .map(|&h| {
+                // Freshness is checked every time: an entry goes stale without changing.
+                if ctx.cache.usable(h, ctx.now, ctx.stale_after).is_err() {
+                    return match evaluate(ctx, h, request) {
+                        Verdict::Fits { score, .. } => Some(score),
+                        Verdict::NoFit(_) => None,
+                    };
+                }
+                let stamp = (u64::from(ctx.cache.host(h).version) << 32 | u64::from(ctx.reservations.version(h))) + 1;
+                let i = h as usize;
+                if shape.entries.len() <= i {
+                    shape.entries.resize(i + 1, (0, NO_FIT));
+                }
+                if shape.entries[i].0 != stamp {
+                    let score = match evaluate(ctx, h, request) {
+                        Verdict::Fits { score, .. } => score,
+                        Verdict::NoFit(_) => NO_FIT,
+                    };
+                    shape.entries[i] = (stamp, score);
+                }
+                Some(shape.entries[i].1).filter(|&s| s != NO_FIT)
+            })
+            .collect()
+    }
+
+    /// Bytes the memo holds.
+    pub fn bytes(&self) -> usize {
+        self.shapes.iter().map(|(k, s)| k.len() + s.entries.capacity() * std::mem::size_of::<(u64, u64)>()).sum()
+    }
 }

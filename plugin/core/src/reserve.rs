@@ -23,6 +23,8 @@ pub struct Reservation {
 pub struct Reservations {
     by_job: HashMap<String, Vec<Reservation>>,
     by_host: HashMap<HostId, CpuSet>,
+    /// Indexed by host: looked up for every candidate of every match, so no hashing.
+    versions: Vec<u32>,
 }
 
 impl Reservations {
@@ -93,7 +95,17 @@ impl Reservations {
         dropped
     }
 
+    /// Changes whenever the reservations on `host` do (for [`crate::eval::Memo`]).
+    pub fn version(&self, host: HostId) -> u32 {
+        self.versions.get(host as usize).copied().unwrap_or(0)
+    }
+
     fn recompute(&mut self, host: HostId) {
+        let i = host as usize;
+        if self.versions.len() <= i {
+            self.versions.resize(i + 1, 0);
+        }
+        self.versions[i] = self.versions[i].wrapping_add(1);
         let union = CpuSet::union_all(self.by_job.values().flatten().filter(|r| r.host == host).map(|r| &r.cpus));
         if union.is_empty() {
             self.by_host.remove(&host);

@@ -1,0 +1,279 @@
+//! `topo-plugin-bench`: what a cluster-side plug-in costs per job, and per host in memory.
+//!
+//! Builds a cluster of `--hosts` hosts from real machines in `shared/topologies`, each loaded by
+//! its own seeded job stream (the placement benchmark's), fills the host-state cache with them,
+//! then times, per job of a mixed request stream, what the LSF module's matchFn + sortFn do:
+//! fit-and-score on every candidate and a sort of the hosts that fit. Against it, in the same
+//! run, the 2001 design: one synchronous round trip per host to a live topod (`fit`), measured
+//! on `--baseline-jobs` jobs against a real `topod` started here (fake cgroup backend).
+//!
+//! ```sh
+//! cargo build --release -p topod --bin topod
+//! cargo run --release -p topo-plugin-core --bin topo-plugin-bench -- --hosts 10000
+//! ```
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use topo_plugin_core::cache::{FreeMap, HostCache};
+use topo_plugin_core::eval::{self, Context, Memo, Verdict};
+use topo_plugin_core::{Address, Reservations, Unreachable};
+use topod::bench::{job_stream, SplitMix, TARGET_LOAD};
+use topod::client::Client;
+use topod::ledger::Ledger;
+use topod::place::{self, model::HostModel, Strategy};
+use topod::proto::Op;
+use topod::topology::{hwloc_xml, Topology};
+
+/// Counts live heap bytes, for the cache's memory per host.
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged and only counts sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// The machines the cluster is made of (a mix of sizes, as real clusters have).
+const MACHINES: &[&str] = &[
+    "converted-hwloc2.9/AMD-17h-Zen-2xEpyc-7451.xml",
+    "converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml",
+    "converted-hwloc2.9/Intel-SapphireRapids-2xXeonMax9460.xml",
+    "converted-hwloc2.9/64amd64-4s2n4ca2co.xml",
+    "converted-hwloc2.9/32intel64-2p8co2t+8ve.xml",
+    "xml/96em64t-4n4d3ca2co-pci.xml",
+];
+
+struct Args {
+    hosts: usize,
+    jobs: usize,
+    baseline_jobs: usize,
+    topod: PathBuf,
+    shared: PathBuf,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let exe_dir = std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_default();
+    let mut a = Args {
+        hosts: 10_000,
+        jobs: 200,
+        baseline_jobs: 3,
+        topod: exe_dir.join("topod"),
+        shared: std::env::var_os("TOPO_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("../shared")),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let number = |v: String| v.parse::<usize>().map_err(|_| format!("{flag}: {v:?} is not a number"));
+        match flag.as_str() {
+            "--hosts" => a.hosts = number(value()?)?,
+            "--jobs" => a.jobs = number(value()?)?,
+            "--baseline-jobs" => a.baseline_jobs = number(value()?)?,
+            "--topod" => a.topod = PathBuf::from(value()?),
+            "--shared" => a.shared = PathBuf::from(value()?),
+            "-h" | "--help" => {
+                println!("usage: topo-plugin-bench [--hosts N] [--jobs N] [--baseline-jobs N] [--topod PATH] [--shared DIR]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    if a.hosts == 0 || a.jobs == 0 {
+        return Err("--hosts and --jobs must be at least 1".into());
+    }
+    Ok(a)
+}
+
+/// A host's free map after its own seeded stream ran for a while.
+fn loaded_free_map(topo: &Topology, model: &HostModel, seed: u64) -> FreeMap {
+    let mut rng = SplitMix::new(seed);
+    let stream = job_stream(model, seed, 20 + rng.below(100) as usize);
+    let mut ledger = Ledger::new();
+    let mut running: Vec<(usize, String)> = Vec::new();
+    let capacity = model.allocatable.len() as f64;
+    for (i, job) in stream.iter().enumerate() {
+        running.retain(|(end, id)| *end > i || ledger.release(id).is_err());
+        while ledger.occupancy().held.len() as f64 > TARGET_LOAD * capacity {
+            let Some((_, id)) = running.pop() else { break };
+            let _ = ledger.release(&id);
+        }
+        if let Ok(p) = place::place(model, ledger.occupancy(), &job.request, Strategy::BestFit) {
+            let id = format!("j{i}");
+            if ledger.allocate(&id, &p, "").is_ok() {
+                running.push((i + job.lifetime as usize, id));
+            }
+        }
+    }
+    FreeMap {
+        generation: ledger.generation(),
+        allocatable: topo.allowed.clone(),
+        held: ledger.occupancy().held.clone(),
+        fenced: ledger.occupancy().fenced.clone(),
+        job_ids: ledger.jobs().map(|a| a.job.clone()).collect(),
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+struct Topod {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Topod {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_topod(binary: &Path, topology: &Path) -> Result<(Topod, PathBuf), String> {
+    let dir = std::env::temp_dir().join(format!("topo-plugin-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let socket = dir.join("topod.sock");
+    let child = Command::new(binary)
+        .args(["--cgroup", "fake", "--socket"])
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(&dir)
+        .arg("--topology")
+        .arg(topology)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .map_err(|e| format!("cannot start {} ({e}); build it first: cargo build --release -p topod --bin topod", binary.display()))?;
+    let t = Topod { child, dir };
+    for _ in 0..200 {
+        if Client::connect(&socket).is_ok() {
+            return Ok((t, socket));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Err("topod did not open its socket within 5 s".into())
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("topo-plugin-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args = parse_args()?;
+    let topo_dir = args.shared.join("topologies");
+    let machines: Vec<(Topology, HostModel)> = MACHINES
+        .iter()
+        .map(|m| {
+            let t = hwloc_xml::read_file(&topo_dir.join(m)).map_err(|e| format!("{m}: {e}"))?;
+            let model = HostModel::new(&t, &Default::default()).map_err(|e| format!("{m}: {e}"))?;
+            Ok((t, model))
+        })
+        .collect::<Result<_, String>>()?;
+
+    // The cluster: loaded hosts, in the cache as the refresher would leave it. Each host's free
+    // map is made and dropped in turn, so the heap's growth is the cache's own.
+    let before = LIVE.load(Ordering::Relaxed);
+    let mut cache = HostCache::new();
+    let at = Instant::now();
+    for i in 0..args.hosts {
+        let (t, m) = &machines[i % machines.len()];
+        let free = loaded_free_map(t, m, i as u64 + 1);
+        let name = format!("node{i:05}.cluster.example");
+        let id = cache.add(&name, Address::Tcp(format!("{name}:7979")));
+        cache.update(id, Some(t), free, at)?;
+    }
+    let cache_bytes = LIVE.load(Ordering::Relaxed) - before;
+    let models = cache.model_count();
+
+    // The jobs: a mixed stream of requests (sizes and shapes repeat, as in real queues).
+    let mut requests = Vec::new();
+    for (k, (_, m)) in machines.iter().enumerate() {
+        for j in job_stream(m, 1000 + k as u64, args.jobs.div_ceil(machines.len())) {
+            requests.push(j.request);
+        }
+    }
+    requests.truncate(args.jobs);
+    // Interleaved, so that consecutive jobs rarely share a shape.
+    let mut rng = SplitMix::new(7);
+    for i in (1..requests.len()).rev() {
+        requests.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let keys: Vec<String> = requests.iter().map(|r| format!("{r}#{}", r.tasks.unwrap_or(1))).collect();
+    let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
+    let candidates: Vec<u32> = (0..args.hosts as u32).collect();
+
+    // A scheduling session as the LSF module runs it: per job, matchFn + sortFn (fit-and-score
+    // on every candidate, through the memo; a sort of the hosts that fit), then the job is
+    // dispatched to the best host, whose reservation changes that host for the jobs after it.
+    let mut reservations = Reservations::new();
+    let mut memo = Memo::new();
+    let mut per_job_ms = Vec::with_capacity(requests.len());
+    let mut first_of_shape_ms = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut kept_total = 0usize;
+    for (i, (r, key)) in requests.iter().zip(&keys).enumerate() {
+        let ctx = Context { cache: &cache, reservations: &reservations, now: Instant::now(), stale_after: Duration::from_secs(3600), unreachable: Unreachable::Open };
+        let start = Instant::now();
+        let scores = memo.scores(&ctx, key, r, &candidates);
+        let mut kept: Vec<(u64, u32)> = scores.iter().zip(&candidates).filter_map(|(s, &h)| s.map(|s| (s, h))).collect();
+        kept.sort_unstable();
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        per_job_ms.push(ms);
+        if seen.insert(key.clone()) {
+            first_of_shape_ms.push(ms);
+        }
+        kept_total += kept.len();
+        let dispatch = kept.first().and_then(|&(_, h)| match eval::evaluate(&ctx, h, r) {
+            Verdict::Fits { cpus, .. } => Some((h, cpus)),
+            Verdict::NoFit(_) => None,
+        });
+        if let Some((h, cpus)) = dispatch {
+            reservations.reserve(&format!("job{i}"), h, cpus, Instant::now());
+        }
+    }
+    per_job_ms.sort_by(f64::total_cmp);
+    first_of_shape_ms.sort_by(f64::total_cmp);
+
+    // The 2001 design: one synchronous round trip per host to a live topod.
+    let (_topod, socket) = start_topod(&args.topod, &topo_dir.join(MACHINES[0]))?;
+    let mut baseline_ms = Vec::new();
+    for r in requests.iter().take(args.baseline_jobs.max(1)) {
+        let text = r.to_string();
+        let start = Instant::now();
+        for _ in 0..args.hosts {
+            let mut c = Client::connect(&socket).map_err(|e| e.to_string())?;
+            let _ = c.call(Op::Fit { request: text.clone(), tasks: None });
+        }
+        baseline_ms.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    baseline_ms.sort_by(f64::total_cmp);
+
+    let p50 = percentile(&per_job_ms, 0.5);
+    let base50 = percentile(&baseline_ms, 0.5);
+    println!("cluster: {} hosts of {} machine types ({} distinct models in the cache), each loaded by its own job stream", args.hosts, machines.len(), models);
+    println!("jobs: {} mixed requests; on average {:.0} hosts fit each", per_job_ms.len(), kept_total as f64 / per_job_ms.len() as f64);
+    println!("match + sort per job, session of {} jobs ({} distinct shapes): p50 {:.3} ms  p90 {:.3} ms  p99 {:.3} ms  max {:.3} ms", per_job_ms.len(), distinct, p50, percentile(&per_job_ms, 0.9), percentile(&per_job_ms, 0.99), per_job_ms[per_job_ms.len() - 1]);
+    println!("  first job of each shape (nothing remembered): p50 {:.3} ms  max {:.3} ms", percentile(&first_of_shape_ms, 0.5), first_of_shape_ms[first_of_shape_ms.len() - 1]);
+    println!("one round trip per host to a live topod (2001 design), {} jobs: p50 {:.1} ms per job", baseline_ms.len(), base50);
+    println!("speed-up at p50: {:.0}x", base50 / p50);
+    println!("cache memory: {} bytes in all, {:.0} bytes per host (models shared: {} for {} hosts)", cache_bytes, cache_bytes as f64 / args.hosts as f64, models, args.hosts);
+    println!("memo: {} bytes for {} shapes ({} bytes per host per shape remembered)", memo.bytes(), distinct.min(eval::MEMO_SHAPES), std::mem::size_of::<(u64, u64)>());
+    Ok(())
+}
