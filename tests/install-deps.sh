@@ -4,7 +4,9 @@
 set -euo pipefail
 
 packages=(
-    gcc libc6-dev          # the bzip2 crate builds C (the sysfs snapshots are .tar.bz2)
+    gcc libc6-dev          # the bzip2 crate builds C (the sysfs snapshots are .tar.bz2); the LSF harness is C
+    libclang-dev           # bindgen, for the LSF module's bindings (ffi/lsf-sys)
+    valgrind               # the LSF harness also runs under memcheck
 )
 
 missing=()
