@@ -31,7 +31,7 @@ fn main() {
         .header(header.to_string_lossy())
         .clang_arg(format!("-I{}", dir.display()))
         .allowlist_function("(lsb|extsched)_.*")
-        .allowlist_type("candHost|hostSlot|candHostGroup|jobInfo|hostResources|resources|RsrcReqHandler.*|_RsrcReqHandlerType|extsched_.*")
+        .allowlist_type("candHost|hostSlot|candHostGroup|jobInfo|hostResources|resources|phase|restype|ctype|RsrcReqHandler.*|_RsrcReqHandlerType|extsched_.*")
         .allowlist_var("NOTIFY_.*|SCH_FM_EVE_.*|SCH_MOD_DECISION_.*|PEND_CUSTOM_REASON_.*")
         .dynamic_library_name("LsfApi")
         .dynamic_link_require_all(false)

@@ -1,0 +1,442 @@
+//! The six callbacks of the resource-requirement handler, in ABI order.
+
+use crate::api::Api;
+use crate::extsched::{self, Decision};
+use crate::{guarded, module, Module};
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_char, c_int, c_void};
+use std::ptr;
+use std::sync::Mutex;
+use std::time::Instant;
+use topo_lsf_sys as sys;
+use topo_plugin_core::cache::HostId;
+use topo_plugin_core::eval::{self, Context, NoFit, Verdict, UNKNOWN_SCORE};
+use topo_plugin_core::Unreachable;
+use topod::request::Request;
+
+/// The table `sched_init` registers.
+pub fn table() -> sys::RsrcReqHandlerType {
+    sys::RsrcReqHandlerType {
+        newFn: Some(new_fn),
+        freeFn: Some(free_fn),
+        matchFn: Some(match_fn),
+        sortFn: Some(sort_fn),
+        notifyAllocFn: Some(notify_alloc_fn),
+        checkAllocFn: Some(check_alloc_fn),
+    }
+}
+
+/// What `newFn` attaches to a resource requirement (and its peers).
+struct HandlerData {
+    what: What,
+    /// Scores from the last match, by the candidate's host pointer, for `sortFn`.
+    scores: Mutex<HashMap<usize, u64>>,
+}
+
+enum What {
+    Request { request: Request, memo_key: String },
+    Bad { message: String },
+}
+
+/// Pending reasons, as offsets from `[lsf] reason_base`.
+const REASON_BAD_REQUEST: c_int = 0;
+const REASON_NO_FIT: c_int = 1;
+const REASON_UNKNOWN: c_int = 2;
+const REASON_CHANGED: c_int = 3;
+
+/// Reads a C string the scheduler owns.
+///
+/// SAFETY (for callers): `p` is null or points to a NUL-terminated string valid for the call.
+unsafe fn text(p: *const c_char) -> Option<String> {
+    // SAFETY: guaranteed by the caller.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+unsafe extern "C" fn new_fn(resreq: *mut c_void) -> c_int {
+    guarded("newFn", -1, || {
+        let m = module()?;
+        if resreq.is_null() {
+            return Err("newFn called with no resource requirement".into());
+        }
+        let mut count: c_int = 0;
+        // SAFETY: resreq is the scheduler's live requirement; count is a valid out-pointer.
+        let array = unsafe { (m.api.get_ext_res_req)(resreq, &mut count) };
+        let mut elements = Vec::new();
+        if !array.is_null() {
+            for i in 0..count.max(0) as usize {
+                // SAFETY: the scheduler returned `count` entries, each null or a C string.
+                let s = unsafe { text(*array.add(i)) };
+                tracing::debug!(index = i, element = ?s, "-extsched element");
+                elements.push(s.unwrap_or_default());
+            }
+        }
+        let (mut mandatory, mut default) = (ptr::null_mut(), ptr::null_mut());
+        if let Some(f) = m.api.get_que_extsched {
+            // SAFETY: as above; both out-pointers are valid and start null.
+            unsafe { f(resreq, &mut mandatory, &mut default) };
+        }
+        // SAFETY: null or C strings owned by the scheduler.
+        let (mandatory, default) = unsafe { (text(mandatory), text(default)) };
+        tracing::debug!(?mandatory, ?default, "queue extsched strings");
+        let (job, distinct) = extsched::job_string(&elements);
+        if distinct > 1 {
+            tracing::warn!(?elements, chosen = ?job, "several different topology strings; the last one is used");
+        }
+        let (key, what) = match extsched::decide(job, mandatory.as_deref(), default.as_deref()) {
+            Decision::NotOurs => return Ok(0),
+            Decision::Request { key, request } => {
+                let memo_key = format!("{request}#{}", request.tasks.unwrap_or(1));
+                (key, What::Request { request, memo_key })
+            }
+            Decision::Bad { key, message } => {
+                tracing::info!("{message}");
+                (key, What::Bad { message })
+            }
+        };
+        let key = CString::new(key.replace('\0', "")).map_err(|e| e.to_string())?;
+        let data = Box::into_raw(Box::new(HandlerData { what, scores: Mutex::new(HashMap::new()) }));
+        // SAFETY: the scheduler copies the key; `data` stays valid until it calls freeFn.
+        unsafe { (m.api.set_object)(resreq, m.config.lsf.handler_id, key.as_ptr() as *mut c_char, data as *mut c_void) };
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn free_fn(data: *mut c_void) {
+    guarded("freeFn", (), || {
+        if !data.is_null() {
+            // SAFETY: `data` came from Box::into_raw in newFn and the scheduler frees it once.
+            drop(unsafe { Box::from_raw(data as *mut HandlerData) });
+        }
+        Ok(())
+    })
+}
+
+/// One candidate: its group, its place in the group, its host pointer and name.
+struct Candidate {
+    group: *mut sys::candHostGroup,
+    index: usize,
+    host_ptr: usize,
+    name: String,
+}
+
+/// The candidate groups of a list, in order.
+///
+/// SAFETY (for callers): `list` is the scheduler's live candidate list.
+unsafe fn groups(api: &Api, list: *mut c_void) -> Vec<*mut sys::candHostGroup> {
+    let mut out = Vec::new();
+    // SAFETY: the documented idiom: the list first, then null for the next group.
+    let mut g = unsafe { (api.get_next_group)(list) };
+    while !g.is_null() {
+        out.push(g);
+        // SAFETY: as above.
+        g = unsafe { (api.get_next_group)(ptr::null_mut()) };
+    }
+    out
+}
+
+/// The members of a group.
+///
+/// SAFETY (for callers): `g` is a live group whose `candHost` holds `numOfMembers` entries.
+unsafe fn members<'a>(g: *mut sys::candHostGroup) -> &'a mut [sys::candHost] {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let n = (*g).numOfMembers.max(0) as usize;
+        if n == 0 || (*g).candHost.is_null() {
+            return &mut [];
+        }
+        std::slice::from_raw_parts_mut((*g).candHost, n)
+    }
+}
+
+unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut c_void) -> c_int {
+    guarded("matchFn", -1, || {
+        let m = module()?;
+        if data.is_null() || list.is_null() {
+            return Err("matchFn called without handler data or candidates".into());
+        }
+        // SAFETY: `data` is the HandlerData newFn attached, alive until freeFn.
+        let data = unsafe { &*(data as *const HandlerData) };
+        // SAFETY: `list` is the scheduler's candidate list for this call.
+        let groups = unsafe { groups(&m.api, list) };
+        let mut candidates = Vec::new();
+        for &g in &groups {
+            // SAFETY: a live group from the scheduler.
+            for (index, c) in unsafe { members(g) }.iter_mut().enumerate() {
+                // SAFETY: `c` is a live candidate; the slot structure is the scheduler's.
+                let slot = unsafe { (m.api.get_avail_slot)(c) };
+                // SAFETY: the slot's name is a C string or null.
+                let name = if slot.is_null() { None } else { unsafe { text((*slot).name) } };
+                candidates.push(Candidate { group: g, index, host_ptr: c.hostPtr as usize, name: name.unwrap_or_default() });
+            }
+        }
+        let base = m.config.lsf.reason_base;
+        let (request, memo_key) = match &data.what {
+            What::Bad { message } => {
+                remove(m, reason, &candidates, |_| Some(base + REASON_BAD_REQUEST));
+                if let Some(f) = m.api.set_main_reason {
+                    let msg = CString::new(message.replace('\0', "")).map_err(|e| e.to_string())?;
+                    // SAFETY: `reason` is the scheduler's reason object; it copies the text.
+                    unsafe { f(reason, msg.as_ptr() as *mut c_char, 1) };
+                }
+                return Ok(0);
+            }
+            What::Request { request, memo_key } => (request, memo_key),
+        };
+        let mut req = request.clone();
+        req.tasks.get_or_insert(1);
+        let verdicts = decide_all(m, &req, memo_key, &candidates);
+        let mut scores = data.scores.lock().unwrap_or_else(|e| e.into_inner());
+        scores.clear();
+        let mut removed = 0;
+        for (c, v) in candidates.iter().zip(&verdicts) {
+            match v {
+                Ok(score) => {
+                    scores.insert(c.host_ptr, *score);
+                }
+                Err(_) => removed += 1,
+            }
+        }
+        tracing::debug!(request = %req, candidates = candidates.len(), removed, "match");
+        remove(m, reason, &candidates, |i| verdicts[i].as_ref().err().map(|&r| base + r));
+        Ok(0)
+    })
+}
+
+/// Per candidate: its score, or the pending reason (as an offset) that removes it.
+fn decide_all(m: &Module, req: &Request, memo_key: &str, candidates: &[Candidate]) -> Vec<Result<u64, c_int>> {
+    let cache = m.shared.cache.read().unwrap_or_else(|e| e.into_inner());
+    let reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
+    let ctx = context(m, &cache, &reservations);
+    let ids: Vec<Option<HostId>> = candidates.iter().map(|c| cache.lookup(&c.name)).collect();
+    let known: Vec<HostId> = ids.iter().flatten().copied().collect();
+    let scores = m.memo.lock().unwrap_or_else(|e| e.into_inner()).scores(&ctx, memo_key, req, &known);
+    let mut scores = scores.into_iter();
+    let mut unknown = Vec::new();
+    let out = ids
+        .iter()
+        .zip(candidates)
+        .map(|(id, c)| match id {
+            Some(h) => match scores.next().flatten() {
+                Some(s) => Ok(s),
+                None => {
+                    if tracing::enabled!(tracing::Level::DEBUG) {
+                        if let Verdict::NoFit(why) = eval::evaluate(&ctx, *h, req) {
+                            tracing::debug!(host = %c.name, "does not fit: {why}");
+                        }
+                    }
+                    Err(if cache.usable(*h, ctx.now, ctx.stale_after).is_err() { REASON_UNKNOWN } else { REASON_NO_FIT })
+                }
+            },
+            None => {
+                unknown.push(c.name.clone());
+                match ctx.unreachable {
+                    Unreachable::Open => Ok(UNKNOWN_SCORE),
+                    Unreachable::Closed => Err(REASON_UNKNOWN),
+                }
+            }
+        })
+        .collect();
+    drop(reservations);
+    drop(cache);
+    if !unknown.is_empty() {
+        tracing::info!(hosts = ?unknown, "hosts not in the cache yet; fetching their state in the background");
+        m.shared.discovered.lock().unwrap_or_else(|e| e.into_inner()).extend(unknown);
+    }
+    out
+}
+
+fn context<'a>(m: &Module, cache: &'a topo_plugin_core::HostCache, reservations: &'a topo_plugin_core::Reservations) -> Context<'a> {
+    Context { cache, reservations, now: Instant::now(), stale_after: m.config.cache.stale_after(), unreachable: m.config.cache.unreachable }
+}
+
+/// Removes the candidates `reason_of` gives a reason for, setting that reason. Each group is
+/// walked from its end, so that removing a member never moves one not yet visited.
+fn remove(m: &Module, reason: *mut c_void, candidates: &[Candidate], reason_of: impl Fn(usize) -> Option<c_int>) {
+    for (i, c) in candidates.iter().enumerate().rev() {
+        let Some(r) = reason_of(i) else { continue };
+        // SAFETY: the group is live for this call and `index` is within it: members after it
+        // may already be gone, but none before it.
+        unsafe {
+            let member = (*c.group).candHost.add(c.index);
+            if !reason.is_null() {
+                (m.api.reason_set)(reason, member, r);
+            }
+            (m.api.remove_host)(c.group, c.index as c_int);
+        }
+    }
+}
+
+unsafe extern "C" fn sort_fn(data: *mut c_void, list: *mut c_void, _reason: *mut c_void) -> c_int {
+    guarded("sortFn", -1, || {
+        let m = module()?;
+        if data.is_null() || list.is_null() {
+            return Err("sortFn called without handler data or candidates".into());
+        }
+        // SAFETY: `data` is the HandlerData newFn attached.
+        let data = unsafe { &*(data as *const HandlerData) };
+        let scores = data.scores.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the scheduler's live candidate list.
+        for g in unsafe { groups(&m.api, list) } {
+            // SAFETY: a live group; its members are reordered in place, none added or lost.
+            let members = unsafe { members(g) };
+            members.sort_by_key(|c| scores.get(&(c.hostPtr as usize)).copied().unwrap_or(UNKNOWN_SCORE));
+        }
+        Ok(0)
+    })
+}
+
+/// The job behind a notify or check call: its topod job id and its request.
+fn job_of(api: &Api, job: *mut c_void) -> Result<Option<(String, Request)>, String> {
+    if job.is_null() {
+        return Err("called without a job".into());
+    }
+    let (id, index, key) = if let (Some(get), Some(free)) = (api.get_job_info, api.free_job_info) {
+        let mut info = sys::jobInfo::default();
+        // SAFETY: `job` is the scheduler's job; `info` is a zeroed struct of the header's layout.
+        if unsafe { get(job, &mut info) } != 0 {
+            return Err("extsched_getJobInfo failed".into());
+        }
+        // SAFETY: filled by the scheduler; freed right after.
+        let key = unsafe { text(info.resKey) };
+        let r = (info.jobId, info.jobIndex, key);
+        // SAFETY: what extsched_getJobInfo filled.
+        unsafe { free(&mut info) };
+        r
+    } else if let Some(get) = api.get_job_info6 {
+        // SAFETY: `job` is the scheduler's job; the result is its static buffer.
+        let info = unsafe { get(job, sys::phase_PHASE_NOTIFY as c_int) };
+        if info.is_null() {
+            return Err("lsb_get_jobinfo returned nothing".into());
+        }
+        // SAFETY: the scheduler's buffer, read before any other call.
+        unsafe { ((*info).jobId, (*info).jobIndex, text((*info).resKey)) }
+    } else {
+        return Err("the scheduler has neither extsched_getJobInfo nor lsb_get_jobinfo".into());
+    };
+    let Some(key) = key else { return Ok(None) };
+    match extsched::request_from_key(&key) {
+        None => Ok(None),
+        Some(Ok(r)) => Ok(Some((extsched::job_id(id, index), r))),
+        Some(Err(e)) => Err(format!("job {id}: {e}")),
+    }
+}
+
+/// Hosts and slots of an allocation.
+fn hosts_of(api: &Api, alloc: *mut c_void) -> Result<Vec<(String, u32)>, String> {
+    if alloc.is_null() {
+        return Err("called without an allocation".into());
+    }
+    if let (Some(get), Some(free)) = (api.get_alloc, api.free_alloc) {
+        let mut info: *mut sys::extsched_Alloc = ptr::null_mut();
+        // SAFETY: `alloc` is the scheduler's; `info` is a valid out-pointer, freed below.
+        if unsafe { get(alloc, &mut info) } != 0 || info.is_null() {
+            return Err("extsched_getAlloc failed".into());
+        }
+        let mut owned = Vec::new();
+        // SAFETY: `info` holds nInst pointers to instances with C strings.
+        unsafe {
+            for i in 0..(*info).nInst.max(0) as usize {
+                let inst = *(*info).inst.add(i);
+                if inst.is_null() {
+                    continue;
+                }
+                owned.push((text((*inst).host).unwrap_or_default(), text((*inst).rsrc), (*inst).amount));
+            }
+            free(&mut info);
+        }
+        tracing::debug!(instances = ?owned, "allocation");
+        return Ok(extsched::slots_per_host(owned.iter().map(|(h, r, a)| (h.as_str(), r.as_deref(), *a))));
+    }
+    if let Some(get) = api.alloc_get_host_slot {
+        let (mut count, mut group) = (0, ptr::null_mut());
+        // SAFETY: `alloc` is the scheduler's; out-pointers are valid.
+        let slots = unsafe { get(alloc, ptr::null_mut(), &mut count, &mut group) };
+        if slots.is_null() {
+            return Ok(Vec::new());
+        }
+        // SAFETY: `count` host slots from the scheduler.
+        let slots = unsafe { std::slice::from_raw_parts(slots, count.max(0) as usize) };
+        // SAFETY: each name is a C string or null.
+        return Ok(slots.iter().filter_map(|s| unsafe { text(s.name) }.map(|n| (n, s.nslotAlloc.max(0) as u32))).collect());
+    }
+    Err("the scheduler has neither extsched_getAlloc nor lsb_alloc_gethostslot".into())
+}
+
+unsafe extern "C" fn notify_alloc_fn(_info: *mut c_void, job: *mut c_void, alloc: *mut c_void, _limits: *mut c_void, flag: c_int) -> c_int {
+    guarded("notifyAllocFn", -1, || {
+        let m = module()?;
+        let Some((job_id, request)) = job_of(&m.api, job)? else { return Ok(0) };
+        let flag = flag as u32;
+        let mut reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
+        if flag & sys::NOTIFY_DEALLOC != 0 {
+            let had = reservations.release(&job_id);
+            tracing::info!(job = %job_id, had_reservation = had, "deallocated");
+            return Ok(0);
+        }
+        if flag & (sys::NOTIFY_ALLOC | sys::NOTIFY_STARTUP) == 0 {
+            return Ok(0);
+        }
+        let hosts = hosts_of(&m.api, alloc)?;
+        let cache = m.shared.cache.read().unwrap_or_else(|e| e.into_inner());
+        for (host, slots) in hosts {
+            let Some(h) = cache.lookup(&host) else {
+                tracing::warn!(job = %job_id, %host, "dispatched to a host the cache does not know; no reservation");
+                continue;
+            };
+            if cache.host(h).state.as_ref().is_some_and(|s| s.holds(&job_id)) {
+                continue; // topod already counts it
+            }
+            let mut req = request.clone();
+            req.tasks.get_or_insert(slots.max(1));
+            let verdict = eval::evaluate(&context(m, &cache, &reservations), h, &req);
+            match verdict {
+                Verdict::Fits { cpus, .. } if !cpus.is_empty() => {
+                    tracing::info!(job = %job_id, %host, %cpus, startup = flag & sys::NOTIFY_STARTUP != 0, "reserved");
+                    reservations.reserve(&job_id, h, cpus, Instant::now());
+                }
+                Verdict::Fits { .. } => tracing::info!(job = %job_id, %host, "dispatched to a host whose state is unknown; no reservation"),
+                Verdict::NoFit(why) => tracing::warn!(job = %job_id, %host, "dispatched although it does not fit: {why}"),
+            }
+        }
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn check_alloc_fn(_info: *mut c_void, job: *mut c_void, alloc: *mut c_void, limits: *mut c_void) -> c_int {
+    guarded("checkAllocFn", -1, || {
+        let m = module()?;
+        let Some((job_id, request)) = job_of(&m.api, job)? else { return Ok(0) };
+        let hosts = hosts_of(&m.api, alloc)?;
+        let cache = m.shared.cache.read().unwrap_or_else(|e| e.into_inner());
+        let reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
+        let ctx = context(m, &cache, &reservations);
+        for (host, slots) in hosts {
+            let Some(h) = cache.lookup(&host) else { continue };
+            if reservations.of_job(&job_id).iter().any(|r| r.host == h) {
+                continue;
+            }
+            let mut req = request.clone();
+            req.tasks.get_or_insert(slots.max(1));
+            let Verdict::NoFit(why) = eval::evaluate(&ctx, h, &req) else { continue };
+            if matches!(why, NoFit::Unknown(_)) && m.config.cache.unreachable == Unreachable::Open {
+                continue;
+            }
+            let max = eval::max_tasks(&ctx, h, &request, slots.saturating_sub(1));
+            let detail = format!("topo: {host} can no longer hold {slots} task(s) of {request}: {why}");
+            tracing::info!(job = %job_id, max_tasks = max, "{detail}");
+            let Some(add) = m.api.add_alloc_limit else {
+                tracing::warn!("the scheduler has no extsched_addAllocLimit; cannot limit the allocation");
+                continue;
+            };
+            let (host_c, detail_c) = (CString::new(host.replace('\0', "")).map_err(|e| e.to_string())?, CString::new(detail.replace('\0', "")).map_err(|e| e.to_string())?);
+            // SAFETY: the scheduler's limit list and allocation for this call; the strings are
+            // copied by the scheduler.
+            unsafe {
+                add(limits, alloc, host_c.as_ptr() as *mut c_char, max as c_int, m.config.lsf.reason_base + REASON_CHANGED, detail_c.as_ptr() as *mut c_char, m.config.lsf.handler_id, 0)
+            };
+        }
+        Ok(0)
+    })
+}
+

@@ -1,0 +1,171 @@
+//! `schmod_topo.so`: the LSF scheduler module of topo.
+//!
+//! LSF's scheduler (`mbschd`) loads the module listed in `lsb.modules` and calls
+//! [`sched_init`], which registers a resource-requirement handler. For every new resource
+//! requirement the scheduler calls the handler's `newFn`; the module reads the job's `-extsched`
+//! strings and the queue's `MANDATORY_EXTSCHED` / `DEFAULT_EXTSCHED`, merges them per keyword
+//! and parses them with the placement core's request language ([`extsched`]). Jobs without a
+//! topology request are left alone. Jobs with equal requests get the same handler key, which
+//! makes them LSF "peer jobs", matched together.
+//!
+//! - `matchFn` removes every candidate host whose free topology cannot hold the request, with a
+//!   custom pending reason; `sortFn` orders the rest by the placement score. Both read only the
+//!   in-memory host-state cache ([`topo_plugin_core`]), which a background thread keeps fresh
+//!   from each host's topod: nothing on the scheduler's thread waits for the network.
+//! - `notifyAllocFn` keeps tentative reservations (`NOTIFY_ALLOC`, `NOTIFY_STARTUP` replay
+//!   after a scheduler restart, `NOTIFY_DEALLOC`), so that two jobs in one session never count
+//!   the same CPUs; a reservation goes when the host's topod reports the job.
+//! - `checkAllocFn` re-checks an allocation against the current state and limits the tasks on a
+//!   host that can no longer hold them.
+//!
+//! A string that does not parse pends the job with a pending reason that quotes the fragment.
+//! Every exported function catches panics and returns an error code; the module logs through
+//! `tracing` to the file its configuration names ([`config`]).
+
+mod api;
+pub mod config;
+pub mod extsched;
+mod handler;
+
+use api::Api;
+use config::ModuleConfig;
+use std::os::raw::{c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
+use topo_plugin_core::eval::Memo;
+use topo_plugin_core::fetch::{Refresher, Shared, TopodSource};
+
+/// What the module holds between calls.
+struct Module {
+    api: Api,
+    config: ModuleConfig,
+    shared: Arc<Shared>,
+    memo: Mutex<Memo>,
+    refresher: Mutex<Option<Refresher>>,
+}
+
+static MODULE: OnceLock<Module> = OnceLock::new();
+
+fn module() -> Result<&'static Module, String> {
+    MODULE.get().ok_or_else(|| "schmod_topo: called before sched_init succeeded".to_string())
+}
+
+/// Runs one entry point or callback: an error is logged and becomes `on_error`, and so does a
+/// panic (which must never unwind into the scheduler).
+fn guarded<T>(callback: &'static str, on_error: T, f: impl FnOnce() -> Result<T, String>) -> T {
+    match catch_unwind(AssertUnwindSafe(|| {
+        inject_panic(callback);
+        f()
+    })) {
+        Ok(Ok(v)) => v,
+        Ok(Err(message)) => {
+            tracing::error!(callback, "{message}");
+            on_error
+        }
+        Err(panic) => {
+            let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+            tracing::error!(callback, "internal error (panic: {what}); the call returns an error and the scheduler goes on");
+            on_error
+        }
+    }
+}
+
+#[cfg(feature = "inject-panic")]
+fn inject_panic(callback: &str) {
+    if std::env::var("TOPO_LSF_PANIC_IN").is_ok_and(|c| c == callback) {
+        panic!("injected into {callback} (test build)");
+    }
+}
+
+#[cfg(not(feature = "inject-panic"))]
+fn inject_panic(_callback: &str) {}
+
+/// Entry point: the module's interface version (0, as every known module returns).
+#[no_mangle]
+pub extern "C" fn sched_version(_param: *mut c_void) -> c_int {
+    0
+}
+
+/// Entry point: reads the configuration, resolves the scheduler's functions, starts the cache
+/// refresher and registers the handler. 0 on success, -1 (logged) on failure.
+#[no_mangle]
+pub extern "C" fn sched_init(_param: *mut c_void) -> c_int {
+    guarded("sched_init", -1, init)
+}
+
+fn init() -> Result<c_int, String> {
+    if MODULE.get().is_some() {
+        tracing::info!("sched_init called again; keeping the running module");
+        return Ok(0);
+    }
+    let path = config::path();
+    let config = config::load(&path).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
+    config::start_log(&config.lsf).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
+    std::panic::set_hook(Box::new(|info| tracing::error!("panic in schmod_topo: {info}")));
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %path.display(), header = topo_lsf_sys::HEADER_USED, "schmod_topo starting");
+    let api = Api::resolve()?;
+    tracing::info!(flavour = ?api.flavour, "scheduler interface resolved");
+    let hosts = config.cache.validate().map_err(|e| e.to_string())?;
+    let key = config.cache.read_key().map_err(|e| e.to_string())?;
+    let shared = Arc::new(Shared::default());
+    {
+        let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
+        for (name, address) in &hosts {
+            cache.add(name, address.clone());
+        }
+    }
+    let source = Arc::new(TopodSource::new(key, config.cache.timeout()));
+    let refresher = Refresher::start(shared.clone(), source, config.cache.clone()).map_err(|e| format!("cannot start the refresh thread: {e}"))?;
+    let handler_id = config.lsf.handler_id;
+    let unreachable = config.cache.unreachable;
+    MODULE
+        .set(Module { api, config, shared, memo: Mutex::new(Memo::new()), refresher: Mutex::new(Some(refresher)) })
+        .map_err(|_| "sched_init ran twice at once".to_string())?;
+    let handler = Box::leak(Box::new(handler::table()));
+    // SAFETY: `handler` is a valid, leaked (never freed) table of six callbacks in the ABI
+    // order; the scheduler keeps (or copies) it.
+    let rc = unsafe { (api.register_handler)(handler_id, handler) };
+    if rc < 0 {
+        return Err(format!("the scheduler refused handler id {handler_id} (returned {rc}); another module may use it: set [lsf] handler_id"));
+    }
+    tracing::info!(handler_id, hosts = hosts.len(), ?unreachable, "handler registered");
+    Ok(0)
+}
+
+/// Entry point (phase 1); the module works through its handler.
+#[no_mangle]
+pub extern "C" fn sched_pre_proc(_param: *mut c_void) -> c_int {
+    0
+}
+
+/// Entry point (phase 2); the module works through its handler.
+#[no_mangle]
+pub extern "C" fn sched_match_limit(_param: *mut c_void) -> c_int {
+    0
+}
+
+/// Entry point (phase 3); the module works through its handler.
+#[no_mangle]
+pub extern "C" fn sched_order_alloc(_param: *mut c_void) -> c_int {
+    0
+}
+
+/// Entry point (phase 4); the module works through its handler.
+#[no_mangle]
+pub extern "C" fn sched_post_proc(_param: *mut c_void) -> c_int {
+    0
+}
+
+/// Entry point: stops the refresh thread.
+#[no_mangle]
+pub extern "C" fn sched_finalize(_param: *mut c_void) -> c_int {
+    guarded("sched_finalize", -1, || {
+        if let Ok(m) = module() {
+            if let Some(r) = m.refresher.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                r.stop();
+            }
+            tracing::info!("schmod_topo finalized");
+        }
+        Ok(0)
+    })
+}
