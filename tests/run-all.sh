@@ -23,6 +23,10 @@ cargo test --workspace --locked
 # (the default run above does 20,000 through proptest).
 cargo test --release --locked -p topod --lib -- --ignored request_fuzz_million
 
+# The LSF scheduler module, loaded with dlopen by a C stand-in for mbschd and driven through
+# scheduling sessions against real topod processes; once more under valgrind memcheck.
+tests/lsf-harness/run.sh
+
 # The systemd unit, as systemd reads it (ExecStart pointed at the binary just built).
 if command -v systemd-analyze >/dev/null 2>&1; then
     cargo build --quiet --locked -p topod --bin topod

@@ -113,7 +113,12 @@ pub fn refresh_once(shared: &Shared, source: &dyn HostSource, config: &CacheConf
         for (id, result, at) in chunk {
             match result {
                 Ok(f) => match cache.update(*id, f.topology.as_ref(), f.free_map.clone(), *at) {
-                    Ok(()) => ok += 1,
+                    Ok(()) => {
+                        ok += 1;
+                        if f.topology.is_some() {
+                            tracing::info!(host = %cache.host(*id).name, "topod answers; topology and free map cached");
+                        }
+                    }
                     Err(e) => {
                         failed += 1;
                         tracing::warn!(host = %cache.host(*id).name, "unusable reply from topod: {e}");
@@ -122,8 +127,14 @@ pub fn refresh_once(shared: &Shared, source: &dyn HostSource, config: &CacheConf
                 },
                 Err(e) => {
                     failed += 1;
-                    tracing::warn!(host = %cache.host(*id).name, "cannot fetch the free map: {e}");
-                    cache.failed(*id, &e.to_string());
+                    let text = e.to_string();
+                    // Said once when a host starts failing (or fails differently), not every round.
+                    if cache.host(*id).last_error.as_deref() != Some(text.as_str()) {
+                        tracing::warn!(host = %cache.host(*id).name, "cannot fetch the free map: {e}");
+                    } else {
+                        tracing::debug!(host = %cache.host(*id).name, "still cannot fetch the free map");
+                    }
+                    cache.failed(*id, &text);
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! The pure part of the module: which `-extsched` strings are topo's, the handler key that
 //! makes jobs with equal requests peers, and the job ids shared with `topo-exec`.
 
-use topod::request::{merge_extsched, MergeError, Request};
+use topod::request::{merge_extsched, ExtschedSource, MergeError, Request};
 
 /// Marks topo's handler keys; what follows is the canonical request.
 pub const KEY_PREFIX: &str = "topo#";
@@ -57,23 +57,19 @@ pub fn decide(job: Option<&str>, mandatory: Option<&str>, default: Option<&str>)
     }
     match merge_extsched(mandatory, job, default) {
         Ok(request) => Decision::Request { key: format!("{KEY_PREFIX}{request}"), request },
-        Err(e) => Decision::Bad { key: format!("{KEY_PREFIX}bad#{}#{}#{}", mandatory.unwrap_or(""), job.unwrap_or(""), default.unwrap_or("")), message: bad_message(&e) },
+        Err(e) => Decision::Bad { key: format!("{KEY_PREFIX}bad#{}#{}#{}", mandatory.unwrap_or(""), job.unwrap_or(""), default.unwrap_or("")), message: bad_message(&e, mandatory, job, default) },
     }
 }
 
-/// The pending-reason text for a string that does not parse: one line, quoting the fragment.
-pub fn bad_message(e: &MergeError) -> String {
-    let text = e.to_string();
-    // The parser's message has the string, a caret line and the explanation; a pending reason
-    // is one line, so the caret becomes a quoted fragment.
-    let lines: Vec<&str> = text.lines().collect();
-    if lines.len() >= 3 {
-        let head = lines[0].trim_end_matches(':');
-        let rest = lines[3..].join(" ");
-        format!("topo: {head} \"{}\": {rest}", lines[1].trim())
-    } else {
-        format!("topo: {}", text.replace('\n', " "))
-    }
+/// The pending-reason text for a string that does not parse: one line, naming the string,
+/// quoting it, and saying what is wrong where (a pending reason has no room for a caret line).
+pub fn bad_message(e: &MergeError, mandatory: Option<&str>, job: Option<&str>, default: Option<&str>) -> String {
+    let input = match e.source_string {
+        ExtschedSource::QueueMandatory => mandatory,
+        ExtschedSource::Job => job,
+        ExtschedSource::QueueDefault => default,
+    };
+    format!("topo: bad topology request in {} \"{}\": {}", e.source_string, input.unwrap_or(""), e.error)
 }
 
 /// The request in a handler key (the job's `resKey` in notify), when the key is topo's.
@@ -140,7 +136,7 @@ mod tests {
         }
         match decide(Some("affinity[core(2,same=numaa)]"), None, None) {
             Decision::Bad { message, key } => {
-                assert!(message.contains("numaa"), "{message}");
+                assert_eq!(message, "topo: bad topology request in the job's -extsched string \"affinity[core(2,same=numaa)]\": at byte 21 (\"numaa\"): unknown level for same=; expected one of numa, socket, core, mcm, l3");
                 assert!(!message.contains('\n'));
                 assert!(request_from_key(&key).unwrap().is_err());
             }

@@ -45,6 +45,7 @@ struct Module {
 }
 
 static MODULE: OnceLock<Module> = OnceLock::new();
+static HANDLER: OnceLock<topo_lsf_sys::RsrcReqHandlerType> = OnceLock::new();
 
 fn module() -> Result<&'static Module, String> {
     MODULE.get().ok_or_else(|| "schmod_topo: called before sched_init succeeded".to_string())
@@ -121,10 +122,13 @@ fn init() -> Result<c_int, String> {
     MODULE
         .set(Module { api, config, shared, memo: Mutex::new(Memo::new()), refresher: Mutex::new(Some(refresher)) })
         .map_err(|_| "sched_init ran twice at once".to_string())?;
-    let handler = Box::leak(Box::new(handler::table()));
-    // SAFETY: `handler` is a valid, leaked (never freed) table of six callbacks in the ABI
-    // order; the scheduler keeps (or copies) it.
-    let rc = unsafe { (api.register_handler)(handler_id, handler) };
+    // The table lives as long as the process (the header: "Memory must not be freed"); a static
+    // rather than a leaked box, so that it stays reachable whether the scheduler keeps the
+    // pointer or a copy.
+    let handler = HANDLER.get_or_init(handler::table);
+    // SAFETY: `handler` is a valid table of six callbacks in the ABI order that is never freed;
+    // the scheduler only reads it.
+    let rc = unsafe { (api.register_handler)(handler_id, std::ptr::from_ref(handler).cast_mut()) };
     if rc < 0 {
         return Err(format!("the scheduler refused handler id {handler_id} (returned {rc}); another module may use it: set [lsf] handler_id"));
     }

@@ -1,0 +1,491 @@
+/*
+ * A stand-in for LSF's scheduler (mbschd), for testing schmod_topo.so without LSF.
+ *
+ * It dlopen()s the module as the scheduler does, calls sched_init, and provides from this
+ * executable (linked with -rdynamic) the scheduler functions the module calls: the LSF 9/10
+ * extsched_* names, or with -DLSB_ONLY only the 6.x lsb_* names. It then drives scheduling
+ * sessions against real topod processes that tests/lsf-harness/run.sh started, and checks
+ * which hosts the module removes (and with which pending reason), their order, the pending
+ * reason text of a bad request, tentative reservations across dispatches, checkAlloc limits,
+ * and the replay after a scheduler restart.
+ *
+ * Usage: harness MODULE.so SCENARIO    (session | restart | panic)
+ * Environment: TOPO_LSF_CONF (the module's config, written by run.sh), HARNESS_TOPOCTL and
+ * HARNESS_H1_SOCKET (to change topod's state between sessions), HARNESS_REFRESH_MS.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../ffi/include/lssched.h"
+
+#define API __attribute__((visibility("default")))
+
+/* ---------------------------------------------------------------------------------------- */
+/* The scheduler's objects                                                                   */
+
+enum { NHOSTS = 4, MAXMSG = 2 };
+static const char *host_names[NHOSTS] = {"h1", "h2", "h3", "h4"};
+static struct hostSlot slots[NHOSTS];
+static int host_tokens[NHOSTS]; /* what hostPtr points at */
+
+struct resreq {
+    char *msgs[MAXMSG];
+    const char *mandatory, *deflt;
+    char *key;
+    void *data;
+    int set;
+};
+
+struct cand_list {
+    struct candHostGroup group;
+    struct candHost members[NHOSTS];
+    int iterated;
+};
+
+struct reasons {
+    int id[NHOSTS];
+    char *main_text;
+};
+
+struct job {
+    int id, index;
+    char *res_key;
+};
+
+struct alloc {
+    const char *host;
+    int slots;
+};
+
+struct limit {
+    char host[64];
+    int max_tasks, reason, handler, calls;
+    char detail[512];
+};
+
+static RsrcReqHandlerType handler;
+static int handler_id = -1, handler_registered;
+static struct cand_list *current_list;
+static struct limit last_limit;
+static int failures;
+
+static void check(int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, ok ? "  ok    " : "  FAIL  ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    if (!ok)
+        failures++;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The functions the module calls. Each is defined once and exported under the names the
+ * scheduler generation being emulated has.                                                  */
+
+static int do_register(int id, RsrcReqHandlerType *h) {
+    if (id < 100 || id > 199 || h == NULL)
+        return -1;
+    handler = *h; /* the scheduler keeps a copy */
+    handler_id = id;
+    handler_registered++;
+    return 0;
+}
+static void do_setobject(void *rr, int id, char *key, void *data) {
+    struct resreq *r = rr;
+    if (id != handler_id)
+        fprintf(stderr, "  FAIL  setobject with handler id %d, registered %d\n", id, handler_id), failures++;
+    free(r->key);
+    r->key = strdup(key); /* the key is copied */
+    r->data = data;
+    r->set = 1;
+}
+static char **do_getextresreq(void *rr, int *cnt) {
+    struct resreq *r = rr;
+    *cnt = MAXMSG;
+    return r->msgs;
+}
+static int do_getqueextsched(void *rr, char **mand, char **def) {
+    struct resreq *r = rr;
+    *mand = (char *)r->mandatory;
+    *def = (char *)r->deflt;
+    return 0;
+}
+static struct candHostGroup *do_getnextgroup(void *list) {
+    if (list != NULL) {
+        current_list = list;
+        current_list->iterated = 0;
+    }
+    if (current_list == NULL || current_list->iterated)
+        return NULL;
+    current_list->iterated = 1;
+    return &current_list->group;
+}
+static void do_removehost(struct candHostGroup *g, int index) {
+    if (index < 0 || index >= g->numOfMembers) {
+        fprintf(stderr, "  FAIL  removehost index %d of %d\n", index, g->numOfMembers);
+        failures++;
+        return;
+    }
+    memmove(&g->candHost[index], &g->candHost[index + 1], sizeof(struct candHost) * (g->numOfMembers - index - 1));
+    g->numOfMembers--;
+}
+static struct hostSlot *do_getavailslot(struct candHost *c) { return &slots[c->hostIdx]; }
+static int do_reason_set(void *rp, struct candHost *c, int id) {
+    struct reasons *r = rp;
+    r->id[c->hostIdx] = id;
+    return 0;
+}
+static struct jobInfo *fill_jobinfo(struct job *j, struct jobInfo *info) {
+    memset(info, 0, sizeof *info);
+    info->jobId = j->id;
+    info->jobIndex = j->index;
+    info->resKey = j->res_key ? strdup(j->res_key) : NULL;
+    return info;
+}
+
+#ifndef LSB_ONLY
+API int extsched_resreq_registerhandler(int id, RsrcReqHandlerType *h) { return do_register(id, h); }
+API void extsched_resreq_setobject(INT_RsrcReq *rr, int id, char *key, void *data) { do_setobject(rr, id, key, data); }
+API char **extsched_resreq_getextresreq(INT_RsrcReq *rr, int *cnt) { return do_getextresreq(rr, cnt); }
+API int extsched_resreq_getqueextsched(INT_RsrcReq *rr, char **m, char **d) { return do_getqueextsched(rr, m, d); }
+API struct candHostGroup *extsched_cand_getnextgroup(INT_CandGroupList *l) { return do_getnextgroup(l); }
+API void extsched_cand_removehost(struct candHostGroup *g, int i) { do_removehost(g, i); }
+API struct hostSlot *extsched_cand_getavailslot(struct candHost *c) { return do_getavailslot(c); }
+API int extsched_reason_set(INT_Reason *r, struct candHost *c, int id) { return do_reason_set(r, c, id); }
+API int extsched_setMainReason(INT_Reason *rp, char *msg, int level) {
+    struct reasons *r = rp;
+    (void)level;
+    free(r->main_text);
+    r->main_text = strdup(msg);
+    return 0;
+}
+API int extsched_getJobInfo(INT_Job *job, struct jobInfo *info) {
+    fill_jobinfo(job, info);
+    return 0;
+}
+API void extsched_freeJobInfo(struct jobInfo *info) {
+    free(info->resKey);
+    info->resKey = NULL;
+}
+API int extsched_getAlloc(INT_Alloc *a, extsched_Alloc **out) {
+    struct alloc *al = a;
+    extsched_Alloc *x = calloc(1, sizeof *x);
+    x->type = ALLOC_TYPE_ALLOC;
+    x->nInst = 1;
+    x->inst = calloc(1, sizeof *x->inst);
+    x->inst[0] = calloc(1, sizeof **x->inst);
+    x->inst[0]->host = strdup(al->host);
+    x->inst[0]->rsrc = NULL;
+    x->inst[0]->amount = (float)al->slots;
+    *out = x;
+    return 0;
+}
+API void extsched_freeAlloc(extsched_Alloc **p) {
+    extsched_Alloc *x = *p;
+    for (int i = 0; i < x->nInst; i++) {
+        free(x->inst[i]->host);
+        free(x->inst[i]);
+    }
+    free(x->inst);
+    free(x);
+    *p = NULL;
+}
+API int extsched_addAllocLimit(INT_AllocLimitList *l, INT_Alloc *a, char *host, int max, int reason, char *detail, int hid, int bucket) {
+    (void)l, (void)a, (void)bucket;
+    snprintf(last_limit.host, sizeof last_limit.host, "%s", host ? host : "(all)");
+    snprintf(last_limit.detail, sizeof last_limit.detail, "%s", detail ? detail : "");
+    last_limit.max_tasks = max;
+    last_limit.reason = reason;
+    last_limit.handler = hid;
+    last_limit.calls++;
+    return 0;
+}
+API extsched_SchedContext extsched_getCheckAllocContext(void) { return SCHED_CONTEXT_ALLOC; }
+#else
+API int lsb_resreq_registerhandler(int id, RsrcReqHandlerType *h) { return do_register(id, h); }
+API void lsb_resreq_setobject(void *rr, int id, char *key, void *data) { do_setobject(rr, id, key, data); }
+API char **lsb_resreq_getextresreq(void *rr, int *cnt) { return do_getextresreq(rr, cnt); }
+API int lsb_resreq_getqueextsched(void *rr, char **m, char **d) { return do_getqueextsched(rr, m, d); }
+API struct candHostGroup *lsb_cand_getnextgroup(void *l) { return do_getnextgroup(l); }
+API void lsb_cand_removehost(struct candHostGroup *g, int i) { do_removehost(g, i); }
+API struct hostSlot *lsb_cand_getavailslot(struct candHost *c) { return do_getavailslot(c); }
+API int lsb_reason_set(void *r, struct candHost *c, int id) { return do_reason_set(r, c, id); }
+static struct jobInfo static_jobinfo; /* 6.x returns a static buffer */
+API struct jobInfo *lsb_get_jobinfo(void *job, int phase) {
+    (void)phase;
+    free(static_jobinfo.resKey);
+    return fill_jobinfo(job, &static_jobinfo);
+}
+static struct hostSlot alloc_slot;
+API struct hostSlot *lsb_alloc_gethostslot(void *a, void *l, int *cnt, struct candHostGroup **g) {
+    struct alloc *al = a;
+    (void)l;
+    alloc_slot.name = (char *)al->host;
+    alloc_slot.nslotAlloc = al->slots;
+    *cnt = 1;
+    *g = NULL;
+    return &alloc_slot;
+}
+#endif
+
+/* ---------------------------------------------------------------------------------------- */
+/* Driving the module                                                                        */
+
+static struct resreq *new_resreq(const char *job, const char *mandatory, const char *deflt) {
+    struct resreq *r = calloc(1, sizeof *r);
+    r->msgs[0] = strdup(""); /* observed: the user's string is element 1 */
+    r->msgs[1] = job ? strdup(job) : NULL;
+    r->mandatory = mandatory;
+    r->deflt = deflt;
+    int rc = handler.newFn(r);
+    if (rc != 0)
+        fprintf(stderr, "        newFn returned %d\n", rc);
+    return r;
+}
+
+static void free_resreq(struct resreq *r) {
+    if (r->set && handler.freeFn)
+        handler.freeFn(r->data);
+    free(r->msgs[0]);
+    free(r->msgs[1]);
+    free(r->key);
+    free(r);
+}
+
+static void fill_list(struct cand_list *l, const int *order, int n) {
+    memset(l, 0, sizeof *l);
+    for (int i = 0; i < n; i++) {
+        l->members[i].hostIdx = order[i];
+        l->members[i].hostPtr = &host_tokens[order[i]];
+    }
+    l->group.maxOfMembers = NHOSTS;
+    l->group.numOfMembers = n;
+    l->group.candHost = l->members;
+}
+
+/* Runs matchFn then sortFn over h1..h4 (in `order`), and returns the surviving names joined
+ * by commas in `out`; the reasons land in `rs`. */
+static int match_sort(struct resreq *r, const int *order, struct reasons *rs, char *out, size_t outlen) {
+    struct cand_list l;
+    fill_list(&l, order, NHOSTS);
+    memset(rs, 0, sizeof *rs);
+    int rc = handler.matchFn(r->data, &l, rs);
+    if (rc == 0)
+        rc = handler.sortFn(r->data, &l, rs);
+    out[0] = 0;
+    for (int i = 0; i < l.group.numOfMembers; i++) {
+        if (i)
+            strncat(out, ",", outlen - strlen(out) - 1);
+        strncat(out, host_names[l.group.candHost[i].hostIdx], outlen - strlen(out) - 1);
+    }
+    current_list = NULL;
+    return rc;
+}
+
+static const int DEFAULT_ORDER[NHOSTS] = {2, 3, 1, 0}; /* h3, h4, h2, h1 */
+
+static void dispatch(struct resreq *r, int id, const char *host, int slots, int flag) {
+    struct job j = {id, 0, r->key};
+    struct alloc a = {host, slots};
+    int rc = handler.notifyAllocFn(r->data, &j, &a, NULL, flag);
+    check(rc == 0, "notifyAllocFn(job %d on %s, flag 0x%x) returns 0 (got %d)", id, host, flag, rc);
+}
+
+static void expect(struct resreq *r, const char *want, const char *what) {
+    struct reasons rs;
+    char got[128];
+    int rc = match_sort(r, DEFAULT_ORDER, &rs, got, sizeof got);
+    check(rc == 0 && strcmp(got, want) == 0, "%s: kept [%s], expected [%s]", what, got, want);
+    free(rs.main_text);
+}
+
+static int reason_base = 20001;
+
+static void wait_refresh(void) {
+    const char *ms = getenv("HARNESS_REFRESH_MS");
+    usleep((useconds_t)(ms ? atoi(ms) : 300) * 3 * 1000);
+}
+
+static int topoctl(const char *args) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s %s >/dev/null", getenv("HARNESS_TOPOCTL"), args);
+    return system(cmd);
+}
+
+static void scenario_session(void) {
+    struct reasons rs;
+    char got[128];
+    const char *socket_req = "affinity[core(24,same=socket)]";
+
+    fprintf(stderr, "filtering: one package of 24 cores\n");
+    struct resreq *big = new_resreq(socket_req, NULL, NULL);
+    check(big->set, "newFn attaches data to a job with a topology request (key %s)", big->key ? big->key : "-");
+    int rc = match_sort(big, DEFAULT_ORDER, &rs, got, sizeof got);
+    check(rc == 0, "matchFn + sortFn return 0");
+    check(strstr(got, "h1") && strstr(got, "h2") && !strstr(got, "h3") && !strstr(got, "h4"), "h1 and h2 kept, h3 and h4 removed: [%s]", got);
+    check(rs.id[2] == reason_base + 1, "h3 (8 cores per package) removed with 'does not fit' (%d)", rs.id[2]);
+    check(rs.id[3] == reason_base + 2, "h4 (no topod) removed with 'state unknown', fail-closed (%d)", rs.id[3]);
+    free(rs.main_text);
+
+    fprintf(stderr, "ranking: 16 cores anywhere\n");
+    struct resreq *spread = new_resreq("affinity[core(16)]", NULL, NULL);
+    rc = match_sort(spread, DEFAULT_ORDER, &rs, got, sizeof got);
+    check(rc == 0 && strlen(got) > 0 && strcmp(got + strlen(got) - 2, "h3") == 0,
+          "h3 (16 cores only across both packages) ranked last, though offered first: [%s]", got);
+    free(rs.main_text);
+
+    fprintf(stderr, "a bad -extsched string\n");
+    struct resreq *bad = new_resreq("affinity[core(2,same=numaa)]", NULL, NULL);
+    rc = match_sort(bad, DEFAULT_ORDER, &rs, got, sizeof got);
+    check(rc == 0 && got[0] == 0, "every host removed: [%s]", got);
+    check(rs.id[0] == reason_base && rs.id[2] == reason_base, "with the 'bad request' reason %d (%d)", reason_base, rs.id[0]);
+    check(rs.main_text && strstr(rs.main_text, "\"affinity[core(2,same=numaa)]\"") && strstr(rs.main_text, "(\"numaa\"): unknown level"),
+          "the pending reason quotes the fragment: %s", rs.main_text ? rs.main_text : "(none)");
+    free(rs.main_text);
+
+    fprintf(stderr, "jobs without a topology request\n");
+    struct resreq *other = new_resreq("filer[vol1 vol2]", NULL, NULL);
+    check(!other->set, "another module's -extsched string is left to LSF");
+    struct resreq *none = new_resreq(NULL, NULL, NULL);
+    check(!none->set, "no -extsched at all is left to LSF");
+
+    fprintf(stderr, "queue strings\n");
+    struct resreq *merged = new_resreq("affinity[core(24)]", "affinity[core(24,same=socket)]", NULL);
+    expect(merged, "h2,h1", "MANDATORY_EXTSCHED adds same=socket, so h3 goes");
+    struct resreq *deflt = new_resreq(NULL, NULL, socket_req);
+    check(deflt->set, "DEFAULT_EXTSCHED alone makes a topology job");
+
+    fprintf(stderr, "reservations within a session\n");
+    dispatch(big, 101, "h1", 1, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
+    expect(big, "h2,h1", "after job 101 took one package of h1, h1 still has one");
+    dispatch(big, 102, "h1", 1, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
+    expect(big, "h2", "after job 102 took the other, h1 is full: the same CPUs are never counted twice");
+
+    fprintf(stderr, "checkAllocFn\n");
+    struct job j104 = {104, 0, big->key};
+    struct alloc a104 = {"h1", 1};
+    memset(&last_limit, 0, sizeof last_limit);
+    rc = handler.checkAllocFn(big->data, &j104, &a104, (void *)&last_limit);
+    check(rc == 0 && last_limit.calls == 1 && strcmp(last_limit.host, "h1") == 0 && last_limit.max_tasks == 0 &&
+              last_limit.reason == reason_base + 3,
+          "an allocation of job 104 on full h1 is limited to 0 tasks with reason %d (calls %d, host %s, max %d, reason %d)",
+          reason_base + 3, last_limit.calls, last_limit.host, last_limit.max_tasks, last_limit.reason);
+    check(strstr(last_limit.detail, "h1") != NULL, "with a detail naming the host: %s", last_limit.detail);
+    struct alloc a104b = {"h2", 1};
+    memset(&last_limit, 0, sizeof last_limit);
+    rc = handler.checkAllocFn(big->data, &j104, &a104b, (void *)&last_limit);
+    check(rc == 0 && last_limit.calls == 0, "an allocation on h2, where it fits, is not limited");
+
+    fprintf(stderr, "deallocation\n");
+    dispatch(big, 102, "h1", 1, NOTIFY_DEALLOC);
+    expect(big, "h2,h1", "after job 102 ended, h1 has a package again");
+
+    fprintf(stderr, "topod confirms job 101\n");
+    check(topoctl("alloc --socket \"$HARNESS_H1_SOCKET\" --job lsf-101 'affinity[core(24,same=socket)]'") == 0,
+          "job 101 starts on h1 (topoctl alloc, as topo-exec would)");
+    wait_refresh();
+    struct resreq *two = new_resreq("affinity[core(24,same=socket)*2]", NULL, NULL);
+    expect(two, "", "two packages: h1 holds job 101 (once: its reservation went when topod reported it), h2 holds one");
+    expect(big, "h2,h1", "one package: h1 still has exactly one free");
+
+    free_resreq(big);
+    free_resreq(spread);
+    free_resreq(bad);
+    free_resreq(other);
+    free_resreq(none);
+    free_resreq(merged);
+    free_resreq(deflt);
+    free_resreq(two);
+}
+
+static void scenario_restart(void) {
+    fprintf(stderr, "a restarted scheduler replays its running jobs (NOTIFY_STARTUP)\n");
+    struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
+    expect(big, "h2,h1", "before the replay: h1 and h2 each have a free package");
+    dispatch(big, 101, "h1", 1, NOTIFY_STARTUP); /* topod already holds it: nothing added */
+    dispatch(big, 105, "h2", 1, NOTIFY_STARTUP); /* dispatched, not started yet */
+    expect(big, "h1", "after the replay: job 105 holds h2's free package; job 101 is not counted twice on h1");
+    dispatch(big, 105, "h2", 1, NOTIFY_DEALLOC);
+    expect(big, "h2,h1", "job 105 deallocated");
+    free_resreq(big);
+}
+
+static void scenario_panic(void) {
+    fprintf(stderr, "a panic inside a callback (test build, TOPO_LSF_PANIC_IN=%s)\n", getenv("TOPO_LSF_PANIC_IN"));
+    struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
+    struct reasons rs;
+    char got[128];
+    struct cand_list l;
+    fill_list(&l, DEFAULT_ORDER, NHOSTS);
+    memset(&rs, 0, sizeof rs);
+    int rc = handler.matchFn(big->data, &l, &rs);
+    check(rc == -1, "matchFn returns -1 instead of unwinding into the scheduler (got %d)", rc);
+    check(l.group.numOfMembers == NHOSTS, "and removed nothing");
+    current_list = NULL;
+    unsetenv("TOPO_LSF_PANIC_IN");
+    rc = match_sort(big, DEFAULT_ORDER, &rs, got, sizeof got);
+    check(rc == 0 && strstr(got, "h1") && !strstr(got, "h3"), "the next call works: [%s]", got);
+    free(rs.main_text);
+    free_resreq(big);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s MODULE.so session|restart|panic\n", argv[0]);
+        return 2;
+    }
+    for (int i = 0; i < NHOSTS; i++) {
+        slots[i].name = (char *)host_names[i];
+        slots[i].nslotAvail = 8;
+        slots[i].ncpus = 8;
+    }
+    const char *rb = getenv("HARNESS_REASON_BASE");
+    if (rb)
+        reason_base = atoi(rb);
+    /* As the scheduler loads a module listed in lsb.modules. */
+    void *so = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (!so) {
+        fprintf(stderr, "dlopen: %s\n", dlerror());
+        return 1;
+    }
+    const char *entry[] = {"sched_version", "sched_init", "sched_pre_proc", "sched_match_limit", "sched_order_alloc", "sched_post_proc", "sched_finalize"};
+    int (*fn[7])(void *);
+    for (int i = 0; i < 7; i++) {
+        *(void **)&fn[i] = dlsym(so, entry[i]);
+        check(fn[i] != NULL, "the module exports %s", entry[i]);
+        if (!fn[i])
+            return 1;
+    }
+    check(fn[0](NULL) == 0, "sched_version returns 0");
+    int rc = fn[1](NULL);
+    check(rc == 0 && handler_registered == 1, "sched_init returns 0 (%d) and registers one handler (%d)", rc, handler_registered);
+    if (rc != 0 || !handler_registered)
+        return 1;
+    check(handler_id >= 100 && handler_id <= 199, "handler id %d is within 100-199", handler_id);
+    check(handler.newFn && handler.freeFn && handler.matchFn && handler.sortFn && handler.notifyAllocFn && handler.checkAllocFn,
+          "all six handler callbacks are set");
+    for (int i = 2; i < 6; i++)
+        check(fn[i](NULL) == 0, "%s returns 0", entry[i]);
+    wait_refresh(); /* the module fetches host states in the background */
+
+    if (strcmp(argv[2], "session") == 0)
+        scenario_session();
+    else if (strcmp(argv[2], "restart") == 0)
+        scenario_restart();
+    else if (strcmp(argv[2], "panic") == 0)
+        scenario_panic();
+    else {
+        fprintf(stderr, "unknown scenario %s\n", argv[2]);
+        return 2;
+    }
+    check(fn[6](NULL) == 0, "sched_finalize returns 0");
+    fprintf(stderr, "%s: %s\n", argv[2], failures ? "FAILED" : "passed");
+    return failures ? 1 : 0;
+}
