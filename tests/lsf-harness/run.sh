@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The LSF module test: builds schmod_topo.so (and its panic-injection test build) and the C
-# harness that stands in for mbschd, starts real topod processes (fake cgroup backend) on real
+# The LSF module test: builds schmod_topo.so (and its panic-injection test build), libtopo.so,
+# and the C harness that stands in for mbschd, starts real topod processes (fake cgroup backend) on real
 # machines from shared/topologies, and runs the harness scenarios, one of them under valgrind.
 #
 #   h1  AMD EPYC 7451, 2 packages x 24 cores, served over topod's TCP listener (shared key)
@@ -18,7 +18,7 @@ cargo build --quiet --locked -p topod --bin topod --bin topoctl
 cargo build --quiet --locked -p topo-lsf --features inject-panic
 work=$(mktemp -d /tmp/topo-lsf-harness.XXXXXX)
 cp target/debug/libschmod_topo.so "$work/schmod_topo_panic.so"
-cargo build --quiet --locked -p topo-lsf
+cargo build --quiet --locked -p topo-lsf -p topo-capi
 cp target/debug/libschmod_topo.so "$work/schmod_topo.so"
 
 pids=()
@@ -31,6 +31,7 @@ trap cleanup EXIT
 
 cc -std=c11 -Wall -Wextra -Werror -g -O1 -rdynamic -o "$work/harness" tests/lsf-harness/harness.c -ldl
 cc -std=c11 -Wall -Wextra -Werror -g -O1 -rdynamic -DLSB_ONLY -o "$work/harness-lsb" tests/lsf-harness/harness.c -ldl
+cc -std=c11 -D_DEFAULT_SOURCE -Wall -Wextra -Werror -g -o "$work/capi_test" tests/lsf-harness/capi_test.c -Ltarget/debug -ltopo -Wl,-rpath,"$PWD/target/debug"
 
 start_topod() { # name topology [extra topod.toml lines]
     local name=$1 topo=$2
@@ -81,6 +82,10 @@ TOPO_LSF_PANIC_IN=matchFn run "$work/harness" "$work/schmod_topo_panic.so" panic
 # by h1's topod by now; the session's expectations hold either way.)
 HARNESS_REFRESH_MS=2000 run valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
     --show-leak-kinds=definite "$work/harness" "$work/schmod_topo.so" session || status=1
+# The C API (libtopo.so), against h3's topod, also under memcheck.
+CAPI_SOCKET="$work/h3/topod.sock" run "$work/capi_test" || status=1
+CAPI_SOCKET="$work/h3/topod.sock" run valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+    --show-leak-kinds=definite "$work/capi_test" || status=1
 if [ "$status" -ne 0 ]; then
     echo "--- module log (last 60 lines)"; tail -n 60 "$work/schmod_topo.log"
     for h in h1 h2 h3; do echo "--- topod $h"; tail -n 20 "$work/$h/log"; done
