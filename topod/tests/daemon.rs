@@ -260,3 +260,33 @@ fn the_tcp_listener_is_read_only_and_keyed() {
     assert_eq!(code, "forbidden");
     assert!(message.contains("read-only"), "{message}");
 }
+
+#[test]
+fn topo_exec_as_an_lsf_job_starter() {
+    // topod on an emulated machine with the fake backend: no root needed.
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let host = nix::unistd::gethostname().unwrap().to_string_lossy().into_owned();
+    let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
+        .args(["--socket", d.socket.to_str().unwrap(), "--", "sh", "-c", "echo $TOPO_JOB; echo $LSB_AFFINITY_HOSTFILE; cat $LSB_AFFINITY_HOSTFILE"])
+        .env("LSB_JOBID", "4711")
+        .env("LSB_JOBINDEX", "3")
+        .env("TOPO_REQUEST", "affinity[core(2)]")
+        .env("LSB_MCPU_HOSTS", format!("elsewhere 8 {host} 3"))
+        .env("TMPDIR", dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "lsf-4711[3]", "{text}");
+    assert_eq!(lines[1], dir.path().join("topo-affinity.lsf-4711[3]").to_str().unwrap());
+    // Three tasks (this host's slots) of two cores each, one line per task.
+    assert_eq!(lines.len(), 5, "{text}");
+    let mut c = Client::connect(&d.socket).unwrap();
+    let job = c.call(Op::List).unwrap()[0].clone();
+    assert_eq!(job["job"], "lsf-4711[3]");
+    for (line, task) in lines[2..].iter().zip(job["tasks"].as_array().unwrap()) {
+        assert_eq!(*line, format!("{host} {}", task.as_str().unwrap()));
+    }
+}

@@ -2,28 +2,37 @@
 //!
 //! `topo-exec --job ID [--request R] -- CMD ARGS...` asks the local topod to allocate for the job
 //! (when `--request` is given; an existing allocation for the same request is reused), moves
-//! itself into the job's cgroup, exports what the job got, and execs the command. As an LSF
-//! `JOB_STARTER` the job id comes from `$LSB_JOBID` and the request from `$TOPO_REQUEST`.
+//! itself into the job's cgroup, exports what the job got, and execs the command.
+//!
+//! As an LSF `JOB_STARTER` (`topo-exec -- %USRCMD`) the job id is `lsf-$LSB_JOBID` (with
+//! `[$LSB_JOBINDEX]` in a job array), the request comes from `$TOPO_REQUEST` (which `esub.topo`
+//! sets), the tasks are this host's slots in `$LSB_MCPU_HOSTS`, and an
+//! `LSB_AFFINITY_HOSTFILE`-compatible file is written for MPI launchers.
 
 use clap::Parser;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
+use topod::batch;
 use topod::client::Client;
 use topod::proto::Op;
 
 #[derive(Parser)]
 #[command(name = "topo-exec", version, about = "Run a command inside a job's cpuset/cgroup")]
 struct Args {
-    /// The job id [default: $LSB_JOBID, $SLURM_JOB_ID or $PBS_JOBID].
+    /// The job id [default: lsf-$LSB_JOBID (lsf-$LSB_JOBID[$LSB_JOBINDEX] in an array), $SLURM_JOB_ID or $PBS_JOBID].
     #[arg(long)]
     job: Option<String>,
     /// The topology request; without it the job must already be allocated [default: $TOPO_REQUEST].
     #[arg(long)]
     request: Option<String>,
-    /// Tasks when the request does not say [default: $LSB_DJOB_NUMPROC or 1].
+    /// Tasks when the request does not say [default: this host's slots in $LSB_MCPU_HOSTS, else $LSB_DJOB_NUMPROC, else 1].
     #[arg(long)]
     tasks: Option<u32>,
+    /// Write the job's CPUs per task here, one `host cpu_list` line per task, and point
+    /// $LSB_AFFINITY_HOSTFILE at it [default under LSF: $TMPDIR/topo-affinity.JOB, else none].
+    #[arg(long)]
+    hostfile: Option<PathBuf>,
     /// topod's socket.
     #[arg(long, default_value = "/run/topo/topod.sock")]
     socket: PathBuf,
@@ -47,14 +56,17 @@ enum Never {}
 
 fn run(args: Args) -> Result<Never, String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let job = args
-        .job
-        .or_else(|| env("LSB_JOBID"))
-        .or_else(|| env("SLURM_JOB_ID"))
-        .or_else(|| env("PBS_JOBID"))
-        .ok_or("no job id: give --job or run under LSF, Slurm or PBS")?;
+    let job = args.job.or_else(|| batch::job_id(env)).ok_or("no job id: give --job or run under LSF, Slurm or PBS")?;
     let request = args.request.or_else(|| env("TOPO_REQUEST"));
-    let tasks = args.tasks.or_else(|| env("LSB_DJOB_NUMPROC").and_then(|v| v.parse().ok()));
+    let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
+    let tasks = args
+        .tasks
+        .or_else(|| env("LSB_MCPU_HOSTS").and_then(|m| batch::lsf_slots_on(&m, &host)))
+        .or_else(|| env("LSB_DJOB_NUMPROC").and_then(|v| v.parse().ok()));
+    let under_lsf = env("LSB_JOBID").is_some();
+    let hostfile = args.hostfile.or_else(|| {
+        under_lsf.then(|| PathBuf::from(env("TMPDIR").unwrap_or_else(|| "/tmp".into())).join(format!("topo-affinity.{job}")))
+    });
     let mut client = Client::connect(&args.socket).map_err(|e| e.to_string())?;
     let alloc = match request {
         Some(request) => client
@@ -70,6 +82,14 @@ fn run(args: Args) -> Result<Never, String> {
     client.call(Op::Join { job: job.clone(), pid: std::process::id() as i32 }).map_err(|e| e.to_string())?;
     let cpus = alloc["cpus"].as_str().unwrap_or_default().to_string();
     let mems = alloc["mems"].as_str().unwrap_or_default().to_string();
-    let err = Command::new(&args.command[0]).args(&args.command[1..]).env("TOPO_JOB", &job).env("TOPO_CPUS", &cpus).env("TOPO_MEMS", &mems).exec();
+    let mut command = Command::new(&args.command[0]);
+    command.args(&args.command[1..]).env("TOPO_JOB", &job).env("TOPO_CPUS", &cpus).env("TOPO_MEMS", &mems);
+    if let Some(path) = hostfile {
+        let tasks: Vec<String> = alloc["tasks"].as_array().map(|t| t.iter().filter_map(|c| c.as_str().map(str::to_string)).collect()).unwrap_or_default();
+        let tasks = if tasks.is_empty() { vec![cpus.clone()] } else { tasks };
+        std::fs::write(&path, batch::affinity_hostfile(&host, &tasks)).map_err(|e| format!("cannot write the affinity host file {}: {e}", path.display()))?;
+        command.env("LSB_AFFINITY_HOSTFILE", &path);
+    }
+    let err = command.exec();
     Err(format!("cannot run {}: {err}", args.command[0]))
 }
