@@ -262,31 +262,61 @@ fn the_tcp_listener_is_read_only_and_keyed() {
 }
 
 #[test]
-fn topo_exec_as_an_lsf_job_starter() {
+fn lsf_pre_exec_job_starter_and_post_exec() {
     // topod on an emulated machine with the fake backend: no root needed.
     let dir = tempfile::tempdir().unwrap();
     let d = start(dir.path(), &["--cgroup", "fake"], true);
     let host = nix::unistd::gethostname().unwrap().to_string_lossy().into_owned();
-    let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
-        .args(["--socket", d.socket.to_str().unwrap(), "--", "sh", "-c", "echo $TOPO_JOB; echo $LSB_AFFINITY_HOSTFILE; cat $LSB_AFFINITY_HOSTFILE"])
-        .env("LSB_JOBID", "4711")
-        .env("LSB_JOBINDEX", "3")
-        .env("TOPO_REQUEST", "affinity[core(2)]")
-        .env("LSB_MCPU_HOSTS", format!("elsewhere 8 {host} 3"))
-        .env("TMPDIR", dir.path())
-        .output()
-        .unwrap();
+    let me = nix::unistd::User::from_uid(nix::unistd::getuid()).unwrap().unwrap().name;
+    let lsf_env = |c: &mut Command| {
+        c.env("LSB_JOBID", "4711")
+            .env("LSB_JOBINDEX", "3")
+            .env("LSB_MCPU_HOSTS", format!("elsewhere 8 {host} 3"))
+            .env("TMPDIR", dir.path())
+            .env("USER", &me)
+            .env_remove("TOPO_REQUEST")
+            .env_remove("TOPO_QUEUE_MANDATORY")
+            .env_remove("TOPO_QUEUE_DEFAULT");
+    };
+    let topoctl = |sub: &str, extra: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_topoctl"));
+        c.args([sub, "--socket", d.socket.to_str().unwrap()]);
+        lsf_env(&mut c);
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    // A bad request: exit 99, so that LSF ends the job instead of pending it forever.
+    let bad = topoctl("lsf-pre-exec", &[("TOPO_REQUEST", "affinity[core(2,same=numaa)]")]);
+    assert_eq!(bad.status.code(), Some(99), "{}", String::from_utf8_lossy(&bad.stderr));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("numaa"));
+    // The host pre-exec (root) allocates: the queue's mandatory string is merged in.
+    let pre = topoctl("lsf-pre-exec", &[("TOPO_REQUEST", "affinity[core(2)]"), ("TOPO_QUEUE_MANDATORY", "affinity[core(2,same=numa)]")]);
+    assert!(pre.status.success(), "{}", String::from_utf8_lossy(&pre.stderr));
+    assert!(String::from_utf8_lossy(&pre.stdout).contains("same=numa"), "{}", String::from_utf8_lossy(&pre.stdout));
+    // The job starter joins it and writes the affinity host file.
+    let mut c = Command::new(env!("CARGO_BIN_EXE_topo-exec"));
+    c.args(["--socket", d.socket.to_str().unwrap(), "--", "sh", "-c", "echo $TOPO_JOB; echo $LSB_AFFINITY_HOSTFILE; cat $LSB_AFFINITY_HOSTFILE"]);
+    lsf_env(&mut c);
+    let out = c.output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "lsf-4711[3]", "{text}");
-    assert_eq!(lines[1], dir.path().join("topo-affinity.lsf-4711[3]").to_str().unwrap());
+    let hostfile = dir.path().join("topo-affinity.lsf-4711[3]");
+    assert_eq!(lines[1], hostfile.to_str().unwrap());
     // Three tasks (this host's slots) of two cores each, one line per task.
     assert_eq!(lines.len(), 5, "{text}");
-    let mut c = Client::connect(&d.socket).unwrap();
-    let job = c.call(Op::List).unwrap()[0].clone();
+    let mut client = Client::connect(&d.socket).unwrap();
+    let job = client.call(Op::List).unwrap()[0].clone();
     assert_eq!(job["job"], "lsf-4711[3]");
     for (line, task) in lines[2..].iter().zip(job["tasks"].as_array().unwrap()) {
         assert_eq!(*line, format!("{host} {}", task.as_str().unwrap()));
     }
+    // The host post-exec releases it and removes the host file.
+    let post = topoctl("lsf-post-exec", &[]);
+    assert!(post.status.success(), "{}", String::from_utf8_lossy(&post.stderr));
+    assert_eq!(client.call(Op::List).unwrap().as_array().unwrap().len(), 0);
+    assert!(!hostfile.exists());
 }

@@ -68,16 +68,16 @@ fn run(args: Args) -> Result<Never, String> {
         under_lsf.then(|| PathBuf::from(env("TMPDIR").unwrap_or_else(|| "/tmp".into())).join(format!("topo-affinity.{job}")))
     });
     let mut client = Client::connect(&args.socket).map_err(|e| e.to_string())?;
-    let alloc = match request {
-        Some(request) => client
+    // An allocation made before the job started (by LSF's host pre-exec, as root) is joined as it
+    // is; otherwise the job is allocated here (which needs root or an administrator).
+    let jobs = client.call(Op::List).map_err(|e| e.to_string())?;
+    let existing = jobs.as_array().and_then(|a| a.iter().find(|j| j["job"] == job.as_str()).cloned());
+    let alloc = match (existing, request) {
+        (Some(a), _) => a,
+        (None, Some(request)) => client
             .call(Op::Allocate { job: job.clone(), request, tasks, cpus: None, mem_limit_bytes: None, owner_uid: Some(nix::unistd::getuid().as_raw()) })
             .map_err(|e| e.to_string())?,
-        None => {
-            let jobs = client.call(Op::List).map_err(|e| e.to_string())?;
-            jobs.as_array()
-                .and_then(|a| a.iter().find(|j| j["job"] == job.as_str()).cloned())
-                .ok_or_else(|| format!("job {job} has no allocation on this host; give --request"))?
-        }
+        (None, None) => return Err(format!("job {job} has no allocation on this host; give --request")),
     };
     client.call(Op::Join { job: job.clone(), pid: std::process::id() as i32 }).map_err(|e| e.to_string())?;
     let cpus = alloc["cpus"].as_str().unwrap_or_default().to_string();

@@ -5,6 +5,7 @@
 //! `bench placement` (the placement-quality benchmark) and `demo`.
 
 mod bench_daemon;
+mod lsf;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
@@ -124,6 +125,17 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// LSF host pre-exec (as root): place the job on this host from its environment
+    /// ($LSB_JOBID, $TOPO_REQUEST, $LSB_MCPU_HOSTS) before it starts.
+    LsfPreExec {
+        #[command(flatten)]
+        daemon: Daemon,
+    },
+    /// LSF host post-exec (as root): release the job on this host.
+    LsfPostExec {
+        #[command(flatten)]
+        daemon: Daemon,
     },
     /// Run a command in a new job on this host: allocate, run inside the job's cgroup, release.
     Run {
@@ -253,6 +265,8 @@ fn main() -> ExitCode {
         }
         Command::Release { daemon, job, json } => call_and_print(&daemon, Op::Release { job }, json),
         Command::Run { daemon, request, job, command } => run_job(&daemon, request, job, &command),
+        Command::LsfPreExec { daemon } => lsf::pre_exec(&daemon),
+        Command::LsfPostExec { daemon } => lsf::post_exec(&daemon),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

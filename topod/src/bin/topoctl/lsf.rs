@@ -1,0 +1,92 @@
+//! `topoctl lsf-pre-exec` and `lsf-post-exec`: the LSF host pre- and post-execution commands
+//! (run as root, `LSB_PRE_POST_EXEC_USER=root`). The pre-exec places the job on this host from
+//! its environment before it starts, so that `topo-exec`, the job starter, running as the job's
+//! user, only has to join; the post-exec releases it.
+
+use crate::{call, connect, Daemon, Failure};
+use topod::batch;
+use topod::proto::Op;
+use topod::request::merge_extsched;
+
+/// Exit status that makes LSF end the job instead of pending it again (its request can never
+/// work).
+const EXIT_NEVER: u8 = 99;
+
+fn env(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.is_empty())
+}
+
+fn lsf_job() -> Result<String, Failure> {
+    if env("LSB_JOBID").is_none() {
+        return Err(Failure::input("LSB_JOBID is not set: this command runs as LSF's host pre- or post-execution command"));
+    }
+    Ok(batch::job_id(env).expect("LSB_JOBID is set"))
+}
+
+/// The job's request: `$TOPO_REQUEST` (set by esub.topo from `bsub -extsched`) merged with the
+/// queue's `$TOPO_QUEUE_MANDATORY` and `$TOPO_QUEUE_DEFAULT` the way the scheduler module merged
+/// them; None when there is none.
+fn request() -> Result<Option<String>, Failure> {
+    let (mandatory, job, default) = (env("TOPO_QUEUE_MANDATORY"), env("TOPO_REQUEST"), env("TOPO_QUEUE_DEFAULT"));
+    if mandatory.is_none() && job.is_none() && default.is_none() {
+        return Ok(None);
+    }
+    match merge_extsched(mandatory.as_deref(), job.as_deref(), default.as_deref()) {
+        Ok(r) => Ok(Some(r.to_string())),
+        Err(e) => {
+            let input = match e.source_string {
+                topod::request::ExtschedSource::QueueMandatory => mandatory,
+                topod::request::ExtschedSource::Job => job,
+                topod::request::ExtschedSource::QueueDefault => default,
+            };
+            Err(Failure { message: format!("bad topology request {}", e.render(input.as_deref().unwrap_or(""))), code: EXIT_NEVER })
+        }
+    }
+}
+
+/// Allocates the job on this host.
+pub fn pre_exec(daemon: &Daemon) -> Result<(), Failure> {
+    let job = lsf_job()?;
+    let Some(request) = request()? else {
+        println!("job {job}: no topology request; nothing to do");
+        return Ok(());
+    };
+    let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+    let tasks = env("LSB_MCPU_HOSTS").and_then(|m| batch::lsf_slots_on(&m, &host)).or_else(|| env("LSB_DJOB_NUMPROC").and_then(|v| v.parse().ok()));
+    let user = env("LSFUSERNAME").or_else(|| env("USER"));
+    let owner_uid = match &user {
+        Some(name) => Some(
+            nix::unistd::User::from_name(name)
+                .ok()
+                .flatten()
+                .ok_or_else(|| Failure::runtime(format!("job {job}: its user {name:?} is not known on this host")))?
+                .uid
+                .as_raw(),
+        ),
+        None => None,
+    };
+    let mut c = connect(daemon)?;
+    let a = call(&mut c, Op::Allocate { job: job.clone(), request: request.clone(), tasks, cpus: None, mem_limit_bytes: None, owner_uid }).map_err(|f| {
+        if f.message.contains("can never fit") {
+            Failure { code: EXIT_NEVER, ..f }
+        } else {
+            f
+        }
+    })?;
+    println!("job {job} ({request}): CPUs {}, memory nodes {}", a["cpus"].as_str().unwrap_or(""), a["mems"].as_str().unwrap_or(""));
+    Ok(())
+}
+
+/// Releases the job on this host and removes its affinity host file.
+pub fn post_exec(daemon: &Daemon) -> Result<(), Failure> {
+    let job = lsf_job()?;
+    let mut c = connect(daemon)?;
+    match call(&mut c, Op::Release { job: job.clone() }) {
+        Ok(v) => println!("job {job} released ({} process(es) killed)", v["killed"].as_u64().unwrap_or(0)),
+        Err(f) if f.message.contains("holds nothing") => println!("job {job}: nothing held on this host"),
+        Err(f) => return Err(f),
+    }
+    let hostfile = std::path::PathBuf::from(env("TMPDIR").unwrap_or_else(|| "/tmp".into())).join(format!("topo-affinity.{job}"));
+    let _ = std::fs::remove_file(hostfile);
+    Ok(())
+}
