@@ -82,6 +82,26 @@ TOPO_LSF_PANIC_IN=matchFn run "$work/harness" "$work/schmod_topo_panic.so" panic
 # by h1's topod by now; the session's expectations hold either way.)
 HARNESS_REFRESH_MS=2000 run valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
     --show-leak-kinds=definite "$work/harness" "$work/schmod_topo.so" session || status=1
+# esub.topo at bsub time: a good request goes to the job's environment, a bad one is refused
+# with topoctl's message, another module's string is left alone.
+esub() { # extsched-string -> exit status; output in $work/esub.*
+    printf 'LSB_SUB_EXTSCHED_PARAM="%s"\n' "$1" > "$work/esub.parm"
+    : > "$work/esub.env"
+    LSB_SUB_PARM_FILE="$work/esub.parm" LSB_SUB_MODIFY_ENVFILE="$work/esub.env" LSB_SUB_ABORT_VALUE=97 \
+        TOPOCTL=target/debug/topoctl sh packaging/lsf/esub.topo 2>"$work/esub.err"
+}
+echo "== esub.topo"
+if esub 'affinity[core(2)*4]' && grep -qx 'TOPO_REQUEST="affinity\[core(2)\*4\]"' "$work/esub.env"; then
+    echo "  ok    a good request is passed on as TOPO_REQUEST"
+else echo "  FAIL  good request: $(cat "$work/esub.env" "$work/esub.err")"; status=1; fi
+rc=0; esub 'affinity[core(2,same=numaa)]' || rc=$?
+if [ "$rc" -eq 97 ] && grep -q 'numaa' "$work/esub.err" && [ ! -s "$work/esub.env" ]; then
+    echo "  ok    a bad request is refused with the parser's message: $(tail -n1 "$work/esub.err")"
+else echo "  FAIL  bad request: rc $rc, $(cat "$work/esub.err")"; status=1; fi
+if esub 'filer[vol1]' && [ ! -s "$work/esub.env" ]; then
+    echo "  ok    another module's -extsched string is left alone"
+else echo "  FAIL  other module's string"; status=1; fi
+
 # The C API (libtopo.so), against h3's topod, also under memcheck.
 CAPI_SOCKET="$work/h3/topod.sock" run "$work/capi_test" || status=1
 CAPI_SOCKET="$work/h3/topod.sock" run valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \

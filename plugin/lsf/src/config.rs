@@ -102,6 +102,13 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    #[test]
+    fn the_packaged_example_loads() {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../packaging/lsf/topo-lsf.toml");
+        let c = load(&p).unwrap();
+        assert_eq!((c.lsf.handler_id, c.lsf.reason_base, c.cache.refresh_interval_ms), (142, 20001, 5000));
+    }
+
     fn tempfile_dir() -> PathBuf {
         let d = std::env::temp_dir().join(format!("topo-lsf-config-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
