@@ -41,4 +41,6 @@ fi
 # The placement benchmark runs too, briefly, so that a change that breaks it fails here; the
 # figures that matter come from the full run in README ("Benchmarks").
 cargo run --quiet --release --locked -p topod --bin topoctl -- bench placement --jobs 300 >/dev/null
+cargo build --quiet --release --locked -p topod --bin topod
+cargo run --quiet --release --locked -p topo-plugin-core --bin topo-plugin-bench -- --hosts 300 --jobs 20 --baseline-jobs 1 >/dev/null
 echo "tests/run-all.sh: all tests passed"
