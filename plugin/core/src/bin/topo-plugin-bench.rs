@@ -155,7 +155,7 @@ fn start_topod(binary: &Path, topology: &Path) -> Result<(Topod, PathBuf), Strin
         .arg(&dir)
         .arg("--topology")
         .arg(topology)
-        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start {} ({e}); build it first: cargo build --release -p topod --bin topod", binary.display()))?;
     let t = Topod { child, dir };
