@@ -9,18 +9,8 @@
 #include <unistd.h>
 
 #include "../../ffi/include/topo.h"
+#include "check.h"
 
-static int failures;
-
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, ok ? "  ok    " : "  FAIL  ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    failures += !ok;
-}
 
 int main(void) {
     const char *sock = getenv("CAPI_SOCKET");

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "../../ffi/include/lssched.h"
+#include "check.h"
 
 #define API __attribute__((visibility("default")))
 
@@ -72,18 +73,6 @@ static RsrcReqHandlerType handler;
 static int handler_id = -1, handler_registered;
 static struct cand_list *current_list;
 static struct limit last_limit;
-static int failures;
-
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, ok ? "  ok    " : "  FAIL  ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    if (!ok)
-        failures++;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* The functions the module calls. Each is defined once and exported under the names the

@@ -1,7 +1,7 @@
 //! The pure part of the module: which `-extsched` strings are topo's, the handler key that
 //! makes jobs with equal requests peers, and the job ids shared with `topo-exec`.
 
-use topod::request::{merge_extsched, ExtschedSource, MergeError, Request};
+use topod::request::{merge_extsched, MergeError, Request};
 
 /// Marks topo's handler keys; what follows is the canonical request.
 pub const KEY_PREFIX: &str = "topo#";
@@ -64,12 +64,7 @@ pub fn decide(job: Option<&str>, mandatory: Option<&str>, default: Option<&str>)
 /// The pending-reason text for a string that does not parse: one line, naming the string,
 /// quoting it, and saying what is wrong where (a pending reason has no room for a caret line).
 pub fn bad_message(e: &MergeError, mandatory: Option<&str>, job: Option<&str>, default: Option<&str>) -> String {
-    let input = match e.source_string {
-        ExtschedSource::QueueMandatory => mandatory,
-        ExtschedSource::Job => job,
-        ExtschedSource::QueueDefault => default,
-    };
-    format!("topo: bad topology request in {} \"{}\": {}", e.source_string, input.unwrap_or(""), e.error)
+    format!("topo: bad topology request in {} \"{}\": {}", e.source_string, e.input(mandatory, job, default), e.error)
 }
 
 /// The request in a handler key (the job's `resKey` in notify), when the key is topo's.

@@ -38,6 +38,16 @@ pub struct MergeError {
 }
 
 impl MergeError {
+    /// Of the three strings given to [`merge_extsched`], the one this error is about.
+    pub fn input<'a>(&self, mandatory: Option<&'a str>, job: Option<&'a str>, default: Option<&'a str>) -> &'a str {
+        match self.source_string {
+            ExtschedSource::QueueMandatory => mandatory,
+            ExtschedSource::Job => job,
+            ExtschedSource::QueueDefault => default,
+        }
+        .unwrap_or("")
+    }
+
     /// Like [`RequestError::render`]: `input` is the string named by `source_string`.
     pub fn render(&self, input: &str) -> String {
         format!("in {}:\n{}", self.source_string, self.error.render(input))

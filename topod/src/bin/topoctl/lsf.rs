@@ -34,12 +34,8 @@ fn request() -> Result<Option<String>, Failure> {
     match merge_extsched(mandatory.as_deref(), job.as_deref(), default.as_deref()) {
         Ok(r) => Ok(Some(r.to_string())),
         Err(e) => {
-            let input = match e.source_string {
-                topod::request::ExtschedSource::QueueMandatory => mandatory,
-                topod::request::ExtschedSource::Job => job,
-                topod::request::ExtschedSource::QueueDefault => default,
-            };
-            Err(Failure { message: format!("bad topology request {}", e.render(input.as_deref().unwrap_or(""))), code: EXIT_NEVER })
+            let input = e.input(mandatory.as_deref(), job.as_deref(), default.as_deref());
+            Err(Failure { message: format!("bad topology request {}", e.render(input)), code: EXIT_NEVER })
         }
     }
 }
