@@ -368,6 +368,8 @@ unsafe extern "C" fn notify_alloc_fn(_info: *mut c_void, job: *mut c_void, alloc
         let m = module()?;
         let Some((job_id, request)) = job_of(&m.api, job)? else { return Ok(0) };
         let flag = flag as u32;
+        // Locks in one order everywhere: the cache, then the reservations.
+        let cache = m.shared.cache.read().unwrap_or_else(|e| e.into_inner());
         let mut reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
         if flag & sys::NOTIFY_DEALLOC != 0 {
             let had = reservations.release(&job_id);
@@ -378,7 +380,6 @@ unsafe extern "C" fn notify_alloc_fn(_info: *mut c_void, job: *mut c_void, alloc
             return Ok(0);
         }
         let hosts = hosts_of(&m.api, alloc)?;
-        let cache = m.shared.cache.read().unwrap_or_else(|e| e.into_inner());
         for (host, slots) in hosts {
             let Some(h) = cache.lookup(&host) else {
                 tracing::warn!(job = %job_id, %host, "dispatched to a host the cache does not know; no reservation");
