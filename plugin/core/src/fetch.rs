@@ -198,6 +198,13 @@ impl Refresher {
         self.halt();
     }
 
+    /// Tells the thread to stop after its current round, without waiting (a round may take up
+    /// to a time-out per host; a scheduler shutting down should not wait for it).
+    pub fn stop_soon(mut self) {
+        let _ = self.stop.send(());
+        self.thread.take();
+    }
+
     fn halt(&mut self) {
         let _ = self.stop.send(());
         if let Some(t) = self.thread.take() {

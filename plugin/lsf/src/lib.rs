@@ -160,13 +160,13 @@ pub extern "C" fn sched_post_proc(_param: *mut c_void) -> c_int {
     0
 }
 
-/// Entry point: stops the refresh thread.
+/// Entry point: tells the refresh thread to stop (without waiting for its round).
 #[no_mangle]
 pub extern "C" fn sched_finalize(_param: *mut c_void) -> c_int {
     guarded("sched_finalize", -1, || {
         if let Ok(m) = module() {
             if let Some(r) = m.refresher.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                r.stop();
+                r.stop_soon();
             }
             tracing::info!("schmod_topo finalized");
         }
