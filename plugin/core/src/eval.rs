@@ -125,6 +125,32 @@ pub fn max_tasks(ctx: &Context<'_>, host: HostId, request: &Request, limit: u32)
     lo
 }
 
+/// Scores of `request` on `hosts` (`NO_FIT` where it does not fit). Many hosts are split over
+/// the machine's cores: a first match of a new shape over thousands of hosts is the one costly
+/// case, and the scheduler waits for it. Threads only compute; none does I/O.
+fn evaluate_many(ctx: &Context<'_>, request: &Request, hosts: &[HostId]) -> Vec<u64> {
+    let one = |&h: &HostId| match evaluate(ctx, h, request) {
+        Verdict::Fits { score, .. } => score,
+        Verdict::NoFit(_) => NO_FIT,
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_MATCH_THREADS);
+    if hosts.len() < PARALLEL_FROM || threads < 2 {
+        return hosts.iter().map(one).collect();
+    }
+    let chunk = hosts.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = hosts.chunks(chunk).map(|part| s.spawn(move || part.iter().map(one).collect::<Vec<u64>>())).collect();
+        // A panicking worker is re-raised here, on the caller's thread, where the plug-in's
+        // guard catches it.
+        parts.into_iter().flat_map(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    })
+}
+
+/// Below this many hosts to evaluate, one thread does it.
+const PARALLEL_FROM: usize = 512;
+/// At most this many threads evaluate at once.
+const MAX_MATCH_THREADS: usize = 8;
+
 /// Remembered verdicts per request shape and host, valid while neither the host's state nor its
 /// reservations change. A host's state changes only when a job starts or ends there, so a
 /// scheduler matching many jobs of the same shape pays for a placement once per host and
@@ -165,31 +191,38 @@ impl Memo {
         }
         let shape = self.shapes.entry(key.to_string()).or_default();
         shape.last_used = self.tick;
-        hosts
-            .iter()
-            .map(|&h| {
-                // Freshness is checked every time: an entry goes stale without changing.
-                if ctx.cache.usable(h, ctx.now, ctx.stale_after).is_err() {
-                    return match evaluate(ctx, h, request) {
-                        Verdict::Fits { score, .. } => Some(score),
-                        Verdict::NoFit(_) => None,
-                    };
-                }
-                let stamp = (u64::from(ctx.cache.host(h).version) << 32 | u64::from(ctx.reservations.version(h))) + 1;
-                let i = h as usize;
-                if shape.entries.len() <= i {
-                    shape.entries.resize(i + 1, (0, NO_FIT));
-                }
-                if shape.entries[i].0 != stamp {
-                    let score = match evaluate(ctx, h, request) {
-                        Verdict::Fits { score, .. } => score,
-                        Verdict::NoFit(_) => NO_FIT,
-                    };
-                    shape.entries[i] = (stamp, score);
-                }
-                Some(shape.entries[i].1).filter(|&s| s != NO_FIT)
-            })
-            .collect()
+        if let Some(&max) = hosts.iter().max() {
+            if shape.entries.len() <= max as usize {
+                shape.entries.resize(max as usize + 1, (0, NO_FIT));
+            }
+        }
+        // One pass: a remembered score where the host has not changed since; the rest (changed,
+        // never seen with this shape, or stale: an entry goes stale without changing, so stale
+        // hosts are evaluated every time and not remembered) is computed after.
+        let mut out: Vec<u64> = Vec::with_capacity(hosts.len());
+        let mut misses: Vec<(usize, HostId, u64)> = Vec::new();
+        for (pos, &h) in hosts.iter().enumerate() {
+            let stamp = if ctx.cache.usable(h, ctx.now, ctx.stale_after).is_ok() {
+                (u64::from(ctx.cache.host(h).version) << 32 | u64::from(ctx.reservations.version(h))) + 1
+            } else {
+                0
+            };
+            let (seen, score) = shape.entries[h as usize];
+            if stamp != 0 && seen == stamp {
+                out.push(score);
+            } else {
+                out.push(NO_FIT);
+                misses.push((pos, h, stamp));
+            }
+        }
+        let ids: Vec<HostId> = misses.iter().map(|m| m.1).collect();
+        for ((pos, h, stamp), score) in misses.into_iter().zip(evaluate_many(ctx, request, &ids)) {
+            out[pos] = score;
+            if stamp != 0 {
+                shape.entries[h as usize] = (stamp, score);
+            }
+        }
+        out.into_iter().map(|s| Some(s).filter(|&s| s != NO_FIT)).collect()
     }
 
     /// Bytes the memo holds.

@@ -189,3 +189,35 @@ fn discovered_hosts_get_the_template_address() {
     let id = cache.lookup("c2").expect("added");
     assert_eq!(cache.host(id).address, Address::Unix("/c2.sock".into()));
 }
+
+#[test]
+fn the_memo_agrees_with_evaluate_and_forgets_changed_hosts() {
+    let config = CacheConfig::default();
+    let (shared, _source) = setup(&config);
+    let cache = shared.cache.read().unwrap();
+    let mut resv = crate::Reservations::new();
+    let mut memo = eval::Memo::new();
+    let hosts: Vec<u32> = (0..cache.len() as u32).collect();
+    let req = with_tasks("affinity[core(24,same=socket)]", 1);
+    let direct = |resv: &crate::Reservations| {
+        let ctx = Context { cache: &cache, reservations: resv, now: Instant::now(), stale_after: config.stale_after(), unreachable: Unreachable::Open };
+        hosts.iter().map(|&h| match eval::evaluate(&ctx, h, &req) {
+            Verdict::Fits { score, .. } => Some(score),
+            Verdict::NoFit(_) => None,
+        }).collect::<Vec<_>>()
+    };
+    let via_memo = |memo: &mut eval::Memo, resv: &crate::Reservations| {
+        let ctx = Context { cache: &cache, reservations: resv, now: Instant::now(), stale_after: config.stale_after(), unreachable: Unreachable::Open };
+        memo.scores(&ctx, "k", &req, &hosts)
+    };
+    assert_eq!(via_memo(&mut memo, &resv), direct(&resv));
+    assert_eq!(via_memo(&mut memo, &resv), direct(&resv), "remembered scores are the same");
+    // Host b's free package is reserved: the memo must not answer from before.
+    let b = cache.lookup("b").unwrap();
+    let before = via_memo(&mut memo, &resv)[b as usize];
+    assert!(before.is_some());
+    resv.reserve("lsf-1", b, CpuSet::parse_list("24-47,72-95").unwrap(), Instant::now());
+    let after = via_memo(&mut memo, &resv);
+    assert_eq!(after[b as usize], None, "b is full once its free package is reserved");
+    assert_eq!(after, direct(&resv));
+}
