@@ -6,6 +6,7 @@ use crate::address::Address;
 use crate::cache::{FreeMap, HostCache, HostId};
 use crate::config::CacheConfig;
 use crate::reserve::Reservations;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, RwLock};
@@ -82,7 +83,7 @@ pub struct Shared {
     pub reservations: Mutex<Reservations>,
     /// Host names the scheduler asked about that the cache did not know; the refresher adds
     /// them (with the address template) on its next round.
-    pub discovered: Mutex<Vec<String>>,
+    pub discovered: Mutex<BTreeSet<String>>,
 }
 
 /// One round: fetches every host of `cache` through `source` with `workers` threads, then
@@ -146,7 +147,7 @@ pub fn refresh_once(shared: &Shared, source: &dyn HostSource, config: &CacheConf
 }
 
 fn add_discovered(shared: &Shared, config: &CacheConfig) {
-    let names: Vec<String> = std::mem::take(&mut *shared.discovered.lock().unwrap_or_else(|e| e.into_inner()));
+    let names = std::mem::take(&mut *shared.discovered.lock().unwrap_or_else(|e| e.into_inner()));
     if names.is_empty() || config.address_template.is_empty() {
         return;
     }

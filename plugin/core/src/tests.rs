@@ -183,7 +183,7 @@ fn unconfirmed_reservations_expire() {
 fn discovered_hosts_get_the_template_address() {
     let config = CacheConfig { address_template: "unix:/{host}.sock".into(), ..CacheConfig::default() };
     let (shared, _source) = setup(&config);
-    shared.discovered.lock().unwrap().push("c2".into());
+    shared.discovered.lock().unwrap().insert("c2".into());
     refresh_once(&shared, &_source, &config);
     let cache = shared.cache.read().unwrap();
     let id = cache.lookup("c2").expect("added");

@@ -239,9 +239,13 @@ fn decide_all(m: &Module, req: &Request, memo_key: &str, candidates: &[Candidate
         .collect();
     drop(reservations);
     drop(cache);
-    if !unknown.is_empty() {
-        tracing::info!(hosts = ?unknown, "hosts not in the cache yet; fetching their state in the background");
-        m.shared.discovered.lock().unwrap_or_else(|e| e.into_inner()).extend(unknown);
+    if !unknown.is_empty() && !m.config.cache.address_template.is_empty() {
+        let mut discovered = m.shared.discovered.lock().unwrap_or_else(|e| e.into_inner());
+        let before = discovered.len();
+        discovered.extend(unknown);
+        if discovered.len() > before {
+            tracing::info!(hosts = discovered.len() - before, "hosts not in the cache yet; fetching their state in the background");
+        }
     }
     out
 }
