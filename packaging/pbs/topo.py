@@ -225,7 +225,7 @@ def size_in_bytes(value):
         return None
     found = SIZE.match(str(value))
     if not found:
-        raise HookError("cannot read the memory size %r" % str(value))
+        raise HookError("cannot read the memory size %r (a PBS size: a number with b, kb, mb, gb, tb, pb or w)" % str(value))
     number, scale, unit = found.groups()
     word = 8 if (unit or "b").lower() == "w" else 1
     return int(number) * SIZE_UNITS[scale.lower()] * word
@@ -639,7 +639,7 @@ def on_launch(event, config):
     allocation = on_topod_down_rerun(job, lambda: find_allocation(topod, jid))
     if allocation is None:
         if expects_allocation(job, config):
-            raise HookError("job %s has no allocation on %s (did execjob_begin run with the topo hook?); not started unconfined" % (job.id, pbs.get_local_nodename()))
+            raise HookError("job %s has no allocation on %s (did execjob_begin run with the topo hook?); it is not started outside a cgroup" % (job.id, pbs.get_local_nodename()))
         return
     if config["launch"] == "join":
         on_topod_down_rerun(job, lambda: topod.call("join", job=jid, pid=os.getppid()))
@@ -687,7 +687,10 @@ def on_end(event, config):
     second finds nothing to release. If topod cannot be reached, exechost_periodic releases
     the job later (it is then an orphan: held by topod, not run by this MoM)."""
     jid = topod_job_id(event.job.id)
-    killed = release(Topod(config), jid)
+    try:
+        killed = release(Topod(config), jid)
+    except TopodUnreachable as e:
+        raise HookError("%s; exechost_periodic releases %s once topod answers" % (e, jid))
     if killed is not None:
         pbs.logjobmsg(event.job.id, "%s: %s released (%d leftover process(es) killed)" % (HOOK, jid, killed))
 
