@@ -505,13 +505,14 @@ def numa_nodes_with_cpus(topology, free_map):
 
 
 def publish(event, host, topod, config, make_numa_vnodes):
-    """Sets topo_free_numa / topo_free_l3 / topo_free_cores on this MoM's vnodes. With
-    vnode_per_numa_node, each NUMA node is a vnode host[N] with its ncpus, mem and counts, and
-    the natural vnode keeps no CPUs (as the stock cgroups hook does); `make_numa_vnodes` creates
-    them (exechost_startup), otherwise only the ones PBS already lists are refreshed."""
+    """Sets topo_free_numa / topo_free_l3 / topo_free_cores on this MoM's vnodes (with
+    "publish"). With vnode_per_numa_node, each NUMA node is a vnode host[N] with its ncpus, mem
+    and counts, and the natural vnode keeps no CPUs (as the stock cgroups hook does);
+    `make_numa_vnodes` creates them (exechost_startup), otherwise only the ones PBS already
+    lists are refreshed."""
     topology = topod.call("topology")
     free_map = topod.call("free_map")
-    prefix = config["resource_prefix"]
+    prefix = config["resource_prefix"] if config["publish"] else None
     vnodes = event.vnode_list
     if config["vnode_per_numa_node"]:
         for index, cpus, memory in numa_nodes_with_cpus(topology, free_map):
@@ -525,10 +526,12 @@ def publish(event, host, topod, config, make_numa_vnodes):
                 if memory:
                     vnodes[name].resources_available["mem"] = pbs.size("%dkb" % (memory // 1024))
             counts = free_counts(topology, free_map, index)
-            for suffix, field in PUBLISHED:
+            for suffix, field in PUBLISHED if prefix is not None else ():
                 vnodes[name].resources_available[prefix + suffix] = counts[field]
         if make_numa_vnodes and host in vnodes:
             vnodes[host].resources_available["ncpus"] = 0
+    if prefix is None:
+        return
     if host not in vnodes:
         vnodes[host] = pbs.vnode(host)
     for suffix, field in PUBLISHED:
@@ -709,7 +712,7 @@ def on_startup(event, config):
     """exechost_startup: publish (and create the per-NUMA vnodes). If topod is not up yet the
     vnodes are offlined with the reason; exechost_periodic brings them back."""
     host = pbs.get_local_nodename()
-    if not config["publish"]:
+    if not config["publish"] and not config["vnode_per_numa_node"]:
         return
     try:
         publish(event, host, Topod(config), config, True)
