@@ -215,7 +215,12 @@ class HookTestCase(unittest.TestCase):
         env = {"PATH": "/usr/bin:/bin", "PBS_JOBID": job["id"]}
         event, result = self.event_file("execjob_launch", job=dict(job, session_id=0), progname="/bin/sh",
                                         argv=["/bin/sh", "-c", script], env=env, vnode_list={HOST: {}})
-        process = subprocess.Popen([sys.executable, os.path.join(HERE, "launcher.py"), HOOK, event, result])
+        # The job's output goes to a file: a process it leaves behind must not hold the test
+        # runner's stdout open.
+        with open(os.path.join(self.dir, "job-stdio-%d" % self.events), "wb") as stdio:
+            process = subprocess.Popen([sys.executable, os.path.join(HERE, "launcher.py"), HOOK, event, result],
+                                       stdin=subprocess.DEVNULL, stdout=stdio, stderr=stdio)
+        self.addCleanup(stop_child, process)
         deadline = time.time() + 20
         while not os.path.exists(result):
             if time.time() > deadline or process.poll() is not None:
@@ -246,6 +251,24 @@ def cpuset_cgroup_of(pid):
             if "cpuset" in controllers.split(","):
                 return path
     return None
+
+
+def stop_child(process):
+    """Test clean-up after a failed assertion: a process this test started must not outlive it
+    (Popen sends nothing once the child is reaped, so a reused pid is never hit)."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def kill_if_still(pid, command):
+    """Kills `pid` if it is still the process this test started (its command line is `command`)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            if f.read().split(b"\0")[:len(command)] == [c.encode() for c in command]:
+                os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def alive(pid):
@@ -311,36 +334,44 @@ class JobLifeTest(HookTestCase):
             memory_dir = os.path.join(v1_mounts()["memory"], SUBTREE, jid)
             self.assertEqual(int(open(os.path.join(memory_dir, "memory.limit_in_bytes")).read()), 262144 * 1024)
 
-        out = os.path.join(self.dir, "job.out")
+        # The job: reports what it got, leaves a process in a session of its own (as a daemon
+        # started by a job does), and ends normally when the test says so.
+        out, go = os.path.join(self.dir, "job.out"), os.path.join(self.dir, "go")
         script = ("exec > %s; echo $TOPO_CPUS; echo $TOPO_MEMS; echo $TOPO_JOB; grep Cpus_allowed_list /proc/self/status; "
-                  "sleep 300 & echo $!; wait" % out)
+                  "setsid sleep 300 & echo $!; n=0; while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done" % (out, go))
         shell, launched = self.launch(job, script)
         self.assertEqual(launched["outcome"], "accept", launched)
         lines = wait_for_lines(out, 5, shell)
         self.assertEqual(lines[:3], [cpus, allocation[0]["mems"], jid])
-        child = int(lines[4])
-        attached = subprocess.Popen(["sleep", "300"])   # an MPI rank started by pbs_attach
+        escaped = int(lines[4])
+        self.addCleanup(kill_if_still, escaped, ["sleep", "300"])
+        attached = subprocess.Popen(["sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)   # an MPI rank started by pbs_attach
+        self.addCleanup(stop_child, attached)
         self.assert_accepted(self.run_event("execjob_attach", job=job, pid=attached.pid, vnode_list={HOST: {}}))
         if REAL:
             self.assertEqual(lines[3].split(":")[1].strip(), cpus, "the job runs on the CPUs topod gave it")
-            for pid in (shell.pid, child, attached.pid):
+            for pid in (shell.pid, escaped, attached.pid):
                 self.assertEqual(cpuset_cgroup_of(pid), "/%s/%s" % (SUBTREE, jid), "process %d" % pid)
+        open(go, "w").close()
+        self.assertEqual(shell.wait(20), 0, "the job shell ends normally")
+        self.assertTrue(alive(escaped), "its daemon outlives the job shell, as it would under PBS")
+        if REAL:
             procs = open(os.path.join(job_dir, "cgroup.procs")).read().split()
-            self.assertEqual(sorted(procs), sorted(str(p) for p in (shell.pid, child, attached.pid)))
+            self.assertEqual(sorted(procs), sorted(str(p) for p in (escaped, attached.pid)), "what is left is in the job's cgroup")
         else:
             print("SKIPPED (not root or no v1 cpuset): the kernel-side checks of the job's cgroup", file=sys.stderr)
-            for pid in (shell.pid, child, attached.pid):   # the in-memory backend kills nothing
+            for pid in (escaped, attached.pid):   # the in-memory backend kills nothing
                 os.kill(pid, signal.SIGKILL)
 
         self.assert_accepted(self.run_event("execjob_epilogue", job=job, vnode_list={HOST: {}}))
         self.assertEqual(self.topod.jobs(), [])
-        ended = self.run_event("execjob_end", job=job, vnode_list={HOST: {}})
-        self.assert_accepted(ended)
-        shell.wait(10)
+        self.assert_accepted(self.run_event("execjob_end", job=job, vnode_list={HOST: {}}))
         attached.wait(10)
-        self.assertFalse(alive(child), "the job's child was killed")
+        deadline = time.time() + 10
+        while alive(escaped) and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(alive(escaped), "release killed what the job left")
         if REAL:
-            self.assertIsNotNone(shell.returncode)
             self.assertFalse(os.path.exists(job_dir), "no cgroup left")
             for mount in v1_mounts().values():
                 self.assertEqual([d for d in os.listdir(os.path.join(mount, SUBTREE)) if os.path.isdir(os.path.join(mount, SUBTREE, d))], [], mount)
@@ -381,6 +412,13 @@ class JobLifeTest(HookTestCase):
             result = self.run_event("execjob_begin", job=mom_job(bad_id), vnode_list={HOST: {}})
             self.assert_rejected(result, "cannot name a topod job")
         self.assertEqual(self.topod.jobs(), [])
+
+    def test_an_unexpected_error_is_a_sentence_and_the_traceback_goes_to_the_log(self):
+        job = dict(mom_job("63.server"), exec_vnode="(node1:ncpus=two:mem=1gb)")
+        result = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+        self.assert_rejected(result, "topo hook: internal error (ValueError: ", "the traceback is in the PBS log")
+        self.assertNotIn("Traceback", result["message"])
+        self.assertTrue(any("Traceback" in line for _, line in result["log"]), result["log"])
 
     def test_without_a_request_a_job_gets_its_ncpus_or_is_left_alone(self):
         self.assert_accepted(self.run_event("execjob_begin", job=mom_job("58.server", ncpus=1), vnode_list={HOST: {}}))
