@@ -115,12 +115,15 @@ def load_config(path):
         raise HookError("hook configuration %s: expected a JSON object" % path)
     for key, value in given.items():
         if key not in DEFAULTS:
-            raise HookError("hook configuration %s: unknown key %r; known keys: %s" % (path, key, ", ".join(sorted(DEFAULTS))))
+            raise HookError("hook configuration %s: unknown key %r; known keys: %s"
+                            % (path, key, ", ".join(sorted(DEFAULTS))))
         if not isinstance(value, type(DEFAULTS[key])) or isinstance(value, bool) != isinstance(DEFAULTS[key], bool):
-            raise HookError("hook configuration %s: %r must be %s, not %r" % (path, key, type(DEFAULTS[key]).__name__, value))
+            raise HookError("hook configuration %s: %r must be %s, not %r"
+                            % (path, key, type(DEFAULTS[key]).__name__, value))
         config[key] = value
     if config["launch"] not in ("join", "topo-exec"):
-        raise HookError("hook configuration %s: \"launch\" must be \"join\" or \"topo-exec\", not %r" % (path, config["launch"]))
+        raise HookError("hook configuration %s: \"launch\" must be \"join\" or \"topo-exec\", not %r"
+                        % (path, config["launch"]))
     return config
 
 
@@ -404,12 +407,14 @@ def check_request(request, config):
     own parser, so that qsub refuses exactly what topod would. A bad request raises HookError
     with topoctl's one-line message (the last line `topoctl check` prints)."""
     command = [config["topoctl"], "check", "--json", "--", request]
+    cannot = "cannot check the %s request: " % config["resource"]
     try:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=config["timeout_seconds"])
     except OSError as e:
-        raise HookError("cannot check the %s request: cannot run %s: %s (install topoctl on the PBS server host or set \"topoctl\" in topo.json)" % (config["resource"], config["topoctl"], e))
+        raise HookError(cannot + "cannot run %s: %s (install topoctl on the PBS server host or set \"topoctl\" in topo.json)"
+                        % (config["topoctl"], e))
     except subprocess.TimeoutExpired:
-        raise HookError("cannot check the %s request: %s took longer than %s s" % (config["resource"], config["topoctl"], config["timeout_seconds"]))
+        raise HookError(cannot + "%s took longer than %s s" % (config["topoctl"], config["timeout_seconds"]))
     try:
         answer = json.loads(done.stdout.decode("utf-8", "replace"))
     except ValueError:
@@ -418,7 +423,8 @@ def check_request(request, config):
         return answer["canonical"]
     if done.returncode == 2 and isinstance(answer.get("error"), dict):
         raise HookError("%s=%s refused: %s" % (config["resource"], request, answer["error"]["message"]))
-    raise HookError("cannot check the %s request: %s exited with status %s: %s" % (config["resource"], config["topoctl"], done.returncode, done.stderr.decode("utf-8", "replace").strip()[:300]))
+    said = done.stderr.decode("utf-8", "replace").strip()[:300]
+    raise HookError(cannot + "%s exited with status %s: %s" % (config["topoctl"], done.returncode, said))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,7 +455,8 @@ def offline_vnodes(event, host, config, reason):
         with open(marker_path(config), "w") as f:
             f.write(comment + "\n")
     except OSError as e:
-        pbs.logmsg(pbs.EVENT_ERROR, "%s: cannot write %s (%s): the vnodes will not be put back online by the hook" % (HOOK, marker_path(config), e))
+        pbs.logmsg(pbs.EVENT_ERROR, "%s: cannot write %s (%s): the vnodes will not be put back online by the hook"
+                   % (HOOK, marker_path(config), e))
 
 
 def online_vnodes_if_we_offlined(event, host, config):
@@ -583,7 +590,8 @@ def on_begin(event, config):
             "%s=%s takes %d CPUs on %s but the job asked PBS for ncpus=%d there; ask for more "
             "ncpus or a smaller request" % (config["resource"], request, len(got), host, share.ncpus)
         )
-    pbs.logjobmsg(job.id, "%s: %s on %s: CPUs %s, memory nodes %s (%s)" % (HOOK, jid, host, allocation["cpus"], allocation["mems"], allocation["request"]))
+    pbs.logjobmsg(job.id, "%s: %s on %s: CPUs %s, memory nodes %s (%s)"
+                  % (HOOK, jid, host, allocation["cpus"], allocation["mems"], allocation["request"]))
 
 
 def allocate(topod, event, job, jid, share, request, tasks):
@@ -642,7 +650,8 @@ def on_launch(event, config):
     allocation = on_topod_down_rerun(job, lambda: find_allocation(topod, jid))
     if allocation is None:
         if expects_allocation(job, config):
-            raise HookError("job %s has no allocation on %s (did execjob_begin run with the topo hook?); it is not started outside a cgroup" % (job.id, pbs.get_local_nodename()))
+            raise HookError("job %s has no allocation on %s (did execjob_begin run with the topo hook?); "
+                            "it is not started outside a cgroup" % (job.id, pbs.get_local_nodename()))
         return
     if config["launch"] == "join":
         on_topod_down_rerun(job, lambda: topod.call("join", job=jid, pid=os.getppid()))
@@ -754,7 +763,8 @@ def release_orphans(event, topod, config):
         try:
             killed = release(topod, jid)
             del counts[jid]
-            pbs.logmsg(pbs.EVENT_ERROR, "%s: released orphan %s (no such job on this MoM; %s process(es) killed)" % (HOOK, jid, killed or 0))
+            pbs.logmsg(pbs.EVENT_ERROR, "%s: released orphan %s (no such job on this MoM; %s process(es) killed)"
+                       % (HOOK, jid, killed or 0))
         except TopodUnreachable:
             raise
         except HookError as e:
