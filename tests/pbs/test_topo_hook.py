@@ -376,6 +376,27 @@ class JobLifeTest(HookTestCase):
             for mount in v1_mounts().values():
                 self.assertEqual([d for d in os.listdir(os.path.join(mount, SUBTREE)) if os.path.isdir(os.path.join(mount, SUBTREE, d))], [], mount)
 
+    def test_every_task_launched_through_tm_joins_too(self):
+        """execjob_launch fires again for each task started through TM (pbsdsh), observed on
+        OpenPBS: each one's launching process joins the job's cgroup."""
+        job = mom_job("64.server", ncpus=1)
+        jid = "pbs-64.server"
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        tasks = []
+        for n in range(2):
+            out = os.path.join(self.dir, "task-%d.out" % n)
+            task, launched = self.launch(job, "echo $TOPO_JOB > %s; exec sleep 300" % out)
+            self.assertEqual(launched["outcome"], "accept", launched)
+            self.assertEqual(wait_for_lines(out, 1, task), [jid])
+            tasks.append(task)
+        if REAL:
+            for task in tasks:
+                self.assertEqual(cpuset_cgroup_of(task.pid), "/%s/%s" % (SUBTREE, jid))
+        self.assert_accepted(self.run_event("execjob_end", job=job, vnode_list={HOST: {}}))
+        if REAL:
+            for task in tasks:
+                self.assertEqual(task.wait(10), -signal.SIGKILL, "release killed the task")
+
     def test_end_alone_or_epilogue_alone_releases(self):
         for only in ("execjob_end", "execjob_epilogue"):
             job = mom_job("55.server", ncpus=1)
