@@ -34,6 +34,12 @@ HOST = "node1"
 SUBTREE = "topo-pbs-test-%d" % os.getpid()
 
 
+def read(path):
+    """The text of a file, closed again."""
+    with open(path) as f:
+        return f.read()
+
+
 def v1_mounts():
     """{controller: mount point} of the cgroup v1 hierarchies topod uses."""
     found = {}
@@ -67,7 +73,7 @@ def remove_subtree():
         for entry in os.listdir(root):
             job_dir = os.path.join(root, entry)
             if os.path.isdir(job_dir):
-                for pid in open(os.path.join(job_dir, "cgroup.procs")).read().split():
+                for pid in read(os.path.join(job_dir, "cgroup.procs")).split():
                     try:
                         os.kill(int(pid), signal.SIGKILL)
                     except OSError:
@@ -107,7 +113,7 @@ class Topod(object):
         deadline = time.time() + 20
         while not self._answers():
             if self.process.poll() is not None or time.time() > deadline:
-                raise AssertionError("topod did not start: %s" % open(os.path.join(self.directory, "topod.log")).read())
+                raise AssertionError("topod did not start: %s" % read(os.path.join(self.directory, "topod.log")))
             time.sleep(0.02)
 
     def _answers(self):
@@ -234,7 +240,7 @@ def wait_for_lines(path, count, process):
     deadline = time.time() + 20
     while time.time() < deadline:
         if os.path.exists(path):
-            lines = open(path).read().splitlines()
+            lines = read(path).splitlines()
             if len(lines) >= count:
                 return lines
         if process.poll() is not None:
@@ -330,9 +336,9 @@ class JobLifeTest(HookTestCase):
         self.assertEqual(len(load_hook_module().cpu_set(cpus)), 1)
         job_dir = os.path.join(v1_mounts().get("cpuset", "/nonexistent"), SUBTREE, jid)
         if REAL:
-            self.assertEqual(open(os.path.join(job_dir, "cpuset.cpus")).read().strip(), cpus)
+            self.assertEqual(read(os.path.join(job_dir, "cpuset.cpus")).strip(), cpus)
             memory_dir = os.path.join(v1_mounts()["memory"], SUBTREE, jid)
-            self.assertEqual(int(open(os.path.join(memory_dir, "memory.limit_in_bytes")).read()), 262144 * 1024)
+            self.assertEqual(int(read(os.path.join(memory_dir, "memory.limit_in_bytes"))), 262144 * 1024)
 
         # The job: reports what it got, leaves a process in a session of its own (as a daemon
         # started by a job does), and ends normally when the test says so.
@@ -356,7 +362,7 @@ class JobLifeTest(HookTestCase):
         self.assertEqual(shell.wait(20), 0, "the job shell ends normally")
         self.assertTrue(alive(escaped), "its daemon outlives the job shell, as it would under PBS")
         if REAL:
-            procs = open(os.path.join(job_dir, "cgroup.procs")).read().split()
+            procs = read(os.path.join(job_dir, "cgroup.procs")).split()
             self.assertEqual(sorted(procs), sorted(str(p) for p in (escaped, attached.pid)), "what is left is in the job's cgroup")
         else:
             print("SKIPPED (not root or no v1 cpuset): the kernel-side checks of the job's cgroup", file=sys.stderr)
@@ -414,7 +420,7 @@ class JobLifeTest(HookTestCase):
         self.assertEqual(launched["argv"][:6], [os.path.join(BIN, "topo-exec"), "--socket", self.topod.socket, "--job", "pbs-56.server", "--"])
         self.assertEqual(launched["argv"][6:], ["/bin/sh", "-c", launched["argv"][8]])
         self.assertEqual(shell.wait(20), 0)
-        lines = open(out).read().splitlines()
+        lines = read(out).splitlines()
         cpus = self.topod.call("list")["ok"][0]["cpus"]
         self.assertEqual(lines[0], cpus)
         if REAL:
