@@ -38,6 +38,9 @@ else
     echo "tests/run-all.sh: systemd-analyze not installed; the unit file was not verified"
 fi
 
+# The PBS hooks through whole job lives against a real topod (python3, standard library only).
+tests/pbs-hooks.sh
+
 # The placement benchmark runs too, briefly, so that a change that breaks it fails here; the
 # figures that matter come from the full run in README ("Benchmarks").
 cargo run --quiet --release --locked -p topod --bin topoctl -- bench placement --jobs 300 >/dev/null

@@ -90,6 +90,21 @@ fn a_bad_request_points_at_the_fragment() {
 }
 
 #[test]
+fn a_bad_request_with_json_gives_the_same_words_as_json() {
+    let text = topoctl(&["check", "affinity[cores(2)]"]);
+    let o = topoctl(&["check", "--json", "affinity[cores(2)]"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stderr(&o), stderr(&text), "stderr is unchanged by --json");
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let e = &v["error"];
+    let last_line = stderr(&text).trim_end().lines().last().unwrap().to_string();
+    assert_eq!(e["message"], last_line.as_str());
+    assert_eq!(format!("topoctl: {}\n", e["text"].as_str().unwrap()), stderr(&text));
+    assert_eq!((e["byte"].as_u64(), e["fragment"].as_str(), e["source"].as_str()), (Some(9), Some("cores"), Some("job")));
+    assert!(e["expected"].as_array().unwrap().iter().any(|w| w == "core"), "{e}");
+}
+
+#[test]
 fn place_shows_the_picture_and_metrics() {
     let o = topoctl(&["place", "--topology", zen4().to_str().unwrap(), "affinity[core(4,same=l3)*2]", "affinity[thread*6]", "-n", "3", "CPUSET[MAX_RADIUS=0]"]);
     assert!(o.status.success(), "{}", stderr(&o));

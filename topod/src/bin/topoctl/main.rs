@@ -50,7 +50,8 @@ enum Command {
         /// The queue's MANDATORY_EXTSCHED (overrides the job).
         #[arg(long, value_name = "STRING")]
         queue_mandatory: Option<String>,
-        /// Print JSON.
+        /// Print JSON; a bad request prints {"error": {message, source, byte, fragment,
+        /// expected, text}} on stdout (and the usual text on stderr), exit status 2.
         #[arg(long)]
         json: bool,
     },
@@ -330,7 +331,12 @@ fn check(job: &str, queue_default: Option<&str>, queue_mandatory: Option<&str>, 
             request::ExtschedSource::Job => job,
             request::ExtschedSource::QueueDefault => queue_default.unwrap_or_default(),
         };
-        Failure::input(format!("bad request {}", e.render(input)))
+        let failure = Failure::input(format!("bad request {}", e.render(input)));
+        if json {
+            // The same words on stderr, and for programs (the PBS hook) the parts on stdout.
+            let _ = print_json(&check_error_json(&e, &failure.message));
+        }
+        failure
     })?;
     if json {
         #[derive(Serialize)]
@@ -342,6 +348,24 @@ fn check(job: &str, queue_default: Option<&str>, queue_mandatory: Option<&str>, 
     }
     println!("{merged}");
     Ok(())
+}
+
+/// `check --json` on a bad request: `message` is the one-line description (the last line of the
+/// text form), `text` the whole text form as printed on stderr after `topoctl: `.
+fn check_error_json(e: &request::MergeError, text: &str) -> serde_json::Value {
+    let source = match e.source_string {
+        request::ExtschedSource::QueueMandatory => "queue_mandatory",
+        request::ExtschedSource::Job => "job",
+        request::ExtschedSource::QueueDefault => "queue_default",
+    };
+    serde_json::json!({ "error": {
+        "message": e.error.to_string(),
+        "source": source,
+        "byte": e.error.span.start,
+        "fragment": e.error.fragment,
+        "expected": e.error.expected,
+        "text": text,
+    }})
 }
 
 #[derive(Serialize)]

@@ -1,0 +1,846 @@
+# topo site hook for OpenPBS / PBS Professional: topology-aware CPU placement and job cgroups
+# through the local topod. Installation and configuration: packaging/pbs/README.
+"""topo's PBS hook.
+
+The model: PBS decides *which hosts* (and how many CPUs, how much memory on each) a job gets;
+topod, one daemon per execution host, decides *which CPUs* on that host, creates the job's
+cgroup (v1, v2 or hybrid: topod does the cgroup work, this hook never touches /sys/fs/cgroup)
+and tears it down. This hook carries PBS's decisions to topod at each point of a job's life:
+
+  queuejob, modifyjob  (server)  check the job's topology request with topoctl, the placement
+                                 core's own parser; refuse a bad one with topoctl's message
+  execjob_begin        (MoM)     allocate: the CPU count and memory PBS gave the job on this
+                                 host, the topology request; topod makes the job's cgroup
+  execjob_launch       (MoM)     put the process that will exec the job into the cgroup (or
+                                 prepend topo-exec), export TOPO_CPUS / TOPO_MEMS / TOPO_JOB
+  execjob_attach       (MoM)     put event.pid (pbs_attach, tm_attach) into the cgroup
+  execjob_epilogue/end (MoM)     release: topod kills what is left and removes the cgroup;
+                                 each of the two is enough on its own
+  exechost_startup     (MoM)     publish free whole NUMA nodes, L3 groups and cores as vnode
+                                 resources, optionally one vnode per NUMA node
+  exechost_periodic    (MoM)     release allocations of jobs this MoM no longer runs, publish
+                                 again, offline the vnodes while topod or a clean-up fails and
+                                 bring back online the vnodes this hook offlined once it works
+
+PBS job ids become topod job ids by a prefix: "123.server" is "pbs-123.server". topod accepts
+only letters, digits and ._-:@+[] in job ids, so a job id can never name a path outside the
+job's cgroup; this hook refuses any other id with a message before asking topod.
+
+Every handler catches its own errors: a failure is a rejection (or, where rejecting means
+nothing, a log line and an offlined vnode) with a sentence that says what failed, never a
+bare traceback. event.accept() and event.reject() end the hook by raising SystemExit, which is
+therefore never caught here.
+
+Only the Python 3 standard library, and nothing newer than Python 3.5 (no f-strings), because
+PBS runs hooks in its own embedded interpreter.
+"""
+
+import json
+import os
+import pwd
+import re
+import socket
+import subprocess
+import time
+import traceback
+
+import pbs
+
+HOOK = "topo hook"
+
+# topod job ids for PBS jobs: this prefix and the PBS job id.
+JOB_PREFIX = "pbs-"
+
+# What topod accepts in a job id (topod::cgroup::JobId); the prefix makes the first character
+# a letter, and the whole id must fit in 128 bytes.
+JOB_ID_CHARS = re.compile(r"^[A-Za-z0-9._:@+\[\]-]+$")
+JOB_ID_MAX_BYTES = 128
+
+# Every key topo.json may set, with its default. Unknown keys are refused.
+DEFAULTS = {
+    "socket": "/run/topo/topod.sock",   # topod's Unix socket on the execution hosts
+    "topoctl": "/usr/local/sbin/topoctl",   # on the PBS server host, for queuejob/modifyjob
+    "topo_exec": "/usr/local/sbin/topo-exec",   # only with "launch": "topo-exec"
+    "timeout_seconds": 20,              # per topod or topoctl call; keep below the hook's alarm
+    "resource": "topology",             # the job's request: -l topology=... or in a select chunk
+    "default_request": "affinity[thread]",   # jobs without a request: one PU per ncpus; "" = not confined
+    "enforce_ncpus": True,              # refuse a request that takes more CPUs here than ncpus
+    "launch": "join",                   # "join" the launching process, or prepend "topo-exec"
+    "publish": True,                    # publish free-topology resources on the vnodes
+    "resource_prefix": "topo_",         # topo_free_numa, topo_free_l3, topo_free_cores
+    "vnode_per_numa_node": False,       # exechost_startup makes host[0], host[1], ...
+    "orphan_after_runs": 2,             # periodic runs a job must be missing before release
+    "state_dir": "/var/lib/topo/pbs-hook",   # orphan candidates, the "we offlined it" marker
+}
+
+# Published per vnode: resource suffix -> the free-map field topod computes for the host.
+PUBLISHED = (("free_numa", "free_numa_nodes"), ("free_l3", "free_l3_groups"), ("free_cores", "free_cores"))
+
+
+class HookError(Exception):
+    """A failure with a message for the person who reads it (user at qsub, admin in logs)."""
+
+
+class TopodUnreachable(HookError):
+    """topod does not answer: not running, wrong socket path, or too slow."""
+
+
+class TopodRefused(HookError):
+    """topod answered with an error; `code` is its error code (proto.rs ErrorCode)."""
+
+    def __init__(self, code, message):
+        HookError.__init__(self, "topod: %s" % message)
+        self.code = code
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+def load_config(path):
+    """topo.json (imported with qmgr, found through pbs.hook_config_filename) over DEFAULTS.
+
+    No file means the defaults. A key this hook does not know, or a value of the wrong type, is
+    an error naming the file and the key: a misspelt key silently ignored is a site running
+    with settings it did not choose."""
+    config = dict(DEFAULTS)
+    if not path:
+        return config
+    try:
+        with open(path) as f:
+            given = json.load(f)
+    except (OSError, ValueError) as e:
+        raise HookError("cannot read the hook configuration %s: %s" % (path, e))
+    if not isinstance(given, dict):
+        raise HookError("hook configuration %s: expected a JSON object" % path)
+    for key, value in given.items():
+        if key not in DEFAULTS:
+            raise HookError("hook configuration %s: unknown key %r; known keys: %s"
+                            % (path, key, ", ".join(sorted(DEFAULTS))))
+        if not isinstance(value, type(DEFAULTS[key])) or isinstance(value, bool) != isinstance(DEFAULTS[key], bool):
+            raise HookError("hook configuration %s: %r must be %s, not %r"
+                            % (path, key, type(DEFAULTS[key]).__name__, value))
+        config[key] = value
+    if config["launch"] not in ("join", "topo-exec"):
+        raise HookError("hook configuration %s: \"launch\" must be \"join\" or \"topo-exec\", not %r"
+                        % (path, config["launch"]))
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# PBS values: job ids, select chunks, exec_vnode, sizes, CPU lists
+
+
+def topod_job_id(pbs_job_id):
+    """The topod job id of a PBS job: "123.server" -> "pbs-123.server" (arrays: "12[3].server")."""
+    jid = JOB_PREFIX + str(pbs_job_id)
+    if not pbs_job_id or not JOB_ID_CHARS.match(jid) or len(jid.encode()) > JOB_ID_MAX_BYTES:
+        raise HookError(
+            "PBS job id %r cannot name a topod job: only letters, digits and ._-:@+[] are accepted, "
+            "at most %d characters" % (str(pbs_job_id)[:60], JOB_ID_MAX_BYTES - len(JOB_PREFIX))
+        )
+    return jid
+
+
+def pbs_job_id(topod_id):
+    """The PBS job id of a topod job id this hook made, or None for anyone else's job."""
+    return topod_id[len(JOB_PREFIX):] if topod_id.startswith(JOB_PREFIX) else None
+
+
+def split_top_level(text, separator):
+    """Splits on `separator` outside brackets, parentheses and quotes: a topology request inside
+    a select chunk ("topology=affinity[core(2):membind=localonly]") keeps its own ':'."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "\"'":
+            quote = c
+        elif c in "[(":
+            depth += 1
+        elif c in "])":
+            depth = max(0, depth - 1)
+        elif c == separator and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def unquote(value):
+    """A select value without the double or single quotes PBS lets a user put around it."""
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[1:-1]
+    return value
+
+
+def resources_of(words):
+    """["ncpus=2", "mem=1gb"] -> {"ncpus": "2", "mem": "1gb"}."""
+    found = {}
+    for word in words:
+        if "=" in word:
+            key, value = word.split("=", 1)
+            found[key.strip()] = unquote(value)
+    return found
+
+
+def select_chunks(schedselect):
+    """job.schedselect ("2:ncpus=4:mpiprocs=4+1:ncpus=1") as one dict per chunk, counts expanded,
+    in the order PBS lists the chunks in exec_vnode."""
+    chunks = []
+    for chunk in split_top_level(str(schedselect or ""), "+"):
+        words = split_top_level(chunk, ":")
+        count = 1
+        if words and words[0].strip().isdigit():
+            count = int(words.pop(0))
+        if any(w.strip() for w in words):
+            chunks.extend([resources_of(words)] * count)
+    return chunks
+
+
+def exec_vnode_groups(exec_vnode):
+    """job.exec_vnode ("(a:ncpus=2:mem=1048576kb)+(b:ncpus=2+c:ncpus=2)") as one list per chunk
+    of (vnode name, resources) pairs: a chunk may be spread over several vnodes of one host."""
+    groups = []
+    for group in split_top_level(str(exec_vnode or ""), "+"):
+        group = group.strip()
+        if group.startswith("(") and group.endswith(")"):
+            group = group[1:-1]
+        parts = []
+        for piece in group.split("+"):
+            words = piece.split(":")
+            if words[0].strip():
+                parts.append((words[0].strip(), resources_of(words[1:])))
+        if parts:
+            groups.append(parts)
+    return groups
+
+
+SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+SIZE = re.compile(r"^\s*(\d+)\s*([kmgtp]?)(b|w)?\s*$", re.IGNORECASE)
+
+
+def size_in_bytes(value):
+    """A PBS size ("100mb", "102400kb", "2gb", "10w", or pbs.size) in bytes; units are powers of
+    1024, a word is 8 bytes, a bare number is bytes."""
+    if value is None:
+        return None
+    found = SIZE.match(str(value))
+    if not found:
+        raise HookError("cannot read the memory size %r (a PBS size: a number with b, kb, mb, gb, tb, pb or w)" % str(value))
+    number, scale, unit = found.groups()
+    word = 8 if (unit or "b").lower() == "w" else 1
+    return int(number) * SIZE_UNITS[scale.lower()] * word
+
+
+def cpu_set(text):
+    """A CPU list ("0-3,8,10-11") as a set of ints."""
+    cpus = set()
+    for part in str(text or "").split(","):
+        part = part.strip()
+        if "-" in part:
+            first, last = part.split("-", 1)
+            cpus.update(range(int(first), int(last) + 1))
+        elif part:
+            cpus.add(int(part))
+    return cpus
+
+
+def cpu_list(cpus):
+    """A set of ints as a CPU list, ranges joined: {0,1,2,5} -> "0-2,5"."""
+    ranges, run = [], []
+    for cpu in sorted(cpus):
+        if run and cpu == run[-1] + 1:
+            run.append(cpu)
+            continue
+        if run:
+            ranges.append(run)
+        run = [cpu]
+    if run:
+        ranges.append(run)
+    return ",".join(str(r[0]) if len(r) == 1 else "%d-%d" % (r[0], r[-1]) for r in ranges)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the job asked for, and what PBS gave it on this host
+
+
+def is_local_vnode(name, host):
+    """This MoM's vnodes: the natural one (the host's name) and the per-NUMA ones host[N]."""
+    return name == host or re.match(r"^%s\[\d+\]$" % re.escape(host), name) is not None
+
+
+def numa_index_of_vnode(name, host):
+    """N for a per-NUMA vnode host[N], else None."""
+    found = re.match(r"^%s\[(\d+)\]$" % re.escape(host), name)
+    return int(found.group(1)) if found else None
+
+
+class Share(object):
+    """What PBS gave one job on this host: summed over the job's chunks placed here."""
+
+    def __init__(self):
+        self.ncpus = 0
+        self.mem_bytes = None
+        self.mpiprocs = 0
+        self.numa_nodes = set()   # from per-NUMA vnodes host[N]; empty: the whole host
+        self.requests = []        # topology requests of the chunks here
+
+    def add(self, vnode, resources, host):
+        self.ncpus += int(resources.get("ncpus", 0) or 0)
+        if resources.get("mem"):
+            self.mem_bytes = (self.mem_bytes or 0) + size_in_bytes(resources["mem"])
+        index = numa_index_of_vnode(vnode, host)
+        if index is not None:
+            self.numa_nodes.add(index)
+
+
+def share_on_host(job, host, resource):
+    """Sums the job's exec_vnode chunks on this host's vnodes (exec_vnode has one parenthesised
+    group per select chunk, in select order, so the chunk's other resources come from
+    schedselect). Without exec_vnode (never seen at a MoM) the job-wide Resource_List counts."""
+    share = Share()
+    groups = exec_vnode_groups(getattr(job, "exec_vnode", None))
+    chunks = select_chunks(getattr(job, "schedselect", None))
+    for i, group in enumerate(groups):
+        here = [(vnode, res) for vnode, res in group if is_local_vnode(vnode, host)]
+        if not here:
+            continue
+        chunk = chunks[i] if i < len(chunks) else {}
+        for vnode, res in here:
+            share.add(vnode, res, host)
+        chunk_ncpus = sum(int(res.get("ncpus", 0) or 0) for _, res in group)
+        share.mpiprocs += int(chunk.get("mpiprocs", 1 if chunk_ncpus > 0 else 0))
+        if chunk.get(resource):
+            share.requests.append(chunk[resource])
+    if not groups:
+        share.ncpus = int(job.Resource_List["ncpus"] or 0)
+        share.mem_bytes = size_in_bytes(job.Resource_List["mem"])
+        share.mpiprocs = int(job.Resource_List["mpiprocs"] or 1)
+    return share
+
+
+def job_wide_request(job, resource):
+    """-l topology=REQ, visible at the MoM when the resource has flag m."""
+    value = job.Resource_List[resource]
+    return unquote(str(value)) if value is not None and str(value).strip() else None
+
+
+def request_for(job, share, config):
+    """(request, tasks) for topod, or (None, None) when the job is not to be confined.
+
+    A job-wide -l topology= wins over select chunks; chunks placed here that ask for different
+    requests cannot be one topod allocation and are refused. A request without "*count" gets
+    PBS's task count here: the chunks' mpiprocs (PBS's default, 1 per chunk with CPUs). A job
+    without a request gets default_request with one task per ncpus here, or is left alone."""
+    resource = config["resource"]
+    request = job_wide_request(job, resource)
+    if request is None and share.requests:
+        distinct = sorted(set(share.requests))
+        if len(distinct) > 1:
+            raise HookError(
+                "the job's chunks on this host ask for different %s requests (%s); "
+                "topod places one request per job and host" % (resource, ", ".join(distinct))
+            )
+        request = distinct[0]
+    if request is not None:
+        return request, max(share.mpiprocs, 1)
+    if config["default_request"] and share.ncpus > 0:
+        return config["default_request"], share.ncpus
+    return None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# topod and topoctl
+
+
+class Topod(object):
+    """A connection to the local topod: one JSON request per line, one reply per line
+    (topod/src/proto.rs, protocol version 1). Connects on the first call."""
+
+    def __init__(self, config):
+        self.path = config["socket"]
+        self.timeout = config["timeout_seconds"]
+        self.sock = None
+        self.buffer = b""
+
+    def call(self, op, **fields):
+        """The "ok" value of the reply; TopodRefused for an "error" reply, TopodUnreachable when
+        topod cannot be reached or does not answer in time."""
+        request = dict(fields, v=1, op=op)
+        try:
+            if self.sock is None:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(self.timeout)
+                self.sock.connect(self.path)
+            self.sock.sendall((json.dumps(request) + "\n").encode())
+            line = self._read_line()
+        except (OSError, socket.timeout) as e:
+            self.close()
+            raise TopodUnreachable("cannot reach topod at %s: %s (is topod running on this host?)" % (self.path, e))
+        try:
+            reply = json.loads(line.decode())
+        except ValueError:
+            raise HookError("topod at %s sent a reply that is not JSON: %r" % (self.path, line[:200]))
+        if reply.get("error"):
+            raise TopodRefused(reply["error"].get("code"), reply["error"].get("message", "?"))
+        return reply.get("ok")
+
+    def _read_line(self):
+        while b"\n" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise OSError("topod closed the connection without answering")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+        self.sock, self.buffer = None, b""
+
+
+def check_request(request, config):
+    """The canonical form of `request`, checked by `topoctl check --json`: the placement core's
+    own parser, so that qsub refuses exactly what topod would. A bad request raises HookError
+    with topoctl's one-line message (the last line `topoctl check` prints)."""
+    command = [config["topoctl"], "check", "--json", "--", request]
+    cannot = "cannot check the %s request: " % config["resource"]
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=config["timeout_seconds"])
+    except OSError as e:
+        raise HookError(cannot + "cannot run %s: %s (install topoctl on the PBS server host or set \"topoctl\" in topo.json)"
+                        % (config["topoctl"], e))
+    except subprocess.TimeoutExpired:
+        raise HookError(cannot + "%s took longer than %s s" % (config["topoctl"], config["timeout_seconds"]))
+    try:
+        answer = json.loads(done.stdout.decode("utf-8", "replace"))
+    except ValueError:
+        answer = {}
+    if done.returncode == 0 and "canonical" in answer:
+        return answer["canonical"]
+    if done.returncode == 2 and isinstance(answer.get("error"), dict):
+        raise HookError("%s=%s refused: %s" % (config["resource"], request, answer["error"]["message"]))
+    said = done.stderr.decode("utf-8", "replace").strip()[:300]
+    raise HookError(cannot + "%s exited with status %s: %s" % (config["topoctl"], done.returncode, said))
+
+
+# ---------------------------------------------------------------------------------------------
+# Vnodes: offline/online with a reason, published resources
+
+
+def local_vnodes(event, host):
+    """The names in event.vnode_list that are this MoM's."""
+    return [name for name in list(event.vnode_list.keys()) if is_local_vnode(name, host)]
+
+
+def marker_path(config):
+    return os.path.join(config["state_dir"], "offline")
+
+
+def offline_vnodes(event, host, config, reason):
+    """Offlines this MoM's vnodes with `reason` as their comment, and remembers (a marker file)
+    that this hook did it, so that only this hook's offlining is undone when things work again."""
+    comment = ("topo: " + reason)[:250]
+    if not local_vnodes(event, host):
+        event.vnode_list[host] = pbs.vnode(host)
+    for name in local_vnodes(event, host):
+        event.vnode_list[name].state = pbs.ND_OFFLINE
+        event.vnode_list[name].comment = comment
+    pbs.logmsg(pbs.EVENT_ERROR, "%s: vnodes of %s offlined: %s" % (HOOK, host, comment))
+    try:
+        ensure_dir(config["state_dir"])
+        with open(marker_path(config), "w") as f:
+            f.write(comment + "\n")
+    except OSError as e:
+        pbs.logmsg(pbs.EVENT_ERROR, "%s: cannot write %s (%s): the vnodes will not be put back online by the hook"
+                   % (HOOK, marker_path(config), e))
+
+
+def online_vnodes_if_we_offlined(event, host, config):
+    """Brings this MoM's vnodes back online, comment cleared, if this hook offlined them."""
+    if not os.path.exists(marker_path(config)):
+        return
+    for name in local_vnodes(event, host):
+        event.vnode_list[name].state = pbs.ND_FREE
+        event.vnode_list[name].comment = None
+    os.remove(marker_path(config))
+    pbs.logmsg(pbs.EVENT_ERROR, "%s: topod answers and clean-up worked: vnodes of %s back online" % (HOOK, host))
+
+
+def ensure_dir(path):
+    if not os.path.isdir(path):
+        os.makedirs(path, 0o700)
+
+
+def free_counts(topology, free_map, numa_index=None):
+    """Free whole NUMA nodes, L3 groups and cores, on the host or inside one NUMA node: a domain
+    counts when its allocatable CPUs are all free (topod's own rule, place::HostMetrics)."""
+    allocatable = cpu_set(free_map["allocatable"])
+    free = allocatable - cpu_set(free_map["held"]) - cpu_set(free_map["fenced"])
+    within = allocatable
+    if numa_index is not None:
+        node = [n for n in topology["numa_nodes"] if n.get("os_index") == numa_index]
+        within = cpu_set(node[0]["cpus"]) & allocatable if node else set()
+
+    def whole(domains):
+        count = 0
+        for domain in domains:
+            cpus = cpu_set(domain["cpus"]) & allocatable
+            if cpus and cpus <= within and cpus <= free:
+                count += 1
+        return count
+
+    return {
+        "free_numa_nodes": whole(topology["numa_nodes"]),
+        "free_l3_groups": whole(topology["l3_groups"]),
+        "free_cores": whole(topology["cores"]),
+    }
+
+
+def numa_nodes_with_cpus(topology, free_map):
+    """[(os_index, allocatable CPUs, memory bytes)] of the NUMA nodes that have allocatable CPUs."""
+    allocatable = cpu_set(free_map["allocatable"])
+    nodes = []
+    for node in topology["numa_nodes"]:
+        cpus = cpu_set(node["cpus"]) & allocatable
+        if cpus and node.get("os_index") is not None:
+            nodes.append((node["os_index"], cpus, node.get("memory_bytes") or 0))
+    return nodes
+
+
+def publish(event, host, topod, config, make_numa_vnodes):
+    """Sets topo_free_numa / topo_free_l3 / topo_free_cores on this MoM's vnodes (with
+    "publish"). With vnode_per_numa_node, each NUMA node is a vnode host[N] with its ncpus, mem
+    and counts, and the natural vnode keeps no CPUs (as the stock cgroups hook does);
+    `make_numa_vnodes` creates them (exechost_startup), otherwise only the ones PBS already
+    lists are refreshed."""
+    topology = topod.call("topology")
+    free_map = topod.call("free_map")
+    prefix = config["resource_prefix"] if config["publish"] else None
+    vnodes = event.vnode_list
+    if config["vnode_per_numa_node"]:
+        for index, cpus, memory in numa_nodes_with_cpus(topology, free_map):
+            name = "%s[%d]" % (host, index)
+            if name not in vnodes:
+                if not make_numa_vnodes:
+                    continue
+                vnodes[name] = pbs.vnode(name)
+            if make_numa_vnodes:
+                vnodes[name].resources_available["ncpus"] = len(cpus)
+                if memory:
+                    vnodes[name].resources_available["mem"] = pbs.size("%dkb" % (memory // 1024))
+            counts = free_counts(topology, free_map, index)
+            for suffix, field in PUBLISHED if prefix is not None else ():
+                vnodes[name].resources_available[prefix + suffix] = counts[field]
+        if make_numa_vnodes and host in vnodes:
+            vnodes[host].resources_available["ncpus"] = 0
+    if prefix is None:
+        return
+    if host not in vnodes:
+        vnodes[host] = pbs.vnode(host)
+    for suffix, field in PUBLISHED:
+        vnodes[host].resources_available[prefix + suffix] = free_map["free"][field]
+
+
+# ---------------------------------------------------------------------------------------------
+# Event handlers
+
+
+def on_submit(event, config):
+    """queuejob, modifyjob: every topology request of the job (job-wide, and in select chunks)
+    must parse; qsub/qalter print the rejection message as it is."""
+    job = event.job
+    resource = config["resource"]
+    requests = []
+    wide = job_wide_request(job, resource)
+    if wide is not None:
+        requests.append(wide)
+    for chunk in select_chunks(job.Resource_List["select"]):
+        if chunk.get(resource) and chunk[resource] not in requests:
+            requests.append(chunk[resource])
+    for request in requests:
+        check_request(request, config)
+
+
+def on_begin(event, config):
+    """execjob_begin: allocate on this host. topod down: the job goes back to the queue
+    (job.rerun() and a rejection) and this host's vnodes are offlined with the reason, so that
+    the scheduler stops sending jobs here until exechost_periodic finds topod again."""
+    job, host = event.job, pbs.get_local_nodename()
+    jid = topod_job_id(job.id)
+    share = share_on_host(job, host, config["resource"])
+    request, tasks = request_for(job, share, config)
+    if request is None:
+        pbs.logjobmsg(job.id, "%s: no %s request and no default_request: not confined" % (HOOK, config["resource"]))
+        return
+    topod = Topod(config)
+    try:
+        allocation = allocate(topod, event, job, jid, share, request, tasks)
+    except TopodUnreachable as e:
+        offline_vnodes(event, host, config, "%s; jobs cannot start here" % e)
+        job.rerun()
+        raise HookError("%s; job %s goes back to the queue" % (e, job.id))
+    got = cpu_set(allocation["cpus"])
+    if config["enforce_ncpus"] and share.ncpus and len(got) > share.ncpus:
+        release(topod, jid)
+        raise HookError(
+            "%s=%s takes %d CPUs on %s but the job asked PBS for ncpus=%d there; ask for more "
+            "ncpus or a smaller request" % (config["resource"], request, len(got), host, share.ncpus)
+        )
+    pbs.logjobmsg(job.id, "%s: %s on %s: CPUs %s, memory nodes %s (%s)"
+                  % (HOOK, jid, host, allocation["cpus"], allocation["mems"], allocation["request"]))
+
+
+def allocate(topod, event, job, jid, share, request, tasks):
+    """topod's allocate with what PBS gave the job here: a per-NUMA-vnode job stays inside the
+    CPUs of its NUMA nodes; the owner may then join its own processes (topo-exec)."""
+    fields = {"job": jid, "request": request, "tasks": tasks}
+    if share.numa_nodes:
+        topology, free_map = topod.call("topology"), topod.call("free_map")
+        cpus = set()
+        for index, node_cpus, _ in numa_nodes_with_cpus(topology, free_map):
+            if index in share.numa_nodes:
+                cpus |= node_cpus
+        fields["cpus"] = cpu_list(cpus)
+    if share.mem_bytes:
+        fields["mem_limit_bytes"] = share.mem_bytes
+    uid = owner_uid(job)
+    if uid is not None:
+        fields["owner_uid"] = uid
+    try:
+        return topod.call("allocate", **fields)
+    except TopodRefused as e:
+        raise HookError("cannot place job %s on %s: %s" % (job.id, pbs.get_local_nodename(), e))
+
+
+def owner_uid(job):
+    """The uid of job.euser on this host, or None (then only root may join processes)."""
+    try:
+        return pwd.getpwnam(str(job.euser)).pw_uid
+    except (KeyError, TypeError):
+        return None
+
+
+def find_allocation(topod, jid):
+    """The job's allocation from topod's list, or None."""
+    for allocation in topod.call("list") or []:
+        if allocation.get("job") == jid:
+            return allocation
+    return None
+
+
+def expects_allocation(job, config):
+    """Whether execjob_begin allocated for this job (the same rule as on_begin)."""
+    host = pbs.get_local_nodename()
+    request, _ = request_for(job, share_on_host(job, host, config["resource"]), config)
+    return request is not None
+
+
+def on_launch(event, config):
+    """execjob_launch: the hook's parent is the process that will exec the job's program (the
+    job shell or a TM task); "join" moves it into the cgroup, so that everything the job forks
+    starts inside. "topo-exec" instead rewrites the command so that topo-exec, as the job's
+    user, joins itself and execs the program. Either way the job's environment says what it got."""
+    job = event.job
+    jid = topod_job_id(job.id)
+    topod = Topod(config)
+    allocation = on_topod_down_rerun(job, lambda: find_allocation(topod, jid))
+    if allocation is None:
+        if expects_allocation(job, config):
+            raise HookError("job %s has no allocation on %s (did execjob_begin run with the topo hook?); "
+                            "it is not started outside a cgroup" % (job.id, pbs.get_local_nodename()))
+        return
+    if config["launch"] == "join":
+        on_topod_down_rerun(job, lambda: topod.call("join", job=jid, pid=os.getppid()))
+    else:
+        prepend_topo_exec(event, jid, config)
+    event.env["TOPO_JOB"] = jid
+    event.env["TOPO_CPUS"] = allocation["cpus"]
+    event.env["TOPO_MEMS"] = allocation["mems"]
+
+
+def on_topod_down_rerun(job, call):
+    """Runs `call`; when topod cannot be reached, marks the job to be requeued before the
+    rejection, so that it is not lost and does not run outside its cgroup."""
+    try:
+        return call()
+    except TopodUnreachable as e:
+        job.rerun()
+        raise HookError("%s; job %s goes back to the queue" % (e, job.id))
+
+
+def prepend_topo_exec(event, jid, config):
+    """progname/argv become topo-exec --socket S --job J -- PROGRAM ARGS. PBS gives the job
+    shell an empty argv (the script comes on stdin), so argv[0] is then the program itself."""
+    program = str(event.progname)
+    argv = [str(a) for a in (event.argv or [])]
+    event.progname = config["topo_exec"]
+    event.argv = [config["topo_exec"], "--socket", config["socket"], "--job", jid, "--", program] + argv[1:]
+
+
+def on_attach(event, config):
+    """execjob_attach: event.pid (a process pbs_attach or tm_attach adds to the job) joins."""
+    job = event.job
+    jid = topod_job_id(job.id)
+    topod = Topod(config)
+    try:
+        topod.call("join", job=jid, pid=int(event.pid))
+    except TopodRefused as e:
+        if e.code == "unknown_job" and not expects_allocation(job, config):
+            return
+        raise HookError("cannot put process %s of job %s into its cgroup: %s" % (event.pid, job.id, e))
+
+
+def on_end(event, config):
+    """execjob_epilogue and execjob_end: release. Both do it, so either one is enough; the
+    second finds nothing to release. If topod cannot be reached, exechost_periodic releases
+    the job later (it is then an orphan: held by topod, not run by this MoM)."""
+    jid = topod_job_id(event.job.id)
+    try:
+        killed = release(Topod(config), jid)
+    except TopodUnreachable as e:
+        raise HookError("%s; exechost_periodic releases %s once topod answers" % (e, jid))
+    if killed is not None:
+        pbs.logjobmsg(event.job.id, "%s: %s released (%d leftover process(es) killed)" % (HOOK, jid, killed))
+
+
+def release(topod, jid):
+    """topod's release; None when the job held nothing here (already released, never placed)."""
+    try:
+        return topod.call("release", job=jid).get("killed", 0)
+    except TopodRefused as e:
+        if e.code == "unknown_job":
+            return None
+        raise HookError("cannot release %s: %s" % (jid, e))
+
+
+def on_startup(event, config):
+    """exechost_startup: publish (and create the per-NUMA vnodes). If topod is not up yet the
+    vnodes are offlined with the reason; exechost_periodic brings them back."""
+    host = pbs.get_local_nodename()
+    if not config["publish"] and not config["vnode_per_numa_node"]:
+        return
+    try:
+        publish(event, host, Topod(config), config, True)
+    except TopodUnreachable as e:
+        offline_vnodes(event, host, config, "%s; jobs cannot start here" % e)
+
+
+def on_periodic(event, config):
+    """exechost_periodic: release orphans, publish, then offline (something failed) or bring
+    back online (all worked, and this hook had offlined the vnodes)."""
+    host = pbs.get_local_nodename()
+    topod = Topod(config)
+    try:
+        failures = release_orphans(event, topod, config)
+        if config["publish"]:
+            publish(event, host, topod, config, False)
+    except TopodUnreachable as e:
+        offline_vnodes(event, host, config, "%s; jobs cannot start here" % e)
+        return
+    if failures:
+        offline_vnodes(event, host, config, "; ".join(failures))
+    else:
+        online_vnodes_if_we_offlined(event, host, config)
+
+
+def release_orphans(event, topod, config):
+    """Releases the PBS jobs topod holds that this MoM does not run (event.job_list), once they
+    have been missing for orphan_after_runs periodic runs in a row: a job whose execjob_begin
+    races with this hook is not yet in the list it was given. Returns the failures."""
+    running = set(str(j) for j in event.job_list.keys())
+    held = [a["job"] for a in topod.call("list") or [] if pbs_job_id(a["job"]) is not None]
+    missing = [jid for jid in held if pbs_job_id(jid) not in running]
+    counts = read_orphan_counts(config)
+    counts = dict((jid, counts.get(jid, 0) + 1) for jid in missing)
+    failures = []
+    for jid in missing:
+        if counts[jid] < config["orphan_after_runs"]:
+            continue
+        try:
+            killed = release(topod, jid)
+            del counts[jid]
+            pbs.logmsg(pbs.EVENT_ERROR, "%s: released orphan %s (no such job on this MoM; %s process(es) killed)"
+                       % (HOOK, jid, killed or 0))
+        except TopodUnreachable:
+            raise
+        except HookError as e:
+            failures.append(str(e))
+    write_orphan_counts(config, counts)
+    return failures
+
+
+def orphans_path(config):
+    return os.path.join(config["state_dir"], "orphans.json")
+
+
+def read_orphan_counts(config):
+    try:
+        with open(orphans_path(config)) as f:
+            counts = json.load(f)
+        return counts if isinstance(counts, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_orphan_counts(config, counts):
+    ensure_dir(config["state_dir"])
+    temporary = orphans_path(config) + ".tmp"
+    with open(temporary, "w") as f:
+        json.dump(counts, f)
+    os.rename(temporary, orphans_path(config))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch
+
+
+def handlers():
+    """Event type -> (handler, whether a failure rejects the event). Where rejecting means
+    nothing (end, startup, periodic) a failure is logged and the vnodes speak for it."""
+    return {
+        pbs.QUEUEJOB: (on_submit, True),
+        pbs.MODIFYJOB: (on_submit, True),
+        pbs.EXECJOB_BEGIN: (on_begin, True),
+        pbs.EXECJOB_LAUNCH: (on_launch, True),
+        pbs.EXECJOB_ATTACH: (on_attach, True),
+        pbs.EXECJOB_EPILOGUE: (on_end, False),
+        pbs.EXECJOB_END: (on_end, False),
+        pbs.EXECHOST_STARTUP: (on_startup, False),
+        pbs.EXECHOST_PERIODIC: (on_periodic, False),
+    }
+
+
+def main():
+    event = pbs.event()
+    handler, rejects = handlers().get(event.type, (None, False))
+    if handler is None:
+        event.accept()
+    started = time.time()
+    try:
+        handler(event, load_config(pbs.hook_config_filename))
+    except HookError as e:
+        fail(event, rejects, str(e))
+    except Exception as e:   # a bug here: say so in words, the traceback goes to the log
+        pbs.logmsg(pbs.EVENT_ERROR, "%s: %s" % (HOOK, traceback.format_exc()))
+        fail(event, rejects, "internal error (%s: %s); the traceback is in the PBS log" % (type(e).__name__, e))
+    pbs.logmsg(pbs.EVENT_DEBUG, "%s: %s done in %.3f s" % (HOOK, handler.__name__, time.time() - started))
+    event.accept()
+
+
+def fail(event, rejects, message):
+    """Logs `message` and, for events where that means something, rejects with it."""
+    job = getattr(event, "job", None)
+    where = " (job %s)" % job.id if job is not None and getattr(job, "id", None) else ""
+    pbs.logmsg(pbs.EVENT_ERROR, "%s%s: %s" % (HOOK, where, message))
+    if rejects:
+        event.reject("%s: %s" % (HOOK, message))
+
+
+# PBS runs a hook with __name__ == "__builtin__" (as its own pbs_cgroups hook relies on); the
+# tests import this file under another name to reach the functions above.
+if __name__ == "__builtin__":
+    main()

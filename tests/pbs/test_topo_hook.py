@@ -1,0 +1,633 @@
+"""topo's PBS hook (packaging/pbs/topo.py) through whole job lives, against a real topod.
+
+Each event runs the hook in a fresh interpreter with the stand-in `pbs` module (pbs.py here),
+as pbs_python does. topod is the real binary (target/debug, or $TOPO_BIN_DIR), with its own
+socket, state directory and, on real cgroups, its own subtree "topo-pbs-test-<pid>", so that
+nothing collides with other tests on the machine. Real cgroups (v1 cpuset, memory, freezer)
+are used when this runs as root on a host that has the v1 cpuset hierarchy; otherwise topod's
+in-memory backend on an emulated 2-socket, 2-NUMA-node machine, and the tests that need the
+kernel say SKIPPED.
+
+Run: tests/pbs-hooks.sh (builds topod first), or python3 -m unittest discover -s tests/pbs -v
+"""
+
+import ast
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+HOOK = os.path.join(REPO, "packaging", "pbs", "topo.py")
+BIN = os.environ.get("TOPO_BIN_DIR", os.path.join(REPO, "target", "debug"))
+SHARED = os.environ.get("TOPO_SHARED_DIR", os.path.join(os.path.dirname(REPO), "shared"))
+EMULATED = os.path.join(SHARED, "topologies", "converted-hwloc2.9", "32intel64-2p8co2t+8ve.xml")
+HOST = "node1"
+SUBTREE = "topo-pbs-test-%d" % os.getpid()
+
+
+def read(path):
+    """The text of a file, closed again."""
+    with open(path) as f:
+        return f.read()
+
+
+def v1_mounts():
+    """{controller: mount point} of the cgroup v1 hierarchies topod uses."""
+    found = {}
+    with open("/proc/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 4 and fields[2] == "cgroup":
+                for controller in ("cpuset", "memory", "freezer"):
+                    if controller in fields[3].split(","):
+                        found.setdefault(controller, fields[1])
+    return found
+
+
+REAL = os.geteuid() == 0 and "cpuset" in v1_mounts()
+
+
+def load_hook_module():
+    """topo.py as a module (its main() runs only under PBS's __name__ "__builtin__")."""
+    spec = importlib.util.spec_from_file_location("topo_hook", HOOK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def remove_subtree():
+    """Kills what is left in our test subtree and removes it, in every v1 hierarchy."""
+    for mount in v1_mounts().values():
+        root = os.path.join(mount, SUBTREE)
+        if not os.path.isdir(root):
+            continue
+        for entry in os.listdir(root):
+            job_dir = os.path.join(root, entry)
+            if os.path.isdir(job_dir):
+                for pid in read(os.path.join(job_dir, "cgroup.procs")).split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except OSError:
+                        pass
+                time.sleep(0.05)
+                try:
+                    os.rmdir(job_dir)
+                except OSError:
+                    pass
+        try:
+            os.rmdir(root)
+        except OSError:
+            pass
+
+
+class Topod(object):
+    """A topod process of this test, stopped by stop() (by its pid, never by name)."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.socket = os.path.join(directory, "topod.sock")
+        self.process = None
+
+    def start(self):
+        config = os.path.join(self.directory, "topod.toml")
+        with open(config, "w") as f:
+            if REAL:
+                f.write('cgroup = "v1"\ncgroup_subtree = "%s"\n' % SUBTREE)
+            else:
+                # MoM runs hooks as root; an unprivileged test run is topod's administrator.
+                f.write('cgroup = "fake"\ntopology = "%s"\nadmin_uids = [%d]\n' % (EMULATED, os.getuid()))
+        state = os.path.join(self.directory, "state")
+        os.makedirs(state, exist_ok=True)
+        self.log = open(os.path.join(self.directory, "topod.log"), "ab")
+        command = [os.path.join(BIN, "topod"), "--socket", self.socket, "--state-dir", state, "--config", config]
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=self.log)
+        deadline = time.time() + 20
+        while not self._answers():
+            if self.process.poll() is not None or time.time() > deadline:
+                raise AssertionError("topod did not start: %s" % read(os.path.join(self.directory, "topod.log")))
+            time.sleep(0.02)
+
+    def _answers(self):
+        try:
+            self.call("version")
+            return True
+        except OSError:
+            return False
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+        self.process = None
+        if getattr(self, "log", None) is not None:
+            self.log.close()
+            self.log = None
+
+    def call(self, op, **fields):
+        """One request; the reply object ({"ok": ...} or {"error": ...})."""
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(20)
+        try:
+            s.connect(self.socket)
+            s.sendall((json.dumps(dict(fields, v=1, op=op)) + "\n").encode())
+            return json.loads(s.makefile("rb").readline().decode())
+        finally:
+            s.close()
+
+    def jobs(self):
+        return sorted(a["job"] for a in self.call("list")["ok"])
+
+
+def mom_job(job_id, ncpus=1, mem="262144kb", topology=None, in_select=False, vnode=HOST):
+    """A job as a MoM sees it (observed on OpenPBS: custom resources only in schedselect, unless
+    the resource has flag m and was asked job-wide)."""
+    select = "1:ncpus=%d:mem=%s" % (ncpus, mem)
+    resources = {"ncpus": ncpus, "mem": mem}
+    if topology is not None and in_select:
+        select += ":topology=%s" % topology
+    elif topology is not None:
+        resources["topology"] = topology
+    return {"id": job_id, "schedselect": select, "exec_vnode": "(%s:ncpus=%d:mem=%s)" % (vnode, ncpus, mem),
+            "Resource_List": resources, "euser": "root"}
+
+
+@unittest.skipUnless(os.path.exists(os.path.join(BIN, "topod")), "topod not built in %s (tests/pbs-hooks.sh builds it)" % BIN)
+class HookTestCase(unittest.TestCase):
+    """A fresh topod and hook configuration per test."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="topo-pbs-test-")
+        self.topod = Topod(self.dir)
+        self.topod.start()
+        self.addCleanup(self._clean)
+        self.config = os.path.join(self.dir, "topo.json")
+        self.write_config()
+        self.events = 0
+
+    def _clean(self):
+        self.topod.stop()
+        if REAL:
+            remove_subtree()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def write_config(self, **overrides):
+        config = {"socket": self.topod.socket, "topoctl": os.path.join(BIN, "topoctl"),
+                  "topo_exec": os.path.join(BIN, "topo-exec"), "state_dir": os.path.join(self.dir, "hook-state"),
+                  "timeout_seconds": 10}
+        config.update(overrides)
+        with open(self.config, "w") as f:
+            json.dump(config, f)
+
+    def event_file(self, name, **fields):
+        self.events += 1
+        description = dict(fields, event=name, host=HOST, hook_config_filename=self.config)
+        path = os.path.join(self.dir, "event-%d.json" % self.events)
+        with open(path, "w") as f:
+            json.dump(description, f)
+        return path, os.path.join(self.dir, "result-%d.json" % self.events)
+
+    def run_event(self, name, **fields):
+        """Runs the hook for one event; the result (outcome, message, vnodes, log, ...)."""
+        event, result = self.event_file(name, **fields)
+        subprocess.check_call([sys.executable, os.path.join(HERE, "run_hook.py"), HOOK, event, result])
+        with open(result) as f:
+            out = json.load(f)
+        self.assertNotEqual(out["outcome"], "exception", "the hook crashed:\n%s" % out["message"])
+        return out
+
+    def assert_accepted(self, result):
+        self.assertEqual(result["outcome"], "accept", "%s\n%s" % (result["message"], result["log"]))
+
+    def assert_rejected(self, result, *words):
+        self.assertEqual(result["outcome"], "reject", result["log"])
+        for word in words:
+            self.assertIn(word, result["message"])
+
+    def periodic(self, running=(), vnodes=None):
+        return self.run_event("exechost_periodic", job_list=list(running), vnode_list=vnodes or {HOST: {}})
+
+    def launch(self, job, script):
+        """Starts the job's program through execjob_launch, as MoM does; returns the process
+        and the hook's result once the program runs."""
+        env = {"PATH": "/usr/bin:/bin", "PBS_JOBID": job["id"]}
+        event, result = self.event_file("execjob_launch", job=dict(job, session_id=0), progname="/bin/sh",
+                                        argv=["/bin/sh", "-c", script], env=env, vnode_list={HOST: {}})
+        # The job's output goes to a file: a process it leaves behind must not hold the test
+        # runner's stdout open.
+        with open(os.path.join(self.dir, "job-stdio-%d" % self.events), "wb") as stdio:
+            process = subprocess.Popen([sys.executable, os.path.join(HERE, "launcher.py"), HOOK, event, result],
+                                       stdin=subprocess.DEVNULL, stdout=stdio, stderr=stdio)
+        self.addCleanup(stop_child, process)
+        deadline = time.time() + 20
+        while not os.path.exists(result):
+            if time.time() > deadline or process.poll() is not None:
+                raise AssertionError("the launch hook wrote no result (launcher exit status %s)" % process.poll())
+            time.sleep(0.02)
+        with open(result) as f:
+            return process, json.load(f)
+
+
+def wait_for_lines(path, count, process):
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if os.path.exists(path):
+            lines = read(path).splitlines()
+            if len(lines) >= count:
+                return lines
+        if process.poll() is not None:
+            break
+        time.sleep(0.02)
+    raise AssertionError("the job did not write %d lines to %s (exit status %s)" % (count, path, process.poll()))
+
+
+def cpuset_cgroup_of(pid):
+    """The cpuset cgroup path of a process (v1), e.g. /topo-pbs-test-1/pbs-1.server."""
+    with open("/proc/%d/cgroup" % pid) as f:
+        for line in f:
+            hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
+            if "cpuset" in controllers.split(","):
+                return path
+    return None
+
+
+def stop_child(process):
+    """Test clean-up after a failed assertion: a process this test started must not outlive it
+    (Popen sends nothing once the child is reaped, so a reused pid is never hit)."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def kill_if_still(pid, command):
+    """Kills `pid` if it is still the process this test started (its command line is `command`)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            if f.read().split(b"\0")[:len(command)] == [c.encode() for c in command]:
+                os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+class SubmitTest(HookTestCase):
+    def topoctl_check_message(self, request):
+        """The last line `topoctl check` prints for a bad request: the message a user must see."""
+        done = subprocess.run([os.path.join(BIN, "topoctl"), "check", request], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.assertEqual(done.returncode, 2)
+        return done.stderr.decode().strip().splitlines()[-1]
+
+    def test_a_bad_request_is_refused_with_topoctls_message(self):
+        for bad in ["affinity[cores(2)]", "affinity[core(2,same=numa)*4:membind=nowhere]", "CPUSET[MAX_RADIUS=x]", "affinity[core(2)"]:
+            expected = self.topoctl_check_message(bad)
+            queued = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": bad}})
+            self.assert_rejected(queued, expected, "topology=" + bad)
+            in_select = self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "2:ncpus=4:topology=%s+1:ncpus=1" % bad}})
+            self.assert_rejected(in_select, expected)
+            altered = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"topology": bad}}, job_o={"id": "7.server"})
+            self.assert_rejected(altered, expected)
+
+    def test_good_requests_and_jobs_without_one_are_accepted(self):
+        for good in ["affinity[core(2,same=numa)*4:membind=localonly]", "CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]", '"affinity[thread*2]"']:
+            self.assert_accepted(self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": good}}))
+        self.assert_accepted(self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=2:topology=affinity[core(1):membind=localonly]"}}))
+        self.assert_accepted(self.run_event("queuejob", job={"id": "", "Resource_List": {"walltime": "1:00:00"}}))
+        # A request that starts with "-" is a request, not an option of topoctl.
+        self.assert_rejected(self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "--help"}}), "refused: at byte 0")
+
+    def test_without_topoctl_the_admin_is_told_what_to_install(self):
+        self.write_config(topoctl="/nonexistent/topoctl")
+        result = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[thread]"}})
+        self.assert_rejected(result, "/nonexistent/topoctl", "install topoctl")
+
+    def test_a_bad_configuration_is_named(self):
+        with open(self.config, "w") as f:
+            json.dump({"sockett": "/x"}, f)
+        self.assert_rejected(self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[thread]"}}), "unknown key 'sockett'", self.config)
+        with open(self.config, "w") as f:
+            f.write("{not json")
+        self.assert_rejected(self.run_event("execjob_begin", job=mom_job("1.server"), vnode_list={HOST: {}}), "cannot read the hook configuration")
+
+
+class JobLifeTest(HookTestCase):
+    def test_a_whole_job_life_stays_in_its_cgroup_and_leaves_nothing(self):
+        job = mom_job("123.pbs-server.example", ncpus=1, topology="affinity[thread*1]")
+        jid = "pbs-123.pbs-server.example"
+        begun = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+        self.assert_accepted(begun)
+        allocation = self.topod.call("list")["ok"]
+        self.assertEqual([a["job"] for a in allocation], [jid])
+        cpus = allocation[0]["cpus"]
+        self.assertEqual(len(load_hook_module().cpu_set(cpus)), 1)
+        job_dir = os.path.join(v1_mounts().get("cpuset", "/nonexistent"), SUBTREE, jid)
+        if REAL:
+            self.assertEqual(read(os.path.join(job_dir, "cpuset.cpus")).strip(), cpus)
+            memory_dir = os.path.join(v1_mounts()["memory"], SUBTREE, jid)
+            self.assertEqual(int(read(os.path.join(memory_dir, "memory.limit_in_bytes"))), 262144 * 1024)
+
+        # The job: reports what it got, leaves a process in a session of its own (as a daemon
+        # started by a job does), and ends normally when the test says so.
+        out, go = os.path.join(self.dir, "job.out"), os.path.join(self.dir, "go")
+        script = ("exec > %s; echo $TOPO_CPUS; echo $TOPO_MEMS; echo $TOPO_JOB; grep Cpus_allowed_list /proc/self/status; "
+                  "setsid sleep 300 & echo $!; n=0; while [ ! -e %s ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done" % (out, go))
+        shell, launched = self.launch(job, script)
+        self.assertEqual(launched["outcome"], "accept", launched)
+        lines = wait_for_lines(out, 5, shell)
+        self.assertEqual(lines[:3], [cpus, allocation[0]["mems"], jid])
+        escaped = int(lines[4])
+        self.addCleanup(kill_if_still, escaped, ["sleep", "300"])
+        attached = subprocess.Popen(["sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)   # an MPI rank started by pbs_attach
+        self.addCleanup(stop_child, attached)
+        self.assert_accepted(self.run_event("execjob_attach", job=job, pid=attached.pid, vnode_list={HOST: {}}))
+        if REAL:
+            self.assertEqual(lines[3].split(":")[1].strip(), cpus, "the job runs on the CPUs topod gave it")
+            for pid in (shell.pid, escaped, attached.pid):
+                self.assertEqual(cpuset_cgroup_of(pid), "/%s/%s" % (SUBTREE, jid), "process %d" % pid)
+        open(go, "w").close()
+        self.assertEqual(shell.wait(20), 0, "the job shell ends normally")
+        self.assertTrue(alive(escaped), "its daemon outlives the job shell, as it would under PBS")
+        if REAL:
+            procs = read(os.path.join(job_dir, "cgroup.procs")).split()
+            self.assertEqual(sorted(procs), sorted(str(p) for p in (escaped, attached.pid)), "what is left is in the job's cgroup")
+        else:
+            print("SKIPPED (not root or no v1 cpuset): the kernel-side checks of the job's cgroup", file=sys.stderr)
+            for pid in (escaped, attached.pid):   # the in-memory backend kills nothing
+                os.kill(pid, signal.SIGKILL)
+
+        self.assert_accepted(self.run_event("execjob_epilogue", job=job, vnode_list={HOST: {}}))
+        self.assertEqual(self.topod.jobs(), [])
+        self.assert_accepted(self.run_event("execjob_end", job=job, vnode_list={HOST: {}}))
+        attached.wait(10)
+        deadline = time.time() + 10
+        while alive(escaped) and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertFalse(alive(escaped), "release killed what the job left")
+        if REAL:
+            self.assertFalse(os.path.exists(job_dir), "no cgroup left")
+            for mount in v1_mounts().values():
+                self.assertEqual([d for d in os.listdir(os.path.join(mount, SUBTREE)) if os.path.isdir(os.path.join(mount, SUBTREE, d))], [], mount)
+
+    def test_every_task_launched_through_tm_joins_too(self):
+        """execjob_launch fires again for each task started through TM (pbsdsh), observed on
+        OpenPBS: each one's launching process joins the job's cgroup."""
+        job = mom_job("64.server", ncpus=1)
+        jid = "pbs-64.server"
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        tasks = []
+        for n in range(2):
+            out = os.path.join(self.dir, "task-%d.out" % n)
+            task, launched = self.launch(job, "echo $TOPO_JOB > %s; exec sleep 300" % out)
+            self.assertEqual(launched["outcome"], "accept", launched)
+            self.assertEqual(wait_for_lines(out, 1, task), [jid])
+            tasks.append(task)
+        if REAL:
+            for task in tasks:
+                self.assertEqual(cpuset_cgroup_of(task.pid), "/%s/%s" % (SUBTREE, jid))
+        self.assert_accepted(self.run_event("execjob_end", job=job, vnode_list={HOST: {}}))
+        if REAL:
+            for task in tasks:
+                self.assertEqual(task.wait(10), -signal.SIGKILL, "release killed the task")
+
+    def test_end_alone_or_epilogue_alone_releases(self):
+        for only in ("execjob_end", "execjob_epilogue"):
+            job = mom_job("55.server", ncpus=1)
+            self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+            self.assertEqual(self.topod.jobs(), ["pbs-55.server"])
+            self.assert_accepted(self.run_event(only, job=job, vnode_list={HOST: {}}))
+            self.assertEqual(self.topod.jobs(), [], only)
+
+    def test_topo_exec_launch_joins_as_the_job_does(self):
+        self.write_config(launch="topo-exec")
+        job = mom_job("56.server", ncpus=1)
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        out = os.path.join(self.dir, "job.out")
+        shell, launched = self.launch(job, "echo $TOPO_CPUS > %s; grep Cpus_allowed_list /proc/self/status >> %s" % (out, out))
+        self.assertEqual(launched["argv"][:6], [os.path.join(BIN, "topo-exec"), "--socket", self.topod.socket, "--job", "pbs-56.server", "--"])
+        self.assertEqual(launched["argv"][6:], ["/bin/sh", "-c", launched["argv"][8]])
+        self.assertEqual(shell.wait(20), 0)
+        lines = read(out).splitlines()
+        cpus = self.topod.call("list")["ok"][0]["cpus"]
+        self.assertEqual(lines[0], cpus)
+        if REAL:
+            self.assertEqual(lines[1].split(":")[1].strip(), cpus)
+        self.assert_accepted(self.run_event("execjob_end", job=job, vnode_list={HOST: {}}))
+        self.assertEqual(self.topod.jobs(), [])
+
+    def test_a_request_larger_than_ncpus_or_a_bad_job_id_is_refused_and_holds_nothing(self):
+        if REAL:
+            too_big = mom_job("57.server", ncpus=1, topology="affinity[thread*2]")
+        else:
+            too_big = mom_job("57.server", ncpus=2, topology="affinity[core(2)]")
+        result = self.run_event("execjob_begin", job=too_big, vnode_list={HOST: {}})
+        self.assert_rejected(result, "takes", "asked PBS for ncpus=")
+        for bad_id in ["12/../../etc.server", "../x", "7 .server", "x" * 200]:
+            result = self.run_event("execjob_begin", job=mom_job(bad_id), vnode_list={HOST: {}})
+            self.assert_rejected(result, "cannot name a topod job")
+        self.assertEqual(self.topod.jobs(), [])
+
+    def test_an_unexpected_error_is_a_sentence_and_the_traceback_goes_to_the_log(self):
+        job = dict(mom_job("63.server"), exec_vnode="(node1:ncpus=two:mem=1gb)")
+        result = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+        self.assert_rejected(result, "topo hook: internal error (ValueError: ", "the traceback is in the PBS log")
+        self.assertNotIn("Traceback", result["message"])
+        self.assertTrue(any("Traceback" in line for _, line in result["log"]), result["log"])
+
+    def test_without_a_request_a_job_gets_its_ncpus_or_is_left_alone(self):
+        self.assert_accepted(self.run_event("execjob_begin", job=mom_job("58.server", ncpus=1), vnode_list={HOST: {}}))
+        self.assertEqual(self.topod.call("list")["ok"][0]["request"], "affinity[thread*1]")
+        self.assert_accepted(self.run_event("execjob_end", job=mom_job("58.server"), vnode_list={HOST: {}}))
+        self.write_config(default_request="")
+        job = mom_job("59.server", ncpus=1)
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        self.assertEqual(self.topod.jobs(), [])
+        shell, launched = self.launch(job, "true")
+        self.assertEqual(launched["outcome"], "accept")
+        self.assertEqual(shell.wait(20), 0)
+
+
+class HostTest(HookTestCase):
+    def test_periodic_releases_orphans_after_two_runs_and_only_pbs_jobs(self):
+        running, orphan = mom_job("60.server"), mom_job("61.server")
+        for job in (running, orphan):
+            self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        first = self.periodic(running=["60.server"])
+        self.assert_accepted(first)
+        self.assertEqual(self.topod.jobs(), ["pbs-60.server", "pbs-61.server"], "not after one run: its begin may race")
+        second = self.periodic(running=["60.server"])
+        self.assert_accepted(second)
+        self.assertEqual(self.topod.jobs(), ["pbs-60.server"])
+        self.assertTrue(any("released orphan pbs-61.server" in line for _, line in second["log"]), second["log"])
+        free = self.topod.call("free_map")["ok"]["free"]
+        published = second["vnode_list"][HOST]["resources_available"]
+        self.assertEqual(published, {"topo_free_numa": free["free_numa_nodes"], "topo_free_l3": free["free_l3_groups"], "topo_free_cores": free["free_cores"]})
+        self.assertEqual(second["vnode_list"][HOST]["state"], 0, "online")
+        # Jobs of other batch systems or of topoctl on the same topod are never touched.
+        other = self.topod.call("allocate", job="lsf-4711", request="affinity[thread]")
+        self.assertIn("ok", other, other)
+        self.periodic(running=["60.server"])
+        self.periodic(running=["60.server"])
+        self.assertEqual(self.topod.jobs(), ["lsf-4711", "pbs-60.server"])
+
+    @unittest.skipIf(REAL, "emulated 2-NUMA machine only with the fake backend")
+    def test_startup_publishes_one_vnode_per_numa_node_and_begin_stays_inside(self):
+        self.write_config(vnode_per_numa_node=True)
+        started = self.run_event("exechost_startup", vnode_list={HOST: {"resources_available": {"ncpus": 32}}})
+        self.assert_accepted(started)
+        vnodes = started["vnode_list"]
+        self.assertEqual(sorted(vnodes), [HOST, HOST + "[0]", HOST + "[1]"])
+        self.assertEqual(vnodes[HOST]["resources_available"]["ncpus"], 0)
+        for name in (HOST + "[0]", HOST + "[1]"):
+            self.assertEqual(vnodes[name]["resources_available"]["ncpus"], 16)
+            self.assertEqual(vnodes[name]["resources_available"]["topo_free_numa"], 1)
+            self.assertEqual(vnodes[name]["resources_available"]["topo_free_cores"], 8)
+        self.assertEqual(vnodes[HOST]["resources_available"]["topo_free_cores"], 16)
+        # PBS puts the job on vnode node1[1]: topod places it inside NUMA node 1.
+        job = mom_job("62.server", ncpus=4, topology="affinity[core(2)]", in_select=True, vnode=HOST + "[1]")
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST + "[1]": {}}))
+        topology = self.topod.call("topology")["ok"]
+        node1 = [n for n in topology["numa_nodes"] if n["os_index"] == 1][0]
+        hook = load_hook_module()
+        got = hook.cpu_set(self.topod.call("list")["ok"][0]["cpus"])
+        self.assertEqual(len(got), 4)
+        self.assertTrue(got <= hook.cpu_set(node1["cpus"]), got)
+
+    def test_topod_down_gives_clear_messages_offlines_and_requeues_then_comes_back(self):
+        job = mom_job("70.server", ncpus=1)
+        self.topod.stop()
+        begun = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+        self.assert_rejected(begun, "cannot reach topod at %s" % self.topod.socket, "is topod running", "goes back to the queue")
+        self.assertTrue(begun["rerun"], "the job is requeued, not lost")
+        self.assertEqual(begun["vnode_list"][HOST]["state"], 1, "offline")
+        self.assertIn("topo: cannot reach topod", begun["vnode_list"][HOST]["comment"])
+        self.assertNotIn("Traceback", begun["message"])
+        launched = self.run_event("execjob_launch", job=job, progname="/bin/sh", argv=[], env={}, vnode_list={HOST: {}})
+        self.assert_rejected(launched, "cannot reach topod")
+        self.assertTrue(launched["rerun"])
+        self.assert_rejected(self.run_event("execjob_attach", job=job, pid=os.getpid(), vnode_list={HOST: {}}), "cannot reach topod")
+        ended = self.run_event("execjob_end", job=job, vnode_list={HOST: {}})
+        self.assert_accepted(ended)
+        self.assertTrue(any("cannot reach topod" in line for _, line in ended["log"]), ended["log"])
+        down = self.periodic()
+        self.assertEqual(down["vnode_list"][HOST]["state"], 1)
+        self.assertIn("cannot reach topod", down["vnode_list"][HOST]["comment"])
+        startup = self.run_event("exechost_startup", vnode_list={HOST: {}})
+        self.assert_accepted(startup)
+        self.assertEqual(startup["vnode_list"][HOST]["state"], 1)
+        self.topod.start()
+        back = self.periodic(vnodes={HOST: {"state": 1, "comment": down["vnode_list"][HOST]["comment"]}})
+        self.assertEqual((back["vnode_list"][HOST]["state"], back["vnode_list"][HOST]["comment"]), (0, None), "back online")
+        again = self.periodic(vnodes={HOST: {"state": 1, "comment": "an admin's reason"}})
+        self.assertEqual(again["vnode_list"][HOST]["state"], 1, "a vnode the hook did not offline stays offline")
+
+    def test_a_job_whose_end_could_not_reach_topod_is_released_by_periodic(self):
+        job = mom_job("71.server")
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        self.write_config(socket=os.path.join(self.dir, "no-topod-here.sock"))
+        self.assert_accepted(self.run_event("execjob_end", job=job, vnode_list={HOST: {}}))
+        self.assertEqual(self.periodic()["vnode_list"][HOST]["state"], 1)
+        self.write_config()
+        self.assertEqual(self.topod.jobs(), ["pbs-71.server"])
+        self.assertEqual(self.periodic()["vnode_list"][HOST]["state"], 0)
+        self.periodic()
+        self.assertEqual(self.topod.jobs(), [])
+
+
+class PureFunctionsTest(unittest.TestCase):
+    """The hook's reading of PBS values, without topod."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.hook = load_hook_module()
+
+    def test_select_chunks_keep_requests_with_colons_and_quotes(self):
+        chunks = self.hook.select_chunks('2:ncpus=4:mpiprocs=2:topology=affinity[core(2):membind=localonly]+1:ncpus=1:topology="affinity[thread]"')
+        self.assertEqual(len(chunks), 3)
+        self.assertEqual(chunks[0], {"ncpus": "4", "mpiprocs": "2", "topology": "affinity[core(2):membind=localonly]"})
+        self.assertEqual(chunks[2]["topology"], "affinity[thread]")
+        self.assertEqual(self.hook.select_chunks(None), [])
+
+    def test_share_on_host_counts_only_this_hosts_chunks(self):
+        class Job(object):
+            exec_vnode = "(node1[0]:ncpus=4:mem=1048576kb+node1[1]:ncpus=4)+(node2:ncpus=8:mem=2gb)+(node1:ncpus=2:mem=1gb)"
+            schedselect = "1:ncpus=8:mpiprocs=4:topology=affinity[core(1)]+1:ncpus=8+1:ncpus=2"
+        share = self.hook.share_on_host(Job(), "node1", "topology")
+        self.assertEqual((share.ncpus, share.mem_bytes, share.mpiprocs, share.numa_nodes), (10, 2 << 30, 5, {0, 1}))
+        self.assertEqual(share.requests, ["affinity[core(1)]"])
+        other = self.hook.share_on_host(Job(), "node2", "topology")
+        self.assertEqual((other.ncpus, other.mem_bytes, other.mpiprocs, other.numa_nodes), (8, 2 << 30, 1, set()))
+        self.assertEqual(self.hook.share_on_host(Job(), "node10", "topology").ncpus, 0, "node1 is not a prefix match")
+
+    def test_sizes_cpu_lists_and_job_ids(self):
+        h = self.hook
+        self.assertEqual([h.size_in_bytes(s) for s in ["100mb", "102400kb", "2GB", "10w", "512"]], [100 << 20, 100 << 20, 2 << 30, 80, 512])
+        self.assertRaises(h.HookError, h.size_in_bytes, "lots")
+        self.assertEqual(h.cpu_set("0-3,8,10-11"), {0, 1, 2, 3, 8, 10, 11})
+        self.assertEqual(h.cpu_list({0, 1, 2, 5, 7, 8}), "0-2,5,7-8")
+        self.assertEqual(h.topod_job_id("123[4].server.example"), "pbs-123[4].server.example")
+        self.assertEqual(h.pbs_job_id("pbs-1.s"), "1.s")
+        self.assertIsNone(h.pbs_job_id("lsf-1"))
+        for bad in ["", "1/2.server", "1 .s", "\x00", "x" * 125]:
+            self.assertRaises(h.HookError, h.topod_job_id, bad)
+
+    def test_a_release_topod_refuses_offlines_the_vnode_with_the_reason(self):
+        """A release that fails (processes that will not die: topod keeps the cgroup) cannot be
+        caused on demand on a test machine; this drives on_periodic with a topod double that
+        answers as topod does in that case (daemon/host.rs HostError::Survivors)."""
+        hook = self.hook
+        refusal = "job pbs-9.s: 1 process(es) would not die ([4242]); its cgroup and CPUs are kept"
+
+        class RefusingTopod(object):
+            def __init__(self, config):
+                pass
+
+            def call(self, op, **fields):
+                if op == "list":
+                    return [{"job": "pbs-9.s"}]
+                if op == "release":
+                    raise hook.TopodRefused("internal", refusal)
+                raise AssertionError(op)
+
+        class Event(object):
+            job_list = {}
+            vnode_list = {"node1": hook.pbs.vnode("node1")}
+
+        state = tempfile.mkdtemp(prefix="topo-pbs-test-")
+        self.addCleanup(shutil.rmtree, state, True)
+        config = dict(hook.DEFAULTS, state_dir=state, orphan_after_runs=1, publish=False)
+        os.environ["PBS_STANDIN_HOST"] = "node1"
+        real_topod, hook.Topod = hook.Topod, RefusingTopod
+        try:
+            hook.on_periodic(Event(), config)
+        finally:
+            hook.Topod = real_topod
+        vnode = Event.vnode_list["node1"]
+        self.assertEqual(vnode.state, hook.pbs.ND_OFFLINE)
+        self.assertEqual(vnode.comment, "topo: cannot release pbs-9.s: topod: " + refusal)
+
+    def test_the_hook_keeps_to_python_3_5(self):
+        """PBS embeds its own Python; old releases have 3.5/3.6: no f-strings, no walrus, no
+        subprocess.run(capture_output=, text=)."""
+        with open(HOOK) as f:
+            tree = ast.parse(f.read())
+        newer = [n for n in ast.walk(tree) if type(n).__name__ in ("JoinedStr", "NamedExpr")]
+        newer += [k for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords if k.arg in ("capture_output", "text")]
+        self.assertEqual(newer, [], "features newer than Python 3.5 at lines %s" % [getattr(n, "lineno", "?") for n in newer])
+
+
+if __name__ == "__main__":
+    unittest.main()
