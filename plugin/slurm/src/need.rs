@@ -1,0 +1,76 @@
+//! What a request needs from a host, in the coarse terms Slurm can filter hosts on.
+//!
+//! The submitting side (srun, sbatch, salloc) parses `--topology` with the placement core's own
+//! parser and puts a summary into the job's control environment (`spank_job_env`), where
+//! `job_submit.lua` turns it into node features; `topoctl slurm-features` publishes the same
+//! features for each host's free map. So the request language is parsed in one place (Rust),
+//! and the Lua script only compares numbers.
+//!
+//! Features are powers of two, and a host carries every one up to what it has:
+//! `topo_free_8` means at least 8 free CPUs; `topo_numa_4`, at least 4 free CPUs inside one NUMA
+//! node. A job is constrained to the largest power of two not above what it needs, so a host
+//! that fits is never filtered out (the filter is coarse; topod decides on the host).
+
+use topod::request::{Level, Request};
+
+/// The environment variable, in the job's control environment, that carries the summary.
+pub const NEED_VARIABLE: &str = "TOPO_NEED";
+
+/// The smallest number of CPUs a request needs: every unit is at least one CPU.
+pub fn min_cpus(req: &Request, tasks_if_unsaid: u32) -> u64 {
+    u64::from(req.tasks.unwrap_or(tasks_if_unsaid).max(1)) * u64::from(req.units_per_task.max(1))
+}
+
+/// The summary: `cpus=N` and, when each task must sit in one NUMA node or one package (or
+/// finer), `numa=M` with M the CPUs one task needs there.
+pub fn summary(req: &Request, tasks_if_unsaid: u32) -> String {
+    let mut s = format!("cpus={}", min_cpus(req, tasks_if_unsaid));
+    if matches!(req.same, Some(Level::Numa | Level::L3 | Level::Core | Level::Thread)) {
+        s.push_str(&format!(" numa={}", req.units_per_task.max(1)));
+    }
+    s
+}
+
+/// The largest power of two not above `n` (0 for 0).
+pub fn feature_step(n: u64) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        1 << (63 - n.leading_zeros())
+    }
+}
+
+/// The features of a host with `free_cpus` free and `largest_in_one_numa` free inside one NUMA
+/// node, ordered; none below 1.
+pub fn host_features(free_cpus: u64, largest_in_one_numa: u64) -> Vec<String> {
+    let mut features = Vec::new();
+    for (prefix, n) in [("topo_free", free_cpus), ("topo_numa", largest_in_one_numa)] {
+        let top = feature_step(n);
+        features.extend((0..64).map(|b| 1u64 << b).take_while(|s| top > 0 && *s <= top).map(|s| format!("{prefix}_{s}")));
+    }
+    features
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries() {
+        let r = topod::request::parse("affinity[core(2,same=numa)*4]").unwrap();
+        assert_eq!(summary(&r, 1), "cpus=8 numa=2");
+        let r = topod::request::parse("affinity[core(3)]").unwrap();
+        assert_eq!(summary(&r, 5), "cpus=15");
+    }
+
+    #[test]
+    fn features_never_hide_a_host_that_fits() {
+        assert_eq!(host_features(12, 3), ["topo_free_1", "topo_free_2", "topo_free_4", "topo_free_8", "topo_numa_1", "topo_numa_2"]);
+        assert!(host_features(0, 0).is_empty());
+        for need in 1..200u64 {
+            for free in need..need + 5 {
+                assert!(host_features(free, 0).contains(&format!("topo_free_{}", feature_step(need))), "{need} {free}");
+            }
+        }
+    }
+}
