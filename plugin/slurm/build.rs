@@ -18,6 +18,7 @@ const ITEMS: &[(&str, u32)] = &[
     ("S_JOB_UID", 0),
     ("S_JOB_ID", 2),
     ("S_JOB_STEPID", 3),
+    ("S_JOB_LOCAL_TASK_COUNT", 6),
     ("S_TASK_ID", 11),
     ("S_JOB_ALLOC_CORES", 25),
     ("S_JOB_ALLOC_MEM", 26),

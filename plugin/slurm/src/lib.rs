@@ -28,4 +28,4 @@ pub mod link;
 pub mod need;
 pub mod plan;
 #[cfg(not(test))]
-pub mod spank;
+mod spank;

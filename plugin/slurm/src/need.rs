@@ -6,10 +6,10 @@
 //! features for each host's free map. So the request language is parsed in one place (Rust),
 //! and the Lua script only compares numbers.
 //!
-//! Features are powers of two, and a host carries every one up to what it has:
-//! `topo_free_8` means at least 8 free CPUs; `topo_numa_4`, at least 4 free CPUs inside one NUMA
-//! node. A job is constrained to the largest power of two not above what it needs, so a host
-//! that fits is never filtered out (the filter is coarse; topod decides on the host).
+//! Features are powers of two, and a host carries every one up to what it has free
+//! (`topo_free_8`: at least 8 free CPUs; `topo_numa_4`: at least 4 inside one NUMA node; see
+//! `topoctl slurm-features`). The script asks for the largest power of two not above the need,
+//! so a host that fits is never filtered out: the filter is coarse, topod decides on the host.
 
 use topod::request::{Level, Request};
 
@@ -31,26 +31,6 @@ pub fn summary(req: &Request, tasks_if_unsaid: u32) -> String {
     s
 }
 
-/// The largest power of two not above `n` (0 for 0).
-pub fn feature_step(n: u64) -> u64 {
-    if n == 0 {
-        0
-    } else {
-        1 << (63 - n.leading_zeros())
-    }
-}
-
-/// The features of a host with `free_cpus` free and `largest_in_one_numa` free inside one NUMA
-/// node, ordered; none below 1.
-pub fn host_features(free_cpus: u64, largest_in_one_numa: u64) -> Vec<String> {
-    let mut features = Vec::new();
-    for (prefix, n) in [("topo_free", free_cpus), ("topo_numa", largest_in_one_numa)] {
-        let top = feature_step(n);
-        features.extend((0..64).map(|b| 1u64 << b).take_while(|s| top > 0 && *s <= top).map(|s| format!("{prefix}_{s}")));
-    }
-    features
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,16 +41,5 @@ mod tests {
         assert_eq!(summary(&r, 1), "cpus=8 numa=2");
         let r = topod::request::parse("affinity[core(3)]").unwrap();
         assert_eq!(summary(&r, 5), "cpus=15");
-    }
-
-    #[test]
-    fn features_never_hide_a_host_that_fits() {
-        assert_eq!(host_features(12, 3), ["topo_free_1", "topo_free_2", "topo_free_4", "topo_free_8", "topo_numa_1", "topo_numa_2"]);
-        assert!(host_features(0, 0).is_empty());
-        for need in 1..200u64 {
-            for free in need..need + 5 {
-                assert!(host_features(free, 0).contains(&format!("topo_free_{}", feature_step(need))), "{need} {free}");
-            }
-        }
     }
 }

@@ -147,6 +147,17 @@ fn args() -> &'static Args {
     ARGS.get_or_init(Args::default)
 }
 
+/// The plugstack arguments, parsed on the first callback of this process. Every callback gets
+/// them: the job prolog/epilog process sees no `slurm_spank_init`.
+fn load_args(ac: c_int, av: *mut *mut c_char) -> Result<&'static Args, String> {
+    if let Some(a) = ARGS.get() {
+        return Ok(a);
+    }
+    // SAFETY: Slurm's contract for every callback: `av` holds `ac` C strings.
+    let parsed = Args::parse(unsafe { words(ac, av) }).map_err(|e| e.to_string())?;
+    Ok(ARGS.get_or_init(|| parsed))
+}
+
 /// The plugstack.conf words after the plug-in path.
 ///
 /// # Safety
@@ -273,9 +284,7 @@ extern "C" fn topology_option(_val: c_int, optarg: *const c_char, remote: c_int)
 #[no_mangle]
 pub extern "C" fn slurm_spank_init(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
     guarded("slurm_spank_init", || {
-        // SAFETY: Slurm's contract: `av` holds `ac` C strings.
-        let parsed = Args::parse(unsafe { words(ac, av) }).map_err(|e| e.to_string())?;
-        let _ = ARGS.set(parsed);
+        load_args(ac, av)?;
         let ctx = context();
         if matches!(ctx, S_CTX_LOCAL | S_CTX_ALLOCATOR | S_CTX_REMOTE | S_CTX_JOB_SCRIPT) {
             // SAFETY: the static table outlives the process; Slurm only reads it.
@@ -291,12 +300,15 @@ pub extern "C" fn slurm_spank_init(sp: Spank, ac: c_int, av: *mut *mut c_char) -
 /// Submitting side: puts the request's summary into the job's control environment for
 /// job_submit.lua. slurmstepd: allocates the job on this host, before the tasks are forked.
 #[no_mangle]
-pub extern "C" fn slurm_spank_init_post_opt(sp: Spank, _ac: c_int, _av: *mut *mut c_char) -> c_int {
+pub extern "C" fn slurm_spank_init_post_opt(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
     guarded("slurm_spank_init_post_opt", || {
+        load_args(ac, av)?;
         let Some(text) = REQUEST.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(()) };
         match context() {
             S_CTX_LOCAL | S_CTX_ALLOCATOR => {
                 let req = topod::request::parse(&text).map_err(|e| format!("--topology={text}: {e}"))?;
+                // The task count is not known to the plug-in before submission; SLURM_NTASKS
+                // when the user set it, else 1 (the summary is a lower bound either way).
                 let tasks = std::env::var("SLURM_NTASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
                 let summary = CString::new(need::summary(&req, tasks)).unwrap_or_default();
                 let name = CString::new(need::NEED_VARIABLE).unwrap_or_default();
@@ -321,7 +333,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let job_cores = item_string(sp, S_JOB_ALLOC_CORES, "the job's cores (S_JOB_ALLOC_CORES)")?;
     let step_cores = item_string(sp, S_STEP_ALLOC_CORES, "the step's cores (S_STEP_ALLOC_CORES)").unwrap_or_else(|_| job_cores.clone());
     let mem_mb = item_u64(sp, S_JOB_ALLOC_MEM, "the job's memory").unwrap_or(0);
-    let local_tasks = std::env::var("SLURM_STEP_NUM_TASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
+    let local_tasks = item_u32(sp, S_JOB_LOCAL_TASK_COUNT, "the step's tasks on this host").unwrap_or(1);
     let job = plan::topod_job_id(job_id);
     let a = args();
     let fail = |e: LinkError| format!("job {job_id} step {step_id}: {e}");
@@ -337,7 +349,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         request: request.to_string(),
         tasks: Some(tasks),
         cpus: Some(job_cpus.to_string()),
-        mem_limit_bytes: (mem_mb > 0).then(|| mem_mb << 20),
+        mem_limit_bytes: (mem_mb > 0).then_some(mem_mb << 20),
         owner_uid: Some(uid),
     };
     let alloc: Allocation = match topod.call_as(allocate) {
@@ -358,8 +370,9 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
 /// In each task, before privileges drop: join topod's cgroup for the job (or stay in Slurm's
 /// and only narrow, see [`Mode`]), and note the task's CPUs.
 #[no_mangle]
-pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, _ac: c_int, _av: *mut *mut c_char) -> c_int {
+pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
     guarded("slurm_spank_task_init_privileged", || {
+        load_args(ac, av)?;
         let Some(request) = requested(sp) else { return Ok(()) };
         let g = grant(sp, &request)?;
         let job_id = item_u32(sp, S_JOB_ID, "the job id")?;
@@ -387,8 +400,9 @@ pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, _ac: c_int, _av: *
 /// In each task just before exec, as the user: the final CPU binding (after Slurm's own
 /// task/affinity binding, which it narrows) and the environment (`TOPO_*`).
 #[no_mangle]
-pub extern "C" fn slurm_spank_task_init(sp: Spank, _ac: c_int, _av: *mut *mut c_char) -> c_int {
+pub extern "C" fn slurm_spank_task_init(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
     guarded("slurm_spank_task_init", || {
+        load_args(ac, av)?;
         let (Some(g), Some((cpus, mode))) = (GRANT.get(), TASK.get()) else { return Ok(()) };
         set_affinity(cpus)?;
         set_task_env(sp, "TOPO_JOB", &g.alloc.job)?;
@@ -404,8 +418,9 @@ pub extern "C" fn slurm_spank_task_init(sp: Spank, _ac: c_int, _av: *mut *mut c_
 /// means CPUs still held or processes that would not die, so it fails the epilog and Slurm
 /// drains the node, as it does for unkillable steps.
 #[no_mangle]
-pub extern "C" fn slurm_spank_job_epilog(sp: Spank, _ac: c_int, _av: *mut *mut c_char) -> c_int {
+pub extern "C" fn slurm_spank_job_epilog(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
     guarded("slurm_spank_job_epilog", || {
+        load_args(ac, av)?;
         if requested(sp).is_none() {
             return Ok(());
         }
