@@ -110,18 +110,41 @@ check_clean() {
 
 for mode in affinity cgroup; do
     echo "== TaskPlugin mode: $mode"
-    cluster_start_slurm "$mode" "$PLUGSTACK"
+    cp packaging/slurm/job_submit.lua "$BASE/etc/job_submit.lua"
+    SLURM_EXTRA_CONF="JobSubmitPlugins=lua" cluster_start_slurm "$mode" "$PLUGSTACK"
+    "$BASE/bin/topoctl" slurm-features --socket "$SOCK" --node "$NODE" --once | sed 's/^/  /'
+    check "node features published" bash -c "scontrol show node $NODE | grep -q 'ActiveFeatures=topo_free_1,topo_free_2'"
 
     echo "-- srun --topology"
     as_user srun --topology='affinity[core]' -n1 "$BASE/bin/probe" > "$BASE/out/srun-$mode.out" 2> "$BASE/out/srun-$mode.err" \
         || { cat "$BASE/out/srun-$mode.err"; tail -20 "$BASE/log/slurmd.log"; }
     check_job_output "$BASE/out/srun-$mode.out" "$mode"
 
+    echo "-- srun -c2 --topology=affinity[core]: topod picks one of the two cores Slurm gave"
+    as_user srun -c2 -n1 --topology='affinity[core]' "$BASE/bin/probe" > "$BASE/out/narrow-$mode.out" 2>&1 || cat "$BASE/out/narrow-$mode.out"
+    check_job_output "$BASE/out/narrow-$mode.out" "$mode"
+    check "one CPU of the two ($(field LEDGER_CPUS "$BASE/out/narrow-$mode.out"))" test "$(ids "$(field LEDGER_CPUS "$BASE/out/narrow-$mode.out")" | wc -w)" -eq 1
+
+    echo "-- srun -n2 --topology=affinity[core]: one core per task"
+    as_user srun -n2 --topology='affinity[core]' -o "$BASE/out/tasks-$mode-%t.out" "$BASE/bin/probe" || cat "$BASE/out/tasks-$mode-"*.out
+    t0=$(sed -n 's/^Cpus_allowed_list:\s*//p' "$BASE/out/tasks-$mode-0.out"); t1=$(sed -n 's/^Cpus_allowed_list:\s*//p' "$BASE/out/tasks-$mode-1.out")
+    echo "  task 0: $t0 ($(grep -o 'TOPO_TASK_CPUS=[^ ]*' "$BASE/out/tasks-$mode-0.out")), task 1: $t1 ($(grep -o 'TOPO_TASK_CPUS=[^ ]*' "$BASE/out/tasks-$mode-1.out")), job: $(field LEDGER_CPUS "$BASE/out/tasks-$mode-0.out")"
+    check "each task bound to its own CPUs from topod" grep -q "TOPO_TASK_CPUS=$t0 " "$BASE/out/tasks-$mode-0.out"
+    check "task 1 likewise" grep -q "TOPO_TASK_CPUS=$t1 " "$BASE/out/tasks-$mode-1.out"
+    check "the two tasks' CPUs are disjoint ($t0 / $t1)" disjoint "$t0" "$t1"
+    check "both inside the job's CPUs" subset "$t0,$t1" "$(field LEDGER_CPUS "$BASE/out/tasks-$mode-0.out")"
+
     echo "-- sbatch --topology"
     jid=$(as_user sbatch --parsable --topology='affinity[core(1)*1]' -n1 -o "$BASE/out/sbatch-$mode-%j.out" "$BASE/bin/probe")
     wait_gone
     check "sbatch job $jid completed" bash -c "scontrol show job $jid 2>/dev/null | grep -q 'JobState=COMPLETED' || grep -q '^JOB=$jid' $BASE/out/sbatch-$mode-$jid.out"
     check_job_output "$BASE/out/sbatch-$mode-$jid.out" "$mode"
+
+    echo "-- srun inside an sbatch --topology job shares the job's allocation"
+    jid=$(as_user sbatch --parsable --topology='affinity[core]' -n1 -o "$BASE/out/step-$mode-%j.out" --wrap "srun -n1 $BASE/bin/probe")
+    wait_gone
+    check_job_output "$BASE/out/step-$mode-$jid.out" "$mode"
+    check "features from job_submit.lua ($(scontrol show job "$jid" | grep -o 'Features=[^ ]*'))" bash -c "scontrol show job $jid | grep -q 'Features=topo_free_1 '"
 
     echo "-- two jobs at once"
     a=$(as_user env PROBE_SLEEP=4 sbatch --parsable --topology='affinity[core]' -n1 -o "$BASE/out/two-$mode-%j.out" "$BASE/bin/probe")
