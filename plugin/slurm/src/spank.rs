@@ -336,6 +336,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let local_tasks = item_u32(sp, S_JOB_LOCAL_TASK_COUNT, "the step's tasks on this host").unwrap_or(1);
     let job = plan::topod_job_id(job_id);
     let a = args();
+    let started = std::time::Instant::now();
     let fail = |e: LinkError| format!("job {job_id} step {step_id}: {e}");
     let mut topod = Topod::connect(&a.socket, a.timeout).map_err(fail)?;
     let topo: Topology = topod.call_as(Op::Topology).map_err(fail)?;
@@ -362,7 +363,12 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         }
         Err(e) => return Err(format!("job {job_id} step {step_id}: cores {job_cores} (CPUs {job_cpus}): {e}")),
     };
-    log_verbose(&format!("job {job_id} step {step_id}: Slurm cores {job_cores} = CPUs {job_cpus}; topod gave {} (mems {})", alloc.cpus, alloc.mems));
+    log_verbose(&format!(
+        "job {job_id} step {step_id}: Slurm cores {job_cores} = CPUs {job_cpus}; topod gave {} (mems {}) in {:.1} ms",
+        alloc.cpus,
+        alloc.mems,
+        started.elapsed().as_secs_f64() * 1e3
+    ));
     let _ = GRANT.set(Grant { alloc, step_cpus });
     GRANT.get().ok_or_else(|| "allocation lost".to_string())
 }
@@ -387,9 +393,11 @@ pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, ac: c_int, av: *mu
         if mode == Mode::Join {
             let a = args();
             let pid = std::process::id() as i32;
+            let started = std::time::Instant::now();
             Topod::connect(&a.socket, a.timeout)
                 .and_then(|mut t| t.call(Op::Join { job: g.alloc.job.clone(), pid }))
                 .map_err(|e| format!("job {job_id} task {task}: cannot join {}: {e}", g.alloc.job))?;
+            log_verbose(&format!("job {job_id} task {task}: joined {} in {:.1} ms", g.alloc.job, started.elapsed().as_secs_f64() * 1e3));
         }
         let cpus = plan::task_cpus(&g.alloc.cpus, &g.alloc.tasks, usize::try_from(task).unwrap_or(0), &g.step_cpus);
         let _ = TASK.set((cpus, mode));
