@@ -113,7 +113,7 @@ for mode in affinity cgroup; do
     cp packaging/slurm/job_submit.lua "$BASE/etc/job_submit.lua"
     SLURM_EXTRA_CONF="JobSubmitPlugins=lua" cluster_start_slurm "$mode" "$PLUGSTACK"
     "$BASE/bin/topoctl" slurm-features --socket "$SOCK" --node "$NODE" --once | sed 's/^/  /'
-    check "node features published" bash -c "scontrol show node $NODE | grep -q 'ActiveFeatures=topo_free_1,topo_free_2'"
+    check "node features published" bash -c "scontrol show node $NODE | grep -q 'ActiveFeatures=topo_cpus_1,topo_cpus_2,topo_numa_1,topo_numa_2,topo_free_1,topo_free_2'"
 
     echo "-- srun --topology"
     as_user srun --topology='affinity[core]' -n1 "$BASE/bin/probe" > "$BASE/out/srun-$mode.out" 2> "$BASE/out/srun-$mode.err" \
@@ -144,7 +144,7 @@ for mode in affinity cgroup; do
     jid=$(as_user sbatch --parsable --topology='affinity[core]' -n1 -o "$BASE/out/step-$mode-%j.out" --wrap "srun -n1 $BASE/bin/probe")
     wait_gone
     check_job_output "$BASE/out/step-$mode-$jid.out" "$mode"
-    check "features from job_submit.lua ($(scontrol show job "$jid" | grep -o 'Features=[^ ]*'))" bash -c "scontrol show job $jid | grep -q 'Features=topo_free_1 '"
+    check "features from job_submit.lua ($(scontrol show job "$jid" | grep -o 'Features=[^ ]*'))" bash -c "scontrol show job $jid | grep -q 'Features=topo_cpus_1 '"
 
     echo "-- two jobs at once"
     a=$(as_user env PROBE_SLEEP=4 sbatch --parsable --topology='affinity[core]' -n1 -o "$BASE/out/two-$mode-%j.out" "$BASE/bin/probe")
@@ -156,6 +156,8 @@ for mode in affinity cgroup; do
     ca=$(echo "$ledger" | awk -v j="slurm-$a" '$1 == j { print $3 }'); cb=$(echo "$ledger" | awk -v j="slurm-$b" '$1 == j { print $3 }')
     check "both jobs in the ledger at once ($ca / $cb)" test -n "$ca" -a -n "$cb"
     check "their CPUs are disjoint" disjoint "$ca" "$cb"
+    "$BASE/bin/topoctl" slurm-features --socket "$SOCK" --node "$NODE" --once | sed 's/^/  /'
+    check "the node's free-now features went with them" bash -c "scontrol show node $NODE | grep 'ActiveFeatures=' | grep -vq topo_free_"
     wait_gone
     check_job_output "$BASE/out/two-$mode-$a.out" "$mode"
     check_job_output "$BASE/out/two-$mode-$b.out" "$mode"
@@ -170,6 +172,14 @@ for mode in affinity cgroup; do
     check "sbatch refused it (exit $rc)" test "$rc" -ne 0
     check "the message carries the parse error" grep -q "topology=affinity\[cores(2)\]: .*cores" "$BASE/out/bad-$mode.err"
     check "no job was queued" test "$(squeue -h | wc -l)" -eq "$before" -a -z "$(grep -o 'Submitted batch job' "$BASE/out/bad-$mode.out")"
+
+    echo "-- a request no host can hold is refused by job_submit.lua's constraint"
+    set +e
+    as_user sbatch --topology='affinity[core*4]' --wrap true > "$BASE/out/big-$mode.out" 2> "$BASE/out/big-$mode.err"
+    rc=$?
+    set -e
+    sed 's/^/  sbatch says: /' "$BASE/out/big-$mode.err"
+    check "sbatch refused it (exit $rc)" test "$rc" -ne 0 -a -z "$(squeue -h)"
 
     echo "-- after the jobs"
     wait_gone

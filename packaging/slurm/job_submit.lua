@@ -7,10 +7,14 @@ job_desc.spank_job_env:
 
     TOPO_NEED=cpus=8 numa=2      (at least 8 CPUs; each task needs 2 CPUs inside one NUMA node)
 
-Hosts publish what they have free with `topoctl slurm-features` as node features: topo_free_N
-(at least N free CPUs) and topo_numa_N (at least N free CPUs in one NUMA node), N a power of two,
-every power up to what the host has. This script adds the largest power of two not above the
-need, so a host that fits is never filtered out: the filter is coarse, topod decides on the host.
+Hosts publish what they can offer with `topoctl slurm-features` as node features: topo_cpus_N
+(at least N allocatable CPUs) and topo_numa_N (a NUMA node with at least N allocatable CPUs), N a
+power of two, every power up to what the host has. This script adds the largest power of two not
+above the need, so a host that fits is never filtered out, and a request that no host can ever
+hold is refused at submission. The filter is coarse: topod places on the host, inside the cores
+Slurm gave. (Free-now features, topo_free_N, are published too but not used as constraints:
+Slurm 22.05 without a node_features plugin refuses, rather than queues, a job whose constraint no
+node has active at submission.)
 
 Install: copy next to slurm.conf (same directory), set JobSubmitPlugins=lua, `scontrol reconfigure`.
 If a site already has a job_submit.lua, call topo_constrain(job_desc) from its slurm_job_submit.
@@ -38,12 +42,12 @@ local function topo_env(job_desc)
     return need, raw
 end
 
--- "cpus=8 numa=2" -> "topo_free_8&topo_numa_2"
+-- "cpus=8 numa=2" -> "topo_cpus_8&topo_numa_2"
 local function constraint_for(need)
     local cpus = tonumber(need:match("cpus=(%d+)"))
     local numa = tonumber(need:match("numa=(%d+)"))
     if cpus == nil or cpus < 1 then return nil end
-    local c = "topo_free_" .. floor_pow2(cpus)
+    local c = "topo_cpus_" .. floor_pow2(cpus)
     if numa and numa >= 1 then c = c .. "&topo_numa_" .. floor_pow2(numa) end
     return c
 end

@@ -1,26 +1,37 @@
-//! `topoctl slurm-features`: publishes this host's free topology to Slurm as node features, for
-//! the constraints that `packaging/slurm/job_submit.lua` adds to `--topology` jobs.
+//! `topoctl slurm-features`: publishes this host's topology to Slurm as node features, for the
+//! constraints that `packaging/slurm/job_submit.lua` adds to `--topology` jobs.
 //!
-//! Features are powers of two, and a host carries every one up to what it has free:
-//! `topo_free_8` = at least 8 free CPUs, `topo_numa_4` = at least 4 free CPUs inside one NUMA
-//! node. A job is constrained to the largest power of two not above what it needs, so no host
-//! that fits is ever filtered out; topod decides on the host.
+//! Two kinds, all powers of two, a host carrying every power up to what it has:
+//! - what the host can ever offer, which job_submit.lua constrains jobs on: `topo_cpus_N` (at
+//!   least N allocatable CPUs) and `topo_numa_N` (a NUMA node with at least N allocatable CPUs).
+//!   A job asks for the largest power of two not above its need, so no host that fits is ever
+//!   filtered out, and a request no host can ever hold is refused at submission;
+//! - what is free now, for people and for sites' own policies: `topo_free_N` (N free CPUs) and
+//!   `topo_freenuma_N` (N free CPUs inside one NUMA node), updated whenever they change.
 //!
-//! Features Slurm already has for the node that do not start with `topo_` are kept. `scontrol
-//! update` runs only when the features change (checked every `--interval` seconds).
+//! Why the free state is not a constraint: without a node_features plugin, slurmctld checks a
+//! job's constraint against the nodes' *active* features at submission, so a constraint that no
+//! node satisfies at that moment refuses the job ("Requested node configuration is not
+//! available") instead of keeping it pending. Tested on Slurm 22.05.8. Free cores are Slurm's own
+//! accounting anyway (cons_tres): on a Slurm node topod only holds CPUs of Slurm jobs.
+//!
+//! `AvailableFeatures` gets every feature the host could have, `ActiveFeatures` what it has now;
+//! features not starting with `topo_` (the site's own) are kept in both. `scontrol update` runs
+//! only when something changes (checked every `--interval` seconds).
 
 use crate::{call, connect, Daemon, Failure};
 use std::process::Command;
 use topod::proto::Op;
+use topod::topology::Topology;
+use topod::CpuSet;
 
 /// The prefix of every feature this command owns.
 pub const PREFIX: &str = "topo_";
 
-/// The features of a host with `free_cpus` free and `largest_in_one_numa` free inside one NUMA
-/// node, in order.
-pub fn host_features(free_cpus: u64, largest_in_one_numa: u64) -> Vec<String> {
+/// `<cpus_name>_N` for every power of two N up to `cpus`, then `<numa_name>_N` up to `in_one_numa`.
+pub fn powers(cpus_name: &str, cpus: u64, numa_name: &str, in_one_numa: u64) -> Vec<String> {
     let mut features = Vec::new();
-    for (name, n) in [("topo_free", free_cpus), ("topo_numa", largest_in_one_numa)] {
+    for (name, n) in [(cpus_name, cpus), (numa_name, in_one_numa)] {
         let mut step = 1u64;
         while step <= n {
             features.push(format!("{name}_{step}"));
@@ -30,14 +41,24 @@ pub fn host_features(free_cpus: u64, largest_in_one_numa: u64) -> Vec<String> {
     features
 }
 
+/// What the host can ever offer (job_submit.lua's constraints).
+pub fn capability_features(allocatable: u64, largest_numa: u64) -> Vec<String> {
+    powers("topo_cpus", allocatable, "topo_numa", largest_numa)
+}
+
+/// What is free now.
+pub fn free_features(free_cpus: u64, largest_free_in_one_numa: u64) -> Vec<String> {
+    powers("topo_free", free_cpus, "topo_freenuma", largest_free_in_one_numa)
+}
+
 /// The node's features with ours replaced: `current` is Slurm's comma list (`(null)` for none).
 pub fn merged(current: &str, ours: &[String]) -> String {
     let kept = current.split(',').map(str::trim).filter(|f| !f.is_empty() && *f != "(null)" && !f.starts_with(PREFIX));
     kept.map(str::to_string).chain(ours.iter().cloned()).collect::<Vec<_>>().join(",")
 }
 
-/// `AvailableFeatures=...` from `scontrol show node -o NAME`.
-fn current_features(scontrol: &str, node: &str) -> Result<String, Failure> {
+/// `AvailableFeatures=...` and `ActiveFeatures=...` from `scontrol show node -o NAME`.
+fn current_features(scontrol: &str, node: &str) -> Result<(String, String), Failure> {
     let out = Command::new(scontrol)
         .args(["show", "node", "-o", node])
         .output()
@@ -46,13 +67,13 @@ fn current_features(scontrol: &str, node: &str) -> Result<String, Failure> {
         return Err(Failure::runtime(format!("{scontrol} show node {node}: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    Ok(text.split_whitespace().find_map(|w| w.strip_prefix("AvailableFeatures=")).unwrap_or("").to_string())
+    let field = |name: &str| text.split_whitespace().find_map(|w| w.strip_prefix(name)).unwrap_or("").to_string();
+    Ok((field("AvailableFeatures="), field("ActiveFeatures=")))
 }
 
-fn publish(scontrol: &str, node: &str, features: &str) -> Result<(), Failure> {
-    let value = if features.is_empty() { "\"\"".to_string() } else { features.to_string() };
+fn publish(scontrol: &str, node: &str, available: &str, active: &str) -> Result<(), Failure> {
     let out = Command::new(scontrol)
-        .args(["update", &format!("NodeName={node}"), &format!("AvailableFeatures={value}"), &format!("ActiveFeatures={value}")])
+        .args(["update", &format!("NodeName={node}"), &format!("AvailableFeatures={available}"), &format!("ActiveFeatures={active}")])
         .output()
         .map_err(|e| Failure::runtime(format!("cannot run {scontrol}: {e}")))?;
     if !out.status.success() {
@@ -70,18 +91,28 @@ pub fn run(daemon: &Daemon, node: Option<String>, interval: u64, once: bool, dry
             String::from_utf8_lossy(&out.stdout).trim().to_string()
         }
     };
+    // What the host could ever offer: all its allocatable CPUs, its largest NUMA node.
+    let mut c = connect(daemon)?;
+    let topo: Topology = serde_json::from_value(call(&mut c, Op::Topology)?)
+        .map_err(|e| Failure::runtime(format!("topod sent a topology topoctl cannot read: {e}")))?;
+    let allocatable: CpuSet = serde_json::from_value(call(&mut c, Op::FreeMap)?["allocatable"].clone())
+        .map_err(|e| Failure::runtime(format!("topod sent a free map topoctl cannot read: {e}")))?;
+    let largest_numa = topo.numa_nodes.iter().map(|n| n.cpus.intersection_len(&allocatable)).max().unwrap_or(0);
+    let capability = capability_features(allocatable.len() as u64, largest_numa as u64);
+    let possible: Vec<String> = capability.iter().cloned().chain(free_features(allocatable.len() as u64, largest_numa as u64)).collect();
     let mut last: Option<Vec<String>> = None;
     loop {
         let free = call(&mut connect(daemon)?, Op::FreeMap)?;
         let get = |k: &str| free["free"][k].as_u64().unwrap_or(0);
-        let ours = host_features(get("free_cpus"), get("largest_in_one_numa"));
+        let ours: Vec<String> = capability.iter().cloned().chain(free_features(get("free_cpus"), get("largest_in_one_numa"))).collect();
         if last.as_ref() != Some(&ours) {
             if dry_run {
-                println!("node {node}: {}", ours.join(","));
+                println!("node {node}: available {}; active {}", possible.join(","), ours.join(","));
             } else {
-                let features = merged(&current_features(scontrol, &node)?, &ours);
-                publish(scontrol, &node, &features)?;
-                println!("node {node}: published {features}");
+                let (available_now, active_now) = current_features(scontrol, &node)?;
+                let (available, active) = (merged(&available_now, &possible), merged(&active_now, &ours));
+                publish(scontrol, &node, &available, &active)?;
+                println!("node {node}: published AvailableFeatures={available} ActiveFeatures={active}");
             }
             last = Some(ours);
         }
@@ -98,21 +129,21 @@ mod tests {
 
     #[test]
     fn features_never_hide_a_host_that_fits() {
-        assert_eq!(host_features(12, 3), ["topo_free_1", "topo_free_2", "topo_free_4", "topo_free_8", "topo_numa_1", "topo_numa_2"]);
-        assert!(host_features(0, 0).is_empty());
+        assert_eq!(capability_features(12, 3), ["topo_cpus_1", "topo_cpus_2", "topo_cpus_4", "topo_cpus_8", "topo_numa_1", "topo_numa_2"]);
+        assert!(free_features(0, 0).is_empty());
         // A job needing n CPUs asks for the largest power of two not above n (job_submit.lua).
         for need in 1..300u64 {
             let step = 1u64 << (63 - need.leading_zeros());
             for free in need..need + 5 {
-                assert!(host_features(free, 0).contains(&format!("topo_free_{step}")), "{need} {free}");
+                assert!(capability_features(free, 0).contains(&format!("topo_cpus_{step}")), "{need} {free}");
             }
         }
     }
 
     #[test]
     fn site_features_are_kept() {
-        let ours = host_features(2, 2);
-        assert_eq!(merged("(null)", &ours), "topo_free_1,topo_free_2,topo_numa_1,topo_numa_2");
+        let ours = free_features(2, 2);
+        assert_eq!(merged("(null)", &ours), "topo_free_1,topo_free_2,topo_freenuma_1,topo_freenuma_2");
         assert_eq!(merged("gpu,topo_free_64,ib", &ours[..1]), "gpu,ib,topo_free_1");
     }
 }
