@@ -34,6 +34,10 @@ else
     echo "tests/run-all.sh: systemd-analyze not installed; the unit file was not verified"
 fi
 
+# The Slurm plug-in against a real Slurm (slurmctld, slurmd, munged), a real topod and real
+# cgroups, under task/affinity and task/cgroup; skips, saying so, when not root.
+tests/slurm-e2e.sh
+
 # The placement benchmark runs too, briefly, so that a change that breaks it fails here; the
 # figures that matter come from the full run in README ("Benchmarks").
 cargo run --quiet --release --locked -p topod --bin topoctl -- bench placement --jobs 300 >/dev/null

@@ -9,7 +9,9 @@
 #          and --topology (allocation, join, and release in the job epilog).
 # Prints the median and 90th percentile of each, and the median overhead per step and per job.
 #
-# Usage: tests/slurm-bench.sh [STEPS] [JOBS]     (defaults 60 and 20; TASK_MODE=affinity|cgroup)
+# Usage: tests/slurm-bench.sh [STEPS] [JOBS]   (defaults 60 and 20)
+#   TASK_MODE=affinity|cgroup (Slurm task set-up, default affinity), TOPO_MODE=auto|join|narrow
+#   (the plug-in's mode= argument, default auto)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-60}
@@ -28,7 +30,7 @@ cluster_init
 trap 'rc=$?; cluster_stop_all; exit $rc' EXIT
 cluster_start_munge
 cluster_start_topod
-WITH="required $BASE/bin/spank_topo.so socket=$SOCK"
+WITH="required $BASE/bin/spank_topo.so socket=$SOCK mode=${TOPO_MODE:-auto}"
 cluster_start_slurm "$TASK_MODE" "$WITH"
 as_user() { runuser -u nobody -- env SLURM_CONF="$SLURM_CONF" "$@"; }
 
@@ -87,7 +89,7 @@ report() {
         "$what" "$n" "$wo_m" "$wo_p" "$w_m" "$w_p" "$what" "$(awk -v a="$w_m" -v b="$wo_m" 'BEGIN { print a - b }')"
 }
 echo
-echo "machine: $(nproc) CPUs, $(slurmd -V), $(uname -r); TaskPlugin mode $TASK_MODE; raw timings in $BASE/out/*.tsv"
+echo "machine: $(nproc) CPUs, $(slurmd -V), $(uname -r); TaskPlugin mode $TASK_MODE, plug-in mode=${TOPO_MODE:-auto}; raw timings in $BASE/out/*.tsv"
 report "$BASE/out/steps.tsv" step
 report "$BASE/out/jobs.tsv" job
 # Inside that overhead, the plug-in's own calls to topod, as it logs them in slurmd's log.
