@@ -134,20 +134,6 @@ for mode in affinity cgroup; do
     check "the two tasks' CPUs are disjoint ($t0 / $t1)" disjoint "$t0" "$t1"
     check "both inside the job's CPUs" subset "$t0,$t1" "$(field LEDGER_CPUS "$BASE/out/tasks-$mode-0.out")"
 
-    if [ "$mode" = affinity ]; then
-        echo "-- mode=join: slurmstepd joins once, its tasks are born in the job's cgroup"
-        echo "$PLUGSTACK mode=join" > "$BASE/etc/plugstack.conf"
-        as_user srun -n2 --topology='affinity[core]' -o "$BASE/out/join-%t.out" "$BASE/bin/probe" || cat "$BASE/out/join-"*.out
-        echo "$PLUGSTACK" > "$BASE/etc/plugstack.conf"
-        for t in 0 1; do
-            out="$BASE/out/join-$t.out"; allowed=$(sed -n 's/^Cpus_allowed_list:\s*//p' "$out")
-            echo "  task $t: Cpus_allowed_list=$allowed $(grep -o 'TOPO_TASK_CPUS=[^ ]*' "$out") ledger=$(field LEDGER_CPUS "$out") cgroup=$(field CPUSET_CGROUP "$out")"
-            check "task $t is in topod's cgroup for the job" grep -q "IN_TOPOD_CGROUP=yes" "$out"
-            check "task $t bound to its own CPUs inside the job's" bash -c "grep -q 'TOPO_TASK_CPUS=$allowed ' $out && [ -n '$(field LEDGER_CPUS "$out")' ]"
-        done
-        check "slurmstepd joined for them (slurmd log)" grep -q "slurmstepd joined the job's cgroup" "$BASE/log/slurmd.log"
-    fi
-
     echo "-- sbatch --topology"
     jid=$(as_user sbatch --parsable --topology='affinity[core(1)*1]' -n1 -o "$BASE/out/sbatch-$mode-%j.out" "$BASE/bin/probe")
     wait_gone
@@ -187,7 +173,17 @@ for mode in affinity cgroup; do
     check "the message carries the parse error" grep -q "topology=affinity\[cores(2)\]: .*cores" "$BASE/out/bad-$mode.err"
     check "no job was queued" test "$(squeue -h | wc -l)" -eq "$before" -a -z "$(grep -o 'Submitted batch job' "$BASE/out/bad-$mode.out")"
 
+    echo "-- a request that does not fit in the cores Slurm gave fails the step, with topod's reason"
+    set +e
+    as_user srun -n1 --topology='affinity[core(2)]' true > "$BASE/out/nofit-$mode.out" 2> "$BASE/out/nofit-$mode.err"
+    rc=$?
+    set -e
+    sed 's/^/  srun says: /' "$BASE/out/nofit-$mode.err"
+    check "srun failed (exit $rc)" test "$rc" -ne 0
+    check "the user is told why" grep -q "topo: job [0-9]* step 0: cores 0 (CPUs 0): topod: job slurm-[0-9]* does not fit" "$BASE/out/nofit-$mode.err"
+
     echo "-- a request no host can hold is refused by job_submit.lua's constraint"
+    wait_gone
     set +e
     as_user sbatch --topology='affinity[core*4]' --wrap true > "$BASE/out/big-$mode.out" 2> "$BASE/out/big-$mode.err"
     rc=$?

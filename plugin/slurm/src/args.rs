@@ -5,14 +5,12 @@
 //! ```
 //!
 //! - `socket=PATH`: topod's socket (default `/run/topo/topod.sock`, topod's default).
-//! - `mode=auto|join|narrow`: how a task is confined. `join` puts it into the cgroup topod made
+//! - `mode=auto|join|narrow`: how a task is confined. `join` moves it into the cgroup topod made
 //!   for the job (right with `TaskPlugin=task/affinity` and `ProctrackType=proctrack/linuxproc`,
-//!   where Slurm makes no cgroup): slurmstepd joins once per step, before it forks the tasks, and
-//!   each task checks it is inside (and joins if not); `narrow` leaves it in Slurm's own cgroups
-//!   and only narrows its CPU affinity to what topod chose, which Slurm's cgroup already contains
-//!   (right with `task/cgroup` or `proctrack/cgroup`); `auto` (default) decides per task:
-//!   `narrow` when the task is already inside a Slurm job cgroup (`/job_<id>` in
-//!   `/proc/self/cgroup`), else the task joins.
+//!   where Slurm makes no cgroup); `narrow` leaves it in Slurm's own cgroups and only narrows its
+//!   CPU affinity to what topod chose, which Slurm's cgroup already contains (right with
+//!   `task/cgroup` or `proctrack/cgroup`); `auto` (default) picks `narrow` when the task is
+//!   already inside a Slurm job cgroup (`/job_<id>` in `/proc/self/cgroup`), else `join`.
 //! - `timeout=SECONDS`: the longest wait for one answer from topod (default 10).
 
 use std::path::PathBuf;
@@ -96,17 +94,6 @@ pub fn inside_slurm_job_cgroup(proc_self_cgroup: &str, job_id: u32) -> bool {
     })
 }
 
-/// Whether `/proc/self/cgroup` text shows the process in topod's cgroup for `topod_job`
-/// (`.../slurm-<id>` in every hierarchy that names it: topod makes cpuset, memory and freezer on
-/// v1, one directory on v2).
-pub fn inside_topod_job_cgroup(proc_self_cgroup: &str, topod_job: &str) -> bool {
-    let suffix = format!("/{topod_job}");
-    let paths: Vec<&str> = proc_self_cgroup.lines().filter_map(|l| l.splitn(3, ':').nth(2)).collect();
-    let ours = paths.iter().filter(|p| p.ends_with(&suffix)).count();
-    // v1: the three controllers topod joins; v2: the one unified path.
-    ours >= 3 || (ours == 1 && paths.len() == 1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,15 +119,5 @@ mod tests {
         assert!(inside_slurm_job_cgroup(v2, 7));
         let ours = "4:cpuset:/topo/slurm-7\n3:memory:/topo/slurm-7\n0::/\n";
         assert!(!inside_slurm_job_cgroup(ours, 7));
-    }
-
-    #[test]
-    fn topod_job_cgroups_are_recognized() {
-        let v1 = "12:freezer:/topo/slurm-7\n4:cpuset:/topo/slurm-7\n3:memory:/topo/slurm-7\n1:name=systemd:/\n0::/\n";
-        assert!(inside_topod_job_cgroup(v1, "slurm-7"));
-        assert!(!inside_topod_job_cgroup(v1, "slurm-77"));
-        let partly = "12:freezer:/\n4:cpuset:/topo/slurm-7\n3:memory:/topo/slurm-7\n";
-        assert!(!inside_topod_job_cgroup(partly, "slurm-7"), "all three v1 controllers, or it joins");
-        assert!(inside_topod_job_cgroup("0::/topo.slice/slurm-7\n", "slurm-7"));
     }
 }

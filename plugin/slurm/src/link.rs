@@ -67,18 +67,8 @@ impl Topod {
 
     /// Sends one operation and returns its result.
     pub fn call(&mut self, op: Op) -> Result<serde_json::Value, LinkError> {
-        self.send(op)?;
-        self.receive()
-    }
-
-    /// Sends one operation; [`Topod::receive`] reads its result.
-    pub fn send(&mut self, op: Op) -> Result<(), LinkError> {
         let io = |source| LinkError::Io { path: self.path.clone(), source };
-        self.writer.write_all(Request::new(op).to_line().as_bytes()).map_err(io)
-    }
-
-    /// The result of the operation sent last.
-    pub fn receive(&mut self) -> Result<serde_json::Value, LinkError> {
+        self.writer.write_all(Request::new(op).to_line().as_bytes()).map_err(io)?;
         let mut line = Vec::new();
         self.reader.read_until(b'\n', &mut line).map_err(|source| LinkError::Io { path: self.path.clone(), source })?;
         let reply = proto::parse_reply(&line).map_err(|e| LinkError::Reply { path: self.path.clone(), what: e.to_string() })?;

@@ -95,11 +95,10 @@ static ARGS: OnceLock<Args> = OnceLock::new();
 static REQUEST: Mutex<Option<String>> = Mutex::new(None);
 /// What topod gave this job (slurmstepd, set before the tasks are forked).
 static GRANT: OnceLock<Grant> = OnceLock::new();
+/// Why slurmstepd could not get the allocation: the tasks fail with it, where the user sees it.
+static GRANT_ERROR: OnceLock<String> = OnceLock::new();
 /// This task's CPUs and how it is confined (in the forked task child only).
 static TASK: OnceLock<(CpuSet, Mode)> = OnceLock::new();
-/// `mode=join`: slurmstepd's own join, sent in init_post_opt and answered by user_init, so that
-/// the kernel's cgroup migration overlaps Slurm's step set-up and the tasks are born inside.
-static STEPD_JOIN: Mutex<Option<Topod>> = Mutex::new(None);
 
 /// What topod gave the job, and the step's own CPUs.
 #[derive(Debug, Clone)]
@@ -122,6 +121,9 @@ fn log_verbose(msg: &str) {
 
 /// Runs a callback body: errors and panics are logged and become -1 (Slurm fails the step or
 /// refuses the submission); nothing unwinds into Slurm.
+///
+/// In the task callbacks (the task's own process) Slurm's logger also writes to the task's
+/// stderr, so the user sees the message (srun's terminal, the batch job's output file).
 fn guarded(callback: &str, body: impl FnOnce() -> Result<(), String>) -> c_int {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => 0,
@@ -320,38 +322,17 @@ pub extern "C" fn slurm_spank_init_post_opt(sp: Spank, ac: c_int, av: *mut *mut 
                 Ok(())
             }
             S_CTX_REMOTE => {
-                let g = grant(sp, &text)?;
-                if args().mode == Mode::Join {
-                    // Only where the admin said Slurm makes no cgroups (mode=join): move
-                    // slurmstepd itself, so the tasks it forks are born in the job's cgroup. The
-                    // answer is read in user_init; each task still checks, and joins if not in.
-                    let a = args();
-                    let mut t = Topod::connect(&a.socket, a.timeout).map_err(|e| e.to_string())?;
-                    t.send(Op::Join { job: g.alloc.job.clone(), pid: std::process::id() as i32 }).map_err(|e| e.to_string())?;
-                    *STEPD_JOIN.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+                // A failure here would only show the user "Plugin initialization failed" and
+                // let srun exit 0: keep it for the tasks, which fail with it (exit code 1, the
+                // message on the user's terminal).
+                if let Err(e) = grant(sp, &text) {
+                    log_error(&e);
+                    let _ = GRANT_ERROR.set(e);
                 }
                 Ok(())
             }
             _ => Ok(()),
         }
-    })
-}
-
-/// slurmstepd, before the tasks are forked: the answer to its own join (`mode=join`). A failure
-/// is logged, not fatal: each task then joins by itself.
-#[no_mangle]
-pub extern "C" fn slurm_spank_user_init(_sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
-    guarded("slurm_spank_user_init", || {
-        load_args(ac, av)?;
-        let pending = STEPD_JOIN.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(mut t) = pending {
-            let started = std::time::Instant::now();
-            match t.receive() {
-                Ok(_) => log_verbose(&format!("slurmstepd joined the job's cgroup ({:.1} ms waited)", started.elapsed().as_secs_f64() * 1e3)),
-                Err(e) => log_error(&format!("slurmstepd could not join the job's cgroup, the tasks will: {e}")),
-            }
-        }
-        Ok(())
     })
 }
 
@@ -413,6 +394,9 @@ pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, ac: c_int, av: *mu
     guarded("slurm_spank_task_init_privileged", || {
         load_args(ac, av)?;
         let Some(request) = requested(sp) else { return Ok(()) };
+        if let Some(e) = GRANT_ERROR.get() {
+            return Err(e.clone());
+        }
         let g = grant(sp, &request)?;
         let job_id = item_u32(sp, S_JOB_ID, "the job id")?;
         let task = item_int(sp, S_TASK_ID, "the task id")?;
@@ -423,7 +407,7 @@ pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, ac: c_int, av: *mu
             }
             m => m,
         };
-        if mode == Mode::Join && !args::inside_topod_job_cgroup(&std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(), &g.alloc.job) {
+        if mode == Mode::Join {
             let a = args();
             let pid = std::process::id() as i32;
             let started = std::time::Instant::now();
