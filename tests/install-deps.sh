@@ -7,6 +7,9 @@ packages=(
     gcc libc6-dev          # the bzip2 crate builds C (the sysfs snapshots are .tar.bz2); the LSF harness is C
     libclang-dev           # bindgen, for the LSF module's bindings (ffi/lsf-sys)
     valgrind               # the LSF harness also runs under memcheck
+    # tests/slurm-e2e.sh and tests/slurm-bench.sh: a real single-host Slurm (22.05 on Debian 12)
+    # and the SPANK header version the plug-in is built against (slurm/slurm_version.h).
+    slurmctld slurmd slurm-client munge libslurm-dev
 )
 
 missing=()

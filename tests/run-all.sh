@@ -40,6 +40,9 @@ fi
 
 # The PBS hooks through whole job lives against a real topod (python3, standard library only).
 tests/pbs-hooks.sh
+# The Slurm plug-in against a real Slurm (slurmctld, slurmd, munged), a real topod and real
+# cgroups, under task/affinity and task/cgroup; skips, saying so, when not root.
+tests/slurm-e2e.sh
 
 # The placement benchmark runs too, briefly, so that a change that breaks it fails here; the
 # figures that matter come from the full run in README ("Benchmarks").

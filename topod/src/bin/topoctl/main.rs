@@ -6,6 +6,7 @@
 
 mod bench_daemon;
 mod lsf;
+mod slurm_features;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
@@ -88,6 +89,27 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Publish this host's free topology to Slurm as node features (topo_free_N, topo_numa_N)
+    /// with `scontrol update`, whenever it changes; see packaging/slurm/README.md.
+    SlurmFeatures {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// The Slurm node name [default: `hostname -s`].
+        #[arg(long)]
+        node: Option<String>,
+        /// Seconds between looks at topod's free map.
+        #[arg(long, default_value_t = 30)]
+        interval: u64,
+        /// Publish once and exit.
+        #[arg(long)]
+        once: bool,
+        /// Print the features instead of publishing them.
+        #[arg(long)]
+        dry_run: bool,
+        /// The scontrol to run.
+        #[arg(long, default_value = "scontrol")]
+        scontrol: String,
     },
     /// Ask the local topod: the jobs it holds CPUs for.
     Jobs {
@@ -261,6 +283,9 @@ fn main() -> ExitCode {
         Command::Demo { source, json } => demo(&source, json),
         Command::Status { daemon, json } => status(&daemon, json),
         Command::Jobs { daemon, json } => jobs(&daemon, json),
+        Command::SlurmFeatures { daemon, node, interval, once, dry_run, scontrol } => {
+            slurm_features::run(&daemon, node, interval, once, dry_run, &scontrol)
+        }
         Command::Alloc { daemon, job, tasks, cpus, request, json } => {
             call_and_print(&daemon, Op::Allocate { job, request, tasks, cpus, mem_limit_bytes: None, owner_uid: None }, json)
         }

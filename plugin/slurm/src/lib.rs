@@ -1,0 +1,31 @@
+//! `spank_topo.so`: topo's Slurm SPANK plug-in.
+//!
+//! Users ask `srun`, `sbatch` or `salloc` for `--topology=REQUEST` in the placement core's
+//! affinity grammar (`affinity[core(2,same=numa)*4]`, or `CPUSET[...]`). The model:
+//!
+//! 1. **Submission** (srun/sbatch/salloc; SPANK local and allocator contexts). The request is
+//!    parsed by [`topod::request::parse`]; a bad one refuses the submission with the parse error
+//!    and nothing is submitted. A good one's summary ([`need`]) goes into the job's control
+//!    environment, where `job_submit.lua` turns it into node features to filter hosts on.
+//! 2. **On each host, per step** (slurmstepd, remote context, root, before the tasks are
+//!    forked). The plug-in translates the cores Slurm gave the job (`S_JOB_ALLOC_CORES`,
+//!    Slurm's abstract core indexes, [`cores`]) to OS CPU ids and asks the host's topod to
+//!    allocate the job (`slurm-<jobid>`, one allocation per job and host, [`plan`]) inside them.
+//! 3. **Each task** (the forked child, root, before exec): joins topod's cgroup for the job, or,
+//!    when Slurm's task/cgroup or proctrack/cgroup already holds it in a Slurm cgroup, stays
+//!    there (never fighting Slurm's cgroups) and only narrows ([`args::Mode`]). Just before
+//!    exec, as the user, its affinity is set to its CPUs and `TOPO_JOB`, `TOPO_CPUS`,
+//!    `TOPO_TASK_CPUS`, `TOPO_MEMS`, `TOPO_CGROUP` are exported.
+//! 4. **Job end** (job epilog): topod releases the job: kills stragglers, removes its cgroup,
+//!    frees its CPUs.
+//!
+//! Without `--topology` every callback returns at once. The Slurm ABI is in [`spank`] (not
+//! built for the tests: its functions exist only inside Slurm); everything else is pure.
+
+pub mod args;
+pub mod cores;
+pub mod link;
+pub mod need;
+pub mod plan;
+#[cfg(not(test))]
+mod spank;

@@ -1,0 +1,77 @@
+//! The decisions the plug-in makes, apart from the calls that carry them out.
+
+use topod::request::{Level, Request};
+use topod::CpuSet;
+
+/// The step id Slurm gives the batch script (`SLURM_BATCH_SCRIPT`).
+pub const BATCH_STEP: u32 = 0xffff_fffb;
+
+/// The id topod knows a Slurm job by on this host: `slurm-<jobid>`. One allocation per job and
+/// host, shared by all its steps (the batch script and the sruns inside it run at the same time
+/// on the same cores), released by the job epilog. It always passes topod's job id check.
+pub fn topod_job_id(slurm_job_id: u32) -> String {
+    format!("slurm-{slurm_job_id}")
+}
+
+/// The task count to place for when the request gives none (`affinity[core]`): the step's
+/// tasks on this host, or for the batch step, as many units as the cores (or CPUs, for thread
+/// units) Slurm gave the job here, so the script's allocation covers what later steps use.
+pub fn tasks_if_unsaid(req: &Request, step_id: u32, local_tasks: u32, job_cores: usize, job_cpus: usize) -> u32 {
+    if step_id != BATCH_STEP {
+        return local_tasks.max(1);
+    }
+    let units = match req.unit {
+        Level::Thread => job_cpus,
+        Level::Core => job_cores,
+        _ => return 1,
+    };
+    u32::try_from(units / req.units_per_task.max(1) as usize).unwrap_or(u32::MAX).max(1)
+}
+
+/// The CPUs of local task `task` of a step that runs on `step_cpus` (OS ids): its own CPUs from
+/// topod when the allocation has one set per task, inside the step's CPUs; else the job's CPUs
+/// inside the step's; never empty while the allocation is not.
+pub fn task_cpus(job_cpus: &CpuSet, per_task: &[CpuSet], task: usize, step_cpus: &CpuSet) -> CpuSet {
+    let inside_step = |s: &CpuSet| if step_cpus.is_empty() { s.clone() } else { s.intersection(step_cpus) };
+    if let Some(own) = per_task.get(task).map(inside_step).filter(|s| !s.is_empty()) {
+        return own;
+    }
+    Some(inside_step(job_cpus)).filter(|s| !s.is_empty()).unwrap_or_else(|| job_cpus.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(text: &str) -> CpuSet {
+        CpuSet::parse_list(text).unwrap()
+    }
+
+    #[test]
+    fn job_ids_pass_topods_check() {
+        for id in [1, 4_294_967_000] {
+            topod::cgroup::JobId::parse(&topod_job_id(id)).unwrap();
+        }
+    }
+
+    #[test]
+    fn task_counts() {
+        let core = topod::request::parse("affinity[core]").unwrap();
+        assert_eq!(tasks_if_unsaid(&core, 0, 3, 8, 16), 3);
+        assert_eq!(tasks_if_unsaid(&core, BATCH_STEP, 1, 8, 16), 8);
+        let pairs = topod::request::parse("affinity[thread(2)]").unwrap();
+        assert_eq!(tasks_if_unsaid(&pairs, BATCH_STEP, 1, 8, 16), 8);
+        assert_eq!(tasks_if_unsaid(&pairs, BATCH_STEP, 1, 1, 1), 1);
+    }
+
+    #[test]
+    fn task_cpus_stay_inside_the_step() {
+        let job = set("0-7");
+        let per = [set("0-1"), set("2-3"), set("4-5"), set("6-7")];
+        assert_eq!(task_cpus(&job, &per, 1, &set("0-7")), set("2-3"));
+        assert_eq!(task_cpus(&job, &per, 1, &set("4-7")), set("4-7"), "task 1's own CPUs are outside this step");
+        assert_eq!(task_cpus(&job, &per, 9, &set("4-5")), set("4-5"));
+        assert_eq!(task_cpus(&job, &per, 0, &set("12")), job, "never empty");
+        assert_eq!(task_cpus(&job, &[], 0, &CpuSet::new()), job);
+    }
+}

@@ -1,0 +1,460 @@
+//! The SPANK side: the symbols Slurm looks up, the callbacks, and the few SPANK functions used.
+//!
+//! The declarations are written from `<slurm/spank.h>` (Slurm 22.05); the functions are resolved
+//! when Slurm loads the module, from the Slurm process itself, so the module is not linked
+//! against libslurm. Item numbers and `plugin_version` come from the installed headers (build.rs).
+//!
+//! Rules kept here, because this code runs inside srun, sbatch and slurmstepd:
+//! - every callback runs inside [`guarded`]: a panic becomes an error return and a log line,
+//!   never an unwind into C;
+//! - no threads, and no lock held when a callback returns (slurmstepd forks the tasks between
+//!   callbacks); state set before the fork is read by the task children without locking;
+//! - everything that can fail returns a message that names what and where.
+
+use crate::args::{self, Args, Mode};
+use crate::link::{LinkError, Topod};
+use crate::{cores, need, plan};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, OnceLock};
+use topod::ledger::Allocation;
+use topod::proto::{ErrorCode, Op};
+use topod::topology::Topology;
+use topod::CpuSet;
+
+include!(concat!(env!("OUT_DIR"), "/slurm_abi.rs"));
+
+/// Slurm's opaque handle.
+#[repr(C)]
+pub struct SpankHandle {
+    _private: [u8; 0],
+}
+type Spank = *mut SpankHandle;
+type OptionCallback = extern "C" fn(val: c_int, optarg: *const c_char, remote: c_int) -> c_int;
+
+/// `struct spank_option`.
+#[repr(C)]
+struct SpankOption {
+    name: *const c_char,
+    arginfo: *const c_char,
+    usage: *const c_char,
+    has_arg: c_int,
+    val: c_int,
+    cb: Option<OptionCallback>,
+}
+
+const ESPANK_SUCCESS: c_int = 0;
+const S_CTX_LOCAL: c_int = 1;
+const S_CTX_REMOTE: c_int = 2;
+const S_CTX_ALLOCATOR: c_int = 3;
+const S_CTX_JOB_SCRIPT: c_int = 5;
+
+extern "C" {
+    fn spank_context() -> c_int;
+    fn spank_option_register(sp: Spank, opt: *mut SpankOption) -> c_int;
+    fn spank_option_getopt(sp: Spank, opt: *mut SpankOption, optarg: *mut *mut c_char) -> c_int;
+    fn spank_get_item(sp: Spank, item: c_int, ...) -> c_int;
+    fn spank_setenv(sp: Spank, var: *const c_char, val: *const c_char, overwrite: c_int) -> c_int;
+    fn spank_job_control_setenv(sp: Spank, var: *const c_char, val: *const c_char, overwrite: c_int) -> c_int;
+    fn slurm_error(fmt: *const c_char, ...);
+    fn slurm_verbose(fmt: *const c_char, ...);
+}
+
+// The symbols Slurm's plugin loader checks (`plugin_version`'s major.minor must match Slurm's).
+#[no_mangle]
+#[used]
+pub static plugin_name: [u8; 5] = *b"topo\0";
+#[no_mangle]
+#[used]
+pub static plugin_type: [u8; 6] = *b"spank\0";
+#[no_mangle]
+#[used]
+pub static plugin_version: u32 = SLURM_VERSION_NUMBER;
+#[no_mangle]
+#[used]
+pub static spank_plugin_version: u32 = SLURM_VERSION_NUMBER;
+
+/// The option table Slurm keeps a pointer to.
+struct OptionTable(std::cell::UnsafeCell<SpankOption>);
+// SAFETY: the table is written only by Slurm's option code, which runs on one thread per process;
+// Rust never reads or writes it, it only hands Slurm the pointer.
+unsafe impl Sync for OptionTable {}
+
+static TOPOLOGY_OPTION: OptionTable = OptionTable(std::cell::UnsafeCell::new(SpankOption {
+    name: c"topology".as_ptr(),
+    arginfo: c"REQUEST".as_ptr(),
+    usage: c"Place the job's tasks with topod, e.g. 'affinity[core(2,same=numa)*4]'".as_ptr(),
+    has_arg: 1,
+    val: 0,
+    cb: Some(topology_option),
+}));
+
+/// Plugstack arguments (set in `slurm_spank_init`).
+static ARGS: OnceLock<Args> = OnceLock::new();
+/// `--topology`'s value, as the option callback saw it.
+static REQUEST: Mutex<Option<String>> = Mutex::new(None);
+/// What topod gave this job (slurmstepd, set before the tasks are forked).
+static GRANT: OnceLock<Grant> = OnceLock::new();
+/// Why slurmstepd could not get the allocation: the tasks fail with it, where the user sees it.
+static GRANT_ERROR: OnceLock<String> = OnceLock::new();
+/// This task's CPUs and how it is confined (in the forked task child only).
+static TASK: OnceLock<(CpuSet, Mode)> = OnceLock::new();
+
+/// What topod gave the job, and the step's own CPUs.
+#[derive(Debug, Clone)]
+struct Grant {
+    alloc: Allocation,
+    step_cpus: CpuSet,
+}
+
+fn log_error(msg: &str) {
+    let text = CString::new(format!("topo: {msg}").replace('\0', " ")).unwrap_or_default();
+    // SAFETY: a constant "%s" format with one valid NUL-terminated string argument.
+    unsafe { slurm_error(c"%s".as_ptr(), text.as_ptr()) }
+}
+
+fn log_verbose(msg: &str) {
+    let text = CString::new(format!("topo: {msg}").replace('\0', " ")).unwrap_or_default();
+    // SAFETY: as in log_error.
+    unsafe { slurm_verbose(c"%s".as_ptr(), text.as_ptr()) }
+}
+
+/// Runs a callback body: errors and panics are logged and become -1 (Slurm fails the step or
+/// refuses the submission); nothing unwinds into Slurm.
+///
+/// In the task callbacks (the task's own process) Slurm's logger also writes to the task's
+/// stderr, so the user sees the message (srun's terminal, the batch job's output file).
+fn guarded(callback: &str, body: impl FnOnce() -> Result<(), String>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => 0,
+        Ok(Err(msg)) => {
+            log_error(&msg);
+            -1
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            log_error(&format!("internal error in {callback}: {what}"));
+            -1
+        }
+    }
+}
+
+fn context() -> c_int {
+    // SAFETY: spank_context takes no argument and only reads Slurm's state.
+    unsafe { spank_context() }
+}
+
+fn args() -> &'static Args {
+    ARGS.get_or_init(Args::default)
+}
+
+/// The plugstack arguments, parsed on the first callback of this process. Every callback gets
+/// them: the job prolog/epilog process sees no `slurm_spank_init`.
+fn load_args(ac: c_int, av: *mut *mut c_char) -> Result<&'static Args, String> {
+    if let Some(a) = ARGS.get() {
+        return Ok(a);
+    }
+    // SAFETY: Slurm's contract for every callback: `av` holds `ac` C strings.
+    let parsed = Args::parse(unsafe { words(ac, av) }).map_err(|e| e.to_string())?;
+    Ok(ARGS.get_or_init(|| parsed))
+}
+
+/// The plugstack.conf words after the plug-in path.
+///
+/// # Safety
+/// `av` must hold `ac` valid C strings (Slurm's contract for every callback).
+unsafe fn words<'a>(ac: c_int, av: *mut *mut c_char) -> Vec<&'a str> {
+    if av.is_null() {
+        return Vec::new();
+    }
+    (0..usize::try_from(ac).unwrap_or(0))
+        // SAFETY: the caller guarantees `ac` readable pointers to NUL-terminated strings.
+        .filter_map(|i| unsafe { (*av.add(i)).as_ref() })
+        // SAFETY: as above.
+        .filter_map(|p| unsafe { CStr::from_ptr(p) }.to_str().ok())
+        .collect()
+}
+
+fn item_u32(sp: Spank, item: c_int, name: &str) -> Result<u32, String> {
+    let mut value: u32 = 0;
+    // SAFETY: these items take one `uint32_t *` (uid_t is u32 on Linux) per spank.h.
+    let rc = unsafe { spank_get_item(sp, item, &mut value as *mut u32) };
+    if rc == ESPANK_SUCCESS {
+        Ok(value)
+    } else {
+        Err(format!("Slurm did not give {name} (spank error {rc})"))
+    }
+}
+
+fn item_int(sp: Spank, item: c_int, name: &str) -> Result<i32, String> {
+    let mut value: c_int = 0;
+    // SAFETY: S_TASK_ID takes one `int *`.
+    let rc = unsafe { spank_get_item(sp, item, &mut value as *mut c_int) };
+    if rc == ESPANK_SUCCESS {
+        Ok(value)
+    } else {
+        Err(format!("Slurm did not give {name} (spank error {rc})"))
+    }
+}
+
+fn item_u64(sp: Spank, item: c_int, name: &str) -> Result<u64, String> {
+    let mut value: u64 = 0;
+    // SAFETY: S_JOB_ALLOC_MEM takes one `uint64_t *`.
+    let rc = unsafe { spank_get_item(sp, item, &mut value as *mut u64) };
+    if rc == ESPANK_SUCCESS {
+        Ok(value)
+    } else {
+        Err(format!("Slurm did not give {name} (spank error {rc})"))
+    }
+}
+
+fn item_string(sp: Spank, item: c_int, name: &str) -> Result<String, String> {
+    let mut value: *const c_char = std::ptr::null();
+    // SAFETY: the core-list items take one `char **`; Slurm keeps ownership of the string.
+    let rc = unsafe { spank_get_item(sp, item, &mut value as *mut *const c_char) };
+    if rc != ESPANK_SUCCESS || value.is_null() {
+        return Err(format!("Slurm did not give {name} (spank error {rc})"));
+    }
+    // SAFETY: Slurm returned a NUL-terminated string that lives as long as the step.
+    Ok(unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned())
+}
+
+/// `--topology`'s value: from the option callback, else asked of Slurm (the batch step and the
+/// epilog read it from the job environment).
+fn requested(sp: Spank) -> Option<String> {
+    if let Some(r) = REQUEST.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        return Some(r);
+    }
+    let mut value: *mut c_char = std::ptr::null_mut();
+    // SAFETY: the registered option table and an out-pointer; Slurm keeps ownership of the value.
+    let rc = unsafe { spank_option_getopt(sp, TOPOLOGY_OPTION.0.get(), &mut value) };
+    if rc != ESPANK_SUCCESS || value.is_null() {
+        return None;
+    }
+    // SAFETY: Slurm returned a NUL-terminated string.
+    let text = unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned();
+    Some(text).filter(|t| !t.is_empty())
+}
+
+fn set_task_env(sp: Spank, name: &str, value: &str) -> Result<(), String> {
+    let (n, v) = (CString::new(name).unwrap_or_default(), CString::new(value).unwrap_or_default());
+    // SAFETY: two valid C strings; spank_setenv copies them.
+    let rc = unsafe { spank_setenv(sp, n.as_ptr(), v.as_ptr(), 1) };
+    if rc == ESPANK_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("cannot set {name} in the task environment (spank error {rc})"))
+    }
+}
+
+/// Narrows the calling process's CPU affinity to `cpus` (the kernel intersects it with the
+/// cgroup's CPUs; an empty result is refused, so the task is never left without a CPU).
+fn set_affinity(cpus: &CpuSet) -> Result<(), String> {
+    let words = cpus.last().map_or(1, |l| l as usize / 64 + 1);
+    let mut mask = vec![0u64; words];
+    for c in cpus.iter() {
+        mask[c as usize / 64] |= 1 << (c % 64);
+    }
+    // SAFETY: pid 0 is the caller; the mask is `words * 8` readable bytes.
+    let rc = unsafe { libc::syscall(libc::SYS_sched_setaffinity, 0, words * 8, mask.as_ptr() as *const c_void) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!("cannot bind the task to CPUs {cpus}: {}", std::io::Error::last_os_error()))
+    }
+}
+
+/// Option callback: in srun/sbatch/salloc (`remote == 0`) the request is checked with the
+/// placement core's parser, and a bad one refuses the submission with the parse error.
+extern "C" fn topology_option(_val: c_int, optarg: *const c_char, remote: c_int) -> c_int {
+    guarded("--topology", || {
+        if optarg.is_null() {
+            return Err("--topology needs a request, e.g. --topology='affinity[core(2)*4]'".into());
+        }
+        // SAFETY: Slurm passes the option's NUL-terminated argument.
+        let text = unsafe { CStr::from_ptr(optarg) }.to_string_lossy().into_owned();
+        if remote == 0 {
+            topod::request::parse(&text).map_err(|e| format!("--topology={text}: {e}"))?;
+        }
+        *REQUEST.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
+        Ok(())
+    })
+}
+
+/// Registers `--topology` and reads the plugstack arguments.
+#[no_mangle]
+pub extern "C" fn slurm_spank_init(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
+    guarded("slurm_spank_init", || {
+        load_args(ac, av)?;
+        let ctx = context();
+        if matches!(ctx, S_CTX_LOCAL | S_CTX_ALLOCATOR | S_CTX_REMOTE | S_CTX_JOB_SCRIPT) {
+            // SAFETY: the static table outlives the process; Slurm only reads it.
+            let rc = unsafe { spank_option_register(sp, TOPOLOGY_OPTION.0.get()) };
+            if rc != ESPANK_SUCCESS && matches!(ctx, S_CTX_LOCAL | S_CTX_ALLOCATOR) {
+                return Err(format!("cannot register --topology (spank error {rc})"));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Submitting side: puts the request's summary into the job's control environment for
+/// job_submit.lua. slurmstepd: allocates the job on this host, before the tasks are forked.
+#[no_mangle]
+pub extern "C" fn slurm_spank_init_post_opt(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
+    guarded("slurm_spank_init_post_opt", || {
+        load_args(ac, av)?;
+        let Some(text) = REQUEST.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(()) };
+        match context() {
+            S_CTX_LOCAL | S_CTX_ALLOCATOR => {
+                let req = topod::request::parse(&text).map_err(|e| format!("--topology={text}: {e}"))?;
+                // The task count is not known to the plug-in before submission; SLURM_NTASKS
+                // when the user set it, else 1 (the summary is a lower bound either way).
+                let tasks = std::env::var("SLURM_NTASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
+                let summary = CString::new(need::summary(&req, tasks)).unwrap_or_default();
+                let name = CString::new(need::NEED_VARIABLE).unwrap_or_default();
+                // SAFETY: two valid C strings; Slurm copies them.
+                unsafe { spank_job_control_setenv(sp, name.as_ptr(), summary.as_ptr(), 1) };
+                Ok(())
+            }
+            S_CTX_REMOTE => {
+                // A failure here would only show the user "Plugin initialization failed" and
+                // let srun exit 0: keep it for the tasks, which fail with it (exit code 1, the
+                // message on the user's terminal).
+                if let Err(e) = grant(sp, &text) {
+                    log_error(&e);
+                    let _ = GRANT_ERROR.set(e);
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    })
+}
+
+/// The job's allocation on this host, asked of topod once per process (idempotent in topod).
+fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
+    if let Some(g) = GRANT.get() {
+        return Ok(g);
+    }
+    let job_id = item_u32(sp, S_JOB_ID, "the job id")?;
+    let step_id = item_u32(sp, S_JOB_STEPID, "the step id")?;
+    let uid = item_u32(sp, S_JOB_UID, "the job's uid")?;
+    let job_cores = item_string(sp, S_JOB_ALLOC_CORES, "the job's cores (S_JOB_ALLOC_CORES)")?;
+    let step_cores = item_string(sp, S_STEP_ALLOC_CORES, "the step's cores (S_STEP_ALLOC_CORES)").unwrap_or_else(|_| job_cores.clone());
+    let mem_mb = item_u64(sp, S_JOB_ALLOC_MEM, "the job's memory").unwrap_or(0);
+    let local_tasks = item_u32(sp, S_JOB_LOCAL_TASK_COUNT, "the step's tasks on this host").unwrap_or(1);
+    let job = plan::topod_job_id(job_id);
+    let a = args();
+    let started = std::time::Instant::now();
+    let fail = |e: LinkError| format!("job {job_id} step {step_id}: {e}");
+    let mut topod = Topod::connect(&a.socket, a.timeout).map_err(fail)?;
+    let topo: Topology = topod.call_as(Op::Topology).map_err(fail)?;
+    let order = cores::slurm_core_order(&topo);
+    let job_cpus = cores::translate(&order, &job_cores).map_err(|e| format!("job {job_id}: {e}"))?;
+    let step_cpus = cores::translate(&order, &step_cores).map_err(|e| format!("job {job_id} step {step_id}: {e}"))?;
+    let req = topod::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
+    let tasks = plan::tasks_if_unsaid(&req, step_id, local_tasks, order.iter().filter(|c| c.is_subset(&job_cpus)).count(), job_cpus.len());
+    let allocate = Op::Allocate {
+        job: job.clone(),
+        request: request.to_string(),
+        tasks: Some(tasks),
+        cpus: Some(job_cpus.to_string()),
+        mem_limit_bytes: (mem_mb > 0).then_some(mem_mb << 20),
+        owner_uid: Some(uid),
+    };
+    let alloc: Allocation = match topod.call_as(allocate) {
+        Ok(a) => a,
+        // Another step of the job (the batch script, a concurrent srun) placed it already with
+        // its own task count: every step shares that allocation.
+        Err(LinkError::Refused { code: ErrorCode::BadRequest, message }) if message.contains("already holds") => {
+            let all: Vec<Allocation> = topod.call_as(Op::List).map_err(fail)?;
+            all.into_iter().find(|a| a.job == job).ok_or_else(|| format!("job {job_id}: topod: {message}"))?
+        }
+        Err(e) => return Err(format!("job {job_id} step {step_id}: cores {job_cores} (CPUs {job_cpus}): {e}")),
+    };
+    log_verbose(&format!(
+        "job {job_id} step {step_id}: Slurm cores {job_cores} = CPUs {job_cpus}; topod gave {} (mems {}) in {:.1} ms",
+        alloc.cpus,
+        alloc.mems,
+        started.elapsed().as_secs_f64() * 1e3
+    ));
+    let _ = GRANT.set(Grant { alloc, step_cpus });
+    GRANT.get().ok_or_else(|| "allocation lost".to_string())
+}
+
+/// In each task, before privileges drop: join topod's cgroup for the job (or stay in Slurm's
+/// and only narrow, see [`Mode`]), and note the task's CPUs.
+#[no_mangle]
+pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
+    guarded("slurm_spank_task_init_privileged", || {
+        load_args(ac, av)?;
+        let Some(request) = requested(sp) else { return Ok(()) };
+        if let Some(e) = GRANT_ERROR.get() {
+            return Err(e.clone());
+        }
+        let g = grant(sp, &request)?;
+        let job_id = item_u32(sp, S_JOB_ID, "the job id")?;
+        let task = item_int(sp, S_TASK_ID, "the task id")?;
+        let mode = match args().mode {
+            Mode::Auto => {
+                let text = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+                if args::inside_slurm_job_cgroup(&text, job_id) { Mode::Narrow } else { Mode::Join }
+            }
+            m => m,
+        };
+        if mode == Mode::Join {
+            let a = args();
+            let pid = std::process::id() as i32;
+            let started = std::time::Instant::now();
+            Topod::connect(&a.socket, a.timeout)
+                .and_then(|mut t| t.call(Op::Join { job: g.alloc.job.clone(), pid }))
+                .map_err(|e| format!("job {job_id} task {task}: cannot join {}: {e}", g.alloc.job))?;
+            log_verbose(&format!("job {job_id} task {task}: joined {} in {:.1} ms", g.alloc.job, started.elapsed().as_secs_f64() * 1e3));
+        }
+        let cpus = plan::task_cpus(&g.alloc.cpus, &g.alloc.tasks, usize::try_from(task).unwrap_or(0), &g.step_cpus);
+        let _ = TASK.set((cpus, mode));
+        Ok(())
+    })
+}
+
+/// In each task just before exec, as the user: the final CPU binding (after Slurm's own
+/// task/affinity binding, which it narrows) and the environment (`TOPO_*`).
+#[no_mangle]
+pub extern "C" fn slurm_spank_task_init(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
+    guarded("slurm_spank_task_init", || {
+        load_args(ac, av)?;
+        let (Some(g), Some((cpus, mode))) = (GRANT.get(), TASK.get()) else { return Ok(()) };
+        set_affinity(cpus)?;
+        set_task_env(sp, "TOPO_JOB", &g.alloc.job)?;
+        set_task_env(sp, "TOPO_CPUS", &g.alloc.cpus.to_string())?;
+        set_task_env(sp, "TOPO_TASK_CPUS", &cpus.to_string())?;
+        set_task_env(sp, "TOPO_MEMS", &g.alloc.mems.to_string())?;
+        set_task_env(sp, "TOPO_CGROUP", if *mode == Mode::Join { "topod" } else { "slurm" })?;
+        Ok(())
+    })
+}
+
+/// When the job ends on this host (job epilog, as root): release it in topod. A failure here
+/// means CPUs still held or processes that would not die, so it fails the epilog and Slurm
+/// drains the node, as it does for unkillable steps.
+#[no_mangle]
+pub extern "C" fn slurm_spank_job_epilog(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
+    guarded("slurm_spank_job_epilog", || {
+        load_args(ac, av)?;
+        if requested(sp).is_none() {
+            return Ok(());
+        }
+        let job_id = item_u32(sp, S_JOB_ID, "the job id")?;
+        let job = plan::topod_job_id(job_id);
+        let a = args();
+        match Topod::connect(&a.socket, a.timeout).and_then(|mut t| t.call(Op::Release { job: job.clone() })) {
+            Ok(_) | Err(LinkError::Refused { code: ErrorCode::UnknownJob, .. }) => Ok(()),
+            Err(e) => Err(format!("job {job_id}: cannot release {job}: {e}")),
+        }
+    })
+}
