@@ -95,5 +95,6 @@ report "$BASE/out/jobs.tsv" job
 # Inside that overhead, the plug-in's own calls to topod, as it logs them in slurmd's log.
 med() { sort -n | awk '{ a[NR] = $1 } END { if (NR) printf "%.1f ms (n=%d)", (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2, NR; else printf "none" }'; }
 echo "plug-in's calls to topod (slurmd log): allocate (topology + allocate) median $(sed -n 's/.*topod gave .* in \([0-9.]*\) ms$/\1/p' "$BASE/log/slurmd.log" | med);" \
-     "join median $(sed -n 's/.*: joined .* in \([0-9.]*\) ms$/\1/p' "$BASE/log/slurmd.log" | med)"
+     "join median $(sed -n 's/.*: joined .* in \([0-9.]*\) ms: .*$/\1/p' "$BASE/log/slurmd.log" | med)" \
+     "($(grep -c ': moved itself in$' "$BASE/log/slurmd.log" || true) tasks moved themselves in, $(grep -c ': topod moved it in' "$BASE/log/slurmd.log" || true) were moved by topod)"
 echo "load average during the run: $(cut -d' ' -f1-3 /proc/loadavg) (the machine's other users share its $(nproc) CPUs)"

@@ -119,6 +119,10 @@ for mode in affinity cgroup; do
     as_user srun --topology='affinity[core]' -n1 "$BASE/bin/probe" > "$BASE/out/srun-$mode.out" 2> "$BASE/out/srun-$mode.err" \
         || { cat "$BASE/out/srun-$mode.err"; tail -20 "$BASE/log/slurmd.log"; }
     check_job_output "$BASE/out/srun-$mode.out" "$mode"
+    if [ "$mode" = affinity ] && grep -q '^cgroup .*cpuset' /proc/mounts; then
+        # As root, single-threaded, on v1 cgroups, the task moves itself in (no global migration lock).
+        check "the task moved itself into topod's cgroup (slurmd log)" grep -q 'joined slurm-[0-9]* in [0-9.]* ms: moved itself in$' "$BASE/log/slurmd.log"
+    fi
 
     echo "-- srun -c2 --topology=affinity[core]: topod picks one of the two cores Slurm gave"
     as_user srun -c2 -n1 --topology='affinity[core]' "$BASE/bin/probe" > "$BASE/out/narrow-$mode.out" 2>&1 || cat "$BASE/out/narrow-$mode.out"

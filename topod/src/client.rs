@@ -90,3 +90,48 @@ impl Client {
         }
     }
 }
+
+/// How [`join_self`] moved the calling process into its job's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Joined {
+    /// It wrote `0` to the job's v1 `tasks` files itself (root, single-threaded, v1 host).
+    Itself,
+    /// topod moved it (`join`); `why` says why it did not move itself.
+    ByTopod {
+        /// Why the cheaper path was not taken.
+        why: String,
+    },
+}
+
+/// Moves the calling process into `job`'s cgroup, through `call` (one operation to topod).
+///
+/// As root, a single-threaded process on a host with v1 cgroups moves itself, which skips the
+/// kernel's global migration lock (see [`crate::cgroup::self_join`]). Either way it then sends
+/// `join`: topod confirms a process that is already in (a cheap read) and so counts the job as
+/// started (auto-release), and moves one that is not, or only partly, in. Errors are those of
+/// that `join`.
+pub fn join_self<E: std::fmt::Display>(job: &str, mut call: impl FnMut(Op) -> Result<serde_json::Value, E>) -> Result<Joined, E> {
+    let why = if !nix::unistd::geteuid().is_root() {
+        "not root".to_string()
+    } else {
+        match call(Op::SelfJoinFiles { job: job.to_string() }) {
+            Err(e) => format!("topod gave no files: {e}"),
+            Ok(reply) => {
+                let files: Vec<std::path::PathBuf> = reply["files"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).map(Into::into).collect();
+                if files.is_empty() {
+                    "this host's cgroups offer no self-join".to_string()
+                } else {
+                    match crate::cgroup::self_join(&files) {
+                        Ok(()) => {
+                            call(Op::Join { job: job.to_string(), pid: std::process::id() as i32 })?;
+                            return Ok(Joined::Itself);
+                        }
+                        Err(e) => e.to_string(),
+                    }
+                }
+            }
+        }
+    };
+    call(Op::Join { job: job.to_string(), pid: std::process::id() as i32 })?;
+    Ok(Joined::ByTopod { why })
+}

@@ -11,6 +11,7 @@
 //! {"v":1,"op":"fit","request":"affinity[core(2)*4]"}
 //! {"v":1,"op":"allocate","job":"1234","request":"affinity[thread*8]","cpus":"0-15","mem_limit_bytes":1073741824}
 //! {"v":1,"op":"join","job":"1234","pid":4242}
+//! {"v":1,"op":"self_join_files","job":"1234"}
 //! {"v":1,"op":"release","job":"1234"}
 //! {"v":1,"op":"list"}
 //! ```
@@ -27,7 +28,7 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
 /// The operations, as they appear in `op`.
-pub const OPERATIONS: &[&str] = &["version", "topology", "free_map", "fit", "allocate", "join", "release", "list"];
+pub const OPERATIONS: &[&str] = &["version", "topology", "free_map", "fit", "allocate", "join", "self_join_files", "release", "list"];
 
 /// What a client asks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +73,13 @@ pub enum Op {
         job: String,
         /// The process.
         pid: i32,
+    },
+    /// The files a root, single-threaded process writes `0` to so as to move itself into the
+    /// job's cgroup, cheaper than `join` (see [`crate::cgroup::self_join`]); `{"job", "files"}`,
+    /// with no files where the host's cgroups offer no such path. Same permission as `join`.
+    SelfJoinFiles {
+        /// The job id.
+        job: String,
     },
     /// Kill what is left of the job, remove its cgroup, free its CPUs.
     Release {
@@ -236,6 +244,7 @@ fn fields_of(op: &str) -> &'static [&'static str] {
         "fit" => &["request", "tasks"],
         "allocate" => &["job", "request", "tasks", "cpus", "mem_limit_bytes", "owner_uid"],
         "join" => &["job", "pid"],
+        "self_join_files" => &["job"],
         "release" => &["job"],
         _ => &[],
     }
@@ -266,6 +275,7 @@ mod tests {
             Op::Fit { request: "affinity[core(2)]".into(), tasks: Some(4) },
             Op::Allocate { job: "1234[7]".into(), request: "affinity[thread*8]".into(), tasks: None, cpus: Some("0-15".into()), mem_limit_bytes: Some(1 << 30), owner_uid: Some(1000) },
             Op::Join { job: "1234".into(), pid: 4242 },
+            Op::SelfJoinFiles { job: "1234".into() },
             Op::Release { job: "1234".into() },
             Op::List,
         ];

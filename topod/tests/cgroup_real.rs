@@ -149,6 +149,56 @@ fn v1_refuses_a_join_into_an_empty_cpuset() {
 }
 
 #[test]
+fn v1_a_process_moves_itself_in_and_join_confirms_it() {
+    let Some((cg, cleanup, cpus, mems)) = v1() else { return };
+    let one = CpuSet::parse_list(&cpus.first().unwrap().to_string()).unwrap();
+    let id = job("5005");
+    cg.create(&id, &CgroupSpec { cpus: one.clone(), mems, memory_limit: None }).unwrap();
+    let files = cg.self_join_files(&id).unwrap();
+    assert_eq!(files.len(), cleanup.0.len(), "one tasks file per hierarchy: {files:?}");
+    assert!(files.iter().all(|f| f.ends_with("5005/tasks") && f.exists()), "{files:?}");
+
+    // A shell (single-threaded) writes 0 to each file, as topod::client::join_self does.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("read go; for f in \"$@\"; do echo 0 > \"$f\" || exit 1; done; sleep 100")
+        .arg("sh")
+        .args(&files)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    go(&mut child);
+    let start = Instant::now();
+    while !cleanup.0.iter().all(|root| std::fs::read_to_string(root.join("5005/cgroup.procs")).unwrap().split_whitespace().any(|p| p == pid.to_string())) {
+        assert!(start.elapsed() < Duration::from_secs(10) && alive(pid), "the process did not move itself into every hierarchy");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(cpus_allowed(pid), one.to_string(), "the kernel confines it");
+    // join finds it there and succeeds.
+    cg.join(&id, pid).unwrap();
+    let pids = cg.pids(&id).unwrap();
+    assert!(pids.contains(&pid), "{pids:?}");
+
+    // A process with more than one thread (this test) is refused, and stays where it is.
+    let before = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let helper = std::thread::spawn(move || rx.recv());
+    let err = topod::cgroup::self_join(&files).unwrap_err();
+    assert!(err.to_string().contains("threads; only a single-threaded process"), "{err}");
+    assert_eq!(std::fs::read_to_string("/proc/self/cgroup").unwrap(), before);
+    tx.send(()).unwrap();
+    helper.join().unwrap().unwrap();
+
+    cg.release(&id, Duration::from_secs(10)).unwrap();
+    assert!(child.wait().unwrap().code().is_none(), "killed by the release");
+    // Unknown and unready jobs get no files.
+    assert!(matches!(cg.self_join_files(&job("5006")), Err(CgroupError::NoSuchJob(_))));
+    std::fs::create_dir(cleanup.0[0].join("5007")).unwrap();
+    assert!(matches!(cg.self_join_files(&job("5007")), Err(CgroupError::NotReady(_))));
+}
+
+#[test]
 fn v1_a_restarted_backend_finds_the_jobs() {
     let Some((cg, cleanup, cpus, mems)) = v1() else { return };
     let a = CpuSet::parse_list(&cpus.first().unwrap().to_string()).unwrap();

@@ -79,6 +79,8 @@ fn protocol_and_bad_input() {
         .unwrap();
     assert_eq!(a["cpus"].as_str().map(|s| topod::CpuSet::parse_list(s).unwrap().len()), Some(16));
     let gen = c.call(Op::FreeMap).unwrap()["generation"].as_u64().unwrap();
+    // The fake backend has no files to move oneself through: clients then ask join.
+    assert_eq!(c.call(Op::SelfJoinFiles { job: "100".into() }).unwrap(), serde_json::json!({ "job": "100", "files": [] }));
 
     // Garbage of every kind: a clear error each, nothing changes.
     let long = format!("{{\"v\":1,\"op\":\"release\",\"job\":\"{}\"}}", "9".repeat(70_000));
@@ -96,6 +98,8 @@ fn protocol_and_bad_input() {
         (b"{\"v\":1,\"op\":\"allocate\",\"job\":\"101\",\"request\":\"affinity[cores]\"}".to_vec(), "bad_topology_request", "cores"),
         (b"{\"v\":1,\"op\":\"allocate\",\"job\":\"101\",\"request\":\"affinity[socket*3]\"}".to_vec(), "does_not_fit", "never fit"),
         (b"{\"v\":1,\"op\":\"release\",\"job\":\"999\"}".to_vec(), "unknown_job", "999"),
+        (b"{\"v\":1,\"op\":\"self_join_files\",\"job\":\"999\"}".to_vec(), "unknown_job", "999"),
+        (b"{\"v\":1,\"op\":\"self_join_files\",\"job\":\"../100\"}".to_vec(), "bad_request", "'/'"),
     ];
     for (bytes, code, text) in cases {
         let reply = raw(&d.socket, &bytes);
@@ -149,6 +153,13 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     assert_eq!(allowed, given, "the job runs on exactly the CPUs topod gave it");
     let cgroup_dir = cpuset_mount.join(&subtree).join("200");
     assert!(std::fs::read_to_string(cgroup_dir.join("cgroup.procs")).unwrap().contains(&job.id().to_string()));
+    // topo-exec ran as root and single-threaded: it moved itself into every hierarchy.
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let (_, freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts);
+    for root in [freezer, memory].into_iter().flatten() {
+        let procs = std::fs::read_to_string(root.join(&subtree).join("200/cgroup.procs")).unwrap();
+        assert!(procs.split_whitespace().any(|p| p == job.id().to_string()), "{} in {}", job.id(), root.display());
+    }
 
     // topod runs with only the capabilities it needs.
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
@@ -257,6 +268,9 @@ fn the_tcp_listener_is_read_only_and_keyed() {
     assert_eq!(code, "forbidden", "{message}");
     assert!(message.contains("key"));
     let (code, message) = error_of(&ask("0123456789abcdef-test-key", "{\"v\":1,\"op\":\"release\",\"job\":\"1\"}"));
+    assert_eq!(code, "forbidden");
+    assert!(message.contains("read-only"), "{message}");
+    let (code, message) = error_of(&ask("0123456789abcdef-test-key", "{\"v\":1,\"op\":\"self_join_files\",\"job\":\"1\"}"));
     assert_eq!(code, "forbidden");
     assert!(message.contains("read-only"), "{message}");
 }

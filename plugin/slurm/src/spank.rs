@@ -17,6 +17,7 @@ use crate::{cores, need, plan};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, OnceLock};
+use topod::client::Joined;
 use topod::ledger::Allocation;
 use topod::proto::{ErrorCode, Op};
 use topod::topology::Topology;
@@ -409,12 +410,15 @@ pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, ac: c_int, av: *mu
         };
         if mode == Mode::Join {
             let a = args();
-            let pid = std::process::id() as i32;
             let started = std::time::Instant::now();
-            Topod::connect(&a.socket, a.timeout)
-                .and_then(|mut t| t.call(Op::Join { job: g.alloc.job.clone(), pid }))
+            let how = Topod::connect(&a.socket, a.timeout)
+                .and_then(|mut t| topod::client::join_self(&g.alloc.job, |op| t.call(op)))
                 .map_err(|e| format!("job {job_id} task {task}: cannot join {}: {e}", g.alloc.job))?;
-            log_verbose(&format!("job {job_id} task {task}: joined {} in {:.1} ms", g.alloc.job, started.elapsed().as_secs_f64() * 1e3));
+            let how = match how {
+                Joined::Itself => "moved itself in".to_string(),
+                Joined::ByTopod { why } => format!("topod moved it in ({why})"),
+            };
+            log_verbose(&format!("job {job_id} task {task}: joined {} in {:.1} ms: {how}", g.alloc.job, started.elapsed().as_secs_f64() * 1e3));
         }
         let cpus = plan::task_cpus(&g.alloc.cpus, &g.alloc.tasks, usize::try_from(task).unwrap_or(0), &g.step_cpus);
         let _ = TASK.set((cpus, mode));

@@ -23,6 +23,30 @@ pub mod v2;
 
 pub use jobid::{JobId, JobIdError};
 
+/// Moves the calling process into a job's cgroup by writing `0` to each of `files`, the v1
+/// `tasks` files [`CgroupBackend::self_join_files`] names.
+///
+/// Why: writing a pid to `cgroup.procs` takes the kernel's global threadgroup lock for writing,
+/// which waits for an RCU grace period when no migration happened just before (milliseconds
+/// each time on a quiet host). A thread moving only itself (`0` written to v1 `tasks`) skips that
+/// lock (kernel `cgroup_procs_write_start`). v1 `tasks` moves one thread, so this refuses a
+/// process with more than one thread: the other threads would stay behind.
+pub fn self_join(files: &[PathBuf]) -> Result<(), CgroupError> {
+    let status = std::path::Path::new("/proc/self/status");
+    let text = std::fs::read_to_string(status).map_err(|source| CgroupError::Io { action: "reading", path: status.into(), data: None, source })?;
+    let threads = text.lines().find_map(|l| l.strip_prefix("Threads:")).map(str::trim);
+    if threads != Some("1") {
+        return Err(CgroupError::Unsupported(format!(
+            "this process has {} threads; only a single-threaded process can move itself through v1 tasks files",
+            threads.unwrap_or("an unknown number of")
+        )));
+    }
+    for file in files {
+        std::fs::write(file, "0").map_err(|source| CgroupError::Io { action: "writing", path: file.clone(), data: Some("0".into()), source })?;
+    }
+    Ok(())
+}
+
 use crate::cpuset::CpuSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -110,6 +134,13 @@ pub trait CgroupBackend: Send + Sync {
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError>;
     /// Moves a process, with all its threads, into the job's cgroup.
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError>;
+    /// The files a root, single-threaded process writes `0` to, in order, to move itself into
+    /// the job's cgroup ([`self_join`]); empty where the backend offers no such path (then only
+    /// [`CgroupBackend::join`] moves processes). Checks what `join` checks.
+    fn self_join_files(&self, job: &JobId) -> Result<Vec<PathBuf>, CgroupError> {
+        let _ = job;
+        Ok(Vec::new())
+    }
     /// The processes in the job's cgroup.
     fn pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError>;
     /// Kills everything in the job's cgroup and removes it.

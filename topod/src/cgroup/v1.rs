@@ -89,6 +89,20 @@ impl V1 {
         std::iter::once(&self.cpuset).chain(self.freezer.iter()).chain(self.memory.iter()).map(move |root| root.join(&name))
     }
 
+    /// The job's cpuset exists and has CPUs and memory nodes (a v1 cpuset without them refuses
+    /// tasks; saying so is clearer than the kernel's ENOSPC).
+    fn ready_for_processes(&self, job: &JobId) -> Result<(), CgroupError> {
+        let dir = self.cpuset.join(job.as_str());
+        if !dir.is_dir() {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        // The configured values (one read each) say whether CPUs and memory nodes were written.
+        if read(&dir.join("cpuset.cpus"))?.trim().is_empty() || read(&dir.join("cpuset.mems"))?.trim().is_empty() {
+            return Err(CgroupError::NotReady(job.to_string()));
+        }
+        Ok(())
+    }
+
     fn effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
         let pick = |a: &str, b: &str| if dir.join(a).exists() { dir.join(a) } else { dir.join(b) };
         Ok(Effective {
@@ -161,16 +175,14 @@ impl CgroupBackend for V1 {
     }
 
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
-        let dir = self.cpuset.join(job.as_str());
-        if !dir.is_dir() {
-            return Err(CgroupError::NoSuchJob(job.to_string()));
-        }
-        // The configured values (one read each) say whether CPUs and memory nodes were written.
-        if read(&dir.join("cpuset.cpus"))?.trim().is_empty() || read(&dir.join("cpuset.mems"))?.trim().is_empty() {
-            return Err(CgroupError::NotReady(job.to_string()));
-        }
+        self.ready_for_processes(job)?;
         for d in self.dirs(job) {
             let procs = d.join("cgroup.procs");
+            // A process that moved itself in (self_join_files) is only confirmed: a read here
+            // is cheap, a write takes the kernel's global migration lock.
+            if read_pids(&procs).is_ok_and(|p| p.contains(&pid)) {
+                continue;
+            }
             if write(&procs, &pid.to_string()).is_err() {
                 // A create cut short (topod killed) may have made the cpuset but not the freezer
                 // or memory directory: make it and try again.
@@ -179,6 +191,17 @@ impl CgroupBackend for V1 {
             }
         }
         Ok(())
+    }
+
+    fn self_join_files(&self, job: &JobId) -> Result<Vec<PathBuf>, CgroupError> {
+        self.ready_for_processes(job)?;
+        let mut files = Vec::new();
+        for d in self.dirs(job) {
+            // As in join: a create cut short may have left out the freezer or memory directory.
+            mkdir(&d)?;
+            files.push(d.join("tasks"));
+        }
+        Ok(files)
     }
 
     fn pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {

@@ -267,6 +267,17 @@ impl Host {
         Ok(())
     }
 
+    /// The files through which a root process moves itself into the job's cgroup (empty where
+    /// the backend has none). The process then confirms with [`Host::join`], which finds it
+    /// already there and writes nothing.
+    pub fn self_join_files(&self, job: &str) -> Result<Vec<PathBuf>, HostError> {
+        let id = JobId::parse(job)?;
+        if self.ledger.get(id.as_str()).is_none() {
+            return Err(HostError::UnknownJob(job.to_string()));
+        }
+        Ok(self.backend.self_join_files(&id)?)
+    }
+
     /// Releases every job whose cgroup has had processes and has none left; returns their ids.
     /// (A job allocated but not yet joined is left alone.)
     pub fn release_empty(&mut self) -> Vec<String> {

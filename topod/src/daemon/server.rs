@@ -144,6 +144,15 @@ pub fn handle(host: &Mutex<Host>, admins: &Admins, peer: &Peer, op: Op) -> Reply
                 Err(e) => error_reply(&e),
             }
         }
+        Op::SelfJoinFiles { job } => {
+            if !admins.allows(peer) && host.owner_of(&job) != Some(peer.uid) {
+                return forbidden("moving yourself into a job you do not own");
+            }
+            match host.self_join_files(&job) {
+                Ok(files) => Reply::ok(json!({ "job": job, "files": files })),
+                Err(e) => error_reply(&e),
+            }
+        }
         Op::Release { job } => {
             if !admins.allows(peer) {
                 return forbidden("release");

@@ -94,7 +94,7 @@ fn connection(stream: TcpStream, host: &Mutex<Host>, key: &str) -> std::io::Resu
             return Ok(());
         }
         let reply = match proto::parse_request(&line) {
-            Ok(req) if matches!(req.op, Op::Allocate { .. } | Op::Join { .. } | Op::Release { .. }) => {
+            Ok(req) if matches!(req.op, Op::Allocate { .. } | Op::Join { .. } | Op::SelfJoinFiles { .. } | Op::Release { .. }) => {
                 Reply::error(ErrorCode::Forbidden, "the TCP listener is read-only; change state through the local socket")
             }
             Ok(req) => server::handle(host, &Admins::default(), &nobody, req.op),
