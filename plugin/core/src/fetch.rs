@@ -86,6 +86,9 @@ pub struct Shared {
     pub discovered: Mutex<BTreeSet<String>>,
 }
 
+/// One host's fetch: which host, what came back, and when.
+type FetchOutcome = (HostId, Result<Fetched, FetchError>, Instant);
+
 /// One round: fetches every host of `cache` through `source` with `workers` threads, then
 /// applies the results. Returns (successes, failures).
 pub fn refresh_once(shared: &Shared, source: &dyn HostSource, config: &CacheConfig) -> (usize, usize) {
@@ -95,7 +98,7 @@ pub fn refresh_once(shared: &Shared, source: &dyn HostSource, config: &CacheConf
         cache.hosts().map(|(id, h)| (id, h.address.clone(), cache.needs_topology(id))).collect()
     };
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(HostId, Result<Fetched, FetchError>, Instant)>> = Mutex::new(Vec::with_capacity(jobs.len()));
+    let results: Mutex<Vec<FetchOutcome>> = Mutex::new(Vec::with_capacity(jobs.len()));
     std::thread::scope(|s| {
         for _ in 0..config.workers.min(jobs.len().max(1)) {
             s.spawn(|| loop {
