@@ -175,10 +175,12 @@ fn v1_a_process_moves_itself_in_and_join_confirms_it() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(cpus_allowed(pid), one.to_string(), "the kernel confines it");
-    // join finds it there and succeeds.
-    cg.join(&id, pid).unwrap();
+    // The confirming join finds it there; one that is not there it moves.
+    cg.join_unless_in(&id, pid).unwrap();
+    let mut outside = Command::new("sleep").arg("100").spawn().unwrap();
+    cg.join_unless_in(&id, outside.id() as i32).unwrap();
     let pids = cg.pids(&id).unwrap();
-    assert!(pids.contains(&pid), "{pids:?}");
+    assert!(pids.contains(&pid) && pids.contains(&(outside.id() as i32)), "{pids:?}");
 
     // A process with more than one thread (this test) is refused, and stays where it is.
     let before = std::fs::read_to_string("/proc/self/cgroup").unwrap();
@@ -192,6 +194,7 @@ fn v1_a_process_moves_itself_in_and_join_confirms_it() {
 
     cg.release(&id, Duration::from_secs(10)).unwrap();
     assert!(child.wait().unwrap().code().is_none(), "killed by the release");
+    assert!(outside.wait().unwrap().code().is_none(), "killed by the release");
     // Unknown and unready jobs get no files.
     assert!(matches!(cg.self_join_files(&job("5006")), Err(CgroupError::NoSuchJob(_))));
     std::fs::create_dir(cleanup.0[0].join("5007")).unwrap();

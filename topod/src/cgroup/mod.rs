@@ -141,6 +141,11 @@ pub trait CgroupBackend: Send + Sync {
         let _ = job;
         Ok(Vec::new())
     }
+    /// As [`CgroupBackend::join`], for a process that may have moved itself in already: where
+    /// it is in, nothing is written (a write would take the kernel's global migration lock).
+    fn join_unless_in(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
+        self.join(job, pid)
+    }
     /// The processes in the job's cgroup.
     fn pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError>;
     /// Kills everything in the job's cgroup and removes it.

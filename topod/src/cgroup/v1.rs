@@ -89,6 +89,25 @@ impl V1 {
         std::iter::once(&self.cpuset).chain(self.freezer.iter()).chain(self.memory.iter()).map(move |root| root.join(&name))
     }
 
+    /// Writes `pid` to `cgroup.procs` in each hierarchy; with `unless_in`, skips a hierarchy
+    /// whose `cgroup.procs` lists it already (a process that moved itself in).
+    fn move_in(&self, job: &JobId, pid: i32, unless_in: bool) -> Result<(), CgroupError> {
+        self.ready_for_processes(job)?;
+        for d in self.dirs(job) {
+            let procs = d.join("cgroup.procs");
+            if unless_in && read_pids(&procs).is_ok_and(|p| p.contains(&pid)) {
+                continue;
+            }
+            if write(&procs, &pid.to_string()).is_err() {
+                // A create cut short (topod killed) may have made the cpuset but not the freezer
+                // or memory directory: make it and try again.
+                mkdir(&d)?;
+                write(&procs, &pid.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
     /// The job's cpuset exists and has CPUs and memory nodes (a v1 cpuset without them refuses
     /// tasks; saying so is clearer than the kernel's ENOSPC).
     fn ready_for_processes(&self, job: &JobId) -> Result<(), CgroupError> {
@@ -175,22 +194,11 @@ impl CgroupBackend for V1 {
     }
 
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
-        self.ready_for_processes(job)?;
-        for d in self.dirs(job) {
-            let procs = d.join("cgroup.procs");
-            // A process that moved itself in (self_join_files) is only confirmed: a read here
-            // is cheap, a write takes the kernel's global migration lock.
-            if read_pids(&procs).is_ok_and(|p| p.contains(&pid)) {
-                continue;
-            }
-            if write(&procs, &pid.to_string()).is_err() {
-                // A create cut short (topod killed) may have made the cpuset but not the freezer
-                // or memory directory: make it and try again.
-                mkdir(&d)?;
-                write(&procs, &pid.to_string())?;
-            }
-        }
-        Ok(())
+        self.move_in(job, pid, false)
+    }
+
+    fn join_unless_in(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
+        self.move_in(job, pid, true)
     }
 
     fn self_join_files(&self, job: &JobId) -> Result<Vec<PathBuf>, CgroupError> {

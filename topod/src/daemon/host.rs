@@ -101,6 +101,8 @@ pub struct Host {
     release_timeout: Duration,
     /// Jobs that have had a process: only those are released when they become empty.
     joined: std::collections::BTreeSet<String>,
+    /// Jobs whose processes were told how to move themselves in: their joins check first.
+    self_join_offered: std::collections::BTreeSet<String>,
 }
 
 /// Writes the hint file off the request path: each change sends the whole file; the writer
@@ -153,6 +155,7 @@ impl Host {
             strategy,
             release_timeout: Duration::from_secs(10),
             joined: Default::default(),
+            self_join_offered: Default::default(),
         }
     }
 
@@ -262,7 +265,11 @@ impl Host {
         if self.ledger.get(id.as_str()).is_none() {
             return Err(HostError::UnknownJob(job.to_string()));
         }
-        self.backend.join(&id, pid)?;
+        if self.self_join_offered.contains(job) {
+            self.backend.join_unless_in(&id, pid)?;
+        } else {
+            self.backend.join(&id, pid)?;
+        }
         self.joined.insert(job.to_string());
         Ok(())
     }
@@ -270,12 +277,16 @@ impl Host {
     /// The files through which a root process moves itself into the job's cgroup (empty where
     /// the backend has none). The process then confirms with [`Host::join`], which finds it
     /// already there and writes nothing.
-    pub fn self_join_files(&self, job: &str) -> Result<Vec<PathBuf>, HostError> {
+    pub fn self_join_files(&mut self, job: &str) -> Result<Vec<PathBuf>, HostError> {
         let id = JobId::parse(job)?;
         if self.ledger.get(id.as_str()).is_none() {
             return Err(HostError::UnknownJob(job.to_string()));
         }
-        Ok(self.backend.self_join_files(&id)?)
+        let files = self.backend.self_join_files(&id)?;
+        if !files.is_empty() {
+            self.self_join_offered.insert(job.to_string());
+        }
+        Ok(files)
     }
 
     /// Releases every job whose cgroup has had processes and has none left; returns their ids.
@@ -310,6 +321,7 @@ impl Host {
         }
         self.hints.remove(job);
         self.joined.remove(job);
+        self.self_join_offered.remove(job);
         self.save_hints();
         Ok(report.killed)
     }
