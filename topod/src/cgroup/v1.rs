@@ -92,17 +92,28 @@ impl V1 {
     /// Writes `pid` to `cgroup.procs` in each hierarchy; with `unless_in`, skips a hierarchy
     /// whose `cgroup.procs` lists it already (a process that moved itself in).
     fn move_in(&self, job: &JobId, pid: i32, unless_in: bool) -> Result<(), CgroupError> {
-        self.ready_for_processes(job)?;
+        if !self.cpuset.join(job.as_str()).is_dir() {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
         for d in self.dirs(job) {
             let procs = d.join("cgroup.procs");
             if unless_in && read_pids(&procs).is_ok_and(|p| p.contains(&pid)) {
                 continue;
             }
-            if write(&procs, &pid.to_string()).is_err() {
-                // A create cut short (topod killed) may have made the cpuset but not the freezer
-                // or memory directory: make it and try again.
-                mkdir(&d)?;
-                write(&procs, &pid.to_string())?;
+            match write(&procs, &pid.to_string()) {
+                Ok(()) => {}
+                // The kernel refuses tasks in a v1 cpuset without CPUs or memory nodes (ENOSPC,
+                // cpuset_can_attach): say that plainly. Checked on failure rather than read
+                // before every join, which is on the job's start path.
+                Err(CgroupError::Io { source, .. }) if source.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32) => {
+                    return Err(CgroupError::NotReady(job.to_string()));
+                }
+                Err(_) => {
+                    // A create cut short (topod killed) may have made the cpuset but not the
+                    // freezer or memory directory: make it and try again.
+                    mkdir(&d)?;
+                    write(&procs, &pid.to_string())?;
+                }
             }
         }
         Ok(())
