@@ -2,9 +2,10 @@
 //!
 //! 1. Job start and release through topod: `allocate` + `join` of a waiting process, then
 //!    `release` (which kills it), timed per cycle.
-//! 2. The same kernel operations done directly, in the same run, when this host has the cgroup
-//!    v1 cpuset hierarchy and we are root: mkdir in each hierarchy, write `cpuset.mems`,
-//!    `cpuset.cpus`, the pid to `cgroup.procs`; then freeze, kill, thaw, wait until empty, rmdir.
+//! 2. The same kernel operations done directly, alternating with 1 cycle by cycle, when this
+//!    host has the cgroup v1 cpuset hierarchy and we are root: mkdir in each hierarchy, write
+//!    `cpuset.mems`, `cpuset.cpus`, the pid to `cgroup.procs`; then freeze, kill, thaw, wait
+//!    until empty, rmdir.
 //! 3. Allocate/release pairs per second from concurrent clients (no processes).
 //! 4. topod's resident memory, before and after filling the host with one-thread jobs.
 
@@ -69,7 +70,9 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
     let pid = version["pid"].as_u64().unwrap_or(0);
     let backend = version["cgroup"].as_str().unwrap_or("?").to_string();
 
-    // 1. Through topod.
+    // 1 and 2, alternating cycle by cycle, so that load from elsewhere falls on both alike.
+    let raw_v1 = RawV1::new()?;
+    let (mut raw_start, mut raw_release) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
     let (mut start_t, mut release_t) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
     let mut first_cpus = String::new();
     for i in 0..cycles {
@@ -89,10 +92,14 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
             let _ = child.kill();
         }
         let _ = child.wait();
+        if let Some(raw) = &raw_v1 {
+            let (s, r) = raw.cycle(i, &first_cpus)?;
+            raw_start.push(s);
+            raw_release.push(r);
+        }
     }
-
-    // 2. The same kernel operations, directly.
-    let raw = raw_v1(cycles, &first_cpus)?;
+    drop(raw_v1);
+    let raw = (!raw_start.is_empty()).then_some((raw_start, raw_release));
 
     // 3. Throughput from concurrent clients.
     let pairs = cycles.max(100);
@@ -185,42 +192,59 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
     Ok(())
 }
 
-/// The kernel operations behind one job start and release, done directly on cgroup v1.
-/// Start and release times, microseconds, one per cycle.
-type Timings = (Vec<f64>, Vec<f64>);
+/// A cgroup v1 subtree of our own in which the kernel operations of a job start and release
+/// are done directly; removed when dropped.
+struct RawV1 {
+    roots: Vec<PathBuf>,
+    has_freezer: bool,
+    parent_mems: String,
+}
 
-fn raw_v1(cycles: usize, cpus: &str) -> Result<Option<Timings>, Failure> {
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(None);
+fn io_failure(what: &str, p: &Path, e: std::io::Error) -> Failure {
+    Failure::runtime(format!("{what} {}: {e}", p.display()))
+}
+
+impl RawV1 {
+    /// `None` when not root or without the v1 cpuset hierarchy.
+    fn new() -> Result<Option<RawV1>, Failure> {
+        if !nix::unistd::geteuid().is_root() {
+            return Ok(None);
+        }
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let (Some(cpuset), freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts) else { return Ok(None) };
+        let name = format!("topo-raw-bench-{}", std::process::id());
+        let has_freezer = freezer.is_some();
+        let roots: Vec<PathBuf> = [Some(cpuset), freezer, memory].into_iter().flatten().map(|m| m.join(&name)).collect();
+        let mut raw = RawV1 { roots, has_freezer, parent_mems: String::new() };
+        for r in &raw.roots {
+            std::fs::create_dir(r).map_err(|e| io_failure("mkdir", r, e))?;
+        }
+        let root = &raw.roots[0];
+        let parent = |file: &str| std::fs::read_to_string(root.parent().map(|p| p.join(file)).unwrap_or_default()).unwrap_or_default().trim().to_string();
+        let (parent_mems, parent_cpus) = (parent("cpuset.mems"), parent("cpuset.cpus"));
+        std::fs::write(root.join("cpuset.mems"), &parent_mems).map_err(|e| io_failure("write", root, e))?;
+        std::fs::write(root.join("cpuset.cpus"), &parent_cpus).map_err(|e| io_failure("write", root, e))?;
+        raw.parent_mems = parent_mems;
+        Ok(Some(raw))
     }
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    let (Some(cpuset), freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts) else { return Ok(None) };
-    let name = format!("topo-raw-bench-{}", std::process::id());
-    let roots: Vec<PathBuf> = [Some(cpuset), freezer.clone(), memory].into_iter().flatten().map(|m| m.join(&name)).collect();
-    let io = |what: &str, p: &Path, e: std::io::Error| Failure::runtime(format!("{what} {}: {e}", p.display()));
-    for r in &roots {
-        std::fs::create_dir(r).map_err(|e| io("mkdir", r, e))?;
-    }
-    let parent_mems = std::fs::read_to_string(roots[0].parent().map(|p| p.join("cpuset.mems")).unwrap_or_default()).unwrap_or_default();
-    std::fs::write(roots[0].join("cpuset.mems"), parent_mems.trim()).map_err(|e| io("write", &roots[0], e))?;
-    let parent_cpus = std::fs::read_to_string(roots[0].parent().map(|p| p.join("cpuset.cpus")).unwrap_or_default()).unwrap_or_default();
-    std::fs::write(roots[0].join("cpuset.cpus"), parent_cpus.trim()).map_err(|e| io("write", &roots[0], e))?;
-    let (mut start, mut release) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
-    for i in 0..cycles {
+
+    /// One job start (mkdir in each hierarchy, mems, cpus, the pid in each) and release
+    /// (freeze, kill, thaw, wait until empty, rmdir): microseconds for each.
+    fn cycle(&self, i: usize, cpus: &str) -> Result<(f64, f64), Failure> {
         let mut child = sleeper()?;
-        let dirs: Vec<PathBuf> = roots.iter().map(|r| r.join(i.to_string())).collect();
+        let dirs: Vec<PathBuf> = self.roots.iter().map(|r| r.join(i.to_string())).collect();
         let t0 = Instant::now();
         for d in &dirs {
-            std::fs::create_dir(d).map_err(|e| io("mkdir", d, e))?;
+            std::fs::create_dir(d).map_err(|e| io_failure("mkdir", d, e))?;
         }
-        std::fs::write(dirs[0].join("cpuset.mems"), parent_mems.trim()).map_err(|e| io("write", &dirs[0], e))?;
-        std::fs::write(dirs[0].join("cpuset.cpus"), cpus).map_err(|e| io("write", &dirs[0], e))?;
+        std::fs::write(dirs[0].join("cpuset.mems"), &self.parent_mems).map_err(|e| io_failure("write", &dirs[0], e))?;
+        std::fs::write(dirs[0].join("cpuset.cpus"), cpus).map_err(|e| io_failure("write", &dirs[0], e))?;
         for d in &dirs {
-            std::fs::write(d.join("cgroup.procs"), child.id().to_string()).map_err(|e| io("write", d, e))?;
+            std::fs::write(d.join("cgroup.procs"), child.id().to_string()).map_err(|e| io_failure("write", d, e))?;
         }
-        start.push(us(t0.elapsed()));
+        let start = us(t0.elapsed());
         let t1 = Instant::now();
-        let frozen = freezer.is_some().then(|| dirs[1].join("freezer.state"));
+        let frozen = self.has_freezer.then(|| dirs[1].join("freezer.state"));
         if let Some(f) = &frozen {
             let _ = std::fs::write(f, "FROZEN");
         }
@@ -232,13 +256,18 @@ fn raw_v1(cycles: usize, cpus: &str) -> Result<Option<Timings>, Failure> {
             std::thread::sleep(Duration::from_micros(50));
         }
         for d in dirs.iter().rev() {
-            std::fs::remove_dir(d).map_err(|e| io("rmdir", d, e))?;
+            std::fs::remove_dir(d).map_err(|e| io_failure("rmdir", d, e))?;
         }
-        release.push(us(t1.elapsed()));
+        let release = us(t1.elapsed());
         let _ = child.wait();
+        Ok((start, release))
     }
-    for r in &roots {
-        let _ = std::fs::remove_dir(r);
+}
+
+impl Drop for RawV1 {
+    fn drop(&mut self) {
+        for r in &self.roots {
+            let _ = std::fs::remove_dir(r);
+        }
     }
-    Ok(Some((start, release)))
 }
