@@ -1,10 +1,11 @@
 //! A client of topod's socket, for `topoctl`, `topo-exec` and tests.
 
+use crate::cgroup::{CgroupError, SelfJoin};
 use crate::proto::{self, ErrorBody, Op, Request};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A failed call.
@@ -103,35 +104,118 @@ pub enum Joined {
     },
 }
 
-/// Moves the calling process into `job`'s cgroup, through `call` (one operation to topod).
+/// A failed [`join_self`]; `E` is the error of the caller's conversation with topod.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinSelfError<E: std::fmt::Display + std::fmt::Debug> {
+    /// topod could not be asked, or refused the join.
+    #[error("{0}")]
+    Topod(E),
+    /// The process began to move itself and a write failed: it may be in some of the job's
+    /// hierarchies and not others. topod is not asked to finish (it would recreate a hierarchy
+    /// that a release is removing), so the caller should fail.
+    #[error("moving itself into the job's cgroup failed part way ({0}); is the job being released?")]
+    Moving(CgroupError),
+    /// It moved itself in, but topod did not confirm with `join`.
+    #[error("moved itself into the job's cgroup, but topod did not confirm: {0}")]
+    Confirm(E),
+}
+
+/// Moves the calling process into `job`'s cgroup, through `call` (one operation to topod;
+/// `refused` tells a refusal by topod from a broken conversation).
 ///
 /// As root, a single-threaded process on a host with v1 cgroups moves itself, which skips the
-/// kernel's global migration lock (see [`crate::cgroup::self_join`]). Either way it then sends
-/// `join`: topod confirms a process that is already in (a cheap read) and so counts the job as
-/// started (auto-release), and moves one that is not, or only partly, in. Errors are those of
-/// that `join`.
-pub fn join_self<E: std::fmt::Display>(job: &str, mut call: impl FnMut(Op) -> Result<serde_json::Value, E>) -> Result<Joined, E> {
+/// kernel's global migration lock (see [`SelfJoin`]), and then sends `join`, which topod answers
+/// by checking that it is in (a read) and counting the job as started (auto-release). In every
+/// other case topod moves it with `join`: not root, several threads, cgroup v2 (no files), a
+/// topod that does not know `self_join_files` (it refuses the operation), file names that fail
+/// the checks. A conversation that broke (a timeout, say) is an error, never a fallback: the next
+/// reply on it might answer the earlier question.
+pub fn join_self<E: std::fmt::Display + std::fmt::Debug>(
+    job: &str,
+    mut call: impl FnMut(Op) -> Result<serde_json::Value, E>,
+    refused: impl Fn(&E) -> bool,
+) -> Result<Joined, JoinSelfError<E>> {
+    let join = Op::Join { job: job.to_string(), pid: std::process::id() as i32 };
     let why = if !nix::unistd::geteuid().is_root() {
         "not root".to_string()
     } else {
         match call(Op::SelfJoinFiles { job: job.to_string() }) {
-            Err(e) => format!("topod gave no files: {e}"),
+            Err(e) if refused(&e) => format!("topod gave no files: {e}"),
+            Err(e) => return Err(JoinSelfError::Topod(e)),
             Ok(reply) => {
-                let files: Vec<std::path::PathBuf> = reply["files"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).map(Into::into).collect();
+                let files: Vec<PathBuf> = reply["files"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).map(Into::into).collect();
                 if files.is_empty() {
                     "this host's cgroups offer no self-join".to_string()
                 } else {
-                    match crate::cgroup::self_join(&files) {
-                        Ok(()) => {
-                            call(Op::Join { job: job.to_string(), pid: std::process::id() as i32 })?;
+                    match SelfJoin::prepare(job, &files) {
+                        Err(e) => e.to_string(),
+                        Ok(ready) => {
+                            ready.move_in().map_err(JoinSelfError::Moving)?;
+                            call(join).map_err(JoinSelfError::Confirm)?;
                             return Ok(Joined::Itself);
                         }
-                        Err(e) => e.to_string(),
                     }
                 }
             }
         }
     };
-    call(Op::Join { job: job.to_string(), pid: std::process::id() as i32 })?;
+    call(join).map_err(JoinSelfError::Topod)?;
     Ok(Joined::ByTopod { why })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs join_self against a scripted topod; returns the result and the operations sent.
+    fn run(answer: impl Fn(&Op) -> Result<serde_json::Value, String>) -> (Result<Joined, JoinSelfError<String>>, Vec<&'static str>) {
+        let mut sent = Vec::new();
+        let result = join_self(
+            "42",
+            |op| {
+                sent.push(match op {
+                    Op::SelfJoinFiles { .. } => "self_join_files",
+                    Op::Join { .. } => "join",
+                    _ => "other",
+                });
+                answer(&op)
+            },
+            |e: &String| e.starts_with("refused"),
+        );
+        (result, sent)
+    }
+
+    #[test]
+    fn join_self_falls_back_to_topod_only_when_that_is_safe() {
+        let root = nix::unistd::geteuid().is_root();
+        let asked_first = |ops: &[&str]| if root { ops.first() == Some(&"self_join_files") } else { ops.first() == Some(&"join") };
+        // An older topod refuses the operation: topod moves the process.
+        let (r, sent) = run(|op| match op {
+            Op::SelfJoinFiles { .. } => Err("refused: unknown operation".into()),
+            _ => Ok(serde_json::json!({})),
+        });
+        assert!(matches!(r, Ok(Joined::ByTopod { .. })), "{r:?}");
+        assert!(asked_first(&sent) && sent.last() == Some(&"join"), "{sent:?}");
+        // No files (cgroup v2), or files that fail the checks: topod moves it.
+        for files in [serde_json::json!([]), serde_json::json!(["/etc/passwd"]), serde_json::json!(["/tmp/42/tasks"])] {
+            let (r, sent) = run(|op| match op {
+                Op::SelfJoinFiles { .. } => Ok(serde_json::json!({ "job": "42", "files": files })),
+                _ => Ok(serde_json::json!({})),
+            });
+            assert!(matches!(r, Ok(Joined::ByTopod { .. })), "{r:?}");
+            assert_eq!(sent.last(), Some(&"join"));
+        }
+        // A broken conversation is an error, not a fallback on the same connection.
+        if root {
+            let (r, sent) = run(|_| Err("timed out".into()));
+            assert!(matches!(r, Err(JoinSelfError::Topod(ref e)) if e == "timed out"), "{r:?}");
+            assert_eq!(sent, ["self_join_files"]);
+        }
+        // topod's refusal of the join itself is the error.
+        let (r, _) = run(|op| match op {
+            Op::Join { .. } => Err("refused: job 42 is not allocated".into()),
+            _ => Err("refused: unknown operation".into()),
+        });
+        assert!(r.unwrap_err().to_string().contains("not allocated"));
+    }
 }

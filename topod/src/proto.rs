@@ -75,8 +75,9 @@ pub enum Op {
         pid: i32,
     },
     /// The files a root, single-threaded process writes `0` to so as to move itself into the
-    /// job's cgroup, cheaper than `join` (see [`crate::cgroup::self_join`]); `{"job", "files"}`,
-    /// with no files where the host's cgroups offer no such path. Same permission as `join`.
+    /// job's cgroup, cheaper than `join` (see [`crate::cgroup::SelfJoin`]); `{"job", "files"}`,
+    /// with no files where the host's cgroups offer no such path. For root, an administrator,
+    /// or the job's owner; the process then sends `join` for itself, which topod confirms.
     SelfJoinFiles {
         /// The job id.
         job: String,

@@ -186,8 +186,22 @@ fn v1_a_process_moves_itself_in_and_join_confirms_it() {
     let before = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let helper = std::thread::spawn(move || rx.recv());
-    let err = topod::cgroup::self_join(&files).unwrap_err();
+    let err = topod::cgroup::SelfJoin::prepare("5005", &files).err().expect("refused");
     assert!(err.to_string().contains("threads; only a single-threaded process"), "{err}");
+    // Files topod (or something posing as it) names are checked before a root process writes.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let fake_tasks = elsewhere.path().join("5005/tasks");
+    std::fs::create_dir(fake_tasks.parent().unwrap()).unwrap();
+    std::fs::write(&fake_tasks, "").unwrap();
+    let link = elsewhere.path().join("link/5005/tasks");
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&files[0], &link).unwrap();
+    let refused = |job: &str, file: &std::path::Path| topod::cgroup::SelfJoin::prepare(job, &[file.to_path_buf()]).err().expect("refused").to_string();
+    assert!(refused("5006", &files[0]).contains("is not a tasks file of job 5006"));
+    assert!(refused("5005", &files[0].with_file_name("cgroup.procs")).contains("is not a tasks file"));
+    assert!(refused("5005", &fake_tasks).contains("is not on a cgroup v1 file system"));
+    assert!(refused("5005", &link).contains("opening"), "a link is not followed");
+    assert_eq!(std::fs::read_to_string(&fake_tasks).unwrap(), "", "nothing written");
     assert_eq!(std::fs::read_to_string("/proc/self/cgroup").unwrap(), before);
     tx.send(()).unwrap();
     helper.join().unwrap().unwrap();

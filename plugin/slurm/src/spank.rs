@@ -412,7 +412,10 @@ pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, ac: c_int, av: *mu
             let a = args();
             let started = std::time::Instant::now();
             let how = Topod::connect(&a.socket, a.timeout)
-                .and_then(|mut t| topod::client::join_self(&g.alloc.job, |op| t.call(op)))
+                .map_err(|e| e.to_string())
+                .and_then(|mut t| {
+                    topod::client::join_self(&g.alloc.job, |op| t.call(op), |e| matches!(e, LinkError::Refused { .. })).map_err(|e| e.to_string())
+                })
                 .map_err(|e| format!("job {job_id} task {task}: cannot join {}: {e}", g.alloc.job))?;
             let how = match how {
                 Joined::Itself => "moved itself in".to_string(),

@@ -14,7 +14,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use topod::batch;
-use topod::client::Client;
+use topod::client::{Client, ClientError};
 use topod::proto::Op;
 
 #[derive(Parser)]
@@ -79,7 +79,7 @@ fn run(args: Args) -> Result<Never, String> {
             .map_err(|e| e.to_string())?,
         (None, None) => return Err(format!("job {job} has no allocation on this host; give --request")),
     };
-    topod::client::join_self(&job, |op| client.call(op)).map_err(|e| e.to_string())?;
+    topod::client::join_self(&job, |op| client.call(op), |e| matches!(e, ClientError::Refused(_))).map_err(|e| e.to_string())?;
     let cpus = alloc["cpus"].as_str().unwrap_or_default().to_string();
     let mems = alloc["mems"].as_str().unwrap_or_default().to_string();
     let mut command = Command::new(&args.command[0]);

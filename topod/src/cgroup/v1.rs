@@ -97,7 +97,7 @@ impl V1 {
         }
         for d in self.dirs(job) {
             let procs = d.join("cgroup.procs");
-            if unless_in && read_pids(&procs).is_ok_and(|p| p.contains(&pid)) {
+            if unless_in && every_thread_in(&d, pid) {
                 continue;
             }
             match write(&procs, &pid.to_string()) {
@@ -169,6 +169,22 @@ fn exclusive_siblings(root: &Path) -> Result<crate::cpuset::CpuSet, CgroupError>
         }
     }
     Ok(out)
+}
+
+/// Whether every thread of `pid` is in the cgroup `dir` (v1 `cgroup.procs` lists a process as
+/// soon as one of its threads is in, so it cannot tell).
+fn every_thread_in(dir: &Path, pid: i32) -> bool {
+    let Ok(tasks) = read_pids(&dir.join("tasks")) else { return false };
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    let mut any = false;
+    for thread in threads {
+        let tid = thread.ok().and_then(|t| t.file_name().to_str().and_then(|n| n.parse::<i32>().ok()));
+        match tid {
+            Some(tid) if tasks.binary_search(&tid).is_ok() => any = true,
+            _ => return false,
+        }
+    }
+    any
 }
 
 impl CgroupBackend for V1 {

@@ -101,9 +101,16 @@ pub struct Host {
     release_timeout: Duration,
     /// Jobs that have had a process: only those are released when they become empty.
     joined: std::collections::BTreeSet<String>,
-    /// Jobs whose processes were told how to move themselves in: their joins check first.
-    self_join_offered: std::collections::BTreeSet<String>,
+    /// Jobs with processes that were told how to move themselves in and have not yet confirmed
+    /// with `join`: how many, and the last offer. Their joins check before writing, and
+    /// [`Host::release_empty`] leaves them alone for [`SELF_JOIN_WINDOW`] after the last offer.
+    self_join_offered: BTreeMap<String, (u32, std::time::Instant)>,
 }
+
+/// How long after a process was told how to move itself into a job the job is not released for
+/// being empty: the move and its confirming `join` take milliseconds, but until then topod
+/// cannot see the process coming.
+const SELF_JOIN_WINDOW: Duration = Duration::from_secs(10);
 
 /// Writes the hint file off the request path: each change sends the whole file; the writer
 /// keeps only the newest. A write lost in a crash costs nothing but a hint.
@@ -265,8 +272,12 @@ impl Host {
         if self.ledger.get(id.as_str()).is_none() {
             return Err(HostError::UnknownJob(job.to_string()));
         }
-        if self.self_join_offered.contains(job) {
+        if let Some((pending, _)) = self.self_join_offered.get_mut(job) {
             self.backend.join_unless_in(&id, pid)?;
+            *pending = pending.saturating_sub(1);
+            if *pending == 0 {
+                self.self_join_offered.remove(job);
+            }
         } else {
             self.backend.join(&id, pid)?;
         }
@@ -284,7 +295,8 @@ impl Host {
         }
         let files = self.backend.self_join_files(&id)?;
         if !files.is_empty() {
-            self.self_join_offered.insert(job.to_string());
+            let offer = self.self_join_offered.entry(job.to_string()).or_insert((0, std::time::Instant::now()));
+            *offer = (offer.0 + 1, std::time::Instant::now());
         }
         Ok(files)
     }
@@ -292,7 +304,8 @@ impl Host {
     /// Releases every job whose cgroup has had processes and has none left; returns their ids.
     /// (A job allocated but not yet joined is left alone.)
     pub fn release_empty(&mut self) -> Vec<String> {
-        let candidates: Vec<String> = self.joined.iter().filter(|j| self.ledger.get(j).is_some()).cloned().collect();
+        let moving_in = |j: &str| self.self_join_offered.get(j).is_some_and(|(_, last)| last.elapsed() < SELF_JOIN_WINDOW);
+        let candidates: Vec<String> = self.joined.iter().filter(|j| self.ledger.get(j).is_some() && !moving_in(j)).cloned().collect();
         let mut released = Vec::new();
         for job in candidates {
             let Ok(id) = JobId::parse(&job) else { continue };
@@ -413,6 +426,55 @@ mod tests {
         h.release("11").unwrap();
         assert!(h.ledger().is_empty());
         assert!(matches!(h.release("7"), Err(HostError::UnknownJob(_))));
+    }
+
+    #[test]
+    fn a_job_with_a_process_moving_itself_in_is_not_released_as_empty() {
+        // A fake that offers self-join files, as the v1 backend does.
+        struct Offers(Fake);
+        impl CgroupBackend for Offers {
+            fn kind(&self) -> &'static str {
+                "fake"
+            }
+            fn create(&self, j: &JobId, s: &CgroupSpec) -> Result<crate::cgroup::Effective, CgroupError> {
+                self.0.create(j, s)
+            }
+            fn join(&self, j: &JobId, p: i32) -> Result<(), CgroupError> {
+                self.0.join(j, p)
+            }
+            fn self_join_files(&self, j: &JobId) -> Result<Vec<PathBuf>, CgroupError> {
+                Ok(vec![PathBuf::from(format!("/fake/{}/tasks", j.as_str()))])
+            }
+            fn pids(&self, j: &JobId) -> Result<Vec<i32>, CgroupError> {
+                self.0.pids(j)
+            }
+            fn release(&self, j: &JobId, t: Duration) -> Result<crate::cgroup::ReleaseReport, CgroupError> {
+                self.0.release(j, t)
+            }
+            fn list(&self) -> Result<Vec<(JobId, crate::cgroup::Effective)>, CgroupError> {
+                self.0.list()
+            }
+        }
+        let topo = Topology::synthetic(SyntheticShape { packages: 1, numa_per_package: 1, l3_per_numa: 1, cores_per_l3: 4, threads_per_core: 1 });
+        let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
+        let fake = Fake::new(topo.allowed.clone(), topo.allowed_mems.clone());
+        let mut h = Host::new(topo, model, Box::new(Offers(fake)), None, Strategy::BestFit);
+        let a = h.allocate("20", "affinity[thread*2]", None, None, None, None).unwrap();
+        let id = JobId::parse("20").unwrap();
+        let empty_the_cgroup = |h: &mut Host| {
+            h.backend.release(&id, Duration::from_secs(1)).unwrap();
+            h.backend.create(&id, &CgroupSpec { cpus: a.cpus.clone(), mems: a.mems.clone(), memory_limit: None }).unwrap();
+        };
+        // Task 0 joined and ended; task 1 was told how to move itself in and has not confirmed.
+        h.join("20", 100).unwrap();
+        assert_eq!(h.self_join_files("20").unwrap().len(), 1);
+        empty_the_cgroup(&mut h);
+        assert!(h.release_empty().is_empty(), "task 1 is on its way in");
+        // Task 1 confirms; when it ends, the job goes.
+        h.join("20", 101).unwrap();
+        empty_the_cgroup(&mut h);
+        assert_eq!(h.release_empty(), ["20"]);
+        assert!(matches!(h.self_join_files("20"), Err(HostError::UnknownJob(_))));
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Who the peer is comes only from the kernel (`SO_PEERCRED`). Reads (version, topology, free
 //! map, fit, list) are open to everyone; allocate and release need root or a configured
 //! administrator uid or gid; join needs an administrator, or the job's owner moving its own
-//! process (the peer's pid), which is how `topo-exec` started as the job's user gets in.
+//! process (the peer's pid), which is how `topo-exec` started as the job's user gets in;
+//! self_join_files (the files a root process writes to move itself in, then confirmed by its
+//! own join) needs an administrator or the job's owner.
 
 use super::host::{Host, HostError};
 use crate::proto::{self, ErrorCode, Op, Reply};
