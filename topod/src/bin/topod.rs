@@ -89,6 +89,23 @@ fn run(args: Args) -> Result<(), String> {
     for job in &recovery.conflicts {
         tracing::warn!("job cgroup {job} overlaps another job's CPUs; left alone, not in the ledger");
     }
+    // Everything that can fail on a bad configuration happens before the socket opens and
+    // systemd hears "ready", so that a client never finds a topod that is about to exit.
+    let tcp = match &config.tcp_listen {
+        None => None,
+        Some(addr) => {
+            let key_file = config.tcp_key_file.clone().unwrap_or_default();
+            let key = std::fs::read_to_string(&key_file).map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
+            let key = key.trim().to_string();
+            if key.len() < 16 {
+                return Err(format!("tcp_key_file {}: the key must be at least 16 characters", key_file.display()));
+            }
+            let allow: Vec<_> = config.tcp_allow.iter().filter_map(|a| topod::daemon::tcp::Allow::parse(a).ok()).collect();
+            let tcp = std::net::TcpListener::bind(addr).map_err(|e| format!("tcp_listen {addr}: {e}"))?;
+            tracing::info!("read-only TCP listener on {addr} for {} allowed address(es)", allow.len());
+            Some((tcp, allow, key))
+        }
+    };
     let listener = bind(&socket)?;
     drop_capabilities()?;
     let admins = Arc::new(Admins { uids: config.admin_uids.clone(), gids: config.admin_gids.clone() });
@@ -105,16 +122,7 @@ fn run(args: Args) -> Result<(), String> {
             }
         });
     }
-    if let Some(addr) = &config.tcp_listen {
-        let key_file = config.tcp_key_file.clone().unwrap_or_default();
-        let key = std::fs::read_to_string(&key_file).map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
-        let key = key.trim().to_string();
-        if key.len() < 16 {
-            return Err(format!("tcp_key_file {}: the key must be at least 16 characters", key_file.display()));
-        }
-        let allow: Vec<_> = config.tcp_allow.iter().filter_map(|a| topod::daemon::tcp::Allow::parse(a).ok()).collect();
-        let tcp = std::net::TcpListener::bind(addr).map_err(|e| format!("tcp_listen {addr}: {e}"))?;
-        tracing::info!("read-only TCP listener on {addr} for {} allowed address(es)", allow.len());
+    if let Some((tcp, allow, key)) = tcp {
         let (host, allow, key) = (host.clone(), Arc::new(allow), Arc::new(key));
         std::thread::spawn(move || topod::daemon::tcp::serve(tcp, host, allow, key));
     }
