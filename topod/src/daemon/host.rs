@@ -397,6 +397,37 @@ mod tests {
     use crate::cgroup::fake::Fake;
     use crate::topology::SyntheticShape;
 
+    /// A fake "kernel" that can outlive a Host (restart tests) and, when asked, offers
+    /// self-join files as the v1 backend does.
+    struct SharedFake {
+        kernel: std::sync::Arc<Fake>,
+        offers_self_join: bool,
+    }
+
+    impl CgroupBackend for SharedFake {
+        fn kind(&self) -> &'static str {
+            "fake"
+        }
+        fn create(&self, j: &JobId, s: &CgroupSpec) -> Result<crate::cgroup::Effective, CgroupError> {
+            self.kernel.create(j, s)
+        }
+        fn join(&self, j: &JobId, p: i32) -> Result<(), CgroupError> {
+            self.kernel.join(j, p)
+        }
+        fn self_join_files(&self, j: &JobId) -> Result<Vec<PathBuf>, CgroupError> {
+            Ok(if self.offers_self_join { vec![PathBuf::from(format!("/fake/{}/tasks", j.as_str()))] } else { Vec::new() })
+        }
+        fn pids(&self, j: &JobId) -> Result<Vec<i32>, CgroupError> {
+            self.kernel.pids(j)
+        }
+        fn release(&self, j: &JobId, t: Duration) -> Result<crate::cgroup::ReleaseReport, CgroupError> {
+            self.kernel.release(j, t)
+        }
+        fn list(&self) -> Result<Vec<(JobId, crate::cgroup::Effective)>, CgroupError> {
+            self.kernel.list()
+        }
+    }
+
     fn host(hints: Option<PathBuf>) -> Host {
         let topo = Topology::synthetic(SyntheticShape { packages: 2, numa_per_package: 1, l3_per_numa: 2, cores_per_l3: 4, threads_per_core: 2 });
         let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
@@ -430,35 +461,10 @@ mod tests {
 
     #[test]
     fn a_job_with_a_process_moving_itself_in_is_not_released_as_empty() {
-        // A fake that offers self-join files, as the v1 backend does.
-        struct Offers(Fake);
-        impl CgroupBackend for Offers {
-            fn kind(&self) -> &'static str {
-                "fake"
-            }
-            fn create(&self, j: &JobId, s: &CgroupSpec) -> Result<crate::cgroup::Effective, CgroupError> {
-                self.0.create(j, s)
-            }
-            fn join(&self, j: &JobId, p: i32) -> Result<(), CgroupError> {
-                self.0.join(j, p)
-            }
-            fn self_join_files(&self, j: &JobId) -> Result<Vec<PathBuf>, CgroupError> {
-                Ok(vec![PathBuf::from(format!("/fake/{}/tasks", j.as_str()))])
-            }
-            fn pids(&self, j: &JobId) -> Result<Vec<i32>, CgroupError> {
-                self.0.pids(j)
-            }
-            fn release(&self, j: &JobId, t: Duration) -> Result<crate::cgroup::ReleaseReport, CgroupError> {
-                self.0.release(j, t)
-            }
-            fn list(&self) -> Result<Vec<(JobId, crate::cgroup::Effective)>, CgroupError> {
-                self.0.list()
-            }
-        }
         let topo = Topology::synthetic(SyntheticShape { packages: 1, numa_per_package: 1, l3_per_numa: 1, cores_per_l3: 4, threads_per_core: 1 });
         let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
-        let fake = Fake::new(topo.allowed.clone(), topo.allowed_mems.clone());
-        let mut h = Host::new(topo, model, Box::new(Offers(fake)), None, Strategy::BestFit);
+        let kernel = std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
+        let mut h = Host::new(topo, model, Box::new(SharedFake { kernel, offers_self_join: true }), None, Strategy::BestFit);
         let a = h.allocate("20", "affinity[thread*2]", None, None, None, None).unwrap();
         let id = JobId::parse("20").unwrap();
         let empty_the_cgroup = |h: &mut Host| {
@@ -497,32 +503,11 @@ mod tests {
         let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
         // One fake "kernel" that outlives the daemon.
         let kernel = std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
-        struct Shared(std::sync::Arc<Fake>);
-        impl CgroupBackend for Shared {
-            fn kind(&self) -> &'static str {
-                "fake"
-            }
-            fn create(&self, j: &JobId, s: &CgroupSpec) -> Result<crate::cgroup::Effective, CgroupError> {
-                self.0.create(j, s)
-            }
-            fn join(&self, j: &JobId, p: i32) -> Result<(), CgroupError> {
-                self.0.join(j, p)
-            }
-            fn pids(&self, j: &JobId) -> Result<Vec<i32>, CgroupError> {
-                self.0.pids(j)
-            }
-            fn release(&self, j: &JobId, t: Duration) -> Result<crate::cgroup::ReleaseReport, CgroupError> {
-                self.0.release(j, t)
-            }
-            fn list(&self) -> Result<Vec<(JobId, crate::cgroup::Effective)>, CgroupError> {
-                self.0.list()
-            }
-        }
-        let mut first = Host::new(topo.clone(), model.clone(), Box::new(Shared(kernel.clone())), Some(hints.clone()), Strategy::BestFit);
+        let mut first = Host::new(topo.clone(), model.clone(), Box::new(SharedFake { kernel: kernel.clone(), offers_self_join: false }), Some(hints.clone()), Strategy::BestFit);
         let a = first.allocate("1", "CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE] affinity[thread*3]", None, None, None, Some(1000)).unwrap();
         let b = first.allocate("2", "affinity[thread*2]", None, None, None, None).unwrap();
         drop(first);
-        let mut again = Host::new(topo, model, Box::new(Shared(kernel)), Some(hints), Strategy::BestFit);
+        let mut again = Host::new(topo, model, Box::new(SharedFake { kernel, offers_self_join: false }), Some(hints), Strategy::BestFit);
         let report = again.recover().unwrap();
         assert_eq!(report.kept, ["1", "2"]);
         assert_eq!(again.ledger().get("1").unwrap().cpus, a.cpus);
