@@ -27,7 +27,8 @@ cargo build --quiet --release --locked -p topod --bins
 
 source tests/slurm-cluster.sh
 cluster_init
-trap 'rc=$?; cluster_stop_all; [ $rc -ne 0 ] && echo "tests/slurm-e2e.sh: FAILED (logs in $BASE/log)"; exit $rc' EXIT
+# Logs are kept when something failed, removed when all passed.
+trap 'rc=$?; cluster_stop_all; if [ $rc -ne 0 ]; then echo "tests/slurm-e2e.sh: FAILED (logs in $BASE/log)"; else rm -rf "$BASE"; fi; exit $rc' EXIT
 cluster_start_munge
 cluster_start_topod
 USER_NAME=nobody      # jobs run as an ordinary user
