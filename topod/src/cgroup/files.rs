@@ -2,12 +2,26 @@
 
 use super::{CgroupError, JobId};
 use crate::cpuset::CpuSet;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub(crate) fn read(path: &Path) -> Result<String, CgroupError> {
-    std::fs::read_to_string(path).map_err(|source| CgroupError::Io { action: "reading", path: path.to_path_buf(), data: None, source })
+    let err = |source| CgroupError::Io { action: "reading", path: path.to_path_buf(), data: None, source };
+    // Cgroup files report a size of 0, so the size probe (a stat) of fs::read_to_string buys
+    // nothing; these reads are on every job's start and release.
+    let mut file = std::fs::File::open(path).map_err(err)?;
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(err(e)),
+        }
+    }
+    String::from_utf8(bytes).map_err(|e| CgroupError::Format { path: path.to_path_buf(), what: format!("not UTF-8 text: {e}") })
 }
 
 /// Writes `data` to an existing cgroup file in one `write(2)` (the kernel takes one value per
@@ -69,15 +83,15 @@ pub(crate) fn wait_until(timeout: Duration, mut done: impl FnMut() -> Result<boo
     }
 }
 
-/// SIGKILL to each pid; a pid that is already gone is not an error.
-pub(crate) fn kill_all(pids: &[i32]) -> usize {
-    let mut killed = 0;
+/// SIGKILL to each pid (again, if it was signalled before and is still listed while it dies);
+/// a pid that is already gone is not an error. `signalled` collects every pid signalled, so
+/// that a release reports each process once.
+pub(crate) fn kill_all(pids: &[i32], signalled: &mut std::collections::BTreeSet<i32>) {
     for &pid in pids {
         if pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok() {
-            killed += 1;
+            signalled.insert(pid);
         }
     }
-    killed
 }
 
 /// The job cgroup directories under `root`, by job id. Directories whose names are not job ids

@@ -144,8 +144,11 @@ impl V1 {
     fn all_pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
         let mut pids = Vec::new();
         for dir in self.dirs(job) {
-            if dir.exists() {
-                pids.extend(read_pids(&dir.join("cgroup.procs"))?);
+            match read_pids(&dir.join("cgroup.procs")) {
+                Ok(p) => pids.extend(p),
+                // A hierarchy where the job has no directory (a create cut short) holds nothing.
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(e),
             }
         }
         pids.sort_unstable();
@@ -169,6 +172,11 @@ fn exclusive_siblings(root: &Path) -> Result<crate::cpuset::CpuSet, CgroupError>
         }
     }
     Ok(out)
+}
+
+/// Whether a cgroup file operation failed because the file or directory is not there.
+fn is_not_found(e: &CgroupError) -> bool {
+    matches!(e, CgroupError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
 }
 
 /// Whether every thread of `pid` is in the cgroup `dir` (v1 `cgroup.procs` lists a process as
@@ -251,20 +259,25 @@ impl CgroupBackend for V1 {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
         let freezer = self.freezer.as_ref().map(|f| f.join(job.as_str())).filter(|d| d.is_dir());
-        let mut killed = 0;
+        let mut signalled = std::collections::BTreeSet::new();
         if let Some(f) = &freezer {
             // Freezing stops forks; SIGKILL reaches frozen tasks once thawed. Whatever forked
             // before the freeze took hold is caught by the loop below.
             write(&f.join("freezer.state"), "FROZEN")?;
-            killed += kill_all(&self.all_pids(job)?);
+            kill_all(&self.all_pids(job)?, &mut signalled);
             write(&f.join("freezer.state"), "THAWED")?;
         }
-        // Without a freezer (or for what slipped through): kill until empty.
+        // Without a freezer (or for what slipped through): kill until empty. Every joined
+        // process is in the cpuset, so that one file is watched while processes die; the other
+        // hierarchies are read once it is empty (a join cut short may have left one there).
+        let cpuset_procs = self.cpuset.join(job.as_str()).join("cgroup.procs");
         let empty = wait_until(timeout, || {
-            let pids = self.all_pids(job)?;
-            killed += kill_all(&pids);
+            let dying = read_pids(&cpuset_procs).or_else(|e| if is_not_found(&e) { Ok(Vec::new()) } else { Err(e) })?;
+            let pids = if dying.is_empty() { self.all_pids(job)? } else { dying };
+            kill_all(&pids, &mut signalled);
             Ok(pids.is_empty())
         })?;
+        let killed = signalled.len();
         if !empty {
             return Ok(ReleaseReport { killed, survivors: self.all_pids(job)? });
         }

@@ -143,23 +143,24 @@ impl CgroupBackend for V2 {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
         let before = read_pids(&dir.join("cgroup.procs"))?;
-        let mut killed = 0;
+        let mut signalled = std::collections::BTreeSet::new();
         if dir.join("cgroup.kill").exists() {
             write(&dir.join("cgroup.kill"), "1")?;
-            killed = before.len();
+            signalled.extend(before.iter().copied());
         } else {
             write(&dir.join("cgroup.freeze"), "1")?;
             wait_until(timeout / 2, || Ok(read(&dir.join("cgroup.events"))?.lines().any(|l| l.trim() == "frozen 1")))?;
-            killed += kill_all(&read_pids(&dir.join("cgroup.procs"))?);
+            kill_all(&read_pids(&dir.join("cgroup.procs"))?, &mut signalled);
             write(&dir.join("cgroup.freeze"), "0")?;
         }
         let empty = wait_until(timeout, || {
             if !V2::populated(&dir)? {
                 return Ok(true);
             }
-            killed += kill_all(&read_pids(&dir.join("cgroup.procs"))?);
+            kill_all(&read_pids(&dir.join("cgroup.procs"))?, &mut signalled);
             Ok(false)
         })?;
+        let killed = signalled.len();
         if !empty {
             return Ok(ReleaseReport { killed, survivors: read_pids(&dir.join("cgroup.procs"))? });
         }
