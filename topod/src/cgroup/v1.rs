@@ -134,11 +134,12 @@ impl V1 {
     }
 
     fn effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
-        let pick = |a: &str, b: &str| if dir.join(a).exists() { dir.join(a) } else { dir.join(b) };
-        Ok(Effective {
-            cpus: read_set(&pick("cpuset.effective_cpus", "cpuset.cpus"))?,
-            mems: read_set(&pick("cpuset.effective_mems", "cpuset.mems"))?,
-        })
+        // Kernels before 4.x have no effective_* files: the configured values are what applies.
+        let read_either = |effective: &str, configured: &str| match read_set(&dir.join(effective)) {
+            Err(e) if is_not_found(&e) => read_set(&dir.join(configured)),
+            other => other,
+        };
+        Ok(Effective { cpus: read_either("cpuset.effective_cpus", "cpuset.cpus")?, mems: read_either("cpuset.effective_mems", "cpuset.mems")? })
     }
 
     fn all_pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
