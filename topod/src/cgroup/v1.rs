@@ -134,7 +134,7 @@ impl V1 {
     }
 
     fn effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
-        // Kernels before 4.x have no effective_* files: the configured values are what applies.
+        // Where the kernel has no effective_* files (older kernels), the configured values apply.
         let read_either = |effective: &str, configured: &str| match read_set(&dir.join(effective)) {
             Err(e) if is_not_found(&e) => read_set(&dir.join(configured)),
             other => other,
