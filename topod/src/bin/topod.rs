@@ -89,8 +89,10 @@ fn run(args: Args) -> Result<(), String> {
     for job in &recovery.conflicts {
         tracing::warn!("job cgroup {job} overlaps another job's CPUs; left alone, not in the ledger");
     }
-    // Everything that can fail on a bad configuration happens before the socket opens and
-    // systemd hears "ready", so that a client never finds a topod that is about to exit.
+    // The TCP listener (its key read, its port bound) is set up before the socket opens, so
+    // that a client that finds the socket finds the listener too, and a bad TCP setting stops
+    // topod before any client can reach it (tcp_allow was checked with the configuration).
+    refuse_if_running(&socket)?;
     let tcp = match &config.tcp_listen {
         None => None,
         Some(addr) => {
@@ -149,14 +151,20 @@ fn backend(kind: &str, subtree: &str, topo: &topod::topology::Topology) -> Resul
 
 /// Binds the socket, replacing a stale one that nobody answers on; everyone may connect (what
 /// they may do is decided per request from their kernel credentials).
+/// Stops a second topod before it touches anything: the socket answers.
+fn refuse_if_running(path: &Path) -> Result<(), String> {
+    if UnixStream::connect(path).is_ok() {
+        return Err(format!("another topod is already listening on {}", path.display()));
+    }
+    Ok(())
+}
+
 fn bind(path: &Path) -> Result<UnixListener, String> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
     if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            return Err(format!("another topod is already listening on {}", path.display()));
-        }
+        refuse_if_running(path)?;
         std::fs::remove_file(path).map_err(|e| format!("cannot remove the stale socket {}: {e}", path.display()))?;
     }
     let listener = UnixListener::bind(path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;

@@ -90,7 +90,7 @@ impl V1 {
     }
 
     /// Writes `pid` to `cgroup.procs` in each hierarchy; with `unless_in`, skips a hierarchy
-    /// whose `cgroup.procs` lists it already (a process that moved itself in).
+    /// whose `tasks` lists every thread of it already (a process that moved itself in).
     fn move_in(&self, job: &JobId, pid: i32, unless_in: bool) -> Result<(), CgroupError> {
         if !self.cpuset.join(job.as_str()).is_dir() {
             return Err(CgroupError::NoSuchJob(job.to_string()));
@@ -105,7 +105,7 @@ impl V1 {
                 // The kernel refuses tasks in a v1 cpuset without CPUs or memory nodes (ENOSPC,
                 // cpuset_can_attach): say that plainly. Checked on failure rather than read
                 // before every join, which is on the job's start path.
-                Err(CgroupError::Io { source, .. }) if source.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32) => {
+                Err(CgroupError::Io { source, .. }) if d.starts_with(&self.cpuset) && source.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32) => {
                     return Err(CgroupError::NotReady(job.to_string()));
                 }
                 Err(_) => {
@@ -268,20 +268,27 @@ impl CgroupBackend for V1 {
             kill_all(&self.all_pids(job)?, &mut signalled);
             write(&f.join("freezer.state"), "THAWED")?;
         }
-        // Without a freezer (or for what slipped through): kill until empty. Every joined
-        // process is in the cpuset, so that one file is watched while processes die; the other
-        // hierarchies are read once it is empty (a join cut short may have left one there).
+        // Without a freezer (or for what slipped through): kill until empty.
         let cpuset_procs = self.cpuset.join(job.as_str()).join("cgroup.procs");
+        let mut first_look = true;
         let empty = wait_until(timeout, || {
-            let dying = read_pids(&cpuset_procs).or_else(|e| if is_not_found(&e) { Ok(Vec::new()) } else { Err(e) })?;
+            // Every process topod or a self-join moved in is in the cpuset, so that one file is
+            // watched while processes die; all hierarchies are read on the first look and once
+            // it is empty (a process can be in the freezer or memory directory alone when
+            // something else moved it out of the cpuset).
+            let dying = if first_look { Vec::new() } else { read_pids(&cpuset_procs).or_else(|e| if is_not_found(&e) { Ok(Vec::new()) } else { Err(e) })? };
+            first_look = false;
             let pids = if dying.is_empty() { self.all_pids(job)? } else { dying };
             kill_all(&pids, &mut signalled);
             Ok(pids.is_empty())
         })?;
-        let killed = signalled.len();
         if !empty {
-            return Ok(ReleaseReport { killed, survivors: self.all_pids(job)? });
+            // What the cpuset's survivors kept from being looked at gets its signal too.
+            let survivors = self.all_pids(job)?;
+            kill_all(&survivors, &mut signalled);
+            return Ok(ReleaseReport { killed: signalled.len(), survivors });
         }
+        let killed = signalled.len();
         // The cpuset directory goes last: it is what `list` finds, so a release cut short leaves
         // the job findable, never a nameless freezer or memory directory.
         let mut dirs: Vec<PathBuf> = self.dirs(job).collect();

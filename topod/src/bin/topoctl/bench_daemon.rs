@@ -51,10 +51,27 @@ fn call(c: &mut Client, op: Op) -> Result<serde_json::Value, Failure> {
 
 /// A process to put in the job, settled (its exec done) before the clock starts, so that both
 /// paths time only the cgroup work.
-fn sleeper() -> Result<Child, Failure> {
+/// A waiting process to move into a job's cgroup, killed and reaped when dropped, so that a
+/// benchmark cut short (topod gone, a cgroup write refused) leaves nothing running.
+struct Sleeper(Child);
+
+impl Sleeper {
+    fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sleeper() -> Result<Sleeper, Failure> {
     let child = Command::new("sleep").arg("600").spawn().map_err(|e| Failure::runtime(format!("cannot start sleep: {e}")))?;
     std::thread::sleep(Duration::from_millis(2));
-    Ok(child)
+    Ok(Sleeper(child))
 }
 
 fn rss_kib(pid: u64) -> u64 {
@@ -77,7 +94,7 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
     let (mut start_t, mut release_t) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
     let mut first_cpus = String::new();
     for i in 0..cycles {
-        let mut child = sleeper()?;
+        let child = sleeper()?;
         let job = format!("bench-{}-{i}", std::process::id());
         let t0 = Instant::now();
         let a = call(&mut c, Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None })?;
@@ -89,10 +106,7 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         let t1 = Instant::now();
         call(&mut c, Op::Release { job })?;
         release_t.push(us(t1.elapsed()));
-        if backend == "fake" {
-            let _ = child.kill();
-        }
-        let _ = child.wait();
+        drop(child);
         if let Some(raw) = &raw_v1 {
             let (s, r) = raw.cycle(i, &first_cpus)?;
             raw_start.push(s);
@@ -232,7 +246,7 @@ impl RawV1 {
     /// One job start (mkdir in each hierarchy, mems, cpus, the pid in each) and release
     /// (freeze, kill, thaw, wait until empty, rmdir): microseconds for each.
     fn cycle(&self, i: usize, cpus: &str) -> Result<(f64, f64), Failure> {
-        let mut child = sleeper()?;
+        let child = sleeper()?;
         let dirs: Vec<PathBuf> = self.roots.iter().map(|r| r.join(i.to_string())).collect();
         let t0 = Instant::now();
         for d in &dirs {
@@ -260,13 +274,27 @@ impl RawV1 {
             std::fs::remove_dir(d).map_err(|e| io_failure("rmdir", d, e))?;
         }
         let release = us(t1.elapsed());
-        let _ = child.wait();
+        drop(child);
         Ok((start, release))
     }
 }
 
 impl Drop for RawV1 {
     fn drop(&mut self) {
+        // A cycle cut short leaves its directories (its process killed by now): remove them,
+        // deepest first, giving the kernel a moment to empty them.
+        for _ in 0..100 {
+            let mut left = false;
+            for r in &self.roots {
+                for d in std::fs::read_dir(r).into_iter().flatten().flatten().filter(|e| e.path().is_dir()) {
+                    left |= std::fs::remove_dir(d.path()).is_err();
+                }
+            }
+            if !left {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         for r in &self.roots {
             let _ = std::fs::remove_dir(r);
         }
