@@ -21,11 +21,8 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "tests/slurm-bench.sh: needs root (starts slurmctld, slurmd, munged, topod)" >&2
     exit 1
 fi
-tests/install-deps.sh
-TOPO_REQUIRE_SLURM=1 cargo build --quiet --release --locked -p spank-topo
-cargo build --quiet --release --locked -p topod --bins
-
 source tests/slurm-cluster.sh
+cluster_build
 cluster_init
 trap 'rc=$?; cluster_stop_all; exit $rc' EXIT
 cluster_start_munge

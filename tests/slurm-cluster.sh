@@ -19,6 +19,15 @@ STARTED_PIDS=()          # "name:pid"
 
 cluster_log() { echo "[$(date +%T)] $*"; }
 
+# The Debian packages, then the two builds: the plug-in links topod without its default
+# features (no daemon code inside Slurm); topod and topoctl are built whole.
+cluster_build() {
+    "$REPO/tests/install-deps.sh"
+    (cd "$REPO" && TOPO_REQUIRE_SLURM=1 cargo build --quiet --release --locked -p spank-topo \
+        && cargo build --quiet --release --locked -p topod --bins)
+}
+
+# A fresh directory for one cluster's files; installs the built binaries there.
 cluster_init() {
     BASE=$(mktemp -d /tmp/topo-slurm.XXXXXX)
     chmod 755 "$BASE"

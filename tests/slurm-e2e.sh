@@ -20,12 +20,8 @@ if [ ! -d /sys/fs/cgroup/cpuset ] || [ ! -d /sys/fs/cgroup/freezer ]; then
     echo "tests/slurm-e2e.sh: SKIPPED: needs cgroup v1 cpuset and freezer hierarchies (Slurm 22.05's task/cgroup refuses hybrid v2)"
     exit 0
 fi
-tests/install-deps.sh
-# Two builds: the plug-in links topod without its default features (no daemon code inside Slurm).
-TOPO_REQUIRE_SLURM=1 cargo build --quiet --release --locked -p spank-topo
-cargo build --quiet --release --locked -p topod --bins
-
 source tests/slurm-cluster.sh
+cluster_build
 cluster_init
 # Logs are kept when something failed, removed when all passed.
 trap 'rc=$?; cluster_stop_all; if [ $rc -ne 0 ]; then echo "tests/slurm-e2e.sh: FAILED (logs in $BASE/log)"; else rm -rf "$BASE"; fi; exit $rc' EXIT
