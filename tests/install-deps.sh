@@ -10,6 +10,9 @@ packages=(
     # tests/slurm-e2e.sh and tests/slurm-bench.sh: a real single-host Slurm (22.05 on Debian 12)
     # and the SPANK header version the plug-in is built against (slurm/slurm_version.h).
     slurmctld slurmd slurm-client munge libslurm-dev
+    # tests/cgroup-v2-vm.sh: a pure cgroup v2 guest (Debian's kernel under QEMU, busybox as its
+    # first process) where the v2 backend makes real cpusets.
+    qemu-system-x86 linux-image-amd64 busybox-static kmod
 )
 
 missing=()

@@ -1,6 +1,6 @@
 //! topod as a process: its socket protocol, bad input, permissions, `topo-exec`, and a restart
-//! after SIGKILL with real cgroups (as root, on a host with the v1 cpuset hierarchy; skipped
-//! visibly elsewhere).
+//! after SIGKILL with real cgroups (as root, on the host's cpuset controller: v1 on CI's machine
+//! class, v2 on a pure v2 host; skipped visibly where there is none).
 
 mod common;
 
@@ -133,7 +133,7 @@ fn protocol_and_bad_input() {
 #[test]
 fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     let dir = tempfile::tempdir().unwrap();
-    let Some((mut d, cpuset_mount, subtree, cleanup, config)) = v1_daemon(dir.path(), "topo-daemon-test", "") else { return };
+    let Some((mut d, cgroups, subtree, cleanup, config)) = real_daemon(dir.path(), "topo-daemon-test", "") else { return };
     // The job: a shell (started by topo-exec inside the job's cgroup) that reports its CPUs.
     let out_file = dir.path().join("inside.txt");
     let mut job = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
@@ -151,13 +151,12 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     let allowed = lines.next().unwrap().split(':').nth(1).unwrap().trim().to_string();
     let given = lines.next().unwrap().trim().to_string();
     assert_eq!(allowed, given, "the job runs on exactly the CPUs topod gave it");
-    let cgroup_dir = cpuset_mount.join(&subtree).join("200");
-    assert!(std::fs::read_to_string(cgroup_dir.join("cgroup.procs")).unwrap().contains(&job.id().to_string()));
-    // topo-exec ran as root and single-threaded: it moved itself into every hierarchy.
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    let (_, freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts);
-    for root in [freezer, memory].into_iter().flatten() {
-        let procs = std::fs::read_to_string(root.join(&subtree).join("200/cgroup.procs")).unwrap();
+    // The job is in every hierarchy (v1: topo-exec ran as root and single-threaded, so it moved
+    // itself in; v2: topod moved it).
+    let roots = cgroups.roots(&subtree);
+    let cgroup_dir = roots[0].join("200");
+    for root in &roots {
+        let procs = std::fs::read_to_string(root.join("200/cgroup.procs")).unwrap();
         assert!(procs.split_whitespace().any(|p| p == job.id().to_string()), "{} in {}", job.id(), root.display());
     }
 
@@ -192,42 +191,28 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     drop(cleanup);
 }
 
-struct SubtreeCleanup(String);
-
-impl Drop for SubtreeCleanup {
-    fn drop(&mut self) {
-        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-        let (a, b, c) = topod::cgroup::v1::v1_mounts(&mounts);
-        for root in [a, b, c].into_iter().flatten() {
-            common::remove_cgroup_tree(&root.join(&self.0));
+/// A topod on this host's real cgroups in its own subtree (`name`, plus `extra` config lines),
+/// or `None` when this host cannot (not root, no cpuset controller): the test then says SKIPPED.
+fn real_daemon(dir: &Path, name: &str, extra: &str) -> Option<(Daemon, common::RealCgroups, String, common::SubtreeCleanup, PathBuf)> {
+    let cgroups = match common::RealCgroups::detect() {
+        Ok(c) => c,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return None;
         }
-    }
-}
-
-/// A topod on real cgroup v1 in its own subtree (`name`, plus `extra` config lines), or `None`
-/// when this host cannot (not root, no v1 cpuset): the test then says SKIPPED.
-fn v1_daemon(dir: &Path, name: &str, extra: &str) -> Option<(Daemon, PathBuf, String, SubtreeCleanup, PathBuf)> {
-    if !is_root() {
-        eprintln!("SKIPPED: real cgroups need root");
-        return None;
-    }
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    let Some(cpuset_mount) = topod::cgroup::v1::v1_mounts(&mounts).0 else {
-        eprintln!("SKIPPED: no cgroup v1 cpuset hierarchy");
-        return None;
     };
     let subtree = format!("{name}-{}", std::process::id());
     let config = dir.join("topod.toml");
-    std::fs::write(&config, format!("cgroup = \"v1\"\ncgroup_subtree = \"{subtree}\"\n{extra}")).unwrap();
-    let cleanup = SubtreeCleanup(subtree.clone());
+    std::fs::write(&config, format!("cgroup = \"{}\"\ncgroup_subtree = \"{subtree}\"\n{extra}", cgroups.kind())).unwrap();
+    let cleanup = common::SubtreeCleanup(cgroups.roots(&subtree));
     let d = start(dir, &["--config", config.to_str().unwrap()], false);
-    Some((d, cpuset_mount, subtree, cleanup, config))
+    Some((d, cgroups, subtree, cleanup, config))
 }
 
 #[test]
 fn auto_release_frees_a_finished_job() {
     let dir = tempfile::tempdir().unwrap();
-    let Some((d, cpuset_mount, subtree, _cleanup, _)) = v1_daemon(dir.path(), "topo-auto-test", "auto_release = true\n") else { return };
+    let Some((d, cgroups, subtree, _cleanup, _)) = real_daemon(dir.path(), "topo-auto-test", "auto_release = true\n") else { return };
     let status = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
         .args(["--socket", d.socket.to_str().unwrap(), "--job", "300", "--request", "affinity[thread]", "--", "true"])
         .status()
@@ -239,7 +224,7 @@ fn auto_release_frees_a_finished_job() {
         assert!(start_t.elapsed() < Duration::from_secs(10), "the finished job was not released");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(!cpuset_mount.join(&subtree).join("300").exists());
+    assert!(cgroups.roots(&subtree).iter().all(|root| !root.join("300").exists()));
 }
 
 #[test]

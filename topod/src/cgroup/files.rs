@@ -66,20 +66,25 @@ pub(crate) fn read_pids(path: &Path) -> Result<Vec<i32>, CgroupError> {
     Ok(pids)
 }
 
-/// Polls `done` until it holds or `timeout` passes: every 50 us at first (a killed process
-/// usually leaves within a millisecond), backing off to every 5 ms.
+/// Polls `done` until it holds or `timeout` passes: every 50 us for the first 2 ms (a killed
+/// process usually leaves within a millisecond, and a release waits on it), then backing off
+/// to every 5 ms.
 pub(crate) fn wait_until(timeout: Duration, mut done: impl FnMut() -> Result<bool, CgroupError>) -> Result<bool, CgroupError> {
+    const EAGER: Duration = Duration::from_millis(2);
     let start = Instant::now();
     let mut pause = Duration::from_micros(50);
     loop {
         if done()? {
             return Ok(true);
         }
-        if start.elapsed() >= timeout {
+        let waited = start.elapsed();
+        if waited >= timeout {
             return Ok(false);
         }
         std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(5));
+        if waited >= EAGER {
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
     }
 }
 

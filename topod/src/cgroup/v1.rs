@@ -208,8 +208,11 @@ impl CgroupBackend for V1 {
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
         let dir = self.cpuset.join(job.as_str());
         if !mkdir(&dir)? {
+            // Made before: the same spec is idempotent, and one never configured (topod died
+            // between mkdir and the writes) is finished now; anything else is another job's.
             let existing = self.effective(&dir)?;
-            if existing.cpus != spec.cpus || existing.mems != spec.mems {
+            let unconfigured = existing.cpus.is_empty() || existing.mems.is_empty();
+            if !unconfigured && (existing.cpus != spec.cpus || existing.mems != spec.mems) {
                 return Err(CgroupError::Exists { job: job.to_string(), existing: existing.cpus.to_string(), wanted: spec.cpus.to_string() });
             }
         }

@@ -3,9 +3,10 @@
 //! v2 rules kept here: controllers reach a child only through the parent's
 //! `cgroup.subtree_control` (`+cpuset +memory`), and a cgroup with controllers enabled for its
 //! children holds no processes, so our subtree root holds none; `cpuset.cpus`/`cpuset.mems` are
-//! written before a process joins and `cpuset.*.effective` is read back; release writes
-//! `cgroup.kill` (Linux 5.14+), or freezes with `cgroup.freeze` and kills, then waits for
-//! `populated 0` in `cgroup.events` before `rmdir`.
+//! written before a process joins (a new v2 cpuset is not empty but inherits its parent's CPUs,
+//! so readiness is read from these files, not from `.effective`) and `cpuset.*.effective` is
+//! read back; release writes `cgroup.kill` (Linux 5.14+), or freezes with `cgroup.freeze` and
+//! kills, then waits for `populated 0` in `cgroup.events` before `rmdir`.
 
 use super::files::{job_dirs, kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
@@ -64,6 +65,22 @@ impl V2 {
         Ok(Effective { cpus: read_set(&dir.join("cpuset.cpus.effective"))?, mems: read_set(&dir.join("cpuset.mems.effective"))? })
     }
 
+    /// What topod wrote to `cpuset.cpus`/`cpuset.mems`. Unlike v1, a v2 cpuset that was never
+    /// given CPUs is not empty: it runs on all of its parent's, so a job cgroup that topod made
+    /// but died before configuring is recognised by these files, never by `.effective`.
+    fn configured(dir: &Path) -> Result<Effective, CgroupError> {
+        Ok(Effective { cpus: read_set(&dir.join("cpuset.cpus"))?, mems: read_set(&dir.join("cpuset.mems"))? })
+    }
+
+    /// The effective sets of a configured job cgroup; empty for one made but never configured.
+    fn job_effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
+        let configured = V2::configured(dir)?;
+        if configured.cpus.is_empty() || configured.mems.is_empty() {
+            return Ok(Effective::default());
+        }
+        self.effective(dir)
+    }
+
     fn populated(dir: &Path) -> Result<bool, CgroupError> {
         let events = read(&dir.join("cgroup.events"))?;
         Ok(events.lines().any(|l| l.trim() == "populated 1"))
@@ -102,8 +119,11 @@ impl CgroupBackend for V2 {
         }
         let dir = self.dir(job);
         if !mkdir(&dir)? {
-            let existing = self.effective(&dir)?;
-            if existing.cpus != spec.cpus || existing.mems != spec.mems {
+            // Made before: the same spec is idempotent, and one never configured (topod died
+            // between mkdir and the writes) is finished now; anything else is another job's.
+            let existing = V2::configured(&dir)?;
+            let unconfigured = existing.cpus.is_empty() || existing.mems.is_empty();
+            if !unconfigured && (existing.cpus != spec.cpus || existing.mems != spec.mems) {
                 return Err(CgroupError::Exists { job: job.to_string(), existing: existing.cpus.to_string(), wanted: spec.cpus.to_string() });
             }
         }
@@ -121,8 +141,9 @@ impl CgroupBackend for V2 {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
         if self.cpuset {
-            let eff = self.effective(&dir)?;
-            if eff.cpus.is_empty() || eff.mems.is_empty() {
+            // Not yet configured: a process let in now would run on every CPU of the parent.
+            let configured = V2::configured(&dir)?;
+            if configured.cpus.is_empty() || configured.mems.is_empty() {
                 return Err(CgroupError::NotReady(job.to_string()));
             }
         }
@@ -171,7 +192,7 @@ impl CgroupBackend for V2 {
     fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError> {
         job_dirs(&self.root)?
             .into_iter()
-            .map(|(job, dir)| Ok((job, if self.cpuset { self.effective(&dir)? } else { Effective::default() })))
+            .map(|(job, dir)| Ok((job, if self.cpuset { self.job_effective(&dir)? } else { Effective::default() })))
             .collect()
     }
 }

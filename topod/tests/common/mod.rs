@@ -32,3 +32,82 @@ pub fn remove_cgroup_tree(root: &std::path::Path) {
     }
     let _ = std::fs::remove_dir(root);
 }
+
+/// The real cgroup hierarchies that the integration tests create jobs in: v1 where the cpuset
+/// controller is a v1 hierarchy (CI's machine class, with freezer and memory beside it), v2 where
+/// it is in the unified hierarchy (a pure v2 host, such as the guest of tests/cgroup-v2-vm.sh).
+#[derive(Debug, Clone)]
+pub enum RealCgroups {
+    V1 { cpuset: PathBuf, freezer: Option<PathBuf>, memory: Option<PathBuf> },
+    V2 { mount: PathBuf },
+}
+
+impl RealCgroups {
+    /// This host's hierarchies, or why a test that needs real cpusets cannot run here.
+    pub fn detect() -> Result<Self, String> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("real cgroups need root".into());
+        }
+        let mounts = std::fs::read_to_string("/proc/mounts").map_err(|e| format!("reading /proc/mounts: {e}"))?;
+        if let (Some(cpuset), freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts) {
+            return Ok(RealCgroups::V1 { cpuset, freezer, memory });
+        }
+        if let Some(mount) = topod::cgroup::v2::v2_mount(&mounts) {
+            let offered = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+            if offered.split_whitespace().any(|c| c == "cpuset") {
+                return Ok(RealCgroups::V2 { mount });
+            }
+        }
+        Err("no cpuset controller is mounted, neither as a v1 hierarchy nor in the unified v2 one".into())
+    }
+
+    /// `"v1"` or `"v2"`, as topod's config spells it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RealCgroups::V1 { .. } => "v1",
+            RealCgroups::V2 { .. } => "v2",
+        }
+    }
+
+    /// Where topod puts `cgroup_subtree = "<subtree>"` in every hierarchy (v2: `<subtree>.slice`);
+    /// the first is the one whose job directories hold the cpusets.
+    pub fn roots(&self, subtree: &str) -> Vec<PathBuf> {
+        match self {
+            RealCgroups::V1 { cpuset, freezer, memory } => {
+                [Some(cpuset), freezer.as_ref(), memory.as_ref()].into_iter().flatten().map(|m| m.join(subtree)).collect()
+            }
+            RealCgroups::V2 { mount } => vec![mount.join(format!("{subtree}.slice"))],
+        }
+    }
+
+    /// A backend on `subtree` (created if missing), as topod would make it.
+    pub fn backend(&self, subtree: &str) -> Box<dyn topod::cgroup::CgroupBackend> {
+        match self {
+            RealCgroups::V1 { cpuset, freezer, memory } => Box::new(
+                topod::cgroup::v1::V1::new(cpuset.join(subtree), freezer.as_ref().map(|f| f.join(subtree)), memory.as_ref().map(|m| m.join(subtree)))
+                    .expect("v1 subtree"),
+            ),
+            RealCgroups::V2 { mount } => Box::new(topod::cgroup::v2::V2::new(mount.join(format!("{subtree}.slice"))).expect("v2 subtree")),
+        }
+    }
+
+    /// The file that holds a job's memory limit, where the memory controller is there.
+    pub fn memory_limit_file(&self, subtree: &str, job: &str) -> Option<PathBuf> {
+        match self {
+            RealCgroups::V1 { memory, .. } => memory.as_ref().map(|m| m.join(subtree).join(job).join("memory.limit_in_bytes")),
+            RealCgroups::V2 { mount } => Some(mount.join(format!("{subtree}.slice")).join(job).join("memory.max")),
+        }
+    }
+}
+
+/// Removes a test's subtree from every hierarchy (killing what is left in it) when the test
+/// ends, pass or fail.
+pub struct SubtreeCleanup(pub Vec<PathBuf>);
+
+impl Drop for SubtreeCleanup {
+    fn drop(&mut self) {
+        for root in &self.0 {
+            remove_cgroup_tree(root);
+        }
+    }
+}

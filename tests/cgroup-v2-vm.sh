@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Runs a command on a pure cgroup v2 host: a QEMU guest booted from Debian's own kernel, with only
+# the unified hierarchy mounted (cgroup_no_v1=all), so that cpuset and memory are v2 controllers.
+# The guest sees this machine's files read-only at the same paths (9p), so binaries built here run
+# there unchanged; it has a fresh /tmp and /run, 4 CPUs in 2 NUMA nodes and 2 GiB of memory.
+#
+# The guest's CPUs are emulated (TCG): nested KVM hangs in early boot on this machine class, and
+# emulation needs nothing from the host but QEMU.
+#
+# Usage, as root:
+#   tests/cgroup-v2-vm.sh                run topod's real-cgroup tests there (the default)
+#   tests/cgroup-v2-vm.sh -- CMD ARGS    run CMD there instead (from this directory)
+# Exits with the command's status; 77 (skipped) when not root or when the guest cannot boot here.
+# In the guest the crash test runs its full 1,000 cycles and 100 kills, with kills spread wider
+# (TOPO_CRASH_SPREAD_MS=400) because emulated calls are slower; TOPO_CRASH_* set here pass on.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+me=tests/cgroup-v2-vm.sh
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "$me: SKIPPED: needs root (to install QEMU and a kernel, and to read the kernel image)" >&2
+    exit 77
+fi
+
+# Debian's kernel, QEMU and a static busybox for the guest's first process.
+if ! command -v qemu-system-x86_64 >/dev/null || ! ls /boot/vmlinuz-* >/dev/null 2>&1 || [ ! -x /bin/busybox ]; then
+    echo "$me: installing qemu-system-x86, linux-image-amd64 and busybox-static"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 linux-image-amd64 busybox-static kmod >/dev/null
+fi
+kernel=$(ls /boot/vmlinuz-* | sort -V | tail -n 1)
+kver=${kernel#/boot/vmlinuz-}
+
+if [ "${1:-}" = "--" ]; then
+    shift
+    command=("$@")
+else
+    # The real-cgroup tests: cgroup_real (the backends), cgroup_foreign (a partition beside
+    # ours), daemon (topod, topo-exec, topoctl) and daemon_crash (SIGKILLs during concurrent job
+    # lives), built here, run there. They read the shared topologies, as in tests/run-all.sh.
+    shared="${TOPO_SHARED_DIR:-../shared}"
+    export TOPO_SHARED_DIR="$(cd "$shared" && pwd)"
+    tests=(cgroup_real cgroup_foreign daemon daemon_crash)
+    mapfile -t binaries < <(cargo test --locked -p topod "${tests[@]/#/--test=}" --no-run --message-format=json 2>/dev/null \
+        | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])')
+    if [ "${#binaries[@]}" -ne "${#tests[@]}" ]; then
+        echo "$me: expected ${#tests[@]} test binaries from cargo, got ${#binaries[@]}" >&2
+        exit 1
+    fi
+    command=(bash -c 'rc=0; for t in "$@"; do echo "== $t"; "$t" --test-threads=1 --nocapture || rc=1; done; exit $rc' tests "${binaries[@]}")
+fi
+
+work=$(mktemp -d /tmp/topo-v2-vm.XXXXXX)
+trap '[ -n "${TOPO_VM_KEEP:-}" ] || rm -rf "$work"' EXIT
+mkdir -p "$work/initramfs"/{bin,dev,proc,sys,newroot,out,modules} "$work/out"
+
+# The guest's first process: busybox mounts this machine's root (9p, read-only), a fresh /tmp,
+# /run and the cgroup2 hierarchy, then runs the command there and powers off.
+cp /bin/busybox "$work/initramfs/bin/busybox"
+for m in virtio_pci 9pnet_virtio 9p; do
+    modprobe -S "$kver" --show-depends "$m" | awk '{ print $2 }'
+done | awk '!seen[$0]++' > "$work/modules.order"
+while read -r ko; do
+    cp "$ko" "$work/initramfs/modules/"
+    echo "/bin/busybox insmod /modules/$(basename "$ko")" >> "$work/initramfs/load-modules"
+done < "$work/modules.order"
+printf '%q ' "${command[@]}" > "$work/out/command"
+cat > "$work/initramfs/init" <<EOF
+#!/bin/busybox sh
+/bin/busybox mount -t proc proc /proc
+/bin/busybox ip link set lo up
+/bin/busybox mount -t sysfs sys /sys
+/bin/busybox mount -t devtmpfs dev /dev
+. /load-modules
+/bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /newroot
+/bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L out /out
+/bin/busybox mount -t proc proc /newroot/proc
+/bin/busybox mount -t sysfs sys /newroot/sys
+/bin/busybox mount -t devtmpfs dev /newroot/dev
+/bin/busybox mount -t tmpfs tmp /newroot/tmp
+/bin/busybox mount -t tmpfs run /newroot/run
+/bin/busybox mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup
+/bin/busybox mount --bind /out /newroot/mnt
+/bin/busybox chroot /newroot /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp TMPDIR=/tmp \
+    TOPO_SHARED_DIR="${TOPO_SHARED_DIR:-}" RUST_BACKTRACE=1 TOPO_CRASH_CYCLES="${TOPO_CRASH_CYCLES:-1000}" \
+    TOPO_CRASH_KILLS="${TOPO_CRASH_KILLS:-100}" TOPO_CRASH_SPREAD_MS="${TOPO_CRASH_SPREAD_MS:-400}" \
+    /bin/bash -c 'cd "$repo" || exit 1; echo "guest: \$(uname -r), cgroup controllers: \$(cat /sys/fs/cgroup/cgroup.controllers), CPUs \$(nproc)"; eval "\$(cat /mnt/command)" > /mnt/log 2>&1; echo \$? > /mnt/rc'
+/bin/busybox sync
+/bin/busybox poweroff -f
+EOF
+chmod +x "$work/initramfs/init"
+(cd "$work/initramfs" && /bin/busybox find . | /bin/busybox cpio -o -H newc 2>/dev/null | gzip -1) > "$work/initramfs.cpio.gz"
+
+# /mnt inside the guest is the out/ directory here, so the log and status come back.
+echo "$me: booting $kver under QEMU (4 emulated CPUs, 2 NUMA nodes, 2 GiB): ${command[*]}"
+timeout 1200 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 -nographic -no-reboot \
+    -smp 4 -m 2G \
+    -object memory-backend-ram,id=m0,size=1G -object memory-backend-ram,id=m1,size=1G \
+    -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,cpus=2-3,memdev=m1 \
+    -kernel "$kernel" -initrd "$work/initramfs.cpio.gz" \
+    -append "console=ttyS0 loglevel=4 panic=-1 cgroup_no_v1=all" \
+    -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    -virtfs local,path="$work/out",mount_tag=out,security_model=none \
+    > "$work/console" 2>&1 || true
+if [ -f "$work/out/log" ]; then
+    cat "$work/out/log"
+fi
+if [ ! -f "$work/out/rc" ]; then
+    if [ -f "$work/out/log" ]; then
+        echo "$me: the command did not finish in the guest; its console:" >&2
+        tail -n 40 "$work/console" >&2
+        exit 1
+    fi
+    # The guest never reached the command: this machine cannot run it (no QEMU, no kernel).
+    echo "$me: SKIPPED: the guest did not boot; its console:" >&2
+    tail -n 40 "$work/console" >&2
+    exit 77
+fi
+grep '^guest:' "$work/console" || true
+exit "$(cat "$work/out/rc")"
