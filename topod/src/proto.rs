@@ -66,6 +66,11 @@ pub enum Op {
         /// The uid the job runs as: that user may then join its own processes to the job.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         owner_uid: Option<u32>,
+        /// A process to move into the job's cgroup once it is made, as `join` would: a job
+        /// start in one round trip. If the move fails the allocation stays (allocate is
+        /// idempotent) and the error says so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        join_pid: Option<i32>,
     },
     /// Move a process (all its threads) into the job's cgroup.
     Join {
@@ -243,7 +248,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
 fn fields_of(op: &str) -> &'static [&'static str] {
     match op {
         "fit" => &["request", "tasks"],
-        "allocate" => &["job", "request", "tasks", "cpus", "mem_limit_bytes", "owner_uid"],
+        "allocate" => &["job", "request", "tasks", "cpus", "mem_limit_bytes", "owner_uid", "join_pid"],
         "join" => &["job", "pid"],
         "self_join_files" => &["job"],
         "release" => &["job"],
@@ -274,7 +279,7 @@ mod tests {
             Op::Topology,
             Op::FreeMap,
             Op::Fit { request: "affinity[core(2)]".into(), tasks: Some(4) },
-            Op::Allocate { job: "1234[7]".into(), request: "affinity[thread*8]".into(), tasks: None, cpus: Some("0-15".into()), mem_limit_bytes: Some(1 << 30), owner_uid: Some(1000) },
+            Op::Allocate { job: "1234[7]".into(), request: "affinity[thread*8]".into(), tasks: None, cpus: Some("0-15".into()), mem_limit_bytes: Some(1 << 30), owner_uid: Some(1000), join_pid: Some(4242) },
             Op::Join { job: "1234".into(), pid: 4242 },
             Op::SelfJoinFiles { job: "1234".into() },
             Op::Release { job: "1234".into() },

@@ -75,7 +75,7 @@ fn protocol_and_bad_input() {
     assert_eq!(c.call(Op::Version).unwrap()["protocol"], 1);
     assert_eq!(c.call(Op::Topology).unwrap()["pus"], "0-383");
     let a = c
-        .call(Op::Allocate { job: "100".into(), request: "affinity[core(4,same=l3)*2]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None })
+        .call(Op::Allocate { job: "100".into(), request: "affinity[core(4,same=l3)*2]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None })
         .unwrap();
     assert_eq!(a["cpus"].as_str().map(|s| topod::CpuSet::parse_list(s).unwrap().len()), Some(16));
     let gen = c.call(Op::FreeMap).unwrap()["generation"].as_u64().unwrap();
@@ -176,7 +176,7 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     assert_eq!(list[0]["job"], "200", "{list}");
     assert_eq!(list[0]["cpus"], given.as_str());
     // Nobody else gets those CPUs.
-    let other = c.call(Op::Allocate { job: "201".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None });
+    let other = c.call(Op::Allocate { job: "201".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None });
     match other {
         Ok(o) => {
             assert_ne!(o["cpus"], given.as_str());
@@ -188,6 +188,25 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     c.call(Op::Release { job: "200".into() }).unwrap();
     assert!(job.wait().unwrap().code().is_none(), "the job was killed");
     assert!(!cgroup_dir.exists());
+
+    // A job start in one request: allocate with join_pid moves the process in.
+    let mut sleeper = Command::new("sleep").arg("300").spawn().unwrap();
+    let pid = sleeper.id() as i32;
+    let a = c.call(Op::Allocate { job: "202".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(pid) }).unwrap();
+    for root in &roots {
+        let procs = std::fs::read_to_string(root.join("202/cgroup.procs")).unwrap();
+        assert!(procs.split_whitespace().any(|p| p == pid.to_string()), "{pid} in {}", root.display());
+    }
+    let allowed = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(allowed.lines().any(|l| l.starts_with("Cpus_allowed_list:") && l.ends_with(a["cpus"].as_str().unwrap())), "{allowed}");
+    c.call(Op::Release { job: "202".into() }).unwrap();
+    assert!(sleeper.wait().unwrap().code().is_none(), "killed by the release");
+    // A process that is not there: the job is allocated all the same, and the error says so.
+    let err = c.call(Op::Allocate { job: "203".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(i32::MAX) }).unwrap_err();
+    assert!(err.to_string().contains("job 203 is allocated (CPUs ") && err.to_string().contains(&format!("process {} was not moved in", i32::MAX)), "{err}");
+    let list = c.call(Op::List).unwrap();
+    assert!(list.as_array().unwrap().iter().any(|j| j["job"] == "203"), "{list}");
+    c.call(Op::Release { job: "203".into() }).unwrap();
     drop(cleanup);
 }
 

@@ -139,6 +139,7 @@ pub unsafe extern "C" fn topo_allocate(
             cpus: cpus.map(str::to_string),
             mem_limit_bytes: (mem_limit_bytes > 0).then_some(mem_limit_bytes),
             owner_uid: None,
+            join_pid: None,
         })?;
         let field = |k: &str| reply[k].as_str().unwrap_or_default().to_string();
         // SAFETY: output buffers as topo.h documents.

@@ -367,6 +367,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         cpus: Some(job_cpus.to_string()),
         mem_limit_bytes: (mem_mb > 0).then_some(mem_mb << 20),
         owner_uid: Some(uid),
+        join_pid: None,
     };
     let alloc: Allocation = match topod.call_as(allocate) {
         Ok(a) => a,

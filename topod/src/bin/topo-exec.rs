@@ -75,7 +75,7 @@ fn run(args: Args) -> Result<Never, String> {
     let alloc = match (existing, request) {
         (Some(a), _) => a,
         (None, Some(request)) => client
-            .call(Op::Allocate { job: job.clone(), request, tasks, cpus: None, mem_limit_bytes: None, owner_uid: Some(nix::unistd::getuid().as_raw()) })
+            .call(Op::Allocate { job: job.clone(), request, tasks, cpus: None, mem_limit_bytes: None, owner_uid: Some(nix::unistd::getuid().as_raw()), join_pid: None })
             .map_err(|e| e.to_string())?,
         (None, None) => return Err(format!("job {job} has no allocation on this host; give --request")),
     };

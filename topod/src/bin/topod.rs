@@ -28,7 +28,7 @@ struct Args {
     /// Socket to listen on [default: /run/topo/topod.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// Directory for the job hint file [default: /var/lib/topo].
+    /// Directory for the job hint file [default: /run/topo].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// cgroup backend: auto, v1, v2 or fake (in memory, for demos and tests) [default: auto].

@@ -143,8 +143,17 @@ impl V1 {
     }
 
     fn all_pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
+        self.pids_in(self.dirs(job))
+    }
+
+    /// The processes in the job's freezer and memory directories (the cpuset's left out).
+    fn pids_beside_cpuset(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
+        self.pids_in(self.dirs(job).skip(1))
+    }
+
+    fn pids_in(&self, dirs: impl Iterator<Item = PathBuf>) -> Result<Vec<i32>, CgroupError> {
         let mut pids = Vec::new();
-        for dir in self.dirs(job) {
+        for dir in dirs {
             match read_pids(&dir.join("cgroup.procs")) {
                 Ok(p) => pids.extend(p),
                 // A hierarchy where the job has no directory (a create cut short) holds nothing.
@@ -273,15 +282,21 @@ impl CgroupBackend for V1 {
         }
         // Without a freezer (or for what slipped through): kill until empty.
         let cpuset_procs = self.cpuset.join(job.as_str()).join("cgroup.procs");
-        let mut first_look = true;
+        // The freezer stage has just read and signalled every hierarchy; without it, the first
+        // look does.
+        let mut look_everywhere = freezer.is_none();
         let empty = wait_until(timeout, || {
             // Every process topod or a self-join moved in is in the cpuset, so that one file is
-            // watched while processes die; all hierarchies are read on the first look and once
-            // it is empty (a process can be in the freezer or memory directory alone when
-            // something else moved it out of the cpuset).
-            let dying = if first_look { Vec::new() } else { read_pids(&cpuset_procs).or_else(|e| if is_not_found(&e) { Ok(Vec::new()) } else { Err(e) })? };
-            first_look = false;
-            let pids = if dying.is_empty() { self.all_pids(job)? } else { dying };
+            // watched while processes die; the other hierarchies are read once it is empty (a
+            // process can be in the freezer or memory directory alone when something else
+            // moved it out of the cpuset).
+            let pids = if look_everywhere {
+                self.all_pids(job)?
+            } else {
+                let dying = read_pids(&cpuset_procs).or_else(|e| if is_not_found(&e) { Ok(Vec::new()) } else { Err(e) })?;
+                if dying.is_empty() { self.pids_beside_cpuset(job)? } else { dying }
+            };
+            look_everywhere = false;
             kill_all(&pids, &mut signalled);
             Ok(pids.is_empty())
         })?;

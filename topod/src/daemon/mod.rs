@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 /// The default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/topo/topod.sock";
-/// The default state directory (the hint file lives there).
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/topo";
+/// The default state directory (the hint file lives there): a tmpfs, as the hints describe
+/// live job cgroups, which never outlive a boot, and are rewritten on every allocate and release.
+pub const DEFAULT_STATE_DIR: &str = "/run/topo";
 
 /// topod's configuration file (TOML). Every field is optional.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]

@@ -127,14 +127,25 @@ pub fn handle(host: &Mutex<Host>, admins: &Admins, peer: &Peer, op: Op) -> Reply
             Err(e) => error_reply(&e),
         },
         Op::List => Reply::ok(serde_json::to_value(host.ledger().jobs().collect::<Vec<_>>()).unwrap_or_default()),
-        Op::Allocate { job, request, tasks, cpus, mem_limit_bytes, owner_uid } => {
+        Op::Allocate { job, request, tasks, cpus, mem_limit_bytes, owner_uid, join_pid } => {
             if !admins.allows(peer) {
                 return forbidden("allocate");
             }
-            match host.allocate(&job, &request, tasks, cpus.as_deref(), mem_limit_bytes, owner_uid) {
-                Ok(a) => Reply::ok(serde_json::to_value(a).unwrap_or_default()),
-                Err(e) => error_reply(&e),
+            let alloc = match host.allocate(&job, &request, tasks, cpus.as_deref(), mem_limit_bytes, owner_uid) {
+                Ok(a) => a,
+                Err(e) => return error_reply(&e),
+            };
+            if let Some(pid) = join_pid {
+                // An administrator may move any process in, as with `join`.
+                if let Err(e) = host.join(&job, pid) {
+                    let mut reply = error_reply(&e);
+                    if let Some(err) = reply.error.as_mut() {
+                        err.message = format!("job {job} is allocated (CPUs {}), but process {pid} was not moved in: {}", alloc.cpus, err.message);
+                    }
+                    return reply;
+                }
             }
+            Reply::ok(serde_json::to_value(alloc).unwrap_or_default())
         }
         Op::Join { job, pid } => {
             let own = pid == peer.pid && host.owner_of(&job) == Some(peer.uid);

@@ -1,7 +1,8 @@
 //! `topoctl bench daemon`: what topod costs on top of the kernel.
 //!
-//! 1. Job start and release through topod: `allocate` + `join` of a waiting process, then
-//!    `release` (which kills it), timed per cycle.
+//! 1. Job start and release through topod, timed per cycle: a waiting process is started as
+//!    one request (`allocate` with `join_pid`) on even cycles and as two
+//!    (`allocate`, then `join`) on odd ones; then `release` kills it.
 //! 2. The same kernel operations done directly, alternating with 1 cycle by cycle, when this
 //!    host has the cgroup v1 cpuset hierarchy and we are root: mkdir in each hierarchy, write
 //!    `cpuset.mems`, `cpuset.cpus`, the pid to `cgroup.procs`; then freeze, kill, thaw, wait
@@ -22,6 +23,8 @@ struct Figures {
     cycles: usize,
     topod_start_p50_us: f64,
     topod_start_p99_us: f64,
+    topod_start_two_requests_p50_us: f64,
+    topod_start_two_requests_p99_us: f64,
     topod_release_p50_us: f64,
     topod_release_p99_us: f64,
     raw_start_p50_us: Option<f64>,
@@ -29,6 +32,7 @@ struct Figures {
     raw_release_p50_us: Option<f64>,
     raw_release_p99_us: Option<f64>,
     start_plus_release_ratio_p50: Option<f64>,
+    start_two_requests_plus_release_ratio_p50: Option<f64>,
     clients: usize,
     pairs_per_second: f64,
     live_jobs: usize,
@@ -49,8 +53,6 @@ fn call(c: &mut Client, op: Op) -> Result<serde_json::Value, Failure> {
     c.call(op).map_err(|e| Failure::runtime(e.to_string()))
 }
 
-/// A process to put in the job, settled (its exec done) before the clock starts, so that both
-/// paths time only the cgroup work.
 /// A waiting process to move into a job's cgroup, killed and reaped when dropped, so that a
 /// benchmark cut short (topod gone, a cgroup write refused) leaves nothing running.
 struct Sleeper(Child);
@@ -68,6 +70,7 @@ impl Drop for Sleeper {
     }
 }
 
+/// Settled (its exec done) before the clock starts, so that both paths time only the cgroup work.
 fn sleeper() -> Result<Sleeper, Failure> {
     let child = Command::new("sleep").arg("600").spawn().map_err(|e| Failure::runtime(format!("cannot start sleep: {e}")))?;
     std::thread::sleep(Duration::from_millis(2));
@@ -91,15 +94,21 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
     // The direct baseline compares like with like only when topod itself runs on cgroup v1.
     let raw_v1 = if backend == "v1" { RawV1::new()? } else { None };
     let (mut raw_start, mut raw_release) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
-    let (mut start_t, mut release_t) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
+    let (mut start_t, mut start_two_t, mut release_t) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles), Vec::with_capacity(cycles));
     let mut first_cpus = String::new();
     for i in 0..cycles {
         let child = sleeper()?;
         let job = format!("bench-{}-{i}", std::process::id());
+        let one_request = i % 2 == 0;
         let t0 = Instant::now();
-        let a = call(&mut c, Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None })?;
-        call(&mut c, Op::Join { job: job.clone(), pid: child.id() as i32 })?;
-        start_t.push(us(t0.elapsed()));
+        let join_pid = one_request.then_some(child.id() as i32);
+        let a = call(&mut c, Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid })?;
+        if one_request {
+            start_t.push(us(t0.elapsed()));
+        } else {
+            call(&mut c, Op::Join { job: job.clone(), pid: child.id() as i32 })?;
+            start_two_t.push(us(t0.elapsed()));
+        }
         if first_cpus.is_empty() {
             first_cpus = a["cpus"].as_str().unwrap_or("0").to_string();
         }
@@ -126,7 +135,7 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
                 let mut c = Client::connect(&socket).map_err(|e| e.to_string())?;
                 for i in (w..pairs).step_by(clients.max(1)) {
                     let job = format!("pair-{}-{i}", std::process::id());
-                    let op = Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None };
+                    let op = Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None };
                     match c.call(op) {
                         Ok(_) => {
                             c.call(Op::Release { job }).map_err(|e| e.to_string())?;
@@ -149,7 +158,7 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
     let mut live = Vec::new();
     loop {
         let job = format!("live-{}-{}", std::process::id(), live.len());
-        match c.call(Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None }) {
+        match c.call(Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None }) {
             Ok(_) => live.push(job),
             Err(_) => break,
         }
@@ -162,11 +171,13 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         call(&mut c, Op::Release { job: job.clone() })?;
     }
 
-    let (mut s, mut r) = (start_t, release_t);
+    let (mut s, mut s2, mut r) = (start_t, start_two_t, release_t);
     let mut f = Figures {
         cycles,
         topod_start_p50_us: pct(&mut s, 0.5),
         topod_start_p99_us: pct(&mut s, 0.99),
+        topod_start_two_requests_p50_us: pct(&mut s2, 0.5),
+        topod_start_two_requests_p99_us: pct(&mut s2, 0.99),
         topod_release_p50_us: pct(&mut r, 0.5),
         topod_release_p99_us: pct(&mut r, 0.99),
         raw_start_p50_us: None,
@@ -174,6 +185,7 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         raw_release_p50_us: None,
         raw_release_p99_us: None,
         start_plus_release_ratio_p50: None,
+        start_two_requests_plus_release_ratio_p50: None,
         clients,
         pairs_per_second,
         live_jobs: live.len(),
@@ -185,20 +197,23 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         f.raw_start_p99_us = Some(pct(&mut rs, 0.99));
         f.raw_release_p50_us = Some(pct(&mut rr, 0.5));
         f.raw_release_p99_us = Some(pct(&mut rr, 0.99));
-        f.start_plus_release_ratio_p50 = Some((f.topod_start_p50_us + f.topod_release_p50_us) / (pct(&mut rs, 0.5) + pct(&mut rr, 0.5)));
+        let raw_p50 = pct(&mut rs, 0.5) + pct(&mut rr, 0.5);
+        f.start_plus_release_ratio_p50 = Some((f.topod_start_p50_us + f.topod_release_p50_us) / raw_p50);
+        f.start_two_requests_plus_release_ratio_p50 = Some((f.topod_start_two_requests_p50_us + f.topod_release_p50_us) / raw_p50);
     }
     if json {
         return print_json(&f);
     }
     println!("topod ({backend} cgroups), {cycles} cycles, one-thread jobs");
-    println!("  start (allocate + join)   p50 {:>8.1} us  p99 {:>8.1} us", f.topod_start_p50_us, f.topod_start_p99_us);
-    println!("  release                   p50 {:>8.1} us  p99 {:>8.1} us", f.topod_release_p50_us, f.topod_release_p99_us);
-    match (f.raw_start_p50_us, f.raw_start_p99_us, f.raw_release_p50_us, f.raw_release_p99_us, f.start_plus_release_ratio_p50) {
-        (Some(a), Some(b), Some(c2), Some(d), Some(ratio)) => {
+    println!("  start, one request (allocate with join_pid)  p50 {:>8.1} us  p99 {:>8.1} us", f.topod_start_p50_us, f.topod_start_p99_us);
+    println!("  start, two requests (allocate, then join)    p50 {:>8.1} us  p99 {:>8.1} us", f.topod_start_two_requests_p50_us, f.topod_start_two_requests_p99_us);
+    println!("  release                                      p50 {:>8.1} us  p99 {:>8.1} us", f.topod_release_p50_us, f.topod_release_p99_us);
+    match (f.raw_start_p50_us, f.raw_start_p99_us, f.raw_release_p50_us, f.raw_release_p99_us, f.start_plus_release_ratio_p50, f.start_two_requests_plus_release_ratio_p50) {
+        (Some(a), Some(b), Some(c2), Some(d), Some(ratio), Some(ratio_two)) => {
             println!("the same cgroup v1 operations done directly, same run");
-            println!("  start (mkdir, cpus, mems, pid)  p50 {a:>8.1} us  p99 {b:>8.1} us");
-            println!("  release (freeze, kill, rmdir)   p50 {c2:>8.1} us  p99 {d:>8.1} us");
-            println!("  start + release through topod / direct, at p50: {ratio:.2}x");
+            println!("  start (mkdir, cpus, mems, pid)               p50 {a:>8.1} us  p99 {b:>8.1} us");
+            println!("  release (freeze, kill, rmdir)                p50 {c2:>8.1} us  p99 {d:>8.1} us");
+            println!("  start + release through topod / direct, at p50: {ratio:.2}x (start in one request), {ratio_two:.2}x (in two)");
         }
         _ => println!("(no direct baseline: it needs topod on cgroup v1, and root with the v1 cpuset hierarchy here)"),
     }

@@ -62,7 +62,7 @@ pub fn pre_exec(daemon: &Daemon) -> Result<(), Failure> {
         None => None,
     };
     let mut c = connect(daemon)?;
-    let a = call(&mut c, Op::Allocate { job: job.clone(), request: request.clone(), tasks, cpus: None, mem_limit_bytes: None, owner_uid }).map_err(|f| {
+    let a = call(&mut c, Op::Allocate { job: job.clone(), request: request.clone(), tasks, cpus: None, mem_limit_bytes: None, owner_uid, join_pid: None }).map_err(|f| {
         if f.message.contains("can never fit") {
             Failure { code: EXIT_NEVER, ..f }
         } else {

@@ -187,9 +187,10 @@ enum Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
-    /// Measure a running topod: job start (allocate + join) and release against the same
-    /// cgroup v1 operations done directly (as root), allocate/release pairs per second with
-    /// concurrent clients, and topod's memory with many live jobs.
+    /// Measure a running topod: job start (allocate with join_pid in one request, and allocate
+    /// then join in two) and release against the same cgroup v1 operations done directly (as
+    /// root), allocate/release pairs per second with concurrent clients, and topod's memory
+    /// with many live jobs.
     Daemon {
         #[command(flatten)]
         daemon: Daemon,
@@ -287,7 +288,7 @@ fn main() -> ExitCode {
             slurm_features::run(&daemon, node, interval, once, dry_run, &scontrol)
         }
         Command::Alloc { daemon, job, tasks, cpus, request, json } => {
-            call_and_print(&daemon, Op::Allocate { job, request, tasks, cpus, mem_limit_bytes: None, owner_uid: None }, json)
+            call_and_print(&daemon, Op::Allocate { job, request, tasks, cpus, mem_limit_bytes: None, owner_uid: None, join_pid: None }, json)
         }
         Command::Release { daemon, job, json } => call_and_print(&daemon, Op::Release { job }, json),
         Command::Run { daemon, request, job, command } => run_job(&daemon, request, job, &command),
@@ -693,7 +694,7 @@ fn call_and_print(daemon: &Daemon, op: Op, json: bool) -> Result<(), Failure> {
 fn run_job(daemon: &Daemon, request: String, job: Option<String>, command: &[String]) -> Result<(), Failure> {
     let job = job.unwrap_or_else(|| format!("topoctl-run-{}", std::process::id()));
     let mut c = connect(daemon)?;
-    let alloc = call(&mut c, Op::Allocate { job: job.clone(), request, tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None })?;
+    let alloc = call(&mut c, Op::Allocate { job: job.clone(), request, tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None })?;
     eprintln!("topoctl: job {job} on CPUs {}", alloc["cpus"].as_str().unwrap_or(""));
     // topo-exec moves itself into the job's cgroup before it execs the command, so nothing the
     // command forks can start outside.
