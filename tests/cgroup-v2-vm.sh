@@ -13,6 +13,8 @@
 # Exits with the command's status; 77 (skipped) when not root or when the guest cannot boot here.
 # In the guest the crash test runs its full 1,000 cycles and 100 kills, with kills spread wider
 # (TOPO_CRASH_SPREAD_MS=400) because emulated calls are slower; TOPO_CRASH_* set here pass on.
+# TOPO_REQUIRE_REAL_CGROUPS=1 there turns a missing v2 cpuset into a failure, not a skip.
+# TOPO_VM_TIMEOUT (default 1800 s) bounds the guest; TOPO_VM_KEEP=1 keeps its files in /tmp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -23,14 +25,42 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 77
 fi
 
-# Debian's kernel, QEMU and a static busybox for the guest's first process.
-if ! command -v qemu-system-x86_64 >/dev/null || ! ls /boot/vmlinuz-* >/dev/null 2>&1 || [ ! -x /bin/busybox ]; then
-    echo "$me: installing qemu-system-x86, linux-image-amd64 and busybox-static"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 linux-image-amd64 busybox-static kmod >/dev/null
+# Debian's kernel, QEMU and a static busybox for the guest's first process (the plain busybox
+# package is linked dynamically and cannot be /init).
+have_tools() {
+    command -v qemu-system-x86_64 >/dev/null && command -v modprobe >/dev/null \
+        && dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" \
+        && ls /boot/vmlinuz-* >/dev/null 2>&1
+}
+if ! have_tools; then
+    echo "$me: installing qemu-system-x86, linux-image-amd64, busybox-static and kmod"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 linux-image-amd64 busybox-static kmod >/dev/null; } || ! have_tools; then
+        echo "$me: SKIPPED: cannot install QEMU, a kernel and a static busybox here" >&2
+        exit 77
+    fi
 fi
-kernel=$(ls /boot/vmlinuz-* | sort -V | tail -n 1)
+# The newest kernel whose modules are installed (9p and virtio are modules in Debian's).
+kernel=""
+for k in $(ls /boot/vmlinuz-* | sort -V); do
+    [ -d "/lib/modules/${k#/boot/vmlinuz-}" ] && kernel=$k
+done
+if [ -z "$kernel" ]; then
+    echo "$me: SKIPPED: no kernel in /boot has its modules in /lib/modules" >&2
+    exit 77
+fi
 kver=${kernel#/boot/vmlinuz-}
+
+# The guest gets a fresh /tmp and /run, so what it runs must live elsewhere.
+for path in "$repo" "${CARGO_TARGET_DIR:-$repo/target}"; do
+    case "$(realpath -m "$path")/" in
+        /tmp/*|/run/*) echo "$me: $path is under /tmp or /run, which the guest does not see; run from elsewhere" >&2; exit 1 ;;
+    esac
+done
+# The shared topologies, as in tests/run-all.sh (absolute, so that the guest finds them too).
+if [ -n "${TOPO_SHARED_DIR:-}" ] || [ -d ../shared ]; then
+    TOPO_SHARED_DIR=$(cd "${TOPO_SHARED_DIR:-../shared}" && pwd) || { echo "$me: TOPO_SHARED_DIR ${TOPO_SHARED_DIR} not found" >&2; exit 1; }
+    export TOPO_SHARED_DIR
+fi
 
 if [ "${1:-}" = "--" ]; then
     shift
@@ -38,11 +68,9 @@ if [ "${1:-}" = "--" ]; then
 else
     # The real-cgroup tests: cgroup_real (the backends), cgroup_foreign (a partition beside
     # ours), daemon (topod, topo-exec, topoctl) and daemon_crash (SIGKILLs during concurrent job
-    # lives), built here, run there. They read the shared topologies, as in tests/run-all.sh.
-    shared="${TOPO_SHARED_DIR:-../shared}"
-    export TOPO_SHARED_DIR="$(cd "$shared" && pwd)"
+    # lives), built here, run there.
     tests=(cgroup_real cgroup_foreign daemon daemon_crash)
-    mapfile -t binaries < <(cargo test --locked -p topod "${tests[@]/#/--test=}" --no-run --message-format=json 2>/dev/null \
+    mapfile -t binaries < <(cargo test --locked -p topod "${tests[@]/#/--test=}" --no-run --message-format=json \
         | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -63,8 +91,9 @@ mkdir -p "$work/initramfs"/{bin,dev,proc,sys,newroot,out,modules} "$work/out"
 # /run and the cgroup2 hierarchy, then runs the command there and powers off.
 cp /bin/busybox "$work/initramfs/bin/busybox"
 for m in virtio_pci 9pnet_virtio 9p; do
-    modprobe -S "$kver" --show-depends "$m" | awk '{ print $2 }'
+    modprobe -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
 done | awk '!seen[$0]++' > "$work/modules.order"
+touch "$work/initramfs/load-modules"
 while read -r ko; do
     cp "$ko" "$work/initramfs/modules/"
     echo "/bin/busybox insmod /modules/$(basename "$ko")" >> "$work/initramfs/load-modules"
@@ -77,8 +106,9 @@ cat > "$work/initramfs/init" <<EOF
 /bin/busybox mount -t sysfs sys /sys
 /bin/busybox mount -t devtmpfs dev /dev
 . /load-modules
-/bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /newroot
 /bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L out /out
+/bin/busybox touch /out/booted
+/bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /newroot
 /bin/busybox mount -t proc proc /newroot/proc
 /bin/busybox mount -t sysfs sys /newroot/sys
 /bin/busybox mount -t devtmpfs dev /newroot/dev
@@ -87,7 +117,7 @@ cat > "$work/initramfs/init" <<EOF
 /bin/busybox mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup
 /bin/busybox mount --bind /out /newroot/mnt
 /bin/busybox chroot /newroot /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp TMPDIR=/tmp \
-    TOPO_SHARED_DIR="${TOPO_SHARED_DIR:-}" RUST_BACKTRACE=1 TOPO_CRASH_CYCLES="${TOPO_CRASH_CYCLES:-1000}" \
+    ${TOPO_SHARED_DIR:+TOPO_SHARED_DIR="$TOPO_SHARED_DIR"} TOPO_REQUIRE_REAL_CGROUPS=1 RUST_BACKTRACE=1 TOPO_CRASH_CYCLES="${TOPO_CRASH_CYCLES:-1000}" \
     TOPO_CRASH_KILLS="${TOPO_CRASH_KILLS:-100}" TOPO_CRASH_SPREAD_MS="${TOPO_CRASH_SPREAD_MS:-400}" \
     /bin/bash -c 'cd "$repo" || exit 1; echo "guest: \$(uname -r), cgroup controllers: \$(cat /sys/fs/cgroup/cgroup.controllers), CPUs \$(nproc)"; eval "\$(cat /mnt/command)" > /mnt/log 2>&1; echo \$? > /mnt/rc'
 /bin/busybox sync
@@ -98,7 +128,10 @@ chmod +x "$work/initramfs/init"
 
 # /mnt inside the guest is the out/ directory here, so the log and status come back.
 echo "$me: booting $kver under QEMU (4 emulated CPUs, 2 NUMA nodes, 2 GiB): ${command[*]}"
-timeout 1200 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 -nographic -no-reboot \
+started=$SECONDS
+# --foreground: QEMU stays in this process group, so Ctrl-C and a CI cancel reach it.
+timeout --foreground -k 30 "${TOPO_VM_TIMEOUT:-1800}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 \
+    -display none -monitor none -serial file:"$work/console" -no-reboot \
     -smp 4 -m 2G \
     -object memory-backend-ram,id=m0,size=1G -object memory-backend-ram,id=m1,size=1G \
     -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,cpus=2-3,memdev=m1 \
@@ -106,19 +139,20 @@ timeout 1200 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 -n
     -append "console=ttyS0 loglevel=4 panic=-1 cgroup_no_v1=all" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs local,path="$work/out",mount_tag=out,security_model=none \
-    > "$work/console" 2>&1 || true
+    < /dev/null > "$work/qemu.log" 2>&1 || true
+echo "$me: the guest ran for $((SECONDS - started)) s"
 if [ -f "$work/out/log" ]; then
     cat "$work/out/log"
 fi
 if [ ! -f "$work/out/rc" ]; then
-    if [ -f "$work/out/log" ]; then
-        echo "$me: the command did not finish in the guest; its console:" >&2
-        tail -n 40 "$work/console" >&2
+    if [ -f "$work/out/booted" ]; then
+        echo "$me: the guest booted but the command did not finish (TOPO_VM_TIMEOUT=${TOPO_VM_TIMEOUT:-1800} s); its console:" >&2
+        tail -n 40 "$work/console" "$work/qemu.log" >&2
         exit 1
     fi
-    # The guest never reached the command: this machine cannot run it (no QEMU, no kernel).
-    echo "$me: SKIPPED: the guest did not boot; its console:" >&2
-    tail -n 40 "$work/console" >&2
+    # The guest never came up: QEMU or the kernel cannot run here.
+    echo "$me: SKIPPED: the guest did not boot; QEMU and the console said:" >&2
+    tail -n 40 "$work/qemu.log" "$work/console" >&2
     exit 77
 fi
 grep '^guest:' "$work/console" || true

@@ -67,8 +67,8 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         owner_uid: Option<u32>,
         /// A process to move into the job's cgroup once it is made, as `join` would: a job
-        /// start in one round trip. If the move fails the allocation stays (allocate is
-        /// idempotent) and the error says so.
+        /// start in one round trip. If the move fails, an allocation this request made is
+        /// undone (one that was there before stays), and the error says which.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         join_pid: Option<i32>,
     },

@@ -60,6 +60,7 @@ fn a_partition_beside_ours_is_foreign() {
         return eprintln!("SKIPPED: no cgroup v2 hierarchy");
     };
     if !std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default().split_whitespace().any(|c| c == "cpuset") {
+        assert!(std::env::var_os("TOPO_REQUIRE_REAL_CGROUPS").is_none(), "TOPO_REQUIRE_REAL_CGROUPS is set, but the v2 hierarchy has no cpuset controller");
         return eprintln!("SKIPPED: the cgroup v2 hierarchy has no cpuset controller here (a hybrid host)");
     }
     let all = CpuSet::parse_list(&std::fs::read_to_string(mount.join("cpuset.cpus.effective")).unwrap()).unwrap();
@@ -76,6 +77,7 @@ fn a_partition_beside_ours_is_foreign() {
     std::fs::write(admin.join("cpuset.cpus.partition"), "root").unwrap();
     let state = std::fs::read_to_string(admin.join("cpuset.cpus.partition")).unwrap();
     if state.trim() != "root" {
+        assert!(std::env::var_os("TOPO_REQUIRE_REAL_CGROUPS").is_none(), "the kernel did not make CPU {last} a valid partition: {}", state.trim());
         return eprintln!("SKIPPED: the kernel did not make CPU {last} a valid partition here: {}", state.trim());
     }
     let v2 = V2::new(ours.clone()).unwrap();

@@ -198,15 +198,21 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
         assert!(procs.split_whitespace().any(|p| p == pid.to_string()), "{pid} in {}", root.display());
     }
     let allowed = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    assert!(allowed.lines().any(|l| l.starts_with("Cpus_allowed_list:") && l.ends_with(a["cpus"].as_str().unwrap())), "{allowed}");
+    let allowed = allowed.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
+    assert_eq!(allowed, a["cpus"].as_str().unwrap(), "the kernel confines it to the job's CPUs");
     c.call(Op::Release { job: "202".into() }).unwrap();
     assert!(sleeper.wait().unwrap().code().is_none(), "killed by the release");
-    // A process that is not there: the job is allocated all the same, and the error says so.
+    // A process that is not there: all or nothing, the new allocation is undone.
     let err = c.call(Op::Allocate { job: "203".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(i32::MAX) }).unwrap_err();
-    assert!(err.to_string().contains("job 203 is allocated (CPUs ") && err.to_string().contains(&format!("process {} was not moved in", i32::MAX)), "{err}");
-    let list = c.call(Op::List).unwrap();
-    assert!(list.as_array().unwrap().iter().any(|j| j["job"] == "203"), "{list}");
-    c.call(Op::Release { job: "203".into() }).unwrap();
+    assert!(err.to_string().contains(&format!("job 203 was not allocated: process {} could not be moved in", i32::MAX)), "{err}");
+    assert_eq!(c.call(Op::List).unwrap(), serde_json::json!([]));
+    assert!(roots.iter().all(|root| !root.join("203").exists()), "its cgroup is gone too");
+    // One that was there before stays; pid 0 (the writer itself, to the kernel) is refused.
+    c.call(Op::Allocate { job: "204".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None }).unwrap();
+    let err = c.call(Op::Allocate { job: "204".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(0) }).unwrap_err();
+    assert!(err.to_string().contains("job 204 keeps its allocation") && err.to_string().contains("pid 0 is not a process topod can move into a job"), "{err}");
+    assert!(c.call(Op::Join { job: "204".into(), pid: d.child.id() as i32 }).unwrap_err().to_string().contains("is not a process topod can move"));
+    c.call(Op::Release { job: "204".into() }).unwrap();
     drop(cleanup);
 }
 

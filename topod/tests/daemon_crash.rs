@@ -70,7 +70,7 @@ fn sigkill_at_random_points() {
     let min_kills = env_or("TOPO_CRASH_KILLS", 100);
     // Kills land 5 to 5 + this many ms apart; an emulated guest, where every call is slower,
     // sets a wider spread so that calls still complete between kills.
-    let kill_spread_ms = env_or("TOPO_CRASH_SPREAD_MS", 40) as u64;
+    let kill_spread_ms = env_or("TOPO_CRASH_SPREAD_MS", 40).max(1) as u64;
     // As many clients as CPUs (at least 2, at most 8): each can always place a one-CPU job,
     // unless another holds on to one across a restart.
     let clients = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(2, 8);

@@ -61,6 +61,9 @@ fn run(args: Args) -> Result<(), String> {
     let state_dir = args.state_dir.or(config.state_dir.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
     let kind = args.cgroup.or(config.cgroup.clone()).unwrap_or_else(|| "auto".to_string());
     let subtree = config.cgroup_subtree.clone().unwrap_or_else(|| "topo".to_string());
+    // A second topod stops before it reads or changes any cgroup: recovery would remove job
+    // cgroups the running one is still configuring.
+    refuse_if_running(&socket)?;
     let topo = match args.topology.or(config.topology.clone()) {
         Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
         None => sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?,
@@ -77,7 +80,9 @@ fn run(args: Args) -> Result<(), String> {
     }
     let model = HostModel::new(&topo, &reserved.union(&foreign)).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&state_dir).map_err(|e| format!("cannot create the state directory {}: {e}", state_dir.display()))?;
-    let mut host = Host::new(topo, model, backend, Some(state_dir.join("jobs.json")), strategy);
+    let hint_file = state_dir.join("jobs.json");
+    adopt_legacy_hints(&hint_file);
+    let mut host = Host::new(topo, model, backend, Some(hint_file), strategy);
     let recovery = host.recover().map_err(|e| format!("rebuilding the ledger from the cgroups: {e}"))?;
     tracing::info!(
         kept = recovery.kept.len(),
@@ -92,7 +97,6 @@ fn run(args: Args) -> Result<(), String> {
     // The TCP listener (its key read, its port bound) is set up before the socket opens, so
     // that a client that finds the socket finds the listener too, and a bad TCP setting stops
     // topod before any client can reach it (tcp_allow was checked with the configuration).
-    refuse_if_running(&socket)?;
     let tcp = match &config.tcp_listen {
         None => None,
         Some(addr) => {
@@ -149,8 +153,19 @@ fn backend(kind: &str, subtree: &str, topo: &topod::topology::Topology) -> Resul
     }
 }
 
-/// Binds the socket, replacing a stale one that nobody answers on; everyone may connect (what
-/// they may do is decided per request from their kernel credentials).
+/// Before version 0.1's hint file moved to /run/topo, it was /var/lib/topo/jobs.json: the first
+/// start after an upgrade takes it over, so that live jobs keep their owners and requests.
+fn adopt_legacy_hints(hint_file: &Path) {
+    let legacy = Path::new("/var/lib/topo/jobs.json");
+    if hint_file.exists() || hint_file == legacy || !legacy.exists() {
+        return;
+    }
+    match std::fs::copy(legacy, hint_file) {
+        Ok(_) => tracing::info!("took over the job hints of {} (the hint file is now {})", legacy.display(), hint_file.display()),
+        Err(e) => tracing::warn!("cannot take over the job hints of {}: {e}", legacy.display()),
+    }
+}
+
 /// Stops a second topod before it touches anything: the socket answers.
 fn refuse_if_running(path: &Path) -> Result<(), String> {
     if UnixStream::connect(path).is_ok() {
@@ -159,6 +174,8 @@ fn refuse_if_running(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Binds the socket, replacing a stale one that nobody answers on; everyone may connect (what
+/// they may do is decided per request from their kernel credentials).
 fn bind(path: &Path) -> Result<UnixListener, String> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

@@ -44,6 +44,9 @@ pub enum HostError {
         /// Its request.
         request: String,
     },
+    /// A pid that names no other process (0 and below mean the writer itself to the kernel).
+    #[error("pid {0} is not a process topod can move into a job")]
+    BadPid(i32),
     /// No such job.
     #[error("job {0} holds nothing on this host")]
     UnknownJob(String),
@@ -269,6 +272,10 @@ impl Host {
     /// Moves a process into the job's cgroup.
     pub fn join(&mut self, job: &str, pid: i32) -> Result<(), HostError> {
         let id = JobId::parse(job)?;
+        // Writing 0 to cgroup.procs moves the writer: topod would confine (and later kill) itself.
+        if pid <= 0 || pid as u32 == std::process::id() {
+            return Err(HostError::BadPid(pid));
+        }
         if self.ledger.get(id.as_str()).is_none() {
             return Err(HostError::UnknownJob(job.to_string()));
         }

@@ -131,16 +131,27 @@ pub fn handle(host: &Mutex<Host>, admins: &Admins, peer: &Peer, op: Op) -> Reply
             if !admins.allows(peer) {
                 return forbidden("allocate");
             }
+            let existed = host.ledger().get(&job).is_some();
             let alloc = match host.allocate(&job, &request, tasks, cpus.as_deref(), mem_limit_bytes, owner_uid) {
                 Ok(a) => a,
                 Err(e) => return error_reply(&e),
             };
             if let Some(pid) = join_pid {
-                // An administrator may move any process in, as with `join`.
+                // An administrator may move any process in, as with `join`. All or nothing: an
+                // allocation this request made is undone when the process cannot be moved in;
+                // one that was there before stays.
                 if let Err(e) = host.join(&job, pid) {
                     let mut reply = error_reply(&e);
+                    let outcome = if existed {
+                        format!("job {job} keeps its allocation (CPUs {})", alloc.cpus)
+                    } else {
+                        match host.release(&job) {
+                            Ok(_) => format!("job {job} was not allocated"),
+                            Err(undo) => format!("job {job} is allocated (CPUs {}) and could not be undone: {undo}", alloc.cpus),
+                        }
+                    };
                     if let Some(err) = reply.error.as_mut() {
-                        err.message = format!("job {job} is allocated (CPUs {}), but process {pid} was not moved in: {}", alloc.cpus, err.message);
+                        err.message = format!("{outcome}: process {pid} could not be moved in: {}", err.message);
                     }
                     return reply;
                 }
@@ -180,7 +191,7 @@ pub fn handle(host: &Mutex<Host>, admins: &Admins, peer: &Peer, op: Op) -> Reply
 
 fn error_reply(e: &HostError) -> Reply {
     let code = match e {
-        HostError::BadJob(_) | HostError::AlreadyAllocated { .. } => ErrorCode::BadRequest,
+        HostError::BadJob(_) | HostError::AlreadyAllocated { .. } | HostError::BadPid(_) => ErrorCode::BadRequest,
         HostError::BadRequest(_) => ErrorCode::BadTopologyRequest,
         HostError::DoesNotFit { .. } => ErrorCode::DoesNotFit,
         HostError::UnknownJob(_) => ErrorCode::UnknownJob,

@@ -43,8 +43,18 @@ pub enum RealCgroups {
 }
 
 impl RealCgroups {
-    /// This host's hierarchies, or why a test that needs real cpusets cannot run here.
+    /// This host's hierarchies, or why a test that needs real cpusets cannot run here. With
+    /// `TOPO_REQUIRE_REAL_CGROUPS` set (tests/cgroup-v2-vm.sh sets it in its guest), a host that
+    /// has none fails the test instead of skipping it.
     pub fn detect() -> Result<Self, String> {
+        let found = Self::find();
+        if let (Err(why), Some(_)) = (&found, std::env::var_os("TOPO_REQUIRE_REAL_CGROUPS")) {
+            panic!("TOPO_REQUIRE_REAL_CGROUPS is set, but {why}");
+        }
+        found
+    }
+
+    fn find() -> Result<Self, String> {
         if !nix::unistd::geteuid().is_root() {
             return Err("real cgroups need root".into());
         }
@@ -95,7 +105,10 @@ impl RealCgroups {
     pub fn memory_limit_file(&self, subtree: &str, job: &str) -> Option<PathBuf> {
         match self {
             RealCgroups::V1 { memory, .. } => memory.as_ref().map(|m| m.join(subtree).join(job).join("memory.limit_in_bytes")),
-            RealCgroups::V2 { mount } => Some(mount.join(format!("{subtree}.slice")).join(job).join("memory.max")),
+            RealCgroups::V2 { mount } => {
+                let offered = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+                offered.split_whitespace().any(|c| c == "memory").then(|| mount.join(format!("{subtree}.slice")).join(job).join("memory.max"))
+            }
         }
     }
 }
