@@ -10,6 +10,7 @@
 //! {"v":1,"op":"free_map"}
 //! {"v":1,"op":"fit","request":"affinity[core(2)*4]"}
 //! {"v":1,"op":"allocate","job":"1234","request":"affinity[thread*8]","cpus":"0-15","mem_limit_bytes":1073741824}
+//! {"v":1,"op":"allocate","job":"1235","request":"affinity[core(2)]","join_pid":4243}
 //! {"v":1,"op":"join","job":"1234","pid":4242}
 //! {"v":1,"op":"self_join_files","job":"1234"}
 //! {"v":1,"op":"release","job":"1234"}
@@ -18,6 +19,8 @@
 //!
 //! Parsing is strict: unknown fields, unknown operations, a missing or different version, and
 //! anything that is not one JSON object on one line are refused with a message that says which.
+//! So a field added within version 1 (`join_pid`, a job start in one request) is refused by an
+//! older topod as unknown, and a client can fall back to `allocate` and then `join`.
 
 use serde::{Deserialize, Serialize};
 
