@@ -133,6 +133,13 @@ impl V1 {
         Ok(())
     }
 
+    /// What topod wrote to `cpuset.cpus`/`cpuset.mems`. Readiness is read here, never from the
+    /// effective sets: under the `cpuset_v2_mode` mount option a new v1 cpuset, like a v2 one,
+    /// shows its parent's CPUs as effective before any are written.
+    fn configured(dir: &Path) -> Result<Effective, CgroupError> {
+        Ok(Effective { cpus: read_set(&dir.join("cpuset.cpus"))?, mems: read_set(&dir.join("cpuset.mems"))? })
+    }
+
     fn effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
         // Where the kernel has no effective_* files (older kernels), the configured values apply.
         let read_either = |effective: &str, configured: &str| match read_set(&dir.join(effective)) {
@@ -219,7 +226,7 @@ impl CgroupBackend for V1 {
         if !mkdir(&dir)? {
             // Made before: the same spec is idempotent, and one never configured (topod died
             // between mkdir and the writes) is finished now; anything else is another job's.
-            let existing = self.effective(&dir)?;
+            let existing = V1::configured(&dir)?;
             let unconfigured = existing.cpus.is_empty() || existing.mems.is_empty();
             if !unconfigured && (existing.cpus != spec.cpus || existing.mems != spec.mems) {
                 return Err(CgroupError::Exists { job: job.to_string(), existing: existing.cpus.to_string(), wanted: spec.cpus.to_string() });
@@ -318,6 +325,14 @@ impl CgroupBackend for V1 {
     }
 
     fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError> {
-        job_dirs(&self.cpuset)?.into_iter().map(|(job, dir)| Ok((job, self.effective(&dir)?))).collect()
+        job_dirs(&self.cpuset)?
+            .into_iter()
+            .map(|(job, dir)| {
+                // A job cgroup never configured is listed without CPUs, so that a restart removes it.
+                let configured = V1::configured(&dir)?;
+                let unconfigured = configured.cpus.is_empty() || configured.mems.is_empty();
+                Ok((job, if unconfigured { Effective::default() } else { self.effective(&dir)? }))
+            })
+            .collect()
     }
 }
