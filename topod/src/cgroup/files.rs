@@ -1,6 +1,6 @@
 //! Reading and writing cgroup files, with errors that carry the path and the data.
 
-use super::{CgroupError, JobId};
+use super::{CgroupError, CgroupSpec, Effective, JobId};
 use crate::cpuset::CpuSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -110,4 +110,24 @@ pub(crate) fn job_dirs(root: &Path) -> Result<Vec<(JobId, PathBuf)>, CgroupError
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
+}
+
+/// What topod wrote to a job cgroup's `cpuset.cpus` and `cpuset.mems`; `None` while either is
+/// empty (made, but topod died before the writes). Readiness is read here, never from the
+/// effective sets: a new v2 cpuset, and a v1 one under the `cpuset_v2_mode` mount option, shows
+/// its parent's CPUs as effective before any are written.
+pub(crate) fn configured(dir: &Path) -> Result<Option<Effective>, CgroupError> {
+    let set = Effective { cpus: read_set(&dir.join("cpuset.cpus"))?, mems: read_set(&dir.join("cpuset.mems"))? };
+    Ok((!set.cpus.is_empty() && !set.mems.is_empty()).then_some(set))
+}
+
+/// For a job cgroup that `create` found already made: the same spec again is idempotent, and
+/// one never configured is the caller's to finish; anything else is another allocation's.
+pub(crate) fn check_existing(dir: &Path, job: &JobId, spec: &CgroupSpec) -> Result<(), CgroupError> {
+    match configured(dir)? {
+        Some(existing) if existing.cpus != spec.cpus || existing.mems != spec.mems => {
+            Err(CgroupError::Exists { job: job.to_string(), existing: existing.cpus.to_string(), wanted: spec.cpus.to_string() })
+        }
+        _ => Ok(()),
+    }
 }

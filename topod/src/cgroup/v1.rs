@@ -8,7 +8,7 @@
 //! `cpuset.cpu_exclusive` is not used: it would need our whole subtree to be exclusive of the
 //! rest of the system; exclusivity between jobs is the ledger's.
 
-use super::files::{job_dirs, kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
+use super::files::{check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -126,18 +126,10 @@ impl V1 {
         if !dir.is_dir() {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
-        // The configured values (one read each) say whether CPUs and memory nodes were written.
-        if read(&dir.join("cpuset.cpus"))?.trim().is_empty() || read(&dir.join("cpuset.mems"))?.trim().is_empty() {
-            return Err(CgroupError::NotReady(job.to_string()));
+        match configured(&dir)? {
+            Some(_) => Ok(()),
+            None => Err(CgroupError::NotReady(job.to_string())),
         }
-        Ok(())
-    }
-
-    /// What topod wrote to `cpuset.cpus`/`cpuset.mems`. Readiness is read here, never from the
-    /// effective sets: under the `cpuset_v2_mode` mount option a new v1 cpuset, like a v2 one,
-    /// shows its parent's CPUs as effective before any are written.
-    fn configured(dir: &Path) -> Result<Effective, CgroupError> {
-        Ok(Effective { cpus: read_set(&dir.join("cpuset.cpus"))?, mems: read_set(&dir.join("cpuset.mems"))? })
     }
 
     fn effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
@@ -224,13 +216,7 @@ impl CgroupBackend for V1 {
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
         let dir = self.cpuset.join(job.as_str());
         if !mkdir(&dir)? {
-            // Made before: the same spec is idempotent, and one never configured (topod died
-            // between mkdir and the writes) is finished now; anything else is another job's.
-            let existing = V1::configured(&dir)?;
-            let unconfigured = existing.cpus.is_empty() || existing.mems.is_empty();
-            if !unconfigured && (existing.cpus != spec.cpus || existing.mems != spec.mems) {
-                return Err(CgroupError::Exists { job: job.to_string(), existing: existing.cpus.to_string(), wanted: spec.cpus.to_string() });
-            }
+            check_existing(&dir, job, spec)?;
         }
         // Memory nodes first: some kernels check the pair when CPUs are written.
         write(&dir.join("cpuset.mems"), &spec.mems.to_string())?;
@@ -329,9 +315,8 @@ impl CgroupBackend for V1 {
             .into_iter()
             .map(|(job, dir)| {
                 // A job cgroup never configured is listed without CPUs, so that a restart removes it.
-                let configured = V1::configured(&dir)?;
-                let unconfigured = configured.cpus.is_empty() || configured.mems.is_empty();
-                Ok((job, if unconfigured { Effective::default() } else { self.effective(&dir)? }))
+                let effective = if configured(&dir)?.is_some() { self.effective(&dir)? } else { Effective::default() };
+                Ok((job, effective))
             })
             .collect()
     }

@@ -8,7 +8,7 @@
 //! read back; release writes `cgroup.kill` (Linux 5.14+), or freezes with `cgroup.freeze` and
 //! kills, then waits for `populated 0` in `cgroup.events` before `rmdir`.
 
-use super::files::{job_dirs, kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
+use super::files::{check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -65,17 +65,10 @@ impl V2 {
         Ok(Effective { cpus: read_set(&dir.join("cpuset.cpus.effective"))?, mems: read_set(&dir.join("cpuset.mems.effective"))? })
     }
 
-    /// What topod wrote to `cpuset.cpus`/`cpuset.mems`. Unlike v1, a v2 cpuset that was never
-    /// given CPUs is not empty: it runs on all of its parent's, so a job cgroup that topod made
-    /// but died before configuring is recognised by these files, never by `.effective`.
-    fn configured(dir: &Path) -> Result<Effective, CgroupError> {
-        Ok(Effective { cpus: read_set(&dir.join("cpuset.cpus"))?, mems: read_set(&dir.join("cpuset.mems"))? })
-    }
-
-    /// The effective sets of a configured job cgroup; empty for one made but never configured.
+    /// The effective sets of a configured job cgroup; empty for one made but never configured
+    /// (listed so, a restart removes it).
     fn job_effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
-        let configured = V2::configured(dir)?;
-        if configured.cpus.is_empty() || configured.mems.is_empty() {
+        if configured(dir)?.is_none() {
             return Ok(Effective::default());
         }
         self.effective(dir)
@@ -119,13 +112,7 @@ impl CgroupBackend for V2 {
         }
         let dir = self.dir(job);
         if !mkdir(&dir)? {
-            // Made before: the same spec is idempotent, and one never configured (topod died
-            // between mkdir and the writes) is finished now; anything else is another job's.
-            let existing = V2::configured(&dir)?;
-            let unconfigured = existing.cpus.is_empty() || existing.mems.is_empty();
-            if !unconfigured && (existing.cpus != spec.cpus || existing.mems != spec.mems) {
-                return Err(CgroupError::Exists { job: job.to_string(), existing: existing.cpus.to_string(), wanted: spec.cpus.to_string() });
-            }
+            check_existing(&dir, job, spec)?;
         }
         write(&dir.join("cpuset.mems"), &spec.mems.to_string())?;
         write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
@@ -142,8 +129,7 @@ impl CgroupBackend for V2 {
         }
         if self.cpuset {
             // Not yet configured: a process let in now would run on every CPU of the parent.
-            let configured = V2::configured(&dir)?;
-            if configured.cpus.is_empty() || configured.mems.is_empty() {
+            if configured(&dir)?.is_none() {
                 return Err(CgroupError::NotReady(job.to_string()));
             }
         }
