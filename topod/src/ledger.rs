@@ -30,6 +30,44 @@ pub struct Allocation {
     pub request: String,
 }
 
+/// Where a job is in its life, as `list` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Allocated; its processes (if any) run.
+    Running,
+    /// Its release is under way: its processes are being killed, and its CPUs are held until
+    /// its cgroup is gone.
+    Releasing,
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JobState::Running => "running",
+            JobState::Releasing => "releasing",
+        })
+    }
+}
+
+/// One job as `list` reports it: its allocation, its state and its owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobView {
+    /// What it holds.
+    #[serde(flatten)]
+    pub allocation: Allocation,
+    /// Where it is in its life (older topods did not say: running).
+    #[serde(default = "running")]
+    pub state: JobState,
+    /// The uid that may move its own processes in, if one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_uid: Option<u32>,
+}
+
+fn running() -> JobState {
+    JobState::Running
+}
+
 /// A change the ledger refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LedgerError {

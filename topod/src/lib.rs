@@ -18,7 +18,7 @@
 //! so that tests run on snapshots of real machines), the cgroup backends behind their trait, and
 //! the daemon.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod batch;

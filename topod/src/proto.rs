@@ -99,6 +99,14 @@ pub enum Op {
     List,
 }
 
+impl Op {
+    /// Whether the operation changes the host (allocate, join, self_join_files, release); the
+    /// read-only TCP listener refuses these.
+    pub fn changes_state(&self) -> bool {
+        matches!(self, Op::Allocate { .. } | Op::Join { .. } | Op::SelfJoinFiles { .. } | Op::Release { .. })
+    }
+}
+
 /// A request line: the version and the operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
@@ -139,6 +147,8 @@ pub enum ErrorCode {
     DoesNotFit,
     /// Something failed on the host (cgroup, file system).
     Internal,
+    /// Too many connections (from this user, or in all); try again later.
+    Busy,
 }
 
 /// An error reply's body.
@@ -222,13 +232,20 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
         return Err(ProtoError::Empty);
     }
     // Look at the envelope first, so that the error names the real problem (a bad version or
-    // an unknown operation) rather than a serde message about variants.
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| ProtoError::Invalid(format!("not JSON: {e}")))?;
+    // an unknown operation) rather than a serde message about variants. A field given twice is
+    // refused: which of the two counts would be a guess.
+    let value = serde_json::from_str::<UniqueKeys>(text).map_err(|e| ProtoError::Invalid(format!("not JSON: {e}")))?.0;
     let obj = value.as_object().ok_or_else(|| ProtoError::Invalid("expected a JSON object".into()))?;
-    match obj.get("v").and_then(serde_json::Value::as_u64) {
-        Some(v) if v == u64::from(PROTOCOL_VERSION) => {}
-        Some(v) => return Err(ProtoError::Version { got: v }),
+    match obj.get("v") {
         None => return Err(ProtoError::Invalid("missing protocol version \"v\"".into())),
+        Some(v) => match v.as_u64() {
+            Some(v) if v == u64::from(PROTOCOL_VERSION) => {}
+            Some(v) => return Err(ProtoError::Version { got: v }),
+            None => {
+                let shown: String = v.to_string().chars().take(32).collect();
+                return Err(ProtoError::Invalid(format!("protocol version \"v\" must be a whole number such as {PROTOCOL_VERSION}, not {shown}")));
+            }
+        },
     }
     let op = match obj.get("op").and_then(serde_json::Value::as_str) {
         Some(op) if OPERATIONS.contains(&op) => op,
@@ -245,6 +262,68 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
         )));
     }
     serde_json::from_value(value).map_err(|e| ProtoError::Invalid(e.to_string()))
+}
+
+/// A JSON value whose objects have no key twice (serde_json keeps the last of duplicates).
+struct UniqueKeys(serde_json::Value);
+
+impl<'de> Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueKeysVisitor).map(UniqueKeys)
+    }
+}
+
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, serde_json::Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(UniqueKeys(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(serde_json::Value::Array(out))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let UniqueKeys(value) = map.next_value()?;
+            if out.contains_key(&key) {
+                let shown: String = key.chars().take(64).collect();
+                return Err(serde::de::Error::custom(format!("field {shown:?} is given twice")));
+            }
+            out.insert(key, value);
+        }
+        Ok(serde_json::Value::Object(out))
+    }
 }
 
 /// The fields each operation takes besides `v` and `op`.
@@ -311,6 +390,10 @@ mod tests {
         assert!(e("{\"v\":1,\"op\":\"release\"}").contains("job"));
         assert!(e("{\"v\":1,\"op\":\"join\",\"job\":\"1\",\"pid\":\"x\"}").contains("invalid type"));
         assert!(e("{\"v\":1,\"op\":\"list\",\"extra\":true}").contains("unknown field"));
+        assert!(e("{\"v\":1,\"op\":\"release\",\"job\":\"1\",\"job\":\"2\"}").contains("field \"job\" is given twice"));
+        assert!(e("{\"v\":1,\"v\":1,\"op\":\"list\"}").contains("given twice"));
+        assert!(e("{\"v\":1.0,\"op\":\"list\"}").contains("whole number"), "{}", e("{\"v\":1.0,\"op\":\"list\"}"));
+        assert!(e("{\"v\":\"1\",\"op\":\"list\"}").contains("whole number"));
         let long = format!("{{\"v\":1,\"op\":\"release\",\"job\":\"{}\"}}", "a".repeat(MAX_LINE_BYTES));
         assert!(e(&long).contains("longer than the limit"));
         assert!(matches!(parse_request(b"{\"v\":1,\"op\":\"li\xffst\"}"), Err(ProtoError::NotText(_))));

@@ -202,16 +202,24 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     assert_eq!(allowed, a["cpus"].as_str().unwrap(), "the kernel confines it to the job's CPUs");
     c.call(Op::Release { job: "202".into() }).unwrap();
     assert!(sleeper.wait().unwrap().code().is_none(), "killed by the release");
-    // A process that is not there: all or nothing, the new allocation is undone.
+    // A process that is not there: a bad request (not `internal`), and nothing is allocated.
     let err = c.call(Op::Allocate { job: "203".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(i32::MAX) }).unwrap_err();
-    assert!(err.to_string().contains(&format!("job 203 was not allocated: process {} could not be moved in", i32::MAX)), "{err}");
+    assert!(matches!(&err, ClientError::Refused(e) if e.code == topod::proto::ErrorCode::BadRequest), "{err:?}");
+    assert!(err.to_string().contains(&format!("no process {} is running", i32::MAX)), "{err}");
     assert_eq!(c.call(Op::List).unwrap(), serde_json::json!([]));
-    assert!(roots.iter().all(|root| !root.join("203").exists()), "its cgroup is gone too");
-    // One that was there before stays; pid 0 (the writer itself, to the kernel) is refused.
+    assert!(roots.iter().all(|root| !root.join("203").exists()), "no cgroup either");
+    // pid 0 (the writer itself, to the kernel), topod itself and any of its threads are refused,
+    // and a job that was there before keeps its allocation.
     c.call(Op::Allocate { job: "204".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None }).unwrap();
     let err = c.call(Op::Allocate { job: "204".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(0) }).unwrap_err();
-    assert!(err.to_string().contains("job 204 keeps its allocation") && err.to_string().contains("pid 0 is not a process topod can move into a job"), "{err}");
-    assert!(c.call(Op::Join { job: "204".into(), pid: d.child.id() as i32 }).unwrap_err().to_string().contains("is not a process topod can move"));
+    assert!(err.to_string().contains("pid 0 names no process"), "{err}");
+    let topod_pid = d.child.id() as i32;
+    assert!(c.call(Op::Join { job: "204".into(), pid: topod_pid }).unwrap_err().to_string().contains("is topod itself"));
+    for tid in std::fs::read_dir(format!("/proc/{topod_pid}/task")).unwrap().flatten().filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok()) {
+        let err = c.call(Op::Join { job: "204".into(), pid: tid }).unwrap_err().to_string();
+        assert!(err.contains("is topod itself") || err.contains("is a thread, not a process"), "tid {tid}: {err}");
+    }
+    assert_eq!(c.call(Op::List).unwrap()[0]["job"], "204");
     c.call(Op::Release { job: "204".into() }).unwrap();
     drop(cleanup);
 }
@@ -264,6 +272,15 @@ fn the_tcp_listener_is_read_only_and_keyed() {
         format!("tcp_listen = \"127.0.0.1:{port}\"\ntcp_allow = [\"127.0.0.0/8\"]\ntcp_key_file = \"{}\"\n", key_file.display()),
     )
     .unwrap();
+    // A key others can read is refused, saying how to fix it.
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_topod"))
+        .args(["--cgroup", "fake", "--config", config.to_str().unwrap(), "--socket", dir.path().join("s").to_str().unwrap(), "--state-dir", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("others can read it (mode 644)") && err.contains("chmod 600"), "{err}");
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let _d = start(dir.path(), &["--cgroup", "fake", "--config", config.to_str().unwrap()], true);
     let ask = |first: &str, request: &str| -> Value {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -9,13 +9,18 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use topod::cgroup::{fake::Fake, v1::V1, v2::V2, CgroupBackend};
-use topod::daemon::host::Host;
-use topod::daemon::server::{self, Admins};
+use topod::client::Client;
+use topod::daemon::conn::{raise_fd_limit, Gate};
+use topod::daemon::host::{Host, JobHint};
+use topod::daemon::records::Records;
+use topod::daemon::server::{self, Admins, Server};
 use topod::daemon::{Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
-use topod::place::{HostModel, Strategy};
+use topod::place::Strategy;
+use topod::proto::Op;
 use topod::topology::{hwloc_xml, sysfs};
 use topod::CpuSet;
 
@@ -62,8 +67,12 @@ fn run(args: Args) -> Result<(), String> {
     let kind = args.cgroup.or(config.cgroup.clone()).unwrap_or_else(|| "auto".to_string());
     let subtree = config.cgroup_subtree.clone().unwrap_or_else(|| "topo".to_string());
     // A second topod stops before it reads or changes any cgroup: recovery would remove job
-    // cgroups the running one is still configuring.
+    // cgroups the running one is still configuring. The socket answering tells the common case;
+    // the lock on the cgroup subtree tells a second topod with another socket.
     refuse_if_running(&socket)?;
+    let fds = raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
+    let kind = resolve_kind(&kind)?;
+    let _subtree_lock = lock_subtree(kind, &subtree)?;
     let topo = match args.topology.or(config.topology.clone()) {
         Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
         None => sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?,
@@ -73,26 +82,33 @@ fn run(args: Args) -> Result<(), String> {
         None => CpuSet::new(),
     };
     let strategy: Strategy = config.strategy.as_deref().unwrap_or("best-fit").parse().map_err(|e: topod::place::UnknownStrategy| e.to_string())?;
-    let backend = backend(&kind, &subtree, &topo)?;
-    let foreign = backend.foreign_cpus().map_err(|e| format!("looking for other exclusive cpusets: {e}"))?;
-    if !foreign.is_empty() {
+    let backend = backend(kind, &subtree, &topo)?;
+    let records = Records::open(&state_dir).map_err(|e| e.to_string())?;
+    let mut host = Host::new(topo, reserved, backend, Some(records), strategy).map_err(|e| e.to_string())?;
+    if let Some((_, foreign)) = host.reconcile_foreign() {
         tracing::info!("CPUs {foreign} belong to exclusive cpusets topod did not create; no job gets them");
     }
-    let model = HostModel::new(&topo, &reserved.union(&foreign)).map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(&state_dir).map_err(|e| format!("cannot create the state directory {}: {e}", state_dir.display()))?;
-    let hint_file = state_dir.join("jobs.json");
-    adopt_legacy_hints(&hint_file);
-    let mut host = Host::new(topo, model, backend, Some(hint_file), strategy);
-    let recovery = host.recover().map_err(|e| format!("rebuilding the ledger from the cgroups: {e}"))?;
+    let legacy = legacy_hints(&state_dir);
+    let recovery = host.recover(legacy.hints).map_err(|e| format!("rebuilding the ledger from the cgroups: {e}"))?;
+    for file in legacy.files {
+        // Every job it described now has its own record.
+        let _ = std::fs::remove_file(&file);
+    }
     tracing::info!(
         kept = recovery.kept.len(),
         conflicts = recovery.conflicts.len(),
-        dropped_hints = recovery.dropped_hints.len(),
+        dropped_records = recovery.dropped_hints.len(),
         "ledger rebuilt from the cgroup tree ({} backend)",
         host.backend_kind()
     );
     for job in &recovery.conflicts {
         tracing::warn!("job cgroup {job} overlaps another job's CPUs; left alone, not in the ledger");
+    }
+    for job in &recovery.bad_requests {
+        tracing::warn!("job {job}: its recorded request does not read back as itself; kept without it until the batch system asks again");
+    }
+    for name in &recovery.unreadable {
+        tracing::warn!("{}: not a job record topod can read; left alone", state_dir.join("jobs").join(name).display());
     }
     // The TCP listener (its key read, its port bound) is set up before the socket opens, so
     // that a client that finds the socket finds the listener too, and a bad TCP setting stops
@@ -101,11 +117,7 @@ fn run(args: Args) -> Result<(), String> {
         None => None,
         Some(addr) => {
             let key_file = config.tcp_key_file.clone().unwrap_or_default();
-            let key = std::fs::read_to_string(&key_file).map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
-            let key = key.trim().to_string();
-            if key.len() < 16 {
-                return Err(format!("tcp_key_file {}: the key must be at least 16 characters", key_file.display()));
-            }
+            let key = read_key(&key_file)?;
             let allow: Vec<_> = config.tcp_allow.iter().filter_map(|a| topod::daemon::tcp::Allow::parse(a).ok()).collect();
             let tcp = std::net::TcpListener::bind(addr).map_err(|e| format!("tcp_listen {addr}: {e}"))?;
             tracing::info!("read-only TCP listener on {addr} for {} allowed address(es)", allow.len());
@@ -114,29 +126,68 @@ fn run(args: Args) -> Result<(), String> {
     };
     let listener = bind(&socket)?;
     drop_capabilities()?;
-    let admins = Arc::new(Admins { uids: config.admin_uids.clone(), gids: config.admin_gids.clone() });
-    tracing::info!("listening on {}", socket.display());
-    notify_systemd();
-    let host = Arc::new(Mutex::new(host));
+    let admins = Admins { uids: config.admin_uids.clone(), gids: config.admin_gids.clone() };
+    let limits = config.limits();
+    tracing::info!(
+        "listening on {} (at most {} connections from users who are not administrators, {} per user; {fds} open files)",
+        socket.display(),
+        limits.max_connections,
+        limits.max_connections_per_user
+    );
+    let server = Server::new(host, admins, Gate::new(limits));
+    notify_systemd(&socket);
     if config.auto_release {
-        let host = host.clone();
+        let server = server.clone();
         std::thread::spawn(move || loop {
             std::thread::sleep(Duration::from_secs(1));
-            let released = host.lock().unwrap_or_else(|e| e.into_inner()).release_empty();
+            let released = server.lock().release_empty();
             for job in released {
                 tracing::info!("job {job}: its cgroup is empty; released");
             }
         });
     }
-    if let Some((tcp, allow, key)) = tcp {
-        let (host, allow, key) = (host.clone(), Arc::new(allow), Arc::new(key));
-        std::thread::spawn(move || topod::daemon::tcp::serve(tcp, host, allow, key));
+    {
+        // Exclusive cpusets beside topod's come and go: look again now and then, so that topod
+        // takes back the CPUs of one that went away (an allocate the kernel refuses looks too).
+        let server = server.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(5));
+            server.lock().reconcile_foreign();
+        });
     }
-    server::serve(listener, host, admins);
+    if let Some((tcp, allow, key)) = tcp {
+        let (server, allow, key) = (server.clone(), Arc::new(allow), Arc::new(key));
+        std::thread::spawn(move || topod::daemon::tcp::serve(tcp, server, allow, key));
+    }
+    server::serve(listener, server);
     Err("the socket stopped accepting connections".into())
 }
 
-fn backend(kind: &str, subtree: &str, topo: &topod::topology::Topology) -> Result<Box<dyn CgroupBackend>, String> {
+/// The shared key of the TCP listener: a file only its owner may read, holding at least 16
+/// characters.
+fn read_key(key_file: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(key_file).map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!("tcp_key_file {}: others can read it (mode {mode:o}); make it readable by its owner only (chmod 600)", key_file.display()));
+    }
+    let key = std::fs::read_to_string(key_file).map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
+    let key = key.trim().to_string();
+    if key.len() < 16 {
+        return Err(format!("tcp_key_file {}: the key must be at least 16 characters", key_file.display()));
+    }
+    Ok(key)
+}
+
+/// The cgroup backends topod can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Fake,
+    V1,
+    V2,
+}
+
+fn resolve_kind(kind: &str) -> Result<Kind, String> {
     let v2_with_cpuset = || {
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
         topod::cgroup::v2::v2_mount(&mounts)
@@ -144,26 +195,79 @@ fn backend(kind: &str, subtree: &str, topo: &topod::topology::Topology) -> Resul
             .is_some_and(|c| c.split_whitespace().any(|x| x == "cpuset"))
     };
     match kind {
-        "fake" => Ok(Box::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()))),
-        "v1" => Ok(Box::new(V1::detect(subtree).map_err(|e| e.to_string())?)),
-        "v2" => Ok(Box::new(V2::detect(&format!("{subtree}.slice")).map_err(|e| e.to_string())?)),
-        "auto" if v2_with_cpuset() => Ok(Box::new(V2::detect(&format!("{subtree}.slice")).map_err(|e| e.to_string())?)),
-        "auto" => Ok(Box::new(V1::detect(subtree).map_err(|e| format!("{e}; no cgroup v2 cpuset controller either (use --cgroup fake to try topod without cgroups)"))?)),
+        "fake" => Ok(Kind::Fake),
+        "v1" => Ok(Kind::V1),
+        "v2" => Ok(Kind::V2),
+        "auto" if v2_with_cpuset() => Ok(Kind::V2),
+        "auto" => Ok(Kind::V1),
         other => Err(format!("--cgroup {other:?}: expected auto, v1, v2 or fake")),
     }
 }
 
-/// Before version 0.1's hint file moved to /run/topo, it was /var/lib/topo/jobs.json: the first
-/// start after an upgrade takes it over, so that live jobs keep their owners and requests.
-fn adopt_legacy_hints(hint_file: &Path) {
-    let legacy = Path::new("/var/lib/topo/jobs.json");
-    if hint_file.exists() || hint_file == legacy || !legacy.exists() {
-        return;
+/// Takes an exclusive lock (`flock(2)`) on topod's subtree in the cpuset hierarchy, held for
+/// topod's lifetime: two topods on one subtree would both give the same CPUs away. Taken before
+/// anything in the subtree is read or changed.
+fn lock_subtree(kind: Kind, subtree: &str) -> Result<Option<nix::fcntl::Flock<std::fs::File>>, String> {
+    let mounts = std::fs::read_to_string("/proc/mounts").map_err(|e| format!("reading /proc/mounts: {e}"))?;
+    let dir = match kind {
+        Kind::Fake => return Ok(None),
+        Kind::V1 => match topod::cgroup::v1::v1_mounts(&mounts).0 {
+            Some(cpuset) => cpuset.join(subtree),
+            None => return Ok(None),
+        },
+        Kind::V2 => match topod::cgroup::v2::v2_mount(&mounts) {
+            Some(mount) => mount.join(format!("{subtree}.slice")),
+            None => return Ok(None),
+        },
+    };
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create topod's cgroup subtree {}: {e}", dir.display())),
     }
-    match std::fs::copy(legacy, hint_file) {
-        Ok(_) => tracing::info!("took over the job hints of {} (the hint file is now {})", legacy.display(), hint_file.display()),
-        Err(e) => tracing::warn!("cannot take over the job hints of {}: {e}", legacy.display()),
+    let file = std::fs::File::open(&dir).map_err(|e| format!("cannot open topod's cgroup subtree {}: {e}", dir.display()))?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(format!(
+            "another topod already manages the cgroup subtree {} (it holds its lock); one topod per subtree, or set another cgroup_subtree",
+            dir.display()
+        )),
+        Err((_, e)) => Err(format!("cannot lock topod's cgroup subtree {}: {e}", dir.display())),
     }
+}
+
+fn backend(kind: Kind, subtree: &str, topo: &topod::topology::Topology) -> Result<Box<dyn CgroupBackend>, String> {
+    match kind {
+        Kind::Fake => Ok(Box::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()))),
+        Kind::V1 => Ok(Box::new(V1::detect(subtree).map_err(|e| format!("{e} (use --cgroup fake to try topod without cgroups)"))?)),
+        Kind::V2 => Ok(Box::new(V2::detect(&format!("{subtree}.slice")).map_err(|e| e.to_string())?)),
+    }
+}
+
+/// The single hint file of older topods (`<state_dir>/jobs.json`, and before that
+/// `/var/lib/topo/jobs.json`): read once at the first start after an upgrade, for jobs that have
+/// no record of their own yet, then removed.
+struct Legacy {
+    hints: BTreeMap<String, JobHint>,
+    files: Vec<PathBuf>,
+}
+
+fn legacy_hints(state_dir: &Path) -> Legacy {
+    let mut legacy = Legacy { hints: BTreeMap::new(), files: Vec::new() };
+    for file in [state_dir.join("jobs.json"), PathBuf::from("/var/lib/topo/jobs.json")] {
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        match serde_json::from_str::<BTreeMap<String, JobHint>>(&text) {
+            Ok(hints) => {
+                tracing::info!("taking over {} job hint(s) of {}", hints.len(), file.display());
+                for (job, hint) in hints {
+                    legacy.hints.entry(job).or_insert(hint);
+                }
+                legacy.files.push(file);
+            }
+            Err(e) => tracing::warn!("{}: not a hint file topod can read ({e}); ignored", file.display()),
+        }
+    }
+    legacy
 }
 
 /// Stops a second topod before it touches anything: the socket answers.
@@ -189,20 +293,28 @@ fn bind(path: &Path) -> Result<UnixListener, String> {
     Ok(listener)
 }
 
-/// `Type=notify`: tells systemd we are ready, and keeps its watchdog fed.
-fn notify_systemd() {
-    let Some(socket) = std::env::var_os("NOTIFY_SOCKET") else { return };
+/// `Type=notify`: tells systemd we are ready, and feeds its watchdog only while the serving path
+/// answers: each period a request through topod's own socket that takes the host lock
+/// (`free_map`). A stalled lock or a dead accept loop then stops the feeding, and systemd
+/// restarts topod (jobs are kept: `KillMode=process`, and the restart rebuilds the ledger).
+fn notify_systemd(socket: &Path) {
+    let Some(notify) = std::env::var_os("NOTIFY_SOCKET") else { return };
     let send = move |msg: &str| {
         if let Ok(sock) = UnixDatagram::unbound() {
-            let _ = sock.send_to(msg.as_bytes(), &socket);
+            let _ = sock.send_to(msg.as_bytes(), &notify);
         }
     };
     send("READY=1");
     if let Some(usec) = std::env::var("WATCHDOG_USEC").ok().and_then(|v| v.parse::<u64>().ok()) {
-        let period = Duration::from_micros(usec / 2);
+        let period = Duration::from_micros(usec / 3).max(Duration::from_millis(100));
+        let socket = socket.to_path_buf();
         std::thread::spawn(move || loop {
             std::thread::sleep(period);
-            send("WATCHDOG=1");
+            let probe = Client::connect_with_timeout(&socket, period).and_then(|mut c| c.call(Op::FreeMap));
+            match probe {
+                Ok(_) => send("WATCHDOG=1"),
+                Err(e) => tracing::error!("the watchdog's probe through {} failed: {e}; not telling systemd topod is alive", socket.display()),
+            }
         });
     }
 }

@@ -196,4 +196,9 @@ pub trait CgroupBackend: Send + Sync {
     fn foreign_cpus(&self) -> Result<CpuSet, CgroupError> {
         Ok(CpuSet::new())
     }
+    /// Gives topod's subtree every CPU of its parent that no foreign exclusive cpuset holds
+    /// (after one went away); nothing where the subtree inherits its parent's CPUs by itself.
+    fn widen(&self) -> Result<(), CgroupError> {
+        Ok(())
+    }
 }

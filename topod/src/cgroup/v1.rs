@@ -66,6 +66,10 @@ impl V1 {
         if read(&cpuset.join("cpuset.cpus"))?.trim().is_empty() {
             let cpus = read_set(&parent.join("cpuset.cpus"))?.difference(&exclusive_siblings(&cpuset)?);
             write(&cpuset.join("cpuset.cpus"), &cpus.to_string())?;
+        } else {
+            // An exclusive cpuset that held some of the parent's CPUs when the subtree was made
+            // may be gone: take its CPUs back.
+            widen_subtree(&cpuset)?;
         }
         for root in freezer.iter().chain(memory.iter()) {
             mkdir(root)?;
@@ -183,6 +187,19 @@ fn exclusive_siblings(root: &Path) -> Result<crate::cpuset::CpuSet, CgroupError>
     Ok(out)
 }
 
+/// Writes to the subtree root's `cpuset.cpus` every CPU of its parent that no exclusive sibling
+/// holds, when that is more than it has (a v1 cpuset keeps what it was given when an exclusive
+/// sibling goes away, so topod's subtree would stay narrowed for good).
+fn widen_subtree(root: &Path) -> Result<(), CgroupError> {
+    let Some(parent) = root.parent() else { return Ok(()) };
+    let may_use = read_set(&parent.join("cpuset.cpus"))?.difference(&exclusive_siblings(root)?);
+    let has = read_set(&root.join("cpuset.cpus"))?;
+    if !may_use.is_subset(&has) {
+        write(&root.join("cpuset.cpus"), &may_use.to_string())?;
+    }
+    Ok(())
+}
+
 /// Whether a cgroup file operation failed because the file or directory is not there.
 fn is_not_found(e: &CgroupError) -> bool {
     matches!(e, CgroupError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
@@ -207,6 +224,10 @@ fn every_thread_in(dir: &Path, pid: i32) -> bool {
 impl CgroupBackend for V1 {
     fn foreign_cpus(&self) -> Result<crate::cpuset::CpuSet, CgroupError> {
         exclusive_siblings(&self.cpuset)
+    }
+
+    fn widen(&self) -> Result<(), CgroupError> {
+        widen_subtree(&self.cpuset)
     }
 
     fn kind(&self) -> &'static str {

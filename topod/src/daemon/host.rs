@@ -1,19 +1,27 @@
 //! The host's state: its hardware graph, the ledger, and the job cgroups, kept in step.
 //!
-//! Every change goes cgroup first, ledger second, hint file third: a job is in the ledger only
+//! Every change goes cgroup first, ledger second, job record third: a job is in the ledger only
 //! once its cgroup exists with its CPUs, and leaves the ledger only once its cgroup is gone. The
-//! hint file (the requests and tasks of the jobs, written atomically) is only a hint: at start
-//! the ledger is rebuilt from the cgroups that exist ([`Host::recover`]).
+//! record (request, tasks, owner; [`super::records`]) is written before `allocate` answers; at
+//! start the ledger is rebuilt from the cgroups that exist, with the records adding what the
+//! cgroup tree cannot say ([`Host::recover`]).
+//!
+//! Locking: the server holds one lock over a `Host`, and nothing done under it waits on a
+//! client or on a job's processes. Requests are parsed and checked before the lock
+//! ([`prepare`]); reads copy a [`Snapshot`] and work without it; a release kills and waits
+//! without it ([`Host::begin_release`], [`ReleaseTicket::run`], [`Host::finish_release`]).
 
-use crate::cgroup::{CgroupBackend, CgroupError, CgroupSpec, JobId, JobIdError};
+use super::records::{Records, RecordsError};
+use crate::cgroup::{CgroupBackend, CgroupError, CgroupSpec, JobId, JobIdError, ReleaseReport};
 use crate::cpuset::CpuSet;
-use crate::ledger::{Allocation, Ledger, LedgerError};
+use crate::ledger::{Allocation, JobState, JobView, Ledger, LedgerError};
 use crate::place::{self, HostMetrics, HostModel, PlaceError, Strategy};
 use crate::request::{self, Request};
 use crate::topology::Topology;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a host operation was refused or failed.
@@ -64,9 +72,15 @@ pub enum HostError {
     /// The ledger refused (a bug or a foreign cgroup overlapping ours).
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    /// The job is being released.
+    #[error("job {0} is being released; try again once its release has finished")]
+    Releasing(String),
+    /// The job record could not be written.
+    #[error("the job record could not be written, so the job was not started: {0}")]
+    Records(RecordsError),
 }
 
-/// What the hint file keeps per job.
+/// What the job record keeps per job (see [`super::records`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobHint {
     /// The canonical request.
@@ -85,25 +99,128 @@ pub struct Recovery {
     pub kept: Vec<String>,
     /// Cgroups that overlap another job's CPUs (left alone, not in the ledger).
     pub conflicts: Vec<String>,
-    /// Hints for jobs that have no cgroup any more (dropped).
+    /// Records of jobs that have no cgroup any more (removed).
     pub dropped_hints: Vec<String>,
     /// Job cgroups that never got CPUs and hold no process (removed).
     pub removed: Vec<String>,
+    /// Records whose request no longer reads back as itself (kept without the request, so
+    /// without its exclusive fence until the batch system asks again).
+    pub bad_requests: Vec<String>,
+    /// Files in the records directory that are not readable records (left alone).
+    pub unreadable: Vec<String>,
+}
+
+/// A request checked against this host and ready to place. Preparing takes no lock: parsing
+/// a 64 KiB request must not hold up other clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    /// The request, with the task count and the batch system's CPUs folded in.
+    pub request: Request,
+    /// Its canonical text, which is what the ledger and the record keep.
+    pub canonical: String,
+}
+
+/// Parses and checks `text` for a host with topology `topo`: a task count of at least 1, CPUs
+/// (in `CPU_LIST` and from the batch system) that this host has, and a canonical form that reads
+/// back as itself (every recorded request must, or a restart would not rebuild the same fences).
+pub fn prepare(topo: &Topology, text: &str, tasks: Option<u32>, given_cpus: Option<&str>) -> Result<Prepared, HostError> {
+    let mut req = request::parse(text).map_err(|e| HostError::BadRequest(e.to_string()))?;
+    if tasks == Some(0) {
+        return Err(HostError::BadRequest("tasks = 0: a job has at least one task".into()));
+    }
+    if req.tasks.is_none() {
+        req.tasks = Some(tasks.unwrap_or(place::DEFAULT_TASKS));
+    }
+    let not_here = |what: &str, set: &CpuSet| {
+        let missing = set.difference(&topo.pus);
+        (!missing.is_empty()).then(|| HostError::BadRequest(format!("{what} names CPUs {missing}, which this host does not have (its CPUs are {})", topo.pus)))
+    };
+    if let Some(e) = req.cpu_list.as_ref().and_then(|l| not_here("CPU_LIST", l)) {
+        return Err(e);
+    }
+    if let Some(text) = given_cpus {
+        let given = CpuSet::parse_list(text).map_err(|e| HostError::BadRequest(format!("cpus: {e}")))?;
+        if let Some(e) = not_here("the batch system's CPU list", &given) {
+            return Err(e);
+        }
+        let inside = match &req.cpu_list {
+            Some(list) => list.intersection(&given),
+            None => given,
+        };
+        if inside.is_empty() {
+            return Err(HostError::BadRequest(format!("CPU_LIST {} has no CPU among those the batch system gave the job ({text})", req.cpu_list.as_ref().map(|l| l.to_string()).unwrap_or_default())));
+        }
+        req.cpu_list = Some(inside);
+    }
+    let canonical = req.to_string();
+    match request::parse(&canonical) {
+        Ok(again) if again.to_string() == canonical => Ok(Prepared { request: req, canonical }),
+        Ok(again) => Err(HostError::BadRequest(format!("{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"))),
+        Err(e) => Err(HostError::BadRequest(format!("{text:?} cannot be recorded: it becomes {canonical:?}, which does not read back: {e}"))),
+    }
+}
+
+/// What reads need of the host, copied out under the lock in a moment and used without it.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The placement model (shared, replaced when foreign cpusets change).
+    pub model: Arc<HostModel>,
+    /// Held and fenced CPUs.
+    pub occupancy: place::Occupancy,
+    /// The ledger's generation.
+    pub generation: u64,
+    /// The jobs, with their state and owner.
+    pub jobs: Vec<JobView>,
+}
+
+impl Snapshot {
+    /// Would `prepared` fit, and how well.
+    pub fn fit(&self, prepared: &Prepared) -> Result<place::Fit, HostError> {
+        place::fit_and_score(&self.model, &self.occupancy, &prepared.request).map_err(|source| HostError::DoesNotFit { job: String::new(), source })
+    }
+
+    /// What is free, by shape.
+    pub fn host_metrics(&self) -> HostMetrics {
+        HostMetrics::measure(&self.model, &self.occupancy)
+    }
+}
+
+/// A release under way: the slow part (killing the job's processes and waiting for them to go)
+/// runs without the host lock, through [`ReleaseTicket::run`]; [`Host::finish_release`] then
+/// frees the CPUs.
+#[must_use]
+pub struct ReleaseTicket {
+    id: JobId,
+    known: bool,
+    backend: Arc<dyn CgroupBackend>,
+    timeout: Duration,
+}
+
+impl ReleaseTicket {
+    /// Kills what is left of the job and removes its cgroup. Takes no lock.
+    pub fn run(&self) -> Result<ReleaseReport, CgroupError> {
+        self.backend.release(&self.id, self.timeout)
+    }
 }
 
 /// The state of one host.
 pub struct Host {
-    topo: Topology,
-    model: HostModel,
+    topo: Arc<Topology>,
+    model: Arc<HostModel>,
+    /// CPUs configuration keeps from jobs.
+    reserved: CpuSet,
+    /// CPUs other exclusive cpusets hold, as last seen.
+    foreign: CpuSet,
     ledger: Ledger,
     hints: BTreeMap<String, JobHint>,
-    backend: Box<dyn CgroupBackend>,
-    hint_file: Option<PathBuf>,
-    hint_writer: Option<HintWriter>,
+    backend: Arc<dyn CgroupBackend>,
+    records: Option<Records>,
     strategy: Strategy,
     release_timeout: Duration,
+    /// Jobs whose release is under way (their CPUs stay held until it ends).
+    releasing: BTreeSet<String>,
     /// Jobs that have had a process: only those are released when they become empty.
-    joined: std::collections::BTreeSet<String>,
+    joined: BTreeSet<String>,
     /// Jobs with processes that were told how to move themselves in and have not yet confirmed
     /// with `join`: how many, and the last offer. Their joins check before writing, and
     /// [`Host::release_empty`] leaves them alone for [`SELF_JOIN_WINDOW`] after the last offer.
@@ -115,70 +232,39 @@ pub struct Host {
 /// cannot see the process coming.
 const SELF_JOIN_WINDOW: Duration = Duration::from_secs(10);
 
-/// Writes the hint file off the request path: each change sends the whole file; the writer
-/// keeps only the newest. A write lost in a crash costs nothing but a hint.
-struct HintWriter {
-    tx: std::sync::mpsc::Sender<Vec<u8>>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl HintWriter {
-    fn start(path: PathBuf) -> HintWriter {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
-        let thread = std::thread::spawn(move || {
-            while let Ok(mut bytes) = rx.recv() {
-                while let Ok(newer) = rx.try_recv() {
-                    bytes = newer;
-                }
-                let tmp = path.with_extension("tmp");
-                if let Err(e) = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path)) {
-                    tracing::warn!("cannot write the hint file {}: {e}", path.display());
-                }
-            }
-        });
-        HintWriter { tx, thread }
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        // Let the writer finish what it was given.
-        if let Some(w) = self.hint_writer.take() {
-            drop(w.tx);
-            let _ = w.thread.join();
-        }
-    }
-}
-
 impl Host {
-    /// A host with an empty ledger; call [`Host::recover`] next.
-    pub fn new(topo: Topology, model: HostModel, backend: Box<dyn CgroupBackend>, hint_file: Option<PathBuf>, strategy: Strategy) -> Self {
-        let hint_writer = hint_file.clone().map(HintWriter::start);
-        Host {
-            topo,
-            model,
+    /// A host with an empty ledger; call [`Host::recover`] next. `reserved` are the CPUs that
+    /// configuration keeps from jobs; the CPUs of other exclusive cpusets are added by
+    /// [`Host::reconcile_foreign`].
+    pub fn new(topo: Topology, reserved: CpuSet, backend: Box<dyn CgroupBackend>, records: Option<Records>, strategy: Strategy) -> Result<Self, place::ModelError> {
+        let model = HostModel::new(&topo, &reserved)?;
+        Ok(Host {
+            topo: Arc::new(topo),
+            model: Arc::new(model),
+            reserved,
+            foreign: CpuSet::new(),
             ledger: Ledger::new(),
             hints: BTreeMap::new(),
-            backend,
-            hint_file,
-            hint_writer,
+            backend: Arc::from(backend),
+            records,
             strategy,
             release_timeout: Duration::from_secs(10),
+            releasing: Default::default(),
             joined: Default::default(),
             self_join_offered: Default::default(),
-        }
+        })
     }
 
-    /// Rebuilds the ledger from the job cgroups that exist; the hint file adds their requests.
-    pub fn recover(&mut self) -> Result<Recovery, HostError> {
-        let mut hints: BTreeMap<String, JobHint> = match &self.hint_file {
-            Some(path) => match std::fs::read_to_string(path) {
-                Ok(text) => serde_json::from_str(&text).unwrap_or_default(),
-                Err(_) => BTreeMap::new(),
-            },
-            None => BTreeMap::new(),
-        };
+    /// Rebuilds the ledger from the job cgroups that exist; the records add their requests,
+    /// tasks and owners. `legacy` holds the hints of an older topod's single hint file, used for
+    /// jobs that have no record.
+    pub fn recover(&mut self, legacy: BTreeMap<String, JobHint>) -> Result<Recovery, HostError> {
         let mut report = Recovery::default();
+        let (mut hints, unreadable) = self.records.as_ref().map(Records::load).unwrap_or_default();
+        report.unreadable = unreadable;
+        for (job, hint) in legacy {
+            hints.entry(job).or_insert(hint);
+        }
         for (job, eff) in self.backend.list()? {
             if eff.cpus.is_empty() {
                 // Made but never given CPUs (topod died inside allocate): nothing can have
@@ -189,9 +275,14 @@ impl Host {
                     continue;
                 }
             }
-            let hint = hints.remove(job.as_str()).unwrap_or_default();
+            let mut hint = hints.remove(job.as_str()).unwrap_or_default();
+            let parsed = if hint.request.is_empty() { None } else { request::parse(&hint.request).ok().filter(|r| r.to_string() == hint.request) };
+            if parsed.is_none() && !hint.request.is_empty() {
+                report.bad_requests.push(job.to_string());
+                hint.request.clear();
+            }
             let tasks = if hint.tasks.is_empty() { vec![eff.cpus.clone()] } else { hint.tasks.clone() };
-            let fenced = match request::parse(&hint.request).ok().and_then(|r| r.exclusive_level()) {
+            let fenced = match parsed.as_ref().and_then(|r| r.exclusive_level()) {
                 Some(level) => self.model.closure(level, &eff.cpus).difference(&eff.cpus),
                 None => CpuSet::new(),
             };
@@ -202,82 +293,118 @@ impl Host {
             match self.ledger.insert(alloc) {
                 Ok(_) => {
                     report.kept.push(job.to_string());
+                    self.record(&job, &hint);
                     self.hints.insert(job.to_string(), hint);
                 }
                 Err(_) => report.conflicts.push(job.to_string()),
             }
         }
-        report.dropped_hints = hints.into_keys().collect();
-        self.save_hints();
+        for job in hints.into_keys() {
+            if let (Some(records), Ok(id)) = (&self.records, JobId::parse(&job)) {
+                let _ = records.remove(&id);
+            }
+            report.dropped_hints.push(job);
+        }
         Ok(report)
     }
 
     /// Places and confines a job; the same job with the same request again returns what it has.
-    pub fn allocate(
-        &mut self,
-        job: &str,
-        request_text: &str,
-        tasks: Option<u32>,
-        given_cpus: Option<&str>,
-        mem_limit: Option<u64>,
-        owner_uid: Option<u32>,
-    ) -> Result<Allocation, HostError> {
+    pub fn allocate(&mut self, job: &str, request_text: &str, tasks: Option<u32>, given_cpus: Option<&str>, mem_limit: Option<u64>, owner_uid: Option<u32>) -> Result<Allocation, HostError> {
+        let prepared = prepare(&self.topo, request_text, tasks, given_cpus)?;
+        self.allocate_prepared(job, &prepared, mem_limit, owner_uid)
+    }
+
+    /// [`Host::allocate`] for a request already [`prepare`]d.
+    pub fn allocate_prepared(&mut self, job: &str, prepared: &Prepared, mem_limit: Option<u64>, owner_uid: Option<u32>) -> Result<Allocation, HostError> {
         let id = JobId::parse(job)?;
-        let mut req = request::parse(request_text).map_err(|e| HostError::BadRequest(e.to_string()))?;
-        if req.tasks.is_none() {
-            req.tasks = Some(tasks.unwrap_or(place::DEFAULT_TASKS));
+        if self.releasing.contains(job) {
+            return Err(HostError::Releasing(job.to_string()));
         }
-        if let Some(text) = given_cpus {
-            let given = CpuSet::parse_list(text).map_err(|e| HostError::BadRequest(format!("cpus: {e}")))?;
-            req.cpu_list = Some(match &req.cpu_list {
-                Some(list) => list.intersection(&given),
-                None => given,
-            });
-        }
-        let canonical = req.to_string();
+        let canonical = &prepared.canonical;
         if let Some(existing) = self.ledger.get(id.as_str()) {
-            if existing.request == canonical {
+            if &existing.request == canonical {
                 return Ok(existing.clone());
             }
             if existing.request.is_empty() {
-                // Recovered from its cgroup without a hint (topod died before writing it): the
-                // batch system asking again tells us what it was.
+                // Recovered from its cgroup without a record (topod died before writing it):
+                // the batch system asking again tells us what it was.
                 let mut adopted = existing.clone();
                 adopted.request = canonical.clone();
+                if let Some(level) = prepared.request.exclusive_level() {
+                    adopted.fenced = self.model.closure(level, &adopted.cpus).difference(&adopted.cpus);
+                }
+                let hint = JobHint { request: canonical.clone(), tasks: adopted.tasks.clone(), owner_uid };
+                self.write_record(&id, &hint)?;
                 self.ledger.release(id.as_str())?;
-                self.ledger.insert(adopted.clone())?;
-                self.hints.insert(job.to_string(), JobHint { request: canonical, tasks: adopted.tasks.clone(), owner_uid });
-                self.save_hints();
+                if self.ledger.insert(adopted.clone()).is_err() {
+                    // Its fence now overlaps another job: keep it as it was, without the fence.
+                    adopted.fenced = CpuSet::new();
+                    self.ledger.insert(adopted.clone())?;
+                }
+                self.hints.insert(job.to_string(), hint);
                 return Ok(adopted);
             }
             return Err(HostError::AlreadyAllocated { job: job.to_string(), cpus: existing.cpus.to_string(), request: existing.request.clone() });
         }
-        let placement = place::place(&self.model, self.ledger.occupancy(), &req, self.strategy)
-            .map_err(|source| HostError::DoesNotFit { job: job.to_string(), source })?;
-        let spec = CgroupSpec { cpus: placement.cpus.clone(), mems: placement.mems.clone(), memory_limit: mem_limit.or(req.mem_mib.map(|m| m << 20)) };
-        self.backend.create(&id, &spec)?;
-        let alloc = match self.ledger.allocate(id.as_str(), &placement, &canonical) {
-            Ok(a) => a.clone(),
-            Err(e) => {
-                // Keep cgroups and ledger in step: undo the cgroup we just made.
-                let _ = self.backend.release(&id, self.release_timeout);
-                return Err(e.into());
+        match self.place_and_create(&id, prepared, mem_limit) {
+            Err(HostError::Cgroup(e)) => {
+                // The kernel refused the cpuset: an exclusive cpuset beside ours may have come or
+                // gone since the model was made. Look again, and try once more if it changed.
+                if self.reconcile_foreign().is_some() {
+                    tracing::info!("job {job}: the cgroup was refused ({e}); placing again inside the CPUs topod may now use");
+                    self.place_and_create(&id, prepared, mem_limit)?;
+                } else {
+                    return Err(HostError::Cgroup(e));
+                }
             }
-        };
-        self.hints.insert(job.to_string(), JobHint { request: canonical, tasks: alloc.tasks.clone(), owner_uid });
-        self.save_hints();
+            other => other?,
+        }
+        let alloc = self.ledger.get(id.as_str()).cloned().ok_or_else(|| HostError::UnknownJob(job.to_string()))?;
+        let hint = JobHint { request: canonical.clone(), tasks: alloc.tasks.clone(), owner_uid };
+        // The record is written before the answer: an owner lost in a crash would lock the job's
+        // own processes out of it.
+        if let Err(e) = self.write_record(&id, &hint) {
+            let _ = self.backend.release(&id, self.release_timeout);
+            let _ = self.ledger.release(id.as_str());
+            return Err(e);
+        }
+        self.hints.insert(job.to_string(), hint);
         Ok(alloc)
     }
 
-    /// Moves a process into the job's cgroup.
+    /// Places the job, creates its cgroup and records it in the ledger; on any failure leaves
+    /// no cgroup and no ledger entry behind.
+    fn place_and_create(&mut self, id: &JobId, prepared: &Prepared, mem_limit: Option<u64>) -> Result<(), HostError> {
+        let placement = place::place(&self.model, self.ledger.occupancy(), &prepared.request, self.strategy)
+            .map_err(|source| HostError::DoesNotFit { job: id.to_string(), source })?;
+        let spec = CgroupSpec { cpus: placement.cpus.clone(), mems: placement.mems.clone(), memory_limit: mem_limit.or(prepared.request.mem_mib.map(|m| m << 20)) };
+        if let Err(e) = self.backend.create(id, &spec) {
+            // Nothing can have joined a cgroup that was never configured: remove what was made.
+            let _ = self.backend.release(id, Duration::from_millis(100));
+            return Err(e.into());
+        }
+        if let Err(e) = self.ledger.allocate(id.as_str(), &placement, &prepared.canonical) {
+            // Keep cgroups and ledger in step: undo the cgroup we just made.
+            let _ = self.backend.release(id, self.release_timeout);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Moves a process into the job's cgroup. The caller has checked who the process is
+    /// (`super::server` does, by pidfd).
     pub fn join(&mut self, job: &str, pid: i32) -> Result<(), HostError> {
         let id = JobId::parse(job)?;
-        // Writing 0 to cgroup.procs moves the writer: topod would confine (and later kill) itself.
-        if pid <= 0 || pid as u32 == std::process::id() {
+        // Writing 0 to cgroup.procs moves the writer, and any id of topod's would move topod
+        // into the job (and its release would then freeze and kill topod).
+        if pid <= 0 || super::process::is_own(pid) {
             return Err(HostError::BadPid(pid));
         }
         if self.ledger.get(id.as_str()).is_none() {
             return Err(HostError::UnknownJob(job.to_string()));
+        }
+        if self.releasing.contains(job) {
+            return Err(HostError::Releasing(job.to_string()));
         }
         if let Some((pending, _)) = self.self_join_offered.get_mut(job) {
             self.backend.join_unless_in(&id, pid)?;
@@ -300,6 +427,9 @@ impl Host {
         if self.ledger.get(id.as_str()).is_none() {
             return Err(HostError::UnknownJob(job.to_string()));
         }
+        if self.releasing.contains(job) {
+            return Err(HostError::Releasing(job.to_string()));
+        }
         let files = self.backend.self_join_files(&id)?;
         if !files.is_empty() {
             let offer = self.self_join_offered.entry(job.to_string()).or_insert((0, std::time::Instant::now()));
@@ -312,7 +442,7 @@ impl Host {
     /// (A job allocated but not yet joined is left alone.)
     pub fn release_empty(&mut self) -> Vec<String> {
         let moving_in = |j: &str| self.self_join_offered.get(j).is_some_and(|(_, last)| last.elapsed() < SELF_JOIN_WINDOW);
-        let candidates: Vec<String> = self.joined.iter().filter(|j| self.ledger.get(j).is_some() && !moving_in(j)).cloned().collect();
+        let candidates: Vec<String> = self.joined.iter().filter(|j| self.ledger.get(j).is_some() && !moving_in(j) && !self.releasing.contains(*j)).cloned().collect();
         let mut released = Vec::new();
         for job in candidates {
             let Ok(id) = JobId::parse(&job) else { continue };
@@ -323,27 +453,81 @@ impl Host {
         released
     }
 
-    /// Kills what is left of the job, removes its cgroup and frees its CPUs.
-    pub fn release(&mut self, job: &str) -> Result<usize, HostError> {
+    /// Starts releasing `job`: from now on it takes no process and no second release, and its
+    /// CPUs stay held until [`Host::finish_release`].
+    pub fn begin_release(&mut self, job: &str) -> Result<ReleaseTicket, HostError> {
         let id = JobId::parse(job)?;
-        let known = self.ledger.get(id.as_str()).is_some();
-        let report = match self.backend.release(&id, self.release_timeout) {
+        if !self.releasing.insert(job.to_string()) {
+            return Err(HostError::Releasing(job.to_string()));
+        }
+        Ok(ReleaseTicket { known: self.ledger.get(id.as_str()).is_some(), id, backend: self.backend.clone(), timeout: self.release_timeout })
+    }
+
+    /// Ends a release begun with [`Host::begin_release`], given what [`ReleaseTicket::run`] did:
+    /// the CPUs are freed once the cgroup is gone; returns how many processes were killed.
+    pub fn finish_release(&mut self, ticket: ReleaseTicket, outcome: Result<ReleaseReport, CgroupError>) -> Result<usize, HostError> {
+        let job = ticket.id.as_str().to_string();
+        self.releasing.remove(&job);
+        let report = match outcome {
             Ok(r) => r,
-            Err(CgroupError::NoSuchJob(_)) if known => Default::default(),
-            Err(CgroupError::NoSuchJob(_)) => return Err(HostError::UnknownJob(job.to_string())),
+            Err(CgroupError::NoSuchJob(_)) if ticket.known => Default::default(),
+            Err(CgroupError::NoSuchJob(_)) => return Err(HostError::UnknownJob(job)),
             Err(e) => return Err(e.into()),
         };
         if !report.survivors.is_empty() {
-            return Err(HostError::Survivors { job: job.to_string(), pids: report.survivors });
+            return Err(HostError::Survivors { job, pids: report.survivors });
         }
-        if known {
-            self.ledger.release(id.as_str())?;
+        if self.ledger.get(&job).is_some() {
+            self.ledger.release(&job)?;
         }
-        self.hints.remove(job);
-        self.joined.remove(job);
-        self.self_join_offered.remove(job);
-        self.save_hints();
+        self.hints.remove(&job);
+        self.joined.remove(&job);
+        self.self_join_offered.remove(&job);
+        if let Some(records) = &self.records {
+            if let Err(e) = records.remove(&ticket.id) {
+                tracing::warn!("job {job}: {e}");
+            }
+        }
         Ok(report.killed)
+    }
+
+    /// Kills what is left of the job, removes its cgroup and frees its CPUs, all under the
+    /// caller's lock (the server releases in two steps instead).
+    pub fn release(&mut self, job: &str) -> Result<usize, HostError> {
+        let ticket = self.begin_release(job)?;
+        let outcome = ticket.run();
+        self.finish_release(ticket, outcome)
+    }
+
+    /// Looks again at the exclusive cpusets beside topod's subtree: when one has come or gone,
+    /// the placement model is rebuilt without (or again with) its CPUs, and the subtree is
+    /// widened to what it may use now. Returns the foreign CPUs before and after a change.
+    pub fn reconcile_foreign(&mut self) -> Option<(CpuSet, CpuSet)> {
+        let foreign = match self.backend.foreign_cpus() {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("looking for other exclusive cpusets: {e}");
+                return None;
+            }
+        };
+        if foreign == self.foreign {
+            return None;
+        }
+        if let Err(e) = self.backend.widen() {
+            tracing::warn!("widening topod's cgroup subtree: {e}");
+        }
+        match HostModel::new(&self.topo, &self.reserved.union(&foreign)) {
+            Ok(model) => {
+                self.model = Arc::new(model);
+                let before = std::mem::replace(&mut self.foreign, foreign.clone());
+                tracing::info!("exclusive cpusets beside topod's now hold CPUs {} (were {}); jobs may use {}", if foreign.is_empty() { "none".to_string() } else { foreign.to_string() }, if before.is_empty() { "none".to_string() } else { before.to_string() }, self.model.allocatable);
+                Some((before, foreign))
+            }
+            Err(e) => {
+                tracing::warn!("exclusive cpusets beside topod's hold CPUs {foreign}: {e}");
+                None
+            }
+        }
     }
 
     /// The uid allowed to join its own processes to `job`, if one was given at allocation.
@@ -353,11 +537,25 @@ impl Host {
 
     /// Would `request` fit now, and how well.
     pub fn fit(&self, request_text: &str, tasks: Option<u32>) -> Result<place::Fit, HostError> {
-        let mut req: Request = request::parse(request_text).map_err(|e| HostError::BadRequest(e.to_string()))?;
-        if req.tasks.is_none() {
-            req.tasks = Some(tasks.unwrap_or(place::DEFAULT_TASKS));
-        }
-        place::fit_and_score(&self.model, self.ledger.occupancy(), &req).map_err(|source| HostError::DoesNotFit { job: String::new(), source })
+        let prepared = prepare(&self.topo, request_text, tasks, None)?;
+        self.snapshot().fit(&prepared)
+    }
+
+    /// What reads need, copied for use without the lock.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot { model: self.model.clone(), occupancy: self.ledger.occupancy().clone(), generation: self.ledger.generation(), jobs: self.jobs() }
+    }
+
+    /// Every job with its state and owner.
+    pub fn jobs(&self) -> Vec<JobView> {
+        self.ledger
+            .jobs()
+            .map(|a| JobView {
+                allocation: a.clone(),
+                state: if self.releasing.contains(&a.job) { JobState::Releasing } else { JobState::Running },
+                owner_uid: self.owner_of(&a.job),
+            })
+            .collect()
     }
 
     /// The ledger.
@@ -366,7 +564,7 @@ impl Host {
     }
 
     /// The hardware graph.
-    pub fn topology(&self) -> &Topology {
+    pub fn topology(&self) -> &Arc<Topology> {
         &self.topo
     }
 
@@ -385,15 +583,17 @@ impl Host {
         self.backend.kind()
     }
 
-    /// Hands the hint file to its writer, which writes it atomically (temporary file, then
-    /// rename). A failure is only logged: the cgroup tree stays the truth.
-    fn save_hints(&self) {
-        let Some(writer) = &self.hint_writer else { return };
-        match serde_json::to_vec(&self.hints) {
-            Ok(bytes) => {
-                let _ = writer.tx.send(bytes);
-            }
-            Err(e) => tracing::warn!("cannot encode the job hints: {e}"),
+    fn write_record(&self, id: &JobId, hint: &JobHint) -> Result<(), HostError> {
+        match &self.records {
+            Some(r) => r.write(id, hint).map_err(HostError::Records),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a record during recovery, where a failure is only logged (the cgroup is kept).
+    fn record(&self, id: &JobId, hint: &JobHint) {
+        if let Err(e) = self.write_record(id, hint) {
+            tracing::warn!("job {id}: {e}");
         }
     }
 }
@@ -409,6 +609,8 @@ mod tests {
     struct SharedFake {
         kernel: std::sync::Arc<Fake>,
         offers_self_join: bool,
+        /// What foreign exclusive cpusets hold, as the test sets it.
+        foreign: std::sync::Arc<std::sync::Mutex<CpuSet>>,
     }
 
     impl CgroupBackend for SharedFake {
@@ -433,13 +635,15 @@ mod tests {
         fn list(&self) -> Result<Vec<(JobId, crate::cgroup::Effective)>, CgroupError> {
             self.kernel.list()
         }
+        fn foreign_cpus(&self) -> Result<CpuSet, CgroupError> {
+            Ok(self.foreign.lock().unwrap().clone())
+        }
     }
 
-    fn host(hints: Option<PathBuf>) -> Host {
+    fn host(records: Option<Records>) -> Host {
         let topo = Topology::synthetic(SyntheticShape { packages: 2, numa_per_package: 1, l3_per_numa: 2, cores_per_l3: 4, threads_per_core: 2 });
-        let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
         let fake = Fake::new(topo.allowed.clone(), topo.allowed_mems.clone());
-        Host::new(topo, model, Box::new(fake), hints, Strategy::BestFit)
+        Host::new(topo, CpuSet::new(), Box::new(fake), records, Strategy::BestFit).unwrap()
     }
 
     #[test]
@@ -450,6 +654,7 @@ mod tests {
         assert_eq!(h.allocate("7", "affinity[core(2)*2]", None, None, None, None).unwrap(), a);
         assert!(matches!(h.allocate("7", "affinity[thread]", None, None, None, None), Err(HostError::AlreadyAllocated { .. })));
         h.join("7", 123).unwrap();
+        assert!(matches!(h.join("7", std::process::id() as i32), Err(HostError::BadPid(_))), "topod never moves itself");
         assert!(matches!(h.join("8", 1), Err(HostError::UnknownJob(_))));
         assert!(h.release_empty().is_empty(), "job 7 still has its process");
         assert_eq!(h.release("7").unwrap(), 1);
@@ -469,9 +674,8 @@ mod tests {
     #[test]
     fn a_job_with_a_process_moving_itself_in_is_not_released_as_empty() {
         let topo = Topology::synthetic(SyntheticShape { packages: 1, numa_per_package: 1, l3_per_numa: 1, cores_per_l3: 4, threads_per_core: 1 });
-        let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
         let kernel = std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
-        let mut h = Host::new(topo, model, Box::new(SharedFake { kernel, offers_self_join: true }), None, Strategy::BestFit);
+        let mut h = Host::new(topo, CpuSet::new(), Box::new(SharedFake { kernel, offers_self_join: true, foreign: Default::default() }), None, Strategy::BestFit).unwrap();
         let a = h.allocate("20", "affinity[thread*2]", None, None, None, None).unwrap();
         let id = JobId::parse("20").unwrap();
         let empty_the_cgroup = |h: &mut Host| {
@@ -503,26 +707,92 @@ mod tests {
     }
 
     #[test]
-    fn a_restart_keeps_every_job() {
+    fn a_restart_keeps_every_job_and_its_owner() {
         let dir = tempfile::tempdir().unwrap();
-        let hints = dir.path().join("jobs.json");
         let topo = Topology::synthetic(SyntheticShape { packages: 1, numa_per_package: 1, l3_per_numa: 1, cores_per_l3: 8, threads_per_core: 1 });
-        let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
         // One fake "kernel" that outlives the daemon.
         let kernel = std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
-        let mut first = Host::new(topo.clone(), model.clone(), Box::new(SharedFake { kernel: kernel.clone(), offers_self_join: false }), Some(hints.clone()), Strategy::BestFit);
+        let fake = |kernel: &std::sync::Arc<Fake>| Box::new(SharedFake { kernel: kernel.clone(), offers_self_join: false, foreign: Default::default() });
+        let mut first = Host::new(topo.clone(), CpuSet::new(), fake(&kernel), Some(Records::open(dir.path()).unwrap()), Strategy::BestFit).unwrap();
         let a = first.allocate("1", "CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE] affinity[thread*3]", None, None, None, Some(1000)).unwrap();
         let b = first.allocate("2", "affinity[thread*2]", None, None, None, None).unwrap();
-        drop(first);
-        let mut again = Host::new(topo, model, Box::new(SharedFake { kernel, offers_self_join: false }), Some(hints), Strategy::BestFit);
-        let report = again.recover().unwrap();
+        // Killed right after answering: no destructor, no background writer to finish.
+        std::mem::forget(first);
+        let mut again = Host::new(topo, CpuSet::new(), fake(&kernel), Some(Records::open(dir.path()).unwrap()), Strategy::BestFit).unwrap();
+        let report = again.recover(BTreeMap::new()).unwrap();
         assert_eq!(report.kept, ["1", "2"]);
         assert_eq!(again.ledger().get("1").unwrap().cpus, a.cpus);
         assert_eq!(again.ledger().get("2").unwrap().request, b.request);
-        assert_eq!(again.owner_of("1"), Some(1000));
+        assert_eq!(again.owner_of("1"), Some(1000), "the owner was durable before allocate answered");
         again.ledger().check().unwrap();
         // No CPU is handed out twice after the restart.
         let c = again.allocate("3", "affinity[thread*3]", None, None, None, None).unwrap();
         assert!(!c.cpus.intersects(&a.cpus) && !c.cpus.intersects(&b.cpus));
+        // A released job's record goes with it.
+        again.release("2").unwrap();
+        assert!(!dir.path().join("jobs/2.json").exists());
+        assert!(dir.path().join("jobs/1.json").exists());
+    }
+
+    #[test]
+    fn every_recorded_request_reads_back_as_itself() {
+        let mut h = host(None);
+        let e = h.allocate("1", "affinity[thread]", Some(0), None, None, None).unwrap_err().to_string();
+        assert!(e.contains("tasks = 0"), "{e}");
+        let e = h.fit("affinity[thread]", Some(0)).unwrap_err().to_string();
+        assert!(e.contains("tasks = 0"), "{e}");
+        // CPUs the host does not have are named, early, whatever the request's size.
+        let huge = format!("CPUSET[CPU_LIST={}]", vec!["0-65535"; 6000].join(","));
+        let t = std::time::Instant::now();
+        let e = h.fit(&huge, None).unwrap_err().to_string();
+        assert!(e.contains("CPUs 32-65535") && e.contains("does not have"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        let e = h.allocate("2", "CPUSET[CPU_LIST=5000-6000]", None, None, None, None).unwrap_err().to_string();
+        assert!(e.contains("CPUs 5000-6000, which this host does not have"), "{e}");
+        let e = h.allocate("2", "affinity[thread]", None, Some("0-1,99"), None, None).unwrap_err().to_string();
+        assert!(e.contains("batch system's CPU list names CPUs 99"), "{e}");
+        let e = h.allocate("2", "CPUSET[CPU_LIST=5] affinity[thread]", None, Some("0-1"), None, None).unwrap_err().to_string();
+        assert!(e.contains("no CPU among those the batch system gave"), "{e}");
+        assert!(h.ledger().is_empty());
+        // What is recorded parses back to itself.
+        for (req, tasks) in [("affinity[core(2)*2]", None), ("affinity[thread]", Some(3)), ("CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE;MAX_RADIUS=1] affinity[thread*2]", None)] {
+            let a = h.allocate(&format!("j{req}{tasks:?}").replace(['[', ']', '(', ')', '*', ' ', ';', '=', ','], ""), req, tasks, None, None, None).unwrap();
+            assert_eq!(crate::request::parse(&a.request).unwrap().to_string(), a.request);
+        }
+    }
+
+    #[test]
+    fn a_job_being_released_takes_no_process_and_shows_as_releasing() {
+        let mut h = host(None);
+        h.allocate("5", "affinity[thread*2]", None, None, None, Some(1000)).unwrap();
+        h.join("5", 4242).unwrap();
+        let ticket = h.begin_release("5").unwrap();
+        assert!(matches!(h.join("5", 4243), Err(HostError::Releasing(_))));
+        assert!(matches!(h.allocate("5", "affinity[thread*2]", None, None, None, None), Err(HostError::Releasing(_))));
+        assert!(matches!(h.begin_release("5"), Err(HostError::Releasing(_))));
+        let view = h.jobs();
+        assert_eq!((view[0].state, view[0].owner_uid), (JobState::Releasing, Some(1000)));
+        assert_eq!(h.snapshot().occupancy.held.len(), 2, "its CPUs stay held while it is released");
+        let outcome = ticket.run();
+        assert_eq!(h.finish_release(ticket, outcome).unwrap(), 1);
+        assert!(h.ledger().is_empty() && h.jobs().is_empty());
+    }
+
+    #[test]
+    fn a_foreign_cpuset_that_goes_away_gives_its_cpus_back() {
+        let topo = Topology::synthetic(SyntheticShape { packages: 1, numa_per_package: 1, l3_per_numa: 1, cores_per_l3: 4, threads_per_core: 1 });
+        let kernel = std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
+        let foreign = std::sync::Arc::new(std::sync::Mutex::new(CpuSet::parse_list("3").unwrap()));
+        let mut h = Host::new(topo, CpuSet::new(), Box::new(SharedFake { kernel, offers_self_join: false, foreign: foreign.clone() }), None, Strategy::BestFit).unwrap();
+        assert!(h.reconcile_foreign().is_some());
+        assert_eq!(h.allocatable().to_string(), "0-2");
+        assert!(h.allocate("a", "affinity[thread*4]", None, None, None, None).is_err());
+        *foreign.lock().unwrap() = CpuSet::new();
+        // The next allocate that the model refuses does not look; the timer (or a refused
+        // cgroup) does.
+        assert_eq!(h.reconcile_foreign().map(|(_, after)| after.is_empty()), Some(true));
+        assert_eq!(h.allocatable().to_string(), "0-3");
+        h.allocate("a", "affinity[thread*4]", None, None, None, None).unwrap();
+        assert!(h.reconcile_foreign().is_none(), "nothing changed");
     }
 }

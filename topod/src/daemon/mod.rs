@@ -3,7 +3,10 @@
 //! topod runs with no configuration file; `/etc/topo/topod.toml` (or `--config`) may set any of
 //! the [`Config`] fields. Command-line options override the file.
 
+pub mod conn;
 pub mod host;
+pub mod process;
+pub mod records;
 pub mod server;
 pub mod tcp;
 
@@ -51,8 +54,43 @@ pub struct Config {
     /// Addresses or networks (`"10.1.0.0/16"`, `"192.0.2.7"`) allowed to connect over TCP.
     #[serde(default)]
     pub tcp_allow: Vec<String>,
-    /// A file holding the shared key a TCP client must send first (one line).
+    /// A file holding the shared key a TCP client must send first (one line); readable by its
+    /// owner only.
     pub tcp_key_file: Option<PathBuf>,
+    /// Open connections allowed from users who are not administrators, all together (socket
+    /// and TCP); default 512. Administrators are never refused.
+    pub max_connections: Option<usize>,
+    /// Open connections allowed from one user (socket) or one address (TCP); default 64.
+    pub max_connections_per_user: Option<usize>,
+}
+
+impl Config {
+    /// The connection limits this configuration sets.
+    pub fn limits(&self) -> conn::Limits {
+        let d = conn::Limits::default();
+        conn::Limits {
+            max_connections: self.max_connections.unwrap_or(d.max_connections),
+            max_connections_per_user: self.max_connections_per_user.unwrap_or(d.max_connections_per_user),
+            ..d
+        }
+    }
+}
+
+/// Checks a `cgroup_subtree` value: one or more names separated by `/`, each made only of
+/// letters, digits and `._-:@+` and not `.` or `..`, so that it stays under the cgroup mounts.
+pub fn check_subtree(subtree: &str) -> Result<(), String> {
+    if subtree.is_empty() || subtree.len() > 255 {
+        return Err(format!("cgroup_subtree {subtree:?} must be 1 to 255 bytes"));
+    }
+    for part in subtree.split('/') {
+        if part.is_empty() || part == "." || part == ".." {
+            return Err(format!("cgroup_subtree {subtree:?}: {part:?} is not a directory name (no leading or trailing '/', no '.', '..' or '//')"));
+        }
+        if let Some(c) = part.chars().find(|c| !(c.is_ascii_alphanumeric() || "._-:@+".contains(*c))) {
+            return Err(format!("cgroup_subtree {subtree:?}: character {c:?} is not allowed (letters, digits and ._-:@+ only)"));
+        }
+    }
+    Ok(())
 }
 
 /// A configuration file that cannot be used.
@@ -101,6 +139,12 @@ impl Config {
         for entry in &config.tcp_allow {
             tcp::Allow::parse(entry).map_err(|what| ConfigError::Invalid { path: path.to_path_buf(), what: format!("tcp_allow: {what}") })?;
         }
+        if let Some(subtree) = &config.cgroup_subtree {
+            check_subtree(subtree).map_err(|what| ConfigError::Invalid { path: path.to_path_buf(), what })?;
+        }
+        if config.max_connections == Some(0) || config.max_connections_per_user == Some(0) {
+            return Err(ConfigError::Invalid { path: path.to_path_buf(), what: "max_connections and max_connections_per_user must be at least 1".into() });
+        }
         if let Some(s) = &config.strategy {
             s.parse::<crate::place::Strategy>().map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), what: format!("strategy: {e}") })?;
         }
@@ -132,5 +176,13 @@ mod tests {
         assert!(e.contains("10.0.0.0/33"), "{e}");
         let e = Config::parse(p, "strategy = \"fast\"").unwrap_err().to_string();
         assert!(e.contains("best-fit"), "{e}");
+        for bad in ["../../../../tmp/x", "/abs", "a//b", "a/./b", "a/..", "", "x y", "a/"] {
+            let e = Config::parse(p, &format!("cgroup_subtree = {bad:?}")).unwrap_err().to_string();
+            assert!(e.contains("cgroup_subtree"), "{bad}: {e}");
+        }
+        assert_eq!(Config::parse(p, "cgroup_subtree = \"batch/topo\"").unwrap().cgroup_subtree.as_deref(), Some("batch/topo"));
+        let e = Config::parse(p, "max_connections_per_user = 0").unwrap_err().to_string();
+        assert!(e.contains("at least 1"), "{e}");
+        assert_eq!(Config::parse(p, "max_connections = 9").unwrap().limits().max_connections, 9);
     }
 }

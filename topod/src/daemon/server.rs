@@ -1,19 +1,28 @@
 //! The Unix-socket server: one JSON request per line, one reply per line.
 //!
-//! Who the peer is comes only from the kernel (`SO_PEERCRED`). Reads (version, topology, free
-//! map, fit, list) are open to everyone; allocate and release need root or a configured
-//! administrator uid or gid; join needs an administrator, or the job's owner moving its own
-//! process (the peer's pid), which is how `topo-exec` started as the job's user gets in;
-//! self_join_files (the files a root process writes to move itself in, then confirmed by its
-//! own join) needs an administrator or the job's owner.
+//! Who the peer is comes only from the kernel: `SO_PEERCRED` for its uid and gid, and a pidfd
+//! for the process that connected (`SO_PEERPIDFD`, or `pidfd_open` of the peer's pid on kernels
+//! before 6.5), so that a pid number recycled after the peer exits is never taken for the peer.
+//! Reads (version, topology, free map, fit, list) are open to everyone; allocate and release need
+//! root or a configured administrator uid or gid; join needs an administrator, or the job's owner
+//! moving the very process that connected (how `topo-exec` started as the job's user gets in);
+//! self_join_files (the files a root process writes to move itself in, then confirmed by its own
+//! join) needs an administrator or the job's owner. No join ever moves a process or thread of
+//! topod's own.
+//!
+//! What one client can cost is bounded (see [`super::conn`]): connections per user and in
+//! total, the time a line may take, the time a reply may wait; requests are parsed before the
+//! host lock is taken, reads work on a snapshot, and a release waits for the job's processes to
+//! die without the lock.
 
-use super::host::{Host, HostError};
+use super::conn::{AcceptErrors, Admitted, Gate, Holder, Line, LineReader, Timed};
+use super::host::{self, Host, HostError};
+use super::process::{ProcessError, ProcessHandle};
 use crate::proto::{self, ErrorCode, Op, Reply};
+use crate::topology::Topology;
 use serde_json::json;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Who may change state.
 #[derive(Debug, Clone, Default)]
@@ -24,122 +33,215 @@ pub struct Admins {
     pub gids: Vec<u32>,
 }
 
+impl Admins {
+    /// Whether `peer` may change state.
+    pub fn allows(&self, peer: &Peer) -> bool {
+        peer.uid == 0 || self.uids.contains(&peer.uid) || self.gids.contains(&peer.gid)
+    }
+}
+
 /// The peer of a connection, as the kernel reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Peer {
-    /// Process id.
+    /// Process id at connect time.
     pub pid: i32,
     /// User id.
     pub uid: u32,
     /// Group id.
     pub gid: u32,
+    /// The process that connected, held by a pidfd (none over TCP, or where the kernel could
+    /// not name it: then the peer may only read and do what an administrator may).
+    pub process: Option<Arc<ProcessHandle>>,
 }
 
-impl Admins {
-    fn allows(&self, peer: &Peer) -> bool {
-        peer.uid == 0 || self.uids.contains(&peer.uid) || self.gids.contains(&peer.gid)
+impl Peer {
+    /// A TCP peer: no kernel credentials, so nobody, who may only read.
+    pub fn nobody() -> Peer {
+        Peer { pid: 0, uid: u32::MAX, gid: u32::MAX, process: None }
+    }
+
+    /// The peer of a Unix socket connection.
+    pub fn of(stream: &UnixStream) -> std::io::Result<Peer> {
+        let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).map_err(std::io::Error::from)?;
+        let (pid, uid, gid) = (cred.pid(), cred.uid(), cred.gid());
+        let process = match ProcessHandle::of_peer(stream, pid) {
+            Ok(Some(h)) => Some(h),
+            // Before Linux 6.5: open a pidfd of the pid now, and keep it only if that process is
+            // still the peer's user (the pid cannot have been reused by another user's process
+            // and still pass). The window between connect and this accept is not closed there.
+            Ok(None) => ProcessHandle::open(pid).ok().filter(|h| h.status().is_ok_and(|s| s.uids[1] == uid)),
+            Err(_) => None,
+        };
+        Ok(Peer { pid, uid, gid, process: process.map(Arc::new) })
     }
 }
 
-/// How long a connection may stay silent before it is closed.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// What every connection shares.
+pub struct Server {
+    /// The host state, behind the one lock.
+    pub host: Arc<Mutex<Host>>,
+    /// The hardware graph (it never changes while topod runs), readable without the lock.
+    pub topology: Arc<Topology>,
+    /// The topology as sent to clients, made once.
+    topology_json: serde_json::Value,
+    /// Who may change state.
+    pub admins: Admins,
+    /// The connection limits.
+    pub gate: Arc<Gate>,
+    backend_kind: &'static str,
+}
+
+impl Server {
+    /// A server for `host`.
+    pub fn new(host: Host, admins: Admins, gate: Arc<Gate>) -> Arc<Server> {
+        let topology = host.topology().clone();
+        let topology_json = serde_json::to_value(&*topology).unwrap_or_default();
+        let backend_kind = host.backend_kind();
+        Arc::new(Server { host: Arc::new(Mutex::new(host)), topology, topology_json, admins, gate, backend_kind })
+    }
+
+    /// The host, locked.
+    pub fn lock(&self) -> MutexGuard<'_, Host> {
+        self.host.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// Serves connections until the listener fails.
-pub fn serve(listener: UnixListener, host: Arc<Mutex<Host>>, admins: Arc<Admins>) {
-    for stream in listener.incoming() {
-        match stream {
-            Ok(stream) => {
-                let (host, admins) = (host.clone(), admins.clone());
-                std::thread::spawn(move || {
-                    if let Err(e) = connection(stream, &host, &admins) {
-                        tracing::debug!("connection ended: {e}");
-                    }
-                });
+pub fn serve(listener: UnixListener, server: Arc<Server>) {
+    let mut errors = AcceptErrors::new();
+    loop {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                errors.failed("the socket", &e);
+                continue;
             }
-            Err(e) => tracing::warn!("accept failed: {e}"),
+        };
+        let peer = match Peer::of(&stream) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!("connection without credentials: {e}");
+                continue;
+            }
+        };
+        let admitted = match server.gate.admit(Holder::Uid(peer.uid), server.admins.allows(&peer)) {
+            Ok(a) => a,
+            Err(why) => {
+                refuse(stream, &server, &why);
+                continue;
+            }
+        };
+        let server = server.clone();
+        let spawned = std::thread::Builder::new().name("topod-conn".into()).spawn(move || {
+            let lines = LineReader::new(proto::MAX_LINE_BYTES, &server.gate.limits());
+            if let Err(e) = connection(stream, lines, &server, &peer, false, admitted) {
+                tracing::debug!("connection ended: {e}");
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a thread for a connection: {e}");
         }
     }
 }
 
-fn peer_of(stream: &UnixStream) -> std::io::Result<Peer> {
-    let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).map_err(std::io::Error::from)?;
-    Ok(Peer { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() })
+/// Answers a connection that is over a limit with one error line (never waiting on the client)
+/// and closes it.
+pub(crate) fn refuse(mut stream: impl Timed, server: &Server, why: &str) {
+    let _ = stream.set_write_timeout(Some(std::time::Duration::from_millis(100).min(server.gate.limits().write)));
+    let _ = stream.write_all(Reply::error(ErrorCode::Busy, why).to_line().as_bytes());
 }
 
-fn connection(stream: UnixStream, host: &Mutex<Host>, admins: &Admins) -> std::io::Result<()> {
-    let peer = peer_of(&stream)?;
-    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
-    stream.set_write_timeout(Some(IDLE_TIMEOUT))?;
-    let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
+/// Serves one connection: a request line, a reply line, until the client closes, falls silent,
+/// or sends a line too long or too slow. `read_only` refuses every change (the TCP listener).
+pub(crate) fn connection(mut stream: impl Timed, mut lines: LineReader, server: &Server, peer: &Peer, read_only: bool, _admitted: Admitted) -> std::io::Result<()> {
+    let limits = server.gate.limits();
+    stream.set_write_timeout(Some(limits.write))?;
     loop {
-        let mut line = Vec::new();
-        // One byte more than the limit tells a line that is too long from one that is not.
-        let n = (&mut reader).take(proto::MAX_LINE_BYTES as u64 + 2).read_until(b'\n', &mut line)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let too_long = !line.ends_with(b"\n") && line.len() > proto::MAX_LINE_BYTES;
-        let reply = if too_long {
-            Reply::error(ErrorCode::BadRequest, proto::ProtoError::TooLong(line.len()).to_string())
-        } else {
-            match proto::parse_request(&line) {
-                Ok(req) => handle(host, admins, &peer, req.op),
-                Err(e) => Reply::error(ErrorCode::BadRequest, e.to_string()),
+        let (reply, close) = match lines.next(&mut stream)? {
+            Line::Closed => return Ok(()),
+            Line::TimedOut { partial: false } => return Ok(()),
+            Line::TimedOut { partial: true } => {
+                (Reply::error(ErrorCode::BadRequest, format!("the request line did not arrive whole within {} s; closing", limits.line.as_secs_f64())), true)
             }
-        };
-        writer.write_all(reply.to_line().as_bytes())?;
-        if too_long {
             // The rest of that line cannot be trusted to be a request: close.
+            Line::TooLong(n) => (Reply::error(ErrorCode::BadRequest, proto::ProtoError::TooLong(n).to_string()), true),
+            Line::Complete(line) => match proto::parse_request(&line) {
+                Ok(req) if read_only && req.op.changes_state() => {
+                    (Reply::error(ErrorCode::Forbidden, "the TCP listener is read-only; change state through the local socket"), false)
+                }
+                Ok(req) => (handle(server, peer, req.op), false),
+                Err(e) => (Reply::error(ErrorCode::BadRequest, e.to_string()), false),
+            },
+        };
+        stream.write_all(reply.to_line().as_bytes())?;
+        if close {
             return Ok(());
         }
     }
 }
 
 /// Answers one request from `peer`.
-pub fn handle(host: &Mutex<Host>, admins: &Admins, peer: &Peer, op: Op) -> Reply {
-    let mut host = host.lock().unwrap_or_else(|e| e.into_inner());
-    let forbidden = |what: &str| {
-        Reply::error(ErrorCode::Forbidden, format!("{what} needs root or a configured administrator; you are uid {} gid {}", peer.uid, peer.gid))
-    };
+pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
+    let admin = server.admins.allows(peer);
+    let forbidden = |what: &str| Reply::error(ErrorCode::Forbidden, format!("{what} needs root or a configured administrator; you are uid {} gid {}", peer.uid, peer.gid));
     match op {
         Op::Version => Reply::ok(json!({
             "topod": env!("CARGO_PKG_VERSION"),
             "protocol": proto::PROTOCOL_VERSION,
-            "cgroup": host.backend_kind(),
+            "cgroup": server.backend_kind,
             "pid": std::process::id(),
         })),
-        Op::Topology => Reply::ok(serde_json::to_value(host.topology()).unwrap_or_default()),
+        Op::Topology => Reply::ok(server.topology_json.clone()),
         Op::FreeMap => {
-            let l = host.ledger();
+            let snap = server.lock().snapshot();
             Reply::ok(json!({
-                "generation": l.generation(),
-                "allocatable": host.allocatable(),
-                "held": l.occupancy().held,
-                "fenced": l.occupancy().fenced,
-                "jobs": l.len(),
-                "job_ids": l.jobs().map(|a| a.job.as_str()).collect::<Vec<_>>(),
-                "free": host.host_metrics(),
+                "generation": snap.generation,
+                "allocatable": snap.model.allocatable,
+                "held": snap.occupancy.held,
+                "fenced": snap.occupancy.fenced,
+                "jobs": snap.jobs.len(),
+                "job_ids": snap.jobs.iter().map(|j| j.allocation.job.as_str()).collect::<Vec<_>>(),
+                "free": snap.host_metrics(),
             }))
         }
-        Op::Fit { request, tasks } => match host.fit(&request, tasks) {
-            Ok(fit) => Reply::ok(serde_json::to_value(fit).unwrap_or_default()),
-            Err(e) => error_reply(&e),
-        },
-        Op::List => Reply::ok(serde_json::to_value(host.ledger().jobs().collect::<Vec<_>>()).unwrap_or_default()),
+        Op::Fit { request, tasks } => {
+            let prepared = match host::prepare(&server.topology, &request, tasks, None) {
+                Ok(p) => p,
+                Err(e) => return error_reply(&e),
+            };
+            let snap = server.lock().snapshot();
+            match snap.fit(&prepared) {
+                Ok(fit) => Reply::ok(serde_json::to_value(fit).unwrap_or_default()),
+                Err(e) => error_reply(&e),
+            }
+        }
+        Op::List => {
+            let jobs = server.lock().jobs();
+            Reply::ok(serde_json::to_value(jobs).unwrap_or_default())
+        }
         Op::Allocate { job, request, tasks, cpus, mem_limit_bytes, owner_uid, join_pid } => {
-            if !admins.allows(peer) {
+            if !admin {
                 return forbidden("allocate");
             }
+            let prepared = match host::prepare(&server.topology, &request, tasks, cpus.as_deref()) {
+                Ok(p) => p,
+                Err(e) => return error_reply(&e),
+            };
+            // An administrator may move any process in, as with `join`, but never topod's own.
+            let target = match join_pid.map(|pid| join_target(pid, peer, true)).transpose() {
+                Ok(t) => t,
+                Err(reply) => return reply,
+            };
+            let mut host = server.lock();
             let existed = host.ledger().get(&job).is_some();
-            let alloc = match host.allocate(&job, &request, tasks, cpus.as_deref(), mem_limit_bytes, owner_uid) {
+            let alloc = match host.allocate_prepared(&job, &prepared, mem_limit_bytes, owner_uid) {
                 Ok(a) => a,
                 Err(e) => return error_reply(&e),
             };
-            if let Some(pid) = join_pid {
-                // An administrator may move any process in, as with `join`. All or nothing: an
-                // allocation this request made is undone when the process cannot be moved in;
-                // one that was there before stays.
+            if let Some(target) = target {
+                // All or nothing: an allocation this request made is undone when the process
+                // cannot be moved in; one that was there before stays.
+                let pid = target.pid();
                 if let Err(e) = host.join(&job, pid) {
                     let mut reply = error_reply(&e);
                     let outcome = if existed {
@@ -155,21 +257,30 @@ pub fn handle(host: &Mutex<Host>, admins: &Admins, peer: &Peer, op: Op) -> Reply
                     }
                     return reply;
                 }
+                moved_check(&target, &job);
             }
             Reply::ok(serde_json::to_value(alloc).unwrap_or_default())
         }
         Op::Join { job, pid } => {
-            let own = pid == peer.pid && host.owner_of(&job) == Some(peer.uid);
-            if !admins.allows(peer) && !own {
-                return forbidden("moving a process other than your own into a job you do not own");
+            let target = match join_target(pid, peer, admin) {
+                Ok(t) => t,
+                Err(reply) => return reply,
+            };
+            let mut host = server.lock();
+            if !admin && host.owner_of(&job) != Some(peer.uid) {
+                return Reply::error(ErrorCode::Forbidden, format!("job {job} is not yours (uid {}): only its owner or an administrator may move processes into it", peer.uid));
             }
             match host.join(&job, pid) {
-                Ok(()) => Reply::ok(json!({ "job": job, "pid": pid })),
+                Ok(()) => {
+                    moved_check(&target, &job);
+                    Reply::ok(json!({ "job": job, "pid": pid }))
+                }
                 Err(e) => error_reply(&e),
             }
         }
         Op::SelfJoinFiles { job } => {
-            if !admins.allows(peer) && host.owner_of(&job) != Some(peer.uid) {
+            let mut host = server.lock();
+            if !admin && host.owner_of(&job) != Some(peer.uid) {
                 return forbidden("moving yourself into a job you do not own");
             }
             match host.self_join_files(&job) {
@@ -178,10 +289,17 @@ pub fn handle(host: &Mutex<Host>, admins: &Admins, peer: &Peer, op: Op) -> Reply
             }
         }
         Op::Release { job } => {
-            if !admins.allows(peer) {
+            if !admin {
                 return forbidden("release");
             }
-            match host.release(&job) {
+            let ticket = match server.lock().begin_release(&job) {
+                Ok(t) => t,
+                Err(e) => return error_reply(&e),
+            };
+            // Killing the job's processes and waiting for them to go takes no lock: the job shows
+            // as "releasing" meanwhile, and its CPUs stay held until its cgroup is gone.
+            let outcome = ticket.run();
+            match server.lock().finish_release(ticket, outcome) {
                 Ok(killed) => Reply::ok(json!({ "job": job, "killed": killed })),
                 Err(e) => error_reply(&e),
             }
@@ -189,13 +307,51 @@ pub fn handle(host: &Mutex<Host>, admins: &Admins, peer: &Peer, op: Op) -> Reply
     }
 }
 
-fn error_reply(e: &HostError) -> Reply {
+/// The process a join would move, named by a pidfd and checked: a process (not a thread), not
+/// topod's own, and, for a peer that is not an administrator, the very process that connected,
+/// still running as the peer's user.
+fn join_target(pid: i32, peer: &Peer, admin: bool) -> Result<ProcessHandle, Reply> {
+    let refused = |e: ProcessError| Reply::error(ErrorCode::BadRequest, format!("cannot move process {pid}: {e}"));
+    let target = ProcessHandle::open(pid).map_err(refused)?;
+    let status = target.status().map_err(refused)?;
+    if status.tgid == std::process::id() as i32 {
+        return Err(Reply::error(ErrorCode::BadRequest, format!("pid {pid} is topod itself; topod never moves its own processes or threads into a job")));
+    }
+    if admin {
+        return Ok(target);
+    }
+    let forbidden = |why: String| Err(Reply::error(ErrorCode::Forbidden, why));
+    let Some(own) = &peer.process else {
+        return forbidden("topod could not identify the process that opened this connection, so it moves none for a user who is not an administrator".into());
+    };
+    if pid != peer.pid {
+        return forbidden(format!("you may move only your own process (pid {}) into your job, not pid {pid}", peer.pid));
+    }
+    if !own.alive() {
+        return forbidden(format!("the process that opened this connection (pid {}) has exited; a connection cannot move another process in its place", peer.pid));
+    }
+    if status.uids[0] != peer.uid || status.uids[1] != peer.uid {
+        return forbidden(format!("process {pid} does not run as uid {} (real uid {}, effective uid {})", peer.uid, status.uids[0], status.uids[1]));
+    }
+    Ok(target)
+}
+
+/// After a move: a target that exited meanwhile may have let its pid number go to another
+/// process before the kernel's write; say so where an administrator will see it.
+fn moved_check(target: &ProcessHandle, job: &str) {
+    if !target.alive() {
+        tracing::warn!("job {job}: process {} exited while it was being moved in; if its pid was reused at once, another process may be in the job", target.pid());
+    }
+}
+
+/// The reply for a refused or failed host operation.
+pub fn error_reply(e: &HostError) -> Reply {
     let code = match e {
-        HostError::BadJob(_) | HostError::AlreadyAllocated { .. } | HostError::BadPid(_) => ErrorCode::BadRequest,
+        HostError::BadJob(_) | HostError::AlreadyAllocated { .. } | HostError::BadPid(_) | HostError::Releasing(_) => ErrorCode::BadRequest,
         HostError::BadRequest(_) => ErrorCode::BadTopologyRequest,
         HostError::DoesNotFit { .. } => ErrorCode::DoesNotFit,
         HostError::UnknownJob(_) => ErrorCode::UnknownJob,
-        HostError::Survivors { .. } | HostError::Cgroup(_) | HostError::Ledger(_) => ErrorCode::Internal,
+        HostError::Survivors { .. } | HostError::Cgroup(_) | HostError::Ledger(_) | HostError::Records(_) => ErrorCode::Internal,
     };
     Reply::error(code, e.to_string())
 }

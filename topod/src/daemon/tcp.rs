@@ -3,12 +3,12 @@
 //! nothing until its first line is the shared key; after that, the read operations of the
 //! socket protocol (version, topology, free map, fit, list). Changes are refused.
 
-use super::host::Host;
-use super::server::{self, Admins, Peer};
-use crate::proto::{self, ErrorCode, Op, Reply};
-use std::io::{BufRead, BufReader, Read, Write};
+use super::conn::{AcceptErrors, Admitted, Holder, Line, LineReader};
+use super::server::{Peer, Server};
+use crate::proto::{ErrorCode, Reply};
+use std::io::Write;
 use std::net::{IpAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// One allow-list entry: an address, or a network in CIDR form.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,55 +53,58 @@ impl Allow {
     }
 }
 
-/// Serves the read-only listener until it fails.
-pub fn serve(listener: TcpListener, host: Arc<Mutex<Host>>, allow: Arc<Vec<Allow>>, key: Arc<String>) {
-    for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
-        let ip = match stream.peer_addr() {
-            Ok(a) => a.ip(),
-            Err(_) => continue,
+/// Serves the read-only listener until it fails. Connections count against the same limits as
+/// the socket's, per address.
+pub fn serve(listener: TcpListener, server: Arc<Server>, allow: Arc<Vec<Allow>>, key: Arc<String>) {
+    let mut errors = AcceptErrors::new();
+    loop {
+        let (stream, addr) = match listener.accept() {
+            Ok(s) => s,
+            Err(e) => {
+                errors.failed("the TCP listener", &e);
+                continue;
+            }
         };
+        let ip = addr.ip().to_canonical();
         if !allow.iter().any(|a| a.contains(ip)) {
             tracing::warn!("TCP connection from {ip} refused: not in tcp_allow");
             continue;
         }
-        let (host, key) = (host.clone(), key.clone());
-        std::thread::spawn(move || {
-            if let Err(e) = connection(stream, &host, &key) {
+        let admitted = match server.gate.admit(Holder::Ip(ip), false) {
+            Ok(a) => a,
+            Err(why) => {
+                super::server::refuse(stream, &server, &why);
+                continue;
+            }
+        };
+        let (server, key) = (server.clone(), key.clone());
+        let spawned = std::thread::Builder::new().name("topod-tcp".into()).spawn(move || {
+            if let Err(e) = connection(stream, &server, &key, admitted) {
                 tracing::debug!("TCP connection from {ip} ended: {e}");
             }
         });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a thread for a TCP connection: {e}");
+        }
     }
 }
 
-fn connection(stream: TcpStream, host: &Mutex<Host>, key: &str) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(server::IDLE_TIMEOUT))?;
-    let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
-    let mut first = Vec::new();
-    (&mut reader).take(4096).read_until(b'\n', &mut first)?;
-    let given = String::from_utf8_lossy(&first);
-    if !same(given.trim_end_matches(['\n', '\r']).as_bytes(), key.as_bytes()) {
-        writer.write_all(Reply::error(ErrorCode::Forbidden, "wrong or missing key: send the shared key as the first line").to_line().as_bytes())?;
+fn connection(mut stream: TcpStream, server: &Server, key: &str, admitted: Admitted) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    stream.set_write_timeout(Some(server.gate.limits().write))?;
+    // The key must come first, whole, within the line limit.
+    let mut lines = LineReader::new(crate::proto::MAX_LINE_BYTES, &server.gate.limits());
+    let given = match lines.next(&mut stream)? {
+        Line::Complete(line) => line,
+        _ => Vec::new(),
+    };
+    let given = String::from_utf8_lossy(&given);
+    if !same(given.trim_end_matches('\r').as_bytes(), key.as_bytes()) {
+        stream.write_all(Reply::error(ErrorCode::Forbidden, "wrong or missing key: send the shared key as the first line").to_line().as_bytes())?;
         return Ok(());
     }
     // No kernel credentials over TCP: the peer is nobody, and nobody may only read.
-    let nobody = Peer { pid: 0, uid: u32::MAX, gid: u32::MAX };
-    loop {
-        let mut line = Vec::new();
-        let n = (&mut reader).take(proto::MAX_LINE_BYTES as u64 + 2).read_until(b'\n', &mut line)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let reply = match proto::parse_request(&line) {
-            Ok(req) if matches!(req.op, Op::Allocate { .. } | Op::Join { .. } | Op::SelfJoinFiles { .. } | Op::Release { .. }) => {
-                Reply::error(ErrorCode::Forbidden, "the TCP listener is read-only; change state through the local socket")
-            }
-            Ok(req) => server::handle(host, &Admins::default(), &nobody, req.op),
-            Err(e) => Reply::error(ErrorCode::BadRequest, e.to_string()),
-        };
-        writer.write_all(reply.to_line().as_bytes())?;
-    }
+    super::server::connection(stream, lines, server, &Peer::nobody(), true, admitted)
 }
 
 /// Compares in time that does not depend on where the first difference is.

@@ -31,7 +31,7 @@ pub mod metrics;
 pub mod model;
 
 pub use metrics::{HostMetrics, PlacementMetrics};
-pub use model::HostModel;
+pub use model::{HostModel, ModelError};
 
 use crate::cpuset::CpuSet;
 use crate::request::{Distribute, Level, Request};

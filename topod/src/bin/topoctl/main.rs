@@ -5,10 +5,12 @@
 //! `bench placement` (the placement-quality benchmark) and `demo`.
 
 mod bench_daemon;
+mod bench_hostile;
 mod lsf;
 mod slurm_features;
 
 use clap::{Args, Parser, Subcommand};
+use nix::sys::signal::{SigHandler, Signal};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -19,7 +21,7 @@ use topod::place::{self, HostMetrics, HostModel, Placement, Strategy};
 use topod::request::{self, Request};
 use topod::topology::{hwloc_xml, sysfs, Topology};
 use topod::client::Client;
-use topod::ledger::Allocation;
+use topod::ledger::JobView;
 use topod::proto::Op;
 use topod::CpuSet;
 
@@ -200,9 +202,26 @@ enum BenchCommand {
         /// Concurrent clients for the throughput figure.
         #[arg(long, default_value_t = 8)]
         clients: usize,
+        /// Instead: root's job start and release, and `topoctl status`, while unprivileged
+        /// clients attack (two loop 64 KiB fit requests; then one user holds N idle
+        /// connections). Needs root.
+        #[arg(long, value_name = "N")]
+        hostile: Option<usize>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// An attacker for `bench daemon --hostile` (runs until killed).
+    #[command(hide = true)]
+    Attack {
+        #[command(flatten)]
+        daemon: Daemon,
+        #[arg(long)]
+        mode: String,
+        #[arg(long, default_value_t = 0)]
+        count: usize,
+        #[arg(long)]
+        stats: PathBuf,
     },
     /// Replay a seeded job stream per strategy on each topology and compare placement quality.
     Placement {
@@ -277,7 +296,9 @@ fn main() -> ExitCode {
         Command::Place { source, strategy, tasks, reserve, requests, json } => {
             place_cmd(&source, strategy, tasks, reserve.unwrap_or_default(), &requests, json)
         }
-        Command::Bench { what: BenchCommand::Daemon { daemon, cycles, clients, json } } => bench_daemon::run(&daemon.socket, cycles, clients, json),
+        Command::Bench { what: BenchCommand::Daemon { daemon, cycles, hostile: Some(n), json, .. } } => bench_hostile::run(&daemon.socket, cycles, n, json),
+        Command::Bench { what: BenchCommand::Daemon { daemon, cycles, clients, hostile: None, json } } => bench_daemon::run(&daemon.socket, cycles, clients, json),
+        Command::Bench { what: BenchCommand::Attack { daemon, mode, count, stats } } => bench_hostile::attack(&daemon.socket, &mode, count, &stats),
         Command::Bench { what: BenchCommand::Placement { topologies, strategies, seed, jobs, json } } => {
             bench_placement(&topologies, &strategies, seed, jobs as usize, json)
         }
@@ -637,10 +658,10 @@ fn call(client: &mut Client, op: Op) -> Result<serde_json::Value, Failure> {
     client.call(op).map_err(|e| Failure::runtime(e.to_string()))
 }
 
-fn live_state(daemon: &Daemon) -> Result<(Topology, Vec<Allocation>, serde_json::Value), Failure> {
+fn live_state(daemon: &Daemon) -> Result<(Topology, Vec<JobView>, serde_json::Value), Failure> {
     let mut c = connect(daemon)?;
     let topo: Topology = serde_json::from_value(call(&mut c, Op::Topology)?).map_err(|e| Failure::runtime(format!("topod sent a topology topoctl cannot read: {e}")))?;
-    let jobs: Vec<Allocation> = serde_json::from_value(call(&mut c, Op::List)?).map_err(|e| Failure::runtime(format!("topod sent a job list topoctl cannot read: {e}")))?;
+    let jobs: Vec<JobView> = serde_json::from_value(call(&mut c, Op::List)?).map_err(|e| Failure::runtime(format!("topod sent a job list topoctl cannot read: {e}")))?;
     let free = call(&mut c, Op::FreeMap)?;
     Ok((topo, jobs, free))
 }
@@ -651,8 +672,8 @@ fn status(daemon: &Daemon, json: bool) -> Result<(), Failure> {
         return print_json(&serde_json::json!({ "topology": topo, "jobs": jobs, "free_map": free }));
     }
     let mut ledger = Ledger::new();
-    for a in jobs {
-        ledger.insert(a).map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
+    for j in jobs {
+        ledger.insert(j.allocation).map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
     }
     let allocatable = free["allocatable"].as_str().and_then(|s| CpuSet::parse_list(s).ok()).unwrap_or_else(|| topo.allowed.clone());
     let reserved = topo.allowed.difference(&allocatable);
@@ -670,9 +691,11 @@ fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
         println!("no jobs");
         return Ok(());
     }
-    println!("{:<16} {:>4}  {:<24} {:<8} request", "job", "PUs", "CPUs", "mems");
-    for a in jobs {
-        println!("{:<16} {:>4}  {:<24} {:<8} {}", a.job, a.cpus.len(), a.cpus.to_string(), a.mems.to_string(), a.request);
+    println!("{:<16} {:<9} {:>6} {:>4}  {:<24} {:<8} request", "job", "state", "owner", "PUs", "CPUs", "mems");
+    for j in jobs {
+        let a = &j.allocation;
+        let owner = j.owner_uid.map(|u| u.to_string()).unwrap_or_else(|| "-".into());
+        println!("{:<16} {:<9} {:>6} {:>4}  {:<24} {:<8} {}", a.job, j.state.to_string(), owner, a.cpus.len(), a.cpus.to_string(), a.mems.to_string(), a.request);
     }
     Ok(())
 }
@@ -699,15 +722,27 @@ fn run_job(daemon: &Daemon, request: String, job: Option<String>, command: &[Str
     // topo-exec moves itself into the job's cgroup before it execs the command, so nothing the
     // command forks can start outside.
     let topo_exec = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("topo-exec"))).filter(|p| p.exists()).unwrap_or_else(|| PathBuf::from("topo-exec"));
+    drop(c);
+    // Like a shell waiting for its foreground job: a Ctrl-C or Ctrl-\\ at the terminal reaches the
+    // command (same process group) and ends it, and topoctl stays to release the job.
+    let ignored = [Signal::SIGINT, Signal::SIGQUIT].map(|sig| {
+        // SAFETY: SIG_IGN installs no handler of ours; the previous disposition is put back below.
+        unsafe { nix::sys::signal::signal(sig, SigHandler::SigIgn) }.ok().map(|old| (sig, old))
+    });
     let status = std::process::Command::new(&topo_exec)
         .arg("--socket")
         .arg(&daemon.socket)
         .args(["--job", &job, "--"])
         .args(command)
         .status();
-    let released = c.call(Op::Release { job: job.clone() });
+    for (sig, old) in ignored.into_iter().flatten() {
+        // SAFETY: puts back the disposition `signal` returned above.
+        let _ = unsafe { nix::sys::signal::signal(sig, old) };
+    }
+    // A new connection: topod closes idle ones, and the command may have run for hours.
+    let released = connect(daemon).and_then(|mut c| call(&mut c, Op::Release { job: job.clone() }));
     let status = status.map_err(|e| Failure::runtime(format!("running {}: {e}", topo_exec.display())))?;
-    released.map_err(|e| Failure::runtime(format!("releasing job {job}: {e}")))?;
+    released.map_err(|e| Failure::runtime(format!("releasing job {job}: {}; release it with: topoctl release {job}", e.message)))?;
     if status.success() {
         Ok(())
     } else {

@@ -1,0 +1,292 @@
+//! `topoctl bench daemon --hostile N`: what unprivileged clients can do to everyone else.
+//!
+//! Three phases against a running topod, each timing root's job start and release (allocate
+//! with join_pid, then release, of a one-thread job with a waiting process) while a watcher
+//! times `topoctl status` (connect, topology, list, free map) every 20 ms and samples topod's
+//! resident memory:
+//! 1. quiet;
+//! 2. two unprivileged clients loop 64 KiB `fit` requests (`CPU_LIST=0-65535,...` and a
+//!    valid list of the host's own CPUs repeated to the same size);
+//! 3. one unprivileged user holds N idle connections, reconnecting whatever topod closes.
+//!
+//! The attackers are this program again (`topoctl bench attack ...`, hidden), run as uid and gid
+//! 65534 (nobody), so topod sees them as the ordinary user they are. Needs root.
+
+use super::{print_json, Failure};
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use topod::client::Client;
+use topod::proto::Op;
+
+/// The uid and gid the attackers run as.
+const NOBODY: u32 = 65534;
+
+#[derive(Serialize, Default, Clone)]
+struct Phase {
+    name: String,
+    cycles: usize,
+    start_release_p50_us: f64,
+    start_release_p99_us: f64,
+    status_p99_ms: f64,
+    status_max_ms: f64,
+    status_failures: usize,
+    rss_max_kib: u64,
+    /// For the attack phases: how many requests or connections the attackers made.
+    attacker_ops: u64,
+}
+
+#[derive(Serialize)]
+struct Figures {
+    phases: Vec<Phase>,
+    /// Each attack phase's root p99 over the quiet one.
+    p99_ratio_fit: f64,
+    p99_ratio_idle: f64,
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v.get(((v.len().max(1) - 1) as f64 * q).round() as usize).copied().unwrap_or(0.0)
+}
+
+fn rss_kib(pid: u64) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0))))
+        .unwrap_or(0)
+}
+
+/// A child process (an attacker, a job's waiting process), killed and reaped when dropped, so
+/// that a benchmark cut short leaves nothing running.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn attacker(socket: &Path, mode: &str, count: usize, stats: &Path) -> Result<Reaped, Failure> {
+    let me = std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find topoctl itself: {e}")))?;
+    let child = Command::new(me)
+        .args(["bench", "attack", "--socket"])
+        .arg(socket)
+        .args(["--mode", mode, "--count", &count.to_string(), "--stats"])
+        .arg(stats)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| Failure::runtime(format!("cannot start an attacker: {e}")))?;
+    Ok(Reaped(child))
+}
+
+/// Times `cycles` root job starts and releases while a watcher times `topoctl status` and
+/// samples topod's memory.
+fn phase(socket: &Path, name: &str, cycles: usize, topod_pid: u64) -> Result<Phase, Failure> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let status_times = Arc::new(Mutex::new((Vec::<f64>::new(), 0usize, 0u64)));
+    let watcher = {
+        let (stop, times, socket) = (stop.clone(), status_times.clone(), socket.to_path_buf());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let ok = Client::connect_with_timeout(&socket, Duration::from_secs(5))
+                    .and_then(|mut c| c.call(Op::Topology).and_then(|_| c.call(Op::List)).and_then(|_| c.call(Op::FreeMap)))
+                    .is_ok();
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                let rss = rss_kib(topod_pid);
+                let mut g = times.lock().unwrap_or_else(|e| e.into_inner());
+                g.0.push(ms);
+                g.1 += usize::from(!ok);
+                g.2 = g.2.max(rss);
+                drop(g);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
+    let mut times = Vec::with_capacity(cycles);
+    let mut outcome = Ok(());
+    for i in 0..cycles {
+        let child = match Command::new("sleep").arg("600").spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                outcome = Err(Failure::runtime(format!("cannot start sleep: {e}")));
+                break;
+            }
+        };
+        let child = Reaped(child);
+        std::thread::sleep(Duration::from_millis(2));
+        let job = format!("hostile-{}-{name}-{i}", std::process::id());
+        let t = Instant::now();
+        let op = Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(child.0.id() as i32) };
+        let r = c.call(op).and_then(|_| c.call(Op::Release { job }));
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+        drop(child);
+        if let Err(e) = r {
+            outcome = Err(Failure::runtime(format!("root's job start and release failed during the {name} phase: {e}")));
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = watcher.join();
+    outcome?;
+    let (mut status, failures, rss_max) = std::mem::take(&mut *status_times.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(Phase {
+        name: name.to_string(),
+        cycles,
+        start_release_p50_us: pct(&mut times, 0.5),
+        start_release_p99_us: pct(&mut times, 0.99),
+        status_p99_ms: pct(&mut status, 0.99),
+        status_max_ms: status.iter().copied().fold(0.0, f64::max),
+        status_failures: failures,
+        rss_max_kib: rss_max,
+        attacker_ops: 0,
+    })
+}
+
+fn read_ops(stats: &Path) -> u64 {
+    std::fs::read_to_string(stats).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+}
+
+pub(crate) fn run(socket: &Path, cycles: usize, idle_connections: usize, json: bool) -> Result<(), Failure> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(Failure::runtime("bench daemon --hostile needs root: its attackers run as the unprivileged user nobody (65534)"));
+    }
+    let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
+    let version = c.call(Op::Version).map_err(|e| Failure::runtime(e.to_string()))?;
+    let topod_pid = version["pid"].as_u64().unwrap_or(0);
+    drop(c);
+    let dir = tempfile_dir()?;
+    let stats = dir.join("ops");
+    let mut phases = vec![phase(socket, "quiet", cycles, topod_pid)?];
+    {
+        let _a = attacker(socket, "fit", 0, &dir.join("ops-a"))?;
+        let _b = attacker(socket, "fit-valid", 0, &dir.join("ops-b"))?;
+        std::thread::sleep(Duration::from_millis(300));
+        let mut p = phase(socket, "two clients looping 64 KiB fit", cycles, topod_pid)?;
+        p.attacker_ops = read_ops(&dir.join("ops-a")) + read_ops(&dir.join("ops-b"));
+        phases.push(p);
+    }
+    {
+        let _a = attacker(socket, "idle", idle_connections, &stats)?;
+        // Let it open its connections before timing.
+        let t = Instant::now();
+        while read_ops(&stats) < idle_connections as u64 && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut p = phase(socket, &format!("{idle_connections} idle connections from one user"), cycles, topod_pid)?;
+        p.attacker_ops = read_ops(&stats);
+        phases.push(p);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let quiet = phases[0].start_release_p99_us.max(1.0);
+    let f = Figures { p99_ratio_fit: phases[1].start_release_p99_us / quiet, p99_ratio_idle: phases[2].start_release_p99_us / quiet, phases };
+    if json {
+        return print_json(&f);
+    }
+    println!("root's job start + release (allocate with join_pid, release), {cycles} cycles per phase; `topoctl status` every 20 ms");
+    println!("{:<44} {:>10} {:>10} {:>11} {:>11} {:>9} {:>10} {:>12}", "phase", "p50 us", "p99 us", "status p99", "status max", "failed", "RSS KiB", "attacker ops");
+    for p in &f.phases {
+        println!(
+            "{:<44} {:>10.0} {:>10.0} {:>8.1} ms {:>8.1} ms {:>9} {:>10} {:>12}",
+            p.name, p.start_release_p50_us, p.start_release_p99_us, p.status_p99_ms, p.status_max_ms, p.status_failures, p.rss_max_kib, p.attacker_ops
+        );
+    }
+    println!("root's p99 under attack / quiet: {:.2}x (fit), {:.2}x (idle connections)", f.p99_ratio_fit, f.p99_ratio_idle);
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf, Failure> {
+    let dir = std::env::temp_dir().join(format!("topo-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Failure::runtime(format!("cannot create {}: {e}", dir.display())))?;
+    // The attackers (nobody) write their counts here.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).map_err(|e| Failure::runtime(e.to_string()))?;
+    Ok(dir)
+}
+
+/// The attacker (hidden `topoctl bench attack`): runs until killed, writing how many requests or
+/// connections it made to `stats` now and then.
+pub(crate) fn attack(socket: &Path, mode: &str, count: usize, stats: &Path) -> Result<(), Failure> {
+    let mut ops: u64 = 0;
+    let mut last_write = Instant::now();
+    let mut note = |ops: u64, force: bool| {
+        if force || last_write.elapsed() > Duration::from_millis(200) {
+            let _ = std::fs::write(stats, ops.to_string());
+            last_write = Instant::now();
+        }
+    };
+    match mode {
+        "fit" | "fit-valid" => {
+            let list = if mode == "fit" {
+                vec!["0-65535"; 64 * 1024 / 8].join(",")
+            } else {
+                let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
+                let pus = c.call(Op::Topology).map_err(|e| Failure::runtime(e.to_string()))?["pus"].as_str().unwrap_or("0").to_string();
+                vec![pus.as_str(); 60 * 1024 / (pus.len() + 1)].join(",")
+            };
+            let request = format!("CPUSET[CPU_LIST={list}] affinity[thread*2]");
+            let line = topod::proto::Request::new(Op::Fit { request, tasks: None }).to_line();
+            let line = &line[..line.len().min(topod::proto::MAX_LINE_BYTES + 1)];
+            loop {
+                let Ok(mut s) = UnixStream::connect(socket) else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                let mut reply = [0u8; 4096];
+                loop {
+                    if s.write_all(line.as_bytes()).is_err() || s.read(&mut reply).map(|n| n == 0).unwrap_or(true) {
+                        break;
+                    }
+                    ops += 1;
+                    note(ops, false);
+                }
+            }
+        }
+        "idle" => {
+            use nix::sys::resource::{getrlimit, setrlimit, Resource};
+            if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+                let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+            }
+            let mut conns: Vec<Option<UnixStream>> = (0..count).map(|_| None).collect();
+            loop {
+                for slot in conns.iter_mut() {
+                    // A connection topod closed (it refused it, or it idled out) is opened again.
+                    let closed = slot.as_mut().is_none_or(is_closed);
+                    if closed {
+                        *slot = UnixStream::connect(socket).ok();
+                        ops += 1;
+                    }
+                }
+                note(ops, true);
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+        other => Err(Failure::input(format!("unknown attack mode {other:?}"))),
+    }
+}
+
+/// Whether topod has closed this connection (reads what it sent, such as a refusal, without
+/// waiting).
+fn is_closed(s: &mut UnixStream) -> bool {
+    if s.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let mut b = [0u8; 512];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! What one connection may cost topod: how many may be open, for how long a line may take to
+//! arrive, and how long a reply may wait for a client that does not read.
+//!
+//! Every connection holds a thread and two descriptors, so a client that opens thousands, or
+//! sends one byte every twenty seconds, or never reads its replies, would otherwise take topod
+//! from every other client. Connections from root and configured administrators are counted but
+//! never refused: an administrator must always be able to reach the host.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The bounds on connections and their lines (configuration keys of the same names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Open connections from users who are not administrators, all together.
+    pub max_connections: usize,
+    /// Open connections from one user (Unix socket) or one address (TCP).
+    pub max_connections_per_user: usize,
+    /// How long a connection may wait between requests before it is closed.
+    pub idle: Duration,
+    /// How long a request line may take from its first byte to its newline.
+    pub line: Duration,
+    /// How long a reply may wait for the client to read it.
+    pub write: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_connections: 512, max_connections_per_user: 64, idle: Duration::from_secs(30), line: Duration::from_secs(10), write: Duration::from_secs(10) }
+    }
+}
+
+/// Who a connection counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Holder {
+    /// A local user, by uid.
+    Uid(u32),
+    /// A TCP peer, by address.
+    Ip(IpAddr),
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Uid(u) => write!(f, "uid {u}"),
+            Holder::Ip(ip) => write!(f, "{ip}"),
+        }
+    }
+}
+
+/// Counts open connections and refuses those over the limits.
+#[derive(Debug)]
+pub struct Gate {
+    limits: Limits,
+    open: Mutex<GateCounts>,
+}
+
+#[derive(Debug, Default)]
+struct GateCounts {
+    unprivileged: usize,
+    by_holder: HashMap<Holder, usize>,
+}
+
+/// One admitted connection; dropping it frees its place.
+#[derive(Debug)]
+pub struct Admitted {
+    gate: Arc<Gate>,
+    holder: Holder,
+    privileged: bool,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut open = self.gate.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.by_holder.get_mut(&self.holder) {
+            *n -= 1;
+            if *n == 0 {
+                open.by_holder.remove(&self.holder);
+            }
+        }
+        if !self.privileged {
+            open.unprivileged -= 1;
+        }
+    }
+}
+
+impl Gate {
+    /// A gate with these limits.
+    pub fn new(limits: Limits) -> Arc<Gate> {
+        Arc::new(Gate { limits, open: Mutex::new(GateCounts::default()) })
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Admits a connection of `holder`, or says why not. `privileged` (root, an administrator)
+    /// is always admitted.
+    pub fn admit(self: &Arc<Gate>, holder: Holder, privileged: bool) -> Result<Admitted, String> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = open.by_holder.get(&holder).copied().unwrap_or(0);
+        if !privileged {
+            if mine >= self.limits.max_connections_per_user {
+                return Err(format!(
+                    "too many connections: {holder} has {mine} open, the limit is {} (max_connections_per_user); close some and try again",
+                    self.limits.max_connections_per_user
+                ));
+            }
+            if open.unprivileged >= self.limits.max_connections {
+                return Err(format!("too many connections: topod has {} open, the limit is {} (max_connections); try again shortly", open.unprivileged, self.limits.max_connections));
+            }
+            open.unprivileged += 1;
+        }
+        *open.by_holder.entry(holder).or_insert(0) += 1;
+        Ok(Admitted { gate: self.clone(), holder, privileged })
+    }
+
+    /// Open connections of `holder`.
+    pub fn open_of(&self, holder: Holder) -> usize {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).by_holder.get(&holder).copied().unwrap_or(0)
+    }
+}
+
+/// A stream whose read timeout can be set per read (Unix and TCP alike).
+pub trait Timed: Read + Write {
+    /// As `set_read_timeout` of the std streams.
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    /// As `set_write_timeout` of the std streams.
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+}
+
+impl Timed for UnixStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, t)
+    }
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, t)
+    }
+}
+
+impl Timed for TcpStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, t)
+    }
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, t)
+    }
+}
+
+/// What reading a line gave.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    /// A whole line, newline removed.
+    Complete(Vec<u8>),
+    /// More than `max` bytes without a newline; the connection cannot be trusted to be in step.
+    TooLong(usize),
+    /// The client closed the connection (anything it sent without a newline is dropped).
+    Closed,
+    /// Nothing came for the idle time, or a started line did not finish in time.
+    TimedOut {
+        /// Whether a line had begun.
+        partial: bool,
+    },
+}
+
+/// Reads request lines with two deadlines: the idle time before a line starts, and the line time
+/// from its first byte to its newline (so a byte every few seconds cannot hold a connection).
+pub struct LineReader {
+    pending: Vec<u8>,
+    max: usize,
+    idle: Duration,
+    line: Duration,
+}
+
+impl LineReader {
+    /// Lines of at most `max` bytes.
+    pub fn new(max: usize, limits: &Limits) -> Self {
+        LineReader { pending: Vec::new(), max, idle: limits.idle, line: limits.line }
+    }
+
+    /// The next line from `stream`.
+    pub fn next(&mut self, stream: &mut impl Timed) -> io::Result<Line> {
+        let mut started = (!self.pending.is_empty()).then(Instant::now);
+        let idle_from = Instant::now();
+        let mut chunk = [0u8; 8192];
+        loop {
+            if let Some(i) = self.pending.iter().position(|&b| b == b'\n') {
+                let mut line: Vec<u8> = self.pending.drain(..=i).collect();
+                line.pop();
+                if line.len() > self.max {
+                    return Ok(Line::TooLong(line.len()));
+                }
+                return Ok(Line::Complete(line));
+            }
+            if self.pending.len() > self.max {
+                return Ok(Line::TooLong(self.pending.len()));
+            }
+            let deadline = match started {
+                Some(t) => t + self.line,
+                None => idle_from + self.idle,
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(Line::TimedOut { partial: started.is_some() });
+            }
+            stream.set_read_timeout(Some(left))?;
+            match stream.read(&mut chunk) {
+                Ok(0) => return Ok(Line::Closed),
+                Ok(n) => {
+                    started.get_or_insert_with(Instant::now);
+                    self.pending.extend_from_slice(&chunk[..n]);
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    return Ok(Line::TimedOut { partial: started.is_some() });
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Logs a failed `accept(2)` at most once every ten seconds (with how many were not logged), and
+/// pauses after one that says topod is out of descriptors or memory, so the accept loop waits for
+/// a connection to close instead of spinning on the same error.
+pub struct AcceptErrors {
+    last_logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl Default for AcceptErrors {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AcceptErrors {
+    /// No errors yet.
+    pub fn new() -> Self {
+        AcceptErrors { last_logged: None, unlogged: 0 }
+    }
+
+    /// Handles one failed accept on `what` (a listener's name).
+    pub fn failed(&mut self, what: &str, e: &io::Error) {
+        let now = Instant::now();
+        if self.last_logged.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
+            if self.unlogged > 0 {
+                tracing::warn!("accepting a connection on {what} failed: {e} ({} more failures since the last message)", self.unlogged);
+            } else {
+                tracing::warn!("accepting a connection on {what} failed: {e}");
+            }
+            self.last_logged = Some(now);
+            self.unlogged = 0;
+        } else {
+            self.unlogged += 1;
+        }
+        let out_of_resources = matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM));
+        std::thread::sleep(if out_of_resources { Duration::from_millis(50) } else { Duration::from_millis(1) });
+    }
+}
+
+/// Raises this process's soft limit on open descriptors to its hard limit (connections cost
+/// two each); returns the new soft limit.
+pub fn raise_fd_limit() -> io::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(io::Error::from)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(io::Error::from)?;
+    }
+    Ok(hard.max(soft))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits { max_connections: 3, max_connections_per_user: 2, idle: Duration::from_millis(300), line: Duration::from_millis(200), write: Duration::from_millis(200) }
+    }
+
+    #[test]
+    fn the_gate_counts_per_holder_and_in_total_and_never_refuses_an_administrator() {
+        let gate = Gate::new(limits());
+        let a1 = gate.admit(Holder::Uid(1000), false).unwrap();
+        let _a2 = gate.admit(Holder::Uid(1000), false).unwrap();
+        let e = gate.admit(Holder::Uid(1000), false).unwrap_err();
+        assert!(e.contains("uid 1000 has 2 open") && e.contains("max_connections_per_user"), "{e}");
+        let _b = gate.admit(Holder::Uid(1001), false).unwrap();
+        let e = gate.admit(Holder::Uid(1002), false).unwrap_err();
+        assert!(e.contains("max_connections"), "{e}");
+        let roots: Vec<_> = (0..10).map(|_| gate.admit(Holder::Uid(0), true).unwrap()).collect();
+        assert_eq!(gate.open_of(Holder::Uid(0)), 10);
+        drop(a1);
+        assert_eq!(gate.open_of(Holder::Uid(1000)), 1);
+        gate.admit(Holder::Uid(1002), false).unwrap();
+        drop(roots);
+        assert_eq!(gate.open_of(Holder::Uid(0)), 0);
+    }
+
+    #[test]
+    fn a_line_must_arrive_whole_in_time() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let mut r = LineReader::new(16, &limits());
+        b.write_all(b"{\"v\":1}\nsecond\n").unwrap();
+        assert_eq!(r.next(&mut a).unwrap(), Line::Complete(b"{\"v\":1}".to_vec()));
+        assert_eq!(r.next(&mut a).unwrap(), Line::Complete(b"second".to_vec()));
+        // Nothing at all: the idle limit.
+        let t = Instant::now();
+        assert_eq!(r.next(&mut a).unwrap(), Line::TimedOut { partial: false });
+        assert!(t.elapsed() >= Duration::from_millis(290));
+        // A byte now and then does not keep a line open past the line limit.
+        let writer = std::thread::spawn(move || {
+            for _ in 0..10 {
+                if b.write_all(b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            b
+        });
+        let t = Instant::now();
+        assert_eq!(r.next(&mut a).unwrap(), Line::TimedOut { partial: true });
+        assert!(t.elapsed() < Duration::from_millis(450), "{:?}", t.elapsed());
+        let mut b = writer.join().unwrap();
+        let mut r = LineReader::new(16, &limits());
+        b.write_all(&[b'y'; 40]).unwrap();
+        assert!(matches!(r.next(&mut a).unwrap(), Line::TooLong(n) if n > 16));
+        drop(b);
+        let mut r = LineReader::new(16, &limits());
+        assert_eq!(r.next(&mut a).unwrap(), Line::Closed);
+    }
+}

@@ -1,0 +1,206 @@
+//! Processes named by a pidfd, never by a pid number alone.
+//!
+//! A pid number is recycled once its process is reaped, so "the peer's pid" taken at connect
+//! time can name another user's process, or a thread of topod, a minute later. A pidfd
+//! (`pidfd_open(2)`, or `SO_PEERPIDFD` for a socket's peer, Linux 6.5+) names one process for as
+//! long as it is held: while it reports the process alive, that process still owns the pid
+//! number, so a check made through `/proc/<pid>` and confirmed alive afterwards was a check of
+//! that very process.
+//!
+//! The one remaining window: between the last "alive" check and the kernel's write of the pid
+//! to `cgroup.procs`, the process could exit and its number be reused. The kernel offers no
+//! move-by-pidfd for an existing process, so the window is only made as short as it can be
+//! (microseconds, where a reuse needs the whole pid space to wrap).
+
+// The two system calls below have no safe wrapper in the crates topod uses.
+#![allow(unsafe_code)]
+
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+/// Why a process cannot be named or inspected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProcessError {
+    /// No process has that id (or it has exited).
+    #[error("no process {0} is running")]
+    NoSuchProcess(i32),
+    /// The id is a thread of a process, not the process itself.
+    #[error("{0} is a thread, not a process; name the process (its thread group id)")]
+    NotAProcess(i32),
+    /// Zero or negative.
+    #[error("pid {0} names no process")]
+    BadPid(i32),
+    /// Something else the kernel refused.
+    #[error("process {pid}: {what}")]
+    Os {
+        /// The process.
+        pid: i32,
+        /// What failed.
+        what: String,
+    },
+}
+
+/// What `/proc/<pid>/status` says of a process, read while its pidfd showed it alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStatus {
+    /// Its thread group (the process id that owns this id; equal to it for a process).
+    pub tgid: i32,
+    /// Real, effective, saved and file-system uids.
+    pub uids: [u32; 4],
+}
+
+/// One process, held by a pidfd.
+#[derive(Debug)]
+pub struct ProcessHandle {
+    pid: i32,
+    fd: OwnedFd,
+}
+
+impl ProcessHandle {
+    /// Opens a pidfd for process `pid` (`pidfd_open(2)`). A thread id that is not its process's
+    /// is refused (the kernel's EINVAL), as is a process that has gone.
+    pub fn open(pid: i32) -> Result<ProcessHandle, ProcessError> {
+        if pid <= 0 {
+            return Err(ProcessError::BadPid(pid));
+        }
+        // SAFETY: pidfd_open takes a pid and flags and returns a new file descriptor or -1; no
+        // memory is passed.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ESRCH) => ProcessError::NoSuchProcess(pid),
+                // A thread that is not its process's leader: EINVAL before Linux 6.9, ENOENT since.
+                Some(libc::EINVAL) | Some(libc::ENOENT) => ProcessError::NotAProcess(pid),
+                _ => ProcessError::Os { pid, what: format!("pidfd_open: {e}") },
+            });
+        }
+        // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(ProcessHandle { pid, fd })
+    }
+
+    /// The peer process of a Unix socket as the kernel recorded it at `connect(2)`
+    /// (`SO_PEERPIDFD`). `Ok(None)` where the kernel is older than 6.5 (no such option).
+    pub fn of_peer(stream: &UnixStream, pid: i32) -> Result<Option<ProcessHandle>, ProcessError> {
+        let mut fd: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        const SO_PEERPIDFD: libc::c_int = 77;
+        // SAFETY: getsockopt writes at most `len` bytes to `fd`, a c_int that lives across the
+        // call, and updates `len`; the socket descriptor is borrowed from a live stream.
+        let rc = unsafe { libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, SO_PEERPIDFD, (&mut fd as *mut libc::c_int).cast(), &mut len) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENOPROTOOPT) | Some(libc::EINVAL) => Ok(None),
+                Some(libc::ESRCH) => Err(ProcessError::NoSuchProcess(pid)),
+                _ => Err(ProcessError::Os { pid, what: format!("SO_PEERPIDFD: {e}") }),
+            };
+        }
+        if fd < 0 {
+            return Ok(None);
+        }
+        // SAFETY: the kernel returned a new descriptor that nothing else owns.
+        Ok(Some(ProcessHandle { pid, fd: unsafe { OwnedFd::from_raw_fd(fd) } }))
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Whether the process is still running: its pidfd is not readable (a pidfd polls readable
+    /// once its process has exited, zombie or reaped).
+    pub fn alive(&self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(_) => false,
+        }
+    }
+
+    /// Its thread group and uids, read from `/proc` and confirmed to be this process's (it was
+    /// still alive after the read, so the pid had not been reused).
+    pub fn status(&self) -> Result<ProcStatus, ProcessError> {
+        let path = format!("/proc/{}/status", self.pid);
+        let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ProcessError::NoSuchProcess(self.pid),
+            _ => ProcessError::Os { pid: self.pid, what: format!("reading {path}: {e}") },
+        })?;
+        if !self.alive() {
+            return Err(ProcessError::NoSuchProcess(self.pid));
+        }
+        parse_status(&text).ok_or_else(|| ProcessError::Os { pid: self.pid, what: format!("{path} has no Tgid or Uid line") })
+    }
+}
+
+/// Reads `Tgid:` and `Uid:` from `/proc/<pid>/status` text.
+pub fn parse_status(text: &str) -> Option<ProcStatus> {
+    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let tgid = field("Tgid:")?.parse().ok()?;
+    let uids: Vec<u32> = field("Uid:")?.split_whitespace().filter_map(|u| u.parse().ok()).collect();
+    let uids: [u32; 4] = uids.try_into().ok()?;
+    Some(ProcStatus { tgid, uids })
+}
+
+/// Whether `tid` is topod's own process or one of its threads (`/proc/self/task`).
+pub fn is_own(tid: i32) -> bool {
+    tid == std::process::id() as i32 || std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pidfd_names_one_process_and_sees_it_exit() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        let h = ProcessHandle::open(pid).unwrap();
+        assert!(h.alive());
+        let st = h.status().unwrap();
+        assert_eq!(st.tgid, pid);
+        assert_eq!(st.uids[1], nix::unistd::geteuid().as_raw());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!h.alive(), "reaped: the pidfd says so, whatever process gets the number next");
+        assert_eq!(h.status(), Err(ProcessError::NoSuchProcess(pid)));
+        assert!(matches!(ProcessHandle::open(0), Err(ProcessError::BadPid(0))));
+        assert!(matches!(ProcessHandle::open(-1), Err(ProcessError::BadPid(-1))));
+    }
+
+    #[test]
+    fn a_thread_id_is_not_a_process() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        assert!(is_own(tid) && is_own(std::process::id() as i32));
+        let got = ProcessHandle::open(tid);
+        assert!(matches!(got, Err(ProcessError::NotAProcess(t)) if t == tid), "{got:?}");
+        stop_tx.send(()).unwrap();
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn the_peer_of_a_socket_is_the_process_that_connected() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let me = std::process::id() as i32;
+        if let Some(h) = ProcessHandle::of_peer(&a, me).unwrap() {
+            assert!(h.alive());
+            assert_eq!(h.status().unwrap().tgid, me);
+        }
+    }
+
+    #[test]
+    fn status_lines() {
+        let s = parse_status("Name:\tx\nTgid:\t42\nPid:\t43\nUid:\t1000\t1001\t1002\t1003\n").unwrap();
+        assert_eq!(s, ProcStatus { tgid: 42, uids: [1000, 1001, 1002, 1003] });
+        assert!(parse_status("Tgid:\t1\n").is_none());
+    }
+}

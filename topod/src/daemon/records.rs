@@ -1,0 +1,209 @@
+//! The job records: what the cgroup tree cannot say about a job (its request, its tasks' CPUs,
+//! the uid that may join its own processes), one small file per job under
+//! `<state_dir>/jobs/`.
+//!
+//! A record is written before `allocate` answers, so a topod killed at any moment after that
+//! answer finds the job's owner again (a job whose owner was lost would refuse its own
+//! `topo-exec`). One file per job keeps each write the size of one job, whatever the number of
+//! jobs. Each is written to a new temporary file (`O_EXCL | O_NOFOLLOW`, mode 0600) and renamed
+//! over the old one, so a crash leaves the old record or the new one, never half of one; no
+//! `fsync`: the records describe live cgroups, which do not outlive the machine either.
+//!
+//! The directory must be root's and writable by nobody else when topod runs as root; otherwise
+//! a planted link or file could make root write where it should not.
+
+use super::host::JobHint;
+use crate::cgroup::JobId;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// A state directory that topod cannot trust or use.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordsError {
+    /// Cannot create, open or write.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Others could plant files in it.
+    #[error("the state directory {path} is {why}; it must belong to root and be writable by root only (chown root {path}; chmod 755 {path})")]
+    Unsafe {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// The records directory.
+#[derive(Debug, Clone)]
+pub struct Records {
+    dir: PathBuf,
+}
+
+/// Whether a directory topod writes as root is safe from other users: owned by root (or by
+/// topod's own uid) and not writable by group or others. Checks the directory itself, not a link
+/// to it.
+pub fn check_private_dir(path: &Path) -> Result<(), RecordsError> {
+    let meta = std::fs::symlink_metadata(path).map_err(|source| RecordsError::Io { action: "inspecting", path: path.to_path_buf(), source })?;
+    let me = nix::unistd::geteuid().as_raw();
+    let unsafe_dir = |why: String| Err(RecordsError::Unsafe { path: path.to_path_buf(), why });
+    if meta.file_type().is_symlink() {
+        return unsafe_dir("a symbolic link".into());
+    }
+    if !meta.is_dir() {
+        return unsafe_dir("not a directory".into());
+    }
+    if meta.uid() != me && meta.uid() != 0 {
+        return unsafe_dir(format!("owned by uid {}", meta.uid()));
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        return unsafe_dir(format!("writable by {} (mode {:o})", if mode & 0o002 != 0 { "everyone" } else { "its group" }, mode & 0o7777));
+    }
+    if mode & 0o022 != 0 {
+        // Sticky and shared (like /tmp): others cannot replace our files, but can plant names.
+        return unsafe_dir(format!("shared with other users (mode {:o})", mode & 0o7777));
+    }
+    Ok(())
+}
+
+impl Records {
+    /// Uses `<state_dir>/jobs`, creating it (mode 0700) if missing. `state_dir` is checked with
+    /// [`check_private_dir`] when topod runs as root.
+    pub fn open(state_dir: &Path) -> Result<Records, RecordsError> {
+        std::fs::create_dir_all(state_dir).map_err(|source| RecordsError::Io { action: "creating", path: state_dir.to_path_buf(), source })?;
+        if nix::unistd::geteuid().is_root() {
+            check_private_dir(state_dir)?;
+        }
+        let dir = state_dir.join("jobs");
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(source) => return Err(RecordsError::Io { action: "creating", path: dir, source }),
+        }
+        check_private_dir(&dir)?;
+        Ok(Records { dir })
+    }
+
+    fn path(&self, job: &JobId) -> PathBuf {
+        self.dir.join(format!("{}.json", job.as_str()))
+    }
+
+    /// Writes the record of `job`, replacing the one it had; done when this returns.
+    pub fn write(&self, job: &JobId, hint: &JobHint) -> Result<(), RecordsError> {
+        let bytes = serde_json::to_vec(hint).unwrap_or_default();
+        let tmp = self.dir.join(format!(".{}.tmp", job.as_str()));
+        fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RecordsError + 'a {
+            move |source| RecordsError::Io { action, path: path.to_path_buf(), source }
+        }
+        // A temporary file left by a crash is ours to replace; O_EXCL and O_NOFOLLOW make sure
+        // whatever is at that name now is neither followed nor written through.
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(&tmp)
+            .map_err(io("creating", &tmp))?;
+        f.write_all(&bytes).map_err(io("writing", &tmp))?;
+        drop(f);
+        let path = self.path(job);
+        std::fs::rename(&tmp, &path).map_err(io("renaming into place", &path))
+    }
+
+    /// Removes the record of `job` (none is not an error).
+    pub fn remove(&self, job: &JobId) -> Result<(), RecordsError> {
+        let path = self.path(job);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(RecordsError::Io { action: "removing", path, source }),
+        }
+    }
+
+    /// Every record, by job id; files that are not records (or cannot be read) are reported in
+    /// the second list and left alone.
+    pub fn load(&self) -> (BTreeMap<String, JobHint>, Vec<String>) {
+        let mut records = BTreeMap::new();
+        let mut unreadable = Vec::new();
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return (records, unreadable) };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let Some(job) = name.strip_suffix(".json").filter(|j| JobId::parse(j).is_ok()) else {
+                unreadable.push(name);
+                continue;
+            };
+            let parsed = std::fs::read(e.path()).ok().and_then(|b| serde_json::from_slice::<JobHint>(&b).ok());
+            match parsed {
+                Some(hint) => {
+                    records.insert(job.to_string(), hint);
+                }
+                None => unreadable.push(name),
+            }
+        }
+        (records, unreadable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_replace_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Records::open(dir.path()).unwrap();
+        let job = JobId::parse("12[3]").unwrap();
+        let hint = JobHint { request: "affinity[thread*1]".into(), tasks: vec![crate::CpuSet::parse_list("3").unwrap()], owner_uid: Some(1000) };
+        r.write(&job, &hint).unwrap();
+        r.write(&job, &hint).unwrap();
+        let (all, bad) = r.load();
+        assert_eq!(all.get("12[3]"), Some(&hint));
+        assert!(bad.is_empty());
+        r.remove(&job).unwrap();
+        r.remove(&job).unwrap();
+        assert!(r.load().0.is_empty());
+    }
+
+    #[test]
+    fn a_planted_link_is_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Records::open(dir.path()).unwrap();
+        let target = dir.path().join("victim");
+        std::fs::write(&target, "precious").unwrap();
+        let job = JobId::parse("7").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("jobs/.7.tmp")).unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("jobs/7.json")).unwrap();
+        r.write(&job, &JobHint::default()).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
+        assert!(!std::fs::symlink_metadata(dir.path().join("jobs/7.json")).unwrap().file_type().is_symlink());
+    }
+
+    #[test]
+    fn a_directory_others_can_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = check_private_dir(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("writable by everyone") && e.contains("chmod 755"), "{e}");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(check_private_dir(dir.path()).unwrap_err().to_string().contains("shared with other users"));
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        check_private_dir(dir.path()).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+        assert!(check_private_dir(&link).unwrap_err().to_string().contains("symbolic link"));
+    }
+}
