@@ -40,6 +40,10 @@ if command -v systemd-analyze >/dev/null 2>&1; then
     unit_dir=$(mktemp -d)
     sed "s|^ExecStart=.*|ExecStart=$PWD/target/debug/topod|" packaging/systemd/topod.service > "$unit_dir/topod.service"
     systemd-analyze verify "$unit_dir/topod.service"
+    # Its sandboxing, as systemd rates it: at most 3.0 (systemd's "OK" band starts below 5).
+    exposure=$(systemd-analyze security --offline=yes "$unit_dir/topod.service" 2>&1 | sed -n 's/.*Overall exposure level for topod.service: \([0-9.]*\).*/\1/p')
+    echo "tests/run-all.sh: systemd-analyze security rates topod.service ${exposure:-?}"
+    awk -v e="${exposure:-99}" 'BEGIN { exit !(e <= 3.0) }' || { echo "tests/run-all.sh: topod.service exposure ${exposure:-unknown} is above 3.0" >&2; exit 1; }
     rm -rf "$unit_dir"
 else
     echo "tests/run-all.sh: systemd-analyze not installed; the unit file was not verified"

@@ -70,7 +70,13 @@ fn run(args: Args) -> Result<(), String> {
     // cgroups the running one is still configuring. The socket answering tells the common case;
     // the lock on the cgroup subtree tells a second topod with another socket.
     refuse_if_running(&socket)?;
-    let fds = raise_fd_limit().map_err(|e| format!("raising the open-file limit: {e}"))?;
+    let fds = match raise_fd_limit() {
+        Ok(n) => n.to_string(),
+        Err(e) => {
+            tracing::warn!("cannot raise the open-file limit: {e}");
+            "unknown".to_string()
+        }
+    };
     let kind = resolve_kind(&kind)?;
     let _subtree_lock = lock_subtree(kind, &subtree)?;
     let topo = match args.topology.or(config.topology.clone()) {
@@ -319,17 +325,13 @@ fn notify_systemd(socket: &Path) {
     }
 }
 
-/// What topod keeps after start-up (`shared/reference/cgroups.md` A.1.4): writing in the cgroup
-/// tree, killing job processes, setting other users' CPU affinity, and chown/fowner for
-/// delegated subtrees. Moving another user's process on cgroup v1 needs euid 0, which stays.
-/// The same list is the unit's `CapabilityBoundingSet`.
-const KEEP: [caps::Capability; 5] = [
-    caps::Capability::CAP_DAC_OVERRIDE,
-    caps::Capability::CAP_KILL,
-    caps::Capability::CAP_SYS_NICE,
-    caps::Capability::CAP_CHOWN,
-    caps::Capability::CAP_FOWNER,
-];
+/// What topod keeps after start-up (`shared/reference/cgroups.md` A.1.4): killing job processes
+/// of other users, and moving into a cpuset a process whose capabilities are not a subset of
+/// topod's (a job started as root: the kernel's cpuset attach check, `cap_safe_nice`, wants
+/// `CAP_SYS_NICE`). Every file it writes (the cgroup tree, /run/topo) is root's, and moving
+/// another user's process on cgroup v1 needs euid 0, which stays. The same list is the unit's
+/// `CapabilityBoundingSet`.
+const KEEP: [caps::Capability; 2] = [caps::Capability::CAP_KILL, caps::Capability::CAP_SYS_NICE];
 
 fn drop_capabilities() -> Result<(), String> {
     use caps::{CapSet, Capability};
@@ -339,18 +341,25 @@ fn drop_capabilities() -> Result<(), String> {
         // Not root, and nothing to drop: an unprivileged run (fake cgroups, emulation).
         return Ok(());
     }
-    let can_drop_bounding = has.contains(&Capability::CAP_SETPCAP);
-    if can_drop_bounding {
+    let kept: caps::CapsHashSet = keep.intersection(&has).copied().collect();
+    let effective = caps::read(None, CapSet::Effective).map_err(|e| format!("reading capabilities: {e}"))?;
+    let inheritable = caps::read(None, CapSet::Inheritable).map_err(|e| format!("reading capabilities: {e}"))?;
+    let mut names: Vec<String> = kept.iter().map(|c| c.to_string()).collect();
+    names.sort();
+    if has == kept && effective == kept && inheritable.is_empty() {
+        // Already so (systemd's bounding set): no capset, which the unit's system call filter
+        // does not allow.
+        tracing::info!("capabilities: {}", names.join(" "));
+        return Ok(());
+    }
+    if has.contains(&Capability::CAP_SETPCAP) {
         for cap in caps::all().into_iter().filter(|c| !keep.contains(c)) {
             caps::drop(None, CapSet::Bounding, cap).map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
         }
     }
-    let kept: caps::CapsHashSet = keep.intersection(&has).copied().collect();
     caps::clear(None, CapSet::Inheritable).map_err(|e| format!("clearing inheritable capabilities: {e}"))?;
     caps::set(None, CapSet::Effective, &kept).map_err(|e| format!("setting effective capabilities: {e}"))?;
     caps::set(None, CapSet::Permitted, &kept).map_err(|e| format!("setting permitted capabilities: {e}"))?;
-    let mut names: Vec<String> = kept.iter().map(|c| c.to_string()).collect();
-    names.sort();
     tracing::info!("capabilities kept: {}", names.join(" "));
     Ok(())
 }

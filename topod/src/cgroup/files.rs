@@ -92,8 +92,10 @@ pub(crate) fn wait_until(timeout: Duration, mut done: impl FnMut() -> Result<boo
 /// a pid that is already gone is not an error. `signalled` collects every pid signalled, so
 /// that a release reports each process once.
 pub(crate) fn kill_all(pids: &[i32], signalled: &mut std::collections::BTreeSet<i32>) {
+    let me = std::process::id() as i32;
     for &pid in pids {
-        if pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok() {
+        // Never topod itself, whatever put it in a job's cgroup.
+        if pid > 0 && pid != me && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok() {
             signalled.insert(pid);
         }
     }
@@ -130,4 +132,21 @@ pub(crate) fn check_existing(dir: &Path, job: &JobId, spec: &CgroupSpec) -> Resu
         }
         _ => Ok(()),
     }
+}
+
+/// Refuses to freeze or kill a job cgroup that topod itself is in (`/proc/self/cgroup`): topod
+/// never moves itself into a job, but an administrator writing to `cgroup.procs` by hand can, and
+/// a release would then freeze topod in its own freezer.
+pub(crate) fn refuse_if_topod_inside(job: &JobId, dirs: &[PathBuf]) -> Result<(), CgroupError> {
+    let Ok(mine) = std::fs::read_to_string("/proc/self/cgroup") else { return Ok(()) };
+    for line in mine.lines() {
+        let Some(path) = line.splitn(3, ':').nth(2).map(|p| p.trim_start_matches('/')) else { continue };
+        if !path.is_empty() && dirs.iter().any(|d| d.ends_with(path)) {
+            return Err(CgroupError::Unsupported(format!(
+                "topod itself is in job {job}'s cgroup ({path}); refusing to freeze or kill it. Move topod out (echo {} > the parent's cgroup.procs) and release again",
+                std::process::id()
+            )));
+        }
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@
 //! `cpuset.cpu_exclusive` is not used: it would need our whole subtree to be exclusive of the
 //! rest of the system; exclusivity between jobs is the ledger's.
 
-use super::files::{check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
+use super::files::{check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set, refuse_if_topod_inside, rmdir, wait_until, write};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -72,6 +72,11 @@ impl V1 {
             widen_subtree(&cpuset)?;
         }
         for root in freezer.iter().chain(memory.iter()) {
+            // A nested subtree (`batch/topo`) needs its parents here too; in the cpuset
+            // hierarchy they must exist already, with the CPUs the subtree may use.
+            if let Some(parent) = root.parent() {
+                std::fs::create_dir_all(parent).map_err(|source| CgroupError::Io { action: "creating", path: parent.to_path_buf(), data: None, source })?;
+            }
             mkdir(root)?;
             // Leftovers of a release cut short: a job directory with no cpuset directory and no
             // process is provably dead.
@@ -285,6 +290,7 @@ impl CgroupBackend for V1 {
         if !self.dirs(job).any(|d| d.is_dir()) {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
+        refuse_if_topod_inside(job, &self.dirs(job).collect::<Vec<_>>())?;
         let freezer = self.freezer.as_ref().map(|f| f.join(job.as_str())).filter(|d| d.is_dir());
         let mut signalled = std::collections::BTreeSet::new();
         if let Some(f) = &freezer {

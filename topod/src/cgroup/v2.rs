@@ -8,7 +8,7 @@
 //! read back; release writes `cgroup.kill` (Linux 5.14+), or freezes with `cgroup.freeze` and
 //! kills, then waits for `populated 0` in `cgroup.events` before `rmdir`.
 
-use super::files::{check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set, rmdir, wait_until, write};
+use super::files::{check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set, refuse_if_topod_inside, rmdir, wait_until, write};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -149,6 +149,7 @@ impl CgroupBackend for V2 {
         if !dir.is_dir() {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
+        refuse_if_topod_inside(job, std::slice::from_ref(&dir))?;
         let before = read_pids(&dir.join("cgroup.procs"))?;
         let mut signalled = std::collections::BTreeSet::new();
         if dir.join("cgroup.kill").exists() {

@@ -269,6 +269,7 @@ impl AcceptErrors {
 pub fn raise_fd_limit() -> io::Result<u64> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(io::Error::from)?;
+    // Where they are equal (the unit's LimitNOFILE), no system call: the unit's filter has none.
     if soft < hard {
         setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(io::Error::from)?;
     }

@@ -13,6 +13,7 @@ pub mod tcp;
 use crate::cpuset::CpuSet;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The default socket path.
 pub const DEFAULT_SOCKET: &str = "/run/topo/topod.sock";
@@ -62,6 +63,12 @@ pub struct Config {
     pub max_connections: Option<usize>,
     /// Open connections allowed from one user (socket) or one address (TCP); default 64.
     pub max_connections_per_user: Option<usize>,
+    /// Milliseconds a connection may wait between requests before topod closes it (30000).
+    pub idle_timeout_ms: Option<u64>,
+    /// Milliseconds a request line may take from its first byte to its newline (10000).
+    pub line_timeout_ms: Option<u64>,
+    /// Milliseconds a reply may wait for a client that does not read it (10000).
+    pub write_timeout_ms: Option<u64>,
 }
 
 impl Config {
@@ -71,7 +78,9 @@ impl Config {
         conn::Limits {
             max_connections: self.max_connections.unwrap_or(d.max_connections),
             max_connections_per_user: self.max_connections_per_user.unwrap_or(d.max_connections_per_user),
-            ..d
+            idle: self.idle_timeout_ms.map_or(d.idle, Duration::from_millis),
+            line: self.line_timeout_ms.map_or(d.line, Duration::from_millis),
+            write: self.write_timeout_ms.map_or(d.write, Duration::from_millis),
         }
     }
 }
@@ -144,6 +153,11 @@ impl Config {
         }
         if config.max_connections == Some(0) || config.max_connections_per_user == Some(0) {
             return Err(ConfigError::Invalid { path: path.to_path_buf(), what: "max_connections and max_connections_per_user must be at least 1".into() });
+        }
+        for (key, ms) in [("idle_timeout_ms", config.idle_timeout_ms), ("line_timeout_ms", config.line_timeout_ms), ("write_timeout_ms", config.write_timeout_ms)] {
+            if ms.is_some_and(|ms| !(10..=3_600_000).contains(&ms)) {
+                return Err(ConfigError::Invalid { path: path.to_path_buf(), what: format!("{key} must be 10 to 3600000 (milliseconds)") });
+            }
         }
         if let Some(s) = &config.strategy {
             s.parse::<crate::place::Strategy>().map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), what: format!("strategy: {e}") })?;

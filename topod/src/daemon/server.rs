@@ -355,3 +355,42 @@ pub fn error_reply(e: &HostError) -> Reply {
     };
     Reply::error(code, e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> u32 {
+        nix::unistd::geteuid().as_raw()
+    }
+
+    #[test]
+    fn a_reused_peer_pid_is_not_the_peer() {
+        // The peer connected and exited; its pid number now names another live process (here a
+        // sleep of the same user, standing in for whatever got the number after a wrap-around).
+        let mut opener = std::process::Command::new("true").spawn().unwrap();
+        let opener_fd = ProcessHandle::open(opener.id() as i32).unwrap();
+        opener.wait().unwrap();
+        let mut reused = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let reused_pid = reused.id() as i32;
+        let peer = Peer { pid: reused_pid, uid: me(), gid: 0, process: Some(Arc::new(opener_fd)) };
+        let reply = join_target(reused_pid, &peer, false).unwrap_err();
+        let err = reply.error.unwrap();
+        assert_eq!(err.code, ErrorCode::Forbidden);
+        assert!(err.message.contains("has exited") && err.message.contains("cannot move another process"), "{}", err.message);
+        // The live peer itself is fine; a process that is not the peer is not.
+        let live = Peer { pid: reused_pid, uid: me(), gid: 0, process: Some(Arc::new(ProcessHandle::open(reused_pid).unwrap())) };
+        assert!(join_target(reused_pid, &live, false).is_ok());
+        let not_peer = join_target(std::process::id() as i32, &live, false).unwrap_err().error.unwrap();
+        assert!(not_peer.message.contains("topod itself"), "{}", not_peer.message);
+        let other = Peer { pid: 1, ..live.clone() };
+        let e = join_target(reused_pid, &other, false).unwrap_err().error.unwrap();
+        assert!(e.message.contains("only your own process (pid 1)"), "{}", e.message);
+        // No pidfd for the peer: only an administrator moves processes.
+        let unnamed = Peer { process: None, ..live.clone() };
+        assert!(join_target(reused_pid, &unnamed, false).unwrap_err().error.unwrap().message.contains("could not identify"));
+        assert!(join_target(reused_pid, &unnamed, true).is_ok());
+        reused.kill().unwrap();
+        reused.wait().unwrap();
+    }
+}

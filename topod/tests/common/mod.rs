@@ -3,7 +3,12 @@
 // Each test binary uses only some of these.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// `shared/topologies`: `$TOPO_SHARED_DIR/topologies`, else `../shared/topologies` beside the
 /// repository. Missing is a failure, not a skip: CI always has it.
@@ -124,3 +129,78 @@ impl Drop for SubtreeCleanup {
         }
     }
 }
+
+/// A topod process that is killed when the test ends.
+pub struct Daemon {
+    pub child: Child,
+    pub socket: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts topod on an emulated 2-socket EPYC 9654 (`emulate`), or on this host's own topology.
+pub fn start(dir: &Path, extra: &[&str], emulate: bool) -> Daemon {
+    let socket = dir.join("topod.sock");
+    let zen4 = topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_topod"));
+    cmd.args(["--socket", socket.to_str().unwrap(), "--state-dir", dir.to_str().unwrap()]);
+    if emulate {
+        cmd.args(["--topology", zen4.to_str().unwrap()]);
+    }
+    // Its log goes to topod.log beside the socket, for the tests that read it.
+    let log = std::fs::File::create(dir.join("topod.log")).expect("topod.log");
+    let child = cmd
+        .args(extra)
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("topod starts");
+    let start = Instant::now();
+    while UnixStream::connect(&socket).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(20), "topod did not open its socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Daemon { child, socket }
+}
+
+/// Sends raw bytes as one request and returns the reply object.
+pub fn raw(socket: &Path, bytes: &[u8]) -> Value {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.write_all(bytes).unwrap();
+    s.write_all(b"\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("reply {line:?}: {e}"))
+}
+
+pub fn error_of(v: &Value) -> (String, String) {
+    (v["error"]["code"].as_str().unwrap_or("").to_string(), v["error"]["message"].as_str().unwrap_or("").to_string())
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// topod on this host's real cgroups (v1 or v2, whichever holds the cpuset controller), on a
+/// subtree of its own named after `name`, with `extra` configuration; `None` (having said
+/// SKIPPED) where there are none.
+pub fn real_daemon(dir: &Path, name: &str, extra: &str) -> Option<(Daemon, RealCgroups, String, SubtreeCleanup, PathBuf)> {
+    let cgroups = match RealCgroups::detect() {
+        Ok(c) => c,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return None;
+        }
+    };
+    let subtree = format!("{name}-{}", std::process::id());
+    let config = dir.join("topod.toml");
+    std::fs::write(&config, format!("cgroup = \"{}\"\ncgroup_subtree = \"{subtree}\"\n{extra}", cgroups.kind())).unwrap();
+    let cleanup = SubtreeCleanup(cgroups.roots(&subtree));
+    let d = start(dir, &["--config", config.to_str().unwrap()], false);
+    Some((d, cgroups, subtree, cleanup, config))
+}
+

@@ -1,0 +1,471 @@
+//! topod against hostile local users, a crashing daemon and bad configuration: each way an
+//! unprivileged user or a mistake broke topod once, kept as a test that failed before the fix.
+//!
+//! The attackers are small Python programs (Debian's /usr/bin/python3, standard library only)
+//! run as the unprivileged user nobody (65534), so topod sees them as the ordinary local user
+//! they are. Most tests need root for that (and the real-cgroup ones for the cgroups); they say
+//! SKIPPED where they cannot run.
+
+mod common;
+
+use common::{is_root, start, Daemon};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use topod::client::Client;
+use topod::proto::Op;
+
+const NOBODY: u32 = 65534;
+
+/// A temporary directory that the unprivileged user may enter (the socket lives there).
+fn open_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+fn config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("topod.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs a Python program as nobody with the socket path as its argument; returns its output
+/// lines, each a JSON value.
+fn as_nobody(socket: &Path, program: &str) -> Vec<Value> {
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", program])
+        .arg(socket)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::null())
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the attacker failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"))).collect()
+}
+
+fn allocate(c: &mut Client, job: &str, owner: Option<u32>) -> Value {
+    c.call(Op::Allocate { job: job.into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: owner, join_pid: None }).unwrap()
+}
+
+fn skip_unless_root() -> bool {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root (the attacker runs as the user nobody)");
+    }
+    !is_root()
+}
+
+/// Python: connect, hand the connection to a child, exit; the child then asks to join its
+/// parent's pid (the peer pid topod saw at connect) and its own.
+const HANDED_OVER: &str = r#"
+import json, os, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+opener = os.getpid()
+if os.fork():
+    os._exit(0)
+while os.getppid() == opener:
+    time.sleep(0.01)
+f = s.makefile("rw")
+for pid in (opener, os.getpid()):
+    f.write(json.dumps({"v": 1, "op": "join", "job": "owned", "pid": pid}) + "\n"); f.flush()
+    print(f.readline().strip())
+"#;
+
+/// Python: the ordinary case, a process of the owner moving itself in; then into a job that is
+/// not its own.
+const OWN_JOIN: &str = r#"
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rw")
+for job in ("owned", "other"):
+    f.write(json.dumps({"v": 1, "op": "join", "job": job, "pid": os.getpid()}) + "\n"); f.flush()
+    print(f.readline().strip())
+"#;
+
+#[test]
+fn a_connection_handed_to_a_child_cannot_join_once_its_opener_has_exited() {
+    if skip_unless_root() {
+        return;
+    }
+    let dir = open_dir();
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let mut c = Client::connect(&d.socket).unwrap();
+    allocate(&mut c, "owned", Some(NOBODY));
+    allocate(&mut c, "other", Some(1000));
+    let replies = as_nobody(&d.socket, HANDED_OVER);
+    assert_eq!(replies.len(), 2);
+    // The opener's pid is free now (no wrap-around here, so nothing has it yet): refused as no
+    // process. Had it been reused, the peer's pidfd says the opener exited: refused as that
+    // (the server's unit test `a_reused_peer_pid_is_not_the_peer` covers it).
+    let m = replies[0]["error"]["message"].as_str().unwrap();
+    assert!(m.contains("is running") || m.contains("has exited"), "{}", replies[0]);
+    assert_eq!(replies[1]["error"]["code"], "forbidden", "{}", replies[1]);
+    assert!(replies[1]["error"]["message"].as_str().unwrap().contains("only your own process"), "{}", replies[1]);
+    // The owner's own live process still gets in; another user's job does not take it.
+    let replies = as_nobody(&d.socket, OWN_JOIN);
+    assert!(replies[0]["ok"].is_object(), "{}", replies[0]);
+    assert_eq!(replies[1]["error"]["code"], "forbidden", "{}", replies[1]);
+    assert!(replies[1]["error"]["message"].as_str().unwrap().contains("is not yours"), "{}", replies[1]);
+}
+
+/// Python: opens 20 connections, reports how many topod refused as busy, then waits past the
+/// idle time and reports how many of the admitted ones topod closed.
+const MANY_CONNECTIONS: &str = r#"
+import json, socket, sys, time
+conns = []
+for _ in range(20):
+    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); conns.append(s)
+time.sleep(0.3)
+busy, admitted = 0, []
+for s in conns:
+    s.setblocking(False)
+    try:
+        data = s.recv(4096)
+    except BlockingIOError:
+        admitted.append(s); continue
+    if b'"busy"' in data and b"max_connections_per_user" in data:
+        busy += 1
+print(json.dumps({"busy": busy, "admitted": len(admitted)}))
+sys.stdout.flush()
+time.sleep(1.5)
+closed = 0
+for s in admitted:
+    try:
+        if s.recv(4096) == b"":
+            closed += 1
+    except BlockingIOError:
+        pass
+print(json.dumps({"closed_after_idle": closed}))
+"#;
+
+/// Python: a request line sent one byte every 50 ms.
+const SLOW_LINE: &str = r#"
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+line = b'{"v":1,"op":"list"}' * 10
+start = time.time(); reply = b""
+s.setblocking(False)
+for b in line:
+    try:
+        s.send(bytes([b]))
+    except OSError:
+        break
+    time.sleep(0.05)
+    try:
+        reply += s.recv(4096)
+    except BlockingIOError:
+        pass
+    if reply:
+        break
+print(json.dumps({"after_s": time.time() - start, "reply": reply.decode()}))
+"#;
+
+#[test]
+fn one_user_cannot_hold_the_connections_or_dribble_a_line() {
+    if skip_unless_root() {
+        return;
+    }
+    let dir = open_dir();
+    let conf = config(dir.path(), "cgroup = \"fake\"\nmax_connections_per_user = 4\nmax_connections = 6\nidle_timeout_ms = 800\nline_timeout_ms = 400\nwrite_timeout_ms = 300\n");
+    let d = start(dir.path(), &["--config", conf.to_str().unwrap()], true);
+    // Root keeps getting in while the user holds its connections.
+    let socket = d.socket.clone();
+    let root_meanwhile = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        let held: Vec<_> = (0..10).map(|_| Client::connect(&socket).unwrap()).collect();
+        let mut c = Client::connect(&socket).unwrap();
+        let jobs = c.call(Op::FreeMap).unwrap()["jobs"].clone();
+        drop(held);
+        jobs
+    });
+    let replies = as_nobody(&d.socket, MANY_CONNECTIONS);
+    assert_eq!(replies[0], serde_json::json!({ "busy": 16, "admitted": 4 }));
+    assert_eq!(replies[1], serde_json::json!({ "closed_after_idle": 4 }), "idle connections are closed");
+    assert_eq!(root_meanwhile.join().unwrap(), 0);
+    // A line that dribbles in is cut off at the line limit, with a reason.
+    let r = &as_nobody(&d.socket, SLOW_LINE)[0];
+    assert!(r["reply"].as_str().unwrap().contains("did not arrive whole within 0.4 s"), "{r}");
+    assert!(r["after_s"].as_f64().unwrap() < 2.0, "{r}");
+}
+
+/// The number of threads of a process.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn a_client_that_never_reads_its_replies_is_closed() {
+    let dir = open_dir();
+    let conf = config(dir.path(), &format!("cgroup = \"fake\"\nwrite_timeout_ms = 300\nadmin_uids = [{}]\n", nix::unistd::geteuid()));
+    let d = start(dir.path(), &["--config", conf.to_str().unwrap()], true);
+    let idle_threads = threads(d.child.id());
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Each topology reply of the emulated EPYC is about 100 KB: the socket buffers fill at once.
+    let line = b"{\"v\":1,\"op\":\"topology\"}\n".repeat(200);
+    let _ = s.write_all(&line);
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut got = Vec::new();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.read_to_end(&mut got);
+    let replies = got.iter().filter(|&&b| b == b'\n').count();
+    assert!(replies < 200, "topod gave up on the reader: {replies} replies of 200");
+    let t = Instant::now();
+    while threads(d.child.id()) > idle_threads {
+        assert!(t.elapsed() < Duration::from_secs(5), "the connection's thread stays: {} > {idle_threads}", threads(d.child.id()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn out_of_descriptors_topod_waits_instead_of_spinning() {
+    let dir = open_dir();
+    let socket = dir.path().join("topod.sock");
+    let zen4 = common::topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml");
+    let log = dir.path().join("topod.log");
+    // 40 descriptors, soft and hard: topod cannot raise them, and runs out after a few dozen
+    // connections (root's are never refused, so only the descriptor limit stops them).
+    let child = Command::new("prlimit")
+        .args(["--nofile=40:40", env!("CARGO_BIN_EXE_topod"), "--cgroup", "fake", "--socket", socket.to_str().unwrap(), "--state-dir", dir.path().to_str().unwrap()])
+        .arg("--topology")
+        .arg(&zen4)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // prlimit execs topod: the child is topod, killed with the guard.
+    let d = Daemon { child, socket: socket.clone() };
+    let t = Instant::now();
+    while UnixStream::connect(&socket).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(20), "topod did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held: Vec<UnixStream> = (0..60).filter_map(|_| UnixStream::connect(&socket).ok()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let cpu = |pid: u32| -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / 100.0
+    };
+    let before = cpu(d.child.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu(d.child.id()) - before;
+    assert!(used < 0.5, "topod spun on accept errors: {used} CPU seconds in 2 s");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let logged = text.matches("accepting a connection on the socket failed").count();
+    assert!((1..=3).contains(&logged), "{logged} accept-failure lines:\n{text}");
+    drop(held);
+    // Once connections close, topod serves again.
+    let t = Instant::now();
+    loop {
+        if let Ok(mut c) = Client::connect_with_timeout(&socket, Duration::from_secs(2)) {
+            if c.call(Op::Version).is_ok() {
+                break;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "topod did not recover");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_64_kib_fit_neither_stalls_other_clients_nor_costs_seconds() {
+    let dir = open_dir();
+    let conf = config(dir.path(), &format!("cgroup = \"fake\"\nadmin_uids = [{}]\n", nix::unistd::geteuid()));
+    let d = start(dir.path(), &["--config", conf.to_str().unwrap()], true);
+    let list = vec!["0-65535"; 64 * 1024 / 8 - 10].join(",");
+    let huge = format!("CPUSET[CPU_LIST={list}]");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loopers: Vec<_> = (0..2)
+        .map(|_| {
+            let (socket, huge, stop) = (d.socket.clone(), huge.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&socket).unwrap();
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let e = c.call(Op::Fit { request: huge.clone(), tasks: None }).unwrap_err().to_string();
+                    assert!(e.contains("CPUs 384-65535, which this host does not have"), "{e}");
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut c = Client::connect(&d.socket).unwrap();
+    let mut slowest = Duration::ZERO;
+    for i in 0..50 {
+        let t = Instant::now();
+        allocate(&mut c, &format!("j{i}"), None);
+        c.call(Op::Release { job: format!("j{i}") }).unwrap();
+        slowest = slowest.max(t.elapsed());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let fits: usize = loopers.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(fits >= 2, "the attackers got answers too: {fits}");
+    // Before: 3.6 s per fit under the lock, 10 s for root's allocate and release.
+    assert!(slowest < Duration::from_millis(500), "root's allocate+release took {slowest:?} while 64 KiB fits looped");
+}
+
+#[test]
+fn topoctl_run_releases_a_job_that_outlives_the_idle_time() {
+    let dir = open_dir();
+    let conf = config(dir.path(), &format!("cgroup = \"fake\"\nidle_timeout_ms = 300\nadmin_uids = [{}]\n", nix::unistd::geteuid()));
+    let d = start(dir.path(), &["--config", conf.to_str().unwrap()], true);
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["run", "--socket", d.socket.to_str().unwrap(), "--request", "affinity[thread]", "--job", "long", "--", "sleep", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut c = Client::connect(&d.socket).unwrap();
+    assert_eq!(c.call(Op::List).unwrap(), serde_json::json!([]), "the job was released");
+}
+
+#[test]
+fn bad_settings_and_requests_are_refused_with_a_reason() {
+    let dir = open_dir();
+    // A cgroup_subtree that climbs out of the cgroup mounts.
+    let conf = config(dir.path(), "cgroup_subtree = \"../../../../tmp/topo-escape\"\n");
+    let out = Command::new(env!("CARGO_BIN_EXE_topod")).args(["--config", conf.to_str().unwrap(), "--socket", dir.path().join("s").to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("cgroup_subtree") && err.contains("\"..\""), "{err}");
+    assert!(!Path::new("/tmp/topo-escape").exists());
+    // A state directory others may write to (a planted link would make root write through it).
+    if is_root() {
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_topod"))
+            .args(["--cgroup", "fake", "--socket", dir.path().join("s").to_str().unwrap(), "--state-dir", shared.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("writable by everyone"), "{err}");
+    }
+    // tasks 0, a field twice, a version that is not a whole number: refused, and said so.
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let ask = |line: &str| -> Value {
+        let mut s = UnixStream::connect(&d.socket).unwrap();
+        s.write_all(format!("{line}\n").as_bytes()).unwrap();
+        let mut reply = String::new();
+        BufReader::new(s).read_line(&mut reply).unwrap();
+        serde_json::from_str(&reply).unwrap()
+    };
+    let r = ask(r#"{"v":1,"op":"allocate","job":"z","request":"affinity[thread]","tasks":0}"#);
+    assert!(r["error"]["message"].as_str().unwrap_or("").contains("tasks = 0"), "{r}");
+    let r = ask(r#"{"v":1,"op":"release","job":"a","job":"b"}"#);
+    assert!(r["error"]["message"].as_str().unwrap_or("").contains("\"job\" is given twice"), "{r}");
+    let r = ask(r#"{"v":1.0,"op":"list"}"#);
+    assert!(r["error"]["message"].as_str().unwrap_or("").contains("whole number"), "{r}");
+    let r = ask(r#"{"v":1,"op":"fit","request":"CPUSET[CPU_LIST=5000-6000]"}"#);
+    assert!(r["error"]["message"].as_str().unwrap_or("").contains("CPUs 5000-6000, which this host does not have"), "{r}");
+    assert_eq!(ask(r#"{"v":1,"op":"list"}"#)["ok"], serde_json::json!([]));
+}
+
+#[test]
+fn two_topods_cannot_share_a_cgroup_subtree() {
+    let dir = open_dir();
+    let Some((d, _cgroups, subtree, _cleanup, conf)) = common::real_daemon(dir.path(), "topo-twice-test", "") else { return };
+    let other = open_dir();
+    let out = Command::new(env!("CARGO_BIN_EXE_topod"))
+        .args(["--config", conf.to_str().unwrap(), "--socket", other.path().join("s").to_str().unwrap(), "--state-dir", other.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("another topod already manages the cgroup subtree") && err.contains(&subtree), "{err}");
+    // The first one is untouched.
+    let mut c = Client::connect(&d.socket).unwrap();
+    allocate(&mut c, "1", None);
+    c.call(Op::Release { job: "1".into() }).unwrap();
+}
+
+#[test]
+fn owners_survive_a_kill_right_after_allocate() {
+    let dir = open_dir();
+    let Some((mut d, _cgroups, _subtree, _cleanup, conf)) = common::real_daemon(dir.path(), "topo-owner-test", "") else { return };
+    for round in 0..15 {
+        let mut c = Client::connect(&d.socket).unwrap();
+        let job = format!("o{round}");
+        allocate(&mut c, &job, Some(4000 + round));
+        // SIGKILL the moment the answer is in.
+        d.child.kill().unwrap();
+        d.child.wait().unwrap();
+        d = start(dir.path(), &["--config", conf.to_str().unwrap()], false);
+        let mut c = Client::connect(&d.socket).unwrap();
+        let jobs = c.call(Op::List).unwrap();
+        let me = jobs.as_array().unwrap().iter().find(|j| j["job"] == job.as_str()).unwrap_or_else(|| panic!("{job} lost: {jobs}"));
+        assert_eq!(me["owner_uid"], 4000 + round, "round {round}: {me}");
+        c.call(Op::Release { job }).unwrap();
+    }
+}
+
+/// A private exclusive parent cpuset with all of this host's CPUs, so that an exclusive cpuset
+/// can be made inside it whatever else the host's root cpuset holds. Removed when dropped.
+struct ExclusiveParent(PathBuf);
+
+impl Drop for ExclusiveParent {
+    fn drop(&mut self) {
+        common::remove_cgroup_tree(&self.0.join("topo"));
+        common::remove_cgroup_tree(&self.0);
+        for hierarchy in ["freezer", "memory"] {
+            let p = Path::new("/sys/fs/cgroup").join(hierarchy).join(self.0.file_name().unwrap());
+            common::remove_cgroup_tree(&p.join("topo"));
+            common::remove_cgroup_tree(&p);
+        }
+    }
+}
+
+#[test]
+fn a_foreign_exclusive_cpuset_that_goes_away_gives_its_cpus_back() {
+    let Ok(common::RealCgroups::V1 { cpuset, .. }) = common::RealCgroups::detect() else {
+        return eprintln!("SKIPPED: needs root and a cgroup v1 cpuset hierarchy");
+    };
+    let all = topod::CpuSet::parse_list(&std::fs::read_to_string(cpuset.join("cpuset.cpus")).unwrap()).unwrap();
+    let Some(last) = all.last().filter(|_| all.len() >= 2) else {
+        return eprintln!("SKIPPED: needs two CPUs");
+    };
+    let name = format!("topo-fx-{}", std::process::id());
+    let parent = ExclusiveParent(cpuset.join(&name));
+    std::fs::create_dir(&parent.0).unwrap();
+    std::fs::write(parent.0.join("cpuset.mems"), std::fs::read_to_string(cpuset.join("cpuset.mems")).unwrap().trim()).unwrap();
+    std::fs::write(parent.0.join("cpuset.cpus"), all.to_string()).unwrap();
+    if let Err(e) = std::fs::write(parent.0.join("cpuset.cpu_exclusive"), "1") {
+        let siblings: Vec<String> = std::fs::read_dir(&cpuset).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        panic!("cannot make a private exclusive cpuset ({e}); cpusets beside it (a test's leftovers?): {siblings:?}");
+    }
+    let admin = parent.0.join("admin");
+    std::fs::create_dir(&admin).unwrap();
+    std::fs::write(admin.join("cpuset.mems"), std::fs::read_to_string(parent.0.join("cpuset.mems")).unwrap().trim()).unwrap();
+    std::fs::write(admin.join("cpuset.cpus"), last.to_string()).unwrap();
+    std::fs::write(admin.join("cpuset.cpu_exclusive"), "1").unwrap();
+
+    let dir = open_dir();
+    let conf = config(dir.path(), &format!("cgroup = \"v1\"\ncgroup_subtree = \"{name}/topo\"\n"));
+    let d = start(dir.path(), &["--config", conf.to_str().unwrap()], false);
+    let mut c = Client::connect(&d.socket).unwrap();
+    let everything = format!("affinity[thread*{}]", all.len());
+    let alloc = |c: &mut Client| c.call(Op::Allocate { job: "wide".into(), request: everything.clone(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None });
+    let e = alloc(&mut c).unwrap_err().to_string();
+    assert!(e.contains("does not fit"), "CPU {last} is the administrator's: {e}");
+    std::fs::remove_dir(&admin).unwrap();
+    // topod looks again on its own (every 5 s): the job then gets every CPU.
+    let t = Instant::now();
+    let a = loop {
+        match alloc(&mut c) {
+            Ok(a) => break a,
+            Err(e) => assert!(t.elapsed() < Duration::from_secs(15), "topod never took CPU {last} back: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(a["cpus"], all.to_string());
+    let subtree_cpus = std::fs::read_to_string(parent.0.join("topo/cpuset.cpus")).unwrap();
+    assert_eq!(subtree_cpus.trim(), all.to_string(), "the subtree was widened");
+    c.call(Op::Release { job: "wide".into() }).unwrap();
+    let leftovers: Vec<_> = std::fs::read_dir(parent.0.join("topo")).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name()).collect();
+    assert!(leftovers.is_empty(), "no job directories left behind: {leftovers:?}");
+    drop(d);
+}
