@@ -67,9 +67,10 @@ if [ "${1:-}" = "--" ]; then
     command=("$@")
 else
     # The real-cgroup tests: cgroup_real (the backends), cgroup_foreign (a partition beside
-    # ours), daemon (topod, topo-exec, topoctl) and daemon_crash (SIGKILLs during concurrent job
+    # ours), daemon (topod, topo-exec, topoctl), daemon_hostile (attacks by an unprivileged user,
+    # here on a kernel without SO_PEERPIDFD) and daemon_crash (SIGKILLs during concurrent job
     # lives), built here, run there.
-    tests=(cgroup_real cgroup_foreign daemon daemon_crash)
+    tests=(cgroup_real cgroup_foreign daemon daemon_hostile daemon_crash)
     mapfile -t binaries < <(cargo test --locked -p topod "${tests[@]/#/--test=}" --no-run --message-format=json \
         | python3 -c 'import json,sys
 for line in sys.stdin:

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{is_root, start, Daemon};
+use common::{config, is_root, open_dir, start, Daemon};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -21,19 +21,6 @@ use topod::client::Client;
 use topod::proto::Op;
 
 const NOBODY: u32 = 65534;
-
-/// A temporary directory that the unprivileged user may enter (the socket lives there).
-fn open_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
-fn config(dir: &Path, text: &str) -> PathBuf {
-    let path = dir.join("topod.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 /// Runs a Python program as nobody with the socket path as its argument; returns its output
 /// lines, each a JSON value.
@@ -133,7 +120,7 @@ for s in conns:
         busy += 1
 print(json.dumps({"busy": busy, "admitted": len(admitted)}))
 sys.stdout.flush()
-time.sleep(1.5)
+time.sleep(3)
 closed = 0
 for s in admitted:
     try:
@@ -172,7 +159,7 @@ fn one_user_cannot_hold_the_connections_or_dribble_a_line() {
         return;
     }
     let dir = open_dir();
-    let conf = config(dir.path(), "cgroup = \"fake\"\nmax_connections_per_user = 4\nmax_connections = 6\nidle_timeout_ms = 800\nline_timeout_ms = 400\nwrite_timeout_ms = 300\n");
+    let conf = config(dir.path(), "cgroup = \"fake\"\nmax_connections_per_user = 4\nmax_connections = 6\nidle_timeout_ms = 2000\nline_timeout_ms = 400\nwrite_timeout_ms = 300\n");
     let d = start(dir.path(), &["--config", conf.to_str().unwrap()], true);
     // Root keeps getting in while the user holds its connections.
     let socket = d.socket.clone();
@@ -204,6 +191,9 @@ fn a_client_that_never_reads_its_replies_is_closed() {
     let dir = open_dir();
     let conf = config(dir.path(), &format!("cgroup = \"fake\"\nwrite_timeout_ms = 300\nadmin_uids = [{}]\n", nix::unistd::geteuid()));
     let d = start(dir.path(), &["--config", conf.to_str().unwrap()], true);
+    // topod starts its timer threads just after its socket opens: count once they run.
+    Client::connect(&d.socket).unwrap().call(Op::Version).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
     let idle_threads = threads(d.child.id());
     let mut s = UnixStream::connect(&d.socket).unwrap();
     s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -308,7 +298,8 @@ fn a_64_kib_fit_neither_stalls_other_clients_nor_costs_seconds() {
     let fits: usize = loopers.into_iter().map(|t| t.join().unwrap()).sum();
     assert!(fits >= 2, "the attackers got answers too: {fits}");
     // Before: 3.6 s per fit under the lock, 10 s for root's allocate and release.
-    assert!(slowest < Duration::from_millis(500), "root's allocate+release took {slowest:?} while 64 KiB fits looped");
+    // (Generous: the suite also runs this in an emulated guest.)
+    assert!(slowest < Duration::from_secs(2), "root's allocate+release took {slowest:?} while 64 KiB fits looped");
 }
 
 #[test]
@@ -403,69 +394,40 @@ fn owners_survive_a_kill_right_after_allocate() {
     }
 }
 
-/// A private exclusive parent cpuset with all of this host's CPUs, so that an exclusive cpuset
-/// can be made inside it whatever else the host's root cpuset holds. Removed when dropped.
-struct ExclusiveParent(PathBuf);
-
-impl Drop for ExclusiveParent {
-    fn drop(&mut self) {
-        common::remove_cgroup_tree(&self.0.join("topo"));
-        common::remove_cgroup_tree(&self.0);
-        for hierarchy in ["freezer", "memory"] {
-            let p = Path::new("/sys/fs/cgroup").join(hierarchy).join(self.0.file_name().unwrap());
-            common::remove_cgroup_tree(&p.join("topo"));
-            common::remove_cgroup_tree(&p);
-        }
-    }
+/// Where process `pid` is in the hierarchy mounted at `mount` (from `/proc/<pid>/cgroup`).
+fn cgroup_of(pid: u32, mount: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let name = mount.file_name().unwrap().to_string_lossy().into_owned();
+    let path = text
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+            (controllers.split(',').any(|c| c == name) || (controllers.is_empty() && mount.join("cgroup.controllers").exists())).then(|| path.to_string())
+        })
+        .unwrap_or_else(|| panic!("{pid} is in no cgroup of {}: {text}", mount.display()));
+    mount.join(path.trim_start_matches('/'))
 }
 
 #[test]
-fn a_foreign_exclusive_cpuset_that_goes_away_gives_its_cpus_back() {
-    let Ok(common::RealCgroups::V1 { cpuset, .. }) = common::RealCgroups::detect() else {
-        return eprintln!("SKIPPED: needs root and a cgroup v1 cpuset hierarchy");
-    };
-    let all = topod::CpuSet::parse_list(&std::fs::read_to_string(cpuset.join("cpuset.cpus")).unwrap()).unwrap();
-    let Some(last) = all.last().filter(|_| all.len() >= 2) else {
-        return eprintln!("SKIPPED: needs two CPUs");
-    };
-    let name = format!("topo-fx-{}", std::process::id());
-    let parent = ExclusiveParent(cpuset.join(&name));
-    std::fs::create_dir(&parent.0).unwrap();
-    std::fs::write(parent.0.join("cpuset.mems"), std::fs::read_to_string(cpuset.join("cpuset.mems")).unwrap().trim()).unwrap();
-    std::fs::write(parent.0.join("cpuset.cpus"), all.to_string()).unwrap();
-    if let Err(e) = std::fs::write(parent.0.join("cpuset.cpu_exclusive"), "1") {
-        let siblings: Vec<String> = std::fs::read_dir(&cpuset).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-        panic!("cannot make a private exclusive cpuset ({e}); cpusets beside it (a test's leftovers?): {siblings:?}");
-    }
-    let admin = parent.0.join("admin");
-    std::fs::create_dir(&admin).unwrap();
-    std::fs::write(admin.join("cpuset.mems"), std::fs::read_to_string(parent.0.join("cpuset.mems")).unwrap().trim()).unwrap();
-    std::fs::write(admin.join("cpuset.cpus"), last.to_string()).unwrap();
-    std::fs::write(admin.join("cpuset.cpu_exclusive"), "1").unwrap();
-
+fn a_release_never_freezes_topod_itself() {
     let dir = open_dir();
-    let conf = config(dir.path(), &format!("cgroup = \"v1\"\ncgroup_subtree = \"{name}/topo\"\n"));
-    let d = start(dir.path(), &["--config", conf.to_str().unwrap()], false);
+    let Some((d, cgroups, subtree, _cleanup, _)) = common::real_daemon(dir.path(), "topo-inside-test", "") else { return };
     let mut c = Client::connect(&d.socket).unwrap();
-    let everything = format!("affinity[thread*{}]", all.len());
-    let alloc = |c: &mut Client| c.call(Op::Allocate { job: "wide".into(), request: everything.clone(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None });
-    let e = alloc(&mut c).unwrap_err().to_string();
-    assert!(e.contains("does not fit"), "CPU {last} is the administrator's: {e}");
-    std::fs::remove_dir(&admin).unwrap();
-    // topod looks again on its own (every 5 s): the job then gets every CPU.
-    let t = Instant::now();
-    let a = loop {
-        match alloc(&mut c) {
-            Ok(a) => break a,
-            Err(e) => assert!(t.elapsed() < Duration::from_secs(15), "topod never took CPU {last} back: {e}"),
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    };
-    assert_eq!(a["cpus"], all.to_string());
-    let subtree_cpus = std::fs::read_to_string(parent.0.join("topo/cpuset.cpus")).unwrap();
-    assert_eq!(subtree_cpus.trim(), all.to_string(), "the subtree was widened");
-    c.call(Op::Release { job: "wide".into() }).unwrap();
-    let leftovers: Vec<_> = std::fs::read_dir(parent.0.join("topo")).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name()).collect();
-    assert!(leftovers.is_empty(), "no job directories left behind: {leftovers:?}");
-    drop(d);
+    allocate(&mut c, "trap", None);
+    // An administrator's slip: topod moved into a job's cgroup by hand.
+    let roots = cgroups.roots(&subtree);
+    let homes: Vec<PathBuf> = roots.iter().map(|r| cgroup_of(d.child.id(), r.parent().unwrap())).collect();
+    for root in &roots {
+        std::fs::write(root.join("trap/cgroup.procs"), d.child.id().to_string()).unwrap();
+    }
+    let e = c.call(Op::Release { job: "trap".into() }).unwrap_err().to_string();
+    assert!(e.contains("topod itself is in job trap's cgroup"), "{e}");
+    // topod is alive and answering, not frozen or killed.
+    let mut again = Client::connect_with_timeout(&d.socket, Duration::from_secs(5)).unwrap();
+    assert_eq!(again.call(Op::List).unwrap()[0]["job"], "trap");
+    for home in &homes {
+        std::fs::write(home.join("cgroup.procs"), d.child.id().to_string()).unwrap();
+    }
+    c.call(Op::Release { job: "trap".into() }).unwrap();
 }

@@ -204,3 +204,17 @@ pub fn real_daemon(dir: &Path, name: &str, extra: &str) -> Option<(Daemon, RealC
     Some((d, cgroups, subtree, cleanup, config))
 }
 
+
+/// A temporary directory that an unprivileged user may enter (a test's socket lives there).
+pub fn open_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// Writes `text` as `dir/topod.toml` and returns its path.
+pub fn config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("topod.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
