@@ -431,3 +431,51 @@ fn a_release_never_freezes_topod_itself() {
     }
     c.call(Op::Release { job: "trap".into() }).unwrap();
 }
+
+#[test]
+fn the_watchdog_is_fed_only_while_topod_serves() {
+    let dir = open_dir();
+    let notify = dir.path().join("notify");
+    let systemd = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    systemd.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let socket = dir.path().join("topod.sock");
+    let zen4 = common::topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml");
+    // 40 descriptors: a few dozen connections leave topod none for its watchdog's probe.
+    let child = Command::new("prlimit")
+        .args(["--nofile=40:40", env!("CARGO_BIN_EXE_topod"), "--cgroup", "fake", "--socket", socket.to_str().unwrap(), "--state-dir", dir.path().to_str().unwrap()])
+        .arg("--topology")
+        .arg(&zen4)
+        .env("NOTIFY_SOCKET", &notify)
+        .env("WATCHDOG_USEC", "300000")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _d = Daemon { child, socket: socket.clone() };
+    // What systemd hears in `window`.
+    let hear = |window: Duration| -> Vec<String> {
+        let t = Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while t.elapsed() < window {
+            if let Ok(n) = systemd.recv(&mut buf) {
+                got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        got
+    };
+    let first = hear(Duration::from_secs(2));
+    assert_eq!(first.first().map(String::as_str), Some("READY=1"), "{first:?}");
+    assert!(first.iter().filter(|m| *m == "WATCHDOG=1").count() >= 3, "fed while serving: {first:?}");
+    let held: Vec<UnixStream> = (0..60).filter_map(|_| UnixStream::connect(&socket).ok()).collect();
+    // Starved once a new client gets no answer; what a probe sent before then is drained.
+    let t = Instant::now();
+    while Client::connect_with_timeout(&socket, Duration::from_millis(300)).and_then(|mut c| c.call(Op::Version)).is_ok() {
+        assert!(t.elapsed() < Duration::from_secs(10), "topod still answers with 60 connections open and 40 descriptors");
+    }
+    hear(Duration::from_millis(300));
+    let starved = hear(Duration::from_millis(1500));
+    assert!(!starved.iter().any(|m| m == "WATCHDOG=1"), "fed while topod could not serve: {starved:?}");
+    drop(held);
+    let again = hear(Duration::from_secs(2));
+    assert!(again.iter().any(|m| m == "WATCHDOG=1"), "fed again once it serves: {again:?}");
+}
