@@ -43,6 +43,7 @@ start_topod() { # name topology [extra topod.toml lines]
 }
 port=$((20000 + RANDOM % 20000))
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/tcp.key"
+chmod 600 "$work/tcp.key"   # topod refuses a key every user can read
 start_topod h1 AMD-17h-Zen-2xEpyc-7451.xml "tcp_listen = \"127.0.0.1:$port\"" 'tcp_allow = ["127.0.0.1/32"]' "tcp_key_file = \"$work/tcp.key\""
 start_topod h2 AMD-17h-Zen-2xEpyc-7451.xml
 start_topod h3 32intel64-2p8co2t+8ve.xml

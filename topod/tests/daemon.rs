@@ -203,14 +203,14 @@ fn the_tcp_listener_is_read_only_and_keyed() {
         format!("tcp_listen = \"127.0.0.1:{port}\"\ntcp_allow = [\"127.0.0.0/8\"]\ntcp_key_file = \"{}\"\n", key_file.display()),
     )
     .unwrap();
-    // A key others can read is refused, saying how to fix it.
+    // A key every user can read is refused, saying how to fix it.
     std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_topod"))
         .args(["--cgroup", "fake", "--config", config.to_str().unwrap(), "--socket", dir.path().join("s").to_str().unwrap(), "--state-dir", dir.path().to_str().unwrap()])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("others can read it (mode 644)") && err.contains("chmod 600"), "{err}");
+    assert!(!out.status.success() && err.contains("every user can read or change it (mode 644)") && err.contains("chmod 600"), "{err}");
     std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let _d = start(dir.path(), &["--cgroup", "fake", "--config", config.to_str().unwrap()], true);
     let ask = |first: &str, request: &str| -> Value {

@@ -135,7 +135,7 @@ fn run(args: Args) -> Result<(), String> {
     let admins = Admins { uids: config.admin_uids.clone(), gids: config.admin_gids.clone() };
     let limits = config.limits();
     tracing::info!(
-        "listening on {} (at most {} connections from users who are not administrators, {} per user; {fds} open files)",
+        "listening on {} (at most {} connections from users who are not administrators, {} per user; open-file limit {fds})",
         socket.display(),
         limits.max_connections,
         limits.max_connections_per_user
@@ -169,13 +169,22 @@ fn run(args: Args) -> Result<(), String> {
     Err("the socket stopped accepting connections".into())
 }
 
-/// The shared key of the TCP listener: a file only its owner may read, holding at least 16
-/// characters.
+/// The shared key of the TCP listener: a file holding at least 16 characters that no one but
+/// its owner and group may read, and only its owner may change. Group read is allowed (the LSF
+/// master's module reads the same key as the LSF administrator) and logged, with the group.
 fn read_key(key_file: &Path) -> Result<String, String> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(key_file).map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
     let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(format!("tcp_key_file {}: others can read it (mode {mode:o}); make it readable by its owner only (chmod 600)", key_file.display()));
+    if mode & 0o027 != 0 {
+        return Err(format!(
+            "tcp_key_file {}: {} (mode {mode:o}); make it readable by its owner (and at most its group) only: chmod 600 (or 640)",
+            key_file.display(),
+            if mode & 0o007 != 0 { "every user can read or change it" } else { "its group can change it" }
+        ));
+    }
+    if mode & 0o040 != 0 {
+        tracing::info!("tcp_key_file {} is readable by group {} (mode {mode:o}): its members can read the free map over TCP", key_file.display(), meta.gid());
     }
     let key = std::fs::read_to_string(key_file).map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
     let key = key.trim().to_string();

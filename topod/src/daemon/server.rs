@@ -60,10 +60,17 @@ impl Peer {
         Peer { pid: 0, uid: u32::MAX, gid: u32::MAX, process: None }
     }
 
-    /// The peer of a Unix socket connection.
+    /// The peer of a Unix socket connection: its credentials only (no pidfd yet; see
+    /// [`Peer::name_process`]).
     pub fn of(stream: &UnixStream) -> std::io::Result<Peer> {
         let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).map_err(std::io::Error::from)?;
-        let (pid, uid, gid) = (cred.pid(), cred.uid(), cred.gid());
+        Ok(Peer { pid: cred.pid(), uid: cred.uid(), gid: cred.gid(), process: None })
+    }
+
+    /// Names the process that connected by a pidfd (done once a connection is admitted, so a
+    /// flood of refused connections costs no pidfd each).
+    pub fn name_process(&mut self, stream: &UnixStream) {
+        let (pid, uid) = (self.pid, self.uid);
         let process = match ProcessHandle::of_peer(stream, pid) {
             Ok(Some(h)) => Some(h),
             // Before Linux 6.5: open a pidfd of the pid now, and keep it only if that process is
@@ -72,7 +79,7 @@ impl Peer {
             Ok(None) => ProcessHandle::open(pid).ok().filter(|h| h.status().is_ok_and(|s| s.uids[1] == uid)),
             Err(_) => None,
         };
-        Ok(Peer { pid, uid, gid, process: process.map(Arc::new) })
+        self.process = process.map(Arc::new);
     }
 }
 
@@ -117,7 +124,7 @@ pub fn serve(listener: UnixListener, server: Arc<Server>) {
                 continue;
             }
         };
-        let peer = match Peer::of(&stream) {
+        let mut peer = match Peer::of(&stream) {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!("connection without credentials: {e}");
@@ -131,6 +138,7 @@ pub fn serve(listener: UnixListener, server: Arc<Server>) {
                 continue;
             }
         };
+        peer.name_process(&stream);
         let server = server.clone();
         let spawned = std::thread::Builder::new().name("topod-conn".into()).spawn(move || {
             let lines = LineReader::new(proto::MAX_LINE_BYTES, &server.gate.limits());

@@ -691,11 +691,12 @@ fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
         println!("no jobs");
         return Ok(());
     }
-    println!("{:<16} {:<9} {:>6} {:>4}  {:<24} {:<8} request", "job", "state", "owner", "PUs", "CPUs", "mems");
+    // The first four columns stay where scripts read them (job, PUs, CPUs, mems).
+    println!("{:<16} {:>4}  {:<24} {:<8} {:<9} {:>6}  request", "job", "PUs", "CPUs", "mems", "state", "owner");
     for j in jobs {
         let a = &j.allocation;
         let owner = j.owner_uid.map(|u| u.to_string()).unwrap_or_else(|| "-".into());
-        println!("{:<16} {:<9} {:>6} {:>4}  {:<24} {:<8} {}", a.job, j.state.to_string(), owner, a.cpus.len(), a.cpus.to_string(), a.mems.to_string(), a.request);
+        println!("{:<16} {:>4}  {:<24} {:<8} {:<9} {:>6}  {}", a.job, a.cpus.len(), a.cpus.to_string(), a.mems.to_string(), j.state.to_string(), owner, a.request);
     }
     Ok(())
 }
