@@ -15,6 +15,14 @@ export TOPO_SHARED_DIR="$(cd "$shared" && pwd)"
 # System packages (C compiler, Slurm, munge, valgrind, ...): tests/install-deps.sh lists them.
 tests/install-deps.sh
 
+# Formatting (rustfmt.toml) and lints (the workspace lints in Cargo.toml, clippy's defaults),
+# as errors.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    rustup component add rustfmt clippy
+fi
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 # Unit, property and integration tests (placement, request language, topology readers against
 # every real machine in shared/topologies, the topoctl command line).
 cargo test --workspace --locked

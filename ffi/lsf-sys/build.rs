@@ -16,7 +16,9 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-env-changed=LSF_INCLUDE_DIR");
     println!("cargo:rerun-if-env-changed=TOPO_LSF6_JOBINFO");
-    let ours = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("../include");
+    let ours =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+            .join("../include");
     let (dir, origin) = match env::var_os("LSF_INCLUDE_DIR") {
         Some(d) => (PathBuf::from(d), "the site's SDK (LSF_INCLUDE_DIR)"),
         None => (ours, "topo's own"),
@@ -26,7 +28,11 @@ fn main() {
         panic!("topo-lsf-sys: {} does not exist; LSF_INCLUDE_DIR must name the directory that holds lssched.h", header.display());
     }
     println!("cargo:rerun-if-changed={}", header.display());
-    println!("cargo:warning=topo-lsf-sys: LSF bindings from {} header {}", origin, header.display());
+    println!(
+        "cargo:warning=topo-lsf-sys: LSF bindings from {} header {}",
+        origin,
+        header.display()
+    );
     let mut builder = bindgen::Builder::default()
         .header(header.to_string_lossy())
         .clang_arg(format!("-I{}", dir.display()))
@@ -40,7 +46,9 @@ fn main() {
     if env::var_os("TOPO_LSF6_JOBINFO").is_some() {
         builder = builder.clang_arg("-DTOPO_LSF6_JOBINFO");
     }
-    let bindings = builder.generate().unwrap_or_else(|e| panic!("topo-lsf-sys: bindgen failed on {}: {e}", header.display()));
+    let bindings = builder
+        .generate()
+        .unwrap_or_else(|e| panic!("topo-lsf-sys: bindgen failed on {}: {e}", header.display()));
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     bindings.write_to_file(out.join("lssched.rs")).expect("writing the bindings");
     println!("cargo:rustc-env=TOPO_LSF_HEADER_USED={} ({})", header.display(), origin);

@@ -28,14 +28,16 @@ const ITEMS: &[(&str, u32)] = &[
 fn main() {
     println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
     println!("cargo:rerun-if-env-changed=TOPO_REQUIRE_SLURM");
-    let include = PathBuf::from(std::env::var("SLURM_INCLUDE_DIR").unwrap_or_else(|_| "/usr/include".into()));
+    let include =
+        PathBuf::from(std::env::var("SLURM_INCLUDE_DIR").unwrap_or_else(|_| "/usr/include".into()));
     let version_h = include.join("slurm/slurm_version.h");
     let spank_h = include.join("slurm/spank.h");
     println!("cargo:rerun-if-changed={}", version_h.display());
     println!("cargo:rerun-if-changed={}", spank_h.display());
     let required = std::env::var("TOPO_REQUIRE_SLURM").map(|v| v == "1").unwrap_or(false);
 
-    let found = std::fs::read_to_string(&version_h).ok().zip(std::fs::read_to_string(&spank_h).ok());
+    let found =
+        std::fs::read_to_string(&version_h).ok().zip(std::fs::read_to_string(&spank_h).ok());
     let (version, items) = match found {
         Some((version_text, spank_text)) => {
             let version = parse_version(&version_text)
@@ -71,14 +73,19 @@ fn main() {
     for (name, n) in items {
         out.push_str(&format!("/// `{name}` in this Slurm's `enum spank_item`.\npub const {name}: libc::c_int = {n};\n"));
     }
-    let dest = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("slurm_abi.rs");
+    let dest =
+        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("slurm_abi.rs");
     std::fs::write(&dest, out).unwrap_or_else(|e| panic!("cannot write {}: {e}", dest.display()));
 }
 
 /// `0x160508` from `#define SLURM_VERSION_NUMBER 0x160508`.
 fn parse_version(text: &str) -> Option<u32> {
     text.lines().find_map(|line| {
-        let rest = line.trim().strip_prefix("#define")?.trim_start().strip_prefix("SLURM_VERSION_NUMBER")?;
+        let rest = line
+            .trim()
+            .strip_prefix("#define")?
+            .trim_start()
+            .strip_prefix("SLURM_VERSION_NUMBER")?;
         let hex = rest.trim().strip_prefix("0x")?;
         u32::from_str_radix(hex.trim(), 16).ok()
     })

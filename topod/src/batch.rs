@@ -21,7 +21,11 @@ pub fn job_id(get: impl Fn(&str) -> Option<String>) -> Option<String> {
 pub fn lsf_slots_on(mcpu_hosts: &str, host: &str) -> Option<u32> {
     let short = |h: &str| h.split('.').next().unwrap_or(h).to_string();
     let words: Vec<&str> = mcpu_hosts.split_whitespace().collect();
-    words.chunks(2).filter(|p| p.len() == 2 && (p[0] == host || short(p[0]) == short(host))).filter_map(|p| p[1].parse::<u32>().ok()).reduce(|a, b| a + b)
+    words
+        .chunks(2)
+        .filter(|p| p.len() == 2 && (p[0] == host || short(p[0]) == short(host)))
+        .filter_map(|p| p[1].parse::<u32>().ok())
+        .reduce(|a, b| a + b)
 }
 
 /// An `LSB_AFFINITY_HOSTFILE`-compatible file: one line per task, `host cpu_list`. The optional
@@ -37,16 +41,26 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| m.get(k).cloned()
     }
 
     #[test]
     fn job_ids() {
         assert_eq!(job_id(env(&[("LSB_JOBID", "1234")])).as_deref(), Some("lsf-1234"));
-        assert_eq!(job_id(env(&[("LSB_JOBID", "1234"), ("LSB_JOBINDEX", "0")])).as_deref(), Some("lsf-1234"));
-        assert_eq!(job_id(env(&[("LSB_JOBID", "1234"), ("LSB_JOBINDEX", "7")])).as_deref(), Some("lsf-1234[7]"));
-        assert_eq!(job_id(env(&[("LSB_JOBID", ""), ("SLURM_JOB_ID", "55")])).as_deref(), Some("55"));
+        assert_eq!(
+            job_id(env(&[("LSB_JOBID", "1234"), ("LSB_JOBINDEX", "0")])).as_deref(),
+            Some("lsf-1234")
+        );
+        assert_eq!(
+            job_id(env(&[("LSB_JOBID", "1234"), ("LSB_JOBINDEX", "7")])).as_deref(),
+            Some("lsf-1234[7]")
+        );
+        assert_eq!(
+            job_id(env(&[("LSB_JOBID", ""), ("SLURM_JOB_ID", "55")])).as_deref(),
+            Some("55")
+        );
         assert_eq!(job_id(env(&[])), None);
     }
 

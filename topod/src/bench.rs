@@ -20,8 +20,8 @@
 //! each placement decision (p50/p99 over the decisions, measured around the `place` call only;
 //! the stream is replayed [`TIMING_RUNS`] times and each decision's median time kept).
 
-use crate::place::{self, HostModel, Occupancy, Strategy};
 use crate::ledger::Ledger;
+use crate::place::{self, HostModel, Occupancy, Strategy};
 use crate::request::{Level, MemBind, Request};
 use serde::Serialize;
 use std::time::Instant;
@@ -89,18 +89,36 @@ pub fn job_stream(model: &HostModel, seed: u64, count: usize) -> Vec<StreamJob> 
             0 => Request::threads(size as u32),
             1 => {
                 let k = largest_divisor_at_most(size, (numa / 2).clamp(1, MAX_TASK_PUS));
-                Request { unit: Level::Thread, units_per_task: k as u32, tasks: Some((size / k) as u32), same: Some(Level::Numa), ..Request::default() }
+                Request {
+                    unit: Level::Thread,
+                    units_per_task: k as u32,
+                    tasks: Some((size / k) as u32),
+                    same: Some(Level::Numa),
+                    ..Request::default()
+                }
             }
             2 => {
                 let cores = (size / tpc).max(1);
-                let (same, room) = if rng.below(2) == 0 { (Level::L3, l3_cores) } else { (Level::Socket, socket_cores) };
+                let (same, room) = if rng.below(2) == 0 {
+                    (Level::L3, l3_cores)
+                } else {
+                    (Level::Socket, socket_cores)
+                };
                 let room = (room / 2).min(MAX_TASK_PUS / tpc).max(1);
                 let c = largest_divisor_at_most(cores, room);
-                Request { unit: Level::Core, units_per_task: c as u32, tasks: Some((cores / c) as u32), same: Some(same), ..Request::default() }
+                Request {
+                    unit: Level::Core,
+                    units_per_task: c as u32,
+                    tasks: Some((cores / c) as u32),
+                    same: Some(same),
+                    ..Request::default()
+                }
             }
             _ => Request { membind: MemBind::LocalOnly, ..Request::threads(size as u32) },
         };
-        let pus = request.tasks.unwrap_or(1) as usize * request.units_per_task as usize * model.pus_per_unit(request.unit);
+        let pus = request.tasks.unwrap_or(1) as usize
+            * request.units_per_task as usize
+            * model.pus_per_unit(request.unit);
         out.push(StreamJob { request, lifetime, pus });
     }
     out
@@ -197,12 +215,17 @@ pub fn replay_quality(model: &HostModel, stream: &[StreamJob], strategy: Strateg
 }
 
 /// One replay: the quality figures, and each decision's time in nanoseconds, in stream order.
-fn replay_once(model: &HostModel, stream: &[StreamJob], strategy: Strategy) -> (BenchResult, Vec<u64>) {
+fn replay_once(
+    model: &HostModel,
+    stream: &[StreamJob],
+    strategy: Strategy,
+) -> (BenchResult, Vec<u64>) {
     let capacity = model.allocatable.len().max(1);
     let mut ledger = Ledger::new();
     let mut running: Vec<(u64, String)> = Vec::new();
     let mut times_ns: Vec<u64> = Vec::with_capacity(stream.len());
-    let (mut placed, mut numa_ok, mut l3_ok, mut radius_sum, mut smt, mut rwf, mut violations) = (0, 0, 0, 0u64, 0, 0, 0);
+    let (mut placed, mut numa_ok, mut l3_ok, mut radius_sum, mut smt, mut rwf, mut violations) =
+        (0, 0, 0, 0u64, 0, 0, 0);
     let mut load_sum = 0.0;
     for (i, job) in stream.iter().enumerate() {
         let now = i as u64;
@@ -225,7 +248,8 @@ fn replay_once(model: &HostModel, stream: &[StreamJob], strategy: Strategy) -> (
                 radius_sum += u64::from(p.metrics.radius);
                 smt += p.metrics.smt_shared;
                 if let Some(same) = job.request.same {
-                    violations += usize::from(p.tasks.iter().any(|t| model.touched(same, t).len() > 1));
+                    violations +=
+                        usize::from(p.tasks.iter().any(|t| model.touched(same, t).len() > 1));
                 }
                 let id = format!("job{i}");
                 if ledger.allocate(&id, &p, "").is_ok() {
@@ -261,7 +285,13 @@ mod tests {
     use crate::topology::{SyntheticShape, Topology};
 
     fn model() -> HostModel {
-        let t = Topology::synthetic(SyntheticShape { packages: 2, numa_per_package: 2, l3_per_numa: 2, cores_per_l3: 4, threads_per_core: 2 });
+        let t = Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 2,
+            l3_per_numa: 2,
+            cores_per_l3: 4,
+            threads_per_core: 2,
+        });
         HostModel::new(&t, &CpuSet::new()).unwrap()
     }
 
@@ -270,9 +300,15 @@ mod tests {
         let m = model();
         let a = job_stream(&m, 7, 300);
         let b = job_stream(&m, 7, 300);
-        assert_eq!(a.iter().map(|j| j.request.clone()).collect::<Vec<_>>(), b.iter().map(|j| j.request.clone()).collect::<Vec<_>>());
+        assert_eq!(
+            a.iter().map(|j| j.request.clone()).collect::<Vec<_>>(),
+            b.iter().map(|j| j.request.clone()).collect::<Vec<_>>()
+        );
         assert!(a.iter().all(|j| j.pus >= 1 && j.pus <= 32), "sizes from 1 PU to a package");
-        assert_ne!(job_stream(&m, 8, 300).iter().map(|j| j.pus).collect::<Vec<_>>(), a.iter().map(|j| j.pus).collect::<Vec<_>>());
+        assert_ne!(
+            job_stream(&m, 8, 300).iter().map(|j| j.pus).collect::<Vec<_>>(),
+            a.iter().map(|j| j.pus).collect::<Vec<_>>()
+        );
     }
 
     #[test]

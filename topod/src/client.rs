@@ -12,7 +12,9 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The daemon cannot be reached.
-    #[error("cannot reach topod at {path}: {source} (is topod running? is the socket path right?)")]
+    #[error(
+        "cannot reach topod at {path}: {source} (is topod running? is the socket path right?)"
+    )]
     Connect {
         /// The socket.
         path: String,
@@ -46,7 +48,8 @@ impl Client {
 
     /// Connects to the socket at `path`; each read or write may take up to `timeout`.
     pub fn connect_with_timeout(path: &Path, timeout: Duration) -> Result<Client, ClientError> {
-        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect { path: path.display().to_string(), source })?;
+        let stream = UnixStream::connect(path)
+            .map_err(|source| ClientError::Connect { path: path.display().to_string(), source })?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
         let writer = stream.try_clone()?;
@@ -56,7 +59,8 @@ impl Client {
     /// Connects to topod's read-only TCP listener at `address` (`host:port`) and presents the
     /// shared `key`; connecting, and each read or write, may take up to `timeout`.
     pub fn connect_tcp(address: &str, key: &str, timeout: Duration) -> Result<Client, ClientError> {
-        let connect_error = |source| ClientError::Connect { path: format!("tcp:{address}"), source };
+        let connect_error =
+            |source| ClientError::Connect { path: format!("tcp:{address}"), source };
         let addrs = address.to_socket_addrs().map_err(connect_error)?;
         let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address");
         for addr in addrs {
@@ -67,7 +71,10 @@ impl Client {
                     stream.set_nodelay(true)?;
                     let mut writer = stream.try_clone()?;
                     writer.write_all(format!("{key}\n").as_bytes())?;
-                    return Ok(Client { reader: BufReader::new(Box::new(stream)), writer: Box::new(writer) });
+                    return Ok(Client {
+                        reader: BufReader::new(Box::new(stream)),
+                        writer: Box::new(writer),
+                    });
                 }
                 Err(e) => last = e,
             }
@@ -81,7 +88,10 @@ impl Client {
         let mut line = Vec::new();
         self.reader.read_until(b'\n', &mut line)?;
         if line.is_empty() {
-            return Err(ClientError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "topod closed the connection without a reply")));
+            return Err(ClientError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "topod closed the connection without a reply",
+            )));
         }
         let reply = proto::parse_reply(&line)?;
         match (reply.ok, reply.error) {
@@ -113,7 +123,9 @@ pub enum JoinSelfError<E: std::fmt::Display + std::fmt::Debug> {
     /// The process began to move itself and a write failed: it may be in some of the job's
     /// hierarchies and not others. topod is not asked to finish (it would recreate a hierarchy
     /// that a release is removing), so the caller should fail.
-    #[error("moving itself into the job's cgroup failed part way ({0}); is the job being released?")]
+    #[error(
+        "moving itself into the job's cgroup failed part way ({0}); is the job being released?"
+    )]
     Moving(CgroupError),
     /// It moved itself in, but topod did not confirm with `join`.
     #[error("moved itself into the job's cgroup, but topod did not confirm: {0}")]
@@ -143,7 +155,13 @@ pub fn join_self<E: std::fmt::Display + std::fmt::Debug>(
             Err(e) if refused(&e) => format!("topod gave no files: {e}"),
             Err(e) => return Err(JoinSelfError::Topod(e)),
             Ok(reply) => {
-                let files: Vec<PathBuf> = reply["files"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).map(Into::into).collect();
+                let files: Vec<PathBuf> = reply["files"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|f| f.as_str())
+                    .map(Into::into)
+                    .collect();
                 if files.is_empty() {
                     "this host's cgroups offer no self-join".to_string()
                 } else {
@@ -168,7 +186,9 @@ mod tests {
     use super::*;
 
     /// Runs join_self against a scripted topod; returns the result and the operations sent.
-    fn run(answer: impl Fn(&Op) -> Result<serde_json::Value, String>) -> (Result<Joined, JoinSelfError<String>>, Vec<&'static str>) {
+    fn run(
+        answer: impl Fn(&Op) -> Result<serde_json::Value, String>,
+    ) -> (Result<Joined, JoinSelfError<String>>, Vec<&'static str>) {
         let mut sent = Vec::new();
         let result = join_self(
             "42",
@@ -188,7 +208,13 @@ mod tests {
     #[test]
     fn join_self_falls_back_to_topod_only_when_that_is_safe() {
         let root = nix::unistd::geteuid().is_root();
-        let asked_first = |ops: &[&str]| if root { ops.first() == Some(&"self_join_files") } else { ops.first() == Some(&"join") };
+        let asked_first = |ops: &[&str]| {
+            if root {
+                ops.first() == Some(&"self_join_files")
+            } else {
+                ops.first() == Some(&"join")
+            }
+        };
         // An older topod refuses the operation: topod moves the process.
         let (r, sent) = run(|op| match op {
             Op::SelfJoinFiles { .. } => Err("refused: unknown operation".into()),
@@ -197,7 +223,11 @@ mod tests {
         assert!(matches!(r, Ok(Joined::ByTopod { .. })), "{r:?}");
         assert!(asked_first(&sent) && sent.last() == Some(&"join"), "{sent:?}");
         // No files (cgroup v2), or files that fail the checks: topod moves it.
-        for files in [serde_json::json!([]), serde_json::json!(["/etc/passwd"]), serde_json::json!(["/tmp/42/tasks"])] {
+        for files in [
+            serde_json::json!([]),
+            serde_json::json!(["/etc/passwd"]),
+            serde_json::json!(["/tmp/42/tasks"]),
+        ] {
             let (r, sent) = run(|op| match op {
                 Op::SelfJoinFiles { .. } => Ok(serde_json::json!({ "job": "42", "files": files })),
                 _ => Ok(serde_json::json!({})),

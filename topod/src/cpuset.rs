@@ -99,9 +99,7 @@ impl CpuSet {
     /// Whether `id` is in the set.
     #[inline]
     pub fn contains(&self, id: u32) -> bool {
-        self.words
-            .get((id / 64) as usize)
-            .is_some_and(|w| w & (1u64 << (id % 64)) != 0)
+        self.words.get((id / 64) as usize).is_some_and(|w| w & (1u64 << (id % 64)) != 0)
     }
 
     /// Number of members.
@@ -153,15 +151,19 @@ impl CpuSet {
     /// Whether some member of `self` outside `except` is in `other` (no allocation).
     #[inline]
     pub fn intersects_outside(&self, except: &CpuSet, other: &CpuSet) -> bool {
-        self.words
-            .iter()
-            .enumerate()
-            .any(|(i, &w)| w & !except.words.get(i).copied().unwrap_or(0) & other.words.get(i).copied().unwrap_or(0) != 0)
+        self.words.iter().enumerate().any(|(i, &w)| {
+            w & !except.words.get(i).copied().unwrap_or(0)
+                & other.words.get(i).copied().unwrap_or(0)
+                != 0
+        })
     }
 
     /// Whether every member is also in `other`.
     pub fn is_subset(&self, other: &CpuSet) -> bool {
-        self.words.iter().enumerate().all(|(i, &w)| w & !other.words.get(i).copied().unwrap_or(0) == 0)
+        self.words
+            .iter()
+            .enumerate()
+            .all(|(i, &w)| w & !other.words.get(i).copied().unwrap_or(0) == 0)
     }
 
     /// Whether every member of `other` is also in `self`.
@@ -266,7 +268,11 @@ impl CpuSet {
                 }
             };
             if hi < lo {
-                return Err(CpuSetParseError::new(text, item_offset, format!("range {item} runs backwards")));
+                return Err(CpuSetParseError::new(
+                    text,
+                    item_offset,
+                    format!("range {item} runs backwards"),
+                ));
             }
             set.insert_range(lo, hi + 1);
         }
@@ -283,7 +289,11 @@ impl CpuSet {
         let groups: Vec<&str> = trimmed.split(',').collect();
         let n = groups.len();
         if n as u64 * 32 > u64::from(MAX_CPU_ID) + 1 {
-            return Err(CpuSetParseError::new(text, 0, "mask is wider than the largest CPU id accepted"));
+            return Err(CpuSetParseError::new(
+                text,
+                0,
+                "mask is wider than the largest CPU id accepted",
+            ));
         }
         let mut offset = 0;
         for (i, g) in groups.iter().enumerate() {
@@ -309,9 +319,14 @@ impl CpuSet {
             Some(rest) => (true, rest.strip_prefix(',').unwrap_or(rest)),
             None => (false, trimmed),
         };
-        let groups: Vec<&str> = if rest.is_empty() { Vec::new() } else { rest.split(',').collect() };
+        let groups: Vec<&str> =
+            if rest.is_empty() { Vec::new() } else { rest.split(',').collect() };
         if groups.len() as u64 * 32 > u64::from(MAX_CPU_ID) + 1 {
-            return Err(CpuSetParseError::new(text, 0, "bitmap is wider than the largest CPU id accepted"));
+            return Err(CpuSetParseError::new(
+                text,
+                0,
+                "bitmap is wider than the largest CPU id accepted",
+            ));
         }
         let mut set = CpuSet::new();
         let mut offset = text.len() - text.trim_start().len() + (trimmed.len() - rest.len());
@@ -321,8 +336,9 @@ impl CpuSet {
             let value = if digits.is_empty() {
                 0
             } else {
-                u32::from_str_radix(digits, 16)
-                    .map_err(|_| CpuSetParseError::new(text, offset, format!("{g:?} is not a 32-bit hex word")))?
+                u32::from_str_radix(digits, 16).map_err(|_| {
+                    CpuSetParseError::new(text, offset, format!("{g:?} is not a 32-bit hex word"))
+                })?
             };
             offset += g.len() + 1;
             let base = ((groups.len() - 1 - i) * 32) as u32;
@@ -358,9 +374,15 @@ fn parse_id(text: &str, offset: usize, s: &str) -> Result<u32, CpuSetParseError>
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(CpuSetParseError::new(text, offset, format!("{s:?} is not a CPU number")));
     }
-    let v: u64 = s.parse().map_err(|_| CpuSetParseError::new(text, offset, format!("{s:?} is too large")))?;
+    let v: u64 = s
+        .parse()
+        .map_err(|_| CpuSetParseError::new(text, offset, format!("{s:?} is too large")))?;
     if v > u64::from(MAX_CPU_ID) {
-        return Err(CpuSetParseError::new(text, offset, format!("{v} is above the largest id accepted, {MAX_CPU_ID}")));
+        return Err(CpuSetParseError::new(
+            text,
+            offset,
+            format!("{v} is above the largest id accepted, {MAX_CPU_ID}"),
+        ));
     }
     Ok(v as u32)
 }

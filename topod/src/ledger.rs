@@ -108,7 +108,12 @@ impl Ledger {
     }
 
     /// Records `placement` for `job`.
-    pub fn allocate(&mut self, job: &str, placement: &Placement, request: &str) -> Result<&Allocation, LedgerError> {
+    pub fn allocate(
+        &mut self,
+        job: &str,
+        placement: &Placement,
+        request: &str,
+    ) -> Result<&Allocation, LedgerError> {
         self.insert(Allocation {
             job: job.to_string(),
             cpus: placement.cpus.clone(),
@@ -122,7 +127,10 @@ impl Ledger {
     /// Records an allocation (also used when rebuilding the ledger from what exists).
     pub fn insert(&mut self, alloc: Allocation) -> Result<&Allocation, LedgerError> {
         if let Some(existing) = self.jobs.get(&alloc.job) {
-            return Err(LedgerError::AlreadyAllocated(alloc.job.clone(), existing.cpus.to_string()));
+            return Err(LedgerError::AlreadyAllocated(
+                alloc.job.clone(),
+                existing.cpus.to_string(),
+            ));
         }
         if alloc.cpus.is_empty() {
             return Err(LedgerError::Empty(alloc.job));
@@ -140,7 +148,11 @@ impl Ledger {
                 clash.union_with(&alloc.fenced.intersection(&other.cpus));
                 clash.union_with(&alloc.fenced.intersection(&other.fenced));
                 if !clash.is_empty() {
-                    return Err(LedgerError::Conflict { job: alloc.job.clone(), cpus: clash.to_string(), holder: other.job.clone() });
+                    return Err(LedgerError::Conflict {
+                        job: alloc.job.clone(),
+                        cpus: clash.to_string(),
+                        holder: other.job.clone(),
+                    });
                 }
             }
         }
@@ -153,7 +165,8 @@ impl Ledger {
 
     /// Frees what `job` holds and returns it.
     pub fn release(&mut self, job: &str) -> Result<Allocation, LedgerError> {
-        let alloc = self.jobs.remove(job).ok_or_else(|| LedgerError::UnknownJob(job.to_string()))?;
+        let alloc =
+            self.jobs.remove(job).ok_or_else(|| LedgerError::UnknownJob(job.to_string()))?;
         self.occupancy.held.difference_with(&alloc.cpus);
         // Fences never overlap: an exclusive job needs wholly free domains, fenced CPUs are not.
         self.occupancy.fenced.difference_with(&alloc.fenced);
@@ -206,10 +219,18 @@ impl Ledger {
         let mut fenced = CpuSet::new();
         for a in self.jobs.values() {
             if a.cpus.intersects(&held) {
-                return Err(format!("job {} holds CPUs {} that another job holds", a.job, a.cpus.intersection(&held)));
+                return Err(format!(
+                    "job {} holds CPUs {} that another job holds",
+                    a.job,
+                    a.cpus.intersection(&held)
+                ));
             }
             if a.fenced.intersects(&fenced) {
-                return Err(format!("job {} fences CPUs {} that another job fences", a.job, a.fenced.intersection(&fenced)));
+                return Err(format!(
+                    "job {} fences CPUs {} that another job fences",
+                    a.job,
+                    a.fenced.intersection(&fenced)
+                ));
             }
             held.union_with(&a.cpus);
             fenced.union_with(&a.fenced);
@@ -244,7 +265,12 @@ mod tests {
         let mut l = Ledger::new();
         l.insert(alloc("a", "0-1", "2")).unwrap();
         let g = l.generation();
-        for (bad, holder) in [(alloc("b", "1", ""), "a"), (alloc("b", "2", ""), "a"), (alloc("b", "5", "0"), "a"), (alloc("b", "5", "2"), "a")] {
+        for (bad, holder) in [
+            (alloc("b", "1", ""), "a"),
+            (alloc("b", "2", ""), "a"),
+            (alloc("b", "5", "0"), "a"),
+            (alloc("b", "5", "2"), "a"),
+        ] {
             match l.insert(bad) {
                 Err(LedgerError::Conflict { holder: h, .. }) => assert_eq!(h, holder),
                 other => panic!("expected a conflict, got {other:?}"),

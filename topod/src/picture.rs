@@ -86,7 +86,10 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
                 .filter(|n| n.cpus.intersects(&pkg.cpus))
                 .map(|n| {
                     let part = if n.cpus.is_subset(&pkg.cpus) { "" } else { " (part)" };
-                    (format!("NUMA {}{part}  {}", n.os_index, human_bytes(n.memory_bytes)), n.cpus.intersection(&pkg.cpus))
+                    (
+                        format!("NUMA {}{part}  {}", n.os_index, human_bytes(n.memory_bytes)),
+                        n.cpus.intersection(&pkg.cpus),
+                    )
                 })
                 .collect();
             let covered = v.iter().fold(CpuSet::new(), |a, (_, s)| a.union(s));
@@ -97,7 +100,11 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
             }
             v
         };
-        let mut memory_only: Vec<_> = topo.numa_nodes.iter().filter(|n| n.cpus.is_empty() && n.near_cpus.intersects(&pkg.cpus)).collect();
+        let mut memory_only: Vec<_> = topo
+            .numa_nodes
+            .iter()
+            .filter(|n| n.cpus.is_empty() && n.near_cpus.intersects(&pkg.cpus))
+            .collect();
         memory_only.sort_by_key(|n| (n.near_cpus.first(), n.os_index));
         for n in memory_only {
             let kind = match n.kind {
@@ -106,12 +113,24 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
                 MemoryKind::FarMemory => "far memory",
                 MemoryKind::Dram => "memory",
             };
-            let _ = writeln!(out, "  NUMA {}  {} {}, no CPUs (near PU {})", n.os_index, human_bytes(n.memory_bytes), kind, short_list(&n.near_cpus, 30));
+            let _ = writeln!(
+                out,
+                "  NUMA {}  {} {}, no CPUs (near PU {})",
+                n.os_index,
+                human_bytes(n.memory_bytes),
+                kind,
+                short_list(&n.near_cpus, 30)
+            );
         }
         for (label, ncpus) in numas {
             let _ = writeln!(out, "  {label}");
             let groups: Vec<CpuSet> = {
-                let mut g: Vec<CpuSet> = topo.l3_groups.iter().map(|l| l.cpus.intersection(&ncpus)).filter(|s| !s.is_empty()).collect();
+                let mut g: Vec<CpuSet> = topo
+                    .l3_groups
+                    .iter()
+                    .map(|l| l.cpus.intersection(&ncpus))
+                    .filter(|s| !s.is_empty())
+                    .collect();
                 let covered = g.iter().fold(CpuSet::new(), |a, s| a.union(s));
                 let rest = ncpus.difference(&covered);
                 if !rest.is_empty() {
@@ -131,8 +150,14 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
                 for (li, line) in cores.chunks(cores_per_line(threads)).enumerate() {
                     let span = line.iter().fold(CpuSet::new(), |a, s| a.union(s));
                     let head = if li == 0 { l3_name.clone() } else { "     ".to_string() };
-                    let cells: Vec<String> = line.iter().map(|core| core.iter().map(cell).collect()).collect();
-                    let _ = writeln!(out, "    {head} {:<18} {}", format!("PU {}", short_list(&span, 15)), cells.join(" "));
+                    let cells: Vec<String> =
+                        line.iter().map(|core| core.iter().map(cell).collect()).collect();
+                    let _ = writeln!(
+                        out,
+                        "    {head} {:<18} {}",
+                        format!("PU {}", short_list(&span, 15)),
+                        cells.join(" ")
+                    );
                 }
             }
         }
@@ -155,10 +180,18 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
     if !foreign.is_empty() || !marks.reserved.is_empty() || !fenced.is_empty() {
         let _ = writeln!(out);
         if !foreign.is_empty() {
-            let _ = writeln!(out, "  x  PU {} outside the allowed cpuset (another cpuset, or offline)", foreign);
+            let _ = writeln!(
+                out,
+                "  x  PU {} outside the allowed cpuset (another cpuset, or offline)",
+                foreign
+            );
         }
         if !marks.reserved.is_empty() {
-            let _ = writeln!(out, "  r  PU {} reserved (configuration, or another exclusive cpuset)", marks.reserved);
+            let _ = writeln!(
+                out,
+                "  r  PU {} reserved (configuration, or another exclusive cpuset)",
+                marks.reserved
+            );
         }
         if !fenced.is_empty() {
             let _ = writeln!(out, "  -  PU {} kept free by an exclusive job", fenced);
@@ -168,7 +201,11 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
     if !devices.is_empty() {
         let _ = writeln!(out, "\nDevices");
         for d in devices {
-            let names = if d.names.is_empty() { String::new() } else { format!(" ({})", d.names.join(", ")) };
+            let names = if d.names.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", d.names.join(", "))
+            };
             let near = match d.numa_node {
                 Some(n) => format!("NUMA {n}"),
                 None => "NUMA ?".to_string(),
@@ -187,7 +224,8 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
 }
 
 fn cores_in(topo: &Topology, cpus: &CpuSet) -> Vec<CpuSet> {
-    let mut cores: Vec<CpuSet> = topo.cores.iter().map(|c| c.cpus.intersection(cpus)).filter(|s| !s.is_empty()).collect();
+    let mut cores: Vec<CpuSet> =
+        topo.cores.iter().map(|c| c.cpus.intersection(cpus)).filter(|s| !s.is_empty()).collect();
     let covered = cores.iter().fold(CpuSet::new(), |a, s| a.union(s));
     for cpu in cpus.difference(&covered).iter() {
         cores.push(std::iter::once(cpu).collect());
@@ -228,11 +266,18 @@ mod tests {
 
     #[test]
     fn the_picture_shows_jobs_and_fits_100_columns() {
-        let topo = Topology::synthetic(SyntheticShape { packages: 2, numa_per_package: 1, l3_per_numa: 12, cores_per_l3: 8, threads_per_core: 2 });
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 1,
+            l3_per_numa: 12,
+            cores_per_l3: 8,
+            threads_per_core: 2,
+        });
         let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
         let mut ledger = Ledger::new();
         for (i, n) in [8u32, 3, 40].into_iter().enumerate() {
-            let p = place(&model, ledger.occupancy(), &Request::threads(n), Strategy::BestFit).unwrap();
+            let p =
+                place(&model, ledger.occupancy(), &Request::threads(n), Strategy::BestFit).unwrap();
             ledger.allocate(&format!("job{i}"), &p, "").unwrap();
         }
         let pic = render(&topo, &ledger, &Marks::default());

@@ -31,7 +31,17 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
 /// The operations, as they appear in `op`.
-pub const OPERATIONS: &[&str] = &["version", "topology", "free_map", "fit", "allocate", "join", "self_join_files", "release", "list"];
+pub const OPERATIONS: &[&str] = &[
+    "version",
+    "topology",
+    "free_map",
+    "fit",
+    "allocate",
+    "join",
+    "self_join_files",
+    "release",
+    "list",
+];
 
 /// What a client asks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,7 +113,10 @@ impl Op {
     /// Whether the operation changes the host (allocate, join, self_join_files, release); the
     /// read-only TCP listener refuses these.
     pub fn changes_state(&self) -> bool {
-        matches!(self, Op::Allocate { .. } | Op::Join { .. } | Op::SelfJoinFiles { .. } | Op::Release { .. })
+        matches!(
+            self,
+            Op::Allocate { .. } | Op::Join { .. } | Op::SelfJoinFiles { .. } | Op::Release { .. }
+        )
     }
 }
 
@@ -183,7 +196,11 @@ impl Reply {
 
     /// A failure.
     pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { v: PROTOCOL_VERSION, ok: None, error: Some(ErrorBody { code, message: message.into() }) }
+        Self {
+            v: PROTOCOL_VERSION,
+            ok: None,
+            error: Some(ErrorBody { code, message: message.into() }),
+        }
     }
 
     /// The line to send, newline included.
@@ -213,7 +230,9 @@ pub enum ProtoError {
     #[error("unknown operation {0:?}; expected one of {ops}", ops = OPERATIONS.join(", "))]
     UnknownOp(String),
     /// Wrong or missing version.
-    #[error("protocol version {got} is not supported; this topod speaks version {PROTOCOL_VERSION}")]
+    #[error(
+        "protocol version {got} is not supported; this topod speaks version {PROTOCOL_VERSION}"
+    )]
     Version {
         /// The version the client sent (0 when missing).
         got: u64,
@@ -234,8 +253,11 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
     // Look at the envelope first, so that the error names the real problem (a bad version or
     // an unknown operation) rather than a serde message about variants. A field given twice is
     // refused: which of the two counts would be a guess.
-    let value = serde_json::from_str::<UniqueKeys>(text).map_err(|e| ProtoError::Invalid(format!("not JSON: {e}")))?.0;
-    let obj = value.as_object().ok_or_else(|| ProtoError::Invalid("expected a JSON object".into()))?;
+    let value = serde_json::from_str::<UniqueKeys>(text)
+        .map_err(|e| ProtoError::Invalid(format!("not JSON: {e}")))?
+        .0;
+    let obj =
+        value.as_object().ok_or_else(|| ProtoError::Invalid("expected a JSON object".into()))?;
     match obj.get("v") {
         None => return Err(ProtoError::Invalid("missing protocol version \"v\"".into())),
         Some(v) => match v.as_u64() {
@@ -254,7 +276,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
     };
     // serde cannot refuse unknown fields through `flatten`: check them here.
     let allowed = fields_of(op);
-    if let Some(extra) = obj.keys().find(|k| !matches!(k.as_str(), "v" | "op") && !allowed.contains(&k.as_str())) {
+    if let Some(extra) =
+        obj.keys().find(|k| !matches!(k.as_str(), "v" | "op") && !allowed.contains(&k.as_str()))
+    {
         let accepted = if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") };
         return Err(ProtoError::Invalid(format!(
             "unknown field {:?} for operation {op}; accepted fields: {accepted}",
@@ -291,7 +315,8 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
         Ok(v.into())
     }
     fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
-        Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, serde_json::Value::Number))
+        Ok(serde_json::Number::from_f64(v)
+            .map_or(serde_json::Value::Null, serde_json::Value::Number))
     }
     fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
         Ok(v.into())
@@ -330,7 +355,9 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
 fn fields_of(op: &str) -> &'static [&'static str] {
     match op {
         "fit" => &["request", "tasks"],
-        "allocate" => &["job", "request", "tasks", "cpus", "mem_limit_bytes", "owner_uid", "join_pid"],
+        "allocate" => {
+            &["job", "request", "tasks", "cpus", "mem_limit_bytes", "owner_uid", "join_pid"]
+        }
         "join" => &["job", "pid"],
         "self_join_files" => &["job"],
         "release" => &["job"],
@@ -342,7 +369,8 @@ fn fields_of(op: &str) -> &'static [&'static str] {
 pub fn parse_reply(line: &[u8]) -> Result<Reply, ProtoError> {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let text = std::str::from_utf8(line).map_err(|e| ProtoError::NotText(e.valid_up_to()))?;
-    let reply: Reply = serde_json::from_str(text).map_err(|e| ProtoError::Invalid(format!("reply: {e}")))?;
+    let reply: Reply =
+        serde_json::from_str(text).map_err(|e| ProtoError::Invalid(format!("reply: {e}")))?;
     if reply.v != PROTOCOL_VERSION {
         return Err(ProtoError::Version { got: u64::from(reply.v) });
     }
@@ -361,7 +389,15 @@ mod tests {
             Op::Topology,
             Op::FreeMap,
             Op::Fit { request: "affinity[core(2)]".into(), tasks: Some(4) },
-            Op::Allocate { job: "1234[7]".into(), request: "affinity[thread*8]".into(), tasks: None, cpus: Some("0-15".into()), mem_limit_bytes: Some(1 << 30), owner_uid: Some(1000), join_pid: Some(4242) },
+            Op::Allocate {
+                job: "1234[7]".into(),
+                request: "affinity[thread*8]".into(),
+                tasks: None,
+                cpus: Some("0-15".into()),
+                mem_limit_bytes: Some(1 << 30),
+                owner_uid: Some(1000),
+                join_pid: Some(4242),
+            },
             Op::Join { job: "1234".into(), pid: 4242 },
             Op::SelfJoinFiles { job: "1234".into() },
             Op::Release { job: "1234".into() },
@@ -385,18 +421,28 @@ mod tests {
         assert!(e("[1,2]").contains("JSON object"));
         assert!(e("{\"op\":\"version\"}").contains("missing protocol version"));
         assert!(e("{\"v\":2,\"op\":\"version\"}").contains("version 2 is not supported"));
-        assert!(e("{\"v\":1,\"op\":\"format_disk\"}").contains("unknown operation \"format_disk\"; expected one of version"));
+        assert!(e("{\"v\":1,\"op\":\"format_disk\"}")
+            .contains("unknown operation \"format_disk\"; expected one of version"));
         assert!(e("{\"v\":1}").contains("missing operation"));
         assert!(e("{\"v\":1,\"op\":\"release\"}").contains("job"));
         assert!(e("{\"v\":1,\"op\":\"join\",\"job\":\"1\",\"pid\":\"x\"}").contains("invalid type"));
         assert!(e("{\"v\":1,\"op\":\"list\",\"extra\":true}").contains("unknown field"));
-        assert!(e("{\"v\":1,\"op\":\"release\",\"job\":\"1\",\"job\":\"2\"}").contains("field \"job\" is given twice"));
+        assert!(e("{\"v\":1,\"op\":\"release\",\"job\":\"1\",\"job\":\"2\"}")
+            .contains("field \"job\" is given twice"));
         assert!(e("{\"v\":1,\"v\":1,\"op\":\"list\"}").contains("given twice"));
-        assert!(e("{\"v\":1.0,\"op\":\"list\"}").contains("whole number"), "{}", e("{\"v\":1.0,\"op\":\"list\"}"));
+        assert!(
+            e("{\"v\":1.0,\"op\":\"list\"}").contains("whole number"),
+            "{}",
+            e("{\"v\":1.0,\"op\":\"list\"}")
+        );
         assert!(e("{\"v\":\"1\",\"op\":\"list\"}").contains("whole number"));
-        let long = format!("{{\"v\":1,\"op\":\"release\",\"job\":\"{}\"}}", "a".repeat(MAX_LINE_BYTES));
+        let long =
+            format!("{{\"v\":1,\"op\":\"release\",\"job\":\"{}\"}}", "a".repeat(MAX_LINE_BYTES));
         assert!(e(&long).contains("longer than the limit"));
-        assert!(matches!(parse_request(b"{\"v\":1,\"op\":\"li\xffst\"}"), Err(ProtoError::NotText(_))));
+        assert!(matches!(
+            parse_request(b"{\"v\":1,\"op\":\"li\xffst\"}"),
+            Err(ProtoError::NotText(_))
+        ));
     }
 
     proptest! {

@@ -9,11 +9,11 @@ mod common;
 use common::{config, open_dir, start};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use topod::client::Client;
-use topod::proto::Op;
 use topod::cgroup::v1::V1;
 use topod::cgroup::v2::{v2_mount, V2};
 use topod::cgroup::CgroupBackend;
+use topod::client::Client;
+use topod::proto::Op;
 use topod::CpuSet;
 
 struct Remove(Vec<PathBuf>);
@@ -40,10 +40,23 @@ impl ExclusiveParent {
     fn make(mount: &Path, name: &str) -> ExclusiveParent {
         let parent = ExclusiveParent(mount.join(name));
         std::fs::create_dir(&parent.0).unwrap();
-        std::fs::write(parent.0.join("cpuset.mems"), std::fs::read_to_string(mount.join("cpuset.mems")).unwrap().trim()).unwrap();
-        std::fs::write(parent.0.join("cpuset.cpus"), std::fs::read_to_string(mount.join("cpuset.cpus")).unwrap().trim()).unwrap();
+        std::fs::write(
+            parent.0.join("cpuset.mems"),
+            std::fs::read_to_string(mount.join("cpuset.mems")).unwrap().trim(),
+        )
+        .unwrap();
+        std::fs::write(
+            parent.0.join("cpuset.cpus"),
+            std::fs::read_to_string(mount.join("cpuset.cpus")).unwrap().trim(),
+        )
+        .unwrap();
         if let Err(e) = std::fs::write(parent.0.join("cpuset.cpu_exclusive"), "1") {
-            let siblings: Vec<String> = std::fs::read_dir(mount).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+            let siblings: Vec<String> = std::fs::read_dir(mount)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
             panic!("cannot make a private exclusive cpuset ({e}); cpusets beside it (a test's leftovers?): {siblings:?}");
         }
         parent
@@ -53,7 +66,11 @@ impl ExclusiveParent {
     fn exclusive_child(&self, name: &str, cpu: u32) -> PathBuf {
         let admin = self.0.join(name);
         std::fs::create_dir(&admin).unwrap();
-        std::fs::write(admin.join("cpuset.mems"), std::fs::read_to_string(self.0.join("cpuset.mems")).unwrap().trim()).unwrap();
+        std::fs::write(
+            admin.join("cpuset.mems"),
+            std::fs::read_to_string(self.0.join("cpuset.mems")).unwrap().trim(),
+        )
+        .unwrap();
         std::fs::write(admin.join("cpuset.cpus"), cpu.to_string()).unwrap();
         std::fs::write(admin.join("cpuset.cpu_exclusive"), "1").unwrap();
         admin
@@ -62,7 +79,9 @@ impl ExclusiveParent {
 
 impl Drop for ExclusiveParent {
     fn drop(&mut self) {
-        for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten().filter(|e| e.path().is_dir()) {
+        for e in
+            std::fs::read_dir(&self.0).into_iter().flatten().flatten().filter(|e| e.path().is_dir())
+        {
             common::remove_cgroup_tree(&e.path());
         }
         common::remove_cgroup_tree(&self.0);
@@ -80,7 +99,8 @@ fn v1_cpuset() -> Option<(PathBuf, CpuSet)> {
         eprintln!("SKIPPED: needs root and a cgroup v1 cpuset hierarchy");
         return None;
     };
-    let all = CpuSet::parse_list(&std::fs::read_to_string(cpuset.join("cpuset.cpus")).unwrap()).unwrap();
+    let all =
+        CpuSet::parse_list(&std::fs::read_to_string(cpuset.join("cpuset.cpus")).unwrap()).unwrap();
     if all.len() < 2 {
         eprintln!("SKIPPED: needs two CPUs");
         return None;
@@ -98,7 +118,8 @@ fn an_exclusive_cpuset_beside_ours_is_foreign() {
     let ours = parent.0.join("topo");
     let v1 = V1::new(ours.clone(), None, None).unwrap();
     assert_eq!(v1.foreign_cpus().unwrap().to_string(), last.to_string());
-    let ours_cpus = CpuSet::parse_list(&std::fs::read_to_string(ours.join("cpuset.cpus")).unwrap()).unwrap();
+    let ours_cpus =
+        CpuSet::parse_list(&std::fs::read_to_string(ours.join("cpuset.cpus")).unwrap()).unwrap();
     assert!(!ours_cpus.contains(last), "our subtree leaves the exclusive CPU out: {ours_cpus}");
     assert_eq!(ours_cpus, all.difference(&std::iter::once(last).collect()));
 }
@@ -112,11 +133,22 @@ fn a_partition_beside_ours_is_foreign() {
     let Some(mount) = v2_mount(&mounts) else {
         return eprintln!("SKIPPED: no cgroup v2 hierarchy");
     };
-    if !std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default().split_whitespace().any(|c| c == "cpuset") {
-        assert!(std::env::var_os("TOPO_REQUIRE_REAL_CGROUPS").is_none(), "TOPO_REQUIRE_REAL_CGROUPS is set, but the v2 hierarchy has no cpuset controller");
-        return eprintln!("SKIPPED: the cgroup v2 hierarchy has no cpuset controller here (a hybrid host)");
+    if !std::fs::read_to_string(mount.join("cgroup.controllers"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .any(|c| c == "cpuset")
+    {
+        assert!(
+            std::env::var_os("TOPO_REQUIRE_REAL_CGROUPS").is_none(),
+            "TOPO_REQUIRE_REAL_CGROUPS is set, but the v2 hierarchy has no cpuset controller"
+        );
+        return eprintln!(
+            "SKIPPED: the cgroup v2 hierarchy has no cpuset controller here (a hybrid host)"
+        );
     }
-    let all = CpuSet::parse_list(&std::fs::read_to_string(mount.join("cpuset.cpus.effective")).unwrap()).unwrap();
+    let all =
+        CpuSet::parse_list(&std::fs::read_to_string(mount.join("cpuset.cpus.effective")).unwrap())
+            .unwrap();
     if all.len() < 2 {
         return eprintln!("SKIPPED: needs two CPUs");
     }
@@ -130,13 +162,26 @@ fn a_partition_beside_ours_is_foreign() {
     std::fs::write(admin.join("cpuset.cpus.partition"), "root").unwrap();
     let state = std::fs::read_to_string(admin.join("cpuset.cpus.partition")).unwrap();
     if state.trim() != "root" {
-        assert!(std::env::var_os("TOPO_REQUIRE_REAL_CGROUPS").is_none(), "the kernel did not make CPU {last} a valid partition: {}", state.trim());
-        return eprintln!("SKIPPED: the kernel did not make CPU {last} a valid partition here: {}", state.trim());
+        assert!(
+            std::env::var_os("TOPO_REQUIRE_REAL_CGROUPS").is_none(),
+            "the kernel did not make CPU {last} a valid partition: {}",
+            state.trim()
+        );
+        return eprintln!(
+            "SKIPPED: the kernel did not make CPU {last} a valid partition here: {}",
+            state.trim()
+        );
     }
     let v2 = V2::new(ours.clone()).unwrap();
     assert_eq!(v2.foreign_cpus().unwrap().to_string(), last.to_string());
-    let ours_cpus = CpuSet::parse_list(&std::fs::read_to_string(ours.join("cpuset.cpus.effective")).unwrap()).unwrap();
-    assert_eq!(ours_cpus, all.difference(&std::iter::once(last).collect()), "our subtree leaves the partition's CPU out");
+    let ours_cpus =
+        CpuSet::parse_list(&std::fs::read_to_string(ours.join("cpuset.cpus.effective")).unwrap())
+            .unwrap();
+    assert_eq!(
+        ours_cpus,
+        all.difference(&std::iter::once(last).collect()),
+        "our subtree leaves the partition's CPU out"
+    );
 }
 
 /// topod (the daemon, on real v1 cgroups) beside an administrator's exclusive cpuset that comes
@@ -155,8 +200,25 @@ fn a_foreign_exclusive_cpuset_that_goes_away_gives_its_cpus_back() {
     let d = start(dir.path(), &["--config", conf.to_str().unwrap()], false);
     let mut c = Client::connect(&d.socket).unwrap();
     let everything = format!("affinity[thread*{}]", all.len());
-    let alloc = |c: &mut Client| c.call(Op::Allocate { job: "wide".into(), request: everything.clone(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None });
-    let job_dirs = || -> Vec<std::ffi::OsString> { std::fs::read_dir(parent.0.join("topo")).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name()).collect() };
+    let alloc = |c: &mut Client| {
+        c.call(Op::Allocate {
+            job: "wide".into(),
+            request: everything.clone(),
+            tasks: None,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid: None,
+            join_pid: None,
+        })
+    };
+    let job_dirs = || -> Vec<std::ffi::OsString> {
+        std::fs::read_dir(parent.0.join("topo"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name())
+            .collect()
+    };
     // After topod started, an administrator narrows topod's subtree and makes an exclusive
     // cpuset of the last CPU: topod's model still counts it until it looks again.
     let rest = all.difference(&std::iter::once(last).collect());
@@ -167,7 +229,17 @@ fn a_foreign_exclusive_cpuset_that_goes_away_gives_its_cpus_back() {
     let e = alloc(&mut c).unwrap_err().to_string();
     assert!(e.contains("does not fit"), "CPU {last} is the administrator's now: {e}");
     assert!(job_dirs().is_empty(), "a refused allocate leaves no job directory: {:?}", job_dirs());
-    let small = c.call(Op::Allocate { job: "small".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None }).unwrap();
+    let small = c
+        .call(Op::Allocate {
+            job: "small".into(),
+            request: "affinity[thread*1]".into(),
+            tasks: None,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid: None,
+            join_pid: None,
+        })
+        .unwrap();
     assert_ne!(small["cpus"], last.to_string());
     c.call(Op::Release { job: "small".into() }).unwrap();
     std::fs::remove_dir(&admin).unwrap();
@@ -177,7 +249,10 @@ fn a_foreign_exclusive_cpuset_that_goes_away_gives_its_cpus_back() {
     let a = loop {
         match alloc(&mut c) {
             Ok(a) => break a,
-            Err(e) => assert!(t.elapsed() < Duration::from_secs(15), "topod never took CPU {last} back: {e}"),
+            Err(e) => assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "topod never took CPU {last} back: {e}"
+            ),
         }
         std::thread::sleep(Duration::from_millis(250));
     };
@@ -188,4 +263,3 @@ fn a_foreign_exclusive_cpuset_that_goes_away_gives_its_cpus_back() {
     assert!(job_dirs().is_empty(), "no job directories left behind: {:?}", job_dirs());
     drop(d);
 }
-

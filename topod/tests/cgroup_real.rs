@@ -86,11 +86,23 @@ fn v1() -> Option<(V1, Cleanup, CpuSet, CpuSet)> {
         return None;
     };
     let name = unique("v1");
-    let roots: Vec<PathBuf> = [Some(cpuset.clone()), freezer.clone(), memory.clone()].into_iter().flatten().map(|m| m.join(&name)).collect();
+    let roots: Vec<PathBuf> = [Some(cpuset.clone()), freezer.clone(), memory.clone()]
+        .into_iter()
+        .flatten()
+        .map(|m| m.join(&name))
+        .collect();
     let cleanup = Cleanup(roots);
-    let backend = V1::new(cpuset.join(&name), freezer.map(|f| f.join(&name)), memory.map(|m| m.join(&name))).expect("v1 subtree");
-    let cpus = CpuSet::parse_list(&std::fs::read_to_string(cpuset.join(&name).join("cpuset.cpus")).unwrap()).unwrap();
-    let mems = CpuSet::parse_list(&std::fs::read_to_string(cpuset.join(&name).join("cpuset.mems")).unwrap()).unwrap();
+    let backend =
+        V1::new(cpuset.join(&name), freezer.map(|f| f.join(&name)), memory.map(|m| m.join(&name)))
+            .expect("v1 subtree");
+    let cpus = CpuSet::parse_list(
+        &std::fs::read_to_string(cpuset.join(&name).join("cpuset.cpus")).unwrap(),
+    )
+    .unwrap();
+    let mems = CpuSet::parse_list(
+        &std::fs::read_to_string(cpuset.join(&name).join("cpuset.mems")).unwrap(),
+    )
+    .unwrap();
     Some((backend, cleanup, cpus, mems))
 }
 
@@ -101,7 +113,13 @@ fn job(id: &str) -> JobId {
 /// A shell that waits for a line on stdin before running `script`, so that it can be moved
 /// into a cgroup before it forks anything.
 fn held_shell(script: &str) -> Child {
-    Command::new("sh").arg("-c").arg(format!("read go; {script}")).stdin(Stdio::piped()).stdout(Stdio::null()).spawn().expect("sh")
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("read go; {script}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("sh")
 }
 
 fn go(child: &mut Child) {
@@ -111,7 +129,9 @@ fn go(child: &mut Child) {
 fn alive(pid: i32) -> bool {
     // A zombie waiting for its parent to reap it is dead for our purposes.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) != Some("Z"),
+        Ok(stat) => {
+            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()) != Some("Z")
+        }
         Err(_) => false,
     }
 }
@@ -126,16 +146,34 @@ fn create_join_release() {
     let Some(Real { cgroups, cg, subtree, cpus, mems, _cleanup }) = real() else { return };
     let one = CpuSet::parse_list(&cpus.first().unwrap().to_string()).unwrap();
     let id = job("1001");
-    let eff = cg.create(&id, &CgroupSpec { cpus: one.clone(), mems: mems.clone(), memory_limit: Some(256 << 20) }).unwrap();
+    let eff = cg
+        .create(
+            &id,
+            &CgroupSpec { cpus: one.clone(), mems: mems.clone(), memory_limit: Some(256 << 20) },
+        )
+        .unwrap();
     assert_eq!(eff.cpus, one);
     assert_eq!(eff.mems, mems);
     if let Some(limit) = cgroups.memory_limit_file(&subtree, "1001") {
-        assert_eq!(std::fs::read_to_string(&limit).unwrap().trim(), (256u64 << 20).to_string(), "{}", limit.display());
+        assert_eq!(
+            std::fs::read_to_string(&limit).unwrap().trim(),
+            (256u64 << 20).to_string(),
+            "{}",
+            limit.display()
+        );
     }
-    assert_eq!(cg.create(&id, &CgroupSpec { cpus: one.clone(), mems: mems.clone(), memory_limit: None }).unwrap(), eff, "idempotent");
+    assert_eq!(
+        cg.create(&id, &CgroupSpec { cpus: one.clone(), mems: mems.clone(), memory_limit: None })
+            .unwrap(),
+        eff,
+        "idempotent"
+    );
     if cpus.len() > 1 {
         let other = CpuSet::parse_list(&cpus.last().unwrap().to_string()).unwrap();
-        assert!(matches!(cg.create(&id, &CgroupSpec { cpus: other, mems: mems.clone(), memory_limit: None }), Err(CgroupError::Exists { .. })));
+        assert!(matches!(
+            cg.create(&id, &CgroupSpec { cpus: other, mems: mems.clone(), memory_limit: None }),
+            Err(CgroupError::Exists { .. })
+        ));
     }
     let mut child = Command::new("sleep").arg("100").spawn().unwrap();
     let pid = child.id() as i32;
@@ -143,7 +181,10 @@ fn create_join_release() {
     assert_eq!(cpus_allowed(pid), one.to_string(), "the kernel confines the process");
     assert_eq!(cg.pids(&id).unwrap(), [pid]);
     let report = cg.release(&id, Duration::from_secs(10)).unwrap();
-    assert!(report.survivors.is_empty() && report.killed == 1, "one process, counted once: {report:?}");
+    assert!(
+        report.survivors.is_empty() && report.killed == 1,
+        "one process, counted once: {report:?}"
+    );
     assert!(child.wait().unwrap().code().is_none(), "killed by a signal");
     assert!(cg.list().unwrap().is_empty(), "no cgroup left");
     assert!(matches!(cg.release(&id, Duration::from_secs(1)), Err(CgroupError::NoSuchJob(_))));
@@ -167,7 +208,11 @@ fn nothing_escapes() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(pids.len() >= 202, "the shell, the daemon and 200 children are all in the job's cgroup: {}", pids.len());
+    assert!(
+        pids.len() >= 202,
+        "the shell, the daemon and 200 children are all in the job's cgroup: {}",
+        pids.len()
+    );
     let report = cg.release(&id, Duration::from_secs(20)).unwrap();
     assert!(report.survivors.is_empty(), "{report:?}");
     let _ = sh.wait();
@@ -188,10 +233,15 @@ fn a_half_made_job_cgroup_takes_no_process_and_is_finished_by_create() {
     assert!(matches!(err, CgroupError::NotReady(_)), "{err}");
     let listed = cg.list().unwrap();
     assert_eq!(listed.len(), 1);
-    assert!(listed[0].1.cpus.is_empty(), "listed as never configured, so that a restart can remove it: {listed:?}");
+    assert!(
+        listed[0].1.cpus.is_empty(),
+        "listed as never configured, so that a restart can remove it: {listed:?}"
+    );
     // Allocating the job again finishes it.
     let one = CpuSet::parse_list(&cpus.first().unwrap().to_string()).unwrap();
-    let eff = cg.create(&job("3003"), &CgroupSpec { cpus: one.clone(), mems, memory_limit: None }).unwrap();
+    let eff = cg
+        .create(&job("3003"), &CgroupSpec { cpus: one.clone(), mems, memory_limit: None })
+        .unwrap();
     assert_eq!(eff.cpus, one);
     cg.join(&job("3003"), child.id() as i32).unwrap();
     assert_eq!(cpus_allowed(child.id() as i32), one.to_string());
@@ -221,8 +271,16 @@ fn v1_a_process_moves_itself_in_and_join_confirms_it() {
     let pid = child.id() as i32;
     go(&mut child);
     let start = Instant::now();
-    while !cleanup.0.iter().all(|root| std::fs::read_to_string(root.join("5005/cgroup.procs")).unwrap().split_whitespace().any(|p| p == pid.to_string())) {
-        assert!(start.elapsed() < Duration::from_secs(10) && alive(pid), "the process did not move itself into every hierarchy");
+    while !cleanup.0.iter().all(|root| {
+        std::fs::read_to_string(root.join("5005/cgroup.procs"))
+            .unwrap()
+            .split_whitespace()
+            .any(|p| p == pid.to_string())
+    }) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10) && alive(pid),
+            "the process did not move itself into every hierarchy"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(cpus_allowed(pid), one.to_string(), "the kernel confines it");
@@ -247,9 +305,16 @@ fn v1_a_process_moves_itself_in_and_join_confirms_it() {
     let link = elsewhere.path().join("link/5005/tasks");
     std::fs::create_dir_all(link.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink(&files[0], &link).unwrap();
-    let refused = |job: &str, file: &std::path::Path| topod::cgroup::SelfJoin::prepare(job, &[file.to_path_buf()]).err().expect("refused").to_string();
+    let refused = |job: &str, file: &std::path::Path| {
+        topod::cgroup::SelfJoin::prepare(job, &[file.to_path_buf()])
+            .err()
+            .expect("refused")
+            .to_string()
+    };
     assert!(refused("5006", &files[0]).contains("is not a tasks file of job 5006"));
-    assert!(refused("5005", &files[0].with_file_name("cgroup.procs")).contains("is not a tasks file"));
+    assert!(
+        refused("5005", &files[0].with_file_name("cgroup.procs")).contains("is not a tasks file")
+    );
     assert!(refused("5005", &fake_tasks).contains("is not on a cgroup v1 file system"));
     assert!(refused("5005", &link).contains("opening"), "a link is not followed");
     assert_eq!(std::fs::read_to_string(&fake_tasks).unwrap(), "", "nothing written");
@@ -270,8 +335,16 @@ fn v1_a_process_moves_itself_in_and_join_confirms_it() {
 fn a_restarted_backend_finds_the_jobs() {
     let Some(Real { cgroups, cg, subtree, cpus, mems, _cleanup: cleanup }) = real() else { return };
     let a = CpuSet::parse_list(&cpus.first().unwrap().to_string()).unwrap();
-    cg.create(&job("4004"), &CgroupSpec { cpus: a.clone(), mems: mems.clone(), memory_limit: None }).unwrap();
-    cg.create(&job("4005"), &CgroupSpec { cpus: cpus.clone(), mems: mems.clone(), memory_limit: None }).unwrap();
+    cg.create(
+        &job("4004"),
+        &CgroupSpec { cpus: a.clone(), mems: mems.clone(), memory_limit: None },
+    )
+    .unwrap();
+    cg.create(
+        &job("4005"),
+        &CgroupSpec { cpus: cpus.clone(), mems: mems.clone(), memory_limit: None },
+    )
+    .unwrap();
     // Something that is not a job cgroup is left alone.
     std::fs::create_dir(cleanup.0[0].join(".not-a-job")).unwrap();
     let again = cgroups.backend(&subtree);
@@ -290,7 +363,8 @@ fn v2_kill_and_events() {
     if !nix::unistd::geteuid().is_root() {
         return skip("cgroup tests need root");
     }
-    let Some(mount) = std::fs::read_to_string("/proc/mounts").ok().and_then(|m| v2_mount(&m)) else {
+    let Some(mount) = std::fs::read_to_string("/proc/mounts").ok().and_then(|m| v2_mount(&m))
+    else {
         return skip("no cgroup v2 hierarchy is mounted");
     };
     let root = mount.join(unique("v2"));
@@ -304,9 +378,16 @@ fn v2_kill_and_events() {
         assert!(err.contains("no cpuset controller"), "{err}");
         std::fs::create_dir(root.join("5005")).unwrap();
     } else {
-        let cpus = CpuSet::parse_list(&std::fs::read_to_string(root.join("cpuset.cpus.effective")).unwrap()).unwrap();
-        let mems = CpuSet::parse_list(&std::fs::read_to_string(root.join("cpuset.mems.effective")).unwrap()).unwrap();
-        let eff = cg.create(&id, &CgroupSpec { cpus: cpus.clone(), mems, memory_limit: None }).unwrap();
+        let cpus = CpuSet::parse_list(
+            &std::fs::read_to_string(root.join("cpuset.cpus.effective")).unwrap(),
+        )
+        .unwrap();
+        let mems = CpuSet::parse_list(
+            &std::fs::read_to_string(root.join("cpuset.mems.effective")).unwrap(),
+        )
+        .unwrap();
+        let eff =
+            cg.create(&id, &CgroupSpec { cpus: cpus.clone(), mems, memory_limit: None }).unwrap();
         assert_eq!(eff.cpus, cpus);
     }
     let mut sh = held_shell("for i in 1 2 3 4 5; do sleep 300 & done; wait");

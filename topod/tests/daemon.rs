@@ -21,12 +21,23 @@ fn protocol_and_bad_input() {
     assert_eq!(c.call(Op::Version).unwrap()["protocol"], 1);
     assert_eq!(c.call(Op::Topology).unwrap()["pus"], "0-383");
     let a = c
-        .call(Op::Allocate { job: "100".into(), request: "affinity[core(4,same=l3)*2]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None })
+        .call(Op::Allocate {
+            job: "100".into(),
+            request: "affinity[core(4,same=l3)*2]".into(),
+            tasks: None,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid: None,
+            join_pid: None,
+        })
         .unwrap();
     assert_eq!(a["cpus"].as_str().map(|s| topod::CpuSet::parse_list(s).unwrap().len()), Some(16));
     let gen = c.call(Op::FreeMap).unwrap()["generation"].as_u64().unwrap();
     // The fake backend has no files to move oneself through: clients then ask join.
-    assert_eq!(c.call(Op::SelfJoinFiles { job: "100".into() }).unwrap(), serde_json::json!({ "job": "100", "files": [] }));
+    assert_eq!(
+        c.call(Op::SelfJoinFiles { job: "100".into() }).unwrap(),
+        serde_json::json!({ "job": "100", "files": [] })
+    );
 
     // Garbage of every kind: a clear error each, nothing changes.
     let long = format!("{{\"v\":1,\"op\":\"release\",\"job\":\"{}\"}}", "9".repeat(70_000));
@@ -40,9 +51,23 @@ fn protocol_and_bad_input() {
         (b"{\"v\":1,\"op\":\"release\",\"job\":\"a/b\"}".to_vec(), "bad_request", "'/'"),
         (b"{\"v\":1,\"op\":\"release\",\"job\":\".\"}".to_vec(), "bad_request", "starts with"),
         (b"{\"v\":1,\"op\":\"release\",\"job\":\"a\\u0000b\"}".to_vec(), "bad_request", "'\\0'"),
-        (format!("{{\"v\":1,\"op\":\"release\",\"job\":\"{}\"}}", "7".repeat(4096)).into_bytes(), "bad_request", "4096 bytes"),
-        (b"{\"v\":1,\"op\":\"allocate\",\"job\":\"101\",\"request\":\"affinity[cores]\"}".to_vec(), "bad_topology_request", "cores"),
-        (b"{\"v\":1,\"op\":\"allocate\",\"job\":\"101\",\"request\":\"affinity[socket*3]\"}".to_vec(), "does_not_fit", "never fit"),
+        (
+            format!("{{\"v\":1,\"op\":\"release\",\"job\":\"{}\"}}", "7".repeat(4096)).into_bytes(),
+            "bad_request",
+            "4096 bytes",
+        ),
+        (
+            b"{\"v\":1,\"op\":\"allocate\",\"job\":\"101\",\"request\":\"affinity[cores]\"}"
+                .to_vec(),
+            "bad_topology_request",
+            "cores",
+        ),
+        (
+            b"{\"v\":1,\"op\":\"allocate\",\"job\":\"101\",\"request\":\"affinity[socket*3]\"}"
+                .to_vec(),
+            "does_not_fit",
+            "never fit",
+        ),
         (b"{\"v\":1,\"op\":\"release\",\"job\":\"999\"}".to_vec(), "unknown_job", "999"),
         (b"{\"v\":1,\"op\":\"self_join_files\",\"job\":\"999\"}".to_vec(), "unknown_job", "999"),
         (b"{\"v\":1,\"op\":\"self_join_files\",\"job\":\"../100\"}".to_vec(), "bad_request", "'/'"),
@@ -60,7 +85,16 @@ fn protocol_and_bad_input() {
     // A user who is not an administrator may read, not change.
     if is_root() {
         let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
-            .args(["--socket", d.socket.to_str().unwrap(), "--job", "102", "--request", "affinity[thread]", "--", "true"])
+            .args([
+                "--socket",
+                d.socket.to_str().unwrap(),
+                "--job",
+                "102",
+                "--request",
+                "affinity[thread]",
+                "--",
+                "true",
+            ])
             .uid(65534)
             .gid(65534)
             .output()
@@ -79,12 +113,32 @@ fn protocol_and_bad_input() {
 #[test]
 fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     let dir = tempfile::tempdir().unwrap();
-    let Some((mut d, cgroups, subtree, cleanup, config)) = common::real_daemon(dir.path(), "topo-daemon-test", "") else { return };
+    let Some((mut d, cgroups, subtree, cleanup, config)) =
+        common::real_daemon(dir.path(), "topo-daemon-test", "")
+    else {
+        return;
+    };
     // The job: a shell (started by topo-exec inside the job's cgroup) that reports its CPUs.
     let out_file = dir.path().join("inside.txt");
     let mut job = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
-        .args(["--socket", d.socket.to_str().unwrap(), "--job", "200", "--request", "affinity[thread*1]", "--"])
-        .args(["sh", "-c", &format!("grep Cpus_allowed_list /proc/self/status > {}; echo $TOPO_CPUS >> {}; sleep 300", out_file.display(), out_file.display())])
+        .args([
+            "--socket",
+            d.socket.to_str().unwrap(),
+            "--job",
+            "200",
+            "--request",
+            "affinity[thread*1]",
+            "--",
+        ])
+        .args([
+            "sh",
+            "-c",
+            &format!(
+                "grep Cpus_allowed_list /proc/self/status > {}; echo $TOPO_CPUS >> {}; sleep 300",
+                out_file.display(),
+                out_file.display()
+            ),
+        ])
         .spawn()
         .unwrap();
     let start_t = Instant::now();
@@ -103,12 +157,21 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     let cgroup_dir = roots[0].join("200");
     for root in &roots {
         let procs = std::fs::read_to_string(root.join("200/cgroup.procs")).unwrap();
-        assert!(procs.split_whitespace().any(|p| p == job.id().to_string()), "{} in {}", job.id(), root.display());
+        assert!(
+            procs.split_whitespace().any(|p| p == job.id().to_string()),
+            "{} in {}",
+            job.id(),
+            root.display()
+        );
     }
 
     // topod runs with only the capabilities it needs.
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
-    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(|v| u64::from_str_radix(v.trim(), 16).unwrap()).unwrap();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .unwrap();
     // CAP_KILL (5) and CAP_SYS_NICE (23) only: everything else it does is as uid 0 on root's
     // files.
     let wanted = (1u64 << 5) | (1 << 23);
@@ -123,7 +186,15 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     assert_eq!(list[0]["job"], "200", "{list}");
     assert_eq!(list[0]["cpus"], given.as_str());
     // Nobody else gets those CPUs.
-    let other = c.call(Op::Allocate { job: "201".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None });
+    let other = c.call(Op::Allocate {
+        job: "201".into(),
+        request: "affinity[thread*1]".into(),
+        tasks: None,
+        cpus: None,
+        mem_limit_bytes: None,
+        owner_uid: None,
+        join_pid: None,
+    });
     match other {
         Ok(o) => {
             assert_ne!(o["cpus"], given.as_str());
@@ -139,32 +210,94 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     // A job start in one request: allocate with join_pid moves the process in.
     let mut sleeper = Command::new("sleep").arg("300").spawn().unwrap();
     let pid = sleeper.id() as i32;
-    let a = c.call(Op::Allocate { job: "202".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(pid) }).unwrap();
+    let a = c
+        .call(Op::Allocate {
+            job: "202".into(),
+            request: "affinity[thread*1]".into(),
+            tasks: None,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid: None,
+            join_pid: Some(pid),
+        })
+        .unwrap();
     for root in &roots {
         let procs = std::fs::read_to_string(root.join("202/cgroup.procs")).unwrap();
-        assert!(procs.split_whitespace().any(|p| p == pid.to_string()), "{pid} in {}", root.display());
+        assert!(
+            procs.split_whitespace().any(|p| p == pid.to_string()),
+            "{pid} in {}",
+            root.display()
+        );
     }
     let allowed = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let allowed = allowed.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
+    let allowed = allowed
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string();
     assert_eq!(allowed, a["cpus"].as_str().unwrap(), "the kernel confines it to the job's CPUs");
     c.call(Op::Release { job: "202".into() }).unwrap();
     assert!(sleeper.wait().unwrap().code().is_none(), "killed by the release");
     // A process that is not there: a bad request (not `internal`), and nothing is allocated.
-    let err = c.call(Op::Allocate { job: "203".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(i32::MAX) }).unwrap_err();
-    assert!(matches!(&err, ClientError::Refused(e) if e.code == topod::proto::ErrorCode::BadRequest), "{err:?}");
+    let err = c
+        .call(Op::Allocate {
+            job: "203".into(),
+            request: "affinity[thread*1]".into(),
+            tasks: None,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid: None,
+            join_pid: Some(i32::MAX),
+        })
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Refused(e) if e.code == topod::proto::ErrorCode::BadRequest),
+        "{err:?}"
+    );
     assert!(err.to_string().contains(&format!("no process {} is running", i32::MAX)), "{err}");
     assert_eq!(c.call(Op::List).unwrap(), serde_json::json!([]));
     assert!(roots.iter().all(|root| !root.join("203").exists()), "no cgroup either");
     // pid 0 (the writer itself, to the kernel), topod itself and any of its threads are refused,
     // and a job that was there before keeps its allocation.
-    c.call(Op::Allocate { job: "204".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None }).unwrap();
-    let err = c.call(Op::Allocate { job: "204".into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(0) }).unwrap_err();
+    c.call(Op::Allocate {
+        job: "204".into(),
+        request: "affinity[thread*1]".into(),
+        tasks: None,
+        cpus: None,
+        mem_limit_bytes: None,
+        owner_uid: None,
+        join_pid: None,
+    })
+    .unwrap();
+    let err = c
+        .call(Op::Allocate {
+            job: "204".into(),
+            request: "affinity[thread*1]".into(),
+            tasks: None,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid: None,
+            join_pid: Some(0),
+        })
+        .unwrap_err();
     assert!(err.to_string().contains("pid 0 names no process"), "{err}");
     let topod_pid = d.child.id() as i32;
-    assert!(c.call(Op::Join { job: "204".into(), pid: topod_pid }).unwrap_err().to_string().contains("is topod itself"));
-    for tid in std::fs::read_dir(format!("/proc/{topod_pid}/task")).unwrap().flatten().filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok()) {
+    assert!(c
+        .call(Op::Join { job: "204".into(), pid: topod_pid })
+        .unwrap_err()
+        .to_string()
+        .contains("is topod itself"));
+    for tid in std::fs::read_dir(format!("/proc/{topod_pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok())
+    {
         let err = c.call(Op::Join { job: "204".into(), pid: tid }).unwrap_err().to_string();
-        assert!(err.contains("is topod itself") || err.contains("is a thread, not a process"), "tid {tid}: {err}");
+        assert!(
+            err.contains("is topod itself") || err.contains("is a thread, not a process"),
+            "tid {tid}: {err}"
+        );
     }
     assert_eq!(c.call(Op::List).unwrap()[0]["job"], "204");
     c.call(Op::Release { job: "204".into() }).unwrap();
@@ -176,9 +309,22 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
 #[test]
 fn auto_release_frees_a_finished_job() {
     let dir = tempfile::tempdir().unwrap();
-    let Some((d, cgroups, subtree, _cleanup, _)) = common::real_daemon(dir.path(), "topo-auto-test", "auto_release = true\n") else { return };
+    let Some((d, cgroups, subtree, _cleanup, _)) =
+        common::real_daemon(dir.path(), "topo-auto-test", "auto_release = true\n")
+    else {
+        return;
+    };
     let status = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
-        .args(["--socket", d.socket.to_str().unwrap(), "--job", "300", "--request", "affinity[thread]", "--", "true"])
+        .args([
+            "--socket",
+            d.socket.to_str().unwrap(),
+            "--job",
+            "300",
+            "--request",
+            "affinity[thread]",
+            "--",
+            "true",
+        ])
         .status()
         .unwrap();
     assert!(status.success());
@@ -204,14 +350,30 @@ fn the_tcp_listener_is_read_only_and_keyed() {
     )
     .unwrap();
     // A key every user can read is refused, saying how to fix it.
-    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_topod"))
-        .args(["--cgroup", "fake", "--config", config.to_str().unwrap(), "--socket", dir.path().join("s").to_str().unwrap(), "--state-dir", dir.path().to_str().unwrap()])
+        .args([
+            "--cgroup",
+            "fake",
+            "--config",
+            config.to_str().unwrap(),
+            "--socket",
+            dir.path().join("s").to_str().unwrap(),
+            "--state-dir",
+            dir.path().to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("every user can read or change it (mode 644)") && err.contains("chmod 600"), "{err}");
-    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    assert!(
+        !out.status.success()
+            && err.contains("every user can read or change it (mode 644)")
+            && err.contains("chmod 600"),
+        "{err}"
+    );
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .unwrap();
     let _d = start(dir.path(), &["--cgroup", "fake", "--config", config.to_str().unwrap()], true);
     let ask = |first: &str, request: &str| -> Value {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -225,10 +387,14 @@ fn the_tcp_listener_is_read_only_and_keyed() {
     let (code, message) = error_of(&ask("wrong-key", "{\"v\":1,\"op\":\"free_map\"}"));
     assert_eq!(code, "forbidden", "{message}");
     assert!(message.contains("key"));
-    let (code, message) = error_of(&ask("0123456789abcdef-test-key", "{\"v\":1,\"op\":\"release\",\"job\":\"1\"}"));
+    let (code, message) =
+        error_of(&ask("0123456789abcdef-test-key", "{\"v\":1,\"op\":\"release\",\"job\":\"1\"}"));
     assert_eq!(code, "forbidden");
     assert!(message.contains("read-only"), "{message}");
-    let (code, message) = error_of(&ask("0123456789abcdef-test-key", "{\"v\":1,\"op\":\"self_join_files\",\"job\":\"1\"}"));
+    let (code, message) = error_of(&ask(
+        "0123456789abcdef-test-key",
+        "{\"v\":1,\"op\":\"self_join_files\",\"job\":\"1\"}",
+    ));
     assert_eq!(code, "forbidden");
     assert!(message.contains("read-only"), "{message}");
 }
@@ -264,12 +430,29 @@ fn lsf_pre_exec_job_starter_and_post_exec() {
     assert_eq!(bad.status.code(), Some(99), "{}", String::from_utf8_lossy(&bad.stderr));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("numaa"));
     // The host pre-exec (root) allocates: the queue's mandatory string is merged in.
-    let pre = topoctl("lsf-pre-exec", &[("TOPO_REQUEST", "affinity[core(2)]"), ("TOPO_QUEUE_MANDATORY", "affinity[core(2,same=numa)]")]);
+    let pre = topoctl(
+        "lsf-pre-exec",
+        &[
+            ("TOPO_REQUEST", "affinity[core(2)]"),
+            ("TOPO_QUEUE_MANDATORY", "affinity[core(2,same=numa)]"),
+        ],
+    );
     assert!(pre.status.success(), "{}", String::from_utf8_lossy(&pre.stderr));
-    assert!(String::from_utf8_lossy(&pre.stdout).contains("same=numa"), "{}", String::from_utf8_lossy(&pre.stdout));
+    assert!(
+        String::from_utf8_lossy(&pre.stdout).contains("same=numa"),
+        "{}",
+        String::from_utf8_lossy(&pre.stdout)
+    );
     // The job starter joins it and writes the affinity host file.
     let mut c = Command::new(env!("CARGO_BIN_EXE_topo-exec"));
-    c.args(["--socket", d.socket.to_str().unwrap(), "--", "sh", "-c", "echo $TOPO_JOB; echo $LSB_AFFINITY_HOSTFILE; cat $LSB_AFFINITY_HOSTFILE"]);
+    c.args([
+        "--socket",
+        d.socket.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "echo $TOPO_JOB; echo $LSB_AFFINITY_HOSTFILE; cat $LSB_AFFINITY_HOSTFILE",
+    ]);
     lsf_env(&mut c);
     let out = c.output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

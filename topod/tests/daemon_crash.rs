@@ -24,8 +24,19 @@ fn env_or(name: &str, default: usize) -> usize {
 
 fn spawn_topod(socket: &Path, dir: &Path, config: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_topod"))
-        .args(["--socket", socket.to_str().unwrap(), "--state-dir", dir.to_str().unwrap(), "--config", config.to_str().unwrap()])
-        .stderr(if std::env::var_os("TOPO_CRASH_LOG").is_some() { Stdio::inherit() } else { Stdio::null() })
+        .args([
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            dir.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+        ])
+        .stderr(if std::env::var_os("TOPO_CRASH_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
         .spawn()
         .expect("topod starts")
 }
@@ -38,7 +49,9 @@ fn call(socket: &Path, op: Op) -> Result<serde_json::Value, topod::proto::ErrorB
         match result {
             Ok(v) => return Ok(v),
             Err(ClientError::Refused(body)) => return Err(body),
-            Err(_) if start.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(3)),
+            Err(_) if start.elapsed() < Duration::from_secs(60) => {
+                std::thread::sleep(Duration::from_millis(3))
+            }
             Err(e) => panic!("topod unreachable for a minute: {e}"),
         }
     }
@@ -54,7 +67,11 @@ fn check_no_cpu_twice(list: &serde_json::Value, failures: &Mutex<Vec<String>>) {
     for job in list.as_array().into_iter().flatten() {
         let cpus = CpuSet::parse_list(job["cpus"].as_str().unwrap_or("")).unwrap_or_default();
         if cpus.intersects(&held) {
-            failures.lock().unwrap().push(format!("CPUs {} held twice (job {})", cpus.intersection(&held), job["job"]));
+            failures.lock().unwrap().push(format!(
+                "CPUs {} held twice (job {})",
+                cpus.intersection(&held),
+                job["job"]
+            ));
         }
         held.union_with(&cpus);
     }
@@ -78,7 +95,11 @@ fn sigkill_at_random_points() {
     let subtree = format!("topo-crash-test-{}", std::process::id());
     let roots = cgroups.roots(&subtree);
     let config = dir.path().join("topod.toml");
-    std::fs::write(&config, format!("cgroup = \"{}\"\ncgroup_subtree = \"{subtree}\"\n", cgroups.kind())).unwrap();
+    std::fs::write(
+        &config,
+        format!("cgroup = \"{}\"\ncgroup_subtree = \"{subtree}\"\n", cgroups.kind()),
+    )
+    .unwrap();
     let socket = dir.path().join("topod.sock");
     let daemon = Arc::new(Mutex::new(spawn_topod(&socket, dir.path(), &config)));
     let done = Arc::new(AtomicBool::new(false));
@@ -90,7 +111,14 @@ fn sigkill_at_random_points() {
 
     // The killer: SIGKILL topod at random moments and start it again.
     let killer = {
-        let (daemon, done, kills, socket, dir, config) = (daemon.clone(), done.clone(), kills.clone(), socket.clone(), dir.path().to_path_buf(), config.clone());
+        let (daemon, done, kills, socket, dir, config) = (
+            daemon.clone(),
+            done.clone(),
+            kills.clone(),
+            socket.clone(),
+            dir.path().to_path_buf(),
+            config.clone(),
+        );
         std::thread::spawn(move || {
             let mut rng = 0x2545_F491_4F6C_DD1Du64;
             while !done.load(Ordering::SeqCst) {
@@ -102,7 +130,9 @@ fn sigkill_at_random_points() {
                 // emulated guest) topod then still gets work done between kills.
                 if rng & 1 == 0 {
                     let started = Instant::now();
-                    while Client::connect(&socket).is_err() && started.elapsed() < Duration::from_secs(30) {
+                    while Client::connect(&socket).is_err()
+                        && started.elapsed() < Duration::from_secs(30)
+                    {
                         std::thread::sleep(Duration::from_millis(2));
                     }
                 }
@@ -118,16 +148,35 @@ fn sigkill_at_random_points() {
 
     let workers: Vec<_> = (0..clients)
         .map(|w| {
-            let (socket, failures, next_cycle, completed, kills, allocated) =
-                (socket.clone(), failures.clone(), next_cycle.clone(), completed.clone(), kills.clone(), allocated.clone());
+            let (socket, failures, next_cycle, completed, kills, allocated) = (
+                socket.clone(),
+                failures.clone(),
+                next_cycle.clone(),
+                completed.clone(),
+                kills.clone(),
+                allocated.clone(),
+            );
             std::thread::spawn(move || loop {
                 let i = next_cycle.fetch_add(1, Ordering::SeqCst);
                 // Until enough cycles placed a job and enough kills happened.
-                if allocated.load(Ordering::SeqCst) >= cycles && kills.load(Ordering::SeqCst) >= min_kills {
+                if allocated.load(Ordering::SeqCst) >= cycles
+                    && kills.load(Ordering::SeqCst) >= min_kills
+                {
                     return;
                 }
                 let job = format!("w{w}-{i}");
-                let alloc = match call(&socket, Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None }) {
+                let alloc = match call(
+                    &socket,
+                    Op::Allocate {
+                        job: job.clone(),
+                        request: "affinity[thread*1]".into(),
+                        tasks: None,
+                        cpus: None,
+                        mem_limit_bytes: None,
+                        owner_uid: None,
+                        join_pid: None,
+                    },
+                ) {
                     Ok(a) => a,
                     Err(e) if e.code == ErrorCode::DoesNotFit => {
                         completed.fetch_add(1, Ordering::SeqCst);
@@ -142,27 +191,41 @@ fn sigkill_at_random_points() {
                 allocated.fetch_add(1, Ordering::SeqCst);
                 let cpus = alloc["cpus"].as_str().unwrap_or("").to_string();
                 let mut child = Command::new("sleep").arg("30").spawn().unwrap();
-                if let Err(e) = call(&socket, Op::Join { job: job.clone(), pid: child.id() as i32 }) {
-                    failures.lock().unwrap().push(format!("{job}: join after allocate: {} (a lost job?)", e.message));
+                if let Err(e) = call(&socket, Op::Join { job: job.clone(), pid: child.id() as i32 })
+                {
+                    failures
+                        .lock()
+                        .unwrap()
+                        .push(format!("{job}: join after allocate: {} (a lost job?)", e.message));
                 }
                 if cpus_allowed(child.id()).as_deref() != Some(cpus.as_str()) {
-                    failures.lock().unwrap().push(format!("{job}: process runs on {:?}, topod gave {cpus}", cpus_allowed(child.id())));
+                    failures.lock().unwrap().push(format!(
+                        "{job}: process runs on {:?}, topod gave {cpus}",
+                        cpus_allowed(child.id())
+                    ));
                 }
                 std::thread::sleep(Duration::from_millis(2));
                 // After any number of restarts the job still holds exactly its CPUs.
                 if let Ok(list) = call(&socket, Op::List) {
                     check_no_cpu_twice(&list, &failures);
-                    let mine = list.as_array().and_then(|a| a.iter().find(|j| j["job"] == job.as_str()).cloned());
+                    let mine = list
+                        .as_array()
+                        .and_then(|a| a.iter().find(|j| j["job"] == job.as_str()).cloned());
                     match mine {
                         Some(j) if j["cpus"] == cpus.as_str() => {}
-                        other => failures.lock().unwrap().push(format!("{job}: lost or moved: {other:?}, had {cpus}")),
+                        other => failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("{job}: lost or moved: {other:?}, had {cpus}")),
                     }
                 }
                 match call(&socket, Op::Release { job: job.clone() }) {
                     Ok(_) => {}
                     // A release whose reply was cut by a kill, retried: already done.
                     Err(e) if e.code == ErrorCode::UnknownJob => {}
-                    Err(e) => failures.lock().unwrap().push(format!("{job}: release: {}", e.message)),
+                    Err(e) => {
+                        failures.lock().unwrap().push(format!("{job}: release: {}", e.message))
+                    }
                 }
                 let _ = child.wait();
                 completed.fetch_add(1, Ordering::SeqCst);
@@ -177,7 +240,12 @@ fn sigkill_at_random_points() {
 
     // The end state: nothing held, no job cgroup, no job process.
     let list = call(&socket, Op::List).unwrap();
-    let left: Vec<String> = std::fs::read_dir(&roots[0]).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let left: Vec<String> = std::fs::read_dir(&roots[0])
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     {
         let mut d = daemon.lock().unwrap();
         let _ = d.kill();
@@ -188,7 +256,8 @@ fn sigkill_at_random_points() {
     }
     let failures = failures.lock().unwrap();
     let kills = kills.load(Ordering::SeqCst);
-    let (completed, allocated) = (completed.load(Ordering::SeqCst), allocated.load(Ordering::SeqCst));
+    let (completed, allocated) =
+        (completed.load(Ordering::SeqCst), allocated.load(Ordering::SeqCst));
     eprintln!("crash test on cgroup {}: {completed} cycles ({allocated} with a job placed, the rest found the host full), {kills} SIGKILLs, {} failures", cgroups.kind(), failures.len());
     assert!(allocated >= cycles, "only {allocated} cycles placed a job");
     assert!(failures.is_empty(), "{}", failures.join("\n"));

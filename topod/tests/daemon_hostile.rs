@@ -35,11 +35,23 @@ fn as_nobody(socket: &Path, program: &str) -> Vec<Value> {
         .expect("python3 runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the attacker failed: {stderr}");
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"))).collect()
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
 }
 
 fn allocate(c: &mut Client, job: &str, owner: Option<u32>) -> Value {
-    c.call(Op::Allocate { job: job.into(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: owner, join_pid: None }).unwrap()
+    c.call(Op::Allocate {
+        job: job.into(),
+        request: "affinity[thread*1]".into(),
+        tasks: None,
+        cpus: None,
+        mem_limit_bytes: None,
+        owner_uid: owner,
+        join_pid: None,
+    })
+    .unwrap()
 }
 
 fn skip_unless_root() -> bool {
@@ -93,12 +105,20 @@ fn a_connection_handed_to_a_child_cannot_join_once_its_opener_has_exited() {
     let m = replies[0]["error"]["message"].as_str().unwrap();
     assert!(m.contains("is running") || m.contains("has exited"), "{}", replies[0]);
     assert_eq!(replies[1]["error"]["code"], "forbidden", "{}", replies[1]);
-    assert!(replies[1]["error"]["message"].as_str().unwrap().contains("only your own process"), "{}", replies[1]);
+    assert!(
+        replies[1]["error"]["message"].as_str().unwrap().contains("only your own process"),
+        "{}",
+        replies[1]
+    );
     // The owner's own live process still gets in; another user's job does not take it.
     let replies = as_nobody(&d.socket, OWN_JOIN);
     assert!(replies[0]["ok"].is_object(), "{}", replies[0]);
     assert_eq!(replies[1]["error"]["code"], "forbidden", "{}", replies[1]);
-    assert!(replies[1]["error"]["message"].as_str().unwrap().contains("is not yours"), "{}", replies[1]);
+    assert!(
+        replies[1]["error"]["message"].as_str().unwrap().contains("is not yours"),
+        "{}",
+        replies[1]
+    );
 }
 
 /// Python: opens 20 connections, reports how many topod refused as busy, then waits past the
@@ -173,7 +193,11 @@ fn one_user_cannot_hold_the_connections_or_dribble_a_line() {
     });
     let replies = as_nobody(&d.socket, MANY_CONNECTIONS);
     assert_eq!(replies[0], serde_json::json!({ "busy": 16, "admitted": 4 }));
-    assert_eq!(replies[1], serde_json::json!({ "closed_after_idle": 4 }), "idle connections are closed");
+    assert_eq!(
+        replies[1],
+        serde_json::json!({ "closed_after_idle": 4 }),
+        "idle connections are closed"
+    );
     assert_eq!(root_meanwhile.join().unwrap(), 0);
     // A line that dribbles in is cut off at the line limit, with a reason.
     let r = &as_nobody(&d.socket, SLOW_LINE)[0];
@@ -189,7 +213,13 @@ fn threads(pid: u32) -> usize {
 #[test]
 fn a_client_that_never_reads_its_replies_is_closed() {
     let dir = open_dir();
-    let conf = config(dir.path(), &format!("cgroup = \"fake\"\nwrite_timeout_ms = 300\nadmin_uids = [{}]\n", nix::unistd::geteuid()));
+    let conf = config(
+        dir.path(),
+        &format!(
+            "cgroup = \"fake\"\nwrite_timeout_ms = 300\nadmin_uids = [{}]\n",
+            nix::unistd::geteuid()
+        ),
+    );
     let d = start(dir.path(), &["--config", conf.to_str().unwrap()], true);
     // topod starts its timer threads just after its socket opens: count once they run.
     Client::connect(&d.socket).unwrap().call(Op::Version).unwrap();
@@ -208,7 +238,11 @@ fn a_client_that_never_reads_its_replies_is_closed() {
     assert!(replies < 200, "topod gave up on the reader: {replies} replies of 200");
     let t = Instant::now();
     while threads(d.child.id()) > idle_threads {
-        assert!(t.elapsed() < Duration::from_secs(5), "the connection's thread stays: {} > {idle_threads}", threads(d.child.id()));
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the connection's thread stays: {} > {idle_threads}",
+            threads(d.child.id())
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -222,7 +256,16 @@ fn out_of_descriptors_topod_waits_instead_of_spinning() {
     // 40 descriptors, soft and hard: topod cannot raise them, and runs out after a few dozen
     // connections (root's are never refused, so only the descriptor limit stops them).
     let child = Command::new("prlimit")
-        .args(["--nofile=40:40", env!("CARGO_BIN_EXE_topod"), "--cgroup", "fake", "--socket", socket.to_str().unwrap(), "--state-dir", dir.path().to_str().unwrap()])
+        .args([
+            "--nofile=40:40",
+            env!("CARGO_BIN_EXE_topod"),
+            "--cgroup",
+            "fake",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            dir.path().to_str().unwrap(),
+        ])
         .arg("--topology")
         .arg(&zen4)
         .stderr(std::fs::File::create(&log).unwrap())
@@ -266,7 +309,10 @@ fn out_of_descriptors_topod_waits_instead_of_spinning() {
 #[test]
 fn a_64_kib_fit_neither_stalls_other_clients_nor_costs_seconds() {
     let dir = open_dir();
-    let conf = config(dir.path(), &format!("cgroup = \"fake\"\nadmin_uids = [{}]\n", nix::unistd::geteuid()));
+    let conf = config(
+        dir.path(),
+        &format!("cgroup = \"fake\"\nadmin_uids = [{}]\n", nix::unistd::geteuid()),
+    );
     let d = start(dir.path(), &["--config", conf.to_str().unwrap()], true);
     let list = vec!["0-65535"; 64 * 1024 / 8 - 10].join(",");
     let huge = format!("CPUSET[CPU_LIST={list}]");
@@ -278,7 +324,10 @@ fn a_64_kib_fit_neither_stalls_other_clients_nor_costs_seconds() {
                 let mut c = Client::connect(&socket).unwrap();
                 let mut n = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let e = c.call(Op::Fit { request: huge.clone(), tasks: None }).unwrap_err().to_string();
+                    let e = c
+                        .call(Op::Fit { request: huge.clone(), tasks: None })
+                        .unwrap_err()
+                        .to_string();
                     assert!(e.contains("CPUs 384-65535, which this host does not have"), "{e}");
                     n += 1;
                 }
@@ -299,16 +348,36 @@ fn a_64_kib_fit_neither_stalls_other_clients_nor_costs_seconds() {
     assert!(fits >= 2, "the attackers got answers too: {fits}");
     // Before: 3.6 s per fit under the lock, 10 s for root's allocate and release.
     // (Generous: the suite also runs this in an emulated guest.)
-    assert!(slowest < Duration::from_secs(2), "root's allocate+release took {slowest:?} while 64 KiB fits looped");
+    assert!(
+        slowest < Duration::from_secs(2),
+        "root's allocate+release took {slowest:?} while 64 KiB fits looped"
+    );
 }
 
 #[test]
 fn topoctl_run_releases_a_job_that_outlives_the_idle_time() {
     let dir = open_dir();
-    let conf = config(dir.path(), &format!("cgroup = \"fake\"\nidle_timeout_ms = 300\nadmin_uids = [{}]\n", nix::unistd::geteuid()));
+    let conf = config(
+        dir.path(),
+        &format!(
+            "cgroup = \"fake\"\nidle_timeout_ms = 300\nadmin_uids = [{}]\n",
+            nix::unistd::geteuid()
+        ),
+    );
     let d = start(dir.path(), &["--config", conf.to_str().unwrap()], true);
     let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
-        .args(["run", "--socket", d.socket.to_str().unwrap(), "--request", "affinity[thread]", "--job", "long", "--", "sleep", "1"])
+        .args([
+            "run",
+            "--socket",
+            d.socket.to_str().unwrap(),
+            "--request",
+            "affinity[thread]",
+            "--job",
+            "long",
+            "--",
+            "sleep",
+            "1",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -321,9 +390,20 @@ fn bad_settings_and_requests_are_refused_with_a_reason() {
     let dir = open_dir();
     // A cgroup_subtree that climbs out of the cgroup mounts.
     let conf = config(dir.path(), "cgroup_subtree = \"../../../../tmp/topo-escape\"\n");
-    let out = Command::new(env!("CARGO_BIN_EXE_topod")).args(["--config", conf.to_str().unwrap(), "--socket", dir.path().join("s").to_str().unwrap()]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_topod"))
+        .args([
+            "--config",
+            conf.to_str().unwrap(),
+            "--socket",
+            dir.path().join("s").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("cgroup_subtree") && err.contains("\"..\""), "{err}");
+    assert!(
+        !out.status.success() && err.contains("cgroup_subtree") && err.contains("\"..\""),
+        "{err}"
+    );
     assert!(!Path::new("/tmp/topo-escape").exists());
     // A state directory others may write to (a planted link would make root write through it).
     if is_root() {
@@ -331,7 +411,14 @@ fn bad_settings_and_requests_are_refused_with_a_reason() {
         std::fs::create_dir(&shared).unwrap();
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_topod"))
-            .args(["--cgroup", "fake", "--socket", dir.path().join("s").to_str().unwrap(), "--state-dir", shared.to_str().unwrap()])
+            .args([
+                "--cgroup",
+                "fake",
+                "--socket",
+                dir.path().join("s").to_str().unwrap(),
+                "--state-dir",
+                shared.to_str().unwrap(),
+            ])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -353,21 +440,43 @@ fn bad_settings_and_requests_are_refused_with_a_reason() {
     let r = ask(r#"{"v":1.0,"op":"list"}"#);
     assert!(r["error"]["message"].as_str().unwrap_or("").contains("whole number"), "{r}");
     let r = ask(r#"{"v":1,"op":"fit","request":"CPUSET[CPU_LIST=5000-6000]"}"#);
-    assert!(r["error"]["message"].as_str().unwrap_or("").contains("CPUs 5000-6000, which this host does not have"), "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("CPUs 5000-6000, which this host does not have"),
+        "{r}"
+    );
     assert_eq!(ask(r#"{"v":1,"op":"list"}"#)["ok"], serde_json::json!([]));
 }
 
 #[test]
 fn two_topods_cannot_share_a_cgroup_subtree() {
     let dir = open_dir();
-    let Some((d, _cgroups, subtree, _cleanup, conf)) = common::real_daemon(dir.path(), "topo-twice-test", "") else { return };
+    let Some((d, _cgroups, subtree, _cleanup, conf)) =
+        common::real_daemon(dir.path(), "topo-twice-test", "")
+    else {
+        return;
+    };
     let other = open_dir();
     let out = Command::new(env!("CARGO_BIN_EXE_topod"))
-        .args(["--config", conf.to_str().unwrap(), "--socket", other.path().join("s").to_str().unwrap(), "--state-dir", other.path().to_str().unwrap()])
+        .args([
+            "--config",
+            conf.to_str().unwrap(),
+            "--socket",
+            other.path().join("s").to_str().unwrap(),
+            "--state-dir",
+            other.path().to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("another topod already manages the cgroup subtree") && err.contains(&subtree), "{err}");
+    assert!(
+        !out.status.success()
+            && err.contains("another topod already manages the cgroup subtree")
+            && err.contains(&subtree),
+        "{err}"
+    );
     // The first one is untouched.
     let mut c = Client::connect(&d.socket).unwrap();
     allocate(&mut c, "1", None);
@@ -377,7 +486,11 @@ fn two_topods_cannot_share_a_cgroup_subtree() {
 #[test]
 fn owners_survive_a_kill_right_after_allocate() {
     let dir = open_dir();
-    let Some((mut d, _cgroups, _subtree, _cleanup, conf)) = common::real_daemon(dir.path(), "topo-owner-test", "") else { return };
+    let Some((mut d, _cgroups, _subtree, _cleanup, conf)) =
+        common::real_daemon(dir.path(), "topo-owner-test", "")
+    else {
+        return;
+    };
     for round in 0..15 {
         let mut c = Client::connect(&d.socket).unwrap();
         let job = format!("o{round}");
@@ -388,7 +501,12 @@ fn owners_survive_a_kill_right_after_allocate() {
         d = start(dir.path(), &["--config", conf.to_str().unwrap()], false);
         let mut c = Client::connect(&d.socket).unwrap();
         let jobs = c.call(Op::List).unwrap();
-        let me = jobs.as_array().unwrap().iter().find(|j| j["job"] == job.as_str()).unwrap_or_else(|| panic!("{job} lost: {jobs}"));
+        let me = jobs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["job"] == job.as_str())
+            .unwrap_or_else(|| panic!("{job} lost: {jobs}"));
         assert_eq!(me["owner_uid"], 4000 + round, "round {round}: {me}");
         c.call(Op::Release { job }).unwrap();
     }
@@ -403,7 +521,9 @@ fn cgroup_of(pid: u32, mount: &Path) -> PathBuf {
         .find_map(|l| {
             let mut f = l.splitn(3, ':');
             let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
-            (controllers.split(',').any(|c| c == name) || (controllers.is_empty() && mount.join("cgroup.controllers").exists())).then(|| path.to_string())
+            (controllers.split(',').any(|c| c == name)
+                || (controllers.is_empty() && mount.join("cgroup.controllers").exists()))
+            .then(|| path.to_string())
         })
         .unwrap_or_else(|| panic!("{pid} is in no cgroup of {}: {text}", mount.display()));
     mount.join(path.trim_start_matches('/'))
@@ -412,12 +532,17 @@ fn cgroup_of(pid: u32, mount: &Path) -> PathBuf {
 #[test]
 fn a_release_never_freezes_topod_itself() {
     let dir = open_dir();
-    let Some((d, cgroups, subtree, _cleanup, _)) = common::real_daemon(dir.path(), "topo-inside-test", "") else { return };
+    let Some((d, cgroups, subtree, _cleanup, _)) =
+        common::real_daemon(dir.path(), "topo-inside-test", "")
+    else {
+        return;
+    };
     let mut c = Client::connect(&d.socket).unwrap();
     allocate(&mut c, "trap", None);
     // An administrator's slip: topod moved into a job's cgroup by hand.
     let roots = cgroups.roots(&subtree);
-    let homes: Vec<PathBuf> = roots.iter().map(|r| cgroup_of(d.child.id(), r.parent().unwrap())).collect();
+    let homes: Vec<PathBuf> =
+        roots.iter().map(|r| cgroup_of(d.child.id(), r.parent().unwrap())).collect();
     for root in &roots {
         std::fs::write(root.join("trap/cgroup.procs"), d.child.id().to_string()).unwrap();
     }
@@ -442,7 +567,16 @@ fn the_watchdog_is_fed_only_while_topod_serves() {
     let zen4 = common::topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml");
     // 40 descriptors: a few dozen connections leave topod none for its watchdog's probe.
     let child = Command::new("prlimit")
-        .args(["--nofile=40:40", env!("CARGO_BIN_EXE_topod"), "--cgroup", "fake", "--socket", socket.to_str().unwrap(), "--state-dir", dir.path().to_str().unwrap()])
+        .args([
+            "--nofile=40:40",
+            env!("CARGO_BIN_EXE_topod"),
+            "--cgroup",
+            "fake",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--state-dir",
+            dir.path().to_str().unwrap(),
+        ])
         .arg("--topology")
         .arg(&zen4)
         .env("NOTIFY_SOCKET", &notify)
@@ -465,16 +599,28 @@ fn the_watchdog_is_fed_only_while_topod_serves() {
     };
     let first = hear(Duration::from_secs(2));
     assert_eq!(first.first().map(String::as_str), Some("READY=1"), "{first:?}");
-    assert!(first.iter().filter(|m| *m == "WATCHDOG=1").count() >= 3, "fed while serving: {first:?}");
+    assert!(
+        first.iter().filter(|m| *m == "WATCHDOG=1").count() >= 3,
+        "fed while serving: {first:?}"
+    );
     let held: Vec<UnixStream> = (0..60).filter_map(|_| UnixStream::connect(&socket).ok()).collect();
     // Starved once a new client gets no answer; what a probe sent before then is drained.
     let t = Instant::now();
-    while Client::connect_with_timeout(&socket, Duration::from_millis(300)).and_then(|mut c| c.call(Op::Version)).is_ok() {
-        assert!(t.elapsed() < Duration::from_secs(10), "topod still answers with 60 connections open and 40 descriptors");
+    while Client::connect_with_timeout(&socket, Duration::from_millis(300))
+        .and_then(|mut c| c.call(Op::Version))
+        .is_ok()
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "topod still answers with 60 connections open and 40 descriptors"
+        );
     }
     hear(Duration::from_millis(300));
     let starved = hear(Duration::from_millis(1500));
-    assert!(!starved.iter().any(|m| m == "WATCHDOG=1"), "fed while topod could not serve: {starved:?}");
+    assert!(
+        !starved.iter().any(|m| m == "WATCHDOG=1"),
+        "fed while topod could not serve: {starved:?}"
+    );
     drop(held);
     let again = hear(Duration::from_secs(2));
     assert!(again.iter().any(|m| m == "WATCHDOG=1"), "fed again once it serves: {again:?}");

@@ -23,7 +23,8 @@ fn xml_counts_match_hwloc() {
             continue;
         }
         let expected: Vec<usize> = f[1..].iter().map(|v| v.parse().unwrap()).collect();
-        let topo = hwloc_xml::read_file(&root.join(f[0])).unwrap_or_else(|e| panic!("{}: {e}", f[0]));
+        let topo =
+            hwloc_xml::read_file(&root.join(f[0])).unwrap_or_else(|e| panic!("{}: {e}", f[0]));
         let c = topo.counts();
         let got = vec![c.packages, c.numa_nodes, c.l3_groups, c.cores, c.pus];
         if got != expected {
@@ -37,7 +38,10 @@ fn xml_counts_match_hwloc() {
 
 #[test]
 fn v3_files_are_refused_clearly() {
-    let e = hwloc_xml::read_file(&shared().join("hwloc-master-v3-xml/AMD-19h-Zen4-2xEpyc-9654.xml")).unwrap_err().to_string();
+    let e =
+        hwloc_xml::read_file(&shared().join("hwloc-master-v3-xml/AMD-19h-Zen4-2xEpyc-9654.xml"))
+            .unwrap_err()
+            .to_string();
     assert!(e.contains("version 3") && e.contains("hwloc 2.x"), "{e}");
 }
 
@@ -46,8 +50,17 @@ fn devices_and_distances_are_read() {
     let t = hwloc_xml::read_file(&shared().join("xml/96em64t-4n4d3ca2co-pci.xml")).unwrap();
     assert_eq!(t.numa_distance(0, 1), 26);
     assert!(t.devices.iter().any(|d| d.names.iter().any(|n| n == "eth0")), "{:?}", t.devices);
-    let gpus = hwloc_xml::read_file(&shared().join("converted-hwloc2.9/nvidiagpunumanodes.keptgpunuma.xml")).unwrap();
-    assert_eq!(gpus.numa_nodes.iter().filter(|n| n.kind == topod::topology::MemoryKind::GpuMemory).count(), 6);
-    let hybrid = hwloc_xml::read_file(&shared().join("converted-hwloc2.9/20em64t-hybrid-1p6c2t+2ca4co1t.xml")).unwrap();
+    let gpus = hwloc_xml::read_file(
+        &shared().join("converted-hwloc2.9/nvidiagpunumanodes.keptgpunuma.xml"),
+    )
+    .unwrap();
+    assert_eq!(
+        gpus.numa_nodes.iter().filter(|n| n.kind == topod::topology::MemoryKind::GpuMemory).count(),
+        6
+    );
+    let hybrid = hwloc_xml::read_file(
+        &shared().join("converted-hwloc2.9/20em64t-hybrid-1p6c2t+2ca4co1t.xml"),
+    )
+    .unwrap();
     assert_eq!(hybrid.cpu_kinds.len(), 2);
 }

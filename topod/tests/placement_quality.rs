@@ -20,7 +20,9 @@ fn topology_files() -> Vec<PathBuf> {
     let mut files = Vec::new();
     for sub in ["xml", "converted-hwloc2.9"] {
         let dir = common::topologies().join(sub);
-        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e} (set TOPO_SHARED_DIR)", dir.display())) {
+        for entry in std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e} (set TOPO_SHARED_DIR)", dir.display()))
+        {
             let p = entry.unwrap().path();
             if p.extension().is_some_and(|x| x == "xml") {
                 files.push(p);
@@ -43,7 +45,8 @@ fn best_fit_is_the_most_local_and_rejects_least() {
         let topo = hwloc_xml::read_file(file).unwrap();
         let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
         let stream = job_stream(&model, 1, JOBS);
-        let results: Vec<_> = strategies.iter().map(|&s| replay_quality(&model, &stream, s)).collect();
+        let results: Vec<_> =
+            strategies.iter().map(|&s| replay_quality(&model, &stream, s)).collect();
         let best = &results[0];
         assert_eq!(best.strategy, "best-fit");
         assert_eq!(best.shape_violations, 0, "{}", best.topology);
@@ -53,8 +56,14 @@ fn best_fit_is_the_most_local_and_rejects_least() {
             totals[i].2 += r.rejected_while_free;
             // On every machine: at least as local as the strategies that do not search for the
             // tightest domain, and as kubelet's static policy.
-            let must_beat = matches!(strategies[i], Strategy::Pack | Strategy::Balance | Strategy::FirstFit | Strategy::K8sStatic);
-            if must_beat && (r.numa_optimal_share > best.numa_optimal_share || r.l3_optimal_share > best.l3_optimal_share) {
+            let must_beat = matches!(
+                strategies[i],
+                Strategy::Pack | Strategy::Balance | Strategy::FirstFit | Strategy::K8sStatic
+            );
+            if must_beat
+                && (r.numa_optimal_share > best.numa_optimal_share
+                    || r.l3_optimal_share > best.l3_optimal_share)
+            {
                 failures.push(format!(
                     "{}: {} is more local (NUMA {:.3}, L3 {:.3}) than best-fit (NUMA {:.3}, L3 {:.3})",
                     best.topology, r.strategy, r.numa_optimal_share, r.l3_optimal_share, best.numa_optimal_share, best.l3_optimal_share
@@ -63,8 +72,14 @@ fn best_fit_is_the_most_local_and_rejects_least() {
         }
         let first = &results[3];
         let machine_has_choice = model.numa.len() > 1 || model.l3.len() > 1;
-        if machine_has_choice && best.numa_optimal_share <= first.numa_optimal_share && best.l3_optimal_share <= first.l3_optimal_share {
-            failures.push(format!("{}: best-fit is not strictly more local than first-fit", best.topology));
+        if machine_has_choice
+            && best.numa_optimal_share <= first.numa_optimal_share
+            && best.l3_optimal_share <= first.l3_optimal_share
+        {
+            failures.push(format!(
+                "{}: best-fit is not strictly more local than first-fit",
+                best.topology
+            ));
         }
     }
     // Over all machines: the most local of all, Slurm's block distribution and buddy included
@@ -77,7 +92,9 @@ fn best_fit_is_the_most_local_and_rejects_least() {
             failures.push(format!("over all machines {name} is more local (NUMA {n:.3}, L3 {l:.3}) than best-fit (NUMA {bn:.3}, L3 {bl:.3})"));
         }
         if matches!(strategies[i], Strategy::K8sStatic | Strategy::SlurmBlock) && r < br {
-            failures.push(format!("over all machines {name} rejected {r} jobs while PUs were free, best-fit {br}"));
+            failures.push(format!(
+                "over all machines {name} rejected {r} jobs while PUs were free, best-fit {br}"
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

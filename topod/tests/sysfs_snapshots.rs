@@ -15,11 +15,21 @@ fn shared() -> PathBuf {
 /// Extracts a `.tar.bz2` snapshot and returns the directory holding `sys/` and `proc/`.
 fn extract(tarball: &Path, into: &Path) -> PathBuf {
     let mut bytes = Vec::new();
-    bzip2::read::BzDecoder::new(std::fs::File::open(tarball).unwrap()).read_to_end(&mut bytes).unwrap();
+    bzip2::read::BzDecoder::new(std::fs::File::open(tarball).unwrap())
+        .read_to_end(&mut bytes)
+        .unwrap();
     tar::Archive::new(&bytes[..]).unpack(into).unwrap();
     // The directory inside the tarball may be named differently from the tarball.
-    let entries: Vec<PathBuf> = std::fs::read_dir(into).unwrap().flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
-    entries.into_iter().find(|p| p.join("sys").is_dir()).unwrap_or_else(|| panic!("no sys/ inside {}", tarball.display()))
+    let entries: Vec<PathBuf> = std::fs::read_dir(into)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    entries
+        .into_iter()
+        .find(|p| p.join("sys").is_dir())
+        .unwrap_or_else(|| panic!("no sys/ inside {}", tarball.display()))
 }
 
 fn counts(t: &Topology) -> Vec<usize> {
@@ -43,18 +53,30 @@ fn snapshots_match_hwloc_and_their_xml_export() {
             wrong.push(format!("{}: got {:?}, hwloc says {expected:?}", f[0], counts(&topo)));
         }
         let stem = f[0].trim_start_matches("linux/").trim_end_matches(".tar.bz2");
-        let xml = hwloc_xml::read_file(&root.join(format!("converted-hwloc2.9/{stem}.xml"))).unwrap();
+        let xml =
+            hwloc_xml::read_file(&root.join(format!("converted-hwloc2.9/{stem}.xml"))).unwrap();
         let cores = |t: &Topology| {
-            let mut v: Vec<_> = t.cores.iter().map(|c| c.cpus.intersection(&t.allowed)).filter(|c| !c.is_empty()).collect();
+            let mut v: Vec<_> = t
+                .cores
+                .iter()
+                .map(|c| c.cpus.intersection(&t.allowed))
+                .filter(|c| !c.is_empty())
+                .collect();
             v.sort();
             v
         };
         let nodes = |t: &Topology| {
-            let mut v: Vec<_> = t.numa_nodes.iter().filter(|n| t.allowed_mems.contains(n.os_index)).map(|n| (n.os_index, n.cpus.intersection(&t.allowed))).collect();
+            let mut v: Vec<_> = t
+                .numa_nodes
+                .iter()
+                .filter(|n| t.allowed_mems.contains(n.os_index))
+                .map(|n| (n.os_index, n.cpus.intersection(&t.allowed)))
+                .collect();
             v.sort();
             v
         };
-        if topo.allowed != xml.allowed || cores(&topo) != cores(&xml) || nodes(&topo) != nodes(&xml) {
+        if topo.allowed != xml.allowed || cores(&topo) != cores(&xml) || nodes(&topo) != nodes(&xml)
+        {
             wrong.push(format!(
                 "{stem}: sysfs and XML disagree: allowed {} vs {}, {} vs {} cores, NUMA {:?} vs {:?}",
                 topo.allowed,
@@ -76,10 +98,19 @@ fn gpu_memory_nodes_are_hidden_unless_asked_for() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = extract(&shared().join("linux/nvidiagpunumanodes.tar.bz2"), tmp.path());
     let kept = sysfs::read_with(&dir, &sysfs::ReadOptions { keep_gpu_numa_nodes: true }).unwrap();
-    let gpu: Vec<u32> = kept.numa_nodes.iter().filter(|n| n.kind == topod::topology::MemoryKind::GpuMemory).map(|n| n.os_index).collect();
+    let gpu: Vec<u32> = kept
+        .numa_nodes
+        .iter()
+        .filter(|n| n.kind == topod::topology::MemoryKind::GpuMemory)
+        .map(|n| n.os_index)
+        .collect();
     assert_eq!(gpu, [250, 251, 252, 253, 254, 255]);
     assert_eq!(kept.counts().numa_nodes, 8, "as hwloc with HWLOC_KEEP_NVIDIA_GPU_NUMA_NODES=1");
-    assert!(kept.numa_nodes.iter().filter(|n| n.os_index >= 250).all(|n| n.cpus.is_empty() && !n.near_cpus.is_empty()));
+    assert!(kept
+        .numa_nodes
+        .iter()
+        .filter(|n| n.os_index >= 250)
+        .all(|n| n.cpus.is_empty() && !n.near_cpus.is_empty()));
     assert_eq!(sysfs::read(&dir).unwrap().counts().numa_nodes, 2);
 }
 
@@ -88,7 +119,8 @@ fn devices_have_locality() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = extract(&shared().join("linux/32intel64-2p8co2t+8ve.tar.bz2"), tmp.path());
     let t = sysfs::read(&dir).unwrap();
-    let accel: Vec<_> = t.devices.iter().filter(|d| d.class == topod::topology::DeviceClass::Accelerator).collect();
+    let accel: Vec<_> =
+        t.devices.iter().filter(|d| d.class == topod::topology::DeviceClass::Accelerator).collect();
     assert_eq!(accel.len(), 8, "the eight vector engines: {:?}", t.devices);
     assert!(accel.iter().all(|d| d.numa_node.is_some() && !d.local_cpus.is_empty()));
     assert!(t.devices.iter().any(|d| d.class == topod::topology::DeviceClass::Network));
@@ -99,7 +131,11 @@ fn this_machine() {
     let t = sysfs::read(Path::new("/")).expect("this host's /sys reads");
     assert!(!t.allowed.is_empty());
     for cpu in t.allowed.iter() {
-        assert_eq!(t.cores.iter().filter(|c| c.cpus.contains(cpu)).count(), 1, "CPU {cpu} in exactly one core");
+        assert_eq!(
+            t.cores.iter().filter(|c| c.cpus.contains(cpu)).count(),
+            1,
+            "CPU {cpu} in exactly one core"
+        );
     }
     let parallelism = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     assert_eq!(t.allowed.len(), parallelism, "allowed CPUs vs sched_getaffinity");

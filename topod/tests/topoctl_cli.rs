@@ -31,7 +31,13 @@ fn show_json_has_the_counts() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(
-        (v["packages"].as_u64(), v["numa_nodes"].as_u64(), v["l3_groups"].as_u64(), v["cores"].as_u64(), v["pus"].as_u64()),
+        (
+            v["packages"].as_u64(),
+            v["numa_nodes"].as_u64(),
+            v["l3_groups"].as_u64(),
+            v["cores"].as_u64(),
+            v["pus"].as_u64()
+        ),
         (Some(2), Some(1), Some(24), Some(192), Some(384))
     );
 }
@@ -45,7 +51,12 @@ fn every_picture_fits_100_columns() {
             assert!(o.status.success(), "{}: {}", path.display(), stderr(&o));
             let text = stdout(&o);
             for line in text.lines() {
-                assert!(line.chars().count() <= 100, "{}: line of {} columns:\n{line}", path.display(), line.chars().count());
+                assert!(
+                    line.chars().count() <= 100,
+                    "{}: line of {} columns:\n{line}",
+                    path.display(),
+                    line.chars().count()
+                );
             }
             assert!(text.contains("Package"), "{}", path.display());
         }
@@ -100,19 +111,32 @@ fn a_bad_request_with_json_gives_the_same_words_as_json() {
     let last_line = stderr(&text).trim_end().lines().last().unwrap().to_string();
     assert_eq!(e["message"], last_line.as_str());
     assert_eq!(format!("topoctl: {}\n", e["text"].as_str().unwrap()), stderr(&text));
-    assert_eq!((e["byte"].as_u64(), e["fragment"].as_str(), e["source"].as_str()), (Some(9), Some("cores"), Some("job")));
+    assert_eq!(
+        (e["byte"].as_u64(), e["fragment"].as_str(), e["source"].as_str()),
+        (Some(9), Some("cores"), Some("job"))
+    );
     assert!(e["expected"].as_array().unwrap().iter().any(|w| w == "core"), "{e}");
 }
 
 #[test]
 fn place_shows_the_picture_and_metrics() {
-    let o = topoctl(&["place", "--topology", zen4().to_str().unwrap(), "affinity[core(4,same=l3)*2]", "affinity[thread*6]", "-n", "3", "CPUSET[MAX_RADIUS=0]"]);
+    let o = topoctl(&[
+        "place",
+        "--topology",
+        zen4().to_str().unwrap(),
+        "affinity[core(4,same=l3)*2]",
+        "affinity[thread*6]",
+        "-n",
+        "3",
+        "CPUSET[MAX_RADIUS=0]",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("job1") && text.contains("job3"), "{text}");
     assert!(text.contains("NUMA/min"), "{text}");
     assert!(!text.contains("rejected"), "{text}");
-    let o = topoctl(&["place", "--topology", zen4().to_str().unwrap(), "--json", "affinity[socket*3]"]);
+    let o =
+        topoctl(&["place", "--topology", zen4().to_str().unwrap(), "--json", "affinity[socket*3]"]);
     assert!(o.status.success());
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["jobs"][0]["rejected"]["reason"].as_str().unwrap().contains("never fit"), "{v}");
@@ -120,7 +144,14 @@ fn place_shows_the_picture_and_metrics() {
 
 #[test]
 fn unknown_strategy_lists_the_known_ones() {
-    let o = topoctl(&["place", "--topology", zen4().to_str().unwrap(), "--strategy", "fastest", "affinity[thread]"]);
+    let o = topoctl(&[
+        "place",
+        "--topology",
+        zen4().to_str().unwrap(),
+        "--strategy",
+        "fastest",
+        "affinity[thread]",
+    ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("best-fit"), "{}", stderr(&o));
 }
@@ -134,13 +165,34 @@ fn missing_topology_file_is_a_clear_error() {
 
 #[test]
 fn bench_json_has_every_field() {
-    let o = topoctl(&["bench", "placement", "--topology", zen4().to_str().unwrap(), "--jobs", "200", "--json"]);
+    let o = topoctl(&[
+        "bench",
+        "placement",
+        "--topology",
+        zen4().to_str().unwrap(),
+        "--jobs",
+        "200",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let lines: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> =
+        stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let names: Vec<&str> = lines.iter().map(|v| v["strategy"].as_str().unwrap()).collect();
-    assert_eq!(names, ["best-fit", "pack", "balance", "first-fit", "buddy", "k8s-static", "slurm-block"]);
+    assert_eq!(
+        names,
+        ["best-fit", "pack", "balance", "first-fit", "buddy", "k8s-static", "slurm-block"]
+    );
     for v in &lines {
-        for key in ["topology", "numa_optimal_share", "l3_optimal_share", "mean_radius", "smt_shared", "rejected_while_free", "decision_p50_us", "decision_p99_us"] {
+        for key in [
+            "topology",
+            "numa_optimal_share",
+            "l3_optimal_share",
+            "mean_radius",
+            "smt_shared",
+            "rejected_while_free",
+            "decision_p50_us",
+            "decision_p99_us",
+        ] {
             assert!(!v[key].is_null(), "{key} missing in {v}");
         }
     }

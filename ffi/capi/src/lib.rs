@@ -63,7 +63,10 @@ unsafe fn arg<'a>(p: *const c_char, name: &str) -> Result<Option<&'a str>, Failu
         return Ok(None);
     }
     // SAFETY: guaranteed by the caller.
-    unsafe { CStr::from_ptr(p) }.to_str().map(Some).map_err(|_| invalid(format!("{name} is not UTF-8 text")))
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map(Some)
+        .map_err(|_| invalid(format!("{name} is not UTF-8 text")))
 }
 
 /// SAFETY (for callers): as [`arg`].
@@ -83,7 +86,8 @@ unsafe fn connect(socket: *const c_char) -> Result<Client, Failure> {
 
 /// Runs a call: a failure's message goes to `err`, a panic becomes TOPO_ERR_INTERNAL.
 fn run(err: *mut c_char, err_len: usize, f: impl FnOnce() -> Result<c_int, Failure>) -> c_int {
-    let result = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| Err(Failure(TOPO_ERR_INTERNAL, "internal error in libtopo".into())));
+    let result = catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|_| Err(Failure(TOPO_ERR_INTERNAL, "internal error in libtopo".into())));
     match result {
         Ok(code) => code,
         Err(Failure(code, message)) => {
@@ -123,8 +127,10 @@ pub unsafe extern "C" fn topo_allocate(
         // SAFETY: pointers as topo.h documents.
         let job = unsafe { job_arg(job) }?;
         // SAFETY: as above.
-        let request = unsafe { arg(request, "request") }?.ok_or_else(|| invalid("request is NULL"))?;
-        topod::request::parse(request).map_err(|e| invalid(format!("bad request {request:?}: {e}")))?;
+        let request =
+            unsafe { arg(request, "request") }?.ok_or_else(|| invalid("request is NULL"))?;
+        topod::request::parse(request)
+            .map_err(|e| invalid(format!("bad request {request:?}: {e}")))?;
         // SAFETY: as above.
         let cpus = unsafe { arg(cpus, "cpus") }?;
         if let Some(c) = cpus {
@@ -143,7 +149,10 @@ pub unsafe extern "C" fn topo_allocate(
         })?;
         let field = |k: &str| reply[k].as_str().unwrap_or_default().to_string();
         // SAFETY: output buffers as topo.h documents.
-        let whole = unsafe { write_out(cpus_out, cpus_out_len, &field("cpus")) & write_out(mems_out, mems_out_len, &field("mems")) };
+        let whole = unsafe {
+            write_out(cpus_out, cpus_out_len, &field("cpus"))
+                & write_out(mems_out, mems_out_len, &field("mems"))
+        };
         if whole {
             Ok(TOPO_OK)
         } else {
@@ -157,7 +166,13 @@ pub unsafe extern "C" fn topo_allocate(
 /// # Safety
 /// Every pointer is null or valid as topo.h says.
 #[no_mangle]
-pub unsafe extern "C" fn topo_bind(socket: *const c_char, job: *const c_char, pid: c_int, err: *mut c_char, err_len: usize) -> c_int {
+pub unsafe extern "C" fn topo_bind(
+    socket: *const c_char,
+    job: *const c_char,
+    pid: c_int,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int {
     run(err, err_len, || {
         // SAFETY: pointers as topo.h documents.
         let job = unsafe { job_arg(job) }?;
@@ -175,7 +190,12 @@ pub unsafe extern "C" fn topo_bind(socket: *const c_char, job: *const c_char, pi
 /// # Safety
 /// Every pointer is null or valid as topo.h says.
 #[no_mangle]
-pub unsafe extern "C" fn topo_release(socket: *const c_char, job: *const c_char, err: *mut c_char, err_len: usize) -> c_int {
+pub unsafe extern "C" fn topo_release(
+    socket: *const c_char,
+    job: *const c_char,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int {
     run(err, err_len, || {
         // SAFETY: pointers as topo.h documents.
         let job = unsafe { job_arg(job) }?;

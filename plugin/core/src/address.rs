@@ -70,11 +70,25 @@ mod tests {
     fn parses_and_refuses() {
         assert_eq!(Address::parse("tcp:node01:7979").unwrap(), Address::Tcp("node01:7979".into()));
         assert_eq!(Address::parse("tcp:[::1]:7979").unwrap(), Address::Tcp("[::1]:7979".into()));
-        assert_eq!(Address::parse("unix:/run/topo/topod.sock").unwrap(), Address::Unix("/run/topo/topod.sock".into()));
-        for bad in ["node01:7979", "tcp:node01", "tcp::7979", "tcp:node01:0", "tcp:node01:99999", "unix:relative.sock", "tcp:a b:1"] {
+        assert_eq!(
+            Address::parse("unix:/run/topo/topod.sock").unwrap(),
+            Address::Unix("/run/topo/topod.sock".into())
+        );
+        for bad in [
+            "node01:7979",
+            "tcp:node01",
+            "tcp::7979",
+            "tcp:node01:0",
+            "tcp:node01:99999",
+            "unix:relative.sock",
+            "tcp:a b:1",
+        ] {
             let e = Address::parse(bad).unwrap_err();
             assert!(e.to_string().contains(bad), "{e}");
         }
-        assert_eq!(Address::from_template("tcp:{host}:7979", "n7").unwrap().to_string(), "tcp:n7:7979");
+        assert_eq!(
+            Address::from_template("tcp:{host}:7979", "n7").unwrap().to_string(),
+            "tcp:n7:7979"
+        );
     }
 }

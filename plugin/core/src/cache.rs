@@ -75,11 +75,15 @@ pub enum Unknown {
 
 impl std::fmt::Display for Unknown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let why = |e: &Option<Box<str>>| e.as_deref().map(|e| format!(" (last error: {e})")).unwrap_or_default();
+        let why = |e: &Option<Box<str>>| {
+            e.as_deref().map(|e| format!(" (last error: {e})")).unwrap_or_default()
+        };
         match self {
             Unknown::NotKnown => write!(f, "no topod address is configured for this host"),
             Unknown::NeverFetched(e) => write!(f, "its topod has not answered yet{}", why(e)),
-            Unknown::Stale(age, e) => write!(f, "its topod last answered {} s ago{}", age.as_secs(), why(e)),
+            Unknown::Stale(age, e) => {
+                write!(f, "its topod last answered {} s ago{}", age.as_secs(), why(e))
+            }
         }
     }
 }
@@ -112,7 +116,14 @@ impl HostCache {
             return id;
         }
         let id = self.hosts.len() as HostId;
-        self.hosts.push(HostEntry { name: name.into(), address, state: None, fetched_at: None, last_error: None, version: 0 });
+        self.hosts.push(HostEntry {
+            name: name.into(),
+            address,
+            state: None,
+            fetched_at: None,
+            last_error: None,
+            version: 0,
+        });
         self.by_name.insert(name.into(), id);
         id
     }
@@ -126,7 +137,10 @@ impl HostCache {
         let short = name.split('.').next().unwrap_or(name);
         self.by_name.get(short).copied().or_else(|| {
             // A configured FQDN asked for by its short name.
-            self.hosts.iter().position(|h| h.name.split('.').next() == Some(short)).map(|i| i as HostId)
+            self.hosts
+                .iter()
+                .position(|h| h.name.split('.').next() == Some(short))
+                .map(|i| i as HostId)
         })
     }
 
@@ -166,7 +180,12 @@ impl HostCache {
     }
 
     /// The state of `id` if it is fresh enough at `now`.
-    pub fn usable(&self, id: HostId, now: Instant, stale_after: Duration) -> Result<&HostState, Unknown> {
+    pub fn usable(
+        &self,
+        id: HostId,
+        now: Instant,
+        stale_after: Duration,
+    ) -> Result<&HostState, Unknown> {
         let h = &self.hosts[id as usize];
         match (&h.state, h.fetched_at) {
             (Some(state), Some(at)) => {
@@ -183,7 +202,13 @@ impl HostCache {
 
     /// Records a successful fetch. `topology` comes with the first fetch of a host (and whenever
     /// the fetcher asks again); hosts with equal topologies share one model.
-    pub fn update(&mut self, id: HostId, topology: Option<&Topology>, free: FreeMap, at: Instant) -> Result<(), String> {
+    pub fn update(
+        &mut self,
+        id: HostId,
+        topology: Option<&Topology>,
+        free: FreeMap,
+        at: Instant,
+    ) -> Result<(), String> {
         let model = match topology {
             Some(topo) => self.intern_model(topo)?,
             None => match &self.hosts[id as usize].state {
@@ -197,7 +222,12 @@ impl HostCache {
         let mut jobs: Vec<u64> = free.job_ids.iter().map(|j| job_hash(j)).collect();
         jobs.sort_unstable();
         let h = &mut self.hosts[id as usize];
-        h.state = Some(HostState { model, occupancy: Occupancy { held: free.held, fenced: unusable }, generation: free.generation, jobs: jobs.into() });
+        h.state = Some(HostState {
+            model,
+            occupancy: Occupancy { held: free.held, fenced: unusable },
+            generation: free.generation,
+            jobs: jobs.into(),
+        });
         h.fetched_at = Some(at);
         h.last_error = None;
         h.version = h.version.wrapping_add(1);

@@ -99,24 +99,56 @@ pub enum ConfigError {
 impl CacheConfig {
     /// Checks every value and returns the hosts with parsed addresses.
     pub fn validate(&self) -> Result<Vec<(String, Address)>, ConfigError> {
-        let range = |key, value: u64, ok: bool, why| if ok { Ok(()) } else { Err(ConfigError::Range { key, value, why }) };
-        range("timeout_ms", self.timeout_ms, (1..=60_000).contains(&self.timeout_ms), "must be 1 to 60000")?;
-        range("refresh_interval_ms", self.refresh_interval_ms, self.refresh_interval_ms >= 100, "must be at least 100")?;
-        range("stale_after_ms", self.stale_after_ms, self.stale_after_ms > self.refresh_interval_ms, "must be longer than refresh_interval_ms")?;
-        range("workers", self.workers as u64, (1..=256).contains(&self.workers), "must be 1 to 256")?;
+        let range = |key, value: u64, ok: bool, why| {
+            if ok {
+                Ok(())
+            } else {
+                Err(ConfigError::Range { key, value, why })
+            }
+        };
+        range(
+            "timeout_ms",
+            self.timeout_ms,
+            (1..=60_000).contains(&self.timeout_ms),
+            "must be 1 to 60000",
+        )?;
+        range(
+            "refresh_interval_ms",
+            self.refresh_interval_ms,
+            self.refresh_interval_ms >= 100,
+            "must be at least 100",
+        )?;
+        range(
+            "stale_after_ms",
+            self.stale_after_ms,
+            self.stale_after_ms > self.refresh_interval_ms,
+            "must be longer than refresh_interval_ms",
+        )?;
+        range(
+            "workers",
+            self.workers as u64,
+            (1..=256).contains(&self.workers),
+            "must be 1 to 256",
+        )?;
         if !self.address_template.is_empty() {
-            Address::from_template(&self.address_template, "host").map_err(ConfigError::Template)?;
+            Address::from_template(&self.address_template, "host")
+                .map_err(ConfigError::Template)?;
         }
         self.hosts
             .iter()
-            .map(|(host, text)| Address::parse(text).map(|a| (host.clone(), a)).map_err(|source| ConfigError::Address { host: host.clone(), source }))
+            .map(|(host, text)| {
+                Address::parse(text)
+                    .map(|a| (host.clone(), a))
+                    .map_err(|source| ConfigError::Address { host: host.clone(), source })
+            })
             .collect()
     }
 
     /// The shared key, when a key file is configured.
     pub fn read_key(&self) -> Result<Option<String>, ConfigError> {
         let Some(path) = &self.key_file else { return Ok(None) };
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::KeyFile { path: path.display().to_string(), source })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::KeyFile { path: path.display().to_string(), source })?;
         Ok(Some(text.trim().to_string()))
     }
 
@@ -147,8 +179,12 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("timeout_ms = 0"));
         let c: CacheConfig = toml::from_str("[hosts]\nn1 = \"n1:7979\"").unwrap();
         assert!(c.validate().unwrap_err().to_string().contains("hosts.n1"));
-        assert!(toml::from_str::<CacheConfig>("timeout = 5").unwrap_err().to_string().contains("unknown field"));
-        let c: CacheConfig = toml::from_str("unreachable = \"closed\"\n[hosts]\nn1 = \"tcp:n1:7979\"").unwrap();
+        assert!(toml::from_str::<CacheConfig>("timeout = 5")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field"));
+        let c: CacheConfig =
+            toml::from_str("unreachable = \"closed\"\n[hosts]\nn1 = \"tcp:n1:7979\"").unwrap();
         assert_eq!(c.unreachable, Unreachable::Closed);
         assert_eq!(c.validate().unwrap(), vec![("n1".to_string(), Address::Tcp("n1:7979".into()))]);
     }

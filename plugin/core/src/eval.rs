@@ -33,7 +33,9 @@ pub enum NoFit {
 impl std::fmt::Display for NoFit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            NoFit::TooFewCpus { free, needed } => write!(f, "needs at least {needed} CPUs but only {free} are free"),
+            NoFit::TooFewCpus { free, needed } => {
+                write!(f, "needs at least {needed} CPUs but only {free} are free")
+            }
             NoFit::Placement(e) => write!(f, "{e}"),
             NoFit::Unknown(u) => write!(f, "host state unknown and the policy is fail-closed: {u}"),
         }
@@ -95,7 +97,8 @@ pub fn evaluate(ctx: &Context<'_>, host: HostId, request: &Request) -> Verdict {
         None => Cow::Borrowed(&state.occupancy),
     };
     // Counting first: on a busy cluster most hosts fail here, without a placement.
-    let free = model.allocatable.len() - model.allocatable.intersection_len(&occupancy.held.union(&occupancy.fenced));
+    let free = model.allocatable.len()
+        - model.allocatable.intersection_len(&occupancy.held.union(&occupancy.fenced));
     let needed = min_cpus(request);
     if free < needed {
         return Verdict::NoFit(NoFit::TooFewCpus { free, needed });
@@ -133,16 +136,23 @@ fn evaluate_many(ctx: &Context<'_>, request: &Request, hosts: &[HostId]) -> Vec<
         Verdict::Fits { score, .. } => score,
         Verdict::NoFit(_) => NO_FIT,
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_MATCH_THREADS);
+    let threads =
+        std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_MATCH_THREADS);
     if hosts.len() < PARALLEL_FROM || threads < 2 {
         return hosts.iter().map(one).collect();
     }
     let chunk = hosts.len().div_ceil(threads);
     std::thread::scope(|s| {
-        let parts: Vec<_> = hosts.chunks(chunk).map(|part| s.spawn(move || part.iter().map(one).collect::<Vec<u64>>())).collect();
+        let parts: Vec<_> = hosts
+            .chunks(chunk)
+            .map(|part| s.spawn(move || part.iter().map(one).collect::<Vec<u64>>()))
+            .collect();
         // A panicking worker is re-raised here, on the caller's thread, where the plug-in's
         // guard catches it.
-        parts.into_iter().flat_map(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        parts
+            .into_iter()
+            .flat_map(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
     })
 }
 
@@ -182,10 +192,18 @@ impl Memo {
     /// Verdicts for `request` (whose canonical text with its task count is `key`) on each of
     /// `hosts`, as `Some(score)` when it fits; each comes from the memo when the host has not
     /// changed since, else from [`evaluate`].
-    pub fn scores(&mut self, ctx: &Context<'_>, key: &str, request: &Request, hosts: &[HostId]) -> Vec<Option<u64>> {
+    pub fn scores(
+        &mut self,
+        ctx: &Context<'_>,
+        key: &str,
+        request: &Request,
+        hosts: &[HostId],
+    ) -> Vec<Option<u64>> {
         self.tick += 1;
         if !self.shapes.contains_key(key) && self.shapes.len() >= MEMO_SHAPES {
-            if let Some(oldest) = self.shapes.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) {
+            if let Some(oldest) =
+                self.shapes.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone())
+            {
                 self.shapes.remove(&oldest);
             }
         }
@@ -203,7 +221,9 @@ impl Memo {
         let mut misses: Vec<(usize, HostId, u64)> = Vec::new();
         for (pos, &h) in hosts.iter().enumerate() {
             let stamp = if ctx.cache.usable(h, ctx.now, ctx.stale_after).is_ok() {
-                (u64::from(ctx.cache.host(h).version) << 32 | u64::from(ctx.reservations.version(h))) + 1
+                (u64::from(ctx.cache.host(h).version) << 32
+                    | u64::from(ctx.reservations.version(h)))
+                    + 1
             } else {
                 0
             };
@@ -227,6 +247,9 @@ impl Memo {
 
     /// Bytes the memo holds.
     pub fn bytes(&self) -> usize {
-        self.shapes.iter().map(|(k, s)| k.len() + s.entries.capacity() * std::mem::size_of::<(u64, u64)>()).sum()
+        self.shapes
+            .iter()
+            .map(|(k, s)| k.len() + s.entries.capacity() * std::mem::size_of::<(u64, u64)>())
+            .sum()
     }
 }

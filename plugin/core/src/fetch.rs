@@ -59,7 +59,9 @@ impl HostSource for TopodSource {
         let fail = |message: String| FetchError { address: address.to_string(), message };
         let mut client = match address {
             Address::Unix(path) => Client::connect_with_timeout(path, self.timeout),
-            Address::Tcp(hostport) => Client::connect_tcp(hostport, self.key.as_deref().unwrap_or(""), self.timeout),
+            Address::Tcp(hostport) => {
+                Client::connect_tcp(hostport, self.key.as_deref().unwrap_or(""), self.timeout)
+            }
         }
         .map_err(|e| fail(e.to_string()))?;
         let topology = if with_topology {
@@ -69,7 +71,8 @@ impl HostSource for TopodSource {
             None
         };
         let value = client.call(Op::FreeMap).map_err(|e| fail(e.to_string()))?;
-        let free_map = serde_json::from_value(value).map_err(|e| fail(format!("free_map reply: {e}")))?;
+        let free_map =
+            serde_json::from_value(value).map_err(|e| fail(format!("free_map reply: {e}")))?;
         Ok(Fetched { topology, free_map })
     }
 }
@@ -91,7 +94,11 @@ type FetchOutcome = (HostId, Result<Fetched, FetchError>, Instant);
 
 /// One round: fetches every host of `cache` through `source` with `workers` threads, then
 /// applies the results. Returns (successes, failures).
-pub fn refresh_once(shared: &Shared, source: &dyn HostSource, config: &CacheConfig) -> (usize, usize) {
+pub fn refresh_once(
+    shared: &Shared,
+    source: &dyn HostSource,
+    config: &CacheConfig,
+) -> (usize, usize) {
     add_discovered(shared, config);
     let jobs: Vec<(HostId, Address, bool)> = {
         let cache = shared.cache.read().unwrap_or_else(|e| e.into_inner());
@@ -144,7 +151,11 @@ pub fn refresh_once(shared: &Shared, source: &dyn HostSource, config: &CacheConf
         }
     }
     let cache = shared.cache.read().unwrap_or_else(|e| e.into_inner());
-    let dropped = shared.reservations.lock().unwrap_or_else(|e| e.into_inner()).reconcile(&cache, Instant::now(), Duration::from_secs(config.reservation_ttl_s));
+    let dropped = shared.reservations.lock().unwrap_or_else(|e| e.into_inner()).reconcile(
+        &cache,
+        Instant::now(),
+        Duration::from_secs(config.reservation_ttl_s),
+    );
     tracing::debug!(ok, failed, reservations_dropped = dropped, "host states refreshed");
     (ok, failed)
 }
@@ -178,17 +189,22 @@ pub struct Refresher {
 impl Refresher {
     /// Starts refreshing `shared` from `source` every `config.refresh_interval()`; the first
     /// round starts at once.
-    pub fn start(shared: Arc<Shared>, source: Arc<dyn HostSource>, config: CacheConfig) -> std::io::Result<Refresher> {
+    pub fn start(
+        shared: Arc<Shared>,
+        source: Arc<dyn HostSource>,
+        config: CacheConfig,
+    ) -> std::io::Result<Refresher> {
         let (stop, stopped): (Sender<()>, Receiver<()>) = mpsc::channel();
-        let thread = std::thread::Builder::new().name("topo-refresh".into()).spawn(move || loop {
-            let started = Instant::now();
-            refresh_once(&shared, source.as_ref(), &config);
-            let wait = config.refresh_interval().saturating_sub(started.elapsed());
-            match stopped.recv_timeout(wait) {
-                Err(RecvTimeoutError::Timeout) => continue,
-                _ => break,
-            }
-        })?;
+        let thread =
+            std::thread::Builder::new().name("topo-refresh".into()).spawn(move || loop {
+                let started = Instant::now();
+                refresh_once(&shared, source.as_ref(), &config);
+                let wait = config.refresh_interval().saturating_sub(started.elapsed());
+                match stopped.recv_timeout(wait) {
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    _ => break,
+                }
+            })?;
         Ok(Refresher { stop, thread: Some(thread) })
     }
 

@@ -106,7 +106,9 @@ impl Reservations {
             self.versions.resize(i + 1, 0);
         }
         self.versions[i] = self.versions[i].wrapping_add(1);
-        let union = CpuSet::union_all(self.by_job.values().flatten().filter(|r| r.host == host).map(|r| &r.cpus));
+        let union = CpuSet::union_all(
+            self.by_job.values().flatten().filter(|r| r.host == host).map(|r| &r.cpus),
+        );
         if union.is_empty() {
             self.by_host.remove(&host);
         } else {

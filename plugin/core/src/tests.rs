@@ -14,7 +14,9 @@ use topod::request::{self, Request};
 use topod::topology::{hwloc_xml, Topology};
 
 fn shared_topology(name: &str) -> Topology {
-    let dir = std::env::var_os("TOPO_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
+    let dir = std::env::var_os("TOPO_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
     hwloc_xml::read_file(&dir.join("topologies/converted-hwloc2.9").join(name)).unwrap()
 }
 
@@ -42,7 +44,10 @@ impl HostSource for FakeSource {
     fn fetch(&self, address: &Address, with_topology: bool) -> Result<Fetched, FetchError> {
         self.calls.lock().unwrap().push((address.to_string(), with_topology));
         let hosts = self.hosts.lock().unwrap();
-        let (topo, free) = hosts.get(&address.to_string()).ok_or_else(|| FetchError { address: address.to_string(), message: "connection refused".into() })?;
+        let (topo, free) = hosts.get(&address.to_string()).ok_or_else(|| FetchError {
+            address: address.to_string(),
+            message: "connection refused".into(),
+        })?;
         Ok(Fetched { topology: with_topology.then(|| topo.clone()), free_map: free.clone() })
     }
 }
@@ -63,7 +68,9 @@ fn setup(config: &CacheConfig) -> (Shared, FakeSource) {
     source.set("unix:/c.sock", &knl, "", &[], 1);
     {
         let mut cache = shared.cache.write().unwrap();
-        for (name, addr) in [("a", "/a.sock"), ("b", "/b.sock"), ("c", "/c.sock"), ("down", "/down.sock")] {
+        for (name, addr) in
+            [("a", "/a.sock"), ("b", "/b.sock"), ("c", "/c.sock"), ("down", "/down.sock")]
+        {
             cache.add(name, Address::Unix(addr.into()));
         }
     }
@@ -80,11 +87,19 @@ fn hosts_share_models_and_fetch_their_topology_once() {
     source.calls.lock().unwrap().clear();
     refresh_once(&shared, &source, &config);
     let calls = source.calls.lock().unwrap().clone();
-    assert!(calls.iter().any(|(a, t)| a == "unix:/down.sock" && *t), "the host never reached is still asked for its topology");
+    assert!(
+        calls.iter().any(|(a, t)| a == "unix:/down.sock" && *t),
+        "the host never reached is still asked for its topology"
+    );
     assert!(calls.iter().filter(|(a, _)| a != "unix:/down.sock").all(|(_, t)| !t), "{calls:?}");
     let cache = shared.cache.read().unwrap();
     assert_eq!(cache.lookup("b.cluster.example"), cache.lookup("b"), "short names match");
-    assert!(cache.host(cache.lookup("down").unwrap()).last_error.as_deref().unwrap().contains("connection refused"));
+    assert!(cache
+        .host(cache.lookup("down").unwrap())
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("connection refused"));
 }
 
 #[test]
@@ -93,7 +108,13 @@ fn fit_follows_the_free_map_and_the_policy() {
     let (shared, _source) = setup(&config);
     let cache = shared.cache.read().unwrap();
     let resv = shared.reservations.lock().unwrap();
-    let mut ctx = Context { cache: &cache, reservations: &resv, now: Instant::now(), stale_after: config.stale_after(), unreachable: Unreachable::Open };
+    let mut ctx = Context {
+        cache: &cache,
+        reservations: &resv,
+        now: Instant::now(),
+        stale_after: config.stale_after(),
+        unreachable: Unreachable::Open,
+    };
     let id = |n| cache.lookup(n).unwrap();
     // 24 cores in one package: fits the empty Zen host, not the one whose first package is held.
     let req = with_tasks("affinity[core(24,same=socket)]", 1);
@@ -108,7 +129,10 @@ fn fit_follows_the_free_map_and_the_policy() {
         other => panic!("only one package is free on b: {other:?}"),
     }
     // The unreachable host: kept last when fail-open, removed with the reason when fail-closed.
-    assert_eq!(eval::evaluate(&ctx, id("down"), &req), Verdict::Fits { score: eval::UNKNOWN_SCORE, cpus: CpuSet::new() });
+    assert_eq!(
+        eval::evaluate(&ctx, id("down"), &req),
+        Verdict::Fits { score: eval::UNKNOWN_SCORE, cpus: CpuSet::new() }
+    );
     ctx.unreachable = Unreachable::Closed;
     match eval::evaluate(&ctx, id("down"), &req) {
         Verdict::NoFit(why) => assert!(why.to_string().contains("connection refused"), "{why}"),
@@ -141,15 +165,35 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
     for job in ["lsf-10", "lsf-11"] {
         let cache = shared.cache.read().unwrap();
         let mut resv = shared.reservations.lock().unwrap();
-        let ctx = Context { cache: &cache, reservations: &resv, now, stale_after: config.stale_after(), unreachable: Unreachable::Open };
-        let Verdict::Fits { cpus, .. } = eval::evaluate(&ctx, a, &half) else { panic!("{job} should fit") };
+        let ctx = Context {
+            cache: &cache,
+            reservations: &resv,
+            now,
+            stale_after: config.stale_after(),
+            unreachable: Unreachable::Open,
+        };
+        let Verdict::Fits { cpus, .. } = eval::evaluate(&ctx, a, &half) else {
+            panic!("{job} should fit")
+        };
         resv.reserve(job, a, cpus, now);
     }
     {
         let cache = shared.cache.read().unwrap();
         let resv = shared.reservations.lock().unwrap();
-        let ctx = Context { cache: &cache, reservations: &resv, now, stale_after: config.stale_after(), unreachable: Unreachable::Open };
-        assert!(matches!(eval::evaluate(&ctx, a, &with_tasks("affinity[core(1)]", 1)), Verdict::NoFit(_)), "both packages are reserved");
+        let ctx = Context {
+            cache: &cache,
+            reservations: &resv,
+            now,
+            stale_after: config.stale_after(),
+            unreachable: Unreachable::Open,
+        };
+        assert!(
+            matches!(
+                eval::evaluate(&ctx, a, &with_tasks("affinity[core(1)]", 1)),
+                Verdict::NoFit(_)
+            ),
+            "both packages are reserved"
+        );
         let r10 = &resv.of_job("lsf-10")[0].cpus;
         let r11 = &resv.of_job("lsf-11")[0].cpus;
         assert!(!r10.intersects(r11), "{r10} and {r11} overlap");
@@ -163,9 +207,21 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
     let resv = shared.reservations.lock().unwrap();
     assert!(resv.is_empty(), "confirmed reservations are dropped");
     let cache = shared.cache.read().unwrap();
-    let ctx = Context { cache: &cache, reservations: &resv, now, stale_after: config.stale_after(), unreachable: Unreachable::Open };
-    assert!(matches!(eval::evaluate(&ctx, a, &half), Verdict::Fits { .. }), "one package is free again");
-    assert!(matches!(eval::evaluate(&ctx, a, &with_tasks("affinity[core(24,same=socket)]", 2)), Verdict::NoFit(_)));
+    let ctx = Context {
+        cache: &cache,
+        reservations: &resv,
+        now,
+        stale_after: config.stale_after(),
+        unreachable: Unreachable::Open,
+    };
+    assert!(
+        matches!(eval::evaluate(&ctx, a, &half), Verdict::Fits { .. }),
+        "one package is free again"
+    );
+    assert!(matches!(
+        eval::evaluate(&ctx, a, &with_tasks("affinity[core(24,same=socket)]", 2)),
+        Verdict::NoFit(_)
+    ));
 }
 
 #[test]
@@ -175,13 +231,17 @@ fn unconfirmed_reservations_expire() {
     let mut resv = shared.reservations.lock().unwrap();
     let long_ago = Instant::now() - Duration::from_secs(5);
     resv.reserve("lsf-99", 0, CpuSet::parse_list("0-3").unwrap(), long_ago);
-    assert_eq!(resv.reconcile(&shared.cache.read().unwrap(), Instant::now(), Duration::from_secs(1)), 1);
+    assert_eq!(
+        resv.reconcile(&shared.cache.read().unwrap(), Instant::now(), Duration::from_secs(1)),
+        1
+    );
     assert!(resv.on_host(0).is_none());
 }
 
 #[test]
 fn discovered_hosts_get_the_template_address() {
-    let config = CacheConfig { address_template: "unix:/{host}.sock".into(), ..CacheConfig::default() };
+    let config =
+        CacheConfig { address_template: "unix:/{host}.sock".into(), ..CacheConfig::default() };
     let (shared, _source) = setup(&config);
     shared.discovered.lock().unwrap().insert("c2".into());
     refresh_once(&shared, &_source, &config);
@@ -200,14 +260,29 @@ fn the_memo_agrees_with_evaluate_and_forgets_changed_hosts() {
     let hosts: Vec<u32> = (0..cache.len() as u32).collect();
     let req = with_tasks("affinity[core(24,same=socket)]", 1);
     let direct = |resv: &crate::Reservations| {
-        let ctx = Context { cache: &cache, reservations: resv, now: Instant::now(), stale_after: config.stale_after(), unreachable: Unreachable::Open };
-        hosts.iter().map(|&h| match eval::evaluate(&ctx, h, &req) {
-            Verdict::Fits { score, .. } => Some(score),
-            Verdict::NoFit(_) => None,
-        }).collect::<Vec<_>>()
+        let ctx = Context {
+            cache: &cache,
+            reservations: resv,
+            now: Instant::now(),
+            stale_after: config.stale_after(),
+            unreachable: Unreachable::Open,
+        };
+        hosts
+            .iter()
+            .map(|&h| match eval::evaluate(&ctx, h, &req) {
+                Verdict::Fits { score, .. } => Some(score),
+                Verdict::NoFit(_) => None,
+            })
+            .collect::<Vec<_>>()
     };
     let via_memo = |memo: &mut eval::Memo, resv: &crate::Reservations| {
-        let ctx = Context { cache: &cache, reservations: resv, now: Instant::now(), stale_after: config.stale_after(), unreachable: Unreachable::Open };
+        let ctx = Context {
+            cache: &cache,
+            reservations: resv,
+            now: Instant::now(),
+            stale_after: config.stale_after(),
+            unreachable: Unreachable::Open,
+        };
         memo.scores(&ctx, "k", &req, &hosts)
     };
     assert_eq!(via_memo(&mut memo, &resv), direct(&resv));

@@ -34,8 +34,15 @@ pub struct LsfConfig {
 
 impl Default for LsfConfig {
     fn default() -> Self {
-        let dir = std::env::var_os("LSF_LOGDIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
-        Self { handler_id: 142, reason_base: 20001, log_file: dir.join("schmod_topo.log"), log_level: "info".into() }
+        let dir = std::env::var_os("LSF_LOGDIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/tmp"));
+        Self {
+            handler_id: 142,
+            reason_base: 20001,
+            log_file: dir.join("schmod_topo.log"),
+            log_level: "info".into(),
+        }
     }
 }
 
@@ -45,7 +52,9 @@ pub fn path() -> PathBuf {
     if let Some(p) = std::env::var_os("TOPO_LSF_CONF") {
         return PathBuf::from(p);
     }
-    std::env::var_os("LSF_ENVDIR").map(|d| PathBuf::from(d).join("topo-lsf.toml")).unwrap_or_else(|| PathBuf::from("/etc/topo/topo-lsf.toml"))
+    std::env::var_os("LSF_ENVDIR")
+        .map(|d| PathBuf::from(d).join("topo-lsf.toml"))
+        .unwrap_or_else(|| PathBuf::from("/etc/topo/topo-lsf.toml"))
 }
 
 /// Reads and checks the file at `path`.
@@ -56,13 +65,25 @@ pub fn load(path: &Path) -> Result<ModuleConfig, String> {
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
     if !(100..=199).contains(&config.lsf.handler_id) {
-        return Err(format!("{}: [lsf] handler_id = {}: must be 100 to 199", path.display(), config.lsf.handler_id));
+        return Err(format!(
+            "{}: [lsf] handler_id = {}: must be 100 to 199",
+            path.display(),
+            config.lsf.handler_id
+        ));
     }
     if !(20001..=24997).contains(&config.lsf.reason_base) {
-        return Err(format!("{}: [lsf] reason_base = {}: must be 20001 to 24997 (topo uses four reasons from it)", path.display(), config.lsf.reason_base));
+        return Err(format!(
+            "{}: [lsf] reason_base = {}: must be 20001 to 24997 (topo uses four reasons from it)",
+            path.display(),
+            config.lsf.reason_base
+        ));
     }
     if !["error", "warn", "info", "debug", "trace"].contains(&config.lsf.log_level.as_str()) {
-        return Err(format!("{}: [lsf] log_level = {:?}: must be error, warn, info, debug or trace", path.display(), config.lsf.log_level));
+        return Err(format!(
+            "{}: [lsf] log_level = {:?}: must be error, warn, info, debug or trace",
+            path.display(),
+            config.lsf.log_level
+        ));
     }
     config.cache.validate().map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(config)
@@ -71,9 +92,20 @@ pub fn load(path: &Path) -> Result<ModuleConfig, String> {
 /// Sends the module's `tracing` events to the log file (appending). The scheduler is not a
 /// Rust program, so nothing else installs a subscriber.
 pub fn start_log(config: &LsfConfig) -> Result<(), String> {
-    let file = std::fs::OpenOptions::new().create(true).append(true).open(&config.log_file).map_err(|e| format!("log file {}: {e}", config.log_file.display()))?;
-    let filter = tracing_subscriber::EnvFilter::new(format!("schmod_topo={0},topo_plugin_core={0}", config.log_level));
-    let subscriber = tracing_subscriber::fmt().with_writer(std::sync::Mutex::new(file)).with_ansi(false).with_env_filter(filter).finish();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&config.log_file)
+        .map_err(|e| format!("log file {}: {e}", config.log_file.display()))?;
+    let filter = tracing_subscriber::EnvFilter::new(format!(
+        "schmod_topo={0},topo_plugin_core={0}",
+        config.log_level
+    ));
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::sync::Mutex::new(file))
+        .with_ansi(false)
+        .with_env_filter(filter)
+        .finish();
     // A second sched_init (reconfiguration) keeps the first subscriber.
     let _ = tracing::subscriber::set_global_default(subscriber);
     Ok(())
@@ -106,7 +138,10 @@ mod tests {
     fn the_packaged_example_loads() {
         let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../packaging/lsf/topo-lsf.toml");
         let c = load(&p).unwrap();
-        assert_eq!((c.lsf.handler_id, c.lsf.reason_base, c.cache.refresh_interval_ms), (142, 20001, 5000));
+        assert_eq!(
+            (c.lsf.handler_id, c.lsf.reason_base, c.cache.refresh_interval_ms),
+            (142, 20001, 5000)
+        );
     }
 
     fn tempfile_dir() -> PathBuf {

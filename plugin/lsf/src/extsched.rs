@@ -20,7 +20,8 @@ pub fn is_ours(text: &str) -> bool {
 /// topo's are kept, equal ones count once, and when they differ the last one wins (and the
 /// caller logs it).
 pub fn job_string(elements: &[String]) -> (Option<&str>, usize) {
-    let ours: Vec<&str> = elements.iter().map(|s| s.trim()).filter(|s| !s.is_empty() && is_ours(s)).collect();
+    let ours: Vec<&str> =
+        elements.iter().map(|s| s.trim()).filter(|s| !s.is_empty() && is_ours(s)).collect();
     let mut distinct = ours.clone();
     distinct.dedup();
     (ours.last().copied(), distinct.len())
@@ -57,14 +58,32 @@ pub fn decide(job: Option<&str>, mandatory: Option<&str>, default: Option<&str>)
     }
     match merge_extsched(mandatory, job, default) {
         Ok(request) => Decision::Request { key: format!("{KEY_PREFIX}{request}"), request },
-        Err(e) => Decision::Bad { key: format!("{KEY_PREFIX}bad#{}#{}#{}", mandatory.unwrap_or(""), job.unwrap_or(""), default.unwrap_or("")), message: bad_message(&e, mandatory, job, default) },
+        Err(e) => Decision::Bad {
+            key: format!(
+                "{KEY_PREFIX}bad#{}#{}#{}",
+                mandatory.unwrap_or(""),
+                job.unwrap_or(""),
+                default.unwrap_or("")
+            ),
+            message: bad_message(&e, mandatory, job, default),
+        },
     }
 }
 
 /// The pending-reason text for a string that does not parse: one line, naming the string,
 /// quoting it, and saying what is wrong where (a pending reason has no room for a caret line).
-pub fn bad_message(e: &MergeError, mandatory: Option<&str>, job: Option<&str>, default: Option<&str>) -> String {
-    format!("topo: bad topology request in {} \"{}\": {}", e.source_string, e.input(mandatory, job, default), e.error)
+pub fn bad_message(
+    e: &MergeError,
+    mandatory: Option<&str>,
+    job: Option<&str>,
+    default: Option<&str>,
+) -> String {
+    format!(
+        "topo: bad topology request in {} \"{}\": {}",
+        e.source_string,
+        e.input(mandatory, job, default),
+        e.error
+    )
 }
 
 /// The request in a handler key (the job's `resKey` in notify), when the key is topo's.
@@ -89,7 +108,9 @@ pub fn job_id(job: i32, index: i32) -> String {
 
 /// Slots per host from an allocation's instances (`host`, `rsrc`, `amount`): instances of the
 /// slot resource (no name, or `slots`) are summed per host, in first-seen order.
-pub fn slots_per_host<'a>(instances: impl IntoIterator<Item = (&'a str, Option<&'a str>, f32)>) -> Vec<(String, u32)> {
+pub fn slots_per_host<'a>(
+    instances: impl IntoIterator<Item = (&'a str, Option<&'a str>, f32)>,
+) -> Vec<(String, u32)> {
     let mut out: Vec<(String, u32)> = Vec::new();
     for (host, rsrc, amount) in instances {
         if !matches!(rsrc, None | Some("") | Some("slots") | Some("slot")) || amount <= 0.0 {
@@ -112,9 +133,18 @@ mod tests {
     fn picks_topo_strings_only() {
         let el = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(job_string(&el(&["", "affinity[core(2)]"])), (Some("affinity[core(2)]"), 1));
-        assert_eq!(job_string(&el(&["affinity[core(2)]", "affinity[core(2)]"])), (Some("affinity[core(2)]"), 1));
-        assert_eq!(job_string(&el(&["filer[a b]", "CPUSET[CPU_LIST=0-3]"])), (Some("CPUSET[CPU_LIST=0-3]"), 1));
-        assert_eq!(job_string(&el(&["affinity[core(1)]", "affinity[core(4)]"])), (Some("affinity[core(4)]"), 2));
+        assert_eq!(
+            job_string(&el(&["affinity[core(2)]", "affinity[core(2)]"])),
+            (Some("affinity[core(2)]"), 1)
+        );
+        assert_eq!(
+            job_string(&el(&["filer[a b]", "CPUSET[CPU_LIST=0-3]"])),
+            (Some("CPUSET[CPU_LIST=0-3]"), 1)
+        );
+        assert_eq!(
+            job_string(&el(&["affinity[core(1)]", "affinity[core(4)]"])),
+            (Some("affinity[core(4)]"), 2)
+        );
         assert_eq!(job_string(&el(&["RMS[RMS_SNODE]"])), (None, 0));
     }
 
@@ -125,7 +155,11 @@ mod tests {
             Decision::Request { key, request } => {
                 assert_eq!(request.units_per_task, 2);
                 assert!(key.starts_with(KEY_PREFIX));
-                assert_eq!(request_from_key(&format!("other#{key}")).unwrap().unwrap(), request, "the key gives the request back");
+                assert_eq!(
+                    request_from_key(&format!("other#{key}")).unwrap().unwrap(),
+                    request,
+                    "the key gives the request back"
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -145,7 +179,12 @@ mod tests {
     fn job_ids_and_slots() {
         assert_eq!(job_id(1234, 0), "lsf-1234");
         assert_eq!(job_id(1234, 7), "lsf-1234[7]");
-        let inst = [("a", None, 2.0), ("b", Some("slots"), 1.0), ("a", Some(""), 2.0), ("a", Some("mem"), 100.0)];
+        let inst = [
+            ("a", None, 2.0),
+            ("b", Some("slots"), 1.0),
+            ("a", Some(""), 2.0),
+            ("a", Some("mem"), 100.0),
+        ];
         assert_eq!(slots_per_host(inst), vec![("a".to_string(), 4), ("b".to_string(), 1)]);
         assert!(request_from_key("somebody_else#x").is_none());
     }

@@ -95,9 +95,17 @@ unsafe extern "C" fn new_fn(resreq: *mut c_void) -> c_int {
             }
         };
         let key = CString::new(key.replace('\0', "")).map_err(|e| e.to_string())?;
-        let data = Box::into_raw(Box::new(HandlerData { what, scores: Mutex::new(HashMap::new()) }));
+        let data =
+            Box::into_raw(Box::new(HandlerData { what, scores: Mutex::new(HashMap::new()) }));
         // SAFETY: the scheduler copies the key; `data` stays valid until it calls freeFn.
-        unsafe { (m.api.set_object)(resreq, m.config.lsf.handler_id, key.as_ptr() as *mut c_char, data as *mut c_void) };
+        unsafe {
+            (m.api.set_object)(
+                resreq,
+                m.config.lsf.handler_id,
+                key.as_ptr() as *mut c_char,
+                data as *mut c_void,
+            )
+        };
         Ok(0)
     })
 }
@@ -167,7 +175,12 @@ unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut
                 let slot = unsafe { (m.api.get_avail_slot)(c) };
                 // SAFETY: the slot's name is a C string or null.
                 let name = if slot.is_null() { None } else { unsafe { text((*slot).name) } };
-                candidates.push(Candidate { group: g, index, host_ptr: c.hostPtr as usize, name: name.unwrap_or_default() });
+                candidates.push(Candidate {
+                    group: g,
+                    index,
+                    host_ptr: c.hostPtr as usize,
+                    name: name.unwrap_or_default(),
+                });
             }
         }
         let base = m.config.lsf.reason_base;
@@ -204,13 +217,19 @@ unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut
 }
 
 /// Per candidate: its score, or the pending reason (as an offset) that removes it.
-fn decide_all(m: &Module, req: &Request, memo_key: &str, candidates: &[Candidate]) -> Vec<Result<u64, c_int>> {
+fn decide_all(
+    m: &Module,
+    req: &Request,
+    memo_key: &str,
+    candidates: &[Candidate],
+) -> Vec<Result<u64, c_int>> {
     let cache = m.shared.cache.read().unwrap_or_else(|e| e.into_inner());
     let reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
     let ctx = context(m, &cache, &reservations);
     let ids: Vec<Option<HostId>> = candidates.iter().map(|c| cache.lookup(&c.name)).collect();
     let known: Vec<HostId> = ids.iter().flatten().copied().collect();
-    let scores = m.memo.lock().unwrap_or_else(|e| e.into_inner()).scores(&ctx, memo_key, req, &known);
+    let scores =
+        m.memo.lock().unwrap_or_else(|e| e.into_inner()).scores(&ctx, memo_key, req, &known);
     let mut scores = scores.into_iter();
     let mut unknown = Vec::new();
     let out = ids
@@ -225,7 +244,11 @@ fn decide_all(m: &Module, req: &Request, memo_key: &str, candidates: &[Candidate
                             tracing::debug!(host = %c.name, "does not fit: {why}");
                         }
                     }
-                    Err(if cache.usable(*h, ctx.now, ctx.stale_after).is_err() { REASON_UNKNOWN } else { REASON_NO_FIT })
+                    Err(if cache.usable(*h, ctx.now, ctx.stale_after).is_err() {
+                        REASON_UNKNOWN
+                    } else {
+                        REASON_NO_FIT
+                    })
                 }
             },
             None => {
@@ -244,19 +267,37 @@ fn decide_all(m: &Module, req: &Request, memo_key: &str, candidates: &[Candidate
         let before = discovered.len();
         discovered.extend(unknown);
         if discovered.len() > before {
-            tracing::info!(hosts = discovered.len() - before, "hosts not in the cache yet; fetching their state in the background");
+            tracing::info!(
+                hosts = discovered.len() - before,
+                "hosts not in the cache yet; fetching their state in the background"
+            );
         }
     }
     out
 }
 
-fn context<'a>(m: &Module, cache: &'a topo_plugin_core::HostCache, reservations: &'a topo_plugin_core::Reservations) -> Context<'a> {
-    Context { cache, reservations, now: Instant::now(), stale_after: m.config.cache.stale_after(), unreachable: m.config.cache.unreachable }
+fn context<'a>(
+    m: &Module,
+    cache: &'a topo_plugin_core::HostCache,
+    reservations: &'a topo_plugin_core::Reservations,
+) -> Context<'a> {
+    Context {
+        cache,
+        reservations,
+        now: Instant::now(),
+        stale_after: m.config.cache.stale_after(),
+        unreachable: m.config.cache.unreachable,
+    }
 }
 
 /// Removes the candidates `reason_of` gives a reason for, setting that reason. Each group is
 /// walked from its end, so that removing a member never moves one not yet visited.
-fn remove(m: &Module, reason: *mut c_void, candidates: &[Candidate], reason_of: impl Fn(usize) -> Option<c_int>) {
+fn remove(
+    m: &Module,
+    reason: *mut c_void,
+    candidates: &[Candidate],
+    reason_of: impl Fn(usize) -> Option<c_int>,
+) {
     for (i, c) in candidates.iter().enumerate().rev() {
         let Some(r) = reason_of(i) else { continue };
         // SAFETY: the group is live for this call and `index` is within it: members after it
@@ -284,7 +325,9 @@ unsafe extern "C" fn sort_fn(data: *mut c_void, list: *mut c_void, _reason: *mut
         for g in unsafe { groups(&m.api, list) } {
             // SAFETY: a live group; its members are reordered in place, none added or lost.
             let members = unsafe { members(g) };
-            members.sort_by_key(|c| scores.get(&(c.hostPtr as usize)).copied().unwrap_or(UNKNOWN_SCORE));
+            members.sort_by_key(|c| {
+                scores.get(&(c.hostPtr as usize)).copied().unwrap_or(UNKNOWN_SCORE)
+            });
         }
         Ok(0)
     })
@@ -345,12 +388,18 @@ fn hosts_of(api: &Api, alloc: *mut c_void) -> Result<Vec<(String, u32)>, String>
                 if inst.is_null() {
                     continue;
                 }
-                owned.push((text((*inst).host).unwrap_or_default(), text((*inst).rsrc), (*inst).amount));
+                owned.push((
+                    text((*inst).host).unwrap_or_default(),
+                    text((*inst).rsrc),
+                    (*inst).amount,
+                ));
             }
             free(&mut info);
         }
         tracing::debug!(instances = ?owned, "allocation");
-        return Ok(extsched::slots_per_host(owned.iter().map(|(h, r, a)| (h.as_str(), r.as_deref(), *a))));
+        return Ok(extsched::slots_per_host(
+            owned.iter().map(|(h, r, a)| (h.as_str(), r.as_deref(), *a)),
+        ));
     }
     if let Some(get) = api.alloc_get_host_slot {
         let (mut count, mut group) = (0, ptr::null_mut());
@@ -362,12 +411,21 @@ fn hosts_of(api: &Api, alloc: *mut c_void) -> Result<Vec<(String, u32)>, String>
         // SAFETY: `count` host slots from the scheduler.
         let slots = unsafe { std::slice::from_raw_parts(slots, count.max(0) as usize) };
         // SAFETY: each name is a C string or null.
-        return Ok(slots.iter().filter_map(|s| unsafe { text(s.name) }.map(|n| (n, s.nslotAlloc.max(0) as u32))).collect());
+        return Ok(slots
+            .iter()
+            .filter_map(|s| unsafe { text(s.name) }.map(|n| (n, s.nslotAlloc.max(0) as u32)))
+            .collect());
     }
     Err("the scheduler has neither extsched_getAlloc nor lsb_alloc_gethostslot".into())
 }
 
-unsafe extern "C" fn notify_alloc_fn(_info: *mut c_void, job: *mut c_void, alloc: *mut c_void, _limits: *mut c_void, flag: c_int) -> c_int {
+unsafe extern "C" fn notify_alloc_fn(
+    _info: *mut c_void,
+    job: *mut c_void,
+    alloc: *mut c_void,
+    _limits: *mut c_void,
+    flag: c_int,
+) -> c_int {
     guarded("notifyAllocFn", -1, || {
         let m = module()?;
         let Some((job_id, request)) = job_of(&m.api, job)? else { return Ok(0) };
@@ -400,15 +458,24 @@ unsafe extern "C" fn notify_alloc_fn(_info: *mut c_void, job: *mut c_void, alloc
                     tracing::info!(job = %job_id, %host, %cpus, startup = flag & sys::NOTIFY_STARTUP != 0, "reserved");
                     reservations.reserve(&job_id, h, cpus, Instant::now());
                 }
-                Verdict::Fits { .. } => tracing::info!(job = %job_id, %host, "dispatched to a host whose state is unknown; no reservation"),
-                Verdict::NoFit(why) => tracing::warn!(job = %job_id, %host, "dispatched although it does not fit: {why}"),
+                Verdict::Fits { .. } => {
+                    tracing::info!(job = %job_id, %host, "dispatched to a host whose state is unknown; no reservation")
+                }
+                Verdict::NoFit(why) => {
+                    tracing::warn!(job = %job_id, %host, "dispatched although it does not fit: {why}")
+                }
             }
         }
         Ok(0)
     })
 }
 
-unsafe extern "C" fn check_alloc_fn(_info: *mut c_void, job: *mut c_void, alloc: *mut c_void, limits: *mut c_void) -> c_int {
+unsafe extern "C" fn check_alloc_fn(
+    _info: *mut c_void,
+    job: *mut c_void,
+    alloc: *mut c_void,
+    limits: *mut c_void,
+) -> c_int {
     guarded("checkAllocFn", -1, || {
         let m = module()?;
         let Some((job_id, request)) = job_of(&m.api, job)? else { return Ok(0) };
@@ -428,20 +495,34 @@ unsafe extern "C" fn check_alloc_fn(_info: *mut c_void, job: *mut c_void, alloc:
                 continue;
             }
             let max = eval::max_tasks(&ctx, h, &request, slots.saturating_sub(1));
-            let detail = format!("topo: {host} can no longer hold {slots} task(s) of {request}: {why}");
+            let detail =
+                format!("topo: {host} can no longer hold {slots} task(s) of {request}: {why}");
             tracing::info!(job = %job_id, max_tasks = max, "{detail}");
             let Some(add) = m.api.add_alloc_limit else {
-                tracing::warn!("the scheduler has no extsched_addAllocLimit; cannot limit the allocation");
+                tracing::warn!(
+                    "the scheduler has no extsched_addAllocLimit; cannot limit the allocation"
+                );
                 continue;
             };
-            let (host_c, detail_c) = (CString::new(host.replace('\0', "")).map_err(|e| e.to_string())?, CString::new(detail.replace('\0', "")).map_err(|e| e.to_string())?);
+            let (host_c, detail_c) = (
+                CString::new(host.replace('\0', "")).map_err(|e| e.to_string())?,
+                CString::new(detail.replace('\0', "")).map_err(|e| e.to_string())?,
+            );
             // SAFETY: the scheduler's limit list and allocation for this call; the strings are
             // copied by the scheduler.
             unsafe {
-                add(limits, alloc, host_c.as_ptr() as *mut c_char, max as c_int, m.config.lsf.reason_base + REASON_CHANGED, detail_c.as_ptr() as *mut c_char, m.config.lsf.handler_id, 0)
+                add(
+                    limits,
+                    alloc,
+                    host_c.as_ptr() as *mut c_char,
+                    max as c_int,
+                    m.config.lsf.reason_base + REASON_CHANGED,
+                    detail_c.as_ptr() as *mut c_char,
+                    m.config.lsf.handler_id,
+                    0,
+                )
             };
         }
         Ok(0)
     })
 }
-

@@ -64,7 +64,11 @@ fn guarded<T>(callback: &'static str, on_error: T, f: impl FnOnce() -> Result<T,
             on_error
         }
         Err(panic) => {
-            let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
             tracing::error!(callback, "internal error (panic: {what}); the call returns an error and the scheduler goes on");
             on_error
         }
@@ -116,11 +120,18 @@ fn init() -> Result<c_int, String> {
         }
     }
     let source = Arc::new(TopodSource::new(key, config.cache.timeout()));
-    let refresher = Refresher::start(shared.clone(), source, config.cache.clone()).map_err(|e| format!("cannot start the refresh thread: {e}"))?;
+    let refresher = Refresher::start(shared.clone(), source, config.cache.clone())
+        .map_err(|e| format!("cannot start the refresh thread: {e}"))?;
     let handler_id = config.lsf.handler_id;
     let unreachable = config.cache.unreachable;
     MODULE
-        .set(Module { api, config, shared, memo: Mutex::new(Memo::new()), refresher: Mutex::new(Some(refresher)) })
+        .set(Module {
+            api,
+            config,
+            shared,
+            memo: Mutex::new(Memo::new()),
+            refresher: Mutex::new(Some(refresher)),
+        })
         .map_err(|_| "sched_init ran twice at once".to_string())?;
     // The table lives as long as the process (the header: "Memory must not be freed"); a static
     // rather than a leaked box, so that it stays reachable whether the scheduler keeps the

@@ -40,7 +40,11 @@ pub struct Args {
 
 impl Default for Args {
     fn default() -> Self {
-        Args { socket: PathBuf::from("/run/topo/topod.sock"), mode: Mode::Auto, timeout: Duration::from_secs(10) }
+        Args {
+            socket: PathBuf::from("/run/topo/topod.sock"),
+            mode: Mode::Auto,
+            timeout: Duration::from_secs(10),
+        }
     }
 }
 
@@ -61,7 +65,11 @@ impl Args {
     pub fn parse<'a>(words: impl IntoIterator<Item = &'a str>) -> Result<Args, ArgsError> {
         let mut args = Args::default();
         for (i, word) in words.into_iter().enumerate() {
-            let refuse = |reason: &str| ArgsError { position: i + 1, text: word.to_string(), reason: reason.to_string() };
+            let refuse = |reason: &str| ArgsError {
+                position: i + 1,
+                text: word.to_string(),
+                reason: reason.to_string(),
+            };
             let (key, value) = word.split_once('=').ok_or_else(|| refuse("expected key=value"))?;
             match key {
                 "socket" if value.starts_with('/') => args.socket = PathBuf::from(value),
@@ -90,7 +98,8 @@ impl Args {
 pub fn inside_slurm_job_cgroup(proc_self_cgroup: &str, job_id: u32) -> bool {
     let needle = format!("/job_{job_id}");
     proc_self_cgroup.lines().filter_map(|l| l.splitn(3, ':').nth(2)).any(|path| {
-        path.match_indices(&needle).any(|(i, m)| matches!(path[i + m.len()..].chars().next(), None | Some('/')))
+        path.match_indices(&needle)
+            .any(|(i, m)| matches!(path[i + m.len()..].chars().next(), None | Some('/')))
     })
 }
 
@@ -102,8 +111,17 @@ mod tests {
     fn arguments() {
         assert_eq!(Args::parse([]).unwrap(), Args::default());
         let a = Args::parse(["socket=/tmp/t/topod.sock", "mode=narrow", "timeout=3"]).unwrap();
-        assert_eq!((a.socket.to_str().unwrap(), a.mode, a.timeout.as_secs()), ("/tmp/t/topod.sock", Mode::Narrow, 3));
-        for (bad, says) in [("sock=/x", "unknown argument"), ("socket=rel", "absolute"), ("mode=fight", "auto, join or narrow"), ("timeout=0", "1 to 300"), ("verbose", "key=value")] {
+        assert_eq!(
+            (a.socket.to_str().unwrap(), a.mode, a.timeout.as_secs()),
+            ("/tmp/t/topod.sock", Mode::Narrow, 3)
+        );
+        for (bad, says) in [
+            ("sock=/x", "unknown argument"),
+            ("socket=rel", "absolute"),
+            ("mode=fight", "auto, join or narrow"),
+            ("timeout=0", "1 to 300"),
+            ("verbose", "key=value"),
+        ] {
             let e = Args::parse(["mode=auto", bad]).unwrap_err();
             assert_eq!(e.position, 2);
             assert!(e.to_string().contains(says) && e.to_string().contains(bad), "{e}");

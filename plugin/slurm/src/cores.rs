@@ -68,7 +68,8 @@ pub fn slurm_core_order(topo: &Topology) -> Vec<CpuSet> {
         .map(|core| core.cpus.intersection(&topo.pus))
         .filter(|cpus| !cpus.is_empty())
         .map(|cpus| {
-            let mut holders: Vec<&CpuSet> = containers.iter().copied().filter(|c| cpus.is_subset(c) && **c != cpus).collect();
+            let mut holders: Vec<&CpuSet> =
+                containers.iter().copied().filter(|c| cpus.is_subset(c) && **c != cpus).collect();
             // Outermost first; the same set at two levels is one hwloc object.
             holders.sort_by(|a, b| b.len().cmp(&a.len()).then(min(a).cmp(&min(b))));
             holders.dedup();
@@ -83,12 +84,15 @@ pub fn slurm_core_order(topo: &Topology) -> Vec<CpuSet> {
 
 /// The OS CPU ids of the cores Slurm listed (`"0-2,7"`), given the node's core order.
 pub fn translate(order: &[CpuSet], list: &str) -> Result<CpuSet, CoreMapError> {
-    let indexes = CpuSet::parse_list(list).map_err(|e| CoreMapError::BadList { list: list.to_string(), reason: e.to_string() })?;
+    let indexes = CpuSet::parse_list(list)
+        .map_err(|e| CoreMapError::BadList { list: list.to_string(), reason: e.to_string() })?;
     let mut cpus = CpuSet::new();
     for index in indexes.iter() {
-        let core = order
-            .get(index as usize)
-            .ok_or_else(|| CoreMapError::BeyondNode { index, cores: order.len(), list: list.to_string() })?;
+        let core = order.get(index as usize).ok_or_else(|| CoreMapError::BeyondNode {
+            index,
+            cores: order.len(),
+            list: list.to_string(),
+        })?;
         cpus.union_with(core);
     }
     Ok(cpus)

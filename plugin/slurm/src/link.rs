@@ -57,7 +57,8 @@ impl Topod {
     /// Connects, with `timeout` on every later read and write.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Topod, LinkError> {
         let shown = path.display().to_string();
-        let stream = UnixStream::connect(path).map_err(|source| LinkError::Connect { path: shown.clone(), source })?;
+        let stream = UnixStream::connect(path)
+            .map_err(|source| LinkError::Connect { path: shown.clone(), source })?;
         let io = |source| LinkError::Io { path: shown.clone(), source };
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
@@ -70,8 +71,11 @@ impl Topod {
         let io = |source| LinkError::Io { path: self.path.clone(), source };
         self.writer.write_all(Request::new(op).to_line().as_bytes()).map_err(io)?;
         let mut line = Vec::new();
-        self.reader.read_until(b'\n', &mut line).map_err(|source| LinkError::Io { path: self.path.clone(), source })?;
-        let reply = proto::parse_reply(&line).map_err(|e| LinkError::Reply { path: self.path.clone(), what: e.to_string() })?;
+        self.reader
+            .read_until(b'\n', &mut line)
+            .map_err(|source| LinkError::Io { path: self.path.clone(), source })?;
+        let reply = proto::parse_reply(&line)
+            .map_err(|e| LinkError::Reply { path: self.path.clone(), what: e.to_string() })?;
         match (reply.ok, reply.error) {
             (_, Some(e)) => Err(LinkError::Refused { code: e.code, message: e.message }),
             (Some(v), None) => Ok(v),
@@ -82,6 +86,7 @@ impl Topod {
     /// [`Topod::call`], decoding the result as `T`.
     pub fn call_as<T: serde::de::DeserializeOwned>(&mut self, op: Op) -> Result<T, LinkError> {
         let value = self.call(op)?;
-        serde_json::from_value(value).map_err(|e| LinkError::Reply { path: self.path.clone(), what: e.to_string() })
+        serde_json::from_value(value)
+            .map_err(|e| LinkError::Reply { path: self.path.clone(), what: e.to_string() })
     }
 }

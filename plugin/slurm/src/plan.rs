@@ -16,7 +16,13 @@ pub fn topod_job_id(slurm_job_id: u32) -> String {
 /// The task count to place for when the request gives none (`affinity[core]`): the step's
 /// tasks on this host, or for the batch step, as many units as the cores (or CPUs, for thread
 /// units) Slurm gave the job here, so the script's allocation covers what later steps use.
-pub fn tasks_if_unsaid(req: &Request, step_id: u32, local_tasks: u32, job_cores: usize, job_cpus: usize) -> u32 {
+pub fn tasks_if_unsaid(
+    req: &Request,
+    step_id: u32,
+    local_tasks: u32,
+    job_cores: usize,
+    job_cpus: usize,
+) -> u32 {
     if step_id != BATCH_STEP {
         return local_tasks.max(1);
     }
@@ -31,8 +37,14 @@ pub fn tasks_if_unsaid(req: &Request, step_id: u32, local_tasks: u32, job_cores:
 /// The CPUs of local task `task` of a step that runs on `step_cpus` (OS ids): its own CPUs from
 /// topod when the allocation has one set per task, inside the step's CPUs; else the job's CPUs
 /// inside the step's; never empty while the allocation is not.
-pub fn task_cpus(job_cpus: &CpuSet, per_task: &[CpuSet], task: usize, step_cpus: &CpuSet) -> CpuSet {
-    let inside_step = |s: &CpuSet| if step_cpus.is_empty() { s.clone() } else { s.intersection(step_cpus) };
+pub fn task_cpus(
+    job_cpus: &CpuSet,
+    per_task: &[CpuSet],
+    task: usize,
+    step_cpus: &CpuSet,
+) -> CpuSet {
+    let inside_step =
+        |s: &CpuSet| if step_cpus.is_empty() { s.clone() } else { s.intersection(step_cpus) };
     if let Some(own) = per_task.get(task).map(inside_step).filter(|s| !s.is_empty()) {
         return own;
     }
@@ -69,7 +81,11 @@ mod tests {
         let job = set("0-7");
         let per = [set("0-1"), set("2-3"), set("4-5"), set("6-7")];
         assert_eq!(task_cpus(&job, &per, 1, &set("0-7")), set("2-3"));
-        assert_eq!(task_cpus(&job, &per, 1, &set("4-7")), set("4-7"), "task 1's own CPUs are outside this step");
+        assert_eq!(
+            task_cpus(&job, &per, 1, &set("4-7")),
+            set("4-7"),
+            "task 1's own CPUs are outside this step"
+        );
         assert_eq!(task_cpus(&job, &per, 9, &set("4-5")), set("4-5"));
         assert_eq!(task_cpus(&job, &per, 0, &set("12")), job, "never empty");
         assert_eq!(task_cpus(&job, &[], 0, &CpuSet::new()), job);

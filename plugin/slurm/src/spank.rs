@@ -56,7 +56,12 @@ extern "C" {
     fn spank_option_getopt(sp: Spank, opt: *mut SpankOption, optarg: *mut *mut c_char) -> c_int;
     fn spank_get_item(sp: Spank, item: c_int, ...) -> c_int;
     fn spank_setenv(sp: Spank, var: *const c_char, val: *const c_char, overwrite: c_int) -> c_int;
-    fn spank_job_control_setenv(sp: Spank, var: *const c_char, val: *const c_char, overwrite: c_int) -> c_int;
+    fn spank_job_control_setenv(
+        sp: Spank,
+        var: *const c_char,
+        val: *const c_char,
+        overwrite: c_int,
+    ) -> c_int;
     fn slurm_error(fmt: *const c_char, ...);
     fn slurm_verbose(fmt: *const c_char, ...);
 }
@@ -261,7 +266,9 @@ fn set_affinity(cpus: &CpuSet) -> Result<(), String> {
         mask[c as usize / 64] |= 1 << (c % 64);
     }
     // SAFETY: pid 0 is the caller; the mask is `words * 8` readable bytes.
-    let rc = unsafe { libc::syscall(libc::SYS_sched_setaffinity, 0, words * 8, mask.as_ptr() as *const c_void) };
+    let rc = unsafe {
+        libc::syscall(libc::SYS_sched_setaffinity, 0, words * 8, mask.as_ptr() as *const c_void)
+    };
     if rc == 0 {
         Ok(())
     } else {
@@ -309,13 +316,17 @@ pub extern "C" fn slurm_spank_init(sp: Spank, ac: c_int, av: *mut *mut c_char) -
 pub extern "C" fn slurm_spank_init_post_opt(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
     guarded("slurm_spank_init_post_opt", || {
         load_args(ac, av)?;
-        let Some(text) = REQUEST.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(()) };
+        let Some(text) = REQUEST.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return Ok(());
+        };
         match context() {
             S_CTX_LOCAL | S_CTX_ALLOCATOR => {
-                let req = topod::request::parse(&text).map_err(|e| format!("--topology={text}: {e}"))?;
+                let req =
+                    topod::request::parse(&text).map_err(|e| format!("--topology={text}: {e}"))?;
                 // The task count is not known to the plug-in before submission; SLURM_NTASKS
                 // when the user set it, else 1 (the summary is a lower bound either way).
-                let tasks = std::env::var("SLURM_NTASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
+                let tasks =
+                    std::env::var("SLURM_NTASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
                 let summary = CString::new(need::summary(&req, tasks)).unwrap_or_default();
                 let name = CString::new(need::NEED_VARIABLE).unwrap_or_default();
                 // SAFETY: two valid C strings; Slurm copies them.
@@ -346,9 +357,11 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let step_id = item_u32(sp, S_JOB_STEPID, "the step id")?;
     let uid = item_u32(sp, S_JOB_UID, "the job's uid")?;
     let job_cores = item_string(sp, S_JOB_ALLOC_CORES, "the job's cores (S_JOB_ALLOC_CORES)")?;
-    let step_cores = item_string(sp, S_STEP_ALLOC_CORES, "the step's cores (S_STEP_ALLOC_CORES)").unwrap_or_else(|_| job_cores.clone());
+    let step_cores = item_string(sp, S_STEP_ALLOC_CORES, "the step's cores (S_STEP_ALLOC_CORES)")
+        .unwrap_or_else(|_| job_cores.clone());
     let mem_mb = item_u64(sp, S_JOB_ALLOC_MEM, "the job's memory").unwrap_or(0);
-    let local_tasks = item_u32(sp, S_JOB_LOCAL_TASK_COUNT, "the step's tasks on this host").unwrap_or(1);
+    let local_tasks =
+        item_u32(sp, S_JOB_LOCAL_TASK_COUNT, "the step's tasks on this host").unwrap_or(1);
     let job = plan::topod_job_id(job_id);
     let a = args();
     let started = std::time::Instant::now();
@@ -356,10 +369,18 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let mut topod = Topod::connect(&a.socket, a.timeout).map_err(fail)?;
     let topo: Topology = topod.call_as(Op::Topology).map_err(fail)?;
     let order = cores::slurm_core_order(&topo);
-    let job_cpus = cores::translate(&order, &job_cores).map_err(|e| format!("job {job_id}: {e}"))?;
-    let step_cpus = cores::translate(&order, &step_cores).map_err(|e| format!("job {job_id} step {step_id}: {e}"))?;
+    let job_cpus =
+        cores::translate(&order, &job_cores).map_err(|e| format!("job {job_id}: {e}"))?;
+    let step_cpus = cores::translate(&order, &step_cores)
+        .map_err(|e| format!("job {job_id} step {step_id}: {e}"))?;
     let req = topod::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
-    let tasks = plan::tasks_if_unsaid(&req, step_id, local_tasks, order.iter().filter(|c| c.is_subset(&job_cpus)).count(), job_cpus.len());
+    let tasks = plan::tasks_if_unsaid(
+        &req,
+        step_id,
+        local_tasks,
+        order.iter().filter(|c| c.is_subset(&job_cpus)).count(),
+        job_cpus.len(),
+    );
     let allocate = Op::Allocate {
         job: job.clone(),
         request: request.to_string(),
@@ -373,11 +394,19 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         Ok(a) => a,
         // Another step of the job (the batch script, a concurrent srun) placed it already with
         // its own task count: every step shares that allocation.
-        Err(LinkError::Refused { code: ErrorCode::BadRequest, message }) if message.contains("already holds") => {
+        Err(LinkError::Refused { code: ErrorCode::BadRequest, message })
+            if message.contains("already holds") =>
+        {
             let all: Vec<Allocation> = topod.call_as(Op::List).map_err(fail)?;
-            all.into_iter().find(|a| a.job == job).ok_or_else(|| format!("job {job_id}: topod: {message}"))?
+            all.into_iter()
+                .find(|a| a.job == job)
+                .ok_or_else(|| format!("job {job_id}: topod: {message}"))?
         }
-        Err(e) => return Err(format!("job {job_id} step {step_id}: cores {job_cores} (CPUs {job_cpus}): {e}")),
+        Err(e) => {
+            return Err(format!(
+                "job {job_id} step {step_id}: cores {job_cores} (CPUs {job_cpus}): {e}"
+            ))
+        }
     };
     log_verbose(&format!(
         "job {job_id} step {step_id}: Slurm cores {job_cores} = CPUs {job_cpus}; topod gave {} (mems {}) in {:.1} ms",
@@ -392,7 +421,11 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
 /// In each task, before privileges drop: join topod's cgroup for the job (or stay in Slurm's
 /// and only narrow, see [`Mode`]), and note the task's CPUs.
 #[no_mangle]
-pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
+pub extern "C" fn slurm_spank_task_init_privileged(
+    sp: Spank,
+    ac: c_int,
+    av: *mut *mut c_char,
+) -> c_int {
     guarded("slurm_spank_task_init_privileged", || {
         load_args(ac, av)?;
         let Some(request) = requested(sp) else { return Ok(()) };
@@ -404,8 +437,13 @@ pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, ac: c_int, av: *mu
         let task = item_int(sp, S_TASK_ID, "the task id")?;
         let mode = match args().mode {
             Mode::Auto => {
-                let text = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
-                if args::inside_slurm_job_cgroup(&text, job_id) { Mode::Narrow } else { Mode::Join }
+                let text = std::fs::read_to_string("/proc/self/cgroup")
+                    .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+                if args::inside_slurm_job_cgroup(&text, job_id) {
+                    Mode::Narrow
+                } else {
+                    Mode::Join
+                }
             }
             m => m,
         };
@@ -415,16 +453,32 @@ pub extern "C" fn slurm_spank_task_init_privileged(sp: Spank, ac: c_int, av: *mu
             let how = Topod::connect(&a.socket, a.timeout)
                 .map_err(|e| e.to_string())
                 .and_then(|mut t| {
-                    topod::client::join_self(&g.alloc.job, |op| t.call(op), |e| matches!(e, LinkError::Refused { .. })).map_err(|e| e.to_string())
+                    topod::client::join_self(
+                        &g.alloc.job,
+                        |op| t.call(op),
+                        |e| matches!(e, LinkError::Refused { .. }),
+                    )
+                    .map_err(|e| e.to_string())
                 })
-                .map_err(|e| format!("job {job_id} task {task}: cannot join {}: {e}", g.alloc.job))?;
+                .map_err(|e| {
+                    format!("job {job_id} task {task}: cannot join {}: {e}", g.alloc.job)
+                })?;
             let how = match how {
                 Joined::Itself => "moved itself in".to_string(),
                 Joined::ByTopod { why } => format!("topod moved it in ({why})"),
             };
-            log_verbose(&format!("job {job_id} task {task}: joined {} in {:.1} ms: {how}", g.alloc.job, started.elapsed().as_secs_f64() * 1e3));
+            log_verbose(&format!(
+                "job {job_id} task {task}: joined {} in {:.1} ms: {how}",
+                g.alloc.job,
+                started.elapsed().as_secs_f64() * 1e3
+            ));
         }
-        let cpus = plan::task_cpus(&g.alloc.cpus, &g.alloc.tasks, usize::try_from(task).unwrap_or(0), &g.step_cpus);
+        let cpus = plan::task_cpus(
+            &g.alloc.cpus,
+            &g.alloc.tasks,
+            usize::try_from(task).unwrap_or(0),
+            &g.step_cpus,
+        );
         let _ = TASK.set((cpus, mode));
         Ok(())
     })
@@ -460,7 +514,9 @@ pub extern "C" fn slurm_spank_job_epilog(sp: Spank, ac: c_int, av: *mut *mut c_c
         let job_id = item_u32(sp, S_JOB_ID, "the job id")?;
         let job = plan::topod_job_id(job_id);
         let a = args();
-        match Topod::connect(&a.socket, a.timeout).and_then(|mut t| t.call(Op::Release { job: job.clone() })) {
+        match Topod::connect(&a.socket, a.timeout)
+            .and_then(|mut t| t.call(Op::Release { job: job.clone() }))
+        {
             Ok(_) | Err(LinkError::Refused { code: ErrorCode::UnknownJob, .. }) => Ok(()),
             Err(e) => Err(format!("job {job_id}: cannot release {job}: {e}")),
         }

@@ -56,38 +56,66 @@ enum Never {}
 
 fn run(args: Args) -> Result<Never, String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let job = args.job.or_else(|| batch::job_id(env)).ok_or("no job id: give --job or run under LSF, Slurm or PBS")?;
+    let job = args
+        .job
+        .or_else(|| batch::job_id(env))
+        .ok_or("no job id: give --job or run under LSF, Slurm or PBS")?;
     let request = args.request.or_else(|| env("TOPO_REQUEST"));
-    let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "localhost".into());
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".into());
     let tasks = args
         .tasks
         .or_else(|| env("LSB_MCPU_HOSTS").and_then(|m| batch::lsf_slots_on(&m, &host)))
         .or_else(|| env("LSB_DJOB_NUMPROC").and_then(|v| v.parse().ok()));
     let under_lsf = env("LSB_JOBID").is_some();
     let hostfile = args.hostfile.or_else(|| {
-        under_lsf.then(|| PathBuf::from(env("TMPDIR").unwrap_or_else(|| "/tmp".into())).join(format!("topo-affinity.{job}")))
+        under_lsf.then(|| {
+            PathBuf::from(env("TMPDIR").unwrap_or_else(|| "/tmp".into()))
+                .join(format!("topo-affinity.{job}"))
+        })
     });
     let mut client = Client::connect(&args.socket).map_err(|e| e.to_string())?;
     // An allocation made before the job started (by LSF's host pre-exec, as root) is joined as it
     // is; otherwise the job is allocated here (which needs root or an administrator).
     let jobs = client.call(Op::List).map_err(|e| e.to_string())?;
-    let existing = jobs.as_array().and_then(|a| a.iter().find(|j| j["job"] == job.as_str()).cloned());
+    let existing =
+        jobs.as_array().and_then(|a| a.iter().find(|j| j["job"] == job.as_str()).cloned());
     let alloc = match (existing, request) {
         (Some(a), _) => a,
         (None, Some(request)) => client
-            .call(Op::Allocate { job: job.clone(), request, tasks, cpus: None, mem_limit_bytes: None, owner_uid: Some(nix::unistd::getuid().as_raw()), join_pid: None })
+            .call(Op::Allocate {
+                job: job.clone(),
+                request,
+                tasks,
+                cpus: None,
+                mem_limit_bytes: None,
+                owner_uid: Some(nix::unistd::getuid().as_raw()),
+                join_pid: None,
+            })
             .map_err(|e| e.to_string())?,
-        (None, None) => return Err(format!("job {job} has no allocation on this host; give --request")),
+        (None, None) => {
+            return Err(format!("job {job} has no allocation on this host; give --request"))
+        }
     };
-    topod::client::join_self(&job, |op| client.call(op), |e| matches!(e, ClientError::Refused(_))).map_err(|e| e.to_string())?;
+    topod::client::join_self(&job, |op| client.call(op), |e| matches!(e, ClientError::Refused(_)))
+        .map_err(|e| e.to_string())?;
     let cpus = alloc["cpus"].as_str().unwrap_or_default().to_string();
     let mems = alloc["mems"].as_str().unwrap_or_default().to_string();
     let mut command = Command::new(&args.command[0]);
-    command.args(&args.command[1..]).env("TOPO_JOB", &job).env("TOPO_CPUS", &cpus).env("TOPO_MEMS", &mems);
+    command
+        .args(&args.command[1..])
+        .env("TOPO_JOB", &job)
+        .env("TOPO_CPUS", &cpus)
+        .env("TOPO_MEMS", &mems);
     if let Some(path) = hostfile {
-        let tasks: Vec<String> = alloc["tasks"].as_array().map(|t| t.iter().filter_map(|c| c.as_str().map(str::to_string)).collect()).unwrap_or_default();
+        let tasks: Vec<String> = alloc["tasks"]
+            .as_array()
+            .map(|t| t.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
         let tasks = if tasks.is_empty() { vec![cpus.clone()] } else { tasks };
-        std::fs::write(&path, batch::affinity_hostfile(&host, &tasks)).map_err(|e| format!("cannot write the affinity host file {}: {e}", path.display()))?;
+        std::fs::write(&path, batch::affinity_hostfile(&host, &tasks))
+            .map_err(|e| format!("cannot write the affinity host file {}: {e}", path.display()))?;
         command.env("LSB_AFFINITY_HOSTFILE", &path);
     }
     let err = command.exec();

@@ -5,11 +5,11 @@
 //! rebuilt from the job cgroups that exist. Stopping it leaves every job running.
 
 use clap::Parser;
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use topod::cgroup::{fake::Fake, v1::V1, v2::V2, CgroupBackend};
@@ -45,7 +45,11 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -59,11 +63,17 @@ fn main() -> ExitCode {
 fn run(args: Args) -> Result<(), String> {
     let config = match &args.config {
         Some(path) => Config::load(path).map_err(|e| e.to_string())?,
-        None if Path::new("/etc/topo/topod.toml").exists() => Config::load(Path::new("/etc/topo/topod.toml")).map_err(|e| e.to_string())?,
+        None if Path::new("/etc/topo/topod.toml").exists() => {
+            Config::load(Path::new("/etc/topo/topod.toml")).map_err(|e| e.to_string())?
+        }
         None => Config::default(),
     };
-    let socket = args.socket.or(config.socket.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
-    let state_dir = args.state_dir.or(config.state_dir.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+    let socket =
+        args.socket.or(config.socket.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+    let state_dir = args
+        .state_dir
+        .or(config.state_dir.clone())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
     let kind = args.cgroup.or(config.cgroup.clone()).unwrap_or_else(|| "auto".to_string());
     let subtree = config.cgroup_subtree.clone().unwrap_or_else(|| "topo".to_string());
     // A second topod stops before it reads or changes any cgroup: recovery would remove job
@@ -81,21 +91,33 @@ fn run(args: Args) -> Result<(), String> {
     let _subtree_lock = lock_subtree(kind, &subtree)?;
     let topo = match args.topology.or(config.topology.clone()) {
         Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
-        None => sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?,
+        None => {
+            sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
+        }
     };
     let reserved = match &config.reserved_cpus {
         Some(list) => CpuSet::parse_list(list).map_err(|e| format!("reserved_cpus: {e}"))?,
         None => CpuSet::new(),
     };
-    let strategy: Strategy = config.strategy.as_deref().unwrap_or("best-fit").parse().map_err(|e: topod::place::UnknownStrategy| e.to_string())?;
+    let strategy: Strategy = config
+        .strategy
+        .as_deref()
+        .unwrap_or("best-fit")
+        .parse()
+        .map_err(|e: topod::place::UnknownStrategy| e.to_string())?;
     let backend = backend(kind, &subtree, &topo)?;
     let records = Records::open(&state_dir).map_err(|e| e.to_string())?;
-    let mut host = Host::new(topo, reserved, backend, Some(records), strategy).map_err(|e| e.to_string())?;
+    let mut host =
+        Host::new(topo, reserved, backend, Some(records), strategy).map_err(|e| e.to_string())?;
     if let Some((_, foreign)) = host.reconcile_foreign() {
-        tracing::info!("CPUs {foreign} belong to exclusive cpusets topod did not create; no job gets them");
+        tracing::info!(
+            "CPUs {foreign} belong to exclusive cpusets topod did not create; no job gets them"
+        );
     }
     let legacy = legacy_hints(&state_dir);
-    let recovery = host.recover(legacy.hints).map_err(|e| format!("rebuilding the ledger from the cgroups: {e}"))?;
+    let recovery = host
+        .recover(legacy.hints)
+        .map_err(|e| format!("rebuilding the ledger from the cgroups: {e}"))?;
     for file in legacy.files {
         // Every job it described now has its own record.
         let _ = std::fs::remove_file(&file);
@@ -108,13 +130,18 @@ fn run(args: Args) -> Result<(), String> {
         host.backend_kind()
     );
     for job in &recovery.conflicts {
-        tracing::warn!("job cgroup {job} overlaps another job's CPUs; left alone, not in the ledger");
+        tracing::warn!(
+            "job cgroup {job} overlaps another job's CPUs; left alone, not in the ledger"
+        );
     }
     for job in &recovery.bad_requests {
         tracing::warn!("job {job}: its recorded request does not read back as itself; kept without it until the batch system asks again");
     }
     for name in &recovery.unreadable {
-        tracing::warn!("{}: not a job record topod can read; left alone", state_dir.join("jobs").join(name).display());
+        tracing::warn!(
+            "{}: not a job record topod can read; left alone",
+            state_dir.join("jobs").join(name).display()
+        );
     }
     // The TCP listener (its key read, its port bound) is set up before the socket opens, so
     // that a client that finds the socket finds the listener too, and a bad TCP setting stops
@@ -124,9 +151,17 @@ fn run(args: Args) -> Result<(), String> {
         Some(addr) => {
             let key_file = config.tcp_key_file.clone().unwrap_or_default();
             let key = read_key(&key_file)?;
-            let allow: Vec<_> = config.tcp_allow.iter().filter_map(|a| topod::daemon::tcp::Allow::parse(a).ok()).collect();
-            let tcp = std::net::TcpListener::bind(addr).map_err(|e| format!("tcp_listen {addr}: {e}"))?;
-            tracing::info!("read-only TCP listener on {addr} for {} allowed address(es)", allow.len());
+            let allow: Vec<_> = config
+                .tcp_allow
+                .iter()
+                .filter_map(|a| topod::daemon::tcp::Allow::parse(a).ok())
+                .collect();
+            let tcp =
+                std::net::TcpListener::bind(addr).map_err(|e| format!("tcp_listen {addr}: {e}"))?;
+            tracing::info!(
+                "read-only TCP listener on {addr} for {} allowed address(es)",
+                allow.len()
+            );
             Some((tcp, allow, key))
         }
     };
@@ -174,7 +209,8 @@ fn run(args: Args) -> Result<(), String> {
 /// master's module reads the same key as the LSF administrator) and logged, with the group.
 fn read_key(key_file: &Path) -> Result<String, String> {
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(key_file).map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
+    let meta = std::fs::metadata(key_file)
+        .map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o027 != 0 {
         return Err(format!(
@@ -186,10 +222,14 @@ fn read_key(key_file: &Path) -> Result<String, String> {
     if mode & 0o040 != 0 {
         tracing::info!("tcp_key_file {} is readable by group {} (mode {mode:o}): its members can read the free map over TCP", key_file.display(), meta.gid());
     }
-    let key = std::fs::read_to_string(key_file).map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
+    let key = std::fs::read_to_string(key_file)
+        .map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
     let key = key.trim().to_string();
     if key.len() < 16 {
-        return Err(format!("tcp_key_file {}: the key must be at least 16 characters", key_file.display()));
+        return Err(format!(
+            "tcp_key_file {}: the key must be at least 16 characters",
+            key_file.display()
+        ));
     }
     Ok(key)
 }
@@ -222,8 +262,12 @@ fn resolve_kind(kind: &str) -> Result<Kind, String> {
 /// Takes an exclusive lock (`flock(2)`) on topod's subtree in the cpuset hierarchy, held for
 /// topod's lifetime: two topods on one subtree would both give the same CPUs away. Taken before
 /// anything in the subtree is read or changed.
-fn lock_subtree(kind: Kind, subtree: &str) -> Result<Option<nix::fcntl::Flock<std::fs::File>>, String> {
-    let mounts = std::fs::read_to_string("/proc/mounts").map_err(|e| format!("reading /proc/mounts: {e}"))?;
+fn lock_subtree(
+    kind: Kind,
+    subtree: &str,
+) -> Result<Option<nix::fcntl::Flock<std::fs::File>>, String> {
+    let mounts = std::fs::read_to_string("/proc/mounts")
+        .map_err(|e| format!("reading /proc/mounts: {e}"))?;
     let dir = match kind {
         Kind::Fake => return Ok(None),
         Kind::V1 => match topod::cgroup::v1::v1_mounts(&mounts).0 {
@@ -238,9 +282,12 @@ fn lock_subtree(kind: Kind, subtree: &str) -> Result<Option<nix::fcntl::Flock<st
     match std::fs::create_dir(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("cannot create topod's cgroup subtree {}: {e}", dir.display())),
+        Err(e) => {
+            return Err(format!("cannot create topod's cgroup subtree {}: {e}", dir.display()))
+        }
     }
-    let file = std::fs::File::open(&dir).map_err(|e| format!("cannot open topod's cgroup subtree {}: {e}", dir.display()))?;
+    let file = std::fs::File::open(&dir)
+        .map_err(|e| format!("cannot open topod's cgroup subtree {}: {e}", dir.display()))?;
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(lock) => Ok(Some(lock)),
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(format!(
@@ -251,11 +298,20 @@ fn lock_subtree(kind: Kind, subtree: &str) -> Result<Option<nix::fcntl::Flock<st
     }
 }
 
-fn backend(kind: Kind, subtree: &str, topo: &topod::topology::Topology) -> Result<Box<dyn CgroupBackend>, String> {
+fn backend(
+    kind: Kind,
+    subtree: &str,
+    topo: &topod::topology::Topology,
+) -> Result<Box<dyn CgroupBackend>, String> {
     match kind {
         Kind::Fake => Ok(Box::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()))),
-        Kind::V1 => Ok(Box::new(V1::detect(subtree).map_err(|e| format!("{e} (use --cgroup fake to try topod without cgroups)"))?)),
-        Kind::V2 => Ok(Box::new(V2::detect(&format!("{subtree}.slice")).map_err(|e| e.to_string())?)),
+        Kind::V1 => Ok(Box::new(
+            V1::detect(subtree)
+                .map_err(|e| format!("{e} (use --cgroup fake to try topod without cgroups)"))?,
+        )),
+        Kind::V2 => {
+            Ok(Box::new(V2::detect(&format!("{subtree}.slice")).map_err(|e| e.to_string())?))
+        }
     }
 }
 
@@ -279,7 +335,9 @@ fn legacy_hints(state_dir: &Path) -> Legacy {
                 }
                 legacy.files.push(file);
             }
-            Err(e) => tracing::warn!("{}: not a hint file topod can read ({e}); ignored", file.display()),
+            Err(e) => {
+                tracing::warn!("{}: not a hint file topod can read ({e}); ignored", file.display())
+            }
         }
     }
     legacy
@@ -297,14 +355,18 @@ fn refuse_if_running(path: &Path) -> Result<(), String> {
 /// they may do is decided per request from their kernel credentials).
 fn bind(path: &Path) -> Result<UnixListener, String> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
     if path.exists() {
         refuse_if_running(path)?;
-        std::fs::remove_file(path).map_err(|e| format!("cannot remove the stale socket {}: {e}", path.display()))?;
+        std::fs::remove_file(path)
+            .map_err(|e| format!("cannot remove the stale socket {}: {e}", path.display()))?;
     }
-    let listener = UnixListener::bind(path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(|e| format!("chmod {}: {e}", path.display()))?;
+    let listener = UnixListener::bind(path)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| format!("chmod {}: {e}", path.display()))?;
     Ok(listener)
 }
 
@@ -325,7 +387,8 @@ fn notify_systemd(socket: &Path) {
         let socket = socket.to_path_buf();
         std::thread::spawn(move || loop {
             std::thread::sleep(period);
-            let probe = Client::connect_with_timeout(&socket, period).and_then(|mut c| c.call(Op::FreeMap));
+            let probe =
+                Client::connect_with_timeout(&socket, period).and_then(|mut c| c.call(Op::FreeMap));
             match probe {
                 Ok(_) => send("WATCHDOG=1"),
                 Err(e) => tracing::error!("the watchdog's probe through {} failed: {e}; not telling systemd topod is alive", socket.display()),
@@ -345,14 +408,17 @@ const KEEP: [caps::Capability; 2] = [caps::Capability::CAP_KILL, caps::Capabilit
 fn drop_capabilities() -> Result<(), String> {
     use caps::{CapSet, Capability};
     let keep: caps::CapsHashSet = KEEP.iter().copied().collect();
-    let has = caps::read(None, CapSet::Permitted).map_err(|e| format!("reading capabilities: {e}"))?;
+    let has =
+        caps::read(None, CapSet::Permitted).map_err(|e| format!("reading capabilities: {e}"))?;
     if has.is_empty() {
         // Not root, and nothing to drop: an unprivileged run (fake cgroups, emulation).
         return Ok(());
     }
     let kept: caps::CapsHashSet = keep.intersection(&has).copied().collect();
-    let effective = caps::read(None, CapSet::Effective).map_err(|e| format!("reading capabilities: {e}"))?;
-    let inheritable = caps::read(None, CapSet::Inheritable).map_err(|e| format!("reading capabilities: {e}"))?;
+    let effective =
+        caps::read(None, CapSet::Effective).map_err(|e| format!("reading capabilities: {e}"))?;
+    let inheritable =
+        caps::read(None, CapSet::Inheritable).map_err(|e| format!("reading capabilities: {e}"))?;
     let mut names: Vec<String> = kept.iter().map(|c| c.to_string()).collect();
     names.sort();
     if has == kept && effective == kept && inheritable.is_empty() {
@@ -363,12 +429,16 @@ fn drop_capabilities() -> Result<(), String> {
     }
     if has.contains(&Capability::CAP_SETPCAP) {
         for cap in caps::all().into_iter().filter(|c| !keep.contains(c)) {
-            caps::drop(None, CapSet::Bounding, cap).map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
+            caps::drop(None, CapSet::Bounding, cap)
+                .map_err(|e| format!("dropping {cap} from the bounding set: {e}"))?;
         }
     }
-    caps::clear(None, CapSet::Inheritable).map_err(|e| format!("clearing inheritable capabilities: {e}"))?;
-    caps::set(None, CapSet::Effective, &kept).map_err(|e| format!("setting effective capabilities: {e}"))?;
-    caps::set(None, CapSet::Permitted, &kept).map_err(|e| format!("setting permitted capabilities: {e}"))?;
+    caps::clear(None, CapSet::Inheritable)
+        .map_err(|e| format!("clearing inheritable capabilities: {e}"))?;
+    caps::set(None, CapSet::Effective, &kept)
+        .map_err(|e| format!("setting effective capabilities: {e}"))?;
+    caps::set(None, CapSet::Permitted, &kept)
+        .map_err(|e| format!("setting permitted capabilities: {e}"))?;
     tracing::info!("capabilities kept: {}", names.join(" "));
     Ok(())
 }

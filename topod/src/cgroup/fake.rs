@@ -33,11 +33,18 @@ impl CgroupBackend for Fake {
     }
 
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
-        let effective = Effective { cpus: spec.cpus.intersection(&self.parent_cpus), mems: spec.mems.intersection(&self.parent_mems) };
+        let effective = Effective {
+            cpus: spec.cpus.intersection(&self.parent_cpus),
+            mems: spec.mems.intersection(&self.parent_mems),
+        };
         let mut jobs = self.jobs();
         if let Some((existing, _)) = jobs.get(job) {
             if *existing != effective {
-                return Err(CgroupError::Exists { job: job.to_string(), existing: existing.cpus.to_string(), wanted: spec.cpus.to_string() });
+                return Err(CgroupError::Exists {
+                    job: job.to_string(),
+                    existing: existing.cpus.to_string(),
+                    wanted: spec.cpus.to_string(),
+                });
             }
             return Ok(existing.clone());
         }
@@ -47,7 +54,8 @@ impl CgroupBackend for Fake {
 
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
         let mut jobs = self.jobs();
-        let (eff, pids) = jobs.get_mut(job).ok_or_else(|| CgroupError::NoSuchJob(job.to_string()))?;
+        let (eff, pids) =
+            jobs.get_mut(job).ok_or_else(|| CgroupError::NoSuchJob(job.to_string()))?;
         if eff.cpus.is_empty() || eff.mems.is_empty() {
             return Err(CgroupError::NotReady(job.to_string()));
         }
@@ -58,11 +66,15 @@ impl CgroupBackend for Fake {
     }
 
     fn pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
-        self.jobs().get(job).map(|(_, p)| p.clone()).ok_or_else(|| CgroupError::NoSuchJob(job.to_string()))
+        self.jobs()
+            .get(job)
+            .map(|(_, p)| p.clone())
+            .ok_or_else(|| CgroupError::NoSuchJob(job.to_string()))
     }
 
     fn release(&self, job: &JobId, _timeout: Duration) -> Result<ReleaseReport, CgroupError> {
-        let (_, pids) = self.jobs().remove(job).ok_or_else(|| CgroupError::NoSuchJob(job.to_string()))?;
+        let (_, pids) =
+            self.jobs().remove(job).ok_or_else(|| CgroupError::NoSuchJob(job.to_string()))?;
         Ok(ReleaseReport { killed: pids.len(), survivors: Vec::new() })
     }
 
@@ -79,7 +91,11 @@ mod tests {
     fn the_fake_keeps_the_kernel_rules() {
         let fake = Fake::new(CpuSet::parse_list("0-7").unwrap(), CpuSet::parse_list("0").unwrap());
         let job = JobId::parse("42").unwrap();
-        let spec = CgroupSpec { cpus: CpuSet::parse_list("2-3,9").unwrap(), mems: CpuSet::parse_list("0").unwrap(), ..Default::default() };
+        let spec = CgroupSpec {
+            cpus: CpuSet::parse_list("2-3,9").unwrap(),
+            mems: CpuSet::parse_list("0").unwrap(),
+            ..Default::default()
+        };
         let eff = fake.create(&job, &spec).unwrap();
         assert_eq!(eff.cpus.to_string(), "2-3", "limited to the parent");
         assert_eq!(fake.create(&job, &spec).unwrap(), eff, "idempotent");

@@ -30,10 +30,15 @@ impl JobId {
             return Err(refuse("it is empty".into()));
         }
         if text.len() > MAX_JOB_ID_BYTES {
-            return Err(refuse(format!("it is {} bytes long, the limit is {MAX_JOB_ID_BYTES}", text.len())));
+            return Err(refuse(format!(
+                "it is {} bytes long, the limit is {MAX_JOB_ID_BYTES}",
+                text.len()
+            )));
         }
         if let Some((i, c)) = text.char_indices().find(|(_, c)| !allowed(*c)) {
-            return Err(refuse(format!("character {c:?} at byte {i} is not allowed (letters, digits and ._-:@+[] only)")));
+            return Err(refuse(format!(
+                "character {c:?} at byte {i} is not allowed (letters, digits and ._-:@+[] only)"
+            )));
         }
         if text.starts_with('.') || text.starts_with('-') {
             return Err(refuse("it starts with '.' or '-'".into()));

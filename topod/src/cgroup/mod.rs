@@ -50,21 +50,38 @@ impl SelfJoin {
             let named_right = file.file_name().is_some_and(|n| n == "tasks")
                 && file.parent().and_then(|d| d.file_name()).is_some_and(|n| n == job);
             if !named_right {
-                return Err(CgroupError::Unsupported(format!("{} is not a tasks file of job {job}'s cgroup", file.display())));
+                return Err(CgroupError::Unsupported(format!(
+                    "{} is not a tasks file of job {job}'s cgroup",
+                    file.display()
+                )));
             }
             let f = std::fs::OpenOptions::new()
                 .write(true)
                 .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
                 .open(file)
-                .map_err(|source| CgroupError::Io { action: "opening", path: file.clone(), data: None, source })?;
-            let on_cgroup_v1 = nix::sys::statfs::fstatfs(&f).is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP_SUPER_MAGIC);
+                .map_err(|source| CgroupError::Io {
+                    action: "opening",
+                    path: file.clone(),
+                    data: None,
+                    source,
+                })?;
+            let on_cgroup_v1 = nix::sys::statfs::fstatfs(&f)
+                .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP_SUPER_MAGIC);
             if !on_cgroup_v1 {
-                return Err(CgroupError::Unsupported(format!("{} is not on a cgroup v1 file system", file.display())));
+                return Err(CgroupError::Unsupported(format!(
+                    "{} is not on a cgroup v1 file system",
+                    file.display()
+                )));
             }
             opened.push((file.clone(), f));
         }
         let status = std::path::Path::new("/proc/self/status");
-        let text = std::fs::read_to_string(status).map_err(|source| CgroupError::Io { action: "reading", path: status.into(), data: None, source })?;
+        let text = std::fs::read_to_string(status).map_err(|source| CgroupError::Io {
+            action: "reading",
+            path: status.into(),
+            data: None,
+            source,
+        })?;
         let threads = text.lines().find_map(|l| l.strip_prefix("Threads:")).map(str::trim);
         if threads != Some("1") {
             return Err(CgroupError::Unsupported(format!(
@@ -80,7 +97,12 @@ impl SelfJoin {
     pub fn move_in(self) -> Result<(), CgroupError> {
         use std::io::Write;
         for (path, mut f) in self.files {
-            f.write_all(b"0").map_err(|source| CgroupError::Io { action: "writing", path, data: Some("0".into()), source })?;
+            f.write_all(b"0").map_err(|source| CgroupError::Io {
+                action: "writing",
+                path,
+                data: Some("0".into()),
+                source,
+            })?;
         }
         Ok(())
     }

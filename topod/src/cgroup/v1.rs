@@ -8,7 +8,10 @@
 //! `cpuset.cpu_exclusive` is not used: it would need our whole subtree to be exclusive of the
 //! rest of the system; exclusivity between jobs is the ledger's.
 
-use super::files::{check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set, refuse_if_topod_inside, rmdir, wait_until, write};
+use super::files::{
+    check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set,
+    refuse_if_topod_inside, rmdir, wait_until, write,
+};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -50,21 +53,35 @@ impl V1 {
     pub fn detect(subtree: &str) -> Result<Self, CgroupError> {
         let mounts = read(Path::new("/proc/mounts"))?;
         let (cpuset, freezer, memory) = v1_mounts(&mounts);
-        let cpuset = cpuset.ok_or_else(|| CgroupError::Unsupported("no cgroup v1 cpuset hierarchy is mounted".into()))?;
-        V1::new(cpuset.join(subtree), freezer.map(|f| f.join(subtree)), memory.map(|m| m.join(subtree)))
+        let cpuset = cpuset.ok_or_else(|| {
+            CgroupError::Unsupported("no cgroup v1 cpuset hierarchy is mounted".into())
+        })?;
+        V1::new(
+            cpuset.join(subtree),
+            freezer.map(|f| f.join(subtree)),
+            memory.map(|m| m.join(subtree)),
+        )
     }
 
     /// Job cgroups under these subtree roots (created if missing).
-    pub fn new(cpuset: PathBuf, freezer: Option<PathBuf>, memory: Option<PathBuf>) -> Result<Self, CgroupError> {
+    pub fn new(
+        cpuset: PathBuf,
+        freezer: Option<PathBuf>,
+        memory: Option<PathBuf>,
+    ) -> Result<Self, CgroupError> {
         mkdir(&cpuset)?;
         // A new cpuset directory has no CPUs: give ours its parent's, less those an exclusive
         // sibling holds (the kernel refuses an overlap with an exclusive cpuset).
-        let parent = cpuset.parent().ok_or_else(|| CgroupError::Unsupported(format!("{} has no parent", cpuset.display())))?.to_path_buf();
+        let parent = cpuset
+            .parent()
+            .ok_or_else(|| CgroupError::Unsupported(format!("{} has no parent", cpuset.display())))?
+            .to_path_buf();
         if read(&cpuset.join("cpuset.mems"))?.trim().is_empty() {
             write(&cpuset.join("cpuset.mems"), read(&parent.join("cpuset.mems"))?.trim())?;
         }
         if read(&cpuset.join("cpuset.cpus"))?.trim().is_empty() {
-            let cpus = read_set(&parent.join("cpuset.cpus"))?.difference(&exclusive_siblings(&cpuset)?);
+            let cpus =
+                read_set(&parent.join("cpuset.cpus"))?.difference(&exclusive_siblings(&cpuset)?);
             write(&cpuset.join("cpuset.cpus"), &cpus.to_string())?;
         } else {
             // An exclusive cpuset that held some of the parent's CPUs when the subtree was made
@@ -75,7 +92,12 @@ impl V1 {
             // A nested subtree (`batch/topo`) needs its parents here too; in the cpuset
             // hierarchy they must exist already, with the CPUs the subtree may use.
             if let Some(parent) = root.parent() {
-                std::fs::create_dir_all(parent).map_err(|source| CgroupError::Io { action: "creating", path: parent.to_path_buf(), data: None, source })?;
+                std::fs::create_dir_all(parent).map_err(|source| CgroupError::Io {
+                    action: "creating",
+                    path: parent.to_path_buf(),
+                    data: None,
+                    source,
+                })?;
             }
             mkdir(root)?;
             // Leftovers of a release cut short: a job directory with no cpuset directory and no
@@ -83,8 +105,13 @@ impl V1 {
             if let Ok(entries) = std::fs::read_dir(root) {
                 for e in entries.flatten().filter(|e| e.path().is_dir()) {
                     let name = e.file_name();
-                    let orphan = JobId::parse(&name.to_string_lossy()).is_ok() && !cpuset.join(&name).exists();
-                    if orphan && read_pids(&e.path().join("cgroup.procs")).map(|p| p.is_empty()).unwrap_or(false) {
+                    let orphan = JobId::parse(&name.to_string_lossy()).is_ok()
+                        && !cpuset.join(&name).exists();
+                    if orphan
+                        && read_pids(&e.path().join("cgroup.procs"))
+                            .map(|p| p.is_empty())
+                            .unwrap_or(false)
+                    {
                         let _ = rmdir(&e.path());
                     }
                 }
@@ -95,7 +122,10 @@ impl V1 {
 
     fn dirs(&self, job: &JobId) -> impl Iterator<Item = PathBuf> + '_ {
         let name = job.as_str().to_string();
-        std::iter::once(&self.cpuset).chain(self.freezer.iter()).chain(self.memory.iter()).map(move |root| root.join(&name))
+        std::iter::once(&self.cpuset)
+            .chain(self.freezer.iter())
+            .chain(self.memory.iter())
+            .map(move |root| root.join(&name))
     }
 
     /// Writes `pid` to `cgroup.procs` in each hierarchy; with `unless_in`, skips a hierarchy
@@ -114,7 +144,10 @@ impl V1 {
                 // The kernel refuses tasks in a v1 cpuset without CPUs or memory nodes (ENOSPC,
                 // cpuset_can_attach): say that plainly. Checked on failure rather than read
                 // before every join, which is on the job's start path.
-                Err(CgroupError::Io { source, .. }) if d.starts_with(&self.cpuset) && source.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32) => {
+                Err(CgroupError::Io { source, .. })
+                    if d.starts_with(&self.cpuset)
+                        && source.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32) =>
+                {
                     return Err(CgroupError::NotReady(job.to_string()));
                 }
                 Err(_) => {
@@ -147,7 +180,10 @@ impl V1 {
             Err(e) if is_not_found(&e) => read_set(&dir.join(configured)),
             other => other,
         };
-        Ok(Effective { cpus: read_either("cpuset.effective_cpus", "cpuset.cpus")?, mems: read_either("cpuset.effective_mems", "cpuset.mems")? })
+        Ok(Effective {
+            cpus: read_either("cpuset.effective_cpus", "cpuset.cpus")?,
+            mems: read_either("cpuset.effective_mems", "cpuset.mems")?,
+        })
     }
 
     fn all_pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
@@ -217,7 +253,8 @@ fn every_thread_in(dir: &Path, pid: i32) -> bool {
     let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
     let mut any = false;
     for thread in threads {
-        let tid = thread.ok().and_then(|t| t.file_name().to_str().and_then(|n| n.parse::<i32>().ok()));
+        let tid =
+            thread.ok().and_then(|t| t.file_name().to_str().and_then(|n| n.parse::<i32>().ok()));
         match tid {
             Some(tid) if tasks.binary_search(&tid).is_ok() => any = true,
             _ => return false,
@@ -313,8 +350,18 @@ impl CgroupBackend for V1 {
             let pids = if look_everywhere {
                 self.all_pids(job)?
             } else {
-                let dying = read_pids(&cpuset_procs).or_else(|e| if is_not_found(&e) { Ok(Vec::new()) } else { Err(e) })?;
-                if dying.is_empty() { self.pids_beside_cpuset(job)? } else { dying }
+                let dying = read_pids(&cpuset_procs).or_else(|e| {
+                    if is_not_found(&e) {
+                        Ok(Vec::new())
+                    } else {
+                        Err(e)
+                    }
+                })?;
+                if dying.is_empty() {
+                    self.pids_beside_cpuset(job)?
+                } else {
+                    dying
+                }
             };
             look_everywhere = false;
             kill_all(&pids, &mut signalled);
@@ -342,7 +389,11 @@ impl CgroupBackend for V1 {
             .into_iter()
             .map(|(job, dir)| {
                 // A job cgroup never configured is listed without CPUs, so that a restart removes it.
-                let effective = if configured(&dir)?.is_some() { self.effective(&dir)? } else { Effective::default() };
+                let effective = if configured(&dir)?.is_some() {
+                    self.effective(&dir)?
+                } else {
+                    Effective::default()
+                };
                 Ok((job, effective))
             })
             .collect()

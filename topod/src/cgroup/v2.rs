@@ -8,7 +8,10 @@
 //! read back; release writes `cgroup.kill` (Linux 5.14+), or freezes with `cgroup.freeze` and
 //! kills, then waits for `populated 0` in `cgroup.events` before `rmdir`.
 
-use super::files::{check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set, refuse_if_topod_inside, rmdir, wait_until, write};
+use super::files::{
+    check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set,
+    refuse_if_topod_inside, rmdir, wait_until, write,
+};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,7 +36,8 @@ impl V2 {
     /// Uses (and creates) `subtree` under this host's unified hierarchy.
     pub fn detect(subtree: &str) -> Result<Self, CgroupError> {
         let mounts = read(Path::new("/proc/mounts"))?;
-        let mount = v2_mount(&mounts).ok_or_else(|| CgroupError::Unsupported("no cgroup v2 hierarchy is mounted".into()))?;
+        let mount = v2_mount(&mounts)
+            .ok_or_else(|| CgroupError::Unsupported("no cgroup v2 hierarchy is mounted".into()))?;
         V2::new(mount.join(subtree))
     }
 
@@ -41,11 +45,17 @@ impl V2 {
     /// where the parent offers those controllers.
     pub fn new(root: PathBuf) -> Result<Self, CgroupError> {
         mkdir(&root)?;
-        let parent = root.parent().ok_or_else(|| CgroupError::Unsupported(format!("{} has no parent", root.display())))?;
+        let parent = root
+            .parent()
+            .ok_or_else(|| CgroupError::Unsupported(format!("{} has no parent", root.display())))?;
         let offered = read(&parent.join("cgroup.controllers"))?;
         let has = |c: &str| offered.split_whitespace().any(|x| x == c);
         let (cpuset, memory) = (has("cpuset"), has("memory"));
-        let wanted: Vec<&str> = [("cpuset", cpuset), ("memory", memory)].iter().filter(|(_, ok)| *ok).map(|(c, _)| *c).collect();
+        let wanted: Vec<&str> = [("cpuset", cpuset), ("memory", memory)]
+            .iter()
+            .filter(|(_, ok)| *ok)
+            .map(|(c, _)| *c)
+            .collect();
         for dir in [parent, root.as_path()] {
             let enabled = read(&dir.join("cgroup.subtree_control"))?;
             for c in &wanted {
@@ -62,7 +72,10 @@ impl V2 {
     }
 
     fn effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
-        Ok(Effective { cpus: read_set(&dir.join("cpuset.cpus.effective"))?, mems: read_set(&dir.join("cpuset.mems.effective"))? })
+        Ok(Effective {
+            cpus: read_set(&dir.join("cpuset.cpus.effective"))?,
+            mems: read_set(&dir.join("cpuset.mems.effective"))?,
+        })
     }
 
     /// The effective sets of a configured job cgroup; empty for one made but never configured
@@ -157,7 +170,9 @@ impl CgroupBackend for V2 {
             signalled.extend(before.iter().copied());
         } else {
             write(&dir.join("cgroup.freeze"), "1")?;
-            wait_until(timeout / 2, || Ok(read(&dir.join("cgroup.events"))?.lines().any(|l| l.trim() == "frozen 1")))?;
+            wait_until(timeout / 2, || {
+                Ok(read(&dir.join("cgroup.events"))?.lines().any(|l| l.trim() == "frozen 1"))
+            })?;
             kill_all(&read_pids(&dir.join("cgroup.procs"))?, &mut signalled);
             write(&dir.join("cgroup.freeze"), "0")?;
         }
@@ -179,7 +194,12 @@ impl CgroupBackend for V2 {
     fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError> {
         job_dirs(&self.root)?
             .into_iter()
-            .map(|(job, dir)| Ok((job, if self.cpuset { self.job_effective(&dir)? } else { Effective::default() })))
+            .map(|(job, dir)| {
+                Ok((
+                    job,
+                    if self.cpuset { self.job_effective(&dir)? } else { Effective::default() },
+                ))
+            })
             .collect()
     }
 }

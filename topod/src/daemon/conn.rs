@@ -30,7 +30,13 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_connections: 512, max_connections_per_user: 64, idle: Duration::from_secs(30), line: Duration::from_secs(10), write: Duration::from_secs(10) }
+        Limits {
+            max_connections: 512,
+            max_connections_per_user: 64,
+            idle: Duration::from_secs(30),
+            line: Duration::from_secs(10),
+            write: Duration::from_secs(10),
+        }
     }
 }
 
@@ -122,7 +128,13 @@ impl Gate {
 
     /// Open connections of `holder`.
     pub fn open_of(&self, holder: Holder) -> usize {
-        self.open.lock().unwrap_or_else(|e| e.into_inner()).by_holder.get(&holder).copied().unwrap_or(0)
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_holder
+            .get(&holder)
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -215,7 +227,9 @@ impl LineReader {
                     started.get_or_insert_with(Instant::now);
                     self.pending.extend_from_slice(&chunk[..n]);
                 }
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+                {
                     return Ok(Line::TimedOut { partial: started.is_some() });
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -259,8 +273,15 @@ impl AcceptErrors {
         } else {
             self.unlogged += 1;
         }
-        let out_of_resources = matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM));
-        std::thread::sleep(if out_of_resources { Duration::from_millis(50) } else { Duration::from_millis(1) });
+        let out_of_resources = matches!(
+            e.raw_os_error(),
+            Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
+        );
+        std::thread::sleep(if out_of_resources {
+            Duration::from_millis(50)
+        } else {
+            Duration::from_millis(1)
+        });
     }
 }
 
@@ -281,7 +302,13 @@ mod tests {
     use super::*;
 
     fn limits() -> Limits {
-        Limits { max_connections: 3, max_connections_per_user: 2, idle: Duration::from_millis(300), line: Duration::from_millis(200), write: Duration::from_millis(200) }
+        Limits {
+            max_connections: 3,
+            max_connections_per_user: 2,
+            idle: Duration::from_millis(300),
+            line: Duration::from_millis(200),
+            write: Duration::from_millis(200),
+        }
     }
 
     #[test]

@@ -123,7 +123,12 @@ pub struct Prepared {
 /// Parses and checks `text` for a host with topology `topo`: a task count of at least 1, CPUs
 /// (in `CPU_LIST` and from the batch system) that this host has, and a canonical form that reads
 /// back as itself (every recorded request must, or a restart would not rebuild the same fences).
-pub fn prepare(topo: &Topology, text: &str, tasks: Option<u32>, given_cpus: Option<&str>) -> Result<Prepared, HostError> {
+pub fn prepare(
+    topo: &Topology,
+    text: &str,
+    tasks: Option<u32>,
+    given_cpus: Option<&str>,
+) -> Result<Prepared, HostError> {
     let mut req = request::parse(text).map_err(|e| HostError::BadRequest(e.to_string()))?;
     if tasks == Some(0) {
         return Err(HostError::BadRequest("tasks = 0: a job has at least one task".into()));
@@ -133,13 +138,19 @@ pub fn prepare(topo: &Topology, text: &str, tasks: Option<u32>, given_cpus: Opti
     }
     let not_here = |what: &str, set: &CpuSet| {
         let missing = set.difference(&topo.pus);
-        (!missing.is_empty()).then(|| HostError::BadRequest(format!("{what} names CPUs {missing}, which this host does not have (its CPUs are {})", topo.pus)))
+        (!missing.is_empty()).then(|| {
+            HostError::BadRequest(format!(
+                "{what} names CPUs {missing}, which this host does not have (its CPUs are {})",
+                topo.pus
+            ))
+        })
     };
     if let Some(e) = req.cpu_list.as_ref().and_then(|l| not_here("CPU_LIST", l)) {
         return Err(e);
     }
     if let Some(text) = given_cpus {
-        let given = CpuSet::parse_list(text).map_err(|e| HostError::BadRequest(format!("cpus: {e}")))?;
+        let given =
+            CpuSet::parse_list(text).map_err(|e| HostError::BadRequest(format!("cpus: {e}")))?;
         if let Some(e) = not_here("the batch system's CPU list", &given) {
             return Err(e);
         }
@@ -148,15 +159,22 @@ pub fn prepare(topo: &Topology, text: &str, tasks: Option<u32>, given_cpus: Opti
             None => given,
         };
         if inside.is_empty() {
-            return Err(HostError::BadRequest(format!("CPU_LIST {} has no CPU among those the batch system gave the job ({text})", req.cpu_list.as_ref().map(|l| l.to_string()).unwrap_or_default())));
+            return Err(HostError::BadRequest(format!(
+                "CPU_LIST {} has no CPU among those the batch system gave the job ({text})",
+                req.cpu_list.as_ref().map(|l| l.to_string()).unwrap_or_default()
+            )));
         }
         req.cpu_list = Some(inside);
     }
     let canonical = req.to_string();
     match request::parse(&canonical) {
         Ok(again) if again.to_string() == canonical => Ok(Prepared { request: req, canonical }),
-        Ok(again) => Err(HostError::BadRequest(format!("{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"))),
-        Err(e) => Err(HostError::BadRequest(format!("{text:?} cannot be recorded: it becomes {canonical:?}, which does not read back: {e}"))),
+        Ok(again) => Err(HostError::BadRequest(format!(
+            "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
+        ))),
+        Err(e) => Err(HostError::BadRequest(format!(
+            "{text:?} cannot be recorded: it becomes {canonical:?}, which does not read back: {e}"
+        ))),
     }
 }
 
@@ -176,7 +194,8 @@ pub struct Snapshot {
 impl Snapshot {
     /// Would `prepared` fit, and how well.
     pub fn fit(&self, prepared: &Prepared) -> Result<place::Fit, HostError> {
-        place::fit_and_score(&self.model, &self.occupancy, &prepared.request).map_err(|source| HostError::DoesNotFit { job: String::new(), source })
+        place::fit_and_score(&self.model, &self.occupancy, &prepared.request)
+            .map_err(|source| HostError::DoesNotFit { job: String::new(), source })
     }
 
     /// What is free, by shape.
@@ -236,7 +255,13 @@ impl Host {
     /// A host with an empty ledger; call [`Host::recover`] next. `reserved` are the CPUs that
     /// configuration keeps from jobs; the CPUs of other exclusive cpusets are added by
     /// [`Host::reconcile_foreign`].
-    pub fn new(topo: Topology, reserved: CpuSet, backend: Box<dyn CgroupBackend>, records: Option<Records>, strategy: Strategy) -> Result<Self, place::ModelError> {
+    pub fn new(
+        topo: Topology,
+        reserved: CpuSet,
+        backend: Box<dyn CgroupBackend>,
+        records: Option<Records>,
+        strategy: Strategy,
+    ) -> Result<Self, place::ModelError> {
         let model = HostModel::new(&topo, &reserved)?;
         Ok(Host {
             topo: Arc::new(topo),
@@ -276,17 +301,29 @@ impl Host {
                 }
             }
             let mut hint = hints.remove(job.as_str()).unwrap_or_default();
-            let parsed = if hint.request.is_empty() { None } else { request::parse(&hint.request).ok().filter(|r| r.to_string() == hint.request) };
+            let parsed = if hint.request.is_empty() {
+                None
+            } else {
+                request::parse(&hint.request).ok().filter(|r| r.to_string() == hint.request)
+            };
             if parsed.is_none() && !hint.request.is_empty() {
                 report.bad_requests.push(job.to_string());
                 hint.request.clear();
             }
-            let tasks = if hint.tasks.is_empty() { vec![eff.cpus.clone()] } else { hint.tasks.clone() };
+            let tasks =
+                if hint.tasks.is_empty() { vec![eff.cpus.clone()] } else { hint.tasks.clone() };
             let fenced = match parsed.as_ref().and_then(|r| r.exclusive_level()) {
                 Some(level) => self.model.closure(level, &eff.cpus).difference(&eff.cpus),
                 None => CpuSet::new(),
             };
-            let alloc = Allocation { job: job.to_string(), cpus: eff.cpus.clone(), tasks, mems: eff.mems.clone(), fenced, request: hint.request.clone() };
+            let alloc = Allocation {
+                job: job.to_string(),
+                cpus: eff.cpus.clone(),
+                tasks,
+                mems: eff.mems.clone(),
+                fenced,
+                request: hint.request.clone(),
+            };
             if self.backend.pids(&job).map(|p| !p.is_empty()).unwrap_or(false) {
                 self.joined.insert(job.to_string());
             }
@@ -309,13 +346,27 @@ impl Host {
     }
 
     /// Places and confines a job; the same job with the same request again returns what it has.
-    pub fn allocate(&mut self, job: &str, request_text: &str, tasks: Option<u32>, given_cpus: Option<&str>, mem_limit: Option<u64>, owner_uid: Option<u32>) -> Result<Allocation, HostError> {
+    pub fn allocate(
+        &mut self,
+        job: &str,
+        request_text: &str,
+        tasks: Option<u32>,
+        given_cpus: Option<&str>,
+        mem_limit: Option<u64>,
+        owner_uid: Option<u32>,
+    ) -> Result<Allocation, HostError> {
         let prepared = prepare(&self.topo, request_text, tasks, given_cpus)?;
         self.allocate_prepared(job, &prepared, mem_limit, owner_uid)
     }
 
     /// [`Host::allocate`] for a request already [`prepare`]d.
-    pub fn allocate_prepared(&mut self, job: &str, prepared: &Prepared, mem_limit: Option<u64>, owner_uid: Option<u32>) -> Result<Allocation, HostError> {
+    pub fn allocate_prepared(
+        &mut self,
+        job: &str,
+        prepared: &Prepared,
+        mem_limit: Option<u64>,
+        owner_uid: Option<u32>,
+    ) -> Result<Allocation, HostError> {
         let id = JobId::parse(job)?;
         if self.releasing.contains(job) {
             return Err(HostError::Releasing(job.to_string()));
@@ -331,9 +382,11 @@ impl Host {
                 let mut adopted = existing.clone();
                 adopted.request = canonical.clone();
                 if let Some(level) = prepared.request.exclusive_level() {
-                    adopted.fenced = self.model.closure(level, &adopted.cpus).difference(&adopted.cpus);
+                    adopted.fenced =
+                        self.model.closure(level, &adopted.cpus).difference(&adopted.cpus);
                 }
-                let hint = JobHint { request: canonical.clone(), tasks: adopted.tasks.clone(), owner_uid };
+                let hint =
+                    JobHint { request: canonical.clone(), tasks: adopted.tasks.clone(), owner_uid };
                 self.write_record(&id, &hint)?;
                 self.ledger.release(id.as_str())?;
                 if self.ledger.insert(adopted.clone()).is_err() {
@@ -344,7 +397,11 @@ impl Host {
                 self.hints.insert(job.to_string(), hint);
                 return Ok(adopted);
             }
-            return Err(HostError::AlreadyAllocated { job: job.to_string(), cpus: existing.cpus.to_string(), request: existing.request.clone() });
+            return Err(HostError::AlreadyAllocated {
+                job: job.to_string(),
+                cpus: existing.cpus.to_string(),
+                request: existing.request.clone(),
+            });
         }
         match self.place_and_create(&id, prepared, mem_limit) {
             Err(HostError::Cgroup(e)) => {
@@ -359,7 +416,11 @@ impl Host {
             }
             other => other?,
         }
-        let alloc = self.ledger.get(id.as_str()).cloned().ok_or_else(|| HostError::UnknownJob(job.to_string()))?;
+        let alloc = self
+            .ledger
+            .get(id.as_str())
+            .cloned()
+            .ok_or_else(|| HostError::UnknownJob(job.to_string()))?;
         let hint = JobHint { request: canonical.clone(), tasks: alloc.tasks.clone(), owner_uid };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -374,10 +435,20 @@ impl Host {
 
     /// Places the job, creates its cgroup and records it in the ledger; on any failure leaves
     /// no cgroup and no ledger entry behind.
-    fn place_and_create(&mut self, id: &JobId, prepared: &Prepared, mem_limit: Option<u64>) -> Result<(), HostError> {
-        let placement = place::place(&self.model, self.ledger.occupancy(), &prepared.request, self.strategy)
-            .map_err(|source| HostError::DoesNotFit { job: id.to_string(), source })?;
-        let spec = CgroupSpec { cpus: placement.cpus.clone(), mems: placement.mems.clone(), memory_limit: mem_limit.or(prepared.request.mem_mib.map(|m| m << 20)) };
+    fn place_and_create(
+        &mut self,
+        id: &JobId,
+        prepared: &Prepared,
+        mem_limit: Option<u64>,
+    ) -> Result<(), HostError> {
+        let placement =
+            place::place(&self.model, self.ledger.occupancy(), &prepared.request, self.strategy)
+                .map_err(|source| HostError::DoesNotFit { job: id.to_string(), source })?;
+        let spec = CgroupSpec {
+            cpus: placement.cpus.clone(),
+            mems: placement.mems.clone(),
+            memory_limit: mem_limit.or(prepared.request.mem_mib.map(|m| m << 20)),
+        };
         if let Err(e) = self.backend.create(id, &spec) {
             // Nothing can have joined a cgroup that was never configured: remove what was made.
             let _ = self.backend.release(id, Duration::from_millis(100));
@@ -432,7 +503,10 @@ impl Host {
         }
         let files = self.backend.self_join_files(&id)?;
         if !files.is_empty() {
-            let offer = self.self_join_offered.entry(job.to_string()).or_insert((0, std::time::Instant::now()));
+            let offer = self
+                .self_join_offered
+                .entry(job.to_string())
+                .or_insert((0, std::time::Instant::now()));
             *offer = (offer.0 + 1, std::time::Instant::now());
         }
         Ok(files)
@@ -441,12 +515,23 @@ impl Host {
     /// Releases every job whose cgroup has had processes and has none left; returns their ids.
     /// (A job allocated but not yet joined is left alone.)
     pub fn release_empty(&mut self) -> Vec<String> {
-        let moving_in = |j: &str| self.self_join_offered.get(j).is_some_and(|(_, last)| last.elapsed() < SELF_JOIN_WINDOW);
-        let candidates: Vec<String> = self.joined.iter().filter(|j| self.ledger.get(j).is_some() && !moving_in(j) && !self.releasing.contains(*j)).cloned().collect();
+        let moving_in = |j: &str| {
+            self.self_join_offered.get(j).is_some_and(|(_, last)| last.elapsed() < SELF_JOIN_WINDOW)
+        };
+        let candidates: Vec<String> = self
+            .joined
+            .iter()
+            .filter(|j| {
+                self.ledger.get(j).is_some() && !moving_in(j) && !self.releasing.contains(*j)
+            })
+            .cloned()
+            .collect();
         let mut released = Vec::new();
         for job in candidates {
             let Ok(id) = JobId::parse(&job) else { continue };
-            if self.backend.pids(&id).map(|p| p.is_empty()).unwrap_or(false) && self.release(&job).is_ok() {
+            if self.backend.pids(&id).map(|p| p.is_empty()).unwrap_or(false)
+                && self.release(&job).is_ok()
+            {
                 released.push(job);
             }
         }
@@ -460,12 +545,21 @@ impl Host {
         if !self.releasing.insert(job.to_string()) {
             return Err(HostError::Releasing(job.to_string()));
         }
-        Ok(ReleaseTicket { known: self.ledger.get(id.as_str()).is_some(), id, backend: self.backend.clone(), timeout: self.release_timeout })
+        Ok(ReleaseTicket {
+            known: self.ledger.get(id.as_str()).is_some(),
+            id,
+            backend: self.backend.clone(),
+            timeout: self.release_timeout,
+        })
     }
 
     /// Ends a release begun with [`Host::begin_release`], given what [`ReleaseTicket::run`] did:
     /// the CPUs are freed once the cgroup is gone; returns how many processes were killed.
-    pub fn finish_release(&mut self, ticket: ReleaseTicket, outcome: Result<ReleaseReport, CgroupError>) -> Result<usize, HostError> {
+    pub fn finish_release(
+        &mut self,
+        ticket: ReleaseTicket,
+        outcome: Result<ReleaseReport, CgroupError>,
+    ) -> Result<usize, HostError> {
         let job = ticket.id.as_str().to_string();
         self.releasing.remove(&job);
         let report = match outcome {
@@ -520,7 +614,12 @@ impl Host {
             Ok(model) => {
                 self.model = Arc::new(model);
                 let before = std::mem::replace(&mut self.foreign, foreign.clone());
-                tracing::info!("exclusive cpusets beside topod's now hold CPUs {} (were {}); jobs may use {}", if foreign.is_empty() { "none".to_string() } else { foreign.to_string() }, if before.is_empty() { "none".to_string() } else { before.to_string() }, self.model.allocatable);
+                tracing::info!(
+                    "exclusive cpusets beside topod's now hold CPUs {} (were {}); jobs may use {}",
+                    if foreign.is_empty() { "none".to_string() } else { foreign.to_string() },
+                    if before.is_empty() { "none".to_string() } else { before.to_string() },
+                    self.model.allocatable
+                );
                 Some((before, foreign))
             }
             Err(e) => {
@@ -543,7 +642,12 @@ impl Host {
 
     /// What reads need, copied for use without the lock.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot { model: self.model.clone(), occupancy: self.ledger.occupancy().clone(), generation: self.ledger.generation(), jobs: self.jobs() }
+        Snapshot {
+            model: self.model.clone(),
+            occupancy: self.ledger.occupancy().clone(),
+            generation: self.ledger.generation(),
+            jobs: self.jobs(),
+        }
     }
 
     /// Every job with its state and owner.
@@ -552,7 +656,11 @@ impl Host {
             .jobs()
             .map(|a| JobView {
                 allocation: a.clone(),
-                state: if self.releasing.contains(&a.job) { JobState::Releasing } else { JobState::Running },
+                state: if self.releasing.contains(&a.job) {
+                    JobState::Releasing
+                } else {
+                    JobState::Running
+                },
                 owner_uid: self.owner_of(&a.job),
             })
             .collect()
@@ -617,19 +725,31 @@ mod tests {
         fn kind(&self) -> &'static str {
             "fake"
         }
-        fn create(&self, j: &JobId, s: &CgroupSpec) -> Result<crate::cgroup::Effective, CgroupError> {
+        fn create(
+            &self,
+            j: &JobId,
+            s: &CgroupSpec,
+        ) -> Result<crate::cgroup::Effective, CgroupError> {
             self.kernel.create(j, s)
         }
         fn join(&self, j: &JobId, p: i32) -> Result<(), CgroupError> {
             self.kernel.join(j, p)
         }
         fn self_join_files(&self, j: &JobId) -> Result<Vec<PathBuf>, CgroupError> {
-            Ok(if self.offers_self_join { vec![PathBuf::from(format!("/fake/{}/tasks", j.as_str()))] } else { Vec::new() })
+            Ok(if self.offers_self_join {
+                vec![PathBuf::from(format!("/fake/{}/tasks", j.as_str()))]
+            } else {
+                Vec::new()
+            })
         }
         fn pids(&self, j: &JobId) -> Result<Vec<i32>, CgroupError> {
             self.kernel.pids(j)
         }
-        fn release(&self, j: &JobId, t: Duration) -> Result<crate::cgroup::ReleaseReport, CgroupError> {
+        fn release(
+            &self,
+            j: &JobId,
+            t: Duration,
+        ) -> Result<crate::cgroup::ReleaseReport, CgroupError> {
             self.kernel.release(j, t)
         }
         fn list(&self) -> Result<Vec<(JobId, crate::cgroup::Effective)>, CgroupError> {
@@ -641,7 +761,13 @@ mod tests {
     }
 
     fn host(records: Option<Records>) -> Host {
-        let topo = Topology::synthetic(SyntheticShape { packages: 2, numa_per_package: 1, l3_per_numa: 2, cores_per_l3: 4, threads_per_core: 2 });
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 1,
+            l3_per_numa: 2,
+            cores_per_l3: 4,
+            threads_per_core: 2,
+        });
         let fake = Fake::new(topo.allowed.clone(), topo.allowed_mems.clone());
         Host::new(topo, CpuSet::new(), Box::new(fake), records, Strategy::BestFit).unwrap()
     }
@@ -652,9 +778,15 @@ mod tests {
         let a = h.allocate("7", "affinity[core(2)*2]", None, None, None, None).unwrap();
         assert_eq!(a.cpus.len(), 8);
         assert_eq!(h.allocate("7", "affinity[core(2)*2]", None, None, None, None).unwrap(), a);
-        assert!(matches!(h.allocate("7", "affinity[thread]", None, None, None, None), Err(HostError::AlreadyAllocated { .. })));
+        assert!(matches!(
+            h.allocate("7", "affinity[thread]", None, None, None, None),
+            Err(HostError::AlreadyAllocated { .. })
+        ));
         h.join("7", 123).unwrap();
-        assert!(matches!(h.join("7", std::process::id() as i32), Err(HostError::BadPid(_))), "topod never moves itself");
+        assert!(
+            matches!(h.join("7", std::process::id() as i32), Err(HostError::BadPid(_))),
+            "topod never moves itself"
+        );
         assert!(matches!(h.join("8", 1), Err(HostError::UnknownJob(_))));
         assert!(h.release_empty().is_empty(), "job 7 still has its process");
         assert_eq!(h.release("7").unwrap(), 1);
@@ -663,7 +795,16 @@ mod tests {
         h.allocate("11", "affinity[thread]", None, None, None, None).unwrap();
         h.join("10", 77).unwrap();
         h.backend.release(&JobId::parse("10").unwrap(), Duration::from_secs(1)).unwrap();
-        h.backend.create(&JobId::parse("10").unwrap(), &CgroupSpec { cpus: h.ledger().get("10").unwrap().cpus.clone(), mems: h.ledger().get("10").unwrap().mems.clone(), memory_limit: None }).unwrap();
+        h.backend
+            .create(
+                &JobId::parse("10").unwrap(),
+                &CgroupSpec {
+                    cpus: h.ledger().get("10").unwrap().cpus.clone(),
+                    mems: h.ledger().get("10").unwrap().mems.clone(),
+                    memory_limit: None,
+                },
+            )
+            .unwrap();
         assert_eq!(h.release_empty(), ["10"]);
         assert!(h.ledger().get("11").is_some());
         h.release("11").unwrap();
@@ -673,14 +814,33 @@ mod tests {
 
     #[test]
     fn a_job_with_a_process_moving_itself_in_is_not_released_as_empty() {
-        let topo = Topology::synthetic(SyntheticShape { packages: 1, numa_per_package: 1, l3_per_numa: 1, cores_per_l3: 4, threads_per_core: 1 });
-        let kernel = std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
-        let mut h = Host::new(topo, CpuSet::new(), Box::new(SharedFake { kernel, offers_self_join: true, foreign: Default::default() }), None, Strategy::BestFit).unwrap();
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 1,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        let kernel =
+            std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
+        let mut h = Host::new(
+            topo,
+            CpuSet::new(),
+            Box::new(SharedFake { kernel, offers_self_join: true, foreign: Default::default() }),
+            None,
+            Strategy::BestFit,
+        )
+        .unwrap();
         let a = h.allocate("20", "affinity[thread*2]", None, None, None, None).unwrap();
         let id = JobId::parse("20").unwrap();
         let empty_the_cgroup = |h: &mut Host| {
             h.backend.release(&id, Duration::from_secs(1)).unwrap();
-            h.backend.create(&id, &CgroupSpec { cpus: a.cpus.clone(), mems: a.mems.clone(), memory_limit: None }).unwrap();
+            h.backend
+                .create(
+                    &id,
+                    &CgroupSpec { cpus: a.cpus.clone(), mems: a.mems.clone(), memory_limit: None },
+                )
+                .unwrap();
         };
         // Task 0 joined and ended; task 1 was told how to move itself in and has not confirmed.
         h.join("20", 100).unwrap();
@@ -697,11 +857,20 @@ mod tests {
     #[test]
     fn bad_input_changes_nothing() {
         let mut h = host(None);
-        for (job, req) in [("../x", "affinity[thread]"), ("a/b", "affinity[thread]"), (".", "affinity[thread]"), ("ok", "affinity[cores]"), ("ok", "affinity[thread*999]")] {
+        for (job, req) in [
+            ("../x", "affinity[thread]"),
+            ("a/b", "affinity[thread]"),
+            (".", "affinity[thread]"),
+            ("ok", "affinity[cores]"),
+            ("ok", "affinity[thread*999]"),
+        ] {
             assert!(h.allocate(job, req, None, None, None, None).is_err(), "{job} {req}");
         }
         assert!(h.ledger().is_empty());
-        assert!(h.allocate("9", "affinity[thread*4]", None, Some("0-1"), None, None).is_err(), "inside the CPUs the batch system gave");
+        assert!(
+            h.allocate("9", "affinity[thread*4]", None, Some("0-1"), None, None).is_err(),
+            "inside the CPUs the batch system gave"
+        );
         let inside = h.allocate("9", "affinity[thread*2]", None, Some("8-9"), None, None).unwrap();
         assert_eq!(inside.cpus.to_string(), "8-9");
     }
@@ -709,21 +878,61 @@ mod tests {
     #[test]
     fn a_restart_keeps_every_job_and_its_owner() {
         let dir = tempfile::tempdir().unwrap();
-        let topo = Topology::synthetic(SyntheticShape { packages: 1, numa_per_package: 1, l3_per_numa: 1, cores_per_l3: 8, threads_per_core: 1 });
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 1,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 8,
+            threads_per_core: 1,
+        });
         // One fake "kernel" that outlives the daemon.
-        let kernel = std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
-        let fake = |kernel: &std::sync::Arc<Fake>| Box::new(SharedFake { kernel: kernel.clone(), offers_self_join: false, foreign: Default::default() });
-        let mut first = Host::new(topo.clone(), CpuSet::new(), fake(&kernel), Some(Records::open(dir.path()).unwrap()), Strategy::BestFit).unwrap();
-        let a = first.allocate("1", "CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE] affinity[thread*3]", None, None, None, Some(1000)).unwrap();
+        let kernel =
+            std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
+        let fake = |kernel: &std::sync::Arc<Fake>| {
+            Box::new(SharedFake {
+                kernel: kernel.clone(),
+                offers_self_join: false,
+                foreign: Default::default(),
+            })
+        };
+        let mut first = Host::new(
+            topo.clone(),
+            CpuSet::new(),
+            fake(&kernel),
+            Some(Records::open(dir.path()).unwrap()),
+            Strategy::BestFit,
+        )
+        .unwrap();
+        let a = first
+            .allocate(
+                "1",
+                "CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE] affinity[thread*3]",
+                None,
+                None,
+                None,
+                Some(1000),
+            )
+            .unwrap();
         let b = first.allocate("2", "affinity[thread*2]", None, None, None, None).unwrap();
         // Killed right after answering: no destructor, no background writer to finish.
         std::mem::forget(first);
-        let mut again = Host::new(topo, CpuSet::new(), fake(&kernel), Some(Records::open(dir.path()).unwrap()), Strategy::BestFit).unwrap();
+        let mut again = Host::new(
+            topo,
+            CpuSet::new(),
+            fake(&kernel),
+            Some(Records::open(dir.path()).unwrap()),
+            Strategy::BestFit,
+        )
+        .unwrap();
         let report = again.recover(BTreeMap::new()).unwrap();
         assert_eq!(report.kept, ["1", "2"]);
         assert_eq!(again.ledger().get("1").unwrap().cpus, a.cpus);
         assert_eq!(again.ledger().get("2").unwrap().request, b.request);
-        assert_eq!(again.owner_of("1"), Some(1000), "the owner was durable before allocate answered");
+        assert_eq!(
+            again.owner_of("1"),
+            Some(1000),
+            "the owner was durable before allocate answered"
+        );
         again.ledger().check().unwrap();
         // No CPU is handed out twice after the restart.
         let c = again.allocate("3", "affinity[thread*3]", None, None, None, None).unwrap();
@@ -737,7 +946,8 @@ mod tests {
     #[test]
     fn every_recorded_request_reads_back_as_itself() {
         let mut h = host(None);
-        let e = h.allocate("1", "affinity[thread]", Some(0), None, None, None).unwrap_err().to_string();
+        let e =
+            h.allocate("1", "affinity[thread]", Some(0), None, None, None).unwrap_err().to_string();
         assert!(e.contains("tasks = 0"), "{e}");
         let e = h.fit("affinity[thread]", Some(0)).unwrap_err().to_string();
         assert!(e.contains("tasks = 0"), "{e}");
@@ -747,16 +957,39 @@ mod tests {
         let e = h.fit(&huge, None).unwrap_err().to_string();
         assert!(e.contains("CPUs 32-65535") && e.contains("does not have"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
-        let e = h.allocate("2", "CPUSET[CPU_LIST=5000-6000]", None, None, None, None).unwrap_err().to_string();
+        let e = h
+            .allocate("2", "CPUSET[CPU_LIST=5000-6000]", None, None, None, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("CPUs 5000-6000, which this host does not have"), "{e}");
-        let e = h.allocate("2", "affinity[thread]", None, Some("0-1,99"), None, None).unwrap_err().to_string();
+        let e = h
+            .allocate("2", "affinity[thread]", None, Some("0-1,99"), None, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("batch system's CPU list names CPUs 99"), "{e}");
-        let e = h.allocate("2", "CPUSET[CPU_LIST=5] affinity[thread]", None, Some("0-1"), None, None).unwrap_err().to_string();
+        let e = h
+            .allocate("2", "CPUSET[CPU_LIST=5] affinity[thread]", None, Some("0-1"), None, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no CPU among those the batch system gave"), "{e}");
         assert!(h.ledger().is_empty());
         // What is recorded parses back to itself.
-        for (req, tasks) in [("affinity[core(2)*2]", None), ("affinity[thread]", Some(3)), ("CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE;MAX_RADIUS=1] affinity[thread*2]", None)] {
-            let a = h.allocate(&format!("j{req}{tasks:?}").replace(['[', ']', '(', ')', '*', ' ', ';', '=', ','], ""), req, tasks, None, None, None).unwrap();
+        for (req, tasks) in [
+            ("affinity[core(2)*2]", None),
+            ("affinity[thread]", Some(3)),
+            ("CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE;MAX_RADIUS=1] affinity[thread*2]", None),
+        ] {
+            let a = h
+                .allocate(
+                    &format!("j{req}{tasks:?}")
+                        .replace(['[', ']', '(', ')', '*', ' ', ';', '=', ','], ""),
+                    req,
+                    tasks,
+                    None,
+                    None,
+                    None,
+                )
+                .unwrap();
             assert_eq!(crate::request::parse(&a.request).unwrap().to_string(), a.request);
         }
     }
@@ -768,7 +1001,10 @@ mod tests {
         h.join("5", 4242).unwrap();
         let ticket = h.begin_release("5").unwrap();
         assert!(matches!(h.join("5", 4243), Err(HostError::Releasing(_))));
-        assert!(matches!(h.allocate("5", "affinity[thread*2]", None, None, None, None), Err(HostError::Releasing(_))));
+        assert!(matches!(
+            h.allocate("5", "affinity[thread*2]", None, None, None, None),
+            Err(HostError::Releasing(_))
+        ));
         assert!(matches!(h.begin_release("5"), Err(HostError::Releasing(_))));
         let view = h.jobs();
         assert_eq!((view[0].state, view[0].owner_uid), (JobState::Releasing, Some(1000)));
@@ -780,10 +1016,24 @@ mod tests {
 
     #[test]
     fn a_foreign_cpuset_that_goes_away_gives_its_cpus_back() {
-        let topo = Topology::synthetic(SyntheticShape { packages: 1, numa_per_package: 1, l3_per_numa: 1, cores_per_l3: 4, threads_per_core: 1 });
-        let kernel = std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 1,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        let kernel =
+            std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
         let foreign = std::sync::Arc::new(std::sync::Mutex::new(CpuSet::parse_list("3").unwrap()));
-        let mut h = Host::new(topo, CpuSet::new(), Box::new(SharedFake { kernel, offers_self_join: false, foreign: foreign.clone() }), None, Strategy::BestFit).unwrap();
+        let mut h = Host::new(
+            topo,
+            CpuSet::new(),
+            Box::new(SharedFake { kernel, offers_self_join: false, foreign: foreign.clone() }),
+            None,
+            Strategy::BestFit,
+        )
+        .unwrap();
         assert!(h.reconcile_foreign().is_some());
         assert_eq!(h.allocatable().to_string(), "0-2");
         assert!(h.allocate("a", "affinity[thread*4]", None, None, None, None).is_err());

@@ -77,7 +77,9 @@ impl Config {
         let d = conn::Limits::default();
         conn::Limits {
             max_connections: self.max_connections.unwrap_or(d.max_connections),
-            max_connections_per_user: self.max_connections_per_user.unwrap_or(d.max_connections_per_user),
+            max_connections_per_user: self
+                .max_connections_per_user
+                .unwrap_or(d.max_connections_per_user),
             idle: self.idle_timeout_ms.map_or(d.idle, Duration::from_millis),
             line: self.line_timeout_ms.map_or(d.line, Duration::from_millis),
             write: self.write_timeout_ms.map_or(d.write, Duration::from_millis),
@@ -95,7 +97,9 @@ pub fn check_subtree(subtree: &str) -> Result<(), String> {
         if part.is_empty() || part == "." || part == ".." {
             return Err(format!("cgroup_subtree {subtree:?}: {part:?} is not a directory name (no leading or trailing '/', no '.', '..' or '//')"));
         }
-        if let Some(c) = part.chars().find(|c| !(c.is_ascii_alphanumeric() || "._-:@+".contains(*c))) {
+        if let Some(c) =
+            part.chars().find(|c| !(c.is_ascii_alphanumeric() || "._-:@+".contains(*c)))
+        {
             return Err(format!("cgroup_subtree {subtree:?}: character {c:?} is not allowed (letters, digits and ._-:@+ only)"));
         }
     }
@@ -127,40 +131,68 @@ pub enum ConfigError {
 impl Config {
     /// Reads a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Io { path: path.to_path_buf(), source })?;
         Config::parse(path, &text)
     }
 
     /// Parses configuration text; `path` names it in errors.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), what: e.to_string() })?;
+        let config: Config = toml::from_str(text)
+            .map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), what: e.to_string() })?;
         if let Some(r) = &config.reserved_cpus {
-            CpuSet::parse_list(r).map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), what: format!("reserved_cpus: {e}") })?;
+            CpuSet::parse_list(r).map_err(|e| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                what: format!("reserved_cpus: {e}"),
+            })?;
         }
         if let Some(c) = &config.cgroup {
             if !["auto", "v1", "v2", "fake"].contains(&c.as_str()) {
-                return Err(ConfigError::Invalid { path: path.to_path_buf(), what: format!("cgroup = {c:?}; expected auto, v1, v2 or fake") });
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    what: format!("cgroup = {c:?}; expected auto, v1, v2 or fake"),
+                });
             }
         }
         if config.tcp_listen.is_some() && config.tcp_key_file.is_none() {
-            return Err(ConfigError::Invalid { path: path.to_path_buf(), what: "tcp_listen needs tcp_key_file".into() });
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                what: "tcp_listen needs tcp_key_file".into(),
+            });
         }
         for entry in &config.tcp_allow {
-            tcp::Allow::parse(entry).map_err(|what| ConfigError::Invalid { path: path.to_path_buf(), what: format!("tcp_allow: {what}") })?;
+            tcp::Allow::parse(entry).map_err(|what| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                what: format!("tcp_allow: {what}"),
+            })?;
         }
         if let Some(subtree) = &config.cgroup_subtree {
-            check_subtree(subtree).map_err(|what| ConfigError::Invalid { path: path.to_path_buf(), what })?;
+            check_subtree(subtree)
+                .map_err(|what| ConfigError::Invalid { path: path.to_path_buf(), what })?;
         }
         if config.max_connections == Some(0) || config.max_connections_per_user == Some(0) {
-            return Err(ConfigError::Invalid { path: path.to_path_buf(), what: "max_connections and max_connections_per_user must be at least 1".into() });
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                what: "max_connections and max_connections_per_user must be at least 1".into(),
+            });
         }
-        for (key, ms) in [("idle_timeout_ms", config.idle_timeout_ms), ("line_timeout_ms", config.line_timeout_ms), ("write_timeout_ms", config.write_timeout_ms)] {
+        for (key, ms) in [
+            ("idle_timeout_ms", config.idle_timeout_ms),
+            ("line_timeout_ms", config.line_timeout_ms),
+            ("write_timeout_ms", config.write_timeout_ms),
+        ] {
             if ms.is_some_and(|ms| !(10..=3_600_000).contains(&ms)) {
-                return Err(ConfigError::Invalid { path: path.to_path_buf(), what: format!("{key} must be 10 to 3600000 (milliseconds)") });
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    what: format!("{key} must be 10 to 3600000 (milliseconds)"),
+                });
             }
         }
         if let Some(s) = &config.strategy {
-            s.parse::<crate::place::Strategy>().map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), what: format!("strategy: {e}") })?;
+            s.parse::<crate::place::Strategy>().map_err(|e| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                what: format!("strategy: {e}"),
+            })?;
         }
         Ok(config)
     }
@@ -174,7 +206,8 @@ mod tests {
     fn config_errors_say_what_and_where() {
         let p = Path::new("topod.toml");
         assert_eq!(Config::parse(p, "").unwrap(), Config::default());
-        let c = Config::parse(p, "reserved_cpus = \"0-1\"\nadmin_uids = [1000]\ncgroup = \"v1\"\n").unwrap();
+        let c = Config::parse(p, "reserved_cpus = \"0-1\"\nadmin_uids = [1000]\ncgroup = \"v1\"\n")
+            .unwrap();
         assert_eq!(c.admin_uids, [1000]);
         let e = Config::parse(p, "socket = 3").unwrap_err().to_string();
         assert!(e.contains("topod.toml") && e.contains("socket"), "{e}");
@@ -194,7 +227,10 @@ mod tests {
             let e = Config::parse(p, &format!("cgroup_subtree = {bad:?}")).unwrap_err().to_string();
             assert!(e.contains("cgroup_subtree"), "{bad}: {e}");
         }
-        assert_eq!(Config::parse(p, "cgroup_subtree = \"batch/topo\"").unwrap().cgroup_subtree.as_deref(), Some("batch/topo"));
+        assert_eq!(
+            Config::parse(p, "cgroup_subtree = \"batch/topo\"").unwrap().cgroup_subtree.as_deref(),
+            Some("batch/topo")
+        );
         let e = Config::parse(p, "max_connections_per_user = 0").unwrap_err().to_string();
         assert!(e.contains("at least 1"), "{e}");
         assert_eq!(Config::parse(p, "max_connections = 9").unwrap().limits().max_connections, 9);

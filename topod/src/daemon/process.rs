@@ -88,7 +88,15 @@ impl ProcessHandle {
         const SO_PEERPIDFD: libc::c_int = 77;
         // SAFETY: getsockopt writes at most `len` bytes to `fd`, a c_int that lives across the
         // call, and updates `len`; the socket descriptor is borrowed from a live stream.
-        let rc = unsafe { libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, SO_PEERPIDFD, (&mut fd as *mut libc::c_int).cast(), &mut len) };
+        let rc = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERPIDFD,
+                (&mut fd as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
         if rc != 0 {
             let e = std::io::Error::last_os_error();
             return match e.raw_os_error() {
@@ -132,7 +140,10 @@ impl ProcessHandle {
         if !self.alive() {
             return Err(ProcessError::NoSuchProcess(self.pid));
         }
-        parse_status(&text).ok_or_else(|| ProcessError::Os { pid: self.pid, what: format!("{path} has no Tgid or Uid line") })
+        parse_status(&text).ok_or_else(|| ProcessError::Os {
+            pid: self.pid,
+            what: format!("{path} has no Tgid or Uid line"),
+        })
     }
 }
 
@@ -147,7 +158,8 @@ pub fn parse_status(text: &str) -> Option<ProcStatus> {
 
 /// Whether `tid` is topod's own process or one of its threads (`/proc/self/task`).
 pub fn is_own(tid: i32) -> bool {
-    tid == std::process::id() as i32 || std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+    tid == std::process::id() as i32
+        || std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
 }
 
 #[cfg(test)]
@@ -199,7 +211,8 @@ mod tests {
 
     #[test]
     fn status_lines() {
-        let s = parse_status("Name:\tx\nTgid:\t42\nPid:\t43\nUid:\t1000\t1001\t1002\t1003\n").unwrap();
+        let s =
+            parse_status("Name:\tx\nTgid:\t42\nPid:\t43\nUid:\t1000\t1001\t1002\t1003\n").unwrap();
         assert_eq!(s, ProcStatus { tgid: 42, uids: [1000, 1001, 1002, 1003] });
         assert!(parse_status("Tgid:\t1\n").is_none());
     }

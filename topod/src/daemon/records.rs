@@ -53,7 +53,11 @@ pub struct Records {
 /// topod's own uid) and not writable by group or others. Checks the directory itself, not a link
 /// to it.
 pub fn check_private_dir(path: &Path) -> Result<(), RecordsError> {
-    let meta = std::fs::symlink_metadata(path).map_err(|source| RecordsError::Io { action: "inspecting", path: path.to_path_buf(), source })?;
+    let meta = std::fs::symlink_metadata(path).map_err(|source| RecordsError::Io {
+        action: "inspecting",
+        path: path.to_path_buf(),
+        source,
+    })?;
     let me = nix::unistd::geteuid().as_raw();
     let unsafe_dir = |why: String| Err(RecordsError::Unsafe { path: path.to_path_buf(), why });
     if meta.file_type().is_symlink() {
@@ -67,7 +71,11 @@ pub fn check_private_dir(path: &Path) -> Result<(), RecordsError> {
     }
     let mode = meta.permissions().mode();
     if mode & 0o022 != 0 && mode & 0o1000 == 0 {
-        return unsafe_dir(format!("writable by {} (mode {:o})", if mode & 0o002 != 0 { "everyone" } else { "its group" }, mode & 0o7777));
+        return unsafe_dir(format!(
+            "writable by {} (mode {:o})",
+            if mode & 0o002 != 0 { "everyone" } else { "its group" },
+            mode & 0o7777
+        ));
     }
     if mode & 0o022 != 0 {
         // Sticky and shared (like /tmp): others cannot replace our files, but can plant names.
@@ -80,7 +88,11 @@ impl Records {
     /// Uses `<state_dir>/jobs`, creating it (mode 0700) if missing. `state_dir` is checked with
     /// [`check_private_dir`] when topod runs as root.
     pub fn open(state_dir: &Path) -> Result<Records, RecordsError> {
-        std::fs::create_dir_all(state_dir).map_err(|source| RecordsError::Io { action: "creating", path: state_dir.to_path_buf(), source })?;
+        std::fs::create_dir_all(state_dir).map_err(|source| RecordsError::Io {
+            action: "creating",
+            path: state_dir.to_path_buf(),
+            source,
+        })?;
         if nix::unistd::geteuid().is_root() {
             check_private_dir(state_dir)?;
         }
@@ -102,7 +114,10 @@ impl Records {
     pub fn write(&self, job: &JobId, hint: &JobHint) -> Result<(), RecordsError> {
         let bytes = serde_json::to_vec(hint).unwrap_or_default();
         let tmp = self.dir.join(format!(".{}.tmp", job.as_str()));
-        fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RecordsError + 'a {
+        fn io<'a>(
+            action: &'static str,
+            path: &'a Path,
+        ) -> impl FnOnce(std::io::Error) -> RecordsError + 'a {
             move |source| RecordsError::Io { action, path: path.to_path_buf(), source }
         }
         // A temporary file left by a crash is ours to replace; O_EXCL and O_NOFOLLOW make sure
@@ -146,7 +161,9 @@ impl Records {
                 unreadable.push(name);
                 continue;
             };
-            let parsed = std::fs::read(e.path()).ok().and_then(|b| serde_json::from_slice::<JobHint>(&b).ok());
+            let parsed = std::fs::read(e.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<JobHint>(&b).ok());
             match parsed {
                 Some(hint) => {
                     records.insert(job.to_string(), hint);
@@ -167,7 +184,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = Records::open(dir.path()).unwrap();
         let job = JobId::parse("12[3]").unwrap();
-        let hint = JobHint { request: "affinity[thread*1]".into(), tasks: vec![crate::CpuSet::parse_list("3").unwrap()], owner_uid: Some(1000) };
+        let hint = JobHint {
+            request: "affinity[thread*1]".into(),
+            tasks: vec![crate::CpuSet::parse_list("3").unwrap()],
+            owner_uid: Some(1000),
+        };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();
         let (all, bad) = r.load();
@@ -189,7 +210,10 @@ mod tests {
         std::os::unix::fs::symlink(&target, dir.path().join("jobs/7.json")).unwrap();
         r.write(&job, &JobHint::default()).unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
-        assert!(!std::fs::symlink_metadata(dir.path().join("jobs/7.json")).unwrap().file_type().is_symlink());
+        assert!(!std::fs::symlink_metadata(dir.path().join("jobs/7.json"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
     }
 
     #[test]
@@ -199,7 +223,10 @@ mod tests {
         let e = check_private_dir(dir.path()).unwrap_err().to_string();
         assert!(e.contains("writable by everyone") && e.contains("chmod 755"), "{e}");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
-        assert!(check_private_dir(dir.path()).unwrap_err().to_string().contains("shared with other users"));
+        assert!(check_private_dir(dir.path())
+            .unwrap_err()
+            .to_string()
+            .contains("shared with other users"));
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         check_private_dir(dir.path()).unwrap();
         let link = dir.path().join("link");

@@ -63,7 +63,8 @@ impl Peer {
     /// The peer of a Unix socket connection: its credentials only (no pidfd yet; see
     /// [`Peer::name_process`]).
     pub fn of(stream: &UnixStream) -> std::io::Result<Peer> {
-        let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).map_err(std::io::Error::from)?;
+        let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
+            .map_err(std::io::Error::from)?;
         Ok(Peer { pid: cred.pid(), uid: cred.uid(), gid: cred.gid(), process: None })
     }
 
@@ -76,7 +77,9 @@ impl Peer {
             // Before Linux 6.5: open a pidfd of the pid now, and keep it only if that process is
             // still the peer's user (the pid cannot have been reused by another user's process
             // and still pass). The window between connect and this accept is not closed there.
-            Ok(None) => ProcessHandle::open(pid).ok().filter(|h| h.status().is_ok_and(|s| s.uids[1] == uid)),
+            Ok(None) => {
+                ProcessHandle::open(pid).ok().filter(|h| h.status().is_ok_and(|s| s.uids[1] == uid))
+            }
             Err(_) => None,
         };
         self.process = process.map(Arc::new);
@@ -104,7 +107,14 @@ impl Server {
         let topology = host.topology().clone();
         let topology_json = serde_json::to_value(&*topology).unwrap_or_default();
         let backend_kind = host.backend_kind();
-        Arc::new(Server { host: Arc::new(Mutex::new(host)), topology, topology_json, admins, gate, backend_kind })
+        Arc::new(Server {
+            host: Arc::new(Mutex::new(host)),
+            topology,
+            topology_json,
+            admins,
+            gate,
+            backend_kind,
+        })
     }
 
     /// The host, locked.
@@ -155,28 +165,51 @@ pub fn serve(listener: UnixListener, server: Arc<Server>) {
 /// Answers a connection that is over a limit with one error line (never waiting on the client)
 /// and closes it.
 pub(crate) fn refuse(mut stream: impl Timed, server: &Server, why: &str) {
-    let _ = stream.set_write_timeout(Some(std::time::Duration::from_millis(100).min(server.gate.limits().write)));
+    let _ = stream.set_write_timeout(Some(
+        std::time::Duration::from_millis(100).min(server.gate.limits().write),
+    ));
     let _ = stream.write_all(Reply::error(ErrorCode::Busy, why).to_line().as_bytes());
 }
 
 /// Serves one connection: a request line, a reply line, until the client closes, falls silent,
 /// or sends a line too long or too slow. `read_only` refuses every change (the TCP listener).
-pub(crate) fn connection(mut stream: impl Timed, mut lines: LineReader, server: &Server, peer: &Peer, read_only: bool, _admitted: Admitted) -> std::io::Result<()> {
+pub(crate) fn connection(
+    mut stream: impl Timed,
+    mut lines: LineReader,
+    server: &Server,
+    peer: &Peer,
+    read_only: bool,
+    _admitted: Admitted,
+) -> std::io::Result<()> {
     let limits = server.gate.limits();
     stream.set_write_timeout(Some(limits.write))?;
     loop {
         let (reply, close) = match lines.next(&mut stream)? {
             Line::Closed => return Ok(()),
             Line::TimedOut { partial: false } => return Ok(()),
-            Line::TimedOut { partial: true } => {
-                (Reply::error(ErrorCode::BadRequest, format!("the request line did not arrive whole within {} s; closing", limits.line.as_secs_f64())), true)
-            }
+            Line::TimedOut { partial: true } => (
+                Reply::error(
+                    ErrorCode::BadRequest,
+                    format!(
+                        "the request line did not arrive whole within {} s; closing",
+                        limits.line.as_secs_f64()
+                    ),
+                ),
+                true,
+            ),
             // The rest of that line cannot be trusted to be a request: close.
-            Line::TooLong(n) => (Reply::error(ErrorCode::BadRequest, proto::ProtoError::TooLong(n).to_string()), true),
+            Line::TooLong(n) => (
+                Reply::error(ErrorCode::BadRequest, proto::ProtoError::TooLong(n).to_string()),
+                true,
+            ),
             Line::Complete(line) => match proto::parse_request(&line) {
-                Ok(req) if read_only && req.op.changes_state() => {
-                    (Reply::error(ErrorCode::Forbidden, "the TCP listener is read-only; change state through the local socket"), false)
-                }
+                Ok(req) if read_only && req.op.changes_state() => (
+                    Reply::error(
+                        ErrorCode::Forbidden,
+                        "the TCP listener is read-only; change state through the local socket",
+                    ),
+                    false,
+                ),
                 Ok(req) => (handle(server, peer, req.op), false),
                 Err(e) => (Reply::error(ErrorCode::BadRequest, e.to_string()), false),
             },
@@ -191,7 +224,15 @@ pub(crate) fn connection(mut stream: impl Timed, mut lines: LineReader, server: 
 /// Answers one request from `peer`.
 pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
     let admin = server.admins.allows(peer);
-    let forbidden = |what: &str| Reply::error(ErrorCode::Forbidden, format!("{what} needs root or a configured administrator; you are uid {} gid {}", peer.uid, peer.gid));
+    let forbidden = |what: &str| {
+        Reply::error(
+            ErrorCode::Forbidden,
+            format!(
+                "{what} needs root or a configured administrator; you are uid {} gid {}",
+                peer.uid, peer.gid
+            ),
+        )
+    };
     match op {
         Op::Version => Reply::ok(json!({
             "topod": env!("CARGO_PKG_VERSION"),
@@ -257,11 +298,17 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                     } else {
                         match host.release(&job) {
                             Ok(_) => format!("job {job} was not allocated"),
-                            Err(undo) => format!("job {job} is allocated (CPUs {}) and could not be undone: {undo}", alloc.cpus),
+                            Err(undo) => format!(
+                                "job {job} is allocated (CPUs {}) and could not be undone: {undo}",
+                                alloc.cpus
+                            ),
                         }
                     };
                     if let Some(err) = reply.error.as_mut() {
-                        err.message = format!("{outcome}: process {pid} could not be moved in: {}", err.message);
+                        err.message = format!(
+                            "{outcome}: process {pid} could not be moved in: {}",
+                            err.message
+                        );
                     }
                     return reply;
                 }
@@ -319,7 +366,9 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
 /// topod's own, and, for a peer that is not an administrator, the very process that connected,
 /// still running as the peer's user.
 fn join_target(pid: i32, peer: &Peer, admin: bool) -> Result<ProcessHandle, Reply> {
-    let refused = |e: ProcessError| Reply::error(ErrorCode::BadRequest, format!("cannot move process {pid}: {e}"));
+    let refused = |e: ProcessError| {
+        Reply::error(ErrorCode::BadRequest, format!("cannot move process {pid}: {e}"))
+    };
     let target = ProcessHandle::open(pid).map_err(refused)?;
     let status = target.status().map_err(refused)?;
     if status.tgid == std::process::id() as i32 {
@@ -333,13 +382,19 @@ fn join_target(pid: i32, peer: &Peer, admin: bool) -> Result<ProcessHandle, Repl
         return forbidden("topod could not identify the process that opened this connection, so it moves none for a user who is not an administrator".into());
     };
     if pid != peer.pid {
-        return forbidden(format!("you may move only your own process (pid {}) into your job, not pid {pid}", peer.pid));
+        return forbidden(format!(
+            "you may move only your own process (pid {}) into your job, not pid {pid}",
+            peer.pid
+        ));
     }
     if !own.alive() {
         return forbidden(format!("the process that opened this connection (pid {}) has exited; a connection cannot move another process in its place", peer.pid));
     }
     if status.uids[0] != peer.uid || status.uids[1] != peer.uid {
-        return forbidden(format!("process {pid} does not run as uid {} (real uid {}, effective uid {})", peer.uid, status.uids[0], status.uids[1]));
+        return forbidden(format!(
+            "process {pid} does not run as uid {} (real uid {}, effective uid {})",
+            peer.uid, status.uids[0], status.uids[1]
+        ));
     }
     Ok(target)
 }
@@ -355,11 +410,17 @@ fn moved_check(target: &ProcessHandle, job: &str) {
 /// The reply for a refused or failed host operation.
 pub fn error_reply(e: &HostError) -> Reply {
     let code = match e {
-        HostError::BadJob(_) | HostError::AlreadyAllocated { .. } | HostError::BadPid(_) | HostError::Releasing(_) => ErrorCode::BadRequest,
+        HostError::BadJob(_)
+        | HostError::AlreadyAllocated { .. }
+        | HostError::BadPid(_)
+        | HostError::Releasing(_) => ErrorCode::BadRequest,
         HostError::BadRequest(_) => ErrorCode::BadTopologyRequest,
         HostError::DoesNotFit { .. } => ErrorCode::DoesNotFit,
         HostError::UnknownJob(_) => ErrorCode::UnknownJob,
-        HostError::Survivors { .. } | HostError::Cgroup(_) | HostError::Ledger(_) | HostError::Records(_) => ErrorCode::Internal,
+        HostError::Survivors { .. }
+        | HostError::Cgroup(_)
+        | HostError::Ledger(_)
+        | HostError::Records(_) => ErrorCode::Internal,
     };
     Reply::error(code, e.to_string())
 }
@@ -385,18 +446,34 @@ mod tests {
         let reply = join_target(reused_pid, &peer, false).unwrap_err();
         let err = reply.error.unwrap();
         assert_eq!(err.code, ErrorCode::Forbidden);
-        assert!(err.message.contains("has exited") && err.message.contains("cannot move another process"), "{}", err.message);
+        assert!(
+            err.message.contains("has exited")
+                && err.message.contains("cannot move another process"),
+            "{}",
+            err.message
+        );
         // The live peer itself is fine; a process that is not the peer is not.
-        let live = Peer { pid: reused_pid, uid: me(), gid: 0, process: Some(Arc::new(ProcessHandle::open(reused_pid).unwrap())) };
+        let live = Peer {
+            pid: reused_pid,
+            uid: me(),
+            gid: 0,
+            process: Some(Arc::new(ProcessHandle::open(reused_pid).unwrap())),
+        };
         assert!(join_target(reused_pid, &live, false).is_ok());
-        let not_peer = join_target(std::process::id() as i32, &live, false).unwrap_err().error.unwrap();
+        let not_peer =
+            join_target(std::process::id() as i32, &live, false).unwrap_err().error.unwrap();
         assert!(not_peer.message.contains("topod itself"), "{}", not_peer.message);
         let other = Peer { pid: 1, ..live.clone() };
         let e = join_target(reused_pid, &other, false).unwrap_err().error.unwrap();
         assert!(e.message.contains("only your own process (pid 1)"), "{}", e.message);
         // No pidfd for the peer: only an administrator moves processes.
         let unnamed = Peer { process: None, ..live.clone() };
-        assert!(join_target(reused_pid, &unnamed, false).unwrap_err().error.unwrap().message.contains("could not identify"));
+        assert!(join_target(reused_pid, &unnamed, false)
+            .unwrap_err()
+            .error
+            .unwrap()
+            .message
+            .contains("could not identify"));
         assert!(join_target(reused_pid, &unnamed, true).is_ok());
         reused.kill().unwrap();
         reused.wait().unwrap();

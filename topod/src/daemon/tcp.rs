@@ -24,10 +24,16 @@ impl Allow {
             Some((a, p)) => (a, Some(p)),
             None => (text, None),
         };
-        let net: IpAddr = addr.trim().parse().map_err(|_| format!("{text:?} is not an IP address or network"))?;
+        let net: IpAddr =
+            addr.trim().parse().map_err(|_| format!("{text:?} is not an IP address or network"))?;
         let max = if net.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
-            Some(p) => p.trim().parse::<u8>().ok().filter(|&p| p <= max).ok_or_else(|| format!("{text:?}: prefix must be 0 to {max}"))?,
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|&p| p <= max)
+                .ok_or_else(|| format!("{text:?}: prefix must be 0 to {max}"))?,
             None => max,
         };
         Ok(Allow { net, prefix })
@@ -89,7 +95,12 @@ pub fn serve(listener: TcpListener, server: Arc<Server>, allow: Arc<Vec<Allow>>,
     }
 }
 
-fn connection(mut stream: TcpStream, server: &Server, key: &str, admitted: Admitted) -> std::io::Result<()> {
+fn connection(
+    mut stream: TcpStream,
+    server: &Server,
+    key: &str,
+    admitted: Admitted,
+) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(server.gate.limits().write))?;
     // The key must come first, whole, within the line limit.
@@ -100,7 +111,14 @@ fn connection(mut stream: TcpStream, server: &Server, key: &str, admitted: Admit
     };
     let given = String::from_utf8_lossy(&given);
     if !same(given.trim_end_matches('\r').as_bytes(), key.as_bytes()) {
-        stream.write_all(Reply::error(ErrorCode::Forbidden, "wrong or missing key: send the shared key as the first line").to_line().as_bytes())?;
+        stream.write_all(
+            Reply::error(
+                ErrorCode::Forbidden,
+                "wrong or missing key: send the shared key as the first line",
+            )
+            .to_line()
+            .as_bytes(),
+        )?;
         return Ok(());
     }
     // No kernel credentials over TCP: the peer is nobody, and nobody may only read.

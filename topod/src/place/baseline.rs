@@ -15,7 +15,11 @@ use crate::request::Level;
 fn need_and_pool(model: &HostModel, job: &JobShape) -> Result<(usize, CpuSet), PlaceError> {
     let need = job.units_per_task * model.pus_per_unit(job.unit);
     let whole_cores = job.unit != Level::Thread || job.exclusive.is_some();
-    let pool = if whole_cores { CpuSet::union_all(model.cores.iter().filter(|c| c.is_subset(&job.avail))) } else { job.avail.clone() };
+    let pool = if whole_cores {
+        CpuSet::union_all(model.cores.iter().filter(|c| c.is_subset(&job.avail)))
+    } else {
+        job.avail.clone()
+    };
     if pool.len() < need * job.tasks {
         return Err(PlaceError::NotEnoughFree {
             needed: need * job.tasks,
@@ -56,13 +60,18 @@ fn run(
         let fits = model.domains(level).iter().filter(|d| d.intersection_len(&pool) >= per_task);
         let dom = match choice {
             DomainChoice::FirstThatFits => fits.min_by_key(|d| d.first()),
-            DomainChoice::FullestThatFits => fits.min_by_key(|d| (d.intersection_len(&pool), d.first())),
+            DomainChoice::FullestThatFits => {
+                fits.min_by_key(|d| (d.intersection_len(&pool), d.first()))
+            }
         };
         let Some(dom) = dom else {
             return Err(PlaceError::Shape {
                 needed: job.units_needed(),
                 unit: unit_name(job.unit),
-                why: format!("no {} has {per_task} free CPUs for the next task", domain_name(level)),
+                why: format!(
+                    "no {} has {per_task} free CPUs for the next task",
+                    domain_name(level)
+                ),
             });
         };
         let t = take(model, &dom.intersection(&pool), per_task);
@@ -98,7 +107,8 @@ fn k8s_take(model: &HostModel, pool: &CpuSet, need: usize) -> CpuSet {
     let mut pool = pool.clone();
     let mut taken = CpuSet::new();
     let numa_first = model.sockets.len() >= model.numa.len();
-    let levels = if numa_first { [&model.numa, &model.sockets] } else { [&model.sockets, &model.numa] };
+    let levels =
+        if numa_first { [&model.numa, &model.sockets] } else { [&model.sockets, &model.numa] };
     for level in levels {
         for dom in level.iter() {
             let left = need - taken.len();
@@ -107,8 +117,12 @@ fn k8s_take(model: &HostModel, pool: &CpuSet, need: usize) -> CpuSet {
             }
         }
     }
-    let socket_free = |pool: &CpuSet, cpu: u32| model.domain_of(Level::Socket, cpu).map_or(0, |s| model.sockets[s].intersection_len(pool));
-    let numa_free = |pool: &CpuSet, cpu: u32| model.domain_of(Level::Numa, cpu).map_or(0, |s| model.numa[s].intersection_len(pool));
+    let socket_free = |pool: &CpuSet, cpu: u32| {
+        model.domain_of(Level::Socket, cpu).map_or(0, |s| model.sockets[s].intersection_len(pool))
+    };
+    let numa_free = |pool: &CpuSet, cpu: u32| {
+        model.domain_of(Level::Numa, cpu).map_or(0, |s| model.numa[s].intersection_len(pool))
+    };
     // takeFullCores
     if need - taken.len() >= model.threads_per_core {
         let mut cores: Vec<&CpuSet> = model.cores.iter().filter(|c| c.is_subset(&pool)).collect();
@@ -125,7 +139,8 @@ fn k8s_take(model: &HostModel, pool: &CpuSet, need: usize) -> CpuSet {
     // takeRemainingCPUs
     let mut cpus: Vec<u32> = pool.iter().collect();
     cpus.sort_by_key(|&c| {
-        let core_free = model.domain_of(Level::Core, c).map_or(0, |i| model.cores[i].intersection_len(&pool));
+        let core_free =
+            model.domain_of(Level::Core, c).map_or(0, |i| model.cores[i].intersection_len(&pool));
         (socket_free(&pool, c), numa_free(&pool, c), core_free, c)
     });
     for c in cpus {
@@ -151,14 +166,20 @@ pub fn slurm_block(model: &HostModel, job: &JobShape) -> Result<Vec<CpuSet>, Pla
 
 fn slurm_take(model: &HostModel, pool: &CpuSet, need: usize) -> CpuSet {
     let mut taken = CpuSet::new();
-    let mut sockets: Vec<(usize, usize)> = model.sockets.iter().enumerate().map(|(i, s)| (i, s.intersection_len(pool))).collect();
+    let mut sockets: Vec<(usize, usize)> =
+        model.sockets.iter().enumerate().map(|(i, s)| (i, s.intersection_len(pool))).collect();
     while taken.len() < need {
         let left = need - taken.len();
         let pick = sockets
             .iter()
             .filter(|(_, f)| *f >= left)
             .min_by_key(|(i, f)| (*f, *i))
-            .or_else(|| sockets.iter().filter(|(_, f)| *f > 0).max_by_key(|(i, f)| (*f, std::cmp::Reverse(*i))))
+            .or_else(|| {
+                sockets
+                    .iter()
+                    .filter(|(_, f)| *f > 0)
+                    .max_by_key(|(i, f)| (*f, std::cmp::Reverse(*i)))
+            })
             .copied();
         let Some((s, _)) = pick else { break };
         let free_here = model.sockets[s].intersection(pool);

@@ -44,7 +44,11 @@ pub struct JobShape {
 
 impl JobShape {
     /// Resolves `request` on `model` under `occupancy`.
-    pub fn new(model: &HostModel, occupancy: &Occupancy, request: &Request) -> Result<Self, PlaceError> {
+    pub fn new(
+        model: &HostModel,
+        occupancy: &Occupancy,
+        request: &Request,
+    ) -> Result<Self, PlaceError> {
         let mut free = occupancy.free(model);
         if let Some(list) = &request.cpu_list {
             free.intersect_with(list);
@@ -139,7 +143,12 @@ impl JobShape {
             if let Some(level) = self.exclusive {
                 detail += &format!(" (exclusive: only wholly free {}s count)", domain_name(level));
             }
-            return Err(PlaceError::NotEnoughFree { needed: need, free: free_units, unit: unit_name(self.unit), detail });
+            return Err(PlaceError::NotEnoughFree {
+                needed: need,
+                free: free_units,
+                unit: unit_name(self.unit),
+                detail,
+            });
         }
         Ok(())
     }
@@ -186,7 +195,9 @@ impl JobShape {
     /// Whether a tree node is where a task's units are picked: it lies inside one `same=` domain
     /// and one `injob` domain (or is a leaf).
     fn is_task_terminal(&self, node: &super::model::TreeNode) -> bool {
-        let inside = |level: Option<Level>| level.and_then(level_slot).is_none_or(|s| node.within[s].is_some());
+        let inside = |level: Option<Level>| {
+            level.and_then(level_slot).is_none_or(|s| node.within[s].is_some())
+        };
         node.children.is_empty() || (inside(self.same) && inside(self.task_spread))
     }
 
@@ -228,21 +239,35 @@ fn count(model: &HostModel, job: &JobShape, reps: &CpuSet) -> Counts {
     if !job.by_tasks() {
         return Counts { slots: units.clone(), units };
     }
-    let cap_tasks = |node: &super::model::TreeNode, t: usize| if JobShape::within(node, job.task_spread) { t.min(1) } else { t };
+    let cap_tasks = |node: &super::model::TreeNode, t: usize| {
+        if JobShape::within(node, job.task_spread) {
+            t.min(1)
+        } else {
+            t
+        }
+    };
     let mut slots = vec![0usize; n];
     for (id, node) in model.tree.iter().enumerate().filter(|(_, n)| n.children.is_empty()) {
         slots[id] = cap_tasks(node, units[id] / job.units_per_task);
     }
     for &id in model.internal_bottom_up() {
         let node = &model.tree[id];
-        let t = if job.is_task_terminal(node) { units[id] / job.units_per_task } else { node.children.iter().map(|&c| slots[c]).sum() };
+        let t = if job.is_task_terminal(node) {
+            units[id] / job.units_per_task
+        } else {
+            node.children.iter().map(|&c| slots[c]).sum()
+        };
         slots[id] = cap_tasks(node, t);
     }
     Counts { units, slots }
 }
 
 /// Places a job with a shape-aware strategy; returns the CPUs of each task.
-pub fn place_shaped(model: &HostModel, job: &JobShape, strategy: Strategy) -> Result<Vec<CpuSet>, PlaceError> {
+pub fn place_shaped(
+    model: &HostModel,
+    job: &JobShape,
+    strategy: Strategy,
+) -> Result<Vec<CpuSet>, PlaceError> {
     let tasks = place_once(model, job, &job.unit_reps, strategy)?;
     let cpus = CpuSet::union_all(&tasks);
     if within_limits(model, job, &cpus) {
@@ -311,7 +336,9 @@ fn limit_regions(model: &HostModel, job: &JobShape) -> Vec<CpuSet> {
         let doms = model.domains(level);
         for start in 0..doms.len() {
             // n consecutive domains starting at each one: neighbours by numbering are close.
-            let region = CpuSet::union_all((0..(n as usize).min(doms.len())).map(|k| &doms[(start + k) % doms.len()]));
+            let region = CpuSet::union_all(
+                (0..(n as usize).min(doms.len())).map(|k| &doms[(start + k) % doms.len()]),
+            );
             regions.push(region);
         }
     }
@@ -320,7 +347,12 @@ fn limit_regions(model: &HostModel, job: &JobShape) -> Vec<CpuSet> {
     regions
 }
 
-fn place_once(model: &HostModel, job: &JobShape, reps: &CpuSet, strategy: Strategy) -> Result<Vec<CpuSet>, PlaceError> {
+fn place_once(
+    model: &HostModel,
+    job: &JobShape,
+    reps: &CpuSet,
+    strategy: Strategy,
+) -> Result<Vec<CpuSet>, PlaceError> {
     let mut taken: Vec<CpuSet> = Vec::with_capacity(job.tasks);
     if strategy == Strategy::Buddy {
         // Power-of-two blocks of tasks, largest first, each placed best-fit on what is left.
@@ -346,12 +378,22 @@ fn power_of_two_blocks(n: usize) -> Vec<usize> {
     (0..usize::BITS).rev().map(|b| 1usize << b).filter(|b| n & b != 0).collect()
 }
 
-fn descend(model: &HostModel, job: &JobShape, reps: &CpuSet, strategy: Strategy) -> Result<Vec<CpuSet>, PlaceError> {
+fn descend(
+    model: &HostModel,
+    job: &JobShape,
+    reps: &CpuSet,
+    strategy: Strategy,
+) -> Result<Vec<CpuSet>, PlaceError> {
     let counts = count(model, job, reps);
     let need_slots = if job.by_tasks() { job.tasks } else { job.units_needed() };
     if counts.slots[0] < need_slots {
         let free_units = reps.len();
-        let mut why = format!("no room for {} task(s) of {} {}(s)", job.tasks, job.units_per_task, unit_name(job.unit));
+        let mut why = format!(
+            "no room for {} task(s) of {} {}(s)",
+            job.tasks,
+            job.units_per_task,
+            unit_name(job.unit)
+        );
         if let Some(s) = job.same {
             why += &format!(", each inside one {}", domain_name(s));
         }
@@ -365,12 +407,18 @@ fn descend(model: &HostModel, job: &JobShape, reps: &CpuSet, strategy: Strategy)
             why += ", at most MAX_CPU_PER_NODE per NUMA node";
         }
         return Err(if free_units < job.units_needed() {
-            PlaceError::NotEnoughFree { needed: job.units_needed(), free: free_units, unit: unit_name(job.unit), detail: String::new() }
+            PlaceError::NotEnoughFree {
+                needed: job.units_needed(),
+                free: free_units,
+                unit: unit_name(job.unit),
+                detail: String::new(),
+            }
         } else {
             PlaceError::Shape { needed: job.units_needed(), unit: unit_name(job.unit), why }
         });
     }
-    let mut out = Walk { model, job, reps, counts: &counts, strategy, tasks: Vec::with_capacity(job.tasks) };
+    let mut out =
+        Walk { model, job, reps, counts: &counts, strategy, tasks: Vec::with_capacity(job.tasks) };
     if job.by_tasks() {
         out.by_tasks(0, need_slots);
     } else {
@@ -422,7 +470,10 @@ impl Walk<'_> {
 
     fn collect_units(&mut self, node: usize, need: usize, out: &mut Vec<u32>) {
         let n = &self.model.tree[node];
-        if need == self.counts.units[node] && self.job.numa_cap_units.is_none() && self.job.unit_spread.is_none() {
+        if need == self.counts.units[node]
+            && self.job.numa_cap_units.is_none()
+            && self.job.unit_spread.is_none()
+        {
             // Everything under this node: no choice left to make.
             self.take_all(node, out);
             return;
@@ -472,7 +523,8 @@ impl Walk<'_> {
             (tree[id].cpus.len(), counts[id], parent_free, id)
         };
         let mut best: Option<(usize, usize, usize, usize)> = None;
-        let mut stack: smallvec::SmallVec<[usize; 64]> = tree[node].children.iter().copied().collect();
+        let mut stack: smallvec::SmallVec<[usize; 64]> =
+            tree[node].children.iter().copied().collect();
         while let Some(id) = stack.pop() {
             if counts[id] < need {
                 continue;
@@ -494,7 +546,8 @@ impl Walk<'_> {
 
     /// How to share `need` among the children of `node`, by the strategy.
     fn split(&self, node: usize, need: usize, counts: &[usize]) -> Vec<(usize, usize)> {
-        let children: Vec<usize> = self.model.tree[node].children.iter().copied().filter(|&c| counts[c] > 0).collect();
+        let children: Vec<usize> =
+            self.model.tree[node].children.iter().copied().filter(|&c| counts[c] > 0).collect();
         match self.strategy {
             Strategy::Pack => fill_in_order(children, counts, need, |c| (counts[c], c)),
             Strategy::Balance => balance(&children, counts, need),
@@ -503,20 +556,33 @@ impl Walk<'_> {
         }
     }
 
-    fn best_fit_split(&self, children: &[usize], counts: &[usize], need: usize) -> Vec<(usize, usize)> {
+    fn best_fit_split(
+        &self,
+        children: &[usize],
+        counts: &[usize],
+        need: usize,
+    ) -> Vec<(usize, usize)> {
         // One child holds it all: the tightest one.
-        if let Some(&c) = children.iter().filter(|&&c| counts[c] >= need).min_by_key(|&&c| (counts[c], c)) {
+        if let Some(&c) =
+            children.iter().filter(|&&c| counts[c] >= need).min_by_key(|&&c| (counts[c], c))
+        {
             return vec![(c, need)];
         }
         // Span: grow a set around each possible centre, nearest first (largest first among equally
         // near ones, so the set stays small); keep the set with the fewest members, then the
         // smallest radius, then the least left over.
-        let numa_of = |c: usize| self.model.domain_of(Level::Numa, self.model.tree[c].cpus.first().unwrap_or(0)).unwrap_or(0);
+        let numa_of = |c: usize| {
+            self.model
+                .domain_of(Level::Numa, self.model.tree[c].cpus.first().unwrap_or(0))
+                .unwrap_or(0)
+        };
         let mut best: Option<((usize, u32, usize), Vec<usize>)> = None;
         for &centre in children {
             let cn = numa_of(centre);
             let mut order: Vec<usize> = children.iter().copied().filter(|&c| c != centre).collect();
-            order.sort_by_key(|&c| (self.model.distance(cn, numa_of(c)), std::cmp::Reverse(counts[c]), c));
+            order.sort_by_key(|&c| {
+                (self.model.distance(cn, numa_of(c)), std::cmp::Reverse(counts[c]), c)
+            });
             let mut set = vec![centre];
             let mut sum = counts[centre];
             for c in order {
@@ -583,7 +649,12 @@ fn fewest_children(mut children: Vec<usize>, counts: &[usize], need: usize) -> V
 }
 
 /// Takes from `members` in the order of `key`, each as much as it has, until `need` is met.
-fn fill_in_order<K: Ord>(mut members: Vec<usize>, counts: &[usize], need: usize, key: impl Fn(usize) -> K) -> Vec<(usize, usize)> {
+fn fill_in_order<K: Ord>(
+    mut members: Vec<usize>,
+    counts: &[usize],
+    need: usize,
+    key: impl Fn(usize) -> K,
+) -> Vec<(usize, usize)> {
     members.sort_by_key(|&c| key(c));
     let mut left = need;
     let mut out = Vec::new();
@@ -603,7 +674,8 @@ fn balance(children: &[usize], counts: &[usize], need: usize) -> Vec<(usize, usi
     let mut given = vec![0usize; children.len()];
     let mut left = need;
     while left > 0 {
-        let open: Vec<usize> = (0..children.len()).filter(|&i| given[i] < counts[children[i]]).collect();
+        let open: Vec<usize> =
+            (0..children.len()).filter(|&i| given[i] < counts[children[i]]).collect();
         if open.is_empty() {
             break;
         }

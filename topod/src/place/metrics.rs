@@ -104,7 +104,8 @@ impl HostMetrics {
     pub fn measure(model: &HostModel, occupancy: &Occupancy) -> Self {
         let free = occupancy.free(model);
         let whole = |doms: &[CpuSet]| doms.iter().filter(|d| d.is_subset(&free)).count();
-        let most = |doms: &[CpuSet]| doms.iter().map(|d| d.intersection_len(&free)).max().unwrap_or(0);
+        let most =
+            |doms: &[CpuSet]| doms.iter().map(|d| d.intersection_len(&free)).max().unwrap_or(0);
         HostMetrics {
             free_cpus: free.len(),
             free_cores: whole(&model.cores),

@@ -128,7 +128,10 @@ pub struct UnknownStrategy(pub String);
 impl FromStr for Strategy {
     type Err = UnknownStrategy;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Strategy::ALL.into_iter().find(|st| st.name() == s).ok_or_else(|| UnknownStrategy(s.to_string()))
+        Strategy::ALL
+            .into_iter()
+            .find(|st| st.name() == s)
+            .ok_or_else(|| UnknownStrategy(s.to_string()))
     }
 }
 
@@ -192,7 +195,12 @@ impl PlaceError {
 pub const DEFAULT_TASKS: u32 = 1;
 
 /// Places `request` on the host described by `model` with the given occupancy.
-pub fn place(model: &HostModel, occupancy: &Occupancy, request: &Request, strategy: Strategy) -> Result<Placement, PlaceError> {
+pub fn place(
+    model: &HostModel,
+    occupancy: &Occupancy,
+    request: &Request,
+    strategy: Strategy,
+) -> Result<Placement, PlaceError> {
     let job = engine::JobShape::new(model, occupancy, request)?;
     // `distribute=balance` asks the default strategy to spread; `pack` and `any` are what
     // best-fit does anyway.
@@ -204,7 +212,9 @@ pub fn place(model: &HostModel, occupancy: &Occupancy, request: &Request, strate
         Strategy::K8sStatic => baseline::k8s_static(model, &job)?,
         Strategy::SlurmBlock => baseline::slurm_block(model, &job)?,
         Strategy::FirstFit => engine::first_fit(model, &job)?,
-        Strategy::BestFit | Strategy::Pack | Strategy::Balance | Strategy::Buddy => engine::place_shaped(model, &job, strategy)?,
+        Strategy::BestFit | Strategy::Pack | Strategy::Balance | Strategy::Buddy => {
+            engine::place_shaped(model, &job, strategy)?
+        }
     };
     Ok(finish(model, occupancy, request, &job, chosen))
 }
@@ -214,7 +224,11 @@ pub fn place(model: &HostModel, occupancy: &Occupancy, request: &Request, strate
 pub fn score(m: &PlacementMetrics) -> u64 {
     let extra_numa = (m.numa_nodes.saturating_sub(m.min_numa_nodes)) as u64;
     let extra_l3 = (m.l3_groups.saturating_sub(m.min_l3_groups)) as u64;
-    extra_numa * 10_000 + extra_l3 * 1_000 + u64::from(m.hops) * 100 + m.free_l3_broken as u64 * 10 + m.smt_shared as u64
+    extra_numa * 10_000
+        + extra_l3 * 1_000
+        + u64::from(m.hops) * 100
+        + m.free_l3_broken as u64 * 10
+        + m.smt_shared as u64
 }
 
 /// What a cluster-side plug-in asks of a host: does the job fit, and how well.
@@ -227,21 +241,37 @@ pub struct Fit {
 }
 
 /// Fit-and-score on a host summary: exactly what [`place`] with best-fit would do on that host.
-pub fn fit_and_score(model: &HostModel, occupancy: &Occupancy, request: &Request) -> Result<Fit, PlaceError> {
+pub fn fit_and_score(
+    model: &HostModel,
+    occupancy: &Occupancy,
+    request: &Request,
+) -> Result<Fit, PlaceError> {
     let p = place(model, occupancy, request, Strategy::BestFit)?;
     Ok(Fit { score: score(&p.metrics), cpus: p.cpus })
 }
 
-fn finish(model: &HostModel, occupancy: &Occupancy, request: &Request, job: &engine::JobShape, tasks: Vec<CpuSet>) -> Placement {
+fn finish(
+    model: &HostModel,
+    occupancy: &Occupancy,
+    request: &Request,
+    job: &engine::JobShape,
+    tasks: Vec<CpuSet>,
+) -> Placement {
     let cpus = CpuSet::union_all(&tasks);
     let fenced = match job.exclusive {
         Some(level) => model.closure(level, &cpus).difference(&cpus),
         None => CpuSet::new(),
     };
-    let mems = if request.memory_local_only() { model.local_mems_with_cpuless(&cpus) } else { model.all_mems.clone() };
+    let mems = if request.memory_local_only() {
+        model.local_mems_with_cpuless(&cpus)
+    } else {
+        model.all_mems.clone()
+    };
     let metrics = PlacementMetrics::measure(model, occupancy, &cpus);
     let bind = match request.cpubind {
-        Some(level) if level != Level::Thread => tasks.iter().map(|t| model.closure(level, t).intersection(&cpus)).collect(),
+        Some(level) if level != Level::Thread => {
+            tasks.iter().map(|t| model.closure(level, t).intersection(&cpus)).collect()
+        }
         _ => tasks.clone(),
     };
     Placement { cpus, tasks, bind, mems, fenced, metrics }

@@ -120,7 +120,8 @@ impl HostModel {
             });
         }
         let restrict = |sets: &mut dyn Iterator<Item = &CpuSet>| -> Vec<CpuSet> {
-            let mut out: Vec<CpuSet> = sets.map(|s| s.intersection(&allocatable)).filter(|s| !s.is_empty()).collect();
+            let mut out: Vec<CpuSet> =
+                sets.map(|s| s.intersection(&allocatable)).filter(|s| !s.is_empty()).collect();
             out.sort_by_key(|s| s.first());
             out.dedup();
             out
@@ -178,7 +179,8 @@ impl HostModel {
             }
             v
         };
-        let (core_of, l3_of, numa_of, socket_of) = (index_of(&cores), index_of(&l3), index_of(&numa), index_of(&sockets));
+        let (core_of, l3_of, numa_of, socket_of) =
+            (index_of(&cores), index_of(&l3), index_of(&numa), index_of(&sockets));
         let n = numa.len();
         let mut numa_distance = vec![10; n * n];
         for i in 0..n {
@@ -192,10 +194,16 @@ impl HostModel {
                 };
             }
         }
-        let mut remote_distances: Vec<u32> = numa_distance.iter().copied().filter(|&d| d > 10).collect();
+        let mut remote_distances: Vec<u32> =
+            numa_distance.iter().copied().filter(|&d| d > 10).collect();
         remote_distances.sort_unstable();
         remote_distances.dedup();
-        let all_mems = topo.numa_nodes.iter().map(|n| n.os_index).filter(|id| topo.allowed_mems.contains(*id)).collect();
+        let all_mems = topo
+            .numa_nodes
+            .iter()
+            .map(|n| n.os_index)
+            .filter(|id| topo.allowed_mems.contains(*id))
+            .collect();
         let threads_per_core = cores.iter().map(|c| c.len()).max().unwrap_or(1);
         let cpuless = topo
             .numa_nodes
@@ -203,13 +211,29 @@ impl HostModel {
             .filter(|m| topo.allowed_mems.contains(m.os_index) && !m.cpus.intersects(&allocatable))
             .map(|m| {
                 // Nearest CPU domains: those holding its near CPUs, else the closest by distance.
-                let by_cpus: Vec<usize> = (0..numa.len()).filter(|&i| numa[i].intersects(&m.near_cpus)).collect();
+                let by_cpus: Vec<usize> =
+                    (0..numa.len()).filter(|&i| numa[i].intersects(&m.near_cpus)).collect();
                 if !by_cpus.is_empty() || topo.distances.is_none() {
                     return (m.os_index, by_cpus);
                 }
-                let dist: Vec<u32> = numa_os.iter().map(|&os| if os == NONE { u32::MAX } else { topo.numa_distance(m.os_index, os) }).collect();
+                let dist: Vec<u32> = numa_os
+                    .iter()
+                    .map(
+                        |&os| {
+                            if os == NONE {
+                                u32::MAX
+                            } else {
+                                topo.numa_distance(m.os_index, os)
+                            }
+                        },
+                    )
+                    .collect();
                 let best = dist.iter().copied().min().unwrap_or(u32::MAX);
-                let near = if best == u32::MAX { Vec::new() } else { (0..dist.len()).filter(|&i| dist[i] == best).collect() };
+                let near = if best == u32::MAX {
+                    Vec::new()
+                } else {
+                    (0..dist.len()).filter(|&i| dist[i] == best).collect()
+                };
                 (m.os_index, near)
             })
             .collect();
@@ -237,7 +261,8 @@ impl HostModel {
             threads_per_core,
         };
         model.tree = model.build_tree();
-        model.internal_bottom_up = (0..model.tree.len()).rev().filter(|&i| !model.tree[i].children.is_empty()).collect();
+        model.internal_bottom_up =
+            (0..model.tree.len()).rev().filter(|&i| !model.tree[i].children.is_empty()).collect();
         model.leaf_of = vec![NONE; max_cpu];
         for (id, node) in model.tree.iter().enumerate().filter(|(_, n)| n.children.is_empty()) {
             for cpu in node.cpus.iter() {
@@ -246,17 +271,18 @@ impl HostModel {
                 }
             }
         }
-        model.largest_first_prefix = [Level::Core, Level::L3, Level::Numa, Level::Socket].map(|l| {
-            let mut sizes: Vec<usize> = model.domains(l).iter().map(|d| d.len()).collect();
-            sizes.sort_unstable_by(|a, b| b.cmp(a));
-            sizes
-                .iter()
-                .scan(0, |acc, s| {
-                    *acc += s;
-                    Some(*acc)
-                })
-                .collect()
-        });
+        model.largest_first_prefix =
+            [Level::Core, Level::L3, Level::Numa, Level::Socket].map(|l| {
+                let mut sizes: Vec<usize> = model.domains(l).iter().map(|d| d.len()).collect();
+                sizes.sort_unstable_by(|a, b| b.cmp(a));
+                sizes
+                    .iter()
+                    .scan(0, |acc, s| {
+                        *acc += s;
+                        Some(*acc)
+                    })
+                    .collect()
+            });
         Ok(model)
     }
 
@@ -360,12 +386,19 @@ impl HostModel {
         if distance <= 10 {
             return 0;
         }
-        self.remote_distances.iter().position(|&d| d >= distance).map_or(self.remote_distances.len() as u32, |p| p as u32 + 1)
+        self.remote_distances
+            .iter()
+            .position(|&d| d >= distance)
+            .map_or(self.remote_distances.len() as u32, |p| p as u32 + 1)
     }
 
     /// The memory nodes (OS ids) local to `cpus`.
     pub fn local_mems(&self, cpus: &CpuSet) -> CpuSet {
-        self.touched(Level::Numa, cpus).into_iter().map(|i| self.numa_os[i]).filter(|&id| id != NONE).collect()
+        self.touched(Level::Numa, cpus)
+            .into_iter()
+            .map(|i| self.numa_os[i])
+            .filter(|&id| id != NONE)
+            .collect()
     }
 
     fn build_tree(&self) -> Vec<TreeNode> {
@@ -415,7 +448,8 @@ impl HostModel {
     }
 
     fn tree_node(&self, level: Option<Level>, cpus: CpuSet) -> TreeNode {
-        let within = [Level::Core, Level::L3, Level::Numa, Level::Socket].map(|l| self.single_domain(l, &cpus));
+        let within = [Level::Core, Level::L3, Level::Numa, Level::Socket]
+            .map(|l| self.single_domain(l, &cpus));
         TreeNode { level, numa: within[2], within, cpus, children: Vec::new(), parent: None }
     }
 

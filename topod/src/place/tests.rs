@@ -4,12 +4,20 @@ use super::*;
 use crate::ledger::Ledger;
 use crate::request::{CpusetOption, Exclusive, MemBind, Scope};
 use crate::topology::{SyntheticShape, Topology};
-use proptest::prelude::{any, prop_assert, prop_assert_eq, prop_oneof, proptest, Just, ProptestConfig};
+use proptest::prelude::{
+    any, prop_assert, prop_assert_eq, prop_oneof, proptest, Just, ProptestConfig,
+};
 use proptest::strategy::Strategy as PropStrategy;
 
 /// 2 packages × 2 NUMA × 2 L3 × 4 cores × 2 threads = 64 PUs; siblings 32 apart.
 fn machine() -> HostModel {
-    let topo = Topology::synthetic(SyntheticShape { packages: 2, numa_per_package: 2, l3_per_numa: 2, cores_per_l3: 4, threads_per_core: 2 });
+    let topo = Topology::synthetic(SyntheticShape {
+        packages: 2,
+        numa_per_package: 2,
+        l3_per_numa: 2,
+        cores_per_l3: 4,
+        threads_per_core: 2,
+    });
     HostModel::new(&topo, &CpuSet::new()).unwrap()
 }
 
@@ -18,7 +26,13 @@ fn threads(n: u32) -> Request {
 }
 
 fn cores(per_task: u32, tasks: u32, same: Option<Level>) -> Request {
-    Request { unit: Level::Core, units_per_task: per_task, tasks: Some(tasks), same, ..Request::default() }
+    Request {
+        unit: Level::Core,
+        units_per_task: per_task,
+        tasks: Some(tasks),
+        same,
+        ..Request::default()
+    }
 }
 
 fn set(s: &str) -> CpuSet {
@@ -64,7 +78,10 @@ fn best_fit_spans_the_nearest_domains() {
     let m = machine();
     let p = place(&m, &Occupancy::default(), &threads(20), Strategy::BestFit).unwrap();
     assert_eq!(p.metrics.numa_nodes, 2);
-    assert_eq!(p.metrics.sockets, 1, "two NUMA nodes of the same package (distance 12), not across (32)");
+    assert_eq!(
+        p.metrics.sockets, 1,
+        "two NUMA nodes of the same package (distance 12), not across (32)"
+    );
     assert_eq!(p.metrics.radius, 12);
     assert_eq!(p.metrics.l3_groups, 3);
 }
@@ -80,7 +97,11 @@ fn first_fit_is_topology_blind() {
 #[test]
 fn exclusive_cpus_fence_their_siblings() {
     let m = machine();
-    let req = Request { tasks: Some(3), cpuset_options: vec![CpusetOption::CpuExclusive], ..Request::default() };
+    let req = Request {
+        tasks: Some(3),
+        cpuset_options: vec![CpusetOption::CpuExclusive],
+        ..Request::default()
+    };
     let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
     assert_eq!(p.cpus.len(), 3);
     assert_eq!(p.fenced.len(), 1, "the fourth thread of the second core is fenced");
@@ -102,7 +123,10 @@ fn an_exclusive_job_needs_wholly_free_cores() {
     let m = machine();
     // One thread of every core is held: no core is wholly free.
     let occ = Occupancy { held: set("0-31"), fenced: CpuSet::new() };
-    let req = Request { exclusive: Some(Exclusive { level: Level::Core, scope: Scope::AllJobs }), ..threads(1) };
+    let req = Request {
+        exclusive: Some(Exclusive { level: Level::Core, scope: Scope::AllJobs }),
+        ..threads(1)
+    };
     let err = place(&m, &occ, &req, Strategy::BestFit).unwrap_err();
     assert!(matches!(err, PlaceError::NotEnoughFree { free: 0, .. }), "{err}");
 }
@@ -172,7 +196,12 @@ fn max_radius_keeps_the_job_in_one_package() {
 #[test]
 fn whole_domain_units_and_memory_binding() {
     let m = machine();
-    let req = Request { unit: Level::Numa, tasks: Some(2), membind: MemBind::LocalOnly, ..Request::default() };
+    let req = Request {
+        unit: Level::Numa,
+        tasks: Some(2),
+        membind: MemBind::LocalOnly,
+        ..Request::default()
+    };
     let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
     assert_eq!(p.cpus.len(), 32);
     assert_eq!(p.metrics.numa_nodes, 2);
@@ -187,7 +216,8 @@ fn impossible_requests_say_so() {
     let m = machine();
     let e = place(&m, &Occupancy::default(), &threads(65), Strategy::BestFit).unwrap_err();
     assert!(matches!(e, PlaceError::Impossible(_)), "{e}");
-    let e = place(&m, &Occupancy::default(), &cores(9, 1, Some(Level::L3)), Strategy::BestFit).unwrap_err();
+    let e = place(&m, &Occupancy::default(), &cores(9, 1, Some(Level::L3)), Strategy::BestFit)
+        .unwrap_err();
     assert!(e.to_string().contains("largest L3 group has 4"), "{e}");
 }
 
@@ -239,22 +269,29 @@ fn fit_and_score_on_a_summary_matches_the_host() {
 
 fn arb_request() -> impl PropStrategy<Value = Request> {
     let unit = prop_oneof![Just(Level::Thread), Just(Level::Core)];
-    let same = prop_oneof![Just(None), Just(Some(Level::L3)), Just(Some(Level::Numa)), Just(Some(Level::Socket))];
+    let same = prop_oneof![
+        Just(None),
+        Just(Some(Level::L3)),
+        Just(Some(Level::Numa)),
+        Just(Some(Level::Socket))
+    ];
     let spread = prop_oneof![
         Just(None),
         Just(Some(Exclusive { level: Level::Core, scope: Scope::InTask })),
         Just(Some(Exclusive { level: Level::L3, scope: Scope::InJob })),
         Just(Some(Exclusive { level: Level::Numa, scope: Scope::InJob })),
     ];
-    (unit, 1u32..5, 1u32..5, same, any::<bool>(), spread).prop_map(|(unit, upt, tasks, same, excl, spread)| Request {
-        unit,
-        units_per_task: upt,
-        tasks: Some(tasks),
-        same,
-        exclusive: spread.filter(|e| e.level > unit),
-        cpuset_options: if excl { vec![CpusetOption::CpuExclusive] } else { vec![] },
-        ..Request::default()
-    })
+    (unit, 1u32..5, 1u32..5, same, any::<bool>(), spread).prop_map(
+        |(unit, upt, tasks, same, excl, spread)| Request {
+            unit,
+            units_per_task: upt,
+            tasks: Some(tasks),
+            same,
+            exclusive: spread.filter(|e| e.level > unit),
+            cpuset_options: if excl { vec![CpusetOption::CpuExclusive] } else { vec![] },
+            ..Request::default()
+        },
+    )
 }
 
 proptest! {
@@ -322,16 +359,28 @@ fn injob_puts_each_task_in_its_own_domain() {
     assert!(p.fenced.is_empty(), "injob keeps other jobs out of nothing");
     // Three such tasks cannot fit two sockets.
     let three = Request { tasks: Some(3), ..req };
-    assert!(place(&m, &Occupancy::default(), &three, Strategy::BestFit).unwrap_err().to_string().contains("injob"));
+    assert!(place(&m, &Occupancy::default(), &three, Strategy::BestFit)
+        .unwrap_err()
+        .to_string()
+        .contains("injob"));
 }
 
 #[test]
 fn intask_gives_every_unit_its_own_domain() {
     let m = machine();
-    let req = Request { exclusive: Some(Exclusive { level: Level::Core, scope: Scope::InTask }), units_per_task: 4, ..threads(1) };
+    let req = Request {
+        exclusive: Some(Exclusive { level: Level::Core, scope: Scope::InTask }),
+        units_per_task: 4,
+        ..threads(1)
+    };
     let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
     assert_eq!(p.cpus.len(), 4);
-    assert_eq!(m.touched(Level::Core, &p.cpus).len(), 4, "four threads on four different cores: {}", p.cpus);
+    assert_eq!(
+        m.touched(Level::Core, &p.cpus).len(),
+        4,
+        "four threads on four different cores: {}",
+        p.cpus
+    );
     assert_eq!(m.touched(Level::L3, &p.cpus).len(), 1, "and still close together: {}", p.cpus);
 }
 
@@ -341,7 +390,11 @@ fn cpubind_and_distribute() {
     let req = Request { cpubind: Some(Level::Socket), ..cores(1, 2, None) };
     let p = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
     assert_eq!(p.tasks.len(), 2);
-    assert!(p.bind.iter().all(|b| *b == p.cpus), "both tasks bound to the job's CPUs in their socket: {:?}", p.bind);
+    assert!(
+        p.bind.iter().all(|b| *b == p.cpus),
+        "both tasks bound to the job's CPUs in their socket: {:?}",
+        p.bind
+    );
     let plain = place(&m, &Occupancy::default(), &cores(1, 2, None), Strategy::BestFit).unwrap();
     assert_eq!(plain.bind, plain.tasks);
     let spread = Request { distribute: crate::request::Distribute::Balance, ..threads(4) };

@@ -82,13 +82,19 @@ impl Request {
             return Err(format!("tasks = {t}, outside 1..={MAX_COUNT}"));
         }
         if !count_ok(self.units_per_task) {
-            return Err(format!("units_per_task = {}, outside 1..={MAX_COUNT}", self.units_per_task));
+            return Err(format!(
+                "units_per_task = {}, outside 1..={MAX_COUNT}",
+                self.units_per_task
+            ));
         }
         if let Some(same) = self.same.filter(|&l| l < self.unit) {
             return Err(format!("same={same} is smaller than the unit {}", self.unit));
         }
         if let Some(ex) = self.exclusive.filter(|e| e.level < self.unit) {
-            return Err(format!("exclusive level {} is smaller than the unit {}", ex.level, self.unit));
+            return Err(format!(
+                "exclusive level {} is smaller than the unit {}",
+                ex.level, self.unit
+            ));
         }
         if let Distribute::Pack(Some((_, n))) = self.distribute {
             if !count_ok(n) {
@@ -101,7 +107,12 @@ impl Request {
         if self.cpu_list.as_ref().is_some_and(|l| l.is_empty()) {
             return Err("CPU_LIST is empty".into());
         }
-        if self.cpu_list.as_ref().and_then(|l| l.last()).is_some_and(|c| c > crate::cpuset::MAX_CPU_ID) {
+        if self
+            .cpu_list
+            .as_ref()
+            .and_then(|l| l.last())
+            .is_some_and(|c| c > crate::cpuset::MAX_CPU_ID)
+        {
             return Err("CPU_LIST names a CPU above the largest id accepted".into());
         }
         if !self.cpuset_options.windows(2).all(|w| w[0] < w[1]) {
@@ -127,8 +138,9 @@ impl Request {
                 CpusetKey::CpusetType => self.cpuset_type.map(|t| t.name().to_string()),
                 CpusetKey::CpusetName => self.cpuset_name.clone(),
                 CpusetKey::CpuList => self.cpu_list.as_ref().map(ToString::to_string),
-                CpusetKey::CpusetOptions => (!self.cpuset_options.is_empty())
-                    .then(|| self.cpuset_options.iter().map(|o| o.name()).collect::<Vec<_>>().join(" ")),
+                CpusetKey::CpusetOptions => (!self.cpuset_options.is_empty()).then(|| {
+                    self.cpuset_options.iter().map(|o| o.name()).collect::<Vec<_>>().join(" ")
+                }),
                 CpusetKey::MaxRadius => self.max_radius.map(|n| n.to_string()),
                 CpusetKey::MaxCpuPerNode => self.max_cpu_per_node.map(|n| n.to_string()),
                 CpusetKey::ResumeOption => self.resume_option.map(|_| "ORIG_CPUS".to_string()),

@@ -39,7 +39,12 @@ pub struct MergeError {
 
 impl MergeError {
     /// Of the three strings given to [`merge_extsched`], the one this error is about.
-    pub fn input<'a>(&self, mandatory: Option<&'a str>, job: Option<&'a str>, default: Option<&'a str>) -> &'a str {
+    pub fn input<'a>(
+        &self,
+        mandatory: Option<&'a str>,
+        job: Option<&'a str>,
+        default: Option<&'a str>,
+    ) -> &'a str {
         match self.source_string {
             ExtschedSource::QueueMandatory => mandatory,
             ExtschedSource::Job => job,

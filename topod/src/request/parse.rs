@@ -2,7 +2,9 @@
 //!
 //! The grammar and its meaning are documented on [`parse`].
 
-use super::{CpusetOption, CpusetType, Distribute, Exclusive, Level, MemBind, Request, ResumeOption, Scope};
+use super::{
+    CpusetOption, CpusetType, Distribute, Exclusive, Level, MemBind, Request, ResumeOption, Scope,
+};
 use crate::cpuset::CpuSet;
 use std::fmt;
 use std::ops::Range;
@@ -74,7 +76,12 @@ const FRAGMENT_SHOWN: usize = 40;
 impl RequestError {
     /// Builds an error for `span` of `text`, moving the span's ends out to character boundaries
     /// and inside the text.
-    pub(crate) fn new(text: &str, span: Range<usize>, message: impl Into<String>, expected: &[&'static str]) -> Self {
+    pub(crate) fn new(
+        text: &str,
+        span: Range<usize>,
+        message: impl Into<String>,
+        expected: &[&'static str],
+    ) -> Self {
         let span = snap(text, span);
         let fragment = text.get(span.clone()).unwrap_or_default().to_string();
         Self { span, fragment, message: message.into(), expected: expected.to_vec() }
@@ -232,8 +239,15 @@ pub(crate) enum CpusetKey {
 }
 
 /// The keyword names, indexed by `CpusetKey as usize`.
-pub(crate) const KEY_NAMES: &[&str] =
-    &["CPUSET_TYPE", "CPUSET_NAME", "CPU_LIST", "CPUSET_OPTIONS", "MAX_RADIUS", "MAX_CPU_PER_NODE", "RESUME_OPTION"];
+pub(crate) const KEY_NAMES: &[&str] = &[
+    "CPUSET_TYPE",
+    "CPUSET_NAME",
+    "CPU_LIST",
+    "CPUSET_OPTIONS",
+    "MAX_RADIUS",
+    "MAX_CPU_PER_NODE",
+    "RESUME_OPTION",
+];
 
 impl CpusetKey {
     /// Every keyword, in canonical order.
@@ -536,7 +550,8 @@ fn parse_cpu_list(text: &str, value: &str, start: usize) -> Result<CpuSet, Reque
         Ok(set) => Ok(set),
         Err(e) => {
             let at = e.offset.min(value.len());
-            let item_end = value.get(at..).and_then(|s| s.find(',')).map_or(value.len(), |i| at + i);
+            let item_end =
+                value.get(at..).and_then(|s| s.find(',')).map_or(value.len(), |i| at + i);
             let span = start + at..start + item_end.max(at + 1).min(value.len());
             let msg = format!("bad CPU_LIST: {}", e.reason);
             Err(RequestError::new(text, span, msg, expected))
@@ -550,7 +565,8 @@ fn parse_options(text: &str, value: &str, start: usize) -> Result<Vec<CpusetOpti
     let mut pos = 0;
     while pos < value.len() {
         let rest = &value[pos..];
-        let skip = rest.len() - rest.trim_start_matches(|c: char| c.is_whitespace() || c == '|').len();
+        let skip =
+            rest.len() - rest.trim_start_matches(|c: char| c.is_whitespace() || c == '|').len();
         pos += skip;
         let rest = &value[pos..];
         let len = rest.find(|c: char| c.is_whitespace() || c == '|').unwrap_or(rest.len());
@@ -646,7 +662,11 @@ impl<'a> Affinity<'a> {
         self.pos = self.end - rest.trim_start().len();
         let start = self.pos;
         let Some(c) = self.text[start..self.end].chars().next() else {
-            return Token { kind: Tok::End, start: self.end, end: (self.end + 1).min(self.text.len()) };
+            return Token {
+                kind: Tok::End,
+                start: self.end,
+                end: (self.end + 1).min(self.text.len()),
+            };
         };
         let kind = if is_word_char(c) {
             self.pos = word_end(self.text, start).min(self.end);
@@ -678,7 +698,12 @@ impl<'a> Affinity<'a> {
         self.text.get(t.start..t.end).unwrap_or_default()
     }
 
-    fn error(&self, t: Token, message: impl Into<String>, expected: &[&'static str]) -> RequestError {
+    fn error(
+        &self,
+        t: Token,
+        message: impl Into<String>,
+        expected: &[&'static str],
+    ) -> RequestError {
         RequestError::new(self.text, t.start..t.end, message, expected)
     }
 
@@ -698,7 +723,11 @@ impl<'a> Affinity<'a> {
         Err(self.error(t, self.unexpected(t, &format!("'{wanted}'")), &[wanted]))
     }
 
-    fn expect_word(&mut self, wanted: &str, expected: &[&'static str]) -> Result<(Token, &'a str), RequestError> {
+    fn expect_word(
+        &mut self,
+        wanted: &str,
+        expected: &[&'static str],
+    ) -> Result<(Token, &'a str), RequestError> {
         let t = self.next();
         if t.kind == Tok::Word {
             return Ok((t, self.slice(t)));
@@ -729,7 +758,11 @@ impl<'a> Affinity<'a> {
             return Err(self.error(t, format!("unknown {what}"), &expected));
         };
         if level < allowed_from {
-            let msg = format!("{} is smaller than the processor unit {}", level.name(), allowed_from.name());
+            let msg = format!(
+                "{} is smaller than the processor unit {}",
+                level.name(),
+                allowed_from.name()
+            );
             return Err(self.error(t, msg, &expected));
         }
         Ok((t, level))
@@ -784,8 +817,8 @@ impl<'a> Affinity<'a> {
                 Tok::Punct(b',') => {
                     let names: Vec<&'static str> = SCOPE_NAMES.iter().map(|(n, _)| *n).collect();
                     let (t, word) = self.expect_word("an exclusive scope", &names)?;
-                    scope =
-                        lookup(SCOPE_NAMES, word).ok_or_else(|| self.error(t, "unknown exclusive scope", &names))?;
+                    scope = lookup(SCOPE_NAMES, word)
+                        .ok_or_else(|| self.error(t, "unknown exclusive scope", &names))?;
                     self.expect_punct(b')', ")")?;
                 }
                 _ => return Err(self.error(t, self.unexpected(t, "',' or ')'"), &[",", ")"])),

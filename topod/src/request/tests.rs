@@ -133,18 +133,28 @@ fn ibm_affinity_examples() {
 fn ibm_cpuset_examples() {
     let r = p("CPUSET[MAX_CPU_PER_NODE=4;CPU_LIST=1,5,7-12;]");
     let list = CpuSet::parse_list("1,5,7-12").ok();
-    assert_eq!(r, Request { max_cpu_per_node: Some(4), cpu_list: list.clone(), ..Request::default() });
+    assert_eq!(
+        r,
+        Request { max_cpu_per_node: Some(4), cpu_list: list.clone(), ..Request::default() }
+    );
     assert_eq!(r.to_string(), "CPUSET[CPU_LIST=1,5,7-12;MAX_CPU_PER_NODE=4]");
 
     let r = p("CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]");
-    assert_eq!(r, Request { cpuset_options: vec![CpusetOption::CpuExclusive], ..Request::default() });
+    assert_eq!(
+        r,
+        Request { cpuset_options: vec![CpusetOption::CpuExclusive], ..Request::default() }
+    );
     assert_eq!(r.to_string(), "CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]");
 
     let text = "CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE;MAX_RADIUS=2]";
     let r = p(text);
     assert_eq!(
         r,
-        Request { cpuset_options: vec![CpusetOption::CpuExclusive], max_radius: Some(2), ..Request::default() }
+        Request {
+            cpuset_options: vec![CpusetOption::CpuExclusive],
+            max_radius: Some(2),
+            ..Request::default()
+        }
     );
     assert_eq!(r.to_string(), text);
     assert_eq!(r.exclusive_level(), Some(Level::Core));
@@ -165,7 +175,11 @@ fn every_cpuset_keyword() {
             cpuset_type: Some(CpusetType::Static),
             cpuset_name: Some("Batch-1.a".into()),
             cpu_list: CpuSet::parse_list("0-3,8").ok(),
-            cpuset_options: vec![CpusetOption::CpuExclusive, CpusetOption::MemoryMandatory, CpusetOption::EventNotify],
+            cpuset_options: vec![
+                CpusetOption::CpuExclusive,
+                CpusetOption::MemoryMandatory,
+                CpusetOption::EventNotify
+            ],
             max_radius: Some(0),
             max_cpu_per_node: Some(16),
             resume_option: Some(ResumeOption::OrigCpus),
@@ -207,7 +221,10 @@ fn affinity_forms_aliases_and_extensions() {
     let a = p("affinity[core:distribute=any:membind=localonly:cpubind=core]");
     let b = p("affinity[core:cpubind=core:membind=localonly]");
     assert_eq!(a, b);
-    assert_eq!(p("affinity[core:distribute=pack(mcm=2)]").distribute, Distribute::Pack(Some((Level::Numa, 2))));
+    assert_eq!(
+        p("affinity[core:distribute=pack(mcm=2)]").distribute,
+        Distribute::Pack(Some((Level::Numa, 2)))
+    );
     // mem= extension.
     assert_eq!(p("affinity[core:mem=4G]").mem_mib, Some(4096));
     assert_eq!(p("affinity[core:mem=4gb]").mem_mib, Some(4096));
@@ -304,7 +321,12 @@ fn errors_cpuset() {
         "NODE_EXCLUSIVE",
         "unknown CPUSET_OPTIONS option",
     );
-    assert_err("CPUSET[CPUSET_OPTIONS=CPUSET_POLICY_KILL CPUSET_POLICY_KILL]", 41, "CPUSET_POLICY_KILL", "given twice");
+    assert_err(
+        "CPUSET[CPUSET_OPTIONS=CPUSET_POLICY_KILL CPUSET_POLICY_KILL]",
+        41,
+        "CPUSET_POLICY_KILL",
+        "given twice",
+    );
     assert_err("CPUSET[CPUSET_OPTIONS=|]", 22, "|", "names no option");
     assert_err("CPUSET[MAX_RADIUS=-1]", 18, "-1", "not a whole number");
     assert_err("CPUSET[MAX_RADIUS=65537]", 18, "65537", "too large");
@@ -316,11 +338,29 @@ fn errors_cpuset() {
 #[test]
 fn errors_affinity() {
     assert_err("affinity[]", 9, "]", "the section ends where processor unit type should follow");
-    assert_err("affinity[core(2,same=thread)]", 21, "thread", "thread is smaller than the processor unit core");
-    assert_eq!(e("affinity[core(2,same=thread)]").expected, vec!["numa", "socket", "core", "mcm", "l3"]);
-    assert_err("affinity[numa(1,exclusive=(core))]", 27, "core", "smaller than the processor unit numa");
+    assert_err(
+        "affinity[core(2,same=thread)]",
+        21,
+        "thread",
+        "thread is smaller than the processor unit core",
+    );
+    assert_eq!(
+        e("affinity[core(2,same=thread)]").expected,
+        vec!["numa", "socket", "core", "mcm", "l3"]
+    );
+    assert_err(
+        "affinity[numa(1,exclusive=(core))]",
+        27,
+        "core",
+        "smaller than the processor unit numa",
+    );
     assert_err("affinity[core(0)]", 14, "0", "at least 1");
-    assert_err("affinity[core(99999999999999999999999)]", 14, "99999999999999999999999", "too large");
+    assert_err(
+        "affinity[core(99999999999999999999999)]",
+        14,
+        "99999999999999999999999",
+        "too large",
+    );
     assert_err("affinity[core*65537]", 14, "65537", "too large");
     assert_err("affinity[core()]", 14, ")", "number of units per task");
     assert_err("affinity[core*2(3)]", 15, "(", "clauses start with ':'");
@@ -332,7 +372,12 @@ fn errors_affinity() {
     assert_err("affinity[core:distribute=pack(socket=0)]", 37, "0", "at least 1");
     assert_err("affinity[core:distribute=pack(socket)]", 36, ")", "'='");
     assert_err("affinity[core:distribute=spread]", 25, "spread", "unknown task distribution");
-    assert_err("affinity[core(2,exclusive=(socket,sometimes))]", 34, "sometimes", "unknown exclusive scope");
+    assert_err(
+        "affinity[core(2,exclusive=(socket,sometimes))]",
+        34,
+        "sometimes",
+        "unknown exclusive scope",
+    );
     assert_err("affinity[core(2,exclusive=socket)]", 26, "socket", "'('");
     assert_err("affinity[core(2,same=core,same=core)]", 26, "same", "same= given twice");
     assert_err(
@@ -345,7 +390,12 @@ fn errors_affinity() {
     assert_err("affinity[core(2 3)]", 16, "3", "',' or ')'");
     assert_err("affinity[core:mem=4X]", 18, "4X", "unknown unit");
     assert_err("affinity[core:mem=0]", 18, "0", "at least 1 MiB");
-    assert_err("affinity[core:mem=99999999999999999999T]", 18, "99999999999999999999T", "larger than");
+    assert_err(
+        "affinity[core:mem=99999999999999999999T]",
+        18,
+        "99999999999999999999T",
+        "larger than",
+    );
     assert_err("affinity[core:mem=4.5G]", 19, ".", "clauses start with ':'");
     assert_err("affinity[cöre]", 9, "c", "unknown processor unit type");
     assert_err("affinity[core:cpubind=cöre]", 22, "c", "unknown level for cpubind=");
@@ -373,18 +423,29 @@ fn merge_worked_example() {
 #[test]
 fn merge_empty_value_deletes() {
     // MANDATORY_EXTSCHED=CPUSET[MAX_RADIUS=] removes a user-set MAX_RADIUS.
-    let merged = merge_extsched(Some("CPUSET[MAX_RADIUS=]"), Some("CPUSET[MAX_RADIUS=3;CPU_LIST=0-3]"), None);
+    let merged = merge_extsched(
+        Some("CPUSET[MAX_RADIUS=]"),
+        Some("CPUSET[MAX_RADIUS=3;CPU_LIST=0-3]"),
+        None,
+    );
     assert_eq!(merged, Ok(p("CPUSET[CPU_LIST=0-3]")));
     // A job's empty value drops the queue default (LSF's SLURM[nodes=3;tmp=] example, in CPUSET).
-    let merged =
-        merge_extsched(None, Some("CPUSET[MAX_RADIUS=3;CPU_LIST=]"), Some("CPUSET[MAX_RADIUS=2;CPU_LIST=0-3]"));
+    let merged = merge_extsched(
+        None,
+        Some("CPUSET[MAX_RADIUS=3;CPU_LIST=]"),
+        Some("CPUSET[MAX_RADIUS=2;CPU_LIST=0-3]"),
+    );
     assert_eq!(merged.map(|r| r.to_string()), Ok("CPUSET[MAX_RADIUS=3]".to_string()));
     // The mandatory string deletes even what the default sets.
-    let merged =
-        merge_extsched(Some("CPUSET[CPUSET_OPTIONS=]"), None, Some("CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]"));
+    let merged = merge_extsched(
+        Some("CPUSET[CPUSET_OPTIONS=]"),
+        None,
+        Some("CPUSET[CPUSET_OPTIONS=CPUSET_CPU_EXCLUSIVE]"),
+    );
     assert_eq!(merged, Ok(Request::default()));
     // An empty value in the default string deletes nothing below it: a no-op.
-    let merged = merge_extsched(None, Some("CPUSET[MAX_RADIUS=1]"), Some("CPUSET[MAX_RADIUS=;CPU_LIST=]"));
+    let merged =
+        merge_extsched(None, Some("CPUSET[MAX_RADIUS=1]"), Some("CPUSET[MAX_RADIUS=;CPU_LIST=]"));
     assert_eq!(merged, Ok(p("CPUSET[MAX_RADIUS=1]")));
 }
 
@@ -398,7 +459,11 @@ fn merge_affinity_whole_and_precedence() {
     assert_eq!(merged, Ok(p("CPUSET[MAX_RADIUS=1] affinity[core(2)*4]")));
     let merged = merge_extsched(Some("affinity[socket]"), Some("affinity[core(2)*4]"), None);
     assert_eq!(merged, Ok(p("affinity[socket]")));
-    let merged = merge_extsched(Some("CPUSET[MAX_RADIUS=5]"), Some("CPUSET[MAX_RADIUS=3] affinity[core]"), None);
+    let merged = merge_extsched(
+        Some("CPUSET[MAX_RADIUS=5]"),
+        Some("CPUSET[MAX_RADIUS=3] affinity[core]"),
+        None,
+    );
     assert_eq!(merged, Ok(p("CPUSET[MAX_RADIUS=5] affinity[core]")));
     assert_eq!(merge_extsched(None, None, None), Ok(Request::default()));
     assert_eq!(merge_extsched(Some(""), Some("  "), None), Ok(Request::default()));
@@ -406,11 +471,15 @@ fn merge_affinity_whole_and_precedence() {
 
 #[test]
 fn merge_errors_name_the_string() {
-    let err = merge_extsched(Some("CPUSET[MAX_RADIUS=1]"), Some("affinity[core]"), Some("CPUSET[BAD=1]"));
+    let err =
+        merge_extsched(Some("CPUSET[MAX_RADIUS=1]"), Some("affinity[core]"), Some("CPUSET[BAD=1]"));
     let err = err.expect_err("bad default");
     assert_eq!(err.source_string, ExtschedSource::QueueDefault);
     assert_eq!(err.error.span, 7..10);
-    assert!(err.to_string().starts_with("in the queue's DEFAULT_EXTSCHED: at byte 7 (\"BAD\")"), "{err}");
+    assert!(
+        err.to_string().starts_with("in the queue's DEFAULT_EXTSCHED: at byte 7 (\"BAD\")"),
+        "{err}"
+    );
     let err = merge_extsched(Some("CPUSET[MAX_RADIUS=x]"), None, None).expect_err("bad mandatory");
     assert_eq!(err.source_string, ExtschedSource::QueueMandatory);
     let err = merge_extsched(None, Some("affinity[core(0)]"), None).expect_err("bad job");
@@ -422,7 +491,13 @@ fn merge_errors_name_the_string() {
 // Properties
 
 fn level() -> impl Strategy<Value = Level> {
-    prop_oneof![Just(Level::Thread), Just(Level::Core), Just(Level::L3), Just(Level::Numa), Just(Level::Socket)]
+    prop_oneof![
+        Just(Level::Thread),
+        Just(Level::Core),
+        Just(Level::L3),
+        Just(Level::Numa),
+        Just(Level::Socket)
+    ]
 }
 
 fn scope() -> impl Strategy<Value = Scope> {
@@ -455,18 +530,22 @@ fn affinity_request() -> impl Strategy<Value = Request> {
         distribute(),
         prop::option::of(mem()),
     )
-        .prop_map(|((unit, tasks, units_per_task, same), ex, cpubind, local, distribute, mem_mib)| Request {
-            tasks,
-            unit,
-            units_per_task,
-            same: same.map(|l| l.max(unit)),
-            exclusive: ex.map(|(l, scope)| Exclusive { level: l.max(unit), scope }),
-            cpubind,
-            membind: if local { MemBind::LocalOnly } else { MemBind::LocalPrefer },
-            distribute,
-            mem_mib,
-            ..Request::default()
-        })
+        .prop_map(
+            |((unit, tasks, units_per_task, same), ex, cpubind, local, distribute, mem_mib)| {
+                Request {
+                    tasks,
+                    unit,
+                    units_per_task,
+                    same: same.map(|l| l.max(unit)),
+                    exclusive: ex.map(|(l, scope)| Exclusive { level: l.max(unit), scope }),
+                    cpubind,
+                    membind: if local { MemBind::LocalOnly } else { MemBind::LocalPrefer },
+                    distribute,
+                    mem_mib,
+                    ..Request::default()
+                }
+            },
+        )
 }
 
 const ALL_OPTIONS: [CpusetOption; 8] = [
@@ -481,26 +560,40 @@ const ALL_OPTIONS: [CpusetOption; 8] = [
 ];
 
 fn cpuset_request() -> impl Strategy<Value = Request> {
-    let cpuset_type =
-        prop::option::of(prop_oneof![Just(CpusetType::Static), Just(CpusetType::Dynamic), Just(CpusetType::None)]);
-    let name =
-        prop::option::of("[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}".prop_filter("valid name", |n| check_name(n).is_ok()));
-    let cpus = prop::option::of(prop::collection::vec(prop_oneof![0u32..=64, 0u32..=crate::cpuset::MAX_CPU_ID], 1..12));
+    let cpuset_type = prop::option::of(prop_oneof![
+        Just(CpusetType::Static),
+        Just(CpusetType::Dynamic),
+        Just(CpusetType::None)
+    ]);
+    let name = prop::option::of(
+        "[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}".prop_filter("valid name", |n| check_name(n).is_ok()),
+    );
+    let cpus = prop::option::of(prop::collection::vec(
+        prop_oneof![0u32..=64, 0u32..=crate::cpuset::MAX_CPU_ID],
+        1..12,
+    ));
     let options = prop::collection::vec(any::<bool>(), 8);
     let numbers = (prop::option::of(0u32..=MAX_COUNT), prop::option::of(count()), any::<bool>());
-    (cpuset_type, name, cpus, options, numbers).prop_map(|(cpuset_type, cpuset_name, cpus, options, numbers)| {
-        let (max_radius, max_cpu_per_node, resume) = numbers;
-        Request {
-            cpuset_type,
-            cpuset_name,
-            cpu_list: cpus.map(|c| c.into_iter().collect()),
-            cpuset_options: ALL_OPTIONS.iter().zip(options).filter(|(_, on)| *on).map(|(o, _)| *o).collect(),
-            max_radius,
-            max_cpu_per_node,
-            resume_option: resume.then_some(ResumeOption::OrigCpus),
-            ..Request::default()
-        }
-    })
+    (cpuset_type, name, cpus, options, numbers).prop_map(
+        |(cpuset_type, cpuset_name, cpus, options, numbers)| {
+            let (max_radius, max_cpu_per_node, resume) = numbers;
+            Request {
+                cpuset_type,
+                cpuset_name,
+                cpu_list: cpus.map(|c| c.into_iter().collect()),
+                cpuset_options: ALL_OPTIONS
+                    .iter()
+                    .zip(options)
+                    .filter(|(_, on)| *on)
+                    .map(|(o, _)| *o)
+                    .collect(),
+                max_radius,
+                max_cpu_per_node,
+                resume_option: resume.then_some(ResumeOption::OrigCpus),
+                ..Request::default()
+            }
+        },
+    )
 }
 
 /// Random valid requests: affinity fields, `CPUSET` fields, or both.
@@ -644,7 +737,9 @@ fn mutate(text: &str, muts: &[Mutation]) -> String {
                 }
             }
             Mutation::Truncate(i) => bytes.truncate(i % (n + 1)),
-            Mutation::Insert(i, c) => bytes.insert(i % (bytes.len() + 1), INSERTS[usize::from(c) % INSERTS.len()]),
+            Mutation::Insert(i, c) => {
+                bytes.insert(i % (bytes.len() + 1), INSERTS[usize::from(c) % INSERTS.len()])
+            }
             Mutation::Delete(i) => {
                 if !bytes.is_empty() {
                     bytes.remove(i % n);
@@ -742,7 +837,8 @@ fn random_request(rng: &mut XorShift) -> Request {
         r.tasks = rng.chance(2).then(|| random_count(rng));
         r.same = rng.chance(2).then(|| rng.pick(&LEVELS).max(r.unit));
         let scope = rng.pick(&[Scope::InTask, Scope::InJob, Scope::AllJobs]);
-        r.exclusive = rng.chance(2).then(|| Exclusive { level: rng.pick(&LEVELS).max(r.unit), scope });
+        r.exclusive =
+            rng.chance(2).then(|| Exclusive { level: rng.pick(&LEVELS).max(r.unit), scope });
         r.cpubind = rng.chance(2).then(|| rng.pick(&LEVELS));
         r.membind = if rng.chance(2) { MemBind::LocalOnly } else { MemBind::LocalPrefer };
         r.distribute = match rng.below(4) {
@@ -754,9 +850,12 @@ fn random_request(rng: &mut XorShift) -> Request {
         r.mem_mib = rng.chance(3).then(|| 1 + rng.below(MAX_MEM_MIB));
     }
     if rng.chance(2) {
-        r.cpuset_type = rng.chance(2).then(|| rng.pick(&[CpusetType::Static, CpusetType::Dynamic, CpusetType::None]));
+        r.cpuset_type = rng
+            .chance(2)
+            .then(|| rng.pick(&[CpusetType::Static, CpusetType::Dynamic, CpusetType::None]));
         r.cpuset_name = rng.chance(3).then(|| format!("set{}", rng.below(1000)));
-        r.cpu_list = rng.chance(2).then(|| (0..1 + rng.below(6)).map(|_| rng.below(200) as u32).collect());
+        r.cpu_list =
+            rng.chance(2).then(|| (0..1 + rng.below(6)).map(|_| rng.below(200) as u32).collect());
         r.cpuset_options = ALL_OPTIONS.iter().copied().filter(|_| rng.chance(4)).collect();
         r.max_radius = rng.chance(2).then(|| rng.below(5) as u32);
         r.max_cpu_per_node = rng.chance(2).then(|| random_count(rng));

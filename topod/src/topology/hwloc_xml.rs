@@ -14,7 +14,10 @@
 //!
 //! XML v3 (hwloc 3.0) is refused with a message saying so.
 
-use super::{CpuKind, DeviceClass, Distances, Domain, IoDevice, MemoryKind, NumaNode, Topology, TopologyError};
+use super::{
+    CpuKind, DeviceClass, Distances, Domain, IoDevice, MemoryKind, NumaNode, Topology,
+    TopologyError,
+};
 use crate::cpuset::CpuSet;
 use std::path::Path;
 
@@ -23,7 +26,8 @@ const BITMAP_LIMIT: u32 = 8192;
 
 /// Reads an hwloc XML v2 file.
 pub fn read_file(path: &Path) -> Result<Topology, TopologyError> {
-    let xml = std::fs::read_to_string(path).map_err(|source| TopologyError::Io { path: path.to_path_buf(), source })?;
+    let xml = std::fs::read_to_string(path)
+        .map_err(|source| TopologyError::Io { path: path.to_path_buf(), source })?;
     parse(&path.display().to_string(), &xml)
 }
 
@@ -31,12 +35,25 @@ pub fn read_file(path: &Path) -> Result<Topology, TopologyError> {
 pub fn parse(source: &str, xml: &str) -> Result<Topology, TopologyError> {
     // hwloc writes `<!DOCTYPE topology SYSTEM "hwloc2.dtd">`; roxmltree never fetches external
     // DTDs and bounds entity expansion, so allowing the declaration is safe.
-    let options = roxmltree::ParsingOptions { allow_dtd: true, ..roxmltree::ParsingOptions::default() };
-    let doc = roxmltree::Document::parse_with_options(xml, options).map_err(|e| TopologyError::Format { path: source.to_string(), what: format!("not well-formed XML: {e}") })?;
+    let options =
+        roxmltree::ParsingOptions { allow_dtd: true, ..roxmltree::ParsingOptions::default() };
+    let doc = roxmltree::Document::parse_with_options(xml, options).map_err(|e| {
+        TopologyError::Format {
+            path: source.to_string(),
+            what: format!("not well-formed XML: {e}"),
+        }
+    })?;
     let root = doc.root_element();
-    let at = |node: roxmltree::Node| format!("{source}:{}", doc.text_pos_at(node.range().start).row);
+    let at =
+        |node: roxmltree::Node| format!("{source}:{}", doc.text_pos_at(node.range().start).row);
     if root.tag_name().name() != "topology" {
-        return Err(TopologyError::Format { path: at(root), what: format!("the root element is <{}>, not <topology>: not an hwloc XML file", root.tag_name().name()) });
+        return Err(TopologyError::Format {
+            path: at(root),
+            what: format!(
+                "the root element is <{}>, not <topology>: not an hwloc XML file",
+                root.tag_name().name()
+            ),
+        });
     }
     let version = root.attribute("version").unwrap_or("1.0");
     if !version.starts_with("2.") {
@@ -45,10 +62,11 @@ pub fn parse(source: &str, xml: &str) -> Result<Topology, TopologyError> {
             what: format!("hwloc XML version {version} is not supported; export it with hwloc 2.x (lstopo --of xml)"),
         });
     }
-    let machine = root
-        .children()
-        .find(|n| n.has_tag_name("object"))
-        .ok_or_else(|| TopologyError::Empty { source_name: source.to_string(), what: "no <object> in <topology>".into() })?;
+    let machine =
+        root.children().find(|n| n.has_tag_name("object")).ok_or_else(|| TopologyError::Empty {
+            source_name: source.to_string(),
+            what: "no <object> in <topology>".into(),
+        })?;
     let mut reader = Reader { at: &at, topo: empty(source) };
     reader.object(machine, None)?;
     reader.machine(machine)?;
@@ -61,8 +79,14 @@ pub fn parse(source: &str, xml: &str) -> Result<Topology, TopologyError> {
     }
     let mut topo = reader.topo;
     // Devices whose ancestor had no nodeset: the one NUMA node with CPUs covering their CPUs.
-    for dev in topo.devices.iter_mut().filter(|d| d.numa_node.is_none() && !d.local_cpus.is_empty()) {
-        let near: Vec<u32> = topo.numa_nodes.iter().filter(|n| n.cpus.intersects(&dev.local_cpus)).map(|n| n.os_index).collect();
+    for dev in topo.devices.iter_mut().filter(|d| d.numa_node.is_none() && !d.local_cpus.is_empty())
+    {
+        let near: Vec<u32> = topo
+            .numa_nodes
+            .iter()
+            .filter(|n| n.cpus.intersects(&dev.local_cpus))
+            .map(|n| n.os_index)
+            .collect();
         if near.len() == 1 {
             dev.numa_node = Some(near[0]);
         }
@@ -71,7 +95,10 @@ pub fn parse(source: &str, xml: &str) -> Result<Topology, TopologyError> {
         topo.cpu_kinds.clear();
     }
     if topo.pus.is_empty() {
-        return Err(TopologyError::Empty { source_name: source.to_string(), what: "no PU objects: not a CPU topology".into() });
+        return Err(TopologyError::Empty {
+            source_name: source.to_string(),
+            what: "no PU objects: not a CPU topology".into(),
+        });
     }
     Ok(topo)
 }
@@ -107,19 +134,31 @@ impl Reader<'_> {
     fn bitmap(&self, node: roxmltree::Node, attr: &str) -> Result<Option<CpuSet>, TopologyError> {
         match node.attribute(attr) {
             None => Ok(None),
-            Some(text) => CpuSet::parse_hwloc(text, BITMAP_LIMIT).map(Some).map_err(|e| self.bad(node, format!("attribute {attr}: {e}"))),
+            Some(text) => CpuSet::parse_hwloc(text, BITMAP_LIMIT)
+                .map(Some)
+                .map_err(|e| self.bad(node, format!("attribute {attr}: {e}"))),
         }
     }
 
-    fn number<T: std::str::FromStr>(&self, node: roxmltree::Node, attr: &str) -> Result<Option<T>, TopologyError> {
+    fn number<T: std::str::FromStr>(
+        &self,
+        node: roxmltree::Node,
+        attr: &str,
+    ) -> Result<Option<T>, TopologyError> {
         match node.attribute(attr) {
             None => Ok(None),
-            Some(text) => text.trim().parse().map(Some).map_err(|_| self.bad(node, format!("attribute {attr}={text:?} is not a number"))),
+            Some(text) => {
+                text.trim().parse().map(Some).map_err(|_| {
+                    self.bad(node, format!("attribute {attr}={text:?} is not a number"))
+                })
+            }
         }
     }
 
     fn domain(&self, node: roxmltree::Node) -> Result<Domain, TopologyError> {
-        let cpus = self.bitmap(node, "cpuset")?.ok_or_else(|| self.bad(node, format!("{} object without a cpuset", type_of(node))))?;
+        let cpus = self
+            .bitmap(node, "cpuset")?
+            .ok_or_else(|| self.bad(node, format!("{} object without a cpuset", type_of(node))))?;
         Ok(Domain { os_index: self.number(node, "os_index")?, cpus })
     }
 
@@ -148,14 +187,21 @@ impl Reader<'_> {
                 self.topo.cores.push(d);
             }
             "PU" => {
-                let id: u32 = self.number(node, "os_index")?.ok_or_else(|| self.bad(node, "PU object without os_index".into()))?;
+                let id: u32 = self
+                    .number(node, "os_index")?
+                    .ok_or_else(|| self.bad(node, "PU object without os_index".into()))?;
                 if id > crate::cpuset::MAX_CPU_ID {
-                    return Err(self.bad(node, format!("PU os_index {id} is above the largest CPU id accepted")));
+                    return Err(self.bad(
+                        node,
+                        format!("PU os_index {id} is above the largest CPU id accepted"),
+                    ));
                 }
                 self.topo.pus.insert(id);
             }
             "NUMANode" => {
-                let os_index: u32 = self.number(node, "os_index")?.ok_or_else(|| self.bad(node, "NUMANode object without os_index".into()))?;
+                let os_index: u32 = self
+                    .number(node, "os_index")?
+                    .ok_or_else(|| self.bad(node, "NUMANode object without os_index".into()))?;
                 // hwloc gives a memory object the cpuset of the object it hangs off; for the
                 // kernel, HBM and GPU memory nodes have no CPUs of their own.
                 let near_cpus = self.bitmap(node, "cpuset")?.unwrap_or_default();
@@ -167,7 +213,13 @@ impl Reader<'_> {
                 };
                 let cpus = if kind == MemoryKind::Dram { near_cpus.clone() } else { CpuSet::new() };
                 let memory_bytes = self.number(node, "local_memory")?.unwrap_or(0);
-                self.topo.numa_nodes.push(NumaNode { os_index, cpus, near_cpus, memory_bytes, kind });
+                self.topo.numa_nodes.push(NumaNode {
+                    os_index,
+                    cpus,
+                    near_cpus,
+                    memory_bytes,
+                    kind,
+                });
             }
             "PCIDev" => {
                 pci = Some(self.pci_device(node)?);
@@ -176,7 +228,9 @@ impl Reader<'_> {
                 if let (Some(i), Some(name)) = (pci, node.attribute("name")) {
                     if let Some(dev) = self.topo.devices.get_mut(i) {
                         dev.names.push(name.to_string());
-                        if node.attribute("osdev_type") == Some("5") && dev.class == DeviceClass::Other {
+                        if node.attribute("osdev_type") == Some("5")
+                            && dev.class == DeviceClass::Other
+                        {
                             dev.class = DeviceClass::Accelerator;
                         }
                     }
@@ -248,9 +302,13 @@ impl Reader<'_> {
         if self.topo.distances.is_some() && node.attribute("name") != Some("NUMALatency") {
             return Ok(());
         }
-        let n: usize = self.number(node, "nbobjs")?.ok_or_else(|| self.bad(node, "distances2 without nbobjs".into()))?;
+        let n: usize = self
+            .number(node, "nbobjs")?
+            .ok_or_else(|| self.bad(node, "distances2 without nbobjs".into()))?;
         if n > 4096 {
-            return Err(self.bad(node, format!("distances2 with {n} objects is larger than any machine")));
+            return Err(
+                self.bad(node, format!("distances2 with {n} objects is larger than any machine"))
+            );
         }
         let mut nodes = Vec::new();
         let mut values = Vec::new();
@@ -262,25 +320,40 @@ impl Reader<'_> {
                 _ => continue,
             };
             for word in text.split_whitespace() {
-                let v: u64 = word.parse().map_err(|_| TopologyError::Format { path: (self.at)(child), what: format!("{word:?} is not a number") })?;
+                let v: u64 = word.parse().map_err(|_| TopologyError::Format {
+                    path: (self.at)(child),
+                    what: format!("{word:?} is not a number"),
+                })?;
                 target.push(u32::try_from(v).unwrap_or(u32::MAX));
             }
         }
         if nodes.len() != n || values.len() != n * n {
-            return Err(self.bad(node, format!("distances2 of {n} objects has {} indexes and {} values", nodes.len(), values.len())));
+            return Err(self.bad(
+                node,
+                format!(
+                    "distances2 of {n} objects has {} indexes and {} values",
+                    nodes.len(),
+                    values.len()
+                ),
+            ));
         }
         self.topo.distances = Some(Distances { nodes, values });
         Ok(())
     }
 
     fn cpu_kind(&mut self, node: roxmltree::Node) -> Result<(), TopologyError> {
-        let cpus = self.bitmap(node, "cpuset")?.ok_or_else(|| self.bad(node, "cpukind without a cpuset".into()))?;
+        let cpus = self
+            .bitmap(node, "cpuset")?
+            .ok_or_else(|| self.bad(node, "cpukind without a cpuset".into()))?;
         let efficiency: Option<i32> = match self.number(node, "forced_efficiency")? {
             Some(e) => Some(e),
             None => self.number(node, "efficiency")?,
         };
         let info = |key: &str| {
-            node.children().filter(|c| c.has_tag_name("info")).find(|c| c.attribute("name") == Some(key)).and_then(|c| c.attribute("value"))
+            node.children()
+                .filter(|c| c.has_tag_name("info"))
+                .find(|c| c.attribute("name") == Some(key))
+                .and_then(|c| c.attribute("value"))
         };
         let name = info("CoreType")
             .map(str::to_string)
@@ -340,19 +413,29 @@ mod tests {
         assert_eq!(t.numa_nodes[1].near_cpus.to_string(), "0-3");
         // A localonly job gets the HBM next to its CPUs as well as its DRAM.
         let model = crate::place::HostModel::new(&t, &CpuSet::new()).unwrap();
-        let req = crate::request::Request { membind: crate::request::MemBind::LocalOnly, ..crate::request::Request::threads(1) };
-        let p = crate::place::place(&model, &Default::default(), &req, crate::place::Strategy::BestFit).unwrap();
+        let req = crate::request::Request {
+            membind: crate::request::MemBind::LocalOnly,
+            ..crate::request::Request::threads(1)
+        };
+        let p =
+            crate::place::place(&model, &Default::default(), &req, crate::place::Strategy::BestFit)
+                .unwrap();
         assert_eq!(p.mems.to_string(), "0-1");
         assert_eq!(t.numa_distance(0, 1), 31);
         let gpu = &t.devices[0];
-        assert_eq!((gpu.class, gpu.vendor_id, gpu.numa_node), (DeviceClass::Gpu, Some(0x10de), Some(0)));
+        assert_eq!(
+            (gpu.class, gpu.vendor_id, gpu.numa_node),
+            (DeviceClass::Gpu, Some(0x10de), Some(0))
+        );
         assert_eq!(gpu.names, ["cuda0"]);
         assert_eq!(gpu.local_cpus.to_string(), "0-3");
     }
 
     #[test]
     fn bad_input_says_what_and_where() {
-        let e = parse("f.xml", "<topology version=\"2.0\"><object type=\"Machine\"").unwrap_err().to_string();
+        let e = parse("f.xml", "<topology version=\"2.0\"><object type=\"Machine\"")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("f.xml") && e.contains("not well-formed"), "{e}");
         let e = parse("f.xml", "<topology version=\"3.0\"/>").unwrap_err().to_string();
         assert!(e.contains("version 3.0") && e.contains("hwloc 2.x"), "{e}");
@@ -361,7 +444,9 @@ mod tests {
         let garbled = SMALL.replace("cpuset=\"0x00000003\"", "cpuset=\"0xnothex\"");
         let e = parse("f.xml", &garbled).unwrap_err().to_string();
         assert!(e.contains("f.xml:7") && e.contains("cpuset"), "{e}");
-        let e = parse("f.xml", &SMALL.replace("os_index=\"2\"", "os_index=\"two\"")).unwrap_err().to_string();
+        let e = parse("f.xml", &SMALL.replace("os_index=\"2\"", "os_index=\"two\""))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("os_index") && e.contains("\"two\""), "{e}");
         let e = parse("f.xml", &SMALL.replace("10 31 31 10", "10 31 31")).unwrap_err().to_string();
         assert!(e.contains("3 values"), "{e}");

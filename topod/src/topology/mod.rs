@@ -213,13 +213,18 @@ impl Topology {
 
     /// The counts of allowed resources, comparable with `hwloc-calc -N`.
     pub fn counts(&self) -> Counts {
-        let touching = |doms: &[Domain]| doms.iter().filter(|d| d.cpus.intersects(&self.allowed)).count();
+        let touching =
+            |doms: &[Domain]| doms.iter().filter(|d| d.cpus.intersects(&self.allowed)).count();
         Counts {
             packages: touching(&self.packages),
             numa_nodes: self
                 .numa_nodes
                 .iter()
-                .filter(|n| self.allowed_mems.contains(n.os_index) && (n.cpus.intersects(&self.allowed) || n.near_cpus.intersects(&self.allowed)))
+                .filter(|n| {
+                    self.allowed_mems.contains(n.os_index)
+                        && (n.cpus.intersects(&self.allowed)
+                            || n.near_cpus.intersects(&self.allowed))
+                })
                 .count(),
             l3_groups: touching(&self.l3_groups),
             cores: touching(&self.cores),
@@ -235,10 +240,11 @@ impl Topology {
     /// The NUMA distance between two nodes (OS ids): the SLIT value, else 10 for the same node
     /// and 20 for two different ones (the ACPI defaults the kernel also assumes).
     pub fn numa_distance(&self, a: u32, b: u32) -> u32 {
-        self.distances
-            .as_ref()
-            .and_then(|d| d.between(a, b))
-            .unwrap_or(if a == b { 10 } else { 20 })
+        self.distances.as_ref().and_then(|d| d.between(a, b)).unwrap_or(if a == b {
+            10
+        } else {
+            20
+        })
     }
 
     /// A short name for display: the file stem of the source.
@@ -272,9 +278,17 @@ impl Topology {
     /// A regular machine numbered as Linux numbers x86 machines: first thread of every core
     /// first, SMT siblings `cores` apart. NUMA distance 10 local, 12 inside a package, 32 across.
     pub fn synthetic(shape: SyntheticShape) -> Topology {
-        let SyntheticShape { packages, numa_per_package, l3_per_numa, cores_per_l3, threads_per_core } = shape;
+        let SyntheticShape {
+            packages,
+            numa_per_package,
+            l3_per_numa,
+            cores_per_l3,
+            threads_per_core,
+        } = shape;
         let cores_total = packages * numa_per_package * l3_per_numa * cores_per_l3;
-        let cpus_of_core = |core: u32| -> CpuSet { (0..threads_per_core).map(|t| core + t * cores_total).collect() };
+        let cpus_of_core = |core: u32| -> CpuSet {
+            (0..threads_per_core).map(|t| core + t * cores_total).collect()
+        };
         let span = |first_core: u32, n: u32| -> CpuSet {
             (first_core..first_core + n).fold(CpuSet::new(), |acc, c| acc.union(&cpus_of_core(c)))
         };
@@ -286,7 +300,13 @@ impl Topology {
         let mut values = Vec::new();
         for a in 0..numa_count {
             for b in 0..numa_count {
-                values.push(if a == b { 10 } else if a / numa_per_package == b / numa_per_package { 12 } else { 32 });
+                values.push(if a == b {
+                    10
+                } else if a / numa_per_package == b / numa_per_package {
+                    12
+                } else {
+                    32
+                });
             }
         }
         let pus = CpuSet::first_n(cores_total * threads_per_core);

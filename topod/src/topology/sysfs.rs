@@ -43,7 +43,10 @@ pub fn read_with(root: &Path, options: &ReadOptions) -> Result<Topology, Topolog
         None => fs.cpu_dirs(cpu_dir)?,
     };
     if online.is_empty() {
-        return Err(TopologyError::Empty { source_name: root.display().to_string(), what: format!("no online CPU under {cpu_dir}") });
+        return Err(TopologyError::Empty {
+            source_name: root.display().to_string(),
+            what: format!("no online CPU under {cpu_dir}"),
+        });
     }
     let mut groups = Groups::default();
     groups.read_ids(&fs, cpu_dir, &online)?;
@@ -91,11 +94,22 @@ impl Fs {
         let path = self.path(rel);
         match std::fs::read(&path) {
             // Some sysfs files (and snapshots of them) end in NUL padding.
-            Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).trim_end_matches(['\0', '\n', ' ']).to_string())),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => Ok(None),
+            Ok(bytes) => Ok(Some(
+                String::from_utf8_lossy(&bytes).trim_end_matches(['\0', '\n', ' ']).to_string(),
+            )),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                Ok(None)
+            }
             // Reading some sysfs attributes is refused to non-root users (EACCES) or fails for
             // devices that are gone (ENODEV, EINVAL); treat those as absent too.
-            Err(e) if matches!(e.raw_os_error(), Some(13) | Some(19) | Some(22) | Some(1)) => Ok(None),
+            Err(e) if matches!(e.raw_os_error(), Some(13) | Some(19) | Some(22) | Some(1)) => {
+                Ok(None)
+            }
             Err(source) => Err(TopologyError::Io { path, source }),
         }
     }
@@ -129,7 +143,9 @@ impl Fs {
             None => Ok(None),
             Some(text) => {
                 let t = text.trim();
-                t.parse::<i64>().map(|v| u64::try_from(v).ok()).map_err(|_| self.bad(rel, format!("{t:?} is not a number")))
+                t.parse::<i64>()
+                    .map(|v| u64::try_from(v).ok())
+                    .map_err(|_| self.bad(rel, format!("{t:?} is not a number")))
             }
         }
     }
@@ -142,7 +158,12 @@ impl Fs {
 
     /// `cpuN` directories, when `online` is missing.
     fn cpu_dirs(&self, rel: &str) -> Result<CpuSet, TopologyError> {
-        Ok(self.entries(rel).iter().filter_map(|n| n.strip_prefix("cpu")?.parse::<u32>().ok()).filter(|&n| n <= crate::cpuset::MAX_CPU_ID).collect())
+        Ok(self
+            .entries(rel)
+            .iter()
+            .filter_map(|n| n.strip_prefix("cpu")?.parse::<u32>().ok())
+            .filter(|&n| n <= crate::cpuset::MAX_CPU_ID)
+            .collect())
     }
 }
 
@@ -159,7 +180,8 @@ impl Level {
     }
 
     fn into_domains(self) -> Vec<Domain> {
-        let mut v: Vec<Domain> = self.0.into_iter().map(|(cpus, os_index)| Domain { os_index, cpus }).collect();
+        let mut v: Vec<Domain> =
+            self.0.into_iter().map(|(cpus, os_index)| Domain { os_index, cpus }).collect();
         v.sort_by_key(|d| d.cpus.first());
         v
     }
@@ -193,7 +215,13 @@ impl Groups {
         Ok(())
     }
 
-    fn read_cpu(&mut self, fs: &Fs, dir: &str, cpu: u32, online: &CpuSet) -> Result<(), TopologyError> {
+    fn read_cpu(
+        &mut self,
+        fs: &Fs,
+        dir: &str,
+        cpu: u32,
+        online: &CpuSet,
+    ) -> Result<(), TopologyError> {
         let me: CpuSet = std::iter::once(cpu).collect();
         let topo = format!("{dir}/topology");
         let core = match fs.set(&format!("{topo}/core_cpus"))? {
@@ -215,11 +243,16 @@ impl Groups {
             Some(s) => Some(s),
             None => fs.set(&format!("{topo}/core_siblings"))?,
         };
-        self.packages.add(package.unwrap_or_else(|| me.clone()).intersection(online), fs.number(&format!("{topo}/physical_package_id"))?);
+        self.packages.add(
+            package.unwrap_or_else(|| me.clone()).intersection(online),
+            fs.number(&format!("{topo}/physical_package_id"))?,
+        );
         if let Some(die) = fs.set(&format!("{topo}/die_cpus"))? {
             self.dies.add(die.intersection(online), fs.number(&format!("{topo}/die_id"))?);
         }
-        for index in fs.entries(&format!("{dir}/cache")).into_iter().filter(|e| e.starts_with("index")) {
+        for index in
+            fs.entries(&format!("{dir}/cache")).into_iter().filter(|e| e.starts_with("index"))
+        {
             let cache = format!("{dir}/cache/{index}");
             let level = fs.number(&format!("{cache}/level"))?;
             let kind = fs.optional(&format!("{cache}/type"))?.unwrap_or_default();
@@ -263,9 +296,14 @@ fn cpu_kinds(kinds: BTreeMap<(Option<u64>, Option<u64>), CpuSet>) -> Vec<CpuKind
         .collect()
 }
 
-fn read_nodes(fs: &Fs, online: &CpuSet, options: &ReadOptions) -> Result<(Vec<NumaNode>, Option<Distances>), TopologyError> {
+fn read_nodes(
+    fs: &Fs,
+    online: &CpuSet,
+    options: &ReadOptions,
+) -> Result<(Vec<NumaNode>, Option<Distances>), TopologyError> {
     let node_dir = "sys/devices/system/node";
-    let mut ids: Vec<u32> = fs.entries(node_dir).iter().filter_map(|n| n.strip_prefix("node")?.parse().ok()).collect();
+    let mut ids: Vec<u32> =
+        fs.entries(node_dir).iter().filter_map(|n| n.strip_prefix("node")?.parse().ok()).collect();
     ids.sort_unstable();
     let gpu_nodes = nvidia_gpu_nodes(fs)?;
     let mut nodes = Vec::new();
@@ -281,12 +319,19 @@ fn read_nodes(fs: &Fs, online: &CpuSet, options: &ReadOptions) -> Result<(Vec<Nu
         }
         .intersection(online);
         let memory_bytes = match fs.optional(&format!("{dir}/meminfo"))? {
-            Some(t) => mem_total(&t).ok_or_else(|| fs.bad(&format!("{dir}/meminfo"), "no readable MemTotal line".into()))?,
+            Some(t) => mem_total(&t).ok_or_else(|| {
+                fs.bad(&format!("{dir}/meminfo"), "no readable MemTotal line".into())
+            })?,
             None => 0,
         };
         if let Some(t) = fs.optional(&format!("{dir}/distance"))? {
             let row: Result<Vec<u32>, _> = t.split_whitespace().map(str::parse::<u32>).collect();
-            let row = row.map_err(|_| fs.bad(&format!("{dir}/distance"), format!("{:?} is not a list of numbers", t.trim())))?;
+            let row = row.map_err(|_| {
+                fs.bad(
+                    &format!("{dir}/distance"),
+                    format!("{:?} is not a list of numbers", t.trim()),
+                )
+            })?;
             rows.push((id, row));
         }
         let kind = if gpu_nodes.contains(id) { MemoryKind::GpuMemory } else { MemoryKind::Dram };
@@ -299,11 +344,20 @@ fn read_nodes(fs: &Fs, online: &CpuSet, options: &ReadOptions) -> Result<(Vec<Nu
     let distances = build_distances(fs, node_dir, &ids, &possible, rows)?;
     // CPU-less nodes: near the CPUs of the nodes closest to them.
     if let Some(d) = &distances {
-        let with_cpus: Vec<(u32, CpuSet)> = nodes.iter().filter(|n| !n.cpus.is_empty()).map(|n| (n.os_index, n.cpus.clone())).collect();
+        let with_cpus: Vec<(u32, CpuSet)> = nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty())
+            .map(|n| (n.os_index, n.cpus.clone()))
+            .collect();
         for n in nodes.iter_mut().filter(|n| n.cpus.is_empty()) {
             let best = with_cpus.iter().filter_map(|(o, _)| d.between(n.os_index, *o)).min();
             if let Some(best) = best {
-                n.near_cpus = CpuSet::union_all(with_cpus.iter().filter(|(o, _)| d.between(n.os_index, *o) == Some(best)).map(|(_, c)| c));
+                n.near_cpus = CpuSet::union_all(
+                    with_cpus
+                        .iter()
+                        .filter(|(o, _)| d.between(n.os_index, *o) == Some(best))
+                        .map(|(_, c)| c),
+                );
             }
         }
     }
@@ -315,7 +369,13 @@ fn read_nodes(fs: &Fs, online: &CpuSet, options: &ReadOptions) -> Result<(Vec<Nu
 
 /// The SLIT from the `distance` rows. A row has one entry per node present, or, when a node is
 /// offline, one per possible node (seen on kernels that keep offline nodes in the table).
-fn build_distances(fs: &Fs, node_dir: &str, ids: &[u32], possible: &[u32], rows: Vec<(u32, Vec<u32>)>) -> Result<Option<Distances>, TopologyError> {
+fn build_distances(
+    fs: &Fs,
+    node_dir: &str,
+    ids: &[u32],
+    possible: &[u32],
+    rows: Vec<(u32, Vec<u32>)>,
+) -> Result<Option<Distances>, TopologyError> {
     if rows.is_empty() || rows.len() != ids.len() {
         return Ok(None);
     }
@@ -335,7 +395,10 @@ fn build_distances(fs: &Fs, node_dir: &str, ids: &[u32], possible: &[u32], rows:
     let mut values: Vec<u32> = (0..n * n).map(|k| if k / n == k % n { 10 } else { 20 }).collect();
     for (id, row) in rows {
         if row.len() != n {
-            return Err(fs.bad(&format!("{node_dir}/node{id}/distance"), format!("{} distances where the other nodes have {n}", row.len())));
+            return Err(fs.bad(
+                &format!("{node_dir}/node{id}/distance"),
+                format!("{} distances where the other nodes have {n}", row.len()),
+            ));
         }
         let Some(i) = columns.iter().position(|&c| c == id) else { continue };
         for (j, v) in row.into_iter().enumerate() {
@@ -365,7 +428,9 @@ fn nvidia_gpu_nodes(fs: &Fs) -> Result<CpuSet, TopologyError> {
         if let Some(text) = fs.optional(&file)? {
             let node = text.lines().find_map(|l| l.trim().strip_prefix("Node:")).map(str::trim);
             if let Some(node) = node {
-                let id: i64 = node.parse().map_err(|_| fs.bad(&file, format!("Node: {node:?} is not a number")))?;
+                let id: i64 = node
+                    .parse()
+                    .map_err(|_| fs.bad(&file, format!("Node: {node:?} is not a number")))?;
                 if let Ok(id) = u32::try_from(id) {
                     out.insert(id.min(crate::cpuset::MAX_CPU_ID));
                 }
@@ -425,7 +490,12 @@ fn cpuset_mounts(mounts: &str) -> Vec<CpusetMount> {
                 mems: &["cpuset.mems"],
                 v2: false,
             }),
-            "cpuset" => out.push(CpusetMount { mount_point: point.to_string(), cpus: &["cpus"], mems: &["mems"], v2: false }),
+            "cpuset" => out.push(CpusetMount {
+                mount_point: point.to_string(),
+                cpus: &["cpus"],
+                mems: &["mems"],
+                v2: false,
+            }),
             _ => {}
         }
     }
@@ -444,7 +514,11 @@ fn cgroup_cpuset(fs: &Fs) -> Result<(Option<CpuSet>, Option<CpuSet>), TopologyEr
     let v2_path = cgroup_file.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string));
     let cpuset_path = fs.optional("proc/self/cpuset")?.map(|p| p.trim().to_string());
     for mount in cpuset_mounts(&mounts) {
-        let path = if mount.v2 { v2_path.clone().or_else(|| cpuset_path.clone()) } else { v1_path.clone().or_else(|| cpuset_path.clone()) };
+        let path = if mount.v2 {
+            v2_path.clone().or_else(|| cpuset_path.clone())
+        } else {
+            v1_path.clone().or_else(|| cpuset_path.clone())
+        };
         let Some(path) = path else { continue };
         if path.split('/').any(|c| c == "..") {
             continue;
@@ -452,7 +526,11 @@ fn cgroup_cpuset(fs: &Fs) -> Result<(Option<CpuSet>, Option<CpuSet>), TopologyEr
         // Walk up from the process's cgroup until a level says something.
         let mut rel = path.trim_end_matches('/').to_string();
         loop {
-            let dir = format!("{}/{}", mount.mount_point.trim_end_matches('/'), rel.trim_start_matches('/'));
+            let dir = format!(
+                "{}/{}",
+                mount.mount_point.trim_end_matches('/'),
+                rel.trim_start_matches('/')
+            );
             let cpus = first_set(fs, &dir, mount.cpus)?;
             let mems = first_set(fs, &dir, mount.mems)?;
             if cpus.as_ref().is_some_and(|c| !c.is_empty()) {
@@ -489,16 +567,25 @@ fn read_pci(fs: &Fs) -> Result<Vec<IoDevice>, TopologyError> {
         let Some(class_text) = fs.optional(&format!("{dev}/class"))? else { continue };
         let hex = |t: &str| u32::from_str_radix(t.trim().trim_start_matches("0x"), 16).ok();
         let Some(class_code) = hex(&class_text) else {
-            return Err(fs.bad(&format!("{dev}/class"), format!("{:?} is not a PCI class code", class_text.trim())));
+            return Err(fs.bad(
+                &format!("{dev}/class"),
+                format!("{:?} is not a PCI class code", class_text.trim()),
+            ));
         };
         let class = super::classify_pci(class_code);
         if class == super::DeviceClass::Other {
             continue;
         }
         let id16 = |name: &str| -> Result<Option<u16>, TopologyError> {
-            Ok(fs.optional(&format!("{dev}/{name}"))?.and_then(|t| hex(&t)).and_then(|v| u16::try_from(v).ok()))
+            Ok(fs
+                .optional(&format!("{dev}/{name}"))?
+                .and_then(|t| hex(&t))
+                .and_then(|v| u16::try_from(v).ok()))
         };
-        let numa_node = fs.optional(&format!("{dev}/numa_node"))?.and_then(|t| t.trim().parse::<i64>().ok()).and_then(|n| u32::try_from(n).ok());
+        let numa_node = fs
+            .optional(&format!("{dev}/numa_node"))?
+            .and_then(|t| t.trim().parse::<i64>().ok())
+            .and_then(|n| u32::try_from(n).ok());
         let local_cpus = match fs.optional(&format!("{dev}/local_cpulist"))? {
             Some(t) => fs.list(&format!("{dev}/local_cpulist"), &t)?,
             None => match fs.optional(&format!("{dev}/local_cpus"))? {

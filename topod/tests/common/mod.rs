@@ -17,7 +17,11 @@ pub fn topologies() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
     let t = dir.join("topologies");
-    assert!(t.join("expected-counts.tsv").is_file(), "shared topologies missing at {}; set TOPO_SHARED_DIR", t.display());
+    assert!(
+        t.join("expected-counts.tsv").is_file(),
+        "shared topologies missing at {}; set TOPO_SHARED_DIR",
+        t.display()
+    );
     t
 }
 
@@ -28,7 +32,10 @@ pub fn remove_cgroup_tree(root: &std::path::Path) {
         for e in entries.flatten().filter(|e| e.path().is_dir()) {
             if let Ok(procs) = std::fs::read_to_string(e.path().join("cgroup.procs")) {
                 for pid in procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
                 }
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -63,17 +70,20 @@ impl RealCgroups {
         if !nix::unistd::geteuid().is_root() {
             return Err("real cgroups need root".into());
         }
-        let mounts = std::fs::read_to_string("/proc/mounts").map_err(|e| format!("reading /proc/mounts: {e}"))?;
+        let mounts = std::fs::read_to_string("/proc/mounts")
+            .map_err(|e| format!("reading /proc/mounts: {e}"))?;
         if let (Some(cpuset), freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts) {
             return Ok(RealCgroups::V1 { cpuset, freezer, memory });
         }
         if let Some(mount) = topod::cgroup::v2::v2_mount(&mounts) {
-            let offered = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+            let offered =
+                std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
             if offered.split_whitespace().any(|c| c == "cpuset") {
                 return Ok(RealCgroups::V2 { mount });
             }
         }
-        Err("no cpuset controller is mounted, neither as a v1 hierarchy nor in the unified v2 one".into())
+        Err("no cpuset controller is mounted, neither as a v1 hierarchy nor in the unified v2 one"
+            .into())
     }
 
     /// `"v1"` or `"v2"`, as topod's config spells it.
@@ -89,7 +99,11 @@ impl RealCgroups {
     pub fn roots(&self, subtree: &str) -> Vec<PathBuf> {
         match self {
             RealCgroups::V1 { cpuset, freezer, memory } => {
-                [Some(cpuset), freezer.as_ref(), memory.as_ref()].into_iter().flatten().map(|m| m.join(subtree)).collect()
+                [Some(cpuset), freezer.as_ref(), memory.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .map(|m| m.join(subtree))
+                    .collect()
             }
             RealCgroups::V2 { mount } => vec![mount.join(format!("{subtree}.slice"))],
         }
@@ -99,20 +113,33 @@ impl RealCgroups {
     pub fn backend(&self, subtree: &str) -> Box<dyn topod::cgroup::CgroupBackend> {
         match self {
             RealCgroups::V1 { cpuset, freezer, memory } => Box::new(
-                topod::cgroup::v1::V1::new(cpuset.join(subtree), freezer.as_ref().map(|f| f.join(subtree)), memory.as_ref().map(|m| m.join(subtree)))
-                    .expect("v1 subtree"),
+                topod::cgroup::v1::V1::new(
+                    cpuset.join(subtree),
+                    freezer.as_ref().map(|f| f.join(subtree)),
+                    memory.as_ref().map(|m| m.join(subtree)),
+                )
+                .expect("v1 subtree"),
             ),
-            RealCgroups::V2 { mount } => Box::new(topod::cgroup::v2::V2::new(mount.join(format!("{subtree}.slice"))).expect("v2 subtree")),
+            RealCgroups::V2 { mount } => Box::new(
+                topod::cgroup::v2::V2::new(mount.join(format!("{subtree}.slice")))
+                    .expect("v2 subtree"),
+            ),
         }
     }
 
     /// The file that holds a job's memory limit, where the memory controller is there.
     pub fn memory_limit_file(&self, subtree: &str, job: &str) -> Option<PathBuf> {
         match self {
-            RealCgroups::V1 { memory, .. } => memory.as_ref().map(|m| m.join(subtree).join(job).join("memory.limit_in_bytes")),
+            RealCgroups::V1 { memory, .. } => {
+                memory.as_ref().map(|m| m.join(subtree).join(job).join("memory.limit_in_bytes"))
+            }
             RealCgroups::V2 { mount } => {
-                let offered = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
-                offered.split_whitespace().any(|c| c == "memory").then(|| mount.join(format!("{subtree}.slice")).join(job).join("memory.max"))
+                let offered =
+                    std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+                offered
+                    .split_whitespace()
+                    .any(|c| c == "memory")
+                    .then(|| mount.join(format!("{subtree}.slice")).join(job).join("memory.max"))
             }
         }
     }
@@ -154,11 +181,7 @@ pub fn start(dir: &Path, extra: &[&str], emulate: bool) -> Daemon {
     }
     // Its log goes to topod.log beside the socket, for the tests that read it.
     let log = std::fs::File::create(dir.join("topod.log")).expect("topod.log");
-    let child = cmd
-        .args(extra)
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("topod starts");
+    let child = cmd.args(extra).stderr(Stdio::from(log)).spawn().expect("topod starts");
     let start = Instant::now();
     while UnixStream::connect(&socket).is_err() {
         assert!(start.elapsed() < Duration::from_secs(20), "topod did not open its socket");
@@ -178,7 +201,10 @@ pub fn raw(socket: &Path, bytes: &[u8]) -> Value {
 }
 
 pub fn error_of(v: &Value) -> (String, String) {
-    (v["error"]["code"].as_str().unwrap_or("").to_string(), v["error"]["message"].as_str().unwrap_or("").to_string())
+    (
+        v["error"]["code"].as_str().unwrap_or("").to_string(),
+        v["error"]["message"].as_str().unwrap_or("").to_string(),
+    )
 }
 
 pub fn is_root() -> bool {
@@ -188,7 +214,11 @@ pub fn is_root() -> bool {
 /// topod on this host's real cgroups (v1 or v2, whichever holds the cpuset controller), on a
 /// subtree of its own named after `name`, with `extra` configuration; `None` (having said
 /// SKIPPED) where there are none.
-pub fn real_daemon(dir: &Path, name: &str, extra: &str) -> Option<(Daemon, RealCgroups, String, SubtreeCleanup, PathBuf)> {
+pub fn real_daemon(
+    dir: &Path,
+    name: &str,
+    extra: &str,
+) -> Option<(Daemon, RealCgroups, String, SubtreeCleanup, PathBuf)> {
     let cgroups = match RealCgroups::detect() {
         Ok(c) => c,
         Err(why) => {
@@ -198,17 +228,21 @@ pub fn real_daemon(dir: &Path, name: &str, extra: &str) -> Option<(Daemon, RealC
     };
     let subtree = format!("{name}-{}", std::process::id());
     let config = dir.join("topod.toml");
-    std::fs::write(&config, format!("cgroup = \"{}\"\ncgroup_subtree = \"{subtree}\"\n{extra}", cgroups.kind())).unwrap();
+    std::fs::write(
+        &config,
+        format!("cgroup = \"{}\"\ncgroup_subtree = \"{subtree}\"\n{extra}", cgroups.kind()),
+    )
+    .unwrap();
     let cleanup = SubtreeCleanup(cgroups.roots(&subtree));
     let d = start(dir, &["--config", config.to_str().unwrap()], false);
     Some((d, cgroups, subtree, cleanup, config))
 }
 
-
 /// A temporary directory that an unprivileged user may enter (a test's socket lives there).
 pub fn open_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
     dir
 }
 

@@ -67,18 +67,24 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let exe_dir = std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or_default();
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_default();
     let mut a = Args {
         hosts: 10_000,
         jobs: 200,
         baseline_jobs: 3,
         topod: exe_dir.join("topod"),
-        shared: std::env::var_os("TOPO_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("../shared")),
+        shared: std::env::var_os("TOPO_SHARED_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("../shared")),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        let number = |v: String| v.parse::<usize>().map_err(|_| format!("{flag}: {v:?} is not a number"));
+        let number =
+            |v: String| v.parse::<usize>().map_err(|_| format!("{flag}: {v:?} is not a number"));
         match flag.as_str() {
             "--hosts" => a.hosts = number(value()?)?,
             "--jobs" => a.jobs = number(value()?)?,
@@ -157,7 +163,12 @@ fn start_topod(binary: &Path, topology: &Path) -> Result<(Topod, PathBuf), Strin
         .arg(topology)
         .stderr(std::process::Stdio::null())
         .spawn()
-        .map_err(|e| format!("cannot start {} ({e}); build it first: cargo build --release -p topod --bin topod", binary.display()))?;
+        .map_err(|e| {
+            format!(
+                "cannot start {} ({e}); build it first: cargo build --release -p topod --bin topod",
+                binary.display()
+            )
+        })?;
     let t = Topod { child, dir };
     for _ in 0..200 {
         if Client::connect(&socket).is_ok() {
@@ -215,7 +226,8 @@ fn run() -> Result<(), String> {
     for i in (1..requests.len()).rev() {
         requests.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    let keys: Vec<String> = requests.iter().map(|r| format!("{r}#{}", r.tasks.unwrap_or(1))).collect();
+    let keys: Vec<String> =
+        requests.iter().map(|r| format!("{r}#{}", r.tasks.unwrap_or(1))).collect();
     let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
     let candidates: Vec<u32> = (0..args.hosts as u32).collect();
 
@@ -229,10 +241,17 @@ fn run() -> Result<(), String> {
     let mut seen = std::collections::HashSet::new();
     let mut kept_total = 0usize;
     for (i, (r, key)) in requests.iter().zip(&keys).enumerate() {
-        let ctx = Context { cache: &cache, reservations: &reservations, now: Instant::now(), stale_after: Duration::from_secs(3600), unreachable: Unreachable::Open };
+        let ctx = Context {
+            cache: &cache,
+            reservations: &reservations,
+            now: Instant::now(),
+            stale_after: Duration::from_secs(3600),
+            unreachable: Unreachable::Open,
+        };
         let start = Instant::now();
         let scores = memo.scores(&ctx, key, r, &candidates);
-        let mut kept: Vec<(u64, u32)> = scores.iter().zip(&candidates).filter_map(|(s, &h)| s.map(|s| (s, h))).collect();
+        let mut kept: Vec<(u64, u32)> =
+            scores.iter().zip(&candidates).filter_map(|(s, &h)| s.map(|s| (s, h))).collect();
         kept.sort_unstable();
         let ms = start.elapsed().as_secs_f64() * 1e3;
         per_job_ms.push(ms);
@@ -268,12 +287,35 @@ fn run() -> Result<(), String> {
     let p50 = percentile(&per_job_ms, 0.5);
     let base50 = percentile(&baseline_ms, 0.5);
     println!("cluster: {} hosts of {} machine types ({} distinct models in the cache), each loaded by its own job stream", args.hosts, machines.len(), models);
-    println!("jobs: {} mixed requests; on average {:.0} hosts fit each", per_job_ms.len(), kept_total as f64 / per_job_ms.len() as f64);
+    println!(
+        "jobs: {} mixed requests; on average {:.0} hosts fit each",
+        per_job_ms.len(),
+        kept_total as f64 / per_job_ms.len() as f64
+    );
     println!("match + sort per job, session of {} jobs ({} distinct shapes): p50 {:.3} ms  p90 {:.3} ms  p99 {:.3} ms  max {:.3} ms", per_job_ms.len(), distinct, p50, percentile(&per_job_ms, 0.9), percentile(&per_job_ms, 0.99), per_job_ms[per_job_ms.len() - 1]);
-    println!("  first job of each shape (nothing remembered): p50 {:.3} ms  max {:.3} ms", percentile(&first_of_shape_ms, 0.5), first_of_shape_ms[first_of_shape_ms.len() - 1]);
-    println!("one round trip per host to a live topod (2001 design), {} jobs: p50 {:.1} ms per job", baseline_ms.len(), base50);
+    println!(
+        "  first job of each shape (nothing remembered): p50 {:.3} ms  max {:.3} ms",
+        percentile(&first_of_shape_ms, 0.5),
+        first_of_shape_ms[first_of_shape_ms.len() - 1]
+    );
+    println!(
+        "one round trip per host to a live topod (2001 design), {} jobs: p50 {:.1} ms per job",
+        baseline_ms.len(),
+        base50
+    );
     println!("speed-up at p50: {:.0}x", base50 / p50);
-    println!("cache memory: {} bytes in all, {:.0} bytes per host (models shared: {} for {} hosts)", cache_bytes, cache_bytes as f64 / args.hosts as f64, models, args.hosts);
-    println!("memo: {} bytes for {} shapes ({} bytes per host per shape remembered)", memo.bytes(), distinct.min(eval::MEMO_SHAPES), std::mem::size_of::<(u64, u64)>());
+    println!(
+        "cache memory: {} bytes in all, {:.0} bytes per host (models shared: {} for {} hosts)",
+        cache_bytes,
+        cache_bytes as f64 / args.hosts as f64,
+        models,
+        args.hosts
+    );
+    println!(
+        "memo: {} bytes for {} shapes ({} bytes per host per shape remembered)",
+        memo.bytes(),
+        distinct.min(eval::MEMO_SHAPES),
+        std::mem::size_of::<(u64, u64)>()
+    );
     Ok(())
 }

@@ -74,7 +74,10 @@ impl Drop for Sleeper {
 
 /// Settled (its exec done) before the clock starts, so that both paths time only the cgroup work.
 fn sleeper() -> Result<Sleeper, Failure> {
-    let child = Command::new("sleep").arg("600").spawn().map_err(|e| Failure::runtime(format!("cannot start sleep: {e}")))?;
+    let child = Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .map_err(|e| Failure::runtime(format!("cannot start sleep: {e}")))?;
     std::thread::sleep(Duration::from_millis(2));
     Ok(Sleeper(child))
 }
@@ -82,7 +85,12 @@ fn sleeper() -> Result<Sleeper, Failure> {
 fn rss_kib(pid: u64) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0))))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmRSS:")
+                    .map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0))
+            })
+        })
         .unwrap_or(0)
 }
 
@@ -96,7 +104,8 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
     // The direct baseline compares like with like only when topod itself runs on cgroup v1.
     let raw_v1 = if backend == "v1" { RawV1::new()? } else { None };
     let (mut raw_start, mut raw_release) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles));
-    let (mut start_t, mut start_two_t, mut release_t) = (Vec::with_capacity(cycles), Vec::with_capacity(cycles), Vec::with_capacity(cycles));
+    let (mut start_t, mut start_two_t, mut release_t) =
+        (Vec::with_capacity(cycles), Vec::with_capacity(cycles), Vec::with_capacity(cycles));
     let mut first_cpus = String::new();
     for i in 0..cycles {
         let child = sleeper()?;
@@ -104,7 +113,18 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         let one_request = i % 2 == 0;
         let t0 = Instant::now();
         let join_pid = one_request.then_some(child.id() as i32);
-        let a = call(&mut c, Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid })?;
+        let a = call(
+            &mut c,
+            Op::Allocate {
+                job: job.clone(),
+                request: "affinity[thread*1]".into(),
+                tasks: None,
+                cpus: None,
+                mem_limit_bytes: None,
+                owner_uid: None,
+                join_pid,
+            },
+        )?;
         if one_request {
             start_t.push(us(t0.elapsed()));
         } else {
@@ -140,13 +160,22 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
                 let mut c = Client::connect(&socket).map_err(|e| e.to_string())?;
                 for i in (w..pairs).step_by(clients.max(1)) {
                     let job = format!("pair-{}-{i}", std::process::id());
-                    let op = Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None };
+                    let op = Op::Allocate {
+                        job: job.clone(),
+                        request: "affinity[thread*1]".into(),
+                        tasks: None,
+                        cpus: None,
+                        mem_limit_bytes: None,
+                        owner_uid: None,
+                        join_pid: None,
+                    };
                     match c.call(op) {
                         Ok(_) => {
                             c.call(Op::Release { job }).map_err(|e| e.to_string())?;
                             completed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
-                        Err(topod::client::ClientError::Refused(e)) if e.code == topod::proto::ErrorCode::DoesNotFit => {}
+                        Err(topod::client::ClientError::Refused(e))
+                            if e.code == topod::proto::ErrorCode::DoesNotFit => {}
                         Err(e) => return Err(e.to_string()),
                     }
                 }
@@ -155,7 +184,9 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         })
         .collect();
     for t in threads {
-        t.join().map_err(|_| Failure::runtime("a client thread panicked"))?.map_err(Failure::runtime)?;
+        t.join()
+            .map_err(|_| Failure::runtime("a client thread panicked"))?
+            .map_err(Failure::runtime)?;
     }
     let completed = completed.load(std::sync::atomic::Ordering::Relaxed);
     let pairs_per_second = completed as f64 / started.elapsed().as_secs_f64();
@@ -165,7 +196,15 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
     let mut live = Vec::new();
     loop {
         let job = format!("live-{}-{}", std::process::id(), live.len());
-        match c.call(Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None }) {
+        match c.call(Op::Allocate {
+            job: job.clone(),
+            request: "affinity[thread*1]".into(),
+            tasks: None,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid: None,
+            join_pid: None,
+        }) {
             Ok(_) => live.push(job),
             Err(_) => break,
         }
@@ -207,16 +246,27 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         f.raw_release_p50_us = Some(pct(&mut rr, 0.5));
         f.raw_release_p99_us = Some(pct(&mut rr, 0.99));
         let raw_p50 = pct(&mut rs, 0.5) + pct(&mut rr, 0.5);
-        f.start_plus_release_ratio_p50 = Some((f.topod_start_p50_us + f.topod_release_p50_us) / raw_p50);
-        f.start_two_requests_plus_release_ratio_p50 = Some((f.topod_start_two_requests_p50_us + f.topod_release_p50_us) / raw_p50);
+        f.start_plus_release_ratio_p50 =
+            Some((f.topod_start_p50_us + f.topod_release_p50_us) / raw_p50);
+        f.start_two_requests_plus_release_ratio_p50 =
+            Some((f.topod_start_two_requests_p50_us + f.topod_release_p50_us) / raw_p50);
     }
     if json {
         return print_json(&f);
     }
     println!("topod ({backend} cgroups), {cycles} cycles, one-thread jobs");
-    println!("  start, one request (allocate with join_pid)  p50 {:>8.1} us  p99 {:>8.1} us", f.topod_start_p50_us, f.topod_start_p99_us);
-    println!("  start, two requests (allocate, then join)    p50 {:>8.1} us  p99 {:>8.1} us", f.topod_start_two_requests_p50_us, f.topod_start_two_requests_p99_us);
-    println!("  release                                      p50 {:>8.1} us  p99 {:>8.1} us", f.topod_release_p50_us, f.topod_release_p99_us);
+    println!(
+        "  start, one request (allocate with join_pid)  p50 {:>8.1} us  p99 {:>8.1} us",
+        f.topod_start_p50_us, f.topod_start_p99_us
+    );
+    println!(
+        "  start, two requests (allocate, then join)    p50 {:>8.1} us  p99 {:>8.1} us",
+        f.topod_start_two_requests_p50_us, f.topod_start_two_requests_p99_us
+    );
+    println!(
+        "  release                                      p50 {:>8.1} us  p99 {:>8.1} us",
+        f.topod_release_p50_us, f.topod_release_p99_us
+    );
     match (f.raw_start_p50_us, f.raw_start_p99_us, f.raw_release_p50_us, f.raw_release_p99_us, f.start_plus_release_ratio_p50, f.start_two_requests_plus_release_ratio_p50) {
         (Some(a), Some(b), Some(c2), Some(d), Some(ratio), Some(ratio_two)) => {
             println!("the same cgroup v1 operations done directly, same run");
@@ -227,7 +277,10 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         _ => println!("(no direct baseline: it needs topod on cgroup v1, and root with the v1 cpuset hierarchy here)"),
     }
     println!("{clients} concurrent clients: {:.0} allocate/release pairs per second ({} of {} attempted pairs completed; the others found the host full)", f.pairs_per_second, f.pairs_completed, f.pairs_attempted);
-    println!("topod resident memory: {} KiB idle, {} KiB with {} live jobs", f.rss_kib_idle, f.rss_kib_with_live_jobs, f.live_jobs);
+    println!(
+        "topod resident memory: {} KiB idle, {} KiB with {} live jobs",
+        f.rss_kib_idle, f.rss_kib_with_live_jobs, f.live_jobs
+    );
     Ok(())
 }
 
@@ -250,19 +303,29 @@ impl RawV1 {
             return Ok(None);
         }
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-        let (Some(cpuset), freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts) else { return Ok(None) };
+        let (Some(cpuset), freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts) else {
+            return Ok(None);
+        };
         let name = format!("topo-raw-bench-{}", std::process::id());
         let has_freezer = freezer.is_some();
-        let roots: Vec<PathBuf> = [Some(cpuset), freezer, memory].into_iter().flatten().map(|m| m.join(&name)).collect();
+        let roots: Vec<PathBuf> =
+            [Some(cpuset), freezer, memory].into_iter().flatten().map(|m| m.join(&name)).collect();
         let mut raw = RawV1 { roots, has_freezer, parent_mems: String::new() };
         for r in &raw.roots {
             std::fs::create_dir(r).map_err(|e| io_failure("mkdir", r, e))?;
         }
         let root = &raw.roots[0];
-        let parent = |file: &str| std::fs::read_to_string(root.parent().map(|p| p.join(file)).unwrap_or_default()).unwrap_or_default().trim().to_string();
+        let parent = |file: &str| {
+            std::fs::read_to_string(root.parent().map(|p| p.join(file)).unwrap_or_default())
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
         let (parent_mems, parent_cpus) = (parent("cpuset.mems"), parent("cpuset.cpus"));
-        std::fs::write(root.join("cpuset.mems"), &parent_mems).map_err(|e| io_failure("write", root, e))?;
-        std::fs::write(root.join("cpuset.cpus"), &parent_cpus).map_err(|e| io_failure("write", root, e))?;
+        std::fs::write(root.join("cpuset.mems"), &parent_mems)
+            .map_err(|e| io_failure("write", root, e))?;
+        std::fs::write(root.join("cpuset.cpus"), &parent_cpus)
+            .map_err(|e| io_failure("write", root, e))?;
         raw.parent_mems = parent_mems;
         Ok(Some(raw))
     }
@@ -276,10 +339,13 @@ impl RawV1 {
         for d in &dirs {
             std::fs::create_dir(d).map_err(|e| io_failure("mkdir", d, e))?;
         }
-        std::fs::write(dirs[0].join("cpuset.mems"), &self.parent_mems).map_err(|e| io_failure("write", &dirs[0], e))?;
-        std::fs::write(dirs[0].join("cpuset.cpus"), cpus).map_err(|e| io_failure("write", &dirs[0], e))?;
+        std::fs::write(dirs[0].join("cpuset.mems"), &self.parent_mems)
+            .map_err(|e| io_failure("write", &dirs[0], e))?;
+        std::fs::write(dirs[0].join("cpuset.cpus"), cpus)
+            .map_err(|e| io_failure("write", &dirs[0], e))?;
         for d in &dirs {
-            std::fs::write(d.join("cgroup.procs"), child.id().to_string()).map_err(|e| io_failure("write", d, e))?;
+            std::fs::write(d.join("cgroup.procs"), child.id().to_string())
+                .map_err(|e| io_failure("write", d, e))?;
         }
         let start = us(t0.elapsed());
         let t1 = Instant::now();
@@ -287,11 +353,18 @@ impl RawV1 {
         if let Some(f) = &frozen {
             let _ = std::fs::write(f, "FROZEN");
         }
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         if let Some(f) = &frozen {
             let _ = std::fs::write(f, "THAWED");
         }
-        while !std::fs::read_to_string(dirs[0].join("cgroup.procs")).unwrap_or_default().trim().is_empty() {
+        while !std::fs::read_to_string(dirs[0].join("cgroup.procs"))
+            .unwrap_or_default()
+            .trim()
+            .is_empty()
+        {
             std::thread::sleep(Duration::from_micros(50));
         }
         for d in dirs.iter().rev() {
@@ -310,7 +383,12 @@ impl Drop for RawV1 {
         for _ in 0..100 {
             let mut left = false;
             for r in &self.roots {
-                for d in std::fs::read_dir(r).into_iter().flatten().flatten().filter(|e| e.path().is_dir()) {
+                for d in std::fs::read_dir(r)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.path().is_dir())
+                {
                     left |= std::fs::remove_dir(d.path()).is_err();
                 }
             }

@@ -58,7 +58,12 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
 fn rss_kib(pid: u64) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0))))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmRSS:")
+                    .map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0))
+            })
+        })
         .unwrap_or(0)
 }
 
@@ -74,7 +79,8 @@ impl Drop for Reaped {
 }
 
 fn attacker(socket: &Path, mode: &str, count: usize, stats: &Path) -> Result<Reaped, Failure> {
-    let me = std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find topoctl itself: {e}")))?;
+    let me = std::env::current_exe()
+        .map_err(|e| Failure::runtime(format!("cannot find topoctl itself: {e}")))?;
     let child = Command::new(me)
         .args(["bench", "attack", "--socket"])
         .arg(socket)
@@ -99,7 +105,11 @@ fn phase(socket: &Path, name: &str, cycles: usize, topod_pid: u64) -> Result<Pha
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 let ok = Client::connect_with_timeout(&socket, Duration::from_secs(5))
-                    .and_then(|mut c| c.call(Op::Topology).and_then(|_| c.call(Op::List)).and_then(|_| c.call(Op::FreeMap)))
+                    .and_then(|mut c| {
+                        c.call(Op::Topology)
+                            .and_then(|_| c.call(Op::List))
+                            .and_then(|_| c.call(Op::FreeMap))
+                    })
                     .is_ok();
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 let rss = rss_kib(topod_pid);
@@ -127,19 +137,30 @@ fn phase(socket: &Path, name: &str, cycles: usize, topod_pid: u64) -> Result<Pha
         std::thread::sleep(Duration::from_millis(2));
         let job = format!("hostile-{}-{name}-{i}", std::process::id());
         let t = Instant::now();
-        let op = Op::Allocate { job: job.clone(), request: "affinity[thread*1]".into(), tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: Some(child.0.id() as i32) };
+        let op = Op::Allocate {
+            job: job.clone(),
+            request: "affinity[thread*1]".into(),
+            tasks: None,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid: None,
+            join_pid: Some(child.0.id() as i32),
+        };
         let r = c.call(op).and_then(|_| c.call(Op::Release { job }));
         times.push(t.elapsed().as_secs_f64() * 1e6);
         drop(child);
         if let Err(e) = r {
-            outcome = Err(Failure::runtime(format!("root's job start and release failed during the {name} phase: {e}")));
+            outcome = Err(Failure::runtime(format!(
+                "root's job start and release failed during the {name} phase: {e}"
+            )));
             break;
         }
     }
     stop.store(true, Ordering::Relaxed);
     let _ = watcher.join();
     outcome?;
-    let (mut status, failures, rss_max) = std::mem::take(&mut *status_times.lock().unwrap_or_else(|e| e.into_inner()));
+    let (mut status, failures, rss_max) =
+        std::mem::take(&mut *status_times.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(Phase {
         name: name.to_string(),
         cycles,
@@ -157,7 +178,12 @@ fn read_ops(stats: &Path) -> u64 {
     std::fs::read_to_string(stats).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
 
-pub(crate) fn run(socket: &Path, cycles: usize, idle_connections: usize, json: bool) -> Result<(), Failure> {
+pub(crate) fn run(
+    socket: &Path,
+    cycles: usize,
+    idle_connections: usize,
+    json: bool,
+) -> Result<(), Failure> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Failure::runtime("bench daemon --hostile needs root: its attackers run as the unprivileged user nobody (65534)"));
     }
@@ -183,33 +209,64 @@ pub(crate) fn run(socket: &Path, cycles: usize, idle_connections: usize, json: b
         while read_ops(&stats) < idle_connections as u64 && t.elapsed() < Duration::from_secs(30) {
             std::thread::sleep(Duration::from_millis(100));
         }
-        let mut p = phase(socket, &format!("{idle_connections} idle connections from one user"), cycles, topod_pid)?;
+        let mut p = phase(
+            socket,
+            &format!("{idle_connections} idle connections from one user"),
+            cycles,
+            topod_pid,
+        )?;
         p.attacker_ops = read_ops(&stats);
         phases.push(p);
     }
     let _ = std::fs::remove_dir_all(&dir);
     let quiet = phases[0].start_release_p99_us.max(1.0);
-    let f = Figures { p99_ratio_fit: phases[1].start_release_p99_us / quiet, p99_ratio_idle: phases[2].start_release_p99_us / quiet, phases };
+    let f = Figures {
+        p99_ratio_fit: phases[1].start_release_p99_us / quiet,
+        p99_ratio_idle: phases[2].start_release_p99_us / quiet,
+        phases,
+    };
     if json {
         return print_json(&f);
     }
     println!("root's job start + release (allocate with join_pid, release), {cycles} cycles per phase; `topoctl status` every 20 ms");
-    println!("{:<44} {:>10} {:>10} {:>11} {:>11} {:>9} {:>10} {:>12}", "phase", "p50 us", "p99 us", "status p99", "status max", "failed", "RSS KiB", "attacker ops");
+    println!(
+        "{:<44} {:>10} {:>10} {:>11} {:>11} {:>9} {:>10} {:>12}",
+        "phase",
+        "p50 us",
+        "p99 us",
+        "status p99",
+        "status max",
+        "failed",
+        "RSS KiB",
+        "attacker ops"
+    );
     for p in &f.phases {
         println!(
             "{:<44} {:>10.0} {:>10.0} {:>8.1} ms {:>8.1} ms {:>9} {:>10} {:>12}",
-            p.name, p.start_release_p50_us, p.start_release_p99_us, p.status_p99_ms, p.status_max_ms, p.status_failures, p.rss_max_kib, p.attacker_ops
+            p.name,
+            p.start_release_p50_us,
+            p.start_release_p99_us,
+            p.status_p99_ms,
+            p.status_max_ms,
+            p.status_failures,
+            p.rss_max_kib,
+            p.attacker_ops
         );
     }
-    println!("root's p99 under attack / quiet: {:.2}x (fit), {:.2}x (idle connections)", f.p99_ratio_fit, f.p99_ratio_idle);
+    println!(
+        "root's p99 under attack / quiet: {:.2}x (fit), {:.2}x (idle connections)",
+        f.p99_ratio_fit, f.p99_ratio_idle
+    );
     Ok(())
 }
 
 fn tempfile_dir() -> Result<std::path::PathBuf, Failure> {
     let dir = std::env::temp_dir().join(format!("topo-hostile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| Failure::runtime(format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Failure::runtime(format!("cannot create {}: {e}", dir.display())))?;
     // The attackers (nobody) write their counts here.
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).map_err(|e| Failure::runtime(e.to_string()))?;
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .map_err(|e| Failure::runtime(e.to_string()))?;
     Ok(dir)
 }
 
@@ -230,7 +287,10 @@ pub(crate) fn attack(socket: &Path, mode: &str, count: usize, stats: &Path) -> R
                 vec!["0-65535"; 64 * 1024 / 8].join(",")
             } else {
                 let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
-                let pus = c.call(Op::Topology).map_err(|e| Failure::runtime(e.to_string()))?["pus"].as_str().unwrap_or("0").to_string();
+                let pus = c.call(Op::Topology).map_err(|e| Failure::runtime(e.to_string()))?["pus"]
+                    .as_str()
+                    .unwrap_or("0")
+                    .to_string();
                 vec![pus.as_str(); 60 * 1024 / (pus.len() + 1)].join(",")
             };
             let request = format!("CPUSET[CPU_LIST={list}] affinity[thread*2]");
@@ -243,7 +303,9 @@ pub(crate) fn attack(socket: &Path, mode: &str, count: usize, stats: &Path) -> R
                 };
                 let mut reply = [0u8; 4096];
                 loop {
-                    if s.write_all(line.as_bytes()).is_err() || s.read(&mut reply).map(|n| n == 0).unwrap_or(true) {
+                    if s.write_all(line.as_bytes()).is_err()
+                        || s.read(&mut reply).map(|n| n == 0).unwrap_or(true)
+                    {
                         break;
                     }
                     ops += 1;

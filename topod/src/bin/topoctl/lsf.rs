@@ -18,7 +18,9 @@ fn env(k: &str) -> Option<String> {
 
 fn lsf_job() -> Result<String, Failure> {
     if env("LSB_JOBID").is_none() {
-        return Err(Failure::input("LSB_JOBID is not set: this command runs as LSF's host pre- or post-execution command"));
+        return Err(Failure::input(
+            "LSB_JOBID is not set: this command runs as LSF's host pre- or post-execution command",
+        ));
     }
     Ok(batch::job_id(env).expect("LSB_JOBID is set"))
 }
@@ -27,7 +29,8 @@ fn lsf_job() -> Result<String, Failure> {
 /// queue's `$TOPO_QUEUE_MANDATORY` and `$TOPO_QUEUE_DEFAULT` the way the scheduler module merged
 /// them; None when there is none.
 fn request() -> Result<Option<String>, Failure> {
-    let (mandatory, job, default) = (env("TOPO_QUEUE_MANDATORY"), env("TOPO_REQUEST"), env("TOPO_QUEUE_DEFAULT"));
+    let (mandatory, job, default) =
+        (env("TOPO_QUEUE_MANDATORY"), env("TOPO_REQUEST"), env("TOPO_QUEUE_DEFAULT"));
     if mandatory.is_none() && job.is_none() && default.is_none() {
         return Ok(None);
     }
@@ -35,7 +38,10 @@ fn request() -> Result<Option<String>, Failure> {
         Ok(r) => Ok(Some(r.to_string())),
         Err(e) => {
             let input = e.input(mandatory.as_deref(), job.as_deref(), default.as_deref());
-            Err(Failure { message: format!("bad topology request {}", e.render(input)), code: EXIT_NEVER })
+            Err(Failure {
+                message: format!("bad topology request {}", e.render(input)),
+                code: EXIT_NEVER,
+            })
         }
     }
 }
@@ -47,29 +53,52 @@ pub fn pre_exec(daemon: &Daemon) -> Result<(), Failure> {
         println!("job {job}: no topology request; nothing to do");
         return Ok(());
     };
-    let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
-    let tasks = env("LSB_MCPU_HOSTS").and_then(|m| batch::lsf_slots_on(&m, &host)).or_else(|| env("LSB_DJOB_NUMPROC").and_then(|v| v.parse().ok()));
+    let host =
+        nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+    let tasks = env("LSB_MCPU_HOSTS")
+        .and_then(|m| batch::lsf_slots_on(&m, &host))
+        .or_else(|| env("LSB_DJOB_NUMPROC").and_then(|v| v.parse().ok()));
     let user = env("LSFUSERNAME").or_else(|| env("USER"));
     let owner_uid = match &user {
         Some(name) => Some(
             nix::unistd::User::from_name(name)
                 .ok()
                 .flatten()
-                .ok_or_else(|| Failure::runtime(format!("job {job}: its user {name:?} is not known on this host")))?
+                .ok_or_else(|| {
+                    Failure::runtime(format!(
+                        "job {job}: its user {name:?} is not known on this host"
+                    ))
+                })?
                 .uid
                 .as_raw(),
         ),
         None => None,
     };
     let mut c = connect(daemon)?;
-    let a = call(&mut c, Op::Allocate { job: job.clone(), request: request.clone(), tasks, cpus: None, mem_limit_bytes: None, owner_uid, join_pid: None }).map_err(|f| {
+    let a = call(
+        &mut c,
+        Op::Allocate {
+            job: job.clone(),
+            request: request.clone(),
+            tasks,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid,
+            join_pid: None,
+        },
+    )
+    .map_err(|f| {
         if f.message.contains("can never fit") {
             Failure { code: EXIT_NEVER, ..f }
         } else {
             f
         }
     })?;
-    println!("job {job} ({request}): CPUs {}, memory nodes {}", a["cpus"].as_str().unwrap_or(""), a["mems"].as_str().unwrap_or(""));
+    println!(
+        "job {job} ({request}): CPUs {}, memory nodes {}",
+        a["cpus"].as_str().unwrap_or(""),
+        a["mems"].as_str().unwrap_or("")
+    );
     Ok(())
 }
 
@@ -78,11 +107,17 @@ pub fn post_exec(daemon: &Daemon) -> Result<(), Failure> {
     let job = lsf_job()?;
     let mut c = connect(daemon)?;
     match call(&mut c, Op::Release { job: job.clone() }) {
-        Ok(v) => println!("job {job} released ({} process(es) killed)", v["killed"].as_u64().unwrap_or(0)),
-        Err(f) if f.message.contains("holds nothing") => println!("job {job}: nothing held on this host"),
+        Ok(v) => println!(
+            "job {job} released ({} process(es) killed)",
+            v["killed"].as_u64().unwrap_or(0)
+        ),
+        Err(f) if f.message.contains("holds nothing") => {
+            println!("job {job}: nothing held on this host")
+        }
         Err(f) => return Err(f),
     }
-    let hostfile = std::path::PathBuf::from(env("TMPDIR").unwrap_or_else(|| "/tmp".into())).join(format!("topo-affinity.{job}"));
+    let hostfile = std::path::PathBuf::from(env("TMPDIR").unwrap_or_else(|| "/tmp".into()))
+        .join(format!("topo-affinity.{job}"));
     let _ = std::fs::remove_file(hostfile);
     Ok(())
 }

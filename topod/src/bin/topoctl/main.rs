@@ -15,18 +15,22 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use topod::bench;
+use topod::client::Client;
+use topod::ledger::JobView;
 use topod::ledger::Ledger;
 use topod::picture::{self, Marks};
 use topod::place::{self, HostMetrics, HostModel, Placement, Strategy};
+use topod::proto::Op;
 use topod::request::{self, Request};
 use topod::topology::{hwloc_xml, sysfs, Topology};
-use topod::client::Client;
-use topod::ledger::JobView;
-use topod::proto::Op;
 use topod::CpuSet;
 
 #[derive(Parser)]
-#[command(name = "topoctl", version, about = "Topology-aware job placement: look at hosts, check requests, try placements")]
+#[command(
+    name = "topoctl",
+    version,
+    about = "Topology-aware job placement: look at hosts, check requests, try placements"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -296,22 +300,40 @@ fn main() -> ExitCode {
         Command::Place { source, strategy, tasks, reserve, requests, json } => {
             place_cmd(&source, strategy, tasks, reserve.unwrap_or_default(), &requests, json)
         }
-        Command::Bench { what: BenchCommand::Daemon { daemon, cycles, hostile: Some(n), json, .. } } => bench_hostile::run(&daemon.socket, cycles, n, json),
-        Command::Bench { what: BenchCommand::Daemon { daemon, cycles, clients, hostile: None, json } } => bench_daemon::run(&daemon.socket, cycles, clients, json),
-        Command::Bench { what: BenchCommand::Attack { daemon, mode, count, stats } } => bench_hostile::attack(&daemon.socket, &mode, count, &stats),
-        Command::Bench { what: BenchCommand::Placement { topologies, strategies, seed, jobs, json } } => {
-            bench_placement(&topologies, &strategies, seed, jobs as usize, json)
+        Command::Bench {
+            what: BenchCommand::Daemon { daemon, cycles, hostile: Some(n), json, .. },
+        } => bench_hostile::run(&daemon.socket, cycles, n, json),
+        Command::Bench {
+            what: BenchCommand::Daemon { daemon, cycles, clients, hostile: None, json },
+        } => bench_daemon::run(&daemon.socket, cycles, clients, json),
+        Command::Bench { what: BenchCommand::Attack { daemon, mode, count, stats } } => {
+            bench_hostile::attack(&daemon.socket, &mode, count, &stats)
         }
+        Command::Bench {
+            what: BenchCommand::Placement { topologies, strategies, seed, jobs, json },
+        } => bench_placement(&topologies, &strategies, seed, jobs as usize, json),
         Command::Demo { source, json } => demo(&source, json),
         Command::Status { daemon, json } => status(&daemon, json),
         Command::Jobs { daemon, json } => jobs(&daemon, json),
         Command::SlurmFeatures { daemon, node, interval, once, dry_run, scontrol } => {
             slurm_features::run(&daemon, node, interval, once, dry_run, &scontrol)
         }
-        Command::Alloc { daemon, job, tasks, cpus, request, json } => {
-            call_and_print(&daemon, Op::Allocate { job, request, tasks, cpus, mem_limit_bytes: None, owner_uid: None, join_pid: None }, json)
+        Command::Alloc { daemon, job, tasks, cpus, request, json } => call_and_print(
+            &daemon,
+            Op::Allocate {
+                job,
+                request,
+                tasks,
+                cpus,
+                mem_limit_bytes: None,
+                owner_uid: None,
+                join_pid: None,
+            },
+            json,
+        ),
+        Command::Release { daemon, job, json } => {
+            call_and_print(&daemon, Op::Release { job }, json)
         }
-        Command::Release { daemon, job, json } => call_and_print(&daemon, Op::Release { job }, json),
         Command::Run { daemon, request, job, command } => run_job(&daemon, request, job, &command),
         Command::LsfPreExec { daemon } => lsf::pre_exec(&daemon),
         Command::LsfPostExec { daemon } => lsf::post_exec(&daemon),
@@ -329,7 +351,8 @@ fn load(source: &Source) -> Result<Topology, Failure> {
     match (&source.topology, &source.sysfs) {
         (Some(path), _) => load_path(path),
         (None, Some(dir)) => sysfs::read(dir).map_err(|e| Failure::input(e.to_string())),
-        (None, None) => sysfs::read(Path::new("/")).map_err(|e| Failure::runtime(format!("reading this host: {e}"))),
+        (None, None) => sysfs::read(Path::new("/"))
+            .map_err(|e| Failure::runtime(format!("reading this host: {e}"))),
     }
 }
 
@@ -347,7 +370,8 @@ fn load_path(path: &Path) -> Result<Topology, Failure> {
 }
 
 pub(crate) fn print_json<T: Serialize>(value: &T) -> Result<(), Failure> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| Failure::runtime(format!("cannot write JSON: {e}")))?;
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Failure::runtime(format!("cannot write JSON: {e}")))?;
     println!("{text}");
     Ok(())
 }
@@ -371,20 +395,26 @@ fn parse_request(text: &str) -> Result<Request, Failure> {
     request::parse(text).map_err(|e| Failure::input(format!("bad request\n{}", e.render(text))))
 }
 
-fn check(job: &str, queue_default: Option<&str>, queue_mandatory: Option<&str>, json: bool) -> Result<(), Failure> {
-    let merged = request::merge_extsched(queue_mandatory, Some(job), queue_default).map_err(|e| {
-        let input = match e.source_string {
-            request::ExtschedSource::QueueMandatory => queue_mandatory.unwrap_or_default(),
-            request::ExtschedSource::Job => job,
-            request::ExtschedSource::QueueDefault => queue_default.unwrap_or_default(),
-        };
-        let failure = Failure::input(format!("bad request {}", e.render(input)));
-        if json {
-            // The same words on stderr, and for programs (the PBS hook) the parts on stdout.
-            let _ = print_json(&check_error_json(&e, &failure.message));
-        }
-        failure
-    })?;
+fn check(
+    job: &str,
+    queue_default: Option<&str>,
+    queue_mandatory: Option<&str>,
+    json: bool,
+) -> Result<(), Failure> {
+    let merged =
+        request::merge_extsched(queue_mandatory, Some(job), queue_default).map_err(|e| {
+            let input = match e.source_string {
+                request::ExtschedSource::QueueMandatory => queue_mandatory.unwrap_or_default(),
+                request::ExtschedSource::Job => job,
+                request::ExtschedSource::QueueDefault => queue_default.unwrap_or_default(),
+            };
+            let failure = Failure::input(format!("bad request {}", e.render(input)));
+            if json {
+                // The same words on stderr, and for programs (the PBS hook) the parts on stdout.
+                let _ = print_json(&check_error_json(&e, &failure.message));
+            }
+            failure
+        })?;
     if json {
         #[derive(Serialize)]
         struct Checked<'a> {
@@ -430,7 +460,14 @@ enum Outcome {
     Rejected { reason: String },
 }
 
-fn place_cmd(source: &Source, strategy: Strategy, tasks: u32, reserve: CpuSet, requests: &[String], json: bool) -> Result<(), Failure> {
+fn place_cmd(
+    source: &Source,
+    strategy: Strategy,
+    tasks: u32,
+    reserve: CpuSet,
+    requests: &[String],
+    json: bool,
+) -> Result<(), Failure> {
     let topo = load(source)?;
     let model = HostModel::new(&topo, &reserve).map_err(|e| Failure::input(e.to_string()))?;
     let mut parsed = Vec::with_capacity(requests.len());
@@ -448,9 +485,17 @@ fn place_cmd(source: &Source, strategy: Strategy, tasks: u32, reserve: CpuSet, r
             jobs: &'a [Placed],
             host: HostMetrics,
         }
-        return print_json(&Out { topology: topo.short_name(), strategy, jobs: &placed, host: HostMetrics::measure(&model, ledger.occupancy()) });
+        return print_json(&Out {
+            topology: topo.short_name(),
+            strategy,
+            jobs: &placed,
+            host: HostMetrics::measure(&model, ledger.occupancy()),
+        });
     }
-    print!("{}", picture::render(&topo, &ledger, &Marks { reserved: reserve.intersection(&topo.pus) }));
+    print!(
+        "{}",
+        picture::render(&topo, &ledger, &Marks { reserved: reserve.intersection(&topo.pus) })
+    );
     println!();
     print_outcomes(&placed);
     print_host_metrics(&HostMetrics::measure(&model, ledger.occupancy()));
@@ -465,7 +510,9 @@ fn place_all(model: &HostModel, requests: &[Request], strategy: Strategy) -> (Le
         let canonical = req.to_string();
         let outcome = match place::place(model, ledger.occupancy(), req, strategy) {
             Ok(p) => match ledger.allocate(&job, &p, &canonical) {
-                Ok(_) => Outcome::Placed { score: place::score(&p.metrics), placement: Box::new(p) },
+                Ok(_) => {
+                    Outcome::Placed { score: place::score(&p.metrics), placement: Box::new(p) }
+                }
                 Err(e) => Outcome::Rejected { reason: e.to_string() },
             },
             Err(e) => Outcome::Rejected { reason: e.to_string() },
@@ -476,7 +523,10 @@ fn place_all(model: &HostModel, requests: &[Request], strategy: Strategy) -> (Le
 }
 
 fn print_outcomes(placed: &[Placed]) {
-    println!("{:<6} {:>4} {:>9} {:>9} {:>6} {:>4} {:>6}  request", "job", "PUs", "NUMA/min", "L3/min", "radius", "SMT", "score");
+    println!(
+        "{:<6} {:>4} {:>9} {:>9} {:>6} {:>4} {:>6}  request",
+        "job", "PUs", "NUMA/min", "L3/min", "radius", "SMT", "score"
+    );
     for p in placed {
         match &p.outcome {
             Outcome::Placed { placement, score } => {
@@ -493,7 +543,9 @@ fn print_outcomes(placed: &[Placed]) {
                     p.request
                 );
             }
-            Outcome::Rejected { reason } => println!("{:<6} rejected: {reason}\n       request {}", p.job, p.request),
+            Outcome::Rejected { reason } => {
+                println!("{:<6} rejected: {reason}\n       request {}", p.job, p.request)
+            }
         }
     }
 }
@@ -537,12 +589,15 @@ fn shared_topologies() -> Option<PathBuf> {
 
 fn default_bench_topologies() -> Result<Vec<PathBuf>, Failure> {
     let root = shared_topologies().ok_or_else(|| {
-        Failure::input("no --topology given and no shared/topologies folder found (set TOPO_TOPOLOGIES to it)")
+        Failure::input(
+            "no --topology given and no shared/topologies folder found (set TOPO_TOPOLOGIES to it)",
+        )
     })?;
     let mut files = Vec::new();
     for sub in ["xml", "converted-hwloc2.9"] {
         let dir = root.join(sub);
-        let entries = std::fs::read_dir(&dir).map_err(|e| Failure::input(format!("cannot list {}: {e}", dir.display())))?;
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| Failure::input(format!("cannot list {}: {e}", dir.display())))?;
         for entry in entries.flatten() {
             let p = entry.path();
             if p.extension().is_some_and(|x| x == "xml") {
@@ -554,9 +609,17 @@ fn default_bench_topologies() -> Result<Vec<PathBuf>, Failure> {
     Ok(files)
 }
 
-fn bench_placement(topologies: &[PathBuf], strategies: &[Strategy], seed: u64, jobs: usize, json: bool) -> Result<(), Failure> {
-    let files = if topologies.is_empty() { default_bench_topologies()? } else { topologies.to_vec() };
-    let strategies: Vec<Strategy> = if strategies.is_empty() { Strategy::ALL.to_vec() } else { strategies.to_vec() };
+fn bench_placement(
+    topologies: &[PathBuf],
+    strategies: &[Strategy],
+    seed: u64,
+    jobs: usize,
+    json: bool,
+) -> Result<(), Failure> {
+    let files =
+        if topologies.is_empty() { default_bench_topologies()? } else { topologies.to_vec() };
+    let strategies: Vec<Strategy> =
+        if strategies.is_empty() { Strategy::ALL.to_vec() } else { strategies.to_vec() };
     if !json {
         println!(
             "seed {seed}, {jobs} jobs per stream, host kept at most {:.0}% busy before each arrival\n\
@@ -568,9 +631,11 @@ fn bench_placement(topologies: &[PathBuf], strategies: &[Strategy], seed: u64, j
     }
     for file in files {
         let topo = load_path(&file)?;
-        let model = HostModel::new(&topo, &CpuSet::new()).map_err(|e| Failure::input(e.to_string()))?;
+        let model =
+            HostModel::new(&topo, &CpuSet::new()).map_err(|e| Failure::input(e.to_string()))?;
         let stream = bench::job_stream(&model, seed, jobs);
-        let results: Vec<bench::BenchResult> = strategies.iter().map(|&s| bench::replay(&model, &stream, s)).collect();
+        let results: Vec<bench::BenchResult> =
+            strategies.iter().map(|&s| bench::replay(&model, &stream, s)).collect();
         if json {
             for r in &results {
                 let line = serde_json::to_string(r).map_err(|e| Failure::runtime(e.to_string()))?;
@@ -590,7 +655,16 @@ fn bench_placement(topologies: &[PathBuf], strategies: &[Strategy], seed: u64, j
         );
         println!(
             "  {:<12} {:>6} {:>7} {:>7} {:>7} {:>7} {:>8} {:>5} {:>8} {:>8}",
-            "strategy", "placed", "NUMA-ok", "L3-ok", "radius", "SMT", "rej-free", "load", "p50 us", "p99 us"
+            "strategy",
+            "placed",
+            "NUMA-ok",
+            "L3-ok",
+            "radius",
+            "SMT",
+            "rej-free",
+            "load",
+            "p50 us",
+            "p99 us"
         );
         for r in &results {
             println!(
@@ -628,7 +702,9 @@ fn demo(source: &Source, json: bool) -> Result<(), Failure> {
     let topo = if source.topology.is_some() || source.sysfs.is_some() {
         load(source)?
     } else {
-        match shared_topologies().map(|d| d.join("converted-hwloc2.9").join("AMD-19h-Zen4-2xEpyc-9654.xml")) {
+        match shared_topologies()
+            .map(|d| d.join("converted-hwloc2.9").join("AMD-19h-Zen4-2xEpyc-9654.xml"))
+        {
             Some(p) if p.is_file() => load_path(&p)?,
             _ => {
                 eprintln!("topoctl: shared topologies not found; using this host's /sys");
@@ -637,7 +713,8 @@ fn demo(source: &Source, json: bool) -> Result<(), Failure> {
         }
     };
     let model = HostModel::new(&topo, &CpuSet::new()).map_err(|e| Failure::input(e.to_string()))?;
-    let requests: Vec<Request> = DEMO_REQUESTS.iter().map(|t| parse_request(t)).collect::<Result<_, _>>()?;
+    let requests: Vec<Request> =
+        DEMO_REQUESTS.iter().map(|t| parse_request(t)).collect::<Result<_, _>>()?;
     let (ledger, placed) = place_all(&model, &requests, Strategy::BestFit);
     if json {
         return print_json(&placed);
@@ -660,8 +737,10 @@ fn call(client: &mut Client, op: Op) -> Result<serde_json::Value, Failure> {
 
 fn live_state(daemon: &Daemon) -> Result<(Topology, Vec<JobView>, serde_json::Value), Failure> {
     let mut c = connect(daemon)?;
-    let topo: Topology = serde_json::from_value(call(&mut c, Op::Topology)?).map_err(|e| Failure::runtime(format!("topod sent a topology topoctl cannot read: {e}")))?;
-    let jobs: Vec<JobView> = serde_json::from_value(call(&mut c, Op::List)?).map_err(|e| Failure::runtime(format!("topod sent a job list topoctl cannot read: {e}")))?;
+    let topo: Topology = serde_json::from_value(call(&mut c, Op::Topology)?)
+        .map_err(|e| Failure::runtime(format!("topod sent a topology topoctl cannot read: {e}")))?;
+    let jobs: Vec<JobView> = serde_json::from_value(call(&mut c, Op::List)?)
+        .map_err(|e| Failure::runtime(format!("topod sent a job list topoctl cannot read: {e}")))?;
     let free = call(&mut c, Op::FreeMap)?;
     Ok((topo, jobs, free))
 }
@@ -669,13 +748,20 @@ fn live_state(daemon: &Daemon) -> Result<(Topology, Vec<JobView>, serde_json::Va
 fn status(daemon: &Daemon, json: bool) -> Result<(), Failure> {
     let (topo, jobs, free) = live_state(daemon)?;
     if json {
-        return print_json(&serde_json::json!({ "topology": topo, "jobs": jobs, "free_map": free }));
+        return print_json(
+            &serde_json::json!({ "topology": topo, "jobs": jobs, "free_map": free }),
+        );
     }
     let mut ledger = Ledger::new();
     for j in jobs {
-        ledger.insert(j.allocation).map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
+        ledger
+            .insert(j.allocation)
+            .map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
     }
-    let allocatable = free["allocatable"].as_str().and_then(|s| CpuSet::parse_list(s).ok()).unwrap_or_else(|| topo.allowed.clone());
+    let allocatable = free["allocatable"]
+        .as_str()
+        .and_then(|s| CpuSet::parse_list(s).ok())
+        .unwrap_or_else(|| topo.allowed.clone());
     let reserved = topo.allowed.difference(&allocatable);
     print!("{}", picture::render(&topo, &ledger, &Marks { reserved }));
     println!("\ngeneration {}, {} job(s)", free["generation"], free["jobs"]);
@@ -692,11 +778,23 @@ fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
         return Ok(());
     }
     // The first four columns stay where scripts read them (job, PUs, CPUs, mems).
-    println!("{:<16} {:>4}  {:<24} {:<8} {:<9} {:>6}  request", "job", "PUs", "CPUs", "mems", "state", "owner");
+    println!(
+        "{:<16} {:>4}  {:<24} {:<8} {:<9} {:>6}  request",
+        "job", "PUs", "CPUs", "mems", "state", "owner"
+    );
     for j in jobs {
         let a = &j.allocation;
         let owner = j.owner_uid.map(|u| u.to_string()).unwrap_or_else(|| "-".into());
-        println!("{:<16} {:>4}  {:<24} {:<8} {:<9} {:>6}  {}", a.job, a.cpus.len(), a.cpus.to_string(), a.mems.to_string(), j.state.to_string(), owner, a.request);
+        println!(
+            "{:<16} {:>4}  {:<24} {:<8} {:<9} {:>6}  {}",
+            a.job,
+            a.cpus.len(),
+            a.cpus.to_string(),
+            a.mems.to_string(),
+            j.state.to_string(),
+            owner,
+            a.request
+        );
     }
     Ok(())
 }
@@ -708,21 +806,45 @@ fn call_and_print(daemon: &Daemon, op: Op, json: bool) -> Result<(), Failure> {
         return print_json(&v);
     }
     match (v["job"].as_str(), v["cpus"].as_str(), v["killed"].as_u64()) {
-        (Some(job), Some(cpus), _) => println!("job {job}: CPUs {cpus}, memory nodes {}", v["mems"].as_str().unwrap_or("")),
-        (Some(job), None, Some(killed)) => println!("job {job} released ({killed} process(es) killed)"),
+        (Some(job), Some(cpus), _) => {
+            println!("job {job}: CPUs {cpus}, memory nodes {}", v["mems"].as_str().unwrap_or(""))
+        }
+        (Some(job), None, Some(killed)) => {
+            println!("job {job} released ({killed} process(es) killed)")
+        }
         _ => println!("{v}"),
     }
     Ok(())
 }
 
-fn run_job(daemon: &Daemon, request: String, job: Option<String>, command: &[String]) -> Result<(), Failure> {
+fn run_job(
+    daemon: &Daemon,
+    request: String,
+    job: Option<String>,
+    command: &[String],
+) -> Result<(), Failure> {
     let job = job.unwrap_or_else(|| format!("topoctl-run-{}", std::process::id()));
     let mut c = connect(daemon)?;
-    let alloc = call(&mut c, Op::Allocate { job: job.clone(), request, tasks: None, cpus: None, mem_limit_bytes: None, owner_uid: None, join_pid: None })?;
+    let alloc = call(
+        &mut c,
+        Op::Allocate {
+            job: job.clone(),
+            request,
+            tasks: None,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid: None,
+            join_pid: None,
+        },
+    )?;
     eprintln!("topoctl: job {job} on CPUs {}", alloc["cpus"].as_str().unwrap_or(""));
     // topo-exec moves itself into the job's cgroup before it execs the command, so nothing the
     // command forks can start outside.
-    let topo_exec = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("topo-exec"))).filter(|p| p.exists()).unwrap_or_else(|| PathBuf::from("topo-exec"));
+    let topo_exec = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("topo-exec")))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("topo-exec"));
     drop(c);
     // Like a shell waiting for its foreground job: a Ctrl-C or Ctrl-\\ at the terminal reaches the
     // command (same process group) and ends it, and topoctl stays to release the job.
@@ -742,11 +864,20 @@ fn run_job(daemon: &Daemon, request: String, job: Option<String>, command: &[Str
     }
     // A new connection: topod closes idle ones, and the command may have run for hours.
     let released = connect(daemon).and_then(|mut c| call(&mut c, Op::Release { job: job.clone() }));
-    let status = status.map_err(|e| Failure::runtime(format!("running {}: {e}", topo_exec.display())))?;
-    released.map_err(|e| Failure::runtime(format!("releasing job {job}: {}; release it with: topoctl release {job}", e.message)))?;
+    let status =
+        status.map_err(|e| Failure::runtime(format!("running {}: {e}", topo_exec.display())))?;
+    released.map_err(|e| {
+        Failure::runtime(format!(
+            "releasing job {job}: {}; release it with: topoctl release {job}",
+            e.message
+        ))
+    })?;
     if status.success() {
         Ok(())
     } else {
-        Err(Failure { message: format!("{} exited with {status}", command[0]), code: status.code().map_or(1, |c| c.clamp(1, 255) as u8) })
+        Err(Failure {
+            message: format!("{} exited with {status}", command[0]),
+            code: status.code().map_or(1, |c| c.clamp(1, 255) as u8),
+        })
     }
 }

@@ -53,7 +53,10 @@ pub fn free_features(free_cpus: u64, largest_free_in_one_numa: u64) -> Vec<Strin
 
 /// The node's features with ours replaced: `current` is Slurm's comma list (`(null)` for none).
 pub fn merged(current: &str, ours: &[String]) -> String {
-    let kept = current.split(',').map(str::trim).filter(|f| !f.is_empty() && *f != "(null)" && !f.starts_with(PREFIX));
+    let kept = current
+        .split(',')
+        .map(str::trim)
+        .filter(|f| !f.is_empty() && *f != "(null)" && !f.starts_with(PREFIX));
     kept.map(str::to_string).chain(ours.iter().cloned()).collect::<Vec<_>>().join(",")
 }
 
@@ -64,30 +67,53 @@ fn current_features(scontrol: &str, node: &str) -> Result<(String, String), Fail
         .output()
         .map_err(|e| Failure::runtime(format!("cannot run {scontrol}: {e}")))?;
     if !out.status.success() {
-        return Err(Failure::runtime(format!("{scontrol} show node {node}: {}", String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(Failure::runtime(format!(
+            "{scontrol} show node {node}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let field = |name: &str| text.split_whitespace().find_map(|w| w.strip_prefix(name)).unwrap_or("").to_string();
+    let field = |name: &str| {
+        text.split_whitespace().find_map(|w| w.strip_prefix(name)).unwrap_or("").to_string()
+    };
     Ok((field("AvailableFeatures="), field("ActiveFeatures=")))
 }
 
 fn publish(scontrol: &str, node: &str, available: &str, active: &str) -> Result<(), Failure> {
     let out = Command::new(scontrol)
-        .args(["update", &format!("NodeName={node}"), &format!("AvailableFeatures={available}"), &format!("ActiveFeatures={active}")])
+        .args([
+            "update",
+            &format!("NodeName={node}"),
+            &format!("AvailableFeatures={available}"),
+            &format!("ActiveFeatures={active}"),
+        ])
         .output()
         .map_err(|e| Failure::runtime(format!("cannot run {scontrol}: {e}")))?;
     if !out.status.success() {
-        return Err(Failure::runtime(format!("{scontrol} update NodeName={node}: {}", String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(Failure::runtime(format!(
+            "{scontrol} update NodeName={node}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     Ok(())
 }
 
 /// Runs the command: once, or forever every `interval` seconds, publishing on change.
-pub fn run(daemon: &Daemon, node: Option<String>, interval: u64, once: bool, dry_run: bool, scontrol: &str) -> Result<(), Failure> {
+pub fn run(
+    daemon: &Daemon,
+    node: Option<String>,
+    interval: u64,
+    once: bool,
+    dry_run: bool,
+    scontrol: &str,
+) -> Result<(), Failure> {
     let node = match node {
         Some(n) => n,
         None => {
-            let out = Command::new("hostname").arg("-s").output().map_err(|e| Failure::runtime(format!("cannot run hostname: {e}")))?;
+            let out = Command::new("hostname")
+                .arg("-s")
+                .output()
+                .map_err(|e| Failure::runtime(format!("cannot run hostname: {e}")))?;
             String::from_utf8_lossy(&out.stdout).trim().to_string()
         }
     };
@@ -95,24 +121,42 @@ pub fn run(daemon: &Daemon, node: Option<String>, interval: u64, once: bool, dry
     let mut c = connect(daemon)?;
     let topo: Topology = serde_json::from_value(call(&mut c, Op::Topology)?)
         .map_err(|e| Failure::runtime(format!("topod sent a topology topoctl cannot read: {e}")))?;
-    let allocatable: CpuSet = serde_json::from_value(call(&mut c, Op::FreeMap)?["allocatable"].clone())
-        .map_err(|e| Failure::runtime(format!("topod sent a free map topoctl cannot read: {e}")))?;
-    let largest_numa = topo.numa_nodes.iter().map(|n| n.cpus.intersection_len(&allocatable)).max().unwrap_or(0);
+    let allocatable: CpuSet =
+        serde_json::from_value(call(&mut c, Op::FreeMap)?["allocatable"].clone()).map_err(|e| {
+            Failure::runtime(format!("topod sent a free map topoctl cannot read: {e}"))
+        })?;
+    let largest_numa =
+        topo.numa_nodes.iter().map(|n| n.cpus.intersection_len(&allocatable)).max().unwrap_or(0);
     let capability = capability_features(allocatable.len() as u64, largest_numa as u64);
-    let possible: Vec<String> = capability.iter().cloned().chain(free_features(allocatable.len() as u64, largest_numa as u64)).collect();
+    let possible: Vec<String> = capability
+        .iter()
+        .cloned()
+        .chain(free_features(allocatable.len() as u64, largest_numa as u64))
+        .collect();
     let mut last: Option<Vec<String>> = None;
     loop {
         let free = call(&mut connect(daemon)?, Op::FreeMap)?;
         let get = |k: &str| free["free"][k].as_u64().unwrap_or(0);
-        let ours: Vec<String> = capability.iter().cloned().chain(free_features(get("free_cpus"), get("largest_in_one_numa"))).collect();
+        let ours: Vec<String> = capability
+            .iter()
+            .cloned()
+            .chain(free_features(get("free_cpus"), get("largest_in_one_numa")))
+            .collect();
         if last.as_ref() != Some(&ours) {
             if dry_run {
-                println!("node {node}: available {}; active {}", possible.join(","), ours.join(","));
+                println!(
+                    "node {node}: available {}; active {}",
+                    possible.join(","),
+                    ours.join(",")
+                );
             } else {
                 let (available_now, active_now) = current_features(scontrol, &node)?;
-                let (available, active) = (merged(&available_now, &possible), merged(&active_now, &ours));
+                let (available, active) =
+                    (merged(&available_now, &possible), merged(&active_now, &ours));
                 publish(scontrol, &node, &available, &active)?;
-                println!("node {node}: published AvailableFeatures={available} ActiveFeatures={active}");
+                println!(
+                    "node {node}: published AvailableFeatures={available} ActiveFeatures={active}"
+                );
             }
             last = Some(ours);
         }
@@ -129,13 +173,26 @@ mod tests {
 
     #[test]
     fn features_never_hide_a_host_that_fits() {
-        assert_eq!(capability_features(12, 3), ["topo_cpus_1", "topo_cpus_2", "topo_cpus_4", "topo_cpus_8", "topo_numa_1", "topo_numa_2"]);
+        assert_eq!(
+            capability_features(12, 3),
+            [
+                "topo_cpus_1",
+                "topo_cpus_2",
+                "topo_cpus_4",
+                "topo_cpus_8",
+                "topo_numa_1",
+                "topo_numa_2"
+            ]
+        );
         assert!(free_features(0, 0).is_empty());
         // A job needing n CPUs asks for the largest power of two not above n (job_submit.lua).
         for need in 1..300u64 {
             let step = 1u64 << (63 - need.leading_zeros());
             for free in need..need + 5 {
-                assert!(capability_features(free, 0).contains(&format!("topo_cpus_{step}")), "{need} {free}");
+                assert!(
+                    capability_features(free, 0).contains(&format!("topo_cpus_{step}")),
+                    "{need} {free}"
+                );
             }
         }
     }
@@ -143,7 +200,10 @@ mod tests {
     #[test]
     fn site_features_are_kept() {
         let ours = free_features(2, 2);
-        assert_eq!(merged("(null)", &ours), "topo_free_1,topo_free_2,topo_freenuma_1,topo_freenuma_2");
+        assert_eq!(
+            merged("(null)", &ours),
+            "topo_free_1,topo_free_2,topo_freenuma_1,topo_freenuma_2"
+        );
         assert_eq!(merged("gpu,topo_free_64,ib", &ours[..1]), "gpu,ib,topo_free_1");
     }
 }
