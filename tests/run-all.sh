@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # The real machine topologies the tests read live beside the repository, never in it.
 shared="${TOPO_SHARED_DIR:-../shared}"
 if [ ! -d "$shared/topologies" ]; then
-    echo "tests/run-all.sh: $shared/topologies not found; the tests need the shared folder beside the repository (or TOPO_SHARED_DIR)" >&2
+    echo "tests/run-all.sh: $shared/topologies not found: the tests read the project's shared folder (real machine topologies, traces, the OpenPBS source), which lives beside the repository in the project's workspace, not in it; put it at ../shared or set TOPO_SHARED_DIR" >&2
     exit 1
 fi
 export TOPO_SHARED_DIR="$(cd "$shared" && pwd)"

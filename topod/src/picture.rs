@@ -37,6 +37,26 @@ pub struct Marks {
     pub reserved: CpuSet,
 }
 
+/// A sort key that orders runs of digits by their value: `job2` < `job10`.
+fn natural_key(id: &str) -> Vec<(u8, u64, String)> {
+    let mut key = Vec::new();
+    let mut rest = id;
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits > 0 {
+            let (d, r) = rest.split_at(digits);
+            key.push((0, d.parse().unwrap_or(u64::MAX), d.to_string()));
+            rest = r;
+        } else {
+            let text = rest.len() - rest.trim_start_matches(|c: char| !c.is_ascii_digit()).len();
+            let (t, r) = rest.split_at(text);
+            key.push((1, 0, t.to_string()));
+            rest = r;
+        }
+    }
+    key
+}
+
 /// Draws `topo` with the jobs of `ledger`.
 pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
     let mut out = String::new();
@@ -52,8 +72,10 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
         c.pus,
         topo.pus.len()
     );
+    // Letters follow the jobs' ids in their natural order (job2 before job10), so that A is the
+    // first job a person reads in the table below.
     let mut jobs: Vec<_> = ledger.jobs().collect();
-    jobs.sort_by_key(|a| a.cpus.first());
+    jobs.sort_by(|a, b| natural_key(&a.job).cmp(&natural_key(&b.job)));
     let label_of = |cpu: u32| -> Option<char> {
         jobs.iter().position(|a| a.cpus.contains(cpu)).map(|i| LABELS[i % LABELS.len()] as char)
     };

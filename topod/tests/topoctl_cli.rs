@@ -199,8 +199,49 @@ fn bench_json_has_every_field() {
 }
 
 #[test]
-fn demo_runs() {
-    let o = topoctl(&["demo"]);
+fn the_demo_needs_nothing_beside_the_repository() {
+    // From an empty directory with no shared folder in reach: the bundled machine, with its NUMA
+    // nodes, and exactly as many jobs in the table as the header says were placed.
+    let empty = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .arg("demo")
+        .current_dir(empty.path())
+        .env_remove("TOPO_SHARED_DIR")
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("AMD-19h-Zen4-2xEpyc-9654"), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("dell-r740-2x-xeon-gold-6230-snc2") && out.contains("4 NUMA nodes"),
+        "{out}"
+    );
+    assert!(out.contains("NUMA 3  372 GiB") && !out.contains("memory size unknown"), "{out}");
+    let said: usize = out
+        .lines()
+        .next()
+        .unwrap()
+        .split(": ")
+        .nth(2)
+        .and_then(|s| s.split(" placed").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap();
+    let rows = out
+        .lines()
+        .filter(|l| l.starts_with("job") && !l.contains("rejected") && !l.starts_with("job "))
+        .count();
+    assert_eq!(said, rows, "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("job") && l.split_whitespace().nth(4) == Some("11")),
+        "a job spanning the two halves of a socket shows distance 11: {out}"
+    );
+    // Cut short by a closed pipe: no panic.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .arg("demo")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
 }

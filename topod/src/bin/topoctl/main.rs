@@ -291,6 +291,10 @@ impl Failure {
 }
 
 fn main() -> ExitCode {
+    // Like other command-line tools: output cut short by a closed pipe (`topoctl demo | head`)
+    // ends topoctl quietly, instead of a panic on the next print.
+    // SAFETY: restores the default disposition before any thread starts; no handler of ours.
+    let _ = unsafe { nix::sys::signal::signal(Signal::SIGPIPE, SigHandler::SigDfl) };
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Show { source, json } => show(&source, json),
@@ -401,14 +405,34 @@ fn check(
     queue_mandatory: Option<&str>,
     json: bool,
 ) -> Result<(), Failure> {
+    let blank = |s: Option<&str>| s.is_none_or(|s| s.trim().is_empty());
+    if blank(Some(job)) && blank(queue_default) && blank(queue_mandatory) {
+        // The Slurm plug-in refuses `--topology=` with nothing in it; so does the check.
+        let failure = Failure::input(
+            "empty request: nothing to check; a request is CPUSET[...] and/or affinity[...], \
+             for example affinity[core(2)]",
+        );
+        if json {
+            let _ = print_json(
+                &serde_json::json!({ "error": { "message": failure.message, "text": failure.message, "source": "job" } }),
+            );
+        }
+        return Err(failure);
+    }
     let merged =
         request::merge_extsched(queue_mandatory, Some(job), queue_default).map_err(|e| {
-            let input = match e.source_string {
-                request::ExtschedSource::QueueMandatory => queue_mandatory.unwrap_or_default(),
-                request::ExtschedSource::Job => job,
-                request::ExtschedSource::QueueDefault => queue_default.unwrap_or_default(),
+            // Words for whoever typed it (a Slurm, PBS or LSF user, or an administrator trying a
+            // queue's strings), not LSF's names for the three strings.
+            let (input, which) = match e.source_string {
+                request::ExtschedSource::QueueMandatory => {
+                    (queue_mandatory.unwrap_or_default(), " in --queue-mandatory")
+                }
+                request::ExtschedSource::Job => (job, ""),
+                request::ExtschedSource::QueueDefault => {
+                    (queue_default.unwrap_or_default(), " in --queue-default")
+                }
             };
-            let failure = Failure::input(format!("bad request {}", e.render(input)));
+            let failure = Failure::input(format!("bad request{which}\n{}", e.error.render(input)));
             if json {
                 // The same words on stderr, and for programs (the PBS hook) the parts on stdout.
                 let _ = print_json(&check_error_json(&e, &failure.message));
@@ -551,25 +575,28 @@ fn print_outcomes(placed: &[Placed]) {
 }
 
 fn print_host_metrics(h: &HostMetrics) {
+    let n = |count: usize, one: &str, many: &str| {
+        format!("{count} {}", if count == 1 { one } else { many })
+    };
     println!(
-        "\nfree: {} PUs, {} whole cores, {} whole L3 groups, {} whole NUMA nodes, {} whole packages; \
-         most in one L3 {}, in one NUMA node {}, in one package {}",
-        h.free_cpus,
-        h.free_cores,
-        h.free_l3_groups,
-        h.free_numa_nodes,
-        h.free_sockets,
+        "\nfree: {}, {}, {}, {}, {}; most in one L3 {}, in one NUMA node {}, in one package {}",
+        n(h.free_cpus, "PU", "PUs"),
+        n(h.free_cores, "whole core", "whole cores"),
+        n(h.free_l3_groups, "whole L3 group", "whole L3 groups"),
+        n(h.free_numa_nodes, "whole NUMA node", "whole NUMA nodes"),
+        n(h.free_sockets, "whole package", "whole packages"),
         h.largest_in_one_l3,
         h.largest_in_one_numa,
         h.largest_in_one_socket
     );
 }
 
-/// Where the shared topologies live: `$TOPO_TOPOLOGIES`, or a `shared/topologies` folder next to
-/// (or above) the current directory or the source tree.
+/// Where the shared topologies live: `$TOPO_SHARED_DIR/topologies` (the variable the test
+/// suite uses too), or a `shared/topologies` folder next to (or above) the current directory or
+/// the source tree.
 fn shared_topologies() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("TOPO_TOPOLOGIES") {
-        return Some(PathBuf::from(dir));
+    if let Some(dir) = std::env::var_os("TOPO_SHARED_DIR") {
+        return Some(PathBuf::from(dir).join("topologies"));
     }
     let mut starts: Vec<PathBuf> = Vec::new();
     if let Ok(cwd) = std::env::current_dir() {
@@ -590,7 +617,7 @@ fn shared_topologies() -> Option<PathBuf> {
 fn default_bench_topologies() -> Result<Vec<PathBuf>, Failure> {
     let root = shared_topologies().ok_or_else(|| {
         Failure::input(
-            "no --topology given and no shared/topologies folder found (set TOPO_TOPOLOGIES to it)",
+            "no --topology given and no shared/topologies folder found (set TOPO_SHARED_DIR to the shared folder)",
         )
     })?;
     let mut files = Vec::new();
@@ -698,19 +725,19 @@ const DEMO_REQUESTS: &[&str] = &[
     "affinity[thread*1]",
 ];
 
+/// The machine `topoctl demo` places on when given none: a real Dell PowerEdge R740 (2x Xeon Gold
+/// 6230, SNC2: 4 NUMA nodes, SMT, a distance matrix), bundled (see `topod/data/README.md`).
+const DEMO_MACHINE: (&str, &str) = (
+    "dell-r740-2x-xeon-gold-6230-snc2.xml",
+    include_str!("../../../data/dell-r740-2x-xeon-gold-6230-snc2.xml"),
+);
+
 fn demo(source: &Source, json: bool) -> Result<(), Failure> {
     let topo = if source.topology.is_some() || source.sysfs.is_some() {
         load(source)?
     } else {
-        match shared_topologies()
-            .map(|d| d.join("converted-hwloc2.9").join("AMD-19h-Zen4-2xEpyc-9654.xml"))
-        {
-            Some(p) if p.is_file() => load_path(&p)?,
-            _ => {
-                eprintln!("topoctl: shared topologies not found; using this host's /sys");
-                load(source)?
-            }
-        }
+        hwloc_xml::parse(DEMO_MACHINE.0, DEMO_MACHINE.1)
+            .map_err(|e| Failure::runtime(format!("the bundled demo machine: {e}")))?
     };
     let model = HostModel::new(&topo, &CpuSet::new()).map_err(|e| Failure::input(e.to_string()))?;
     let requests: Vec<Request> =
@@ -719,11 +746,23 @@ fn demo(source: &Source, json: bool) -> Result<(), Failure> {
     if json {
         return print_json(&placed);
     }
-    println!("topo demo: {} requests placed best-fit on {}\n", requests.len(), topo.short_name());
+    let done = placed.iter().filter(|p| matches!(p.outcome, Outcome::Placed { .. })).count();
+    println!(
+        "topo demo: {} requests placed best-fit, one after the other, on {}: {done} placed, {} refused\n",
+        requests.len(),
+        topo.short_name(),
+        requests.len() - done
+    );
     print!("{}", picture::render(&topo, &ledger, &Marks::default()));
     println!();
     print_outcomes(&placed);
     print_host_metrics(&HostMetrics::measure(&model, ledger.occupancy()));
+    println!(
+        "\nNUMA/min, L3/min: the NUMA nodes and L3 groups a job spans, and the fewest its size allows.\n\
+         radius: the largest NUMA distance between its CPUs (10 = all local). SMT: hardware threads\n\
+         it shares a core with another job on. score: how far from the tightest placement (0 =\n\
+         tightest; the LSF module ranks hosts by it)."
+    );
     Ok(())
 }
 
