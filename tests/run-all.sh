@@ -4,6 +4,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Runs itself once more with its output kept, then says how many tests ran, failed and were
+# skipped (with the reasons), whatever the outcome.
+if [ -z "${TOPO_SUITE_LOG:-}" ]; then
+    TOPO_SUITE_LOG=$(mktemp /tmp/topo-suite.XXXXXX)
+    TOPO_SKIP_LOG=$(mktemp /tmp/topo-skips.XXXXXX)
+    export TOPO_SUITE_LOG TOPO_SKIP_LOG
+    start=$(date +%s)
+    set +e
+    "$0" "$@" 2>&1 | tee "$TOPO_SUITE_LOG"
+    rc=${PIPESTATUS[0]}
+    set -e
+    tests/suite-summary.sh "$TOPO_SUITE_LOG" "$TOPO_SKIP_LOG" "$(( $(date +%s) - start ))"
+    rm -f "$TOPO_SUITE_LOG" "$TOPO_SKIP_LOG"
+    exit "$rc"
+fi
+
 # The real machine topologies the tests read live beside the repository, never in it.
 shared="${TOPO_SHARED_DIR:-../shared}"
 if [ ! -d "$shared/topologies" ]; then

@@ -38,6 +38,8 @@ cluster_init() {
     SOCK="$BASE/topod/topod.sock"
     export SLURM_CONF="$BASE/etc/slurm.conf"
     NODE=$(hostname -s)
+    # Slurm cgroup directories that were here before this test (an administrator's): kept.
+    SLURM_CGROUPS_BEFORE=$(echo /sys/fs/cgroup/*/"slurm_$NODE" | tr ' ' '\n' | while read -r d; do [ -d "$d" ] && echo "$d"; done | tr '\n' ' ')
 }
 
 cluster_start_munge() {
@@ -154,5 +156,14 @@ cluster_stop_all() {
     # topod removes job cgroups on release; the subtree itself is ours to remove once empty.
     for c in cpuset memory freezer; do
         [ -d "/sys/fs/cgroup/$c/$CGROUP_SUBTREE" ] && rmdir "/sys/fs/cgroup/$c/$CGROUP_SUBTREE" 2>/dev/null || true
+    done
+    # Slurm's task/cgroup makes slurm_<node> in every v1 hierarchy and leaves it when slurmd
+    # stops: remove the ones this test's Slurm made (deepest first; a directory that still
+    # holds a process stays).
+    local dir
+    for dir in /sys/fs/cgroup/*/"slurm_${NODE:-}"; do
+        [ -n "${NODE:-}" ] && [ -d "$dir" ] || continue
+        [[ " ${SLURM_CGROUPS_BEFORE:-} " == *" $dir "* ]] && continue
+        find "$dir" -depth -type d -exec rmdir {} \; 2>/dev/null || true
     done
 }

@@ -75,7 +75,7 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
     // Letters follow the jobs' ids in their natural order (job2 before job10), so that A is the
     // first job a person reads in the table below.
     let mut jobs: Vec<_> = ledger.jobs().collect();
-    jobs.sort_by(|a, b| natural_key(&a.job).cmp(&natural_key(&b.job)));
+    jobs.sort_by_key(|a| natural_key(&a.job));
     let label_of = |cpu: u32| -> Option<char> {
         jobs.iter().position(|a| a.cpus.contains(cpu)).map(|i| LABELS[i % LABELS.len()] as char)
     };

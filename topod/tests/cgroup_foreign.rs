@@ -96,13 +96,13 @@ impl Drop for ExclusiveParent {
 /// The v1 cpuset mount and its CPUs, or why the v1 tests cannot run here.
 fn v1_cpuset() -> Option<(PathBuf, CpuSet)> {
     let Ok(common::RealCgroups::V1 { cpuset, .. }) = common::RealCgroups::detect() else {
-        eprintln!("SKIPPED: needs root and a cgroup v1 cpuset hierarchy");
+        common::skip("needs root and a cgroup v1 cpuset hierarchy");
         return None;
     };
     let all =
         CpuSet::parse_list(&std::fs::read_to_string(cpuset.join("cpuset.cpus")).unwrap()).unwrap();
     if all.len() < 2 {
-        eprintln!("SKIPPED: needs two CPUs");
+        common::skip("needs two CPUs");
         return None;
     }
     Some((cpuset, all))
@@ -127,11 +127,11 @@ fn an_exclusive_cpuset_beside_ours_is_foreign() {
 #[test]
 fn a_partition_beside_ours_is_foreign() {
     if !nix::unistd::geteuid().is_root() {
-        return eprintln!("SKIPPED: needs root");
+        return common::skip("needs root");
     }
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
     let Some(mount) = v2_mount(&mounts) else {
-        return eprintln!("SKIPPED: no cgroup v2 hierarchy");
+        return common::skip("no cgroup v2 hierarchy");
     };
     if !std::fs::read_to_string(mount.join("cgroup.controllers"))
         .unwrap_or_default()
@@ -142,15 +142,15 @@ fn a_partition_beside_ours_is_foreign() {
             std::env::var_os("TOPO_REQUIRE_REAL_CGROUPS").is_none(),
             "TOPO_REQUIRE_REAL_CGROUPS is set, but the v2 hierarchy has no cpuset controller"
         );
-        return eprintln!(
-            "SKIPPED: the cgroup v2 hierarchy has no cpuset controller here (a hybrid host)"
+        return common::skip(
+            "the cgroup v2 hierarchy has no cpuset controller here (a hybrid host)",
         );
     }
     let all =
         CpuSet::parse_list(&std::fs::read_to_string(mount.join("cpuset.cpus.effective")).unwrap())
             .unwrap();
     if all.len() < 2 {
-        return eprintln!("SKIPPED: needs two CPUs");
+        return common::skip("needs two CPUs");
     }
     let last = all.last().unwrap();
     let admin = mount.join(format!("admin-partition-{}", std::process::id()));
@@ -167,10 +167,10 @@ fn a_partition_beside_ours_is_foreign() {
             "the kernel did not make CPU {last} a valid partition: {}",
             state.trim()
         );
-        return eprintln!(
-            "SKIPPED: the kernel did not make CPU {last} a valid partition here: {}",
+        return common::skip(&format!(
+            "the kernel did not make CPU {last} a valid partition here: {}",
             state.trim()
-        );
+        ));
     }
     let v2 = V2::new(ours.clone()).unwrap();
     assert_eq!(v2.foreign_cpus().unwrap().to_string(), last.to_string());

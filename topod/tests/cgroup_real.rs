@@ -36,10 +36,6 @@ impl Drop for Cleanup {
     }
 }
 
-fn skip(why: &str) {
-    eprintln!("SKIPPED: {why}");
-}
-
 /// The backend that holds this host's cpusets, in a fresh subtree.
 struct Real {
     cgroups: common::RealCgroups,
@@ -55,7 +51,7 @@ fn real() -> Option<Real> {
     let cgroups = match common::RealCgroups::detect() {
         Ok(c) => c,
         Err(why) => {
-            skip(&why);
+            common::skip(&why);
             return None;
         }
     };
@@ -76,13 +72,13 @@ fn real() -> Option<Real> {
 /// A v1 backend in a fresh subtree, or `None` (skipped) where that cannot work here.
 fn v1() -> Option<(V1, Cleanup, CpuSet, CpuSet)> {
     if !nix::unistd::geteuid().is_root() {
-        skip("cgroup tests need root");
+        common::skip("cgroup tests need root");
         return None;
     }
     let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
     let (cpuset, freezer, memory) = v1_mounts(&mounts);
     let Some(cpuset) = cpuset else {
-        skip("no cgroup v1 cpuset hierarchy is mounted");
+        common::skip("no cgroup v1 cpuset hierarchy is mounted");
         return None;
     };
     let name = unique("v1");
@@ -361,11 +357,11 @@ fn a_restarted_backend_finds_the_jobs() {
 #[test]
 fn v2_kill_and_events() {
     if !nix::unistd::geteuid().is_root() {
-        return skip("cgroup tests need root");
+        return common::skip("cgroup tests need root");
     }
     let Some(mount) = std::fs::read_to_string("/proc/mounts").ok().and_then(|m| v2_mount(&m))
     else {
-        return skip("no cgroup v2 hierarchy is mounted");
+        return common::skip("no cgroup v2 hierarchy is mounted");
     };
     let root = mount.join(unique("v2"));
     let _cleanup = Cleanup(vec![root.clone()]);

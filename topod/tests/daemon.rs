@@ -103,7 +103,7 @@ fn protocol_and_bad_input() {
         assert!(!out.status.success() && err.contains("allocate needs root"), "{err}");
         assert_eq!(c.call(Op::FreeMap).unwrap()["jobs"], 1);
     } else {
-        eprintln!("SKIPPED: the non-administrator check needs root to switch users");
+        common::skip("the non-administrator check needs root to switch users");
     }
     let done = c.call(Op::Release { job: "100".into() }).unwrap();
     assert_eq!(done["job"], "100");

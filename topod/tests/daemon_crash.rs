@@ -81,7 +81,7 @@ fn check_no_cpu_twice(list: &serde_json::Value, failures: &Mutex<Vec<String>>) {
 fn sigkill_at_random_points() {
     let cgroups = match common::RealCgroups::detect() {
         Ok(c) => c,
-        Err(why) => return eprintln!("SKIPPED: the crash test uses real cgroups: {why}"),
+        Err(why) => return common::skip(&format!("the crash test uses real cgroups: {why}")),
     };
     let cycles = env_or("TOPO_CRASH_CYCLES", 1000);
     let min_kills = env_or("TOPO_CRASH_KILLS", 100);

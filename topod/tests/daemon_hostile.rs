@@ -56,7 +56,7 @@ fn allocate(c: &mut Client, job: &str, owner: Option<u32>) -> Value {
 
 fn skip_unless_root() -> bool {
     if !is_root() {
-        eprintln!("SKIPPED: needs root (the attacker runs as the user nobody)");
+        common::skip("needs root (the attacker runs as the user nobody)");
     }
     !is_root()
 }

@@ -222,7 +222,7 @@ pub fn real_daemon(
     let cgroups = match RealCgroups::detect() {
         Ok(c) => c,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            skip(&why);
             return None;
         }
     };
@@ -251,4 +251,25 @@ pub fn config(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("topod.toml");
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// Says on stderr that a test cannot run here and why (`SKIPPED: ...`), and, when the suite set
+/// `TOPO_SKIP_LOG`, adds a line to that file, so that tests/run-all.sh can count skips and give
+/// their reasons (cargo shows a passing test's output to nobody).
+pub fn skip(why: &str) {
+    eprintln!("SKIPPED: {why}");
+    if let Some(log) = std::env::var_os("TOPO_SKIP_LOG") {
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let exe = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .unwrap_or_default();
+        let binary = exe.rsplit_once('-').map_or(exe.as_str(), |(name, _)| name).to_string();
+        let line = format!("{binary}::{test}: {why}\n");
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    }
 }

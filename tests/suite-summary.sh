@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Counts what tests/run-all.sh ran, from its output ($1), the skips the Rust tests recorded
+# ($2, one "binary::test: reason" a line) and its duration in seconds ($3); prints the reasons
+# for skips, then one closing line: "tests/run-all.sh: N passed, N failed, N skipped".
+#
+# Sources: libtest's "test result:" lines (the cargo tests here and the same binaries in the
+# cgroup v2 guest, whose skips print "SKIPPED: ..." uncaptured), the LSF harness ("  ok    " /
+# "  FAIL  "), the PBS hook tests (unittest's "Ran N tests" and "skipped=K"), the Slurm
+# end-to-end test ("  ok: " / "  FAIL: "). A test that returned early because it could not run
+# here is counted as skipped, not passed.
+set -uo pipefail
+log=$1 skips=$2 seconds=${3:-0}
+
+sum() { awk -v re="$1" -v field="$2" '{ if (match($0, re)) { split(substr($0, RSTART, RLENGTH), w, " "); n += w[field] } } END { print n + 0 }' "$log"; }
+rust_passed=$(sum '[0-9]+ passed; [0-9]+ failed' 1)
+rust_failed=$(sum '[0-9]+ passed; [0-9]+ failed' 3)
+host_skips=$(grep -c . "$skips" 2>/dev/null || true)
+guest_skips=$(grep -v '^tests/' "$log" | grep -c 'SKIPPED: ' || true)
+lsf_ok=$(grep -c '^  ok    ' "$log" || true)
+lsf_fail=$(grep -c '^  FAIL  ' "$log" || true)
+pbs_ran=$(sum 'Ran [0-9]+ tests?' 2)
+pbs_skipped=$(grep -Eo 'skipped=[0-9]+' "$log" | awk -F= '{ n += $2 } END { print n + 0 }')
+pbs_failed=$(grep -Eo 'FAILED \((failures|errors)=[0-9]+' "$log" | awk -F= '{ n += $2 } END { print n + 0 }')
+slurm_ok=$(grep -c '^  ok: ' "$log" || true)
+slurm_fail=$(grep -c '^  FAIL: ' "$log" || true)
+shell_skips=$(grep -Ec '^tests/[a-z0-9-]+\.sh: SKIPPED' "$log" || true)
+
+skipped=$((host_skips + guest_skips + pbs_skipped + shell_skips))
+failed=$((rust_failed + lsf_fail + pbs_failed + slurm_fail))
+passed=$((rust_passed - host_skips - guest_skips + lsf_ok + pbs_ran - pbs_skipped - pbs_failed + slurm_ok))
+
+if [ "$skipped" -gt 0 ]; then
+    echo "tests/run-all.sh: skipped, and why:"
+    { sed 's/^/  /' "$skips" 2>/dev/null
+      grep -v '^tests/' "$log" | grep -o 'SKIPPED: .*' | sed 's/^SKIPPED: /  (cgroup v2 guest) /'
+      grep -E '^tests/[a-z0-9-]+\.sh: SKIPPED' "$log" | sed 's/^/  /'
+      [ "$pbs_skipped" -gt 0 ] && echo "  $pbs_skipped PBS hook test(s): see unittest's output above"
+    } | sort | uniq -c | sed 's/^ *\([0-9]*\) /  \1x/'
+fi
+echo "tests/run-all.sh: took $((seconds / 60)) min $((seconds % 60)) s"
+echo "tests/run-all.sh: $passed passed, $failed failed, $skipped skipped"
