@@ -6,7 +6,6 @@
 //! `TOPO_ERR_INTERNAL`, never an unwind into C.
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use topod::cgroup::JobId;
 use topod::client::{Client, ClientError};
@@ -86,8 +85,12 @@ unsafe fn connect(socket: *const c_char) -> Result<Client, Failure> {
 
 /// Runs a call: a failure's message goes to `err`, a panic becomes TOPO_ERR_INTERNAL.
 fn run(err: *mut c_char, err_len: usize, f: impl FnOnce() -> Result<c_int, Failure>) -> c_int {
-    let result = catch_unwind(AssertUnwindSafe(f))
-        .unwrap_or_else(|_| Err(Failure(TOPO_ERR_INTERNAL, "internal error in libtopo".into())));
+    let result = topo_ffi_guard::catch(f).map_err(|caught| match caught {
+        topo_ffi_guard::Caught::Error(failure) => failure,
+        topo_ffi_guard::Caught::Panic(what) => {
+            Failure(TOPO_ERR_INTERNAL, format!("internal error in libtopo: {what}"))
+        }
+    });
     match result {
         Ok(code) => code,
         Err(Failure(code, message)) => {

@@ -30,8 +30,8 @@ mod handler;
 use api::Api;
 use config::ModuleConfig;
 use std::os::raw::{c_int, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
+use topo_ffi_guard::Caught;
 use topo_plugin_core::eval::Memo;
 use topo_plugin_core::fetch::{Refresher, Shared, TopodSource};
 
@@ -54,22 +54,21 @@ fn module() -> Result<&'static Module, String> {
 /// Runs one entry point or callback: an error is logged and becomes `on_error`, and so does a
 /// panic (which must never unwind into the scheduler).
 fn guarded<T>(callback: &'static str, on_error: T, f: impl FnOnce() -> Result<T, String>) -> T {
-    match catch_unwind(AssertUnwindSafe(|| {
+    let body = || {
         inject_panic(callback);
         f()
-    })) {
-        Ok(Ok(v)) => v,
-        Ok(Err(message)) => {
+    };
+    match topo_ffi_guard::catch(body) {
+        Ok(v) => v,
+        Err(Caught::Error(message)) => {
             tracing::error!(callback, "{message}");
             on_error
         }
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            tracing::error!(callback, "internal error (panic: {what}); the call returns an error and the scheduler goes on");
+        Err(Caught::Panic(what)) => {
+            tracing::error!(
+                callback,
+                "internal error (panic: {what}); the call returns an error and the scheduler goes on"
+            );
             on_error
         }
     }
@@ -106,7 +105,6 @@ fn init() -> Result<c_int, String> {
     let path = config::path();
     let config = config::load(&path).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
     config::start_log(&config.lsf).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
-    std::panic::set_hook(Box::new(|info| tracing::error!("panic in schmod_topo: {info}")));
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %path.display(), header = topo_lsf_sys::HEADER_USED, "schmod_topo starting");
     let api = Api::resolve()?;
     tracing::info!(flavour = ?api.flavour, "scheduler interface resolved");

@@ -15,8 +15,8 @@ use crate::args::{self, Args, Mode};
 use crate::link::{LinkError, Topod};
 use crate::{cores, need, plan};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, OnceLock};
+use topo_ffi_guard::Caught;
 use topod::client::Joined;
 use topod::ledger::Allocation;
 use topod::proto::{ErrorCode, Op};
@@ -131,18 +131,13 @@ fn log_verbose(msg: &str) {
 /// In the task callbacks (the task's own process) Slurm's logger also writes to the task's
 /// stderr, so the user sees the message (srun's terminal, the batch job's output file).
 fn guarded(callback: &str, body: impl FnOnce() -> Result<(), String>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => 0,
-        Ok(Err(msg)) => {
+    match topo_ffi_guard::catch(body) {
+        Ok(()) => 0,
+        Err(Caught::Error(msg)) => {
             log_error(&msg);
             -1
         }
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+        Err(Caught::Panic(what)) => {
             log_error(&format!("internal error in {callback}: {what}"));
             -1
         }
