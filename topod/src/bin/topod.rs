@@ -18,11 +18,10 @@ use topod::daemon::conn::{raise_fd_limit, Gate};
 use topod::daemon::host::{Host, JobHint};
 use topod::daemon::records::Records;
 use topod::daemon::server::{self, Admins, Server};
-use topod::daemon::{Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
+use topod::daemon::{CgroupKind, Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
 use topod::place::Strategy;
 use topod::proto::Op;
 use topod::topology::{hwloc_xml, sysfs};
-use topod::CpuSet;
 
 #[derive(Parser)]
 #[command(name = "topod", version, about = "Topology-aware job placement: the per-host daemon")]
@@ -38,7 +37,7 @@ struct Args {
     state_dir: Option<PathBuf>,
     /// cgroup backend: auto, v1, v2 or fake (in memory, for demos and tests) [default: auto].
     #[arg(long, value_name = "KIND")]
-    cgroup: Option<String>,
+    cgroup: Option<CgroupKind>,
     /// Emulate the machine of this hwloc XML file instead of reading /sys.
     #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
@@ -74,7 +73,7 @@ fn run(args: Args) -> Result<(), String> {
         .state_dir
         .or(config.state_dir.clone())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-    let kind = args.cgroup.or(config.cgroup.clone()).unwrap_or_else(|| "auto".to_string());
+    let kind = args.cgroup.or(config.cgroup).unwrap_or_default();
     let subtree = config.cgroup_subtree.clone().unwrap_or_else(|| "topo".to_string());
     // A second topod stops before it reads or changes any cgroup: recovery would remove job
     // cgroups the running one is still configuring. The socket answering tells the common case;
@@ -87,7 +86,7 @@ fn run(args: Args) -> Result<(), String> {
             "unknown".to_string()
         }
     };
-    let kind = resolve_kind(&kind)?;
+    let kind = resolve_kind(kind);
     let _subtree_lock = lock_subtree(kind, &subtree)?;
     let topo = match args.topology.or(config.topology.clone()) {
         Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
@@ -95,16 +94,8 @@ fn run(args: Args) -> Result<(), String> {
             sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
         }
     };
-    let reserved = match &config.reserved_cpus {
-        Some(list) => CpuSet::parse_list(list).map_err(|e| format!("reserved_cpus: {e}"))?,
-        None => CpuSet::new(),
-    };
-    let strategy: Strategy = config
-        .strategy
-        .as_deref()
-        .unwrap_or("best-fit")
-        .parse()
-        .map_err(|e: topod::place::UnknownStrategy| e.to_string())?;
+    let reserved = config.reserved_cpus.clone().unwrap_or_default();
+    let strategy = config.strategy.unwrap_or(Strategy::BestFit);
     let backend = backend(kind, &subtree, &topo)?;
     let records = Records::open(&state_dir).map_err(|e| e.to_string())?;
     let mut host =
@@ -151,11 +142,7 @@ fn run(args: Args) -> Result<(), String> {
         Some(addr) => {
             let key_file = config.tcp_key_file.clone().unwrap_or_default();
             let key = read_key(&key_file)?;
-            let allow: Vec<_> = config
-                .tcp_allow
-                .iter()
-                .filter_map(|a| topod::daemon::tcp::Allow::parse(a).ok())
-                .collect();
+            let allow = config.tcp_allow.clone();
             let tcp =
                 std::net::TcpListener::bind(addr).map_err(|e| format!("tcp_listen {addr}: {e}"))?;
             tracing::info!(
@@ -242,7 +229,7 @@ enum Kind {
     V2,
 }
 
-fn resolve_kind(kind: &str) -> Result<Kind, String> {
+fn resolve_kind(kind: CgroupKind) -> Kind {
     let v2_with_cpuset = || {
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
         topod::cgroup::v2::v2_mount(&mounts)
@@ -250,12 +237,11 @@ fn resolve_kind(kind: &str) -> Result<Kind, String> {
             .is_some_and(|c| c.split_whitespace().any(|x| x == "cpuset"))
     };
     match kind {
-        "fake" => Ok(Kind::Fake),
-        "v1" => Ok(Kind::V1),
-        "v2" => Ok(Kind::V2),
-        "auto" if v2_with_cpuset() => Ok(Kind::V2),
-        "auto" => Ok(Kind::V1),
-        other => Err(format!("--cgroup {other:?}: expected auto, v1, v2 or fake")),
+        CgroupKind::Fake => Kind::Fake,
+        CgroupKind::V1 => Kind::V1,
+        CgroupKind::V2 => Kind::V2,
+        CgroupKind::Auto if v2_with_cpuset() => Kind::V2,
+        CgroupKind::Auto => Kind::V1,
     }
 }
 

@@ -29,16 +29,16 @@ pub struct Config {
     pub socket: Option<PathBuf>,
     /// State directory.
     pub state_dir: Option<PathBuf>,
-    /// `auto`, `v1`, `v2` or `fake`.
-    pub cgroup: Option<String>,
+    /// Which cgroup backend (`auto` by default).
+    pub cgroup: Option<CgroupKind>,
     /// Our subtree's name under each cgroup hierarchy.
     pub cgroup_subtree: Option<String>,
     /// An hwloc XML file to use instead of this host's /sys (emulation).
     pub topology: Option<PathBuf>,
     /// CPUs no job may get, in list format (`0-1`).
-    pub reserved_cpus: Option<String>,
+    pub reserved_cpus: Option<CpuSet>,
     /// Placement strategy (best-fit by default).
-    pub strategy: Option<String>,
+    pub strategy: Option<crate::place::Strategy>,
     /// Uids that may allocate and release besides root.
     #[serde(default)]
     pub admin_uids: Vec<u32>,
@@ -54,7 +54,7 @@ pub struct Config {
     pub tcp_listen: Option<String>,
     /// Addresses or networks (`"10.1.0.0/16"`, `"192.0.2.7"`) allowed to connect over TCP.
     #[serde(default)]
-    pub tcp_allow: Vec<String>,
+    pub tcp_allow: Vec<tcp::Allow>,
     /// A file holding the shared key a TCP client must send first (one line); readable by its
     /// owner only.
     pub tcp_key_file: Option<PathBuf>,
@@ -106,6 +106,35 @@ pub fn check_subtree(subtree: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The cgroup backends: `auto` (v2 where its cpuset controller is offered, else v1), `v1`,
+/// `v2`, or `fake` (in memory; jobs are not confined).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupKind {
+    /// v2 where its cpuset controller is offered, else v1.
+    #[default]
+    Auto,
+    /// The v1 hierarchies.
+    V1,
+    /// The unified hierarchy.
+    V2,
+    /// In memory: for trying topod without root.
+    Fake,
+}
+
+impl std::str::FromStr for CgroupKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(CgroupKind::Auto),
+            "v1" => Ok(CgroupKind::V1),
+            "v2" => Ok(CgroupKind::V2),
+            "fake" => Ok(CgroupKind::Fake),
+            other => Err(format!("{other:?}: expected auto, v1, v2 or fake")),
+        }
+    }
+}
+
 /// A configuration file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -140,31 +169,11 @@ impl Config {
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text)
             .map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), what: e.to_string() })?;
-        if let Some(r) = &config.reserved_cpus {
-            CpuSet::parse_list(r).map_err(|e| ConfigError::Invalid {
-                path: path.to_path_buf(),
-                what: format!("reserved_cpus: {e}"),
-            })?;
-        }
-        if let Some(c) = &config.cgroup {
-            if !["auto", "v1", "v2", "fake"].contains(&c.as_str()) {
-                return Err(ConfigError::Invalid {
-                    path: path.to_path_buf(),
-                    what: format!("cgroup = {c:?}; expected auto, v1, v2 or fake"),
-                });
-            }
-        }
         if config.tcp_listen.is_some() && config.tcp_key_file.is_none() {
             return Err(ConfigError::Invalid {
                 path: path.to_path_buf(),
                 what: "tcp_listen needs tcp_key_file".into(),
             });
-        }
-        for entry in &config.tcp_allow {
-            tcp::Allow::parse(entry).map_err(|what| ConfigError::Invalid {
-                path: path.to_path_buf(),
-                what: format!("tcp_allow: {what}"),
-            })?;
         }
         if let Some(subtree) = &config.cgroup_subtree {
             check_subtree(subtree)
@@ -188,12 +197,6 @@ impl Config {
                 });
             }
         }
-        if let Some(s) = &config.strategy {
-            s.parse::<crate::place::Strategy>().map_err(|e| ConfigError::Invalid {
-                path: path.to_path_buf(),
-                what: format!("strategy: {e}"),
-            })?;
-        }
         Ok(config)
     }
 }
@@ -216,7 +219,7 @@ mod tests {
         let e = Config::parse(p, "reserved_cpus = \"0-x\"").unwrap_err().to_string();
         assert!(e.contains("reserved_cpus"), "{e}");
         let e = Config::parse(p, "cgroup = \"v3\"").unwrap_err().to_string();
-        assert!(e.contains("expected auto, v1, v2 or fake"), "{e}");
+        assert!(e.contains("expected one of `auto`, `v1`, `v2`, `fake`") && e.contains("line 1"), "{e}");
         let e = Config::parse(p, "tcp_listen = \"0.0.0.0:7979\"").unwrap_err().to_string();
         assert!(e.contains("tcp_key_file"), "{e}");
         let e = Config::parse(p, "tcp_allow = [\"10.0.0.0/33\"]").unwrap_err().to_string();

@@ -59,6 +59,12 @@ impl Allow {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for Allow {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Allow::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
 /// Serves the read-only listener until it fails. Connections count against the same limits as
 /// the socket's, per address.
 pub fn serve(listener: TcpListener, server: Arc<Server>, allow: Arc<Vec<Allow>>, key: Arc<String>) {

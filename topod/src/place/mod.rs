@@ -135,6 +135,12 @@ impl FromStr for Strategy {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for Strategy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Where a job goes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Placement {
