@@ -219,7 +219,10 @@ mod tests {
         let e = Config::parse(p, "reserved_cpus = \"0-x\"").unwrap_err().to_string();
         assert!(e.contains("reserved_cpus"), "{e}");
         let e = Config::parse(p, "cgroup = \"v3\"").unwrap_err().to_string();
-        assert!(e.contains("expected one of `auto`, `v1`, `v2`, `fake`") && e.contains("line 1"), "{e}");
+        assert!(
+            e.contains("expected one of `auto`, `v1`, `v2`, `fake`") && e.contains("line 1"),
+            "{e}"
+        );
         let e = Config::parse(p, "tcp_listen = \"0.0.0.0:7979\"").unwrap_err().to_string();
         assert!(e.contains("tcp_key_file"), "{e}");
         let e = Config::parse(p, "tcp_allow = [\"10.0.0.0/33\"]").unwrap_err().to_string();

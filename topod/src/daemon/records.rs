@@ -120,16 +120,24 @@ impl Records {
         ) -> impl FnOnce(std::io::Error) -> RecordsError + 'a {
             move |source| RecordsError::Io { action, path: path.to_path_buf(), source }
         }
-        // A temporary file left by a crash is ours to replace; O_EXCL and O_NOFOLLOW make sure
-        // whatever is at that name now is neither followed nor written through.
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(&tmp)
-            .map_err(io("creating", &tmp))?;
+        // O_EXCL and O_NOFOLLOW: whatever is at that name is neither followed nor written
+        // through. A temporary file left by a crash is ours to replace.
+        let create = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+                .open(&tmp)
+        };
+        let mut f = match create() {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                std::fs::remove_file(&tmp).map_err(io("removing", &tmp))?;
+                create()
+            }
+            other => other,
+        }
+        .map_err(io("creating", &tmp))?;
         f.write_all(&bytes).map_err(io("writing", &tmp))?;
         drop(f);
         let path = self.path(job);

@@ -370,13 +370,18 @@ fn join_target(pid: i32, peer: &Peer, admin: bool) -> Result<ProcessHandle, Repl
         Reply::error(ErrorCode::BadRequest, format!("cannot move process {pid}: {e}"))
     };
     let target = ProcessHandle::open(pid).map_err(refused)?;
-    let status = target.status().map_err(refused)?;
-    if status.tgid == std::process::id() as i32 {
-        return Err(Reply::error(ErrorCode::BadRequest, format!("pid {pid} is topod itself; topod never moves its own processes or threads into a job")));
+    // pidfd_open refuses a thread that is not its process's leader, so of topod's own ids only
+    // its process id is left to refuse here.
+    if pid == std::process::id() as i32 {
+        return Err(Reply::error(
+            ErrorCode::BadRequest,
+            format!("pid {pid} is topod itself; topod never moves its own processes or threads into a job"),
+        ));
     }
     if admin {
         return Ok(target);
     }
+    let status = target.status().map_err(refused)?;
     let forbidden = |why: String| Err(Reply::error(ErrorCode::Forbidden, why));
     let Some(own) = &peer.process else {
         return forbidden("topod could not identify the process that opened this connection, so it moves none for a user who is not an administrator".into());
