@@ -46,10 +46,18 @@ impl Client {
         Self::connect_with_timeout(path, Duration::from_secs(60))
     }
 
-    /// Connects to the socket at `path`; each read or write may take up to `timeout`.
+    /// Connects to the socket at `path` (as root, to the administrators' socket beside it when
+    /// there is one: see [`proto::admin_socket_for`]); each read or write may take up to
+    /// `timeout`.
     pub fn connect_with_timeout(path: &Path, timeout: Duration) -> Result<Client, ClientError> {
-        let stream = UnixStream::connect(path)
-            .map_err(|source| ClientError::Connect { path: path.display().to_string(), source })?;
+        let admin = nix::unistd::geteuid().is_root().then(|| proto::admin_socket_for(path));
+        let stream = match admin.and_then(|a| UnixStream::connect(a).ok()) {
+            Some(s) => s,
+            None => UnixStream::connect(path).map_err(|source| ClientError::Connect {
+                path: path.display().to_string(),
+                source,
+            })?,
+        };
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
         let writer = stream.try_clone()?;

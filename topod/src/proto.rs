@@ -30,6 +30,19 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The longest request line accepted, newline excluded.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
+/// The administrators' socket beside `socket` (`topod.sock` -> `topod-admin.sock`): mode 0600,
+/// root's, with its own listen queue and accept thread, so that root and the batch system reach
+/// topod however many connections users open on the public socket. Clients running as root try
+/// it first and fall back to `socket` (an older topod has none).
+pub fn admin_socket_for(socket: &std::path::Path) -> std::path::PathBuf {
+    let stem = socket.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = match socket.extension() {
+        Some(ext) => format!("{stem}-admin.{}", ext.to_string_lossy()),
+        None => format!("{stem}-admin"),
+    };
+    socket.with_file_name(name)
+}
+
 /// The operations, as they appear in `op`.
 pub const OPERATIONS: &[&str] = &[
     "version",
@@ -411,6 +424,13 @@ mod tests {
         }
         let r = Reply::error(ErrorCode::Forbidden, "only root may release");
         assert_eq!(parse_reply(r.to_line().as_bytes()).unwrap(), r);
+    }
+
+    #[test]
+    fn the_admin_socket_sits_beside_the_public_one() {
+        let p = |s: &str| admin_socket_for(std::path::Path::new(s)).display().to_string();
+        assert_eq!(p("/run/topo/topod.sock"), "/run/topo/topod-admin.sock");
+        assert_eq!(p("/tmp/x/s"), "/tmp/x/s-admin");
     }
 
     #[test]

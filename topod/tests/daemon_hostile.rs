@@ -191,6 +191,12 @@ fn one_user_cannot_hold_the_connections_or_dribble_a_line() {
         drop(held);
         jobs
     });
+    // Root's own socket: a user can neither connect to it nor crowd it.
+    let admin = topod::proto::admin_socket_for(&d.socket);
+    let mode = std::fs::metadata(&admin).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{}", admin.display());
+    let knock = "import json, socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1]); print(json.dumps('connected'))\nexcept PermissionError:\n    print(json.dumps('refused'))\n";
+    assert_eq!(as_nobody(&admin, knock), [serde_json::json!("refused")]);
     let replies = as_nobody(&d.socket, MANY_CONNECTIONS);
     assert_eq!(replies[0], serde_json::json!({ "busy": 16, "admitted": 4 }));
     assert_eq!(

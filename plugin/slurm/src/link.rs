@@ -57,8 +57,14 @@ impl Topod {
     /// Connects, with `timeout` on every later read and write.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Topod, LinkError> {
         let shown = path.display().to_string();
-        let stream = UnixStream::connect(path)
-            .map_err(|source| LinkError::Connect { path: shown.clone(), source })?;
+        // slurmstepd runs as root: the administrators' socket first, whatever users do on the
+        // public one (an older topod has none).
+        let admin = topod::proto::admin_socket_for(path);
+        let stream = match UnixStream::connect(&admin) {
+            Ok(s) => s,
+            Err(_) => UnixStream::connect(path)
+                .map_err(|source| LinkError::Connect { path: shown.clone(), source })?,
+        };
         let io = |source| LinkError::Io { path: shown.clone(), source };
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;

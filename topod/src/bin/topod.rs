@@ -17,7 +17,7 @@ use topod::client::Client;
 use topod::daemon::conn::{raise_fd_limit, Gate};
 use topod::daemon::host::{Host, JobHint};
 use topod::daemon::records::Records;
-use topod::daemon::server::{self, Admins, Server};
+use topod::daemon::server::{self, Admins, Listener, Server};
 use topod::daemon::{CgroupKind, Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
 use topod::place::Strategy;
 use topod::proto::Op;
@@ -152,7 +152,9 @@ fn run(args: Args) -> Result<(), String> {
             Some((tcp, allow, key))
         }
     };
-    let listener = bind(&socket)?;
+    let listener = bind(&socket, 0o666)?;
+    let admin_socket = topod::proto::admin_socket_for(&socket);
+    let admin_listener = bind(&admin_socket, 0o600)?;
     drop_capabilities()?;
     let admins = Admins { uids: config.admin_uids.clone(), gids: config.admin_gids.clone() };
     let limits = config.limits();
@@ -187,7 +189,11 @@ fn run(args: Args) -> Result<(), String> {
         let (server, allow, key) = (server.clone(), Arc::new(allow), Arc::new(key));
         std::thread::spawn(move || topod::daemon::tcp::serve(tcp, server, allow, key));
     }
-    server::serve(listener, server);
+    {
+        let server = server.clone();
+        std::thread::spawn(move || server::serve(admin_listener, server, Listener::Admins));
+    }
+    server::serve(listener, server, Listener::Public);
     Err("the socket stopped accepting connections".into())
 }
 
@@ -337,9 +343,9 @@ fn refuse_if_running(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Binds the socket, replacing a stale one that nobody answers on; everyone may connect (what
+/// Binds a socket with `mode` (0666 public: everyone may connect; 0600 the administrators'), replacing a stale one that nobody answers on (what
 /// they may do is decided per request from their kernel credentials).
-fn bind(path: &Path) -> Result<UnixListener, String> {
+fn bind(path: &Path, mode: u32) -> Result<UnixListener, String> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -351,7 +357,7 @@ fn bind(path: &Path) -> Result<UnixListener, String> {
     }
     let listener = UnixListener::bind(path)
         .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(|e| format!("chmod {}: {e}", path.display()))?;
     Ok(listener)
 }

@@ -123,14 +123,33 @@ impl Server {
     }
 }
 
+/// Which socket a listener is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// The public socket (mode 0666): everyone may connect.
+    Public,
+    /// The administrators' socket (mode 0600, [`proto::admin_socket_for`]): its own listen queue
+    /// and accept thread, so no user's flood of connections delays root and the batch system.
+    Admins,
+}
+
 /// Serves connections until the listener fails.
-pub fn serve(listener: UnixListener, server: Arc<Server>) {
+pub fn serve(listener: UnixListener, server: Arc<Server>, kind: Listener) {
     let mut errors = AcceptErrors::new();
+    if kind == Listener::Public {
+        // A flood of users' connections costs this thread; root's come through the
+        // administrators' socket, whose thread keeps its priority.
+        lower_priority();
+    }
+    let what = match kind {
+        Listener::Public => "the socket",
+        Listener::Admins => "the administrators' socket",
+    };
     loop {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
             Err(e) => {
-                errors.failed("the socket", &e);
+                errors.failed(what, &e);
                 continue;
             }
         };
@@ -141,7 +160,16 @@ pub fn serve(listener: UnixListener, server: Arc<Server>) {
                 continue;
             }
         };
-        let admitted = match server.gate.admit(Holder::Uid(peer.uid), server.admins.allows(&peer)) {
+        let privileged = server.admins.allows(&peer);
+        if kind == Listener::Admins && !privileged {
+            refuse(
+                stream,
+                &server,
+                "this socket is for root and topod's administrators; use the public one",
+            );
+            continue;
+        }
+        let admitted = match server.gate.admit(Holder::Uid(peer.uid), privileged) {
             Ok(a) => a,
             Err(why) => {
                 refuse(stream, &server, &why);
@@ -151,6 +179,9 @@ pub fn serve(listener: UnixListener, server: Arc<Server>) {
         peer.name_process(&stream);
         let server = server.clone();
         let spawned = std::thread::Builder::new().name("topod-conn".into()).spawn(move || {
+            if !privileged {
+                lower_priority();
+            }
             let lines = LineReader::new(proto::MAX_LINE_BYTES, &server.gate.limits());
             if let Err(e) = connection(stream, lines, &server, &peer, false, admitted) {
                 tracing::debug!("connection ended: {e}");
@@ -159,6 +190,22 @@ pub fn serve(listener: UnixListener, server: Arc<Server>) {
         if let Err(e) = spawned {
             tracing::warn!("cannot start a thread for a connection: {e}");
         }
+    }
+}
+
+/// How far below root's the threads serving other users run (nice): on a host whose CPUs are
+/// all busy, a user looping expensive reads takes CPU from topod's work for root and the batch
+/// system only in this proportion (about a tenth of a contended CPU), without starving.
+const UNPRIVILEGED_NICE: i32 = 10;
+
+/// Lowers the calling connection thread to [`UNPRIVILEGED_NICE`]; logged once if the system
+/// does not allow it.
+pub(crate) fn lower_priority() {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if let Err(e) = super::process::lower_this_thread(UNPRIVILEGED_NICE) {
+        WARNED.call_once(|| {
+            tracing::warn!("cannot lower the priority of threads serving other users: {e}")
+        });
     }
 }
 

@@ -107,6 +107,7 @@ fn connection(
     key: &str,
     admitted: Admitted,
 ) -> std::io::Result<()> {
+    super::server::lower_priority();
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(server.gate.limits().write))?;
     // The key must come first, whole, within the line limit.

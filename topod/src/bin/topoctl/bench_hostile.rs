@@ -135,7 +135,7 @@ fn phase(socket: &Path, name: &str, cycles: usize, topod_pid: u64) -> Result<Pha
         };
         let child = Reaped(child);
         std::thread::sleep(Duration::from_millis(2));
-        let job = format!("hostile-{}-{name}-{i}", std::process::id());
+        let job = format!("hostile-{}-{}-{i}", std::process::id(), name.len());
         let t = Instant::now();
         let op = Op::Allocate {
             job: job.clone(),
