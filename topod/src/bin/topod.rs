@@ -165,7 +165,7 @@ fn run(args: Args) -> Result<(), String> {
         limits.max_connections_per_user
     );
     let server = Server::new(host, admins, Gate::new(limits));
-    notify_systemd(&socket);
+    notify_systemd(&socket, server.clone());
     if config.auto_release {
         let server = server.clone();
         std::thread::spawn(move || loop {
@@ -362,11 +362,12 @@ fn bind(path: &Path, mode: u32) -> Result<UnixListener, String> {
     Ok(listener)
 }
 
-/// `Type=notify`: tells systemd we are ready, and feeds its watchdog only while the serving path
-/// answers: each period a request through topod's own socket that takes the host lock
-/// (`free_map`). A stalled lock or a dead accept loop then stops the feeding, and systemd
-/// restarts topod (jobs are kept: `KillMode=process`, and the restart rebuilds the ledger).
-fn notify_systemd(socket: &Path) {
+/// `Type=notify`: tells systemd we are ready, and feeds its watchdog only while topod serves:
+/// each period a request through its own socket is answered (the accept loop and a connection
+/// thread work) and the host lock can be taken (no change is stuck holding it). A stalled lock
+/// or a dead accept loop stops the feeding, and systemd restarts topod (jobs are kept:
+/// `KillMode=process`, and the restart rebuilds the ledger).
+fn notify_systemd(socket: &Path, server: Arc<Server>) {
     let Some(notify) = std::env::var_os("NOTIFY_SOCKET") else { return };
     let send = move |msg: &str| {
         if let Ok(sock) = UnixDatagram::unbound() {
@@ -379,11 +380,18 @@ fn notify_systemd(socket: &Path) {
         let socket = socket.to_path_buf();
         std::thread::spawn(move || loop {
             std::thread::sleep(period);
-            let probe =
-                Client::connect_with_timeout(&socket, period).and_then(|mut c| c.call(Op::FreeMap));
-            match probe {
+            let answered =
+                Client::connect_with_timeout(&socket, period).and_then(|mut c| c.call(Op::Version));
+            match answered {
+                Err(e) => tracing::error!(
+                    "the watchdog's probe through {} failed: {e}; not telling systemd topod is alive",
+                    socket.display()
+                ),
+                Ok(_) if !server.lock_is_free_within(period) => tracing::error!(
+                    "the host lock has been held for over {} ms; not telling systemd topod is alive",
+                    period.as_millis()
+                ),
                 Ok(_) => send("WATCHDOG=1"),
-                Err(e) => tracing::error!("the watchdog's probe through {} failed: {e}; not telling systemd topod is alive", socket.display()),
             }
         });
     }

@@ -16,7 +16,7 @@
 //! die without the lock.
 
 use super::conn::{AcceptErrors, Admitted, Gate, Holder, Line, LineReader, Timed};
-use super::host::{self, Host, HostError};
+use super::host::{self, Host, HostError, Snapshot};
 use super::process::{ProcessError, ProcessHandle};
 use crate::proto::{self, ErrorCode, Op, Reply};
 use crate::topology::Topology;
@@ -89,7 +89,11 @@ impl Peer {
 /// What every connection shares.
 pub struct Server {
     /// The host state, behind the one lock.
-    pub host: Arc<Mutex<Host>>,
+    host: Mutex<Host>,
+    /// What reads need, published after every change: reads (free map, fit, list) take no lock,
+    /// so no reader waits behind a change and no change waits behind a reader (a user's thread
+    /// runs at a lower priority and could otherwise hold the lock while it waits for a CPU).
+    published: arc_swap::ArcSwap<Snapshot>,
     /// The hardware graph (it never changes while topod runs), readable without the lock.
     pub topology: Arc<Topology>,
     /// The topology as sent to clients, made once.
@@ -101,14 +105,46 @@ pub struct Server {
     backend_kind: &'static str,
 }
 
+/// The host, locked; when it was changed through this guard, the snapshot readers see is
+/// replaced as the guard goes.
+pub struct HostGuard<'a> {
+    host: MutexGuard<'a, Host>,
+    published: &'a arc_swap::ArcSwap<Snapshot>,
+    changed: bool,
+}
+
+impl std::ops::Deref for HostGuard<'_> {
+    type Target = Host;
+    fn deref(&self) -> &Host {
+        &self.host
+    }
+}
+
+impl std::ops::DerefMut for HostGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Host {
+        self.changed = true;
+        &mut self.host
+    }
+}
+
+impl Drop for HostGuard<'_> {
+    fn drop(&mut self) {
+        if self.changed {
+            self.published.store(Arc::new(self.host.snapshot()));
+        }
+    }
+}
+
 impl Server {
     /// A server for `host`.
     pub fn new(host: Host, admins: Admins, gate: Arc<Gate>) -> Arc<Server> {
         let topology = host.topology().clone();
         let topology_json = serde_json::to_value(&*topology).unwrap_or_default();
         let backend_kind = host.backend_kind();
+        let published = arc_swap::ArcSwap::from_pointee(host.snapshot());
         Arc::new(Server {
-            host: Arc::new(Mutex::new(host)),
+            host: Mutex::new(host),
+            published,
             topology,
             topology_json,
             admins,
@@ -117,9 +153,33 @@ impl Server {
         })
     }
 
-    /// The host, locked.
-    pub fn lock(&self) -> MutexGuard<'_, Host> {
-        self.host.lock().unwrap_or_else(|e| e.into_inner())
+    /// The host, locked, for a change.
+    pub fn lock(&self) -> HostGuard<'_> {
+        HostGuard {
+            host: self.host.lock().unwrap_or_else(|e| e.into_inner()),
+            published: &self.published,
+            changed: false,
+        }
+    }
+
+    /// Whether the host lock can be taken within `timeout` (the watchdog's check that no change
+    /// is stuck holding it).
+    pub fn lock_is_free_within(&self, timeout: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            match self.host.try_lock() {
+                Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => return true,
+                Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < timeout => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return false,
+            }
+        }
+    }
+
+    /// What reads need, as of the last change; takes no lock.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.published.load_full()
     }
 }
 
@@ -289,7 +349,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
         })),
         Op::Topology => Reply::ok(server.topology_json.clone()),
         Op::FreeMap => {
-            let snap = server.lock().snapshot();
+            let snap = server.snapshot();
             Reply::ok(json!({
                 "generation": snap.generation,
                 "allocatable": snap.model.allocatable,
@@ -305,15 +365,15 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 Ok(p) => p,
                 Err(e) => return error_reply(&e),
             };
-            let snap = server.lock().snapshot();
+            let snap = server.snapshot();
             match snap.fit(&prepared) {
                 Ok(fit) => Reply::ok(serde_json::to_value(fit).unwrap_or_default()),
                 Err(e) => error_reply(&e),
             }
         }
         Op::List => {
-            let jobs = server.lock().jobs();
-            Reply::ok(serde_json::to_value(jobs).unwrap_or_default())
+            let snap = server.snapshot();
+            Reply::ok(serde_json::to_value(&snap.jobs).unwrap_or_default())
         }
         Op::Allocate { job, request, tasks, cpus, mem_limit_bytes, owner_uid, join_pid } => {
             if !admin {
