@@ -69,7 +69,24 @@ pub struct Gate {
 struct GateCounts {
     unprivileged: usize,
     by_holder: HashMap<Holder, usize>,
+    /// CPU time spent for each holder who is not an administrator, draining at
+    /// [`USER_CPU_SHARE`] (a leaky bucket).
+    spent: HashMap<Holder, Bucket>,
 }
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    level: Duration,
+    at: Instant,
+}
+
+/// The share of one CPU that topod spends, on average, on one user (or TCP address) who is not
+/// an administrator: beyond it, that user's next requests wait (a tenth of a CPU answers
+/// hundreds of reads a second, far more than any batch system or person sends).
+pub const USER_CPU_SHARE: f64 = 0.1;
+
+/// How much CPU time a user may spend in a burst before waiting.
+pub const USER_CPU_BURST: Duration = Duration::from_millis(200);
 
 /// One admitted connection; dropping it frees its place.
 #[derive(Debug)]
@@ -77,6 +94,13 @@ pub struct Admitted {
     gate: Arc<Gate>,
     holder: Holder,
     privileged: bool,
+}
+
+impl Admitted {
+    /// Whom the connection counts against.
+    pub fn holder(&self) -> Holder {
+        self.holder
+    }
 }
 
 impl Drop for Admitted {
@@ -126,6 +150,28 @@ impl Gate {
         Ok(Admitted { gate: self.clone(), holder, privileged })
     }
 
+    /// Records that serving `holder` took `cpu` of CPU time.
+    pub fn charge(&self, holder: Holder, cpu: Duration) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let b = open.spent.entry(holder).or_insert(Bucket { level: Duration::ZERO, at: now });
+        b.level = drained(*b, now) + cpu;
+        b.at = now;
+        // Forget holders whose buckets have drained, so the map stays the size of the active.
+        if open.spent.len() > 1024 {
+            open.spent.retain(|_, b| !drained(*b, now).is_zero());
+        }
+    }
+
+    /// How long `holder`'s next request must wait so that its CPU time stays within
+    /// [`USER_CPU_SHARE`] after a burst of [`USER_CPU_BURST`].
+    pub fn wait_for(&self, holder: Holder) -> Duration {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(b) = open.spent.get(&holder) else { return Duration::ZERO };
+        let level = drained(*b, Instant::now());
+        level.saturating_sub(USER_CPU_BURST).div_f64(USER_CPU_SHARE)
+    }
+
     /// Open connections of `holder`.
     pub fn open_of(&self, holder: Holder) -> usize {
         self.open
@@ -136,6 +182,17 @@ impl Gate {
             .copied()
             .unwrap_or(0)
     }
+}
+
+/// A bucket's level once it has drained at [`USER_CPU_SHARE`] until `now`.
+fn drained(b: Bucket, now: Instant) -> Duration {
+    b.level.saturating_sub(now.saturating_duration_since(b.at).mul_f64(USER_CPU_SHARE))
+}
+
+/// The CPU time the calling thread has used.
+pub fn thread_cpu_time() -> Duration {
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).map(Duration::from).unwrap_or_default()
 }
 
 /// A stream whose read timeout can be set per read (Unix and TCP alike).
@@ -328,6 +385,26 @@ mod tests {
         gate.admit(Holder::Uid(1002), false).unwrap();
         drop(roots);
         assert_eq!(gate.open_of(Holder::Uid(0)), 0);
+    }
+
+    #[test]
+    fn a_user_who_spends_more_than_a_share_of_a_cpu_waits() {
+        let gate = Gate::new(limits());
+        let user = Holder::Uid(1000);
+        assert_eq!(gate.wait_for(user), Duration::ZERO);
+        gate.charge(user, Duration::from_millis(150));
+        assert_eq!(gate.wait_for(user), Duration::ZERO, "within the burst");
+        gate.charge(user, Duration::from_millis(150));
+        let wait = gate.wait_for(user);
+        // 300 ms spent, 200 ms of burst: the other 100 ms drain at a tenth of a CPU.
+        assert!(wait > Duration::from_millis(900) && wait <= Duration::from_secs(1), "{wait:?}");
+        assert_eq!(gate.wait_for(Holder::Uid(1001)), Duration::ZERO, "others are not charged");
+        let t = thread_cpu_time();
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        assert!(x != 1 && thread_cpu_time() > t);
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! host lock is taken, reads work on a snapshot, and a release waits for the job's processes to
 //! die without the lock.
 
-use super::conn::{AcceptErrors, Admitted, Gate, Holder, Line, LineReader, Timed};
+use super::conn::{thread_cpu_time, AcceptErrors, Admitted, Gate, Holder, Line, LineReader, Timed};
 use super::host::{self, Host, HostError, Snapshot};
 use super::process::{ProcessError, ProcessHandle};
 use crate::proto::{self, ErrorCode, Op, Reply};
@@ -286,11 +286,22 @@ pub(crate) fn connection(
     server: &Server,
     peer: &Peer,
     read_only: bool,
-    _admitted: Admitted,
+    admitted: Admitted,
 ) -> std::io::Result<()> {
     let limits = server.gate.limits();
     stream.set_write_timeout(Some(limits.write))?;
+    // Work for a user who is not an administrator is charged to that user (or TCP address), and
+    // one who has spent more than a share of a CPU waits before the next request.
+    let charged = (!server.admins.allows(peer)).then_some(admitted.holder());
     loop {
+        // The wait comes before the line is read: reading 64 KiB is work too.
+        let cpu_before = charged.map(|holder| {
+            let wait = server.gate.wait_for(holder);
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+            }
+            thread_cpu_time()
+        });
         let (reply, close) = match lines.next(&mut stream)? {
             Line::Closed => return Ok(()),
             Line::TimedOut { partial: false } => return Ok(()),
@@ -322,6 +333,9 @@ pub(crate) fn connection(
             },
         };
         stream.write_all(reply.to_line().as_bytes())?;
+        if let (Some(holder), Some(before)) = (charged, cpu_before) {
+            server.gate.charge(holder, thread_cpu_time().saturating_sub(before));
+        }
         if close {
             return Ok(());
         }
