@@ -37,6 +37,7 @@ struct Phase {
     status_p99_ms: f64,
     status_max_ms: f64,
     status_failures: usize,
+    root_failures: usize,
     rss_max_kib: u64,
     /// For the attack phases: how many requests or connections the attackers made.
     attacker_ops: u64,
@@ -122,8 +123,11 @@ fn phase(socket: &Path, name: &str, cycles: usize, topod_pid: u64) -> Result<Pha
             }
         })
     };
-    let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
+    // A failed start or release is counted (and the connection made again), not fatal: against
+    // a topod that does not hold up, the failures are the figure.
+    let mut c = Client::connect(socket).ok();
     let mut times = Vec::with_capacity(cycles);
+    let mut root_failures = 0;
     let mut outcome = Ok(());
     for i in 0..cycles {
         let child = match Command::new("sleep").arg("600").spawn() {
@@ -146,14 +150,18 @@ fn phase(socket: &Path, name: &str, cycles: usize, topod_pid: u64) -> Result<Pha
             owner_uid: None,
             join_pid: Some(child.0.id() as i32),
         };
-        let r = c.call(op).and_then(|_| c.call(Op::Release { job }));
+        let r = match c.as_mut() {
+            Some(c) => c.call(op).and_then(|_| c.call(Op::Release { job: job.clone() })),
+            None => Err(topod::client::ClientError::Io(std::io::Error::other("not connected"))),
+        };
         times.push(t.elapsed().as_secs_f64() * 1e6);
         drop(child);
-        if let Err(e) = r {
-            outcome = Err(Failure::runtime(format!(
-                "root's job start and release failed during the {name} phase: {e}"
-            )));
-            break;
+        if r.is_err() {
+            root_failures += 1;
+            c = Client::connect_with_timeout(socket, Duration::from_secs(5)).ok();
+            if let Some(c) = c.as_mut() {
+                let _ = c.call(Op::Release { job });
+            }
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -169,6 +177,7 @@ fn phase(socket: &Path, name: &str, cycles: usize, topod_pid: u64) -> Result<Pha
         status_p99_ms: pct(&mut status, 0.99),
         status_max_ms: status.iter().copied().fold(0.0, f64::max),
         status_failures: failures,
+        root_failures,
         rss_max_kib: rss_max,
         attacker_ops: 0,
     })
@@ -230,24 +239,26 @@ pub(crate) fn run(
     }
     println!("root's job start + release (allocate with join_pid, release), {cycles} cycles per phase; `topoctl status` every 20 ms");
     println!(
-        "{:<44} {:>10} {:>10} {:>11} {:>11} {:>9} {:>10} {:>12}",
+        "{:<44} {:>10} {:>10} {:>11} {:>11} {:>9} {:>9} {:>10} {:>12}",
         "phase",
         "p50 us",
         "p99 us",
         "status p99",
         "status max",
-        "failed",
+        "root fail",
+        "stat fail",
         "RSS KiB",
         "attacker ops"
     );
     for p in &f.phases {
         println!(
-            "{:<44} {:>10.0} {:>10.0} {:>8.1} ms {:>8.1} ms {:>9} {:>10} {:>12}",
+            "{:<44} {:>10.0} {:>10.0} {:>8.1} ms {:>8.1} ms {:>9} {:>9} {:>10} {:>12}",
             p.name,
             p.start_release_p50_us,
             p.start_release_p99_us,
             p.status_p99_ms,
             p.status_max_ms,
+            p.root_failures,
             p.status_failures,
             p.rss_max_kib,
             p.attacker_ops
@@ -284,18 +295,20 @@ pub(crate) fn attack(socket: &Path, mode: &str, count: usize, stats: &Path) -> R
     match mode {
         "fit" | "fit-valid" => {
             let list = if mode == "fit" {
-                vec!["0-65535"; 64 * 1024 / 8].join(",")
+                vec!["0-65535"; (topod::proto::MAX_LINE_BYTES - 200) / 8].join(",")
             } else {
                 let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
                 let pus = c.call(Op::Topology).map_err(|e| Failure::runtime(e.to_string()))?["pus"]
                     .as_str()
                     .unwrap_or("0")
                     .to_string();
-                vec![pus.as_str(); 60 * 1024 / (pus.len() + 1)].join(",")
+                vec![pus.as_str(); (topod::proto::MAX_LINE_BYTES - 200) / (pus.len() + 1)].join(",")
             };
             let request = format!("CPUSET[CPU_LIST={list}] affinity[thread*2]");
+            // Just under the line limit: a whole request topod must parse, not one it refuses
+            // for its length.
             let line = topod::proto::Request::new(Op::Fit { request, tasks: None }).to_line();
-            let line = &line[..line.len().min(topod::proto::MAX_LINE_BYTES + 1)];
+            assert!(line.len() <= topod::proto::MAX_LINE_BYTES, "{} bytes", line.len());
             loop {
                 let Ok(mut s) = UnixStream::connect(socket) else {
                     std::thread::sleep(Duration::from_millis(10));
