@@ -104,9 +104,13 @@ fn a_connection_handed_to_a_child_cannot_join_once_its_opener_has_exited() {
     // (the server's unit test `a_reused_peer_pid_is_not_the_peer` covers it).
     let m = replies[0]["error"]["message"].as_str().unwrap();
     assert!(m.contains("is running") || m.contains("has exited"), "{}", replies[0]);
+    // The child's own pid is not the peer's. (On a kernel without SO_PEERPIDFD, topod names the
+    // peer by pidfd_open at accept; an opener that exited before that is not named at all, and
+    // its connection moves nothing for anyone: refused too, saying so.)
     assert_eq!(replies[1]["error"]["code"], "forbidden", "{}", replies[1]);
+    let m = replies[1]["error"]["message"].as_str().unwrap();
     assert!(
-        replies[1]["error"]["message"].as_str().unwrap().contains("only your own process"),
+        m.contains("only your own process") || m.contains("could not identify"),
         "{}",
         replies[1]
     );
