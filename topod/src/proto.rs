@@ -30,6 +30,9 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The longest request line accepted, newline excluded.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
+/// Where topod listens unless configured otherwise; every client's default.
+pub const DEFAULT_SOCKET: &str = "/run/topo/topod.sock";
+
 /// The administrators' socket beside `socket` (`topod.sock` -> `topod-admin.sock`): mode 0600,
 /// root's, with its own listen queue and accept thread, so that root and the batch system reach
 /// topod however many connections users open on the public socket. Clients running as root try

@@ -19,7 +19,7 @@ const TOPO_ERR_REFUSED: c_int = -3;
 const TOPO_ERR_INTERNAL: c_int = -4;
 const TOPO_ERR_TRUNCATED: c_int = -5;
 
-const DEFAULT_SOCKET: &str = "/run/topo/topod.sock";
+const DEFAULT_SOCKET: &str = topod::proto::DEFAULT_SOCKET;
 
 /// A failed call: its code and message.
 struct Failure(c_int, String);

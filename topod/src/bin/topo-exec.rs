@@ -34,7 +34,7 @@ struct Args {
     #[arg(long)]
     hostfile: Option<PathBuf>,
     /// topod's socket.
-    #[arg(long, default_value = "/run/topo/topod.sock")]
+    #[arg(long, default_value = topod::proto::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// The command and its arguments.
     #[arg(required = true, last = true)]

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The default socket path.
-pub const DEFAULT_SOCKET: &str = "/run/topo/topod.sock";
+pub use crate::proto::DEFAULT_SOCKET;
 /// The default state directory (the hint file lives there): a tmpfs, as the hints describe
 /// live job cgroups, which never outlive a boot, and are rewritten on every allocate and release.
 pub const DEFAULT_STATE_DIR: &str = "/run/topo";

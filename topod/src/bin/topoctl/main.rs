@@ -252,7 +252,7 @@ enum BenchCommand {
 #[derive(Args)]
 struct Daemon {
     /// topod's socket.
-    #[arg(long, value_name = "PATH", default_value = "/run/topo/topod.sock")]
+    #[arg(long, value_name = "PATH", default_value = topod::proto::DEFAULT_SOCKET)]
     socket: PathBuf,
 }
 
