@@ -1,19 +1,42 @@
 //! What the execution side reads from the batch system's job environment: the job id topod
 //! knows a job by, the slots on this host, and the affinity host file MPI launchers read.
 
+/// The job id topod knows an LSF job by: `lsf-<id>`, or `lsf-<id>[<index>]` for an element of
+/// a job array (index 0 or none: not an element). The LSF scheduler module reserves under it and
+/// `topo-exec` and `topoctl lsf-pre-exec` allocate under it.
+pub fn lsf_job_id(job: impl std::fmt::Display, index: Option<u64>) -> String {
+    match index.filter(|&i| i > 0) {
+        Some(index) => format!("lsf-{job}[{index}]"),
+        None => format!("lsf-{job}"),
+    }
+}
+
+/// The job id topod knows a Slurm job by on a host: `slurm-<jobid>`, one allocation per job and
+/// host shared by all its steps.
+pub fn slurm_job_id(job: impl std::fmt::Display) -> String {
+    format!("slurm-{job}")
+}
+
+/// The job id topod knows a PBS job by: `pbs-<PBS job id>` (`123.server` -> `pbs-123.server`;
+/// the PBS hook makes the same).
+pub fn pbs_job_id(job: &str) -> String {
+    format!("pbs-{job}")
+}
+
 /// The job id of the job this process belongs to, from its environment (`get` looks a variable
-/// up; empty counts as unset): under LSF `lsf-$LSB_JOBID`, with `[$LSB_JOBINDEX]` for an element
-/// of a job array (the id the LSF scheduler module reserves under); else `$SLURM_JOB_ID` or
-/// `$PBS_JOBID` as they are.
+/// up; empty counts as unset): the one its batch system's topo part allocated under
+/// ([`lsf_job_id`] from `$LSB_JOBID` and `$LSB_JOBINDEX`, [`slurm_job_id`] from
+/// `$SLURM_JOB_ID`, [`pbs_job_id`] from `$PBS_JOBID`).
 pub fn job_id(get: impl Fn(&str) -> Option<String>) -> Option<String> {
     let get = |k: &str| get(k).filter(|v| !v.is_empty());
     if let Some(id) = get("LSB_JOBID") {
-        return Some(match get("LSB_JOBINDEX").filter(|i| i != "0") {
-            Some(index) => format!("lsf-{id}[{index}]"),
-            None => format!("lsf-{id}"),
-        });
+        let index = get("LSB_JOBINDEX").and_then(|i| i.parse::<u64>().ok());
+        return Some(lsf_job_id(id, index));
     }
-    get("SLURM_JOB_ID").or_else(|| get("PBS_JOBID"))
+    if let Some(id) = get("SLURM_JOB_ID") {
+        return Some(slurm_job_id(id));
+    }
+    get("PBS_JOBID").map(|id| pbs_job_id(&id))
 }
 
 /// The slots LSF gave the job on `host`, from `$LSB_MCPU_HOSTS` (`"hostA 4 hostB 2"`); a host
@@ -59,8 +82,10 @@ mod tests {
         );
         assert_eq!(
             job_id(env(&[("LSB_JOBID", ""), ("SLURM_JOB_ID", "55")])).as_deref(),
-            Some("55")
+            Some("slurm-55"),
+            "the id the SPANK plug-in allocates under"
         );
+        assert_eq!(job_id(env(&[("PBS_JOBID", "12[3].srv")])).as_deref(), Some("pbs-12[3].srv"));
         assert_eq!(job_id(env(&[])), None);
     }
 

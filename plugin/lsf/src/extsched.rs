@@ -99,11 +99,7 @@ pub fn request_from_key(key: &str) -> Option<Result<Request, String>> {
 /// The job id topod knows an LSF job by: `lsf-<id>`, or `lsf-<id>[<index>]` for an element of
 /// a job array (the same as `topo-exec` makes from `$LSB_JOBID` and `$LSB_JOBINDEX`).
 pub fn job_id(job: i32, index: i32) -> String {
-    if index > 0 {
-        format!("lsf-{job}[{index}]")
-    } else {
-        format!("lsf-{job}")
-    }
+    topod::batch::lsf_job_id(job, u64::try_from(index).ok())
 }
 
 /// Slots per host from an allocation's instances (`host`, `rsrc`, `amount`): instances of the

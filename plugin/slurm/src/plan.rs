@@ -10,7 +10,7 @@ pub const BATCH_STEP: u32 = 0xffff_fffb;
 /// host, shared by all its steps (the batch script and the sruns inside it run at the same time
 /// on the same cores), released by the job epilog. It always passes topod's job id check.
 pub fn topod_job_id(slurm_job_id: u32) -> String {
-    format!("slurm-{slurm_job_id}")
+    topod::batch::slurm_job_id(slurm_job_id)
 }
 
 /// The task count to place for when the request gives none (`affinity[core]`): the step's
