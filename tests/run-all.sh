@@ -15,7 +15,7 @@ if [ -z "${TOPO_SUITE_LOG:-}" ]; then
     "$0" "$@" 2>&1 | tee "$TOPO_SUITE_LOG"
     rc=${PIPESTATUS[0]}
     set -e
-    tests/suite-summary.sh "$TOPO_SUITE_LOG" "$TOPO_SKIP_LOG" "$(( $(date +%s) - start ))"
+    tests/suite-summary.sh "$TOPO_SUITE_LOG" "$TOPO_SKIP_LOG" "$(( $(date +%s) - start ))" "$rc"
     rm -f "$TOPO_SUITE_LOG" "$TOPO_SKIP_LOG"
     exit "$rc"
 fi

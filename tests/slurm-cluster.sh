@@ -39,7 +39,11 @@ cluster_init() {
     export SLURM_CONF="$BASE/etc/slurm.conf"
     NODE=$(hostname -s)
     # Slurm cgroup directories that were here before this test (an administrator's): kept.
-    SLURM_CGROUPS_BEFORE=$(echo /sys/fs/cgroup/*/"slurm_$NODE" | tr ' ' '\n' | while read -r d; do [ -d "$d" ] && echo "$d"; done | tr '\n' ' ')
+    SLURM_CGROUPS_BEFORE=""
+    local d
+    for d in /sys/fs/cgroup/*/"slurm_$NODE"; do
+        if [ -d "$d" ]; then SLURM_CGROUPS_BEFORE+="$d "; fi
+    done
 }
 
 cluster_start_munge() {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Counts what tests/run-all.sh ran, from its output ($1), the skips the Rust tests recorded
-# ($2, one "binary::test: reason" a line) and its duration in seconds ($3); prints the reasons
-# for skips, then one closing line: "tests/run-all.sh: N passed, N failed, N skipped".
+# ($2, one "binary::test: reason" a line), its duration in seconds ($3) and its exit code ($4);
+# prints the reasons for skips, then one closing line: "tests/run-all.sh: N passed, N failed,
+# N skipped". A suite that stopped on a failing step that reported no test counts it as one.
 #
 # Sources: libtest's "test result:" lines (the cargo tests here and the same binaries in the
 # cgroup v2 guest, whose skips print "SKIPPED: ..." uncaptured), the LSF harness ("  ok    " /
@@ -9,7 +10,7 @@
 # end-to-end test ("  ok: " / "  FAIL: "). A test that returned early because it could not run
 # here is counted as skipped, not passed.
 set -uo pipefail
-log=$1 skips=$2 seconds=${3:-0}
+log=$1 skips=$2 seconds=${3:-0} rc=${4:-0}
 
 sum() { awk -v re="$1" -v field="$2" '{ if (match($0, re)) { split(substr($0, RSTART, RLENGTH), w, " "); n += w[field] } } END { print n + 0 }' "$log"; }
 rust_passed=$(sum '[0-9]+ passed; [0-9]+ failed' 1)
@@ -36,6 +37,10 @@ if [ "$skipped" -gt 0 ]; then
       grep -E '^tests/[a-z0-9-]+\.sh: SKIPPED' "$log" | sed 's/^/  /'
       [ "$pbs_skipped" -gt 0 ] && echo "  $pbs_skipped PBS hook test(s): see unittest's output above"
     } | sort | uniq -c | sed 's/^ *\([0-9]*\) /  \1x/'
+fi
+if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    echo "tests/run-all.sh: a step failed (exit $rc) without a failing test to count; its last lines are above"
+    failed=1
 fi
 echo "tests/run-all.sh: took $((seconds / 60)) min $((seconds % 60)) s"
 echo "tests/run-all.sh: $passed passed, $failed failed, $skipped skipped"
