@@ -126,6 +126,35 @@ pub enum Op {
 }
 
 impl Op {
+    /// An `allocate` of `job` for `request`, with no optional field set.
+    pub fn allocate(job: impl Into<String>, request: impl Into<String>) -> Op {
+        Op::Allocate {
+            job: job.into(),
+            request: request.into(),
+            tasks: None,
+            cpus: None,
+            mem_limit_bytes: None,
+            owner_uid: None,
+            join_pid: None,
+        }
+    }
+
+    /// This `allocate` with `join_pid` set (other operations are returned as they are).
+    pub fn joining(mut self, pid: i32) -> Op {
+        if let Op::Allocate { join_pid, .. } = &mut self {
+            *join_pid = Some(pid);
+        }
+        self
+    }
+
+    /// This `allocate` with `owner_uid` set (other operations are returned as they are).
+    pub fn owned_by(mut self, uid: u32) -> Op {
+        if let Op::Allocate { owner_uid, .. } = &mut self {
+            *owner_uid = Some(uid);
+        }
+        self
+    }
+
     /// Whether the operation changes the host (allocate, join, self_join_files, release); the
     /// read-only TCP listener refuses these.
     pub fn changes_state(&self) -> bool {

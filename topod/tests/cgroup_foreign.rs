@@ -200,17 +200,7 @@ fn a_foreign_exclusive_cpuset_that_goes_away_gives_its_cpus_back() {
     let d = start(dir.path(), &["--config", conf.to_str().unwrap()], false);
     let mut c = Client::connect(&d.socket).unwrap();
     let everything = format!("affinity[thread*{}]", all.len());
-    let alloc = |c: &mut Client| {
-        c.call(Op::Allocate {
-            job: "wide".into(),
-            request: everything.clone(),
-            tasks: None,
-            cpus: None,
-            mem_limit_bytes: None,
-            owner_uid: None,
-            join_pid: None,
-        })
-    };
+    let alloc = |c: &mut Client| c.call(Op::allocate("wide", everything.clone()));
     let job_dirs = || -> Vec<std::ffi::OsString> {
         std::fs::read_dir(parent.0.join("topo"))
             .unwrap()
@@ -229,17 +219,7 @@ fn a_foreign_exclusive_cpuset_that_goes_away_gives_its_cpus_back() {
     let e = alloc(&mut c).unwrap_err().to_string();
     assert!(e.contains("does not fit"), "CPU {last} is the administrator's now: {e}");
     assert!(job_dirs().is_empty(), "a refused allocate leaves no job directory: {:?}", job_dirs());
-    let small = c
-        .call(Op::Allocate {
-            job: "small".into(),
-            request: "affinity[thread*1]".into(),
-            tasks: None,
-            cpus: None,
-            mem_limit_bytes: None,
-            owner_uid: None,
-            join_pid: None,
-        })
-        .unwrap();
+    let small = c.call(Op::allocate("small", "affinity[thread*1]")).unwrap();
     assert_ne!(small["cpus"], last.to_string());
     c.call(Op::Release { job: "small".into() }).unwrap();
     std::fs::remove_dir(&admin).unwrap();

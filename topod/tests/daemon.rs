@@ -186,15 +186,7 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     assert_eq!(list[0]["job"], "200", "{list}");
     assert_eq!(list[0]["cpus"], given.as_str());
     // Nobody else gets those CPUs.
-    let other = c.call(Op::Allocate {
-        job: "201".into(),
-        request: "affinity[thread*1]".into(),
-        tasks: None,
-        cpus: None,
-        mem_limit_bytes: None,
-        owner_uid: None,
-        join_pid: None,
-    });
+    let other = c.call(Op::allocate("201", "affinity[thread*1]"));
     match other {
         Ok(o) => {
             assert_ne!(o["cpus"], given.as_str());
@@ -210,17 +202,7 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     // A job start in one request: allocate with join_pid moves the process in.
     let mut sleeper = Command::new("sleep").arg("300").spawn().unwrap();
     let pid = sleeper.id() as i32;
-    let a = c
-        .call(Op::Allocate {
-            job: "202".into(),
-            request: "affinity[thread*1]".into(),
-            tasks: None,
-            cpus: None,
-            mem_limit_bytes: None,
-            owner_uid: None,
-            join_pid: Some(pid),
-        })
-        .unwrap();
+    let a = c.call(Op::allocate("202", "affinity[thread*1]").joining(pid)).unwrap();
     for root in &roots {
         let procs = std::fs::read_to_string(root.join("202/cgroup.procs")).unwrap();
         assert!(
@@ -240,17 +222,7 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     c.call(Op::Release { job: "202".into() }).unwrap();
     assert!(sleeper.wait().unwrap().code().is_none(), "killed by the release");
     // A process that is not there: a bad request (not `internal`), and nothing is allocated.
-    let err = c
-        .call(Op::Allocate {
-            job: "203".into(),
-            request: "affinity[thread*1]".into(),
-            tasks: None,
-            cpus: None,
-            mem_limit_bytes: None,
-            owner_uid: None,
-            join_pid: Some(i32::MAX),
-        })
-        .unwrap_err();
+    let err = c.call(Op::allocate("203", "affinity[thread*1]").joining(i32::MAX)).unwrap_err();
     assert!(
         matches!(&err, ClientError::Refused(e) if e.code == topod::proto::ErrorCode::BadRequest),
         "{err:?}"
@@ -260,27 +232,8 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     assert!(roots.iter().all(|root| !root.join("203").exists()), "no cgroup either");
     // pid 0 (the writer itself, to the kernel), topod itself and any of its threads are refused,
     // and a job that was there before keeps its allocation.
-    c.call(Op::Allocate {
-        job: "204".into(),
-        request: "affinity[thread*1]".into(),
-        tasks: None,
-        cpus: None,
-        mem_limit_bytes: None,
-        owner_uid: None,
-        join_pid: None,
-    })
-    .unwrap();
-    let err = c
-        .call(Op::Allocate {
-            job: "204".into(),
-            request: "affinity[thread*1]".into(),
-            tasks: None,
-            cpus: None,
-            mem_limit_bytes: None,
-            owner_uid: None,
-            join_pid: Some(0),
-        })
-        .unwrap_err();
+    c.call(Op::allocate("204", "affinity[thread*1]")).unwrap();
+    let err = c.call(Op::allocate("204", "affinity[thread*1]").joining(0)).unwrap_err();
     assert!(err.to_string().contains("pid 0 names no process"), "{err}");
     let topod_pid = d.child.id() as i32;
     assert!(c

@@ -165,18 +165,7 @@ fn sigkill_at_random_points() {
                     return;
                 }
                 let job = format!("w{w}-{i}");
-                let alloc = match call(
-                    &socket,
-                    Op::Allocate {
-                        job: job.clone(),
-                        request: "affinity[thread*1]".into(),
-                        tasks: None,
-                        cpus: None,
-                        mem_limit_bytes: None,
-                        owner_uid: None,
-                        join_pid: None,
-                    },
-                ) {
+                let alloc = match call(&socket, Op::allocate(&job, "affinity[thread*1]")) {
                     Ok(a) => a,
                     Err(e) if e.code == ErrorCode::DoesNotFit => {
                         completed.fetch_add(1, Ordering::SeqCst);

@@ -257,32 +257,35 @@ fn a_client_that_never_reads_its_replies_is_closed() {
     }
 }
 
+/// topod on the emulated EPYC (fake backend) with 40 open files at most, soft and hard, so that
+/// it cannot raise them and runs out after a few dozen connections; `env` is added to its
+/// environment, its log goes to `log`. prlimit execs topod: the child is topod.
+fn topod_with_40_files(dir: &Path, env: &[(&str, &std::ffi::OsStr)], log: Stdio) -> Daemon {
+    let socket = dir.join("topod.sock");
+    let zen4 = common::topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml");
+    let child = Command::new("prlimit")
+        .arg("--nofile=40:40")
+        .arg(env!("CARGO_BIN_EXE_topod"))
+        .args(["--cgroup", "fake", "--socket"])
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(dir)
+        .arg("--topology")
+        .arg(&zen4)
+        .envs(env.iter().copied())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Daemon { child, socket }
+}
+
 #[test]
 fn out_of_descriptors_topod_waits_instead_of_spinning() {
     let dir = open_dir();
-    let socket = dir.path().join("topod.sock");
-    let zen4 = common::topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml");
     let log = dir.path().join("topod.log");
-    // 40 descriptors, soft and hard: topod cannot raise them, and runs out after a few dozen
-    // connections (root's are never refused, so only the descriptor limit stops them).
-    let child = Command::new("prlimit")
-        .args([
-            "--nofile=40:40",
-            env!("CARGO_BIN_EXE_topod"),
-            "--cgroup",
-            "fake",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--state-dir",
-            dir.path().to_str().unwrap(),
-        ])
-        .arg("--topology")
-        .arg(&zen4)
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    // prlimit execs topod: the child is topod, killed with the guard.
-    let d = Daemon { child, socket: socket.clone() };
+    // Root's connections are never refused, so only the descriptor limit stops them.
+    let d = topod_with_40_files(dir.path(), &[], Stdio::from(std::fs::File::create(&log).unwrap()));
+    let socket = d.socket.clone();
     let t = Instant::now();
     while UnixStream::connect(&socket).is_err() {
         assert!(t.elapsed() < Duration::from_secs(20), "topod did not start");
@@ -573,28 +576,11 @@ fn the_watchdog_is_fed_only_while_topod_serves() {
     let notify = dir.path().join("notify");
     let systemd = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
     systemd.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-    let socket = dir.path().join("topod.sock");
-    let zen4 = common::topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml");
-    // 40 descriptors: a few dozen connections leave topod none for its watchdog's probe.
-    let child = Command::new("prlimit")
-        .args([
-            "--nofile=40:40",
-            env!("CARGO_BIN_EXE_topod"),
-            "--cgroup",
-            "fake",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--state-dir",
-            dir.path().to_str().unwrap(),
-        ])
-        .arg("--topology")
-        .arg(&zen4)
-        .env("NOTIFY_SOCKET", &notify)
-        .env("WATCHDOG_USEC", "300000")
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _d = Daemon { child, socket: socket.clone() };
+    // A few dozen connections leave topod no descriptor for its watchdog's probe.
+    let env =
+        [("NOTIFY_SOCKET", notify.as_os_str()), ("WATCHDOG_USEC", std::ffi::OsStr::new("300000"))];
+    let d = topod_with_40_files(dir.path(), &env, Stdio::null());
+    let socket = d.socket.clone();
     // What systemd hears in `window`.
     let hear = |window: Duration| -> Vec<String> {
         let t = Instant::now();

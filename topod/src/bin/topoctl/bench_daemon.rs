@@ -160,15 +160,7 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
                 let mut c = Client::connect(&socket).map_err(|e| e.to_string())?;
                 for i in (w..pairs).step_by(clients.max(1)) {
                     let job = format!("pair-{}-{i}", std::process::id());
-                    let op = Op::Allocate {
-                        job: job.clone(),
-                        request: "affinity[thread*1]".into(),
-                        tasks: None,
-                        cpus: None,
-                        mem_limit_bytes: None,
-                        owner_uid: None,
-                        join_pid: None,
-                    };
+                    let op = Op::allocate(&job, "affinity[thread*1]");
                     match c.call(op) {
                         Ok(_) => {
                             c.call(Op::Release { job }).map_err(|e| e.to_string())?;
@@ -196,15 +188,7 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
     let mut live = Vec::new();
     loop {
         let job = format!("live-{}-{}", std::process::id(), live.len());
-        match c.call(Op::Allocate {
-            job: job.clone(),
-            request: "affinity[thread*1]".into(),
-            tasks: None,
-            cpus: None,
-            mem_limit_bytes: None,
-            owner_uid: None,
-            join_pid: None,
-        }) {
+        match c.call(Op::allocate(&job, "affinity[thread*1]")) {
             Ok(_) => live.push(job),
             Err(_) => break,
         }

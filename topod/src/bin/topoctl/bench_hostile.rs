@@ -141,15 +141,7 @@ fn phase(socket: &Path, name: &str, cycles: usize, topod_pid: u64) -> Result<Pha
         std::thread::sleep(Duration::from_millis(2));
         let job = format!("hostile-{}-{}-{i}", std::process::id(), name.len());
         let t = Instant::now();
-        let op = Op::Allocate {
-            job: job.clone(),
-            request: "affinity[thread*1]".into(),
-            tasks: None,
-            cpus: None,
-            mem_limit_bytes: None,
-            owner_uid: None,
-            join_pid: Some(child.0.id() as i32),
-        };
+        let op = Op::allocate(&job, "affinity[thread*1]").joining(child.0.id() as i32);
         let r = match c.as_mut() {
             Some(c) => c.call(op).and_then(|_| c.call(Op::Release { job: job.clone() })),
             None => Err(topod::client::ClientError::Io(std::io::Error::other("not connected"))),
