@@ -90,6 +90,46 @@ impl Client {
         Err(connect_error(last))
     }
 
+    /// Sends one operation and reads its result as `T` (one of [`proto::reply`], or the types
+    /// the reply documentation names): a reply of another shape is an error that says which.
+    pub fn call_as<T: serde::de::DeserializeOwned>(&mut self, op: Op) -> Result<T, ClientError> {
+        let name = op_name(&op);
+        let value = self.call(op)?;
+        serde_json::from_value(value).map_err(|e| {
+            ClientError::Reply(proto::ProtoError::Invalid(format!("reply to {name}: {e}")))
+        })
+    }
+
+    /// `version`.
+    pub fn version(&mut self) -> Result<proto::reply::Version, ClientError> {
+        self.call_as(Op::Version)
+    }
+
+    /// `free_map`.
+    pub fn free_map(&mut self) -> Result<proto::reply::FreeMap, ClientError> {
+        self.call_as(Op::FreeMap)
+    }
+
+    /// `topology`.
+    pub fn topology(&mut self) -> Result<crate::topology::Topology, ClientError> {
+        self.call_as(Op::Topology)
+    }
+
+    /// `list`.
+    pub fn list(&mut self) -> Result<Vec<crate::ledger::JobView>, ClientError> {
+        self.call_as(Op::List)
+    }
+
+    /// `allocate` (an [`Op::Allocate`]; see [`Op::allocate`]).
+    pub fn allocate(&mut self, op: Op) -> Result<crate::ledger::Allocation, ClientError> {
+        self.call_as(op)
+    }
+
+    /// `release`.
+    pub fn release(&mut self, job: &str) -> Result<proto::reply::Release, ClientError> {
+        self.call_as(Op::Release { job: job.to_string() })
+    }
+
     /// Sends one operation and returns the result.
     pub fn call(&mut self, op: Op) -> Result<serde_json::Value, ClientError> {
         self.writer.write_all(Request::new(op).to_line().as_bytes())?;
@@ -107,6 +147,21 @@ impl Client {
             (Some(v), None) => Ok(v),
             (None, None) => Ok(serde_json::Value::Null),
         }
+    }
+}
+
+/// The operation's name, as `op` spells it on the wire.
+fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::Version => "version",
+        Op::Topology => "topology",
+        Op::FreeMap => "free_map",
+        Op::Fit { .. } => "fit",
+        Op::Allocate { .. } => "allocate",
+        Op::Join { .. } => "join",
+        Op::SelfJoinFiles { .. } => "self_join_files",
+        Op::Release { .. } => "release",
+        Op::List => "list",
     }
 }
 

@@ -165,6 +165,77 @@ impl Op {
     }
 }
 
+/// The `ok` value of each reply, typed: topod builds these, clients read them (a field renamed
+/// on one side fails to parse on the other, instead of reading as 0). `topology` answers a
+/// [`crate::topology::Topology`], `fit` a [`crate::place::Fit`], `allocate` a
+/// [`crate::ledger::Allocation`], `list` a list of [`crate::ledger::JobView`].
+pub mod reply {
+    use crate::cpuset::CpuSet;
+    use crate::place::HostMetrics;
+    use serde::{Deserialize, Serialize};
+    use std::path::PathBuf;
+
+    /// `version`.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Version {
+        /// topod's version.
+        pub topod: String,
+        /// The protocol version it speaks.
+        pub protocol: u32,
+        /// Its cgroup backend: `v1`, `v2` or `fake`.
+        pub cgroup: String,
+        /// Its process id.
+        pub pid: u32,
+    }
+
+    /// `free_map`: who holds what, by CPU and by shape.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct FreeMap {
+        /// The ledger's generation: it changes whenever a job is allocated or released.
+        pub generation: u64,
+        /// CPUs jobs may get (reserved and foreign ones left out).
+        pub allocatable: CpuSet,
+        /// CPUs held by jobs.
+        pub held: CpuSet,
+        /// CPUs no new job may get (the rest of an exclusive job's domains).
+        pub fenced: CpuSet,
+        /// How many jobs hold CPUs.
+        pub jobs: usize,
+        /// Their ids.
+        #[serde(default)]
+        pub job_ids: Vec<String>,
+        /// What is free, by shape.
+        pub free: HostMetrics,
+    }
+
+    /// `join`.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Join {
+        /// The job.
+        pub job: String,
+        /// The process moved in.
+        pub pid: i32,
+    }
+
+    /// `self_join_files`.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct SelfJoinFiles {
+        /// The job.
+        pub job: String,
+        /// The files to write `0` to, in order; none where the host offers no self-join.
+        pub files: Vec<PathBuf>,
+    }
+
+    /// `release`.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Release {
+        /// The job.
+        pub job: String,
+        /// How many of its processes were killed.
+        pub killed: usize,
+    }
+}
+
 /// A request line: the version and the operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {

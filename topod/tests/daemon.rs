@@ -32,7 +32,20 @@ fn protocol_and_bad_input() {
         })
         .unwrap();
     assert_eq!(a["cpus"].as_str().map(|s| topod::CpuSet::parse_list(s).unwrap().len()), Some(16));
-    let gen = c.call(Op::FreeMap).unwrap()["generation"].as_u64().unwrap();
+    // Every reply reads as its type in topod::proto::reply (or the type the reply names).
+    let free = c.free_map().unwrap();
+    assert_eq!(
+        (free.jobs, free.job_ids.clone(), free.held.len()),
+        (1, vec!["100".to_string()], 16)
+    );
+    assert_eq!(c.version().unwrap().protocol, 1);
+    assert_eq!(c.topology().unwrap().pus.len(), 384);
+    let listed = c.list().unwrap();
+    assert_eq!(
+        (listed[0].allocation.job.as_str(), listed[0].state),
+        ("100", topod::ledger::JobState::Running)
+    );
+    let gen = free.generation;
     // The fake backend has no files to move oneself through: clients then ask join.
     assert_eq!(
         c.call(Op::SelfJoinFiles { job: "100".into() }).unwrap(),

@@ -16,7 +16,9 @@ use topod::topology::Topology;
 /// A host's index in the cache; stable for the life of the cache.
 pub type HostId = u32;
 
-/// The part of topod's `free_map` reply the cache keeps.
+/// The part of topod's `free_map` reply ([`topod::proto::reply::FreeMap`]) the cache keeps, so
+/// that ten thousand hosts cost no more than they must; `reads_the_protocols_free_map` checks
+/// that it reads what topod sends.
 #[derive(Debug, Clone, Deserialize)]
 pub struct FreeMap {
     /// The ledger's generation: it changes whenever a job is allocated or released.

@@ -296,3 +296,22 @@ fn the_memo_agrees_with_evaluate_and_forgets_changed_hosts() {
     assert_eq!(after[b as usize], None, "b is full once its free package is reserved");
     assert_eq!(after, direct(&resv));
 }
+
+#[test]
+fn reads_the_protocols_free_map() {
+    let sent = topod::proto::reply::FreeMap {
+        generation: 7,
+        allocatable: CpuSet::parse_list("0-15").unwrap(),
+        held: CpuSet::parse_list("0-3").unwrap(),
+        fenced: CpuSet::parse_list("4").unwrap(),
+        jobs: 1,
+        job_ids: vec!["lsf-1".into()],
+        free: Default::default(),
+    };
+    let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
+    assert_eq!(
+        (kept.generation, kept.held, kept.fenced, kept.job_ids),
+        (7, sent.held, sent.fenced, sent.job_ids)
+    );
+    assert_eq!(kept.allocatable, sent.allocatable);
+}

@@ -78,13 +78,12 @@ fn run(args: Args) -> Result<Never, String> {
     let mut client = Client::connect(&args.socket).map_err(|e| e.to_string())?;
     // An allocation made before the job started (by LSF's host pre-exec, as root) is joined as it
     // is; otherwise the job is allocated here (which needs root or an administrator).
-    let jobs = client.call(Op::List).map_err(|e| e.to_string())?;
-    let existing =
-        jobs.as_array().and_then(|a| a.iter().find(|j| j["job"] == job.as_str()).cloned());
+    let jobs = client.list().map_err(|e| e.to_string())?;
+    let existing = jobs.into_iter().find(|j| j.allocation.job == job).map(|j| j.allocation);
     let alloc = match (existing, request) {
         (Some(a), _) => a,
         (None, Some(request)) => client
-            .call(Op::Allocate {
+            .allocate(Op::Allocate {
                 job: job.clone(),
                 request,
                 tasks,
@@ -100,8 +99,8 @@ fn run(args: Args) -> Result<Never, String> {
     };
     topod::client::join_self(&job, |op| client.call(op), |e| matches!(e, ClientError::Refused(_)))
         .map_err(|e| e.to_string())?;
-    let cpus = alloc["cpus"].as_str().unwrap_or_default().to_string();
-    let mems = alloc["mems"].as_str().unwrap_or_default().to_string();
+    let cpus = alloc.cpus.to_string();
+    let mems = alloc.mems.to_string();
     let mut command = Command::new(&args.command[0]);
     command
         .args(&args.command[1..])
@@ -109,10 +108,7 @@ fn run(args: Args) -> Result<Never, String> {
         .env("TOPO_CPUS", &cpus)
         .env("TOPO_MEMS", &mems);
     if let Some(path) = hostfile {
-        let tasks: Vec<String> = alloc["tasks"]
-            .as_array()
-            .map(|t| t.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
-            .unwrap_or_default();
+        let tasks: Vec<String> = alloc.tasks.iter().map(|t| t.to_string()).collect();
         let tasks = if tasks.is_empty() { vec![cpus.clone()] } else { tasks };
         std::fs::write(&path, batch::affinity_hostfile(&host, &tasks))
             .map_err(|e| format!("cannot write the affinity host file {}: {e}", path.display()))?;

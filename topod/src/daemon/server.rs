@@ -20,7 +20,6 @@ use super::host::{self, Host, HostError, Snapshot};
 use super::process::{ProcessError, ProcessHandle};
 use crate::proto::{self, ErrorCode, Op, Reply};
 use crate::topology::Topology;
-use serde_json::json;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -355,24 +354,24 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
         )
     };
     match op {
-        Op::Version => Reply::ok(json!({
-            "topod": env!("CARGO_PKG_VERSION"),
-            "protocol": proto::PROTOCOL_VERSION,
-            "cgroup": server.backend_kind,
-            "pid": std::process::id(),
-        })),
+        Op::Version => ok(proto::reply::Version {
+            topod: env!("CARGO_PKG_VERSION").to_string(),
+            protocol: proto::PROTOCOL_VERSION,
+            cgroup: server.backend_kind.to_string(),
+            pid: std::process::id(),
+        }),
         Op::Topology => Reply::ok(server.topology_json.clone()),
         Op::FreeMap => {
             let snap = server.snapshot();
-            Reply::ok(json!({
-                "generation": snap.generation,
-                "allocatable": snap.model.allocatable,
-                "held": snap.occupancy.held,
-                "fenced": snap.occupancy.fenced,
-                "jobs": snap.jobs.len(),
-                "job_ids": snap.jobs.iter().map(|j| j.allocation.job.as_str()).collect::<Vec<_>>(),
-                "free": snap.host_metrics(),
-            }))
+            ok(proto::reply::FreeMap {
+                generation: snap.generation,
+                allocatable: snap.model.allocatable.clone(),
+                held: snap.occupancy.held.clone(),
+                fenced: snap.occupancy.fenced.clone(),
+                jobs: snap.jobs.len(),
+                job_ids: snap.jobs.iter().map(|j| j.allocation.job.clone()).collect(),
+                free: snap.host_metrics(),
+            })
         }
         Op::Fit { request, tasks } => {
             let prepared = match host::prepare(&server.topology, &request, tasks, None) {
@@ -449,7 +448,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             match host.join(&job, pid) {
                 Ok(()) => {
                     moved_check(&target, &job);
-                    Reply::ok(json!({ "job": job, "pid": pid }))
+                    ok(proto::reply::Join { job, pid })
                 }
                 Err(e) => error_reply(&e),
             }
@@ -460,7 +459,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 return forbidden("moving yourself into a job you do not own");
             }
             match host.self_join_files(&job) {
-                Ok(files) => Reply::ok(json!({ "job": job, "files": files })),
+                Ok(files) => ok(proto::reply::SelfJoinFiles { job, files }),
                 Err(e) => error_reply(&e),
             }
         }
@@ -476,7 +475,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             // as "releasing" meanwhile, and its CPUs stay held until its cgroup is gone.
             let outcome = ticket.run();
             match server.lock().finish_release(ticket, outcome) {
-                Ok(killed) => Reply::ok(json!({ "job": job, "killed": killed })),
+                Ok(killed) => ok(proto::reply::Release { job, killed }),
                 Err(e) => error_reply(&e),
             }
         }
@@ -531,6 +530,11 @@ fn moved_check(target: &ProcessHandle, job: &str) {
     if !target.alive() {
         tracing::warn!("job {job}: process {} exited while it was being moved in; if its pid was reused at once, another process may be in the job", target.pid());
     }
+}
+
+/// A success carrying `value`.
+fn ok(value: impl serde::Serialize) -> Reply {
+    Reply::ok(serde_json::to_value(value).unwrap_or_default())
 }
 
 /// The reply for a refused or failed host operation.

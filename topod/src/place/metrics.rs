@@ -79,7 +79,7 @@ impl PlacementMetrics {
 }
 
 /// What is still free on a host, by shape: the largest request of each kind that fits now.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct HostMetrics {
     /// Free CPUs.
     pub free_cpus: usize,

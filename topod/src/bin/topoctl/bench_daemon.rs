@@ -55,6 +55,10 @@ fn call(c: &mut Client, op: Op) -> Result<serde_json::Value, Failure> {
     c.call(op).map_err(|e| Failure::runtime(e.to_string()))
 }
 
+fn typed<T: serde::de::DeserializeOwned>(c: &mut Client, op: Op) -> Result<T, Failure> {
+    c.call_as(op).map_err(|e| Failure::runtime(e.to_string()))
+}
+
 /// A waiting process to move into a job's cgroup, killed and reaped when dropped, so that a
 /// benchmark cut short (topod gone, a cgroup write refused) leaves nothing running.
 struct Sleeper(Child);
@@ -96,9 +100,9 @@ fn rss_kib(pid: u64) -> u64 {
 
 pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> Result<(), Failure> {
     let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
-    let version = call(&mut c, Op::Version)?;
-    let pid = version["pid"].as_u64().unwrap_or(0);
-    let backend = version["cgroup"].as_str().unwrap_or("?").to_string();
+    let version: topod::proto::reply::Version = typed(&mut c, Op::Version)?;
+    let pid = u64::from(version.pid);
+    let backend = version.cgroup;
 
     // 1 and 2, alternating cycle by cycle, so that load from elsewhere falls on both alike.
     // The direct baseline compares like with like only when topod itself runs on cgroup v1.
@@ -113,7 +117,7 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         let one_request = i % 2 == 0;
         let t0 = Instant::now();
         let join_pid = one_request.then_some(child.id() as i32);
-        let a = call(
+        let a: topod::ledger::Allocation = typed(
             &mut c,
             Op::Allocate {
                 job: job.clone(),
@@ -132,7 +136,7 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
             start_two_t.push(us(t0.elapsed()));
         }
         if first_cpus.is_empty() {
-            first_cpus = a["cpus"].as_str().unwrap_or("0").to_string();
+            first_cpus = a.cpus.to_string();
         }
         let t1 = Instant::now();
         call(&mut c, Op::Release { job })?;

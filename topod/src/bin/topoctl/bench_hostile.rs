@@ -189,8 +189,7 @@ pub(crate) fn run(
         return Err(Failure::runtime("bench daemon --hostile needs root: its attackers run as the unprivileged user nobody (65534)"));
     }
     let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
-    let version = c.call(Op::Version).map_err(|e| Failure::runtime(e.to_string()))?;
-    let topod_pid = version["pid"].as_u64().unwrap_or(0);
+    let topod_pid = u64::from(c.version().map_err(|e| Failure::runtime(e.to_string()))?.pid);
     drop(c);
     let dir = tempfile_dir()?;
     let stats = dir.join("ops");
@@ -290,10 +289,8 @@ pub(crate) fn attack(socket: &Path, mode: &str, count: usize, stats: &Path) -> R
                 vec!["0-65535"; (topod::proto::MAX_LINE_BYTES - 200) / 8].join(",")
             } else {
                 let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
-                let pus = c.call(Op::Topology).map_err(|e| Failure::runtime(e.to_string()))?["pus"]
-                    .as_str()
-                    .unwrap_or("0")
-                    .to_string();
+                let pus =
+                    c.topology().map_err(|e| Failure::runtime(e.to_string()))?.pus.to_string();
                 vec![pus.as_str(); (topod::proto::MAX_LINE_BYTES - 200) / (pus.len() + 1)].join(",")
             };
             let request = format!("CPUSET[CPU_LIST={list}] affinity[thread*2]");

@@ -75,7 +75,7 @@ pub fn pre_exec(daemon: &Daemon) -> Result<(), Failure> {
         None => None,
     };
     let mut c = connect(daemon)?;
-    let a = call(
+    let a: topod::ledger::Allocation = call(
         &mut c,
         Op::Allocate {
             job: job.clone(),
@@ -94,11 +94,7 @@ pub fn pre_exec(daemon: &Daemon) -> Result<(), Failure> {
             f
         }
     })?;
-    println!(
-        "job {job} ({request}): CPUs {}, memory nodes {}",
-        a["cpus"].as_str().unwrap_or(""),
-        a["mems"].as_str().unwrap_or("")
-    );
+    println!("job {job} ({request}): CPUs {}, memory nodes {}", a.cpus, a.mems);
     Ok(())
 }
 
@@ -106,11 +102,8 @@ pub fn pre_exec(daemon: &Daemon) -> Result<(), Failure> {
 pub fn post_exec(daemon: &Daemon) -> Result<(), Failure> {
     let job = lsf_job()?;
     let mut c = connect(daemon)?;
-    match call(&mut c, Op::Release { job: job.clone() }) {
-        Ok(v) => println!(
-            "job {job} released ({} process(es) killed)",
-            v["killed"].as_u64().unwrap_or(0)
-        ),
+    match call::<topod::proto::reply::Release>(&mut c, Op::Release { job: job.clone() }) {
+        Ok(r) => println!("job {job} released ({} process(es) killed)", r.killed),
         Err(f) if f.message.contains("holds nothing") => {
             println!("job {job}: nothing held on this host")
         }

@@ -16,10 +16,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use topod::bench;
 use topod::client::Client;
-use topod::ledger::JobView;
 use topod::ledger::Ledger;
+use topod::ledger::{Allocation, JobView};
 use topod::picture::{self, Marks};
 use topod::place::{self, HostMetrics, HostModel, Placement, Strategy};
+use topod::proto::reply::{FreeMap, Release};
 use topod::proto::Op;
 use topod::request::{self, Request};
 use topod::topology::{hwloc_xml, sysfs, Topology};
@@ -322,7 +323,7 @@ fn main() -> ExitCode {
         Command::SlurmFeatures { daemon, node, interval, once, dry_run, scontrol } => {
             slurm_features::run(&daemon, node, interval, once, dry_run, &scontrol)
         }
-        Command::Alloc { daemon, job, tasks, cpus, request, json } => call_and_print(
+        Command::Alloc { daemon, job, tasks, cpus, request, json } => alloc_and_print(
             &daemon,
             Op::Allocate {
                 job,
@@ -335,9 +336,7 @@ fn main() -> ExitCode {
             },
             json,
         ),
-        Command::Release { daemon, job, json } => {
-            call_and_print(&daemon, Op::Release { job }, json)
-        }
+        Command::Release { daemon, job, json } => release_and_print(&daemon, job, json),
         Command::Run { daemon, request, job, command } => run_job(&daemon, request, job, &command),
         Command::LsfPreExec { daemon } => lsf::pre_exec(&daemon),
         Command::LsfPostExec { daemon } => lsf::post_exec(&daemon),
@@ -770,18 +769,17 @@ fn connect(daemon: &Daemon) -> Result<Client, Failure> {
     Client::connect(&daemon.socket).map_err(|e| Failure::runtime(e.to_string()))
 }
 
-fn call(client: &mut Client, op: Op) -> Result<serde_json::Value, Failure> {
-    client.call(op).map_err(|e| Failure::runtime(e.to_string()))
+/// Sends `op` and reads its reply as `T` (see `topod::proto::reply`).
+pub(crate) fn call<T: serde::de::DeserializeOwned>(
+    client: &mut Client,
+    op: Op,
+) -> Result<T, Failure> {
+    client.call_as(op).map_err(|e| Failure::runtime(e.to_string()))
 }
 
-fn live_state(daemon: &Daemon) -> Result<(Topology, Vec<JobView>, serde_json::Value), Failure> {
+fn live_state(daemon: &Daemon) -> Result<(Topology, Vec<JobView>, FreeMap), Failure> {
     let mut c = connect(daemon)?;
-    let topo: Topology = serde_json::from_value(call(&mut c, Op::Topology)?)
-        .map_err(|e| Failure::runtime(format!("topod sent a topology topoctl cannot read: {e}")))?;
-    let jobs: Vec<JobView> = serde_json::from_value(call(&mut c, Op::List)?)
-        .map_err(|e| Failure::runtime(format!("topod sent a job list topoctl cannot read: {e}")))?;
-    let free = call(&mut c, Op::FreeMap)?;
-    Ok((topo, jobs, free))
+    Ok((call(&mut c, Op::Topology)?, call(&mut c, Op::List)?, call(&mut c, Op::FreeMap)?))
 }
 
 fn status(daemon: &Daemon, json: bool) -> Result<(), Failure> {
@@ -797,13 +795,9 @@ fn status(daemon: &Daemon, json: bool) -> Result<(), Failure> {
             .insert(j.allocation)
             .map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
     }
-    let allocatable = free["allocatable"]
-        .as_str()
-        .and_then(|s| CpuSet::parse_list(s).ok())
-        .unwrap_or_else(|| topo.allowed.clone());
-    let reserved = topo.allowed.difference(&allocatable);
+    let reserved = topo.allowed.difference(&free.allocatable);
     print!("{}", picture::render(&topo, &ledger, &Marks { reserved }));
-    println!("\ngeneration {}, {} job(s)", free["generation"], free["jobs"]);
+    println!("\ngeneration {}, {} job(s)", free.generation, free.jobs);
     Ok(())
 }
 
@@ -838,21 +832,21 @@ fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-fn call_and_print(daemon: &Daemon, op: Op, json: bool) -> Result<(), Failure> {
-    let mut c = connect(daemon)?;
-    let v = call(&mut c, op)?;
+fn alloc_and_print(daemon: &Daemon, op: Op, json: bool) -> Result<(), Failure> {
+    let a: Allocation = call(&mut connect(daemon)?, op)?;
     if json {
-        return print_json(&v);
+        return print_json(&a);
     }
-    match (v["job"].as_str(), v["cpus"].as_str(), v["killed"].as_u64()) {
-        (Some(job), Some(cpus), _) => {
-            println!("job {job}: CPUs {cpus}, memory nodes {}", v["mems"].as_str().unwrap_or(""))
-        }
-        (Some(job), None, Some(killed)) => {
-            println!("job {job} released ({killed} process(es) killed)")
-        }
-        _ => println!("{v}"),
+    println!("job {}: CPUs {}, memory nodes {}", a.job, a.cpus, a.mems);
+    Ok(())
+}
+
+fn release_and_print(daemon: &Daemon, job: String, json: bool) -> Result<(), Failure> {
+    let r: Release = call(&mut connect(daemon)?, Op::Release { job })?;
+    if json {
+        return print_json(&r);
     }
+    println!("job {} released ({} process(es) killed)", r.job, r.killed);
     Ok(())
 }
 
@@ -864,7 +858,7 @@ fn run_job(
 ) -> Result<(), Failure> {
     let job = job.unwrap_or_else(|| format!("topoctl-run-{}", std::process::id()));
     let mut c = connect(daemon)?;
-    let alloc = call(
+    let alloc: Allocation = call(
         &mut c,
         Op::Allocate {
             job: job.clone(),
@@ -876,7 +870,7 @@ fn run_job(
             join_pid: None,
         },
     )?;
-    eprintln!("topoctl: job {job} on CPUs {}", alloc["cpus"].as_str().unwrap_or(""));
+    eprintln!("topoctl: job {job} on CPUs {}", alloc.cpus);
     // topo-exec moves itself into the job's cgroup before it execs the command, so nothing the
     // command forks can start outside.
     let topo_exec = std::env::current_exe()
@@ -902,7 +896,8 @@ fn run_job(
         let _ = unsafe { nix::sys::signal::signal(sig, old) };
     }
     // A new connection: topod closes idle ones, and the command may have run for hours.
-    let released = connect(daemon).and_then(|mut c| call(&mut c, Op::Release { job: job.clone() }));
+    let released =
+        connect(daemon).and_then(|mut c| call::<Release>(&mut c, Op::Release { job: job.clone() }));
     let status =
         status.map_err(|e| Failure::runtime(format!("running {}: {e}", topo_exec.display())))?;
     released.map_err(|e| {

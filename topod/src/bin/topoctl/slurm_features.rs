@@ -21,9 +21,9 @@
 
 use crate::{call, connect, Daemon, Failure};
 use std::process::Command;
+use topod::proto::reply::FreeMap;
 use topod::proto::Op;
 use topod::topology::Topology;
-use topod::CpuSet;
 
 /// The prefix of every feature this command owns.
 pub const PREFIX: &str = "topo_";
@@ -119,12 +119,8 @@ pub fn run(
     };
     // What the host could ever offer: all its allocatable CPUs, its largest NUMA node.
     let mut c = connect(daemon)?;
-    let topo: Topology = serde_json::from_value(call(&mut c, Op::Topology)?)
-        .map_err(|e| Failure::runtime(format!("topod sent a topology topoctl cannot read: {e}")))?;
-    let allocatable: CpuSet =
-        serde_json::from_value(call(&mut c, Op::FreeMap)?["allocatable"].clone()).map_err(|e| {
-            Failure::runtime(format!("topod sent a free map topoctl cannot read: {e}"))
-        })?;
+    let topo: Topology = call(&mut c, Op::Topology)?;
+    let allocatable = call::<FreeMap>(&mut c, Op::FreeMap)?.allocatable;
     let largest_numa =
         topo.numa_nodes.iter().map(|n| n.cpus.intersection_len(&allocatable)).max().unwrap_or(0);
     let capability = capability_features(allocatable.len() as u64, largest_numa as u64);
@@ -135,12 +131,11 @@ pub fn run(
         .collect();
     let mut last: Option<Vec<String>> = None;
     loop {
-        let free = call(&mut connect(daemon)?, Op::FreeMap)?;
-        let get = |k: &str| free["free"][k].as_u64().unwrap_or(0);
+        let free = call::<FreeMap>(&mut connect(daemon)?, Op::FreeMap)?.free;
         let ours: Vec<String> = capability
             .iter()
             .cloned()
-            .chain(free_features(get("free_cpus"), get("largest_in_one_numa")))
+            .chain(free_features(free.free_cpus as u64, free.largest_in_one_numa as u64))
             .collect();
         if last.as_ref() != Some(&ours) {
             if dry_run {
