@@ -133,6 +133,10 @@ pub fn prepare(
     if tasks == Some(0) {
         return Err(HostError::BadRequest("tasks = 0: a job has at least one task".into()));
     }
+    // The same bound as the request language's `*count`.
+    if let Some(n) = tasks.filter(|&n| n > request::MAX_COUNT) {
+        return Err(HostError::BadRequest(format!("tasks = {n}: at most {}", request::MAX_COUNT)));
+    }
     if req.tasks.is_none() {
         req.tasks = Some(tasks.unwrap_or(place::DEFAULT_TASKS));
     }
@@ -951,6 +955,8 @@ mod tests {
         assert!(e.contains("tasks = 0"), "{e}");
         let e = h.fit("affinity[thread]", Some(0)).unwrap_err().to_string();
         assert!(e.contains("tasks = 0"), "{e}");
+        let e = h.fit("affinity[thread]", Some(u32::MAX)).unwrap_err().to_string();
+        assert!(e.contains("tasks = 4294967295: at most 65536"), "{e}");
         // CPUs the host does not have are named, early, whatever the request's size.
         let huge = format!("CPUSET[CPU_LIST={}]", vec!["0-65535"; 6000].join(","));
         let t = std::time::Instant::now();
