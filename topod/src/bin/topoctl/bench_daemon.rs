@@ -42,7 +42,8 @@ struct Figures {
     rss_kib_with_live_jobs: u64,
 }
 
-fn pct(v: &mut [f64], q: f64) -> f64 {
+/// The `q` quantile of `v` (sorted in place).
+pub(crate) fn pct(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     v.get(((v.len().max(1) - 1) as f64 * q).round() as usize).copied().unwrap_or(0.0)
 }
@@ -86,7 +87,8 @@ fn sleeper() -> Result<Sleeper, Failure> {
     Ok(Sleeper(child))
 }
 
-fn rss_kib(pid: u64) -> u64 {
+/// The resident memory of process `pid`, in KiB (0 when it cannot be read).
+pub(crate) fn rss_kib(pid: u64) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {

@@ -12,6 +12,7 @@
 //! The attackers are this program again (`topoctl bench attack ...`, hidden), run as uid and gid
 //! 65534 (nobody), so topod sees them as the ordinary user they are. Needs root.
 
+use super::bench_daemon::{pct, rss_kib};
 use super::{print_json, Failure};
 use serde::Serialize;
 use std::io::{Read, Write};
@@ -49,23 +50,6 @@ struct Figures {
     /// Each attack phase's root p99 over the quiet one.
     p99_ratio_fit: f64,
     p99_ratio_idle: f64,
-}
-
-fn pct(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    v.get(((v.len().max(1) - 1) as f64 * q).round() as usize).copied().unwrap_or(0.0)
-}
-
-fn rss_kib(pid: u64) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("VmRSS:")
-                    .map(|v| v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0))
-            })
-        })
-        .unwrap_or(0)
 }
 
 /// A child process (an attacker, a job's waiting process), killed and reaped when dropped, so
