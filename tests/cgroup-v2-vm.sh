@@ -26,29 +26,30 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian's kernel, QEMU and a static busybox for the guest's first process (the plain busybox
-# package is linked dynamically and cannot be /init).
+# package is linked dynamically and cannot be /init). The kernel is unpacked from Debian's package
+# by tests/install-deps.sh, not installed, so that this host's own packages stay as they are.
+guest_kernel_dir=${TOPO_GUEST_KERNEL_DIR:-/var/cache/topo-tests/guest-kernel}
 have_tools() {
     command -v qemu-system-x86_64 >/dev/null && command -v modprobe >/dev/null \
         && dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" \
-        && ls /boot/vmlinuz-* >/dev/null 2>&1
+        && ls "$guest_kernel_dir"/boot/vmlinuz-* >/dev/null 2>&1
 }
 if ! have_tools; then
-    echo "$me: installing qemu-system-x86, linux-image-amd64, busybox-static and kmod"
-    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 linux-image-amd64 busybox-static kmod >/dev/null; } || ! have_tools; then
-        echo "$me: SKIPPED: cannot install QEMU, a kernel and a static busybox here" >&2
+    if ! tests/install-deps.sh >/dev/null || ! have_tools; then
+        echo "$me: SKIPPED: cannot install QEMU and a static busybox, or unpack a kernel into $guest_kernel_dir, here" >&2
         exit 77
     fi
 fi
-# The newest kernel whose modules are installed (9p and virtio are modules in Debian's).
+# The newest unpacked kernel whose modules are there (9p and virtio are modules in Debian's).
 kernel=""
-for k in $(ls /boot/vmlinuz-* | sort -V); do
-    [ -d "/lib/modules/${k#/boot/vmlinuz-}" ] && kernel=$k
+for k in $(ls "$guest_kernel_dir"/boot/vmlinuz-* | sort -V); do
+    [ -d "$guest_kernel_dir/lib/modules/${k##*/vmlinuz-}" ] && kernel=$k
 done
 if [ -z "$kernel" ]; then
-    echo "$me: SKIPPED: no kernel in /boot has its modules in /lib/modules" >&2
+    echo "$me: SKIPPED: no kernel in $guest_kernel_dir/boot has its modules beside it" >&2
     exit 77
 fi
-kver=${kernel#/boot/vmlinuz-}
+kver=${kernel##*/vmlinuz-}
 
 # The guest gets a fresh /tmp and /run, so what it runs must live elsewhere.
 for path in "$repo" "${CARGO_TARGET_DIR:-$repo/target}"; do
@@ -92,7 +93,7 @@ mkdir -p "$work/initramfs"/{bin,dev,proc,sys,newroot,out,modules} "$work/out"
 # /run and the cgroup2 hierarchy, then runs the command there and powers off.
 cp /bin/busybox "$work/initramfs/bin/busybox"
 for m in virtio_pci 9pnet_virtio 9p; do
-    modprobe -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
+    modprobe -d "$guest_kernel_dir" -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
 done | awk '!seen[$0]++' > "$work/modules.order"
 touch "$work/initramfs/load-modules"
 while read -r ko; do

@@ -45,7 +45,7 @@ cargo test --workspace --locked
 
 # The request parser's fuzz run at full size: 1,000,000 random and mutated request strings
 # (the default run above does 20,000 through proptest).
-cargo test --release --locked -p topod --lib -- --ignored request_fuzz_million
+cargo test --release --locked -p topo-core --lib -- --ignored request_fuzz_million
 
 # The real-cgroup tests (backends, daemon, crash) once more on a pure cgroup v2 kernel: a QEMU
 # guest booted from Debian's kernel with only the unified hierarchy, so cpuset and memory are v2

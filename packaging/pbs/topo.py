@@ -357,7 +357,7 @@ def request_for(job, share, config):
 
 class Topod(object):
     """A connection to the local topod: one JSON request per line, one reply per line
-    (topod/src/proto.rs, protocol version 1). Connects on the first call."""
+    (topod/core/src/proto.rs, protocol version 1). Connects on the first call."""
 
     def __init__(self, config):
         self.path = config["socket"]

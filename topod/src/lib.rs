@@ -1,38 +1,21 @@
-//! topo: topology-aware job placement for the batch systems HPC sites already run.
+//! topod, topo's per-host daemon, and the tools beside it (`topoctl`, `topo-exec`).
 //!
-//! This crate holds the placement core that every part of topo shares, and the per-host daemon
-//! built on it:
+//! The placement core itself is the pure crate `topo_core` (hardware graph, request language,
+//! placement, ledger, protocol); the client of topod's socket is `topo_client`. This crate adds
+//! what crosses the operating system:
 //!
-//! - [`topology`]: the hardware graph of a host, read from Linux sysfs or an hwloc XML file;
-//! - [`request`]: the request language (LSF `CPUSET[...]` and `affinity[...]`, which is also the
-//!   syntax of Slurm's `--topology=` and PBS's `-l topology=`), normalized into one [`request::Request`];
-//! - [`place`]: placement strategies and their metrics, pure functions of (graph, ledger, request);
-//! - [`ledger`]: who holds which CPUs and memory nodes on one host, with its invariants;
-//! - [`proto`]: the versioned line protocol between topod and its clients;
 //! - [`cgroup`]: job cgroups (v1, v2, and an in-memory fake), the one OS boundary of topod;
-//! - `daemon` (feature `daemon`): topod's configuration, host state and socket server, and
-//!   [`client`], what talks to it.
+//! - `daemon` (feature `daemon`): topod's configuration, host state, job records, peer
+//!   authentication and socket server;
+//! - [`picture`]: the text picture of a host and who holds what, for `topoctl`.
 //!
-//! Placement, the ledger, the request language and the protocol are pure. The file system is
-//! touched only by the topology readers (which take their root directory or file as an argument,
-//! so that tests run on snapshots of real machines), the cgroup backends behind their trait, and
-//! the daemon.
+//! The binaries are `topod` (the daemon), `topoctl` (the administrator's and user's view,
+//! what-if placement and benchmarks) and `topo-exec` (runs a command inside a job's cgroup).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod batch;
-pub mod bench;
 pub mod cgroup;
-pub mod client;
-pub mod cpuset;
 #[cfg(feature = "daemon")]
 pub mod daemon;
-pub mod ledger;
 pub mod picture;
-pub mod place;
-pub mod proto;
-pub mod request;
-pub mod topology;
-
-pub use cpuset::CpuSet;

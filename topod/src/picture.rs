@@ -12,10 +12,10 @@
 //! `r` reserved (by configuration, or held by an exclusive cpuset topod did not create), `x`
 //! outside the allowed set (another cpuset, offline).
 
-use crate::cpuset::CpuSet;
-use crate::ledger::Ledger;
-use crate::topology::{DeviceClass, Domain, MemoryKind, Topology};
 use std::fmt::Write;
+use topo_core::cpuset::CpuSet;
+use topo_core::ledger::Ledger;
+use topo_core::topology::{DeviceClass, Domain, MemoryKind, Topology};
 
 /// Columns for the core cells of one line (the rest of 100 holds the labels).
 const CELL_COLUMNS: usize = 72;
@@ -282,9 +282,9 @@ fn human_bytes(b: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::place::{place, HostModel, Strategy};
-    use crate::request::Request;
-    use crate::topology::SyntheticShape;
+    use topo_core::place::{place, HostModel, Strategy};
+    use topo_core::request::Request;
+    use topo_core::topology::SyntheticShape;
 
     #[test]
     fn the_picture_shows_jobs_and_fits_100_columns() {

@@ -9,12 +9,12 @@ mod common;
 use common::{config, open_dir, start};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use topo_client::Client;
+use topo_core::proto::Op;
+use topo_core::CpuSet;
 use topod::cgroup::v1::V1;
 use topod::cgroup::v2::{v2_mount, V2};
 use topod::cgroup::CgroupBackend;
-use topod::client::Client;
-use topod::proto::Op;
-use topod::CpuSet;
 
 struct Remove(Vec<PathBuf>);
 

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use topo_core::CpuSet;
 use topod::cgroup::v1::{v1_mounts, V1};
 use topod::cgroup::v2::{v2_mount, V2};
 use topod::cgroup::{CgroupBackend, CgroupError, CgroupSpec, JobId};
-use topod::CpuSet;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
@@ -255,7 +255,7 @@ fn v1_a_process_moves_itself_in_and_join_confirms_it() {
     assert_eq!(files.len(), cleanup.0.len(), "one tasks file per hierarchy: {files:?}");
     assert!(files.iter().all(|f| f.ends_with("5005/tasks") && f.exists()), "{files:?}");
 
-    // A shell (single-threaded) writes 0 to each file, as topod::client::join_self does.
+    // A shell (single-threaded) writes 0 to each file, as topo_client::join_self does.
     let mut child = Command::new("sh")
         .arg("-c")
         .arg("read go; for f in \"$@\"; do echo 0 > \"$f\" || exit 1; done; sleep 100")
@@ -291,7 +291,7 @@ fn v1_a_process_moves_itself_in_and_join_confirms_it() {
     let before = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let helper = std::thread::spawn(move || rx.recv());
-    let err = topod::cgroup::SelfJoin::prepare("5005", &files).err().expect("refused");
+    let err = topo_client::SelfJoin::prepare("5005", &files).expect_err("refused");
     assert!(err.to_string().contains("threads; only a single-threaded process"), "{err}");
     // Files topod (or something posing as it) names are checked before a root process writes.
     let elsewhere = tempfile::tempdir().unwrap();
@@ -302,10 +302,7 @@ fn v1_a_process_moves_itself_in_and_join_confirms_it() {
     std::fs::create_dir_all(link.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink(&files[0], &link).unwrap();
     let refused = |job: &str, file: &std::path::Path| {
-        topod::cgroup::SelfJoin::prepare(job, &[file.to_path_buf()])
-            .err()
-            .expect("refused")
-            .to_string()
+        topo_client::SelfJoin::prepare(job, &[file.to_path_buf()]).expect_err("refused").to_string()
     };
     assert!(refused("5006", &files[0]).contains("is not a tasks file of job 5006"));
     assert!(

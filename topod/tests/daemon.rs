@@ -10,8 +10,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use topod::client::{Client, ClientError};
-use topod::proto::Op;
+use topo_client::{Client, ClientError};
+use topo_core::proto::Op;
 
 #[test]
 fn protocol_and_bad_input() {
@@ -31,8 +31,11 @@ fn protocol_and_bad_input() {
             join_pid: None,
         })
         .unwrap();
-    assert_eq!(a["cpus"].as_str().map(|s| topod::CpuSet::parse_list(s).unwrap().len()), Some(16));
-    // Every reply reads as its type in topod::proto::reply (or the type the reply names).
+    assert_eq!(
+        a["cpus"].as_str().map(|s| topo_core::CpuSet::parse_list(s).unwrap().len()),
+        Some(16)
+    );
+    // Every reply reads as its type in topo_core::proto::reply (or the type the reply names).
     let free = c.free_map().unwrap();
     assert_eq!(
         (free.jobs, free.job_ids.clone(), free.held.len()),
@@ -43,7 +46,7 @@ fn protocol_and_bad_input() {
     let listed = c.list().unwrap();
     assert_eq!(
         (listed[0].allocation.job.as_str(), listed[0].state),
-        ("100", topod::ledger::JobState::Running)
+        ("100", topo_core::ledger::JobState::Running)
     );
     let gen = free.generation;
     // The fake backend has no files to move oneself through: clients then ask join.
@@ -237,7 +240,7 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     // A process that is not there: a bad request (not `internal`), and nothing is allocated.
     let err = c.call(Op::allocate("203", "affinity[thread*1]").joining(i32::MAX)).unwrap_err();
     assert!(
-        matches!(&err, ClientError::Refused(e) if e.code == topod::proto::ErrorCode::BadRequest),
+        matches!(&err, ClientError::Refused(e) if e.code == topo_core::proto::ErrorCode::BadRequest),
         "{err:?}"
     );
     assert!(err.to_string().contains(&format!("no process {} is running", i32::MAX)), "{err}");

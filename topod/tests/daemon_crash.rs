@@ -14,9 +14,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use topod::client::{Client, ClientError};
-use topod::proto::{ErrorCode, Op};
-use topod::CpuSet;
+use topo_client::{Client, ClientError};
+use topo_core::proto::{ErrorCode, Op};
+use topo_core::CpuSet;
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -42,7 +42,7 @@ fn spawn_topod(socket: &Path, dir: &Path, config: &Path) -> Child {
 }
 
 /// One call, retried across topod restarts (connection refused, reset, or cut mid-reply).
-fn call(socket: &Path, op: Op) -> Result<serde_json::Value, topod::proto::ErrorBody> {
+fn call(socket: &Path, op: Op) -> Result<serde_json::Value, topo_core::proto::ErrorBody> {
     let start = Instant::now();
     loop {
         let result = Client::connect(socket).and_then(|mut c| c.call(op.clone()));

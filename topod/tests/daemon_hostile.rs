@@ -17,8 +17,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use topod::client::Client;
-use topod::proto::Op;
+use topo_client::Client;
+use topo_core::proto::Op;
 
 const NOBODY: u32 = 65534;
 
@@ -196,7 +196,7 @@ fn one_user_cannot_hold_the_connections_or_dribble_a_line() {
         jobs
     });
     // Root's own socket: a user can neither connect to it nor crowd it.
-    let admin = topod::proto::admin_socket_for(&d.socket);
+    let admin = topo_core::proto::admin_socket_for(&d.socket);
     let mode = std::fs::metadata(&admin).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "{}", admin.display());
     let knock = "import json, socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1]); print(json.dumps('connected'))\nexcept PermissionError:\n    print(json.dumps('refused'))\n";

@@ -4,7 +4,7 @@
 mod common;
 
 use std::path::PathBuf;
-use topod::topology::hwloc_xml;
+use topo_core::topology::hwloc_xml;
 
 fn shared() -> PathBuf {
     common::topologies()
@@ -55,7 +55,10 @@ fn devices_and_distances_are_read() {
     )
     .unwrap();
     assert_eq!(
-        gpus.numa_nodes.iter().filter(|n| n.kind == topod::topology::MemoryKind::GpuMemory).count(),
+        gpus.numa_nodes
+            .iter()
+            .filter(|n| n.kind == topo_core::topology::MemoryKind::GpuMemory)
+            .count(),
         6
     );
     let hybrid = hwloc_xml::read_file(

@@ -8,10 +8,10 @@
 mod common;
 
 use std::path::PathBuf;
-use topod::bench::{job_stream, replay_quality};
-use topod::place::{HostModel, Strategy};
-use topod::topology::hwloc_xml;
-use topod::CpuSet;
+use topo_core::bench::{job_stream, replay_quality};
+use topo_core::place::{HostModel, Strategy};
+use topo_core::topology::hwloc_xml;
+use topo_core::CpuSet;
 
 /// Jobs per stream: enough that the shares settle to within a point.
 const JOBS: usize = 2000;

@@ -6,7 +6,7 @@ mod common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use topod::topology::{hwloc_xml, sysfs, Topology};
+use topo_core::topology::{hwloc_xml, sysfs, Topology};
 
 fn shared() -> PathBuf {
     common::topologies()
@@ -101,7 +101,7 @@ fn gpu_memory_nodes_are_hidden_unless_asked_for() {
     let gpu: Vec<u32> = kept
         .numa_nodes
         .iter()
-        .filter(|n| n.kind == topod::topology::MemoryKind::GpuMemory)
+        .filter(|n| n.kind == topo_core::topology::MemoryKind::GpuMemory)
         .map(|n| n.os_index)
         .collect();
     assert_eq!(gpu, [250, 251, 252, 253, 254, 255]);
@@ -119,11 +119,14 @@ fn devices_have_locality() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = extract(&shared().join("linux/32intel64-2p8co2t+8ve.tar.bz2"), tmp.path());
     let t = sysfs::read(&dir).unwrap();
-    let accel: Vec<_> =
-        t.devices.iter().filter(|d| d.class == topod::topology::DeviceClass::Accelerator).collect();
+    let accel: Vec<_> = t
+        .devices
+        .iter()
+        .filter(|d| d.class == topo_core::topology::DeviceClass::Accelerator)
+        .collect();
     assert_eq!(accel.len(), 8, "the eight vector engines: {:?}", t.devices);
     assert!(accel.iter().all(|d| d.numa_node.is_some() && !d.local_cpus.is_empty()));
-    assert!(t.devices.iter().any(|d| d.class == topod::topology::DeviceClass::Network));
+    assert!(t.devices.iter().any(|d| d.class == topo_core::topology::DeviceClass::Network));
 }
 
 #[test]

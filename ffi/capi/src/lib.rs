@@ -7,10 +7,10 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, CStr};
 use std::path::Path;
-use topod::cgroup::JobId;
-use topod::client::{Client, ClientError};
-use topod::cpuset::CpuSet;
-use topod::proto::Op;
+use topo_client::{Client, ClientError};
+use topo_core::cpuset::CpuSet;
+use topo_core::proto::Op;
+use topo_core::JobId;
 
 const TOPO_OK: c_int = 0;
 const TOPO_ERR_INVALID: c_int = -1;
@@ -19,7 +19,7 @@ const TOPO_ERR_REFUSED: c_int = -3;
 const TOPO_ERR_INTERNAL: c_int = -4;
 const TOPO_ERR_TRUNCATED: c_int = -5;
 
-const DEFAULT_SOCKET: &str = topod::proto::DEFAULT_SOCKET;
+const DEFAULT_SOCKET: &str = topo_core::proto::DEFAULT_SOCKET;
 
 /// A failed call: its code and message.
 struct Failure(c_int, String);
@@ -132,7 +132,7 @@ pub unsafe extern "C" fn topo_allocate(
         // SAFETY: as above.
         let request =
             unsafe { arg(request, "request") }?.ok_or_else(|| invalid("request is NULL"))?;
-        topod::request::parse(request)
+        topo_core::request::parse(request)
             .map_err(|e| invalid(format!("bad request {request:?}: {e}")))?;
         // SAFETY: as above.
         let cpus = unsafe { arg(cpus, "cpus") }?;
@@ -141,7 +141,7 @@ pub unsafe extern "C" fn topo_allocate(
         }
         // SAFETY: as above.
         let mut client = unsafe { connect(socket) }?;
-        let reply = client.call(Op::Allocate {
+        let alloc = client.allocate(Op::Allocate {
             job,
             request: request.to_string(),
             tasks: (tasks > 0).then_some(tasks),
@@ -150,11 +150,10 @@ pub unsafe extern "C" fn topo_allocate(
             owner_uid: None,
             join_pid: None,
         })?;
-        let field = |k: &str| reply[k].as_str().unwrap_or_default().to_string();
         // SAFETY: output buffers as topo.h documents.
         let whole = unsafe {
-            write_out(cpus_out, cpus_out_len, &field("cpus"))
-                & write_out(mems_out, mems_out_len, &field("mems"))
+            write_out(cpus_out, cpus_out_len, &alloc.cpus.to_string())
+                & write_out(mems_out, mems_out_len, &alloc.mems.to_string())
         };
         if whole {
             Ok(TOPO_OK)
@@ -183,7 +182,7 @@ pub unsafe extern "C" fn topo_bind(
             return Err(invalid(format!("pid {pid} is not a process id")));
         }
         // SAFETY: as above.
-        unsafe { connect(socket) }?.call(Op::Join { job, pid })?;
+        unsafe { connect(socket) }?.join(&job, pid)?;
         Ok(TOPO_OK)
     })
 }
@@ -203,7 +202,7 @@ pub unsafe extern "C" fn topo_release(
         // SAFETY: pointers as topo.h documents.
         let job = unsafe { job_arg(job) }?;
         // SAFETY: as above.
-        unsafe { connect(socket) }?.call(Op::Release { job })?;
+        unsafe { connect(socket) }?.release(&job)?;
         Ok(TOPO_OK)
     })
 }

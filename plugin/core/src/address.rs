@@ -72,7 +72,7 @@ mod tests {
         assert_eq!(Address::parse("tcp:[::1]:7979").unwrap(), Address::Tcp("[::1]:7979".into()));
         assert_eq!(
             Address::parse("unix:/run/topo/topod.sock").unwrap(),
-            Address::Unix(topod::proto::DEFAULT_SOCKET.into())
+            Address::Unix(topo_core::proto::DEFAULT_SOCKET.into())
         );
         for bad in [
             "node01:7979",

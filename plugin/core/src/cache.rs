@@ -8,15 +8,15 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use topod::cpuset::CpuSet;
-use topod::place::model::HostModel;
-use topod::place::Occupancy;
-use topod::topology::Topology;
+use topo_core::cpuset::CpuSet;
+use topo_core::place::model::HostModel;
+use topo_core::place::Occupancy;
+use topo_core::topology::Topology;
 
 /// A host's index in the cache; stable for the life of the cache.
 pub type HostId = u32;
 
-/// The part of topod's `free_map` reply ([`topod::proto::reply::FreeMap`]) the cache keeps, so
+/// The part of topod's `free_map` reply ([`topo_core::proto::reply::FreeMap`]) the cache keeps, so
 /// that ten thousand hosts cost no more than they must; `reads_the_protocols_free_map` checks
 /// that it reads what topod sends.
 #[derive(Debug, Clone, Deserialize)]

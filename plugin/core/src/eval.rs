@@ -7,9 +7,9 @@ use crate::reserve::Reservations;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use topod::cpuset::CpuSet;
-use topod::place::{self, Occupancy, PlaceError};
-use topod::request::Request;
+use topo_core::cpuset::CpuSet;
+use topo_core::place::{self, Occupancy, PlaceError};
+use topo_core::request::Request;
 
 /// Score given to hosts kept by the fail-open policy: after every host whose state is known.
 pub const UNKNOWN_SCORE: u64 = u64::MAX / 2;

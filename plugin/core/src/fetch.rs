@@ -12,9 +12,9 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use topod::client::Client;
-use topod::proto::Op;
-use topod::topology::Topology;
+use topo_client::Client;
+use topo_core::proto::Op;
+use topo_core::topology::Topology;
 
 /// What one fetch brings back.
 #[derive(Debug, Clone)]
@@ -65,14 +65,12 @@ impl HostSource for TopodSource {
         }
         .map_err(|e| fail(e.to_string()))?;
         let topology = if with_topology {
-            let value = client.call(Op::Topology).map_err(|e| fail(e.to_string()))?;
-            Some(serde_json::from_value(value).map_err(|e| fail(format!("topology reply: {e}")))?)
+            Some(client.topology().map_err(|e| fail(e.to_string()))?)
         } else {
             None
         };
-        let value = client.call(Op::FreeMap).map_err(|e| fail(e.to_string()))?;
-        let free_map =
-            serde_json::from_value(value).map_err(|e| fail(format!("free_map reply: {e}")))?;
+        // Only the part the cache keeps is decoded (see `FreeMap`).
+        let free_map = client.call_as::<FreeMap>(Op::FreeMap).map_err(|e| fail(e.to_string()))?;
         Ok(Fetched { topology, free_map })
     }
 }

@@ -5,7 +5,7 @@
 use crate::cache::{HostCache, HostId};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use topod::cpuset::CpuSet;
+use topo_core::cpuset::CpuSet;
 
 /// One job's reservation on one host.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use topod::cpuset::CpuSet;
-use topod::request::{self, Request};
-use topod::topology::{hwloc_xml, Topology};
+use topo_core::cpuset::CpuSet;
+use topo_core::request::{self, Request};
+use topo_core::topology::{hwloc_xml, Topology};
 
 fn shared_topology(name: &str) -> Topology {
     let dir = std::env::var_os("TOPO_SHARED_DIR")
@@ -299,7 +299,7 @@ fn the_memo_agrees_with_evaluate_and_forgets_changed_hosts() {
 
 #[test]
 fn reads_the_protocols_free_map() {
-    let sent = topod::proto::reply::FreeMap {
+    let sent = topo_core::proto::reply::FreeMap {
         generation: 7,
         allocatable: CpuSet::parse_list("0-15").unwrap(),
         held: CpuSet::parse_list("0-3").unwrap(),

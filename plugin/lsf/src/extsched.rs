@@ -1,7 +1,7 @@
 //! The pure part of the module: which `-extsched` strings are topo's, the handler key that
 //! makes jobs with equal requests peers, and the job ids shared with `topo-exec`.
 
-use topod::request::{merge_extsched, MergeError, Request};
+use topo_core::request::{merge_extsched, MergeError, Request};
 
 /// Marks topo's handler keys; what follows is the canonical request.
 pub const KEY_PREFIX: &str = "topo#";
@@ -93,13 +93,13 @@ pub fn request_from_key(key: &str) -> Option<Result<Request, String>> {
     if text.starts_with("bad#") {
         return Some(Err("the job's topology request does not parse".into()));
     }
-    Some(topod::request::parse(text).map_err(|e| e.to_string()))
+    Some(topo_core::request::parse(text).map_err(|e| e.to_string()))
 }
 
 /// The job id topod knows an LSF job by: `lsf-<id>`, or `lsf-<id>[<index>]` for an element of
 /// a job array (the same as `topo-exec` makes from `$LSB_JOBID` and `$LSB_JOBINDEX`).
 pub fn job_id(job: i32, index: i32) -> String {
-    topod::batch::lsf_job_id(job, u64::try_from(index).ok())
+    topo_core::batch::lsf_job_id(job, u64::try_from(index).ok())
 }
 
 /// Slots per host from an allocation's instances (`host`, `rsrc`, `amount`): instances of the

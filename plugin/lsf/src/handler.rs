@@ -9,11 +9,11 @@ use std::os::raw::{c_char, c_int, c_void};
 use std::ptr;
 use std::sync::Mutex;
 use std::time::Instant;
+use topo_core::request::Request;
 use topo_lsf_sys as sys;
 use topo_plugin_core::cache::HostId;
 use topo_plugin_core::eval::{self, Context, NoFit, Verdict, UNKNOWN_SCORE};
 use topo_plugin_core::Unreachable;
-use topod::request::Request;
 
 /// The table `sched_init` registers.
 pub fn table() -> sys::RsrcReqHandlerType {

@@ -41,7 +41,7 @@ pub struct Args {
 impl Default for Args {
     fn default() -> Self {
         Args {
-            socket: PathBuf::from(topod::proto::DEFAULT_SOCKET),
+            socket: PathBuf::from(topo_core::proto::DEFAULT_SOCKET),
             mode: Mode::Auto,
             timeout: Duration::from_secs(10),
         }

@@ -8,7 +8,7 @@
 //! tree in which siblings are sorted by their first CPU; Slurm keeps packages, dies, L3 caches,
 //! groups and cores in that tree (it filters L1/L2 caches out).
 //!
-//! topo's hardware graph is flat (levels of CPU sets, no tree; see [`topod::topology`]), so the
+//! topo's hardware graph is flat (levels of CPU sets, no tree; see [`topo_core::topology`]), so the
 //! walk is rebuilt from containment: a core's position is decided by the first CPU of each
 //! domain that holds it (package, die, NUMA node, L3 group), from the largest domain to the
 //! smallest, then by its own first CPU. On x86 machines numbered the Linux way this is plainly
@@ -21,8 +21,8 @@
 //! calls a socket but not the order of the cores, because L3 groups and NUMA nodes sit inside
 //! packages in the same walk.
 
-use topod::topology::Topology;
-use topod::CpuSet;
+use topo_core::topology::Topology;
+use topo_core::CpuSet;
 
 /// Why a Slurm core list could not be translated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -4,7 +4,7 @@
 //! affinity grammar (`affinity[core(2,same=numa)*4]`, or `CPUSET[...]`). The model:
 //!
 //! 1. **Submission** (srun/sbatch/salloc; SPANK local and allocator contexts). The request is
-//!    parsed by [`topod::request::parse`]; a bad one refuses the submission with the parse error
+//!    parsed by [`topo_core::request::parse`]; a bad one refuses the submission with the parse error
 //!    and nothing is submitted. A good one's summary ([`need`]) goes into the job's control
 //!    environment, where `job_submit.lua` turns it into node features to filter hosts on.
 //! 2. **On each host, per step** (slurmstepd, remote context, root, before the tasks are
@@ -24,7 +24,6 @@
 
 pub mod args;
 pub mod cores;
-pub mod link;
 pub mod need;
 pub mod plan;
 #[cfg(not(test))]

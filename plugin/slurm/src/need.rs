@@ -11,7 +11,7 @@
 //! `topoctl slurm-features`). The script asks for the largest power of two not above the need,
 //! so a host that fits is never filtered out: the filter is coarse, topod decides on the host.
 
-use topod::request::{Level, Request};
+use topo_core::request::{Level, Request};
 
 /// The environment variable, in the job's control environment, that carries the summary.
 pub const NEED_VARIABLE: &str = "TOPO_NEED";
@@ -37,9 +37,9 @@ mod tests {
 
     #[test]
     fn summaries() {
-        let r = topod::request::parse("affinity[core(2,same=numa)*4]").unwrap();
+        let r = topo_core::request::parse("affinity[core(2,same=numa)*4]").unwrap();
         assert_eq!(summary(&r, 1), "cpus=8 numa=2");
-        let r = topod::request::parse("affinity[core(3)]").unwrap();
+        let r = topo_core::request::parse("affinity[core(3)]").unwrap();
         assert_eq!(summary(&r, 5), "cpus=15");
     }
 }

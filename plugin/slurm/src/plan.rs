@@ -1,7 +1,7 @@
 //! The decisions the plug-in makes, apart from the calls that carry them out.
 
-use topod::request::{Level, Request};
-use topod::CpuSet;
+use topo_core::request::{Level, Request};
+use topo_core::CpuSet;
 
 /// The step id Slurm gives the batch script (`SLURM_BATCH_SCRIPT`).
 pub const BATCH_STEP: u32 = 0xffff_fffb;
@@ -10,7 +10,7 @@ pub const BATCH_STEP: u32 = 0xffff_fffb;
 /// host, shared by all its steps (the batch script and the sruns inside it run at the same time
 /// on the same cores), released by the job epilog. It always passes topod's job id check.
 pub fn topod_job_id(slurm_job_id: u32) -> String {
-    topod::batch::slurm_job_id(slurm_job_id)
+    topo_core::batch::slurm_job_id(slurm_job_id)
 }
 
 /// The task count to place for when the request gives none (`affinity[core]`): the step's
@@ -62,16 +62,16 @@ mod tests {
     #[test]
     fn job_ids_pass_topods_check() {
         for id in [1, 4_294_967_000] {
-            topod::cgroup::JobId::parse(&topod_job_id(id)).unwrap();
+            topo_core::JobId::parse(&topod_job_id(id)).unwrap();
         }
     }
 
     #[test]
     fn task_counts() {
-        let core = topod::request::parse("affinity[core]").unwrap();
+        let core = topo_core::request::parse("affinity[core]").unwrap();
         assert_eq!(tasks_if_unsaid(&core, 0, 3, 8, 16), 3);
         assert_eq!(tasks_if_unsaid(&core, BATCH_STEP, 1, 8, 16), 8);
-        let pairs = topod::request::parse("affinity[thread(2)]").unwrap();
+        let pairs = topo_core::request::parse("affinity[thread(2)]").unwrap();
         assert_eq!(tasks_if_unsaid(&pairs, BATCH_STEP, 1, 8, 16), 8);
         assert_eq!(tasks_if_unsaid(&pairs, BATCH_STEP, 1, 1, 1), 1);
     }

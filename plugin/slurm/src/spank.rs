@@ -12,16 +12,15 @@
 //! - everything that can fail returns a message that names what and where.
 
 use crate::args::{self, Args, Mode};
-use crate::link::{LinkError, Topod};
 use crate::{cores, need, plan};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::{Mutex, OnceLock};
+use topo_client::{Client, ClientError, Joined};
+use topo_core::ledger::Allocation;
+use topo_core::proto::{ErrorCode, Op};
+use topo_core::topology::Topology;
+use topo_core::CpuSet;
 use topo_ffi_guard::Caught;
-use topod::client::Joined;
-use topod::ledger::Allocation;
-use topod::proto::{ErrorCode, Op};
-use topod::topology::Topology;
-use topod::CpuSet;
 
 include!(concat!(env!("OUT_DIR"), "/slurm_abi.rs"));
 
@@ -281,7 +280,7 @@ extern "C" fn topology_option(_val: c_int, optarg: *const c_char, remote: c_int)
         // SAFETY: Slurm passes the option's NUL-terminated argument.
         let text = unsafe { CStr::from_ptr(optarg) }.to_string_lossy().into_owned();
         if remote == 0 {
-            topod::request::parse(&text).map_err(|e| format!("--topology={text}: {e}"))?;
+            topo_core::request::parse(&text).map_err(|e| format!("--topology={text}: {e}"))?;
         }
         *REQUEST.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
         Ok(())
@@ -316,8 +315,8 @@ pub extern "C" fn slurm_spank_init_post_opt(sp: Spank, ac: c_int, av: *mut *mut 
         };
         match context() {
             S_CTX_LOCAL | S_CTX_ALLOCATOR => {
-                let req =
-                    topod::request::parse(&text).map_err(|e| format!("--topology={text}: {e}"))?;
+                let req = topo_core::request::parse(&text)
+                    .map_err(|e| format!("--topology={text}: {e}"))?;
                 // The task count is not known to the plug-in before submission; SLURM_NTASKS
                 // when the user set it, else 1 (the summary is a lower bound either way).
                 let tasks =
@@ -360,15 +359,16 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let job = plan::topod_job_id(job_id);
     let a = args();
     let started = std::time::Instant::now();
-    let fail = |e: LinkError| format!("job {job_id} step {step_id}: {e}");
-    let mut topod = Topod::connect(&a.socket, a.timeout).map_err(fail)?;
-    let topo: Topology = topod.call_as(Op::Topology).map_err(fail)?;
+    let fail = |e: ClientError| format!("job {job_id} step {step_id}: {e}");
+    let mut topod = Client::connect_with_timeout(&a.socket, a.timeout).map_err(fail)?;
+    let topo: Topology = topod.topology().map_err(fail)?;
     let order = cores::slurm_core_order(&topo);
     let job_cpus =
         cores::translate(&order, &job_cores).map_err(|e| format!("job {job_id}: {e}"))?;
     let step_cpus = cores::translate(&order, &step_cores)
         .map_err(|e| format!("job {job_id} step {step_id}: {e}"))?;
-    let req = topod::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
+    let req =
+        topo_core::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
     let tasks = plan::tasks_if_unsaid(
         &req,
         step_id,
@@ -385,17 +385,18 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         owner_uid: Some(uid),
         join_pid: None,
     };
-    let alloc: Allocation = match topod.call_as(allocate) {
+    let alloc: Allocation = match topod.allocate(allocate) {
         Ok(a) => a,
         // Another step of the job (the batch script, a concurrent srun) placed it already with
         // its own task count: every step shares that allocation.
-        Err(LinkError::Refused { code: ErrorCode::BadRequest, message })
-            if message.contains("already holds") =>
+        Err(ClientError::Refused(e))
+            if e.code == ErrorCode::BadRequest && e.message.contains("already holds") =>
         {
-            let all: Vec<Allocation> = topod.call_as(Op::List).map_err(fail)?;
-            all.into_iter()
-                .find(|a| a.job == job)
-                .ok_or_else(|| format!("job {job_id}: topod: {message}"))?
+            let all = topod.list().map_err(fail)?;
+            let found = all.into_iter().find(|a| a.allocation.job == job);
+            found
+                .map(|v| v.allocation)
+                .ok_or_else(|| format!("job {job_id}: topod: {}", e.message))?
         }
         Err(e) => {
             return Err(format!(
@@ -445,16 +446,9 @@ pub extern "C" fn slurm_spank_task_init_privileged(
         if mode == Mode::Join {
             let a = args();
             let started = std::time::Instant::now();
-            let how = Topod::connect(&a.socket, a.timeout)
+            let how = Client::connect_with_timeout(&a.socket, a.timeout)
                 .map_err(|e| e.to_string())
-                .and_then(|mut t| {
-                    topod::client::join_self(
-                        &g.alloc.job,
-                        |op| t.call(op),
-                        |e| matches!(e, LinkError::Refused { .. }),
-                    )
-                    .map_err(|e| e.to_string())
-                })
+                .and_then(|mut t| t.join_self(&g.alloc.job).map_err(|e| e.to_string()))
                 .map_err(|e| {
                     format!("job {job_id} task {task}: cannot join {}: {e}", g.alloc.job)
                 })?;
@@ -509,10 +503,9 @@ pub extern "C" fn slurm_spank_job_epilog(sp: Spank, ac: c_int, av: *mut *mut c_c
         let job_id = item_u32(sp, S_JOB_ID, "the job id")?;
         let job = plan::topod_job_id(job_id);
         let a = args();
-        match Topod::connect(&a.socket, a.timeout)
-            .and_then(|mut t| t.call(Op::Release { job: job.clone() }))
-        {
-            Ok(_) | Err(LinkError::Refused { code: ErrorCode::UnknownJob, .. }) => Ok(()),
+        match Client::connect_with_timeout(&a.socket, a.timeout).and_then(|mut t| t.release(&job)) {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(ErrorCode::UnknownJob) => Ok(()),
             Err(e) => Err(format!("job {job_id}: cannot release {job}: {e}")),
         }
     })

@@ -13,9 +13,9 @@ use clap::Parser;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
-use topod::batch;
-use topod::client::{Client, ClientError};
-use topod::proto::Op;
+use topo_client::Client;
+use topo_core::batch;
+use topo_core::proto::Op;
 
 #[derive(Parser)]
 #[command(name = "topo-exec", version, about = "Run a command inside a job's cpuset/cgroup")]
@@ -34,7 +34,7 @@ struct Args {
     #[arg(long)]
     hostfile: Option<PathBuf>,
     /// topod's socket.
-    #[arg(long, default_value = topod::proto::DEFAULT_SOCKET)]
+    #[arg(long, default_value = topo_core::proto::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// The command and its arguments.
     #[arg(required = true, last = true)]
@@ -97,8 +97,7 @@ fn run(args: Args) -> Result<Never, String> {
             return Err(format!("job {job} has no allocation on this host; give --request"))
         }
     };
-    topod::client::join_self(&job, |op| client.call(op), |e| matches!(e, ClientError::Refused(_)))
-        .map_err(|e| e.to_string())?;
+    client.join_self(&job).map_err(|e| e.to_string())?;
     let cpus = alloc.cpus.to_string();
     let mems = alloc.mems.to_string();
     let mut command = Command::new(&args.command[0]);

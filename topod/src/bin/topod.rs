@@ -12,16 +12,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
+use topo_client::Client;
+use topo_core::place::Strategy;
+use topo_core::proto::Op;
+use topo_core::topology::{hwloc_xml, sysfs};
 use topod::cgroup::{fake::Fake, v1::V1, v2::V2, CgroupBackend};
-use topod::client::Client;
 use topod::daemon::conn::{raise_fd_limit, Gate};
 use topod::daemon::host::{Host, JobHint};
 use topod::daemon::records::Records;
 use topod::daemon::server::{self, Admins, Listener, Server};
 use topod::daemon::{CgroupKind, Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
-use topod::place::Strategy;
-use topod::proto::Op;
-use topod::topology::{hwloc_xml, sysfs};
 
 #[derive(Parser)]
 #[command(name = "topod", version, about = "Topology-aware job placement: the per-host daemon")]
@@ -153,7 +153,7 @@ fn run(args: Args) -> Result<(), String> {
         }
     };
     let listener = bind(&socket, 0o666)?;
-    let admin_socket = topod::proto::admin_socket_for(&socket);
+    let admin_socket = topo_core::proto::admin_socket_for(&socket);
     let admin_listener = bind(&admin_socket, 0o600)?;
     drop_capabilities()?;
     let admins = Admins { uids: config.admin_uids.clone(), gids: config.admin_gids.clone() };
@@ -293,7 +293,7 @@ fn lock_subtree(
 fn backend(
     kind: Kind,
     subtree: &str,
-    topo: &topod::topology::Topology,
+    topo: &topo_core::topology::Topology,
 ) -> Result<Box<dyn CgroupBackend>, String> {
     match kind {
         Kind::Fake => Ok(Box::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()))),

@@ -2,10 +2,10 @@
 //! join before CPUs and memory nodes, effective CPUs limited to the parent's), no processes.
 
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
-use crate::cpuset::CpuSet;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
+use topo_core::cpuset::CpuSet;
 
 /// In-memory job cgroups under a parent that allows `parent_cpus` and `parent_mems`.
 #[derive(Debug)]

@@ -1,10 +1,10 @@
 //! Reading and writing cgroup files, with errors that carry the path and the data.
 
 use super::{CgroupError, CgroupSpec, Effective, JobId};
-use crate::cpuset::CpuSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use topo_core::cpuset::CpuSet;
 
 pub(crate) fn read(path: &Path) -> Result<String, CgroupError> {
     let err = |source| CgroupError::Io {

@@ -17,100 +17,14 @@
 
 pub mod fake;
 mod files;
-pub mod jobid;
 pub mod v1;
 pub mod v2;
 
-pub use jobid::{JobId, JobIdError};
+pub use topo_core::jobid::{JobId, JobIdError};
 
-/// The calling process, ready to move itself into a job's cgroup by writing `0` to each of the
-/// v1 `tasks` files [`CgroupBackend::self_join_files`] names.
-///
-/// Why: writing a pid to `cgroup.procs` takes the kernel's global threadgroup lock for writing,
-/// which waits for an RCU grace period when no migration happened just before (milliseconds
-/// each time on a quiet host). A thread moving only itself (`0` written to v1 `tasks`) skips that
-/// lock on current kernels (`cgroup_procs_write_start`; on this project's test VM, kernel 6.18:
-/// 0.3 ms against 6.3 ms, `tests/cgroup-join-bench.py`).
-///
-/// The caller is root and the file names come from topod, so they are checked before anything is
-/// written: each must be a file named `tasks` in a directory named after the job, on a cgroup v1
-/// file system, opened without following links, creating or truncating anything. v1 `tasks`
-/// moves one thread, so a process with more than one thread is refused: the others would stay
-/// behind. Nothing is written unless every check passes.
-pub struct SelfJoin {
-    files: Vec<(PathBuf, std::fs::File)>,
-}
-
-impl SelfJoin {
-    /// Checks the process and opens every file; writes nothing.
-    pub fn prepare(job: &str, files: &[PathBuf]) -> Result<SelfJoin, CgroupError> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut opened = Vec::with_capacity(files.len());
-        for file in files {
-            let named_right = file.file_name().is_some_and(|n| n == "tasks")
-                && file.parent().and_then(|d| d.file_name()).is_some_and(|n| n == job);
-            if !named_right {
-                return Err(CgroupError::Unsupported(format!(
-                    "{} is not a tasks file of job {job}'s cgroup",
-                    file.display()
-                )));
-            }
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-                .open(file)
-                .map_err(|source| CgroupError::Io {
-                    action: "opening",
-                    path: file.clone(),
-                    data: None,
-                    source,
-                })?;
-            let on_cgroup_v1 = nix::sys::statfs::fstatfs(&f)
-                .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP_SUPER_MAGIC);
-            if !on_cgroup_v1 {
-                return Err(CgroupError::Unsupported(format!(
-                    "{} is not on a cgroup v1 file system",
-                    file.display()
-                )));
-            }
-            opened.push((file.clone(), f));
-        }
-        let status = std::path::Path::new("/proc/self/status");
-        let text = std::fs::read_to_string(status).map_err(|source| CgroupError::Io {
-            action: "reading",
-            path: status.into(),
-            data: None,
-            source,
-        })?;
-        let threads = text.lines().find_map(|l| l.strip_prefix("Threads:")).map(str::trim);
-        if threads != Some("1") {
-            return Err(CgroupError::Unsupported(format!(
-                "this process has {} threads; only a single-threaded process can move itself through v1 tasks files",
-                threads.unwrap_or("an unknown number of")
-            )));
-        }
-        Ok(SelfJoin { files: opened })
-    }
-
-    /// Writes `0` to each file in order. An error here may leave the process moved in some
-    /// hierarchies and not others.
-    pub fn move_in(self) -> Result<(), CgroupError> {
-        use std::io::Write;
-        for (path, mut f) in self.files {
-            f.write_all(b"0").map_err(|source| CgroupError::Io {
-                action: "writing",
-                path,
-                data: Some("0".into()),
-                source,
-            })?;
-        }
-        Ok(())
-    }
-}
-
-use crate::cpuset::CpuSet;
 use std::path::PathBuf;
 use std::time::Duration;
+use topo_core::cpuset::CpuSet;
 
 /// What a job's cgroup gets.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -196,7 +110,7 @@ pub trait CgroupBackend: Send + Sync {
     /// Moves a process, with all its threads, into the job's cgroup.
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError>;
     /// The files a root, single-threaded process writes `0` to, in order, to move itself into
-    /// the job's cgroup ([`SelfJoin`]); empty where the backend offers no such path (then only
+    /// the job's cgroup (`topo_client::SelfJoin`); empty where the backend offers no such path (then only
     /// [`CgroupBackend::join`] moves processes). Checks what `join` checks.
     fn self_join_files(&self, job: &JobId) -> Result<Vec<PathBuf>, CgroupError> {
         let _ = job;

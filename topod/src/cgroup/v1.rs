@@ -212,8 +212,8 @@ impl V1 {
 }
 
 /// The CPUs of the cpusets beside `root` (same parent) that are marked `cpuset.cpu_exclusive`.
-fn exclusive_siblings(root: &Path) -> Result<crate::cpuset::CpuSet, CgroupError> {
-    let mut out = crate::cpuset::CpuSet::new();
+fn exclusive_siblings(root: &Path) -> Result<topo_core::cpuset::CpuSet, CgroupError> {
+    let mut out = topo_core::cpuset::CpuSet::new();
     let Some(parent) = root.parent() else { return Ok(out) };
     let Ok(entries) = std::fs::read_dir(parent) else { return Ok(out) };
     for e in entries.flatten() {
@@ -264,7 +264,7 @@ fn every_thread_in(dir: &Path, pid: i32) -> bool {
 }
 
 impl CgroupBackend for V1 {
-    fn foreign_cpus(&self) -> Result<crate::cpuset::CpuSet, CgroupError> {
+    fn foreign_cpus(&self) -> Result<topo_core::cpuset::CpuSet, CgroupError> {
         exclusive_siblings(&self.cpuset)
     }
 

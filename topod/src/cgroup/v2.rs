@@ -99,8 +99,8 @@ impl CgroupBackend for V2 {
     }
 
     /// CPUs of the partitions (`cpuset.cpus.partition` root or isolated) beside our subtree.
-    fn foreign_cpus(&self) -> Result<crate::cpuset::CpuSet, CgroupError> {
-        let mut out = crate::cpuset::CpuSet::new();
+    fn foreign_cpus(&self) -> Result<topo_core::cpuset::CpuSet, CgroupError> {
+        let mut out = topo_core::cpuset::CpuSet::new();
         let Some(parent) = self.root.parent() else { return Ok(out) };
         let Ok(entries) = std::fs::read_dir(parent) else { return Ok(out) };
         for e in entries.flatten() {

@@ -13,16 +13,16 @@
 
 use super::records::{Records, RecordsError};
 use crate::cgroup::{CgroupBackend, CgroupError, CgroupSpec, JobId, JobIdError, ReleaseReport};
-use crate::cpuset::CpuSet;
-use crate::ledger::{Allocation, JobState, JobView, Ledger, LedgerError};
-use crate::place::{self, HostMetrics, HostModel, PlaceError, Strategy};
-use crate::request::{self, Request};
-use crate::topology::Topology;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use topo_core::cpuset::CpuSet;
+use topo_core::ledger::{Allocation, JobState, JobView, Ledger, LedgerError};
+use topo_core::place::{self, HostMetrics, HostModel, PlaceError, Strategy};
+use topo_core::request::{self, Request};
+use topo_core::topology::Topology;
 
 /// Why a host operation was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -714,7 +714,7 @@ impl Host {
 mod tests {
     use super::*;
     use crate::cgroup::fake::Fake;
-    use crate::topology::SyntheticShape;
+    use topo_core::topology::SyntheticShape;
 
     /// A fake "kernel" that can outlive a Host (restart tests) and, when asked, offers
     /// self-join files as the v1 backend does.
@@ -996,7 +996,7 @@ mod tests {
                     None,
                 )
                 .unwrap();
-            assert_eq!(crate::request::parse(&a.request).unwrap().to_string(), a.request);
+            assert_eq!(topo_core::request::parse(&a.request).unwrap().to_string(), a.request);
         }
     }
 

@@ -10,13 +10,13 @@ pub mod records;
 pub mod server;
 pub mod tcp;
 
-use crate::cpuset::CpuSet;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use topo_core::cpuset::CpuSet;
 
 /// The default socket path.
-pub use crate::proto::DEFAULT_SOCKET;
+pub use topo_core::proto::DEFAULT_SOCKET;
 /// The default state directory (the hint file lives there): a tmpfs, as the hints describe
 /// live job cgroups, which never outlive a boot, and are rewritten on every allocate and release.
 pub const DEFAULT_STATE_DIR: &str = "/run/topo";
@@ -38,7 +38,7 @@ pub struct Config {
     /// CPUs no job may get, in list format (`0-1`).
     pub reserved_cpus: Option<CpuSet>,
     /// Placement strategy (best-fit by default).
-    pub strategy: Option<crate::place::Strategy>,
+    pub strategy: Option<topo_core::place::Strategy>,
     /// Uids that may allocate and release besides root.
     #[serde(default)]
     pub admin_uids: Vec<u32>,

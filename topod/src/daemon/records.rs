@@ -194,7 +194,7 @@ mod tests {
         let job = JobId::parse("12[3]").unwrap();
         let hint = JobHint {
             request: "affinity[thread*1]".into(),
-            tasks: vec![crate::CpuSet::parse_list("3").unwrap()],
+            tasks: vec![topo_core::CpuSet::parse_list("3").unwrap()],
             owner_uid: Some(1000),
         };
         r.write(&job, &hint).unwrap();

@@ -18,10 +18,10 @@
 use super::conn::{thread_cpu_time, AcceptErrors, Admitted, Gate, Holder, Line, LineReader, Timed};
 use super::host::{self, Host, HostError, Snapshot};
 use super::process::{ProcessError, ProcessHandle};
-use crate::proto::{self, ErrorCode, Op, Reply};
-use crate::topology::Topology;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, MutexGuard};
+use topo_core::proto::{self, ErrorCode, Op, Reply};
+use topo_core::topology::Topology;
 
 /// Who may change state.
 #[derive(Debug, Clone, Default)]

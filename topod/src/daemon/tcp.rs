@@ -5,10 +5,10 @@
 
 use super::conn::{AcceptErrors, Admitted, Holder, Line, LineReader};
 use super::server::{Peer, Server};
-use crate::proto::{ErrorCode, Reply};
 use std::io::Write;
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::Arc;
+use topo_core::proto::{ErrorCode, Reply};
 
 /// One allow-list entry: an address, or a network in CIDR form.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,7 +111,7 @@ fn connection(
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(server.gate.limits().write))?;
     // The key must come first, whole, within the line limit.
-    let mut lines = LineReader::new(crate::proto::MAX_LINE_BYTES, &server.gate.limits());
+    let mut lines = LineReader::new(topo_core::proto::MAX_LINE_BYTES, &server.gate.limits());
     let given = match lines.next(&mut stream)? {
         Line::Complete(line) => line,
         _ => Vec::new(),

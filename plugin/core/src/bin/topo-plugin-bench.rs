@@ -17,15 +17,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use topo_client::Client;
+use topo_core::bench::{job_stream, SplitMix, TARGET_LOAD};
+use topo_core::ledger::Ledger;
+use topo_core::place::{self, model::HostModel, Strategy};
+use topo_core::proto::Op;
+use topo_core::topology::{hwloc_xml, Topology};
 use topo_plugin_core::cache::{FreeMap, HostCache};
 use topo_plugin_core::eval::{self, Context, Memo, Verdict};
 use topo_plugin_core::{Address, Reservations, Unreachable};
-use topod::bench::{job_stream, SplitMix, TARGET_LOAD};
-use topod::client::Client;
-use topod::ledger::Ledger;
-use topod::place::{self, model::HostModel, Strategy};
-use topod::proto::Op;
-use topod::topology::{hwloc_xml, Topology};
 
 /// Counts live heap bytes, for the cache's memory per host.
 struct Counting;

@@ -9,7 +9,7 @@
 use super::*;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use topod::topology::{hwloc_xml, sysfs, Domain};
+use topo_core::topology::{hwloc_xml, sysfs, Domain};
 
 fn shared() -> PathBuf {
     let dir = std::env::var_os("TOPO_SHARED_DIR")
@@ -145,7 +145,7 @@ fn translates_bulldozer_modules_and_knl_smt4() {
 fn interleaved_numbering_follows_the_package_not_the_cpu_id() {
     // Two packages numbered alternately (cpu 0 on package 0, cpu 1 on package 1, ...), as some
     // BIOSes do: abstract core 1 is the second core of package 0, which is CPU 2, not CPU 1.
-    let mut topo = Topology::synthetic(topod::topology::SyntheticShape {
+    let mut topo = Topology::synthetic(topo_core::topology::SyntheticShape {
         packages: 2,
         numa_per_package: 1,
         l3_per_numa: 1,
@@ -172,7 +172,7 @@ fn interleaved_numbering_follows_the_package_not_the_cpu_id() {
 
 #[test]
 fn bad_lists_say_what_is_wrong() {
-    let topo = Topology::synthetic(topod::topology::SyntheticShape {
+    let topo = Topology::synthetic(topo_core::topology::SyntheticShape {
         packages: 1,
         numa_per_package: 1,
         l3_per_numa: 1,

@@ -15,8 +15,8 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
-use topod::client::Client;
-use topod::proto::Op;
+use topo_client::Client;
+use topo_core::proto::Op;
 
 #[derive(Serialize)]
 struct Figures {
@@ -102,7 +102,7 @@ pub(crate) fn rss_kib(pid: u64) -> u64 {
 
 pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> Result<(), Failure> {
     let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
-    let version: topod::proto::reply::Version = typed(&mut c, Op::Version)?;
+    let version: topo_core::proto::reply::Version = typed(&mut c, Op::Version)?;
     let pid = u64::from(version.pid);
     let backend = version.cgroup;
 
@@ -119,7 +119,7 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         let one_request = i % 2 == 0;
         let t0 = Instant::now();
         let join_pid = one_request.then_some(child.id() as i32);
-        let a: topod::ledger::Allocation = typed(
+        let a: topo_core::ledger::Allocation = typed(
             &mut c,
             Op::Allocate {
                 job: job.clone(),
@@ -172,8 +172,8 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
                             c.call(Op::Release { job }).map_err(|e| e.to_string())?;
                             completed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
-                        Err(topod::client::ClientError::Refused(e))
-                            if e.code == topod::proto::ErrorCode::DoesNotFit => {}
+                        Err(topo_client::ClientError::Refused(e))
+                            if e.code == topo_core::proto::ErrorCode::DoesNotFit => {}
                         Err(e) => return Err(e.to_string()),
                     }
                 }

@@ -23,8 +23,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use topod::client::Client;
-use topod::proto::Op;
+use topo_client::Client;
+use topo_core::proto::Op;
 
 /// The uid and gid the attackers run as.
 const NOBODY: u32 = 65534;
@@ -127,8 +127,11 @@ fn phase(socket: &Path, name: &str, cycles: usize, topod_pid: u64) -> Result<Pha
         let t = Instant::now();
         let op = Op::allocate(&job, "affinity[thread*1]").joining(child.0.id() as i32);
         let r = match c.as_mut() {
-            Some(c) => c.call(op).and_then(|_| c.call(Op::Release { job: job.clone() })),
-            None => Err(topod::client::ClientError::Io(std::io::Error::other("not connected"))),
+            Some(c) => c.allocate(op).and_then(|_| c.release(&job)).map(drop),
+            None => Err(topo_client::ClientError::Io {
+                peer: socket.display().to_string(),
+                source: std::io::Error::other("not connected"),
+            }),
         };
         times.push(t.elapsed().as_secs_f64() * 1e6);
         drop(child);
@@ -270,18 +273,19 @@ pub(crate) fn attack(socket: &Path, mode: &str, count: usize, stats: &Path) -> R
     match mode {
         "fit" | "fit-valid" => {
             let list = if mode == "fit" {
-                vec!["0-65535"; (topod::proto::MAX_LINE_BYTES - 200) / 8].join(",")
+                vec!["0-65535"; (topo_core::proto::MAX_LINE_BYTES - 200) / 8].join(",")
             } else {
                 let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
                 let pus =
                     c.topology().map_err(|e| Failure::runtime(e.to_string()))?.pus.to_string();
-                vec![pus.as_str(); (topod::proto::MAX_LINE_BYTES - 200) / (pus.len() + 1)].join(",")
+                vec![pus.as_str(); (topo_core::proto::MAX_LINE_BYTES - 200) / (pus.len() + 1)]
+                    .join(",")
             };
             let request = format!("CPUSET[CPU_LIST={list}] affinity[thread*2]");
             // Just under the line limit: a whole request topod must parse, not one it refuses
             // for its length.
-            let line = topod::proto::Request::new(Op::Fit { request, tasks: None }).to_line();
-            assert!(line.len() <= topod::proto::MAX_LINE_BYTES, "{} bytes", line.len());
+            let line = topo_core::proto::Request::new(Op::Fit { request, tasks: None }).to_line();
+            assert!(line.len() <= topo_core::proto::MAX_LINE_BYTES, "{} bytes", line.len());
             loop {
                 let Ok(mut s) = UnixStream::connect(socket) else {
                     std::thread::sleep(Duration::from_millis(10));

@@ -4,9 +4,9 @@
 //! user, only has to join; the post-exec releases it.
 
 use crate::{call, connect, Daemon, Failure};
-use topod::batch;
-use topod::proto::Op;
-use topod::request::merge_extsched;
+use topo_core::batch;
+use topo_core::proto::Op;
+use topo_core::request::merge_extsched;
 
 /// Exit status that makes LSF end the job instead of pending it again (its request can never
 /// work).
@@ -75,7 +75,7 @@ pub fn pre_exec(daemon: &Daemon) -> Result<(), Failure> {
         None => None,
     };
     let mut c = connect(daemon)?;
-    let a: topod::ledger::Allocation = call(
+    let a: topo_core::ledger::Allocation = call(
         &mut c,
         Op::Allocate {
             job: job.clone(),
@@ -102,7 +102,7 @@ pub fn pre_exec(daemon: &Daemon) -> Result<(), Failure> {
 pub fn post_exec(daemon: &Daemon) -> Result<(), Failure> {
     let job = lsf_job()?;
     let mut c = connect(daemon)?;
-    match call::<topod::proto::reply::Release>(&mut c, Op::Release { job: job.clone() }) {
+    match call::<topo_core::proto::reply::Release>(&mut c, Op::Release { job: job.clone() }) {
         Ok(r) => println!("job {job} released ({} process(es) killed)", r.killed),
         Err(f) if f.message.contains("holds nothing") => {
             println!("job {job}: nothing held on this host")

@@ -14,17 +14,17 @@ use nix::sys::signal::{SigHandler, Signal};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use topod::bench;
-use topod::client::Client;
-use topod::ledger::Ledger;
-use topod::ledger::{Allocation, JobView};
+use topo_client::Client;
+use topo_core::bench;
+use topo_core::ledger::Ledger;
+use topo_core::ledger::{Allocation, JobView};
+use topo_core::place::{self, HostMetrics, HostModel, Placement, Strategy};
+use topo_core::proto::reply::{FreeMap, Release};
+use topo_core::proto::Op;
+use topo_core::request::{self, Request};
+use topo_core::topology::{hwloc_xml, sysfs, Topology};
+use topo_core::CpuSet;
 use topod::picture::{self, Marks};
-use topod::place::{self, HostMetrics, HostModel, Placement, Strategy};
-use topod::proto::reply::{FreeMap, Release};
-use topod::proto::Op;
-use topod::request::{self, Request};
-use topod::topology::{hwloc_xml, sysfs, Topology};
-use topod::CpuSet;
 
 #[derive(Parser)]
 #[command(
@@ -253,7 +253,7 @@ enum BenchCommand {
 #[derive(Args)]
 struct Daemon {
     /// topod's socket.
-    #[arg(long, value_name = "PATH", default_value = topod::proto::DEFAULT_SOCKET)]
+    #[arg(long, value_name = "PATH", default_value = topo_core::proto::DEFAULT_SOCKET)]
     socket: PathBuf,
 }
 
@@ -385,7 +385,7 @@ fn show(source: &Source, json: bool) -> Result<(), Failure> {
         #[derive(Serialize)]
         struct Shown<'a> {
             #[serde(flatten)]
-            counts: topod::topology::Counts,
+            counts: topo_core::topology::Counts,
             topology: &'a Topology,
         }
         return print_json(&Shown { counts: topo.counts(), topology: &topo });
@@ -769,7 +769,7 @@ fn connect(daemon: &Daemon) -> Result<Client, Failure> {
     Client::connect(&daemon.socket).map_err(|e| Failure::runtime(e.to_string()))
 }
 
-/// Sends `op` and reads its reply as `T` (see `topod::proto::reply`).
+/// Sends `op` and reads its reply as `T` (see `topo_core::proto::reply`).
 pub(crate) fn call<T: serde::de::DeserializeOwned>(
     client: &mut Client,
     op: Op,

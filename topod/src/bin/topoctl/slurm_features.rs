@@ -21,9 +21,9 @@
 
 use crate::{call, connect, Daemon, Failure};
 use std::process::Command;
-use topod::proto::reply::FreeMap;
-use topod::proto::Op;
-use topod::topology::Topology;
+use topo_core::proto::reply::FreeMap;
+use topo_core::proto::Op;
+use topo_core::topology::Topology;
 
 /// The prefix of every feature this command owns.
 pub const PREFIX: &str = "topo_";

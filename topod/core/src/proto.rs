@@ -109,7 +109,7 @@ pub enum Op {
         pid: i32,
     },
     /// The files a root, single-threaded process writes `0` to so as to move itself into the
-    /// job's cgroup, cheaper than `join` (see [`crate::cgroup::SelfJoin`]); `{"job", "files"}`,
+    /// job's cgroup, cheaper than `join` (see `topo_client::SelfJoin`); `{"job", "files"}`,
     /// with no files where the host's cgroups offer no such path. For root, an administrator,
     /// or the job's owner; the process then sends `join` for itself, which topod confirms.
     SelfJoinFiles {
@@ -153,6 +153,21 @@ impl Op {
             *owner_uid = Some(uid);
         }
         self
+    }
+
+    /// The operation's name, as `op` spells it on the wire.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Version => "version",
+            Op::Topology => "topology",
+            Op::FreeMap => "free_map",
+            Op::Fit { .. } => "fit",
+            Op::Allocate { .. } => "allocate",
+            Op::Join { .. } => "join",
+            Op::SelfJoinFiles { .. } => "self_join_files",
+            Op::Release { .. } => "release",
+            Op::List => "list",
+        }
     }
 
     /// Whether the operation changes the host (allocate, join, self_join_files, release); the
@@ -521,7 +536,9 @@ mod tests {
         ];
         assert_eq!(ops.len(), OPERATIONS.len());
         for op in ops {
+            assert!(OPERATIONS.contains(&op.name()), "{op:?}");
             let line = Request::new(op.clone()).to_line();
+            assert!(line.contains(&format!("\"op\":\"{}\"", op.name())), "{line}");
             assert!(line.ends_with('\n') && !line[..line.len() - 1].contains('\n'));
             assert_eq!(parse_request(line.as_bytes()).unwrap().op, op, "{line}");
         }

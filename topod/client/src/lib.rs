@@ -1,42 +1,80 @@
-//! A client of topod's socket, for `topoctl`, `topo-exec` and tests.
+//! The one client of topod, for every program that talks to it: `topoctl`, `topo-exec`,
+//! `libtopo` (the C API), the Slurm SPANK module and the scheduler-side plug-in core.
+//!
+//! A [`Client`] is one blocking connection, to topod's Unix socket (as root, to the
+//! administrators' socket beside it first) or to its read-only TCP listener, with a deadline on
+//! every read and write and no threads of its own: the SPANK module runs inside slurmstepd, which
+//! forks the job's tasks. Each operation has a typed call ([`Client::allocate`],
+//! [`Client::free_map`], ...) that decodes the reply into its [`proto::reply`] type, so a field
+//! renamed on one side is an error that names it, not a silent zero.
+//!
+//! [`Client::join_self`] moves the calling process into its job's cgroup, by itself where that
+//! is cheaper and safe ([`SelfJoin`]), else through topod.
 
-use crate::cgroup::{CgroupError, SelfJoin};
-use crate::proto::{self, ErrorBody, Op, Request};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use topo_core::proto::{self, ErrorBody, ErrorCode, Op, Request};
 
-/// A failed call.
+/// A failed call. Each names the topod it talked to (a socket path, or `tcp:host:port`).
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The daemon cannot be reached.
     #[error(
-        "cannot reach topod at {path}: {source} (is topod running? is the socket path right?)"
+        "cannot reach topod at {peer}: {source} (is topod running? is the socket path right?)"
     )]
     Connect {
-        /// The socket.
-        path: String,
+        /// The socket, or `tcp:` and the address.
+        peer: String,
         /// Why.
         #[source]
         source: std::io::Error,
     },
     /// The connection broke or timed out.
-    #[error("talking to topod: {0}")]
-    Io(#[from] std::io::Error),
-    /// The reply is not a valid reply.
-    #[error("topod sent an invalid reply: {0}")]
-    Reply(#[from] proto::ProtoError),
+    #[error("talking to topod at {peer}: {source}")]
+    Io {
+        /// The socket, or `tcp:` and the address.
+        peer: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The answer is not a valid reply, or not of the shape the operation's reply has.
+    #[error("topod at {peer} sent an answer this client does not understand: {what}")]
+    Reply {
+        /// The socket, or `tcp:` and the address.
+        peer: String,
+        /// What was wrong.
+        what: String,
+    },
     /// topod refused or failed.
     #[error("topod: {}", .0.message)]
     Refused(ErrorBody),
 }
 
+impl ClientError {
+    /// topod's error code, when topod answered with an error.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Refused(body) => Some(body.code),
+            _ => None,
+        }
+    }
+}
+
 /// One connection to topod: its local Unix socket, or its read-only TCP listener.
 pub struct Client {
+    peer: String,
     reader: BufReader<Box<dyn Read + Send>>,
     writer: Box<dyn Write + Send>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("peer", &self.peer).finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -50,36 +88,38 @@ impl Client {
     /// there is one: see [`proto::admin_socket_for`]); each read or write may take up to
     /// `timeout`.
     pub fn connect_with_timeout(path: &Path, timeout: Duration) -> Result<Client, ClientError> {
+        let peer = path.display().to_string();
         let admin = nix::unistd::geteuid().is_root().then(|| proto::admin_socket_for(path));
         let stream = match admin.and_then(|a| UnixStream::connect(a).ok()) {
             Some(s) => s,
-            None => UnixStream::connect(path).map_err(|source| ClientError::Connect {
-                path: path.display().to_string(),
-                source,
-            })?,
+            None => UnixStream::connect(path)
+                .map_err(|source| ClientError::Connect { peer: peer.clone(), source })?,
         };
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
-        let writer = stream.try_clone()?;
-        Ok(Client { reader: BufReader::new(Box::new(stream)), writer: Box::new(writer) })
+        let io = |source| ClientError::Io { peer: peer.clone(), source };
+        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        stream.set_write_timeout(Some(timeout)).map_err(io)?;
+        let writer = stream.try_clone().map_err(io)?;
+        Ok(Client { peer, reader: BufReader::new(Box::new(stream)), writer: Box::new(writer) })
     }
 
     /// Connects to topod's read-only TCP listener at `address` (`host:port`) and presents the
     /// shared `key`; connecting, and each read or write, may take up to `timeout`.
     pub fn connect_tcp(address: &str, key: &str, timeout: Duration) -> Result<Client, ClientError> {
-        let connect_error =
-            |source| ClientError::Connect { path: format!("tcp:{address}"), source };
+        let peer = format!("tcp:{address}");
+        let connect_error = |source| ClientError::Connect { peer: peer.clone(), source };
         let addrs = address.to_socket_addrs().map_err(connect_error)?;
         let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address");
         for addr in addrs {
             match TcpStream::connect_timeout(&addr, timeout) {
                 Ok(stream) => {
-                    stream.set_read_timeout(Some(timeout))?;
-                    stream.set_write_timeout(Some(timeout))?;
-                    stream.set_nodelay(true)?;
-                    let mut writer = stream.try_clone()?;
-                    writer.write_all(format!("{key}\n").as_bytes())?;
+                    let io = |source| ClientError::Io { peer: peer.clone(), source };
+                    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+                    stream.set_write_timeout(Some(timeout)).map_err(io)?;
+                    stream.set_nodelay(true).map_err(io)?;
+                    let mut writer = stream.try_clone().map_err(io)?;
+                    writer.write_all(format!("{key}\n").as_bytes()).map_err(io)?;
                     return Ok(Client {
+                        peer,
                         reader: BufReader::new(Box::new(stream)),
                         writer: Box::new(writer),
                     });
@@ -90,13 +130,19 @@ impl Client {
         Err(connect_error(last))
     }
 
+    /// Where this client is connected: the socket path, or `tcp:` and the address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
     /// Sends one operation and reads its result as `T` (one of [`proto::reply`], or the types
     /// the reply documentation names): a reply of another shape is an error that says which.
     pub fn call_as<T: serde::de::DeserializeOwned>(&mut self, op: Op) -> Result<T, ClientError> {
-        let name = op_name(&op);
+        let name = op.name();
         let value = self.call(op)?;
-        serde_json::from_value(value).map_err(|e| {
-            ClientError::Reply(proto::ProtoError::Invalid(format!("reply to {name}: {e}")))
+        serde_json::from_value(value).map_err(|e| ClientError::Reply {
+            peer: self.peer.clone(),
+            what: format!("the reply to {name}: {e}"),
         })
     }
 
@@ -111,18 +157,33 @@ impl Client {
     }
 
     /// `topology`.
-    pub fn topology(&mut self) -> Result<crate::topology::Topology, ClientError> {
+    pub fn topology(&mut self) -> Result<topo_core::topology::Topology, ClientError> {
         self.call_as(Op::Topology)
     }
 
+    /// `fit`: where `request` would go now (with `tasks` when the request does not say), or
+    /// why it would not fit.
+    pub fn fit(
+        &mut self,
+        request: &str,
+        tasks: Option<u32>,
+    ) -> Result<topo_core::place::Fit, ClientError> {
+        self.call_as(Op::Fit { request: request.to_string(), tasks })
+    }
+
     /// `list`.
-    pub fn list(&mut self) -> Result<Vec<crate::ledger::JobView>, ClientError> {
+    pub fn list(&mut self) -> Result<Vec<topo_core::ledger::JobView>, ClientError> {
         self.call_as(Op::List)
     }
 
     /// `allocate` (an [`Op::Allocate`]; see [`Op::allocate`]).
-    pub fn allocate(&mut self, op: Op) -> Result<crate::ledger::Allocation, ClientError> {
+    pub fn allocate(&mut self, op: Op) -> Result<topo_core::ledger::Allocation, ClientError> {
         self.call_as(op)
+    }
+
+    /// `join`: topod moves process `pid` (all its threads) into `job`'s cgroup.
+    pub fn join(&mut self, job: &str, pid: i32) -> Result<proto::reply::Join, ClientError> {
+        self.call_as(Op::Join { job: job.to_string(), pid })
     }
 
     /// `release`.
@@ -130,38 +191,30 @@ impl Client {
         self.call_as(Op::Release { job: job.to_string() })
     }
 
-    /// Sends one operation and returns the result.
+    /// Moves the calling process into `job`'s cgroup: see [`join_self`].
+    pub fn join_self(&mut self, job: &str) -> Result<Joined, JoinSelfError<ClientError>> {
+        join_self(job, |op| self.call(op), |e| matches!(e, ClientError::Refused(_)))
+    }
+
+    /// Sends one operation and returns the result, untyped (the typed calls above decode it).
     pub fn call(&mut self, op: Op) -> Result<serde_json::Value, ClientError> {
-        self.writer.write_all(Request::new(op).to_line().as_bytes())?;
+        let io = |source| ClientError::Io { peer: self.peer.clone(), source };
+        self.writer.write_all(Request::new(op).to_line().as_bytes()).map_err(io)?;
         let mut line = Vec::new();
-        self.reader.read_until(b'\n', &mut line)?;
+        self.reader.read_until(b'\n', &mut line).map_err(io)?;
         if line.is_empty() {
-            return Err(ClientError::Io(std::io::Error::new(
+            return Err(io(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "topod closed the connection without a reply",
             )));
         }
-        let reply = proto::parse_reply(&line)?;
+        let reply = proto::parse_reply(&line)
+            .map_err(|e| ClientError::Reply { peer: self.peer.clone(), what: e.to_string() })?;
         match (reply.ok, reply.error) {
             (_, Some(e)) => Err(ClientError::Refused(e)),
             (Some(v), None) => Ok(v),
             (None, None) => Ok(serde_json::Value::Null),
         }
-    }
-}
-
-/// The operation's name, as `op` spells it on the wire.
-fn op_name(op: &Op) -> &'static str {
-    match op {
-        Op::Version => "version",
-        Op::Topology => "topology",
-        Op::FreeMap => "free_map",
-        Op::Fit { .. } => "fit",
-        Op::Allocate { .. } => "allocate",
-        Op::Join { .. } => "join",
-        Op::SelfJoinFiles { .. } => "self_join_files",
-        Op::Release { .. } => "release",
-        Op::List => "list",
     }
 }
 
@@ -189,7 +242,7 @@ pub enum JoinSelfError<E: std::fmt::Display + std::fmt::Debug> {
     #[error(
         "moving itself into the job's cgroup failed part way ({0}); is the job being released?"
     )]
-    Moving(CgroupError),
+    Moving(SelfJoinError),
     /// It moved itself in, but topod did not confirm with `join`.
     #[error("moved itself into the job's cgroup, but topod did not confirm: {0}")]
     Confirm(E),
@@ -218,13 +271,10 @@ pub fn join_self<E: std::fmt::Display + std::fmt::Debug>(
             Err(e) if refused(&e) => format!("topod gave no files: {e}"),
             Err(e) => return Err(JoinSelfError::Topod(e)),
             Ok(reply) => {
-                let files: Vec<PathBuf> = reply["files"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|f| f.as_str())
-                    .map(Into::into)
-                    .collect();
+                // An answer of another shape is treated as no files: topod then moves the process.
+                let files = serde_json::from_value::<proto::reply::SelfJoinFiles>(reply)
+                    .map(|r| r.files)
+                    .unwrap_or_default();
                 if files.is_empty() {
                     "this host's cgroups offer no self-join".to_string()
                 } else {
@@ -242,6 +292,108 @@ pub fn join_self<E: std::fmt::Display + std::fmt::Debug>(
     };
     call(join).map_err(JoinSelfError::Topod)?;
     Ok(Joined::ByTopod { why })
+}
+
+/// The calling process, ready to move itself into a job's cgroup by writing `0` to each of the
+/// v1 `tasks` files topod names in its reply to `self_join_files`.
+///
+/// Why: writing a pid to `cgroup.procs` takes the kernel's global threadgroup lock for writing,
+/// which waits for an RCU grace period when no migration happened just before (milliseconds
+/// each time on a quiet host). A thread moving only itself (`0` written to v1 `tasks`) skips that
+/// lock on current kernels (`cgroup_procs_write_start`; on this project's test VM, kernel 6.18:
+/// 0.3 ms against 6.3 ms, `tests/cgroup-join-bench.py`).
+///
+/// The caller is root and the file names come from topod, so they are checked before anything is
+/// written: each must be a file named `tasks` in a directory named after the job, on a cgroup v1
+/// file system, opened without following links, creating or truncating anything. v1 `tasks`
+/// moves one thread, so a process with more than one thread is refused: the others would stay
+/// behind. Nothing is written unless every check passes.
+#[derive(Debug)]
+pub struct SelfJoin {
+    files: Vec<(PathBuf, std::fs::File)>,
+}
+
+/// Why a process did not, or did not wholly, move itself.
+#[derive(Debug, thiserror::Error)]
+pub enum SelfJoinError {
+    /// A check failed; nothing was written.
+    #[error("{0}")]
+    Refused(String),
+    /// A file could not be opened, read or written.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done (`opening`, `reading`, `writing 0 to`).
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl SelfJoin {
+    /// Checks the process and opens every file; writes nothing.
+    pub fn prepare(job: &str, files: &[PathBuf]) -> Result<SelfJoin, SelfJoinError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut opened = Vec::with_capacity(files.len());
+        for file in files {
+            let named_right = file.file_name().is_some_and(|n| n == "tasks")
+                && file.parent().and_then(|d| d.file_name()).is_some_and(|n| n == job);
+            if !named_right {
+                return Err(SelfJoinError::Refused(format!(
+                    "{} is not a tasks file of job {job}'s cgroup",
+                    file.display()
+                )));
+            }
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+                .open(file)
+                .map_err(|source| SelfJoinError::Io {
+                    action: "opening",
+                    path: file.clone(),
+                    source,
+                })?;
+            let on_cgroup_v1 = nix::sys::statfs::fstatfs(&f)
+                .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP_SUPER_MAGIC);
+            if !on_cgroup_v1 {
+                return Err(SelfJoinError::Refused(format!(
+                    "{} is not on a cgroup v1 file system",
+                    file.display()
+                )));
+            }
+            opened.push((file.clone(), f));
+        }
+        let status = std::path::Path::new("/proc/self/status");
+        let text = std::fs::read_to_string(status).map_err(|source| SelfJoinError::Io {
+            action: "reading",
+            path: status.into(),
+            source,
+        })?;
+        let threads = text.lines().find_map(|l| l.strip_prefix("Threads:")).map(str::trim);
+        if threads != Some("1") {
+            return Err(SelfJoinError::Refused(format!(
+                "this process has {} threads; only a single-threaded process can move itself through v1 tasks files",
+                threads.unwrap_or("an unknown number of")
+            )));
+        }
+        Ok(SelfJoin { files: opened })
+    }
+
+    /// Writes `0` to each file in order. An error here may leave the process moved in some
+    /// hierarchies and not others.
+    pub fn move_in(self) -> Result<(), SelfJoinError> {
+        use std::io::Write;
+        for (path, mut f) in self.files {
+            f.write_all(b"0").map_err(|source| SelfJoinError::Io {
+                action: "writing 0 to",
+                path,
+                source,
+            })?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

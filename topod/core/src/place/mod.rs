@@ -35,7 +35,7 @@ pub use model::{HostModel, ModelError};
 
 use crate::cpuset::CpuSet;
 use crate::request::{Distribute, Level, Request};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
@@ -238,7 +238,7 @@ pub fn score(m: &PlacementMetrics) -> u64 {
 }
 
 /// What a cluster-side plug-in asks of a host: does the job fit, and how well.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fit {
     /// The score of the placement the host would make (lower is better).
     pub score: u64,
