@@ -71,6 +71,7 @@ DEFAULTS = {
     "vnode_per_numa_node": False,       # exechost_startup makes host[0], host[1], ...
     "orphan_after_runs": 2,             # periodic runs a job must be missing before release
     "state_dir": "/var/lib/topo/pbs-hook",   # orphan candidates, the "we offlined it" marker
+    "protocol_schema": "/usr/share/topo/protocol.schema.json",   # topod's replies are read against it
 }
 
 # Published per vnode: resource suffix -> the free-map field topod computes for the host.
@@ -352,6 +353,141 @@ def request_for(job, share, config):
 
 
 # ---------------------------------------------------------------------------------------------
+# topod's protocol schema
+
+
+# The JSON Schema keywords ProtocolSchema checks; the others it may meet are annotations.
+SCHEMA_CHECKED = ("$ref", "anyOf", "oneOf", "allOf", "const", "enum", "type", "minimum", "maximum",
+                  "pattern", "properties", "required", "additionalProperties", "items")
+SCHEMA_ANNOTATIONS = ("$schema", "$defs", "title", "description", "default", "format", "protocol_version")
+
+JSON_TYPES = {
+    "null": lambda v: v is None,
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+class ProtocolSchema(object):
+    """topod's protocol as a JSON Schema (packaging/protocol.schema.json, which `topoctl
+    protocol-schema` generates from topod's own types). Every reply is read against it before
+    this hook uses it, so a reply of another shape (a renamed or missing field, a topod of
+    another version) is an error that names the field, never a KeyError or a silent default.
+
+    Only the keywords the generated schema uses are implemented (SCHEMA_CHECKED); a schema with
+    any other keyword is refused when it is read, rather than half checked."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            with open(path) as f:
+                document = json.load(f)
+        except (OSError, ValueError) as e:
+            raise HookError("cannot read topod's protocol schema %s: %s (copy packaging/protocol.schema.json "
+                            "there, or set \"protocol_schema\" in the hook configuration)" % (path, e))
+        self.defs = document.get("$defs") if isinstance(document, dict) else None
+        if not isinstance(self.defs, dict):
+            raise HookError("topod's protocol schema %s has no $defs" % path)
+        unknown = sorted(self._keywords(document) - set(SCHEMA_CHECKED) - set(SCHEMA_ANNOTATIONS))
+        if unknown:
+            raise HookError("topod's protocol schema %s uses %s, which this hook cannot check"
+                            % (path, ", ".join(unknown)))
+
+    def _keywords(self, schema, found=None):
+        """Every keyword used in `schema` and the schemas inside it (not inside values such as
+        "const" or "default", which are data)."""
+        found = set() if found is None else found
+        if not isinstance(schema, dict):
+            return found
+        for key, value in schema.items():
+            found.add(key)
+            if key in ("properties", "$defs") and isinstance(value, dict):
+                for sub in value.values():
+                    self._keywords(sub, found)
+            elif key in ("items", "additionalProperties"):
+                self._keywords(value, found)
+            elif key in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
+                for sub in value:
+                    self._keywords(sub, found)
+        return found
+
+    def check_ok(self, op, value):
+        """Raises HookError unless `value` is a valid "ok" value of a reply to `op`."""
+        schema = self.defs.get("ok." + op)
+        if schema is None:
+            raise HookError("topod's protocol schema %s has no reply for the operation %r" % (self.path, op))
+        problem = self.problem(value, schema, "ok")
+        if problem:
+            raise HookError("topod's reply to %s does not match its protocol (%s): %s" % (op, self.path, problem))
+
+    def problem(self, value, schema, where):
+        """What is wrong with `value` at `where` against `schema`, or None."""
+        if schema is True or schema == {}:
+            return None
+        if schema is False:
+            return "%s: nothing is allowed here" % where
+        if "$ref" in schema:
+            name = schema["$ref"].split("/")[-1]
+            if name not in self.defs:
+                return "%s: the schema refers to an unknown %s" % (where, schema["$ref"])
+            found = self.problem(value, self.defs[name], where)
+            if found:
+                return found
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                problems = [self.problem(value, sub, where) for sub in schema[key]]
+                matches = problems.count(None)
+                if matches == 0:
+                    return " or ".join(p for p in problems if p)
+                if key == "oneOf" and matches > 1:
+                    return "%s: %r matches more than one of the forms allowed here" % (where, value)
+        for sub in schema.get("allOf", ()):
+            found = self.problem(value, sub, where)
+            if found:
+                return found
+        if "const" in schema and value != schema["const"]:
+            return "%s is %r, not %r" % (where, value, schema["const"])
+        if "enum" in schema and value not in schema["enum"]:
+            return "%s is %r, not one of %s" % (where, value, ", ".join(repr(e) for e in schema["enum"]))
+        if "type" in schema:
+            types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+            if not any(JSON_TYPES[t](value) for t in types if t in JSON_TYPES):
+                return "%s is %r, not of type %s" % (where, value, " or ".join(types))
+        if JSON_TYPES["number"](value):
+            if "minimum" in schema and value < schema["minimum"]:
+                return "%s is %r, below %r" % (where, value, schema["minimum"])
+            if "maximum" in schema and value > schema["maximum"]:
+                return "%s is %r, above %r" % (where, value, schema["maximum"])
+        if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
+            return "%s is %r, which does not have the form %s" % (where, value, schema["pattern"])
+        if isinstance(value, dict):
+            for key in schema.get("required", ()):
+                if key not in value:
+                    return "%s has no %r" % (where, key)
+            properties = schema.get("properties", {})
+            for key in sorted(value):
+                inner = "%s.%s" % (where, key)
+                if key in properties:
+                    found = self.problem(value[key], properties[key], inner)
+                elif "additionalProperties" in schema:
+                    found = self.problem(value[key], schema["additionalProperties"], inner)
+                else:
+                    found = None
+                if found:
+                    return found
+        if isinstance(value, list) and "items" in schema:
+            for i, item in enumerate(value):
+                found = self.problem(item, schema["items"], "%s[%d]" % (where, i))
+                if found:
+                    return found
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
 # topod and topoctl
 
 
@@ -362,6 +498,8 @@ class Topod(object):
     def __init__(self, config):
         self.path = config["socket"]
         self.timeout = config["timeout_seconds"]
+        self.schema_path = config["protocol_schema"]
+        self.schema = None
         self.sock = None
         self.buffer = b""
 
@@ -376,8 +514,11 @@ class Topod(object):
         return self.path
 
     def call(self, op, **fields):
-        """The "ok" value of the reply; TopodRefused for an "error" reply, TopodUnreachable when
-        topod cannot be reached or does not answer in time."""
+        """The "ok" value of the reply, checked against topod's protocol schema; TopodRefused
+        for an "error" reply, TopodUnreachable when topod cannot be reached or does not answer
+        in time, HookError for a reply that is not what the protocol says."""
+        if self.schema is None:
+            self.schema = ProtocolSchema(self.schema_path)
         request = dict(fields, v=1, op=op)
         try:
             if self.sock is None:
@@ -393,9 +534,15 @@ class Topod(object):
             reply = json.loads(line.decode())
         except ValueError:
             raise HookError("topod at %s sent a reply that is not JSON: %r" % (self.path, line[:200]))
+        problem = self.schema.problem(reply, {"$ref": "#/$defs/Reply"}, "the reply")
+        if problem:
+            raise HookError("topod at %s sent a reply that does not match its protocol (%s): %s"
+                            % (self.path, self.schema_path, problem))
         if reply.get("error"):
-            raise TopodRefused(reply["error"].get("code"), reply["error"].get("message", "?"))
-        return reply.get("ok")
+            raise TopodRefused(reply["error"]["code"], reply["error"]["message"])
+        ok = reply.get("ok")
+        self.schema.check_ok(op, ok)
+        return ok
 
     def _read_line(self):
         while b"\n" not in self.buffer:

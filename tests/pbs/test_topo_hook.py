@@ -27,6 +27,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 HOOK = os.path.join(REPO, "packaging", "pbs", "topo.py")
+SCHEMA = os.path.join(REPO, "packaging", "protocol.schema.json")
 BIN = os.environ.get("TOPO_BIN_DIR", os.path.join(REPO, "target", "debug"))
 SHARED = os.environ.get("TOPO_SHARED_DIR", os.path.join(os.path.dirname(REPO), "shared"))
 EMULATED = os.path.join(SHARED, "topologies", "converted-hwloc2.9", "32intel64-2p8co2t+8ve.xml")
@@ -182,7 +183,7 @@ class HookTestCase(unittest.TestCase):
     def write_config(self, **overrides):
         config = {"socket": self.topod.socket, "topoctl": os.path.join(BIN, "topoctl"),
                   "topo_exec": os.path.join(BIN, "topo-exec"), "state_dir": os.path.join(self.dir, "hook-state"),
-                  "timeout_seconds": 10}
+                  "timeout_seconds": 10, "protocol_schema": SCHEMA}
         config.update(overrides)
         with open(self.config, "w") as f:
             json.dump(config, f)
@@ -618,6 +619,44 @@ class PureFunctionsTest(unittest.TestCase):
         vnode = Event.vnode_list["node1"]
         self.assertEqual(vnode.state, hook.pbs.ND_OFFLINE)
         self.assertEqual(vnode.comment, "topo: cannot release pbs-9.s: topod: " + refusal)
+
+    def test_replies_are_read_against_topods_protocol_schema(self):
+        """The hook checks every reply against packaging/protocol.schema.json (generated from
+        topod's types): a field renamed or missing, or of the wrong type, names itself."""
+        schema = self.hook.ProtocolSchema(SCHEMA)
+        allocation = {"job": "pbs-1.s", "cpus": "0-3", "tasks": ["0-1", "2-3"], "mems": "0",
+                      "fenced": "", "request": "affinity[core(2)*2]"}
+        schema.check_ok("allocate", allocation)
+        schema.check_ok("list", [dict(allocation, state="running", owner_uid=1000)])
+        schema.check_ok("release", {"job": "pbs-1.s", "killed": 0})
+
+        def refused(op, value):
+            with self.assertRaises(self.hook.HookError) as caught:
+                schema.check_ok(op, value)
+            return str(caught.exception)
+
+        renamed = dict(allocation)
+        renamed["cpu_list"] = renamed.pop("cpus")
+        self.assertIn("ok has no 'cpus'", refused("allocate", renamed))
+        self.assertIn("ok.cpus is '0-3,x'", refused("allocate", dict(allocation, cpus="0-3,x")))
+        self.assertIn("ok[0].state is 'sleeping'", refused("list", [dict(allocation, state="sleeping")]))
+        self.assertIn("ok.killed is '0', not of type integer", refused("release", {"job": "j", "killed": "0"}))
+        self.assertIn("no reply for the operation 'launch'", refused("launch", {}))
+        reply = {"v": 1, "error": {"code": "no_such_code", "message": "x"}}
+        self.assertIsNotNone(schema.problem(reply, {"$ref": "#/$defs/Reply"}, "the reply"))
+
+    def test_a_schema_the_hook_cannot_check_is_refused(self):
+        directory = tempfile.mkdtemp(prefix="topo-pbs-test-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        path = os.path.join(directory, "schema.json")
+        with open(path, "w") as f:
+            json.dump({"$defs": {"ok.version": {"type": "object", "dependentRequired": {"a": ["b"]}}}}, f)
+        with self.assertRaises(self.hook.HookError) as caught:
+            self.hook.ProtocolSchema(path)
+        self.assertIn("uses dependentRequired, which this hook cannot check", str(caught.exception))
+        with self.assertRaises(self.hook.HookError) as caught:
+            self.hook.ProtocolSchema(os.path.join(directory, "missing.json"))
+        self.assertIn("copy packaging/protocol.schema.json there", str(caught.exception))
 
     def test_the_hook_keeps_to_python_3_5(self):
         """PBS embeds its own Python; old releases have 3.5/3.6: no f-strings, no walrus, no

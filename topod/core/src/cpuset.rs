@@ -461,6 +461,22 @@ impl<'de> serde::Deserialize<'de> for CpuSet {
     }
 }
 
+/// On the wire a CPU set is the kernel's list format (`0-3,8`, or empty).
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for CpuSet {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "CpuSet".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "CPU or NUMA node ids in the kernel's list format: 0-3,8 (empty for none)",
+            "type": "string",
+            "pattern": "^([0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)?$"
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,6 +60,7 @@ pub const OPERATIONS: &[&str] = &[
 ];
 
 /// What a client asks.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Op {
@@ -191,6 +192,7 @@ pub mod reply {
     use std::path::PathBuf;
 
     /// `version`.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
     pub struct Version {
         /// topod's version.
@@ -204,6 +206,7 @@ pub mod reply {
     }
 
     /// `free_map`: who holds what, by CPU and by shape.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
     pub struct FreeMap {
         /// The ledger's generation: it changes whenever a job is allocated or released.
@@ -224,6 +227,7 @@ pub mod reply {
     }
 
     /// `join`.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
     pub struct Join {
         /// The job.
@@ -233,6 +237,7 @@ pub mod reply {
     }
 
     /// `self_join_files`.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
     pub struct SelfJoinFiles {
         /// The job.
@@ -242,6 +247,7 @@ pub mod reply {
     }
 
     /// `release`.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
     pub struct Release {
         /// The job.
@@ -252,6 +258,7 @@ pub mod reply {
 }
 
 /// A request line: the version and the operation.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     /// Protocol version.
@@ -276,6 +283,7 @@ impl Request {
 }
 
 /// Error codes a reply may carry.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
@@ -296,6 +304,7 @@ pub enum ErrorCode {
 }
 
 /// An error reply's body.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {
@@ -306,6 +315,7 @@ pub struct ErrorBody {
 }
 
 /// A reply line.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Reply {
@@ -506,6 +516,52 @@ pub fn parse_reply(line: &[u8]) -> Result<Reply, ProtoError> {
         return Err(ProtoError::Version { got: u64::from(reply.v) });
     }
     Ok(reply)
+}
+
+/// The protocol as a JSON Schema (draft 2020-12), generated from the types above: what
+/// `topoctl protocol-schema` prints and `packaging/protocol.schema.json` holds (the suite checks
+/// that the file is what this build generates). Clients in other languages, the PBS hook among
+/// them, read replies against it.
+///
+/// The document validates any protocol line (a request or a reply). Its `$defs` name every
+/// type; `Request` and `Reply` are the two lines, and `ok.<operation>` is the `ok` value of a
+/// successful reply to each operation.
+#[cfg(feature = "schema")]
+pub mod schema {
+    use super::{reply, ErrorBody, Reply, Request, OPERATIONS, PROTOCOL_VERSION};
+    use serde_json::{json, Value};
+
+    /// The schema document.
+    pub fn document() -> Value {
+        let mut generator = schemars::generate::SchemaSettings::draft2020_12().into_generator();
+        let request = generator.subschema_for::<Request>();
+        let reply_line = generator.subschema_for::<Reply>();
+        let _ = generator.subschema_for::<ErrorBody>();
+        let ok: Vec<(&str, schemars::Schema)> = vec![
+            ("version", generator.subschema_for::<reply::Version>()),
+            ("topology", generator.subschema_for::<crate::topology::Topology>()),
+            ("free_map", generator.subschema_for::<reply::FreeMap>()),
+            ("fit", generator.subschema_for::<crate::place::Fit>()),
+            ("allocate", generator.subschema_for::<crate::ledger::Allocation>()),
+            ("join", generator.subschema_for::<reply::Join>()),
+            ("self_join_files", generator.subschema_for::<reply::SelfJoinFiles>()),
+            ("release", generator.subschema_for::<reply::Release>()),
+            ("list", generator.subschema_for::<Vec<crate::ledger::JobView>>()),
+        ];
+        debug_assert!(ok.iter().map(|(op, _)| *op).eq(OPERATIONS.iter().copied()));
+        let mut defs = generator.take_definitions(true);
+        for (op, schema) in ok {
+            defs.insert(format!("ok.{op}"), schema.to_value());
+        }
+        json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": format!("topod protocol, version {PROTOCOL_VERSION}"),
+            "description": "One JSON object per line over topod's Unix socket (or its read-only TCP listener): a request (#/$defs/Request), answered by a reply (#/$defs/Reply) whose ok value for operation OP is #/$defs/ok.OP. Generated by topoctl protocol-schema from topo-core's types.",
+            "protocol_version": PROTOCOL_VERSION,
+            "anyOf": [request.to_value(), reply_line.to_value()],
+            "$defs": defs,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -79,6 +79,7 @@ impl PlacementMetrics {
 }
 
 /// What is still free on a host, by shape: the largest request of each kind that fits now.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct HostMetrics {
     /// Free CPUs.

@@ -238,6 +238,7 @@ pub fn score(m: &PlacementMetrics) -> u64 {
 }
 
 /// What a cluster-side plug-in asks of a host: does the job fit, and how well.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fit {
     /// The score of the placement the host would make (lower is better).

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// One domain of one level: the CPUs it covers and the OS (or hwloc logical) index when known.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Domain {
     /// OS index (`physical_package_id`, cache id, ...) when the source gives one.
@@ -31,6 +32,7 @@ pub struct Domain {
 }
 
 /// What kind of memory a NUMA node holds.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum MemoryKind {
@@ -45,6 +47,7 @@ pub enum MemoryKind {
 }
 
 /// A NUMA node: a memory and the CPUs local to it (possibly none).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NumaNode {
     /// The kernel's node id (`nodeN`).
@@ -63,6 +66,7 @@ pub struct NumaNode {
 
 /// A class of CPU on hybrid processors (P-cores and E-cores), in the order the source gives
 /// (hwloc: ascending efficiency).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CpuKind {
     /// The CPUs of this kind.
@@ -74,6 +78,7 @@ pub struct CpuKind {
 }
 
 /// The class of an I/O device, as far as placement cares.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeviceClass {
@@ -90,6 +95,7 @@ pub enum DeviceClass {
 }
 
 /// A PCI device with its locality.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IoDevice {
     /// `domain:bus:device.function`, e.g. `0000:3b:00.0`.
@@ -111,6 +117,7 @@ pub struct IoDevice {
 }
 
 /// The NUMA distance matrix (SLIT), square, in the order of `nodes`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Distances {
     /// NUMA node OS indexes, in row order.
@@ -129,6 +136,7 @@ impl Distances {
 }
 
 /// The hardware graph of one host.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Topology {
     /// Where the graph came from (a path, or `/` for the running host).

@@ -190,6 +190,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the protocol between topod and its clients as a JSON Schema (the file
+    /// packaging/protocol.schema.json, which the PBS hook reads replies against).
+    ProtocolSchema,
 }
 
 #[derive(Subcommand)]
@@ -318,6 +321,7 @@ fn main() -> ExitCode {
             what: BenchCommand::Placement { topologies, strategies, seed, jobs, json },
         } => bench_placement(&topologies, &strategies, seed, jobs as usize, json),
         Command::Demo { source, json } => demo(&source, json),
+        Command::ProtocolSchema => print_json(&topo_core::proto::schema::document()),
         Command::Status { daemon, json } => status(&daemon, json),
         Command::Jobs { daemon, json } => jobs(&daemon, json),
         Command::SlurmFeatures { daemon, node, interval, once, dry_run, scontrol } => {
