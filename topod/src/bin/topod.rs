@@ -16,7 +16,7 @@ use topo_client::Client;
 use topo_core::place::Strategy;
 use topo_core::proto::Op;
 use topo_core::topology::{hwloc_xml, sysfs};
-use topod::cgroup::{fake::Fake, v1::V1, v2::V2, CgroupBackend};
+use topod::cgroup::{self, fs::Files, Kind};
 use topod::daemon::conn::{raise_fd_limit, Gate};
 use topod::daemon::host::{Host, JobHint};
 use topod::daemon::records::Records;
@@ -86,8 +86,16 @@ fn run(args: Args) -> Result<(), String> {
             "unknown".to_string()
         }
     };
-    let kind = resolve_kind(kind);
-    let _subtree_lock = lock_subtree(kind, &subtree)?;
+    let files = Files::default();
+    let mounts = std::fs::read_to_string(cgroup::MOUNTS)
+        .map_err(|e| format!("reading {}: {e}", cgroup::MOUNTS))?;
+    let kind = match kind {
+        CgroupKind::Fake => Kind::Fake,
+        CgroupKind::V1 => Kind::V1,
+        CgroupKind::V2 => Kind::V2,
+        CgroupKind::Auto => Kind::auto(&files, &mounts),
+    };
+    let _subtree_lock = lock_subtree(kind.subtree_dir(&mounts, &subtree))?;
     let topo = match args.topology.or(config.topology.clone()) {
         Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
         None => {
@@ -96,7 +104,13 @@ fn run(args: Args) -> Result<(), String> {
     };
     let reserved = config.reserved_cpus.clone().unwrap_or_default();
     let strategy = config.strategy.unwrap_or(Strategy::BestFit);
-    let backend = backend(kind, &subtree, &topo)?;
+    let backend =
+        kind.open(files, &mounts, &subtree, &topo.allowed, &topo.allowed_mems).map_err(|e| {
+            match kind {
+                Kind::V1 => format!("{e} (use --cgroup fake to try topod without cgroups)"),
+                _ => e.to_string(),
+            }
+        })?;
     let records = Records::open(&state_dir).map_err(|e| e.to_string())?;
     let mut host =
         Host::new(topo, reserved, backend, Some(records), strategy).map_err(|e| e.to_string())?;
@@ -227,50 +241,11 @@ fn read_key(key_file: &Path) -> Result<String, String> {
     Ok(key)
 }
 
-/// The cgroup backends topod can run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Fake,
-    V1,
-    V2,
-}
-
-fn resolve_kind(kind: CgroupKind) -> Kind {
-    let v2_with_cpuset = || {
-        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-        topod::cgroup::v2::v2_mount(&mounts)
-            .and_then(|m| std::fs::read_to_string(m.join("cgroup.controllers")).ok())
-            .is_some_and(|c| c.split_whitespace().any(|x| x == "cpuset"))
-    };
-    match kind {
-        CgroupKind::Fake => Kind::Fake,
-        CgroupKind::V1 => Kind::V1,
-        CgroupKind::V2 => Kind::V2,
-        CgroupKind::Auto if v2_with_cpuset() => Kind::V2,
-        CgroupKind::Auto => Kind::V1,
-    }
-}
-
 /// Takes an exclusive lock (`flock(2)`) on topod's subtree in the cpuset hierarchy, held for
 /// topod's lifetime: two topods on one subtree would both give the same CPUs away. Taken before
 /// anything in the subtree is read or changed.
-fn lock_subtree(
-    kind: Kind,
-    subtree: &str,
-) -> Result<Option<nix::fcntl::Flock<std::fs::File>>, String> {
-    let mounts = std::fs::read_to_string("/proc/mounts")
-        .map_err(|e| format!("reading /proc/mounts: {e}"))?;
-    let dir = match kind {
-        Kind::Fake => return Ok(None),
-        Kind::V1 => match topod::cgroup::v1::v1_mounts(&mounts).0 {
-            Some(cpuset) => cpuset.join(subtree),
-            None => return Ok(None),
-        },
-        Kind::V2 => match topod::cgroup::v2::v2_mount(&mounts) {
-            Some(mount) => mount.join(format!("{subtree}.slice")),
-            None => return Ok(None),
-        },
-    };
+fn lock_subtree(dir: Option<PathBuf>) -> Result<Option<nix::fcntl::Flock<std::fs::File>>, String> {
+    let Some(dir) = dir else { return Ok(None) };
     match std::fs::create_dir(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -287,23 +262,6 @@ fn lock_subtree(
             dir.display()
         )),
         Err((_, e)) => Err(format!("cannot lock topod's cgroup subtree {}: {e}", dir.display())),
-    }
-}
-
-fn backend(
-    kind: Kind,
-    subtree: &str,
-    topo: &topo_core::topology::Topology,
-) -> Result<Box<dyn CgroupBackend>, String> {
-    match kind {
-        Kind::Fake => Ok(Box::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()))),
-        Kind::V1 => Ok(Box::new(
-            V1::detect(subtree)
-                .map_err(|e| format!("{e} (use --cgroup fake to try topod without cgroups)"))?,
-        )),
-        Kind::V2 => {
-            Ok(Box::new(V2::detect(&format!("{subtree}.slice")).map_err(|e| e.to_string())?))
-        }
     }
 }
 

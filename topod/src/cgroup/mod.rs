@@ -16,9 +16,69 @@
 //!   a restarted daemon can rebuild its ledger.
 
 pub mod fake;
-mod files;
+#[cfg(test)]
+pub(crate) mod fake_fs;
+pub mod fs;
 pub mod v1;
 pub mod v2;
+
+use fs::Files;
+
+/// Where the kernel lists mounted file systems (`/proc/mounts` format); the backends take its
+/// text as an argument, so tests give them a fake cgroup file system's.
+pub const MOUNTS: &str = "/proc/self/mounts";
+
+/// A cgroup backend topod can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// In memory ([`fake::Fake`]): jobs are not confined.
+    Fake,
+    /// [`v1::V1`].
+    V1,
+    /// [`v2::V2`].
+    V2,
+}
+
+impl Kind {
+    /// `auto`: v2 where the unified hierarchy in `mounts` offers the cpuset controller, else v1.
+    pub fn auto(files: &Files, mounts: &str) -> Kind {
+        let v2_with_cpuset = v2::v2_mount(mounts)
+            .and_then(|m| files.read(&m.join("cgroup.controllers")).ok())
+            .is_some_and(|c| c.split_whitespace().any(|x| x == "cpuset"));
+        if v2_with_cpuset {
+            Kind::V2
+        } else {
+            Kind::V1
+        }
+    }
+
+    /// The directory of topod's `subtree` in the cpuset hierarchy (the one topod locks), if
+    /// that hierarchy is mounted; none for the fake.
+    pub fn subtree_dir(self, mounts: &str, subtree: &str) -> Option<PathBuf> {
+        match self {
+            Kind::Fake => None,
+            Kind::V1 => v1::v1_mounts(mounts).0.map(|cpuset| cpuset.join(subtree)),
+            Kind::V2 => v2::v2_mount(mounts).map(|m| m.join(format!("{subtree}.slice"))),
+        }
+    }
+
+    /// The backend, on `subtree` of the hierarchies `mounts` names (v2: `<subtree>.slice`),
+    /// through `files`; the fake's parent holds `cpus` and `mems`.
+    pub fn open(
+        self,
+        files: Files,
+        mounts: &str,
+        subtree: &str,
+        cpus: &CpuSet,
+        mems: &CpuSet,
+    ) -> Result<Box<dyn CgroupBackend>, CgroupError> {
+        Ok(match self {
+            Kind::Fake => Box::new(fake::Fake::new(cpus.clone(), mems.clone())),
+            Kind::V1 => Box::new(v1::V1::detect_in(files, mounts, subtree)?),
+            Kind::V2 => Box::new(v2::V2::detect_in(files, mounts, &format!("{subtree}.slice"))?),
+        })
+    }
+}
 
 pub use topo_core::jobid::{JobId, JobIdError};
 

@@ -8,10 +8,7 @@
 //! `cpuset.cpu_exclusive` is not used: it would need our whole subtree to be exclusive of the
 //! rest of the system; exclusivity between jobs is the ledger's.
 
-use super::files::{
-    check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set,
-    refuse_if_topod_inside, rmdir, wait_until, write,
-};
+use super::fs::{wait_until, Files};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,6 +16,7 @@ use std::time::Duration;
 /// cgroup v1 job cgroups.
 #[derive(Debug, Clone)]
 pub struct V1 {
+    files: Files,
     cpuset: PathBuf,
     freezer: Option<PathBuf>,
     memory: Option<PathBuf>,
@@ -51,12 +49,20 @@ pub fn v1_mounts(mounts: &str) -> (Option<PathBuf>, Option<PathBuf>, Option<Path
 impl V1 {
     /// Uses (and creates) `subtree` under each mounted hierarchy of this host.
     pub fn detect(subtree: &str) -> Result<Self, CgroupError> {
-        let mounts = read(Path::new("/proc/mounts"))?;
-        let (cpuset, freezer, memory) = v1_mounts(&mounts);
+        let files = Files::default();
+        let mounts = files.read(Path::new(super::MOUNTS))?;
+        Self::detect_in(files, &mounts, subtree)
+    }
+
+    /// Uses (and creates) `subtree` under each hierarchy `mounts` (`/proc/mounts` text) names,
+    /// through `files`.
+    pub fn detect_in(files: Files, mounts: &str, subtree: &str) -> Result<Self, CgroupError> {
+        let (cpuset, freezer, memory) = v1_mounts(mounts);
         let cpuset = cpuset.ok_or_else(|| {
             CgroupError::Unsupported("no cgroup v1 cpuset hierarchy is mounted".into())
         })?;
-        V1::new(
+        V1::with_files(
+            files,
             cpuset.join(subtree),
             freezer.map(|f| f.join(subtree)),
             memory.map(|m| m.join(subtree)),
@@ -69,55 +75,63 @@ impl V1 {
         freezer: Option<PathBuf>,
         memory: Option<PathBuf>,
     ) -> Result<Self, CgroupError> {
-        mkdir(&cpuset)?;
+        Self::with_files(Files::default(), cpuset, freezer, memory)
+    }
+
+    /// [`V1::new`] through `files`.
+    pub fn with_files(
+        files: Files,
+        cpuset: PathBuf,
+        freezer: Option<PathBuf>,
+        memory: Option<PathBuf>,
+    ) -> Result<Self, CgroupError> {
+        files.mkdir(&cpuset)?;
         // A new cpuset directory has no CPUs: give ours its parent's, less those an exclusive
         // sibling holds (the kernel refuses an overlap with an exclusive cpuset).
         let parent = cpuset
             .parent()
             .ok_or_else(|| CgroupError::Unsupported(format!("{} has no parent", cpuset.display())))?
             .to_path_buf();
-        if read(&cpuset.join("cpuset.mems"))?.trim().is_empty() {
-            write(&cpuset.join("cpuset.mems"), read(&parent.join("cpuset.mems"))?.trim())?;
+        if files.read(&cpuset.join("cpuset.mems"))?.trim().is_empty() {
+            files.write(
+                &cpuset.join("cpuset.mems"),
+                files.read(&parent.join("cpuset.mems"))?.trim(),
+            )?;
         }
-        if read(&cpuset.join("cpuset.cpus"))?.trim().is_empty() {
-            let cpus =
-                read_set(&parent.join("cpuset.cpus"))?.difference(&exclusive_siblings(&cpuset)?);
-            write(&cpuset.join("cpuset.cpus"), &cpus.to_string())?;
+        if files.read(&cpuset.join("cpuset.cpus"))?.trim().is_empty() {
+            let cpus = files
+                .read_set(&parent.join("cpuset.cpus"))?
+                .difference(&exclusive_siblings(&files, &cpuset)?);
+            files.write(&cpuset.join("cpuset.cpus"), &cpus.to_string())?;
         } else {
             // An exclusive cpuset that held some of the parent's CPUs when the subtree was made
             // may be gone: take its CPUs back.
-            widen_subtree(&cpuset)?;
+            widen_subtree(&files, &cpuset)?;
         }
         for root in freezer.iter().chain(memory.iter()) {
             // A nested subtree (`batch/topo`) needs its parents here too; in the cpuset
             // hierarchy they must exist already, with the CPUs the subtree may use.
             if let Some(parent) = root.parent() {
-                std::fs::create_dir_all(parent).map_err(|source| CgroupError::Io {
-                    action: "creating",
-                    path: parent.to_path_buf(),
-                    data: None,
-                    source,
-                })?;
+                files.mkdir_all(parent)?;
             }
-            mkdir(root)?;
+            files.mkdir(root)?;
             // Leftovers of a release cut short: a job directory with no cpuset directory and no
             // process is provably dead.
-            if let Ok(entries) = std::fs::read_dir(root) {
-                for e in entries.flatten().filter(|e| e.path().is_dir()) {
-                    let name = e.file_name();
-                    let orphan = JobId::parse(&name.to_string_lossy()).is_ok()
-                        && !cpuset.join(&name).exists();
-                    if orphan
-                        && read_pids(&e.path().join("cgroup.procs"))
-                            .map(|p| p.is_empty())
-                            .unwrap_or(false)
-                    {
-                        let _ = rmdir(&e.path());
-                    }
+            for dir in files.subdirs(root) {
+                let Some(name) = dir.file_name() else { continue };
+                let orphan = JobId::parse(&name.to_string_lossy()).is_ok()
+                    && !files.exists(&cpuset.join(name));
+                if orphan
+                    && files
+                        .read_pids(&dir.join("cgroup.procs"))
+                        .map(|p| p.is_empty())
+                        .unwrap_or(false)
+                {
+                    let _ = files.rmdir(&dir);
                 }
             }
         }
-        Ok(V1 { cpuset, freezer, memory })
+        Ok(V1 { files, cpuset, freezer, memory })
     }
 
     fn dirs(&self, job: &JobId) -> impl Iterator<Item = PathBuf> + '_ {
@@ -131,15 +145,15 @@ impl V1 {
     /// Writes `pid` to `cgroup.procs` in each hierarchy; with `unless_in`, skips a hierarchy
     /// whose `tasks` lists every thread of it already (a process that moved itself in).
     fn move_in(&self, job: &JobId, pid: i32, unless_in: bool) -> Result<(), CgroupError> {
-        if !self.cpuset.join(job.as_str()).is_dir() {
+        if !self.files.is_dir(&self.cpuset.join(job.as_str())) {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
         for d in self.dirs(job) {
             let procs = d.join("cgroup.procs");
-            if unless_in && every_thread_in(&d, pid) {
+            if unless_in && every_thread_in(&self.files, &d, pid) {
                 continue;
             }
-            match write(&procs, &pid.to_string()) {
+            match self.files.write(&procs, &pid.to_string()) {
                 Ok(()) => {}
                 // The kernel refuses tasks in a v1 cpuset without CPUs or memory nodes (ENOSPC,
                 // cpuset_can_attach): say that plainly. Checked on failure rather than read
@@ -153,8 +167,8 @@ impl V1 {
                 Err(_) => {
                     // A create cut short (topod killed) may have made the cpuset but not the
                     // freezer or memory directory: make it and try again.
-                    mkdir(&d)?;
-                    write(&procs, &pid.to_string())?;
+                    self.files.mkdir(&d)?;
+                    self.files.write(&procs, &pid.to_string())?;
                 }
             }
         }
@@ -165,10 +179,10 @@ impl V1 {
     /// tasks; saying so is clearer than the kernel's ENOSPC).
     fn ready_for_processes(&self, job: &JobId) -> Result<(), CgroupError> {
         let dir = self.cpuset.join(job.as_str());
-        if !dir.is_dir() {
+        if !self.files.is_dir(&dir) {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
-        match configured(&dir)? {
+        match self.files.configured(&dir)? {
             Some(_) => Ok(()),
             None => Err(CgroupError::NotReady(job.to_string())),
         }
@@ -176,10 +190,11 @@ impl V1 {
 
     fn effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
         // Where the kernel has no effective_* files (older kernels), the configured values apply.
-        let read_either = |effective: &str, configured: &str| match read_set(&dir.join(effective)) {
-            Err(e) if is_not_found(&e) => read_set(&dir.join(configured)),
-            other => other,
-        };
+        let read_either =
+            |effective: &str, configured: &str| match self.files.read_set(&dir.join(effective)) {
+                Err(e) if is_not_found(&e) => self.files.read_set(&dir.join(configured)),
+                other => other,
+            };
         Ok(Effective {
             cpus: read_either("cpuset.effective_cpus", "cpuset.cpus")?,
             mems: read_either("cpuset.effective_mems", "cpuset.mems")?,
@@ -198,7 +213,7 @@ impl V1 {
     fn pids_in(&self, dirs: impl Iterator<Item = PathBuf>) -> Result<Vec<i32>, CgroupError> {
         let mut pids = Vec::new();
         for dir in dirs {
-            match read_pids(&dir.join("cgroup.procs")) {
+            match self.files.read_pids(&dir.join("cgroup.procs")) {
                 Ok(p) => pids.extend(p),
                 // A hierarchy where the job has no directory (a create cut short) holds nothing.
                 Err(e) if is_not_found(&e) => {}
@@ -212,17 +227,18 @@ impl V1 {
 }
 
 /// The CPUs of the cpusets beside `root` (same parent) that are marked `cpuset.cpu_exclusive`.
-fn exclusive_siblings(root: &Path) -> Result<topo_core::cpuset::CpuSet, CgroupError> {
+fn exclusive_siblings(
+    files: &Files,
+    root: &Path,
+) -> Result<topo_core::cpuset::CpuSet, CgroupError> {
     let mut out = topo_core::cpuset::CpuSet::new();
     let Some(parent) = root.parent() else { return Ok(out) };
-    let Ok(entries) = std::fs::read_dir(parent) else { return Ok(out) };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p == root || !p.is_dir() {
+    for p in files.subdirs(parent) {
+        if p == root {
             continue;
         }
-        if read(&p.join("cpuset.cpu_exclusive")).map(|v| v.trim() == "1").unwrap_or(false) {
-            out.union_with(&read_set(&p.join("cpuset.cpus"))?);
+        if files.read(&p.join("cpuset.cpu_exclusive")).map(|v| v.trim() == "1").unwrap_or(false) {
+            out.union_with(&files.read_set(&p.join("cpuset.cpus"))?);
         }
     }
     Ok(out)
@@ -231,12 +247,13 @@ fn exclusive_siblings(root: &Path) -> Result<topo_core::cpuset::CpuSet, CgroupEr
 /// Writes to the subtree root's `cpuset.cpus` every CPU of its parent that no exclusive sibling
 /// holds, when that is more than it has (a v1 cpuset keeps what it was given when an exclusive
 /// sibling goes away, so topod's subtree would stay narrowed for good).
-fn widen_subtree(root: &Path) -> Result<(), CgroupError> {
+fn widen_subtree(files: &Files, root: &Path) -> Result<(), CgroupError> {
     let Some(parent) = root.parent() else { return Ok(()) };
-    let may_use = read_set(&parent.join("cpuset.cpus"))?.difference(&exclusive_siblings(root)?);
-    let has = read_set(&root.join("cpuset.cpus"))?;
+    let may_use =
+        files.read_set(&parent.join("cpuset.cpus"))?.difference(&exclusive_siblings(files, root)?);
+    let has = files.read_set(&root.join("cpuset.cpus"))?;
     if !may_use.is_subset(&has) {
-        write(&root.join("cpuset.cpus"), &may_use.to_string())?;
+        files.write(&root.join("cpuset.cpus"), &may_use.to_string())?;
     }
     Ok(())
 }
@@ -248,28 +265,19 @@ fn is_not_found(e: &CgroupError) -> bool {
 
 /// Whether every thread of `pid` is in the cgroup `dir` (v1 `cgroup.procs` lists a process as
 /// soon as one of its threads is in, so it cannot tell).
-fn every_thread_in(dir: &Path, pid: i32) -> bool {
-    let Ok(tasks) = read_pids(&dir.join("tasks")) else { return false };
-    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
-    let mut any = false;
-    for thread in threads {
-        let tid =
-            thread.ok().and_then(|t| t.file_name().to_str().and_then(|n| n.parse::<i32>().ok()));
-        match tid {
-            Some(tid) if tasks.binary_search(&tid).is_ok() => any = true,
-            _ => return false,
-        }
-    }
-    any
+fn every_thread_in(files: &Files, dir: &Path, pid: i32) -> bool {
+    let Ok(tasks) = files.read_pids(&dir.join("tasks")) else { return false };
+    let Some(threads) = files.fs().threads(pid) else { return false };
+    !threads.is_empty() && threads.iter().all(|tid| tasks.binary_search(tid).is_ok())
 }
 
 impl CgroupBackend for V1 {
     fn foreign_cpus(&self) -> Result<topo_core::cpuset::CpuSet, CgroupError> {
-        exclusive_siblings(&self.cpuset)
+        exclusive_siblings(&self.files, &self.cpuset)
     }
 
     fn widen(&self) -> Result<(), CgroupError> {
-        widen_subtree(&self.cpuset)
+        widen_subtree(&self.files, &self.cpuset)
     }
 
     fn kind(&self) -> &'static str {
@@ -278,20 +286,20 @@ impl CgroupBackend for V1 {
 
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
         let dir = self.cpuset.join(job.as_str());
-        if !mkdir(&dir)? {
-            check_existing(&dir, job, spec)?;
+        if !self.files.mkdir(&dir)? {
+            self.files.check_existing(&dir, job, spec)?;
         }
         // Memory nodes first: some kernels check the pair when CPUs are written.
-        write(&dir.join("cpuset.mems"), &spec.mems.to_string())?;
-        write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
+        self.files.write(&dir.join("cpuset.mems"), &spec.mems.to_string())?;
+        self.files.write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
         if let Some(freezer) = &self.freezer {
-            mkdir(&freezer.join(job.as_str()))?;
+            self.files.mkdir(&freezer.join(job.as_str()))?;
         }
         if let Some(memory) = &self.memory {
             let m = memory.join(job.as_str());
-            mkdir(&m)?;
+            self.files.mkdir(&m)?;
             if let Some(limit) = spec.memory_limit {
-                write(&m.join("memory.limit_in_bytes"), &limit.to_string())?;
+                self.files.write(&m.join("memory.limit_in_bytes"), &limit.to_string())?;
             }
         }
         self.effective(&dir)
@@ -307,35 +315,36 @@ impl CgroupBackend for V1 {
 
     fn self_join_files(&self, job: &JobId) -> Result<Vec<PathBuf>, CgroupError> {
         self.ready_for_processes(job)?;
-        let mut files = Vec::new();
+        let mut tasks_files = Vec::new();
         for d in self.dirs(job) {
             // As in join: a create cut short may have left out the freezer or memory directory.
-            mkdir(&d)?;
-            files.push(d.join("tasks"));
+            self.files.mkdir(&d)?;
+            tasks_files.push(d.join("tasks"));
         }
-        Ok(files)
+        Ok(tasks_files)
     }
 
     fn pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
-        if !self.cpuset.join(job.as_str()).is_dir() {
+        if !self.files.is_dir(&self.cpuset.join(job.as_str())) {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
         self.all_pids(job)
     }
 
     fn release(&self, job: &JobId, timeout: Duration) -> Result<ReleaseReport, CgroupError> {
-        if !self.dirs(job).any(|d| d.is_dir()) {
+        if !self.dirs(job).any(|d| self.files.is_dir(&d)) {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
-        refuse_if_topod_inside(job, &self.dirs(job).collect::<Vec<_>>())?;
-        let freezer = self.freezer.as_ref().map(|f| f.join(job.as_str())).filter(|d| d.is_dir());
+        self.files.refuse_if_topod_inside(job, &self.dirs(job).collect::<Vec<_>>())?;
+        let freezer =
+            self.freezer.as_ref().map(|f| f.join(job.as_str())).filter(|d| self.files.is_dir(d));
         let mut signalled = std::collections::BTreeSet::new();
         if let Some(f) = &freezer {
             // Freezing stops forks; SIGKILL reaches frozen tasks once thawed. Whatever forked
             // before the freeze took hold is caught by the loop below.
-            write(&f.join("freezer.state"), "FROZEN")?;
-            kill_all(&self.all_pids(job)?, &mut signalled);
-            write(&f.join("freezer.state"), "THAWED")?;
+            self.files.write(&f.join("freezer.state"), "FROZEN")?;
+            self.files.kill_all(&self.all_pids(job)?, &mut signalled);
+            self.files.write(&f.join("freezer.state"), "THAWED")?;
         }
         // Without a freezer (or for what slipped through): kill until empty.
         let cpuset_procs = self.cpuset.join(job.as_str()).join("cgroup.procs");
@@ -350,7 +359,7 @@ impl CgroupBackend for V1 {
             let pids = if look_everywhere {
                 self.all_pids(job)?
             } else {
-                let dying = read_pids(&cpuset_procs).or_else(|e| {
+                let dying = self.files.read_pids(&cpuset_procs).or_else(|e| {
                     if is_not_found(&e) {
                         Ok(Vec::new())
                     } else {
@@ -364,13 +373,13 @@ impl CgroupBackend for V1 {
                 }
             };
             look_everywhere = false;
-            kill_all(&pids, &mut signalled);
+            self.files.kill_all(&pids, &mut signalled);
             Ok(pids.is_empty())
         })?;
         if !empty {
             // What the cpuset's survivors kept from being looked at gets its signal too.
             let survivors = self.all_pids(job)?;
-            kill_all(&survivors, &mut signalled);
+            self.files.kill_all(&survivors, &mut signalled);
             return Ok(ReleaseReport { killed: signalled.len(), survivors });
         }
         let killed = signalled.len();
@@ -379,17 +388,18 @@ impl CgroupBackend for V1 {
         let mut dirs: Vec<PathBuf> = self.dirs(job).collect();
         dirs.rotate_left(1);
         for d in dirs {
-            rmdir(&d)?;
+            self.files.rmdir(&d)?;
         }
         Ok(ReleaseReport { killed, survivors: Vec::new() })
     }
 
     fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError> {
-        job_dirs(&self.cpuset)?
+        self.files
+            .job_dirs(&self.cpuset)?
             .into_iter()
             .map(|(job, dir)| {
                 // A job cgroup never configured is listed without CPUs, so that a restart removes it.
-                let effective = if configured(&dir)?.is_some() {
+                let effective = if self.files.configured(&dir)?.is_some() {
                     self.effective(&dir)?
                 } else {
                     Effective::default()
@@ -397,5 +407,137 @@ impl CgroupBackend for V1 {
                 Ok((job, effective))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The backend's own code against a cgroup v1 file system emulated in a temporary directory
+    //! ([`super::super::fake_fs`]); the real-kernel tests are `topod/tests/cgroup_real.rs`.
+
+    use super::super::fake_fs::FakeCgroupFs;
+    use super::super::{CgroupBackend, CgroupError, CgroupSpec, Files, JobId, Kind};
+    use super::V1;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use topo_core::cpuset::CpuSet;
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse_list(s).unwrap()
+    }
+
+    fn spec(cpus: &str, mems: &str) -> CgroupSpec {
+        CgroupSpec { cpus: set(cpus), mems: set(mems), ..CgroupSpec::default() }
+    }
+
+    fn open(fs: &Arc<FakeCgroupFs>) -> V1 {
+        V1::detect_in(Files::new(fs.clone()), &fs.mounts(), "topo").unwrap()
+    }
+
+    fn job(id: &str) -> JobId {
+        JobId::parse(id).unwrap()
+    }
+
+    #[test]
+    fn a_job_lives_and_is_released_on_the_emulated_kernel() {
+        let fs = Arc::new(FakeCgroupFs::v1("0-7", "0-1"));
+        assert_eq!(Kind::auto(&Files::new(fs.clone()), &fs.mounts()), Kind::V1);
+        let v1 = open(&fs);
+        // The subtree got its parent's CPUs and memory nodes.
+        let subtree = fs.root("cpuset").join("topo");
+        assert_eq!(std::fs::read_to_string(subtree.join("cpuset.cpus")).unwrap(), "0-7");
+        let effective = v1.create(&job("1"), &spec("2-3", "0")).unwrap();
+        assert_eq!((effective.cpus, effective.mems), (set("2-3"), set("0")));
+        fs.start_process(100);
+        v1.join(&job("1"), 100).unwrap();
+        for h in ["cpuset", "freezer", "memory"] {
+            let procs = fs.root(h).join("topo/1/cgroup.procs");
+            assert_eq!(std::fs::read_to_string(procs).unwrap().trim(), "100", "{h}");
+        }
+        assert_eq!(v1.pids(&job("1")).unwrap(), vec![100]);
+        assert_eq!(v1.list().unwrap().len(), 1);
+        let report = v1.release(&job("1"), Duration::from_secs(1)).unwrap();
+        assert_eq!((report.killed, report.survivors.len()), (1, 0));
+        for h in ["cpuset", "freezer", "memory"] {
+            assert!(!fs.root(h).join("topo/1").exists(), "{h}");
+        }
+        assert!(matches!(v1.pids(&job("1")), Err(CgroupError::NoSuchJob(_))));
+    }
+
+    #[test]
+    fn a_cpuset_without_cpus_takes_no_process_and_lists_without_cpus() {
+        let fs = Arc::new(FakeCgroupFs::v1("0-7", "0-1"));
+        let v1 = open(&fs);
+        // topod died between mkdir and the writes: the kernel's ENOSPC, said plainly.
+        use super::super::fs::CgroupFs;
+        fs.create_dir(&fs.root("cpuset").join("topo/2")).unwrap();
+        fs.start_process(200);
+        assert!(matches!(v1.join(&job("2"), 200), Err(CgroupError::NotReady(_))));
+        let listed = v1.list().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].1.cpus.is_empty(), "a never-configured job must list without CPUs");
+        // CPUs outside the parent's are the kernel's EINVAL, with the file and the value named.
+        let e = v1.create(&job("3"), &spec("8-9", "0")).unwrap_err().to_string();
+        assert!(
+            e.contains("cpuset.cpus") && e.contains("8-9") && e.contains("Invalid argument"),
+            "{e}"
+        );
+        // The same job with other CPUs is another allocation's.
+        v1.create(&job("4"), &spec("0-1", "0")).unwrap();
+        assert!(matches!(v1.create(&job("4"), &spec("2-3", "0")), Err(CgroupError::Exists { .. })));
+        v1.create(&job("4"), &spec("0-1", "0")).unwrap();
+    }
+
+    #[test]
+    fn a_release_reports_what_would_not_die_and_a_busy_cgroup_is_named() {
+        let fs = Arc::new(FakeCgroupFs::v1("0-7", "0-1"));
+        let v1 = open(&fs);
+        v1.create(&job("5"), &spec("0-1", "0")).unwrap();
+        fs.start_process(500);
+        fs.unkillable(500);
+        v1.join(&job("5"), 500).unwrap();
+        let report = v1.release(&job("5"), Duration::from_millis(30)).unwrap();
+        assert_eq!(report.survivors, vec![500]);
+        assert!(fs.root("cpuset").join("topo/5").exists(), "a cgroup with survivors stays");
+        // A child cgroup someone made inside the job's: rmdir is EBUSY, and the error says where.
+        v1.create(&job("6"), &spec("2-3", "0")).unwrap();
+        std::fs::create_dir(fs.root("freezer").join("topo/6/inner")).unwrap();
+        let e = v1.release(&job("6"), Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(e.contains("removing") && e.contains("topo/6") && e.contains("busy"), "{e}");
+    }
+
+    #[test]
+    fn an_exclusive_sibling_narrows_the_subtree_until_it_goes() {
+        let fs = Arc::new(FakeCgroupFs::v1("0-7", "0-1"));
+        use super::super::fs::CgroupFs;
+        let other = fs.root("cpuset").join("other");
+        fs.create_dir(&other).unwrap();
+        fs.write(&other.join("cpuset.mems"), b"0").unwrap();
+        fs.write(&other.join("cpuset.cpus"), b"0-1").unwrap();
+        fs.write(&other.join("cpuset.cpu_exclusive"), b"1").unwrap();
+        let v1 = open(&fs);
+        assert_eq!(v1.foreign_cpus().unwrap(), set("0-1"));
+        let subtree = fs.root("cpuset").join("topo/cpuset.cpus");
+        assert_eq!(std::fs::read_to_string(&subtree).unwrap(), "2-7");
+        // The kernel refuses a job on the sibling's CPUs.
+        assert!(v1.create(&job("7"), &spec("0-3", "0")).is_err());
+        fs.remove_dir(&other).unwrap();
+        v1.widen().unwrap();
+        assert!(v1.foreign_cpus().unwrap().is_empty());
+        assert_eq!(std::fs::read_to_string(&subtree).unwrap(), "0-7");
+        v1.create(&job("7"), &spec("0-3", "0")).unwrap();
+    }
+
+    #[test]
+    fn a_restarted_backend_finds_its_jobs_and_refuses_to_kill_topod() {
+        let fs = Arc::new(FakeCgroupFs::v1("0-7", "0-1"));
+        open(&fs).create(&job("8"), &spec("4-5", "1")).unwrap();
+        let again = open(&fs);
+        let listed = again.list().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].0.as_str(), &listed[0].1.cpus), ("8", &set("4-5")));
+        fs.set_own_cgroups("12:cpuset:/topo/8\n11:freezer:/\n");
+        let e = again.release(&job("8"), Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(e.contains("topod itself is in job 8's cgroup"), "{e}");
     }
 }

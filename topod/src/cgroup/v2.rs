@@ -8,10 +8,7 @@
 //! read back; release writes `cgroup.kill` (Linux 5.14+), or freezes with `cgroup.freeze` and
 //! kills, then waits for `populated 0` in `cgroup.events` before `rmdir`.
 
-use super::files::{
-    check_existing, configured, job_dirs, kill_all, mkdir, read, read_pids, read_set,
-    refuse_if_topod_inside, rmdir, wait_until, write,
-};
+use super::fs::{wait_until, Files};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,6 +16,7 @@ use std::time::Duration;
 /// cgroup v2 job cgroups under one subtree root.
 #[derive(Debug, Clone)]
 pub struct V2 {
+    files: Files,
     root: PathBuf,
     cpuset: bool,
     memory: bool,
@@ -35,20 +33,32 @@ pub fn v2_mount(mounts: &str) -> Option<PathBuf> {
 impl V2 {
     /// Uses (and creates) `subtree` under this host's unified hierarchy.
     pub fn detect(subtree: &str) -> Result<Self, CgroupError> {
-        let mounts = read(Path::new("/proc/mounts"))?;
-        let mount = v2_mount(&mounts)
+        let files = Files::default();
+        let mounts = files.read(Path::new(super::MOUNTS))?;
+        Self::detect_in(files, &mounts, subtree)
+    }
+
+    /// Uses (and creates) `subtree` under the unified hierarchy `mounts` (`/proc/mounts` text)
+    /// names, through `files`.
+    pub fn detect_in(files: Files, mounts: &str, subtree: &str) -> Result<Self, CgroupError> {
+        let mount = v2_mount(mounts)
             .ok_or_else(|| CgroupError::Unsupported("no cgroup v2 hierarchy is mounted".into()))?;
-        V2::new(mount.join(subtree))
+        V2::with_files(files, mount.join(subtree))
     }
 
     /// Job cgroups under `root` (created if missing), with cpuset and memory enabled for them
     /// where the parent offers those controllers.
     pub fn new(root: PathBuf) -> Result<Self, CgroupError> {
-        mkdir(&root)?;
+        Self::with_files(Files::default(), root)
+    }
+
+    /// [`V2::new`] through `files`.
+    pub fn with_files(files: Files, root: PathBuf) -> Result<Self, CgroupError> {
+        files.mkdir(&root)?;
         let parent = root
             .parent()
             .ok_or_else(|| CgroupError::Unsupported(format!("{} has no parent", root.display())))?;
-        let offered = read(&parent.join("cgroup.controllers"))?;
+        let offered = files.read(&parent.join("cgroup.controllers"))?;
         let has = |c: &str| offered.split_whitespace().any(|x| x == c);
         let (cpuset, memory) = (has("cpuset"), has("memory"));
         let wanted: Vec<&str> = [("cpuset", cpuset), ("memory", memory)]
@@ -57,14 +67,14 @@ impl V2 {
             .map(|(c, _)| *c)
             .collect();
         for dir in [parent, root.as_path()] {
-            let enabled = read(&dir.join("cgroup.subtree_control"))?;
+            let enabled = files.read(&dir.join("cgroup.subtree_control"))?;
             for c in &wanted {
                 if !enabled.split_whitespace().any(|x| x == *c) {
-                    write(&dir.join("cgroup.subtree_control"), &format!("+{c}"))?;
+                    files.write(&dir.join("cgroup.subtree_control"), &format!("+{c}"))?;
                 }
             }
         }
-        Ok(V2 { root, cpuset, memory })
+        Ok(V2 { files, root, cpuset, memory })
     }
 
     fn dir(&self, job: &JobId) -> PathBuf {
@@ -73,22 +83,22 @@ impl V2 {
 
     fn effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
         Ok(Effective {
-            cpus: read_set(&dir.join("cpuset.cpus.effective"))?,
-            mems: read_set(&dir.join("cpuset.mems.effective"))?,
+            cpus: self.files.read_set(&dir.join("cpuset.cpus.effective"))?,
+            mems: self.files.read_set(&dir.join("cpuset.mems.effective"))?,
         })
     }
 
     /// The effective sets of a configured job cgroup; empty for one made but never configured
     /// (listed so, a restart removes it).
     fn job_effective(&self, dir: &Path) -> Result<Effective, CgroupError> {
-        if configured(dir)?.is_none() {
+        if self.files.configured(dir)?.is_none() {
             return Ok(Effective::default());
         }
         self.effective(dir)
     }
 
-    fn populated(dir: &Path) -> Result<bool, CgroupError> {
-        let events = read(&dir.join("cgroup.events"))?;
+    fn populated(&self, dir: &Path) -> Result<bool, CgroupError> {
+        let events = self.files.read(&dir.join("cgroup.events"))?;
         Ok(events.lines().any(|l| l.trim() == "populated 1"))
     }
 }
@@ -102,15 +112,13 @@ impl CgroupBackend for V2 {
     fn foreign_cpus(&self) -> Result<topo_core::cpuset::CpuSet, CgroupError> {
         let mut out = topo_core::cpuset::CpuSet::new();
         let Some(parent) = self.root.parent() else { return Ok(out) };
-        let Ok(entries) = std::fs::read_dir(parent) else { return Ok(out) };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p == self.root || !p.is_dir() {
+        for p in self.files.subdirs(parent) {
+            if p == self.root {
                 continue;
             }
-            let partition = read(&p.join("cpuset.cpus.partition")).unwrap_or_default();
+            let partition = self.files.read(&p.join("cpuset.cpus.partition")).unwrap_or_default();
             if matches!(partition.split_whitespace().next(), Some("root") | Some("isolated")) {
-                out.union_with(&read_set(&p.join("cpuset.cpus.effective"))?);
+                out.union_with(&self.files.read_set(&p.join("cpuset.cpus.effective"))?);
             }
         }
         Ok(out)
@@ -124,75 +132,83 @@ impl CgroupBackend for V2 {
             )));
         }
         let dir = self.dir(job);
-        if !mkdir(&dir)? {
-            check_existing(&dir, job, spec)?;
+        if !self.files.mkdir(&dir)? {
+            self.files.check_existing(&dir, job, spec)?;
         }
-        write(&dir.join("cpuset.mems"), &spec.mems.to_string())?;
-        write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
+        self.files.write(&dir.join("cpuset.mems"), &spec.mems.to_string())?;
+        self.files.write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
         if let (true, Some(limit)) = (self.memory, spec.memory_limit) {
-            write(&dir.join("memory.max"), &limit.to_string())?;
+            self.files.write(&dir.join("memory.max"), &limit.to_string())?;
         }
         self.effective(&dir)
     }
 
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
         let dir = self.dir(job);
-        if !dir.is_dir() {
+        if !self.files.is_dir(&dir) {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
         if self.cpuset {
             // Not yet configured: a process let in now would run on every CPU of the parent.
-            if configured(&dir)?.is_none() {
+            if self.files.configured(&dir)?.is_none() {
                 return Err(CgroupError::NotReady(job.to_string()));
             }
         }
-        write(&dir.join("cgroup.procs"), &pid.to_string())
+        self.files.write(&dir.join("cgroup.procs"), &pid.to_string())
     }
 
     fn pids(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
         let dir = self.dir(job);
-        if !dir.is_dir() {
+        if !self.files.is_dir(&dir) {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
-        read_pids(&dir.join("cgroup.procs"))
+        self.files.read_pids(&dir.join("cgroup.procs"))
     }
 
     fn release(&self, job: &JobId, timeout: Duration) -> Result<ReleaseReport, CgroupError> {
         let dir = self.dir(job);
-        if !dir.is_dir() {
+        if !self.files.is_dir(&dir) {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
-        refuse_if_topod_inside(job, std::slice::from_ref(&dir))?;
-        let before = read_pids(&dir.join("cgroup.procs"))?;
+        self.files.refuse_if_topod_inside(job, std::slice::from_ref(&dir))?;
+        let before = self.files.read_pids(&dir.join("cgroup.procs"))?;
         let mut signalled = std::collections::BTreeSet::new();
-        if dir.join("cgroup.kill").exists() {
-            write(&dir.join("cgroup.kill"), "1")?;
+        if self.files.exists(&dir.join("cgroup.kill")) {
+            self.files.write(&dir.join("cgroup.kill"), "1")?;
             signalled.extend(before.iter().copied());
         } else {
-            write(&dir.join("cgroup.freeze"), "1")?;
+            self.files.write(&dir.join("cgroup.freeze"), "1")?;
             wait_until(timeout / 2, || {
-                Ok(read(&dir.join("cgroup.events"))?.lines().any(|l| l.trim() == "frozen 1"))
+                Ok(self
+                    .files
+                    .read(&dir.join("cgroup.events"))?
+                    .lines()
+                    .any(|l| l.trim() == "frozen 1"))
             })?;
-            kill_all(&read_pids(&dir.join("cgroup.procs"))?, &mut signalled);
-            write(&dir.join("cgroup.freeze"), "0")?;
+            self.files.kill_all(&self.files.read_pids(&dir.join("cgroup.procs"))?, &mut signalled);
+            self.files.write(&dir.join("cgroup.freeze"), "0")?;
         }
         let empty = wait_until(timeout, || {
-            if !V2::populated(&dir)? {
+            if !self.populated(&dir)? {
                 return Ok(true);
             }
-            kill_all(&read_pids(&dir.join("cgroup.procs"))?, &mut signalled);
+            self.files.kill_all(&self.files.read_pids(&dir.join("cgroup.procs"))?, &mut signalled);
             Ok(false)
         })?;
         let killed = signalled.len();
         if !empty {
-            return Ok(ReleaseReport { killed, survivors: read_pids(&dir.join("cgroup.procs"))? });
+            return Ok(ReleaseReport {
+                killed,
+                survivors: self.files.read_pids(&dir.join("cgroup.procs"))?,
+            });
         }
-        rmdir(&dir)?;
+        self.files.rmdir(&dir)?;
         Ok(ReleaseReport { killed, survivors: Vec::new() })
     }
 
     fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError> {
-        job_dirs(&self.root)?
+        self.files
+            .job_dirs(&self.root)?
             .into_iter()
             .map(|(job, dir)| {
                 Ok((
@@ -201,5 +217,106 @@ impl CgroupBackend for V2 {
                 ))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The backend's own code against a cgroup v2 file system emulated in a temporary directory
+    //! ([`super::super::fake_fs`]); the real-kernel tests run in `tests/cgroup-v2-vm.sh`.
+
+    use super::super::fake_fs::FakeCgroupFs;
+    use super::super::fs::CgroupFs;
+    use super::super::{CgroupBackend, CgroupError, CgroupSpec, Files, JobId, Kind};
+    use super::V2;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use topo_core::cpuset::CpuSet;
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse_list(s).unwrap()
+    }
+
+    fn spec(cpus: &str, mems: &str) -> CgroupSpec {
+        CgroupSpec { cpus: set(cpus), mems: set(mems), ..CgroupSpec::default() }
+    }
+
+    fn open(fs: &Arc<FakeCgroupFs>) -> V2 {
+        V2::detect_in(Files::new(fs.clone()), &fs.mounts(), "topo.slice").unwrap()
+    }
+
+    fn job(id: &str) -> JobId {
+        JobId::parse(id).unwrap()
+    }
+
+    #[test]
+    fn a_job_lives_and_is_released_on_the_emulated_kernel() {
+        let fs = Arc::new(FakeCgroupFs::v2("0-7", "0-1"));
+        assert_eq!(Kind::auto(&Files::new(fs.clone()), &fs.mounts()), Kind::V2);
+        let v2 = open(&fs);
+        // Controllers reach the jobs through both subtree_control files.
+        for dir in [fs.root("unified"), fs.root("unified").join("topo.slice")] {
+            let enabled = std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap();
+            assert_eq!(enabled, "cpuset memory", "{}", dir.display());
+        }
+        let mut limited = spec("2-3", "0");
+        limited.memory_limit = Some(1 << 30);
+        let effective = v2.create(&job("1"), &limited).unwrap();
+        assert_eq!((effective.cpus, effective.mems), (set("2-3"), set("0")));
+        let dir = fs.root("unified").join("topo.slice/1");
+        assert_eq!(std::fs::read_to_string(dir.join("memory.max")).unwrap(), "1073741824");
+        fs.start_process(100);
+        fs.start_process(101);
+        v2.join(&job("1"), 100).unwrap();
+        v2.join(&job("1"), 101).unwrap();
+        assert_eq!(v2.pids(&job("1")).unwrap(), vec![100, 101]);
+        let report = v2.release(&job("1"), Duration::from_secs(1)).unwrap();
+        assert_eq!((report.killed, report.survivors.len()), (2, 0));
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_new_cgroup_inherits_its_parents_cpus_but_is_not_ready() {
+        let fs = Arc::new(FakeCgroupFs::v2("0-7", "0-1"));
+        let v2 = open(&fs);
+        let dir = fs.root("unified").join("topo.slice/2");
+        fs.create_dir(&dir).unwrap();
+        // The kernel's inheritance: before cpuset.cpus is written, effective is the parent's.
+        assert_eq!(std::fs::read_to_string(dir.join("cpuset.cpus.effective")).unwrap(), "0-7");
+        fs.start_process(200);
+        assert!(matches!(v2.join(&job("2"), 200), Err(CgroupError::NotReady(_))));
+        let listed = v2.list().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].1.cpus.is_empty(), "never configured: listed without CPUs");
+        // Written, effective follows (within the parent's).
+        v2.create(&job("2"), &spec("6-7", "1")).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("cpuset.cpus.effective")).unwrap(), "6-7");
+    }
+
+    #[test]
+    fn survivors_keep_the_cgroup_and_a_busy_rmdir_is_named() {
+        let fs = Arc::new(FakeCgroupFs::v2("0-7", "0-1"));
+        let v2 = open(&fs);
+        v2.create(&job("3"), &spec("0-1", "0")).unwrap();
+        fs.start_process(300);
+        fs.unkillable(300);
+        v2.join(&job("3"), 300).unwrap();
+        let report = v2.release(&job("3"), Duration::from_millis(30)).unwrap();
+        assert_eq!(report.survivors, vec![300]);
+        assert!(fs.root("unified").join("topo.slice/3").exists());
+        v2.create(&job("4"), &spec("2-3", "0")).unwrap();
+        fs.create_dir(&fs.root("unified").join("topo.slice/4/inner")).unwrap();
+        let e = v2.release(&job("4"), Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(e.contains("removing") && e.contains("topo.slice/4") && e.contains("busy"), "{e}");
+    }
+
+    #[test]
+    fn a_release_never_kills_the_cgroup_topod_is_in() {
+        let fs = Arc::new(FakeCgroupFs::v2("0-7", "0-1"));
+        let v2 = open(&fs);
+        v2.create(&job("5"), &spec("0-1", "0")).unwrap();
+        fs.set_own_cgroups("0::/topo.slice/5\n");
+        let e = v2.release(&job("5"), Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(e.contains("topod itself is in job 5's cgroup"), "{e}");
     }
 }

@@ -1,0 +1,342 @@
+//! The file system and processes under the cgroup backends, behind one trait: [`Kernel`] is the
+//! real one, [`fake_fs::FakeCgroupFs`](super::fake_fs::FakeCgroupFs) a cgroup file system
+//! emulated in a temporary directory, so the backends' own code runs in unit tests.
+//!
+//! [`Files`] wraps either with the helpers both backends share, each error carrying the path
+//! and the data.
+
+use super::{CgroupError, CgroupSpec, Effective, JobId};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use topo_core::cpuset::CpuSet;
+
+/// What the cgroup backends do to the operating system.
+pub trait CgroupFs: Send + Sync + std::fmt::Debug {
+    /// Reads a whole file.
+    fn read(&self, path: &Path) -> std::io::Result<Vec<u8>>;
+    /// Writes `data` to an existing file in one `write(2)`, without creating or truncating it.
+    fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<()>;
+    /// Makes one directory (`mkdir(2)`).
+    fn create_dir(&self, path: &Path) -> std::io::Result<()>;
+    /// Makes a directory and its missing parents.
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()>;
+    /// Removes one directory (`rmdir(2)`).
+    fn remove_dir(&self, path: &Path) -> std::io::Result<()>;
+    /// Whether `path` is a directory.
+    fn is_dir(&self, path: &Path) -> bool;
+    /// Whether `path` exists.
+    fn exists(&self, path: &Path) -> bool;
+    /// The directories directly under `path`.
+    fn subdirs(&self, path: &Path) -> std::io::Result<Vec<PathBuf>>;
+    /// Sends SIGKILL to `pid`; whether it was delivered.
+    fn kill(&self, pid: i32) -> bool;
+    /// The thread ids of process `pid` (`/proc/PID/task`), if it exists.
+    fn threads(&self, pid: i32) -> Option<Vec<i32>>;
+    /// This process's cgroups (`/proc/self/cgroup`), if they can be read.
+    fn own_cgroups(&self) -> Option<String>;
+}
+
+/// The real kernel: cgroup file systems, signals, `/proc`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Kernel;
+
+impl CgroupFs for Kernel {
+    fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        // Cgroup files report a size of 0, so the size probe (a stat) of fs::read buys nothing;
+        // these reads are on every job's start and release.
+        let mut file = std::fs::File::open(path)?;
+        let mut bytes = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match file.read(&mut chunk) {
+                Ok(0) => return Ok(bytes),
+                Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn write(&self, path: &Path, data: &[u8]) -> std::io::Result<()> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(false)
+            .truncate(false)
+            .open(path)?
+            .write_all(data)
+    }
+
+    fn create_dir(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::create_dir(path)
+    }
+
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+
+    fn remove_dir(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::remove_dir(path)
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        path.is_dir()
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn subdirs(&self, path: &Path) -> std::io::Result<Vec<PathBuf>> {
+        Ok(std::fs::read_dir(path)?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
+    }
+
+    fn kill(&self, pid: i32) -> bool {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+            .is_ok()
+    }
+
+    fn threads(&self, pid: i32) -> Option<Vec<i32>> {
+        let entries = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        entries
+            .map(|t| t.ok().and_then(|t| t.file_name().to_str().and_then(|n| n.parse().ok())))
+            .collect()
+    }
+
+    fn own_cgroups(&self) -> Option<String> {
+        std::fs::read_to_string("/proc/self/cgroup").ok()
+    }
+}
+
+/// A [`CgroupFs`] with the helpers the backends share; errors carry the path and the data.
+#[derive(Debug, Clone)]
+pub struct Files(Arc<dyn CgroupFs>);
+
+impl Default for Files {
+    fn default() -> Self {
+        Files(Arc::new(Kernel))
+    }
+}
+
+impl Files {
+    /// Over `fs`.
+    pub fn new(fs: Arc<dyn CgroupFs>) -> Self {
+        Files(fs)
+    }
+
+    /// The file system underneath.
+    pub fn fs(&self) -> &dyn CgroupFs {
+        &*self.0
+    }
+
+    pub(crate) fn read(&self, path: &Path) -> Result<String, CgroupError> {
+        let bytes = self.0.read(path).map_err(|source| CgroupError::Io {
+            action: "reading",
+            path: path.to_path_buf(),
+            data: None,
+            source,
+        })?;
+        String::from_utf8(bytes).map_err(|e| CgroupError::Format {
+            path: path.to_path_buf(),
+            what: format!("not UTF-8 text: {e}"),
+        })
+    }
+
+    /// Writes `data` to an existing cgroup file in one `write(2)` (the kernel takes one value
+    /// per write), without creating or truncating it.
+    pub(crate) fn write(&self, path: &Path, data: &str) -> Result<(), CgroupError> {
+        self.0.write(path, data.as_bytes()).map_err(|source| CgroupError::Io {
+            action: "writing",
+            path: path.to_path_buf(),
+            data: Some(data.to_string()),
+            source,
+        })
+    }
+
+    /// Makes `path`; whether it was made (false: it was there).
+    pub(crate) fn mkdir(&self, path: &Path) -> Result<bool, CgroupError> {
+        match self.0.create_dir(path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(source) => Err(CgroupError::Io {
+                action: "creating",
+                path: path.to_path_buf(),
+                data: None,
+                source,
+            }),
+        }
+    }
+
+    pub(crate) fn mkdir_all(&self, path: &Path) -> Result<(), CgroupError> {
+        self.0.create_dir_all(path).map_err(|source| CgroupError::Io {
+            action: "creating",
+            path: path.to_path_buf(),
+            data: None,
+            source,
+        })
+    }
+
+    /// Removes `path`; one already gone is not an error.
+    pub(crate) fn rmdir(&self, path: &Path) -> Result<(), CgroupError> {
+        match self.0.remove_dir(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(CgroupError::Io {
+                action: "removing",
+                path: path.to_path_buf(),
+                data: None,
+                source,
+            }),
+        }
+    }
+
+    pub(crate) fn is_dir(&self, path: &Path) -> bool {
+        self.0.is_dir(path)
+    }
+
+    pub(crate) fn exists(&self, path: &Path) -> bool {
+        self.0.exists(path)
+    }
+
+    /// The directories under `path`; none when it cannot be listed.
+    pub(crate) fn subdirs(&self, path: &Path) -> Vec<PathBuf> {
+        self.0.subdirs(path).unwrap_or_default()
+    }
+
+    pub(crate) fn read_set(&self, path: &Path) -> Result<CpuSet, CgroupError> {
+        let text = self.read(path)?;
+        CpuSet::parse_list(&text)
+            .map_err(|e| CgroupError::Format { path: path.to_path_buf(), what: e.to_string() })
+    }
+
+    /// The pids in a `cgroup.procs` file. The kernel may list a pid twice while it migrates.
+    pub(crate) fn read_pids(&self, path: &Path) -> Result<Vec<i32>, CgroupError> {
+        let text = self.read(path)?;
+        let mut pids = Vec::new();
+        for word in text.split_whitespace() {
+            let pid: i32 = word.parse().map_err(|_| CgroupError::Format {
+                path: path.to_path_buf(),
+                what: format!("{word:?} is not a pid"),
+            })?;
+            pids.push(pid);
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        Ok(pids)
+    }
+
+    /// SIGKILL to each pid (again, if it was signalled before and is still listed while it
+    /// dies); a pid that is already gone is not an error. `signalled` collects every pid
+    /// signalled, so that a release reports each process once.
+    pub(crate) fn kill_all(&self, pids: &[i32], signalled: &mut std::collections::BTreeSet<i32>) {
+        let me = std::process::id() as i32;
+        for &pid in pids {
+            // Never topod itself, whatever put it in a job's cgroup.
+            if pid > 0 && pid != me && self.0.kill(pid) {
+                signalled.insert(pid);
+            }
+        }
+    }
+
+    /// The job cgroup directories under `root`, by job id. Directories whose names are not job
+    /// ids (made by someone else) are left out.
+    pub(crate) fn job_dirs(&self, root: &Path) -> Result<Vec<(JobId, PathBuf)>, CgroupError> {
+        let dirs = self.0.subdirs(root).map_err(|source| CgroupError::Io {
+            action: "listing",
+            path: root.to_path_buf(),
+            data: None,
+            source,
+        })?;
+        let mut out: Vec<(JobId, PathBuf)> = dirs
+            .into_iter()
+            .filter_map(|d| {
+                let name = d.file_name()?.to_string_lossy().into_owned();
+                JobId::parse(&name).ok().map(|j| (j, d))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// What topod wrote to a job cgroup's `cpuset.cpus` and `cpuset.mems`; `None` while either
+    /// is empty (made, but topod died before the writes). Readiness is read here, never from
+    /// the effective sets: a new v2 cpuset, and a v1 one under the `cpuset_v2_mode` mount
+    /// option, shows its parent's CPUs as effective before any are written.
+    pub(crate) fn configured(&self, dir: &Path) -> Result<Option<Effective>, CgroupError> {
+        let set = Effective {
+            cpus: self.read_set(&dir.join("cpuset.cpus"))?,
+            mems: self.read_set(&dir.join("cpuset.mems"))?,
+        };
+        Ok((!set.cpus.is_empty() && !set.mems.is_empty()).then_some(set))
+    }
+
+    /// For a job cgroup that `create` found already made: the same spec again is idempotent,
+    /// and one never configured is the caller's to finish; anything else is another
+    /// allocation's.
+    pub(crate) fn check_existing(
+        &self,
+        dir: &Path,
+        job: &JobId,
+        spec: &CgroupSpec,
+    ) -> Result<(), CgroupError> {
+        match self.configured(dir)? {
+            Some(existing) if existing.cpus != spec.cpus || existing.mems != spec.mems => {
+                Err(CgroupError::Exists {
+                    job: job.to_string(),
+                    existing: existing.cpus.to_string(),
+                    wanted: spec.cpus.to_string(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses to freeze or kill a job cgroup that topod itself is in (`/proc/self/cgroup`):
+    /// topod never moves itself into a job, but an administrator writing to `cgroup.procs` by
+    /// hand can, and a release would then freeze topod in its own freezer.
+    pub(crate) fn refuse_if_topod_inside(
+        &self,
+        job: &JobId,
+        dirs: &[PathBuf],
+    ) -> Result<(), CgroupError> {
+        let Some(mine) = self.0.own_cgroups() else { return Ok(()) };
+        for line in mine.lines() {
+            let Some(path) = line.splitn(3, ':').nth(2).map(|p| p.trim_start_matches('/')) else {
+                continue;
+            };
+            if !path.is_empty() && dirs.iter().any(|d| d.ends_with(path)) {
+                return Err(CgroupError::Unsupported(format!(
+                    "topod itself is in job {job}'s cgroup ({path}); refusing to freeze or kill it. Move topod out (echo {} > the parent's cgroup.procs) and release again",
+                    std::process::id()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Polls `done` until it holds or `timeout` passes: every 50 us for the first 2 ms (a killed
+/// process usually leaves within a millisecond, and a release waits on it), then backing off
+/// to every 5 ms.
+pub(crate) fn wait_until(
+    timeout: Duration,
+    mut done: impl FnMut() -> Result<bool, CgroupError>,
+) -> Result<bool, CgroupError> {
+    const EAGER: Duration = Duration::from_millis(2);
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        if done()? {
+            return Ok(true);
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Ok(false);
+        }
+        std::thread::sleep(pause);
+        if waited >= EAGER {
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+}
