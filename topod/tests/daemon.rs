@@ -21,15 +21,10 @@ fn protocol_and_bad_input() {
     assert_eq!(c.call(Op::Version).unwrap()["protocol"], 1);
     assert_eq!(c.call(Op::Topology).unwrap()["pus"], "0-383");
     let a = c
-        .call(Op::Allocate {
-            job: "100".into(),
-            request: "affinity[core(4,same=l3)*2]".into(),
-            tasks: None,
-            cpus: None,
-            mem_limit_bytes: None,
-            owner_uid: None,
-            join_pid: None,
-        })
+        .call(Op::Allocate(topo_core::proto::AllocateArgs::new(
+            "100",
+            "affinity[core(4,same=l3)*2]",
+        )))
         .unwrap();
     assert_eq!(
         a["cpus"].as_str().map(|s| topo_core::CpuSet::parse_list(s).unwrap().len()),

@@ -42,15 +42,10 @@ fn as_nobody(socket: &Path, program: &str) -> Vec<Value> {
 }
 
 fn allocate(c: &mut Client, job: &str, owner: Option<u32>) -> Value {
-    c.call(Op::Allocate {
-        job: job.into(),
-        request: "affinity[thread*1]".into(),
-        tasks: None,
-        cpus: None,
-        mem_limit_bytes: None,
+    c.call(Op::Allocate(topo_core::proto::AllocateArgs {
         owner_uid: owner,
-        join_pid: None,
-    })
+        ..topo_core::proto::AllocateArgs::new(job, "affinity[thread*1]")
+    }))
     .unwrap()
 }
 
@@ -338,7 +333,7 @@ fn a_64_kib_fit_neither_stalls_other_clients_nor_costs_seconds() {
                 let mut n = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let e = c
-                        .call(Op::Fit { request: huge.clone(), tasks: None })
+                        .call(Op::Fit(topo_core::proto::FitArgs::new(huge.clone())))
                         .unwrap_err()
                         .to_string();
                     assert!(e.contains("CPUs 384-65535, which this host does not have"), "{e}");

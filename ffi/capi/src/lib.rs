@@ -141,15 +141,12 @@ pub unsafe extern "C" fn topo_allocate(
         }
         // SAFETY: as above.
         let mut client = unsafe { connect(socket) }?;
-        let alloc = client.allocate(Op::Allocate {
-            job,
-            request: request.to_string(),
+        let alloc = client.allocate(Op::Allocate(topo_core::proto::AllocateArgs {
             tasks: (tasks > 0).then_some(tasks),
             cpus: cpus.map(str::to_string),
             mem_limit_bytes: (mem_limit_bytes > 0).then_some(mem_limit_bytes),
-            owner_uid: None,
-            join_pid: None,
-        })?;
+            ..topo_core::proto::AllocateArgs::new(job, request.to_string())
+        }))?;
         // SAFETY: output buffers as topo.h documents.
         let whole = unsafe {
             write_out(cpus_out, cpus_out_len, &alloc.cpus.to_string())

@@ -376,15 +376,13 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         order.iter().filter(|c| c.is_subset(&job_cpus)).count(),
         job_cpus.len(),
     );
-    let allocate = Op::Allocate {
-        job: job.clone(),
-        request: request.to_string(),
+    let allocate = Op::Allocate(topo_core::proto::AllocateArgs {
         tasks: Some(tasks),
         cpus: Some(job_cpus.to_string()),
         mem_limit_bytes: (mem_mb > 0).then_some(mem_mb << 20),
         owner_uid: Some(uid),
-        join_pid: None,
-    };
+        ..topo_core::proto::AllocateArgs::new(job.clone(), request.to_string())
+    });
     let alloc: Allocation = match topod.allocate(allocate) {
         Ok(a) => a,
         // Another step of the job (the batch script, a concurrent srun) placed it already with

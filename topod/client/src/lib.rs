@@ -168,7 +168,10 @@ impl Client {
         request: &str,
         tasks: Option<u32>,
     ) -> Result<topo_core::place::Fit, ClientError> {
-        self.call_as(Op::Fit { request: request.to_string(), tasks })
+        self.call_as(Op::Fit(topo_core::proto::FitArgs {
+            tasks,
+            ..topo_core::proto::FitArgs::new(request.to_string())
+        }))
     }
 
     /// `list`.

@@ -71,37 +71,9 @@ pub enum Op {
     /// Who holds what, with a generation number that changes on every change.
     FreeMap,
     /// Would a request fit, and how well (read-only).
-    Fit {
-        /// The request string.
-        request: String,
-        /// Tasks when the request does not say (`bsub -n`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tasks: Option<u32>,
-    },
+    Fit(FitArgs),
     /// Place a job and create its cgroup; the same job and request again is not an error.
-    Allocate {
-        /// The batch system's job id.
-        job: String,
-        /// The request string.
-        request: String,
-        /// Tasks when the request does not say.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tasks: Option<u32>,
-        /// CPUs the batch system already gave the job (list format); placement stays inside.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        cpus: Option<String>,
-        /// Memory limit for the job's cgroup.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mem_limit_bytes: Option<u64>,
-        /// The uid the job runs as: that user may then join its own processes to the job.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        owner_uid: Option<u32>,
-        /// A process to move into the job's cgroup once it is made, as `join` would: a job
-        /// start in one round trip. If the move fails, an allocation this request made is
-        /// undone (one that was there before stays), and the error says which.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        join_pid: Option<i32>,
-    },
+    Allocate(AllocateArgs),
     /// Move a process (all its threads) into the job's cgroup.
     Join {
         /// The job id.
@@ -126,32 +98,78 @@ pub enum Op {
     List,
 }
 
+/// The fields of `fit`. Callers build one with [`FitArgs::new`] and struct update
+/// (`FitArgs { tasks, ..FitArgs::new(request) }`), so a new optional field changes only this
+/// type and the daemon's handler.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FitArgs {
+    /// The request string.
+    pub request: String,
+    /// Tasks when the request does not say (`bsub -n`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<u32>,
+}
+
+impl FitArgs {
+    /// `fit` of `request`, no optional field set.
+    pub fn new(request: impl Into<String>) -> Self {
+        FitArgs { request: request.into(), ..FitArgs::default() }
+    }
+}
+
+/// The fields of `allocate`; built as [`FitArgs`] is, from [`AllocateArgs::new`].
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocateArgs {
+    /// The batch system's job id.
+    pub job: String,
+    /// The request string.
+    pub request: String,
+    /// Tasks when the request does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<u32>,
+    /// CPUs the batch system already gave the job (list format); placement stays inside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<String>,
+    /// Memory limit for the job's cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit_bytes: Option<u64>,
+    /// The uid the job runs as: that user may then join its own processes to the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_uid: Option<u32>,
+    /// A process to move into the job's cgroup once it is made, as `join` would: a job start in
+    /// one round trip. If the move fails, an allocation this request made is undone (one that
+    /// was there before stays), and the error says which.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join_pid: Option<i32>,
+}
+
+impl AllocateArgs {
+    /// `allocate` of `job` for `request`, no optional field set.
+    pub fn new(job: impl Into<String>, request: impl Into<String>) -> Self {
+        AllocateArgs { job: job.into(), request: request.into(), ..AllocateArgs::default() }
+    }
+}
+
 impl Op {
     /// An `allocate` of `job` for `request`, with no optional field set.
     pub fn allocate(job: impl Into<String>, request: impl Into<String>) -> Op {
-        Op::Allocate {
-            job: job.into(),
-            request: request.into(),
-            tasks: None,
-            cpus: None,
-            mem_limit_bytes: None,
-            owner_uid: None,
-            join_pid: None,
-        }
+        Op::Allocate(AllocateArgs::new(job, request))
     }
 
     /// This `allocate` with `join_pid` set (other operations are returned as they are).
     pub fn joining(mut self, pid: i32) -> Op {
-        if let Op::Allocate { join_pid, .. } = &mut self {
-            *join_pid = Some(pid);
+        if let Op::Allocate(args) = &mut self {
+            args.join_pid = Some(pid);
         }
         self
     }
 
     /// This `allocate` with `owner_uid` set (other operations are returned as they are).
     pub fn owned_by(mut self, uid: u32) -> Op {
-        if let Op::Allocate { owner_uid, .. } = &mut self {
-            *owner_uid = Some(uid);
+        if let Op::Allocate(args) = &mut self {
+            args.owner_uid = Some(uid);
         }
         self
     }
@@ -162,8 +180,8 @@ impl Op {
             Op::Version => "version",
             Op::Topology => "topology",
             Op::FreeMap => "free_map",
-            Op::Fit { .. } => "fit",
-            Op::Allocate { .. } => "allocate",
+            Op::Fit(_) => "fit",
+            Op::Allocate(_) => "allocate",
             Op::Join { .. } => "join",
             Op::SelfJoinFiles { .. } => "self_join_files",
             Op::Release { .. } => "release",
@@ -176,7 +194,7 @@ impl Op {
     pub fn changes_state(&self) -> bool {
         matches!(
             self,
-            Op::Allocate { .. } | Op::Join { .. } | Op::SelfJoinFiles { .. } | Op::Release { .. }
+            Op::Allocate(_) | Op::Join { .. } | Op::SelfJoinFiles { .. } | Op::Release { .. }
         )
     }
 }
@@ -575,16 +593,15 @@ mod tests {
             Op::Version,
             Op::Topology,
             Op::FreeMap,
-            Op::Fit { request: "affinity[core(2)]".into(), tasks: Some(4) },
-            Op::Allocate {
-                job: "1234[7]".into(),
-                request: "affinity[thread*8]".into(),
-                tasks: None,
+            Op::Fit(FitArgs { tasks: Some(4), ..FitArgs::new("affinity[core(2)]") }),
+            Op::Allocate(AllocateArgs {
+                tasks: Some(2),
                 cpus: Some("0-15".into()),
                 mem_limit_bytes: Some(1 << 30),
                 owner_uid: Some(1000),
                 join_pid: Some(4242),
-            },
+                ..AllocateArgs::new("1234[7]", "affinity[thread*8]")
+            }),
             Op::Join { job: "1234".into(), pid: 4242 },
             Op::SelfJoinFiles { job: "1234".into() },
             Op::Release { job: "1234".into() },

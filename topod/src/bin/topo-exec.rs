@@ -83,15 +83,11 @@ fn run(args: Args) -> Result<Never, String> {
     let alloc = match (existing, request) {
         (Some(a), _) => a,
         (None, Some(request)) => client
-            .allocate(Op::Allocate {
-                job: job.clone(),
-                request,
+            .allocate(Op::Allocate(topo_core::proto::AllocateArgs {
                 tasks,
-                cpus: None,
-                mem_limit_bytes: None,
                 owner_uid: Some(nix::unistd::getuid().as_raw()),
-                join_pid: None,
-            })
+                ..topo_core::proto::AllocateArgs::new(job.clone(), request)
+            }))
             .map_err(|e| e.to_string())?,
         (None, None) => {
             return Err(format!("job {job} has no allocation on this host; give --request"))

@@ -373,7 +373,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 free: snap.host_metrics(),
             })
         }
-        Op::Fit { request, tasks } => {
+        Op::Fit(proto::FitArgs { request, tasks }) => {
             let prepared = match host::prepare(&server.topology, &request, tasks, None) {
                 Ok(p) => p,
                 Err(e) => return error_reply(&e),
@@ -388,7 +388,15 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             let snap = server.snapshot();
             Reply::ok(serde_json::to_value(&snap.jobs).unwrap_or_default())
         }
-        Op::Allocate { job, request, tasks, cpus, mem_limit_bytes, owner_uid, join_pid } => {
+        Op::Allocate(proto::AllocateArgs {
+            job,
+            request,
+            tasks,
+            cpus,
+            mem_limit_bytes,
+            owner_uid,
+            join_pid,
+        }) => {
             if !admin {
                 return forbidden("allocate");
             }

@@ -278,7 +278,7 @@ fn run() -> Result<(), String> {
         let start = Instant::now();
         for _ in 0..args.hosts {
             let mut c = Client::connect(&socket).map_err(|e| e.to_string())?;
-            let _ = c.call(Op::Fit { request: text.clone(), tasks: None });
+            let _ = c.call(Op::Fit(topo_core::proto::FitArgs::new(text.clone())));
         }
         baseline_ms.push(start.elapsed().as_secs_f64() * 1e3);
     }

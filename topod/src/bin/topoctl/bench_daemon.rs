@@ -121,15 +121,10 @@ pub(crate) fn run(socket: &Path, cycles: usize, clients: usize, json: bool) -> R
         let join_pid = one_request.then_some(child.id() as i32);
         let a: topo_core::ledger::Allocation = typed(
             &mut c,
-            Op::Allocate {
-                job: job.clone(),
-                request: "affinity[thread*1]".into(),
-                tasks: None,
-                cpus: None,
-                mem_limit_bytes: None,
-                owner_uid: None,
+            Op::Allocate(topo_core::proto::AllocateArgs {
                 join_pid,
-            },
+                ..topo_core::proto::AllocateArgs::new(job.clone(), "affinity[thread*1]")
+            }),
         )?;
         if one_request {
             start_t.push(us(t0.elapsed()));

@@ -284,7 +284,9 @@ pub(crate) fn attack(socket: &Path, mode: &str, count: usize, stats: &Path) -> R
             let request = format!("CPUSET[CPU_LIST={list}] affinity[thread*2]");
             // Just under the line limit: a whole request topod must parse, not one it refuses
             // for its length.
-            let line = topo_core::proto::Request::new(Op::Fit { request, tasks: None }).to_line();
+            let line =
+                topo_core::proto::Request::new(Op::Fit(topo_core::proto::FitArgs::new(request)))
+                    .to_line();
             assert!(line.len() <= topo_core::proto::MAX_LINE_BYTES, "{} bytes", line.len());
             loop {
                 let Ok(mut s) = UnixStream::connect(socket) else {

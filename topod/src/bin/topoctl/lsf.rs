@@ -77,15 +77,11 @@ pub fn pre_exec(daemon: &Daemon) -> Result<(), Failure> {
     let mut c = connect(daemon)?;
     let a: topo_core::ledger::Allocation = call(
         &mut c,
-        Op::Allocate {
-            job: job.clone(),
-            request: request.clone(),
+        Op::Allocate(topo_core::proto::AllocateArgs {
             tasks,
-            cpus: None,
-            mem_limit_bytes: None,
             owner_uid,
-            join_pid: None,
-        },
+            ..topo_core::proto::AllocateArgs::new(job.clone(), request.clone())
+        }),
     )
     .map_err(|f| {
         if f.message.contains("can never fit") {

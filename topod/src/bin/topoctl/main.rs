@@ -329,15 +329,11 @@ fn main() -> ExitCode {
         }
         Command::Alloc { daemon, job, tasks, cpus, request, json } => alloc_and_print(
             &daemon,
-            Op::Allocate {
-                job,
-                request,
+            Op::Allocate(topo_core::proto::AllocateArgs {
                 tasks,
                 cpus,
-                mem_limit_bytes: None,
-                owner_uid: None,
-                join_pid: None,
-            },
+                ..topo_core::proto::AllocateArgs::new(job, request)
+            }),
             json,
         ),
         Command::Release { daemon, job, json } => release_and_print(&daemon, job, json),
@@ -862,18 +858,8 @@ fn run_job(
 ) -> Result<(), Failure> {
     let job = job.unwrap_or_else(|| format!("topoctl-run-{}", std::process::id()));
     let mut c = connect(daemon)?;
-    let alloc: Allocation = call(
-        &mut c,
-        Op::Allocate {
-            job: job.clone(),
-            request,
-            tasks: None,
-            cpus: None,
-            mem_limit_bytes: None,
-            owner_uid: None,
-            join_pid: None,
-        },
-    )?;
+    let alloc: Allocation =
+        call(&mut c, Op::Allocate(topo_core::proto::AllocateArgs::new(job.clone(), request)))?;
     eprintln!("topoctl: job {job} on CPUs {}", alloc.cpus);
     // topo-exec moves itself into the job's cgroup before it execs the command, so nothing the
     // command forks can start outside.
