@@ -109,6 +109,10 @@ pub struct FitArgs {
     /// Tasks when the request does not say (`bsub -n`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<u32>,
+    /// Fit only within these CPUs (list format), as `allocate`'s `cpus` places: would the job
+    /// fit inside what the batch system gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<String>,
 }
 
 impl FitArgs {
@@ -513,7 +517,7 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
 /// The fields each operation takes besides `v` and `op`.
 fn fields_of(op: &str) -> &'static [&'static str] {
     match op {
-        "fit" => &["request", "tasks"],
+        "fit" => &["request", "tasks", "cpus"],
         "allocate" => {
             &["job", "request", "tasks", "cpus", "mem_limit_bytes", "owner_uid", "join_pid"]
         }
@@ -593,7 +597,11 @@ mod tests {
             Op::Version,
             Op::Topology,
             Op::FreeMap,
-            Op::Fit(FitArgs { tasks: Some(4), ..FitArgs::new("affinity[core(2)]") }),
+            Op::Fit(FitArgs {
+                tasks: Some(4),
+                cpus: Some("8-15".into()),
+                ..FitArgs::new("affinity[core(2)]")
+            }),
             Op::Allocate(AllocateArgs {
                 tasks: Some(2),
                 cpus: Some("0-15".into()),

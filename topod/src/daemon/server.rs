@@ -373,8 +373,8 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 free: snap.host_metrics(),
             })
         }
-        Op::Fit(proto::FitArgs { request, tasks }) => {
-            let prepared = match host::prepare(&server.topology, &request, tasks, None) {
+        Op::Fit(proto::FitArgs { request, tasks, cpus }) => {
+            let prepared = match host::prepare(&server.topology, &request, tasks, cpus.as_deref()) {
                 Ok(p) => p,
                 Err(e) => return error_reply(&e),
             };
