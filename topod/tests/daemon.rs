@@ -122,6 +122,27 @@ fn protocol_and_bad_input() {
 }
 
 #[test]
+fn fit_within_the_cpus_the_batch_system_gave() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let mut c = Client::connect(&d.socket).unwrap();
+    let within = |cpus: &str| topo_core::proto::FitArgs {
+        cpus: Some(cpus.into()),
+        ..topo_core::proto::FitArgs::new("affinity[core(2)]")
+    };
+    // The emulated EPYC 9654 pairs CPU n with n+192 on one core.
+    let given = "8-10,200-202";
+    let fit: topo_core::place::Fit = c.call_as(Op::Fit(within(given))).unwrap();
+    assert_eq!(fit.cpus.len(), 4, "two cores of two threads: {}", fit.cpus);
+    assert!(fit.cpus.is_subset(&topo_core::CpuSet::parse_list(given).unwrap()), "{}", fit.cpus);
+    // Single threads of eight cores hold no whole core; a CPU the host does not have is named.
+    let e = c.call(Op::Fit(within("8-15"))).unwrap_err().to_string();
+    assert!(e.contains("the request does not fit") && e.contains("whole core"), "{e}");
+    let e = c.call(Op::Fit(within("5000"))).unwrap_err().to_string();
+    assert!(e.contains("5000"), "{e}");
+}
+
+#[test]
 fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
     let dir = tempfile::tempdir().unwrap();
     let Some((mut d, cgroups, subtree, cleanup, config)) =

@@ -34,9 +34,9 @@ pub enum HostError {
     #[error("bad request: {0}")]
     BadRequest(String),
     /// The job does not fit now.
-    #[error("job {job} does not fit: {source}")]
+    #[error("{} does not fit: {source}", fit_subject(job))]
     DoesNotFit {
-        /// The job.
+        /// The job (empty for a `fit`, which names none).
         job: String,
         /// Why.
         #[source]
@@ -193,6 +193,15 @@ pub struct Snapshot {
     pub generation: u64,
     /// The jobs, with their state and owner.
     pub jobs: Vec<JobView>,
+}
+
+/// What a "does not fit" message is about: the job, or for `fit` the request.
+fn fit_subject(job: &str) -> String {
+    if job.is_empty() {
+        "the request".to_string()
+    } else {
+        format!("job {job}")
+    }
 }
 
 impl Snapshot {
