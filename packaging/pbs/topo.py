@@ -997,7 +997,9 @@ def fail(event, rejects, message):
         event.reject("%s: %s" % (HOOK, message))
 
 
-# PBS runs a hook with __name__ == "__builtin__" (as its own pbs_cgroups hook relies on); the
-# tests import this file under another name to reach the functions above.
-if __name__ == "__builtin__":
+# PBS runs hook code in globals that have no __name__ of their own, so the name seen here is
+# the builtins module's: 'builtins' under Python 3 (observed on OpenPBS 23.06 with Python 3.11),
+# '__builtin__' under Python 2 PBS versions; OpenPBS's own pbs_cgroups hook tests both. The tests
+# import this file under another name to reach the functions above without running it.
+if __name__ in ("builtins", "__builtin__"):
     main()

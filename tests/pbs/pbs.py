@@ -5,7 +5,7 @@ src/include/hook.h for the event bits; observations on a real OpenPBS in
 shared/reference/pbs-hooks-observed.md) and to how pbs_python runs a hook:
 
 - each event runs the hook in a fresh interpreter (tests/pbs/run_hook.py), the script executed
-  with __name__ == "__builtin__";
+  in globals without a `__name__` of their own, so `__name__` is 'builtins' (observed);
 - pbs.event() is the one event of that run: type, hook_name, job (id, Resource_List,
   schedselect, exec_vnode, euser, session_id, rerun()), job_o (modifyjob), pid (attach),
   progname / argv / env (launch; env is dict-like and a missing key raises KeyError),

@@ -1,8 +1,9 @@
 """Runs a PBS hook script once, as pbs_python does: usage run_hook.py HOOK.py EVENT.json RESULT.json.
 
-The stand-in `pbs` module (this directory) reads the event; the script runs with
-__name__ == "__builtin__"; SystemExit from accept()/reject() ends it; any other exception is
-what PBS logs as "hook encountered an exception, request rejected" and is reported as the
+The stand-in `pbs` module (this directory) reads the event; the script runs in globals of its
+own with no `__name__` entry, as PBS runs hook code (observed on a real OpenPBS: a top-level
+`__name__` then resolves to the builtins module's name, 'builtins'); SystemExit from
+accept()/reject() ends it; any other exception is what PBS logs as "hook encountered an exception, request rejected" and is reported as the
 outcome "exception" with its traceback, so that a test can tell a handled failure from a crash.
 """
 
@@ -26,7 +27,9 @@ def main():
     try:
         with open(hook) as f:
             code = compile(f.read(), hook, "exec")
-        exec(code, {"__name__": "__builtin__"})
+        # No __name__ of the hook's own: exec adds __builtins__, so the name the script sees
+        # is the builtins module's, as under pbs_python.
+        exec(code, {})
     except SystemExit:
         pass
     except BaseException:

@@ -58,7 +58,8 @@ REAL = os.geteuid() == 0 and "cpuset" in v1_mounts()
 
 
 def load_hook_module():
-    """topo.py as a module (its main() runs only under PBS's __name__ "__builtin__")."""
+    """topo.py as a module (its main() runs only where __name__ is the builtins module's, as
+    under PBS)."""
     spec = importlib.util.spec_from_file_location("topo_hook", HOOK)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
