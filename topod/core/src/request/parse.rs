@@ -105,20 +105,53 @@ impl RequestError {
     }
 
     /// The input on one line, a caret line under the offending text, and the message: for a
-    /// terminal.
+    /// terminal, a batch system's error output or a pending reason.
     ///
     /// ```text
     /// affinity[cores(2)]
     ///          ^^^^^
     /// at byte 9 ("cores"): unknown processor unit type; expected one of numa, ...
     /// ```
+    ///
+    /// A long input is not quoted whole: at most [`QUOTED_CHARS`] characters around the error,
+    /// with `...` where it was cut (a 10 KB request would otherwise fill a batch system's error
+    /// output before the reason; qsub's holds about 3 KB).
     pub fn render(&self, input: &str) -> String {
         let span = snap(input, self.span.clone());
-        let line: String = input.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-        let before = input.get(..span.start).map_or(0, |s| s.chars().count());
-        let width = input.get(span).map_or(0, |s| s.chars().count()).max(1);
-        format!("{line}\n{}{}\n{self}", " ".repeat(before), "^".repeat(width))
+        let chars: Vec<char> =
+            input.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+        let start = input.get(..span.start).map_or(0, |s| s.chars().count());
+        let width = input.get(span).map_or(0, |s| s.chars().count());
+        let (from, to) = quoted_window(chars.len(), start);
+        let cut_before = if from > 0 { "..." } else { "" };
+        let cut_after = if to < chars.len() { "..." } else { "" };
+        let line: String = chars[from..to].iter().collect();
+        let caret_at = cut_before.len() + start - from;
+        let carets = width.min(to.saturating_sub(start)).max(1);
+        format!(
+            "{cut_before}{line}{cut_after}\n{}{}\n{self}",
+            " ".repeat(caret_at),
+            "^".repeat(carets)
+        )
     }
+}
+
+/// How much of a request an error quotes: at most this many characters of it.
+pub const QUOTED_CHARS: usize = 200;
+
+/// The characters `from..to` of an input of `len` characters to quote for an error that starts
+/// at character `start`: all of it when it is short, else a window of [`QUOTED_CHARS`] that
+/// starts a little before the error, so that the caret has context and as much of the offending
+/// text as fits is shown.
+fn quoted_window(len: usize, start: usize) -> (usize, usize) {
+    /// Characters kept before the error, when there are that many.
+    const LEAD: usize = 60;
+    if len <= QUOTED_CHARS {
+        return (0, len);
+    }
+    // A full window that ends at the input's end when the error is near it.
+    let from = start.min(len).saturating_sub(LEAD).min(len - QUOTED_CHARS);
+    (from, from + QUOTED_CHARS)
 }
 
 /// Clamps `span` into `text` and widens it to character boundaries.

@@ -279,6 +279,36 @@ fn error_display_and_render() {
 }
 
 #[test]
+fn a_long_request_is_quoted_only_around_its_error() {
+    // 10 KB of valid CPU list with a bad word in the middle, at the start and at the end.
+    let list: String = (0..2000).map(|i| format!("{i},")).collect();
+    for (text, bad) in [
+        (format!("CPUSET[CPU_LIST={list}x]"), "x"),
+        (format!("CPUSET[CPU_LIST={list}0;BOGUS=1]"), "BOGUS"),
+        (format!("CPUSET[BOGUS=1;CPU_LIST={list}0]"), "BOGUS"),
+    ] {
+        let err = e(&text);
+        let rendered = err.render(&text);
+        let lines: Vec<&str> = rendered.lines().collect();
+        assert_eq!(lines.len(), 3, "{rendered}");
+        assert!(lines[0].chars().count() <= QUOTED_CHARS + 6, "quoted {} chars", lines[0].len());
+        assert!(lines[0].starts_with("...") || lines[0].starts_with("CPUSET["), "{}", lines[0]);
+        // The carets stand under the offending text.
+        let caret = lines[1].find('^').expect("a caret");
+        assert_eq!(&lines[0][caret..caret + bad.len()], bad, "{rendered}");
+        assert_eq!(
+            lines[1].trim_start().len(),
+            err.fragment.len().clamp(1, QUOTED_CHARS),
+            "{rendered}"
+        );
+        assert!(rendered.len() < 600, "{} bytes", rendered.len());
+    }
+    // A short request is still quoted whole.
+    let text = "affinity[cores(2)]";
+    assert_eq!(e(text).render(text).lines().next(), Some(text));
+}
+
+#[test]
 fn errors_top_level() {
     let err = e("");
     assert_eq!((err.span.clone(), err.message.as_str()), (0..0, "empty request"));
