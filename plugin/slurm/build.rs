@@ -1,10 +1,13 @@
-//! Takes `plugin_version` and the `spank_item` numbers from the installed Slurm headers.
+//! Takes `plugin_version`, the `spank_item` numbers and the special step ids from the installed
+//! Slurm headers.
 //!
 //! Slurm refuses a SPANK plug-in whose major.minor differs from its own, so the version must be
 //! the one of the Slurm that will load the module: `SLURM_VERSION_NUMBER` from
 //! `slurm/slurm_version.h` (directory: `$SLURM_INCLUDE_DIR`, default `/usr/include`; Debian's
 //! `libslurm-dev`). The `spank_item` enum is read from `slurm/spank.h` so that the item numbers
-//! follow the header too.
+//! follow the header too, and the step ids of the batch script, the extern step and the
+//! interactive step (`SLURM_BATCH_SCRIPT`, ... in `slurm/slurm.h`; they changed in 20.11) go to
+//! `slurm_steps.rs`, which the pure code includes (its tests build without Slurm).
 //!
 //! Without the headers the crate still builds (so `cargo build --workspace` works anywhere),
 //! with a warning and `plugin_version = 0`: Slurm then refuses to load the module ("Incompatible
@@ -25,6 +28,15 @@ const ITEMS: &[(&str, u32)] = &[
     ("S_STEP_ALLOC_CORES", 27),
 ];
 
+/// The special step ids the plug-in names, and their values in Slurm 22.05 (used only without
+/// headers).
+const STEPS: &[(&str, u32)] = &[
+    ("SLURM_PENDING_STEP", 0xffff_fffd),
+    ("SLURM_EXTERN_CONT", 0xffff_fffc),
+    ("SLURM_BATCH_SCRIPT", 0xffff_fffb),
+    ("SLURM_INTERACTIVE_STEP", 0xffff_fffa),
+];
+
 fn main() {
     println!("cargo:rerun-if-env-changed=SLURM_INCLUDE_DIR");
     println!("cargo:rerun-if-env-changed=TOPO_REQUIRE_SLURM");
@@ -32,14 +44,18 @@ fn main() {
         PathBuf::from(std::env::var("SLURM_INCLUDE_DIR").unwrap_or_else(|_| "/usr/include".into()));
     let version_h = include.join("slurm/slurm_version.h");
     let spank_h = include.join("slurm/spank.h");
+    let slurm_h = include.join("slurm/slurm.h");
     println!("cargo:rerun-if-changed={}", version_h.display());
     println!("cargo:rerun-if-changed={}", spank_h.display());
+    println!("cargo:rerun-if-changed={}", slurm_h.display());
     let required = std::env::var("TOPO_REQUIRE_SLURM").map(|v| v == "1").unwrap_or(false);
 
-    let found =
-        std::fs::read_to_string(&version_h).ok().zip(std::fs::read_to_string(&spank_h).ok());
-    let (version, items) = match found {
-        Some((version_text, spank_text)) => {
+    let found = std::fs::read_to_string(&version_h)
+        .ok()
+        .zip(std::fs::read_to_string(&spank_h).ok())
+        .zip(std::fs::read_to_string(&slurm_h).ok());
+    let (version, items, steps) = match found {
+        Some(((version_text, spank_text), slurm_text)) => {
             let version = parse_version(&version_text)
                 .unwrap_or_else(|| panic!("{}: no `#define SLURM_VERSION_NUMBER 0x......` line", version_h.display()));
             let items = ITEMS
@@ -50,12 +66,21 @@ fn main() {
                     (*name, n)
                 })
                 .collect::<Vec<_>>();
-            (version, items)
+            let steps = STEPS
+                .iter()
+                .map(|(name, _)| {
+                    let n = define_u32(&slurm_text, name)
+                        .unwrap_or_else(|| panic!("{}: no `#define {name} (0x...)` line", slurm_h.display()));
+                    (*name, n)
+                })
+                .collect::<Vec<_>>();
+            (version, items, steps)
         }
         None if required => panic!(
-            "TOPO_REQUIRE_SLURM=1 but {} or {} is missing: install libslurm-dev or set SLURM_INCLUDE_DIR",
+            "TOPO_REQUIRE_SLURM=1 but {}, {} or {} is missing: install libslurm-dev or set SLURM_INCLUDE_DIR",
             version_h.display(),
-            spank_h.display()
+            spank_h.display(),
+            slurm_h.display()
         ),
         None => {
             println!(
@@ -63,7 +88,7 @@ fn main() {
                  building spank_topo.so with plugin_version 0, which Slurm refuses to load",
                 include.join("slurm").display()
             );
-            (0, ITEMS.to_vec())
+            (0, ITEMS.to_vec(), STEPS.to_vec())
         }
     };
     let mut out = format!(
@@ -73,9 +98,30 @@ fn main() {
     for (name, n) in items {
         out.push_str(&format!("/// `{name}` in this Slurm's `enum spank_item`.\npub const {name}: libc::c_int = {n};\n"));
     }
-    let dest =
-        PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("slurm_abi.rs");
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let dest = out_dir.join("slurm_abi.rs");
     std::fs::write(&dest, out).unwrap_or_else(|e| panic!("cannot write {}: {e}", dest.display()));
+    let mut out = String::new();
+    for (name, n) in steps {
+        out.push_str(&format!(
+            "/// `{name}` in this Slurm's `slurm.h`.\npub const {name}: u32 = {n:#010x};\n"
+        ));
+    }
+    let dest = out_dir.join("slurm_steps.rs");
+    std::fs::write(&dest, out).unwrap_or_else(|e| panic!("cannot write {}: {e}", dest.display()));
+}
+
+/// `0xfffffffb` from `#define SLURM_BATCH_SCRIPT (0xfffffffb)` (with or without parentheses).
+fn define_u32(text: &str, name: &str) -> Option<u32> {
+    text.lines().find_map(|line| {
+        let rest = line.trim().strip_prefix("#define")?.trim_start().strip_prefix(name)?;
+        if !rest.starts_with(char::is_whitespace) {
+            return None;
+        }
+        let value = rest.trim().trim_start_matches('(').split(')').next()?.trim();
+        let hex = value.strip_prefix("0x").or_else(|| value.strip_prefix("0X"))?;
+        u32::from_str_radix(hex, 16).ok()
+    })
 }
 
 /// `0x160508` from `#define SLURM_VERSION_NUMBER 0x160508`.

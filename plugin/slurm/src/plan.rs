@@ -3,8 +3,26 @@
 use topo_core::request::{Level, Request};
 use topo_core::CpuSet;
 
+/// Slurm's special step ids, from the installed `slurm/slurm.h` (build.rs): `SLURM_BATCH_SCRIPT`,
+/// `SLURM_EXTERN_CONT`, `SLURM_INTERACTIVE_STEP`, `SLURM_PENDING_STEP`.
+pub mod steps {
+    include!(concat!(env!("OUT_DIR"), "/slurm_steps.rs"));
+}
+
 /// The step id Slurm gives the batch script (`SLURM_BATCH_SCRIPT`).
-pub const BATCH_STEP: u32 = 0xffff_fffb;
+pub const BATCH_STEP: u32 = steps::SLURM_BATCH_SCRIPT;
+
+/// A step as people read it, the way Slurm itself prints it (`StepId=42.batch`): `batch`,
+/// `extern` or `interactive` for Slurm's special steps, else the step number.
+pub fn step_name(step_id: u32) -> String {
+    match step_id {
+        steps::SLURM_BATCH_SCRIPT => "batch".to_string(),
+        steps::SLURM_EXTERN_CONT => "extern".to_string(),
+        steps::SLURM_INTERACTIVE_STEP => "interactive".to_string(),
+        steps::SLURM_PENDING_STEP => "pending".to_string(),
+        n => n.to_string(),
+    }
+}
 
 /// The id topod knows a Slurm job by on this host: `slurm-<jobid>`. One allocation per job and
 /// host, shared by all its steps (the batch script and the sruns inside it run at the same time
@@ -64,6 +82,18 @@ mod tests {
         for id in [1, 4_294_967_000] {
             topo_core::JobId::parse(&topod_job_id(id)).unwrap();
         }
+    }
+
+    #[test]
+    fn special_steps_are_named_as_slurm_names_them() {
+        // Slurm 22.05's values (slurm.h); the build reads them from the installed headers.
+        assert_eq!(step_name(0xffff_fffb), "batch");
+        assert_eq!(step_name(0xffff_fffc), "extern");
+        assert_eq!(step_name(0xffff_fffa), "interactive");
+        assert_eq!(step_name(BATCH_STEP), "batch");
+        assert_eq!(step_name(0), "0");
+        assert_eq!(step_name(17), "17");
+        assert!(!step_name(BATCH_STEP).contains("4294967291"));
     }
 
     #[test]

@@ -124,18 +124,40 @@ fn log_verbose(msg: &str) {
     unsafe { slurm_verbose(c"%s".as_ptr(), text.as_ptr()) }
 }
 
+/// Why a callback fails.
+enum Failure {
+    /// With this message, logged.
+    Say(String),
+    /// Without a line of its own: the reason was said once already (see
+    /// [`slurm_spank_task_init_privileged`]), and Slurm logs each failed callback itself.
+    Quiet,
+}
+
+impl From<String> for Failure {
+    fn from(msg: String) -> Failure {
+        Failure::Say(msg)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(msg: &str) -> Failure {
+        Failure::Say(msg.to_string())
+    }
+}
+
 /// Runs a callback body: errors and panics are logged and become -1 (Slurm fails the step or
 /// refuses the submission); nothing unwinds into Slurm.
 ///
 /// In the task callbacks (the task's own process) Slurm's logger also writes to the task's
 /// stderr, so the user sees the message (srun's terminal, the batch job's output file).
-fn guarded(callback: &str, body: impl FnOnce() -> Result<(), String>) -> c_int {
+fn guarded(callback: &str, body: impl FnOnce() -> Result<(), Failure>) -> c_int {
     match topo_ffi_guard::catch(body) {
         Ok(()) => 0,
-        Err(Caught::Error(msg)) => {
+        Err(Caught::Error(Failure::Say(msg))) => {
             log_error(&msg);
             -1
         }
+        Err(Caught::Error(Failure::Quiet)) => -1,
         Err(Caught::Panic(what)) => {
             log_error(&format!("internal error in {callback}: {what}"));
             -1
@@ -297,7 +319,7 @@ pub extern "C" fn slurm_spank_init(sp: Spank, ac: c_int, av: *mut *mut c_char) -
             // SAFETY: the static table outlives the process; Slurm only reads it.
             let rc = unsafe { spank_option_register(sp, TOPOLOGY_OPTION.0.get()) };
             if rc != ESPANK_SUCCESS && matches!(ctx, S_CTX_LOCAL | S_CTX_ALLOCATOR) {
-                return Err(format!("cannot register --topology (spank error {rc})"));
+                return Err(format!("cannot register --topology (spank error {rc})").into());
             }
         }
         Ok(())
@@ -330,9 +352,8 @@ pub extern "C" fn slurm_spank_init_post_opt(sp: Spank, ac: c_int, av: *mut *mut 
             S_CTX_REMOTE => {
                 // A failure here would only show the user "Plugin initialization failed" and
                 // let srun exit 0: keep it for the tasks, which fail with it (exit code 1, the
-                // message on the user's terminal).
+                // message on the user's terminal and in slurmd's log, once per step).
                 if let Err(e) = grant(sp, &text) {
-                    log_error(&e);
                     let _ = GRANT_ERROR.set(e);
                 }
                 Ok(())
@@ -349,6 +370,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     }
     let job_id = item_u32(sp, S_JOB_ID, "the job id")?;
     let step_id = item_u32(sp, S_JOB_STEPID, "the step id")?;
+    let step = plan::step_name(step_id);
     let uid = item_u32(sp, S_JOB_UID, "the job's uid")?;
     let job_cores = item_string(sp, S_JOB_ALLOC_CORES, "the job's cores (S_JOB_ALLOC_CORES)")?;
     let step_cores = item_string(sp, S_STEP_ALLOC_CORES, "the step's cores (S_STEP_ALLOC_CORES)")
@@ -359,14 +381,14 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let job = plan::topod_job_id(job_id);
     let a = args();
     let started = std::time::Instant::now();
-    let fail = |e: ClientError| format!("job {job_id} step {step_id}: {e}");
+    let fail = |e: ClientError| format!("job {job_id} step {step}: {e}");
     let mut topod = Client::connect_with_timeout(&a.socket, a.timeout).map_err(fail)?;
     let topo: Topology = topod.topology().map_err(fail)?;
     let order = cores::slurm_core_order(&topo);
     let job_cpus =
         cores::translate(&order, &job_cores).map_err(|e| format!("job {job_id}: {e}"))?;
     let step_cpus = cores::translate(&order, &step_cores)
-        .map_err(|e| format!("job {job_id} step {step_id}: {e}"))?;
+        .map_err(|e| format!("job {job_id} step {step}: {e}"))?;
     let req =
         topo_core::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
     let tasks = plan::tasks_if_unsaid(
@@ -398,12 +420,12 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         }
         Err(e) => {
             return Err(format!(
-                "job {job_id} step {step_id}: cores {job_cores} (CPUs {job_cpus}): {e}"
+                "job {job_id} step {step}: cores {job_cores} (CPUs {job_cpus}): {e}"
             ))
         }
     };
     log_verbose(&format!(
-        "job {job_id} step {step_id}: Slurm cores {job_cores} = CPUs {job_cpus}; topod gave {} (mems {}) in {:.1} ms",
+        "job {job_id} step {step}: Slurm cores {job_cores} = CPUs {job_cpus}; topod gave {} (mems {}) in {:.1} ms",
         alloc.cpus,
         alloc.mems,
         started.elapsed().as_secs_f64() * 1e3
@@ -423,12 +445,14 @@ pub extern "C" fn slurm_spank_task_init_privileged(
     guarded("slurm_spank_task_init_privileged", || {
         load_args(ac, av)?;
         let Some(request) = requested(sp) else { return Ok(()) };
+        let task = item_int(sp, S_TASK_ID, "the task id")?;
         if let Some(e) = GRANT_ERROR.get() {
-            return Err(e.clone());
+            // The step has no allocation: every task fails, and the first one on this host says
+            // why (in slurmd's log and on the user's terminal), so a step's failure is one line.
+            return Err(if task == 0 { Failure::Say(e.clone()) } else { Failure::Quiet });
         }
         let g = grant(sp, &request)?;
         let job_id = item_u32(sp, S_JOB_ID, "the job id")?;
-        let task = item_int(sp, S_TASK_ID, "the task id")?;
         let mode = match args().mode {
             Mode::Auto => {
                 let text = std::fs::read_to_string("/proc/self/cgroup")
@@ -504,7 +528,7 @@ pub extern "C" fn slurm_spank_job_epilog(sp: Spank, ac: c_int, av: *mut *mut c_c
         match Client::connect_with_timeout(&a.socket, a.timeout).and_then(|mut t| t.release(&job)) {
             Ok(_) => Ok(()),
             Err(e) if e.code() == Some(ErrorCode::UnknownJob) => Ok(()),
-            Err(e) => Err(format!("job {job_id}: cannot release {job}: {e}")),
+            Err(e) => Err(format!("job {job_id}: cannot release {job}: {e}").into()),
         }
     })
 }
