@@ -10,6 +10,10 @@
 //!
 //! [`Client::join_self`] moves the calling process into its job's cgroup, by itself where that
 //! is cheaper and safe ([`SelfJoin`]), else through topod.
+//!
+//! [`queue_release`] leaves a release for a topod that cannot be reached
+//! ([`ClientError::is_unreachable`]), which topod does when it is back: a batch system's epilog
+//! then need not fail (and drain the node) because topod was restarting.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -61,6 +65,12 @@ impl ClientError {
             ClientError::Refused(body) => Some(body.code),
             _ => None,
         }
+    }
+
+    /// Whether topod could not be reached or did not answer: no socket, nobody listening, a
+    /// connection cut or timed out. (Not a refusal, nor an answer this client cannot read.)
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, ClientError::Connect { .. } | ClientError::Io { .. })
     }
 }
 
@@ -219,6 +229,137 @@ impl Client {
             (None, None) => Ok(serde_json::Value::Null),
         }
     }
+}
+
+/// Why a release could not be queued (see [`queue_release`]).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// Not a job id topod would accept.
+    #[error(transparent)]
+    BadJob(#[from] topo_core::JobIdError),
+    /// The directory or the file could not be made.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The directory or file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The directory is not one topod would trust, so a request there would not be done.
+    #[error("{path} is {why}; it must be a directory of uid {uid} (root's) that no one else can write (chown root {path}; chmod 700 {path})")]
+    Unsafe {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+        /// Its owner should be.
+        uid: u32,
+    },
+}
+
+/// Queues the release of `job` for the topod listening on `socket`, which cannot be reached
+/// now: writes `<socket's directory>/release-pending/<job>` (see [`topo_core::pending`]), which
+/// topod acts on when it starts and every few seconds while it runs. `asked_by` says who asks
+/// (topod logs it). Returns the file.
+///
+/// Run as root (the batch system's epilog): the directory is made mode 0700 if missing, and it
+/// must belong to the caller and be writable by no one else, as topod checks too. The file is
+/// written beside, under a temporary name (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600), and
+/// renamed into place, all relative to the directory once opened and checked, so topod never
+/// reads half a request and no link planted on the way is followed.
+pub fn queue_release(socket: &Path, job: &str, asked_by: &str) -> Result<PathBuf, QueueError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+    let id = topo_core::JobId::parse(job)?;
+    let dir = topo_core::pending::pending_dir_for(socket);
+    let io = |action: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| QueueError::Io { action, path, source }
+    };
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .map_err(io("creating", parent))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io("creating", &dir)(e)),
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    let unsafe_dir = |why: String| QueueError::Unsafe { path: dir.clone(), why, uid: me };
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(
+            (nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_NOFOLLOW
+                | nix::fcntl::OFlag::O_CLOEXEC)
+                .bits(),
+        )
+        .open(&dir);
+    let handle = match opened {
+        Ok(h) => h,
+        // O_NOFOLLOW | O_DIRECTORY on a link: ELOOP, or ENOTDIR when the link names a directory.
+        Err(e) if matches!(e.raw_os_error(), Some(nix::libc::ELOOP | nix::libc::ENOTDIR)) => {
+            let link = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink());
+            return Err(unsafe_dir(
+                if link { "a symbolic link" } else { "not a directory" }.into(),
+            ));
+        }
+        Err(e) => return Err(io("opening", &dir)(e)),
+    };
+    let meta = handle.metadata().map_err(io("inspecting", &dir))?;
+    if meta.uid() != me {
+        return Err(unsafe_dir(format!("owned by uid {}", meta.uid())));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(unsafe_dir(format!("writable by others (mode {:o})", meta.mode() & 0o7777)));
+    }
+    let fd = handle.as_raw_fd();
+    let tmp = format!(".{id}.{}.tmp", std::process::id());
+    let tmp_path = dir.join(&tmp);
+    let create = || {
+        nix::fcntl::openat(
+            Some(fd),
+            tmp.as_str(),
+            nix::fcntl::OFlag::O_WRONLY
+                | nix::fcntl::OFlag::O_CREAT
+                | nix::fcntl::OFlag::O_EXCL
+                | nix::fcntl::OFlag::O_NOFOLLOW
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+    };
+    // A temporary file of this name is left from a process with this pid that died: ours.
+    let raw = match create() {
+        Err(nix::errno::Errno::EEXIST) => {
+            nix::unistd::unlinkat(Some(fd), tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir)
+                .map_err(|e| io("removing", &tmp_path)(e.into()))?;
+            create()
+        }
+        other => other,
+    }
+    .map_err(|e| io("creating", &tmp_path)(e.into()))?;
+    // SAFETY: openat just returned this descriptor, which nothing else owns or closes.
+    let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    let request = topo_core::pending::QueuedRelease::new(std::time::SystemTime::now(), asked_by);
+    let written = file.write_all(&request.to_bytes());
+    drop(file);
+    let path = dir.join(id.as_str());
+    let renamed = written.map_err(io("writing", &tmp_path)).and_then(|()| {
+        nix::fcntl::renameat(Some(fd), tmp.as_str(), Some(fd), id.as_str())
+            .map_err(|e| io("renaming into place", &path)(e.into()))
+    });
+    if renamed.is_err() {
+        let _ =
+            nix::unistd::unlinkat(Some(fd), tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+    }
+    renamed.map(|()| path)
 }
 
 /// How [`join_self`] moved the calling process into its job's cgroup.
@@ -402,6 +543,100 @@ impl SelfJoin {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// A fresh directory for one test (removed when dropped); topo-client has no dev-dependencies.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let dir =
+                std::env::temp_dir().join(format!("topo-client-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_queued_release_is_one_whole_private_file_beside_the_socket() {
+        let scratch = Scratch::new("queue");
+        let socket = scratch.0.join("run/topod.sock");
+        let file = queue_release(&socket, "slurm-42", "the test (pid 1)").unwrap();
+        let dir = scratch.0.join("run/release-pending");
+        assert_eq!(file, dir.join("slurm-42"));
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777, 0o700);
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o7777, 0o600);
+        let (request, at) =
+            topo_core::pending::QueuedRelease::parse(&std::fs::read(&file).unwrap())
+                .expect("a request topod can read");
+        assert_eq!(request.asked_by, "the test (pid 1)");
+        assert!(at.elapsed().unwrap_or_default() < Duration::from_secs(60));
+        // Again: replaced, and no temporary file is left.
+        queue_release(&socket, "slurm-42", "again").unwrap();
+        queue_release(&socket, "slurm-43", "another").unwrap();
+        assert_eq!(names(&dir), ["slurm-42", "slurm-43"]);
+        let again = std::fs::read(&file).unwrap();
+        assert_eq!(topo_core::pending::QueuedRelease::parse(&again).unwrap().0.asked_by, "again");
+        // A job id topod would refuse names no file.
+        for bad in ["../x", "a/b", ".hidden", ""] {
+            assert!(
+                matches!(queue_release(&socket, bad, "x"), Err(QueueError::BadJob(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(names(&dir), ["slurm-42", "slurm-43"]);
+    }
+
+    #[test]
+    fn a_directory_others_could_write_or_a_planted_link_is_not_used() {
+        let scratch = Scratch::new("unsafe");
+        let socket = scratch.0.join("topod.sock");
+        let dir = scratch.0.join("release-pending");
+        let elsewhere = scratch.0.join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        // The directory is a link: nothing is written through it.
+        std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+        let e = queue_release(&socket, "slurm-1", "x").unwrap_err().to_string();
+        assert!(e.contains("a symbolic link"), "{e}");
+        assert!(names(&elsewhere).is_empty());
+        std::fs::remove_file(&dir).unwrap();
+        // Writable by others.
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = queue_release(&socket, "slurm-1", "x").unwrap_err().to_string();
+        assert!(e.contains("writable by others (mode 777)") && e.contains("chmod 700"), "{e}");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // A link planted at the request's own name is replaced, never written through.
+        let victim = scratch.0.join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("slurm-1")).unwrap();
+        queue_release(&socket, "slurm-1", "x").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(std::fs::symlink_metadata(dir.join("slurm-1")).unwrap().is_file());
+        // Another user's directory (only root can make one to try).
+        if nix::unistd::geteuid().is_root() {
+            nix::unistd::chown(&dir, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            let e = queue_release(&socket, "slurm-2", "x").unwrap_err().to_string();
+            assert!(e.contains("owned by uid 65534"), "{e}");
+            assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 65534);
+        }
+    }
 
     /// Runs join_self against a scripted topod; returns the result and the operations sent.
     fn run(

@@ -14,6 +14,8 @@
 //!   batch system names it;
 //! - [`proto`]: the wire protocol between topod and its clients, requests *and* replies, typed
 //!   and versioned, and the default socket paths;
+//! - [`pending`]: releases queued for topod while it could not be reached (where, what one
+//!   says, its time stamp);
 //! - [`bench`]: the synthetic job streams the placement benchmarks replay.
 //!
 //! Nothing here opens a socket, starts a thread or touches a cgroup: the daemon (`topod`), the
@@ -28,6 +30,7 @@ pub mod bench;
 pub mod cpuset;
 pub mod jobid;
 pub mod ledger;
+pub mod pending;
 pub mod place;
 pub mod proto;
 pub mod request;
