@@ -19,6 +19,7 @@ use topo_core::topology::{hwloc_xml, sysfs};
 use topod::cgroup::{self, fs::Files, Kind};
 use topod::daemon::conn::{raise_fd_limit, Gate};
 use topod::daemon::host::{Host, JobHint};
+use topod::daemon::pending::{Kernel, PendingReleases};
 use topod::daemon::records::Records;
 use topod::daemon::server::{self, Admins, Listener, Server};
 use topod::daemon::{CgroupKind, Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
@@ -179,6 +180,14 @@ fn run(args: Args) -> Result<(), String> {
         limits.max_connections_per_user
     );
     let server = Server::new(host, admins, Gate::new(limits));
+    // Releases an epilog queued while topod was down are done now, before any client is served
+    // (so no job is allocated in between), and then on the five-second tick below.
+    let mut pending = PendingReleases::new(
+        Kernel,
+        topo_core::pending::pending_dir_for(&socket),
+        nix::unistd::geteuid().as_raw(),
+    );
+    pending.process(&*server);
     notify_systemd(&socket, server.clone());
     if config.auto_release {
         let server = server.clone();
@@ -193,10 +202,13 @@ fn run(args: Args) -> Result<(), String> {
     {
         // Exclusive cpusets beside topod's come and go: look again now and then, so that topod
         // takes back the CPUs of one that went away (an allocate the kernel refuses looks too).
+        // Releases queued by an epilog that could not reach topod (a timeout while it was busy)
+        // are done on the same tick.
         let server = server.clone();
         std::thread::spawn(move || loop {
             std::thread::sleep(Duration::from_secs(5));
             server.lock().reconcile_foreign();
+            pending.process(&*server);
         });
     }
     if let Some((tcp, allow, key)) = tcp {

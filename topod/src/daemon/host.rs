@@ -253,6 +253,9 @@ pub struct Host {
     releasing: BTreeSet<String>,
     /// Jobs that have had a process: only those are released when they become empty.
     joined: BTreeSet<String>,
+    /// When each job was last allocated (a new allocation or the same one asked again) by this
+    /// topod: a release queued before that time was for an earlier run of the same job id.
+    last_allocate: BTreeMap<String, std::time::SystemTime>,
     /// Jobs with processes that were told how to move themselves in and have not yet confirmed
     /// with `join`: how many, and the last offer. Their joins check before writing, and
     /// [`Host::release_empty`] leaves them alone for [`SELF_JOIN_WINDOW`] after the last offer.
@@ -289,6 +292,7 @@ impl Host {
             release_timeout: Duration::from_secs(10),
             releasing: Default::default(),
             joined: Default::default(),
+            last_allocate: Default::default(),
             self_join_offered: Default::default(),
         })
     }
@@ -374,6 +378,28 @@ impl Host {
 
     /// [`Host::allocate`] for a request already [`prepare`]d.
     pub fn allocate_prepared(
+        &mut self,
+        job: &str,
+        prepared: &Prepared,
+        mem_limit: Option<u64>,
+        owner_uid: Option<u32>,
+    ) -> Result<Allocation, HostError> {
+        let asked = std::time::SystemTime::now();
+        let alloc = self.allocate_inner(job, prepared, mem_limit, owner_uid)?;
+        self.last_allocate.insert(alloc.job.clone(), asked);
+        Ok(alloc)
+    }
+
+    /// When `job` was last allocated, if that was after `t` (see [`Host::allocate_prepared`]).
+    pub fn allocated_after(
+        &self,
+        job: &str,
+        t: std::time::SystemTime,
+    ) -> Option<std::time::SystemTime> {
+        self.last_allocate.get(job).filter(|at| **at > t).copied()
+    }
+
+    fn allocate_inner(
         &mut self,
         job: &str,
         prepared: &Prepared,
@@ -589,6 +615,7 @@ impl Host {
         }
         self.hints.remove(&job);
         self.joined.remove(&job);
+        self.last_allocate.remove(&job);
         self.self_join_offered.remove(&job);
         if let Some(records) = &self.records {
             if let Err(e) = records.remove(&ticket.id) {
@@ -1007,6 +1034,22 @@ mod tests {
                 .unwrap();
             assert_eq!(topo_core::request::parse(&a.request).unwrap().to_string(), a.request);
         }
+    }
+
+    #[test]
+    fn the_last_allocate_of_a_job_is_remembered_until_it_is_released() {
+        let mut h = host(None);
+        let before = std::time::SystemTime::now() - Duration::from_secs(1);
+        assert_eq!(h.allocated_after("5", before), None);
+        h.allocate("5", "affinity[thread]", None, None, None, None).unwrap();
+        let first = h.allocated_after("5", before).expect("allocated after `before`");
+        assert_eq!(h.allocated_after("5", first), None);
+        // The same allocation asked again (a requeued job's new run) counts as a new one.
+        std::thread::sleep(Duration::from_millis(5));
+        h.allocate("5", "affinity[thread]", None, None, None, None).unwrap();
+        assert!(h.allocated_after("5", first).is_some());
+        h.release("5").unwrap();
+        assert_eq!(h.allocated_after("5", before), None);
     }
 
     #[test]

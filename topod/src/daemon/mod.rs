@@ -5,6 +5,7 @@
 
 pub mod conn;
 pub mod host;
+pub mod pending;
 pub mod process;
 pub mod records;
 pub mod server;

@@ -180,6 +180,39 @@ impl Server {
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.published.load_full()
     }
+
+    /// Releases `job` (the protocol's `release`): returns how many processes were killed.
+    pub fn release(&self, job: &str) -> Result<usize, HostError> {
+        let ticket = self.lock().begin_release(job)?;
+        self.finish_release(ticket)
+    }
+
+    /// Killing the job's processes and waiting for them to go takes no lock: the job shows as
+    /// "releasing" meanwhile, and its CPUs stay held until its cgroup is gone.
+    fn finish_release(&self, ticket: host::ReleaseTicket) -> Result<usize, HostError> {
+        let outcome = ticket.run();
+        self.lock().finish_release(ticket, outcome)
+    }
+}
+
+impl super::pending::Releaser for Server {
+    /// A release queued while topod could not be reached: the same release, unless the job was
+    /// allocated after it was asked (checked under the same lock that starts the release).
+    fn release_queued(
+        &self,
+        job: &crate::cgroup::JobId,
+        asked_at: std::time::SystemTime,
+    ) -> Result<super::pending::Queued, HostError> {
+        let ticket = {
+            let mut host = self.lock();
+            if let Some(at) = host.allocated_after(job.as_str(), asked_at) {
+                return Ok(super::pending::Queued::AllocatedSince(at));
+            }
+            host.begin_release(job.as_str())?
+        };
+        let killed = self.finish_release(ticket)?;
+        Ok(super::pending::Queued::Released { killed })
+    }
 }
 
 /// Which socket a listener is.
@@ -475,14 +508,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             if !admin {
                 return forbidden("release");
             }
-            let ticket = match server.lock().begin_release(&job) {
-                Ok(t) => t,
-                Err(e) => return error_reply(&e),
-            };
-            // Killing the job's processes and waiting for them to go takes no lock: the job shows
-            // as "releasing" meanwhile, and its CPUs stay held until its cgroup is gone.
-            let outcome = ticket.run();
-            match server.lock().finish_release(ticket, outcome) {
+            match server.release(&job) {
                 Ok(killed) => ok(proto::reply::Release { job, killed }),
                 Err(e) => error_reply(&e),
             }
