@@ -17,7 +17,8 @@
 //!    exec, as the user, its affinity is set to its CPUs and `TOPO_JOB`, `TOPO_CPUS`,
 //!    `TOPO_TASK_CPUS`, `TOPO_MEMS`, `TOPO_CGROUP` are exported.
 //! 4. **Job end** (job epilog): topod releases the job: kills stragglers, removes its cgroup,
-//!    frees its CPUs.
+//!    frees its CPUs. When topod cannot be reached then, the release is queued for it
+//!    (`topo_client::queue_release`) and the epilog succeeds, so the node is not drained.
 //!
 //! Without `--topology` every callback returns at once. The Slurm ABI is in [`spank`] (not
 //! built for the tests: its functions exist only inside Slurm); everything else is pure.

@@ -62,6 +62,7 @@ extern "C" {
         overwrite: c_int,
     ) -> c_int;
     fn slurm_error(fmt: *const c_char, ...);
+    fn slurm_info(fmt: *const c_char, ...);
     fn slurm_verbose(fmt: *const c_char, ...);
 }
 
@@ -116,6 +117,12 @@ fn log_error(msg: &str) {
     let text = CString::new(format!("topo: {msg}").replace('\0', " ")).unwrap_or_default();
     // SAFETY: a constant "%s" format with one valid NUL-terminated string argument.
     unsafe { slurm_error(c"%s".as_ptr(), text.as_ptr()) }
+}
+
+fn log_info(msg: &str) {
+    let text = CString::new(format!("topo: {msg}").replace('\0', " ")).unwrap_or_default();
+    // SAFETY: as in log_error.
+    unsafe { slurm_info(c"%s".as_ptr(), text.as_ptr()) }
 }
 
 fn log_verbose(msg: &str) {
@@ -512,9 +519,14 @@ pub extern "C" fn slurm_spank_task_init(sp: Spank, ac: c_int, av: *mut *mut c_ch
     })
 }
 
-/// When the job ends on this host (job epilog, as root): release it in topod. A failure here
-/// means CPUs still held or processes that would not die, so it fails the epilog and Slurm
-/// drains the node, as it does for unkillable steps.
+/// When the job ends on this host (job epilog, as root): release it in topod.
+///
+/// - topod holds nothing for the job (it never got its allocation): done.
+/// - topod cannot be reached (stopped, restarting, not answering in time): the release is
+///   queued for it ([`topo_client::queue_release`]) and done when it is back, and the epilog
+///   succeeds: a short topod outage must not drain the node.
+/// - topod refused or failed (processes that would not die, a cgroup it cannot remove): the
+///   epilog fails and Slurm drains the node, as it does for unkillable steps.
 #[no_mangle]
 pub extern "C" fn slurm_spank_job_epilog(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
     guarded("slurm_spank_job_epilog", || {
@@ -528,6 +540,22 @@ pub extern "C" fn slurm_spank_job_epilog(sp: Spank, ac: c_int, av: *mut *mut c_c
         match Client::connect_with_timeout(&a.socket, a.timeout).and_then(|mut t| t.release(&job)) {
             Ok(_) => Ok(()),
             Err(e) if e.code() == Some(ErrorCode::UnknownJob) => Ok(()),
+            Err(e) if e.is_unreachable() => {
+                let by = format!("the Slurm job epilog (pid {})", std::process::id());
+                match topo_client::queue_release(&a.socket, &job, &by) {
+                    Ok(file) => {
+                        let dir = file.parent().unwrap_or(&file).display().to_string();
+                        log_info(&format!(
+                            "job {job_id}: topod unreachable; release of {job} queued in {dir}, done when topod is back ({e})"
+                        ));
+                        Ok(())
+                    }
+                    Err(q) => Err(format!(
+                        "job {job_id}: cannot release {job}: {e}; and cannot queue it for later: {q}"
+                    )
+                    .into()),
+                }
+            }
             Err(e) => Err(format!("job {job_id}: cannot release {job}: {e}").into()),
         }
     })
