@@ -59,7 +59,8 @@ pub struct Inspected {
     pub links: u64,
     /// When it was last written.
     pub modified: SystemTime,
-    /// The first [`MAX_REQUEST_BYTES`] + 1 bytes of a regular file (none for anything else).
+    /// The first [`MAX_REQUEST_BYTES`] + 1 bytes of a regular file (none for anything else, or
+    /// for a file topod may not read).
     pub contents: Option<Vec<u8>>,
 }
 
@@ -171,7 +172,9 @@ pub fn judge(name: &OsStr, file: &Inspected, me: u32, now: SystemTime) -> Verdic
     if file.links != 1 {
         return Verdict::Refuse { why: format!("a file with {} names", file.links) };
     }
-    let contents = file.contents.as_deref().unwrap_or_default();
+    let Some(contents) = file.contents.as_deref() else {
+        return Verdict::Refuse { why: "a file topod cannot read".into() };
+    };
     let read = (contents.len() <= MAX_REQUEST_BYTES).then(|| QueuedRelease::parse(contents));
     match read.flatten() {
         Some((request, asked_at)) => Verdict::Release { job, asked_at, asked_by: request.asked_by },
@@ -491,8 +494,9 @@ impl PendingFs for Kernel {
             return Ok(first);
         }
         // O_NONBLOCK: a FIFO put in its place meanwhile does not hang topod; what was opened is
-        // described again from its own descriptor.
-        let file = open_at(
+        // described again from its own descriptor. A file topod may not read (another user's:
+        // topod keeps no CAP_DAC_OVERRIDE) is described without its contents.
+        let opened = open_at(
             dir,
             name,
             OFlag::O_RDONLY
@@ -500,7 +504,12 @@ impl PendingFs for Kernel {
                 | OFlag::O_NONBLOCK
                 | OFlag::O_NOCTTY
                 | OFlag::O_CLOEXEC,
-        )?;
+        );
+        let file = match opened {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Ok(first),
+            Err(e) => return Err(e),
+        };
         let stat = nix::sys::stat::fstat(file.as_raw_fd())?;
         let mut contents = Vec::new();
         if Self::inspected(&stat, None).kind == Kind::File {
@@ -844,6 +853,12 @@ mod tests {
         let fs = FakeFs::new(&[(".slurm-9.1.tmp", request(now)), (".slurm-9.2.tmp", old)]);
         assert!(queue(&fs).process(&host(&[])).is_empty());
         assert_eq!(fs.names(), [".slurm-9.1.tmp"]);
+        // A file that could not be read is not a request, even from root.
+        let unread = Inspected { contents: None, ..request(at(500)) };
+        assert!(matches!(
+            judge(OsStr::new("slurm-9"), &unread, ROOT, now),
+            Verdict::Refuse { why } if why.contains("cannot read")
+        ));
         // A name that is not text.
         use std::os::unix::ffi::OsStrExt;
         assert!(matches!(
