@@ -3,10 +3,12 @@
 #
 #   cluster_init                 temp dir, binaries copied where job users can run them
 #   cluster_start_munge          munged, unless one already answers
-#   cluster_start_topod          topod on real cgroup v1, own socket/state dir/subtree
+#   cluster_start_topod          topod on real cgroup v1, own socket/state dir/subtree (again
+#                                after `cluster_stop topod`: a restart; its log is appended)
 #   cluster_start_slurm MODE [PLUGSTACK_LINE]
 #                                MODE: affinity (task/affinity + proctrack/linuxproc) or
 #                                cgroup (task/cgroup,task/affinity + proctrack/cgroup, cgroup/v1)
+#   cluster_stop NAME...         the named daemons (slurmd, slurmctld, topod, munged), by pid
 #   cluster_stop_slurm           slurmd and slurmctld, by pid
 #   cluster_stop_all             everything this file started (the callers' EXIT trap)
 #
@@ -73,7 +75,7 @@ state_dir = "$BASE/topod"
 cgroup = "v1"
 cgroup_subtree = "$CGROUP_SUBTREE"
 EOT
-    "$BASE/bin/topod" --config "$BASE/topod/topod.toml" > "$BASE/log/topod.log" 2>&1 &
+    "$BASE/bin/topod" --config "$BASE/topod/topod.toml" >> "$BASE/log/topod.log" 2>&1 &
     STARTED_PIDS+=("topod:$!")
     for _ in $(seq 100); do [ -S "$SOCK" ] && "$BASE/bin/topoctl" status --socket "$SOCK" >/dev/null 2>&1 && return; sleep 0.1; done
     cat "$BASE/log/topod.log"; echo "topod did not start" >&2; return 1

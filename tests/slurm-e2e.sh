@@ -6,6 +6,10 @@
 #     under task/cgroup);
 #   - two jobs at once get disjoint CPUs;
 #   - a bad --topology makes sbatch fail with the parse error, and no job appears in the queue;
+#   - a step that cannot get its allocation fails with one line (a batch step is named "batch");
+#   - topod stopped while a job runs: the job epilog queues the release, the node is not drained,
+#     and topod releases the job when it starts again; a job started while topod is down fails
+#     with a clear message and does not drain the node either;
 #   - after the jobs end, topod's ledger is empty and no job cgroup is left.
 # The daemons it starts are stopped by pid at the end, pass or fail. Needs root; skips without.
 # Usage: tests/slurm-e2e.sh   (also run by tests/run-all.sh)
@@ -84,6 +88,16 @@ check_job_output() {
         check "job $job: task stays in Slurm's own job cgroup ($cg)" bash -c "[[ '$cg' == */job_$job/* ]]"
         check "job $job: not moved into topod's cgroup" grep -q "IN_TOPOD_CGROUP=no" "$out"
         check "job $job: topod's CPUs lie inside Slurm's cgroup ($cgcpus)" subset "$ledger" "$cgcpus"
+    fi
+}
+
+check_not_drained() {  # the node is up (its epilogs succeeded)
+    local state
+    state=$(scontrol show node "$NODE" | grep -o 'State=[^ ]*' | head -1)
+    check "the node is not drained ($state; sinfo: $(sinfo -h -n "$NODE" -o %T))" bash -c "[[ '$state' != *DRAIN* && '$state' != *DOWN* ]]"
+    if [[ $state == *DRAIN* || $state == *DOWN* ]]; then
+        scontrol show node "$NODE" | grep -o 'Reason=.*' | sed 's/^/  /'
+        scontrol update NodeName="$NODE" State=RESUME    # so that the next checks can run
     fi
 }
 
@@ -182,6 +196,54 @@ for mode in affinity cgroup; do
     sed 's/^/  srun says: /' "$BASE/out/nofit-$mode.err"
     check "srun failed (exit $rc)" test "$rc" -ne 0
     check "the user is told why" grep -q "topo: job [0-9]* step 0: cores 0 (CPUs 0): topod: job slurm-[0-9]* does not fit" "$BASE/out/nofit-$mode.err"
+    nofit=$(sed -n 's/.*topo: job \([0-9]*\) step 0: .*/\1/p' "$BASE/out/nofit-$mode.err" | head -1)
+    check "one line for the failed step in slurmd's log ($(grep -c "topo: job ${nofit:-x} step 0: .*does not fit" "$BASE/log/slurmd.log"))" \
+        test "$(grep -c "topo: job ${nofit:-x} step 0: .*does not fit" "$BASE/log/slurmd.log")" -eq 1
+
+    echo "-- a batch step that does not fit is named 'batch', and the node stays up"
+    wait_gone
+    jid=$(as_user sbatch --parsable --topology='affinity[core(2)]' -n1 -o "$BASE/out/nofit-batch-$mode-%j.out" --wrap true)
+    wait_gone
+    sed 's/^/  job output: /' "$BASE/out/nofit-batch-$mode-$jid.out"
+    check "the batch job's output says why, naming the batch step" grep -q "topo: job $jid step batch: cores 0 (CPUs 0): topod: job slurm-$jid does not fit" "$BASE/out/nofit-batch-$mode-$jid.out"
+    check "no step number 4294967291 in slurmd's log" bash -c "! grep -q 'step 4294967291' '$BASE/log/slurmd.log'"
+    check_not_drained
+
+    echo "-- topod stops while a job runs: the epilog queues the release, the node is not drained"
+    jid=$(as_user env PROBE_SLEEP=3 sbatch --parsable --topology='affinity[core]' -n1 -o "$BASE/out/down-$mode-%j.out" "$BASE/bin/probe")
+    for _ in $(seq 100); do "$BASE/bin/topoctl" jobs --socket "$SOCK" | grep -q "^slurm-$jid " && break; sleep 0.1; done
+    check "job $jid holds CPUs in topod" bash -c "'$BASE/bin/topoctl' jobs --socket '$SOCK' | grep -q '^slurm-$jid '"
+    cluster_stop topod
+    wait_gone
+    check_not_drained
+    pending="$(dirname "$SOCK")/release-pending/slurm-$jid"
+    check "the release is queued in $pending" test -f "$pending"
+    sed 's/^/  queued: /' "$pending" 2>/dev/null || true
+    grep "topo: job $jid: topod unreachable" "$BASE/log/slurmd.log" | sed 's/^/  slurmd log: /'
+    check "slurmd's log says so" grep -q "topo: job $jid: topod unreachable; release of slurm-$jid queued in $(dirname "$SOCK")/release-pending" "$BASE/log/slurmd.log"
+    check "job $jid's cgroup is still there while topod is down" test -d "/sys/fs/cgroup/cpuset/$CGROUP_SUBTREE/slurm-$jid"
+    cluster_start_topod
+    for _ in $(seq 50); do [ ! -e "$pending" ] && break; sleep 0.1; done
+    check "topod released it at start: not in its ledger" bash -c "! '$BASE/bin/topoctl' jobs --socket '$SOCK' | grep -q '^slurm-$jid '"
+    check "its cgroup is gone" test ! -d "/sys/fs/cgroup/cpuset/$CGROUP_SUBTREE/slurm-$jid"
+    check "the queued request is gone" test ! -e "$pending"
+    grep "released slurm-$jid" "$BASE/log/topod.log" | sed 's/^/  topod log: /'
+    check "topod's log says it released it" grep -q "released slurm-$jid, which ended while topod was unreachable" "$BASE/log/topod.log"
+
+    echo "-- a job started while topod is down fails clearly, and the node is not drained"
+    cluster_stop topod
+    set +e
+    as_user srun -n1 --topology='affinity[core]' true > "$BASE/out/down-start-$mode.out" 2> "$BASE/out/down-start-$mode.err"
+    rc=$?
+    set -e
+    sed 's/^/  srun says: /' "$BASE/out/down-start-$mode.err"
+    check "srun failed (exit $rc)" test "$rc" -ne 0
+    check "the user is told topod cannot be reached" grep -q "topo: job [0-9]* step 0: cannot reach topod at $SOCK" "$BASE/out/down-start-$mode.err"
+    wait_gone
+    check_not_drained
+    cluster_start_topod
+    for _ in $(seq 50); do [ -z "$(ls -A "$(dirname "$SOCK")/release-pending" 2>/dev/null)" ] && break; sleep 0.1; done
+    check "the queued release of a job topod never had is done and gone" test -z "$(ls -A "$(dirname "$SOCK")/release-pending" 2>/dev/null)"
 
     echo "-- a request no host can hold is refused by job_submit.lua's constraint"
     wait_gone
