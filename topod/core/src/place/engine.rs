@@ -51,6 +51,16 @@ impl JobShape {
     ) -> Result<Self, PlaceError> {
         let mut free = occupancy.free(model);
         if let Some(list) = &request.cpu_list {
+            // CPUs the host does not have at all are a mistake in the request, not a lack of
+            // free CPUs: say so (every front end places through here).
+            let host = model.allocatable.union(&model.excluded);
+            let missing = list.difference(&host);
+            if !missing.is_empty() {
+                return Err(PlaceError::Impossible(format!(
+                    "CPU_LIST names CPUs {missing}, which this host does not have (its CPUs are \
+                     {host})"
+                )));
+            }
             free.intersect_with(list);
         }
         let exclusive = request.exclusive_level();

@@ -179,6 +179,28 @@ fn cpu_list_and_max_cpu_per_node() {
 }
 
 #[test]
+fn a_cpu_list_of_cpus_the_host_does_not_have_says_so() {
+    // The 64-CPU machine: CPUs 5000-6000 do not exist; that is not "0 free inside CPU_LIST".
+    let m = machine();
+    let req = Request { cpu_list: Some(set("5000-6000")), ..threads(2) };
+    let e = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap_err();
+    assert!(matches!(e, PlaceError::Impossible(_)), "{e}");
+    assert!(
+        e.to_string().contains("CPU_LIST names CPUs 5000-6000, which this host does not have"),
+        "{e}"
+    );
+    // Some on the host and some not: still named.
+    let req = Request { cpu_list: Some(set("60-70")), ..threads(2) };
+    let e = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap_err();
+    assert!(e.to_string().contains("CPUs 64-70"), "{e}");
+    // The same from the plug-ins' fit-and-score, which ranks hosts by the same code.
+    let held = Occupancy { held: set("40-47"), fenced: CpuSet::new() };
+    let req = Request { cpu_list: Some(set("40-47")), ..threads(2) };
+    let e = place(&m, &held, &req, Strategy::BestFit).unwrap_err();
+    assert!(e.to_string().contains("inside CPU_LIST"), "CPUs that exist but are held: {e}");
+}
+
+#[test]
 fn max_radius_keeps_the_job_in_one_package() {
     let m = machine();
     // Package 0: node 0 full, node 1 has 8 free. Package 1: node 2 has 10 free, node 3 full.
