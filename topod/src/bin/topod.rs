@@ -180,14 +180,11 @@ fn run(args: Args) -> Result<(), String> {
         limits.max_connections_per_user
     );
     let server = Server::new(host, admins, Gate::new(limits));
-    // Releases an epilog queued while topod was down are done now, before any client is served
-    // (so no job is allocated in between), and then on the five-second tick below.
     let mut pending = PendingReleases::new(
         Kernel,
         topo_core::pending::pending_dir_for(&socket),
         nix::unistd::geteuid().as_raw(),
     );
-    pending.process(&*server);
     notify_systemd(&socket, server.clone());
     if config.auto_release {
         let server = server.clone();
@@ -200,15 +197,19 @@ fn run(args: Args) -> Result<(), String> {
         });
     }
     {
-        // Exclusive cpusets beside topod's come and go: look again now and then, so that topod
-        // takes back the CPUs of one that went away (an allocate the kernel refuses looks too).
-        // Releases queued by an epilog that could not reach topod (a timeout while it was busy)
-        // are done on the same tick.
+        // Releases an epilog queued while topod could not be reached are done at once, as
+        // topod starts, and then every 5 s (an epilog that timed out while topod was busy). Not
+        // before serving: a release whose processes will not die takes its timeout, and systemd
+        // must hear that topod is up. A job allocated again meanwhile is not released (see
+        // daemon::pending).
+        // Exclusive cpusets beside topod's come and go: look again on the same tick, so that
+        // topod takes back the CPUs of one that went away (an allocate the kernel refuses looks
+        // too).
         let server = server.clone();
         std::thread::spawn(move || loop {
+            pending.process(&*server);
             std::thread::sleep(Duration::from_secs(5));
             server.lock().reconcile_foreign();
-            pending.process(&*server);
         });
     }
     if let Some((tcp, allow, key)) = tcp {

@@ -1,5 +1,6 @@
-//! Releases queued while topod could not be reached, done when it can: at start, after the
-//! ledger is rebuilt, and then on its five-second tick.
+//! Releases queued while topod could not be reached, done when it can: at start, once the
+//! ledger is rebuilt (beside serving, not before it: a release whose processes will not die
+//! takes its timeout), and then on its five-second tick.
 //!
 //! A batch system's epilog that cannot reach topod leaves one file per job in
 //! `<socket dir>/release-pending/` ([`topo_core::pending`], written by
