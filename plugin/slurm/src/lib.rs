@@ -29,3 +29,28 @@ pub mod need;
 pub mod plan;
 #[cfg(not(test))]
 mod spank;
+
+#[cfg(test)]
+mod tests {
+    /// What a Slurm user reads when a `--topology` request is refused (at submission, by the
+    /// plug-in's parser; on the host, by topod's, which is the same) never names LSF's strings.
+    #[test]
+    fn refusals_of_a_request_do_not_speak_lsf() {
+        for bad in [
+            "affinity[cores(2)]",
+            "affinity[core(0)]",
+            "affinity[core(2,same=numb)]",
+            "CPUSET[MAX_RADIUS=x]",
+            "CPUSET[BAD=1]",
+            "affinity[core] affinity[core]",
+            "affinity[core",
+            "",
+            "affinity[core(2)*99999999]",
+        ] {
+            let e = topo_core::request::parse(bad).expect_err(bad).to_string();
+            for lsf in ["extsched", "EXTSCHED", "LSF", "bsub", "mbschd"] {
+                assert!(!e.contains(lsf), "{bad:?}: {e:?} names {lsf}");
+            }
+        }
+    }
+}
