@@ -519,6 +519,10 @@ pub extern "C" fn slurm_spank_task_init(sp: Spank, ac: c_int, av: *mut *mut c_ch
     })
 }
 
+/// The least time the epilog waits for topod's answer to a release: topod's own wait for a
+/// job's processes to die (10 s) and a margin.
+const RELEASE_REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// When the job ends on this host (job epilog, as root): release it in topod.
 ///
 /// - topod holds nothing for the job (it never got its allocation): done.
@@ -537,7 +541,11 @@ pub extern "C" fn slurm_spank_job_epilog(sp: Spank, ac: c_int, av: *mut *mut c_c
         let job_id = item_u32(sp, S_JOB_ID, "the job id")?;
         let job = plan::topod_job_id(job_id);
         let a = args();
-        match Client::connect_with_timeout(&a.socket, a.timeout).and_then(|mut t| t.release(&job)) {
+        // A release waits for the job's processes to die (topod gives them 10 s): wait longer
+        // than that, so that processes that will not die fail the epilog (and drain the node,
+        // as Slurm does for unkillable steps) instead of timing out into a queued release.
+        let wait = a.timeout.max(RELEASE_REPLY_WAIT);
+        match Client::connect_with_timeout(&a.socket, wait).and_then(|mut t| t.release(&job)) {
             Ok(_) => Ok(()),
             Err(e) if e.code() == Some(ErrorCode::UnknownJob) => Ok(()),
             Err(e) if e.is_unreachable() => {
