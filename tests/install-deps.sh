@@ -19,6 +19,11 @@ packages=(
     # tests/cgroup-v2-vm.sh: a pure cgroup v2 guest (QEMU, busybox as its first process, kmod's
     # modprobe to list the kernel modules it needs).
     qemu-system-x86 busybox-static kmod
+    # tests/openpbs-build.sh: a real OpenPBS built from the shared source snapshot (the build
+    # dependencies shared/pbs/README lists; PBS runs its own PostgreSQL from these binaries).
+    g++ make libtool autoconf automake m4 libx11-dev libxt-dev libedit-dev libical-dev
+    libncurses-dev perl python3-dev tcl-dev tk-dev swig libexpat1-dev libssl-dev libxext-dev
+    libxft-dev libhwloc-dev libcjson-dev postgresql libpq-dev
 )
 me=tests/install-deps.sh
 guest_kernel_dir=${TOPO_GUEST_KERNEL_DIR:-/var/cache/topo-tests/guest-kernel}

@@ -73,8 +73,12 @@ else
     echo "tests/run-all.sh: systemd-analyze not installed; the unit file was not verified"
 fi
 
-# The PBS hooks through whole job lives against a real topod (python3, standard library only).
+# The PBS hooks through whole job lives against a real topod (python3, standard library only),
+# with a stand-in pbs module that runs the hook as PBS does: quick, and every event covered.
 tests/pbs-hooks.sh
+# The same hook inside a real OpenPBS (built once per machine from ../shared/pbs, about 4
+# minutes on 2 cores), real jobs as an ordinary user; exit 77: skipped, which it says.
+tests/openpbs-e2e.sh || [ $? -eq 77 ]
 # The Slurm plug-in against a real Slurm (slurmctld, slurmd, munged), a real topod and real
 # cgroups, under task/affinity and task/cgroup; skips, saying so, when not root.
 tests/slurm-e2e.sh

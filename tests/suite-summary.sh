@@ -6,8 +6,8 @@
 #
 # Sources: libtest's "test result:" lines (the cargo tests here and the same binaries in the
 # cgroup v2 guest, whose skips print "SKIPPED: ..." uncaptured), the LSF harness ("  ok    " /
-# "  FAIL  "), the PBS hook tests (unittest's "Ran N tests" and "skipped=K"), the Slurm
-# end-to-end test ("  ok: " / "  FAIL: "). A test that returned early because it could not run
+# "  FAIL  "), the PBS hook tests (unittest's "Ran N tests" and "skipped=K"), the Slurm and
+# OpenPBS end-to-end tests ("  ok: " / "  FAIL: "). A test that returned early because it could not run
 # here is counted as skipped, not passed.
 set -uo pipefail
 log=$1 skips=$2 seconds=${3:-0} rc=${4:-0}

@@ -48,6 +48,11 @@ import pbs
 
 HOOK = "topo hook"
 
+
+def log_info(message):
+    """A line in the MoM's log for something that went as it should (not an error)."""
+    pbs.logmsg(pbs.EVENT_SYSTEM, "%s: %s" % (HOOK, message))
+
 # topod job ids for PBS jobs: this prefix and the PBS job id.
 JOB_PREFIX = "pbs-"
 
@@ -67,6 +72,7 @@ DEFAULTS = {
     "enforce_ncpus": True,              # refuse a request that takes more CPUs here than ncpus
     "launch": "join",                   # "join" the launching process, or prepend "topo-exec"
     "publish": True,                    # publish free-topology resources on the vnodes
+    "publish_ncpus": True,              # set the vnodes' ncpus to the CPUs PBS may really use
     "resource_prefix": "topo_",         # topo_free_numa, topo_free_l3, topo_free_cores
     "vnode_per_numa_node": False,       # exechost_startup makes host[0], host[1], ...
     "orphan_after_runs": 2,             # periodic runs a job must be missing before release
@@ -84,6 +90,10 @@ class HookError(Exception):
 
 class TopodUnreachable(HookError):
     """topod does not answer: not running, wrong socket path, or too slow."""
+
+
+class DoesNotFitHere(HookError):
+    """topod has not the CPUs free that PBS counted for the job on this host."""
 
 
 class TopodRefused(HookError):
@@ -559,6 +569,22 @@ class Topod(object):
         self.sock, self.buffer = None, b""
 
 
+# How much of a request a message quotes; topoctl's message names the fragment and its byte.
+REQUEST_SHOWN = 60
+
+
+def shortened(request):
+    """The request as a message quotes it: whole when short, else its start and '...' (a
+    10 KB request would fill qsub's error output, about 3 KB, before the reason)."""
+    return request if len(request) <= REQUEST_SHOWN else request[:REQUEST_SHOWN] + "..."
+
+
+def cut_at_comma(request):
+    """Whether a request looks cut where PBS splits an unquoted -l value at a comma: a '[' or
+    '(' left open (PBS keeps the rest as other resources and the hook never sees it)."""
+    return request.count("[") > request.count("]") or request.count("(") > request.count(")")
+
+
 def check_request(request, config):
     """The canonical form of `request`, checked by `topoctl check --json`: the placement core's
     own parser, so that qsub refuses exactly what topod would. A bad request raises HookError
@@ -579,7 +605,11 @@ def check_request(request, config):
     if done.returncode == 0 and "canonical" in answer:
         return answer["canonical"]
     if done.returncode == 2 and isinstance(answer.get("error"), dict):
-        raise HookError("%s=%s refused: %s" % (config["resource"], request, answer["error"]["message"]))
+        message = "%s=%s refused: %s" % (config["resource"], shortened(request), answer["error"]["message"])
+        if cut_at_comma(request):
+            message += ("; PBS cuts -l values at commas, so the request arrived cut short: quote it, "
+                        "-l '%s=\"...\"'" % config["resource"])
+        raise HookError(message)
     said = done.stderr.decode("utf-8", "replace").strip()[:300]
     raise HookError(cannot + "%s exited with status %s: %s" % (config["topoctl"], done.returncode, said))
 
@@ -624,7 +654,7 @@ def online_vnodes_if_we_offlined(event, host, config):
         event.vnode_list[name].state = pbs.ND_FREE
         event.vnode_list[name].comment = None
     os.remove(marker_path(config))
-    pbs.logmsg(pbs.EVENT_ERROR, "%s: topod answers and clean-up worked: vnodes of %s back online" % (HOOK, host))
+    log_info("topod answers and clean-up worked: vnodes of %s back online" % host)
 
 
 def ensure_dir(path):
@@ -668,12 +698,117 @@ def numa_nodes_with_cpus(topology, free_map):
     return nodes
 
 
-def publish(event, host, topod, config, make_numa_vnodes):
+def cpus_of(allocation):
+    """The CPUs an allocation keeps from other jobs: those it holds and those it fences."""
+    return cpu_set(allocation.get("cpus")) | cpu_set(allocation.get("fenced"))
+
+
+def pbs_usable_cpus(free_map, allocations, running, within=None):
+    """How many CPUs PBS may count on this host (or inside the CPU set `within`): topod's
+    allocatable CPUs (online, inside topod's cpuset, not reserved by its configuration), less
+    those held or fenced by allocations that are not PBS jobs this MoM runs (orphans not yet
+    released, jobs of topoctl or of another batch system), less the CPUs a running PBS job
+    keeps beyond the ncpus PBS gave it here (an exclusive request's fence).
+
+    `running` maps the topod id of each PBS job running here to the ncpus PBS gave it on this
+    host, or to None where that is not known (its excess is then not counted). PBS's own count
+    of the ncpus its running jobs use does the rest, so PBS's free ncpus equal topod's."""
+    allocatable = cpu_set(free_map["allocatable"])
+    if within is not None:
+        allocatable &= within
+    foreign = set()
+    excess = 0
+    for allocation in allocations:
+        cpus = cpus_of(allocation) & allocatable
+        jid = allocation.get("job")
+        if jid not in running:
+            foreign |= cpus
+        elif running[jid] is not None and within is None:
+            excess += max(0, len(cpus_of(allocation)) - running[jid])
+    return max(0, len(allocatable - foreign) - excess)
+
+
+def running_from_topod(allocations, config):
+    """The PBS jobs topod holds, as running here, except those the periodic hook already found
+    missing from the MoM (orphan candidates): for events that have no job list."""
+    candidates = read_orphan_counts(config)
+    return dict((a["job"], None) for a in allocations
+                if pbs_job_id(a["job"]) is not None and a["job"] not in candidates)
+
+
+def publish_ncpus(event, host, topology, free_map, allocations, running, config):
+    """Sets resources_available.ncpus of this MoM's vnodes to what PBS may really use (see
+    pbs_usable_cpus), per NUMA node with vnode_per_numa_node. While some CPUs are kept from PBS,
+    the vnode's comment says by whom (pbsnodes shows it; the job waiting for them shows PBS's
+    own "Insufficient amount of resource: ncpus"); the comment goes when they are back, unless
+    this hook has offlined the vnode, whose comment then says why."""
+    vnodes = event.vnode_list
+    allocatable = cpu_set(free_map["allocatable"])
+    wanted = []   # (vnode, ncpus PBS may use, allocatable CPUs there)
+    if config["vnode_per_numa_node"]:
+        for index, cpus, _ in numa_nodes_with_cpus(topology, free_map):
+            name = "%s[%d]" % (host, index)
+            if name in vnodes:
+                wanted.append((name, pbs_usable_cpus(free_map, allocations, running, cpus), len(cpus)))
+    else:
+        wanted.append((host, pbs_usable_cpus(free_map, allocations, running), len(allocatable)))
+    keepers = sorted(set(a["job"] for a in allocations if a["job"] not in running))
+    offlined_by_us = os.path.exists(marker_path(config))
+    published = {}
+    before = read_published(config)
+    for name, ncpus, total in wanted:
+        if name not in vnodes:
+            vnodes[name] = pbs.vnode(name)
+        vnodes[name].resources_available["ncpus"] = ncpus
+        published[name] = [ncpus, total]
+        if offlined_by_us:
+            continue
+        if ncpus < total:
+            shown = ", ".join(keepers[:5]) + (" and %d more" % (len(keepers) - 5) if len(keepers) > 5 else "")
+            vnodes[name].comment = ("topo: %d of %d CPUs held outside PBS (%s)" % (total - ncpus, total, shown or "fenced"))[:250]
+        elif name in before and before[name][0] < before[name][1]:
+            vnodes[name].comment = None
+    if before != published:
+        log_info("ncpus for PBS: %s" % ", ".join(
+            "%s %d of %d" % (name, n, total) for name, (n, total) in sorted(published.items())))
+    write_published(config, published)
+
+
+def published_path(config):
+    return os.path.join(config["state_dir"], "ncpus.json")
+
+
+def read_published(config):
+    """{vnode: [ncpus published, allocatable CPUs]} as last published by this hook."""
+    try:
+        with open(published_path(config)) as f:
+            before = json.load(f)
+        return before if isinstance(before, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_published(config, published):
+    ensure_dir(config["state_dir"])
+    temporary = published_path(config) + ".tmp"
+    with open(temporary, "w") as f:
+        json.dump(published, f)
+    os.rename(temporary, published_path(config))
+
+
+def publish(event, host, topod, config, make_numa_vnodes, running=None):
     """Sets topo_free_numa / topo_free_l3 / topo_free_cores on this MoM's vnodes (with
-    "publish"). With vnode_per_numa_node, each NUMA node is a vnode host[N] with its ncpus, mem
-    and counts, and the natural vnode keeps no CPUs (as the stock cgroups hook does);
-    `make_numa_vnodes` creates them (exechost_startup), otherwise only the ones PBS already
-    lists are refreshed."""
+    "publish") and their ncpus (with "publish_ncpus"). With vnode_per_numa_node, each NUMA node
+    is a vnode host[N] with its ncpus, mem and counts, and the natural vnode keeps no CPUs (as
+    the stock cgroups hook does); `make_numa_vnodes` creates them (exechost_startup), otherwise
+    only the ones PBS already lists are refreshed. `running`: see pbs_usable_cpus (None: every
+    PBS job topod holds that is not an orphan candidate).
+
+    A job that waited for CPUs topod held starts at the scheduler's next cycle once they are
+    published free: at the next job submission or end, or scheduler_iteration seconds later.
+    A MoM hook cannot start a cycle: pbs.server().scheduler_restart_cycle() only restarts one
+    under way, and one asked for while the scheduler is idle stopped all scheduling on OpenPBS
+    23.06 until pbs_sched was restarted (seen here), so this hook never asks."""
     topology = topod.call("topology")
     free_map = topod.call("free_map")
     prefix = config["resource_prefix"] if config["publish"] else None
@@ -694,6 +829,11 @@ def publish(event, host, topod, config, make_numa_vnodes):
                 vnodes[name].resources_available[prefix + suffix] = counts[field]
         if make_numa_vnodes and host in vnodes:
             vnodes[host].resources_available["ncpus"] = 0
+    if config["publish_ncpus"]:
+        allocations = topod.call("list") or []
+        if running is None:
+            running = running_from_topod(allocations, config)
+        publish_ncpus(event, host, topology, free_map, allocations, running, config)
     if prefix is None:
         return
     if host not in vnodes:
@@ -740,6 +880,16 @@ def on_begin(event, config):
         offline_vnodes(event, host, config, "%s; jobs cannot start here" % e)
         job.rerun()
         raise HookError("%s; job %s goes back to the queue" % (e, job.id))
+    except DoesNotFitHere as e:
+        # PBS counted CPUs that topod holds for something PBS does not know about. Tell PBS
+        # what it may really use here, so that its scheduler keeps the job queued (with its
+        # own "Insufficient amount of resource: ncpus" comment) instead of sending it back at
+        # once until it is held, and asks for a cycle when the CPUs come free.
+        if config["publish_ncpus"]:
+            publish(event, host, topod, config, False)
+        job.rerun()
+        raise HookError("%s; PBS counted CPUs that topod holds for jobs outside PBS: job %s waits "
+                        "in the queue until they are free" % (e, job.id))
     got = cpu_set(allocation["cpus"])
     if config["enforce_ncpus"] and share.ncpus and len(got) > share.ncpus:
         release(topod, jid)
@@ -770,6 +920,8 @@ def allocate(topod, event, job, jid, share, request, tasks):
     try:
         return topod.call("allocate", **fields)
     except TopodRefused as e:
+        if e.code == "does_not_fit":
+            raise DoesNotFitHere("%s on %s" % (e, pbs.get_local_nodename()))
         raise HookError("cannot place job %s on %s: %s" % (job.id, pbs.get_local_nodename(), e))
 
 
@@ -878,7 +1030,7 @@ def on_startup(event, config):
     """exechost_startup: publish (and create the per-NUMA vnodes). If topod is not up yet the
     vnodes are offlined with the reason; exechost_periodic brings them back."""
     host = pbs.get_local_nodename()
-    if not config["publish"] and not config["vnode_per_numa_node"]:
+    if not config["publish"] and not config["publish_ncpus"] and not config["vnode_per_numa_node"]:
         return
     try:
         publish(event, host, Topod(config), config, True)
@@ -893,8 +1045,16 @@ def on_periodic(event, config):
     topod = Topod(config)
     try:
         failures = release_orphans(event, topod, config)
-        if config["publish"]:
-            publish(event, host, topod, config, False)
+        if config["publish"] or config["publish_ncpus"]:
+            running = running_jobs(event, host, config)
+            # A PBS job topod holds that this run's job list lacks for the first time is most
+            # likely starting (its execjob_begin raced with this hook), not an orphan: PBS
+            # counts its ncpus already. From its second miss on it counts as held outside PBS,
+            # until it is released.
+            for jid, misses in read_orphan_counts(config).items():
+                if misses <= 1:
+                    running.setdefault(jid, None)
+            publish(event, host, topod, config, False, running)
     except TopodUnreachable as e:
         offline_vnodes(event, host, config, "%s; jobs cannot start here" % e)
         return
@@ -902,6 +1062,17 @@ def on_periodic(event, config):
         offline_vnodes(event, host, config, "; ".join(failures))
     else:
         online_vnodes_if_we_offlined(event, host, config)
+
+
+def running_jobs(event, host, config):
+    """{topod job id: ncpus PBS gave it on this host} of the jobs this MoM runs (job_list)."""
+    running = {}
+    for pbs_id, job in event.job_list.items():
+        try:
+            running[topod_job_id(pbs_id)] = share_on_host(job, host, config["resource"]).ncpus or None
+        except HookError:
+            continue
+    return running
 
 
 def release_orphans(event, topod, config):
@@ -920,8 +1091,7 @@ def release_orphans(event, topod, config):
         try:
             killed = release(topod, jid)
             del counts[jid]
-            pbs.logmsg(pbs.EVENT_ERROR, "%s: released orphan %s (no such job on this MoM; %s process(es) killed)"
-                       % (HOOK, jid, killed or 0))
+            log_info("released orphan %s (no such job on this MoM; %s process(es) killed)" % (jid, killed or 0))
         except TopodUnreachable:
             raise
         except HookError as e:
@@ -984,7 +1154,7 @@ def main():
     except Exception as e:   # a bug here: say so in words, the traceback goes to the log
         pbs.logmsg(pbs.EVENT_ERROR, "%s: %s" % (HOOK, traceback.format_exc()))
         fail(event, rejects, "internal error (%s: %s); the traceback is in the PBS log" % (type(e).__name__, e))
-    pbs.logmsg(pbs.EVENT_DEBUG, "%s: %s done in %.3f s" % (HOOK, handler.__name__, time.time() - started))
+    pbs.logmsg(pbs.EVENT_DEBUG, "%s: %s done in %.1f ms" % (HOOK, handler.__name__, (time.time() - started) * 1000))
     event.accept()
 
 

@@ -56,6 +56,7 @@ LOG_DEBUG = 0x0004
 LOG_WARNING = 0x0003
 LOG_ERROR = 0x0002
 EVENT_ERROR = 0x0001
+EVENT_SYSTEM = 0x0002
 EVENT_DEBUG = 0x0080
 
 # Set by the runner from the event file: None when no configuration file was imported.
@@ -142,7 +143,10 @@ class event(object):
         self.argv = d.get("argv")
         self.env = pbs_env(d.get("env", {}))
         self.vnode_list = dict((n, vnode(n, v)) for n, v in d.get("vnode_list", {}).items())
-        self.job_list = dict((j, job({"id": j})) for j in d.get("job_list", []))
+        # exechost_periodic's jobs: a list of ids, or ids with their fields.
+        jobs = d.get("job_list", [])
+        jobs = jobs if isinstance(jobs, dict) else dict((j, {}) for j in jobs)
+        self.job_list = dict((j, job(dict(fields, id=j))) for j, fields in jobs.items())
         self.outcome, self.message = None, ""
 
     def accept(self):

@@ -312,6 +312,18 @@ class SubmitTest(HookTestCase):
         # A request that starts with "-" is a request, not an option of topoctl.
         self.assert_rejected(self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "--help"}}), "refused: at byte 0")
 
+    def test_a_request_cut_at_a_comma_says_to_quote_it_and_a_long_one_is_shortened(self):
+        # What the hook receives for -l topology=affinity[core(1,same=numa)] (observed on
+        # OpenPBS 23.06: PBS splits the value at the comma).
+        cut = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[core(1"}})
+        self.assert_rejected(cut, "never closed", "PBS cuts -l values at commas", "quote it")
+        whole = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[cores(1)]"}})
+        self.assertNotIn("commas", whole["message"])
+        long = "CPUSET[CPU_LIST=" + ",".join(str(i) for i in range(3000)) + ",x]"
+        refused = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": long}})
+        self.assert_rejected(refused, "at byte %d" % long.index("x]"))
+        self.assertLess(len(refused["message"]), 400, refused["message"])
+
     def test_without_topoctl_the_admin_is_told_what_to_install(self):
         self.write_config(topoctl="/nonexistent/topoctl")
         result = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[thread]"}})
@@ -474,9 +486,12 @@ class HostTest(HookTestCase):
         self.assert_accepted(second)
         self.assertEqual(self.topod.jobs(), ["pbs-60.server"])
         self.assertTrue(any("released orphan pbs-61.server" in line for _, line in second["log"]), second["log"])
-        free = self.topod.call("free_map")["ok"]["free"]
+        free_map = self.topod.call("free_map")["ok"]
+        free = free_map["free"]
         published = second["vnode_list"][HOST]["resources_available"]
-        self.assertEqual(published, {"topo_free_numa": free["free_numa_nodes"], "topo_free_l3": free["free_l3_groups"], "topo_free_cores": free["free_cores"]})
+        # ncpus: every allocatable CPU, since the only job topod holds is one PBS runs here.
+        self.assertEqual(published, {"topo_free_numa": free["free_numa_nodes"], "topo_free_l3": free["free_l3_groups"],
+                                     "topo_free_cores": free["free_cores"], "ncpus": len(load_hook_module().cpu_set(free_map["allocatable"]))})
         self.assertEqual(second["vnode_list"][HOST]["state"], 0, "online")
         # Jobs of other batch systems or of topoctl on the same topod are never touched.
         other = self.topod.call("allocate", job="lsf-4711", request="affinity[thread]")
@@ -484,6 +499,33 @@ class HostTest(HookTestCase):
         self.periodic(running=["60.server"])
         self.periodic(running=["60.server"])
         self.assertEqual(self.topod.jobs(), ["lsf-4711", "pbs-60.server"])
+
+    def test_cpus_held_outside_pbs_are_taken_off_ncpus_and_a_begin_that_cannot_fit_is_not_retried(self):
+        """PBS counts ncpus; topod may hold CPUs PBS does not know about (another batch
+        system's job, topoctl, an orphan). The periodic hook publishes what PBS may really use;
+        a begin that finds fewer free CPUs than PBS counted publishes it at once and sends the
+        job back to wait, rather than letting PBS retry it until it is held."""
+        free_map = self.topod.call("free_map")["ok"]
+        allocatable = load_hook_module().cpu_set(free_map["allocatable"])
+        total = len(allocatable)
+        other = self.topod.call("allocate", job="other-1", request="affinity[thread*%d]" % (total - 1))
+        self.assertIn("ok", other, other)
+        periodic = self.periodic()
+        vnode = periodic["vnode_list"][HOST]
+        self.assertEqual(vnode["resources_available"]["ncpus"], 1)
+        self.assertEqual(vnode["comment"], "topo: %d of %d CPUs held outside PBS (other-1)" % (total - 1, total))
+        self.assertTrue(any("ncpus for PBS: %s 1 of %d" % (HOST, total) in line for _, line in periodic["log"]), periodic["log"])
+        # A begin that PBS sent before it knew: refused, sent back, and PBS told the truth.
+        begun = self.run_event("execjob_begin", job=mom_job("70.server", ncpus=2), vnode_list={HOST: {}})
+        self.assert_rejected(begun, "does not fit", "waits in the queue")
+        self.assertTrue(begun["rerun"])
+        self.assertEqual(begun["vnode_list"][HOST]["resources_available"]["ncpus"], 1)
+        self.assertEqual(self.topod.jobs(), ["other-1"])
+        # Free again: ncpus back and the comment gone.
+        self.topod.call("release", job="other-1")
+        freed = self.periodic()["vnode_list"][HOST]
+        self.assertEqual(freed["resources_available"]["ncpus"], total)
+        self.assertIsNone(freed["comment"])
 
     @unittest.skipIf(REAL, "emulated 2-NUMA machine only with the fake backend")
     def test_startup_publishes_one_vnode_per_numa_node_and_begin_stays_inside(self):
@@ -574,6 +616,19 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertEqual((other.ncpus, other.mem_bytes, other.mpiprocs, other.numa_nodes), (8, 2 << 30, 1, set()))
         self.assertEqual(self.hook.share_on_host(Job(), "node10", "topology").ncpus, 0, "node1 is not a prefix match")
 
+    def test_pbs_usable_cpus(self):
+        usable = self.hook.pbs_usable_cpus
+        free_map = {"allocatable": "0-7"}
+        jobs = [{"job": "pbs-1.s", "cpus": "0-1", "fenced": ""},           # PBS job, ncpus 2
+                {"job": "pbs-2.s", "cpus": "2", "fenced": "3"},            # PBS job fencing a sibling, ncpus 1
+                {"job": "lsf-9", "cpus": "4-5", "fenced": ""},             # not PBS's
+                {"job": "pbs-3.s", "cpus": "6", "fenced": ""}]             # an orphan: PBS no longer runs it
+        running = {"pbs-1.s": 2, "pbs-2.s": 1}
+        self.assertEqual(usable(free_map, jobs, running), 8 - 2 - 1 - 1)
+        self.assertEqual(usable(free_map, jobs, dict(running, **{"pbs-2.s": None})), 8 - 2 - 1)
+        self.assertEqual(usable(free_map, jobs, running, within={4, 5, 6, 7}), 1)
+        self.assertEqual(usable(free_map, [], {}), 8)
+
     def test_sizes_cpu_lists_and_job_ids(self):
         h = self.hook
         self.assertEqual([h.size_in_bytes(s) for s in ["100mb", "102400kb", "2GB", "10w", "512"]], [100 << 20, 100 << 20, 2 << 30, 80, 512])
@@ -610,7 +665,7 @@ class PureFunctionsTest(unittest.TestCase):
 
         state = tempfile.mkdtemp(prefix="topo-pbs-test-")
         self.addCleanup(shutil.rmtree, state, True)
-        config = dict(hook.DEFAULTS, state_dir=state, orphan_after_runs=1, publish=False)
+        config = dict(hook.DEFAULTS, state_dir=state, orphan_after_runs=1, publish=False, publish_ncpus=False)
         os.environ["PBS_STANDIN_HOST"] = "node1"
         real_topod, hook.Topod = hook.Topod, RefusingTopod
         try:

@@ -1,0 +1,397 @@
+#!/usr/bin/env bash
+# topo's PBS hook (packaging/pbs/topo.py) inside a real OpenPBS: server, scheduler, comm and MoM
+# on this host (built from the shared source snapshot by tests/openpbs-build.sh), the hook
+# installed with exactly the qmgr commands of packaging/pbs/README, a real topod on real cgroup
+# v1 cpusets, and real jobs submitted by an ordinary user.
+#
+# Checks, each printed as "  ok: ..." or "  FAIL: ...":
+#   a bad request is refused at qsub with topoctl's message (and a split one says to quote it);
+#   a job's CPUs and cgroup are the ones topod's ledger holds for it; two jobs at once are
+#   disjoint; a double-forked daemon is killed at job end; qdel releases; an array job and a
+#   multi-chunk job; the periodic hook releases an orphan; topod killed with SIGKILL and
+#   restarted keeps a running job; a job that does not fit at the MoM because topod holds CPUs
+#   PBS does not know about is not held: it waits with a comment and runs by itself once they
+#   are free.
+#
+# Every daemon it starts is stopped at the end, pass or fail; /etc/hosts and /etc/pbs.conf are
+# restored. Needs root; exit 77 (a visible skip) when it cannot run here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+me=tests/openpbs-e2e.sh
+export TOPO_SHARED_DIR="${TOPO_SHARED_DIR:-$REPO/../shared}"
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "$me: SKIPPED: a real PBS needs root"
+    exit 77
+fi
+rc=0
+tests/openpbs-build.sh || rc=$?
+if [ "$rc" -eq 77 ]; then
+    echo "$me: SKIPPED: OpenPBS could not be built here (see above)"
+    exit 77
+elif [ "$rc" -ne 0 ]; then
+    exit "$rc"
+fi
+cargo build --quiet --release --locked -p topod --bins
+
+export PBS_EXEC=/opt/pbs
+export PATH="$PBS_EXEC/bin:$PBS_EXEC/sbin:$PATH"
+PBS_HOME=/var/spool/pbs
+NODE=$(hostname -s)
+SUBTREE=topo-pbs-test
+JOB_USER=topopbs
+FAILED=0
+STARTED_TOPOD=""
+
+BASE=$(mktemp -d /tmp/topo-openpbs.XXXXXX)
+chmod 755 "$BASE"
+mkdir -p "$BASE"/{bin,topod,out,hook-state}
+chmod 1777 "$BASE/out"
+
+log() { echo "[$(date +%T)] $*"; }
+ok() { echo "  ok: $*"; }
+fail() { echo "  FAIL: $*"; FAILED=$((FAILED + 1)); }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else fail "$what"; fi; }
+
+# --- the host: name to a non-loopback address, the job user -------------------------------------
+cp /etc/hosts "$BASE/hosts.before"
+cp /etc/pbs.conf "$BASE/pbs.conf.before" 2>/dev/null || true
+restore_host() {
+    cat "$BASE/hosts.before" > /etc/hosts
+    [ -f "$BASE/pbs.conf.before" ] && cp "$BASE/pbs.conf.before" /etc/pbs.conf
+}
+addr=$(ip -4 -o addr show scope global | awk '{ split($4, a, "/"); print a[1]; exit }')
+if [ -z "$addr" ]; then
+    echo "$me: SKIPPED: PBS needs a non-loopback address for $NODE and this host has none"
+    exit 77
+fi
+# PBS refuses to start while its host name resolves only to 127.0.0.1 (shared/pbs/README).
+grep -v -E "[[:space:]]$NODE([[:space:]]|\$)" "$BASE/hosts.before" > "$BASE/hosts.new"
+echo "$addr $NODE" >> "$BASE/hosts.new"
+cat "$BASE/hosts.new" > /etc/hosts
+id "$JOB_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$JOB_USER"
+
+# --- topod: real cgroup v1 cpusets, its own subtree, socket and state -----------------------------
+install -m 0755 target/release/topod target/release/topoctl target/release/topo-exec "$BASE/bin/"
+install -m 0644 packaging/protocol.schema.json "$BASE/protocol.schema.json"
+SOCK="$BASE/topod/topod.sock"
+cat > "$BASE/topod/topod.toml" <<EOT
+socket = "$SOCK"
+state_dir = "$BASE/topod"
+cgroup = "v1"
+cgroup_subtree = "$SUBTREE"
+EOT
+start_topod() {
+    # Under setsid: pbs_attach-style session kills at job end must not reach it.
+    setsid "$BASE/bin/topod" --config "$BASE/topod/topod.toml" >> "$BASE/topod.log" 2>&1 < /dev/null &
+    STARTED_TOPOD=$!
+    for _ in $(seq 100); do
+        "$BASE/bin/topoctl" status --socket "$SOCK" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    tail -20 "$BASE/topod.log"; echo "$me: topod did not start" >&2; return 1
+}
+stop_topod() {
+    local signal=${1:-TERM}
+    [ -n "$STARTED_TOPOD" ] || return 0
+    kill "-$signal" "$STARTED_TOPOD" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$STARTED_TOPOD" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$STARTED_TOPOD" 2>/dev/null || true
+    wait "$STARTED_TOPOD" 2>/dev/null || true
+    STARTED_TOPOD=""
+}
+topoctl() { "$BASE/bin/topoctl" "$@" --socket "$SOCK"; }
+# "job cpus" lines of topod's ledger.
+ledger() { topoctl jobs --json | python3 -c '
+import json, sys
+for j in json.load(sys.stdin):
+    print(j["job"], j["cpus"])'; }
+
+# --- PBS ---------------------------------------------------------------------------------------
+pbs_stop() { /etc/init.d/pbs stop > "$BASE/pbs-stop.log" 2>&1 || true; }
+cleanup() {
+    local status=$?
+    set +e
+    # The hooks go with the run (while the MoM is up to confirm), so that a PBS on this machine
+    # is left without them and the next run starts clean.
+    declare -F delete_hooks >/dev/null && delete_hooks
+    pbs_stop
+    stop_topod
+    for c in cpuset memory freezer; do
+        d=/sys/fs/cgroup/$c/$SUBTREE
+        [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
+    done
+    restore_host
+    if [ "$FAILED" -eq 0 ] && [ "$status" -eq 0 ]; then rm -rf "$BASE"; else echo "$me: logs kept in $BASE and $PBS_HOME/*_logs"; fi
+}
+trap cleanup EXIT
+
+sed -i 's/^PBS_START_MOM=.*/PBS_START_MOM=1/' /etc/pbs.conf
+grep -q '^PBS_START_MOM=' /etc/pbs.conf || echo 'PBS_START_MOM=1' >> /etc/pbs.conf
+# The post-install registered a systemd unit that the init script defers to; without systemd as
+# PID 1 the init script must start the daemons itself.
+if [ ! -d /run/systemd/system ]; then
+    rm -f /etc/systemd/system/pbs.service /lib/systemd/system/pbs.service /usr/lib/systemd/system/pbs.service
+fi
+# Local delivery of job output, and jobs that start promptly.
+grep -q '^\$usecp' "$PBS_HOME/mom_priv/config" 2>/dev/null || echo '$usecp *:/ /' >> "$PBS_HOME/mom_priv/config"
+# An earlier run's hook, still cached at the MoM, would run its exechost_startup against that
+# run's topod before the server tells the MoM it is gone.
+rm -f "$PBS_HOME"/mom_priv/hooks/topo.* "$PBS_HOME"/mom_priv/hooks/topo_submit.*
+start_topod
+log "starting PBS"
+/etc/init.d/pbs start > "$BASE/pbs-start.log" 2>&1 || { cat "$BASE/pbs-start.log"; exit 1; }
+for _ in $(seq 100); do qstat -B >/dev/null 2>&1 && break; sleep 0.3; done
+# What an earlier run left in PBS's database (it outlives the daemons): its jobs, their history,
+# the hooks and resources the README's commands create. The MoM must be connected first: a
+# deleted MoM hook stays "pending delete" (and its name taken) until the MoM has removed its
+# copy, which the server logs as "successfully deleted hook file topo.HK".
+for _ in $(seq 100); do pbsnodes "$NODE" 2>/dev/null | grep -q "pcpus" && break; sleep 0.3; done
+qdel -W force -x $(qselect -x 2>/dev/null) >/dev/null 2>&1 || true
+qmgr -c "set server job_history_enable = false" >/dev/null 2>&1 || true
+delete_hooks() {
+    local server_log acks
+    server_log=$PBS_HOME/server_logs/$(date +%Y%m%d)
+    acks=$(grep -c 'successfully deleted hook file topo.HK' "$server_log" 2>/dev/null || true)
+    qmgr -c "delete hook topo_submit" >/dev/null 2>&1 || true
+    qmgr -c "delete hook topo" >/dev/null 2>&1 || return 0
+    for _ in $(seq 300); do
+        [ "$(grep -c 'successfully deleted hook file topo.HK' "$server_log" 2>/dev/null || true)" -gt "$acks" ] && return 0
+        sleep 0.2
+    done
+    echo "$me: the MoM did not confirm the deletion of the topo hook" >&2
+    return 1
+}
+delete_hooks
+for r in topology topo_free_numa topo_free_l3 topo_free_cores; do qmgr -c "delete resource $r" >/dev/null 2>&1 || true; done
+# The node as PBS itself sees it: no ncpus, offline state or comment set by an earlier hook.
+qmgr -c "unset node $NODE resources_available.ncpus" >/dev/null 2>&1 || true
+qmgr -c "unset node $NODE comment" >/dev/null 2>&1 || true
+pbsnodes -r "$NODE" >/dev/null 2>&1 || true
+qmgr -c "set server scheduler_iteration = 600"
+qmgr -c "set server flatuid = true" >/dev/null
+qmgr -c "set server job_history_enable = true"
+for _ in $(seq 100); do
+    pbsnodes -a 2>/dev/null | grep -q "state = free" && break
+    pbsnodes -r "$NODE" >/dev/null 2>&1 || true
+    sleep 0.3
+done
+pbsnodes -a | grep -q "state = free" || { pbsnodes -a; echo "$me: the MoM did not come up" >&2; exit 1; }
+log "PBS up: $(qstat --version 2>&1 | head -1), node $NODE ($addr)"
+
+# --- the hook, with exactly the README's qmgr commands --------------------------------------------
+cat > "$BASE/topo.json" <<EOT
+{
+  "socket": "$SOCK",
+  "topoctl": "$BASE/bin/topoctl",
+  "topo_exec": "$BASE/bin/topo-exec",
+  "state_dir": "$BASE/hook-state",
+  "protocol_schema": "$BASE/protocol.schema.json"
+}
+EOT
+cp packaging/pbs/topo.py "$BASE/topo.py"
+# The README's block, run as it stands, in the directory holding topo.py and topo.json; "freq"
+# is then lowered so that the periodic checks take seconds, not minutes.
+(cd "$BASE" && sed -n '/^Installation with qmgr/,/^The same topo.py serves/p' "$REPO/packaging/pbs/README" \
+    | grep -E '^  qmgr -c ' | sed 's/^  //' > qmgr-commands.sh && bash -e qmgr-commands.sh > qmgr.log)
+check "the README's qmgr commands install both hooks" grep -q 'enabled = true' <(qmgr -c "list hook topo")
+qmgr -c "set hook topo freq = 3"
+qmgr -c "set hook pbs_cgroups enabled = false" 2>/dev/null || true
+for _ in $(seq 100); do [ -f "$PBS_HOME/mom_priv/hooks/topo.PY" ] && break; sleep 0.2; done
+sleep 2
+
+# Jobs are submitted from a directory their user may write (PBS copies the job's output there).
+as_user() { (cd "$BASE/out" && runuser -u "$JOB_USER" -- "$@"); }
+job_state() { qstat -xf "$1" 2>/dev/null | awk -F' = ' '/ job_state = /{ print $2 }'; }
+job_attr() { qstat -xf "$1" 2>/dev/null | awk -v k="    $2" -F' = ' '$1 == k { print $2 }'; }
+wait_state() { # JOB STATE SECONDS
+    local t
+    for t in $(seq $(( $3 * 5 ))); do [ "$(job_state "$1")" = "$2" ] && return 0; sleep 0.2; done
+    return 1
+}
+wait_file() { for _ in $(seq $(( $2 * 5 ))); do [ -s "$1" ] && return 0; sleep 0.2; done; return 1; }
+topod_id() { echo "pbs-$1"; }
+cgroup_cpus() { cat "/sys/fs/cgroup/cpuset/$SUBTREE/$1/cpuset.cpus" 2>/dev/null; }
+OUT=$BASE/out
+
+mom_log=$PBS_HOME/mom_logs/$(date +%Y%m%d)
+mom_log_lines=$(cat "$mom_log" 2>/dev/null | wc -l)
+
+# --- 1. bad requests at qsub ---------------------------------------------------------------------
+said=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[cores(2)]' -- /bin/true 2>&1) && fail "a bad request was accepted: $said" || true
+expected=$("$BASE/bin/topoctl" check 'affinity[cores(2)]' 2>&1 | tail -1 || true)
+check "a bad request is refused at qsub with topoctl's message" grep -qF "$expected" <<<"$said"
+long=$(python3 -c 'print("CPUSET[CPU_LIST=" + ",".join(str(i) for i in range(3000)) + ",x]")')
+# Quoted as the README says, so that PBS passes all 10 KB to the hook.
+said=$(as_user qsub -l select=1:ncpus=1 -l topology="\"$long\"" -- /bin/true 2>&1) && fail "a 10 KB bad request was accepted" || true
+check "a 10 KB bad request is quoted around its error only ($(wc -c <<<"$said") bytes)" test "$(wc -c <<<"$said")" -lt 1500
+check "  ... and its reason is there" grep -q 'at byte' <<<"$said"
+said=$(as_user qsub -l select=1:ncpus=1 -l topology=affinity[core\(1,same=numa\)] -- /bin/true 2>&1) && fail "a request split at its comma was accepted: $said" || true
+check "a request PBS split at a comma says to quote it" grep -qi 'quote' <<<"$said"
+
+# --- 2. one job: its CPUs and cgroup are topod's ----------------------------------------------
+cat > "$BASE/job.sh" <<'EOT'
+#!/bin/sh
+out=$1
+grep Cpus_allowed_list /proc/self/status | awk '{ print $2 }' > "$out.cpus.tmp"
+grep ':cpuset:' /proc/self/cgroup > "$out.cgroup"
+echo "$TOPO_JOB $TOPO_CPUS" > "$out.env"
+mv "$out.cpus.tmp" "$out.cpus"
+# A double-forked daemon that outlives the job shell unless its cgroup is torn down.
+setsid sh -c 'sleep 1000 & echo $! > '"$out"'.daemon' < /dev/null > /dev/null 2>&1 &
+while [ ! -e "$out.stop" ]; do sleep 0.2; done
+EOT
+chmod 755 "$BASE/job.sh"
+submit() { # NAME QSUB-ARGS...: the job id
+    local name=$1; shift
+    as_user qsub -N "$name" "$@" -- "$BASE/job.sh" "$OUT/$name"
+}
+j1=$(submit one -l select=1:ncpus=1 -l topology='affinity[thread*1]')
+wait_file "$OUT/one.cpus" 30 || fail "job one did not start: $(job_attr "$j1" comment)"
+l1=$(ledger | awk -v j="$(topod_id "$j1")" '$1 == j { print $2 }')
+check "job one runs on the CPUs topod's ledger holds for it (${l1:-none})" test -n "$l1" -a "$(cat "$OUT/one.cpus")" = "$l1"
+check "job one's processes are in its cgroup" grep -q "/$SUBTREE/$(topod_id "$j1")\$" "$OUT/one.cgroup"
+check "job one's environment names its allocation" test "$(cat "$OUT/one.env")" = "$(topod_id "$j1") $l1"
+
+# --- 3. a second job at once: disjoint ---------------------------------------------------------
+j2=$(submit two -l select=1:ncpus=1)
+wait_file "$OUT/two.cpus" 30 || fail "job two did not start: $(job_attr "$j2" comment)"
+check "two jobs at once hold disjoint CPUs ($(cat "$OUT/one.cpus") and $(cat "$OUT/two.cpus" 2>/dev/null))" \
+    test "$(cat "$OUT/one.cpus")" != "$(cat "$OUT/two.cpus" 2>/dev/null)"
+
+# --- 4. job end: the double-forked daemon dies, nothing is left ---------------------------------
+wait_file "$OUT/one.daemon" 10 || true
+daemon=$(cat "$OUT/one.daemon" 2>/dev/null || echo 0)
+touch "$OUT/one.stop"
+wait_state "$j1" F 30 || fail "job one did not finish"
+for _ in $(seq 50); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.2; done
+check "job one's double-forked daemon (pid $daemon) was killed at job end" test "$daemon" -gt 0 -a ! -d "/proc/$daemon"
+check "job one's allocation and cgroup are gone" test -z "$(ledger | grep "$(topod_id "$j1")")" -a ! -d "/sys/fs/cgroup/cpuset/$SUBTREE/$(topod_id "$j1")"
+
+# --- 5. qdel ------------------------------------------------------------------------------------
+qdel "$j2"
+wait_state "$j2" F 30 || fail "job two did not end after qdel"
+for _ in $(seq 50); do ledger | grep -q "$(topod_id "$j2")" || break; sleep 0.2; done
+check "qdel releases the job's allocation" test -z "$(ledger | grep "$(topod_id "$j2")")"
+
+# --- 6. an array job and a multi-chunk job -------------------------------------------------------
+ja=$(as_user qsub -N arr -J 1-2 -l select=1:ncpus=1 -- /bin/sh -c "grep Cpus_allowed_list /proc/self/status > $OUT/arr.\$PBS_ARRAY_INDEX; cat /proc/self/cgroup | grep :cpuset: >> $OUT/arr.\$PBS_ARRAY_INDEX")
+wait_state "$ja" F 60 || fail "the array job did not finish"
+check "both subjobs of the array job ran in their own cgroups" \
+    sh -c "grep -q 'pbs-.*\[1\]' $OUT/arr.1 && grep -q 'pbs-.*\[2\]' $OUT/arr.2"
+jm=$(submit multi -l select=2:ncpus=1:mpiprocs=1)
+wait_file "$OUT/multi.cpus" 30 || fail "the multi-chunk job did not start: $(job_attr "$jm" comment)"
+lm=$(ledger | awk -v j="$(topod_id "$jm")" '$1 == j { print $2 }')
+check "a two-chunk job on one host holds both chunks' CPUs (${lm:-none}, ran on $(cat "$OUT/multi.cpus" 2>/dev/null))" \
+    test -n "$lm" -a "$(cat "$OUT/multi.cpus" 2>/dev/null)" = "$lm" -a "$(python3 -c "import sys; sys.path.insert(0,'packaging/pbs')
+print(len([c for p in '$lm'.split(',') for c in (range(int(p.split('-')[0]), int(p.split('-')[-1])+1))]))")" = 2
+
+# --- 7. topod killed with SIGKILL and restarted: the running job keeps its CPUs ----------------
+stop_topod KILL
+start_topod
+check "after topod's SIGKILL and restart the multi-chunk job still holds $lm" \
+    test "$(ledger | awk -v j="$(topod_id "$jm")" '$1 == j { print $2 }')" = "$lm"
+touch "$OUT/multi.stop"
+wait_state "$jm" F 30 || fail "the multi-chunk job did not finish"
+for _ in $(seq 50); do ledger | grep -q "$(topod_id "$jm")" || break; sleep 0.2; done
+check "  ... and is released at its end" test -z "$(ledger | grep "$(topod_id "$jm")")"
+
+# --- 8. the periodic hook releases an orphan ------------------------------------------------------
+topoctl alloc --job "pbs-999999.$NODE" 'affinity[thread*1]' >/dev/null
+for _ in $(seq 75); do ledger | grep -q "pbs-999999" || break; sleep 0.2; done
+check "the periodic hook releases a PBS job topod holds and the MoM does not run" test -z "$(ledger | grep pbs-999999)"
+
+# --- 9. CPUs held outside PBS: the job waits visibly and runs by itself --------------------------
+# The scheduler starts a waiting job at its next cycle: a job event, or every scheduler_iteration
+# seconds (600 by default; 5 here, so that the test takes seconds).
+qmgr -c "set server scheduler_iteration = 5"
+# a) the periodic hook has published that one CPU is held outside PBS before the job comes.
+topoctl alloc --job other-1 'affinity[thread*1]' >/dev/null
+for _ in $(seq 50); do pbsnodes "$NODE" | grep -q 'comment = topo: .*(other-1)' && break; sleep 0.2; done
+check "the periodic hook publishes ncpus = 1 while topod holds one CPU outside PBS" \
+    grep -q 'resources_available.ncpus = 1' <(pbsnodes "$NODE")
+check "  ... and the vnode's comment says by whom" grep -q 'comment = topo: 1 of 2 CPUs held outside PBS (other-1)' <(pbsnodes "$NODE")
+jw=$(submit wait -l select=1:ncpus=2)
+sleep 8
+run_count=$(job_attr "$jw" run_count)
+check "a 2-CPU job waits with PBS's comment ($(job_state "$jw"): $(job_attr "$jw" comment))" \
+    sh -c "[ '$(job_state "$jw")' = Q ] && qstat -xf $jw | grep -q 'comment = .*Insufficient amount of resource: ncpus'"
+check "  ... and was never sent to the MoM (run_count ${run_count:-0})" test "${run_count:-0}" = 0
+topoctl release other-1 >/dev/null
+if wait_file "$OUT/wait.cpus" 30; then
+    ok "  ... and runs by itself once the CPU is free"
+else
+    fail "the waiting job did not start after the CPU was freed: $(job_attr "$jw" comment)"
+fi
+check "  ... and the vnode's comment is gone" sh -c "! pbsnodes $NODE | grep -q 'comment = topo:'"
+touch "$OUT/wait.stop"
+wait_state "$jw" F 30 || fail "the waiting job did not finish"
+# b) the MoM refuses the job because topod holds a CPU that PBS has not been told about yet: the
+#    periodic hook runs every 60 s (the README's freq) and the CPU is taken right after one of
+#    its runs, so that execjob_begin finds it first. Not held after 21 tries: sent back once.
+qmgr -c "set hook topo freq = 60"
+sleep 4
+runs=$(grep -c 'on_periodic done' "$mom_log")
+for _ in $(seq 400); do [ "$(grep -c 'on_periodic done' "$mom_log")" -gt "$runs" ] && break; sleep 0.2; done
+topoctl alloc --job other-2 'affinity[thread*1]' >/dev/null
+jr=$(submit race -l select=1:ncpus=2)
+for _ in $(seq 50); do [ -n "$(job_attr "$jr" run_count)" ] && break; sleep 0.2; done
+sleep 5
+# The MoM's vnode update and the server's requeue race: the scheduler may send the job once more
+# before it sees the new ncpus. Without the hook's update PBS tries 21 times and holds the job.
+tries=$(job_attr "$jr" run_count)
+check "a job the MoM could not place waits in the queue after ${tries:-0} tries ($(job_state "$jr"): $(job_attr "$jr" comment))" \
+    sh -c "[ '$(job_state "$jr")' = Q ] && [ '${tries:-0}' -ge 1 ] && [ '${tries:-0}' -le 3 ]"
+check "  ... is not held" test "$(job_attr "$jr" Hold_Types)" = n
+check "  ... and the refusal told PBS the real ncpus" grep -q 'resources_available.ncpus = 1' <(pbsnodes "$NODE")
+topoctl release other-2 >/dev/null
+if wait_file "$OUT/race.cpus" 90; then
+    ok "  ... and it runs by itself once the CPU is free (at the periodic hook's next run)"
+else
+    fail "the refused job did not start after the CPU was freed: $(job_attr "$jr" comment)"
+fi
+touch "$OUT/race.stop"
+wait_state "$jr" F 30 || fail "the refused job did not finish"
+
+# --- 10. the hook's log lines: successes are not errors --------------------------------------------
+tail -n +"$((mom_log_lines + 1))" "$mom_log" > "$BASE/mom.log"
+check "'released orphan' is logged at info, not as an error" grep -q ';0002;.*released orphan' "$BASE/mom.log"
+check "no success is logged as an error" sh -c "! grep ';0001;.*topo hook.*\(released orphan\|back online\)' '$BASE/mom.log'"
+
+# --- 11. what the hooks cost a job's start -----------------------------------------------------------
+# qsub to the first instruction of the job, one job at a time, with the topo hooks enabled and
+# disabled (the same PBS, the same minute). Figures, not a pass/fail check: they are printed.
+qmgr -c "set hook topo freq = 60"
+bench_jobs=${TOPO_PBS_BENCH_JOBS:-15}
+median_ms() { sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.0f", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+median1() { sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.1f", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+bench() { # LABEL: one line a job, the milliseconds from qsub to its start
+    local label=$1 i t0 jid
+    for i in $(seq "$bench_jobs"); do
+        t0=$(date +%s.%N)
+        jid=$(as_user qsub -l select=1:ncpus=1 -l topology="affinity[thread]" -- /bin/sh -c "date +%s.%N > $OUT/bench.$label.$i")
+        wait_file "$OUT/bench.$label.$i" 30 || { echo "bench job $jid did not start" >&2; continue; }
+        awk -v a="$t0" -v b="$(cat "$OUT/bench.$label.$i")" 'BEGIN { printf "%.1f\n", (b - a) * 1000 }'
+        wait_state "$jid" F 30 || true
+    done
+}
+server_log=$PBS_HOME/server_logs/$(date +%Y%m%d)
+mom_from=$(wc -l < "$mom_log"); server_from=$(wc -l < "$server_log")
+with=$(bench with | median_ms)
+# topo's own share: the time each hook event spent in topo.py (its "done in" debug lines),
+# median per event over the jobs above.
+own_ms() { # LOG FROM HANDLER
+    tail -n +"$(($2 + 1))" "$1" | sed -n "s/.*topo hook: $3 done in \([0-9.]*\) ms.*/\1/p" | median1
+}
+own="submit $(own_ms "$server_log" "$server_from" on_submit) ms, begin $(own_ms "$mom_log" "$mom_from" on_begin) ms, launch $(own_ms "$mom_log" "$mom_from" on_launch) ms, end $(own_ms "$mom_log" "$mom_from" on_end) ms"
+for h in topo topo_submit; do qmgr -c "set hook $h enabled = false"; done
+sleep 2
+without=$(bench without | median_ms)
+for h in topo topo_submit; do qmgr -c "set hook $h enabled = true"; done
+echo "$me: qsub to job start, median of $bench_jobs jobs: ${with:-?} ms with the topo hooks, ${without:-?} ms without"
+echo "$me: time spent in topo.py per event (median): $own"
+check "every benchmark job started" test -n "$with" -a -n "$without"
+
+echo "$me: $FAILED failed"
+[ "$FAILED" -eq 0 ]
