@@ -189,10 +189,11 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
         for (i, a) in jobs.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "  {}  {:<16} {:>4} PUs  PU {}  mem {}",
+                "  {}  {:<16} {:>4} {:<3}  PU {}  mem {}",
                 LABELS[i % LABELS.len()] as char,
                 a.job,
                 a.cpus.len(),
+                if a.cpus.len() == 1 { "PU" } else { "PUs" },
                 a.cpus,
                 if a.mems.is_empty() { "-".to_string() } else { a.mems.to_string() }
             );
