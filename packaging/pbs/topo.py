@@ -228,6 +228,15 @@ def exec_vnode_groups(exec_vnode):
     return groups
 
 
+def whole(value, what):
+    """A PBS count ("2", 2) as an int; a value PBS would not give (abc, 1.5) is an error that
+    names it, never a ValueError."""
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise HookError("cannot read %s %r: expected a whole number" % (what, str(value)[:40]))
+
+
 SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 SIZE = re.compile(r"^\s*(\d+)\s*([kmgtp]?)(b|w)?\s*$", re.IGNORECASE)
 
@@ -293,13 +302,18 @@ class Share(object):
 
     def __init__(self):
         self.ncpus = 0
+        self.known = False        # whether PBS said how many CPUs (exec_vnode or Resource_List)
+        self.per_vnode = {}       # vnode -> ncpus PBS gave the job there
         self.mem_bytes = None
         self.mpiprocs = 0
         self.numa_nodes = set()   # from per-NUMA vnodes host[N]; empty: the whole host
         self.requests = []        # topology requests of the chunks here
 
     def add(self, vnode, resources, host):
-        self.ncpus += int(resources.get("ncpus", 0) or 0)
+        ncpus = whole(resources.get("ncpus", 0) or 0, "ncpus of %s" % vnode)
+        self.ncpus += ncpus
+        self.known = True
+        self.per_vnode[vnode] = self.per_vnode.get(vnode, 0) + ncpus
         if resources.get("mem"):
             self.mem_bytes = (self.mem_bytes or 0) + size_in_bytes(resources["mem"])
         index = numa_index_of_vnode(vnode, host)
@@ -321,14 +335,16 @@ def share_on_host(job, host, resource):
         chunk = chunks[i] if i < len(chunks) else {}
         for vnode, res in here:
             share.add(vnode, res, host)
-        chunk_ncpus = sum(int(res.get("ncpus", 0) or 0) for _, res in group)
-        share.mpiprocs += int(chunk.get("mpiprocs", 1 if chunk_ncpus > 0 else 0))
+        chunk_ncpus = sum(whole(res.get("ncpus", 0) or 0, "ncpus") for _, res in group)
+        share.mpiprocs += whole(chunk.get("mpiprocs", 1 if chunk_ncpus > 0 else 0), "mpiprocs")
         if chunk.get(resource):
             share.requests.append(chunk[resource])
     if not groups:
-        share.ncpus = int(job.Resource_List["ncpus"] or 0)
+        share.known = job.Resource_List["ncpus"] is not None
+        share.ncpus = whole(job.Resource_List["ncpus"] or 0, "ncpus")
+        share.per_vnode = {host: share.ncpus}
         share.mem_bytes = size_in_bytes(job.Resource_List["mem"])
-        share.mpiprocs = int(job.Resource_List["mpiprocs"] or 1)
+        share.mpiprocs = whole(job.Resource_List["mpiprocs"] or 1, "mpiprocs")
     return share
 
 
@@ -580,9 +596,10 @@ def shortened(request):
 
 
 def cut_at_comma(request):
-    """Whether a request looks cut where PBS splits an unquoted -l value at a comma: a '[' or
-    '(' left open (PBS keeps the rest as other resources and the hook never sees it)."""
-    return request.count("[") > request.count("]") or request.count("(") > request.count(")")
+    """Whether a request may have been cut where PBS splits an unquoted -l value at a comma: no
+    comma left in it, and a '[' or '(' left open (PBS keeps the rest as other resources and the
+    hook never sees it). A typo looks the same, so the message says "if"."""
+    return "," not in request and (request.count("[") > request.count("]") or request.count("(") > request.count(")"))
 
 
 def check_request(request, config):
@@ -591,6 +608,12 @@ def check_request(request, config):
     with topoctl's one-line message (the last line `topoctl check` prints)."""
     command = [config["topoctl"], "check", "--json", "--", request]
     cannot = "cannot check the %s request: " % config["resource"]
+    if "\0" in request:
+        raise HookError("%s=%s refused: it contains a NUL character" % (config["resource"], shortened(request.replace("\0", "\\0"))))
+    try:
+        request.encode("utf-8")
+    except UnicodeError:
+        raise HookError("%s refused: it is not valid UTF-8 text" % config["resource"])
     try:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=config["timeout_seconds"])
     except OSError as e:
@@ -607,8 +630,8 @@ def check_request(request, config):
     if done.returncode == 2 and isinstance(answer.get("error"), dict):
         message = "%s=%s refused: %s" % (config["resource"], shortened(request), answer["error"]["message"])
         if cut_at_comma(request):
-            message += ("; PBS cuts -l values at commas, so the request arrived cut short: quote it, "
-                        "-l '%s=\"...\"'" % config["resource"])
+            message += ("; if the request has a comma, PBS cut it there (it splits -l values at "
+                        "commas): quote it, -l '%s=\"...\"'" % config["resource"])
         raise HookError(message)
     said = done.stderr.decode("utf-8", "replace").strip()[:300]
     raise HookError(cannot + "%s exited with status %s: %s" % (config["topoctl"], done.returncode, said))
@@ -703,15 +726,15 @@ def cpus_of(allocation):
     return cpu_set(allocation.get("cpus")) | cpu_set(allocation.get("fenced"))
 
 
-def pbs_usable_cpus(free_map, allocations, running, within=None):
-    """How many CPUs PBS may count on this host (or inside the CPU set `within`): topod's
-    allocatable CPUs (online, inside topod's cpuset, not reserved by its configuration), less
-    those held or fenced by allocations that are not PBS jobs this MoM runs (orphans not yet
-    released, jobs of topoctl or of another batch system), less the CPUs a running PBS job
-    keeps beyond the ncpus PBS gave it here (an exclusive request's fence).
+def pbs_usable_cpus(free_map, allocations, running, within=None, vnode=None):
+    """How many CPUs PBS may count on this host (or, for the vnode `vnode`, inside the CPU set
+    `within`): topod's allocatable CPUs (online, inside topod's cpuset, not reserved by its
+    configuration), less those held or fenced by allocations that are not PBS jobs this MoM
+    runs (orphans not yet released, jobs of topoctl or of another batch system), less what a
+    running PBS job keeps beyond the ncpus PBS gave it there (an exclusive request's fence).
 
-    `running` maps the topod id of each PBS job running here to the ncpus PBS gave it on this
-    host, or to None where that is not known (its excess is then not counted). PBS's own count
+    `running` maps the topod id of each PBS job running here to {vnode: ncpus PBS gave it
+    there}, or to None where that is not known (its fence is then not counted). PBS's own count
     of the ncpus its running jobs use does the rest, so PBS's free ncpus equal topod's."""
     allocatable = cpu_set(free_map["allocatable"])
     if within is not None:
@@ -723,9 +746,18 @@ def pbs_usable_cpus(free_map, allocations, running, within=None):
         jid = allocation.get("job")
         if jid not in running:
             foreign |= cpus
-        elif running[jid] is not None and within is None:
-            excess += max(0, len(cpus_of(allocation)) - running[jid])
+        elif running[jid] is not None:
+            given = running[jid].get(vnode, 0) if within is not None else sum(running[jid].values())
+            excess += max(0, len(cpus) - given)
     return max(0, len(allocatable - foreign) - excess)
+
+
+def held_outside_pbs(topod, config):
+    """The jobs topod holds CPUs for that are not PBS jobs running here (as far as an event
+    without a job list can tell), sorted."""
+    allocations = topod.call("list") or []
+    running = running_from_topod(allocations, config)
+    return sorted(a["job"] for a in allocations if a["job"] not in running and cpus_of(a))
 
 
 def running_from_topod(allocations, config):
@@ -736,12 +768,14 @@ def running_from_topod(allocations, config):
                 if pbs_job_id(a["job"]) is not None and a["job"] not in candidates)
 
 
-def publish_ncpus(event, host, topology, free_map, allocations, running, config):
+def publish_ncpus(event, host, topology, free_map, allocations, running, config, lower_only=False):
     """Sets resources_available.ncpus of this MoM's vnodes to what PBS may really use (see
-    pbs_usable_cpus), per NUMA node with vnode_per_numa_node. While some CPUs are kept from PBS,
-    the vnode's comment says by whom (pbsnodes shows it; the job waiting for them shows PBS's
-    own "Insufficient amount of resource: ncpus"); the comment goes when they are back, unless
-    this hook has offlined the vnode, whose comment then says why."""
+    pbs_usable_cpus), per NUMA node with vnode_per_numa_node; with `lower_only` never above what
+    this hook last published there. While some CPUs are kept from PBS, the vnode's comment says
+    by whom (pbsnodes shows it; the job waiting for them shows PBS's own "Insufficient amount of
+    resource: ncpus"); the comment goes when they are back. A comment this hook did not write
+    (an administrator's, or "topo: ..." while this hook has offlined the vnode) is left alone,
+    as far as the MoM's view of the vnode shows it."""
     vnodes = event.vnode_list
     allocatable = cpu_set(free_map["allocatable"])
     wanted = []   # (vnode, ncpus PBS may use, allocatable CPUs there)
@@ -749,29 +783,40 @@ def publish_ncpus(event, host, topology, free_map, allocations, running, config)
         for index, cpus, _ in numa_nodes_with_cpus(topology, free_map):
             name = "%s[%d]" % (host, index)
             if name in vnodes:
-                wanted.append((name, pbs_usable_cpus(free_map, allocations, running, cpus), len(cpus)))
+                wanted.append((name, pbs_usable_cpus(free_map, allocations, running, cpus, name), len(cpus)))
     else:
         wanted.append((host, pbs_usable_cpus(free_map, allocations, running), len(allocatable)))
-    keepers = sorted(set(a["job"] for a in allocations if a["job"] not in running))
+    keepers = sorted(set(a["job"] for a in allocations if a["job"] not in running and cpus_of(a)))
     offlined_by_us = os.path.exists(marker_path(config))
-    published = {}
     before = read_published(config)
+    published = dict(before)
     for name, ncpus, total in wanted:
+        last = before.get(name)
+        if lower_only and last is not None:
+            ncpus = min(ncpus, last["ncpus"])
         if name not in vnodes:
             vnodes[name] = pbs.vnode(name)
-        vnodes[name].resources_available["ncpus"] = ncpus
-        published[name] = [ncpus, total]
-        if offlined_by_us:
-            continue
-        if ncpus < total:
+        vnode = vnodes[name]
+        vnode.resources_available["ncpus"] = ncpus
+        ours = bool(last and last.get("comment"))
+        current = getattr(vnode, "comment", None)
+        may_comment = not offlined_by_us and (not current or ours)
+        comment = False
+        if ncpus < total and may_comment:
             shown = ", ".join(keepers[:5]) + (" and %d more" % (len(keepers) - 5) if len(keepers) > 5 else "")
-            vnodes[name].comment = ("topo: %d of %d CPUs held outside PBS (%s)" % (total - ncpus, total, shown or "fenced"))[:250]
-        elif name in before and before[name][0] < before[name][1]:
-            vnodes[name].comment = None
+            vnode.comment = ("topo: %d of %d CPUs held outside PBS (%s)"
+                             % (total - ncpus, total, shown or "fenced beyond their ncpus"))[:250]
+            comment = True
+        elif ncpus >= total and ours and may_comment:
+            vnode.comment = None
+        elif ours and not may_comment:
+            comment = True   # still ours to clear once this hook may write it again
+        published[name] = {"ncpus": ncpus, "allocatable": total, "comment": comment}
     if before != published:
         log_info("ncpus for PBS: %s" % ", ".join(
-            "%s %d of %d" % (name, n, total) for name, (n, total) in sorted(published.items())))
-    write_published(config, published)
+            "%s %d of %d" % (name, v["ncpus"], v["allocatable"]) for name, v in sorted(published.items())
+            if any(name == w[0] for w in wanted)))
+        write_published(config, published)
 
 
 def published_path(config):
@@ -779,24 +824,43 @@ def published_path(config):
 
 
 def read_published(config):
-    """{vnode: [ncpus published, allocatable CPUs]} as last published by this hook."""
+    """{vnode: {"ncpus", "allocatable", "comment"}} as last published by this hook; entries of
+    another shape (an older hook's file, a damaged one) are ignored."""
     try:
         with open(published_path(config)) as f:
             before = json.load(f)
-        return before if isinstance(before, dict) else {}
     except (OSError, ValueError):
         return {}
+    if not isinstance(before, dict):
+        return {}
+    good = {}
+    for name, value in before.items():
+        if (isinstance(value, dict) and isinstance(value.get("ncpus"), int)
+                and isinstance(value.get("allocatable"), int)):
+            good[name] = {"ncpus": value["ncpus"], "allocatable": value["allocatable"],
+                          "comment": value.get("comment") is True}
+    return good
 
 
 def write_published(config, published):
-    ensure_dir(config["state_dir"])
-    temporary = published_path(config) + ".tmp"
-    with open(temporary, "w") as f:
-        json.dump(published, f)
-    os.rename(temporary, published_path(config))
+    write_state(config, published_path(config), published)
 
 
-def publish(event, host, topod, config, make_numa_vnodes, running=None):
+def write_state(config, path, value):
+    """Writes one of the hook's state files whole (temporary file, rename); a failure is a
+    HookError that names the file."""
+    try:
+        ensure_dir(config["state_dir"])
+        temporary = path + ".tmp"
+        with open(temporary, "w") as f:
+            json.dump(value, f)
+        os.rename(temporary, path)
+    except OSError as e:
+        raise HookError("cannot write the hook's state file %s: %s (\"state_dir\" in the hook "
+                        "configuration must be a directory root can write)" % (path, e))
+
+
+def publish(event, host, topod, config, make_numa_vnodes, running=None, lower_only=False):
     """Sets topo_free_numa / topo_free_l3 / topo_free_cores on this MoM's vnodes (with
     "publish") and their ncpus (with "publish_ncpus"). With vnode_per_numa_node, each NUMA node
     is a vnode host[N] with its ncpus, mem and counts, and the natural vnode keeps no CPUs (as
@@ -833,7 +897,7 @@ def publish(event, host, topod, config, make_numa_vnodes, running=None):
         allocations = topod.call("list") or []
         if running is None:
             running = running_from_topod(allocations, config)
-        publish_ncpus(event, host, topology, free_map, allocations, running, config)
+        publish_ncpus(event, host, topology, free_map, allocations, running, config, lower_only)
     if prefix is None:
         return
     if host not in vnodes:
@@ -873,6 +937,10 @@ def on_begin(event, config):
     if request is None:
         pbs.logjobmsg(job.id, "%s: no %s request and no default_request: not confined" % (HOOK, config["resource"]))
         return
+    if config["enforce_ncpus"] and share.known and share.ncpus == 0:
+        # PBS would count none of the CPUs the request takes here.
+        raise HookError("%s=%s takes CPUs on %s but the job asked PBS for ncpus=0 there; ask for "
+                        "the ncpus the request takes" % (config["resource"], shortened(request), host))
     topod = Topod(config)
     try:
         allocation = allocate(topod, event, job, jid, share, request, tasks)
@@ -881,15 +949,25 @@ def on_begin(event, config):
         job.rerun()
         raise HookError("%s; job %s goes back to the queue" % (e, job.id))
     except DoesNotFitHere as e:
-        # PBS counted CPUs that topod holds for something PBS does not know about. Tell PBS
-        # what it may really use here, so that its scheduler keeps the job queued (with its
-        # own "Insufficient amount of resource: ncpus" comment) instead of sending it back at
-        # once until it is held, and asks for a cycle when the CPUs come free.
-        if config["publish_ncpus"]:
-            publish(event, host, topod, config, False)
         job.rerun()
-        raise HookError("%s; PBS counted CPUs that topod holds for jobs outside PBS: job %s waits "
-                        "in the queue until they are free" % (e, job.id))
+        outside = held_outside_pbs(topod, config)
+        if not outside:
+            # Enough CPUs by PBS's count and topod's, but not in the shape the request asks
+            # for: PBS cannot see shapes, so it may send the job here again.
+            raise HookError("%s; the free CPUs on %s are too scattered for the request's shape"
+                            % (e, host))
+        # PBS counted CPUs that topod holds for something PBS does not know about. Tell PBS
+        # what it may really use here (never more than was last published: this event does not
+        # know the ncpus of the running jobs), so that its scheduler keeps the job queued with
+        # its own "Insufficient amount of resource: ncpus" comment instead of sending it back
+        # until it is held.
+        if config["publish_ncpus"]:
+            try:
+                publish(event, host, topod, config, False, lower_only=True)
+            except HookError as failed:
+                pbs.logmsg(pbs.EVENT_ERROR, "%s: cannot publish ncpus on %s: %s" % (HOOK, host, failed))
+        raise HookError("%s; topod holds CPUs for %s, which PBS does not count: job %s waits in "
+                        "the queue until they are free" % (e, ", ".join(outside[:5]), job.id))
     got = cpu_set(allocation["cpus"])
     if config["enforce_ncpus"] and share.ncpus and len(got) > share.ncpus:
         release(topod, jid)
@@ -1065,13 +1143,21 @@ def on_periodic(event, config):
 
 
 def running_jobs(event, host, config):
-    """{topod job id: ncpus PBS gave it on this host} of the jobs this MoM runs (job_list)."""
+    """{topod job id: {vnode: ncpus PBS gave it there}} of the jobs this MoM runs (job_list);
+    None for a job whose counts PBS did not show. A job whose values cannot be read counts as
+    running with unknown counts (it is PBS's, whatever its numbers)."""
     running = {}
     for pbs_id, job in event.job_list.items():
         try:
-            running[topod_job_id(pbs_id)] = share_on_host(job, host, config["resource"]).ncpus or None
+            jid = topod_job_id(pbs_id)
         except HookError:
             continue
+        try:
+            share = share_on_host(job, host, config["resource"])
+            running[jid] = dict(share.per_vnode) if share.known else None
+        except HookError as e:
+            pbs.logmsg(pbs.EVENT_DEBUG, "%s: job %s: %s" % (HOOK, pbs_id, e))
+            running[jid] = None
     return running
 
 
@@ -1105,20 +1191,19 @@ def orphans_path(config):
 
 
 def read_orphan_counts(config):
+    """{topod job id: periodic runs it has been missing}; entries of another shape are ignored."""
     try:
         with open(orphans_path(config)) as f:
             counts = json.load(f)
-        return counts if isinstance(counts, dict) else {}
     except (OSError, ValueError):
         return {}
+    if not isinstance(counts, dict):
+        return {}
+    return dict((k, v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool))
 
 
 def write_orphan_counts(config, counts):
-    ensure_dir(config["state_dir"])
-    temporary = orphans_path(config) + ".tmp"
-    with open(temporary, "w") as f:
-        json.dump(counts, f)
-    os.rename(temporary, orphans_path(config))
+    write_state(config, orphans_path(config), counts)
 
 
 # ---------------------------------------------------------------------------------------------

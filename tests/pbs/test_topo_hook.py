@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -316,7 +317,7 @@ class SubmitTest(HookTestCase):
         # What the hook receives for -l topology=affinity[core(1,same=numa)] (observed on
         # OpenPBS 23.06: PBS splits the value at the comma).
         cut = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[core(1"}})
-        self.assert_rejected(cut, "never closed", "PBS cuts -l values at commas", "quote it")
+        self.assert_rejected(cut, "never closed", "PBS cut it there", "quote it")
         whole = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[cores(1)]"}})
         self.assertNotIn("commas", whole["message"])
         long = "CPUSET[CPU_LIST=" + ",".join(str(i) for i in range(3000)) + ",x]"
@@ -455,8 +456,12 @@ class JobLifeTest(HookTestCase):
         self.assertEqual(self.topod.jobs(), [])
 
     def test_an_unexpected_error_is_a_sentence_and_the_traceback_goes_to_the_log(self):
+        # A value PBS would not give: handled, with the value named.
         job = dict(mom_job("63.server"), exec_vnode="(node1:ncpus=two:mem=1gb)")
         result = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+        self.assert_rejected(result, "cannot read ncpus of node1 'two'")
+        # One the hook does not expect at all (an attach with no process id): a sentence.
+        result = self.run_event("execjob_attach", job=mom_job("63.server"), pid="not-a-pid")
         self.assert_rejected(result, "topo hook: internal error (ValueError: ", "the traceback is in the PBS log")
         self.assertNotIn("Traceback", result["message"])
         self.assertTrue(any("Traceback" in line for _, line in result["log"]), result["log"])
@@ -526,6 +531,42 @@ class HostTest(HookTestCase):
         freed = self.periodic()["vnode_list"][HOST]
         self.assertEqual(freed["resources_available"]["ncpus"], total)
         self.assertIsNone(freed["comment"])
+
+    def test_a_request_with_ncpus_0_is_refused_and_holds_nothing(self):
+        job = mom_job("80.server", ncpus=0, topology="affinity[thread*2]")
+        begun = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+        self.assert_rejected(begun, "ncpus=0")
+        self.assertEqual(self.topod.jobs(), [])
+
+    def test_an_administrators_comment_is_left_alone(self):
+        total = len(load_hook_module().cpu_set(self.topod.call("free_map")["ok"]["allocatable"]))
+        self.assertIn("ok", self.topod.call("allocate", job="other-2", request="affinity[thread*%d]" % (total - 1)))
+        admin = {HOST: {"comment": "admin: bad DIMM, do not use"}}
+        held = self.periodic(vnodes=admin)["vnode_list"][HOST]
+        self.assertEqual(held["comment"], "admin: bad DIMM, do not use")
+        self.assertEqual(held["resources_available"]["ncpus"], 1)
+        self.topod.call("release", job="other-2")
+        freed = self.periodic(vnodes=admin)["vnode_list"][HOST]
+        self.assertEqual(freed["comment"], "admin: bad DIMM, do not use")
+        self.assertEqual(freed["resources_available"]["ncpus"], total)
+
+    def test_damaged_state_files_and_a_state_dir_that_is_a_file_are_messages(self):
+        state = os.path.join(self.dir, "hook-state")
+        os.makedirs(state, exist_ok=True)
+        for name, text in (("ncpus.json", '{"%s": 5}' % HOST), ("orphans.json", '{"pbs-200.server": "x"}')):
+            with open(os.path.join(state, name), "w") as f:
+                f.write(text)
+        self.assert_accepted(self.periodic())
+        self.assert_accepted(self.periodic())
+        shutil.rmtree(state)
+        with open(state, "w") as f:
+            f.write("not a directory")
+        total = len(load_hook_module().cpu_set(self.topod.call("free_map")["ok"]["allocatable"]))
+        self.assertIn("ok", self.topod.call("allocate", job="other-3", request="affinity[thread*%d]" % total))
+        begun = self.run_event("execjob_begin", job=mom_job("81.server", ncpus=1), vnode_list={HOST: {}})
+        self.assert_rejected(begun, "does not fit")
+        self.assertTrue(begun["rerun"], "sent back to the queue even when the state cannot be written")
+        self.assertTrue(any("state file" in line for _, line in begun["log"]), begun["log"])
 
     @unittest.skipIf(REAL, "emulated 2-NUMA machine only with the fake backend")
     def test_startup_publishes_one_vnode_per_numa_node_and_begin_stays_inside(self):
@@ -623,11 +664,26 @@ class PureFunctionsTest(unittest.TestCase):
                 {"job": "pbs-2.s", "cpus": "2", "fenced": "3"},            # PBS job fencing a sibling, ncpus 1
                 {"job": "lsf-9", "cpus": "4-5", "fenced": ""},             # not PBS's
                 {"job": "pbs-3.s", "cpus": "6", "fenced": ""}]             # an orphan: PBS no longer runs it
-        running = {"pbs-1.s": 2, "pbs-2.s": 1}
+        running = {"pbs-1.s": {"h": 2}, "pbs-2.s": {"h": 1}}
         self.assertEqual(usable(free_map, jobs, running), 8 - 2 - 1 - 1)
         self.assertEqual(usable(free_map, jobs, dict(running, **{"pbs-2.s": None})), 8 - 2 - 1)
-        self.assertEqual(usable(free_map, jobs, running, within={4, 5, 6, 7}), 1)
+        self.assertEqual(usable(free_map, jobs, running, within={4, 5, 6, 7}, vnode="h[1]"), 1)
+        # Per NUMA vnode: the fence counts on the vnode that holds it.
+        per_numa = {"pbs-1.s": {"h[0]": 2}, "pbs-2.s": {"h[0]": 1}}
+        self.assertEqual(usable(free_map, jobs, per_numa, within={0, 1, 2, 3}, vnode="h[0]"), 4 - 1)
         self.assertEqual(usable(free_map, [], {}), 8)
+        # A job PBS gave ncpus=0 that holds CPUs anyway: all of them count against PBS.
+        self.assertEqual(usable(free_map, jobs[:1], {"pbs-1.s": {"h": 0}}), 6)
+
+    def test_hostile_values_are_messages_not_crashes(self):
+        hook = self.hook
+        for bad in ("abc", "1.5", "0x10", "=1"):
+            job = types.SimpleNamespace(exec_vnode="(n:ncpus=%s)" % bad, schedselect="1:ncpus=1", Resource_List={})
+            with self.assertRaises(hook.HookError) as e:
+                hook.share_on_host(job, "n", "topology")
+            self.assertIn("ncpus", str(e.exception))
+        self.assertFalse(hook.cut_at_comma("affinity[core(1,same=numa)"), "it still has its comma: not cut there")
+        self.assertTrue(hook.cut_at_comma("affinity[core(1"))
 
     def test_sizes_cpu_lists_and_job_ids(self):
         h = self.hook
