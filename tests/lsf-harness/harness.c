@@ -406,6 +406,59 @@ static void scenario_restart(void) {
     free_resreq(big);
 }
 
+/* The module as the scheduler holds it: the library and its seven entry points. */
+static void *module_so;
+static int (*entry_fn[7])(void *);
+static const char *entry_names[7] = {"sched_version", "sched_init", "sched_pre_proc", "sched_match_limit",
+                                     "sched_order_alloc", "sched_post_proc", "sched_finalize"};
+
+/* As the scheduler loads a module listed in lsb.modules. */
+static int load_module(const char *path) {
+    module_so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!module_so) {
+        fprintf(stderr, "dlopen: %s\n", dlerror());
+        return -1;
+    }
+    for (int i = 0; i < 7; i++) {
+        *(void **)&entry_fn[i] = dlsym(module_so, entry_names[i]);
+        check(entry_fn[i] != NULL, "the module exports %s", entry_names[i]);
+        if (!entry_fn[i])
+            return -1;
+    }
+    return 0;
+}
+
+static void scenario_reinit(const char *path) {
+    fprintf(stderr, "the scheduler finalizes the module, closes it, opens it and initializes it again\n");
+    struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
+    expect(big, "h2,h1", "before: h1 and h2 each have a free package");
+    free_resreq(big);
+    check(entry_fn[6](NULL) == 0, "sched_finalize returns 0");
+    int registered = handler_registered;
+    dlclose(module_so);
+    if (load_module(path) != 0)
+        return;
+    int rc = entry_fn[1](NULL);
+    check(rc == 0 && handler_registered == registered + 1,
+          "sched_init again returns 0 (%d) and registers the handler again (%d registrations, %d before)", rc,
+          handler_registered, registered);
+    /* The restarted scheduler replays its running jobs at once, before any host state. */
+    big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
+    dispatch(big, 106, "h2", 1, NOTIFY_STARTUP);
+    wait_refresh();
+    expect(big, "h1", "a STARTUP replay that came before the host states holds h2's free package once they arrive");
+    dispatch(big, 106, "h2", 1, NOTIFY_DEALLOC);
+    expect(big, "h2,h1", "job 106 deallocated");
+    /* The refresher runs again: a change made after the restart is seen. */
+    check(topoctl("alloc --socket \"$HARNESS_H1_SOCKET\" --job reinit-1 'affinity[core(24,same=socket)]'") == 0,
+          "topoctl holds h1's other package");
+    wait_refresh();
+    expect(big, "h2", "the restarted module's refresher sees it");
+    check(topoctl("release --socket \"$HARNESS_H1_SOCKET\" reinit-1") == 0, "and releases it");
+    wait_refresh();
+    free_resreq(big);
+}
+
 static void scenario_panic(void) {
     fprintf(stderr, "a panic inside a callback (test build, TOPO_LSF_PANIC_IN=%s)\n", getenv("TOPO_LSF_PANIC_IN"));
     struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
@@ -427,7 +480,7 @@ static void scenario_panic(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s MODULE.so session|restart|panic\n", argv[0]);
+        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|panic\n", argv[0]);
         return 2;
     }
     for (int i = 0; i < NHOSTS; i++) {
@@ -438,20 +491,10 @@ int main(int argc, char **argv) {
     const char *rb = getenv("HARNESS_REASON_BASE");
     if (rb)
         reason_base = atoi(rb);
-    /* As the scheduler loads a module listed in lsb.modules. */
-    void *so = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-    if (!so) {
-        fprintf(stderr, "dlopen: %s\n", dlerror());
+    if (load_module(argv[1]) != 0)
         return 1;
-    }
-    const char *entry[] = {"sched_version", "sched_init", "sched_pre_proc", "sched_match_limit", "sched_order_alloc", "sched_post_proc", "sched_finalize"};
-    int (*fn[7])(void *);
-    for (int i = 0; i < 7; i++) {
-        *(void **)&fn[i] = dlsym(so, entry[i]);
-        check(fn[i] != NULL, "the module exports %s", entry[i]);
-        if (!fn[i])
-            return 1;
-    }
+    int (**fn)(void *) = entry_fn;
+    const char **entry = entry_names;
     check(fn[0](NULL) == 0, "sched_version returns 0");
     int rc = fn[1](NULL);
     check(rc == 0 && handler_registered == 1, "sched_init returns 0 (%d) and registers one handler (%d)", rc, handler_registered);
@@ -470,6 +513,8 @@ int main(int argc, char **argv) {
         scenario_restart();
     else if (strcmp(argv[2], "panic") == 0)
         scenario_panic();
+    else if (strcmp(argv[2], "reinit") == 0)
+        scenario_reinit(argv[1]);
     else {
         fprintf(stderr, "unknown scenario %s\n", argv[2]);
         return 2;

@@ -1,16 +1,117 @@
 //! The pure part of the module: which `-extsched` strings are topo's, the handler key that
 //! makes jobs with equal requests peers, and the job ids shared with `topo-exec`.
 
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
 use topo_core::request::{merge_extsched, MergeError, Request};
 
-/// Marks topo's handler keys; what follows is the canonical request.
+/// Marks topo's handler keys; what follows is the canonical request, or (for a request whose
+/// canonical form is longer than [`KEY_MAX`]) `h#` and a hash of it.
 pub const KEY_PREFIX: &str = "topo#";
 
-/// Whether an `-extsched` string (or a queue's) is a topology request topo handles: it names
-/// `affinity[` or `CPUSET[` (case-insensitive), whatever else the site's other modules use.
+/// The longest handler key the module gives LSF, in bytes. Jobs with equal keys are LSF "peer
+/// jobs"; a longer canonical request (a long `CPU_LIST`) is keyed by its hash instead, so that
+/// a 64 KB string does not become a 64 KB key in every scheduling session.
+pub const KEY_MAX: usize = 256;
+
+/// The longest pending reason the module sets, in bytes (the request itself is quoted at most
+/// [`QUOTED_MAX`] bytes long in it; the parser's message names the fragment and its byte).
+pub const REASON_MAX: usize = 512;
+
+/// How much of a bad string a pending reason quotes.
+pub const QUOTED_MAX: usize = 80;
+
+/// Whether an `-extsched` string (or a queue's) holds a topology request topo handles: a
+/// top-level `affinity[...]` or `CPUSET[...]` section (case-insensitive, spaces allowed before
+/// the bracket, as topo's grammar allows). A section of another module that merely contains
+/// the word (`filer[affinity[x]]`) is not topo's.
 pub fn is_ours(text: &str) -> bool {
-    let lower = text.to_ascii_lowercase();
-    lower.contains("affinity[") || lower.contains("cpuset[")
+    topo_part(text).is_some()
+}
+
+/// Topo's sections of an `-extsched` string, joined by a space, with every other module's
+/// sections (`PSET[...]`, `filer[...]`) and stray words left out; `None` when there is none.
+///
+/// Sections are `NAME [ ... ]` at the top level, brackets balanced; a section of topo's that is
+/// never closed runs to the end of the string, so that the parser says where it is unclosed.
+pub fn topo_part(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut ours: Vec<&str> = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_whitespace() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+            i += 1;
+        }
+        let name = &text[start..i];
+        let mut j = i;
+        while j < bytes.len() && bytes[j].is_ascii_whitespace() {
+            j += 1;
+        }
+        if name.is_empty() || j >= bytes.len() || bytes[j] != b'[' {
+            // Not a section: a stray word or character; skip it.
+            i = if name.is_empty() {
+                i + text[i..].chars().next().map_or(1, char::len_utf8)
+            } else {
+                i
+            };
+            continue;
+        }
+        let mut depth = 0usize;
+        let mut end = bytes.len();
+        for (k, &b) in bytes.iter().enumerate().skip(j) {
+            match b {
+                b'[' => depth += 1,
+                b']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = k + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if name.eq_ignore_ascii_case("affinity") || name.eq_ignore_ascii_case("cpuset") {
+            ours.push(&text[start..end]);
+        }
+        i = end;
+    }
+    (!ours.is_empty()).then(|| ours.join(" "))
+}
+
+/// Requests keyed by a hash ([`KEY_MAX`]), so that `notifyAllocFn` finds the request of a job
+/// whose key is one. Bounded: past [`LONG_KEYS_MAX`] distinct long requests the full canonical
+/// form is the key again (correct, only longer).
+static LONG_KEYS: Mutex<Option<HashMap<String, Request>>> = Mutex::new(None);
+const LONG_KEYS_MAX: usize = 4096;
+
+fn hash_of(parts: &[&str]) -> u64 {
+    let mut h = DefaultHasher::new();
+    parts.hash(&mut h);
+    h.finish()
+}
+
+/// The handler key of `request`: its canonical form, or its hash when that is too long.
+pub fn key_of(request: &Request) -> String {
+    let canonical = format!("{KEY_PREFIX}{request}");
+    if canonical.len() <= KEY_MAX {
+        return canonical;
+    }
+    let key = format!("{KEY_PREFIX}h#{:016x}", hash_of(&[&canonical]));
+    let mut keys = LONG_KEYS.lock().unwrap_or_else(|e| e.into_inner());
+    let keys = keys.get_or_insert_with(HashMap::new);
+    if keys.len() >= LONG_KEYS_MAX && !keys.contains_key(&key) {
+        return canonical;
+    }
+    keys.insert(key.clone(), request.clone());
+    key
 }
 
 /// The job's own topology string among the elements `getextresreq` returned.
@@ -20,6 +121,8 @@ pub fn is_ours(text: &str) -> bool {
 /// topo's are kept, equal ones count once, and when they differ the last one wins (and the
 /// caller logs it).
 pub fn job_string(elements: &[String]) -> (Option<&str>, usize) {
+    // Which element is topo's is decided by its top-level sections ([`is_ours`]); [`decide`]
+    // keeps only those sections of it.
     let ours: Vec<&str> =
         elements.iter().map(|s| s.trim()).filter(|s| !s.is_empty() && is_ours(s)).collect();
     let mut distinct = ours.clone();
@@ -50,20 +153,22 @@ pub enum Decision {
 
 /// Merges the job's string with the queue's (MANDATORY > job > DEFAULT, per keyword) and
 /// decides.
+/// Merges the job's string with the queue's (MANDATORY > job > DEFAULT, per keyword) and
+/// decides. Only topo's sections of each string count ([`topo_part`]).
 pub fn decide(job: Option<&str>, mandatory: Option<&str>, default: Option<&str>) -> Decision {
-    let mandatory = mandatory.filter(|s| is_ours(s));
-    let default = default.filter(|s| is_ours(s));
+    let (job, mandatory, default) =
+        (job.and_then(topo_part), mandatory.and_then(topo_part), default.and_then(topo_part));
+    let (job, mandatory, default) = (job.as_deref(), mandatory.as_deref(), default.as_deref());
     if job.is_none() && mandatory.is_none() && default.is_none() {
         return Decision::NotOurs;
     }
     match merge_extsched(mandatory, job, default) {
-        Ok(request) => Decision::Request { key: format!("{KEY_PREFIX}{request}"), request },
+        Ok(request) => Decision::Request { key: key_of(&request), request },
         Err(e) => Decision::Bad {
+            // Equal bad strings share a key (one pending reason for all of them), of bounded size.
             key: format!(
-                "{KEY_PREFIX}bad#{}#{}#{}",
-                mandatory.unwrap_or(""),
-                job.unwrap_or(""),
-                default.unwrap_or("")
+                "{KEY_PREFIX}bad#{:016x}",
+                hash_of(&[mandatory.unwrap_or(""), job.unwrap_or(""), default.unwrap_or("")])
             ),
             message: bad_message(&e, mandatory, job, default),
         },
@@ -71,19 +176,36 @@ pub fn decide(job: Option<&str>, mandatory: Option<&str>, default: Option<&str>)
 }
 
 /// The pending-reason text for a string that does not parse: one line, naming the string,
-/// quoting it, and saying what is wrong where (a pending reason has no room for a caret line).
+/// quoting it (at most [`QUOTED_MAX`] bytes of it), and saying what is wrong where (a pending
+/// reason has no room for a caret line); at most [`REASON_MAX`] bytes in all.
 pub fn bad_message(
     e: &MergeError,
     mandatory: Option<&str>,
     job: Option<&str>,
     default: Option<&str>,
 ) -> String {
-    format!(
-        "topo: bad topology request in {} \"{}\": {}",
-        e.source_string,
-        e.input(mandatory, job, default),
-        e.error
-    )
+    let input = e.input(mandatory, job, default);
+    let quoted = if input.len() > QUOTED_MAX {
+        format!("{}...", &input[..floor_char_boundary(input, QUOTED_MAX)])
+    } else {
+        input.to_string()
+    };
+    let mut message =
+        format!("topo: bad topology request in {} \"{quoted}\": {}", e.source_string, e.error);
+    if message.len() > REASON_MAX {
+        message.truncate(floor_char_boundary(&message, REASON_MAX - 3));
+        message.push_str("...");
+    }
+    message
+}
+
+/// The largest character boundary of `text` at or below `at`.
+fn floor_char_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
 }
 
 /// The request in a handler key (the job's `resKey` in notify), when the key is topo's.
@@ -92,6 +214,12 @@ pub fn request_from_key(key: &str) -> Option<Result<Request, String>> {
     let text = &key[at + KEY_PREFIX.len()..];
     if text.starts_with("bad#") {
         return Some(Err("the job's topology request does not parse".into()));
+    }
+    if text.starts_with("h#") {
+        let keys = LONG_KEYS.lock().unwrap_or_else(|e| e.into_inner());
+        return Some(keys.as_ref().and_then(|k| k.get(&key[at..])).cloned().ok_or_else(|| {
+            "the job's topology request is keyed by a hash this module did not make".to_string()
+        }));
     }
     Some(topo_core::request::parse(text).map_err(|e| e.to_string()))
 }
@@ -169,6 +297,66 @@ mod tests {
         }
         // Only the queue says something: its default applies.
         assert!(matches!(decide(None, None, Some("affinity[numa(1)]")), Decision::Request { .. }));
+    }
+
+    #[test]
+    fn only_top_level_sections_of_topo_are_claimed() {
+        assert_eq!(topo_part("filer[affinity[x]]"), None, "another module's section");
+        assert_eq!(
+            topo_part("PSET[PSET_TYPE=cpu] CPUSET[CPU_LIST=0-3]").as_deref(),
+            Some("CPUSET[CPU_LIST=0-3]")
+        );
+        assert_eq!(topo_part("affinity [core(1)]").as_deref(), Some("affinity [core(1)]"));
+        assert_eq!(
+            topo_part("  Affinity[core(1)]  cpuset[MAX_RADIUS=1]").as_deref(),
+            Some("Affinity[core(1)] cpuset[MAX_RADIUS=1]")
+        );
+        assert_eq!(
+            topo_part("RMS[RMS_SNODE] affinity[core(2"),
+            Some("affinity[core(2".to_string()),
+            "unclosed: to the end"
+        );
+        assert_eq!(topo_part("affinity"), None);
+        assert_eq!(topo_part("é affinity[core(1)]").as_deref(), Some("affinity[core(1)]"));
+        // What decide does with them: the other module's part is left alone, ours is parsed.
+        assert!(matches!(
+            decide(Some("PSET[PSET_TYPE=cpu] CPUSET[CPU_LIST=0-3]"), None, None),
+            Decision::Request { .. }
+        ));
+        assert!(matches!(decide(Some("affinity [core(1)]"), None, None), Decision::Request { .. }));
+        assert_eq!(decide(Some("filer[affinity[x]]"), None, None), Decision::NotOurs);
+    }
+
+    #[test]
+    fn keys_and_reasons_are_bounded() {
+        let list: String = (0..20000).step_by(2).map(|c| format!("{c},")).collect();
+        let long = format!("CPUSET[CPU_LIST={list}0]");
+        match decide(Some(&long), None, None) {
+            Decision::Request { key, request } => {
+                assert!(key.len() <= KEY_MAX, "key of {} bytes", key.len());
+                assert_eq!(
+                    request_from_key(&key).unwrap().unwrap(),
+                    request,
+                    "the hash gives it back"
+                );
+                assert_eq!(key, key_of(&request), "equal requests, equal keys");
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = format!("CPUSET[CPU_LIST={list}x]");
+        match decide(Some(&bad), None, None) {
+            Decision::Bad { key, message } => {
+                assert!(key.len() <= KEY_MAX, "bad key of {} bytes", key.len());
+                assert!(message.len() <= REASON_MAX, "reason of {} bytes", message.len());
+                assert!(message.contains("at byte"), "{message}");
+                assert_eq!(
+                    decide(Some(&bad), None, None),
+                    Decision::Bad { key, message },
+                    "equal bad strings are peers"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ mod handler;
 use api::Api;
 use config::ModuleConfig;
 use std::os::raw::{c_int, c_void};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use topo_ffi_guard::Caught;
 use topo_plugin_core::eval::Memo;
 use topo_plugin_core::fetch::{Refresher, Shared, TopodSource};
@@ -44,11 +44,23 @@ struct Module {
     refresher: Mutex<Option<Refresher>>,
 }
 
-static MODULE: OnceLock<Module> = OnceLock::new();
+/// The module of the last successful `sched_init`.
+///
+/// The scheduler may call `sched_finalize` and then `sched_init` again in the same process
+/// (with or without `dlclose` in between: a Rust library is not unloaded, so its statics
+/// survive). Each `sched_init` after a `sched_finalize` therefore builds a new module (the
+/// configuration read again, a new cache, a new refresher) and registers the handler again.
+/// The old module is left in place rather than freed: a callback of the old session may still
+/// hold it, and `&'static` is what lets every callback reach the module without a lock held
+/// across the call. Its refresher is stopped at `sched_finalize`.
+static MODULE: RwLock<Option<&'static Module>> = RwLock::new(None);
 static HANDLER: OnceLock<topo_lsf_sys::RsrcReqHandlerType> = OnceLock::new();
 
 fn module() -> Result<&'static Module, String> {
-    MODULE.get().ok_or_else(|| "schmod_topo: called before sched_init succeeded".to_string())
+    MODULE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .ok_or_else(|| "schmod_topo: called before sched_init succeeded".to_string())
 }
 
 /// Runs one entry point or callback: an error is logged and becomes `on_error`, and so does a
@@ -98,9 +110,16 @@ pub extern "C" fn sched_init(_param: *mut c_void) -> c_int {
 }
 
 fn init() -> Result<c_int, String> {
-    if MODULE.get().is_some() {
-        tracing::info!("sched_init called again; keeping the running module");
-        return Ok(0);
+    if let Ok(m) = module() {
+        if m.refresher.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            tracing::info!(
+                "sched_init called again without sched_finalize; keeping the running module"
+            );
+            return Ok(0);
+        }
+        tracing::info!(
+            "sched_init after sched_finalize: reading the configuration and starting again"
+        );
     }
     let path = config::path();
     let config = config::load(&path).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
@@ -122,15 +141,14 @@ fn init() -> Result<c_int, String> {
         .map_err(|e| format!("cannot start the refresh thread: {e}"))?;
     let handler_id = config.lsf.handler_id;
     let unreachable = config.cache.unreachable;
-    MODULE
-        .set(Module {
-            api,
-            config,
-            shared,
-            memo: Mutex::new(Memo::new()),
-            refresher: Mutex::new(Some(refresher)),
-        })
-        .map_err(|_| "sched_init ran twice at once".to_string())?;
+    let module: &'static Module = Box::leak(Box::new(Module {
+        api,
+        config,
+        shared,
+        memo: Mutex::new(Memo::new()),
+        refresher: Mutex::new(Some(refresher)),
+    }));
+    *MODULE.write().unwrap_or_else(|e| e.into_inner()) = Some(module);
     // The table lives as long as the process (the header: "Memory must not be freed"); a static
     // rather than a leaked box, so that it stays reachable whether the scheduler keeps the
     // pointer or a copy.
@@ -169,7 +187,8 @@ pub extern "C" fn sched_post_proc(_param: *mut c_void) -> c_int {
     0
 }
 
-/// Entry point: tells the refresh thread to stop (without waiting for its round).
+/// Entry point: tells the refresh thread to stop (without waiting for its round). A later
+/// `sched_init` starts the module again.
 #[no_mangle]
 pub extern "C" fn sched_finalize(_param: *mut c_void) -> c_int {
     guarded("sched_finalize", -1, || {
