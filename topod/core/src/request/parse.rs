@@ -451,6 +451,12 @@ fn parse_cpuset(
     parts: &mut Parts,
 ) -> Result<(), RequestError> {
     let content = &text[body.clone()];
+    if content.trim().is_empty() && allow_empty_values {
+        // In a queue merge an empty section is what deleting every keyword leaves (a string
+        // mbatchd has merged already, `CPUSET[MAX_RADIUS=]` over `CPUSET[MAX_RADIUS=1]`): it
+        // asks for nothing.
+        return Ok(());
+    }
     if content.trim().is_empty() {
         let span = body.start - 1..body.end + 1;
         return Err(RequestError::new(text, span, "empty CPUSET[] section", KEY_NAMES));

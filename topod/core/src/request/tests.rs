@@ -451,6 +451,16 @@ fn merge_worked_example() {
 }
 
 #[test]
+fn a_section_emptied_by_a_merge_asks_for_nothing() {
+    // What mbatchd may hand the module when it merged the queue's strings itself: every
+    // keyword deleted. In a merge it means no CPUSET constraint; alone it is still refused.
+    let merged = merge_extsched(None, Some("CPUSET[] affinity[core(1)]"), None);
+    assert_eq!(merged, Ok(p("affinity[core(1)]")));
+    assert!(merge_extsched(None, Some("CPUSET[]"), None).is_ok());
+    assert!(parse("CPUSET[]").is_err());
+}
+
+#[test]
 fn merge_empty_value_deletes() {
     // MANDATORY_EXTSCHED=CPUSET[MAX_RADIUS=] removes a user-set MAX_RADIUS.
     let merged = merge_extsched(
