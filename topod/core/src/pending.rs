@@ -74,6 +74,14 @@ pub fn format_utc(t: SystemTime) -> String {
     )
 }
 
+/// `t` in UTC to the nanosecond (`2025-06-01T12:00:00.123456789Z`), which [`parse_utc`] reads
+/// back as exactly `t`: for times compared with each other after a restart.
+pub fn format_utc_nanos(t: SystemTime) -> String {
+    let millis = format_utc(t);
+    let nanos = t.duration_since(UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    format!("{}{nanos:09}Z", &millis[..millis.len() - 4])
+}
+
 /// Reads what [`format_utc`] writes, with or without the fraction of a second (1 to 9 digits).
 pub fn parse_utc(text: &str) -> Option<SystemTime> {
     let text = text.strip_suffix('Z')?;
@@ -179,6 +187,9 @@ mod tests {
         }
         assert_eq!(parse_utc("2025-06-01T12:00:00Z"), Some(at(1_748_779_200, 0)));
         assert_eq!(parse_utc("2025-06-01T12:00:00.5Z"), Some(at(1_748_779_200, 500)));
+        let precise = UNIX_EPOCH + Duration::new(1_748_779_200, 123_456_789);
+        assert_eq!(format_utc_nanos(precise), "2025-06-01T12:00:00.123456789Z");
+        assert_eq!(parse_utc(&format_utc_nanos(precise)), Some(precise));
         for bad in [
             "",
             "2025-06-01T12:00:00",

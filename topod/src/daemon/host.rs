@@ -90,6 +90,19 @@ pub struct JobHint {
     /// The uid that may join its own processes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_uid: Option<u32>,
+    /// When the job was last allocated (a new allocation, or the same one asked again), in UTC
+    /// to the nanosecond: a release queued before then was for an earlier run of the same job id
+    /// ([`Host::allocated_after`]), also after a restart. Records written before this field
+    /// existed take their file's time ([`super::records::Records::load`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_at: Option<String>,
+}
+
+impl JobHint {
+    /// [`JobHint::allocated_at`] as a time (`None` when missing or not a time).
+    pub fn allocated_time(&self) -> Option<std::time::SystemTime> {
+        self.allocated_at.as_deref().and_then(topo_core::pending::parse_utc)
+    }
 }
 
 /// What a restart found.
@@ -253,9 +266,6 @@ pub struct Host {
     releasing: BTreeSet<String>,
     /// Jobs that have had a process: only those are released when they become empty.
     joined: BTreeSet<String>,
-    /// When each job was last allocated (a new allocation or the same one asked again) by this
-    /// topod: a release queued before that time was for an earlier run of the same job id.
-    last_allocate: BTreeMap<String, std::time::SystemTime>,
     /// Jobs with processes that were told how to move themselves in and have not yet confirmed
     /// with `join`: how many, and the last offer. Their joins check before writing, and
     /// [`Host::release_empty`] leaves them alone for [`SELF_JOIN_WINDOW`] after the last offer.
@@ -292,7 +302,6 @@ impl Host {
             release_timeout: Duration::from_secs(10),
             releasing: Default::default(),
             joined: Default::default(),
-            last_allocate: Default::default(),
             self_join_offered: Default::default(),
         })
     }
@@ -384,19 +393,19 @@ impl Host {
         mem_limit: Option<u64>,
         owner_uid: Option<u32>,
     ) -> Result<Allocation, HostError> {
-        let asked = std::time::SystemTime::now();
-        let alloc = self.allocate_inner(job, prepared, mem_limit, owner_uid)?;
-        self.last_allocate.insert(alloc.job.clone(), asked);
-        Ok(alloc)
+        // The time goes into the job's record (written before the answer, the same allocation
+        // asked again too), so that it outlives a restart.
+        let asked = topo_core::pending::format_utc_nanos(std::time::SystemTime::now());
+        self.allocate_inner(job, prepared, mem_limit, owner_uid, asked)
     }
 
-    /// When `job` was last allocated, if that was after `t` (see [`Host::allocate_prepared`]).
+    /// When `job` was last allocated, if that was after `t` (see [`JobHint::allocated_at`]).
     pub fn allocated_after(
         &self,
         job: &str,
         t: std::time::SystemTime,
     ) -> Option<std::time::SystemTime> {
-        self.last_allocate.get(job).filter(|at| **at > t).copied()
+        self.hints.get(job).and_then(JobHint::allocated_time).filter(|at| *at > t)
     }
 
     fn allocate_inner(
@@ -405,6 +414,7 @@ impl Host {
         prepared: &Prepared,
         mem_limit: Option<u64>,
         owner_uid: Option<u32>,
+        asked: String,
     ) -> Result<Allocation, HostError> {
         let id = JobId::parse(job)?;
         if self.releasing.contains(job) {
@@ -413,7 +423,17 @@ impl Host {
         let canonical = &prepared.canonical;
         if let Some(existing) = self.ledger.get(id.as_str()) {
             if &existing.request == canonical {
-                return Ok(existing.clone());
+                // Asked again (each step, or a requeued job's new run): a new allocation time.
+                let existing = existing.clone();
+                let mut hint = self.hints.get(job).cloned().unwrap_or_else(|| JobHint {
+                    request: existing.request.clone(),
+                    tasks: existing.tasks.clone(),
+                    ..JobHint::default()
+                });
+                hint.allocated_at = Some(asked);
+                self.write_record(&id, &hint)?;
+                self.hints.insert(job.to_string(), hint);
+                return Ok(existing);
             }
             if existing.request.is_empty() {
                 // Recovered from its cgroup without a record (topod died before writing it):
@@ -424,8 +444,12 @@ impl Host {
                     adopted.fenced =
                         self.model.closure(level, &adopted.cpus).difference(&adopted.cpus);
                 }
-                let hint =
-                    JobHint { request: canonical.clone(), tasks: adopted.tasks.clone(), owner_uid };
+                let hint = JobHint {
+                    request: canonical.clone(),
+                    tasks: adopted.tasks.clone(),
+                    owner_uid,
+                    allocated_at: Some(asked),
+                };
                 self.write_record(&id, &hint)?;
                 self.ledger.release(id.as_str())?;
                 if self.ledger.insert(adopted.clone()).is_err() {
@@ -460,7 +484,12 @@ impl Host {
             .get(id.as_str())
             .cloned()
             .ok_or_else(|| HostError::UnknownJob(job.to_string()))?;
-        let hint = JobHint { request: canonical.clone(), tasks: alloc.tasks.clone(), owner_uid };
+        let hint = JobHint {
+            request: canonical.clone(),
+            tasks: alloc.tasks.clone(),
+            owner_uid,
+            allocated_at: Some(asked),
+        };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
         if let Err(e) = self.write_record(&id, &hint) {
@@ -615,7 +644,6 @@ impl Host {
         }
         self.hints.remove(&job);
         self.joined.remove(&job);
-        self.last_allocate.remove(&job);
         self.self_join_offered.remove(&job);
         if let Some(records) = &self.records {
             if let Err(e) = records.remove(&ticket.id) {
@@ -1050,6 +1078,65 @@ mod tests {
         assert!(h.allocated_after("5", first).is_some());
         h.release("5").unwrap();
         assert_eq!(h.allocated_after("5", before), None);
+    }
+
+    #[test]
+    fn the_last_allocate_of_a_job_outlives_a_restart() {
+        // A queued release older than a job's last allocation was for an earlier run: a restart
+        // must not forget that allocation (it would kill the new run).
+        let dir = tempfile::tempdir().unwrap();
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 1,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        let kernel =
+            std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
+        let start = |kernel: &std::sync::Arc<Fake>| {
+            let backend = Box::new(SharedFake {
+                kernel: kernel.clone(),
+                offers_self_join: false,
+                foreign: Default::default(),
+            });
+            let records = Some(Records::open(dir.path()).unwrap());
+            Host::new(topo.clone(), CpuSet::new(), backend, records, Strategy::BestFit).unwrap()
+        };
+        let mut first = start(&kernel);
+        first.allocate("slurm-11", "affinity[thread]", None, None, None, None).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let asked = std::time::SystemTime::now();
+        std::thread::sleep(Duration::from_millis(5));
+        // Slurm requeued it and its new run started here: the same allocation asked again.
+        first.allocate("slurm-11", "affinity[thread]", None, None, None, None).unwrap();
+        let again_at = first.allocated_after("slurm-11", asked).expect("allocated after");
+        std::mem::forget(first);
+        let mut second = start(&kernel);
+        second.recover(BTreeMap::new()).unwrap();
+        assert_eq!(second.allocated_after("slurm-11", asked), Some(again_at));
+        // And again after a second restart (recovery writes the record again).
+        std::mem::forget(second);
+        let mut third = start(&kernel);
+        third.recover(BTreeMap::new()).unwrap();
+        assert_eq!(third.allocated_after("slurm-11", asked), Some(again_at));
+        // A record written before records kept the time: its file's time stands for it.
+        std::mem::forget(third);
+        let record = dir.path().join("jobs/slurm-11.json");
+        let old: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        let mut old = old.as_object().unwrap().clone();
+        old.remove("allocated_at");
+        std::fs::write(&record, serde_json::to_vec(&old).unwrap()).unwrap();
+        let written = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        std::fs::File::options().write(true).open(&record).unwrap().set_modified(written).unwrap();
+        let mut fourth = start(&kernel);
+        fourth.recover(BTreeMap::new()).unwrap();
+        assert_eq!(
+            fourth.allocated_after("slurm-11", written - Duration::from_secs(1)),
+            Some(written)
+        );
+        assert_eq!(fourth.allocated_after("slurm-11", written), None);
     }
 
     #[test]

@@ -155,7 +155,9 @@ impl Records {
     }
 
     /// Every record, by job id; files that are not records (or cannot be read) are reported in
-    /// the second list and left alone.
+    /// the second list and left alone. A record without [`JobHint::allocated_at`] (written by a
+    /// topod before it kept one) takes its file's time: it was written when the job was
+    /// allocated, or later.
     pub fn load(&self) -> (BTreeMap<String, JobHint>, Vec<String>) {
         let mut records = BTreeMap::new();
         let mut unreadable = Vec::new();
@@ -173,7 +175,14 @@ impl Records {
                 .ok()
                 .and_then(|b| serde_json::from_slice::<JobHint>(&b).ok());
             match parsed {
-                Some(hint) => {
+                Some(mut hint) => {
+                    if hint.allocated_time().is_none() {
+                        hint.allocated_at = e
+                            .metadata()
+                            .and_then(|m| m.modified())
+                            .ok()
+                            .map(topo_core::pending::format_utc_nanos);
+                    }
                     records.insert(job.to_string(), hint);
                 }
                 None => unreadable.push(name),
@@ -196,6 +205,7 @@ mod tests {
             request: "affinity[thread*1]".into(),
             tasks: vec![topo_core::CpuSet::parse_list("3").unwrap()],
             owner_uid: Some(1000),
+            allocated_at: Some("2025-06-01T12:00:00.123456789Z".into()),
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();
