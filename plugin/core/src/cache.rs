@@ -1,12 +1,27 @@
 //! The host-state cache: per host, a shared hardware model and the free map topod last
 //! reported. Pure data; [`crate::fetch`] fills it.
+//!
+//! **Readers never wait for the refresher.** The cache the scheduler's callbacks read is an
+//! immutable snapshot ([`CacheCell::load`], an atomically swapped `Arc`): a writer
+//! ([`CacheCell::write`]) works on its own copy and publishes it when it is done, so a refresh
+//! that builds ten thousand hardware models never holds anything a reader needs. The copy is
+//! cheap: hosts are `Arc`s (a copy is one reference count per host, and a host is cloned only
+//! when it is changed), and the name index is shared until a host is added.
+//!
+//! **Names.** Schedulers and configurations disagree on domains (a host configured as
+//! `n1.cluster.example` is offered as `n1`, or the other way round). Every host is indexed by its
+//! name and by its aliases: its short name (the part before the first dot) and, when a domain is
+//! configured ([`HostCache::set_domain`]), its short name with that domain. A lookup is one or
+//! two hash probes; a name that is no host's is remembered in a bounded negative cache, which
+//! every added host clears.
 
 use crate::address::Address;
+use arc_swap::ArcSwap;
 use serde::Deserialize;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, LockResult, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use topo_core::cpuset::CpuSet;
 use topo_core::place::model::HostModel;
@@ -35,7 +50,7 @@ pub struct FreeMap {
 }
 
 /// What the cache knows of a host's state.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostState {
     /// Index into the shared models.
     pub model: u32,
@@ -48,7 +63,7 @@ pub struct HostState {
 }
 
 /// One host.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct HostEntry {
     /// Its name as the batch system spells it.
     pub name: Box<str>,
@@ -60,7 +75,8 @@ pub struct HostEntry {
     pub fetched_at: Option<Instant>,
     /// Why the last fetch failed, when it did.
     pub last_error: Option<Box<str>>,
-    /// Changes whenever `state` does (for [`crate::eval::Memo`]).
+    /// Changes whenever `state` does, and only then: a refresh that brings the same state
+    /// keeps it, so [`crate::eval::Memo`] keeps what it computed for the host.
     pub version: u32,
 }
 
@@ -90,13 +106,107 @@ impl std::fmt::Display for Unknown {
     }
 }
 
-/// The cache.
-#[derive(Debug, Default)]
+/// The cache (one snapshot of it; see [`CacheCell`]).
+#[derive(Debug, Default, Clone)]
 pub struct HostCache {
     models: Vec<Arc<HostModel>>,
     model_by_key: HashMap<u64, u32>,
-    hosts: Vec<HostEntry>,
-    by_name: HashMap<Box<str>, HostId>,
+    hosts: Vec<Arc<HostEntry>>,
+    names: Arc<NameIndex>,
+    /// Names that are no host's; replaced by an empty one whenever a host is added.
+    negative: Arc<Mutex<HashSet<Box<str>>>>,
+}
+
+/// Host names and aliases.
+#[derive(Debug, Default, Clone)]
+struct NameIndex {
+    /// A name or alias, the host, and whether it is the host's own name (which an alias never
+    /// replaces; of two hosts with the same alias, the first keeps it).
+    by_name: HashMap<Box<str>, (HostId, bool)>,
+    /// The configured domain, without a leading dot; empty: none.
+    domain: Box<str>,
+}
+
+/// The most names the negative cache remembers; it starts again empty when full.
+pub const NEGATIVE_NAMES: usize = 65_536;
+
+impl NameIndex {
+    fn insert(&mut self, name: &str, id: HostId) {
+        self.by_name.insert(name.into(), (id, true));
+        for alias in aliases(name, &self.domain) {
+            self.by_name.entry(alias.into()).or_insert((id, false));
+        }
+    }
+}
+
+/// The aliases of `name`: its short name, and its short name with `domain`.
+fn aliases(name: &str, domain: &str) -> Vec<String> {
+    let short = name.split('.').next().unwrap_or(name);
+    let mut out = Vec::new();
+    if short != name && !short.is_empty() {
+        out.push(short.to_string());
+    }
+    if !domain.is_empty() {
+        let fqdn = format!("{short}.{domain}");
+        if fqdn != name {
+            out.push(fqdn);
+        }
+    }
+    out
+}
+
+/// Where the current snapshot of the cache lives: readers [`load`](Self::load) it without ever
+/// waiting; writers take turns ([`write`](Self::write)), each on a copy it publishes when done.
+#[derive(Debug, Default)]
+pub struct CacheCell {
+    current: ArcSwap<HostCache>,
+    writer: Mutex<()>,
+}
+
+impl CacheCell {
+    /// The current snapshot. Never waits: what a writer is doing is not in it until published.
+    pub fn load(&self) -> Arc<HostCache> {
+        self.current.load_full()
+    }
+
+    /// A copy of the current snapshot to change, published when the returned writer is
+    /// dropped. Writers wait for each other (only); the error is the writers' lock poisoned by a
+    /// panicking writer, and holds a usable writer.
+    pub fn write(&self) -> LockResult<CacheWriter<'_>> {
+        let writer =
+            |lock| CacheWriter { _lock: lock, cell: self, cache: Box::new((*self.load()).clone()) };
+        match self.writer.lock() {
+            Ok(lock) => Ok(writer(lock)),
+            Err(poisoned) => Err(PoisonError::new(writer(poisoned.into_inner()))),
+        }
+    }
+}
+
+/// A writer's copy of the cache; dropping it publishes it.
+#[derive(Debug)]
+pub struct CacheWriter<'a> {
+    _lock: MutexGuard<'a, ()>,
+    cell: &'a CacheCell,
+    cache: Box<HostCache>,
+}
+
+impl std::ops::Deref for CacheWriter<'_> {
+    type Target = HostCache;
+    fn deref(&self) -> &HostCache {
+        &self.cache
+    }
+}
+
+impl std::ops::DerefMut for CacheWriter<'_> {
+    fn deref_mut(&mut self) -> &mut HostCache {
+        &mut self.cache
+    }
+}
+
+impl Drop for CacheWriter<'_> {
+    fn drop(&mut self) {
+        self.cell.current.store(Arc::from(std::mem::take(&mut self.cache)));
+    }
 }
 
 /// A stable hash of a job id, for the per-host job lists.
@@ -112,38 +222,74 @@ impl HostCache {
         Self::default()
     }
 
-    /// Adds `name` (or returns it when present).
+    /// Adds `name` (or returns it when present under that very name).
     pub fn add(&mut self, name: &str, address: Address) -> HostId {
-        if let Some(&id) = self.by_name.get(name) {
+        if let Some(&(id, true)) = self.names.by_name.get(name) {
             return id;
         }
         let id = self.hosts.len() as HostId;
-        self.hosts.push(HostEntry {
+        self.hosts.push(Arc::new(HostEntry {
             name: name.into(),
             address,
             state: None,
             fetched_at: None,
             last_error: None,
             version: 0,
-        });
-        self.by_name.insert(name.into(), id);
+        }));
+        Arc::make_mut(&mut self.names).insert(name, id);
+        // A name remembered as no host's may be this one's (or one of its aliases).
+        self.negative = Arc::default();
         id
     }
 
-    /// The host called `name`: exactly, or by its short name when the batch system and the
-    /// configuration disagree on the domain.
+    /// Sets the domain aliases are made with (`""`: none) and indexes every host again.
+    pub fn set_domain(&mut self, domain: &str) {
+        let domain = domain.trim_start_matches('.');
+        if *self.names.domain == *domain {
+            return;
+        }
+        let mut index = NameIndex { by_name: HashMap::new(), domain: domain.into() };
+        for (i, h) in self.hosts.iter().enumerate() {
+            index.insert(&h.name, i as HostId);
+        }
+        self.names = Arc::new(index);
+        self.negative = Arc::default();
+    }
+
+    /// The configured domain (`""`: none).
+    pub fn domain(&self) -> &str {
+        &self.names.domain
+    }
+
+    /// The host called `name`: by its name or one of its aliases (its short name, or its short
+    /// name with the configured domain). Without a configured domain, a name with any domain
+    /// also finds the host of its short name. One or two hash probes, never a scan.
     pub fn lookup(&self, name: &str) -> Option<HostId> {
-        if let Some(&id) = self.by_name.get(name) {
+        if let Some(&(id, _)) = self.names.by_name.get(name) {
             return Some(id);
         }
-        let short = name.split('.').next().unwrap_or(name);
-        self.by_name.get(short).copied().or_else(|| {
-            // A configured FQDN asked for by its short name.
-            self.hosts
-                .iter()
-                .position(|h| h.name.split('.').next() == Some(short))
-                .map(|i| i as HostId)
-        })
+        let mut negative = self.negative.lock().unwrap_or_else(|e| e.into_inner());
+        if negative.contains(name) {
+            return None;
+        }
+        if self.names.domain.is_empty() {
+            let short = name.split('.').next().unwrap_or(name);
+            if short != name {
+                if let Some(&(id, _)) = self.names.by_name.get(short) {
+                    return Some(id);
+                }
+            }
+        }
+        if negative.len() >= NEGATIVE_NAMES {
+            negative.clear();
+        }
+        negative.insert(name.into());
+        None
+    }
+
+    /// How many names the negative cache holds.
+    pub fn negative_len(&self) -> usize {
+        self.negative.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Number of hosts.
@@ -163,7 +309,7 @@ impl HostCache {
 
     /// Every host, with its id.
     pub fn hosts(&self) -> impl Iterator<Item = (HostId, &HostEntry)> {
-        self.hosts.iter().enumerate().map(|(i, h)| (i as HostId, h))
+        self.hosts.iter().enumerate().map(|(i, h)| (i as HostId, &**h))
     }
 
     /// Number of distinct hardware models.
@@ -223,22 +369,28 @@ impl HostCache {
         unusable.union_with(&free.fenced);
         let mut jobs: Vec<u64> = free.job_ids.iter().map(|j| job_hash(j)).collect();
         jobs.sort_unstable();
-        let h = &mut self.hosts[id as usize];
-        h.state = Some(HostState {
+        let state = HostState {
             model,
             occupancy: Occupancy { held: free.held, fenced: unusable },
             generation: free.generation,
             jobs: jobs.into(),
-        });
+        };
+        let h = Arc::make_mut(&mut self.hosts[id as usize]);
+        if h.state.as_ref() != Some(&state) {
+            h.state = Some(state);
+            h.version = h.version.wrapping_add(1);
+        }
         h.fetched_at = Some(at);
         h.last_error = None;
-        h.version = h.version.wrapping_add(1);
         Ok(())
     }
 
     /// Records a failed fetch; the last good state stays until it goes stale.
     pub fn failed(&mut self, id: HostId, error: &str) {
-        self.hosts[id as usize].last_error = Some(error.into());
+        let h = &mut self.hosts[id as usize];
+        if h.last_error.as_deref() != Some(error) {
+            Arc::make_mut(h).last_error = Some(error.into());
+        }
     }
 
     fn intern_model(&mut self, topo: &Topology) -> Result<u32, String> {

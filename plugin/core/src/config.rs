@@ -28,6 +28,12 @@ pub struct CacheConfig {
     /// Address of any other host the scheduler asks about, `{host}` standing for its name; an
     /// empty string means only the listed hosts are known.
     pub address_template: String,
+    /// The DNS domain host names are completed with, without a leading dot (`""`: none). Every
+    /// host is known by its configured name, its short name, and its short name with this
+    /// domain, so `n1` and `n1.<domain>` find the same host whichever of them is configured or
+    /// offered by the batch system. Without a domain, a name with any domain also finds the
+    /// host configured by its short name.
+    pub domain: String,
     /// File holding the shared key of topod's TCP listener (`tcp_key_file` in topod.toml).
     pub key_file: Option<PathBuf>,
     /// How often every host is fetched again, in milliseconds.
@@ -49,6 +55,7 @@ impl Default for CacheConfig {
         Self {
             hosts: BTreeMap::new(),
             address_template: "tcp:{host}:7979".into(),
+            domain: String::new(),
             key_file: None,
             refresh_interval_ms: 5_000,
             timeout_ms: 1_000,
@@ -85,6 +92,9 @@ pub enum ConfigError {
         /// Why.
         why: &'static str,
     },
+    /// The domain.
+    #[error("[cache] domain = {0:?}: not a DNS domain (letters, digits, '-' and '.')")]
+    Domain(String),
     /// The key file.
     #[error("[cache] key_file {path}: {source}")]
     KeyFile {
@@ -130,6 +140,13 @@ impl CacheConfig {
             (1..=256).contains(&self.workers),
             "must be 1 to 256",
         )?;
+        let domain = self.domain.trim_start_matches('.');
+        if domain.chars().any(|c| !(c.is_ascii_alphanumeric() || c == '-' || c == '.'))
+            || domain.contains("..")
+            || domain.ends_with('.')
+        {
+            return Err(ConfigError::Domain(self.domain.clone()));
+        }
         if !self.address_template.is_empty() {
             Address::from_template(&self.address_template, "host")
                 .map_err(ConfigError::Template)?;
@@ -187,5 +204,10 @@ mod tests {
             toml::from_str("unreachable = \"closed\"\n[hosts]\nn1 = \"tcp:n1:7979\"").unwrap();
         assert_eq!(c.unreachable, Unreachable::Closed);
         assert_eq!(c.validate().unwrap(), vec![("n1".to_string(), Address::Tcp("n1:7979".into()))]);
+        let c: CacheConfig = toml::from_str("domain = \"cluster.example\"").unwrap();
+        assert_eq!(c.domain, "cluster.example");
+        assert!(c.validate().is_ok());
+        let c: CacheConfig = toml::from_str("domain = \"a b\"").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("domain"));
     }
 }

@@ -162,31 +162,56 @@ const PARALLEL_FROM: usize = 512;
 const MAX_MATCH_THREADS: usize = 8;
 
 /// Remembered verdicts per request shape and host, valid while neither the host's state nor its
-/// reservations change. A host's state changes only when a job starts or ends there, so a
-/// scheduler matching many jobs of the same shape pays for a placement once per host and
-/// change, not once per job (LSF, for the same reason, matches "peer jobs" with equal
-/// requests together).
+/// reservations change. A host's state changes only when a job starts or ends there (a refresh
+/// that brings the same state keeps its version), so a scheduler matching many jobs of the same
+/// shape pays for a placement once per host and change, not once per job (LSF, for the same
+/// reason, matches "peer jobs" with equal requests together).
+///
+/// Memory: per host, the (state version, reservation version) pair its epoch stands for and
+/// the epoch (12 bytes); per shape and host, the epoch the verdict was computed at and the
+/// score (8 bytes). At [`MEMO_SHAPES`] shapes that is 524 bytes per host.
 #[derive(Debug, Default)]
 pub struct Memo {
     shapes: HashMap<String, ShapeMemo>,
     tick: u64,
+    /// Per host: the (state version, reservation version) its epoch stands for.
+    seen: Vec<(u32, u32)>,
+    /// Per host: bumped whenever `seen` changes; 0 means never seen.
+    epoch: Vec<u32>,
 }
 
 #[derive(Debug, Default)]
 struct ShapeMemo {
     last_used: u64,
-    /// Per host: the stamp the verdict was computed at (0: none) and the score (`NO_FIT`).
-    entries: Vec<(u64, u64)>,
+    /// Per host: the epoch the verdict was computed at (0: none) and the score (`NO_FIT32`).
+    entries: Vec<(u32, u32)>,
 }
 
 /// The most shapes remembered; the least recently used goes first.
 pub const MEMO_SHAPES: usize = 64;
 const NO_FIT: u64 = u64::MAX;
+/// A remembered "does not fit"; scores that do not fit below it are not remembered.
+const NO_FIT32: u32 = u32::MAX;
 
 impl Memo {
     /// Empty.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The current epoch of host `h` (0: its state is unusable, nothing is remembered).
+    fn epoch_of(&mut self, ctx: &Context<'_>, h: HostId) -> u32 {
+        if ctx.cache.usable(h, ctx.now, ctx.stale_after).is_err() {
+            return 0;
+        }
+        let i = h as usize;
+        let now = (ctx.cache.host(h).version, ctx.reservations.version(h));
+        if self.epoch[i] == 0 || self.seen[i] != now {
+            self.seen[i] = now;
+            // Never 0; wrapping past u32::MAX changes would take years of jobs on one host.
+            self.epoch[i] = self.epoch[i].wrapping_add(1).max(1);
+        }
+        self.epoch[i]
     }
 
     /// Verdicts for `request` (whose canonical text with its task count is `key`) on each of
@@ -207,39 +232,42 @@ impl Memo {
                 self.shapes.remove(&oldest);
             }
         }
-        let shape = self.shapes.entry(key.to_string()).or_default();
-        shape.last_used = self.tick;
         if let Some(&max) = hosts.iter().max() {
-            if shape.entries.len() <= max as usize {
-                shape.entries.resize(max as usize + 1, (0, NO_FIT));
+            if self.epoch.len() <= max as usize {
+                self.epoch.resize(max as usize + 1, 0);
+                self.seen.resize(max as usize + 1, (0, 0));
             }
         }
         // One pass: a remembered score where the host has not changed since; the rest (changed,
         // never seen with this shape, or stale: an entry goes stale without changing, so stale
         // hosts are evaluated every time and not remembered) is computed after.
+        let epochs: Vec<u32> = hosts.iter().map(|&h| self.epoch_of(ctx, h)).collect();
+        let shape = self.shapes.entry(key.to_string()).or_default();
+        shape.last_used = self.tick;
+        if shape.entries.len() < self.epoch.len() {
+            shape.entries.resize(self.epoch.len(), (0, NO_FIT32));
+        }
         let mut out: Vec<u64> = Vec::with_capacity(hosts.len());
-        let mut misses: Vec<(usize, HostId, u64)> = Vec::new();
-        for (pos, &h) in hosts.iter().enumerate() {
-            let stamp = if ctx.cache.usable(h, ctx.now, ctx.stale_after).is_ok() {
-                (u64::from(ctx.cache.host(h).version) << 32
-                    | u64::from(ctx.reservations.version(h)))
-                    + 1
-            } else {
-                0
-            };
+        let mut misses: Vec<(usize, HostId, u32)> = Vec::new();
+        for (pos, (&h, &epoch)) in hosts.iter().zip(&epochs).enumerate() {
             let (seen, score) = shape.entries[h as usize];
-            if stamp != 0 && seen == stamp {
-                out.push(score);
+            if epoch != 0 && seen == epoch {
+                out.push(if score == NO_FIT32 { NO_FIT } else { u64::from(score) });
             } else {
                 out.push(NO_FIT);
-                misses.push((pos, h, stamp));
+                misses.push((pos, h, epoch));
             }
         }
         let ids: Vec<HostId> = misses.iter().map(|m| m.1).collect();
-        for ((pos, h, stamp), score) in misses.into_iter().zip(evaluate_many(ctx, request, &ids)) {
+        for ((pos, h, epoch), score) in misses.into_iter().zip(evaluate_many(ctx, request, &ids)) {
             out[pos] = score;
-            if stamp != 0 {
-                shape.entries[h as usize] = (stamp, score);
+            let small = if score == NO_FIT { Some(NO_FIT32) } else { u32::try_from(score).ok() };
+            match small {
+                Some(s) if epoch != 0 && (s != NO_FIT32 || score == NO_FIT) => {
+                    shape.entries[h as usize] = (epoch, s)
+                }
+                // Unusable, or a score too large to keep in 32 bits: computed every time.
+                _ => shape.entries[h as usize] = (0, NO_FIT32),
             }
         }
         out.into_iter().map(|s| Some(s).filter(|&s| s != NO_FIT)).collect()
@@ -247,9 +275,13 @@ impl Memo {
 
     /// Bytes the memo holds.
     pub fn bytes(&self) -> usize {
-        self.shapes
-            .iter()
-            .map(|(k, s)| k.len() + s.entries.capacity() * std::mem::size_of::<(u64, u64)>())
-            .sum()
+        let per_host = self.seen.capacity() * std::mem::size_of::<(u32, u32)>()
+            + self.epoch.capacity() * std::mem::size_of::<u32>();
+        per_host
+            + self
+                .shapes
+                .iter()
+                .map(|(k, s)| k.len() + s.entries.capacity() * std::mem::size_of::<(u32, u32)>())
+                .sum::<usize>()
     }
 }

@@ -1,15 +1,35 @@
 //! Filling the cache in the background: every host's topod is asked for its free map (and, the
 //! first time, its topology), many hosts at once, each with a time-out. The scheduler's own
 //! thread never waits on a host.
+//!
+//! The model is per host, not per round:
+//!
+//! - Each host has its own due time. A host that answered is due again `refresh_interval`
+//!   after its last fetch started; a host whose fetch failed backs off (twice the interval, then
+//!   4x, at most 8x), so hosts that do not answer are asked less often.
+//! - Each result is applied as it arrives (results that arrive together are published
+//!   together, within a few milliseconds), so a host's age is that of its own last answer and
+//!   never waits for the slowest host of a round.
+//! - At most `workers` fetches run at once, but a fetch running longer than eight times the
+//!   recent typical fetch (at least 20 ms, at most a quarter of the time-out) counts as stuck and
+//!   no longer takes a worker's place, and a fetch of a host whose last fetch failed never takes
+//!   one: another thread starts instead (up to [`MAX_THREADS_PER_WORKER`] threads per worker). A
+//!   hung topod thus costs its own time-out and nothing else; the healthy hosts keep their pace.
+//! - Readers never wait for any of this: results go into a copy of the cache that is published
+//!   at once ([`crate::cache::CacheCell`]).
+//!
+//! After each batch of results, the reservations are reconciled with what the hosts report and
+//! the dispatches that waited for a host's state are placed ([`Reservations::settle`]).
 
 use crate::address::Address;
-use crate::cache::{FreeMap, HostCache, HostId};
+use crate::cache::{CacheCell, FreeMap, HostId};
 use crate::config::CacheConfig;
 use crate::reserve::Reservations;
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use topo_client::Client;
@@ -78,84 +98,135 @@ impl HostSource for TopodSource {
 /// The shared state a plug-in reads.
 #[derive(Debug, Default)]
 pub struct Shared {
-    /// The cache.
-    pub cache: RwLock<HostCache>,
+    /// The cache: [`CacheCell::load`] for a snapshot that never waits.
+    pub cache: CacheCell,
     /// The reservations.
     pub reservations: Mutex<Reservations>,
     /// Host names the scheduler asked about that the cache did not know; the refresher adds
-    /// them (with the address template) on its next round.
+    /// them (with the address template) at once.
     pub discovered: Mutex<BTreeSet<String>>,
 }
 
 /// One host's fetch: which host, what came back, and when.
 type FetchOutcome = (HostId, Result<Fetched, FetchError>, Instant);
 
-/// One round: fetches every host of `cache` through `source` with `workers` threads, then
-/// applies the results. Returns (successes, failures).
+/// A batch of results is published after this long at most.
+const BATCH: Duration = Duration::from_millis(5);
+
+/// Applies `first` and whatever else `next` has ready (for at most [`BATCH`]) in one write of
+/// the cache, then reconciles the reservations. Returns what was applied, as (host, success).
+fn apply_batch(
+    shared: &Shared,
+    config: &CacheConfig,
+    first: FetchOutcome,
+    mut next: impl FnMut() -> Option<FetchOutcome>,
+) -> Vec<(HostId, bool, Instant)> {
+    let started = Instant::now();
+    let mut applied = Vec::new();
+    {
+        let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
+        let mut outcome = Some(first);
+        while let Some((id, result, at)) = outcome.take() {
+            let ended = at;
+            let ok = match result {
+                Ok(f) => {
+                    let first_time = f.topology.is_some();
+                    match cache.update(id, f.topology.as_ref(), f.free_map, at) {
+                        Ok(()) => {
+                            if first_time {
+                                tracing::info!(host = %cache.host(id).name, "topod answers; topology and free map cached");
+                            }
+                            true
+                        }
+                        Err(e) => {
+                            tracing::warn!(host = %cache.host(id).name, "unusable reply from topod: {e}");
+                            cache.failed(id, &e);
+                            false
+                        }
+                    }
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    // Said once when a host starts failing (or fails differently), not every time.
+                    if cache.host(id).last_error.as_deref() != Some(text.as_str()) {
+                        tracing::warn!(host = %cache.host(id).name, "cannot fetch the free map: {e}");
+                    } else {
+                        tracing::debug!(host = %cache.host(id).name, "still cannot fetch the free map");
+                    }
+                    cache.failed(id, &text);
+                    false
+                }
+            };
+            applied.push((id, ok, ended));
+            if started.elapsed() < BATCH {
+                outcome = next();
+            }
+        }
+    }
+    let cache = shared.cache.load();
+    let now = Instant::now();
+    let ttl = Duration::from_secs(config.reservation_ttl_s);
+    let mut reservations = shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
+    let dropped = reservations.reconcile(&cache, now, ttl);
+    let placed = reservations.settle(&cache, now, ttl);
+    drop(reservations);
+    tracing::trace!(
+        results = applied.len(),
+        reservations_dropped = dropped,
+        pending_placed = placed,
+        "host states applied"
+    );
+    applied
+}
+
+/// One round, for tests and tools: fetches every host of the cache once through `source` with
+/// `workers` threads, applying each result as it arrives. Returns (successes, failures).
 pub fn refresh_once(
     shared: &Shared,
     source: &dyn HostSource,
     config: &CacheConfig,
 ) -> (usize, usize) {
+    set_domain(shared, config);
     add_discovered(shared, config);
     let jobs: Vec<(HostId, Address, bool)> = {
-        let cache = shared.cache.read().unwrap_or_else(|e| e.into_inner());
+        let cache = shared.cache.load();
         cache.hosts().map(|(id, h)| (id, h.address.clone(), cache.needs_topology(id))).collect()
     };
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<FetchOutcome>> = Mutex::new(Vec::with_capacity(jobs.len()));
+    let (done, results) = mpsc::channel::<FetchOutcome>();
+    let (mut ok, mut failed) = (0, 0);
     std::thread::scope(|s| {
         for _ in 0..config.workers.min(jobs.len().max(1)) {
-            s.spawn(|| loop {
+            let done = done.clone();
+            let (jobs, next) = (&jobs, &next);
+            s.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some((id, address, with_topology)) = jobs.get(i) else { break };
                 let r = source.fetch(address, *with_topology);
-                results.lock().unwrap_or_else(|e| e.into_inner()).push((*id, r, Instant::now()));
+                if done.send((*id, r, Instant::now())).is_err() {
+                    break;
+                }
             });
         }
-    });
-    let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
-    let (mut ok, mut failed) = (0, 0);
-    // Applied in slices so that the scheduler's readers never wait long for the lock.
-    for chunk in results.chunks(256) {
-        let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
-        for (id, result, at) in chunk {
-            match result {
-                Ok(f) => match cache.update(*id, f.topology.as_ref(), f.free_map.clone(), *at) {
-                    Ok(()) => {
-                        ok += 1;
-                        if f.topology.is_some() {
-                            tracing::info!(host = %cache.host(*id).name, "topod answers; topology and free map cached");
-                        }
-                    }
-                    Err(e) => {
-                        failed += 1;
-                        tracing::warn!(host = %cache.host(*id).name, "unusable reply from topod: {e}");
-                        cache.failed(*id, &e);
-                    }
-                },
-                Err(e) => {
+        drop(done);
+        while let Ok(first) = results.recv() {
+            for (_, success, _) in apply_batch(shared, config, first, || results.try_recv().ok()) {
+                if success {
+                    ok += 1;
+                } else {
                     failed += 1;
-                    let text = e.to_string();
-                    // Said once when a host starts failing (or fails differently), not every round.
-                    if cache.host(*id).last_error.as_deref() != Some(text.as_str()) {
-                        tracing::warn!(host = %cache.host(*id).name, "cannot fetch the free map: {e}");
-                    } else {
-                        tracing::debug!(host = %cache.host(*id).name, "still cannot fetch the free map");
-                    }
-                    cache.failed(*id, &text);
                 }
             }
         }
-    }
-    let cache = shared.cache.read().unwrap_or_else(|e| e.into_inner());
-    let dropped = shared.reservations.lock().unwrap_or_else(|e| e.into_inner()).reconcile(
-        &cache,
-        Instant::now(),
-        Duration::from_secs(config.reservation_ttl_s),
-    );
-    tracing::debug!(ok, failed, reservations_dropped = dropped, "host states refreshed");
+    });
+    tracing::debug!(ok, failed, "host states refreshed");
     (ok, failed)
+}
+
+fn set_domain(shared: &Shared, config: &CacheConfig) {
+    if shared.cache.load().domain() != config.domain.trim_start_matches('.') {
+        shared.cache.write().unwrap_or_else(|e| e.into_inner()).set_domain(&config.domain);
+    }
 }
 
 fn add_discovered(shared: &Shared, config: &CacheConfig) {
@@ -178,31 +249,123 @@ fn add_discovered(shared: &Shared, config: &CacheConfig) {
     }
 }
 
+/// At most this many fetch threads per configured worker (stuck fetches included).
+pub const MAX_THREADS_PER_WORKER: usize = 8;
+
+/// What the refresher's thread receives: a result, or the order to stop.
+enum Msg {
+    Done(Box<FetchOutcome>),
+    Stop,
+}
+
+/// One fetch for a worker thread.
+struct Task {
+    id: HostId,
+    address: Address,
+    with_topology: bool,
+}
+
+/// When each host is due, which run, and how often each has failed in a row. Pure bookkeeping;
+/// [`Refresher`]'s thread does the rest.
+#[derive(Debug, Default)]
+struct Schedule {
+    due: BinaryHeap<Reverse<(Instant, HostId)>>,
+    /// Hosts scheduled so far (ids below this are known).
+    known: usize,
+    /// Fetches running: host, when it started, and whether its last fetch failed (such a
+    /// fetch never takes a worker's place).
+    running: HashMap<HostId, (Instant, bool)>,
+    /// Failures in a row, per host.
+    failures: Vec<u32>,
+    /// A moving average of successful fetches' durations.
+    typical: Option<Duration>,
+}
+
+impl Schedule {
+    /// Schedules hosts `known..hosts`, due at `now`.
+    fn grow(&mut self, hosts: usize, now: Instant) {
+        for id in self.known..hosts {
+            self.due.push(Reverse((now, id as HostId)));
+        }
+        self.known = self.known.max(hosts);
+        self.failures.resize(self.known, 0);
+    }
+
+    /// Running fetches that take a worker's place at `now`: not stuck, and of a host whose last
+    /// fetch did not fail.
+    fn active(&self, now: Instant, stuck_after: Duration) -> usize {
+        self.running
+            .values()
+            .filter(|&&(t, suspect)| !suspect && now.saturating_duration_since(t) < stuck_after)
+            .count()
+    }
+
+    /// How long a fetch may run before it counts as stuck: eight times the typical fetch, at
+    /// least 20 ms, at most a quarter of `timeout`.
+    fn stuck_after(&self, timeout: Duration) -> Duration {
+        let cap = (timeout / 4).max(Duration::from_millis(10));
+        self.typical.map_or(cap, |t| (t * 8).max(Duration::from_millis(20)).min(cap))
+    }
+
+    /// The next host due at `now`, if any, taken off the queue and marked running.
+    fn take_due(&mut self, now: Instant) -> Option<HostId> {
+        match self.due.peek() {
+            Some(Reverse((t, _))) if *t <= now => {}
+            _ => return None,
+        }
+        let Reverse((_, id)) = self.due.pop()?;
+        let suspect = self.failures.get(id as usize).is_some_and(|&f| f > 0);
+        self.running.insert(id, (now, suspect));
+        Some(id)
+    }
+
+    /// A fetch of `id` ended at `ended` and was applied at `now`: it is due again after the
+    /// interval (from when it started), or after a back-off when it failed.
+    fn finished(&mut self, id: HostId, ok: bool, ended: Instant, now: Instant, interval: Duration) {
+        let started = self.running.remove(&id).map_or(now, |(t, _)| t);
+        if ok {
+            let took = ended.saturating_duration_since(started);
+            self.typical = Some(self.typical.map_or(took, |t| (t * 7 + took) / 8));
+        }
+        let i = id as usize;
+        if i >= self.failures.len() {
+            return;
+        }
+        let due = if ok {
+            self.failures[i] = 0;
+            started + interval
+        } else {
+            self.failures[i] = self.failures[i].saturating_add(1);
+            now + interval * (1u32 << self.failures[i].min(4).saturating_sub(1)).min(8)
+        };
+        self.due.push(Reverse((due.max(now), id)));
+    }
+
+    /// How long until the next host is due (zero if one is).
+    fn until_next(&self, now: Instant) -> Option<Duration> {
+        self.due.peek().map(|Reverse((t, _))| t.saturating_duration_since(now))
+    }
+}
+
 /// The background thread that keeps the cache fresh.
 pub struct Refresher {
-    stop: Sender<()>,
+    stop: Sender<Msg>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Refresher {
-    /// Starts refreshing `shared` from `source` every `config.refresh_interval()`; the first
-    /// round starts at once.
+    /// Starts refreshing `shared` from `source`, each host every `config.refresh_interval()`;
+    /// every host is due at once.
     pub fn start(
         shared: Arc<Shared>,
         source: Arc<dyn HostSource>,
         config: CacheConfig,
     ) -> std::io::Result<Refresher> {
-        let (stop, stopped): (Sender<()>, Receiver<()>) = mpsc::channel();
-        let thread =
-            std::thread::Builder::new().name("topo-refresh".into()).spawn(move || loop {
-                let started = Instant::now();
-                refresh_once(&shared, source.as_ref(), &config);
-                let wait = config.refresh_interval().saturating_sub(started.elapsed());
-                match stopped.recv_timeout(wait) {
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    _ => break,
-                }
-            })?;
+        let (results, inbox) = mpsc::channel::<Msg>();
+        let stop = results.clone();
+        let thread = std::thread::Builder::new()
+            .name("topo-refresh".into())
+            .spawn(move || run(&shared, source, &config, results, inbox))?;
         Ok(Refresher { stop, thread: Some(thread) })
     }
 
@@ -211,20 +374,20 @@ impl Refresher {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
-    /// Stops the thread and waits for its round to end.
+    /// Stops the thread and waits for it (not for fetches still running: they end with their
+    /// time-out and their results are dropped).
     pub fn stop(mut self) {
         self.halt();
     }
 
-    /// Tells the thread to stop after its current round, without waiting (a round may take up
-    /// to a time-out per host; a scheduler shutting down should not wait for it).
+    /// Tells the thread to stop, without waiting.
     pub fn stop_soon(mut self) {
-        let _ = self.stop.send(());
+        let _ = self.stop.send(Msg::Stop);
         self.thread.take();
     }
 
     fn halt(&mut self) {
-        let _ = self.stop.send(());
+        let _ = self.stop.send(Msg::Stop);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -234,5 +397,104 @@ impl Refresher {
 impl Drop for Refresher {
     fn drop(&mut self) {
         self.halt();
+    }
+}
+
+/// The refresher's thread: hands due hosts to fetch threads and applies what they bring.
+fn run(
+    shared: &Shared,
+    source: Arc<dyn HostSource>,
+    config: &CacheConfig,
+    results: Sender<Msg>,
+    inbox: Receiver<Msg>,
+) {
+    let interval = config.refresh_interval();
+    let max_threads = config.workers.max(1) * MAX_THREADS_PER_WORKER;
+    let (tasks, queue) = mpsc::channel::<Task>();
+    let queue = Arc::new(Mutex::new(queue));
+    let mut threads = 0usize;
+    let mut schedule = Schedule::default();
+    set_domain(shared, config);
+    loop {
+        add_discovered(shared, config);
+        let cache = shared.cache.load();
+        let now = Instant::now();
+        let stuck_after = schedule.stuck_after(config.timeout());
+        schedule.grow(cache.len(), now);
+        while schedule.active(now, stuck_after) < config.workers.max(1) {
+            if threads <= schedule.running.len() {
+                if threads >= max_threads {
+                    break;
+                }
+                let (queue, results, source) = (queue.clone(), results.clone(), source.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("topo-fetch".into())
+                    .spawn(move || fetch_thread(&queue, &results, source.as_ref()));
+                match spawned {
+                    Ok(_) => threads += 1,
+                    Err(e) => {
+                        tracing::warn!("cannot start a fetch thread: {e}");
+                        break;
+                    }
+                }
+            }
+            let Some(id) = schedule.take_due(now) else { break };
+            let h = cache.host(id);
+            let task =
+                Task { id, address: h.address.clone(), with_topology: cache.needs_topology(id) };
+            if tasks.send(task).is_err() {
+                return;
+            }
+        }
+        drop(cache);
+        // Wake for the next due host, or, when none can start before a fetch ends or becomes
+        // stuck, for that (never a busy wait).
+        let mut wait = schedule.until_next(now).unwrap_or(interval).min(interval);
+        if !schedule.running.is_empty() {
+            let next_stuck = schedule
+                .running
+                .values()
+                .filter(|&&(_, suspect)| !suspect)
+                .map(|&(t, _)| (t + stuck_after).saturating_duration_since(now))
+                .filter(|d| !d.is_zero())
+                .min()
+                .unwrap_or(stuck_after);
+            wait = if wait.is_zero() { next_stuck } else { wait.min(next_stuck) };
+        }
+        let first = match inbox.recv_timeout(wait) {
+            Ok(Msg::Done(outcome)) => *outcome,
+            Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => continue,
+        };
+        let mut stop = false;
+        let next = || match inbox.try_recv() {
+            Ok(Msg::Done(outcome)) => Some(*outcome),
+            Ok(Msg::Stop) => {
+                stop = true;
+                None
+            }
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
+        };
+        let applied = apply_batch(shared, config, first, next);
+        let now = Instant::now();
+        for (id, ok, ended) in applied {
+            schedule.finished(id, ok, ended, now, interval);
+        }
+        if stop {
+            break;
+        }
+    }
+    tracing::debug!("refresher stopped");
+}
+
+/// A fetch thread: takes tasks until the refresher goes.
+fn fetch_thread(queue: &Mutex<Receiver<Task>>, results: &Sender<Msg>, source: &dyn HostSource) {
+    loop {
+        let task = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        let Ok(task) = task else { return };
+        let r = source.fetch(&task.address, task.with_topology);
+        if results.send(Msg::Done(Box::new((task.id, r, Instant::now())))).is_err() {
+            return;
+        }
     }
 }

@@ -10,8 +10,11 @@
 //!   it holds. It is pure data; nothing in it does I/O.
 //! - [`fetch::Refresher`] fills the cache in the background from each host's topod (its
 //!   read-only TCP listener, or a local socket), in parallel with timeouts, through the
-//!   [`fetch::HostSource`] trait (a real and a fake implementation). Entries that are not
-//!   refreshed in time go stale.
+//!   [`fetch::HostSource`] trait (a real and a fake implementation). Each host is fetched on
+//!   its own schedule and its result applied as it arrives, so a host goes stale only when its
+//!   own topod stops answering, and a hung topod costs its own time-out and nothing else. The
+//!   scheduler reads an immutable snapshot of the cache ([`cache::CacheCell`]) and never waits
+//!   for the refresher.
 //! - [`reserve::Reservations`] holds the tentative placements the scheduler has decided but the
 //!   hosts have not reported yet, so that two jobs dispatched in one session never count the same
 //!   CPUs; they go when the host's free map shows the job, when the scheduler deallocates, or

@@ -1,11 +1,22 @@
 //! Tentative reservations: CPUs the scheduler has given a job on a host that the host's
 //! topod has not reported yet. Without them, two jobs dispatched in one scheduling session (or
 //! before the next refresh) would both be matched against the same free CPUs.
+//!
+//! A dispatch ([`Reservations::dispatch`]) always ends in one of three ways: the job's CPUs are
+//! reserved (where the placement core would put it, or, when it does not fit, the first free
+//! CPUs up to its least count), topod already reports the job, or the host's state is not known
+//! yet (a scheduler replaying its jobs with `NOTIFY_STARTUP` before the first refresh, or a host
+//! not in the cache yet) and the dispatch waits, as a [`Pending`] one, until the refresher brings
+//! that host's state ([`Reservations::settle`]). Reservations and pending dispatches alike go
+//! after the reservation time-out when no host confirms them.
 
 use crate::cache::{HostCache, HostId};
+use crate::config::Unreachable;
+use crate::eval::{self, Context, NoFit, Verdict};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use topo_core::cpuset::CpuSet;
+use topo_core::request::Request;
 
 /// One job's reservation on one host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,10 +29,42 @@ pub struct Reservation {
     pub made: Instant,
 }
 
+/// A dispatch to a host whose state is not known yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    /// The job.
+    pub job: String,
+    /// The host, as the scheduler names it.
+    pub host: Box<str>,
+    /// The request, with the task count the host got.
+    pub request: Request,
+    /// When the scheduler dispatched it.
+    pub made: Instant,
+}
+
+/// What a dispatch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dispatched {
+    /// These CPUs are reserved, where the placement core puts the job.
+    Reserved(CpuSet),
+    /// The job does not fit the host (the scheduler dispatched it anyway, e.g. after a state
+    /// change or a forced run); these CPUs, the first free ones up to the least the request can
+    /// use, are reserved so that the next job does not count them as free. The job's real CPUs
+    /// are topod's choice when it starts; a few wrong CPUs held for one refresh cost less than
+    /// a second job sent to CPUs that are gone.
+    Squeezed(CpuSet, NoFit),
+    /// topod already reports the job: nothing to reserve.
+    Held,
+    /// The host's state is not known yet: kept until it arrives.
+    Pending,
+}
+
 /// Every open reservation, by job and by host.
 #[derive(Debug, Default)]
 pub struct Reservations {
     by_job: HashMap<String, Vec<Reservation>>,
+    /// Dispatches waiting for their host's state.
+    pending: Vec<Pending>,
     by_host: HashMap<HostId, CpuSet>,
     /// Indexed by host: looked up for every candidate of every match, so no hashing.
     versions: Vec<u32>,
@@ -41,13 +84,115 @@ impl Reservations {
         self.recompute(host);
     }
 
-    /// Forgets `job` everywhere (deallocation); returns whether it had a reservation.
+    /// Forgets `job` everywhere (deallocation), pending dispatches included; returns whether it
+    /// had a reservation or a pending dispatch.
     pub fn release(&mut self, job: &str) -> bool {
-        let Some(list) = self.by_job.remove(job) else { return false };
+        let before = self.pending.len();
+        self.pending.retain(|p| p.job != job);
+        let had_pending = self.pending.len() < before;
+        let Some(list) = self.by_job.remove(job) else { return had_pending };
         for r in list {
             self.recompute(r.host);
         }
         true
+    }
+
+    /// The scheduler dispatched `job` to `host` with `request` (its task count set to what that
+    /// host got) at `made`: reserves its CPUs there, or keeps the dispatch pending while the
+    /// host's state is unknown. The host's last known state is used even when stale: a
+    /// reservation on an old state is better than none.
+    pub fn dispatch(
+        &mut self,
+        cache: &HostCache,
+        job: &str,
+        host: &str,
+        request: &Request,
+        made: Instant,
+    ) -> Dispatched {
+        let Some(id) = cache.lookup(host).filter(|&id| cache.host(id).state.is_some()) else {
+            self.pending.retain(|p| !(p.job == job && *p.host == *host));
+            self.pending.push(Pending {
+                job: job.to_string(),
+                host: host.into(),
+                request: request.clone(),
+                made,
+            });
+            return Dispatched::Pending;
+        };
+        self.place(cache, job, id, request, made)
+    }
+
+    fn place(
+        &mut self,
+        cache: &HostCache,
+        job: &str,
+        id: HostId,
+        request: &Request,
+        made: Instant,
+    ) -> Dispatched {
+        let Some(state) = cache.host(id).state.as_ref() else { return Dispatched::Pending };
+        if state.holds(job) {
+            return Dispatched::Held;
+        }
+        // What this job already has here is not in the way of its own placement.
+        self.by_job.entry(job.to_string()).or_default().retain(|r| r.host != id);
+        self.recompute(id);
+        let ctx = Context {
+            cache,
+            reservations: self,
+            now: made,
+            stale_after: Duration::MAX,
+            unreachable: Unreachable::Closed,
+        };
+        let outcome = match eval::evaluate(&ctx, id, request) {
+            Verdict::Fits { cpus, .. } => Dispatched::Reserved(cpus),
+            Verdict::NoFit(why) => {
+                let model = cache.model(state);
+                let mut free = model.allocatable.difference(&state.occupancy.held);
+                free.difference_with(&state.occupancy.fenced);
+                if let Some(reserved) = self.on_host(id) {
+                    free.difference_with(reserved);
+                }
+                Dispatched::Squeezed(free.take_first(eval::min_cpus(request)), why)
+            }
+        };
+        let cpus = match &outcome {
+            Dispatched::Reserved(c) | Dispatched::Squeezed(c, _) => c.clone(),
+            _ => CpuSet::new(),
+        };
+        if !cpus.is_empty() {
+            self.reserve(job, id, cpus, made);
+        }
+        outcome
+    }
+
+    /// Places the pending dispatches whose host's state is now known, and drops those older
+    /// than `ttl`. Returns the number placed.
+    pub fn settle(&mut self, cache: &HostCache, now: Instant, ttl: Duration) -> usize {
+        if self.pending.is_empty() {
+            return 0;
+        }
+        let mut placed = 0;
+        for p in std::mem::take(&mut self.pending) {
+            if now.saturating_duration_since(p.made) > ttl {
+                tracing::info!(job = %p.job, host = %p.host, "the host's state never came; pending reservation dropped");
+                continue;
+            }
+            match cache.lookup(&p.host).filter(|&id| cache.host(id).state.is_some()) {
+                Some(id) => {
+                    let outcome = self.place(cache, &p.job, id, &p.request, p.made);
+                    tracing::info!(job = %p.job, host = %p.host, ?outcome, "pending dispatch placed now that the host's state is known");
+                    placed += 1;
+                }
+                None => self.pending.push(p),
+            }
+        }
+        placed
+    }
+
+    /// The dispatches waiting for their host's state.
+    pub fn pending(&self) -> &[Pending] {
+        &self.pending
     }
 
     /// The CPUs reserved on `host`.

@@ -83,7 +83,7 @@ fn setup(config: &CacheConfig) -> (Shared, FakeSource) {
 fn hosts_share_models_and_fetch_their_topology_once() {
     let config = CacheConfig::default();
     let (shared, source) = setup(&config);
-    assert_eq!(shared.cache.read().unwrap().model_count(), 2, "two Zen hosts share one model");
+    assert_eq!(shared.cache.load().model_count(), 2, "two Zen hosts share one model");
     source.calls.lock().unwrap().clear();
     refresh_once(&shared, &source, &config);
     let calls = source.calls.lock().unwrap().clone();
@@ -92,7 +92,7 @@ fn hosts_share_models_and_fetch_their_topology_once() {
         "the host never reached is still asked for its topology"
     );
     assert!(calls.iter().filter(|(a, _)| a != "unix:/down.sock").all(|(_, t)| !t), "{calls:?}");
-    let cache = shared.cache.read().unwrap();
+    let cache = shared.cache.load();
     assert_eq!(cache.lookup("b.cluster.example"), cache.lookup("b"), "short names match");
     assert!(cache
         .host(cache.lookup("down").unwrap())
@@ -106,7 +106,7 @@ fn hosts_share_models_and_fetch_their_topology_once() {
 fn fit_follows_the_free_map_and_the_policy() {
     let config = CacheConfig::default();
     let (shared, _source) = setup(&config);
-    let cache = shared.cache.read().unwrap();
+    let cache = shared.cache.load();
     let resv = shared.reservations.lock().unwrap();
     let mut ctx = Context {
         cache: &cache,
@@ -160,10 +160,10 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
     let (shared, source) = setup(&config);
     let now = Instant::now();
     let half = with_tasks("affinity[core(24,same=socket)]", 1);
-    let a = shared.cache.read().unwrap().lookup("a").unwrap();
+    let a = shared.cache.load().lookup("a").unwrap();
     // Two jobs each take one package of host a.
     for job in ["lsf-10", "lsf-11"] {
-        let cache = shared.cache.read().unwrap();
+        let cache = shared.cache.load();
         let mut resv = shared.reservations.lock().unwrap();
         let ctx = Context {
             cache: &cache,
@@ -178,7 +178,7 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
         resv.reserve(job, a, cpus, now);
     }
     {
-        let cache = shared.cache.read().unwrap();
+        let cache = shared.cache.load();
         let resv = shared.reservations.lock().unwrap();
         let ctx = Context {
             cache: &cache,
@@ -206,7 +206,7 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
     refresh_once(&shared, &source, &config);
     let resv = shared.reservations.lock().unwrap();
     assert!(resv.is_empty(), "confirmed reservations are dropped");
-    let cache = shared.cache.read().unwrap();
+    let cache = shared.cache.load();
     let ctx = Context {
         cache: &cache,
         reservations: &resv,
@@ -231,10 +231,7 @@ fn unconfirmed_reservations_expire() {
     let mut resv = shared.reservations.lock().unwrap();
     let long_ago = Instant::now() - Duration::from_secs(5);
     resv.reserve("lsf-99", 0, CpuSet::parse_list("0-3").unwrap(), long_ago);
-    assert_eq!(
-        resv.reconcile(&shared.cache.read().unwrap(), Instant::now(), Duration::from_secs(1)),
-        1
-    );
+    assert_eq!(resv.reconcile(&shared.cache.load(), Instant::now(), Duration::from_secs(1)), 1);
     assert!(resv.on_host(0).is_none());
 }
 
@@ -245,7 +242,7 @@ fn discovered_hosts_get_the_template_address() {
     let (shared, _source) = setup(&config);
     shared.discovered.lock().unwrap().insert("c2".into());
     refresh_once(&shared, &_source, &config);
-    let cache = shared.cache.read().unwrap();
+    let cache = shared.cache.load();
     let id = cache.lookup("c2").expect("added");
     assert_eq!(cache.host(id).address, Address::Unix("/c2.sock".into()));
 }
@@ -254,7 +251,7 @@ fn discovered_hosts_get_the_template_address() {
 fn the_memo_agrees_with_evaluate_and_forgets_changed_hosts() {
     let config = CacheConfig::default();
     let (shared, _source) = setup(&config);
-    let cache = shared.cache.read().unwrap();
+    let cache = shared.cache.load();
     let mut resv = crate::Reservations::new();
     let mut memo = eval::Memo::new();
     let hosts: Vec<u32> = (0..cache.len() as u32).collect();
@@ -314,4 +311,344 @@ fn reads_the_protocols_free_map() {
         (7, sent.held, sent.fenced, sent.job_ids)
     );
     assert_eq!(kept.allocatable, sent.allocatable);
+}
+
+// ---- The stand-in's defects (issues 2, 3, 4): each of these failed before the fix. ----
+
+/// A source of many hosts: `hung` addresses sleep for `hang` and then fail (a topod that
+/// accepts and never answers, cut by the time-out); every other address answers at once.
+struct ManyHosts {
+    topology: Topology,
+    free: FreeMap,
+    hang: Duration,
+    hung: std::collections::HashSet<String>,
+}
+
+impl HostSource for ManyHosts {
+    fn fetch(&self, address: &Address, with_topology: bool) -> Result<Fetched, FetchError> {
+        let a = address.to_string();
+        if self.hung.contains(&a) {
+            std::thread::sleep(self.hang);
+            return Err(FetchError { address: a, message: "timed out".into() });
+        }
+        Ok(Fetched {
+            topology: with_topology.then(|| self.topology.clone()),
+            free_map: self.free.clone(),
+        })
+    }
+}
+
+fn idle_free_map(topo: &Topology) -> FreeMap {
+    FreeMap {
+        generation: 1,
+        allocatable: topo.allowed.clone(),
+        held: CpuSet::new(),
+        fenced: CpuSet::new(),
+        job_ids: Vec::new(),
+    }
+}
+
+#[test]
+fn hung_hosts_do_not_make_healthy_hosts_stale() {
+    let (healthy, hung) = (2000, 500);
+    let topo = shared_topology("Intel-KnightsLanding-XeonPhi-7210.xml");
+    let source = ManyHosts {
+        free: idle_free_map(&topo),
+        topology: topo,
+        hang: Duration::from_millis(400),
+        hung: (0..hung).map(|i| format!("unix:/hung{i}.sock")).collect(),
+    };
+    let config = CacheConfig {
+        workers: 16,
+        timeout_ms: 400,
+        refresh_interval_ms: 1000,
+        stale_after_ms: 3000,
+        address_template: String::new(),
+        ..CacheConfig::default()
+    };
+    let shared = std::sync::Arc::new(Shared::default());
+    {
+        let mut cache = shared.cache.write().unwrap();
+        // Hung hosts first and interleaved, the worst order for a round-based refresher.
+        for i in 0..healthy.max(hung) {
+            if i < hung {
+                cache.add(&format!("hung{i}"), Address::Unix(format!("/hung{i}.sock").into()));
+            }
+            if i < healthy {
+                cache.add(&format!("ok{i}"), Address::Unix(format!("/ok{i}.sock").into()));
+            }
+        }
+    }
+    let refresher =
+        crate::fetch::Refresher::start(shared.clone(), std::sync::Arc::new(source), config.clone())
+            .unwrap();
+    let usable = |shared: &Shared| {
+        let cache = shared.cache.load();
+        let now = Instant::now();
+        (0..healthy)
+            .filter(|i| {
+                let id = cache.lookup(&format!("ok{i}")).unwrap();
+                cache.usable(id, now, config.stale_after()).is_ok()
+            })
+            .count()
+    };
+    let start = Instant::now();
+    while usable(&shared) < healthy {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "healthy hosts still unknown after 5 s: {} of {healthy} usable",
+            usable(&shared)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Twice the stale limit: no healthy host ever goes stale meanwhile (a round-based refresher
+    // needs 500 x 0.4 s / 16 workers = 12.5 s per round here).
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_secs(6) {
+        let n = usable(&shared);
+        assert_eq!(n, healthy, "healthy hosts went stale at {:?}", watch.elapsed());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(refresher);
+}
+
+#[test]
+fn name_lookups_do_not_scan() {
+    let mut cache = crate::HostCache::new();
+    for i in 0..10_000 {
+        let name = format!("node{i:05}.cluster.example");
+        cache.add(&name, Address::Tcp(format!("{name}:7979")));
+    }
+    let start = Instant::now();
+    for round in 0..3 {
+        for i in 0..10_000 {
+            // Configured by FQDN, offered by the scheduler under the short name.
+            assert_eq!(cache.lookup(&format!("node{i:05}")), Some(i), "round {round}");
+        }
+        for i in 0..2_000 {
+            assert_eq!(cache.lookup(&format!("other{i}")), None);
+        }
+    }
+    let took = start.elapsed();
+    // A scan per name costs seconds here (36,000 lookups over 10,000 hosts); hash lookups, ms.
+    assert!(took < Duration::from_millis(300), "36,000 lookups took {took:?}");
+}
+
+#[test]
+fn a_refresh_that_changed_nothing_keeps_the_memo() {
+    let config = CacheConfig::default();
+    let (shared, source) = setup(&config);
+    let versions = |shared: &Shared| {
+        let cache = shared.cache.load();
+        cache.hosts().map(|(_, h)| h.version).collect::<Vec<_>>()
+    };
+    let before = versions(&shared);
+    refresh_once(&shared, &source, &config);
+    assert_eq!(versions(&shared), before, "nothing changed, so the memo stays valid");
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    source.set("unix:/a.sock", &zen, "0-3", &["lsf-5"], 2);
+    refresh_once(&shared, &source, &config);
+    let after = versions(&shared);
+    let a = shared.cache.load().lookup("a").unwrap() as usize;
+    assert_ne!(after[a], before[a], "host a changed");
+    for (i, (x, y)) in before.iter().zip(&after).enumerate() {
+        if i != a {
+            assert_eq!(x, y, "host {i} did not change");
+        }
+    }
+}
+
+#[test]
+fn the_memo_costs_at_most_524_bytes_per_host_at_64_shapes() {
+    let config = CacheConfig::default();
+    let (shared, _source) = setup(&config);
+    let cache = shared.cache.load();
+    let resv = crate::Reservations::new();
+    let mut memo = eval::Memo::new();
+    let hosts: Vec<u32> = (0..cache.len() as u32).collect();
+    let ctx = Context {
+        cache: &cache,
+        reservations: &resv,
+        now: Instant::now(),
+        stale_after: config.stale_after(),
+        unreachable: Unreachable::Open,
+    };
+    let mut keys = 0;
+    for n in 1..=eval::MEMO_SHAPES as u32 {
+        let key = format!("affinity[core({n})]#1");
+        keys += key.len();
+        memo.scores(&ctx, &key, &with_tasks(&format!("affinity[core({n})]"), 1), &hosts);
+    }
+    // 8 bytes per host and shape, 12 per host: with the cache's own, at most 1 KB per host.
+    let per_host = (memo.bytes() - keys) as f64 / hosts.len() as f64;
+    assert!(per_host <= 524.0, "{per_host} bytes per host at 64 shapes");
+}
+
+#[test]
+fn readers_never_wait_for_a_first_refresh() {
+    let topo = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let source = ManyHosts {
+        free: idle_free_map(&topo),
+        topology: topo,
+        hang: Duration::ZERO,
+        hung: Default::default(),
+    };
+    let config =
+        CacheConfig { workers: 2, address_template: String::new(), ..CacheConfig::default() };
+    let shared = Shared::default();
+    {
+        let mut cache = shared.cache.write().unwrap();
+        for i in 0..10_000 {
+            cache.add(&format!("n{i}"), Address::Unix(format!("/n{i}.sock").into()));
+        }
+    }
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let longest = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut longest = Duration::ZERO;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                let cache = shared.cache.load();
+                longest = longest.max(t.elapsed());
+                std::hint::black_box(cache.len());
+                drop(cache);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            longest
+        });
+        refresh_once(&shared, &source, &config);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        reader.join().unwrap()
+    });
+    eprintln!("longest reader wait during a first refresh of 10,000 hosts: {longest:?}");
+    assert!(longest < Duration::from_millis(20), "a reader waited {longest:?}");
+}
+
+// ---- Issues 1 and 5: dispatches are never dropped, and a dispatch that does not fit reserves. ----
+
+#[test]
+fn startup_replays_before_the_first_refresh_are_placed_when_the_state_arrives() {
+    use crate::reserve::Dispatched;
+    let config =
+        CacheConfig { address_template: "unix:/{host}.sock".into(), ..CacheConfig::default() };
+    let shared = Shared::default();
+    let source = FakeSource::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    source.set("unix:/a.sock", &zen, "", &[], 1);
+    source.set("unix:/new.sock", &zen, "", &[], 1);
+    shared.cache.write().unwrap().add("a", Address::Unix("/a.sock".into()));
+    let half = with_tasks("affinity[core(24,same=socket)]", 1);
+    // NOTIFY_STARTUP replays, before any refresh: a known host and one not in the cache yet.
+    {
+        let cache = shared.cache.load();
+        let mut resv = shared.reservations.lock().unwrap();
+        for (job, host) in [("lsf-1", "a"), ("lsf-2", "new")] {
+            assert_eq!(
+                resv.dispatch(&cache, job, host, &half, Instant::now()),
+                Dispatched::Pending
+            );
+        }
+        assert_eq!(resv.pending().len(), 2);
+    }
+    shared.discovered.lock().unwrap().insert("new".into());
+    refresh_once(&shared, &source, &config);
+    let cache = shared.cache.load();
+    let resv = shared.reservations.lock().unwrap();
+    assert!(resv.pending().is_empty(), "{:?}", resv.pending());
+    for (job, host) in [("lsf-1", "a"), ("lsf-2", "new")] {
+        let r = resv.of_job(job);
+        assert_eq!(r.len(), 1, "{job} is reserved on {host}");
+        assert_eq!(r[0].host, cache.lookup(host).unwrap());
+        assert_eq!(r[0].cpus.len(), 48, "one package with its SMT siblings");
+    }
+    // A new job no longer counts those CPUs: one package left on a.
+    let ctx = Context {
+        cache: &cache,
+        reservations: &resv,
+        now: Instant::now(),
+        stale_after: config.stale_after(),
+        unreachable: Unreachable::Closed,
+    };
+    let a = cache.lookup("a").unwrap();
+    assert!(matches!(eval::evaluate(&ctx, a, &half), Verdict::Fits { .. }));
+    assert!(matches!(
+        eval::evaluate(&ctx, a, &with_tasks("affinity[core(24,same=socket)]", 2)),
+        Verdict::NoFit(_)
+    ));
+}
+
+#[test]
+fn pending_dispatches_expire_and_go_with_their_job() {
+    let config = CacheConfig::default();
+    let (shared, _source) = setup(&config);
+    let cache = shared.cache.load();
+    let mut resv = shared.reservations.lock().unwrap();
+    let req = with_tasks("affinity[core(1)]", 1);
+    let long_ago = Instant::now() - Duration::from_secs(10);
+    resv.dispatch(&cache, "lsf-1", "nowhere", &req, long_ago);
+    resv.dispatch(&cache, "lsf-2", "nowhere", &req, Instant::now());
+    resv.dispatch(&cache, "lsf-3", "nowhere", &req, Instant::now());
+    assert_eq!(resv.settle(&cache, Instant::now(), Duration::from_secs(5)), 0);
+    assert_eq!(resv.pending().len(), 2, "the old one expired");
+    assert!(resv.release("lsf-2"));
+    assert_eq!(resv.pending().iter().map(|p| p.job.as_str()).collect::<Vec<_>>(), ["lsf-3"]);
+}
+
+#[test]
+fn a_dispatch_that_does_not_fit_still_reserves_its_least_cpu_count() {
+    use crate::reserve::Dispatched;
+    let config = CacheConfig::default();
+    let (shared, _source) = setup(&config);
+    let cache = shared.cache.load();
+    let mut resv = shared.reservations.lock().unwrap();
+    let b = cache.lookup("b").unwrap();
+    // Two packages on b, whose first package is held: does not fit, but LSF dispatched it.
+    let two = with_tasks("affinity[core(24,same=socket)]", 2);
+    match resv.dispatch(&cache, "lsf-7", "b", &two, Instant::now()) {
+        Dispatched::Squeezed(cpus, NoFit::Placement(_)) => {
+            assert_eq!(cpus, CpuSet::parse_list("24-47,72-95").unwrap(), "the 48 free CPUs")
+        }
+        other => panic!("{other:?}"),
+    }
+    let ctx = Context {
+        cache: &cache,
+        reservations: &resv,
+        now: Instant::now(),
+        stale_after: config.stale_after(),
+        unreachable: Unreachable::Closed,
+    };
+    assert!(
+        matches!(eval::evaluate(&ctx, b, &with_tasks("affinity[core(1)]", 1)), Verdict::NoFit(_)),
+        "the next job does not count the same CPUs"
+    );
+    // A host that already reports the job reserves nothing.
+    assert_eq!(
+        resv.dispatch(&cache, "lsf-1", "b", &with_tasks("affinity[core(1)]", 1), Instant::now()),
+        Dispatched::Held
+    );
+}
+
+#[test]
+fn aliases_follow_the_configured_domain_and_unknown_names_are_remembered() {
+    let mut cache = crate::HostCache::new();
+    let fqdn = cache.add("n1.cluster.example", Address::Tcp("n1:7979".into()));
+    let short = cache.add("n2", Address::Tcp("n2:7979".into()));
+    assert_eq!(cache.lookup("n1"), Some(fqdn), "short name of a configured FQDN");
+    // Without a domain, any domain finds a short-named host.
+    assert_eq!(cache.lookup("n2.elsewhere.org"), Some(short));
+    cache.set_domain("cluster.example");
+    assert_eq!(cache.lookup("n2.cluster.example"), Some(short), "FQDN with the domain");
+    assert_eq!(cache.lookup("n2.elsewhere.org"), None, "another domain is another host");
+    assert_eq!(cache.lookup("n1"), Some(fqdn));
+    assert_eq!(cache.negative_len(), 1);
+    assert_eq!(cache.lookup("n3"), None);
+    assert_eq!(cache.negative_len(), 2, "remembered");
+    // Adding a host forgets the names remembered as no host's.
+    let n3 = cache.add("n3.cluster.example", Address::Tcp("n3:7979".into()));
+    assert_eq!(cache.negative_len(), 0);
+    assert_eq!(cache.lookup("n3"), Some(n3));
+    // An alias never hides a host's own name.
+    let own = cache.add("n1", Address::Tcp("other:7979".into()));
+    assert_ne!(own, fqdn);
+    assert_eq!(cache.lookup("n1"), Some(own));
 }
