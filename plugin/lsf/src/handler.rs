@@ -13,6 +13,7 @@ use topo_core::request::Request;
 use topo_lsf_sys as sys;
 use topo_plugin_core::cache::HostId;
 use topo_plugin_core::eval::{self, Context, NoFit, Verdict, UNKNOWN_SCORE};
+use topo_plugin_core::reserve::Dispatched;
 use topo_plugin_core::Unreachable;
 
 /// The table `sched_init` registers.
@@ -223,7 +224,8 @@ fn decide_all(
     memo_key: &str,
     candidates: &[Candidate],
 ) -> Vec<Result<u64, c_int>> {
-    let cache = m.shared.cache.read().unwrap_or_else(|e| e.into_inner());
+    // A snapshot: never waits for the refresher.
+    let cache = m.shared.cache.load();
     let reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
     let ctx = context(m, &cache, &reservations);
     let ids: Vec<Option<HostId>> = candidates.iter().map(|c| cache.lookup(&c.name)).collect();
@@ -401,6 +403,14 @@ fn hosts_of(api: &Api, alloc: *mut c_void) -> Result<Vec<(String, u32)>, String>
             owned.iter().map(|(h, r, a)| (h.as_str(), r.as_deref(), *a)),
         ));
     }
+    // The reference (shared/reference/lsf-plugin-api.md) documents the ownership of
+    // extsched_getAlloc's result (the caller frees it with extsched_freeAlloc, done above), and
+    // that is why it is preferred. It documents none for lsb_alloc_gethostslot (LSF 6.x, the only
+    // allocation call there): the recipe it quotes only reads the array, and the one plug-in
+    // seen freeing a hostSlot freed lsb_cand_getavailslot's, "observed in one plug-in only".
+    // Freeing memory the scheduler may own (a static or an array inside the allocation, as the
+    // test harness does) would corrupt mbschd's heap, whereas not freeing costs at most one
+    // array per notification; so the array is read, copied and left to the scheduler.
     if let Some(get) = api.alloc_get_host_slot {
         let (mut count, mut group) = (0, ptr::null_mut());
         // SAFETY: `alloc` is the scheduler's; out-pointers are valid.
@@ -430,8 +440,6 @@ unsafe extern "C" fn notify_alloc_fn(
         let m = module()?;
         let Some((job_id, request)) = job_of(&m.api, job)? else { return Ok(0) };
         let flag = flag as u32;
-        // Locks in one order everywhere: the cache, then the reservations.
-        let cache = m.shared.cache.read().unwrap_or_else(|e| e.into_inner());
         let mut reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
         if flag & sys::NOTIFY_DEALLOC != 0 {
             let had = reservations.release(&job_id);
@@ -441,28 +449,35 @@ unsafe extern "C" fn notify_alloc_fn(
         if flag & (sys::NOTIFY_ALLOC | sys::NOTIFY_STARTUP) == 0 {
             return Ok(0);
         }
+        let startup = flag & sys::NOTIFY_STARTUP != 0;
+        let cache = m.shared.cache.load();
         let hosts = hosts_of(&m.api, alloc)?;
         for (host, slots) in hosts {
-            let Some(h) = cache.lookup(&host) else {
-                tracing::warn!(job = %job_id, %host, "dispatched to a host the cache does not know; no reservation");
-                continue;
-            };
-            if cache.host(h).state.as_ref().is_some_and(|s| s.holds(&job_id)) {
-                continue; // topod already counts it
-            }
             let mut req = request.clone();
             req.tasks.get_or_insert(slots.max(1));
-            let verdict = eval::evaluate(&context(m, &cache, &reservations), h, &req);
-            match verdict {
-                Verdict::Fits { cpus, .. } if !cpus.is_empty() => {
-                    tracing::info!(job = %job_id, %host, %cpus, startup = flag & sys::NOTIFY_STARTUP != 0, "reserved");
-                    reservations.reserve(&job_id, h, cpus, Instant::now());
+            // Never dropped: a host whose state is not known yet (NOTIFY_STARTUP replayed before
+            // the first refresh, or a host not in the cache yet) keeps the dispatch pending until
+            // the refresher brings its state; a job that does not fit still reserves CPUs.
+            match reservations.dispatch(&cache, &job_id, &host, &req, Instant::now()) {
+                Dispatched::Reserved(cpus) => {
+                    tracing::info!(job = %job_id, %host, %cpus, startup, "reserved")
                 }
-                Verdict::Fits { .. } => {
-                    tracing::info!(job = %job_id, %host, "dispatched to a host whose state is unknown; no reservation")
+                Dispatched::Squeezed(cpus, why) => {
+                    tracing::warn!(job = %job_id, %host, %cpus, startup, "dispatched although it does not fit ({why}); its least CPU count is reserved")
                 }
-                Verdict::NoFit(why) => {
-                    tracing::warn!(job = %job_id, %host, "dispatched although it does not fit: {why}")
+                Dispatched::Held => {
+                    tracing::debug!(job = %job_id, %host, "topod already reports the job")
+                }
+                Dispatched::Pending => {
+                    if cache.lookup(&host).is_none() && !m.config.cache.address_template.is_empty()
+                    {
+                        m.shared
+                            .discovered
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(host.clone());
+                    }
+                    tracing::info!(job = %job_id, %host, startup, "host state not known yet; reserved when it arrives")
                 }
             }
         }
@@ -480,7 +495,7 @@ unsafe extern "C" fn check_alloc_fn(
         let m = module()?;
         let Some((job_id, request)) = job_of(&m.api, job)? else { return Ok(0) };
         let hosts = hosts_of(&m.api, alloc)?;
-        let cache = m.shared.cache.read().unwrap_or_else(|e| e.into_inner());
+        let cache = m.shared.cache.load();
         let reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
         let ctx = context(m, &cache, &reservations);
         for (host, slots) in hosts {
