@@ -11,6 +11,10 @@
 //! cargo build --release -p topod --bin topod
 //! cargo run --release -p topo-plugin-core --bin topo-plugin-bench -- --hosts 10000
 //! ```
+//!
+//! `--baseline-jobs 0` leaves out the live topod. The run also prints the memo's bytes per host
+//! at its most shapes (64), the cache and memo together per host, and the longest time a reader
+//! waited for a snapshot while a first refresh of every host (topologies included) ran.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -25,7 +29,25 @@ use topo_core::proto::Op;
 use topo_core::topology::{hwloc_xml, Topology};
 use topo_plugin_core::cache::{FreeMap, HostCache};
 use topo_plugin_core::eval::{self, Context, Memo, Verdict};
-use topo_plugin_core::{Address, Reservations, Unreachable};
+use topo_plugin_core::fetch::{refresh_once, FetchError, Fetched, HostSource, Shared};
+use topo_plugin_core::{Address, CacheConfig, Reservations, Unreachable};
+
+/// Every host's topod, in memory: the machines' topologies and the hosts' free maps.
+struct InMemory {
+    topologies: Vec<Topology>,
+    free: Vec<FreeMap>,
+}
+
+impl HostSource for InMemory {
+    fn fetch(&self, address: &Address, with_topology: bool) -> Result<Fetched, FetchError> {
+        let Address::Unix(path) = address else { unreachable!("the bench uses unix:/N") };
+        let i: usize = path.to_string_lossy().trim_start_matches('/').parse().unwrap_or(0);
+        Ok(Fetched {
+            topology: with_topology.then(|| self.topologies[i % self.topologies.len()].clone()),
+            free_map: self.free[i].clone(),
+        })
+    }
+}
 
 /// Counts live heap bytes, for the cache's memory per host.
 struct Counting;
@@ -198,14 +220,21 @@ fn run() -> Result<(), String> {
         })
         .collect::<Result<_, String>>()?;
 
-    // The cluster: loaded hosts, in the cache as the refresher would leave it. Each host's free
-    // map is made and dropped in turn, so the heap's growth is the cache's own.
+    // The cluster: loaded hosts, in the cache as the refresher would leave it. The free maps
+    // (kept for the refresh measurement below) are made before the cache is measured and each
+    // is cloned into it, so the heap's growth is the cache's own.
+    let free_maps: Vec<FreeMap> = (0..args.hosts)
+        .map(|i| {
+            let (t, m) = &machines[i % machines.len()];
+            loaded_free_map(t, m, i as u64 + 1)
+        })
+        .collect();
     let before = LIVE.load(Ordering::Relaxed);
     let mut cache = HostCache::new();
     let at = Instant::now();
-    for i in 0..args.hosts {
-        let (t, m) = &machines[i % machines.len()];
-        let free = loaded_free_map(t, m, i as u64 + 1);
+    for (i, free) in free_maps.iter().enumerate() {
+        let (t, _) = &machines[i % machines.len()];
+        let free = free.clone();
         let name = format!("node{i:05}.cluster.example");
         let id = cache.add(&name, Address::Tcp(format!("{name}:7979")));
         cache.update(id, Some(t), free, at)?;
@@ -270,10 +299,72 @@ fn run() -> Result<(), String> {
     per_job_ms.sort_by(f64::total_cmp);
     first_of_shape_ms.sort_by(f64::total_cmp);
 
+    // The memo at its most shapes, measured on the heap (allocator overhead aside).
+    let memo_64_bytes = {
+        let ctx = Context {
+            cache: &cache,
+            reservations: &reservations,
+            now: Instant::now(),
+            stale_after: Duration::from_secs(3600),
+            unreachable: Unreachable::Open,
+        };
+        let before = LIVE.load(Ordering::Relaxed);
+        let mut memo = Memo::new();
+        let small = topo_core::request::parse("affinity[core(1)]").map_err(|e| e.to_string())?;
+        for n in 1..=eval::MEMO_SHAPES as u32 {
+            let mut r = small.clone();
+            r.tasks = Some(n);
+            memo.scores(&ctx, &format!("{r}#{n}"), &r, &candidates);
+        }
+        let bytes = LIVE.load(Ordering::Relaxed) - before;
+        drop(memo);
+        bytes
+    };
+
+    // Readers during a first refresh: every host's topology and free map arriving through the
+    // refresher while a reader takes snapshots as the scheduler's callbacks do.
+    let shared = Shared::default();
+    {
+        let mut c = shared.cache.write().unwrap_or_else(|e| e.into_inner());
+        for i in 0..args.hosts {
+            c.add(&format!("node{i:05}"), Address::Unix(format!("/{i}").into()));
+        }
+    }
+    let source =
+        InMemory { topologies: machines.iter().map(|m| m.0.clone()).collect(), free: free_maps };
+    let config = CacheConfig { address_template: String::new(), ..CacheConfig::default() };
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (longest_wait, loads, refresh_s) = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let (mut longest, mut loads) = (Duration::ZERO, 0u64);
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let snapshot = shared.cache.load();
+                longest = longest.max(t.elapsed());
+                loads += 1;
+                std::hint::black_box(snapshot.len());
+                drop(snapshot);
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            (longest, loads)
+        });
+        let t = Instant::now();
+        refresh_once(&shared, &source, &config);
+        let took = t.elapsed().as_secs_f64();
+        done.store(true, Ordering::Relaxed);
+        let (longest, loads) = reader.join().unwrap_or_default();
+        (longest, loads, took)
+    });
+
     // The 2001 design: one synchronous round trip per host to a live topod.
-    let (_topod, socket) = start_topod(&args.topod, &topo_dir.join(MACHINES[0]))?;
     let mut baseline_ms = Vec::new();
-    for r in requests.iter().take(args.baseline_jobs.max(1)) {
+    let _topod = if args.baseline_jobs > 0 {
+        Some(start_topod(&args.topod, &topo_dir.join(MACHINES[0]))?)
+    } else {
+        None
+    };
+    for r in requests.iter().take(args.baseline_jobs) {
+        let Some((_, socket)) = &_topod else { break };
         let text = r.to_string();
         let start = Instant::now();
         for _ in 0..args.hosts {
@@ -285,7 +376,6 @@ fn run() -> Result<(), String> {
     baseline_ms.sort_by(f64::total_cmp);
 
     let p50 = percentile(&per_job_ms, 0.5);
-    let base50 = percentile(&baseline_ms, 0.5);
     println!("cluster: {} hosts of {} machine types ({} distinct models in the cache), each loaded by its own job stream", args.hosts, machines.len(), models);
     println!(
         "jobs: {} mixed requests; on average {:.0} hosts fit each",
@@ -298,12 +388,15 @@ fn run() -> Result<(), String> {
         percentile(&first_of_shape_ms, 0.5),
         first_of_shape_ms[first_of_shape_ms.len() - 1]
     );
-    println!(
-        "one round trip per host to a live topod (2001 design), {} jobs: p50 {:.1} ms per job",
-        baseline_ms.len(),
-        base50
-    );
-    println!("speed-up at p50: {:.0}x", base50 / p50);
+    if !baseline_ms.is_empty() {
+        let base50 = percentile(&baseline_ms, 0.5);
+        println!(
+            "one round trip per host to a live topod (2001 design), {} jobs: p50 {:.1} ms per job",
+            baseline_ms.len(),
+            base50
+        );
+        println!("speed-up at p50: {:.0}x", base50 / p50);
+    }
     println!(
         "cache memory: {} bytes in all, {:.0} bytes per host (models shared: {} for {} hosts)",
         cache_bytes,
@@ -315,7 +408,17 @@ fn run() -> Result<(), String> {
         "memo: {} bytes for {} shapes ({} bytes per host per shape remembered)",
         memo.bytes(),
         distinct.min(eval::MEMO_SHAPES),
-        std::mem::size_of::<(u64, u64)>()
+        std::mem::size_of::<(u32, u32)>()
+    );
+    println!(
+        "memo at {} shapes: {} bytes per host; cache + memo: {:.0} bytes per host",
+        eval::MEMO_SHAPES,
+        memo_64_bytes / args.hosts,
+        (cache_bytes + memo_64_bytes) as f64 / args.hosts as f64
+    );
+    println!(
+        "first refresh of {} hosts (topologies and free maps, in memory): {:.2} s; longest wait of a reader meanwhile: {:?} over {} snapshots",
+        args.hosts, refresh_s, longest_wait, loads
     );
     Ok(())
 }
