@@ -368,7 +368,7 @@ fn run() -> Result<(), String> {
         let text = r.to_string();
         let start = Instant::now();
         for _ in 0..args.hosts {
-            let mut c = Client::connect(&socket).map_err(|e| e.to_string())?;
+            let mut c = Client::connect(socket).map_err(|e| e.to_string())?;
             let _ = c.call(Op::Fit(topo_core::proto::FitArgs::new(text.clone())));
         }
         baseline_ms.push(start.elapsed().as_secs_f64() * 1e3);
