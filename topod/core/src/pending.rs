@@ -28,6 +28,54 @@ pub fn pending_dir_for(socket: &Path) -> PathBuf {
     socket.parent().unwrap_or(Path::new("")).join(PENDING_DIR_NAME)
 }
 
+/// What to do about a socket directory that others can write, in every message about it.
+pub const MOVE_SOCKET: &str = "move the socket to a directory only root can write, e.g. /run/topo";
+
+/// What is wrong with topod's socket directory `dir` as the place of the queue, for a writer or a
+/// topod running as `me`: `None` when it is a directory (not a link) of root's (or `me`'s) that
+/// neither its group nor others can write. Whoever can write it can take the queue's name first
+/// (a directory of their own, a link, a FIFO), so that no release can be queued, or plant
+/// entries in it; a sticky bit does not stop either. `uid` and `mode` are its owner and
+/// permission bits, `is_link` whether it is a symbolic link, as `lstat` sees it.
+pub fn socket_dir_problem(
+    dir: &Path,
+    is_link: bool,
+    uid: u32,
+    mode: u32,
+    me: u32,
+) -> Option<String> {
+    let dir = dir.display();
+    if is_link {
+        return Some(format!(
+            "topod's socket directory {dir} is a symbolic link (made by uid {uid}): {MOVE_SOCKET}"
+        ));
+    }
+    if uid != 0 && uid != me {
+        return Some(format!("topod's socket directory {dir} belongs to uid {uid}: {MOVE_SOCKET}"));
+    }
+    if mode & 0o022 != 0 {
+        let who = if mode & 0o002 != 0 { "others" } else { "its group" };
+        return Some(format!(
+            "topod's socket directory {dir} is writable by {who} (mode {:o}): {MOVE_SOCKET}",
+            mode & 0o7777
+        ));
+    }
+    None
+}
+
+/// What to do about `path`, which uid `uid` made (not root, not the one asking): remove it. Never
+/// `chown` or `chmod` it: either would follow a link onto what it names, or adopt a directory with
+/// whatever its maker put inside. `socket_dir_open` says whether the socket's directory is
+/// writable by others (how it got there), which is the fix to make too.
+pub fn remove_foreign(path: &Path, uid: u32, socket_dir_open: bool) -> String {
+    let path = path.display();
+    if socket_dir_open {
+        format!("remove {path}, which uid {uid} created, and {MOVE_SOCKET}")
+    } else {
+        format!("remove {path}, which uid {uid} created")
+    }
+}
+
 /// What one queued release says besides the job (which is the file's name).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueuedRelease {
@@ -172,6 +220,26 @@ mod tests {
             PathBuf::from("/run/topo/release-pending")
         );
         assert_eq!(pending_dir_for(Path::new("topod.sock")), PathBuf::from("release-pending"));
+    }
+
+    #[test]
+    fn a_socket_directory_others_can_write_is_named_with_the_fix() {
+        let d = Path::new("/tmp/topo");
+        assert_eq!(socket_dir_problem(d, false, 0, 0o755, 0), None);
+        assert_eq!(socket_dir_problem(d, false, 1000, 0o700, 1000), None);
+        let e = socket_dir_problem(d, false, 0, 0o1777, 0).unwrap();
+        assert_eq!(
+            e,
+            "topod's socket directory /tmp/topo is writable by others (mode 1777): move the socket to a directory only root can write, e.g. /run/topo"
+        );
+        assert!(socket_dir_problem(d, false, 0, 0o775, 0).unwrap().contains("by its group"));
+        assert!(socket_dir_problem(d, false, 65534, 0o755, 0).unwrap().contains("uid 65534"));
+        assert!(socket_dir_problem(d, true, 65534, 0o777, 0).unwrap().contains("symbolic link"));
+        let r = remove_foreign(Path::new("/tmp/topo/release-pending"), 65534, true);
+        assert!(
+            r.starts_with("remove /tmp/topo/release-pending, which uid 65534 created, and move")
+        );
+        assert!(!r.contains("chown") && !r.contains("chmod"), "{r}");
     }
 
     #[test]

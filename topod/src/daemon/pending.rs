@@ -60,6 +60,9 @@ pub struct Inspected {
     pub links: u64,
     /// When it was last written.
     pub modified: SystemTime,
+    /// Immutable or append-only (`chattr +i`, `+a`): its name cannot be removed (for a
+    /// directory: no name in it can).
+    pub pinned: bool,
     /// The first [`MAX_REQUEST_BYTES`] + 1 bytes of a regular file (none for anything else, or
     /// for a file topod may not read).
     pub contents: Option<Vec<u8>>,
@@ -123,15 +126,100 @@ pub enum Verdict {
     Leave,
 }
 
-/// Whether the directory may be acted on: root's (or `me`'s), a directory, not a link, not
-/// writable by group or others. `Err` says what is wrong.
-pub fn check_dir(dir: &Inspected, me: u32) -> Result<(), String> {
+/// Why the directory is not acted on (see [`check_dir`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirProblem {
+    /// A symbolic link (owned by this uid).
+    Link(u32),
+    /// Not a directory (owned by this uid).
+    NotDir(u32),
+    /// Owned by this uid, which is neither root nor topod's.
+    Owner(u32),
+    /// Writable by its group or others (its mode).
+    Shared(u32),
+    /// Not writable by its owner (its mode): topod, which keeps no CAP_DAC_OVERRIDE, could
+    /// release a job but never remove its request, and would do it again after a restart.
+    ReadOnly(u32),
+    /// Immutable or append-only (`chattr +i`/`+a`): nothing in it can be removed.
+    Pinned,
+}
+
+impl std::fmt::Display for DirProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirProblem::Link(_) => write!(f, "a symbolic link"),
+            DirProblem::NotDir(_) => write!(f, "not a directory"),
+            DirProblem::Owner(uid) => write!(f, "owned by uid {uid}, not by topod's user"),
+            DirProblem::Shared(mode) => {
+                write!(f, "writable by its group or others (mode {:o})", mode & 0o7777)
+            }
+            DirProblem::ReadOnly(mode) => write!(
+                f,
+                "not writable by its owner (mode {:o}), so topod could not remove a request once done",
+                mode & 0o7777
+            ),
+            DirProblem::Pinned => write!(
+                f,
+                "immutable or append-only (lsattr -d shows it), so topod could not remove a request once done"
+            ),
+        }
+    }
+}
+
+impl DirProblem {
+    /// Which kind of problem: each is said once ([`PendingReleases`]), whatever comes between.
+    fn key(&self) -> &'static str {
+        match self {
+            DirProblem::Link(_) => "dir:link",
+            DirProblem::NotDir(_) => "dir:not-dir",
+            DirProblem::Owner(_) => "dir:owner",
+            DirProblem::Shared(_) => "dir:shared",
+            DirProblem::ReadOnly(_) => "dir:read-only",
+            DirProblem::Pinned => "dir:pinned",
+        }
+    }
+
+    /// What fixes it, for the directory `path`: never a `chown` or `chmod` of what another user
+    /// made (either would follow a link, or adopt a directory with what its maker put in it).
+    fn fix(&self, path: &Path, me: u32, socket_dir_open: bool) -> String {
+        let shown = path.display();
+        match *self {
+            DirProblem::Link(uid) | DirProblem::NotDir(uid) | DirProblem::Owner(uid)
+                if uid != 0 && uid != me =>
+            {
+                topo_core::pending::remove_foreign(path, uid, socket_dir_open)
+            }
+            DirProblem::Link(_) | DirProblem::NotDir(_) => format!("remove {shown}"),
+            // Root's, for a topod that is not root: topod must be able to remove requests.
+            DirProblem::Owner(_) => format!("chown {me} {shown}"),
+            DirProblem::Shared(_) | DirProblem::ReadOnly(_) => format!("chmod 700 {shown}"),
+            DirProblem::Pinned => format!("chattr -i -a {shown}"),
+        }
+    }
+}
+
+/// Whether the directory may be acted on: a directory (not a link) of topod's own user (root),
+/// which topod can write and no one else can (topod keeps no CAP_DAC_OVERRIDE: a request it
+/// could not remove would be done again every pass, and after every restart).
+pub fn check_dir(dir: &Inspected, me: u32) -> Result<(), DirProblem> {
     match dir.kind {
         Kind::Dir => {}
-        Kind::Symlink => return Err("a symbolic link".into()),
-        _ => return Err("not a directory".into()),
+        Kind::Symlink => return Err(DirProblem::Link(dir.uid)),
+        _ => return Err(DirProblem::NotDir(dir.uid)),
     }
-    check_owner(dir, me)
+    if dir.uid != me {
+        return Err(DirProblem::Owner(dir.uid));
+    }
+    if dir.mode & 0o022 != 0 {
+        return Err(DirProblem::Shared(dir.mode));
+    }
+    if dir.mode & 0o300 != 0o300 {
+        return Err(DirProblem::ReadOnly(dir.mode));
+    }
+    if dir.pinned {
+        return Err(DirProblem::Pinned);
+    }
+    Ok(())
 }
 
 fn check_owner(it: &Inspected, me: u32) -> Result<(), String> {
@@ -172,6 +260,14 @@ pub fn judge(name: &OsStr, file: &Inspected, me: u32, now: SystemTime) -> Verdic
     }
     if file.links != 1 {
         return Verdict::Refuse { why: format!("a file with {} names", file.links) };
+    }
+    if file.pinned {
+        // Done, it could not be removed, and would be done again after every restart.
+        return Verdict::Refuse {
+            why:
+                "immutable or append-only (lsattr shows it), so topod could not remove it once done"
+                    .into(),
+        };
     }
     let Some(contents) = file.contents.as_deref() else {
         return Verdict::Refuse { why: "a file topod cannot read".into() };
@@ -220,6 +316,66 @@ pub enum Outcome {
     },
     /// The whole directory was refused; nothing in it was touched.
     DirRefused,
+    /// An entry that could not be removed before, unchanged since: left alone.
+    Stuck {
+        /// The entry's name.
+        name: String,
+    },
+}
+
+/// How many things said (about entries and conditions) are remembered, so that each is said
+/// once until it changes; past that, a new one is said every pass it happens.
+const MAX_SAID: usize = 4096;
+
+/// How long the directory must have been usable (or absent) before a problem with it that was
+/// said before is said again when it comes back (one that comes and goes every pass is said
+/// once, not every pass).
+const DIR_QUIET: Duration = Duration::from_secs(600);
+
+/// What was said, per entry or condition (`key`), each once until it changes; bounded by
+/// [`MAX_SAID`].
+#[derive(Debug, Default)]
+struct Said(BTreeMap<String, String>);
+
+impl Said {
+    /// Whether `what` is new for `key` (and so to be said); remembers it.
+    fn first_time(&mut self, key: &str, what: &str) -> bool {
+        if self.0.get(key).map(String::as_str) == Some(what) {
+            return false;
+        }
+        if self.0.len() < MAX_SAID || self.0.contains_key(key) {
+            self.0.insert(key.to_string(), what.to_string());
+        }
+        true
+    }
+
+    /// Forgets what was said under keys with `prefix` that `keep` refuses.
+    fn forget(&mut self, prefix: &str, keep: impl Fn(&str) -> bool) {
+        self.0.retain(|k, _| !k.starts_with(prefix) || keep(&k[prefix.len()..]));
+    }
+}
+
+/// What an entry that could not be removed was, to know it again: it is left alone until it
+/// changes (acting on it again would release the same job every pass).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    kind: Kind,
+    uid: u32,
+    mode: u32,
+    modified: SystemTime,
+}
+
+impl Seen {
+    fn of(it: &Inspected) -> Seen {
+        Seen { kind: it.kind, uid: it.uid, mode: it.mode, modified: it.modified }
+    }
+}
+
+/// How loud a line is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Info,
+    Warn,
 }
 
 /// The queue, processed one pass at a time.
@@ -227,12 +383,21 @@ pub struct PendingReleases<F: PendingFs> {
     fs: F,
     dir: PathBuf,
     me: u32,
-    /// The last thing said about the directory (said again only when it changes).
-    said_about_dir: Option<String>,
+    /// What was said about the directory (per kind of problem, `dir:`) and its entries
+    /// (`entry:`, `remove:`, per name), each said once until it changes.
+    said: Said,
+    /// Since when the directory has been usable (or absent); problems with it are forgotten
+    /// after [`DIR_QUIET`] of that.
+    dir_fine_since: Option<SystemTime>,
+    /// Whether the socket's directory was looked at (at the first pass, as topod starts).
+    socket_dir_checked: bool,
     /// Jobs whose release failed, with the last error said (said again only when it changes).
     failing: BTreeMap<String, String>,
-    /// Entries that could not be removed in the last pass (said once).
-    stuck: BTreeSet<OsString>,
+    /// Entries that could not be removed, as they were: left alone while they stay so.
+    stuck: BTreeMap<OsString, Seen>,
+    /// Every line said, for the tests.
+    #[cfg(test)]
+    lines: Vec<String>,
 }
 
 impl<F: PendingFs> PendingReleases<F> {
@@ -243,9 +408,13 @@ impl<F: PendingFs> PendingReleases<F> {
             fs,
             dir,
             me,
-            said_about_dir: None,
+            said: Said::default(),
+            dir_fine_since: None,
+            socket_dir_checked: false,
             failing: BTreeMap::new(),
-            stuck: BTreeSet::new(),
+            stuck: BTreeMap::new(),
+            #[cfg(test)]
+            lines: Vec::new(),
         }
     }
 
@@ -254,42 +423,63 @@ impl<F: PendingFs> PendingReleases<F> {
         &self.dir
     }
 
-    /// Does every release queued now; logs one line per job (and per refused file).
+    /// Does every release queued now; logs one line per job (and per refused file), each
+    /// problem once until it changes.
     pub fn process(&mut self, releaser: &impl Releaser) -> Vec<Outcome> {
+        self.process_at(releaser, SystemTime::now())
+    }
+
+    /// [`PendingReleases::process`] at `now`.
+    pub fn process_at(&mut self, releaser: &impl Releaser, now: SystemTime) -> Vec<Outcome> {
+        if !self.socket_dir_checked {
+            self.socket_dir_checked = true;
+            if let Some(problem) = self.socket_dir_problem() {
+                self.say(
+                    Level::Warn,
+                    format!("{problem} (any user can then stop Slurm's epilogs from queueing releases there, or plant entries in it)"),
+                );
+            }
+        }
         let opened = match self.fs.open_dir(&self.dir) {
             Ok(Some(opened)) => opened,
             Ok(None) => {
-                self.said_about_dir = None;
+                self.dir_usable(now, &BTreeSet::new());
                 return Vec::new();
             }
             Err(e) => {
-                self.say_about_dir(format!("cannot open {}: {e}", self.dir.display()));
+                let what = format!("cannot open {}: {e}", self.dir.display());
+                self.dir_refused("dir:open", what);
                 return vec![Outcome::DirRefused];
             }
         };
         let dir = match (check_dir(&opened.1, self.me), opened.0) {
             (Ok(()), Some(dir)) => dir,
             (Ok(()), None) => return vec![Outcome::DirRefused],
-            (Err(why), _) => {
-                self.say_about_dir(format!(
-                    "{} is {why}; queued releases there are not done until it is a directory of root's that no one else can write (chown root {0}; chmod 700 {0})",
+            (Err(problem), _) => {
+                let socket = self.socket_dir_problem();
+                let fix = problem.fix(&self.dir, self.me, socket.is_some());
+                let mut what = format!(
+                    "{} is {problem}; queued releases there are not done until it is fixed: {fix}",
                     self.dir.display()
-                ));
+                );
+                if let Some(socket) = socket {
+                    what = format!("{what} ({socket})");
+                }
+                self.dir_refused(problem.key(), what);
                 return vec![Outcome::DirRefused];
             }
         };
-        self.said_about_dir = None;
         let mut names = match self.fs.list(&dir) {
             Ok(names) => names,
             Err(e) => {
-                self.say_about_dir(format!("cannot list {}: {e}", self.dir.display()));
+                let what = format!("cannot list {}: {e}", self.dir.display());
+                self.dir_refused("dir:list", what);
                 return vec![Outcome::DirRefused];
             }
         };
         names.sort();
-        let now = SystemTime::now();
+        self.dir_usable(now, &names.iter().cloned().collect());
         let mut outcomes = Vec::new();
-        let mut stuck = BTreeSet::new();
         for name in names {
             let shown = name.to_string_lossy().into_owned();
             let path = self.dir.join(&name);
@@ -297,52 +487,114 @@ impl<F: PendingFs> PendingReleases<F> {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => {
-                    tracing::warn!("queued release {}: cannot read it: {e}", path.display());
+                    let what = format!("queued release {}: cannot read it: {e}", path.display());
+                    self.say_about(&format!("entry:{shown}"), Level::Warn, what);
                     continue;
                 }
             };
-            // An entry that cannot be removed (a directory) is spoken of once, not every pass.
-            let said_before = self.stuck.contains(&name);
-            let mut remove = |fs: &F| {
-                if let Err(e) = fs.remove(&dir, &name) {
-                    if !said_before {
-                        tracing::warn!("queued release {}: cannot remove it: {e}", path.display());
-                    }
-                    stuck.insert(name.clone());
-                }
-            };
+            if self.stuck.get(&name) == Some(&Seen::of(&file)) {
+                // Could not be removed, and unchanged since: done (or refused) already.
+                outcomes.push(Outcome::Stuck { name: shown });
+                continue;
+            }
+            self.stuck.remove(&name);
             match judge(&name, &file, self.me, now) {
                 Verdict::Leave => {}
                 Verdict::Clean => {
-                    tracing::info!(
+                    let what = format!(
                         "removing {}, left by a writer that did not finish",
                         path.display()
                     );
-                    remove(&self.fs);
-                }
-                Verdict::Refuse { .. } if said_before => {
-                    remove(&self.fs);
-                    outcomes.push(Outcome::Refused { name: shown });
+                    self.say_about(&format!("entry:{shown}"), Level::Info, what);
+                    self.remove(&dir, &name, &file);
                 }
                 Verdict::Refuse { why } => {
-                    tracing::warn!(
+                    let what = format!(
                         "queued release {}: refused (it is {why}); nothing released",
                         path.display()
                     );
-                    remove(&self.fs);
+                    self.say_about(&format!("entry:{shown}"), Level::Warn, what);
+                    self.remove(&dir, &name, &file);
                     outcomes.push(Outcome::Refused { name: shown });
                 }
                 Verdict::Release { job, asked_at, asked_by } => {
                     let (outcome, done) = self.release_one(releaser, &job, asked_at, &asked_by);
                     if done {
-                        remove(&self.fs);
+                        self.remove(&dir, &name, &file);
                     }
                     outcomes.push(outcome);
                 }
             }
         }
-        self.stuck = stuck;
         outcomes
+    }
+
+    /// Removes an entry; one that will not go is said once and left alone while it stays as
+    /// it is.
+    fn remove(&mut self, dir: &F::Dir, name: &OsStr, file: &Inspected) {
+        if let Err(e) = self.fs.remove(dir, name) {
+            let what = format!(
+                "queued release {}: cannot remove it: {e}; topod leaves it alone until it changes",
+                self.dir.join(name).display()
+            );
+            self.say_about(&format!("remove:{}", name.to_string_lossy()), Level::Warn, what);
+            self.stuck.insert(name.to_os_string(), Seen::of(file));
+        }
+    }
+
+    /// What is wrong with the socket's directory (the queue's parent), if anything.
+    fn socket_dir_problem(&self) -> Option<String> {
+        let parent = match self.dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let (_, it) = self.fs.open_dir(parent).ok()??;
+        topo_core::pending::socket_dir_problem(
+            parent,
+            it.kind == Kind::Symlink,
+            it.uid,
+            it.mode,
+            self.me,
+        )
+    }
+
+    /// The directory could not be used, for this kind of problem (`key`): said once until it
+    /// changes, even when it comes and goes.
+    fn dir_refused(&mut self, key: &str, what: String) {
+        self.dir_fine_since = None;
+        self.say_about(key, Level::Warn, what);
+    }
+
+    /// The directory is usable (or absent) at `now` and holds `names`: what was said about
+    /// entries that are gone is forgotten, and about the directory once it has been usable for
+    /// [`DIR_QUIET`].
+    fn dir_usable(&mut self, now: SystemTime, names: &BTreeSet<OsString>) {
+        let since = *self.dir_fine_since.get_or_insert(now);
+        if now.duration_since(since).unwrap_or_default() >= DIR_QUIET {
+            self.said.forget("dir:", |_| false);
+        }
+        let present: BTreeSet<String> =
+            names.iter().map(|n| n.to_string_lossy().into_owned()).collect();
+        self.said.forget("entry:", |n| present.contains(n));
+        self.said.forget("remove:", |n| present.contains(n));
+        self.stuck.retain(|n, _| names.contains(n));
+        self.failing.retain(|job, _| present.contains(job));
+    }
+
+    /// Says `what` under `key` unless it was said there last.
+    fn say_about(&mut self, key: &str, level: Level, what: String) {
+        if self.said.first_time(key, &what) {
+            self.say(level, what);
+        }
+    }
+
+    fn say(&mut self, level: Level, what: String) {
+        match level {
+            Level::Info => tracing::info!("{what}"),
+            Level::Warn => tracing::warn!("{what}"),
+        }
+        #[cfg(test)]
+        self.lines.push(what);
     }
 
     /// Does one queued release and says what happened; the flag says whether the request is
@@ -363,21 +615,26 @@ impl<F: PendingFs> PendingReleases<F> {
                 } else {
                     String::new()
                 };
-                tracing::info!(
-                    "released {job}, which ended while topod was unreachable; {asked}{killed_some}"
+                self.say(
+                    Level::Info,
+                    format!("released {job}, which ended while topod was unreachable; {asked}{killed_some}"),
                 );
                 Outcome::Released { job: name, killed }
             }
             Err(HostError::UnknownJob(_)) => {
-                tracing::info!(
-                    "queued release of {job} done: topod holds nothing for it ({asked})"
+                self.say(
+                    Level::Info,
+                    format!("queued release of {job} done: topod holds nothing for it ({asked})"),
                 );
                 Outcome::NotHeld { job: name }
             }
             Ok(Queued::AllocatedSince(at)) => {
-                tracing::info!(
-                    "queued release of {job} dropped ({asked}): the job was allocated again since, at {}; it keeps its CPUs",
-                    format_utc(at)
+                self.say(
+                    Level::Info,
+                    format!(
+                        "queued release of {job} dropped ({asked}): the job was allocated again since, at {}; it keeps its CPUs",
+                        format_utc(at)
+                    ),
                 );
                 Outcome::AllocatedSince { job: name }
             }
@@ -386,10 +643,11 @@ impl<F: PendingFs> PendingReleases<F> {
             Err(e) => {
                 let message = e.to_string();
                 if self.failing.get(&name) != Some(&message) {
-                    tracing::warn!(
+                    let what = format!(
                         "queued release of {job} ({asked}) failed: {message}; kept in {}, tried again every 5 s",
                         self.dir.display()
                     );
+                    self.say(Level::Warn, what);
                     self.failing.insert(name.clone(), message);
                 }
                 return (Outcome::Kept { job: name }, false);
@@ -397,13 +655,6 @@ impl<F: PendingFs> PendingReleases<F> {
         };
         self.failing.remove(job.as_str());
         (outcome, true)
-    }
-
-    fn say_about_dir(&mut self, what: String) {
-        if self.said_about_dir.as_ref() != Some(&what) {
-            tracing::warn!("{what}");
-            self.said_about_dir = Some(what);
-        }
     }
 }
 
@@ -433,9 +684,27 @@ impl Kernel {
             mode: stat.st_mode & 0o7777,
             links: u64::from(stat.st_nlink),
             modified,
+            pinned: false,
             contents,
         }
     }
+}
+
+/// Whether what `file` opened is immutable or append-only (`chattr +i`, `+a`): then its name
+/// cannot be removed, nor (for a directory) any name in it. A file system without these flags
+/// says so (ENOTTY), and nothing there is.
+#[allow(unsafe_code)]
+fn pinned(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // From <linux/fs.h>; not in the libc crate.
+    const FS_IMMUTABLE_FL: libc::c_int = 0x10;
+    const FS_APPEND_FL: libc::c_int = 0x20;
+    let mut flags: libc::c_int = 0;
+    // SAFETY: the descriptor is open for the whole call (`file` is borrowed), and
+    // FS_IOC_GETFLAGS writes one int (despite its encoded size; e2fsprogs passes an int too) to
+    // the pointer, which points at a live c_int of this frame.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) };
+    rc == 0 && flags & (FS_IMMUTABLE_FL | FS_APPEND_FL) != 0
 }
 
 impl PendingFs for Kernel {
@@ -452,7 +721,8 @@ impl PendingFs for Kernel {
         match opened {
             Ok(dir) => {
                 let stat = nix::sys::stat::fstat(dir.as_raw_fd())?;
-                Ok(Some((Some(dir), Self::inspected(&stat, None))))
+                let inspected = Inspected { pinned: pinned(&dir), ..Self::inspected(&stat, None) };
+                Ok(Some((Some(dir), inspected)))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             // A link (ELOOP, or ENOTDIR for a link to a directory) or not a directory at all.
@@ -512,11 +782,12 @@ impl PendingFs for Kernel {
             Err(e) => return Err(e),
         };
         let stat = nix::sys::stat::fstat(file.as_raw_fd())?;
+        let is_pinned = pinned(&file);
         let mut contents = Vec::new();
         if Self::inspected(&stat, None).kind == Kind::File {
             file.take(MAX_REQUEST_BYTES as u64 + 1).read_to_end(&mut contents)?;
         }
-        Ok(Self::inspected(&stat, Some(contents)))
+        Ok(Inspected { pinned: is_pinned, ..Self::inspected(&stat, Some(contents)) })
     }
 
     fn remove(&self, dir: &Self::Dir, name: &OsStr) -> std::io::Result<()> {
@@ -563,6 +834,7 @@ mod tests {
             mode: 0o600,
             links: 1,
             modified: asked,
+            pinned: false,
             contents: Some(QueuedRelease::new(asked, "the Slurm job epilog (pid 7)").to_bytes()),
         }
     }
@@ -574,23 +846,31 @@ mod tests {
             mode: 0o700,
             links: 2,
             modified: at(0),
+            pinned: false,
             contents: None,
         }
     }
 
     /// A directory in memory.
     struct FakeFs {
-        dir: Option<Inspected>,
+        /// The queue's directory (the socket's directory is root's, mode 0755, unless
+        /// `socket_dir` says otherwise).
+        dir: RefCell<Option<Inspected>>,
+        socket_dir: Option<Inspected>,
         entries: RefCell<BTreeMap<OsString, Inspected>>,
+        /// Names whose removal fails (an immutable file, a directory).
+        unremovable: BTreeSet<OsString>,
     }
 
     impl FakeFs {
         fn new(entries: &[(&str, Inspected)]) -> FakeFs {
             FakeFs {
-                dir: Some(dir_meta()),
+                dir: RefCell::new(Some(dir_meta())),
+                socket_dir: None,
                 entries: RefCell::new(
                     entries.iter().map(|(n, i)| (OsString::from(n), i.clone())).collect(),
                 ),
+                unremovable: BTreeSet::new(),
             }
         }
         fn names(&self) -> Vec<String> {
@@ -600,8 +880,13 @@ mod tests {
 
     impl PendingFs for &FakeFs {
         type Dir = ();
-        fn open_dir(&self, _: &Path) -> std::io::Result<Option<(Option<()>, Inspected)>> {
-            Ok(self.dir.clone().map(|d| ((d.kind == Kind::Dir).then_some(()), d)))
+        fn open_dir(&self, path: &Path) -> std::io::Result<Option<(Option<()>, Inspected)>> {
+            let it = if path.ends_with(topo_core::pending::PENDING_DIR_NAME) {
+                self.dir.borrow().clone()
+            } else {
+                Some(self.socket_dir.clone().unwrap_or(Inspected { mode: 0o755, ..dir_meta() }))
+            };
+            Ok(it.map(|d| ((d.kind == Kind::Dir).then_some(()), d)))
         }
         fn list(&self, _: &()) -> std::io::Result<Vec<OsString>> {
             Ok(self.entries.borrow().keys().cloned().collect())
@@ -614,6 +899,9 @@ mod tests {
                 .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
         }
         fn remove(&self, _: &(), name: &OsStr) -> std::io::Result<()> {
+            if self.unremovable.contains(name) {
+                return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+            }
             self.entries.borrow_mut().remove(name);
             Ok(())
         }
@@ -677,7 +965,7 @@ mod tests {
         assert_eq!(h.held.lock().unwrap().keys().collect::<Vec<_>>(), ["slurm-7"]);
         assert!(q.process(&h).is_empty(), "nothing left to do");
         // A directory that is not there is no queue.
-        let none = FakeFs { dir: None, entries: Default::default() };
+        let none = FakeFs { dir: RefCell::new(None), ..FakeFs::new(&[]) };
         assert!(queue(&none).process(&h).is_empty());
     }
 
@@ -740,9 +1028,13 @@ mod tests {
         for n in 1..=7 {
             assert!(h.held.lock().unwrap().contains_key(&format!("slurm-{n}")), "slurm-{n}");
         }
-        // The same from a topod that is not root, for its own user's files.
-        let fs = FakeFs::new(&[("slurm-1", by(1000)), ("slurm-2", by(1001))]);
-        let mut q = PendingReleases::new(&fs, PathBuf::from("/tmp/q"), 1000);
+        // The same from a topod that is not root, for its own user's files (in its own
+        // directory: it could not remove a request from root's).
+        let fs = FakeFs {
+            dir: RefCell::new(Some(Inspected { uid: 1000, ..dir_meta() })),
+            ..FakeFs::new(&[("slurm-1", by(1000)), ("slurm-2", by(1001))])
+        };
+        let mut q = PendingReleases::new(&fs, PathBuf::from("/tmp/q/release-pending"), 1000);
         let outcomes = q.process(&h);
         assert!(matches!(&outcomes[0], Outcome::Released { job, .. } if job == "slurm-1"));
         assert!(matches!(&outcomes[1], Outcome::Refused { name } if name == "slurm-2"));
@@ -760,8 +1052,11 @@ mod tests {
             (Inspected { kind: Kind::Symlink, ..dir_meta() }, "a symbolic link"),
             (Inspected { kind: Kind::File, ..dir_meta() }, "not a directory"),
         ] {
-            assert!(check_dir(&dir, ROOT).unwrap_err().contains(why), "{why}");
-            let fs = FakeFs { dir: Some(dir), ..FakeFs::new(&[("slurm-1", request(now))]) };
+            assert!(check_dir(&dir, ROOT).unwrap_err().to_string().contains(why), "{why}");
+            let fs = FakeFs {
+                dir: RefCell::new(Some(dir)),
+                ..FakeFs::new(&[("slurm-1", request(now))])
+            };
             assert_eq!(queue(&fs).process(&h), [Outcome::DirRefused], "{why}");
             assert_eq!(fs.names(), ["slurm-1"], "nothing removed: {why}");
         }
@@ -812,16 +1107,168 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         assert_eq!(
             q.process(&h),
-            [
-                Outcome::Refused { name: "slurm-4".into() },
-                Outcome::NotHeld { job: "slurm-5".into() }
-            ]
+            [Outcome::Stuck { name: "slurm-4".into() }, Outcome::NotHeld { job: "slurm-5".into() }]
         );
-        assert!(q.stuck.contains(OsStr::new("slurm-4")), "said once, not every pass");
+        assert!(q.stuck.contains_key(OsStr::new("slurm-4")), "said once, not every pass");
         assert!(!dir.join("slurm-5").exists());
         // No directory: nothing to do.
         let mut none = PendingReleases::new(Kernel, tmp.path().join("none"), me);
         assert!(none.process(&h).is_empty());
+    }
+
+    #[test]
+    fn a_request_that_cannot_be_removed_is_acted_on_once() {
+        // An immutable file (or one on a file system that will not let it go): done once, then
+        // left alone; it would otherwise be done again every pass, and after every restart.
+        let mut fs = FakeFs::new(&[("slurm-77", request(at(100))), ("slurm-78", request(at(100)))]);
+        fs.unremovable.insert("slurm-77".into());
+        let h = host(&[("slurm-78", 10)]);
+        let mut q = queue(&fs);
+        q.process(&h);
+        q.process(&h);
+        q.process(&h);
+        assert_eq!(*h.asked.lock().unwrap(), ["slurm-77", "slurm-78"]);
+        assert_eq!(fs.names(), ["slurm-77"]);
+    }
+
+    #[test]
+    fn a_queue_directory_topod_cannot_write_is_not_acted_on() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("release-pending");
+        let me = nix::unistd::geteuid().as_raw();
+        topo_client::queue_release(&tmp.path().join("topod.sock"), "slurm-11", "x").unwrap();
+        // Root's, mode 0500: topod (without CAP_DAC_OVERRIDE) could release but never remove.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o500)).unwrap();
+        let h = host(&[("slurm-11", 10)]);
+        let mut q = PendingReleases::new(Kernel, dir.clone(), me);
+        assert_eq!(q.process(&h), [Outcome::DirRefused]);
+        assert!(h.asked.lock().unwrap().is_empty(), "nothing done that could not be undone");
+        assert!(dir.join("slurm-11").exists());
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(q.process(&h), [Outcome::Released { job: "slurm-11".into(), killed: 1 }]);
+    }
+
+    #[test]
+    fn each_problem_is_said_once_until_it_changes() {
+        let now = SystemTime::now();
+        let old = now - Duration::from_secs(3600);
+        let leftover = Inspected { kind: Kind::Dir, modified: old, contents: None, ..request(old) };
+        let pinned = Inspected { pinned: true, ..request(at(100)) };
+        let mut fs = FakeFs::new(&[(".x", leftover), ("slurm-77", pinned)]);
+        fs.unremovable.insert(".x".into());
+        fs.unremovable.insert("slurm-77".into());
+        let h = host(&[("slurm-77", 10)]);
+        let mut q = queue(&fs);
+        for pass in 0..5 {
+            q.process_at(&h, now + Duration::from_secs(5 * pass));
+        }
+        assert!(h.asked.lock().unwrap().is_empty(), "a request that cannot be removed is not done");
+        assert_eq!(q.lines.len(), 4, "{:#?}", q.lines);
+        assert!(q.lines[0].contains("removing /run/topo/release-pending/.x"), "{}", q.lines[0]);
+        assert!(q.lines[1].contains(".x: cannot remove it"), "{}", q.lines[1]);
+        assert!(q.lines[2].contains("slurm-77: refused (it is immutable"), "{}", q.lines[2]);
+        assert!(q.lines[3].contains("slurm-77: cannot remove it"), "{}", q.lines[3]);
+        // Gone, then back: said again.
+        fs.entries.borrow_mut().remove(OsStr::new("slurm-77"));
+        q.process_at(&h, now + Duration::from_secs(30));
+        fs.entries
+            .borrow_mut()
+            .insert("slurm-77".into(), Inspected { pinned: true, ..request(at(200)) });
+        q.process_at(&h, now + Duration::from_secs(35));
+        assert_eq!(q.lines.len(), 6, "{:#?}", q.lines);
+
+        // A directory a user swaps between a directory of theirs and a link, every pass.
+        let fs = FakeFs::new(&[("slurm-1", request(now))]);
+        let mut q = queue(&fs);
+        let theirs = Inspected { uid: 1000, ..dir_meta() };
+        let link = Inspected { kind: Kind::Symlink, uid: 1000, ..dir_meta() };
+        for pass in 0..20 {
+            let it = if pass % 2 == 0 { theirs.clone() } else { link.clone() };
+            *fs.dir.borrow_mut() = Some(it);
+            assert_eq!(
+                q.process_at(&h, now + Duration::from_secs(5 * pass)),
+                [Outcome::DirRefused]
+            );
+        }
+        assert_eq!(q.lines.len(), 2, "{:#?}", q.lines);
+        // Fixed for a while, then broken again: said again.
+        *fs.dir.borrow_mut() = None;
+        q.process_at(&h, now + Duration::from_secs(200));
+        q.process_at(&h, now + Duration::from_secs(200) + DIR_QUIET);
+        *fs.dir.borrow_mut() = Some(link);
+        q.process_at(&h, now + Duration::from_secs(205) + DIR_QUIET);
+        assert_eq!(q.lines.len(), 3, "{:#?}", q.lines);
+    }
+
+    #[test]
+    fn another_users_entry_is_to_be_removed_never_adopted() {
+        // The socket's directory is like /tmp: a user made release-pending first.
+        let fs = FakeFs {
+            dir: RefCell::new(Some(Inspected { uid: 1000, ..dir_meta() })),
+            socket_dir: Some(Inspected { mode: 0o1777, ..dir_meta() }),
+            ..FakeFs::new(&[("slurm-1", request(SystemTime::now()))])
+        };
+        let mut q = queue(&fs);
+        assert_eq!(q.process(&host(&[])), [Outcome::DirRefused]);
+        assert_eq!(q.lines.len(), 2, "{:#?}", q.lines);
+        assert!(
+            q.lines[0].starts_with("topod's socket directory /run/topo is writable by others (mode 1777): move the socket to a directory only root can write, e.g. /run/topo"),
+            "{}",
+            q.lines[0]
+        );
+        let refused = &q.lines[1];
+        assert!(
+            refused.contains("remove /run/topo/release-pending, which uid 1000 created, and move the socket to a directory only root can write"),
+            "{refused}"
+        );
+        assert!(!refused.contains("chown") && !refused.contains("chmod"), "{refused}");
+        // Root's own directory with the wrong mode: chmod is safe, and said.
+        let fs = FakeFs {
+            dir: RefCell::new(Some(Inspected { mode: 0o500, ..dir_meta() })),
+            ..FakeFs::new(&[])
+        };
+        let mut q = queue(&fs);
+        assert_eq!(q.process(&host(&[])), [Outcome::DirRefused]);
+        assert_eq!(q.lines.len(), 1, "the socket's directory is fine: {:#?}", q.lines);
+        assert!(q.lines[0].contains("not writable by its owner (mode 500)"), "{}", q.lines[0]);
+        assert!(q.lines[0].ends_with("chmod 700 /run/topo/release-pending"), "{}", q.lines[0]);
+    }
+
+    #[test]
+    fn an_immutable_request_is_not_done() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("release-pending");
+        let me = nix::unistd::geteuid().as_raw();
+        let file =
+            topo_client::queue_release(&tmp.path().join("topod.sock"), "slurm-77", "x").unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let chattr = |flag: &str, path: &Path| {
+            std::process::Command::new("chattr")
+                .arg(flag)
+                .arg(path)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !chattr("+i", &file) {
+            eprintln!("SKIP: chattr +i needs root and a file system with the flag");
+            return;
+        }
+        let h = host(&[("slurm-77", 10)]);
+        let mut q = PendingReleases::new(Kernel, dir.clone(), me);
+        let first = q.process(&h);
+        let second = q.process(&h);
+        chattr("-i", &file);
+        assert_eq!(first, [Outcome::Refused { name: "slurm-77".into() }]);
+        assert_eq!(second, [Outcome::Stuck { name: "slurm-77".into() }]);
+        assert!(h.asked.lock().unwrap().is_empty());
+        // The directory itself immutable: not acted on at all.
+        assert!(chattr("+i", &dir));
+        let third = q.process(&h);
+        chattr("-i", &dir);
+        assert_eq!(third, [Outcome::DirRefused]);
+        assert!(q.lines.iter().any(|l| l.contains("immutable or append-only")), "{:#?}", q.lines);
     }
 
     #[test]
