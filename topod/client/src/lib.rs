@@ -248,16 +248,151 @@ pub enum QueueError {
         #[source]
         source: std::io::Error,
     },
-    /// The directory is not one topod would trust, so a request there would not be done.
-    #[error("{path} is {why}; it must be a directory of uid {uid} (root's) that no one else can write (chown root {path}; chmod 700 {path})")]
+    /// The socket's directory, or the queue in it, is not one root can trust: another user could
+    /// take the queue's name, plant requests, or make root write elsewhere through a link.
+    #[error("{why}; the release was not queued")]
     Unsafe {
         /// The directory.
         path: PathBuf,
-        /// What is wrong.
+        /// What is wrong, and what fixes it.
         why: String,
-        /// Its owner should be.
-        uid: u32,
     },
+    /// The directory the socket's directory would be made in does not exist.
+    #[error("{parent} does not exist, so topod has never run here (it makes {socket_dir} when it starts); the release was not queued")]
+    NeverRan {
+        /// The missing directory.
+        parent: PathBuf,
+        /// The socket's directory.
+        socket_dir: PathBuf,
+    },
+}
+
+/// `open(2)` of a directory with `flags` (and `O_DIRECTORY | O_CLOEXEC`), relative to `at`.
+#[allow(unsafe_code)]
+fn open_dir_at(
+    at: Option<&std::fs::File>,
+    path: &Path,
+    flags: nix::fcntl::OFlag,
+) -> nix::Result<std::fs::File> {
+    use nix::fcntl::OFlag;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let fd = nix::fcntl::openat(
+        at.map(|f| f.as_raw_fd()),
+        path,
+        flags | OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    // SAFETY: openat just returned this descriptor, which nothing else owns or closes.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Opens topod's socket directory `dir` for a writer running as `me`, and checks it as the
+/// place of the queue: a directory, not a link, of root's (or `me`'s), that neither its group nor
+/// others can write ([`topo_core::pending::socket_dir_problem`]). Made (mode 0755) when missing,
+/// only inside a parent that is root's (or `me`'s) and that others cannot write without the
+/// sticky bit (which keeps them from replacing what root made there); nothing above it is made.
+fn open_socket_dir(dir: &Path, me: u32) -> Result<std::fs::File, QueueError> {
+    use nix::fcntl::OFlag;
+    use std::os::unix::fs::MetadataExt;
+    let unsafe_dir = |path: &Path, why: String| QueueError::Unsafe { path: path.into(), why };
+    let io = |action: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |e: nix::Error| QueueError::Io { action, path, source: e.into() }
+    };
+    let (parent, name) = match (dir.parent(), dir.file_name()) {
+        (Some(p), Some(n)) => (if p.as_os_str().is_empty() { Path::new(".") } else { p }, n),
+        // `/` or `.`: nothing above it to check, nothing to make.
+        _ => (dir, std::ffi::OsStr::new(".")),
+    };
+    let parent_dir = match open_dir_at(None, parent, OFlag::empty()) {
+        Ok(d) => d,
+        Err(nix::errno::Errno::ENOENT) => {
+            return Err(QueueError::NeverRan { parent: parent.into(), socket_dir: dir.into() })
+        }
+        Err(e) => return Err(io("opening", parent)(e)),
+    };
+    let meta = parent_dir.metadata().map_err(|source| QueueError::Io {
+        action: "inspecting",
+        path: parent.into(),
+        source,
+    })?;
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(unsafe_dir(
+            parent,
+            format!(
+                "{} belongs to uid {}, who could replace topod's socket directory {} in it: {}",
+                parent.display(),
+                meta.uid(),
+                dir.display(),
+                topo_core::pending::MOVE_SOCKET
+            ),
+        ));
+    }
+    if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
+        return Err(unsafe_dir(
+            parent,
+            format!(
+                "{} is writable by others without the sticky bit (mode {:o}), so anyone could replace topod's socket directory {} in it: {}",
+                parent.display(),
+                meta.mode() & 0o7777,
+                dir.display(),
+                topo_core::pending::MOVE_SOCKET
+            ),
+        ));
+    }
+    let open = || open_dir_at(Some(&parent_dir), Path::new(name), OFlag::O_NOFOLLOW);
+    let opened = match open() {
+        Err(nix::errno::Errno::ENOENT) => {
+            // topod makes it when it starts; the first epilog may come first.
+            use std::os::fd::AsRawFd;
+            let mode = nix::sys::stat::Mode::from_bits_truncate(0o755);
+            match nix::sys::stat::mkdirat(Some(parent_dir.as_raw_fd()), name, mode) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => open(),
+                Err(e) => return Err(io("creating", dir)(e)),
+            }
+        }
+        other => other,
+    };
+    let socket_dir = match opened {
+        Ok(d) => d,
+        // O_NOFOLLOW | O_DIRECTORY on a link: ELOOP, or ENOTDIR when the link names a directory.
+        Err(e @ (nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR)) => {
+            let seen = std::fs::symlink_metadata(dir).map_err(|source| QueueError::Io {
+                action: "inspecting",
+                path: dir.into(),
+                source,
+            })?;
+            if !seen.file_type().is_symlink() {
+                let why = format!("topod's socket directory {} is not a directory", dir.display());
+                return Err(unsafe_dir(dir, why));
+            }
+            let why = topo_core::pending::socket_dir_problem(dir, true, seen.uid(), 0, me);
+            return Err(unsafe_dir(dir, why.unwrap_or_else(|| e.to_string())));
+        }
+        Err(e) => return Err(io("opening", dir)(e)),
+    };
+    let meta = socket_dir.metadata().map_err(|source| QueueError::Io {
+        action: "inspecting",
+        path: dir.into(),
+        source,
+    })?;
+    if let Some(mut why) =
+        topo_core::pending::socket_dir_problem(dir, false, meta.uid(), meta.mode(), me)
+    {
+        // What another user made there in the queue's place is theirs to lose, never ours to
+        // take over.
+        let queue = topo_core::pending::pending_dir_for(&dir.join("topod.sock"));
+        if let Ok(theirs) = std::fs::symlink_metadata(&queue) {
+            if theirs.uid() != 0 && theirs.uid() != me {
+                why = format!(
+                    "{why}; {}",
+                    topo_core::pending::remove_foreign(&queue, theirs.uid(), false)
+                );
+            }
+        }
+        return Err(unsafe_dir(dir, why));
+    }
+    Ok(socket_dir)
 }
 
 /// Queues the release of `job` for the topod listening on `socket`, which cannot be reached
@@ -265,60 +400,81 @@ pub enum QueueError {
 /// topod acts on when it starts and every few seconds while it runs. `asked_by` says who asks
 /// (topod logs it). Returns the file.
 ///
-/// Run as root (the batch system's epilog): the directory is made mode 0700 if missing, and it
-/// must belong to the caller and be writable by no one else, as topod checks too. The file is
-/// written beside, under a temporary name (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600), and
-/// renamed into place, all relative to the directory once opened and checked, so topod never
-/// reads half a request and no link planted on the way is followed.
+/// Run as root (the batch system's epilog). The socket's directory must be root's (or the
+/// caller's) and writable by no one else, not a link; it is made (mode 0755) when missing, if its
+/// parent is safe, and nothing above it is made ([`QueueError::NeverRan`]). The queue directory
+/// in it is made mode 0700 if missing, and must belong to the caller and be writable by no one
+/// else, as topod checks too. Every step is relative to the directory opened and checked before
+/// it: no link planted on the way is followed. The file is written beside, under a temporary
+/// name (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600), and renamed into place, so topod never
+/// reads half a request.
 pub fn queue_release(socket: &Path, job: &str, asked_by: &str) -> Result<PathBuf, QueueError> {
     use std::os::fd::AsRawFd;
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::MetadataExt;
     let id = topo_core::JobId::parse(job)?;
     let dir = topo_core::pending::pending_dir_for(socket);
     let io = |action: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |source| QueueError::Io { action, path, source }
     };
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(parent)
-            .map_err(io("creating", parent))?;
-    }
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io("creating", &dir)(e)),
-    }
     let me = nix::unistd::geteuid().as_raw();
-    let unsafe_dir = |why: String| QueueError::Unsafe { path: dir.clone(), why, uid: me };
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(
-            (nix::fcntl::OFlag::O_DIRECTORY
-                | nix::fcntl::OFlag::O_NOFOLLOW
-                | nix::fcntl::OFlag::O_CLOEXEC)
-                .bits(),
-        )
-        .open(&dir);
-    let handle = match opened {
+    let socket_dir = match socket.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let parent = open_socket_dir(socket_dir, me)?;
+    let name = Path::new(topo_core::pending::PENDING_DIR_NAME);
+    let mode = nix::sys::stat::Mode::from_bits_truncate(0o700);
+    match nix::sys::stat::mkdirat(Some(parent.as_raw_fd()), name, mode) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+        Err(e) => return Err(io("creating", &dir)(e.into())),
+    }
+    let unsafe_dir = |why: String| QueueError::Unsafe { path: dir.clone(), why };
+    let handle = match open_dir_at(Some(&parent), name, nix::fcntl::OFlag::O_NOFOLLOW) {
         Ok(h) => h,
         // O_NOFOLLOW | O_DIRECTORY on a link: ELOOP, or ENOTDIR when the link names a directory.
-        Err(e) if matches!(e.raw_os_error(), Some(nix::libc::ELOOP | nix::libc::ENOTDIR)) => {
-            let link = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink());
-            return Err(unsafe_dir(
-                if link { "a symbolic link" } else { "not a directory" }.into(),
-            ));
+        Err(nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR) => {
+            let seen = std::fs::symlink_metadata(&dir).map_err(io("inspecting", &dir))?;
+            let what =
+                if seen.file_type().is_symlink() { "a symbolic link" } else { "not a directory" };
+            return Err(unsafe_dir(if seen.uid() != 0 && seen.uid() != me {
+                format!(
+                    "{} is {what}; {}",
+                    dir.display(),
+                    topo_core::pending::remove_foreign(&dir, seen.uid(), false)
+                )
+            } else {
+                format!(
+                    "{} is {what}; remove it (the next release queued makes it again)",
+                    dir.display()
+                )
+            }));
         }
-        Err(e) => return Err(io("opening", &dir)(e)),
+        Err(e) => return Err(io("opening", &dir)(e.into())),
     };
     let meta = handle.metadata().map_err(io("inspecting", &dir))?;
     if meta.uid() != me {
-        return Err(unsafe_dir(format!("owned by uid {}", meta.uid())));
+        return Err(unsafe_dir(format!(
+            "{} is owned by uid {}; {}",
+            dir.display(),
+            meta.uid(),
+            topo_core::pending::remove_foreign(&dir, meta.uid(), false)
+        )));
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(unsafe_dir(format!("writable by others (mode {:o})", meta.mode() & 0o7777)));
+        return Err(unsafe_dir(format!(
+            "{} is writable by others (mode {:o}); chmod 700 {0}",
+            dir.display(),
+            meta.mode() & 0o7777
+        )));
+    }
+    if meta.mode() & 0o300 != 0o300 {
+        // topod keeps no CAP_DAC_OVERRIDE: it would refuse a queue it could not remove from.
+        return Err(unsafe_dir(format!(
+            "{} is not writable by its owner (mode {:o}), so topod could not remove a request once done; chmod 700 {0}",
+            dir.display(),
+            meta.mode() & 0o7777
+        )));
     }
     let fd = handle.as_raw_fd();
     let tmp = format!(".{id}.{}.tmp", std::process::id());
@@ -613,7 +769,7 @@ mod tests {
         // The directory is a link: nothing is written through it.
         std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
         let e = queue_release(&socket, "slurm-1", "x").unwrap_err().to_string();
-        assert!(e.contains("a symbolic link"), "{e}");
+        assert!(e.contains("is a symbolic link; remove it"), "{e}");
         assert!(names(&elsewhere).is_empty());
         std::fs::remove_file(&dir).unwrap();
         // Writable by others.
@@ -633,8 +789,78 @@ mod tests {
         if nix::unistd::geteuid().is_root() {
             nix::unistd::chown(&dir, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
             let e = queue_release(&socket, "slurm-2", "x").unwrap_err().to_string();
-            assert!(e.contains("owned by uid 65534"), "{e}");
+            assert!(e.contains("owned by uid 65534") && e.contains("remove"), "{e}");
+            assert!(!e.contains("chown") && !e.contains("chmod"), "{e}");
             assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 65534);
+        }
+    }
+
+    #[test]
+    fn no_link_above_the_queue_is_followed_and_no_parent_is_made() {
+        let scratch = Scratch::new("above");
+        // A directory anyone may write, with the sticky bit (like /tmp), and a link in it where
+        // topod's socket directory would be.
+        let shared = scratch.0.join("c4");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let target = scratch.0.join("c4-target");
+        std::fs::create_dir(&target).unwrap();
+        std::os::unix::fs::symlink(&target, shared.join("topo")).unwrap();
+        let e = queue_release(&shared.join("topo/topod.sock"), "slurm-5", "x").unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains(&format!(
+                "topod's socket directory {}/topo is a symbolic link",
+                shared.display()
+            )),
+            "{e}"
+        );
+        assert!(e.contains("move the socket to a directory only root can write"), "{e}");
+        assert!(names(&target).is_empty(), "nothing made through the link");
+        // Missing directories above the socket's are not made.
+        let socket = scratch.0.join("a/b/topo/topod.sock");
+        let e = queue_release(&socket, "slurm-5", "x").unwrap_err().to_string();
+        assert!(e.contains("does not exist, so topod has never run here"), "{e}");
+        assert!(!scratch.0.join("a").exists());
+        // The socket's own directory is made, inside a parent that is safe (sticky is enough).
+        let file = queue_release(&shared.join("mine/topod.sock"), "slurm-5", "x").unwrap();
+        assert_eq!(file, shared.join("mine/release-pending/slurm-5"));
+        assert_eq!(std::fs::metadata(shared.join("mine")).unwrap().mode() & 0o7777, 0o755);
+        // Not inside a parent others may write without the sticky bit.
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = queue_release(&shared.join("other/topod.sock"), "slurm-5", "x").unwrap_err();
+        assert!(
+            e.to_string().contains("writable by others without the sticky bit (mode 777)"),
+            "{e}"
+        );
+        assert!(!shared.join("other").exists());
+    }
+
+    #[test]
+    fn a_socket_directory_others_can_write_is_named_as_the_cause() {
+        let scratch = Scratch::new("sticky");
+        let socket_dir = scratch.0.join("topo");
+        std::fs::create_dir(&socket_dir).unwrap();
+        std::fs::set_permissions(&socket_dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let socket = socket_dir.join("topod.sock");
+        let e = queue_release(&socket, "slurm-1", "x").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("topod's socket directory {} is writable by others (mode 1777): move the socket to a directory only root can write, e.g. /run/topo; the release was not queued", socket_dir.display())
+        );
+        assert!(!socket_dir.join("release-pending").exists(), "nothing made there");
+        // A user took the queue's name first: remove it, never chown or chmod it.
+        if nix::unistd::geteuid().is_root() {
+            let theirs = socket_dir.join("release-pending");
+            std::fs::create_dir(&theirs).unwrap();
+            nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            let e = queue_release(&socket, "slurm-1", "x").unwrap_err().to_string();
+            assert!(e.contains("writable by others (mode 1777)"), "{e}");
+            assert!(
+                e.contains(&format!("remove {}, which uid 65534 created", theirs.display())),
+                "{e}"
+            );
+            assert!(!e.contains("chown") && !e.contains("chmod"), "{e}");
         }
     }
 
