@@ -8,15 +8,20 @@
 //! file asks topod, as root, to kill a job's processes and free its CPUs, so topod acts only on
 //! what root wrote:
 //!
-//! - the directory must be root's (or topod's own user's, for a topod run without root) and
-//!   writable by no one else, and not a link; otherwise nothing in it is read, removed or done,
-//!   and topod says so once;
+//! - the directory must be root's (topod's own user's, for a topod run without root), writable
+//!   by topod and by no one else, not immutable, and not a link; otherwise nothing in it is read,
+//!   removed or done, and topod says so once (topod keeps no CAP_DAC_OVERRIDE: a request it
+//!   could not remove would be done again every pass, and after every restart);
 //! - each file must be a regular file (never a link: nothing is followed), owned likewise, not
 //!   writable by group or others, with one name; its name must be a job id topod accepts
 //!   ([`JobId::parse`]) and is never used as a path; a file that fails is removed and logged,
 //!   and its job is not touched;
 //! - a job allocated again after the request was made (Slurm requeued it, and its new run started
-//!   here) is not released: the request was for the run that ended.
+//!   here) is not released: the request was for the run that ended (the time of the last
+//!   allocation is in the job's record, so this holds after a restart too);
+//! - an entry that cannot be removed (immutable, a directory) is left alone while it stays as it
+//!   was, and each problem is said once until it changes (per entry, and per kind of problem
+//!   with the directory), so the 5 s tick does not fill the log.
 //!
 //! Everything that touches the file system sits behind [`PendingFs`] ([`Kernel`], and a fake in
 //! the tests), and everything that releases behind [`Releaser`] (the server); what to do with
