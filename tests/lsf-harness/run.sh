@@ -30,7 +30,8 @@ cleanup() {
 trap cleanup EXIT
 
 cc -std=c11 -Wall -Wextra -Werror -g -O1 -rdynamic -o "$work/harness" tests/lsf-harness/harness.c -ldl
-cc -std=c11 -Wall -Wextra -Werror -g -O1 -rdynamic -DLSB_ONLY -o "$work/harness-lsb" tests/lsf-harness/harness.c -ldl
+# A 6.x-generation scheduler: only the lsb_* names, and lsb_get_jobinfo's 6.x struct jobInfo.
+cc -std=c11 -Wall -Wextra -Werror -g -O1 -rdynamic -DLSB_ONLY -DTOPO_LSF6_JOBINFO -o "$work/harness-lsb" tests/lsf-harness/harness.c -ldl
 cc -std=c11 -D_DEFAULT_SOURCE -Wall -Wextra -Werror -g -o "$work/capi_test" tests/lsf-harness/capi_test.c -Ltarget/debug -ltopo -Wl,-rpath,"$PWD/target/debug"
 
 start_topod() { # name topology [extra topod.toml lines]

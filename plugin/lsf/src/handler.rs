@@ -335,6 +335,19 @@ unsafe extern "C" fn sort_fn(data: *mut c_void, list: *mut c_void, _reason: *mut
     })
 }
 
+/// The first fields of `struct jobInfo` as LSF 6.x lays it out (its `lsb_get_jobinfo`);
+/// `shared/reference/lsf-plugin-api.md`: the 9/10 struct inserts `indexRangeCnt` and three
+/// index-range pointers after `jobIndex`.
+#[repr(C)]
+struct JobInfo6 {
+    job_id: c_int,
+    job_index: c_int,
+    cluster: *mut c_char,
+    user: *mut c_char,
+    queue: *mut c_char,
+    res_key: *mut c_char,
+}
+
 /// The job behind a notify or check call: its topod job id and its request.
 fn job_of(api: &Api, job: *mut c_void) -> Result<Option<(String, Request)>, String> {
     if job.is_null() {
@@ -358,8 +371,14 @@ fn job_of(api: &Api, job: *mut c_void) -> Result<Option<(String, Request)>, Stri
         if info.is_null() {
             return Err("lsb_get_jobinfo returned nothing".into());
         }
-        // SAFETY: the scheduler's buffer, read before any other call.
-        unsafe { ((*info).jobId, (*info).jobIndex, text((*info).resKey)) }
+        // A scheduler without extsched_getJobInfo is of the LSF 6.x generation, whose
+        // lsb_get_jobinfo fills the 6.x struct jobInfo: read it with that layout whatever
+        // header the module was built with (9/10 inserts four index-range fields before
+        // `cluster`, which would shift `resKey`).
+        let info = info.cast::<JobInfo6>();
+        // SAFETY: the scheduler's buffer of at least the 6.x prefix read here, read before any
+        // other call.
+        unsafe { ((*info).job_id, (*info).job_index, text((*info).res_key)) }
     } else {
         return Err("the scheduler has neither extsched_getJobInfo nor lsb_get_jobinfo".into());
     };
