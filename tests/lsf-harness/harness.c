@@ -9,7 +9,7 @@
  * reason text of a bad request, tentative reservations across dispatches, checkAlloc limits,
  * and the replay after a scheduler restart.
  *
- * Usage: harness MODULE.so SCENARIO    (session | restart | panic)
+ * Usage: harness MODULE.so SCENARIO    (session | restart | reinit | panic | scale)
  * Environment: TOPO_LSF_CONF (the module's config, written by run.sh), HARNESS_TOPOCTL and
  * HARNESS_H1_SOCKET (to change topod's state between sessions), HARNESS_REFRESH_MS.
  */
@@ -29,10 +29,17 @@
 /* ---------------------------------------------------------------------------------------- */
 /* The scheduler's objects                                                                   */
 
-enum { NHOSTS = 4, MAXMSG = 2 };
-static const char *host_names[NHOSTS] = {"h1", "h2", "h3", "h4"};
-static struct hostSlot slots[NHOSTS];
-static int host_tokens[NHOSTS]; /* what hostPtr points at */
+/* The scenarios' four hosts h1..h4; the scale scenario offers up to MAXHOSTS. */
+enum { NHOSTS = 4, MAXHOSTS = 12000, MAXMSG = 2 };
+static const char *host_names[MAXHOSTS] = {"h1", "h2", "h3", "h4"};
+static struct hostSlot slots[MAXHOSTS];
+static int host_tokens[MAXHOSTS]; /* what hostPtr points at */
+static int n_hosts = NHOSTS;      /* hosts in the table */
+/* 0: extsched_cand_removehost compacts the array at once (the module walks each group from
+ * its end, so each removal moves only the members kept after it). 1 (scale): the member is
+ * marked and the array compacted once after matchFn returns (compact_list), so that the
+ * figures time the module, not this stand-in's O(kept) memmove per removal. */
+static int deferred_removal;
 
 struct resreq {
     char *msgs[MAXMSG];
@@ -44,12 +51,12 @@ struct resreq {
 
 struct cand_list {
     struct candHostGroup group;
-    struct candHost members[NHOSTS];
+    struct candHost members[MAXHOSTS];
     int iterated;
 };
 
 struct reasons {
-    int id[NHOSTS];
+    int id[MAXHOSTS];
     char *main_text;
 };
 
@@ -122,8 +129,23 @@ static void do_removehost(struct candHostGroup *g, int index) {
         failures++;
         return;
     }
+    if (deferred_removal) {
+        if (g->candHost[index].hostPtr == NULL) {
+            fprintf(stderr, "  FAIL  removehost index %d twice\n", index);
+            failures++;
+        }
+        g->candHost[index].hostPtr = NULL; /* compacted by compact_list */
+        return;
+    }
     memmove(&g->candHost[index], &g->candHost[index + 1], sizeof(struct candHost) * (g->numOfMembers - index - 1));
     g->numOfMembers--;
+}
+static void compact_list(struct candHostGroup *g) {
+    int n = 0;
+    for (int i = 0; i < g->numOfMembers; i++)
+        if (g->candHost[i].hostPtr != NULL)
+            g->candHost[n++] = g->candHost[i];
+    g->numOfMembers = n;
 }
 static struct hostSlot *do_getavailslot(struct candHost *c) { return &slots[c->hostIdx]; }
 static int do_reason_set(void *rp, struct candHost *c, int id) {
@@ -254,7 +276,7 @@ static void fill_list(struct cand_list *l, const int *order, int n) {
         l->members[i].hostIdx = order[i];
         l->members[i].hostPtr = &host_tokens[order[i]];
     }
-    l->group.maxOfMembers = NHOSTS;
+    l->group.maxOfMembers = n;
     l->group.numOfMembers = n;
     l->group.candHost = l->members;
 }
@@ -459,12 +481,14 @@ static void scenario_reinit(const char *path) {
     free_resreq(big);
 }
 
+#include "scale.h"
+
 static void scenario_panic(void) {
     fprintf(stderr, "a panic inside a callback (test build, TOPO_LSF_PANIC_IN=%s)\n", getenv("TOPO_LSF_PANIC_IN"));
     struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
-    struct reasons rs;
+    static struct reasons rs;
     char got[128];
-    struct cand_list l;
+    static struct cand_list l;
     fill_list(&l, DEFAULT_ORDER, NHOSTS);
     memset(&rs, 0, sizeof rs);
     int rc = handler.matchFn(big->data, &l, &rs);
@@ -480,10 +504,13 @@ static void scenario_panic(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|panic\n", argv[0]);
+        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|panic|scale\n", argv[0]);
         return 2;
     }
-    for (int i = 0; i < NHOSTS; i++) {
+    int scale = strcmp(argv[2], "scale") == 0;
+    if (scale && scale_setup() != 0)
+        return 2;
+    for (int i = 0; i < n_hosts; i++) {
         slots[i].name = (char *)host_names[i];
         slots[i].nslotAvail = 8;
         slots[i].ncpus = 8;
@@ -493,6 +520,7 @@ int main(int argc, char **argv) {
         reason_base = atoi(rb);
     if (load_module(argv[1]) != 0)
         return 1;
+    long rss_before = rss_kib(); /* the module's growth is measured from here (scale) */
     int (**fn)(void *) = entry_fn;
     const char **entry = entry_names;
     check(fn[0](NULL) == 0, "sched_version returns 0");
@@ -505,7 +533,8 @@ int main(int argc, char **argv) {
           "all six handler callbacks are set");
     for (int i = 2; i < 6; i++)
         check(fn[i](NULL) == 0, "%s returns 0", entry[i]);
-    wait_refresh(); /* the module fetches host states in the background */
+    if (!scale)
+        wait_refresh(); /* the module fetches host states in the background */
 
     if (strcmp(argv[2], "session") == 0)
         scenario_session();
@@ -515,6 +544,8 @@ int main(int argc, char **argv) {
         scenario_panic();
     else if (strcmp(argv[2], "reinit") == 0)
         scenario_reinit(argv[1]);
+    else if (scale)
+        scenario_scale(argv[1], rss_before);
     else {
         fprintf(stderr, "unknown scenario %s\n", argv[2]);
         return 2;

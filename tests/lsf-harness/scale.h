@@ -1,0 +1,429 @@
+/*
+ * The harness's scale scenario (included by harness.c, which it shares everything with: the
+ * scheduler functions, the module's loading, fill_list and the candidate table).
+ *
+ * tests/lsf-harness/run.sh prepares it: HARNESS_SCALE_HOSTS hosts n00001..nNNNNN, configured in
+ * the module's [cache.hosts] by their short names over a handful of topod Unix sockets, and
+ * HARNESS_SCALE_HUNG hosts hung001.. whose address is a listener that accepts and never answers.
+ * The harness offers every third n-host and every other hung host by its name with
+ * HARNESS_SCALE_DOMAIN, so the [cache] domain aliases are exercised. Then:
+ *
+ *   1. the first full refresh (the module's resident growth per host is measured across it);
+ *   2. HARNESS_SCALE_JOBS jobs of mixed shapes: newFn, matchFn over every candidate, sortFn,
+ *      notifyAllocFn(NOTIFY_ALLOC) and checkAllocFn on the first host kept, freeFn;
+ *   3. after half of them: sched_finalize, dlclose, dlopen, sched_init, and at once (before
+ *      any refresh) NOTIFY_STARTUP replays of every job dispatched so far; the jobs go on;
+ *   4. the module's log (HARNESS_LOG, info level) tells the CPUs each reservation got ("reserved
+ *      ... cpus=", and "pending dispatch placed ... CpuSet(...)" for a replay that waited for
+ *      its host's state): no job dispatched after the restart may have CPUs a replayed job holds.
+ *
+ * Figures, one per line: match+sort per job (p50, p99, the first match of each shape), the
+ * longest single callback, bytes per host. HARNESS_SCALE_ENFORCE lists the thresholds that fail
+ * the run (p50, p99, first; default all three); the others print as "figures" lines only.
+ */
+#include <time.h>
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static long rss_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmRSS:", 6) == 0)
+            kib = atol(line + 6);
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+static int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+static int scale_n, scale_hung;
+static const char *scale_domain;
+
+/* Names the hosts before the module is loaded: n-hosts first, then the hung ones. */
+static int scale_setup(void) {
+    scale_n = env_int("HARNESS_SCALE_HOSTS", 10000);
+    scale_hung = env_int("HARNESS_SCALE_HUNG", 500);
+    scale_domain = getenv("HARNESS_SCALE_DOMAIN") ? getenv("HARNESS_SCALE_DOMAIN") : "cluster.example";
+    if (scale_n < 1 || scale_hung < 0 || scale_n + scale_hung > MAXHOSTS) {
+        fprintf(stderr, "scale: %d + %d hosts, at most %d\n", scale_n, scale_hung, MAXHOSTS);
+        return -1;
+    }
+    n_hosts = scale_n + scale_hung;
+    for (int i = 0; i < n_hosts; i++) {
+        char name[96];
+        if (i < scale_n)
+            snprintf(name, sizeof name, i % 3 == 0 ? "n%05d.%s" : "n%05d", i + 1, scale_domain);
+        else
+            snprintf(name, sizeof name, (i - scale_n) % 2 ? "hung%03d.%s" : "hung%03d", i - scale_n + 1, scale_domain);
+        host_names[i] = strdup(name);
+    }
+    deferred_removal = 1;
+    return 0;
+}
+
+/* The longest single callback, of the six. */
+static double cb_max_ms;
+static const char *cb_max_name = "-";
+static void note_cb(const char *name, double ms) {
+    if (ms > cb_max_ms)
+        cb_max_ms = ms, cb_max_name = name;
+}
+
+static struct cand_list scale_list;
+static struct reasons scale_rs;
+static int scale_order[MAXHOSTS];
+static double last_match_ms, last_sort_ms; /* the two parts of scale_match's figure */
+
+/* matchFn then sortFn over every candidate; returns the milliseconds from matchFn's call to
+ * sortFn's return, with the hosts kept and the first of them (-1: none). */
+static double scale_match(struct resreq *r, int *kept, int *first, int timed) {
+    fill_list(&scale_list, scale_order, n_hosts);
+    memset(&scale_rs, 0, sizeof scale_rs);
+    double t0 = now_ms();
+    int rc = handler.matchFn(r->data, &scale_list, &scale_rs);
+    double t1 = now_ms();
+    compact_list(&scale_list.group);
+    current_list = NULL;
+    double t2 = now_ms();
+    int rs = rc == 0 ? handler.sortFn(r->data, &scale_list, &scale_rs) : -1;
+    double t3 = now_ms();
+    current_list = NULL;
+    if (rc != 0 || rs != 0)
+        check(0, "matchFn (%d) and sortFn (%d) return 0", rc, rs);
+    if (timed) {
+        note_cb("matchFn", t1 - t0);
+        note_cb("sortFn", t3 - t2);
+    }
+    last_match_ms = t1 - t0, last_sort_ms = t3 - t2;
+    *kept = scale_list.group.numOfMembers;
+    *first = *kept > 0 ? scale_list.group.candHost[0].hostIdx : -1;
+    free(scale_rs.main_text);
+    return t3 - t0;
+}
+
+/* Waits until at least `want` n-hosts are kept for a one-core request (hosts whose state
+ * arrived); returns the milliseconds waited, or -1 after limit_ms. */
+static double wait_known(int want, double limit_ms) {
+    struct resreq *probe = new_resreq("affinity[core(1)]", NULL, NULL);
+    double t0 = now_ms(), waited = -1;
+    int kept, first;
+    do {
+        scale_match(probe, &kept, &first, 0);
+        if (kept >= want) {
+            waited = now_ms() - t0;
+            break;
+        }
+        usleep(200 * 1000);
+    } while (now_ms() - t0 < limit_ms);
+    free_resreq(probe);
+    return waited;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A threshold: enforced ones are checks; the others a "figures" line that fails nothing. */
+static void threshold(const char *what, const char *key, double value, double limit) {
+    const char *enforce = getenv("HARNESS_SCALE_ENFORCE");
+    if (!enforce || strstr(enforce, key))
+        check(value <= limit, "%s %.3f ms <= %.0f ms", what, value, limit);
+    else
+        fprintf(stderr, "  figures %s  %s %.3f ms <= %.0f ms (not enforced on this machine)\n", value <= limit ? "ok  " : "FAIL",
+                what, value, limit);
+}
+
+/* One reservation the module's log tells. */
+struct logged {
+    long job;
+    char host[64];
+    unsigned char cpus[128]; /* a bit per CPU, up to 1024 */
+};
+
+static void parse_cpus(const char *s, unsigned char *bits) {
+    while (*s >= '0' && *s <= '9') {
+        char *end;
+        long a = strtol(s, &end, 10), b = a;
+        if (*end == '-')
+            b = strtol(end + 1, &end, 10);
+        for (long c = a; c <= b && c < 1024; c++)
+            bits[c / 8] |= (unsigned char)(1u << (c % 8));
+        s = *end == ',' ? end + 1 : end;
+    }
+}
+
+/* The value of " key=" in a log line, up to the next space; its short host name if `host`. */
+static int field(const char *line, const char *key, char *out, size_t len, int host) {
+    char pat[32];
+    snprintf(pat, sizeof pat, " %s=", key);
+    const char *p = strstr(line, pat);
+    if (!p)
+        return -1;
+    p += strlen(pat);
+    size_t n = strcspn(p, host ? " .\n" : " \n");
+    if (n >= len)
+        n = len - 1;
+    memcpy(out, p, n);
+    out[n] = 0;
+    return 0;
+}
+
+/* Reads the reservations the log tells from byte `from` on. */
+static int read_reservations(const char *path, long from, struct logged *out, int max) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    fseek(f, from, SEEK_SET);
+    char line[4096], job[64];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < max) {
+        const char *cpus = NULL;
+        if (strstr(line, "pending dispatch placed") && strstr(line, "CpuSet("))
+            cpus = strstr(line, "CpuSet(") + 7;
+        else if (strstr(line, " cpus="))
+            cpus = strstr(line, " cpus=") + 6;
+        if (!cpus || field(line, "job", job, sizeof job, 0) || field(line, "host", out[n].host, sizeof out[n].host, 1))
+            continue;
+        out[n].job = strtol(job + strcspn(job, "0123456789"), NULL, 10); /* "lsf-5001" */
+        memset(out[n].cpus, 0, sizeof out[n].cpus);
+        parse_cpus(cpus, out[n].cpus);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+static long file_size(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    return n;
+}
+
+static const char *SHAPES[] = {
+    "affinity[core(1)]",             "affinity[core(2,same=numa)]",     "affinity[core(4,same=numa)]",
+    "affinity[core(8,same=socket)]", "affinity[core(2)*4]",             "affinity[core(12,same=socket)]",
+    "affinity[core(3,same=l3)]",     "affinity[core(6,same=numa)]",
+};
+enum { NSHAPES = sizeof SHAPES / sizeof *SHAPES, JOB_BASE = 5000 };
+
+struct scale_job {
+    int host; /* -1: no host kept */
+    char *key;
+};
+
+static void scenario_scale(const char *path, long rss_before) {
+    int jobs = env_int("HARNESS_SCALE_JOBS", 400), half = jobs / 2;
+    const char *log = getenv("HARNESS_LOG");
+    for (int i = 0; i < n_hosts; i++)
+        scale_order[i] = i;
+    fprintf(stderr, "scale: %d hosts (%d over topod, %d hung), %d jobs of %d shapes, a restart after %d\n", n_hosts, scale_n,
+            scale_hung, jobs, NSHAPES, half);
+
+    double refresh_ms = wait_known(scale_n, 120000);
+    long rss_after = rss_kib();
+    check(refresh_ms >= 0, "the first refresh brings every host behind a topod (%d), the hung ones cost only their time-outs", scale_n);
+    if (refresh_ms < 0)
+        return;
+    double bytes_per_host = (double)(rss_after - rss_before) * 1024.0 / n_hosts;
+
+    double *ms = calloc((size_t)jobs, sizeof *ms), *ms_match = calloc((size_t)jobs, sizeof *ms), *ms_sort = calloc((size_t)jobs, sizeof *ms);
+    struct scale_job *job = calloc((size_t)jobs, sizeof *job);
+    double first_ms[2][NSHAPES] = {{0}};
+    int seen[2][NSHAPES] = {{0}};
+    long log_mark = 0;
+    int unplaced = 0, replays = 0, sessions = 0;
+    char *used = calloc((size_t)n_hosts, 1);
+    for (int k = 0; k < jobs; k++) {
+        int era = k >= half;
+        if (k == half) {
+            /* A scheduler restart: the module's handler data goes with it. */
+            check(entry_fn[6](NULL) == 0, "sched_finalize returns 0 (after %d jobs)", half);
+            dlclose(module_so);
+            if (load_module(path) != 0)
+                return;
+            if (log)
+                log_mark = file_size(log);
+            int rc = entry_fn[1](NULL);
+            check(rc == 0, "sched_init again returns 0 (%d)", rc);
+            for (int i = 2; i < 6; i++)
+                entry_fn[i](NULL);
+            /* At once, before any refresh: the jobs the scheduler dispatched so far. */
+            for (int p = 0; p < half; p++) {
+                if (job[p].host < 0)
+                    continue;
+                struct job j = {JOB_BASE + p, 0, job[p].key};
+                struct alloc a = {host_names[job[p].host], 1};
+                double t0 = now_ms();
+                rc = handler.notifyAllocFn(NULL, &j, &a, NULL, NOTIFY_STARTUP);
+                note_cb("notifyAllocFn", now_ms() - t0);
+                if (rc != 0)
+                    check(0, "notifyAllocFn(STARTUP, job %d on %s) returns 0 (got %d)", JOB_BASE + p, a.host, rc);
+                replays++;
+            }
+        }
+        int s = (k * 5 + k / 8) % NSHAPES;
+        double t0 = now_ms();
+        struct resreq *r = new_resreq(SHAPES[s], NULL, NULL);
+        note_cb("newFn", now_ms() - t0);
+        int kept, first;
+        ms[k] = scale_match(r, &kept, &first, 1);
+        /* Right after the restart no host's state is known yet: the job pends, and the next
+         * scheduling session (every 100 ms here) tries again. Its figure is the match that
+         * found hosts. */
+        for (int tries = 0; first < 0 && era && tries < 1200; tries++) {
+            usleep(100 * 1000);
+            sessions++;
+            ms[k] = scale_match(r, &kept, &first, 1);
+        }
+        if (!seen[era][s]) {
+            seen[era][s] = 1;
+            first_ms[era][s] = ms[k];
+        }
+        ms_match[k] = last_match_ms, ms_sort[k] = last_sort_ms;
+        job[k].host = first;
+        job[k].key = r->key ? strdup(r->key) : NULL;
+        if (first < 0) {
+            unplaced++;
+        } else {
+            used[first] = 1;
+            struct job j = {JOB_BASE + k, 0, r->key};
+            struct alloc a = {host_names[first], 1};
+            t0 = now_ms();
+            int rc = handler.notifyAllocFn(r->data, &j, &a, NULL, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
+            note_cb("notifyAllocFn", now_ms() - t0);
+            if (rc != 0)
+                check(0, "notifyAllocFn(job %d on %s) returns 0 (got %d)", JOB_BASE + k, a.host, rc);
+            t0 = now_ms();
+            handler.checkAllocFn(r->data, &j, &a, (void *)&last_limit);
+            note_cb("checkAllocFn", now_ms() - t0);
+        }
+        t0 = now_ms();
+        handler.freeFn(r->data);
+        note_cb("freeFn", now_ms() - t0);
+        r->set = 0;
+        free_resreq(r);
+    }
+
+    /* Every replay has been placed once its host's state came (the full refresh after the
+     * restart); then the log tells every reservation made since the restart. */
+    int hosts_used = 0;
+    for (int i = 0; i < scale_n; i++)
+        hosts_used += used[i];
+    double refresh2_ms = wait_known(scale_n - hosts_used, 120000);
+    check(refresh2_ms >= 0, "after the restart, the refresh brings every host again");
+    int overlaps = 0, on_replayed = 0, replayed_seen = 0, n = 0;
+    struct logged *res = calloc(4 * (size_t)jobs + 16, sizeof *res);
+    if (log) {
+        usleep(200 * 1000);
+        n = read_reservations(log, log_mark, res, 4 * jobs + 16);
+    }
+    for (int a = 0; a < n; a++) {
+        int replayed = res[a].job < JOB_BASE + half;
+        replayed_seen += replayed;
+        if (replayed)
+            continue;
+        int shares = 0;
+        for (int b = 0; b < n; b++) {
+            if (b == a || strcmp(res[a].host, res[b].host) != 0)
+                continue;
+            int common = 0;
+            for (size_t w = 0; w < sizeof res[a].cpus; w++)
+                common |= res[a].cpus[w] & res[b].cpus[w];
+            if (res[b].job < JOB_BASE + half)
+                shares = 1;
+            if (common) {
+                overlaps++;
+                fprintf(stderr, "        job %ld and job %ld%s share CPUs on %s\n", res[a].job, res[b].job,
+                        res[b].job < JOB_BASE + half ? " (replayed)" : "", res[a].host);
+            }
+        }
+        on_replayed += shares;
+    }
+    check(log && replayed_seen == replays, "the module's log tells the CPUs of every replayed job (%d of %d)", replayed_seen, replays);
+    check(on_replayed > 0, "jobs dispatched after the restart went to hosts holding replayed jobs (%d), so the next check means something",
+          on_replayed);
+    check(overlaps == 0, "no job dispatched after the restart got CPUs a replayed (or another) job holds (%d reservations read)", n);
+    check(unplaced == 0, "every job found a host (%d did not)", unplaced);
+
+    /* From outside, without the log: a whole 48-core EPYC (run.sh puts host i on topod
+     * t(i % 5), t0..t2 the EPYC) is refused on every host holding a job, replayed or not, and
+     * kept on every EPYC host holding none; once every job is released, on every EPYC host. */
+    struct resreq *whole = new_resreq("affinity[core(48)]", NULL, NULL);
+    int epyc = 0, epyc_free = 0, kept, first, kept_used = 0;
+    for (int i = 0; i < scale_n; i++)
+        if (i % 5 < 3)
+            epyc++, epyc_free += !used[i];
+    scale_match(whole, &kept, &first, 0);
+    for (int i = 0; i < kept; i++)
+        kept_used += used[scale_list.group.candHost[i].hostIdx];
+    check(kept == epyc_free && kept_used == 0,
+          "a whole EPYC is refused on the %d hosts holding jobs: kept %d hosts (%d holding jobs), expected the %d free EPYC hosts",
+          hosts_used, kept, kept_used, epyc_free);
+    for (int k = 0; k < jobs; k++) {
+        if (job[k].host < 0)
+            continue;
+        struct job j = {JOB_BASE + k, 0, job[k].key};
+        struct alloc a = {host_names[job[k].host], 1};
+        double t0 = now_ms();
+        handler.notifyAllocFn(NULL, &j, &a, NULL, NOTIFY_DEALLOC);
+        note_cb("notifyAllocFn", now_ms() - t0);
+    }
+    scale_match(whole, &kept, &first, 0);
+    check(kept == epyc, "every job released: a whole EPYC is kept on all %d EPYC hosts (%d)", epyc, kept);
+    free_resreq(whole);
+
+    qsort(ms, (size_t)jobs, sizeof *ms, cmp_double);
+    qsort(ms_match, (size_t)jobs, sizeof *ms, cmp_double);
+    qsort(ms_sort, (size_t)jobs, sizeof *ms, cmp_double);
+    double p50 = ms[(jobs - 1) / 2], p99 = ms[(jobs * 99 + 99) / 100 - 1];
+    double first_max = 0, first_max2 = 0;
+    for (int s = 0; s < NSHAPES; s++) {
+        if (first_ms[0][s] > first_max)
+            first_max = first_ms[0][s];
+        if (first_ms[1][s] > first_max2)
+            first_max2 = first_ms[1][s];
+    }
+    fprintf(stderr, "  figure  first full refresh: %.0f ms for %d hosts (%d hung); after the restart %.0f ms more once the jobs ended\n",
+            refresh_ms, n_hosts, scale_hung, refresh2_ms);
+    fprintf(stderr, "  figure  match+sort per job over %d candidates: p50 %.3f ms, p99 %.3f ms, max %.3f ms\n", n_hosts, p50, p99,
+            ms[jobs - 1]);
+    fprintf(stderr, "  figure  of which matchFn p50 %.3f ms, p99 %.3f ms; sortFn p50 %.3f ms, p99 %.3f ms\n", ms_match[(jobs - 1) / 2],
+            ms_match[(jobs * 99 + 99) / 100 - 1], ms_sort[(jobs - 1) / 2], ms_sort[(jobs * 99 + 99) / 100 - 1]);
+    for (int s = 0; s < NSHAPES; s++)
+        fprintf(stderr, "  figure  first match of %-32s %.3f ms; after the restart %.3f ms\n", SHAPES[s], first_ms[0][s],
+                first_ms[1][s]);
+    fprintf(stderr, "  figure  longest single callback: %.3f ms (%s)\n", cb_max_ms, cb_max_name);
+    fprintf(stderr, "  figure  resident growth across the first refresh: %ld KiB, %.0f bytes per host\n", rss_after - rss_before,
+            bytes_per_host);
+    fprintf(stderr,
+            "  figure  %d replays; %d jobs after the restart on hosts holding replayed jobs; %d jobs found no host; %d sessions "
+            "found no host known yet after the restart\n",
+            replays, on_replayed, unplaced, sessions);
+    threshold("match+sort per job p50", "p50", p50, 1);
+    threshold("match+sort per job p99", "p99", p99, 5);
+    threshold("first match of a new shape (worst of each shape, before the restart)", "first", first_max, 20);
+    threshold("first match of a new shape (worst, after the restart, during its refresh)", "first", first_max2, 20);
+    for (int k = 0; k < jobs; k++)
+        free(job[k].key);
+    free(job);
+    free(ms);
+    free(ms_match);
+    free(ms_sort);
+    free(used);
+    free(res);
+}
