@@ -3,6 +3,7 @@
 use crate::api::Api;
 use crate::extsched::{self, Decision};
 use crate::{guarded, module, Module};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_void};
@@ -122,11 +123,25 @@ unsafe extern "C" fn free_fn(data: *mut c_void) {
 }
 
 /// One candidate: its group, its place in the group, its host pointer and name.
-struct Candidate {
+struct Candidate<'a> {
     group: *mut sys::candHostGroup,
     index: usize,
     host_ptr: usize,
-    name: String,
+    /// Borrowed from the scheduler's slot for the call (no allocation per candidate: a match
+    /// sees every host of the cluster).
+    name: Cow<'a, str>,
+}
+
+/// A C string the scheduler owns as `&str` for the call, copied only when it is not UTF-8.
+///
+/// SAFETY (for callers): `p` is null or points to a NUL-terminated string that stays valid and
+/// unchanged for `'a`.
+unsafe fn borrowed<'a>(p: *const c_char) -> Cow<'a, str> {
+    if p.is_null() {
+        return Cow::Borrowed("");
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy()
 }
 
 /// The candidate groups of a list, in order.
@@ -174,14 +189,13 @@ unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut
             for (index, c) in unsafe { members(g) }.iter_mut().enumerate() {
                 // SAFETY: `c` is a live candidate; the slot structure is the scheduler's.
                 let slot = unsafe { (m.api.get_avail_slot)(c) };
-                // SAFETY: the slot's name is a C string or null.
-                let name = if slot.is_null() { None } else { unsafe { text((*slot).name) } };
-                candidates.push(Candidate {
-                    group: g,
-                    index,
-                    host_ptr: c.hostPtr as usize,
-                    name: name.unwrap_or_default(),
-                });
+                let name = if slot.is_null() {
+                    Cow::Borrowed("")
+                } else {
+                    // SAFETY: the slot's name is a C string or null, valid during this call.
+                    unsafe { borrowed((*slot).name) }
+                };
+                candidates.push(Candidate { group: g, index, host_ptr: c.hostPtr as usize, name });
             }
         }
         let base = m.config.lsf.reason_base;
@@ -254,7 +268,7 @@ fn decide_all(
                 }
             },
             None => {
-                unknown.push(c.name.clone());
+                unknown.push(c.name.to_string());
                 match ctx.unreachable {
                     Unreachable::Open => Ok(UNKNOWN_SCORE),
                     Unreachable::Closed => Err(REASON_UNKNOWN),
@@ -327,7 +341,8 @@ unsafe extern "C" fn sort_fn(data: *mut c_void, list: *mut c_void, _reason: *mut
         for g in unsafe { groups(&m.api, list) } {
             // SAFETY: a live group; its members are reordered in place, none added or lost.
             let members = unsafe { members(g) };
-            members.sort_by_key(|c| {
+            // One score lookup per member, not one per comparison.
+            members.sort_by_cached_key(|c| {
                 scores.get(&(c.hostPtr as usize)).copied().unwrap_or(UNKNOWN_SCORE)
             });
         }
