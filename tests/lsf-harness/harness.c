@@ -85,9 +85,14 @@ static struct limit last_limit;
 /* The functions the module calls. Each is defined once and exported under the names the
  * scheduler generation being emulated has.                                                  */
 
+static int refuse_registrations; /* the "refuse" scenario: the scheduler refuses this many */
 static int do_register(int id, RsrcReqHandlerType *h) {
     if (id < 100 || id > 199 || h == NULL)
         return -1;
+    if (refuse_registrations > 0) {
+        refuse_registrations--;
+        return -1;
+    }
     handler = *h; /* the scheduler keeps a copy */
     handler_id = id;
     handler_registered++;
@@ -504,7 +509,7 @@ static void scenario_panic(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|panic|scale\n", argv[0]);
+        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|refuse|panic|scale\n", argv[0]);
         return 2;
     }
     int scale = strcmp(argv[2], "scale") == 0;
@@ -524,6 +529,13 @@ int main(int argc, char **argv) {
     int (**fn)(void *) = entry_fn;
     const char **entry = entry_names;
     check(fn[0](NULL) == 0, "sched_version returns 0");
+    if (strcmp(argv[2], "refuse") == 0) {
+        /* A scheduler that refuses the handler: sched_init fails and leaves nothing running, so
+         * that the next sched_init starts again and registers it. */
+        fprintf(stderr, "the scheduler refuses the first registration\n");
+        refuse_registrations = 1;
+        check(fn[1](NULL) == -1 && handler_registered == 0, "sched_init returns -1 when the handler is refused");
+    }
     int rc = fn[1](NULL);
     check(rc == 0 && handler_registered == 1, "sched_init returns 0 (%d) and registers one handler (%d)", rc, handler_registered);
     if (rc != 0 || !handler_registered)
@@ -544,6 +556,11 @@ int main(int argc, char **argv) {
         scenario_panic();
     else if (strcmp(argv[2], "reinit") == 0)
         scenario_reinit(argv[1]);
+    else if (strcmp(argv[2], "refuse") == 0) {
+        struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
+        check(big->set, "and the next sched_init works: newFn attaches data");
+        free_resreq(big);
+    }
     else if (scale)
         scenario_scale(argv[1], rss_before);
     else {

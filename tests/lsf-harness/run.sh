@@ -85,6 +85,7 @@ run "$work/harness" "$work/schmod_topo.so" session || status=1
 run "$work/harness" "$work/schmod_topo.so" restart || status=1
 run "$work/harness-lsb" "$work/schmod_topo.so" restart || status=1
 run "$work/harness" "$work/schmod_topo.so" reinit || status=1
+run "$work/harness" "$work/schmod_topo.so" refuse || status=1
 TOPO_LSF_PANIC_IN=matchFn run "$work/harness" "$work/schmod_topo_panic.so" panic || status=1
 # The whole session again under memcheck: no error, nothing definitely lost. (Job 101 is held
 # by h1's topod by now; the session's expectations hold either way.)

@@ -133,8 +133,16 @@ pub const NEGATIVE_NAMES: usize = 65_536;
 impl NameIndex {
     fn insert(&mut self, name: &str, id: HostId) {
         self.by_name.insert(name.into(), (id, true));
-        for alias in aliases(name, &self.domain) {
-            self.by_name.entry(alias.into()).or_insert((id, false));
+        let mut also = aliases(name, &self.domain);
+        // Host names are case-insensitive (DNS, LSF): the lower-case forms too, which a lookup
+        // tries when the name as given is not found.
+        let lower = name.to_ascii_lowercase();
+        also.extend(aliases(&lower, &self.domain));
+        also.push(lower);
+        for alias in also {
+            if *alias != *name {
+                self.by_name.entry(alias.into()).or_insert((id, false));
+            }
         }
     }
 }
@@ -272,10 +280,15 @@ impl HostCache {
         if negative.contains(name) {
             return None;
         }
+        if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            if let Some(&(id, _)) = self.names.by_name.get(name.to_ascii_lowercase().as_str()) {
+                return Some(id);
+            }
+        }
         if self.names.domain.is_empty() {
-            let short = name.split('.').next().unwrap_or(name);
+            let short = name.split('.').next().unwrap_or(name).to_ascii_lowercase();
             if short != name {
-                if let Some(&(id, _)) = self.names.by_name.get(short) {
+                if let Some(&(id, _)) = self.names.by_name.get(short.as_str()) {
                     return Some(id);
                 }
             }

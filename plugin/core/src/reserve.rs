@@ -13,7 +13,7 @@
 use crate::cache::{HostCache, HostId};
 use crate::config::Unreachable;
 use crate::eval::{self, Context, NoFit, Verdict};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use topo_core::cpuset::CpuSet;
 use topo_core::request::Request;
@@ -63,8 +63,9 @@ pub enum Dispatched {
 #[derive(Debug, Default)]
 pub struct Reservations {
     by_job: HashMap<String, Vec<Reservation>>,
-    /// Dispatches waiting for their host's state.
-    pending: Vec<Pending>,
+    /// Dispatches waiting for their host's state, by job and host name (a dispatch is O(log n),
+    /// not a scan: a job may be dispatched to thousands of hosts not known yet).
+    pending: BTreeMap<(String, Box<str>), Pending>,
     by_host: HashMap<HostId, CpuSet>,
     /// Indexed by host: looked up for every candidate of every match, so no hashing.
     versions: Vec<u32>,
@@ -88,7 +89,7 @@ impl Reservations {
     /// had a reservation or a pending dispatch.
     pub fn release(&mut self, job: &str) -> bool {
         let before = self.pending.len();
-        self.pending.retain(|p| p.job != job);
+        self.pending.retain(|(j, _), _| j != job);
         let had_pending = self.pending.len() < before;
         let Some(list) = self.by_job.remove(job) else { return had_pending };
         for r in list {
@@ -110,13 +111,10 @@ impl Reservations {
         made: Instant,
     ) -> Dispatched {
         let Some(id) = cache.lookup(host).filter(|&id| cache.host(id).state.is_some()) else {
-            self.pending.retain(|p| !(p.job == job && *p.host == *host));
-            self.pending.push(Pending {
-                job: job.to_string(),
-                host: host.into(),
-                request: request.clone(),
-                made,
-            });
+            self.pending.insert(
+                (job.to_string(), host.into()),
+                Pending { job: job.to_string(), host: host.into(), request: request.clone(), made },
+            );
             return Dispatched::Pending;
         };
         self.place(cache, job, id, request, made)
@@ -153,7 +151,13 @@ impl Reservations {
                 if let Some(reserved) = self.on_host(id) {
                     free.difference_with(reserved);
                 }
-                Dispatched::Squeezed(free.take_first(eval::min_cpus(request)), why)
+                // A request larger than the whole host can never start there (topod refuses
+                // it), so it holds nothing; otherwise its least CPU count, as the job may
+                // start once something ends (`core(65536)` must not take the whole host for
+                // the reservation's lifetime).
+                let least = eval::min_cpus(request);
+                let most = if least > model.allocatable.len() { 0 } else { least };
+                Dispatched::Squeezed(free.take_first(most), why)
             }
         };
         let cpus = match &outcome {
@@ -173,7 +177,7 @@ impl Reservations {
             return 0;
         }
         let mut placed = 0;
-        for p in std::mem::take(&mut self.pending) {
+        for p in std::mem::take(&mut self.pending).into_values() {
             if now.saturating_duration_since(p.made) > ttl {
                 tracing::info!(job = %p.job, host = %p.host, "the host's state never came; pending reservation dropped");
                 continue;
@@ -184,15 +188,17 @@ impl Reservations {
                     tracing::info!(job = %p.job, host = %p.host, ?outcome, "pending dispatch placed now that the host's state is known");
                     placed += 1;
                 }
-                None => self.pending.push(p),
+                None => {
+                    self.pending.insert((p.job.clone(), p.host.clone()), p);
+                }
             }
         }
         placed
     }
 
     /// The dispatches waiting for their host's state.
-    pub fn pending(&self) -> &[Pending] {
-        &self.pending
+    pub fn pending(&self) -> Vec<&Pending> {
+        self.pending.values().collect()
     }
 
     /// The CPUs reserved on `host`.

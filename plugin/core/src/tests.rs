@@ -621,6 +621,17 @@ fn a_dispatch_that_does_not_fit_still_reserves_its_least_cpu_count() {
         matches!(eval::evaluate(&ctx, b, &with_tasks("affinity[core(1)]", 1)), Verdict::NoFit(_)),
         "the next job does not count the same CPUs"
     );
+    // A request larger than the whole host holds nothing there.
+    match resv.dispatch(
+        &cache,
+        "lsf-8",
+        "b",
+        &with_tasks("affinity[core(65536)]", 1),
+        Instant::now(),
+    ) {
+        Dispatched::Squeezed(cpus, _) => assert!(cpus.is_empty(), "{cpus}"),
+        other => panic!("{other:?}"),
+    }
     // A host that already reports the job reserves nothing.
     assert_eq!(
         resv.dispatch(&cache, "lsf-1", "b", &with_tasks("affinity[core(1)]", 1), Instant::now()),
@@ -651,4 +662,25 @@ fn aliases_follow_the_configured_domain_and_unknown_names_are_remembered() {
     let own = cache.add("n1", Address::Tcp("other:7979".into()));
     assert_ne!(own, fqdn);
     assert_eq!(cache.lookup("n1"), Some(own));
+    // Host names are case-insensitive, as in DNS and LSF.
+    let mixed = cache.add("Node7.Cluster.Example", Address::Tcp("n7:7979".into()));
+    for name in ["node7", "NODE7", "node7.cluster.example", "Node7.Cluster.Example"] {
+        assert_eq!(cache.lookup(name), Some(mixed), "{name}");
+    }
+}
+
+#[test]
+fn many_pending_dispatches_cost_no_scan_each() {
+    // One job dispatched to 40,000 hosts not known yet: each dispatch is a map insert.
+    let cache = crate::HostCache::new();
+    let mut resv = crate::Reservations::new();
+    let req = with_tasks("affinity[core(1)]", 1);
+    let started = Instant::now();
+    for i in 0..40_000 {
+        resv.dispatch(&cache, "lsf-1", &format!("h{i}"), &req, Instant::now());
+    }
+    assert_eq!(resv.pending().len(), 40_000);
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    assert!(resv.release("lsf-1"));
+    assert!(resv.pending().is_empty());
 }

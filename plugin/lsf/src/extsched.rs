@@ -55,12 +55,17 @@ pub fn topo_part(text: &str) -> Option<String> {
             j += 1;
         }
         if name.is_empty() || j >= bytes.len() || bytes[j] != b'[' {
-            // Not a section: a stray word or character; skip it.
-            i = if name.is_empty() {
-                i + text[i..].chars().next().map_or(1, char::len_utf8)
-            } else {
-                i
-            };
+            // Not a section (`filer-affinity[...]`, `x=affinity[...]`, a stray word): skip the
+            // whole word, brackets and all, to the next space outside brackets.
+            let mut depth = 0usize;
+            while i < bytes.len() && !(depth == 0 && bytes[i].is_ascii_whitespace()) {
+                match bytes[i] {
+                    b'[' => depth += 1,
+                    b']' => depth = depth.saturating_sub(1),
+                    _ => {}
+                }
+                i += 1;
+            }
             continue;
         }
         let mut depth = 0usize;
@@ -87,15 +92,28 @@ pub fn topo_part(text: &str) -> Option<String> {
 }
 
 /// Requests keyed by a hash ([`KEY_MAX`]), so that `notifyAllocFn` finds the request of a job
-/// whose key is one. Bounded: past [`LONG_KEYS_MAX`] distinct long requests the full canonical
-/// form is the key again (correct, only longer).
-static LONG_KEYS: Mutex<Option<HashMap<String, Request>>> = Mutex::new(None);
-const LONG_KEYS_MAX: usize = 4096;
+/// whose key is one. Bounded: past [`LONG_KEYS_MAX`] distinct long requests the one used least
+/// recently is forgotten (a job keyed by it then gets no tentative reservation; its host's
+/// topod still places it), so a key is never longer than [`KEY_MAX`].
+static LONG_KEYS: Mutex<Option<LongKeys>> = Mutex::new(None);
+const LONG_KEYS_MAX: usize = 16_384;
 
-fn hash_of(parts: &[&str]) -> u64 {
-    let mut h = DefaultHasher::new();
-    parts.hash(&mut h);
-    h.finish()
+/// The registry: the request and the tick it was last keyed at, by key.
+#[derive(Default)]
+struct LongKeys {
+    by_key: HashMap<String, (Request, u64)>,
+    tick: u64,
+}
+
+/// A 128-bit hash of `parts` (two 64-bit SipHashes, differently salted), as 32 hex digits.
+fn hash_of(parts: &[&str]) -> String {
+    let half = |salt: u8| {
+        let mut h = DefaultHasher::new();
+        salt.hash(&mut h);
+        parts.hash(&mut h);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(1), half(2))
 }
 
 /// The handler key of `request`: its canonical form, or its hash when that is too long.
@@ -104,13 +122,22 @@ pub fn key_of(request: &Request) -> String {
     if canonical.len() <= KEY_MAX {
         return canonical;
     }
-    let key = format!("{KEY_PREFIX}h#{:016x}", hash_of(&[&canonical]));
     let mut keys = LONG_KEYS.lock().unwrap_or_else(|e| e.into_inner());
-    let keys = keys.get_or_insert_with(HashMap::new);
-    if keys.len() >= LONG_KEYS_MAX && !keys.contains_key(&key) {
-        return canonical;
+    let keys = keys.get_or_insert_with(LongKeys::default);
+    keys.tick += 1;
+    let tick = keys.tick;
+    let mut key = format!("{KEY_PREFIX}h#{}", hash_of(&[&canonical]));
+    if keys.by_key.get(&key).is_some_and(|(r, _)| r != request) {
+        // Another request has this hash: salt it with the tick, unique from here on.
+        key = format!("{KEY_PREFIX}h#{}", hash_of(&[&canonical, &tick.to_string()]));
     }
-    keys.insert(key.clone(), request.clone());
+    if keys.by_key.len() >= LONG_KEYS_MAX && !keys.by_key.contains_key(&key) {
+        let oldest = keys.by_key.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone());
+        if let Some(oldest) = oldest {
+            keys.by_key.remove(&oldest);
+        }
+    }
+    keys.by_key.insert(key.clone(), (request.clone(), tick));
     key
 }
 
@@ -167,7 +194,7 @@ pub fn decide(job: Option<&str>, mandatory: Option<&str>, default: Option<&str>)
         Err(e) => Decision::Bad {
             // Equal bad strings share a key (one pending reason for all of them), of bounded size.
             key: format!(
-                "{KEY_PREFIX}bad#{:016x}",
+                "{KEY_PREFIX}bad#{}",
                 hash_of(&[mandatory.unwrap_or(""), job.unwrap_or(""), default.unwrap_or("")])
             ),
             message: bad_message(&e, mandatory, job, default),
@@ -217,8 +244,9 @@ pub fn request_from_key(key: &str) -> Option<Result<Request, String>> {
     }
     if text.starts_with("h#") {
         let keys = LONG_KEYS.lock().unwrap_or_else(|e| e.into_inner());
-        return Some(keys.as_ref().and_then(|k| k.get(&key[at..])).cloned().ok_or_else(|| {
-            "the job's topology request is keyed by a hash this module did not make".to_string()
+        let found = keys.as_ref().and_then(|k| k.by_key.get(&key[at..])).map(|(r, _)| r.clone());
+        return Some(found.ok_or_else(|| {
+            "the job's topology request is keyed by a hash this module no longer has".to_string()
         }));
     }
     Some(topo_core::request::parse(text).map_err(|e| e.to_string()))
@@ -318,6 +346,10 @@ mod tests {
         );
         assert_eq!(topo_part("affinity"), None);
         assert_eq!(topo_part("é affinity[core(1)]").as_deref(), Some("affinity[core(1)]"));
+        for other in ["filer-affinity[core(1)]", "filer:affinity[core(1)]", "x=affinity[core(48)]"]
+        {
+            assert_eq!(topo_part(other), None, "{other}");
+        }
         // What decide does with them: the other module's part is left alone, ours is parsed.
         assert!(matches!(
             decide(Some("PSET[PSET_TYPE=cpu] CPUSET[CPU_LIST=0-3]"), None, None),

@@ -363,6 +363,21 @@ struct JobInfo6 {
     res_key: *mut c_char,
 }
 
+/// The first fields of `struct jobInfo` as LSF 9/10 lays it out.
+#[repr(C)]
+struct JobInfo10 {
+    job_id: c_int,
+    job_index: c_int,
+    index_range_cnt: c_int,
+    index_range_start: *mut c_int,
+    index_range_end: *mut c_int,
+    index_range_step: *mut c_int,
+    cluster: *mut c_char,
+    user: *mut c_char,
+    queue: *mut c_char,
+    res_key: *mut c_char,
+}
+
 /// The job behind a notify or check call: its topod job id and its request.
 fn job_of(api: &Api, job: *mut c_void) -> Result<Option<(String, Request)>, String> {
     if job.is_null() {
@@ -387,13 +402,20 @@ fn job_of(api: &Api, job: *mut c_void) -> Result<Option<(String, Request)>, Stri
             return Err("lsb_get_jobinfo returned nothing".into());
         }
         // A scheduler without extsched_getJobInfo is of the LSF 6.x generation, whose
-        // lsb_get_jobinfo fills the 6.x struct jobInfo: read it with that layout whatever
-        // header the module was built with (9/10 inserts four index-range fields before
-        // `cluster`, which would shift `resKey`).
-        let info = info.cast::<JobInfo6>();
-        // SAFETY: the scheduler's buffer of at least the 6.x prefix read here, read before any
-        // other call.
-        unsafe { ((*info).job_id, (*info).job_index, text((*info).res_key)) }
+        // lsb_get_jobinfo fills the 6.x struct jobInfo; one that has it (but not
+        // extsched_freeJobInfo, so the module cannot use it) fills the 9/10 one. Each is read
+        // with its own layout, whatever header the module was built with: 9/10 inserts four
+        // index-range fields before `cluster`, which shifts `resKey`.
+        if api.get_job_info.is_none() {
+            let info = info.cast::<JobInfo6>();
+            // SAFETY: the scheduler's buffer of at least the 6.x prefix read here, read before
+            // any other call.
+            unsafe { ((*info).job_id, (*info).job_index, text((*info).res_key)) }
+        } else {
+            let info = info.cast::<JobInfo10>();
+            // SAFETY: as above, with the 9/10 prefix.
+            unsafe { ((*info).job_id, (*info).job_index, text((*info).res_key)) }
+        }
     } else {
         return Err("the scheduler has neither extsched_getJobInfo nor lsb_get_jobinfo".into());
     };

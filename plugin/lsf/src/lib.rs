@@ -47,8 +47,8 @@ struct Module {
 /// The module of the last successful `sched_init`.
 ///
 /// The scheduler may call `sched_finalize` and then `sched_init` again in the same process
-/// (with or without `dlclose` in between: a Rust library is not unloaded, so its statics
-/// survive). Each `sched_init` after a `sched_finalize` therefore builds a new module (the
+/// (with or without `dlclose` in between: the library is linked `-z nodelete`, see build.rs, so
+/// it stays mapped and its statics survive). Each `sched_init` after a `sched_finalize` therefore builds a new module (the
 /// configuration read again, a new cache, a new refresher) and registers the handler again.
 /// The old module is left in place rather than freed: a callback of the old session may still
 /// hold it, and `&'static` is what lets every callback reach the module without a lock held
@@ -109,7 +109,11 @@ pub extern "C" fn sched_init(_param: *mut c_void) -> c_int {
     guarded("sched_init", -1, init)
 }
 
+/// `sched_init` calls one at a time (two at once would each start a refresher).
+static INIT: Mutex<()> = Mutex::new(());
+
 fn init() -> Result<c_int, String> {
+    let _one_at_a_time = INIT.lock().unwrap_or_else(|e| e.into_inner());
     if let Ok(m) = module() {
         if m.refresher.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
             tracing::info!(
@@ -141,14 +145,6 @@ fn init() -> Result<c_int, String> {
         .map_err(|e| format!("cannot start the refresh thread: {e}"))?;
     let handler_id = config.lsf.handler_id;
     let unreachable = config.cache.unreachable;
-    let module: &'static Module = Box::leak(Box::new(Module {
-        api,
-        config,
-        shared,
-        memo: Mutex::new(Memo::new()),
-        refresher: Mutex::new(Some(refresher)),
-    }));
-    *MODULE.write().unwrap_or_else(|e| e.into_inner()) = Some(module);
     // The table lives as long as the process (the header: "Memory must not be freed"); a static
     // rather than a leaked box, so that it stays reachable whether the scheduler keeps the
     // pointer or a copy.
@@ -157,8 +153,20 @@ fn init() -> Result<c_int, String> {
     // the scheduler only reads it.
     let rc = unsafe { (api.register_handler)(handler_id, std::ptr::from_ref(handler).cast_mut()) };
     if rc < 0 {
+        // Nothing is published: the next sched_init starts from scratch.
+        refresher.stop_soon();
         return Err(format!("the scheduler refused handler id {handler_id} (returned {rc}); another module may use it: set [lsf] handler_id"));
     }
+    // Published only once the handler is registered: a module is running exactly when the
+    // scheduler has its handler.
+    let module: &'static Module = Box::leak(Box::new(Module {
+        api,
+        config,
+        shared,
+        memo: Mutex::new(Memo::new()),
+        refresher: Mutex::new(Some(refresher)),
+    }));
+    *MODULE.write().unwrap_or_else(|e| e.into_inner()) = Some(module);
     tracing::info!(handler_id, hosts = hosts.len(), ?unreachable, "handler registered");
     Ok(0)
 }
