@@ -200,6 +200,12 @@ qmgr -c "set hook topo freq = 3"
 qmgr -c "set hook pbs_cgroups enabled = false" 2>/dev/null || true
 for _ in $(seq 100); do [ -f "$PBS_HOME/mom_priv/hooks/topo.PY" ] && break; sleep 0.2; done
 sleep 2
+# The MoM keeps the period it had (the README's 60 s) until its next periodic run: wait for two
+# runs, after which they come every 3 s.
+periodic_log=$PBS_HOME/mom_logs/$(date +%Y%m%d)
+periodic_runs() { grep -c 'topo hook: on_periodic done' "$periodic_log" 2>/dev/null || true; }
+runs=$(periodic_runs)
+for _ in $(seq 450); do [ "$(periodic_runs)" -ge $((runs + 2)) ] && break; sleep 0.2; done
 
 # Jobs are submitted from a directory their user may write (PBS copies the job's output there).
 as_user() { (cd "$BASE/out" && runuser -u "$JOB_USER" -- "$@"); }
