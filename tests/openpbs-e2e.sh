@@ -61,6 +61,10 @@ restore_host() {
     cat "$BASE/hosts.before" > /etc/hosts
     [ -f "$BASE/pbs.conf.before" ] && cp "$BASE/pbs.conf.before" /etc/pbs.conf
 }
+# From here on /etc/hosts is put back whatever happens (the full clean-up replaces this trap).
+trap restore_host EXIT
+trap "exit 130" INT
+trap "exit 143" TERM
 addr=$(ip -4 -o addr show scope global | awk '{ split($4, a, "/"); print a[1]; exit }')
 if [ -z "$addr" ]; then
     echo "$me: SKIPPED: PBS needs a non-loopback address for $NODE and this host has none"
@@ -126,6 +130,10 @@ cleanup() {
     if [ "$FAILED" -eq 0 ] && [ "$status" -eq 0 ]; then rm -rf "$BASE"; else echo "$me: logs kept in $BASE and $PBS_HOME/*_logs"; fi
 }
 trap cleanup EXIT
+# A signal ends the script through exit, so that the clean-up runs (an EXIT trap alone does not
+# run when bash is killed by a signal it does not trap).
+trap "exit 130" INT
+trap "exit 143" TERM
 
 sed -i 's/^PBS_START_MOM=.*/PBS_START_MOM=1/' /etc/pbs.conf
 grep -q '^PBS_START_MOM=' /etc/pbs.conf || echo 'PBS_START_MOM=1' >> /etc/pbs.conf
