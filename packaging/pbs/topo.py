@@ -823,18 +823,22 @@ def published_path(config):
     return os.path.join(config["state_dir"], "ncpus.json")
 
 
+def read_state(path):
+    """One of the hook's state files as a dict; {} when it is missing, unreadable or not a JSON
+    object (the hook then starts that state afresh)."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def read_published(config):
     """{vnode: {"ncpus", "allocatable", "comment"}} as last published by this hook; entries of
     another shape (an older hook's file, a damaged one) are ignored."""
-    try:
-        with open(published_path(config)) as f:
-            before = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(before, dict):
-        return {}
     good = {}
-    for name, value in before.items():
+    for name, value in read_state(published_path(config)).items():
         if (isinstance(value, dict) and isinstance(value.get("ncpus"), int)
                 and isinstance(value.get("allocatable"), int)):
             good[name] = {"ncpus": value["ncpus"], "allocatable": value["allocatable"],
@@ -1192,13 +1196,7 @@ def orphans_path(config):
 
 def read_orphan_counts(config):
     """{topod job id: periodic runs it has been missing}; entries of another shape are ignored."""
-    try:
-        with open(orphans_path(config)) as f:
-            counts = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(counts, dict):
-        return {}
+    counts = read_state(orphans_path(config))
     return dict((k, v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool))
 
 

@@ -13,6 +13,17 @@ use topo_core::cpuset::CpuSet;
 use topo_core::request::{self, Request};
 use topo_core::topology::{hwloc_xml, Topology};
 
+/// What `evaluate` needs: the cache and reservations under test, `config`'s staleness limit.
+fn context<'a>(
+    cache: &'a crate::HostCache,
+    reservations: &'a crate::Reservations,
+    config: &CacheConfig,
+    now: Instant,
+    unreachable: Unreachable,
+) -> Context<'a> {
+    Context { cache, reservations, now, stale_after: config.stale_after(), unreachable }
+}
+
 fn shared_topology(name: &str) -> Topology {
     let dir = std::env::var_os("TOPO_SHARED_DIR")
         .map(PathBuf::from)
@@ -108,13 +119,7 @@ fn fit_follows_the_free_map_and_the_policy() {
     let (shared, _source) = setup(&config);
     let cache = shared.cache.load();
     let resv = shared.reservations.lock().unwrap();
-    let mut ctx = Context {
-        cache: &cache,
-        reservations: &resv,
-        now: Instant::now(),
-        stale_after: config.stale_after(),
-        unreachable: Unreachable::Open,
-    };
+    let mut ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Open);
     let id = |n| cache.lookup(n).unwrap();
     // 24 cores in one package: fits the empty Zen host, not the one whose first package is held.
     let req = with_tasks("affinity[core(24,same=socket)]", 1);
@@ -165,13 +170,7 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
     for job in ["lsf-10", "lsf-11"] {
         let cache = shared.cache.load();
         let mut resv = shared.reservations.lock().unwrap();
-        let ctx = Context {
-            cache: &cache,
-            reservations: &resv,
-            now,
-            stale_after: config.stale_after(),
-            unreachable: Unreachable::Open,
-        };
+        let ctx = context(&cache, &resv, &config, now, Unreachable::Open);
         let Verdict::Fits { cpus, .. } = eval::evaluate(&ctx, a, &half) else {
             panic!("{job} should fit")
         };
@@ -180,13 +179,7 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
     {
         let cache = shared.cache.load();
         let resv = shared.reservations.lock().unwrap();
-        let ctx = Context {
-            cache: &cache,
-            reservations: &resv,
-            now,
-            stale_after: config.stale_after(),
-            unreachable: Unreachable::Open,
-        };
+        let ctx = context(&cache, &resv, &config, now, Unreachable::Open);
         assert!(
             matches!(
                 eval::evaluate(&ctx, a, &with_tasks("affinity[core(1)]", 1)),
@@ -207,13 +200,7 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
     let resv = shared.reservations.lock().unwrap();
     assert!(resv.is_empty(), "confirmed reservations are dropped");
     let cache = shared.cache.load();
-    let ctx = Context {
-        cache: &cache,
-        reservations: &resv,
-        now,
-        stale_after: config.stale_after(),
-        unreachable: Unreachable::Open,
-    };
+    let ctx = context(&cache, &resv, &config, now, Unreachable::Open);
     assert!(
         matches!(eval::evaluate(&ctx, a, &half), Verdict::Fits { .. }),
         "one package is free again"
@@ -257,13 +244,7 @@ fn the_memo_agrees_with_evaluate_and_forgets_changed_hosts() {
     let hosts: Vec<u32> = (0..cache.len() as u32).collect();
     let req = with_tasks("affinity[core(24,same=socket)]", 1);
     let direct = |resv: &crate::Reservations| {
-        let ctx = Context {
-            cache: &cache,
-            reservations: resv,
-            now: Instant::now(),
-            stale_after: config.stale_after(),
-            unreachable: Unreachable::Open,
-        };
+        let ctx = context(&cache, resv, &config, Instant::now(), Unreachable::Open);
         hosts
             .iter()
             .map(|&h| match eval::evaluate(&ctx, h, &req) {
@@ -273,13 +254,7 @@ fn the_memo_agrees_with_evaluate_and_forgets_changed_hosts() {
             .collect::<Vec<_>>()
     };
     let via_memo = |memo: &mut eval::Memo, resv: &crate::Reservations| {
-        let ctx = Context {
-            cache: &cache,
-            reservations: resv,
-            now: Instant::now(),
-            stale_after: config.stale_after(),
-            unreachable: Unreachable::Open,
-        };
+        let ctx = context(&cache, resv, &config, Instant::now(), Unreachable::Open);
         memo.scores(&ctx, "k", &req, &hosts)
     };
     assert_eq!(via_memo(&mut memo, &resv), direct(&resv));
@@ -466,13 +441,7 @@ fn the_memo_costs_at_most_524_bytes_per_host_at_64_shapes() {
     let resv = crate::Reservations::new();
     let mut memo = eval::Memo::new();
     let hosts: Vec<u32> = (0..cache.len() as u32).collect();
-    let ctx = Context {
-        cache: &cache,
-        reservations: &resv,
-        now: Instant::now(),
-        stale_after: config.stale_after(),
-        unreachable: Unreachable::Open,
-    };
+    let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Open);
     let mut keys = 0;
     for n in 1..=eval::MEMO_SHAPES as u32 {
         let key = format!("affinity[core({n})]#1");
@@ -562,13 +531,7 @@ fn startup_replays_before_the_first_refresh_are_placed_when_the_state_arrives() 
         assert_eq!(r[0].cpus.len(), 48, "one package with its SMT siblings");
     }
     // A new job no longer counts those CPUs: one package left on a.
-    let ctx = Context {
-        cache: &cache,
-        reservations: &resv,
-        now: Instant::now(),
-        stale_after: config.stale_after(),
-        unreachable: Unreachable::Closed,
-    };
+    let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
     let a = cache.lookup("a").unwrap();
     assert!(matches!(eval::evaluate(&ctx, a, &half), Verdict::Fits { .. }));
     assert!(matches!(
@@ -610,13 +573,7 @@ fn a_dispatch_that_does_not_fit_still_reserves_its_least_cpu_count() {
         }
         other => panic!("{other:?}"),
     }
-    let ctx = Context {
-        cache: &cache,
-        reservations: &resv,
-        now: Instant::now(),
-        stale_after: config.stale_after(),
-        unreachable: Unreachable::Closed,
-    };
+    let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
     assert!(
         matches!(eval::evaluate(&ctx, b, &with_tasks("affinity[core(1)]", 1)), Verdict::NoFit(_)),
         "the next job does not count the same CPUs"

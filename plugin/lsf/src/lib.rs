@@ -48,8 +48,9 @@ struct Module {
 ///
 /// The scheduler may call `sched_finalize` and then `sched_init` again in the same process
 /// (with or without `dlclose` in between: the library is linked `-z nodelete`, see build.rs, so
-/// it stays mapped and its statics survive). Each `sched_init` after a `sched_finalize` therefore builds a new module (the
-/// configuration read again, a new cache, a new refresher) and registers the handler again.
+/// it stays mapped and its statics survive). Each `sched_init` after a `sched_finalize`
+/// therefore builds a new module (the configuration read again, a new cache, a new refresher)
+/// and registers the handler again.
 /// The old module is left in place rather than freed: a callback of the old session may still
 /// hold it, and `&'static` is what lets every callback reach the module without a lock held
 /// across the call. Its refresher is stopped at `sched_finalize`.

@@ -840,6 +840,38 @@ mod tests {
         Host::new(topo, CpuSet::new(), Box::new(fake), records, Strategy::BestFit).unwrap()
     }
 
+    /// One package, one NUMA node and one L3 group of `cores` single-thread cores.
+    fn small_topology(cores: u32) -> Topology {
+        Topology::synthetic(SyntheticShape {
+            packages: 1,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: cores,
+            threads_per_core: 1,
+        })
+    }
+
+    /// A fake kernel that outlives the hosts started on it, as the cgroup tree outlives topod.
+    fn kernel_for(topo: &Topology) -> std::sync::Arc<Fake> {
+        std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()))
+    }
+
+    /// A host on `kernel`, with its job records in `records` when given: start it again on the
+    /// same kernel and directory to restart topod.
+    fn host_on(
+        topo: &Topology,
+        kernel: &std::sync::Arc<Fake>,
+        records: Option<&std::path::Path>,
+    ) -> Host {
+        let backend = Box::new(SharedFake {
+            kernel: kernel.clone(),
+            offers_self_join: false,
+            foreign: Default::default(),
+        });
+        let records = records.map(|dir| Records::open(dir).unwrap());
+        Host::new(topo.clone(), CpuSet::new(), backend, records, Strategy::BestFit).unwrap()
+    }
+
     #[test]
     fn allocate_is_idempotent_and_release_frees() {
         let mut h = host(None);
@@ -882,15 +914,8 @@ mod tests {
 
     #[test]
     fn a_job_with_a_process_moving_itself_in_is_not_released_as_empty() {
-        let topo = Topology::synthetic(SyntheticShape {
-            packages: 1,
-            numa_per_package: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 4,
-            threads_per_core: 1,
-        });
-        let kernel =
-            std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
+        let topo = small_topology(4);
+        let kernel = kernel_for(&topo);
         let mut h = Host::new(
             topo,
             CpuSet::new(),
@@ -946,31 +971,9 @@ mod tests {
     #[test]
     fn a_restart_keeps_every_job_and_its_owner() {
         let dir = tempfile::tempdir().unwrap();
-        let topo = Topology::synthetic(SyntheticShape {
-            packages: 1,
-            numa_per_package: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 8,
-            threads_per_core: 1,
-        });
-        // One fake "kernel" that outlives the daemon.
-        let kernel =
-            std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
-        let fake = |kernel: &std::sync::Arc<Fake>| {
-            Box::new(SharedFake {
-                kernel: kernel.clone(),
-                offers_self_join: false,
-                foreign: Default::default(),
-            })
-        };
-        let mut first = Host::new(
-            topo.clone(),
-            CpuSet::new(),
-            fake(&kernel),
-            Some(Records::open(dir.path()).unwrap()),
-            Strategy::BestFit,
-        )
-        .unwrap();
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let mut first = host_on(&topo, &kernel, Some(dir.path()));
         let a = first
             .allocate(
                 "1",
@@ -984,14 +987,7 @@ mod tests {
         let b = first.allocate("2", "affinity[thread*2]", None, None, None, None).unwrap();
         // Killed right after answering: no destructor, no background writer to finish.
         std::mem::forget(first);
-        let mut again = Host::new(
-            topo,
-            CpuSet::new(),
-            fake(&kernel),
-            Some(Records::open(dir.path()).unwrap()),
-            Strategy::BestFit,
-        )
-        .unwrap();
+        let mut again = host_on(&topo, &kernel, Some(dir.path()));
         let report = again.recover(BTreeMap::new()).unwrap();
         assert_eq!(report.kept, ["1", "2"]);
         assert_eq!(again.ledger().get("1").unwrap().cpus, a.cpus);
@@ -1085,24 +1081,9 @@ mod tests {
         // A queued release older than a job's last allocation was for an earlier run: a restart
         // must not forget that allocation (it would kill the new run).
         let dir = tempfile::tempdir().unwrap();
-        let topo = Topology::synthetic(SyntheticShape {
-            packages: 1,
-            numa_per_package: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 4,
-            threads_per_core: 1,
-        });
-        let kernel =
-            std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
-        let start = |kernel: &std::sync::Arc<Fake>| {
-            let backend = Box::new(SharedFake {
-                kernel: kernel.clone(),
-                offers_self_join: false,
-                foreign: Default::default(),
-            });
-            let records = Some(Records::open(dir.path()).unwrap());
-            Host::new(topo.clone(), CpuSet::new(), backend, records, Strategy::BestFit).unwrap()
-        };
+        let topo = small_topology(4);
+        let kernel = kernel_for(&topo);
+        let start = |kernel: &std::sync::Arc<Fake>| host_on(&topo, kernel, Some(dir.path()));
         let mut first = start(&kernel);
         first.allocate("slurm-11", "affinity[thread]", None, None, None, None).unwrap();
         std::thread::sleep(Duration::from_millis(5));
@@ -1161,15 +1142,8 @@ mod tests {
 
     #[test]
     fn a_foreign_cpuset_that_goes_away_gives_its_cpus_back() {
-        let topo = Topology::synthetic(SyntheticShape {
-            packages: 1,
-            numa_per_package: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 4,
-            threads_per_core: 1,
-        });
-        let kernel =
-            std::sync::Arc::new(Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()));
+        let topo = small_topology(4);
+        let kernel = kernel_for(&topo);
         let foreign = std::sync::Arc::new(std::sync::Mutex::new(CpuSet::parse_list("3").unwrap()));
         let mut h = Host::new(
             topo,
