@@ -71,12 +71,20 @@ pub struct HostEntry {
     pub address: Address,
     /// Its last known state.
     pub state: Option<HostState>,
-    /// When that state was fetched.
-    pub fetched_at: Option<Instant>,
     /// Why the last fetch failed, when it did.
     pub last_error: Option<Box<str>>,
     /// Changes whenever `state` does, and only then: a refresh that brings the same state
     /// keeps it, so [`crate::eval::Memo`] keeps what it computed for the host.
+    pub version: u32,
+}
+
+/// What a match reads of every candidate, kept in one flat array beside the hosts (not behind
+/// each host's `Arc`), so that a match over ten thousand hosts reads memory in order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostStatus {
+    /// When the state was fetched (`None`: never).
+    pub fetched_at: Option<Instant>,
+    /// The host's [`HostEntry::version`].
     pub version: u32,
 }
 
@@ -112,7 +120,12 @@ pub struct HostCache {
     models: Vec<Arc<HostModel>>,
     model_by_key: HashMap<u64, u32>,
     hosts: Vec<Arc<HostEntry>>,
+    /// Per host, what every match reads ([`HostStatus`]).
+    status: Vec<HostStatus>,
     names: Arc<NameIndex>,
+    /// Changes whenever a name may find another host than before (a host added, the domain
+    /// changed), so that callers who remember what a name found know when to ask again.
+    names_version: u64,
     /// Names that are no host's; replaced by an empty one whenever a host is added.
     negative: Arc<Mutex<HashSet<Box<str>>>>,
 }
@@ -240,11 +253,12 @@ impl HostCache {
             name: name.into(),
             address,
             state: None,
-            fetched_at: None,
             last_error: None,
             version: 0,
         }));
+        self.status.push(HostStatus::default());
         Arc::make_mut(&mut self.names).insert(name, id);
+        self.names_version += 1;
         // A name remembered as no host's may be this one's (or one of its aliases).
         self.negative = Arc::default();
         id
@@ -262,6 +276,13 @@ impl HostCache {
         }
         self.names = Arc::new(index);
         self.negative = Arc::default();
+        self.names_version += 1;
+    }
+
+    /// Changes whenever a name may find another host than before ([`lookup`](Self::lookup)):
+    /// a host added, or the domain changed.
+    pub fn names_version(&self) -> u64 {
+        self.names_version
     }
 
     /// The configured domain (`""`: none).
@@ -320,6 +341,19 @@ impl HostCache {
         &self.hosts[id as usize]
     }
 
+    /// What every match reads of a host: when its state was fetched, and its version.
+    pub fn status(&self, id: HostId) -> HostStatus {
+        self.status[id as usize]
+    }
+
+    /// Whether the state of `id` is usable at `now`: fetched, and not longer than `stale_after`
+    /// ago. The cheap form of [`usable`](Self::usable), from the flat status array.
+    pub fn is_fresh(&self, id: HostId, now: Instant, stale_after: Duration) -> bool {
+        self.status[id as usize]
+            .fetched_at
+            .is_some_and(|at| now.saturating_duration_since(at) <= stale_after)
+    }
+
     /// Every host, with its id.
     pub fn hosts(&self) -> impl Iterator<Item = (HostId, &HostEntry)> {
         self.hosts.iter().enumerate().map(|(i, h)| (i as HostId, &**h))
@@ -348,7 +382,7 @@ impl HostCache {
         stale_after: Duration,
     ) -> Result<&HostState, Unknown> {
         let h = &self.hosts[id as usize];
-        match (&h.state, h.fetched_at) {
+        match (&h.state, self.status[id as usize].fetched_at) {
             (Some(state), Some(at)) => {
                 let age = now.saturating_duration_since(at);
                 if age > stale_after {
@@ -388,13 +422,18 @@ impl HostCache {
             generation: free.generation,
             jobs: jobs.into(),
         };
-        let h = Arc::make_mut(&mut self.hosts[id as usize]);
-        if h.state.as_ref() != Some(&state) {
-            h.state = Some(state);
-            h.version = h.version.wrapping_add(1);
+        let entry = &mut self.hosts[id as usize];
+        if entry.state.as_ref() != Some(&state) || entry.last_error.is_some() {
+            // Cloned (when another snapshot shares it) only when something changes.
+            let h = Arc::make_mut(entry);
+            if h.state.as_ref() != Some(&state) {
+                h.state = Some(state);
+                h.version = h.version.wrapping_add(1);
+            }
+            h.last_error = None;
         }
-        h.fetched_at = Some(at);
-        h.last_error = None;
+        self.status[id as usize] =
+            HostStatus { fetched_at: Some(at), version: self.hosts[id as usize].version };
         Ok(())
     }
 
@@ -407,10 +446,22 @@ impl HostCache {
     }
 
     fn intern_model(&mut self, topo: &Topology) -> Result<u32, String> {
+        // Hashed as it is written, not through a string: ten thousand hosts' first fetches
+        // would each allocate their topology's whole JSON text only to hash it.
         let key = {
-            let mut h = DefaultHasher::new();
-            serde_json::to_string(topo).map_err(|e| e.to_string())?.hash(&mut h);
-            h.finish()
+            struct HashWriter(DefaultHasher);
+            impl std::io::Write for HashWriter {
+                fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                    self.0.write(buf);
+                    Ok(buf.len())
+                }
+                fn flush(&mut self) -> std::io::Result<()> {
+                    Ok(())
+                }
+            }
+            let mut w = HashWriter(DefaultHasher::new());
+            serde_json::to_writer(&mut w, topo).map_err(|e| e.to_string())?;
+            w.0.finish()
         };
         if let Some(&m) = self.model_by_key.get(&key) {
             return Ok(m);

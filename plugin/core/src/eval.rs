@@ -128,10 +128,63 @@ pub fn max_tasks(ctx: &Context<'_>, host: HostId, request: &Request, limit: u32)
     lo
 }
 
-/// Scores of `request` on `hosts` (`NO_FIT` where it does not fit). Many hosts are split over
-/// the machine's cores: a first match of a new shape over thousands of hosts is the one costly
-/// case, and the scheduler waits for it. Threads only compute; none does I/O.
+/// Scores of `request` on `hosts` (`NO_FIT` where it does not fit).
+///
+/// A placement depends on nothing but the host's hardware model, its occupancy and its
+/// reservations, so hosts equal in all three get the same verdict: each distinct state is
+/// placed once ([`distinct_states`]). A cluster's idle hosts of one hardware model are one
+/// placement, not thousands; a cluster where every host differs pays one placement per host.
 fn evaluate_many(ctx: &Context<'_>, request: &Request, hosts: &[HostId]) -> Vec<u64> {
+    let (reps, which) = distinct_states(ctx, hosts);
+    let scores = evaluate_each(ctx, request, &reps);
+    which.iter().map(|&r| scores[r as usize]).collect()
+}
+
+/// The hosts of `hosts` that stand for every distinct (model, occupancy, reservations) among
+/// them, and for each host of `hosts` the index of the one that stands for it. Hosts whose
+/// state is not usable each stand for themselves.
+fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32>) {
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+    let mut reps: Vec<HostId> = Vec::new();
+    let mut which: Vec<u32> = Vec::with_capacity(hosts.len());
+    // Hash of a state -> the representatives with that hash (equal states are compared, so a
+    // hash collision only costs a comparison).
+    let mut by_hash: HashMap<u64, Vec<u32>> = HashMap::new();
+    let state_of = |h: HostId| {
+        ctx.cache
+            .usable(h, ctx.now, ctx.stale_after)
+            .ok()
+            .map(|state| (state.model, &state.occupancy, ctx.reservations.on_host(h)))
+    };
+    for &h in hosts {
+        let Some(key) = state_of(h) else {
+            which.push(reps.len() as u32);
+            reps.push(h);
+            continue;
+        };
+        let mut hasher = DefaultHasher::new();
+        key.0.hash(&mut hasher);
+        key.1.held.hash(&mut hasher);
+        key.1.fenced.hash(&mut hasher);
+        key.2.hash(&mut hasher);
+        let same = by_hash.entry(hasher.finish()).or_default();
+        match same.iter().find(|&&r| state_of(reps[r as usize]) == Some(key)) {
+            Some(&r) => which.push(r),
+            None => {
+                same.push(reps.len() as u32);
+                which.push(reps.len() as u32);
+                reps.push(h);
+            }
+        }
+    }
+    (reps, which)
+}
+
+/// Scores of `request` on each of `hosts`. Many hosts are split over the machine's cores: a
+/// first match of a new shape over thousands of hosts is the one costly case, and the
+/// scheduler waits for it. Threads only compute; none does I/O.
+fn evaluate_each(ctx: &Context<'_>, request: &Request, hosts: &[HostId]) -> Vec<u64> {
     let one = |&h: &HostId| match evaluate(ctx, h, request) {
         Verdict::Fits { score, .. } => score,
         Verdict::NoFit(_) => NO_FIT,
@@ -167,31 +220,36 @@ const MAX_MATCH_THREADS: usize = 8;
 /// shape pays for a placement once per host and change, not once per job (LSF, for the same
 /// reason, matches "peer jobs" with equal requests together).
 ///
-/// Memory: per host, the (state version, reservation version) pair its epoch stands for and
-/// the epoch (12 bytes); per shape and host, the epoch the verdict was computed at and the
-/// score (8 bytes). At [`MEMO_SHAPES`] shapes that is 524 bytes per host.
+/// Memory: per host, the (state version, reservation version) pair its remembered verdicts stand
+/// for (8 bytes); per shape and host, the score or "does not fit" or "not known" (4 bytes). At
+/// [`MEMO_SHAPES`] shapes that is 264 bytes per host. A host seen changed has its verdicts
+/// forgotten in every shape at once, so that a verdict needs no stamp of its own.
 #[derive(Debug, Default)]
 pub struct Memo {
-    shapes: HashMap<String, ShapeMemo>,
+    /// At most [`MEMO_SHAPES`]; looked up by key once per match.
+    shapes: Vec<ShapeMemo>,
     tick: u64,
-    /// Per host: the (state version, reservation version) its epoch stands for.
+    /// Per host: the (state version, reservation version) the remembered verdicts stand for
+    /// ([`NEVER`]: none remembered).
     seen: Vec<(u32, u32)>,
-    /// Per host: bumped whenever `seen` changes; 0 means never seen.
-    epoch: Vec<u32>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ShapeMemo {
+    key: Box<str>,
     last_used: u64,
-    /// Per host: the epoch the verdict was computed at (0: none) and the score (`NO_FIT32`).
-    entries: Vec<(u32, u32)>,
+    /// Per host: [`NOT_KNOWN`], [`NO_FIT32`] or the score.
+    scores: Vec<u32>,
 }
 
 /// The most shapes remembered; the least recently used goes first.
 pub const MEMO_SHAPES: usize = 64;
 const NO_FIT: u64 = u64::MAX;
-/// A remembered "does not fit"; scores that do not fit below it are not remembered.
-const NO_FIT32: u32 = u32::MAX;
+/// Nothing remembered for that host and shape.
+const NOT_KNOWN: u32 = u32::MAX;
+/// A remembered "does not fit"; scores from here up are not remembered.
+const NO_FIT32: u32 = u32::MAX - 1;
+const NEVER: (u32, u32) = (u32::MAX, u32::MAX);
 
 impl Memo {
     /// Empty.
@@ -199,19 +257,20 @@ impl Memo {
         Self::default()
     }
 
-    /// The current epoch of host `h` (0: its state is unusable, nothing is remembered).
-    fn epoch_of(&mut self, ctx: &Context<'_>, h: HostId) -> u32 {
-        if ctx.cache.usable(h, ctx.now, ctx.stale_after).is_err() {
-            return 0;
+    /// The index of the shape `key`, made (the least recently used one forgotten when there are
+    /// [`MEMO_SHAPES`]) when it is not remembered.
+    fn shape(&mut self, key: &str) -> usize {
+        if let Some(i) = self.shapes.iter().position(|s| *s.key == *key) {
+            return i;
         }
-        let i = h as usize;
-        let now = (ctx.cache.host(h).version, ctx.reservations.version(h));
-        if self.epoch[i] == 0 || self.seen[i] != now {
-            self.seen[i] = now;
-            // Never 0; wrapping past u32::MAX changes would take years of jobs on one host.
-            self.epoch[i] = self.epoch[i].wrapping_add(1).max(1);
+        if self.shapes.len() >= MEMO_SHAPES {
+            if let Some(oldest) = (0..self.shapes.len()).min_by_key(|&i| self.shapes[i].last_used) {
+                self.shapes.swap_remove(oldest);
+            }
         }
-        self.epoch[i]
+        let scores = vec![NOT_KNOWN; self.seen.len()];
+        self.shapes.push(ShapeMemo { key: key.into(), last_used: 0, scores });
+        self.shapes.len() - 1
     }
 
     /// Verdicts for `request` (whose canonical text with its task count is `key`) on each of
@@ -225,49 +284,60 @@ impl Memo {
         hosts: &[HostId],
     ) -> Vec<Option<u64>> {
         self.tick += 1;
-        if !self.shapes.contains_key(key) && self.shapes.len() >= MEMO_SHAPES {
-            if let Some(oldest) =
-                self.shapes.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone())
-            {
-                self.shapes.remove(&oldest);
+        let n = hosts.iter().max().map_or(0, |&m| m as usize + 1);
+        if self.seen.len() < n {
+            self.seen.resize(n, NEVER);
+            for shape in &mut self.shapes {
+                shape.scores.resize(n, NOT_KNOWN);
             }
         }
-        if let Some(&max) = hosts.iter().max() {
-            if self.epoch.len() <= max as usize {
-                self.epoch.resize(max as usize + 1, 0);
-                self.seen.resize(max as usize + 1, (0, 0));
-            }
-        }
+        let s = self.shape(key);
+        self.shapes[s].last_used = self.tick;
         // One pass: a remembered score where the host has not changed since; the rest (changed,
         // never seen with this shape, or stale: an entry goes stale without changing, so stale
         // hosts are evaluated every time and not remembered) is computed after.
-        let epochs: Vec<u32> = hosts.iter().map(|&h| self.epoch_of(ctx, h)).collect();
-        let shape = self.shapes.entry(key.to_string()).or_default();
-        shape.last_used = self.tick;
-        if shape.entries.len() < self.epoch.len() {
-            shape.entries.resize(self.epoch.len(), (0, NO_FIT32));
-        }
         let mut out: Vec<u64> = Vec::with_capacity(hosts.len());
-        let mut misses: Vec<(usize, HostId, u32)> = Vec::new();
-        for (pos, (&h, &epoch)) in hosts.iter().zip(&epochs).enumerate() {
-            let (seen, score) = shape.entries[h as usize];
-            if epoch != 0 && seen == epoch {
-                out.push(if score == NO_FIT32 { NO_FIT } else { u64::from(score) });
-            } else {
+        let mut misses: Vec<(usize, HostId, bool)> = Vec::new();
+        for (pos, &h) in hosts.iter().enumerate() {
+            let i = h as usize;
+            let status = ctx.cache.status(h);
+            let fresh = status
+                .fetched_at
+                .is_some_and(|at| ctx.now.saturating_duration_since(at) <= ctx.stale_after);
+            if !fresh {
                 out.push(NO_FIT);
-                misses.push((pos, h, epoch));
+                misses.push((pos, h, false));
+                continue;
+            }
+            let now = (status.version, ctx.reservations.version(h));
+            if self.seen[i] != now {
+                // Changed: what any shape remembers of it is gone.
+                for shape in &mut self.shapes {
+                    shape.scores[i] = NOT_KNOWN;
+                }
+                self.seen[i] = now;
+            }
+            match self.shapes[s].scores[i] {
+                NOT_KNOWN => {
+                    out.push(NO_FIT);
+                    misses.push((pos, h, true));
+                }
+                NO_FIT32 => out.push(NO_FIT),
+                score => out.push(u64::from(score)),
             }
         }
         let ids: Vec<HostId> = misses.iter().map(|m| m.1).collect();
-        for ((pos, h, epoch), score) in misses.into_iter().zip(evaluate_many(ctx, request, &ids)) {
+        let remembered = &mut self.shapes[s].scores;
+        for ((pos, h, remember), score) in misses.into_iter().zip(evaluate_many(ctx, request, &ids))
+        {
             out[pos] = score;
-            let small = if score == NO_FIT { Some(NO_FIT32) } else { u32::try_from(score).ok() };
-            match small {
-                Some(s) if epoch != 0 && (s != NO_FIT32 || score == NO_FIT) => {
-                    shape.entries[h as usize] = (epoch, s)
-                }
-                // Unusable, or a score too large to keep in 32 bits: computed every time.
-                _ => shape.entries[h as usize] = (0, NO_FIT32),
+            if remember {
+                // A score too large for 32 bits is computed every time.
+                remembered[h as usize] = match score {
+                    NO_FIT => NO_FIT32,
+                    s if s < u64::from(NO_FIT32) => s as u32,
+                    _ => NOT_KNOWN,
+                };
             }
         }
         out.into_iter().map(|s| Some(s).filter(|&s| s != NO_FIT)).collect()
@@ -275,13 +345,12 @@ impl Memo {
 
     /// Bytes the memo holds.
     pub fn bytes(&self) -> usize {
-        let per_host = self.seen.capacity() * std::mem::size_of::<(u32, u32)>()
-            + self.epoch.capacity() * std::mem::size_of::<u32>();
-        per_host
+        self.seen.capacity() * std::mem::size_of::<(u32, u32)>()
+            + self.shapes.capacity() * std::mem::size_of::<ShapeMemo>()
             + self
                 .shapes
                 .iter()
-                .map(|(k, s)| k.len() + s.entries.capacity() * std::mem::size_of::<(u32, u32)>())
+                .map(|s| s.key.len() + s.scores.capacity() * std::mem::size_of::<u32>())
                 .sum::<usize>()
     }
 }

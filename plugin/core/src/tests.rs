@@ -270,6 +270,43 @@ fn the_memo_agrees_with_evaluate_and_forgets_changed_hosts() {
 }
 
 #[test]
+fn a_change_seen_by_one_shape_is_forgotten_by_every_shape() {
+    let config = CacheConfig::default();
+    let (shared, _source) = setup(&config);
+    let cache = shared.cache.load();
+    let mut resv = crate::Reservations::new();
+    let mut memo = eval::Memo::new();
+    // Every host twice over, as if two LSF hosts shared each topod: equal states, one placement.
+    let hosts: Vec<u32> = (0..cache.len() as u32).chain(0..cache.len() as u32).collect();
+    let socket = with_tasks("affinity[core(24,same=socket)]", 1);
+    let core = with_tasks("affinity[core(1)]", 40);
+    let run = |memo: &mut eval::Memo, resv: &crate::Reservations, key: &str, req: &Request| {
+        let ctx = context(&cache, resv, &config, Instant::now(), Unreachable::Open);
+        let direct: Vec<Option<u64>> = hosts
+            .iter()
+            .map(|&h| match eval::evaluate(&ctx, h, req) {
+                Verdict::Fits { score, .. } => Some(score),
+                Verdict::NoFit(_) => None,
+            })
+            .collect();
+        (memo.scores(&ctx, key, req, &hosts), direct)
+    };
+    let (m, d) = run(&mut memo, &resv, "socket", &socket);
+    assert_eq!(m, d);
+    let (m, d) = run(&mut memo, &resv, "core40", &core);
+    assert_eq!(m, d);
+    let a = cache.lookup("a").unwrap();
+    assert!(m[a as usize].is_some(), "40 cores fit idle a before the reservation");
+    resv.reserve("lsf-1", a, CpuSet::parse_list("0-23,48-71").unwrap(), Instant::now());
+    // The first shape sees a changed; the second must not answer from before either.
+    let (m, d) = run(&mut memo, &resv, "socket", &socket);
+    assert_eq!(m, d);
+    let (m, d) = run(&mut memo, &resv, "core40", &core);
+    assert_eq!(m[a as usize], None, "40 cores no longer fit a");
+    assert_eq!(m, d);
+}
+
+#[test]
 fn reads_the_protocols_free_map() {
     let sent = topo_core::proto::reply::FreeMap {
         generation: 7,
@@ -434,7 +471,7 @@ fn a_refresh_that_changed_nothing_keeps_the_memo() {
 }
 
 #[test]
-fn the_memo_costs_at_most_524_bytes_per_host_at_64_shapes() {
+fn the_memo_costs_at_most_264_bytes_per_host_at_64_shapes() {
     let config = CacheConfig::default();
     let (shared, _source) = setup(&config);
     let cache = shared.cache.load();
@@ -442,15 +479,17 @@ fn the_memo_costs_at_most_524_bytes_per_host_at_64_shapes() {
     let mut memo = eval::Memo::new();
     let hosts: Vec<u32> = (0..cache.len() as u32).collect();
     let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Open);
-    let mut keys = 0;
+    // The same shapes on no host: what the memo holds whatever the number of hosts.
+    let mut fixed = eval::Memo::new();
     for n in 1..=eval::MEMO_SHAPES as u32 {
         let key = format!("affinity[core({n})]#1");
-        keys += key.len();
-        memo.scores(&ctx, &key, &with_tasks(&format!("affinity[core({n})]"), 1), &hosts);
+        let req = with_tasks(&format!("affinity[core({n})]"), 1);
+        memo.scores(&ctx, &key, &req, &hosts);
+        fixed.scores(&ctx, &key, &req, &[]);
     }
-    // 8 bytes per host and shape, 12 per host: with the cache's own, at most 1 KB per host.
-    let per_host = (memo.bytes() - keys) as f64 / hosts.len() as f64;
-    assert!(per_host <= 524.0, "{per_host} bytes per host at 64 shapes");
+    // 4 bytes per host and shape, 8 per host: with the cache's own, at most 1 KB per host.
+    let per_host = (memo.bytes() - fixed.bytes()) as f64 / hosts.len() as f64;
+    assert!(per_host <= 264.0, "{per_host} bytes per host at 64 shapes");
 }
 
 #[test]
