@@ -152,7 +152,12 @@ static void compact_list(struct candHostGroup *g) {
             g->candHost[n++] = g->candHost[i];
     g->numOfMembers = n;
 }
-static struct hostSlot *do_getavailslot(struct candHost *c) { return &slots[c->hostIdx]; }
+/* How often the module asked for a candidate's slot, and for a host pointer's name. */
+static long availslot_calls, hostid_calls;
+static struct hostSlot *do_getavailslot(struct candHost *c) {
+    availslot_calls++;
+    return &slots[c->hostIdx];
+}
 static int do_reason_set(void *rp, struct candHost *c, int id) {
     struct reasons *r = rp;
     r->id[c->hostIdx] = id;
@@ -174,6 +179,17 @@ API int extsched_resreq_getqueextsched(INT_RsrcReq *rr, char **m, char **d) { re
 API struct candHostGroup *extsched_cand_getnextgroup(INT_CandGroupList *l) { return do_getnextgroup(l); }
 API void extsched_cand_removehost(struct candHostGroup *g, int i) { do_removehost(g, i); }
 API struct hostSlot *extsched_cand_getavailslot(struct candHost *c) { return do_getavailslot(c); }
+/* Documented "caller frees both": the strings are malloc'ed per call, so a module that does not
+ * free them leaks (memcheck's definite leaks fail the valgrind run). */
+API int extsched_getHostID(INT_Host *hostPtr, char **hostname, char **clustername) {
+    hostid_calls++;
+    long i = (int *)hostPtr - host_tokens;
+    if (i < 0 || i >= n_hosts)
+        return -1;
+    *hostname = strdup(host_names[i]);
+    *clustername = strdup("harness_cluster");
+    return 0;
+}
 API int extsched_reason_set(INT_Reason *r, struct candHost *c, int id) { return do_reason_set(r, c, id); }
 API int extsched_setMainReason(INT_Reason *rp, char *msg, int level) {
     struct reasons *r = rp;
@@ -411,6 +427,14 @@ static void scenario_session(void) {
     expect(two, "", "two packages: h1 holds job 101 (once: its reservation went when topod reported it), h2 holds one");
     expect(big, "h2,h1", "one package: h1 still has exactly one free");
 
+    /* Each host's name is read once for the whole session (its pointer is remembered), through
+     * the call whose ownership is documented (extsched_getHostID, whose strings the module frees:
+     * the valgrind run of this scenario fails on a definite leak). */
+#ifndef LSB_ONLY
+    check(hostid_calls > 0 && hostid_calls <= NHOSTS && availslot_calls == 0,
+          "host names read once per host (%ld extsched_getHostID calls for %d hosts), no hostSlot asked for (%ld)", hostid_calls,
+          NHOSTS, availslot_calls);
+#endif
     free_resreq(big);
     free_resreq(spread);
     free_resreq(bad);
@@ -431,6 +455,15 @@ static void scenario_restart(void) {
     dispatch(big, 105, "h2", 1, NOTIFY_DEALLOC);
     expect(big, "h2,h1", "job 105 deallocated");
     free_resreq(big);
+#ifdef LSB_ONLY
+    check(availslot_calls > 0 && availslot_calls <= NHOSTS,
+          "6.x: each host's slot asked for once (%ld lsb_cand_getavailslot calls for %d hosts over 4 matches)", availslot_calls,
+          NHOSTS);
+#else
+    check(hostid_calls > 0 && hostid_calls <= NHOSTS && availslot_calls == 0,
+          "9/10: each host's name read once with extsched_getHostID (%ld calls for %d hosts over 4 matches; %ld hostSlots)",
+          hostid_calls, NHOSTS, availslot_calls);
+#endif
 }
 
 /* The module as the scheduler holds it: the library and its seven entry points. */

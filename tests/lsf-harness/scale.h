@@ -408,12 +408,17 @@ static void scenario_scale(const char *path, long rss_before) {
         fprintf(stderr, "  figure  first match of %-32s %.3f ms; after the restart %.3f ms\n", SHAPES[s], first_ms[0][s],
                 first_ms[1][s]);
     fprintf(stderr, "  figure  longest single callback: %.3f ms (%s)\n", cb_max_ms, cb_max_name);
+    fprintf(stderr, "  figure  host names read: %ld extsched_getHostID calls, %ld hostSlots, for %d hosts over %d jobs and a restart\n",
+            hostid_calls, availslot_calls, n_hosts, jobs);
     fprintf(stderr, "  figure  resident growth across the first refresh: %ld KiB, %.0f bytes per host\n", rss_after - rss_before,
             bytes_per_host);
     fprintf(stderr,
             "  figure  %d replays; %d jobs after the restart on hosts holding replayed jobs; %d jobs found no host; %d sessions "
             "found no host known yet after the restart\n",
             replays, on_replayed, unplaced, sessions);
+    /* Once per host per sched_init (two here), not once per candidate per match. */
+    check(hostid_calls <= 2L * n_hosts && availslot_calls == 0, "each host's name read once per sched_init (%ld calls, %d hosts)",
+          hostid_calls, n_hosts);
     threshold("match+sort per job p50", "p50", p50, 1);
     threshold("match+sort per job p99", "p99", p99, 5);
     threshold("first match of a new shape (worst of each shape, before the restart)", "first", first_max, 20);

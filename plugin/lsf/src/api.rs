@@ -8,6 +8,7 @@ use topo_lsf_sys as sys;
 type GetNextGroup = unsafe extern "C" fn(*mut c_void) -> *mut sys::candHostGroup;
 type RemoveHost = unsafe extern "C" fn(*mut sys::candHostGroup, c_int);
 type GetAvailSlot = unsafe extern "C" fn(*mut sys::candHost) -> *mut sys::hostSlot;
+type GetHostId = unsafe extern "C" fn(*mut c_void, *mut *mut c_char, *mut *mut c_char) -> c_int;
 type ReasonSet = unsafe extern "C" fn(*mut c_void, *mut sys::candHost, c_int) -> c_int;
 type SetMainReason = unsafe extern "C" fn(*mut c_void, *mut c_char, c_int) -> c_int;
 type RegisterHandler = unsafe extern "C" fn(c_int, *mut sys::RsrcReqHandlerType) -> c_int;
@@ -58,6 +59,9 @@ pub struct Api {
     pub get_next_group: GetNextGroup,
     pub remove_host: RemoveHost,
     pub get_avail_slot: GetAvailSlot,
+    /// `extsched_getHostID` (LSF 9/10): a host pointer's name and cluster, both the caller's
+    /// to free.
+    pub get_host_id: Option<GetHostId>,
     pub reason_set: ReasonSet,
     pub set_main_reason: Option<SetMainReason>,
     pub get_job_info: Option<GetJobInfo>,
@@ -139,6 +143,7 @@ impl Api {
                     "extsched_cand_getavailslot",
                     "lsb_cand_getavailslot",
                 )?,
+                get_host_id: lib.extsched_getHostID.as_ref().ok().copied(),
                 reason_set: need(
                     pick(&lib.extsched_reason_set, &lib.lsb_reason_set),
                     "extsched_reason_set",

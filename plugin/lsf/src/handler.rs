@@ -2,8 +2,8 @@
 
 use crate::api::Api;
 use crate::extsched::{self, Decision};
+use crate::hosts::Resolved;
 use crate::{guarded, module, Module};
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_void};
@@ -32,8 +32,9 @@ pub fn table() -> sys::RsrcReqHandlerType {
 /// What `newFn` attaches to a resource requirement (and its peers).
 struct HandlerData {
     what: What,
-    /// Scores from the last match, by the candidate's host pointer, for `sortFn`.
-    scores: Mutex<HashMap<usize, u64>>,
+    /// Scores from the last match, for `sortFn`: the kept candidates' host pointers and scores,
+    /// in the candidates' order.
+    scores: Mutex<Vec<(usize, u64)>>,
 }
 
 enum What {
@@ -97,8 +98,7 @@ unsafe extern "C" fn new_fn(resreq: *mut c_void) -> c_int {
             }
         };
         let key = CString::new(key.replace('\0', "")).map_err(|e| e.to_string())?;
-        let data =
-            Box::into_raw(Box::new(HandlerData { what, scores: Mutex::new(HashMap::new()) }));
+        let data = Box::into_raw(Box::new(HandlerData { what, scores: Mutex::new(Vec::new()) }));
         // SAFETY: the scheduler copies the key; `data` stays valid until it calls freeFn.
         unsafe {
             (m.api.set_object)(
@@ -122,26 +122,13 @@ unsafe extern "C" fn free_fn(data: *mut c_void) {
     })
 }
 
-/// One candidate: its group, its place in the group, its host pointer and name.
-struct Candidate<'a> {
+/// One candidate: its group, its place in the group, its host pointer and cache host.
+struct Candidate {
     group: *mut sys::candHostGroup,
     index: usize,
     host_ptr: usize,
-    /// Borrowed from the scheduler's slot for the call (no allocation per candidate: a match
-    /// sees every host of the cluster).
-    name: Cow<'a, str>,
-}
-
-/// A C string the scheduler owns as `&str` for the call, copied only when it is not UTF-8.
-///
-/// SAFETY (for callers): `p` is null or points to a NUL-terminated string that stays valid and
-/// unchanged for `'a`.
-unsafe fn borrowed<'a>(p: *const c_char) -> Cow<'a, str> {
-    if p.is_null() {
-        return Cow::Borrowed("");
-    }
-    // SAFETY: guaranteed by the caller.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy()
+    /// The cache's host (none: no topod is known for it).
+    host: Option<HostId>,
 }
 
 /// The candidate groups of a list, in order.
@@ -183,19 +170,41 @@ unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut
         let data = unsafe { &*(data as *const HandlerData) };
         // SAFETY: `list` is the scheduler's candidate list for this call.
         let groups = unsafe { groups(&m.api, list) };
+        // A snapshot: never waits for the refresher.
+        let cache = m.shared.cache.load();
         let mut candidates = Vec::new();
-        for &g in &groups {
-            // SAFETY: a live group from the scheduler.
-            for (index, c) in unsafe { members(g) }.iter_mut().enumerate() {
-                // SAFETY: `c` is a live candidate; the slot structure is the scheduler's.
-                let slot = unsafe { (m.api.get_avail_slot)(c) };
-                let name = if slot.is_null() {
-                    Cow::Borrowed("")
-                } else {
-                    // SAFETY: the slot's name is a C string or null, valid during this call.
-                    unsafe { borrowed((*slot).name) }
-                };
-                candidates.push(Candidate { group: g, index, host_ptr: c.hostPtr as usize, name });
+        let mut unknown = Vec::new();
+        {
+            let mut index = m.hosts.lock().unwrap_or_else(|e| e.into_inner());
+            for &g in &groups {
+                // SAFETY: a live group from the scheduler.
+                for (i, c) in unsafe { members(g) }.iter().enumerate() {
+                    // SAFETY: `c` is a live candidate of this call.
+                    let host = match unsafe { index.resolve(&m.api, &cache, c) } {
+                        Resolved::Host(h) => h,
+                        Resolved::Unknown(name) => {
+                            unknown.extend(name);
+                            None
+                        }
+                    };
+                    candidates.push(Candidate {
+                        group: g,
+                        index: i,
+                        host_ptr: c.hostPtr as usize,
+                        host,
+                    });
+                }
+            }
+        }
+        if !unknown.is_empty() && !m.config.cache.address_template.is_empty() {
+            let mut discovered = m.shared.discovered.lock().unwrap_or_else(|e| e.into_inner());
+            let before = discovered.len();
+            discovered.extend(unknown);
+            if discovered.len() > before {
+                tracing::info!(
+                    hosts = discovered.len() - before,
+                    "hosts not in the cache yet; fetching their state in the background"
+                );
             }
         }
         let base = m.config.lsf.reason_base;
@@ -213,15 +222,14 @@ unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut
         };
         let mut req = request.clone();
         req.tasks.get_or_insert(1);
-        let verdicts = decide_all(m, &req, memo_key, &candidates);
+        let verdicts = decide_all(m, &cache, &req, memo_key, &candidates);
+        drop(cache);
         let mut scores = data.scores.lock().unwrap_or_else(|e| e.into_inner());
         scores.clear();
         let mut removed = 0;
         for (c, v) in candidates.iter().zip(&verdicts) {
             match v {
-                Ok(score) => {
-                    scores.insert(c.host_ptr, *score);
-                }
+                Ok(score) => scores.push((c.host_ptr, *score)),
                 Err(_) => removed += 1,
             }
         }
@@ -234,62 +242,41 @@ unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut
 /// Per candidate: its score, or the pending reason (as an offset) that removes it.
 fn decide_all(
     m: &Module,
+    cache: &topo_plugin_core::HostCache,
     req: &Request,
     memo_key: &str,
     candidates: &[Candidate],
 ) -> Vec<Result<u64, c_int>> {
-    // A snapshot: never waits for the refresher.
-    let cache = m.shared.cache.load();
     let reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
-    let ctx = context(m, &cache, &reservations);
-    let ids: Vec<Option<HostId>> = candidates.iter().map(|c| cache.lookup(&c.name)).collect();
-    let known: Vec<HostId> = ids.iter().flatten().copied().collect();
+    let ctx = context(m, cache, &reservations);
+    let known: Vec<HostId> = candidates.iter().filter_map(|c| c.host).collect();
     let scores =
         m.memo.lock().unwrap_or_else(|e| e.into_inner()).scores(&ctx, memo_key, req, &known);
     let mut scores = scores.into_iter();
-    let mut unknown = Vec::new();
-    let out = ids
+    candidates
         .iter()
-        .zip(candidates)
-        .map(|(id, c)| match id {
+        .map(|c| match c.host {
             Some(h) => match scores.next().flatten() {
                 Some(s) => Ok(s),
                 None => {
                     if tracing::enabled!(tracing::Level::DEBUG) {
-                        if let Verdict::NoFit(why) = eval::evaluate(&ctx, *h, req) {
-                            tracing::debug!(host = %c.name, "does not fit: {why}");
+                        if let Verdict::NoFit(why) = eval::evaluate(&ctx, h, req) {
+                            tracing::debug!(host = %cache.host(h).name, "does not fit: {why}");
                         }
                     }
-                    Err(if cache.usable(*h, ctx.now, ctx.stale_after).is_err() {
-                        REASON_UNKNOWN
-                    } else {
+                    Err(if cache.is_fresh(h, ctx.now, ctx.stale_after) {
                         REASON_NO_FIT
+                    } else {
+                        REASON_UNKNOWN
                     })
                 }
             },
-            None => {
-                unknown.push(c.name.to_string());
-                match ctx.unreachable {
-                    Unreachable::Open => Ok(UNKNOWN_SCORE),
-                    Unreachable::Closed => Err(REASON_UNKNOWN),
-                }
-            }
+            None => match ctx.unreachable {
+                Unreachable::Open => Ok(UNKNOWN_SCORE),
+                Unreachable::Closed => Err(REASON_UNKNOWN),
+            },
         })
-        .collect();
-    drop(reservations);
-    drop(cache);
-    if !unknown.is_empty() && !m.config.cache.address_template.is_empty() {
-        let mut discovered = m.shared.discovered.lock().unwrap_or_else(|e| e.into_inner());
-        let before = discovered.len();
-        discovered.extend(unknown);
-        if discovered.len() > before {
-            tracing::info!(
-                hosts = discovered.len() - before,
-                "hosts not in the cache yet; fetching their state in the background"
-            );
-        }
-    }
-    out
+        .collect()
 }
 
 fn context<'a>(
@@ -337,14 +324,35 @@ unsafe extern "C" fn sort_fn(data: *mut c_void, list: *mut c_void, _reason: *mut
         // SAFETY: `data` is the HandlerData newFn attached.
         let data = unsafe { &*(data as *const HandlerData) };
         let scores = data.scores.lock().unwrap_or_else(|e| e.into_inner());
+        // Built only when the list is not the kept candidates in matchFn's order.
+        let mut by_ptr: Option<HashMap<usize, u64>> = None;
+        let mut offset = 0;
         // SAFETY: the scheduler's live candidate list.
         for g in unsafe { groups(&m.api, list) } {
             // SAFETY: a live group; its members are reordered in place, none added or lost.
             let members = unsafe { members(g) };
-            // One score lookup per member, not one per comparison.
-            members.sort_by_cached_key(|c| {
-                scores.get(&(c.hostPtr as usize)).copied().unwrap_or(UNKNOWN_SCORE)
-            });
+            let same = scores
+                .get(offset..offset + members.len())
+                .filter(|s| s.iter().zip(members.iter()).all(|(s, c)| s.0 == c.hostPtr as usize));
+            offset += members.len();
+            let mut keyed: Vec<(u64, sys::candHost)> = match same {
+                // The usual case: the scheduler removed what matchFn removed and kept the order.
+                Some(s) => s.iter().zip(members.iter()).map(|(s, c)| (s.1, *c)).collect(),
+                None => {
+                    let map = by_ptr.get_or_insert_with(|| scores.iter().copied().collect());
+                    members
+                        .iter()
+                        .map(|c| {
+                            (map.get(&(c.hostPtr as usize)).copied().unwrap_or(UNKNOWN_SCORE), *c)
+                        })
+                        .collect()
+                }
+            };
+            // Stable: equal scores keep the scheduler's order.
+            keyed.sort_by_key(|k| k.0);
+            for (slot, (_, c)) in members.iter_mut().zip(keyed) {
+                *slot = c;
+            }
         }
         Ok(0)
     })

@@ -26,6 +26,7 @@ mod api;
 pub mod config;
 pub mod extsched;
 mod handler;
+mod hosts;
 
 use api::Api;
 use config::ModuleConfig;
@@ -41,6 +42,8 @@ struct Module {
     config: ModuleConfig,
     shared: Arc<Shared>,
     memo: Mutex<Memo>,
+    /// The scheduler's host pointers resolved to cache hosts, for this `sched_init`.
+    hosts: Mutex<hosts::HostIndex>,
     refresher: Mutex<Option<Refresher>>,
 }
 
@@ -137,6 +140,9 @@ fn init() -> Result<c_int, String> {
     let shared = Arc::new(Shared::default());
     {
         let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
+        // Before the first match (the refresher would set it too, perhaps after one): a match
+        // remembers what each host pointer's name found, until the cache's names change.
+        cache.set_domain(&config.cache.domain);
         for (name, address) in &hosts {
             cache.add(name, address.clone());
         }
@@ -165,6 +171,7 @@ fn init() -> Result<c_int, String> {
         config,
         shared,
         memo: Mutex::new(Memo::new()),
+        hosts: Mutex::new(hosts::HostIndex::new()),
         refresher: Mutex::new(Some(refresher)),
     }));
     *MODULE.write().unwrap_or_else(|e| e.into_inner()) = Some(module);
