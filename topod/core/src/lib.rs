@@ -16,7 +16,10 @@
 //!   and versioned, and the default socket paths;
 //! - [`pending`]: releases queued for topod while it could not be reached (where, what one
 //!   says, its time stamp);
-//! - [`bench`]: the synthetic job streams the placement benchmarks replay.
+//! - [`bench`]: the synthetic job streams the placement benchmarks replay;
+//! - [`policy`]: the policy core, `(state, events) -> actions`, which topod and the simulator
+//!   both run; [`sim`]: the simulator that replays a workload through it; [`swf`]: the
+//!   Standard Workload Format the workloads come in.
 //!
 //! Nothing here opens a socket, starts a thread or touches a cgroup: the daemon (`topod`), the
 //! client (`topo-client`) and the batch-system plug-ins all build on this crate, and the plug-ins
@@ -32,8 +35,11 @@ pub mod jobid;
 pub mod ledger;
 pub mod pending;
 pub mod place;
+pub mod policy;
 pub mod proto;
 pub mod request;
+pub mod sim;
+pub mod swf;
 pub mod topology;
 
 pub use cpuset::CpuSet;

@@ -283,6 +283,20 @@ pub struct SyntheticShape {
 }
 
 impl Topology {
+    /// A plain host of `cores` processors: one package, one NUMA node, one L3 group, no SMT
+    /// (what `topoctl simulate --topology flat:P` replays on). Named `flat:P`.
+    pub fn flat(cores: u32) -> Topology {
+        let mut topo = Topology::synthetic(SyntheticShape {
+            packages: 1,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: cores,
+            threads_per_core: 1,
+        });
+        topo.source = format!("flat:{cores}");
+        topo
+    }
+
     /// A regular machine numbered as Linux numbers x86 machines: first thread of every core
     /// first, SMT siblings `cores` apart. NUMA distance 10 local, 12 inside a package, 32 across.
     pub fn synthetic(shape: SyntheticShape) -> Topology {

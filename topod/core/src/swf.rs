@@ -1,0 +1,424 @@
+//! The Standard Workload Format (SWF) of the Parallel Workloads Archive, version 2.2.
+//!
+//! One job per line, 18 whitespace-separated fields; `-1` means unknown; header comments start
+//! with `;` (`; MaxProcs: 400`). The field meanings follow the archive's definition
+//! (<https://www.cs.huji.ac.il/labs/parallel/workload/swf.html>):
+//!
+//! | # | field | used by the simulator as |
+//! |---|---|---|
+//! | 1 | job number | the job's id |
+//! | 2 | submit time (s) | arrival |
+//! | 3 | wait time (s) | the logged wait, for comparison only |
+//! | 4 | run time (s) | how long the job holds its processors |
+//! | 5 | allocated processors | size, when field 8 is unknown |
+//! | 6 | average CPU time | kept |
+//! | 7 | used memory (KB) | kept |
+//! | 8 | requested processors | size |
+//! | 9 | requested time (s) | runtime estimate (see [`SwfJob::estimate`]) |
+//! | 10 | requested memory (KB) | kept |
+//! | 11 | status | 1 completed, 0 failed, 5 cancelled; 2/3/4 partial executions |
+//! | 12–14 | user, group, executable | kept |
+//! | 15 | queue | filter (`--queues`) |
+//! | 16 | partition | filter (`--partitions`) |
+//! | 17–18 | preceding job, think time | kept (dependencies are not replayed) |
+//!
+//! Time fields may carry fractions (the definition allows it); they are rounded to whole
+//! seconds. Which jobs a replay keeps is [`SwfJob::replayable`]'s decision.
+
+use std::fmt;
+
+/// Unknown, as the format writes it.
+pub const UNKNOWN: i64 = -1;
+
+/// A job's completion status (field 11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// 1: ran to completion.
+    Completed,
+    /// 0: failed; it still held its processors for its run time.
+    Failed,
+    /// 5: cancelled, before it started (run time and processors unknown or zero) or while
+    /// running (then both are known and count).
+    Cancelled,
+    /// 2: one partial execution of a checkpointed job, to be continued.
+    Partial,
+    /// 3: the last partial execution, completed.
+    PartialLastCompleted,
+    /// 4: the last partial execution, failed.
+    PartialLastFailed,
+    /// -1.
+    Unknown,
+}
+
+impl Status {
+    fn from_code(code: i64) -> Option<Status> {
+        Some(match code {
+            1 => Status::Completed,
+            0 => Status::Failed,
+            5 => Status::Cancelled,
+            2 => Status::Partial,
+            3 => Status::PartialLastCompleted,
+            4 => Status::PartialLastFailed,
+            -1 => Status::Unknown,
+            _ => return None,
+        })
+    }
+
+    /// Whether this line is one partial execution (status 2, 3 or 4) of a checkpointed job:
+    /// the archive writes a summary line for such a job as well, so partial lines are not jobs
+    /// of their own.
+    pub fn is_partial(self) -> bool {
+        matches!(self, Status::Partial | Status::PartialLastCompleted | Status::PartialLastFailed)
+    }
+}
+
+/// One job line: all 18 fields, `-1` where unknown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwfJob {
+    /// 1: job number.
+    pub id: i64,
+    /// 2: submit time, seconds.
+    pub submit: i64,
+    /// 3: logged wait, seconds.
+    pub wait: i64,
+    /// 4: run time, seconds.
+    pub run: i64,
+    /// 5: allocated processors.
+    pub allocated_procs: i64,
+    /// 6: average CPU time used per processor, seconds.
+    pub avg_cpu: f64,
+    /// 7: used memory per processor, KB.
+    pub used_mem_kb: i64,
+    /// 8: requested processors.
+    pub requested_procs: i64,
+    /// 9: requested (estimated) time, seconds.
+    pub requested_time: i64,
+    /// 10: requested memory per processor, KB.
+    pub requested_mem_kb: i64,
+    /// 11: status.
+    pub status: Status,
+    /// 12: user.
+    pub user: i64,
+    /// 13: group.
+    pub group: i64,
+    /// 14: executable (application).
+    pub executable: i64,
+    /// 15: queue.
+    pub queue: i64,
+    /// 16: partition.
+    pub partition: i64,
+    /// 17: preceding job.
+    pub preceding: i64,
+    /// 18: think time after the preceding job, seconds.
+    pub think: i64,
+}
+
+/// Why a job line is not replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Skip {
+    /// Neither requested (8) nor allocated (5) processors are known and positive: a job
+    /// cancelled before it started.
+    NoProcessors,
+    /// The run time (4) is unknown.
+    NoRunTime,
+    /// A partial execution line (status 2, 3, 4); its job's summary line is replayed.
+    PartialExecution,
+    /// Larger than the whole simulated cluster.
+    LargerThanCluster,
+}
+
+impl fmt::Display for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Skip::NoProcessors => "no processor count (cancelled before it started)",
+            Skip::NoRunTime => "no run time",
+            Skip::PartialExecution => "partial-execution line (its summary line is replayed)",
+            Skip::LargerThanCluster => "larger than the simulated cluster",
+        })
+    }
+}
+
+impl SwfJob {
+    /// The processors the job asks for: field 8 when known, else field 5.
+    pub fn procs(&self) -> Option<u32> {
+        [self.requested_procs, self.allocated_procs]
+            .into_iter()
+            .find(|p| *p > 0)
+            .and_then(|p| u32::try_from(p).ok())
+    }
+
+    /// The runtime estimate a scheduler sees: the requested time (field 9) when known, raised
+    /// to the run time when the job ran longer (the log shows it was not killed at its limit,
+    /// so a replay lets it run too); the run time itself when no estimate is known (a perfect
+    /// estimate, which is what a trace without field 9 allows).
+    pub fn estimate(&self) -> i64 {
+        if self.requested_time > 0 {
+            self.requested_time.max(self.run)
+        } else {
+            self.run
+        }
+    }
+
+    /// Whether a replay keeps this job, and why not. Failed and cancelled jobs that ran count
+    /// as they ran: they held their processors for their run time.
+    pub fn replayable(&self) -> Result<u32, Skip> {
+        if self.status.is_partial() {
+            return Err(Skip::PartialExecution);
+        }
+        if self.run < 0 {
+            return Err(Skip::NoRunTime);
+        }
+        self.procs().ok_or(Skip::NoProcessors)
+    }
+}
+
+/// The header comments a replay uses.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Header {
+    /// `; MaxProcs:`.
+    pub max_procs: Option<u32>,
+    /// `; MaxNodes:`.
+    pub max_nodes: Option<u32>,
+    /// `; MaxJobs:`.
+    pub max_jobs: Option<u64>,
+    /// `; UnixStartTime:`: the wall-clock time of submit time 0.
+    pub unix_start_time: Option<i64>,
+    /// `; Computer:`.
+    pub computer: Option<String>,
+    /// `; Queue: N name`, in file order.
+    pub queues: Vec<(i64, String)>,
+}
+
+/// A parsed trace.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    /// The header comments.
+    pub header: Header,
+    /// The job lines, in file order.
+    pub jobs: Vec<SwfJob>,
+}
+
+/// A line that is not SWF.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SwfError {
+    /// Not 18 fields.
+    #[error("line {line}: {found} fields, a job line has 18 (job number, submit time, ... think time): {text:?}")]
+    FieldCount {
+        /// 1-based line number.
+        line: usize,
+        /// Fields found.
+        found: usize,
+        /// The line (cut to 120 characters).
+        text: String,
+    },
+    /// A field that is not a number.
+    #[error("line {line}, field {field} ({name}): {value:?} is not a number")]
+    NotANumber {
+        /// 1-based line number.
+        line: usize,
+        /// 1-based field number.
+        field: usize,
+        /// The field's name.
+        name: &'static str,
+        /// What was there (cut to 40 characters).
+        value: String,
+    },
+    /// A status code the format does not define.
+    #[error("line {line}, field 11 (status): {code} is not a status the format defines (0, 1, 2, 3, 4, 5 or -1)")]
+    BadStatus {
+        /// 1-based line number.
+        line: usize,
+        /// The code.
+        code: i64,
+    },
+}
+
+const FIELD_NAMES: [&str; 18] = [
+    "job number",
+    "submit time",
+    "wait time",
+    "run time",
+    "allocated processors",
+    "average CPU time",
+    "used memory",
+    "requested processors",
+    "requested time",
+    "requested memory",
+    "status",
+    "user",
+    "group",
+    "executable",
+    "queue",
+    "partition",
+    "preceding job",
+    "think time",
+];
+
+fn cut(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+/// Parses a whole trace. Blank lines are ignored; CRLF line ends are accepted.
+pub fn parse(text: &str) -> Result<Trace, SwfError> {
+    let mut trace = Trace::default();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(comment) = line.strip_prefix(';') {
+            read_header(&mut trace.header, comment);
+            continue;
+        }
+        trace.jobs.push(parse_job(i + 1, line)?);
+    }
+    Ok(trace)
+}
+
+fn read_header(header: &mut Header, comment: &str) {
+    let Some((key, value)) = comment.split_once(':') else { return };
+    let value = value.trim();
+    let leading_int = || {
+        let digits: String =
+            value.chars().take_while(|c| c.is_ascii_digit() || *c == '-').collect();
+        digits.parse::<i64>().ok()
+    };
+    match key.trim() {
+        "MaxProcs" => header.max_procs = leading_int().and_then(|v| u32::try_from(v).ok()),
+        "MaxNodes" => header.max_nodes = leading_int().and_then(|v| u32::try_from(v).ok()),
+        "MaxJobs" => header.max_jobs = leading_int().and_then(|v| u64::try_from(v).ok()),
+        "UnixStartTime" => header.unix_start_time = leading_int(),
+        "Computer" => header.computer = Some(value.to_string()),
+        "Queue" => {
+            let mut parts = value.split_whitespace();
+            if let (Some(n), Some(name)) = (parts.next().and_then(|n| n.parse().ok()), parts.next())
+            {
+                header.queues.push((n, name.to_string()));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn parse_job(line_no: usize, line: &str) -> Result<SwfJob, SwfError> {
+    let mut values = [0f64; 18];
+    let mut n = 0;
+    for token in line.split_whitespace() {
+        if n < 18 {
+            values[n] = token.parse::<f64>().ok().filter(|v| v.is_finite()).ok_or_else(|| {
+                SwfError::NotANumber {
+                    line: line_no,
+                    field: n + 1,
+                    name: FIELD_NAMES[n],
+                    value: cut(token, 40),
+                }
+            })?;
+        }
+        n += 1;
+    }
+    if n != 18 {
+        return Err(SwfError::FieldCount { line: line_no, found: n, text: cut(line, 120) });
+    }
+    // Whole seconds; -1 stays -1 (and any other negative means unknown too).
+    let int = |k: usize| -> i64 {
+        let v = values[k];
+        if v < 0.0 {
+            UNKNOWN
+        } else {
+            v.round() as i64
+        }
+    };
+    let code = values[10] as i64;
+    let status = Status::from_code(code).ok_or(SwfError::BadStatus { line: line_no, code })?;
+    Ok(SwfJob {
+        id: int(0),
+        submit: int(1),
+        wait: int(2),
+        run: int(3),
+        allocated_procs: int(4),
+        avg_cpu: values[5],
+        used_mem_kb: int(6),
+        requested_procs: int(7),
+        requested_time: int(8),
+        requested_mem_kb: int(9),
+        status,
+        user: int(11),
+        group: int(12),
+        executable: int(13),
+        queue: int(14),
+        partition: int(15),
+        preceding: int(16),
+        think: int(17),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SDSC_LIKE: &str =
+        "; Version: 2.2\n; Computer: Intel Paragon\n; UnixStartTime: 820090437\n\
+; MaxNodes: 400 (48 interactive, 352 batch)\n; MaxProcs: 400\n; Queue:  0  interactive    \n\
+; Queue:  1  q4t\n\
+1    5094 -1   12072  16 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1\n\
+2    5170 10       2   1 -1 -1 8 3600 -1 0 3 1 7 1 -1 -1 -1\r\n\
+3    5200 -1       -1   -1 -1 -1 -1 -1 -1 5 -1 -1 -1 1 -1 -1 -1\n\
+\n\
+4    5300.6 -1  7200.4   4 -1 -1 -1 60 -1 2 -1 -1 -1 1 -1 -1 -1\n";
+
+    #[test]
+    fn reads_the_header_and_all_eighteen_fields() {
+        let t = parse(SDSC_LIKE).unwrap();
+        assert_eq!(t.header.max_procs, Some(400));
+        assert_eq!(t.header.max_nodes, Some(400));
+        assert_eq!(t.header.unix_start_time, Some(820090437));
+        assert_eq!(t.header.computer.as_deref(), Some("Intel Paragon"));
+        assert_eq!(t.header.queues, vec![(0, "interactive".into()), (1, "q4t".into())]);
+        assert_eq!(t.jobs.len(), 4);
+        let j = &t.jobs[1];
+        assert_eq!((j.id, j.submit, j.wait, j.run, j.allocated_procs), (2, 5170, 10, 2, 1));
+        assert_eq!((j.requested_procs, j.requested_time, j.status), (8, 3600, Status::Failed));
+        assert_eq!((j.user, j.group, j.executable, j.queue), (3, 1, 7, 1));
+        // Field 8 wins over field 5; the estimate is the requested time.
+        assert_eq!(j.procs(), Some(8));
+        assert_eq!(j.estimate(), 3600);
+        assert_eq!(j.replayable(), Ok(8));
+        // Fractions are rounded.
+        assert_eq!((t.jobs[3].submit, t.jobs[3].run), (5301, 7200));
+    }
+
+    #[test]
+    fn unknown_estimates_and_jobs_that_ran_past_theirs() {
+        let t = parse(SDSC_LIKE).unwrap();
+        // No field 9: the run time is the estimate.
+        assert_eq!(t.jobs[0].estimate(), 12072);
+        // Ran 7200 s on a 60 s request: it was not killed, so the estimate grows to its run.
+        assert_eq!(t.jobs[3].estimate(), 7200);
+    }
+
+    #[test]
+    fn cancelled_before_start_and_partial_lines_are_skipped_with_a_reason() {
+        let t = parse(SDSC_LIKE).unwrap();
+        assert_eq!(t.jobs[2].status, Status::Cancelled);
+        assert_eq!(t.jobs[2].replayable(), Err(Skip::NoRunTime));
+        assert_eq!(t.jobs[3].replayable(), Err(Skip::PartialExecution));
+        let cancelled_running = SwfJob { run: 50, allocated_procs: 2, ..t.jobs[2].clone() };
+        assert_eq!(cancelled_running.replayable(), Ok(2));
+        let no_procs = SwfJob { run: 50, ..t.jobs[2].clone() };
+        assert_eq!(no_procs.replayable(), Err(Skip::NoProcessors));
+    }
+
+    #[test]
+    fn garbage_is_refused_with_its_line_and_field() {
+        let e = parse("; x\n1 2 3\n").unwrap_err();
+        assert_eq!(e, SwfError::FieldCount { line: 2, found: 3, text: "1 2 3".into() });
+        let e = parse("1 0 -1 10 4 -1 -1 -1 -1 -1 1 -1 -1 -1 zz -1 -1 -1\n").unwrap_err();
+        assert!(e.to_string().contains("line 1, field 15 (queue): \"zz\""), "{e}");
+        let e = parse("1 0 -1 10 4 -1 -1 -1 -1 -1 7 -1 -1 -1 0 -1 -1 -1\n").unwrap_err();
+        assert!(e.to_string().contains("field 11 (status): 7"), "{e}");
+        let e = parse("1 0 -1 10 4 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1 9\n").unwrap_err();
+        assert!(matches!(e, SwfError::FieldCount { found: 19, .. }), "{e}");
+        let e = parse("1 0 -1 NaN 4 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1\n").unwrap_err();
+        assert!(e.to_string().contains("field 4 (run time)"), "{e}");
+    }
+}

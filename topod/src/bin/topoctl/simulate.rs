@@ -1,0 +1,440 @@
+//! `topoctl simulate`: replay a Standard Workload Format trace on N hosts of one machine under
+//! one or more cluster policies and host strategies, and print, dump or draw what happened.
+//!
+//! The replay itself is `topo_core::sim` over `topo_core::policy`; this file reads the inputs,
+//! times the replays, and writes the table, the JSON and the SVG.
+
+use super::{load_path, print_json, Failure};
+use indicatif::{ProgressBar, ProgressStyle};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+use topo_core::place::{HostModel, Strategy};
+use topo_core::policy::QueueOrder;
+use topo_core::sim::{self, SimReport, TraceFilter};
+use topo_core::swf;
+use topo_core::topology::Topology;
+use topo_core::CpuSet;
+
+/// What to replay and how.
+pub(crate) struct SimulateArgs {
+    pub trace: PathBuf,
+    pub hosts: Option<usize>,
+    pub topology: String,
+    pub policies: Vec<QueueOrder>,
+    pub placements: Vec<Strategy>,
+    pub queues: Option<Vec<i64>>,
+    pub skip_queues: Vec<i64>,
+    pub json: bool,
+    pub svg: Option<PathBuf>,
+}
+
+/// `flat:P` (one plain P-processor host), or a topology file or sysfs snapshot.
+pub(crate) fn host_topology(spec: &str) -> Result<Topology, Failure> {
+    if let Some(count) = spec.strip_prefix("flat:") {
+        let cores: u32 =
+            count.parse().ok().filter(|c| (1..=65_536).contains(c)).ok_or_else(|| {
+                Failure::input(format!(
+                    "--topology {spec}: after flat: comes the processor count per host, 1 to 65536"
+                ))
+            })?;
+        return Ok(Topology::flat(cores));
+    }
+    let path = Path::new(spec);
+    if !path.exists() {
+        return Err(Failure::input(format!(
+            "--topology {spec}: no such file or directory (give an hwloc XML file, a sysfs snapshot directory, or flat:P)"
+        )));
+    }
+    load_path(path)
+}
+
+fn parse_list<T: std::str::FromStr>(what: &str, text: &str) -> Result<Vec<T>, Failure>
+where
+    T::Err: std::fmt::Display,
+{
+    text.split(',')
+        .map(|item| {
+            item.trim()
+                .parse::<T>()
+                .map_err(|e| Failure::input(format!("{what} {text:?}: {:?}: {e}", item.trim())))
+        })
+        .collect()
+}
+
+/// Comma lists of policies (`fcfs,easy`), strategies or queue numbers.
+pub(crate) fn parse_policies(text: &str) -> Result<Vec<QueueOrder>, Failure> {
+    parse_list("--policy", text)
+}
+
+/// See [`parse_policies`].
+pub(crate) fn parse_placements(text: &str) -> Result<Vec<Strategy>, Failure> {
+    parse_list("--placement", text)
+}
+
+/// See [`parse_policies`].
+pub(crate) fn parse_queues(flag: &str, text: &str) -> Result<Vec<i64>, Failure> {
+    parse_list(flag, text)
+}
+
+pub(crate) fn run(args: SimulateArgs) -> Result<(), Failure> {
+    let text = std::fs::read_to_string(&args.trace).map_err(|e| {
+        Failure::input(format!("cannot read the trace {}: {e}", args.trace.display()))
+    })?;
+    let trace =
+        swf::parse(&text).map_err(|e| Failure::input(format!("{}: {e}", args.trace.display())))?;
+    let topo = host_topology(&args.topology)?;
+    let model = Arc::new(
+        HostModel::new(&topo, &CpuSet::new())
+            .map_err(|e| Failure::input(format!("--topology {}: {e}", args.topology)))?,
+    );
+    let cores_per_host =
+        model.cores.iter().filter(|c| c.is_subset(&model.allocatable)).count() as u64;
+    let hosts = match (args.hosts, trace.header.max_procs) {
+        (Some(0), _) => return Err(Failure::input("--hosts must be at least 1")),
+        (Some(n), _) => n,
+        (None, Some(max)) => (u64::from(max).div_ceil(cores_per_host.max(1))) as usize,
+        (None, None) => {
+            return Err(Failure::input(format!(
+                "{} has no '; MaxProcs:' header: say how many hosts with --hosts N",
+                args.trace.display()
+            )))
+        }
+    };
+    let total = cores_per_host * hosts as u64;
+    let filter = TraceFilter { queues: args.queues.clone(), skip_queues: args.skip_queues.clone() };
+    let (jobs, skipped) = sim::jobs_from_trace(&trace, &filter, total);
+    if jobs.is_empty() {
+        return Err(Failure::input(format!(
+            "{}: no job to replay ({} lines, {} left out: {})",
+            args.trace.display(),
+            trace.jobs.len(),
+            skipped.values().sum::<usize>(),
+            describe_skipped(&skipped)
+        )));
+    }
+    let topology_name = Path::new(&topo.source)
+        .file_name()
+        .map_or_else(|| topo.source.clone(), |n| n.to_string_lossy().into());
+    let trace_name = args
+        .trace
+        .file_name()
+        .map_or_else(|| args.trace.display().to_string(), |n| n.to_string_lossy().into());
+    let mut reports = Vec::new();
+    for &policy in &args.policies {
+        for &placement in &args.placements {
+            let bar = progress_bar(jobs.len(), &format!("{} {}", policy.name(), placement.name()));
+            let hosts_vec = vec![Arc::clone(&model); hosts];
+            let began = Instant::now();
+            let mut report = sim::replay(hosts_vec, &jobs, policy, placement, &mut |done| {
+                bar.set_position(done as u64)
+            })
+            .map_err(|e| Failure::runtime(format!("the replay stopped: {e}")))?;
+            let seconds = began.elapsed().as_secs_f64();
+            bar.finish_and_clear();
+            report.jobs_per_s = jobs.len() as f64 / seconds.max(1e-9);
+            report.skipped = skipped.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+            reports.push(report);
+        }
+    }
+    if args.json {
+        let objects: Vec<serde_json::Value> = reports
+            .iter()
+            .map(|r| {
+                let mut v = serde_json::to_value(r).unwrap_or_default();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("trace".into(), trace_name.clone().into());
+                    o.insert("topology".into(), topology_name.clone().into());
+                }
+                v
+            })
+            .collect();
+        match objects.as_slice() {
+            [one] => print_json(one)?,
+            _ => print_json(&objects)?,
+        }
+    } else {
+        print_table(&trace_name, &trace, &topology_name, hosts, total, &skipped, &reports);
+    }
+    if let Some(path) = &args.svg {
+        let title = format!("{trace_name} on {hosts} × {topology_name} ({total} processors)");
+        draw(path, &title, &reports)
+            .map_err(|e| Failure::runtime(format!("cannot write {}: {e}", path.display())))?;
+        if !args.json {
+            println!("\npictures: {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn progress_bar(len: usize, label: &str) -> ProgressBar {
+    // Drawn on stderr, and only when stderr is a terminal.
+    let bar = ProgressBar::new(len as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg:>18} [{bar:40}] {pos}/{len} jobs ({eta} left)")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(label.to_string());
+    bar
+}
+
+fn describe_skipped(skipped: &std::collections::BTreeMap<swf::Skip, usize>) -> String {
+    if skipped.is_empty() {
+        return "none".into();
+    }
+    skipped.iter().map(|(why, n)| format!("{n} {why}")).collect::<Vec<_>>().join(", ")
+}
+
+fn hours(s: f64) -> String {
+    if s >= 3600.0 {
+        format!("{:.2} h", s / 3600.0)
+    } else if s >= 60.0 {
+        format!("{:.1} min", s / 60.0)
+    } else {
+        format!("{s:.0} s")
+    }
+}
+
+fn print_table(
+    name: &str,
+    trace: &swf::Trace,
+    topology: &str,
+    hosts: usize,
+    total: u64,
+    skipped: &std::collections::BTreeMap<swf::Skip, usize>,
+    reports: &[SimReport],
+) {
+    let computer = trace.header.computer.as_deref().map(|c| format!(" ({c})")).unwrap_or_default();
+    println!(
+        "{name}{computer}: {} jobs replayed on {hosts} hosts of {topology}, {total} processors (whole cores)",
+        reports.first().map_or(0, |r| r.jobs)
+    );
+    println!("left out: {}", describe_skipped(skipped));
+    println!();
+    println!(
+        "{:<7} {:<12} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>10}",
+        "policy",
+        "placement",
+        "util",
+        "mean wait",
+        "p95 wait",
+        "max wait",
+        "bnd sldn",
+        "makespan",
+        "NUMA",
+        "L3",
+        "jobs/s"
+    );
+    for r in reports {
+        println!(
+            "{:<7} {:<12} {:>6.3} {:>10} {:>10} {:>10} {:>9.1} {:>7.1} d {:>6.1}% {:>6.1}% {:>10.0}",
+            r.policy,
+            r.placement,
+            r.utilization,
+            hours(r.mean_wait_s),
+            hours(r.p95_wait_s),
+            hours(r.max_wait_s),
+            r.mean_bounded_slowdown,
+            r.makespan_s / 86_400.0,
+            r.numa_optimal_share * 100.0,
+            r.l3_optimal_share * 100.0,
+            r.jobs_per_s
+        );
+    }
+    println!();
+    println!("util: processor-seconds used / (processors x first submit to last end); bnd sldn: mean bounded slowdown, tau = 10 s;");
+    println!("NUMA, L3: jobs within the fewest NUMA nodes / L3 groups that hold their size on every host they use.");
+}
+
+const COLOURS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(23, 190, 207),
+];
+
+type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Four panels: utilization over time, queue length over time, and the distributions (CDF)
+/// of waits and of bounded slowdowns, one line per (policy, placement).
+fn draw(path: &Path, title: &str, reports: &[SimReport]) -> DrawResult {
+    let root = SVGBackend::new(path, (1400, 1000)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, body) = root.split_vertically(40);
+    top.titled(title, ("sans-serif", 22))?;
+    let panels = body.split_evenly((2, 2));
+    let makespan_days = reports.iter().map(|r| r.makespan_s).fold(1.0, f64::max) / 86_400.0;
+    let label = |r: &SimReport| format!("{} / {}", r.policy, r.placement);
+
+    // Daily means over two months or less, weekly beyond (a year of days is noise).
+    let (bin_days, per) = if makespan_days > 60.0 { (7.0, "weekly") } else { (1.0, "daily") };
+    let utilization: Vec<Vec<(f64, f64)>> = reports
+        .iter()
+        .map(|r| binned(r, bin_days, |s| s.busy as f64 / r.processors.max(1) as f64))
+        .collect();
+    line_panel(
+        &panels[0],
+        &format!("Utilization over time ({per} mean)"),
+        "days",
+        "busy share",
+        makespan_days,
+        1.0,
+        reports,
+        &utilization,
+        &label,
+        SeriesLabelPosition::LowerRight,
+    )?;
+
+    let queue: Vec<Vec<(f64, f64)>> =
+        reports.iter().map(|r| binned(r, bin_days, |s| s.queue as f64)).collect();
+    let queue_max = queue.iter().flatten().map(|p| p.1).fold(1.0, f64::max) * 1.05;
+    line_panel(
+        &panels[1],
+        &format!("Jobs waiting ({per} mean)"),
+        "days",
+        "jobs",
+        makespan_days,
+        queue_max,
+        reports,
+        &queue,
+        &label,
+        SeriesLabelPosition::UpperRight,
+    )?;
+
+    let waits: Vec<Vec<f64>> =
+        reports.iter().map(|r| r.waits.iter().map(|w| (*w).max(1) as f64).collect()).collect();
+    cdf_panel(
+        &panels[2],
+        "Wait time distribution",
+        "wait, seconds (log; 0 drawn at 1 s)",
+        reports,
+        waits,
+        &label,
+    )?;
+    let slowdowns: Vec<Vec<f64>> = reports.iter().map(|r| r.slowdowns.clone()).collect();
+    cdf_panel(
+        &panels[3],
+        "Bounded slowdown distribution (tau = 10 s)",
+        "bounded slowdown (log)",
+        reports,
+        slowdowns,
+        &label,
+    )?;
+    root.present()?;
+    Ok(())
+}
+
+/// The time-weighted mean of `value` over each `bin_days` of the replay, at the bins' middles
+/// in days.
+fn binned(r: &SimReport, bin_days: f64, value: impl Fn(&sim::Sample) -> f64) -> Vec<(f64, f64)> {
+    let width = 86_400.0 * bin_days;
+    let bins = ((r.makespan_s / width).ceil() as usize).max(1);
+    let mut sum = vec![0.0; bins];
+    for pair in r.series.windows(2) {
+        let (a, b) = (pair[0].t as f64, pair[1].t as f64);
+        let v = value(&pair[0]);
+        let mut t = a;
+        while t < b {
+            let bin = ((t / width) as usize).min(bins - 1);
+            let bin_end = ((bin + 1) as f64 * width).min(b).max(t + 1e-9);
+            sum[bin] += v * (bin_end - t);
+            t = bin_end;
+        }
+    }
+    sum.iter().enumerate().map(|(i, s)| ((i as f64 + 0.5) * bin_days, s / width)).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn line_panel(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    caption: &str,
+    x_desc: &str,
+    y_desc: &str,
+    x_max: f64,
+    y_max: f64,
+    reports: &[SimReport],
+    lines: &[Vec<(f64, f64)>],
+    label: &dyn Fn(&SimReport) -> String,
+    legend: SeriesLabelPosition,
+) -> DrawResult {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..x_max.max(1.0), 0f64..y_max)?;
+    let y_decimals = if y_max <= 1.0 { 1 } else { 0 };
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.y_decimals$}"))
+        .draw()?;
+    for (i, (r, points)) in reports.iter().zip(lines).enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), colour.stroke_width(2)))?
+            .label(label(r))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(legend)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+fn cdf_panel(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    caption: &str,
+    x_desc: &str,
+    reports: &[SimReport],
+    mut values: Vec<Vec<f64>>,
+    label: &dyn Fn(&SimReport) -> String,
+) -> DrawResult {
+    let x_max = values.iter().flatten().copied().fold(10.0, f64::max) * 1.5;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((1f64..x_max).log_scale(), 0f64..1.0)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc("share of jobs at or below")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .draw()?;
+    for (i, (r, v)) in reports.iter().zip(values.iter_mut()).enumerate() {
+        v.sort_by(f64::total_cmp);
+        let n = v.len().max(1);
+        // 400 quantiles are plenty for a picture.
+        let points: Vec<(f64, f64)> = (0..=400)
+            .map(|q| {
+                let idx = ((q * (n - 1)) / 400).min(n - 1);
+                (v.get(idx).copied().unwrap_or(1.0).max(1.0), (idx + 1) as f64 / n as f64)
+            })
+            .collect();
+        let colour = COLOURS[i % COLOURS.len()];
+        chart.draw_series(LineSeries::new(points, colour.stroke_width(2)))?.label(label(r)).legend(
+            move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)),
+        );
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
