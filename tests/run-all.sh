@@ -88,4 +88,13 @@ tests/slurm-e2e.sh
 cargo run --quiet --release --locked -p topod --bin topoctl -- bench placement --jobs 300 >/dev/null
 cargo build --quiet --release --locked -p topod --bin topod
 cargo run --quiet --release --locked -p topo-plugin-core --bin topo-plugin-bench -- --hosts 300 --jobs 20 --baseline-jobs 1 >/dev/null
+# The simulator's speed (README, "What-if replays"): the SDSC Paragon year on 400 plain hosts,
+# and on 25 hosts of a 16-core two-socket machine with topology placement. Its figures print.
+echo "--- topoctl simulate speed (jobs/s is the last column)"
+cargo run --quiet --release --locked -p topod --bin topoctl -- simulate \
+    --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 400 --policy fcfs,easy --repeat 5
+cargo run --quiet --release --locked -p topod --bin topoctl -- simulate \
+    --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 25 \
+    --topology "$TOPO_SHARED_DIR/topologies/converted-hwloc2.9/32intel64-2p8co2t+8ve.xml" \
+    --policy fcfs,easy --placement best-fit,first-fit --repeat 5
 echo "tests/run-all.sh: all tests passed"

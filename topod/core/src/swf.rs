@@ -301,23 +301,28 @@ fn read_header(header: &mut Header, comment: &str) {
 }
 
 fn parse_job(line_no: usize, line: &str) -> Result<SwfJob, SwfError> {
-    let mut values = [0f64; 18];
+    // The count first: a short line is a short line, whatever its fields hold.
+    let mut tokens = [""; 18];
     let mut n = 0;
     for token in line.split_whitespace() {
         if n < 18 {
-            values[n] = token.parse::<f64>().ok().filter(|v| v.is_finite()).ok_or_else(|| {
-                SwfError::NotANumber {
-                    line: line_no,
-                    field: n + 1,
-                    name: FIELD_NAMES[n],
-                    value: cut(token, 40),
-                }
-            })?;
+            tokens[n] = token;
         }
         n += 1;
     }
     if n != 18 {
         return Err(SwfError::FieldCount { line: line_no, found: n, text: cut(line, 120) });
+    }
+    let mut values = [0f64; 18];
+    for (k, token) in tokens.iter().enumerate() {
+        values[k] = token.parse::<f64>().ok().filter(|v| v.is_finite()).ok_or_else(|| {
+            SwfError::NotANumber {
+                line: line_no,
+                field: k + 1,
+                name: FIELD_NAMES[k],
+                value: cut(token, 40),
+            }
+        })?;
     }
     // Whole seconds; -1 stays -1 (and any other negative means unknown too).
     let int = |k: usize| -> i64 {

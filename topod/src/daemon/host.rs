@@ -509,9 +509,15 @@ impl Host {
         prepared: &Prepared,
         mem_limit: Option<u64>,
     ) -> Result<(), HostError> {
-        let placement =
-            place::place(&self.model, self.ledger.occupancy(), &prepared.request, self.strategy)
-                .map_err(|source| HostError::DoesNotFit { job: id.to_string(), source })?;
+        // The policy core's host decision: the same function the simulator places every part of
+        // every job with, so a replay says what this host would do.
+        let placement = topo_core::policy::start_on_host(
+            &self.model,
+            self.ledger.occupancy(),
+            &prepared.request,
+            self.strategy,
+        )
+        .map_err(|source| HostError::DoesNotFit { job: id.to_string(), source })?;
         let spec = CgroupSpec {
             cpus: placement.cpus.clone(),
             mems: placement.mems.clone(),

@@ -194,40 +194,7 @@ enum Command {
     /// Replay a workload trace (Standard Workload Format) on N hosts of one machine under
     /// cluster policies (fcfs, easy backfilling) and host strategies, through the same policy
     /// core and placement code topod runs; print a table, JSON, and pictures.
-    #[command(after_help = SIMULATE_HELP)]
-    Simulate {
-        /// The trace: a Standard Workload Format file (e.g. from the Parallel Workloads Archive).
-        #[arg(long, value_name = "FILE")]
-        trace: PathBuf,
-        /// Hosts in the cluster [default: the trace's MaxProcs header over the processors of
-        /// one host].
-        #[arg(long, value_name = "N")]
-        hosts: Option<usize>,
-        /// One host: an hwloc XML file, a sysfs snapshot directory, or flat:P for P plain
-        /// processors. A processor is one whole core.
-        #[arg(long, value_name = "FILE|flat:P", default_value = "flat:1")]
-        topology: String,
-        /// Cluster policies, comma-separated: fcfs, easy. Each is replayed and compared.
-        #[arg(long, value_name = "LIST", default_value = "easy")]
-        policy: String,
-        /// Host strategies, comma-separated: best-fit, pack, balance, first-fit, buddy,
-        /// k8s-static, slurm-block.
-        #[arg(long, value_name = "LIST", default_value = "best-fit")]
-        placement: String,
-        /// Replay only jobs of these queues (the trace's field 15), e.g. 1,2,3.
-        #[arg(long, value_name = "LIST")]
-        queues: Option<String>,
-        /// Leave out jobs of these queues, e.g. 0 (the SDSC Paragon's interactive queue).
-        #[arg(long, value_name = "LIST")]
-        skip_queues: Option<String>,
-        /// Print JSON: one object per replay (an array when there are several).
-        #[arg(long)]
-        json: bool,
-        /// Draw utilization and queue length over time and the wait and slowdown distributions
-        /// of every replay into this SVG file.
-        #[arg(long, value_name = "FILE")]
-        svg: Option<PathBuf>,
-    },
+    Simulate(simulate::SimulateOpts),
     /// Print the protocol between topod and its clients as a JSON Schema (the file
     /// packaging/protocol.schema.json, which the PBS hook reads replies against).
     ProtocolSchema,
@@ -309,53 +276,6 @@ struct Source {
     sysfs: Option<PathBuf>,
 }
 
-const SIMULATE_HELP: &str = "\
-How a trace is replayed:
-  A job's processors come from the requested count (field 8), else the allocated count (field 5).
-  The scheduler plans with the requested time (field 9) as the estimate; a job that ran longer than
-  it requested runs its logged time (the log shows it was not killed), and the estimate is raised to
-  it. Without field 9 the run time is the estimate.
-  Failed (status 0) and cancelled (5) jobs that ran hold their processors for their run time; lines
-  without a run time or a processor count (cancelled before they started) and partial-execution lines
-  (status 2, 3, 4; their job's summary line is replayed) are left out and counted.
-  fcfs starts jobs in submit order; easy gives the first waiting job a reservation at the earliest
-  estimated time it fits and starts later jobs now if they end by then or use only processors it will
-  not need.
-
-Examples:
-  topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 400 --policy fcfs,easy --svg out.svg
-  topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --skip-queues 0 --hosts 352 --json
-  topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 25 --topology 2socket.xml \\
-      --placement best-fit,first-fit";
-
-#[allow(clippy::too_many_arguments)]
-fn simulate_cmd(
-    trace: PathBuf,
-    hosts: Option<usize>,
-    topology: String,
-    policy: &str,
-    placement: &str,
-    queues: Option<String>,
-    skip_queues: Option<String>,
-    json: bool,
-    svg: Option<PathBuf>,
-) -> Result<(), Failure> {
-    simulate::run(simulate::SimulateArgs {
-        trace,
-        hosts,
-        topology,
-        policies: simulate::parse_policies(policy)?,
-        placements: simulate::parse_placements(placement)?,
-        queues: queues.map(|q| simulate::parse_queues("--queues", &q)).transpose()?,
-        skip_queues: skip_queues
-            .map(|q| simulate::parse_queues("--skip-queues", &q))
-            .transpose()?
-            .unwrap_or_default(),
-        json,
-        svg,
-    })
-}
-
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
     s.parse().map_err(|e: place::UnknownStrategy| e.to_string())
 }
@@ -406,27 +326,7 @@ fn main() -> ExitCode {
             what: BenchCommand::Placement { topologies, strategies, seed, jobs, json },
         } => bench_placement(&topologies, &strategies, seed, jobs as usize, json),
         Command::Demo { source, json } => demo(&source, json),
-        Command::Simulate {
-            trace,
-            hosts,
-            topology,
-            policy,
-            placement,
-            queues,
-            skip_queues,
-            json,
-            svg,
-        } => simulate_cmd(
-            trace,
-            hosts,
-            topology,
-            &policy,
-            &placement,
-            queues,
-            skip_queues,
-            json,
-            svg,
-        ),
+        Command::Simulate(opts) => simulate::run(opts),
         Command::ProtocolSchema => print_json(&topo_core::proto::schema::document()),
         Command::Status { daemon, json } => status(&daemon, json),
         Command::Jobs { daemon, json } => jobs(&daemon, json),
