@@ -119,15 +119,72 @@ impl std::fmt::Display for Unknown {
 pub struct HostCache {
     models: Vec<Arc<HostModel>>,
     model_by_key: HashMap<u64, u32>,
-    hosts: Vec<Arc<HostEntry>>,
+    hosts: Chunked<Arc<HostEntry>>,
     /// Per host, what every match reads ([`HostStatus`]).
-    status: Vec<HostStatus>,
+    status: Chunked<HostStatus>,
     names: Arc<NameIndex>,
     /// Changes whenever a name may find another host than before (a host added, the domain
     /// changed), so that callers who remember what a name found know when to ask again.
     names_version: u64,
     /// Names that are no host's; replaced by an empty one whenever a host is added.
     negative: Arc<Mutex<HashSet<Box<str>>>>,
+}
+
+/// A vector in shared chunks: a copy costs one reference count per [`CHUNK`] elements, and a
+/// change copies only its own chunk (when another copy shares it). The refresher publishes a
+/// copy of the cache for every few results; with ten thousand hosts in one plain vector, each
+/// copy (and each old snapshot's drop) touched every host.
+#[derive(Debug, Clone)]
+struct Chunked<T> {
+    chunks: Vec<Arc<Vec<T>>>,
+    len: usize,
+}
+
+/// Elements per chunk of [`Chunked`].
+const CHUNK: usize = 256;
+
+impl<T> Default for Chunked<T> {
+    fn default() -> Self {
+        Self { chunks: Vec::new(), len: 0 }
+    }
+}
+
+impl<T: Clone> Chunked<T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn push(&mut self, value: T) {
+        if self.len % CHUNK == 0 {
+            self.chunks.push(Arc::new(Vec::with_capacity(CHUNK)));
+        }
+        if let Some(last) = self.chunks.last_mut() {
+            Arc::make_mut(last).push(value);
+        }
+        self.len += 1;
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flat_map(|c| c.iter())
+    }
+}
+
+impl<T> std::ops::Index<usize> for Chunked<T> {
+    type Output = T;
+    fn index(&self, i: usize) -> &T {
+        &self.chunks[i / CHUNK][i % CHUNK]
+    }
+}
+
+impl<T: Clone> std::ops::IndexMut<usize> for Chunked<T> {
+    /// Copies the element's chunk first when another copy of the vector shares it.
+    fn index_mut(&mut self, i: usize) -> &mut T {
+        &mut Arc::make_mut(&mut self.chunks[i / CHUNK])[i % CHUNK]
+    }
 }
 
 /// Host names and aliases.
@@ -422,10 +479,10 @@ impl HostCache {
             generation: free.generation,
             jobs: jobs.into(),
         };
-        let entry = &mut self.hosts[id as usize];
+        let entry = &self.hosts[id as usize];
         if entry.state.as_ref() != Some(&state) || entry.last_error.is_some() {
             // Cloned (when another snapshot shares it) only when something changes.
-            let h = Arc::make_mut(entry);
+            let h = Arc::make_mut(&mut self.hosts[id as usize]);
             if h.state.as_ref() != Some(&state) {
                 h.state = Some(state);
                 h.version = h.version.wrapping_add(1);
@@ -439,9 +496,8 @@ impl HostCache {
 
     /// Records a failed fetch; the last good state stays until it goes stale.
     pub fn failed(&mut self, id: HostId, error: &str) {
-        let h = &mut self.hosts[id as usize];
-        if h.last_error.as_deref() != Some(error) {
-            Arc::make_mut(h).last_error = Some(error.into());
+        if self.hosts[id as usize].last_error.as_deref() != Some(error) {
+            Arc::make_mut(&mut self.hosts[id as usize]).last_error = Some(error.into());
         }
     }
 

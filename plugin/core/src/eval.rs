@@ -293,11 +293,11 @@ impl Memo {
         }
         let s = self.shape(key);
         self.shapes[s].last_used = self.tick;
-        // One pass: a remembered score where the host has not changed since; the rest (changed,
-        // never seen with this shape, or stale: an entry goes stale without changing, so stale
-        // hosts are evaluated every time and not remembered) is computed after.
+        // One pass: a remembered score where the host has not changed since, the policy's answer
+        // where its state is unknown or stale (never remembered: a state goes stale without
+        // changing); the rest (changed, or never seen with this shape) is computed after.
         let mut out: Vec<u64> = Vec::with_capacity(hosts.len());
-        let mut misses: Vec<(usize, HostId, bool)> = Vec::new();
+        let mut misses: Vec<(usize, HostId)> = Vec::new();
         for (pos, &h) in hosts.iter().enumerate() {
             let i = h as usize;
             let status = ctx.cache.status(h);
@@ -305,8 +305,12 @@ impl Memo {
                 .fetched_at
                 .is_some_and(|at| ctx.now.saturating_duration_since(at) <= ctx.stale_after);
             if !fresh {
-                out.push(NO_FIT);
-                misses.push((pos, h, false));
+                // What `evaluate` answers for a host whose state is unknown or stale, without a
+                // call per host: after a restart every host is unknown until its state comes.
+                out.push(match ctx.unreachable {
+                    Unreachable::Open => UNKNOWN_SCORE,
+                    Unreachable::Closed => NO_FIT,
+                });
                 continue;
             }
             let now = (status.version, ctx.reservations.version(h));
@@ -320,7 +324,7 @@ impl Memo {
             match self.shapes[s].scores[i] {
                 NOT_KNOWN => {
                     out.push(NO_FIT);
-                    misses.push((pos, h, true));
+                    misses.push((pos, h));
                 }
                 NO_FIT32 => out.push(NO_FIT),
                 score => out.push(u64::from(score)),
@@ -328,17 +332,14 @@ impl Memo {
         }
         let ids: Vec<HostId> = misses.iter().map(|m| m.1).collect();
         let remembered = &mut self.shapes[s].scores;
-        for ((pos, h, remember), score) in misses.into_iter().zip(evaluate_many(ctx, request, &ids))
-        {
+        for ((pos, h), score) in misses.into_iter().zip(evaluate_many(ctx, request, &ids)) {
             out[pos] = score;
-            if remember {
-                // A score too large for 32 bits is computed every time.
-                remembered[h as usize] = match score {
-                    NO_FIT => NO_FIT32,
-                    s if s < u64::from(NO_FIT32) => s as u32,
-                    _ => NOT_KNOWN,
-                };
-            }
+            // A score too large for 32 bits is computed every time.
+            remembered[h as usize] = match score {
+                NO_FIT => NO_FIT32,
+                s if s < u64::from(NO_FIT32) => s as u32,
+                _ => NOT_KNOWN,
+            };
         }
         out.into_iter().map(|s| Some(s).filter(|&s| s != NO_FIT)).collect()
     }

@@ -363,9 +363,10 @@ impl Refresher {
     ) -> std::io::Result<Refresher> {
         let (results, inbox) = mpsc::channel::<Msg>();
         let stop = results.clone();
-        let thread = std::thread::Builder::new()
-            .name("topo-refresh".into())
-            .spawn(move || run(&shared, source, &config, results, inbox))?;
+        let thread = std::thread::Builder::new().name("topo-refresh".into()).spawn(move || {
+            background_priority();
+            run(&shared, source, &config, results, inbox)
+        })?;
         Ok(Refresher { stop, thread: Some(thread) })
     }
 
@@ -429,6 +430,7 @@ fn run(
                 let (queue, results, source) = (queue.clone(), results.clone(), source.clone());
                 let spawned = std::thread::Builder::new()
                     .name("topo-fetch".into())
+                    // Started by the refresher's thread, it inherits that thread's lower priority.
                     .spawn(move || fetch_thread(&queue, &results, source.as_ref()));
                 match spawned {
                     Ok(_) => threads += 1,
@@ -485,6 +487,45 @@ fn run(
         }
     }
     tracing::debug!("refresher stopped");
+}
+
+/// How much lower than the scheduler's the refresh threads' CPU priority is (a nice value).
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// Lowers the calling thread's CPU priority by [`BACKGROUND_NICE`] (threads it starts inherit
+/// it): the refresher and its fetch threads run inside the scheduler's process, and while they parse ten thousand hosts' states
+/// (a first refresh, after a restart) they must not take the CPU from the scheduler's own
+/// thread, whose callbacks a scheduling session waits for. On Linux a nice value is per thread.
+fn background_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        extern "C" {
+            fn gettid() -> i32;
+            fn getpriority(which: i32, who: u32) -> i32;
+            fn setpriority(which: i32, who: u32, prio: i32) -> i32;
+        }
+        const PRIO_PROCESS: i32 = 0;
+        // SAFETY: plain system calls on the calling thread's own id; no memory is passed.
+        let rc = unsafe {
+            let tid = gettid() as u32;
+            let now = getpriority(PRIO_PROCESS, tid);
+            setpriority(PRIO_PROCESS, tid, (now + BACKGROUND_NICE).min(19))
+        };
+        if rc != 0 {
+            tracing::debug!("cannot lower the refresh thread's priority; it keeps the scheduler's");
+        }
+    }
+}
+
+/// This thread's nice value (tests).
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn thread_nice() -> i32 {
+    extern "C" {
+        fn gettid() -> i32;
+        fn getpriority(which: i32, who: u32) -> i32;
+    }
+    // SAFETY: plain system calls on the calling thread's own id.
+    unsafe { getpriority(0, gettid() as u32) }
 }
 
 /// A fetch thread: takes tasks until the refresher goes.

@@ -680,3 +680,58 @@ fn many_pending_dispatches_cost_no_scan_each() {
     assert!(resv.release("lsf-1"));
     assert!(resv.pending().is_empty());
 }
+
+/// A source that records the nice value of the thread each fetch runs on.
+struct NiceProbe(Mutex<Vec<i32>>);
+
+impl HostSource for NiceProbe {
+    fn fetch(&self, address: &Address, _with_topology: bool) -> Result<Fetched, FetchError> {
+        self.0.lock().unwrap().push(crate::fetch::thread_nice());
+        Err(FetchError { address: address.to_string(), message: "probe".into() })
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn refresh_threads_run_below_the_schedulers_priority() {
+    let shared = std::sync::Arc::new(Shared::default());
+    shared.cache.write().unwrap().add("a", Address::Unix("/a.sock".into()));
+    let probe = std::sync::Arc::new(NiceProbe(Mutex::new(Vec::new())));
+    let config = CacheConfig { address_template: String::new(), ..CacheConfig::default() };
+    let refresher = crate::fetch::Refresher::start(shared.clone(), probe.clone(), config).unwrap();
+    let start = Instant::now();
+    while probe.0.lock().unwrap().is_empty() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(refresher);
+    let mine = crate::fetch::thread_nice();
+    let seen = probe.0.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "no fetch within 5 s");
+    let want = (mine + crate::fetch::BACKGROUND_NICE).min(19);
+    assert!(seen.iter().all(|&n| n == want), "fetch threads at nice {seen:?}, this one {mine}");
+    // The caller's thread keeps its own priority.
+    assert_eq!(crate::fetch::thread_nice(), mine);
+}
+
+#[test]
+fn a_refresh_copies_only_the_hosts_it_changes() {
+    let config = CacheConfig::default();
+    let (shared, source) = setup(&config);
+    let before = shared.cache.load();
+    refresh_once(&shared, &source, &config);
+    let after = shared.cache.load();
+    for (id, h) in before.hosts() {
+        // Same state: the new snapshot shares the entry (only its fetch time, in the flat
+        // status array, changed), so a refresh allocates nothing per unchanged host.
+        assert!(std::ptr::eq(h, after.host(id)), "host {} was copied", h.name);
+    }
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    source.set("unix:/a.sock", &zen, "0-3", &["lsf-5"], 2);
+    refresh_once(&shared, &source, &config);
+    let changed = shared.cache.load();
+    let a = changed.lookup("a").unwrap();
+    assert!(!std::ptr::eq(after.host(a), changed.host(a)), "a changed");
+    assert!(after.host(a).state != changed.host(a).state);
+    let b = changed.lookup("b").unwrap();
+    assert!(std::ptr::eq(after.host(b), changed.host(b)), "b did not change");
+}
