@@ -394,10 +394,68 @@ fn v2_kill_and_events() {
     }
     let pids = cg.pids(&id).unwrap();
     assert_eq!(pids.len(), 6, "the shell and five children");
+    // Freeze and thaw wait on cgroup.events' change notification (poll), not on sleeps.
+    cg.freeze(&id, Duration::from_secs(5)).unwrap();
+    assert!(events(&root).contains("frozen 1") && cg.is_frozen(&id).unwrap());
+    cg.thaw(&id, Duration::from_secs(5)).unwrap();
+    assert!(events(&root).contains("frozen 0") && !cg.is_frozen(&id).unwrap());
+    cg.freeze(&id, Duration::from_secs(5)).unwrap();
     let report = cg.release(&id, Duration::from_secs(10)).unwrap();
     assert!(report.survivors.is_empty(), "{report:?}");
     let _ = sh.wait();
     assert!(!root.join("5005").exists(), "removed");
     std::thread::sleep(Duration::from_millis(100));
     assert!(pids.iter().all(|&p| !alive(p)));
+}
+
+/// utime + stime of `pids`, in clock ticks (`/proc/PID/stat` fields 14 and 15).
+fn cpu_ticks(pids: &[i32]) -> u64 {
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .map(|stat| {
+            let rest: Vec<&str> =
+                stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+            // After the command: state is field 3, so utime (14) and stime (15) are 11 and 12.
+            rest.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+                + rest.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        })
+        .sum()
+}
+
+#[test]
+fn suspend_freezes_the_whole_job_at_once_and_resume_lets_it_run() {
+    let Some(Real { cg, cpus, mems, _cleanup, .. }) = real() else { return };
+    let id = job("6006");
+    cg.create(&id, &CgroupSpec { cpus: cpus.clone(), mems, memory_limit: None }).unwrap();
+    // Eight busy loops, and a loop that keeps forking short-lived children.
+    let mut sh = held_shell(
+        "for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; (while :; do /bin/true; done) & wait",
+    );
+    cg.join(&id, sh.id() as i32).unwrap();
+    go(&mut sh);
+    let start = Instant::now();
+    while cg.pids(&id).unwrap().len() < 10 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!cg.is_frozen(&id).unwrap());
+    cg.freeze(&id, Duration::from_secs(5)).unwrap();
+    assert!(cg.is_frozen(&id).unwrap(), "the kernel says frozen");
+    let frozen_pids = cg.pids(&id).unwrap();
+    let before = cpu_ticks(&frozen_pids);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(cpu_ticks(&frozen_pids), before, "no process of a frozen job runs");
+    assert_eq!(cg.pids(&id).unwrap(), frozen_pids, "and none forks");
+    // Freezing again is harmless; thawing lets every loop run again.
+    cg.freeze(&id, Duration::from_secs(5)).unwrap();
+    cg.thaw(&id, Duration::from_secs(5)).unwrap();
+    assert!(!cg.is_frozen(&id).unwrap());
+    let before = cpu_ticks(&frozen_pids);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(cpu_ticks(&frozen_pids) > before + 10, "the job runs again");
+    // A frozen job is released like any other.
+    cg.freeze(&id, Duration::from_secs(5)).unwrap();
+    let report = cg.release(&id, Duration::from_secs(10)).unwrap();
+    assert!(report.survivors.is_empty(), "{report:?}");
+    let _ = sh.wait();
+    assert!(matches!(cg.freeze(&id, Duration::from_secs(1)), Err(CgroupError::NoSuchJob(_))));
 }

@@ -1,7 +1,10 @@
 //! topod survives SIGKILL at any point: concurrent clients run allocate / join / release cycles
 //! with real processes in real cgroups while another thread kills topod and starts it again.
-//! Checked: every job keeps exactly its CPUs across restarts, no CPU is ever held by two jobs,
-//! and once every job is released no cgroup and no job process is left.
+//! Checked: every job keeps exactly its CPUs across restarts, no CPU is ever held by two running
+//! jobs, and once every job is released no cgroup and no job process is left. Every other cycle
+//! also suspends its job, lends its CPU to a second job, and resumes it once that one is gone:
+//! a suspended job stays suspended (and frozen in the kernel) across restarts, and never runs
+//! beside the job borrowing its CPU.
 //! Needs root and a cpuset controller: v1 on the CI machine class, v2 on a pure v2 host
 //! (tests/cgroup-v2-vm.sh); skipped visibly elsewhere. `TOPO_CRASH_CYCLES` and
 //! `TOPO_CRASH_KILLS` scale it (defaults 1000 and 100), and `TOPO_CRASH_SPREAD_MS` (default 40)
@@ -62,18 +65,110 @@ fn cpus_allowed(pid: u32) -> Option<String> {
     status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).map(|s| s.trim().to_string())
 }
 
+/// No CPU is held by two running jobs (a suspended job's CPUs may be lent).
 fn check_no_cpu_twice(list: &serde_json::Value, failures: &Mutex<Vec<String>>) {
     let mut held = CpuSet::new();
     for job in list.as_array().into_iter().flatten() {
+        // A suspended job holds none of its CPUs, also while it is being released.
+        if job["state"] == "suspended" || job.get("lent_to").is_some() {
+            continue;
+        }
         let cpus = CpuSet::parse_list(job["cpus"].as_str().unwrap_or("")).unwrap_or_default();
         if cpus.intersects(&held) {
+            let jobs: Vec<String> = list
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|j| format!("{} {} {}", j["job"], j["state"], j["cpus"]))
+                .collect();
             failures.lock().unwrap().push(format!(
-                "CPUs {} held twice (job {})",
+                "CPUs {} held twice (job {}) in [{}]",
                 cpus.intersection(&held),
-                job["job"]
+                job["job"],
+                jobs.join(", ")
             ));
         }
         held.union_with(&cpus);
+    }
+}
+
+/// A retried call whose first reply a kill cut short: `already` (a message part) means done.
+fn call_once_done(socket: &Path, op: Op, already: &str) -> Result<(), topo_core::proto::ErrorBody> {
+    match call(socket, op) {
+        Err(e) if e.code == ErrorCode::BadRequest && e.message.contains(already) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Suspends `job`, places a borrower that may take its CPU, checks that `job` cannot resume
+/// while the borrower runs there, releases the borrower and resumes `job` on its own CPUs.
+fn suspend_lend_resume(
+    socket: &Path,
+    job: &str,
+    cpus: &str,
+    roots: &[std::path::PathBuf],
+    failures: &Mutex<Vec<String>>,
+) {
+    let fail = |what: String| failures.lock().unwrap().push(format!("{job}: {what}"));
+    if let Err(e) = call_once_done(socket, Op::Suspend { job: job.into() }, "is suspended") {
+        return fail(format!("suspend: {}", e.message));
+    }
+    // Only this worker resumes its job, and a restart thaws nothing: it is frozen in the kernel.
+    let frozen = roots.iter().any(|root| {
+        let dir = root.join(job);
+        std::fs::read_to_string(dir.join("freezer.state")).is_ok_and(|s| s.trim() == "FROZEN")
+            || std::fs::read_to_string(dir.join("cgroup.freeze")).is_ok_and(|s| s.trim() == "1")
+    });
+    if !frozen {
+        fail("suspended but not frozen in the kernel".into());
+    }
+    let borrower = format!("{job}-b");
+    let lent = match call(socket, Op::allocate(&borrower, "affinity[thread*1]")) {
+        Ok(b) => b["cpus"].as_str() == Some(cpus),
+        Err(e) if e.code == ErrorCode::DoesNotFit => false,
+        Err(e) => {
+            fail(format!("borrower allocate: {}", e.message));
+            false
+        }
+    };
+    if let Ok(list) = call(socket, Op::List) {
+        check_no_cpu_twice(&list, failures);
+    }
+    if lent {
+        match call(socket, Op::Resume { job: job.into() }) {
+            Err(e) if e.code == ErrorCode::DoesNotFit && e.message.contains("lent to job") => {}
+            other => fail(format!("resumed onto its borrower's CPU: {other:?}")),
+        }
+    }
+    match call(socket, Op::Release { job: borrower.clone() }) {
+        Ok(_) => {}
+        Err(e) if e.code == ErrorCode::UnknownJob => {}
+        Err(e) => fail(format!("borrower release: {}", e.message)),
+    }
+    // Other workers' jobs may borrow its CPU too: it resumes once none runs there.
+    let start = Instant::now();
+    loop {
+        match call_once_done(socket, Op::Resume { job: job.into() }, "is running") {
+            Ok(()) => break,
+            Err(e)
+                if e.code == ErrorCode::DoesNotFit
+                    && e.message.contains("lent to job")
+                    && start.elapsed() < Duration::from_secs(30) =>
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return fail(format!("resume: {}", e.message)),
+        }
+    }
+    match call(socket, Op::List) {
+        Ok(list) => {
+            let mine = list.as_array().and_then(|a| a.iter().find(|j| j["job"] == job).cloned());
+            match mine {
+                Some(j) if j["cpus"] == cpus && j["state"] == "running" => {}
+                other => fail(format!("after resume: {other:?}, had {cpus}")),
+            }
+        }
+        Err(e) => fail(format!("list: {}", e.message)),
     }
 }
 
@@ -148,6 +243,7 @@ fn sigkill_at_random_points() {
 
     let workers: Vec<_> = (0..clients)
         .map(|w| {
+            let roots = roots.clone();
             let (socket, failures, next_cycle, completed, kills, allocated) = (
                 socket.clone(),
                 failures.clone(),
@@ -207,6 +303,9 @@ fn sigkill_at_random_points() {
                             .unwrap()
                             .push(format!("{job}: lost or moved: {other:?}, had {cpus}")),
                     }
+                }
+                if i % 2 == 1 {
+                    suspend_lend_resume(&socket, &job, &cpus, &roots, &failures);
                 }
                 match call(&socket, Op::Release { job: job.clone() }) {
                     Ok(_) => {}

@@ -204,6 +204,16 @@ impl Client {
         self.call_as(Op::Release { job: job.to_string() })
     }
 
+    /// `suspend`: freezes the job; its CPUs may be lent until `resume`.
+    pub fn suspend(&mut self, job: &str) -> Result<proto::reply::Suspend, ClientError> {
+        self.call_as(Op::Suspend { job: job.to_string() })
+    }
+
+    /// `resume`: thaws a suspended job once its CPUs are free again.
+    pub fn resume(&mut self, job: &str) -> Result<proto::reply::Resume, ClientError> {
+        self.call_as(Op::Resume { job: job.to_string() })
+    }
+
     /// Moves the calling process into `job`'s cgroup: see [`join_self`].
     pub fn join_self(&mut self, job: &str) -> Result<Joined, JoinSelfError<ClientError>> {
         join_self(job, |op| self.call(op), |e| matches!(e, ClientError::Refused(_)))

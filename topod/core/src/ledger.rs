@@ -6,6 +6,11 @@
 //!   and no CPU is fenced twice;
 //! - `occupancy()` is exactly the union of what the jobs hold and fence.
 //!
+//! A suspended job (frozen by the kernel's freezer) keeps its allocation but runs nothing, so
+//! its CPUs are not in the occupancy: they may be *lent* to other jobs, and the ledger says who
+//! borrows what from whom ([`Ledger::lent`]). It runs again ([`Ledger::resume`]) only on CPUs no
+//! running job holds or fences, so no CPU ever runs two jobs at once.
+//!
 //! A refused change leaves the ledger as it was.
 
 use crate::cpuset::CpuSet;
@@ -39,8 +44,12 @@ pub enum JobState {
     /// Allocated; its processes (if any) run.
     Running,
     /// Its release is under way: its processes are being killed, and its CPUs are held until
-    /// its cgroup is gone.
+    /// its cgroup is gone (a suspended job being released holds none: its CPUs may stay lent,
+    /// `lent_to`).
     Releasing,
+    /// Frozen by `suspend`: its processes and memory stay, its CPUs may be lent to other jobs
+    /// until `resume`.
+    Suspended,
 }
 
 impl std::fmt::Display for JobState {
@@ -48,6 +57,7 @@ impl std::fmt::Display for JobState {
         f.write_str(match self {
             JobState::Running => "running",
             JobState::Releasing => "releasing",
+            JobState::Suspended => "suspended",
         })
     }
 }
@@ -65,6 +75,12 @@ pub struct JobView {
     /// The uid that may move its own processes in, if one was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_uid: Option<u32>,
+    /// A suspended job: its CPUs that running jobs borrow now, by borrower.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lent_to: BTreeMap<String, CpuSet>,
+    /// A running job: its CPUs that belong to suspended jobs, by owner.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub borrowed_from: BTreeMap<String, CpuSet>,
 }
 
 fn running() -> JobState {
@@ -93,12 +109,33 @@ pub enum LedgerError {
     /// An allocation with no CPU.
     #[error("job {0}: an allocation needs at least one CPU")]
     Empty(String),
+    /// Suspend of a job already suspended, or resume of one that is not.
+    #[error("job {job} is {state}")]
+    WrongState {
+        /// The job.
+        job: String,
+        /// What it is.
+        state: JobState,
+    },
+}
+
+/// CPUs a running job borrows from a suspended one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Loan {
+    /// The suspended owner.
+    pub owner: String,
+    /// The running borrower.
+    pub holder: String,
+    /// The CPUs.
+    pub cpus: CpuSet,
 }
 
 /// Who holds what on one host.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Ledger {
     jobs: BTreeMap<String, Allocation>,
+    /// Suspended jobs: not in the occupancy (see the module documentation).
+    suspended: BTreeMap<String, Allocation>,
     occupancy: Occupancy,
     /// Bumped on every change, so that caches can tell a stale copy.
     generation: u64,
@@ -129,7 +166,7 @@ impl Ledger {
 
     /// Records an allocation (also used when rebuilding the ledger from what exists).
     pub fn insert(&mut self, alloc: Allocation) -> Result<&Allocation, LedgerError> {
-        if let Some(existing) = self.jobs.get(&alloc.job) {
+        if let Some(existing) = self.get(&alloc.job) {
             return Err(LedgerError::AlreadyAllocated(
                 alloc.job.clone(),
                 existing.cpus.to_string(),
@@ -168,6 +205,10 @@ impl Ledger {
 
     /// Frees what `job` holds and returns it.
     pub fn release(&mut self, job: &str) -> Result<Allocation, LedgerError> {
+        if let Some(alloc) = self.suspended.remove(job) {
+            self.generation += 1;
+            return Ok(alloc);
+        }
         let alloc =
             self.jobs.remove(job).ok_or_else(|| LedgerError::UnknownJob(job.to_string()))?;
         self.occupancy.held.difference_with(&alloc.cpus);
@@ -177,24 +218,111 @@ impl Ledger {
         Ok(alloc)
     }
 
-    /// The allocation of `job`.
+    /// The allocation of `job`, running or suspended.
     pub fn get(&self, job: &str) -> Option<&Allocation> {
-        self.jobs.get(job)
+        self.jobs.get(job).or_else(|| self.suspended.get(job))
     }
 
-    /// All allocations, by job id.
+    /// Whether `job` is suspended.
+    pub fn is_suspended(&self, job: &str) -> bool {
+        self.suspended.contains_key(job)
+    }
+
+    /// The running jobs' allocations, by job id.
     pub fn jobs(&self) -> impl Iterator<Item = &Allocation> {
         self.jobs.values()
     }
 
-    /// Number of jobs.
+    /// The suspended jobs' allocations, by job id.
+    pub fn suspended_jobs(&self) -> impl Iterator<Item = &Allocation> {
+        self.suspended.values()
+    }
+
+    /// Number of jobs, running and suspended.
     pub fn len(&self) -> usize {
-        self.jobs.len()
+        self.jobs.len() + self.suspended.len()
     }
 
     /// Whether no job holds anything.
     pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
+        self.jobs.is_empty() && self.suspended.is_empty()
+    }
+
+    /// Marks a running job suspended: its CPUs leave the occupancy and may be lent.
+    pub fn suspend(&mut self, job: &str) -> Result<(), LedgerError> {
+        if self.suspended.contains_key(job) {
+            return Err(LedgerError::WrongState {
+                job: job.to_string(),
+                state: JobState::Suspended,
+            });
+        }
+        let alloc = self.release(job)?;
+        self.suspended.insert(job.to_string(), alloc);
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Records a suspended job found after a restart (its CPUs may be lent already).
+    pub fn insert_suspended(&mut self, alloc: Allocation) -> Result<(), LedgerError> {
+        if let Some(existing) = self.get(&alloc.job) {
+            return Err(LedgerError::AlreadyAllocated(
+                alloc.job.clone(),
+                existing.cpus.to_string(),
+            ));
+        }
+        if alloc.cpus.is_empty() {
+            return Err(LedgerError::Empty(alloc.job));
+        }
+        self.suspended.insert(alloc.job.clone(), alloc);
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Runs a suspended job again on its own CPUs, or on `cpus` (with their tasks) when given;
+    /// refused, with the holder named, while a running job holds or fences any of them.
+    pub fn resume(
+        &mut self,
+        job: &str,
+        elsewhere: Option<(CpuSet, Vec<CpuSet>, CpuSet)>,
+    ) -> Result<&Allocation, LedgerError> {
+        let Some(mut alloc) = self.suspended.remove(job) else {
+            let state = if self.jobs.contains_key(job) {
+                JobState::Running
+            } else {
+                return Err(LedgerError::UnknownJob(job.to_string()));
+            };
+            return Err(LedgerError::WrongState { job: job.to_string(), state });
+        };
+        let original = alloc.clone();
+        if let Some((cpus, tasks, fenced)) = elsewhere {
+            alloc.cpus = cpus;
+            alloc.tasks = tasks;
+            alloc.fenced = fenced;
+        }
+        match self.insert(alloc) {
+            Ok(_) => Ok(&self.jobs[job]),
+            Err(e) => {
+                self.suspended.insert(job.to_string(), original);
+                Err(e)
+            }
+        }
+    }
+
+    /// Who borrows which CPUs from which suspended job.
+    pub fn lent(&self) -> Vec<Loan> {
+        let mut loans = Vec::new();
+        for owner in self.suspended.values() {
+            if !owner.cpus.intersects(&self.occupancy.held) {
+                continue;
+            }
+            for holder in self.jobs.values() {
+                let cpus = owner.cpus.intersection(&holder.cpus);
+                if !cpus.is_empty() {
+                    loans.push(Loan { owner: owner.job.clone(), holder: holder.job.clone(), cpus });
+                }
+            }
+        }
+        loans
     }
 
     /// What placement must avoid.
@@ -261,6 +389,52 @@ mod tests {
             fenced: CpuSet::parse_list(fenced).unwrap(),
             request: String::new(),
         }
+    }
+
+    #[test]
+    fn a_suspended_jobs_cpus_are_lent_and_it_resumes_only_when_they_are_back() {
+        let mut l = Ledger::new();
+        l.insert(alloc("a", "0-3", "")).unwrap();
+        l.suspend("a").unwrap();
+        assert!(l.occupancy().held.is_empty() && l.is_suspended("a") && l.len() == 1);
+        assert!(matches!(
+            l.suspend("a"),
+            Err(LedgerError::WrongState { state: JobState::Suspended, .. })
+        ));
+        // b borrows 2-5: two of a's CPUs.
+        l.insert(alloc("b", "2-5", "")).unwrap();
+        assert_eq!(
+            l.lent(),
+            vec![Loan {
+                owner: "a".into(),
+                holder: "b".into(),
+                cpus: CpuSet::parse_list("2-3").unwrap()
+            }]
+        );
+        let before = l.clone();
+        let e = l.resume("a", None).unwrap_err();
+        assert!(
+            matches!(&e, LedgerError::Conflict { holder, cpus, .. } if holder == "b" && cpus == "2-3"),
+            "{e}"
+        );
+        assert_eq!((l.is_suspended("a"), l.occupancy()), (true, before.occupancy()));
+        // Elsewhere, on CPUs nobody runs on: allowed.
+        let six_seven = CpuSet::parse_list("6-7").unwrap();
+        l.resume("a", Some((six_seven.clone(), vec![six_seven.clone()], CpuSet::new()))).unwrap();
+        assert_eq!(l.get("a").unwrap().cpus, six_seven);
+        l.check().unwrap();
+        // Suspended again, then b leaves: a resumes on its CPUs; a suspended job releases.
+        l.suspend("a").unwrap();
+        l.release("b").unwrap();
+        l.resume("a", None).unwrap();
+        assert!(matches!(
+            l.resume("a", None),
+            Err(LedgerError::WrongState { state: JobState::Running, .. })
+        ));
+        l.suspend("a").unwrap();
+        l.release("a").unwrap();
+        assert!(l.is_empty() && l.occupancy().held.is_empty());
+        l.check().unwrap();
     }
 
     #[test]

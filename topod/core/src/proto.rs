@@ -14,6 +14,8 @@
 //! {"v":1,"op":"join","job":"1234","pid":4242}
 //! {"v":1,"op":"self_join_files","job":"1234"}
 //! {"v":1,"op":"release","job":"1234"}
+//! {"v":1,"op":"suspend","job":"1234"}
+//! {"v":1,"op":"resume","job":"1234"}
 //! {"v":1,"op":"list"}
 //! ```
 //!
@@ -57,6 +59,8 @@ pub const OPERATIONS: &[&str] = &[
     "self_join_files",
     "release",
     "list",
+    "suspend",
+    "resume",
 ];
 
 /// What a client asks.
@@ -96,6 +100,17 @@ pub enum Op {
     },
     /// Every allocation.
     List,
+    /// Freeze every process of the job (the kernel's freezer); its memory stays, its CPUs may
+    /// be lent to other jobs until `resume` (root or administrators).
+    Suspend {
+        /// The job id.
+        job: String,
+    },
+    /// Thaw a suspended job once its CPUs are free again (root or administrators).
+    Resume {
+        /// The job id.
+        job: String,
+    },
 }
 
 /// The fields of `fit`. Callers build one with [`FitArgs::new`] and struct update
@@ -190,15 +205,22 @@ impl Op {
             Op::SelfJoinFiles { .. } => "self_join_files",
             Op::Release { .. } => "release",
             Op::List => "list",
+            Op::Suspend { .. } => "suspend",
+            Op::Resume { .. } => "resume",
         }
     }
 
-    /// Whether the operation changes the host (allocate, join, self_join_files, release); the
-    /// read-only TCP listener refuses these.
+    /// Whether the operation changes the host (allocate, join, self_join_files, release,
+    /// suspend, resume); the read-only TCP listener refuses these.
     pub fn changes_state(&self) -> bool {
         matches!(
             self,
-            Op::Allocate(_) | Op::Join { .. } | Op::SelfJoinFiles { .. } | Op::Release { .. }
+            Op::Allocate(_)
+                | Op::Join { .. }
+                | Op::SelfJoinFiles { .. }
+                | Op::Release { .. }
+                | Op::Suspend { .. }
+                | Op::Resume { .. }
         )
     }
 }
@@ -276,6 +298,30 @@ pub mod reply {
         pub job: String,
         /// How many of its processes were killed.
         pub killed: usize,
+    }
+
+    /// `suspend`.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Suspend {
+        /// The job.
+        pub job: String,
+        /// Its CPUs, now free for other jobs to borrow.
+        pub cpus: CpuSet,
+        /// Microseconds from the request to the kernel reporting the job frozen.
+        pub frozen_after_us: u64,
+    }
+
+    /// `resume`.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Resume {
+        /// The job.
+        pub job: String,
+        /// The CPUs it runs on again.
+        pub cpus: CpuSet,
+        /// Microseconds from the request to the kernel reporting the job thawed.
+        pub thawed_after_us: u64,
     }
 }
 
@@ -523,7 +569,7 @@ fn fields_of(op: &str) -> &'static [&'static str] {
         }
         "join" => &["job", "pid"],
         "self_join_files" => &["job"],
-        "release" => &["job"],
+        "release" | "suspend" | "resume" => &["job"],
         _ => &[],
     }
 }
@@ -569,6 +615,8 @@ pub mod schema {
             ("self_join_files", generator.subschema_for::<reply::SelfJoinFiles>()),
             ("release", generator.subschema_for::<reply::Release>()),
             ("list", generator.subschema_for::<Vec<crate::ledger::JobView>>()),
+            ("suspend", generator.subschema_for::<reply::Suspend>()),
+            ("resume", generator.subschema_for::<reply::Resume>()),
         ];
         debug_assert!(ok.iter().map(|(op, _)| *op).eq(OPERATIONS.iter().copied()));
         let mut defs = generator.take_definitions(true);
@@ -614,6 +662,8 @@ mod tests {
             Op::SelfJoinFiles { job: "1234".into() },
             Op::Release { job: "1234".into() },
             Op::List,
+            Op::Suspend { job: "1234".into() },
+            Op::Resume { job: "1234".into() },
         ];
         assert_eq!(ops.len(), OPERATIONS.len());
         for op in ops {

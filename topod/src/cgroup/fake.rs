@@ -13,12 +13,18 @@ pub struct Fake {
     parent_cpus: CpuSet,
     parent_mems: CpuSet,
     jobs: Mutex<BTreeMap<JobId, (Effective, Vec<i32>)>>,
+    frozen: Mutex<std::collections::BTreeSet<JobId>>,
 }
 
 impl Fake {
     /// A fake hierarchy whose parent holds these CPUs and memory nodes.
     pub fn new(parent_cpus: CpuSet, parent_mems: CpuSet) -> Self {
-        Fake { parent_cpus, parent_mems, jobs: Mutex::new(BTreeMap::new()) }
+        Fake {
+            parent_cpus,
+            parent_mems,
+            jobs: Mutex::new(BTreeMap::new()),
+            frozen: Mutex::new(Default::default()),
+        }
     }
 
     fn jobs(&self) -> std::sync::MutexGuard<'_, BTreeMap<JobId, (Effective, Vec<i32>)>> {
@@ -73,6 +79,7 @@ impl CgroupBackend for Fake {
     }
 
     fn release(&self, job: &JobId, _timeout: Duration) -> Result<ReleaseReport, CgroupError> {
+        self.frozen.lock().unwrap_or_else(|e| e.into_inner()).remove(job);
         let (_, pids) =
             self.jobs().remove(job).ok_or_else(|| CgroupError::NoSuchJob(job.to_string()))?;
         Ok(ReleaseReport { killed: pids.len(), survivors: Vec::new() })
@@ -80,6 +87,33 @@ impl CgroupBackend for Fake {
 
     fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError> {
         Ok(self.jobs().iter().map(|(j, (e, _))| (j.clone(), e.clone())).collect())
+    }
+
+    fn freeze(&self, job: &JobId, _timeout: Duration) -> Result<(), CgroupError> {
+        self.set_frozen(job, true)
+    }
+
+    fn thaw(&self, job: &JobId, _timeout: Duration) -> Result<(), CgroupError> {
+        self.set_frozen(job, false)
+    }
+
+    fn is_frozen(&self, job: &JobId) -> Result<bool, CgroupError> {
+        Ok(self.frozen.lock().unwrap_or_else(|e| e.into_inner()).contains(job))
+    }
+}
+
+impl Fake {
+    fn set_frozen(&self, job: &JobId, frozen: bool) -> Result<(), CgroupError> {
+        if !self.jobs().contains_key(job) {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        let mut set = self.frozen.lock().unwrap_or_else(|e| e.into_inner());
+        if frozen {
+            set.insert(job.clone());
+        } else {
+            set.remove(job);
+        }
+        Ok(())
     }
 }
 

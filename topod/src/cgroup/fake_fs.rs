@@ -22,6 +22,7 @@ use std::collections::BTreeSet;
 use std::io::{Error, ErrorKind};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 use topo_core::cpuset::CpuSet;
 
 /// Which kernel to emulate.
@@ -481,5 +482,24 @@ impl CgroupFs for FakeCgroupFs {
 
     fn own_cgroups(&self) -> Option<String> {
         self.state().own_cgroups.clone()
+    }
+
+    fn watch(
+        &self,
+        path: &Path,
+        timeout: Duration,
+        done: &mut dyn FnMut(&str) -> bool,
+    ) -> std::io::Result<bool> {
+        // The emulation changes state at once; a short poll loop stands in for the notification.
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if done(&String::from_utf8_lossy(&self.read(path)?)) {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

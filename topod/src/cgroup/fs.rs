@@ -36,6 +36,15 @@ pub trait CgroupFs: Send + Sync + std::fmt::Debug {
     fn threads(&self, pid: i32) -> Option<Vec<i32>>;
     /// This process's cgroups (`/proc/self/cgroup`), if they can be read.
     fn own_cgroups(&self) -> Option<String>;
+    /// Reads `path` until `done` accepts its text or `timeout` passes, and says which. Between
+    /// reads it waits for the kernel's "file modified" notification (`poll(2)` `POLLPRI` on a
+    /// kernfs file such as v2's `cgroup.events`), not for a fixed sleep.
+    fn watch(
+        &self,
+        path: &Path,
+        timeout: Duration,
+        done: &mut dyn FnMut(&str) -> bool,
+    ) -> std::io::Result<bool>;
 }
 
 /// The real kernel: cgroup file systems, signals, `/proc`.
@@ -106,6 +115,44 @@ impl CgroupFs for Kernel {
 
     fn own_cgroups(&self) -> Option<String> {
         std::fs::read_to_string("/proc/self/cgroup").ok()
+    }
+
+    fn watch(
+        &self,
+        path: &Path,
+        timeout: Duration,
+        done: &mut dyn FnMut(&str) -> bool,
+    ) -> std::io::Result<bool> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::FileExt;
+        // One open file: kernfs notifies the readers of an open file of each change after
+        // their last read, so a change between the read and the poll is not missed.
+        let file = std::fs::File::open(path)?;
+        let deadline = Instant::now() + timeout;
+        let mut buf = [0u8; 512];
+        loop {
+            let n = loop {
+                match file.read_at(&mut buf, 0) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            };
+            if done(&String::from_utf8_lossy(&buf[..n])) {
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLPRI)];
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 }
 
@@ -202,6 +249,21 @@ impl Files {
     /// The directories under `path`; none when it cannot be listed.
     pub(crate) fn subdirs(&self, path: &Path) -> Vec<PathBuf> {
         self.0.subdirs(path).unwrap_or_default()
+    }
+
+    /// [`CgroupFs::watch`], with the path in the error.
+    pub(crate) fn watch(
+        &self,
+        path: &Path,
+        timeout: Duration,
+        mut done: impl FnMut(&str) -> bool,
+    ) -> Result<bool, CgroupError> {
+        self.0.watch(path, timeout, &mut done).map_err(|source| CgroupError::Io {
+            action: "watching",
+            path: path.to_path_buf(),
+            data: None,
+            source,
+        })
     }
 
     pub(crate) fn read_set(&self, path: &Path) -> Result<CpuSet, CgroupError> {

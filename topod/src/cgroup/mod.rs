@@ -158,6 +158,18 @@ pub enum CgroupError {
     /// The needed controller is not there.
     #[error("{0}")]
     Unsupported(String),
+    /// The kernel did not report the state in time (undone where it can be).
+    #[error("job {job}: the kernel did not report it {state} within {waited:?}{undone}")]
+    Timeout {
+        /// The job.
+        job: String,
+        /// `frozen` or `thawed`.
+        state: &'static str,
+        /// How long topod waited.
+        waited: Duration,
+        /// What was done about it.
+        undone: &'static str,
+    },
 }
 
 /// The cgroup operations topod needs.
@@ -187,6 +199,23 @@ pub trait CgroupBackend: Send + Sync {
     fn release(&self, job: &JobId, timeout: Duration) -> Result<ReleaseReport, CgroupError>;
     /// Every job cgroup under our subtree, with its effective CPUs and memory nodes.
     fn list(&self) -> Result<Vec<(JobId, Effective)>, CgroupError>;
+    /// Stops every process of the job at once (v1 `freezer.state`, v2 `cgroup.freeze`) and
+    /// returns when the kernel reports the whole cgroup frozen; the job's memory stays where it
+    /// is. Not frozen within `timeout`: thawed again and an error.
+    fn freeze(&self, job: &JobId, timeout: Duration) -> Result<(), CgroupError> {
+        let _ = (job, timeout);
+        Err(CgroupError::Unsupported(format!("the {} backend cannot freeze jobs", self.kind())))
+    }
+    /// Lets a frozen job run again; returns when the kernel reports it thawed.
+    fn thaw(&self, job: &JobId, timeout: Duration) -> Result<(), CgroupError> {
+        let _ = (job, timeout);
+        Err(CgroupError::Unsupported(format!("the {} backend cannot thaw jobs", self.kind())))
+    }
+    /// Whether the job's cgroup is frozen or freezing (what a restarted topod reads back).
+    fn is_frozen(&self, job: &JobId) -> Result<bool, CgroupError> {
+        let _ = job;
+        Ok(false)
+    }
     /// CPUs that cpusets we did not create hold exclusively (an administrator's exclusive
     /// cpuset, a v2 partition): never to be given to a job.
     fn foreign_cpus(&self) -> Result<CpuSet, CgroupError> {

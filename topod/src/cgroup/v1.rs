@@ -205,6 +205,29 @@ impl V1 {
         self.pids_in(self.dirs(job))
     }
 
+    /// The job's `freezer.state`; an error when the freezer hierarchy is not mounted or the
+    /// job has no cgroup.
+    fn freezer_state(&self, job: &JobId) -> Result<PathBuf, CgroupError> {
+        let Some(freezer) = &self.freezer else {
+            return Err(CgroupError::Unsupported(
+                "suspend and resume need the cgroup v1 freezer hierarchy, which is not mounted (mount -t cgroup -o freezer freezer /sys/fs/cgroup/freezer)".into(),
+            ));
+        };
+        let dir = freezer.join(job.as_str());
+        if !self.files.is_dir(&dir) {
+            if !self.files.is_dir(&self.cpuset.join(job.as_str())) {
+                return Err(CgroupError::NoSuchJob(job.to_string()));
+            }
+            // Made before the freezer was mounted: make its freezer directory and move its
+            // processes in, as join does.
+            self.files.mkdir(&dir)?;
+            for pid in self.all_pids(job)? {
+                let _ = self.files.write(&dir.join("cgroup.procs"), &pid.to_string());
+            }
+        }
+        Ok(dir.join("freezer.state"))
+    }
+
     /// The processes in the job's freezer and memory directories (the cpuset's left out).
     fn pids_beside_cpuset(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
         self.pids_in(self.dirs(job).skip(1))
@@ -329,6 +352,48 @@ impl CgroupBackend for V1 {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
         self.all_pids(job)
+    }
+
+    fn freeze(&self, job: &JobId, timeout: Duration) -> Result<(), CgroupError> {
+        let state = self.freezer_state(job)?;
+        self.files.refuse_if_topod_inside(job, &self.dirs(job).collect::<Vec<_>>())?;
+        self.files.write(&state, "FROZEN")?;
+        // v1 sends no notification: the state reads FREEZING until every task is stopped
+        // (cgroup-v1/freezer-subsystem.rst), so it is read again, eagerly at first.
+        if wait_until(timeout, || Ok(self.files.read(&state)?.trim() == "FROZEN"))? {
+            return Ok(());
+        }
+        self.files.write(&state, "THAWED")?;
+        Err(CgroupError::Timeout {
+            job: job.to_string(),
+            state: "frozen",
+            waited: timeout,
+            undone: "; thawed again",
+        })
+    }
+
+    fn thaw(&self, job: &JobId, timeout: Duration) -> Result<(), CgroupError> {
+        let state = self.freezer_state(job)?;
+        self.files.write(&state, "THAWED")?;
+        if wait_until(timeout, || Ok(self.files.read(&state)?.trim() == "THAWED"))? {
+            return Ok(());
+        }
+        Err(CgroupError::Timeout {
+            job: job.to_string(),
+            state: "thawed",
+            waited: timeout,
+            undone: "",
+        })
+    }
+
+    fn is_frozen(&self, job: &JobId) -> Result<bool, CgroupError> {
+        let Some(dir) = self.freezer.as_ref().map(|f| f.join(job.as_str())) else {
+            return Ok(false);
+        };
+        if !self.files.is_dir(&dir) {
+            return Ok(false);
+        }
+        Ok(self.files.read(&dir.join("freezer.state"))?.trim() != "THAWED")
     }
 
     fn release(&self, job: &JobId, timeout: Duration) -> Result<ReleaseReport, CgroupError> {

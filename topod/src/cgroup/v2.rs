@@ -165,6 +165,55 @@ impl CgroupBackend for V2 {
         self.files.read_pids(&dir.join("cgroup.procs"))
     }
 
+    fn freeze(&self, job: &JobId, timeout: Duration) -> Result<(), CgroupError> {
+        let dir = self.dir(job);
+        if !self.files.is_dir(&dir) {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        // topod's own processes must never be frozen: nothing would thaw them.
+        self.files.refuse_if_topod_inside(job, std::slice::from_ref(&dir))?;
+        self.files.write(&dir.join("cgroup.freeze"), "1")?;
+        // `frozen 1` appears in cgroup.events once every process is stopped; the kernel
+        // notifies the change (cgroup-v2.rst, "cgroup.events").
+        let events = dir.join("cgroup.events");
+        if self.files.watch(&events, timeout, |t| t.lines().any(|l| l.trim() == "frozen 1"))? {
+            return Ok(());
+        }
+        self.files.write(&dir.join("cgroup.freeze"), "0")?;
+        Err(CgroupError::Timeout {
+            job: job.to_string(),
+            state: "frozen",
+            waited: timeout,
+            undone: "; thawed again",
+        })
+    }
+
+    fn thaw(&self, job: &JobId, timeout: Duration) -> Result<(), CgroupError> {
+        let dir = self.dir(job);
+        if !self.files.is_dir(&dir) {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        self.files.write(&dir.join("cgroup.freeze"), "0")?;
+        let events = dir.join("cgroup.events");
+        if self.files.watch(&events, timeout, |t| t.lines().any(|l| l.trim() == "frozen 0"))? {
+            return Ok(());
+        }
+        Err(CgroupError::Timeout {
+            job: job.to_string(),
+            state: "thawed",
+            waited: timeout,
+            undone: "",
+        })
+    }
+
+    fn is_frozen(&self, job: &JobId) -> Result<bool, CgroupError> {
+        let dir = self.dir(job);
+        if !self.files.is_dir(&dir) {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        Ok(self.files.read(&dir.join("cgroup.freeze"))?.trim() == "1")
+    }
+
     fn release(&self, job: &JobId, timeout: Duration) -> Result<ReleaseReport, CgroupError> {
         let dir = self.dir(job);
         if !self.files.is_dir(&dir) {

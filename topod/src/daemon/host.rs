@@ -76,8 +76,26 @@ pub enum HostError {
     #[error("job {0} is being released; try again once its release has finished")]
     Releasing(String),
     /// The job record could not be written.
-    #[error("the job record could not be written, so the job was not started: {0}")]
+    #[error("the job record could not be written, so nothing was changed: {0}")]
     Records(RecordsError),
+    /// The job is being suspended or resumed.
+    #[error("job {job} is {what}; try again once that has finished")]
+    Changing {
+        /// The job.
+        job: String,
+        /// `being suspended` or `being resumed`.
+        what: &'static str,
+    },
+    /// A resume while another job runs on the suspended job's CPUs.
+    #[error("job {job} stays suspended: its CPUs {cpus} are lent to job {holder}; resume it once {holder} has ended or been suspended")]
+    Lent {
+        /// The suspended job.
+        job: String,
+        /// The CPUs in use.
+        cpus: String,
+        /// The job running on them.
+        holder: String,
+    },
 }
 
 /// What the job record keeps per job (see [`super::records`]).
@@ -96,6 +114,18 @@ pub struct JobHint {
     /// existed take their file's time ([`super::records::Records::load`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_at: Option<String>,
+    /// How many times the job has been suspended.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub suspensions: u32,
+    /// Written before topod freezes the job and cleared after it thaws it: a frozen cgroup
+    /// whose record does not say so was frozen by a release that a crash cut short, not
+    /// suspended ([`Host::recover`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspended: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl JobHint {
@@ -110,6 +140,8 @@ impl JobHint {
 pub struct Recovery {
     /// Jobs whose cgroups were found and kept.
     pub kept: Vec<String>,
+    /// Of those, the ones found frozen: kept suspended (their CPUs may be lent).
+    pub suspended: Vec<String>,
     /// Cgroups that overlap another job's CPUs (left alone, not in the ledger).
     pub conflicts: Vec<String>,
     /// Records of jobs that have no cgroup any more (removed).
@@ -248,6 +280,33 @@ impl ReleaseTicket {
     }
 }
 
+/// A suspend or resume under way: waiting for the kernel to report the job frozen or thawed
+/// runs without the host lock, through [`FreezeTicket::run`]; [`Host::finish_suspend`] or
+/// [`Host::finish_resume`] then records the outcome.
+#[must_use]
+pub struct FreezeTicket {
+    id: JobId,
+    freeze: bool,
+    backend: Arc<dyn CgroupBackend>,
+    timeout: Duration,
+    started: std::time::Instant,
+}
+
+impl FreezeTicket {
+    /// Freezes or thaws the job's cgroup and waits for the kernel to say so. Takes no lock.
+    pub fn run(&self) -> Result<(), CgroupError> {
+        if self.freeze {
+            self.backend.freeze(&self.id, self.timeout)
+        } else {
+            self.backend.thaw(&self.id, self.timeout)
+        }
+    }
+
+    fn micros(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
 /// The state of one host.
 pub struct Host {
     topo: Arc<Topology>,
@@ -264,6 +323,10 @@ pub struct Host {
     release_timeout: Duration,
     /// Jobs whose release is under way (their CPUs stay held until it ends).
     releasing: BTreeSet<String>,
+    /// Jobs being suspended or resumed, and which.
+    changing: BTreeMap<String, &'static str>,
+    /// How long a freeze or thaw may take before it is given up.
+    freeze_timeout: Duration,
     /// Jobs that have had a process: only those are released when they become empty.
     joined: BTreeSet<String>,
     /// Jobs with processes that were told how to move themselves in and have not yet confirmed
@@ -301,6 +364,8 @@ impl Host {
             strategy,
             release_timeout: Duration::from_secs(10),
             releasing: Default::default(),
+            changing: Default::default(),
+            freeze_timeout: Duration::from_secs(5),
             joined: Default::default(),
             self_join_offered: Default::default(),
         })
@@ -316,7 +381,15 @@ impl Host {
         for (job, hint) in legacy {
             hints.entry(job).or_insert(hint);
         }
-        for (job, eff) in self.backend.list()? {
+        // Running jobs first: a frozen job's CPUs may have been lent to one of them.
+        let mut found = self.backend.list()?;
+        let frozen: BTreeSet<String> = found
+            .iter()
+            .filter(|(job, _)| self.backend.is_frozen(job).unwrap_or(false))
+            .map(|(job, _)| job.to_string())
+            .collect();
+        found.sort_by_key(|(job, _)| frozen.contains(job.as_str()));
+        for (job, eff) in found {
             if eff.cpus.is_empty() {
                 // Made but never given CPUs (topod died inside allocate): nothing can have
                 // joined it, so it is provably dead.
@@ -353,8 +426,31 @@ impl Host {
             if self.backend.pids(&job).map(|p| !p.is_empty()).unwrap_or(false) {
                 self.joined.insert(job.to_string());
             }
-            match self.ledger.insert(alloc) {
-                Ok(_) => {
+            let mut suspended = frozen.contains(job.as_str());
+            if suspended && !hint.suspended {
+                // Frozen by a release (or a suspend whose record was never written) that a
+                // crash cut short: it holds its CPUs as a running job; thawed, so that its
+                // processes are not left stopped for ever (the batch system's release comes
+                // again and kills them).
+                suspended = false;
+                tracing::warn!("job {job}: found frozen without being suspended (a release cut short?); thawing it");
+                if let Err(e) = self.backend.thaw(&job, self.freeze_timeout) {
+                    tracing::warn!("job {job}: {e}");
+                }
+            } else if !suspended && hint.suspended {
+                // Thawed by a resume that a crash cut short before its record changed.
+                hint.suspended = false;
+            }
+            let inserted = if suspended {
+                self.ledger.insert_suspended(alloc).map(|_| ())
+            } else {
+                self.ledger.insert(alloc).map(|_| ())
+            };
+            match inserted {
+                Ok(()) => {
+                    if suspended {
+                        report.suspended.push(job.to_string());
+                    }
                     report.kept.push(job.to_string());
                     self.record(&job, &hint);
                     self.hints.insert(job.to_string(), hint);
@@ -449,9 +545,18 @@ impl Host {
                     tasks: adopted.tasks.clone(),
                     owner_uid,
                     allocated_at: Some(asked),
+                    suspensions: 0,
+                    suspended: false,
                 };
                 self.write_record(&id, &hint)?;
+                let suspended = self.ledger.is_suspended(id.as_str());
                 self.ledger.release(id.as_str())?;
+                if suspended {
+                    // Frozen: it holds no CPUs in the occupancy, so no fence can clash.
+                    self.ledger.insert_suspended(adopted.clone())?;
+                    self.hints.insert(job.to_string(), hint);
+                    return Ok(adopted);
+                }
                 if self.ledger.insert(adopted.clone()).is_err() {
                     // Its fence now overlaps another job: keep it as it was, without the fence.
                     adopted.fenced = CpuSet::new();
@@ -489,6 +594,8 @@ impl Host {
             tasks: alloc.tasks.clone(),
             owner_uid,
             allocated_at: Some(asked),
+            suspensions: 0,
+            suspended: false,
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -616,6 +723,9 @@ impl Host {
     /// CPUs stay held until [`Host::finish_release`].
     pub fn begin_release(&mut self, job: &str) -> Result<ReleaseTicket, HostError> {
         let id = JobId::parse(job)?;
+        if let Some(what) = self.changing.get(job) {
+            return Err(HostError::Changing { job: job.to_string(), what });
+        }
         if !self.releasing.insert(job.to_string()) {
             return Err(HostError::Releasing(job.to_string()));
         }
@@ -665,6 +775,127 @@ impl Host {
         let ticket = self.begin_release(job)?;
         let outcome = ticket.run();
         self.finish_release(ticket, outcome)
+    }
+
+    /// Starts suspending `job`: checks it can be, then the caller runs the ticket (without the
+    /// lock) and calls [`Host::finish_suspend`].
+    pub fn begin_suspend(&mut self, job: &str) -> Result<FreezeTicket, HostError> {
+        let id = self.check_changeable(job)?;
+        if self.ledger.is_suspended(job) {
+            return Err(HostError::Ledger(LedgerError::WrongState {
+                job: job.to_string(),
+                state: JobState::Suspended,
+            }));
+        }
+        // The record first: a crash after the freeze must find a job that was suspended.
+        let mut hint = self.hints.get(job).cloned().unwrap_or_default();
+        hint.suspended = true;
+        self.write_record(&id, &hint)?;
+        self.hints.insert(job.to_string(), hint);
+        self.changing.insert(job.to_string(), "being suspended");
+        Ok(self.freeze_ticket(id, true))
+    }
+
+    /// Ends a suspend: once the kernel reports the job frozen, its CPUs may be lent.
+    pub fn finish_suspend(
+        &mut self,
+        ticket: FreezeTicket,
+        outcome: Result<(), CgroupError>,
+    ) -> Result<topo_core::proto::reply::Suspend, HostError> {
+        let job = ticket.id.as_str().to_string();
+        self.changing.remove(&job);
+        let mut hint = self.hints.get(&job).cloned().unwrap_or_default();
+        if let Err(e) = outcome {
+            // Thawed again by the backend: running, as the record now says too.
+            hint.suspended = false;
+            self.record(&ticket.id, &hint);
+            self.hints.insert(job, hint);
+            return Err(e.into());
+        }
+        self.ledger.suspend(&job)?;
+        let cpus = self.ledger.get(&job).map(|a| a.cpus.clone()).unwrap_or_default();
+        hint.suspensions += 1;
+        self.record(&ticket.id, &hint);
+        self.hints.insert(job.clone(), hint);
+        tracing::info!("job {job}: suspended; CPUs {cpus} may be lent");
+        Ok(topo_core::proto::reply::Suspend { job, cpus, frozen_after_us: ticket.micros() })
+    }
+
+    /// Starts resuming `job`: its CPUs are taken back now (refused while another job runs on
+    /// any of them), then the caller runs the ticket and calls [`Host::finish_resume`].
+    pub fn begin_resume(&mut self, job: &str) -> Result<FreezeTicket, HostError> {
+        let id = self.check_changeable(job)?;
+        match self.ledger.resume(job, None) {
+            Ok(_) => {}
+            Err(LedgerError::Conflict { cpus, holder, .. }) => {
+                return Err(HostError::Lent { job: job.to_string(), cpus, holder })
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.changing.insert(job.to_string(), "being resumed");
+        Ok(self.freeze_ticket(id, false))
+    }
+
+    /// Ends a resume. When the kernel did not thaw the job, it stays suspended.
+    pub fn finish_resume(
+        &mut self,
+        ticket: FreezeTicket,
+        outcome: Result<(), CgroupError>,
+    ) -> Result<topo_core::proto::reply::Resume, HostError> {
+        let job = ticket.id.as_str().to_string();
+        self.changing.remove(&job);
+        if let Err(e) = outcome {
+            if self.backend.is_frozen(&ticket.id).unwrap_or(false) {
+                let _ = self.ledger.suspend(&job);
+            }
+            return Err(e.into());
+        }
+        let cpus = self.ledger.get(&job).map(|a| a.cpus.clone()).unwrap_or_default();
+        if let Some(mut hint) = self.hints.get(&job).cloned() {
+            hint.suspended = false;
+            self.record(&ticket.id, &hint);
+            self.hints.insert(job.clone(), hint);
+        }
+        tracing::info!("job {job}: resumed on CPUs {cpus}");
+        Ok(topo_core::proto::reply::Resume { job, cpus, thawed_after_us: ticket.micros() })
+    }
+
+    fn check_changeable(&self, job: &str) -> Result<JobId, HostError> {
+        let id = JobId::parse(job)?;
+        if self.releasing.contains(job) {
+            return Err(HostError::Releasing(job.to_string()));
+        }
+        if let Some(what) = self.changing.get(job) {
+            return Err(HostError::Changing { job: job.to_string(), what });
+        }
+        if self.ledger.get(job).is_none() {
+            return Err(HostError::UnknownJob(job.to_string()));
+        }
+        Ok(id)
+    }
+
+    fn freeze_ticket(&self, id: JobId, freeze: bool) -> FreezeTicket {
+        FreezeTicket {
+            id,
+            freeze,
+            backend: self.backend.clone(),
+            timeout: self.freeze_timeout,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Suspends `job` under the caller's lock (the server does it in three steps).
+    pub fn suspend(&mut self, job: &str) -> Result<topo_core::proto::reply::Suspend, HostError> {
+        let ticket = self.begin_suspend(job)?;
+        let outcome = ticket.run();
+        self.finish_suspend(ticket, outcome)
+    }
+
+    /// Resumes `job` under the caller's lock.
+    pub fn resume(&mut self, job: &str) -> Result<topo_core::proto::reply::Resume, HostError> {
+        let ticket = self.begin_resume(job)?;
+        let outcome = ticket.run();
+        self.finish_resume(ticket, outcome)
     }
 
     /// Looks again at the exclusive cpusets beside topod's subtree: when one has come or gone,
@@ -724,20 +955,38 @@ impl Host {
         }
     }
 
-    /// Every job with its state and owner.
+    /// Every job with its state, owner, and the CPUs lent between suspended and running jobs.
     pub fn jobs(&self) -> Vec<JobView> {
-        self.ledger
+        let loans = self.ledger.lent();
+        let view = |a: &Allocation, suspended: bool| JobView {
+            allocation: a.clone(),
+            state: if self.releasing.contains(&a.job) {
+                JobState::Releasing
+            } else if suspended {
+                JobState::Suspended
+            } else {
+                JobState::Running
+            },
+            owner_uid: self.owner_of(&a.job),
+            lent_to: loans
+                .iter()
+                .filter(|l| l.owner == a.job)
+                .map(|l| (l.holder.clone(), l.cpus.clone()))
+                .collect(),
+            borrowed_from: loans
+                .iter()
+                .filter(|l| l.holder == a.job)
+                .map(|l| (l.owner.clone(), l.cpus.clone()))
+                .collect(),
+        };
+        let mut jobs: Vec<JobView> = self
+            .ledger
             .jobs()
-            .map(|a| JobView {
-                allocation: a.clone(),
-                state: if self.releasing.contains(&a.job) {
-                    JobState::Releasing
-                } else {
-                    JobState::Running
-                },
-                owner_uid: self.owner_of(&a.job),
-            })
-            .collect()
+            .map(|a| view(a, false))
+            .chain(self.ledger.suspended_jobs().map(|a| view(a, true)))
+            .collect();
+        jobs.sort_by(|a, b| a.allocation.job.cmp(&b.allocation.job));
+        jobs
     }
 
     /// The ledger.
@@ -831,6 +1080,15 @@ mod tests {
         }
         fn foreign_cpus(&self) -> Result<CpuSet, CgroupError> {
             Ok(self.foreign.lock().unwrap().clone())
+        }
+        fn freeze(&self, j: &JobId, t: Duration) -> Result<(), CgroupError> {
+            self.kernel.freeze(j, t)
+        }
+        fn thaw(&self, j: &JobId, t: Duration) -> Result<(), CgroupError> {
+            self.kernel.thaw(j, t)
+        }
+        fn is_frozen(&self, j: &JobId) -> Result<bool, CgroupError> {
+            self.kernel.is_frozen(j)
         }
     }
 
@@ -1011,6 +1269,74 @@ mod tests {
         again.release("2").unwrap();
         assert!(!dir.path().join("jobs/2.json").exists());
         assert!(dir.path().join("jobs/1.json").exists());
+    }
+
+    #[test]
+    fn a_suspended_jobs_cpus_are_lent_and_it_resumes_when_they_are_back_also_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let mut first = host_on(&topo, &kernel, Some(dir.path()));
+        let a = first.allocate("a", "affinity[thread*6]", None, None, None, None).unwrap();
+        let s = first.suspend("a").unwrap();
+        assert_eq!(s.cpus, a.cpus);
+        assert!(kernel.is_frozen(&JobId::parse("a").unwrap()).unwrap());
+        // Only 8 CPUs: b needs at least four of a's.
+        let b = first.allocate("b", "affinity[thread*6]", None, None, None, None).unwrap();
+        let lent = b.cpus.intersection(&a.cpus);
+        assert!(lent.len() >= 4, "{lent}");
+        let views = first.jobs();
+        assert_eq!((views[0].state, views[1].state), (JobState::Suspended, JobState::Running));
+        assert_eq!(views[0].lent_to.get("b"), Some(&lent));
+        assert_eq!(views[1].borrowed_from.get("a"), Some(&lent));
+        // Twice suspended, or resumed onto b's CPUs: refused, nothing changes.
+        assert!(matches!(
+            first.suspend("a"),
+            Err(HostError::Ledger(LedgerError::WrongState { .. }))
+        ));
+        let e = first.resume("a").unwrap_err();
+        assert!(e.to_string().contains("lent to job b"), "{e}");
+        assert!(kernel.is_frozen(&JobId::parse("a").unwrap()).unwrap());
+        assert!(matches!(
+            first.resume("b"),
+            Err(HostError::Ledger(LedgerError::WrongState { .. }))
+        ));
+        assert!(matches!(first.suspend("nope"), Err(HostError::UnknownJob(_))));
+        // topod dies with a suspended and b on its CPUs: both come back as they were.
+        std::mem::forget(first);
+        let mut again = host_on(&topo, &kernel, Some(dir.path()));
+        let report = again.recover(BTreeMap::new()).unwrap();
+        assert_eq!(
+            (report.kept.len(), report.suspended.clone()),
+            (2, vec!["a".to_string()]),
+            "{report:?}"
+        );
+        assert!(again.ledger().is_suspended("a"));
+        assert_eq!(again.ledger().get("b").unwrap().cpus, b.cpus);
+        assert!(again.resume("a").unwrap_err().to_string().contains("lent to job b"));
+        again.ledger().check().unwrap();
+        // b ends: a runs again on its own CPUs, and no CPU is given twice.
+        again.release("b").unwrap();
+        let r = again.resume("a").unwrap();
+        assert_eq!(r.cpus, a.cpus);
+        assert!(!kernel.is_frozen(&JobId::parse("a").unwrap()).unwrap());
+        assert!(again.allocate("c", "affinity[thread*3]", None, None, None, None).is_err());
+        // The record counts the suspensions; a suspended job can be released.
+        assert_eq!(again.hints["a"].suspensions, 1);
+        again.suspend("a").unwrap();
+        again.release("a").unwrap();
+        assert!(again.ledger().is_empty());
+        // A cgroup found frozen that was never suspended (a release cut short by a crash) is
+        // a running job that holds its CPUs, and is thawed.
+        let d = again.allocate("d", "affinity[thread*2]", None, None, None, None).unwrap();
+        let d_id = JobId::parse("d").unwrap();
+        kernel.freeze(&d_id, Duration::from_secs(1)).unwrap();
+        std::mem::forget(again);
+        let mut third = host_on(&topo, &kernel, Some(dir.path()));
+        let report = third.recover(BTreeMap::new()).unwrap();
+        assert!(report.suspended.is_empty(), "{report:?}");
+        assert!(!third.ledger().is_suspended("d") && !kernel.is_frozen(&d_id).unwrap());
+        assert_eq!(third.ledger().occupancy().held, d.cpus);
     }
 
     #[test]

@@ -206,6 +206,8 @@ mod tests {
             tasks: vec![topo_core::CpuSet::parse_list("3").unwrap()],
             owner_uid: Some(1000),
             allocated_at: Some("2025-06-01T12:00:00.123456789Z".into()),
+            suspensions: 2,
+            suspended: true,
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();

@@ -187,6 +187,21 @@ impl Server {
         self.finish_release(ticket)
     }
 
+    /// Suspends `job` (the protocol's `suspend`); waiting for the kernel to report it frozen
+    /// takes no lock.
+    pub fn suspend(&self, job: &str) -> Result<proto::reply::Suspend, HostError> {
+        let ticket = self.lock().begin_suspend(job)?;
+        let outcome = ticket.run();
+        self.lock().finish_suspend(ticket, outcome)
+    }
+
+    /// Resumes `job` (the protocol's `resume`); its CPUs are taken back before it thaws.
+    pub fn resume(&self, job: &str) -> Result<proto::reply::Resume, HostError> {
+        let ticket = self.lock().begin_resume(job)?;
+        let outcome = ticket.run();
+        self.lock().finish_resume(ticket, outcome)
+    }
+
     /// Killing the job's processes and waiting for them to go takes no lock: the job shows as
     /// "releasing" meanwhile, and its CPUs stay held until its cgroup is gone.
     fn finish_release(&self, ticket: host::ReleaseTicket) -> Result<usize, HostError> {
@@ -513,6 +528,24 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 Err(e) => error_reply(&e),
             }
         }
+        Op::Suspend { job } => {
+            if !admin {
+                return forbidden("suspend");
+            }
+            match server.suspend(&job) {
+                Ok(reply) => ok(reply),
+                Err(e) => error_reply(&e),
+            }
+        }
+        Op::Resume { job } => {
+            if !admin {
+                return forbidden("resume");
+            }
+            match server.resume(&job) {
+                Ok(reply) => ok(reply),
+                Err(e) => error_reply(&e),
+            }
+        }
     }
 }
 
@@ -577,7 +610,12 @@ pub fn error_reply(e: &HostError) -> Reply {
         HostError::BadJob(_)
         | HostError::AlreadyAllocated { .. }
         | HostError::BadPid(_)
-        | HostError::Releasing(_) => ErrorCode::BadRequest,
+        | HostError::Releasing(_)
+        | HostError::Changing { .. }
+        | HostError::Ledger(topo_core::ledger::LedgerError::WrongState { .. }) => {
+            ErrorCode::BadRequest
+        }
+        HostError::Lent { .. } => ErrorCode::DoesNotFit,
         HostError::BadRequest(_) => ErrorCode::BadTopologyRequest,
         HostError::DoesNotFit { .. } => ErrorCode::DoesNotFit,
         HostError::UnknownJob(_) => ErrorCode::UnknownJob,

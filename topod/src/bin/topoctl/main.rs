@@ -157,6 +157,29 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask the local topod to freeze every process of a job at once (the kernel's freezer); its
+    /// memory stays where it is, and its CPUs may go to other jobs until it is resumed (root or
+    /// administrators).
+    Suspend {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// The job id.
+        job: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the local topod to thaw a suspended job; refused, naming the job, while another job
+    /// runs on its CPUs (root or administrators).
+    Resume {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// The job id.
+        job: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// LSF host pre-exec (as root): place the job on this host from its environment
     /// ($LSB_JOBID, $TOPO_REQUEST, $LSB_MCPU_HOSTS) before it starts.
     LsfPreExec {
@@ -343,6 +366,8 @@ fn main() -> ExitCode {
             json,
         ),
         Command::Release { daemon, job, json } => release_and_print(&daemon, job, json),
+        Command::Suspend { daemon, job, json } => suspend_and_print(&daemon, job, json),
+        Command::Resume { daemon, job, json } => resume_and_print(&daemon, job, json),
         Command::Run { daemon, request, job, command } => run_job(&daemon, request, job, &command),
         Command::LsfPreExec { daemon } => lsf::pre_exec(&daemon),
         Command::LsfPostExec { daemon } => lsf::post_exec(&daemon),
@@ -834,6 +859,12 @@ fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
             owner,
             a.request
         );
+        for (holder, cpus) in &j.lent_to {
+            println!("{:<16} CPUs {cpus} lent to job {holder}", "");
+        }
+        for (owner, cpus) in &j.borrowed_from {
+            println!("{:<16} CPUs {cpus} borrowed from suspended job {owner}", "");
+        }
     }
     Ok(())
 }
@@ -853,6 +884,34 @@ fn release_and_print(daemon: &Daemon, job: String, json: bool) -> Result<(), Fai
         return print_json(&r);
     }
     println!("job {} released ({} process(es) killed)", r.job, r.killed);
+    Ok(())
+}
+
+fn suspend_and_print(daemon: &Daemon, job: String, json: bool) -> Result<(), Failure> {
+    let r: topo_core::proto::reply::Suspend = call(&mut connect(daemon)?, Op::Suspend { job })?;
+    if json {
+        return print_json(&r);
+    }
+    println!(
+        "job {} suspended: frozen in {:.1} ms; its CPUs {} may be lent until it is resumed",
+        r.job,
+        r.frozen_after_us as f64 / 1000.0,
+        r.cpus
+    );
+    Ok(())
+}
+
+fn resume_and_print(daemon: &Daemon, job: String, json: bool) -> Result<(), Failure> {
+    let r: topo_core::proto::reply::Resume = call(&mut connect(daemon)?, Op::Resume { job })?;
+    if json {
+        return print_json(&r);
+    }
+    println!(
+        "job {} resumed on CPUs {} (thawed in {:.1} ms)",
+        r.job,
+        r.cpus,
+        r.thawed_after_us as f64 / 1000.0
+    );
     Ok(())
 }
 
