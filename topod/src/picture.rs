@@ -8,8 +8,8 @@
 //!   NUMA 0  96 cores, 377 GiB
 //!     L3 0   PU 0-7,192-199      AA AA AA AA BB .. .. ..
 //! ```
-//! `.` free, a letter the job holding it (see the job table), `-` fenced by an exclusive job,
-//! `r` reserved (by configuration, or held by an exclusive cpuset topod did not create), `x`
+//! `.` free, a letter the job holding it (see the job table), `~` a suspended job's and not
+//! lent to anyone now, `-` fenced by an exclusive job, `r` reserved (by configuration, or held by an exclusive cpuset topod did not create), `x`
 //! outside the allowed set (another cpuset, offline).
 
 use std::fmt::Write;
@@ -80,6 +80,9 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
         jobs.iter().position(|a| a.cpus.contains(cpu)).map(|i| LABELS[i % LABELS.len()] as char)
     };
     let fenced = &ledger.occupancy().fenced;
+    let mut suspended: Vec<_> = ledger.suspended_jobs().collect();
+    suspended.sort_by_key(|a| natural_key(&a.job));
+    let suspended_cpus = CpuSet::union_all(suspended.iter().map(|a| &a.cpus));
     let cell = |cpu: u32| -> char {
         if !topo.allowed.contains(cpu) {
             'x'
@@ -89,6 +92,8 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
             l
         } else if fenced.contains(cpu) {
             '-'
+        } else if suspended_cpus.contains(cpu) {
+            '~'
         } else {
             '.'
         }
@@ -196,6 +201,21 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
                 if a.cpus.len() == 1 { "PU" } else { "PUs" },
                 a.cpus,
                 if a.mems.is_empty() { "-".to_string() } else { a.mems.to_string() }
+            );
+        }
+    }
+    if !suspended.is_empty() {
+        let _ = writeln!(out, "\nSuspended (frozen; their CPUs may be lent)");
+        for a in &suspended {
+            let lent = a.cpus.intersection(&ledger.occupancy().held);
+            let _ = writeln!(
+                out,
+                "  ~  {:<16} {:>4} {:<3}  PU {}{}",
+                a.job,
+                a.cpus.len(),
+                if a.cpus.len() == 1 { "PU" } else { "PUs" },
+                a.cpus,
+                if lent.is_empty() { String::new() } else { format!(", PU {lent} lent now") }
             );
         }
     }

@@ -460,3 +460,83 @@ fn lsf_pre_exec_job_starter_and_post_exec() {
     assert_eq!(client.call(Op::List).unwrap().as_array().unwrap().len(), 0);
     assert!(!hostfile.exists());
 }
+
+#[test]
+fn suspend_lend_and_resume_through_topoctl() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let socket = d.socket.to_str().unwrap().to_string();
+    let topoctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args(args)
+            .args(["--socket", &socket])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, text) = topoctl(&["alloc", "--job", "200", "affinity[core(8,same=l3)]"]);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = topoctl(&["suspend", "200"]);
+    assert!(
+        code == Some(0)
+            && text.contains("job 200 suspended: frozen in")
+            && text.contains("may be lent"),
+        "{text}"
+    );
+    // The tightest free place for the same shape is the suspended job's L3 group.
+    let (code, text) = topoctl(&["alloc", "--job", "201", "affinity[core(8,same=l3)]"]);
+    assert_eq!(code, Some(0), "{text}");
+    let (_, jobs) = topoctl(&["jobs"]);
+    assert!(
+        jobs.contains("suspended")
+            && jobs.contains("lent to job 201")
+            && jobs.contains("borrowed from suspended job 200"),
+        "{jobs}"
+    );
+    let (code, text) = topoctl(&["resume", "200"]);
+    assert!(
+        code != Some(0)
+            && text.contains("job 200 stays suspended")
+            && text.contains("lent to job 201"),
+        "{text}"
+    );
+    // Mistakes: a clear message each, nothing changes.
+    for (args, expect) in [
+        (vec!["suspend", "200"], "job 200 is suspended"),
+        (vec!["resume", "201"], "job 201 is running"),
+        (vec!["suspend", "999"], "job 999 holds nothing"),
+        (vec!["resume", "../200"], "'/'"),
+    ] {
+        let (code, text) = topoctl(&args);
+        assert!(code != Some(0) && text.contains(expect), "{args:?}: {text}");
+    }
+    if is_root() {
+        let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args(["suspend", "201", "--socket", &socket])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && err.contains("suspend needs root or a configured administrator"),
+            "{err}"
+        );
+    }
+    let (code, _) = topoctl(&["release", "201"]);
+    assert_eq!(code, Some(0));
+    let (code, text) = topoctl(&["resume", "200", "--json"]);
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(code == Some(0) && v["job"] == "200" && v["thawed_after_us"].is_u64(), "{text}");
+    let (_, jobs) = topoctl(&["jobs", "--json"]);
+    let jobs: Value = serde_json::from_str(&jobs).unwrap();
+    assert_eq!(
+        (jobs[0]["job"].as_str(), jobs[0]["state"].as_str()),
+        (Some("200"), Some("running"))
+    );
+}

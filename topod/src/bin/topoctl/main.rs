@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use topo_client::Client;
 use topo_core::bench;
 use topo_core::ledger::Ledger;
-use topo_core::ledger::{Allocation, JobView};
+use topo_core::ledger::{Allocation, JobState, JobView};
 use topo_core::place::{self, HostMetrics, HostModel, Placement, Strategy};
 use topo_core::proto::reply::{FreeMap, Release};
 use topo_core::proto::Op;
@@ -821,9 +821,17 @@ fn status(daemon: &Daemon, json: bool) -> Result<(), Failure> {
         );
     }
     let mut ledger = Ledger::new();
-    for j in jobs {
+    // Running jobs first: a suspended job's CPUs may be lent to one of them.
+    let (suspended, running): (Vec<JobView>, Vec<JobView>) =
+        jobs.into_iter().partition(|j| j.state == JobState::Suspended || !j.lent_to.is_empty());
+    for j in running {
         ledger
             .insert(j.allocation)
+            .map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
+    }
+    for j in suspended {
+        ledger
+            .insert_suspended(j.allocation)
             .map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
     }
     let reserved = topo.allowed.difference(&free.allocatable);
