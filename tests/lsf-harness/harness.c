@@ -559,6 +559,7 @@ int main(int argc, char **argv) {
     if (load_module(argv[1]) != 0)
         return 1;
     long rss_before = rss_kib(); /* the module's growth is measured from here (scale) */
+    size_t heap_before = mallinfo2().uordblks;
     int (**fn)(void *) = entry_fn;
     const char **entry = entry_names;
     check(fn[0](NULL) == 0, "sched_version returns 0");
@@ -595,7 +596,7 @@ int main(int argc, char **argv) {
         free_resreq(big);
     }
     else if (scale)
-        scenario_scale(argv[1], rss_before);
+        scenario_scale(argv[1], rss_before, heap_before);
     else {
         fprintf(stderr, "unknown scenario %s\n", argv[2]);
         return 2;

@@ -130,12 +130,15 @@ fn init() -> Result<c_int, String> {
         );
     }
     let path = config::path();
-    let config = config::load(&path).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
+    let mut config = config::load(&path).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
     config::start_log(&config.lsf).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %path.display(), header = topo_lsf_sys::HEADER_USED, "schmod_topo starting");
     let api = Api::resolve()?;
     tracing::info!(flavour = ?api.flavour, "scheduler interface resolved");
     let hosts = config.cache.validate().map_err(|e| e.to_string())?;
+    // From here the cache holds the hosts; the configuration's own copy (and the refresher's
+    // copy of the configuration) would be two more of ten thousand names and addresses.
+    config.cache.hosts = Default::default();
     let key = config.cache.read_key().map_err(|e| e.to_string())?;
     let shared = Arc::new(Shared::default());
     {
