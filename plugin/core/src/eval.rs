@@ -244,6 +244,8 @@ struct ShapeMemo {
 
 /// The most shapes remembered; the least recently used goes first.
 pub const MEMO_SHAPES: usize = 64;
+/// What the memo keeps per shape and host: a 32-bit score (or "does not fit", "not known").
+pub const MEMO_BYTES_PER_SHAPE_AND_HOST: usize = std::mem::size_of::<u32>();
 const NO_FIT: u64 = u64::MAX;
 /// Nothing remembered for that host and shape.
 const NOT_KNOWN: u32 = u32::MAX;

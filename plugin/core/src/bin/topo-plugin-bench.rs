@@ -408,7 +408,7 @@ fn run() -> Result<(), String> {
         "memo: {} bytes for {} shapes ({} bytes per host per shape remembered)",
         memo.bytes(),
         distinct.min(eval::MEMO_SHAPES),
-        std::mem::size_of::<(u32, u32)>()
+        eval::MEMO_BYTES_PER_SHAPE_AND_HOST
     );
     println!(
         "memo at {} shapes: {} bytes per host; cache + memo: {:.0} bytes per host",
