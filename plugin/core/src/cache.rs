@@ -86,6 +86,25 @@ pub struct HostStatus {
     pub fetched_at: Option<Instant>,
     /// The host's [`HostEntry::version`].
     pub version: u32,
+    /// A 128-bit fingerprint of the state's model and occupancy ([`state_fingerprint`]): hosts
+    /// with equal fingerprints get equal placements, so a match places each distinct state
+    /// once without reading every host's state (computed by the refresher, when it changes).
+    pub fingerprint: [u64; 2],
+}
+
+/// A 128-bit fingerprint of a host state's model and occupancy: two SipHash passes with
+/// different prefixes. Two different states share one with a probability of about 2^-128 per
+/// pair, far below any hardware error rate, so equal fingerprints are taken for equal states.
+pub fn state_fingerprint(model: u32, occupancy: &Occupancy) -> [u64; 2] {
+    let pass = |prefix: u8| {
+        let mut h = DefaultHasher::new();
+        prefix.hash(&mut h);
+        model.hash(&mut h);
+        occupancy.held.hash(&mut h);
+        occupancy.fenced.hash(&mut h);
+        h.finish()
+    };
+    [pass(0x5a), pass(0xa5)]
 }
 
 /// Why a host's state cannot be used.
@@ -479,18 +498,26 @@ impl HostCache {
             generation: free.generation,
             jobs: jobs.into(),
         };
+        let before = self.status[id as usize];
         let entry = &self.hosts[id as usize];
-        if entry.state.as_ref() != Some(&state) || entry.last_error.is_some() {
+        let changed = entry.state.as_ref() != Some(&state);
+        // Computed when the state changes (or comes first), not at every refresh.
+        let fingerprint = if changed || before.fetched_at.is_none() {
+            state_fingerprint(state.model, &state.occupancy)
+        } else {
+            before.fingerprint
+        };
+        if changed || entry.last_error.is_some() {
             // Cloned (when another snapshot shares it) only when something changes.
             let h = Arc::make_mut(&mut self.hosts[id as usize]);
-            if h.state.as_ref() != Some(&state) {
+            if changed {
                 h.state = Some(state);
                 h.version = h.version.wrapping_add(1);
             }
             h.last_error = None;
         }
-        self.status[id as usize] =
-            HostStatus { fetched_at: Some(at), version: self.hosts[id as usize].version };
+        let version = self.hosts[id as usize].version;
+        self.status[id as usize] = HostStatus { fetched_at: Some(at), version, fingerprint };
         Ok(())
     }
 

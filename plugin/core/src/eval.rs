@@ -142,14 +142,17 @@ fn evaluate_many(ctx: &Context<'_>, request: &Request, hosts: &[HostId]) -> Vec<
 
 /// The hosts of `hosts` that stand for every distinct (model, occupancy, reservations) among
 /// them, and for each host of `hosts` the index of the one that stands for it. Hosts whose
-/// state is not usable each stand for themselves.
+/// state is not usable each stand for themselves. Hosts without reservations are told apart by
+/// their state's fingerprint ([`crate::cache::state_fingerprint`], in the flat status array: no
+/// host's state is read); the few with reservations by their whole state, compared.
 fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32>) {
     use std::collections::hash_map::DefaultHasher;
     use std::hash::{Hash, Hasher};
     let mut reps: Vec<HostId> = Vec::new();
     let mut which: Vec<u32> = Vec::with_capacity(hosts.len());
-    // Hash of a state -> the representatives with that hash (equal states are compared, so a
-    // hash collision only costs a comparison).
+    let mut by_print: HashMap<[u64; 2], u32> = HashMap::new();
+    // Hosts with reservations: hash of the whole state -> the representatives with that hash
+    // (equal states are compared, so a hash collision only costs a comparison).
     let mut by_hash: HashMap<u64, Vec<u32>> = HashMap::new();
     let state_of = |h: HostId| {
         ctx.cache
@@ -157,10 +160,23 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
             .ok()
             .map(|state| (state.model, &state.occupancy, ctx.reservations.on_host(h)))
     };
+    let own = |h: HostId, reps: &mut Vec<HostId>| {
+        reps.push(h);
+        reps.len() as u32 - 1
+    };
     for &h in hosts {
+        if !ctx.cache.is_fresh(h, ctx.now, ctx.stale_after) {
+            which.push(own(h, &mut reps));
+            continue;
+        }
+        if ctx.reservations.on_host(h).is_none() {
+            let print = ctx.cache.status(h).fingerprint;
+            let r = *by_print.entry(print).or_insert_with(|| own(h, &mut reps));
+            which.push(r);
+            continue;
+        }
         let Some(key) = state_of(h) else {
-            which.push(reps.len() as u32);
-            reps.push(h);
+            which.push(own(h, &mut reps));
             continue;
         };
         let mut hasher = DefaultHasher::new();
@@ -172,9 +188,9 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
         match same.iter().find(|&&r| state_of(reps[r as usize]) == Some(key)) {
             Some(&r) => which.push(r),
             None => {
-                same.push(reps.len() as u32);
-                which.push(reps.len() as u32);
-                reps.push(h);
+                let r = own(h, &mut reps);
+                same.push(r);
+                which.push(r);
             }
         }
     }

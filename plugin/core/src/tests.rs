@@ -734,4 +734,13 @@ fn a_refresh_copies_only_the_hosts_it_changes() {
     assert!(after.host(a).state != changed.host(a).state);
     let b = changed.lookup("b").unwrap();
     assert!(std::ptr::eq(after.host(b), changed.host(b)), "b did not change");
+    // The fingerprint a match tells states apart by follows the state.
+    let print = |c: &crate::HostCache, h| {
+        let s = c.host(h).state.as_ref().unwrap();
+        crate::cache::state_fingerprint(s.model, &s.occupancy)
+    };
+    assert_eq!(changed.status(a).fingerprint, print(&changed, a));
+    assert_ne!(changed.status(a).fingerprint, after.status(a).fingerprint);
+    assert_eq!(changed.status(b).fingerprint, print(&changed, b));
+    assert_ne!(changed.status(a).fingerprint, changed.status(b).fingerprint);
 }
