@@ -47,6 +47,11 @@ pub trait CgroupFs: Send + Sync + std::fmt::Debug {
     ) -> std::io::Result<bool>;
 }
 
+/// How long a wait for a cgroup state reads the file again at once before it sleeps or waits
+/// for a notification: a freeze is usually reported within a millisecond, and the first sleep
+/// or notification can cost ten (`topoctl bench freeze`).
+pub const SPIN: Duration = Duration::from_millis(2);
+
 /// The real kernel: cgroup file systems, signals, `/proc`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Kernel;
@@ -129,7 +134,8 @@ impl CgroupFs for Kernel {
         // One open file: kernfs notifies the readers of an open file of each change after
         // their last read, so a change between the read and the poll is not missed.
         let file = std::fs::File::open(path)?;
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
         let mut buf = [0u8; 512];
         loop {
             let n = loop {
@@ -145,6 +151,13 @@ impl CgroupFs for Kernel {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(false);
+            }
+            // The kernel sends at most one change notification per file every 10 ms
+            // (CGROUP_FILE_NOTIFY_MIN_INTV), so a change right after another is reported late:
+            // read again at once for the first SPIN, then wait for the notification.
+            if start.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
             }
             let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
             let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLPRI)];
@@ -381,6 +394,23 @@ impl Files {
 /// Polls `done` until it holds or `timeout` passes: every 50 us for the first 2 ms (a killed
 /// process usually leaves within a millisecond, and a release waits on it), then backing off
 /// to every 5 ms.
+/// Calls `done` again and again, without sleeping, until it says yes or `limit` passes.
+pub(crate) fn spin_until(
+    limit: Duration,
+    mut done: impl FnMut() -> Result<bool, CgroupError>,
+) -> Result<bool, CgroupError> {
+    let start = Instant::now();
+    loop {
+        if done()? {
+            return Ok(true);
+        }
+        if start.elapsed() >= limit {
+            return Ok(false);
+        }
+        std::hint::spin_loop();
+    }
+}
+
 pub(crate) fn wait_until(
     timeout: Duration,
     mut done: impl FnMut() -> Result<bool, CgroupError>,

@@ -8,7 +8,7 @@
 //! `cpuset.cpu_exclusive` is not used: it would need our whole subtree to be exclusive of the
 //! rest of the system; exclusivity between jobs is the ledger's.
 
-use super::fs::{wait_until, Files};
+use super::fs::{spin_until, wait_until, Files, SPIN};
 use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -360,7 +360,8 @@ impl CgroupBackend for V1 {
         self.files.write(&state, "FROZEN")?;
         // v1 sends no notification: the state reads FREEZING until every task is stopped
         // (cgroup-v1/freezer-subsystem.rst), so it is read again, eagerly at first.
-        if wait_until(timeout, || Ok(self.files.read(&state)?.trim() == "FROZEN"))? {
+        let frozen = || Ok(self.files.read(&state)?.trim() == "FROZEN");
+        if spin_until(SPIN.min(timeout), frozen)? || wait_until(timeout, frozen)? {
             return Ok(());
         }
         self.files.write(&state, "THAWED")?;

@@ -5,6 +5,7 @@
 //! `bench placement` (the placement-quality benchmark) and `demo`.
 
 mod bench_daemon;
+mod bench_freeze;
 mod bench_hostile;
 mod lsf;
 mod simulate;
@@ -247,6 +248,25 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Suspend and resume of a job of busy processes: the kernel's freezer (until the kernel
+    /// reports the cgroup frozen, then thawed) against SIGSTOP/SIGCONT to the same processes
+    /// (until every one shows state T, then none). Needs root; makes and removes its own
+    /// cgroups.
+    Freeze {
+        /// Busy processes in the job.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+        processes: u64,
+        /// Rounds (each: one freeze and thaw, one SIGSTOP and SIGCONT).
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        rounds: u64,
+        /// Freeze through a cgroup v2 `cgroup.freeze` even where topod would use v1 (a hybrid
+        /// host's v2 mount has the freezer without cpuset).
+        #[arg(long)]
+        v2_freezer: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// An attacker for `bench daemon --hostile` (runs until killed).
     #[command(hide = true)]
     Attack {
@@ -342,6 +362,9 @@ fn main() -> ExitCode {
         Command::Bench {
             what: BenchCommand::Daemon { daemon, cycles, clients, hostile: None, json },
         } => bench_daemon::run(&daemon.socket, cycles, clients, json),
+        Command::Bench { what: BenchCommand::Freeze { processes, rounds, v2_freezer, json } } => {
+            bench_freeze::run(processes as usize, rounds as usize, v2_freezer, json)
+        }
         Command::Bench { what: BenchCommand::Attack { daemon, mode, count, stats } } => {
             bench_hostile::attack(&daemon.socket, &mode, count, &stats)
         }
