@@ -10,7 +10,7 @@
 #
 # and the scale scenario (its own config): 10,000 hosts over five topods, 500 hung hosts, 400
 # jobs, a scheduler restart in the middle, with the release build of the module; its figures
-# are printed one per line ("figure ..."; thresholds not enforced here print as "figures ...").
+# are printed one per line ("figure ..."), and its thresholds are checked (see below).
 #
 # Usage: tests/lsf-harness/run.sh        (tests/run-all.sh runs it)
 set -euo pipefail
@@ -176,13 +176,15 @@ TOML
         for (i = 1; i <= n; i++) printf "n%05d = \"unix:%s/t%d/topod.sock\"\n", i, w, (i - 1) % 5
         for (i = 1; i <= h; i++) printf "hung%03d = \"unix:%s/hung.sock\"\n", i, w }'
 } > "$work/scale.toml"
-# The issue's thresholds (match+sort p50 <= 1 ms, p99 <= 5 ms, first match of a shape <= 20 ms)
-# are not met on the 2-core test machine (p50 5-8 ms, p99 17-24 ms, first matches 13-25 ms in
-# November 2026), so none is enforced: each prints as a "figures ok/FAIL" line that fails
-# nothing. HARNESS_SCALE_ENFORCE=p50,p99,first enforces them. Correctness (replays, no CPU
-# given twice, every host refreshed, every job placed) always counts.
+# The issue's thresholds are enforced: match+sort per job p50 <= 1 ms and p99 <= 5 ms, the first
+# match of each shape <= 20 ms, on this 2-core machine (November 2026, three runs: p50
+# 0.35-0.38 ms, p99 2.8-4.6 ms, first matches under 1 ms; the p99 nearest its limit came while
+# another process kept both CPUs busy: matchFn's own CPU time stayed under 0.8 ms at p99).
+# HARNESS_SCALE_ENFORCE= (empty) prints them as "figures ok/FAIL" lines that fail nothing, for a
+# machine shared with other load. Correctness (replays, no CPU given twice, every host
+# refreshed, every job placed, host names read once per sched_init) always counts.
 TOPO_LSF_CONF="$work/scale.toml" HARNESS_LOG="$work/scale.log" HARNESS_SCALE_HOSTS=$scale_hosts HARNESS_SCALE_HUNG=$scale_hung \
-    HARNESS_SCALE_ENFORCE="${HARNESS_SCALE_ENFORCE-}" \
+    HARNESS_SCALE_ENFORCE="${HARNESS_SCALE_ENFORCE-p50,p99,first}" \
     run "$work/harness" "$work/schmod_topo_release.so" scale || status=1
 
 if [ "$status" -ne 0 ]; then
