@@ -206,12 +206,16 @@ impl<T: Clone> std::ops::IndexMut<usize> for Chunked<T> {
     }
 }
 
-/// Host names and aliases.
+/// Host names and aliases, by hash: a name is not stored again (ten thousand hosts with two or
+/// three names each would cost more than the rest of their entries); a hit is checked against
+/// the names of the host it points to.
 #[derive(Debug, Default, Clone)]
 struct NameIndex {
-    /// A name or alias, the host, and whether it is the host's own name (which an alias never
-    /// replaces; of two hosts with the same alias, the first keeps it).
-    by_name: HashMap<Box<str>, (HostId, bool)>,
+    /// The hash of a name or alias ([`name_hash`]), the host, and whether it is the host's own
+    /// name (which an alias never replaces; of two hosts with the same alias, the first keeps it).
+    by_hash: HashMap<u64, (HostId, bool)>,
+    /// Names whose hash another name has already (about 2^-64 per pair), by the name itself.
+    overflow: HashMap<Box<str>, (HostId, bool)>,
     /// The configured domain, without a leading dot; empty: none.
     domain: Box<str>,
 }
@@ -219,18 +223,69 @@ struct NameIndex {
 /// The most names the negative cache remembers; it starts again empty when full.
 pub const NEGATIVE_NAMES: usize = 65_536;
 
+fn name_hash(name: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    name.hash(&mut h);
+    h.finish()
+}
+
+/// Every name the host called `name` is found by: that name first, then its aliases, and
+/// (host names are case-insensitive, as in DNS and LSF) the lower-case forms, which a lookup
+/// tries when the name as given is not found.
+fn names_for(name: &str, domain: &str) -> Vec<String> {
+    let mut out = vec![name.to_string()];
+    out.extend(aliases(name, domain));
+    let lower = name.to_ascii_lowercase();
+    out.extend(aliases(&lower, domain));
+    out.push(lower);
+    out
+}
+
 impl NameIndex {
-    fn insert(&mut self, name: &str, id: HostId) {
-        self.by_name.insert(name.into(), (id, true));
-        let mut also = aliases(name, &self.domain);
-        // Host names are case-insensitive (DNS, LSF): the lower-case forms too, which a lookup
-        // tries when the name as given is not found.
-        let lower = name.to_ascii_lowercase();
-        also.extend(aliases(&lower, &self.domain));
-        also.push(lower);
-        for alias in also {
-            if *alias != *name {
-                self.by_name.entry(alias.into()).or_insert((id, false));
+    /// Whether `name` is one of the names of the host called `host_name`.
+    fn is_name_of(&self, name: &str, host_name: &str) -> bool {
+        // The host's own name, the usual hit, without making its aliases.
+        name == host_name || names_for(host_name, &self.domain).iter().any(|n| n == name)
+    }
+
+    /// The host `name` finds, and whether it is that host's own name.
+    fn get<'a>(&self, name: &str, host_name: impl Fn(HostId) -> &'a str) -> Option<(HostId, bool)> {
+        if let Some(&(id, own)) = self.by_hash.get(&name_hash(name)) {
+            if self.is_name_of(name, host_name(id)) {
+                return Some((id, own));
+            }
+        }
+        self.overflow.get(name).copied()
+    }
+
+    /// Indexes host `id`, called `name`; `host_name` gives the names of the hosts indexed
+    /// already (and of `id`).
+    fn insert<'a>(&mut self, name: &str, id: HostId, host_name: impl Fn(HostId) -> &'a str) {
+        for (i, n) in names_for(name, &self.domain).into_iter().enumerate() {
+            let own = i == 0;
+            if !own && n == name {
+                continue;
+            }
+            let h = name_hash(&n);
+            match self.by_hash.get(&h).copied() {
+                None => {
+                    self.by_hash.insert(h, (id, own));
+                }
+                // The same name: a host's own name replaces an alias; an alias stays the first
+                // host's.
+                Some((other, _)) if self.is_name_of(&n, host_name(other)) => {
+                    if own {
+                        self.by_hash.insert(h, (id, true));
+                    }
+                }
+                // Another name with the same hash.
+                Some(_) => {
+                    if own {
+                        self.overflow.insert(n.into(), (id, true));
+                    } else {
+                        self.overflow.entry(n.into()).or_insert((id, false));
+                    }
+                }
             }
         }
     }
@@ -321,7 +376,7 @@ impl HostCache {
 
     /// Adds `name` (or returns it when present under that very name).
     pub fn add(&mut self, name: &str, address: Address) -> HostId {
-        if let Some(&(id, true)) = self.names.by_name.get(name) {
+        if let Some((id, true)) = self.names.get(name, |h| &self.hosts[h as usize].name) {
             return id;
         }
         let id = self.hosts.len() as HostId;
@@ -333,7 +388,8 @@ impl HostCache {
             version: 0,
         }));
         self.status.push(HostStatus::default());
-        Arc::make_mut(&mut self.names).insert(name, id);
+        let hosts = &self.hosts;
+        Arc::make_mut(&mut self.names).insert(name, id, |h| &hosts[h as usize].name);
         self.names_version += 1;
         // A name remembered as no host's may be this one's (or one of its aliases).
         self.negative = Arc::default();
@@ -346,9 +402,10 @@ impl HostCache {
         if *self.names.domain == *domain {
             return;
         }
-        let mut index = NameIndex { by_name: HashMap::new(), domain: domain.into() };
-        for (i, h) in self.hosts.iter().enumerate() {
-            index.insert(&h.name, i as HostId);
+        let mut index = NameIndex { domain: domain.into(), ..NameIndex::default() };
+        let hosts = &self.hosts;
+        for (i, h) in hosts.iter().enumerate() {
+            index.insert(&h.name, i as HostId, |h| &hosts[h as usize].name);
         }
         self.names = Arc::new(index);
         self.negative = Arc::default();
@@ -370,7 +427,8 @@ impl HostCache {
     /// name with the configured domain). Without a configured domain, a name with any domain
     /// also finds the host of its short name. One or two hash probes, never a scan.
     pub fn lookup(&self, name: &str) -> Option<HostId> {
-        if let Some(&(id, _)) = self.names.by_name.get(name) {
+        let find = |n: &str| self.names.get(n, |h| &self.hosts[h as usize].name).map(|(id, _)| id);
+        if let Some(id) = find(name) {
             return Some(id);
         }
         let mut negative = self.negative.lock().unwrap_or_else(|e| e.into_inner());
@@ -378,14 +436,14 @@ impl HostCache {
             return None;
         }
         if name.bytes().any(|b| b.is_ascii_uppercase()) {
-            if let Some(&(id, _)) = self.names.by_name.get(name.to_ascii_lowercase().as_str()) {
+            if let Some(id) = find(&name.to_ascii_lowercase()) {
                 return Some(id);
             }
         }
         if self.names.domain.is_empty() {
             let short = name.split('.').next().unwrap_or(name).to_ascii_lowercase();
             if short != name {
-                if let Some(&(id, _)) = self.names.by_name.get(short.as_str()) {
+                if let Some(id) = find(&short) {
                     return Some(id);
                 }
             }
@@ -561,5 +619,26 @@ impl HostState {
     /// Whether topod reports holding `job`.
     pub fn holds(&self, job: &str) -> bool {
         self.jobs.binary_search(&job_hash(job)).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn a_name_whose_hash_another_name_has_is_still_found() {
+        let names = ["alpha", "beta"];
+        let host_name = |h: HostId| names[h as usize];
+        let mut index = NameIndex::default();
+        index.insert("alpha", 0, host_name);
+        // As if "beta" hashed like a name of alpha's: its slot is taken by another name.
+        index.by_hash.insert(name_hash("beta"), (0, true));
+        index.insert("beta", 1, host_name);
+        assert_eq!(index.get("beta", host_name), Some((1, true)));
+        assert_eq!(index.get("alpha", host_name), Some((0, true)));
+        // A name that is no host's, in a slot another name holds, finds nothing.
+        index.by_hash.insert(name_hash("gamma"), (0, true));
+        assert_eq!(index.get("gamma", host_name), None);
     }
 }
