@@ -41,7 +41,7 @@
 use crate::cpuset::CpuSet;
 use crate::place::{self, HostModel, Occupancy, PlaceError, Placement, Strategy};
 use crate::request::{Level, Request};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 /// Time in seconds, from the driver's origin.
@@ -84,12 +84,42 @@ impl std::str::FromStr for QueueOrder {
 }
 
 /// How the core decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PolicyConfig {
     /// Cluster order.
     pub order: QueueOrder,
     /// The strategy that chooses CPUs on a host.
     pub strategy: Strategy,
+    /// Suspending running jobs for a waiting one, when set.
+    pub preempt: Option<Preempt>,
+}
+
+/// When the core may suspend running jobs to start a waiting one (after NCI's PBS: whom to
+/// suspend is chosen by expansion factor, and by where their CPUs are).
+///
+/// The expansion factor of a job is what its slowdown will be if nothing more happens to it:
+/// (time since submission + estimated time still to run) ÷ estimate. The first waiting job may
+/// preempt once its own is at least `min_xf`; the jobs suspended for it must each have a lower
+/// one, have run `min_run` seconds since they last started, and have been suspended fewer than
+/// `max_suspensions` times. Among the sets of such jobs whose suspension lets it start, the core
+/// takes the one that frees the tightest domain (an L3 group before a NUMA node before a
+/// package before a whole host), then the fewest processors, then the lowest expansion factors.
+/// Suspended jobs resume on their own CPUs as soon as those are free, highest expansion factor
+/// first, before any waiting job starts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Preempt {
+    /// Seconds a job runs after a start or resume before it may be suspended.
+    pub min_run: Time,
+    /// Suspensions per job at most.
+    pub max_suspensions: u32,
+    /// The expansion factor from which the first waiting job may preempt.
+    pub min_xf: f64,
+}
+
+impl Default for Preempt {
+    fn default() -> Self {
+        Preempt { min_run: 300, max_suspensions: 2, min_xf: 2.0 }
+    }
 }
 
 /// What a job asks of the cluster.
@@ -140,6 +170,16 @@ pub enum Action {
         job: JobKey,
         /// Its parts, one per host.
         parts: Vec<Part>,
+    },
+    /// Suspend the job (freeze it; its CPUs go to others until it resumes).
+    Suspend {
+        /// The job.
+        job: JobKey,
+    },
+    /// Resume the suspended job on its own CPUs.
+    Resume {
+        /// The job.
+        job: JobKey,
     },
 }
 
@@ -208,13 +248,44 @@ struct Running {
     parts: Vec<Part>,
     procs: u32,
     estimated_end: Time,
+    spec: JobSpec,
+    submitted: Time,
+    /// When it last started or resumed.
+    since: Time,
+    suspensions: u32,
+}
+
+impl Running {
+    /// The cores its parts made unavailable.
+    fn held(&self) -> u64 {
+        self.parts.iter().map(|p| u64::from(p.cores)).sum()
+    }
+
+    /// Its expansion factor at `now` (see [`Preempt`]).
+    fn xf(&self, now: Time) -> f64 {
+        expansion_factor(now - self.submitted, self.estimated_end - now, self.spec.estimate)
+    }
+}
+
+/// A suspended job: what it had, and how much of its estimate was left.
+#[derive(Debug)]
+struct Suspended {
+    run: Running,
+    remaining: Time,
 }
 
 #[derive(Debug)]
 enum Slot {
     Unknown,
-    Waiting(JobSpec),
+    Waiting(JobSpec, Time),
     Running(Running),
+    Suspended(Suspended),
+}
+
+/// (time in the system + estimated time to run) ÷ estimate; the estimate counts as at least a
+/// second.
+fn expansion_factor(in_system: Time, to_run: Time, estimate: Time) -> f64 {
+    (in_system.max(0) + to_run.max(0)) as f64 / estimate.max(1) as f64
 }
 
 /// The policy core's state and its decisions. See the module documentation.
@@ -222,14 +293,22 @@ enum Slot {
 pub struct PolicyCore {
     config: PolicyConfig,
     hosts: Vec<HostState>,
-    /// `by_free[f]`: hosts with exactly `f` free cores, by id.
-    by_free: Vec<BTreeSet<HostId>>,
+    /// Hosts by free cores (only counts some host has), each set by id.
+    by_free: BTreeMap<u32, BTreeSet<HostId>>,
+    /// Bumped whenever a host's occupancy changes: a backfill pass that finds the cluster, the
+    /// head and its reservation as the last one left them starts where that one stopped.
+    generation: u64,
+    /// (generation, head, shadow time, extra processors, queue position) of the last backfill
+    /// pass.
+    backfilled: Option<(u64, JobKey, Time, u64, usize)>,
     total: u64,
     free: u64,
     jobs: Vec<Slot>,
     queue: VecDeque<JobKey>,
     /// Running jobs by estimated end.
     ends: BTreeSet<(Time, JobKey)>,
+    /// Suspended jobs.
+    suspended: BTreeSet<JobKey>,
     now: Time,
 }
 
@@ -269,21 +348,23 @@ impl PolicyCore {
                 whole,
             });
         }
-        let max = states.iter().map(|h| h.cores).max().unwrap_or(0) as usize;
-        let mut by_free = vec![BTreeSet::new(); max + 1];
+        let mut by_free: BTreeMap<u32, BTreeSet<HostId>> = BTreeMap::new();
         for (i, h) in states.iter().enumerate() {
-            by_free[h.free as usize].insert(i as HostId);
+            by_free.entry(h.free).or_default().insert(i as HostId);
         }
         let total = states.iter().map(|h| u64::from(h.cores)).sum();
         PolicyCore {
             config,
             hosts: states,
             by_free,
+            generation: 0,
+            backfilled: None,
             total,
             free: total,
             jobs: Vec::new(),
             queue: VecDeque::new(),
             ends: BTreeSet::new(),
+            suspended: BTreeSet::new(),
             now: Time::MIN,
         }
     }
@@ -306,6 +387,11 @@ impl PolicyCore {
     /// Jobs running.
     pub fn running_len(&self) -> usize {
         self.ends.len()
+    }
+
+    /// Jobs suspended.
+    pub fn suspended_len(&self) -> usize {
+        self.suspended.len()
     }
 
     /// The occupancy of a host.
@@ -360,11 +446,12 @@ impl PolicyCore {
 
     fn submit(&mut self, job: JobKey, spec: JobSpec) -> Result<(), PolicyError> {
         self.admissible(job, spec)?;
+        let now = self.now;
         let slot = self.slot(job);
         if !matches!(slot, Slot::Unknown) {
             return Err(PolicyError::Duplicate { job });
         }
-        *slot = Slot::Waiting(spec);
+        *slot = Slot::Waiting(spec, now);
         self.queue.push_back(job);
         Ok(())
     }
@@ -375,12 +462,17 @@ impl PolicyCore {
             Slot::Running(r) => {
                 self.ends.remove(&(r.estimated_end, job));
                 self.give_back(&r.parts);
-                self.free += u64::from(r.procs);
                 Ok(())
             }
-            Slot::Waiting(_) => {
-                // Cancelled while waiting.
+            Slot::Waiting(..) => {
+                // Cancelled while waiting (queue positions change: no backfill pass resumes).
                 self.queue.retain(|j| *j != job);
+                self.generation += 1;
+                Ok(())
+            }
+            Slot::Suspended(_) => {
+                // Killed while suspended: its CPUs are not held by it.
+                self.suspended.remove(&job);
                 Ok(())
             }
             Slot::Unknown => Err(PolicyError::UnknownJob { job }),
@@ -389,12 +481,13 @@ impl PolicyCore {
 
     fn spec(&self, job: JobKey) -> JobSpec {
         match &self.jobs[job as usize] {
-            Slot::Waiting(spec) => *spec,
+            Slot::Waiting(spec, _) => *spec,
             _ => unreachable!("only waiting jobs are queued"),
         }
     }
 
     fn schedule(&mut self, actions: &mut Vec<Action>) {
+        self.resume_what_fits(actions);
         while let Some(&head) = self.queue.front() {
             let spec = self.spec(head);
             if !self.try_start(head, spec, actions) {
@@ -402,29 +495,50 @@ impl PolicyCore {
             }
             self.queue.pop_front();
         }
+        if self.config.preempt.is_some() {
+            if let Some(&head) = self.queue.front() {
+                if self.preempt_for(head, actions) {
+                    self.queue.pop_front();
+                }
+            }
+        }
         if self.config.order != QueueOrder::Easy || self.queue.len() < 2 || self.free == 0 {
             return;
         }
-        let head = self.spec(self.queue[0]);
+        let head_job = self.queue[0];
+        let head = self.spec(head_job);
         let (shadow, mut extra) = self.shadow(head.procs);
-        let mut i = 1;
+        // A pass over the same cluster, head and reservation as the last one: the jobs that
+        // pass looked at were refused, and later they end later still, so they are refused
+        // again; only the jobs submitted since are new.
+        let mut i = match self.backfilled {
+            Some((generation, job, at, spare, scanned))
+                if (generation, job, at, spare) == (self.generation, head_job, shadow, extra) =>
+            {
+                scanned.min(self.queue.len())
+            }
+            _ => 1,
+        };
         while i < self.queue.len() && self.free > 0 {
             let job = self.queue[i];
             let spec = self.spec(job);
             let ends_in_time = self.now.saturating_add(spec.estimate) <= shadow;
             let fits_beside = u64::from(spec.procs) <= extra;
+            let free_before = self.free;
             if u64::from(spec.procs) <= self.free
                 && (ends_in_time || fits_beside)
                 && self.try_start(job, spec, actions)
             {
                 if !ends_in_time {
-                    extra -= u64::from(spec.procs);
+                    // The cores it made unavailable (a strategy may take more than asked).
+                    extra = extra.saturating_sub(free_before - self.free);
                 }
                 self.queue.remove(i);
             } else {
                 i += 1;
             }
         }
+        self.backfilled = Some((self.generation, head_job, shadow, extra, i));
     }
 
     /// The head's reservation: the earliest estimated end by which `procs` are free, and how
@@ -432,9 +546,18 @@ impl PolicyCore {
     fn shadow(&self, procs: u32) -> (Time, u64) {
         let need = u64::from(procs);
         let mut free = self.free;
-        for &(end, job) in &self.ends {
-            if let Slot::Running(r) = &self.jobs[job as usize] {
-                free += u64::from(r.procs);
+        let mut ends = self.ends.iter().peekable();
+        // By estimated end, every job ending at one second together: the head's reservation
+        // counts all the cores free at that second (not only up to the job that was enough).
+        while let Some(&&(end, _)) = ends.peek() {
+            while let Some(&&(at, job)) = ends.peek() {
+                if at != end {
+                    break;
+                }
+                if let Slot::Running(r) = &self.jobs[job as usize] {
+                    free += r.held();
+                }
+                ends.next();
             }
             if free >= need {
                 return (end, free - need);
@@ -470,25 +593,244 @@ impl PolicyCore {
                     }
                 },
             };
-            self.take(host, cores, &placement);
-            parts.push(Part { host, cores, placement });
+            let held = self.take(host, &placement);
+            parts.push(Part { host, cores: held, placement });
         }
-        self.free -= u64::from(spec.procs);
         let estimated_end = self.now.saturating_add(spec.estimate);
         self.ends.insert((estimated_end, job));
-        *self.slot(job) =
-            Slot::Running(Running { parts: parts.clone(), procs: spec.procs, estimated_end });
+        let submitted = match &self.jobs[job as usize] {
+            Slot::Waiting(_, at) => *at,
+            _ => self.now,
+        };
+        *self.slot(job) = Slot::Running(Running {
+            parts: parts.clone(),
+            procs: spec.procs,
+            estimated_end,
+            spec,
+            submitted,
+            since: self.now,
+            suspensions: 0,
+        });
         actions.push(Action::Start { job, parts });
         true
     }
 
-    fn take(&mut self, host: HostId, cores: u32, placement: &Placement) {
+    /// Resumes suspended jobs whose CPUs are all free again, highest expansion factor first.
+    fn resume_what_fits(&mut self, actions: &mut Vec<Action>) {
+        if self.suspended.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let mut order: Vec<(f64, JobKey)> = self
+            .suspended
+            .iter()
+            .filter_map(|&job| match &self.jobs[job as usize] {
+                Slot::Suspended(s) => Some((
+                    expansion_factor(now - s.run.submitted, s.remaining, s.run.spec.estimate),
+                    job,
+                )),
+                _ => None,
+            })
+            .collect();
+        order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        for (_, job) in order {
+            let Slot::Suspended(s) = &self.jobs[job as usize] else { continue };
+            let free_again = s.run.parts.iter().all(|p| {
+                let occ = &self.hosts[p.host as usize].occupancy;
+                !p.placement.cpus.intersects(&occ.held)
+                    && !p.placement.cpus.intersects(&occ.fenced)
+                    && !p.placement.fenced.intersects(&occ.held)
+            });
+            if !free_again {
+                continue;
+            }
+            let Slot::Suspended(s) = std::mem::replace(&mut self.jobs[job as usize], Slot::Unknown)
+            else {
+                continue;
+            };
+            let mut run = s.run;
+            for p in &run.parts {
+                self.take(p.host, &p.placement);
+            }
+            run.estimated_end = now.saturating_add(s.remaining);
+            run.since = now;
+            self.ends.insert((run.estimated_end, job));
+            self.suspended.remove(&job);
+            self.jobs[job as usize] = Slot::Running(run);
+            actions.push(Action::Resume { job });
+        }
+    }
+
+    /// Suspends running jobs so that `head` starts now, if the rules of [`Preempt`] allow it;
+    /// whether it started.
+    fn preempt_for(&mut self, head: JobKey, actions: &mut Vec<Action>) -> bool {
+        let Some(rules) = self.config.preempt else { return false };
+        let Slot::Waiting(spec, submitted) = self.jobs[head as usize] else { return false };
+        let now = self.now;
+        let head_xf = expansion_factor(now - submitted, spec.estimate, spec.estimate);
+        if head_xf < rules.min_xf {
+            return false;
+        }
+        // Who may be suspended, with its expansion factor.
+        let eligible: Vec<(JobKey, f64)> = self
+            .ends
+            .iter()
+            .filter_map(|&(_, job)| match &self.jobs[job as usize] {
+                Slot::Running(r)
+                    if now - r.since >= rules.min_run
+                        && r.suspensions < rules.max_suspensions
+                        && r.xf(now) < head_xf =>
+                {
+                    Some((job, r.xf(now)))
+                }
+                _ => None,
+            })
+            .collect();
+        if eligible.is_empty() {
+            return false;
+        }
+        let Some(victims) = self.choose_victims(spec.procs, &eligible) else { return false };
+        // Suspend them, then start the head; if it still cannot start, resume them at once.
+        let mut suspended = Vec::with_capacity(victims.len());
+        for job in &victims {
+            if let Slot::Running(r) =
+                std::mem::replace(&mut self.jobs[*job as usize], Slot::Unknown)
+            {
+                self.ends.remove(&(r.estimated_end, *job));
+                self.give_back(&r.parts);
+                let remaining = (r.estimated_end - now).max(0);
+                suspended.push(*job);
+                self.jobs[*job as usize] = Slot::Suspended(Suspended { run: r, remaining });
+                self.suspended.insert(*job);
+            }
+        }
+        let mut started = Vec::new();
+        if self.try_start(head, spec, &mut started) {
+            for job in suspended {
+                if let Slot::Suspended(s) = &mut self.jobs[job as usize] {
+                    s.run.suspensions += 1;
+                }
+                actions.push(Action::Suspend { job });
+            }
+            actions.extend(started);
+            return true;
+        }
+        // Undo exactly what was done: nothing was told to the driver yet.
+        for job in suspended {
+            if let Slot::Suspended(s) =
+                std::mem::replace(&mut self.jobs[job as usize], Slot::Unknown)
+            {
+                for p in &s.run.parts {
+                    self.take(p.host, &p.placement);
+                }
+                self.ends.insert((s.run.estimated_end, job));
+                self.suspended.remove(&job);
+                self.jobs[job as usize] = Slot::Running(s.run);
+            }
+        }
+        false
+    }
+
+    /// The victims whose suspension frees room for `procs` (see [`Preempt`]): for a job that
+    /// fits one host, the tightest domain on any host; for a larger one, the lowest expansion
+    /// factors anywhere.
+    fn choose_victims(&self, procs: u32, eligible: &[(JobKey, f64)]) -> Option<Vec<JobKey>> {
+        let max_host = self.hosts.iter().map(|h| h.cores).max().unwrap_or(0);
+        if procs > max_host {
+            let mut by_xf = eligible.to_vec();
+            by_xf.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+            let mut free = self.free;
+            let mut victims = Vec::new();
+            for (job, _) in by_xf {
+                if free >= u64::from(procs) {
+                    break;
+                }
+                if let Slot::Running(r) = &self.jobs[job as usize] {
+                    free += r.held();
+                    victims.push(job);
+                }
+            }
+            return (free >= u64::from(procs)).then_some(victims);
+        }
+        // (domain rank, processors suspended, sum of expansion factors), victims
+        let mut best: Option<((u8, u64, f64), Vec<JobKey>)> = None;
+        for (h, host) in self.hosts.iter().enumerate() {
+            if host.cores < procs {
+                continue;
+            }
+            // Eligible jobs with a part on this host: (xf, job, that part's CPUs, its procs).
+            let mut here: Vec<(f64, JobKey, &CpuSet, u32)> = Vec::new();
+            for (job, xf) in eligible {
+                if let Slot::Running(r) = &self.jobs[*job as usize] {
+                    if let Some(p) = r.parts.iter().find(|p| p.host as usize == h) {
+                        here.push((*xf, *job, &p.placement.cpus, r.procs));
+                    }
+                }
+            }
+            if here.is_empty() {
+                continue;
+            }
+            here.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let whole = [host.model.allocatable.clone()];
+            let levels: [(u8, &[CpuSet]); 4] = [
+                (0, host.model.l3.as_slice()),
+                (1, host.model.numa.as_slice()),
+                (2, host.model.sockets.as_slice()),
+                (3, &whole),
+            ];
+            for (rank, domains) in levels {
+                for domain in domains {
+                    let cores_in = |cpus: &CpuSet| {
+                        host.model
+                            .cores
+                            .iter()
+                            .filter(|c| c.is_subset(domain) && c.is_subset(cpus))
+                            .count() as u32
+                    };
+                    if cores_in(&host.model.allocatable) < procs {
+                        continue;
+                    }
+                    let free_cpus =
+                        domain.difference(&host.occupancy.held).difference(&host.occupancy.fenced);
+                    let mut room = cores_in(&free_cpus);
+                    let mut victims = Vec::new();
+                    let (mut cost, mut xf_sum) = (0u64, 0f64);
+                    for (xf, job, cpus, job_procs) in &here {
+                        if room >= procs {
+                            break;
+                        }
+                        if !cpus.intersects(domain) {
+                            continue;
+                        }
+                        room += cores_in(cpus);
+                        victims.push(*job);
+                        cost += u64::from(*job_procs);
+                        xf_sum += xf;
+                    }
+                    if room < procs || victims.is_empty() {
+                        continue;
+                    }
+                    let key = (rank, cost, xf_sum);
+                    let better = best.as_ref().is_none_or(|(k, _)| {
+                        (key.0, key.1).cmp(&(k.0, k.1)).then(key.2.total_cmp(&k.2)).is_lt()
+                    });
+                    if better {
+                        best = Some((key, victims));
+                    }
+                }
+            }
+        }
+        best.map(|(_, v)| v)
+    }
+
+    /// Records `placement` on `host`; returns the cores it made unavailable (those it took
+    /// whole, and any it shares with nobody yet but leaves partly used).
+    fn take(&mut self, host: HostId, placement: &Placement) -> u32 {
         let h = &mut self.hosts[host as usize];
         h.occupancy.held.union_with(&placement.cpus);
         h.occupancy.fenced.union_with(&placement.fenced);
-        self.by_free[h.free as usize].remove(&host);
-        h.free -= cores;
-        self.by_free[h.free as usize].insert(host);
+        let before = self.recount(host);
+        before.saturating_sub(self.hosts[host as usize].free)
     }
 
     fn give_back(&mut self, parts: &[Part]) {
@@ -496,10 +838,40 @@ impl PolicyCore {
             let h = &mut self.hosts[part.host as usize];
             h.occupancy.held.difference_with(&part.placement.cpus);
             h.occupancy.fenced.difference_with(&part.placement.fenced);
-            self.by_free[h.free as usize].remove(&part.host);
-            h.free += part.cores;
-            self.by_free[h.free as usize].insert(part.host);
+            self.recount(part.host);
         }
+    }
+
+    /// Counts the host's wholly free cores again (a strategy may take more or other cores than
+    /// asked); keeps the totals and the buckets in step. Returns the count before.
+    fn recount(&mut self, host: HostId) -> u32 {
+        let h = &mut self.hosts[host as usize];
+        let before = h.free;
+        let busy = h.occupancy.held.union(&h.occupancy.fenced);
+        let after = if busy.is_empty() {
+            h.cores
+        } else {
+            h.model
+                .cores
+                .iter()
+                .filter(|c| c.is_subset(&h.model.allocatable) && !c.intersects(&busy))
+                .count() as u32
+        };
+        h.free = after;
+        self.free = self.free + u64::from(after) - u64::from(before);
+        self.move_host(host, before, after);
+        before
+    }
+
+    fn move_host(&mut self, host: HostId, from: u32, to: u32) {
+        self.generation += 1;
+        if let Some(set) = self.by_free.get_mut(&from) {
+            set.remove(&host);
+            if set.is_empty() {
+                self.by_free.remove(&from);
+            }
+        }
+        self.by_free.entry(to).or_default().insert(host);
     }
 
     /// Hosts and core counts for a job of `procs` (see the module documentation), or `None`
@@ -507,19 +879,21 @@ impl PolicyCore {
     fn choose_hosts(&self, procs: u32) -> Option<Vec<(HostId, u32)>> {
         let mut remaining = procs;
         let mut chosen = Vec::new();
-        for f in (1..self.by_free.len()).rev() {
-            for &host in &self.by_free[f] {
+        for (&f, hosts) in self.by_free.range(1..).rev() {
+            for &host in hosts {
                 if remaining == 0 {
                     return Some(chosen);
                 }
-                if f as u32 <= remaining {
-                    chosen.push((host, f as u32));
-                    remaining -= f as u32;
+                if f <= remaining {
+                    chosen.push((host, f));
+                    remaining -= f;
                 } else {
                     // This host could hold the rest; the tightest one that can goes instead.
                     // (Hosts of this bucket before it may be chosen already; it is not.)
-                    let tightest = (remaining as usize..f)
-                        .find_map(|g| self.by_free[g].first().copied())
+                    let tightest = self
+                        .by_free
+                        .range(remaining..f)
+                        .find_map(|(_, set)| set.first().copied())
                         .unwrap_or(host);
                     chosen.push((tightest, remaining));
                     return Some(chosen);
@@ -561,15 +935,31 @@ mod tests {
     }
 
     fn core(order: QueueOrder, hosts: Vec<Arc<HostModel>>) -> PolicyCore {
-        PolicyCore::new(hosts, PolicyConfig { order, strategy: Strategy::BestFit })
+        PolicyCore::new(hosts, PolicyConfig { order, strategy: Strategy::BestFit, preempt: None })
     }
 
     fn submit(job: JobKey, procs: u32, estimate: Time) -> Event {
         Event::Submit { job, spec: JobSpec { procs, estimate } }
     }
 
+    fn starts(actions: Vec<Action>) -> Vec<(JobKey, Vec<Part>)> {
+        actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Start { job, parts } => Some((job, parts)),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn started(actions: &[Action]) -> Vec<JobKey> {
-        actions.iter().map(|Action::Start { job, .. }| *job).collect()
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Start { job, .. } => Some(*job),
+                _ => None,
+            })
+            .collect()
     }
 
     #[test]
@@ -613,15 +1003,13 @@ mod tests {
     fn a_small_job_goes_to_the_tightest_host_and_a_large_one_spans_whole_hosts() {
         let mut c = core(QueueOrder::Fcfs, two_socket(3));
         // 16 cores per host. 10 on host 0, then 4 goes to host 0 (6 free), not an empty host.
-        let a = c.step(0, [submit(0, 10, 100), submit(1, 4, 100)]).unwrap();
-        let hosts: Vec<Vec<HostId>> = a
-            .iter()
-            .map(|Action::Start { parts, .. }| parts.iter().map(|p| p.host).collect())
-            .collect();
+        let a = starts(c.step(0, [submit(0, 10, 100), submit(1, 4, 100)]).unwrap());
+        let hosts: Vec<Vec<HostId>> =
+            a.iter().map(|(_, parts)| parts.iter().map(|p| p.host).collect()).collect();
         assert_eq!(hosts, vec![vec![0], vec![0]]);
         // 20 = one whole free host + 4 on the tightest (host 0 has 2 left: no; a whole host).
-        let a = c.step(1, [submit(2, 20, 100)]).unwrap();
-        let Action::Start { parts, .. } = &a[0];
+        let a = starts(c.step(1, [submit(2, 20, 100)]).unwrap());
+        let (_, parts) = &a[0];
         let cores: Vec<(HostId, usize)> =
             parts.iter().map(|p| (p.host, p.placement.tasks.len())).collect();
         assert_eq!(cores, vec![(1, 16), (2, 4)]);
@@ -649,7 +1037,7 @@ mod tests {
                     held.remove(&victim);
                 }
             }
-            for Action::Start { job, parts } in c.step(t, events).unwrap() {
+            for (job, parts) in starts(c.step(t, events).unwrap()) {
                 held.insert(job, cpus_by_host(&parts));
             }
             let mut per_host: std::collections::HashMap<HostId, CpuSet> = Default::default();
@@ -671,12 +1059,69 @@ mod tests {
         while !starts.is_empty() {
             t += 1;
             let ends: Vec<Event> =
-                starts.iter().map(|Action::Start { job, .. }| Event::End { job: *job }).collect();
+                started(&starts).into_iter().map(|job| Event::End { job }).collect();
             starts = c.step(t + 1, ends).unwrap();
         }
         assert_eq!(c.queue_len(), 0);
         assert_eq!(c.free_procs(), c.total_procs());
         assert!((0..4).all(|h| c.occupancy(h).held.is_empty()));
+    }
+
+    fn preempting(hosts: Vec<Arc<HostModel>>, rules: Preempt) -> PolicyCore {
+        PolicyCore::new(
+            hosts,
+            PolicyConfig {
+                order: QueueOrder::Fcfs,
+                strategy: Strategy::BestFit,
+                preempt: Some(rules),
+            },
+        )
+    }
+
+    #[test]
+    fn a_long_waiting_job_suspends_the_jobs_that_free_the_tightest_domain_and_they_resume_first() {
+        let rules = Preempt { min_run: 100, max_suspensions: 1, min_xf: 2.0 };
+        let mut c = preempting(two_socket(1), rules);
+        // 16 cores, two sockets of 8. a: 4 cores (socket 0), d: 8 cores (socket 1), both long.
+        assert_eq!(started(&c.step(0, [submit(0, 4, 10_000)]).unwrap()), vec![0]);
+        assert_eq!(started(&c.step(0, [submit(1, 8, 10_000)]).unwrap()), vec![1]);
+        // The head needs 8 and has waited long enough only at t = 1001 (xf = (1000 + 1000)/1000).
+        let a = c.step(1, [submit(2, 8, 1_000)]).unwrap();
+        assert!(a.is_empty(), "8 cores are not free and nobody has waited: {a:?}");
+        let a = c.step(500, [Event::Tick]).unwrap();
+        assert!(a.is_empty(), "xf 1.5 is below 2: {a:?}");
+        let a = c.step(1_001, [Event::Tick]).unwrap();
+        // Suspending job 0 (4 cores) frees socket 0 whole; job 1 would free as much with 8.
+        assert_eq!(a[0], Action::Suspend { job: 0 });
+        let (job, parts) = starts(a).remove(0);
+        assert_eq!(job, 2);
+        assert!(
+            parts[0].placement.metrics.numa_optimal(),
+            "one socket: {:?}",
+            parts[0].placement.cpus
+        );
+        assert_eq!(c.suspended_len(), 1);
+        // A job submitted now does not start on the suspended job's CPUs before it resumes.
+        let a = c.step(1_500, [Event::End { job: 2 }, submit(3, 4, 10)]).unwrap();
+        assert_eq!(a.first(), Some(&Action::Resume { job: 0 }), "{a:?}");
+        // Suspended once already: never again (max_suspensions 1); job 1 may be.
+        let a = c.step(5_000, [submit(4, 16, 1_000)]).unwrap();
+        assert!(!a.contains(&Action::Suspend { job: 0 }), "{a:?}");
+    }
+
+    #[test]
+    fn jobs_that_have_not_run_long_enough_are_not_suspended() {
+        let rules = Preempt { min_run: 10_000, max_suspensions: 5, min_xf: 1.0 };
+        let mut c = preempting(flat(2, 1), rules);
+        c.step(0, [submit(0, 2, 100_000)]).unwrap();
+        let a = c.step(5_000, [submit(1, 1, 10)]).unwrap();
+        assert!(a.is_empty(), "{a:?}");
+        let a = c.step(10_000, [Event::Tick]).unwrap();
+        assert_eq!(a.first(), Some(&Action::Suspend { job: 0 }), "{a:?}");
+        // Job 0 held both processors; it resumes when job 1 ends.
+        let a = c.step(10_010, [Event::End { job: 1 }]).unwrap();
+        assert_eq!(a, vec![Action::Resume { job: 0 }]);
+        assert_eq!(c.free_procs(), 0);
     }
 
     #[test]

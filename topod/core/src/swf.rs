@@ -19,7 +19,7 @@
 //! | 11 | status | 1 completed, 0 failed, 5 cancelled; 2/3/4 partial executions |
 //! | 12–14 | user, group, executable | kept |
 //! | 15 | queue | filter (`--queues`) |
-//! | 16 | partition | filter (`--partitions`) |
+//! | 16 | partition | kept |
 //! | 17–18 | preceding job, think time | kept (dependencies are not replayed) |
 //!
 //! Time fields may carry fractions (the definition allows it); they are rounded to whole
@@ -223,6 +223,33 @@ pub enum SwfError {
         /// What was there (cut to 40 characters).
         value: String,
     },
+    /// A value no job can have: negative other than -1 (unknown), a fraction where the format
+    /// counts, or beyond what any machine or log could hold.
+    #[error("line {line}, field {field} ({name}): {value:?} {why}")]
+    BadValue {
+        /// 1-based line number.
+        line: usize,
+        /// 1-based field number.
+        field: usize,
+        /// The field's name.
+        name: &'static str,
+        /// What was there (cut to 40 characters).
+        value: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A header comment the replay uses, with a value that is not one.
+    #[error("line {line}: the header says {key}: {value:?}, which is not a count from 1 to {max}")]
+    BadHeader {
+        /// 1-based line number.
+        line: usize,
+        /// `MaxProcs` or `MaxNodes`.
+        key: &'static str,
+        /// What it says (cut to 40 characters).
+        value: String,
+        /// The largest accepted.
+        max: u32,
+    },
     /// A status code the format does not define.
     #[error("line {line}, field 11 (status): {code} is not a status the format defines (0, 1, 2, 3, 4, 5 or -1)")]
     BadStatus {
@@ -258,6 +285,18 @@ fn cut(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
 }
 
+/// The largest time a field may hold, in seconds (about 34,800 years): larger is a broken log.
+pub const MAX_SECONDS: f64 = (1u64 << 40) as f64;
+
+/// The largest processor count (and `MaxProcs`/`MaxNodes`) accepted.
+pub const MAX_PROCESSORS: u32 = 1 << 24;
+
+/// Fields that hold times in seconds (1-based): submit, wait, run, requested time, think time.
+const TIME_FIELDS: [usize; 5] = [2, 3, 4, 9, 18];
+
+/// Fields that count or name something and must be whole numbers (1-based).
+const WHOLE_FIELDS: [usize; 11] = [1, 5, 8, 11, 12, 13, 14, 15, 16, 17, 7];
+
 /// Parses a whole trace. Blank lines are ignored; CRLF line ends are accepted.
 pub fn parse(text: &str) -> Result<Trace, SwfError> {
     let mut trace = Trace::default();
@@ -267,7 +306,7 @@ pub fn parse(text: &str) -> Result<Trace, SwfError> {
             continue;
         }
         if let Some(comment) = line.strip_prefix(';') {
-            read_header(&mut trace.header, comment);
+            read_header(&mut trace.header, comment, i + 1)?;
             continue;
         }
         trace.jobs.push(parse_job(i + 1, line)?);
@@ -275,17 +314,21 @@ pub fn parse(text: &str) -> Result<Trace, SwfError> {
     Ok(trace)
 }
 
-fn read_header(header: &mut Header, comment: &str) {
-    let Some((key, value)) = comment.split_once(':') else { return };
+fn read_header(header: &mut Header, comment: &str, line: usize) -> Result<(), SwfError> {
+    let Some((key, value)) = comment.split_once(':') else { return Ok(()) };
     let value = value.trim();
     let leading_int = || {
         let digits: String =
             value.chars().take_while(|c| c.is_ascii_digit() || *c == '-').collect();
         digits.parse::<i64>().ok()
     };
+    let count = |key: &'static str| match leading_int() {
+        Some(v) if (1..=i64::from(MAX_PROCESSORS)).contains(&v) => Ok(Some(v as u32)),
+        _ => Err(SwfError::BadHeader { line, key, value: cut(value, 40), max: MAX_PROCESSORS }),
+    };
     match key.trim() {
-        "MaxProcs" => header.max_procs = leading_int().and_then(|v| u32::try_from(v).ok()),
-        "MaxNodes" => header.max_nodes = leading_int().and_then(|v| u32::try_from(v).ok()),
+        "MaxProcs" => header.max_procs = count("MaxProcs")?,
+        "MaxNodes" => header.max_nodes = count("MaxNodes")?,
         "MaxJobs" => header.max_jobs = leading_int().and_then(|v| u64::try_from(v).ok()),
         "UnixStartTime" => header.unix_start_time = leading_int(),
         "Computer" => header.computer = Some(value.to_string()),
@@ -298,6 +341,7 @@ fn read_header(header: &mut Header, comment: &str) {
         }
         _ => {}
     }
+    Ok(())
 }
 
 fn parse_job(line_no: usize, line: &str) -> Result<SwfJob, SwfError> {
@@ -315,16 +359,40 @@ fn parse_job(line_no: usize, line: &str) -> Result<SwfJob, SwfError> {
     }
     let mut values = [0f64; 18];
     for (k, token) in tokens.iter().enumerate() {
-        values[k] = token.parse::<f64>().ok().filter(|v| v.is_finite()).ok_or_else(|| {
+        let field = k + 1;
+        let bad = |why| SwfError::BadValue {
+            line: line_no,
+            field,
+            name: FIELD_NAMES[k],
+            value: cut(token, 40),
+            why,
+        };
+        let v = token.parse::<f64>().ok().filter(|v| v.is_finite()).ok_or_else(|| {
             SwfError::NotANumber {
                 line: line_no,
-                field: k + 1,
+                field,
                 name: FIELD_NAMES[k],
                 value: cut(token, 40),
             }
         })?;
+        if v < 0.0 && v != -1.0 {
+            return Err(bad("is negative; the format writes an unknown value as -1"));
+        }
+        if WHOLE_FIELDS.contains(&field) && v.fract() != 0.0 {
+            return Err(bad("is not a whole number"));
+        }
+        if TIME_FIELDS.contains(&field) && v > MAX_SECONDS {
+            return Err(bad("is more seconds than any log spans (at most 2^40)"));
+        }
+        if (field == 5 || field == 8) && v > f64::from(MAX_PROCESSORS) {
+            return Err(bad("is more processors than topoctl simulates (at most 2^24)"));
+        }
+        if v.abs() > 9.0e15 {
+            return Err(bad("is too large"));
+        }
+        values[k] = v;
     }
-    // Whole seconds; -1 stays -1 (and any other negative means unknown too).
+    // Whole seconds; -1 stays -1.
     let int = |k: usize| -> i64 {
         let v = values[k];
         if v < 0.0 {
@@ -425,5 +493,39 @@ mod tests {
         assert!(matches!(e, SwfError::FieldCount { found: 19, .. }), "{e}");
         let e = parse("1 0 -1 NaN 4 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1\n").unwrap_err();
         assert!(e.to_string().contains("field 4 (run time)"), "{e}");
+        // Values no log can hold: each named, with the field.
+        for (line, expect) in [
+            (
+                "1 -500 -1 10 4 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1",
+                "field 2 (submit time): \"-500\" is negative",
+            ),
+            (
+                "1 0 -1 10 4 -1 -1 -1 -1 -1 1.7 -1 -1 -1 0 -1 -1 -1",
+                "field 11 (status): \"1.7\" is not a whole number",
+            ),
+            (
+                "1 0 -1 10 1.5 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1",
+                "field 5 (allocated processors): \"1.5\" is not a whole number",
+            ),
+            (
+                "1 0 -1 1e300 4 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1",
+                "field 4 (run time): \"1e300\" is more seconds",
+            ),
+            (
+                "1 0 -1 10 4294967296 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1",
+                "field 5 (allocated processors): \"4294967296\" is more processors",
+            ),
+            (
+                "1 0 -1 10 4 -1 -1 -1 -1 -1 1 -1 -1 -1 -7 -1 -1 -1",
+                "field 15 (queue): \"-7\" is negative",
+            ),
+        ] {
+            let e = parse(&format!("{line}\n")).unwrap_err().to_string();
+            assert!(e.contains(expect), "{line}: {e}");
+        }
+        for header in ["; MaxProcs: -5", "; MaxProcs: 99999999999", "; MaxNodes: many"] {
+            let e = parse(&format!("{header}\n")).unwrap_err().to_string();
+            assert!(e.contains("line 1: the header says Max") && e.contains("not a count"), "{e}");
+        }
     }
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use topo_core::place::{HostModel, Strategy};
-use topo_core::policy::QueueOrder;
+use topo_core::policy::{PolicyConfig, Preempt, QueueOrder, Time};
 use topo_core::sim::{self, SimReport, TraceFilter};
 use topo_core::swf;
 use topo_core::topology::Topology;
@@ -45,15 +45,17 @@ pub(crate) struct SimulateOpts {
     /// The trace: a Standard Workload Format file (e.g. from the Parallel Workloads Archive).
     #[arg(long, value_name = "FILE")]
     trace: PathBuf,
-    /// Hosts in the cluster [default: the trace's MaxProcs header over the processors of one
-    /// host].
+    /// Hosts in the cluster, up to 1,000,000 [default: the trace's MaxProcs (else MaxNodes)
+    /// header over the processors of one host].
     #[arg(long, value_name = "N")]
     hosts: Option<usize>,
     /// One host: an hwloc XML file, a sysfs snapshot directory, or flat:P for P plain
     /// processors. A processor is one whole core.
     #[arg(long, value_name = "FILE|flat:P", default_value = "flat:1")]
     topology: String,
-    /// Cluster policies, comma-separated: fcfs, easy. Each is replayed and compared.
+    /// Cluster policies, comma-separated: fcfs, easy, and either with +preempt (fcfs+preempt,
+    /// easy+preempt: suspending running jobs for one that has waited, see --preempt). Each is
+    /// replayed and compared.
     #[arg(long, value_name = "LIST", default_value = "easy")]
     policy: String,
     /// Host strategies, comma-separated: best-fit, pack, balance, first-fit, buddy,
@@ -61,10 +63,10 @@ pub(crate) struct SimulateOpts {
     #[arg(long, value_name = "LIST", default_value = "best-fit")]
     placement: String,
     /// Replay only jobs of these queues (the trace's field 15), e.g. 1,2,3.
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     queues: Option<String>,
     /// Leave out jobs of these queues, e.g. 0 (the SDSC Paragon's interactive queue).
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     skip_queues: Option<String>,
     /// Print JSON: one object per replay (an array when there are several).
     #[arg(long)]
@@ -73,6 +75,20 @@ pub(crate) struct SimulateOpts {
     /// every replay into this SVG file.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+    /// Preemption for every policy listed: a waiting job whose expansion factor ((wait +
+    /// estimate) / estimate) reached --preempt-xf suspends running jobs with lower ones, chosen
+    /// to free the tightest domain; they resume on their own CPUs first when those are free.
+    #[arg(long)]
+    preempt: bool,
+    /// Seconds a job runs before it may be suspended.
+    #[arg(long, value_name = "S", default_value_t = 300)]
+    preempt_min_run: u32,
+    /// Suspensions per job at most.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    preempt_max: u32,
+    /// The expansion factor from which a waiting job may preempt.
+    #[arg(long, value_name = "X", default_value_t = 2.0)]
+    preempt_xf: f64,
     /// Replay each combination this many times and report the median speed (jobs/s).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     repeat: u32,
@@ -111,14 +127,47 @@ where
         .collect()
 }
 
-/// Comma lists of policies (`fcfs,easy`), strategies or queue numbers.
-fn parse_policies(text: &str) -> Result<Vec<QueueOrder>, Failure> {
-    parse_list("--policy", text)
+/// A comma list of policies: `fcfs`, `easy`, each optionally `+preempt`; `all_preempt` adds
+/// preemption to every one.
+fn parse_policies(text: &str, all_preempt: bool) -> Result<Vec<(QueueOrder, bool)>, Failure> {
+    let names: Vec<String> = parse_list("--policy", text)?;
+    names
+        .iter()
+        .map(|name| {
+            let (order, preempt) = match name.split_once('+') {
+                Some((order, "preempt")) => (order, true),
+                Some((_, other)) => {
+                    return Err(Failure::input(format!(
+                        "--policy {text:?}: {name:?}: +{other} is not an option (the one there is: +preempt)"
+                    )))
+                }
+                None => (name.as_str(), all_preempt),
+            };
+            let order = order.parse::<QueueOrder>().map_err(|e| Failure::input(format!("--policy {text:?}: {e}")))?;
+            Ok((order, preempt || all_preempt))
+        })
+        .try_fold(Vec::new(), |mut all, p: Result<(QueueOrder, bool), Failure>| {
+            let p = p?;
+            if !all.contains(&p) {
+                all.push(p);
+            }
+            Ok(all)
+        })
 }
 
 /// See [`parse_policies`].
 fn parse_placements(text: &str) -> Result<Vec<Strategy>, Failure> {
-    parse_list("--placement", text)
+    let mut all: Vec<Strategy> = parse_list("--placement", text)?;
+    let mut seen = Vec::new();
+    all.retain(|s| {
+        if seen.contains(s) {
+            false
+        } else {
+            seen.push(*s);
+            true
+        }
+    });
+    Ok(all)
 }
 
 /// See [`parse_policies`].
@@ -126,8 +175,52 @@ fn parse_queues(flag: &str, text: &str) -> Result<Vec<i64>, Failure> {
     parse_list(flag, text)
 }
 
+/// At most this many hosts, and processors in all.
+const MAX_HOSTS: usize = 1_000_000;
+const MAX_PROCESSORS: u64 = 1 << 24;
+
+/// The largest trace read (the largest in the Parallel Workloads Archive is a few hundred MB).
+const MAX_TRACE_BYTES: u64 = 4 << 30;
+
+/// Reads a trace as text, with a size limit, naming the line of a byte that is not UTF-8.
+fn read_trace(path: &Path) -> Result<String, Failure> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| {
+        Failure::input(format!("cannot read the trace {}: {e}", path.display()))
+    };
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_TRACE_BYTES + 1).read_to_end(&mut bytes).map_err(cannot)?;
+    if bytes.len() as u64 > MAX_TRACE_BYTES {
+        return Err(Failure::input(format!(
+            "the trace {} is larger than {} GiB; cut it (e.g. with head) or check that it is a trace",
+            path.display(),
+            MAX_TRACE_BYTES >> 30
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|b| **b == b'\n').count() + 1;
+        Failure::input(format!(
+            "{}: line {line}: byte {at} is not text (UTF-8); a Standard Workload Format file is plain text",
+            path.display()
+        ))
+    })
+}
+
 pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
-    let policies = parse_policies(&args.policy)?;
+    let policies = parse_policies(&args.policy, args.preempt)?;
+    if !(args.preempt_xf.is_finite() && args.preempt_xf >= 1.0) {
+        return Err(Failure::input(format!(
+            "--preempt-xf {}: an expansion factor is 1 or more",
+            args.preempt_xf
+        )));
+    }
+    let rules = Preempt {
+        min_run: Time::from(args.preempt_min_run),
+        max_suspensions: args.preempt_max,
+        min_xf: args.preempt_xf,
+    };
     let placements = parse_placements(&args.placement)?;
     let queues = args.queues.as_deref().map(|q| parse_queues("--queues", q)).transpose()?;
     let skip_queues = args
@@ -136,9 +229,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         .map(|q| parse_queues("--skip-queues", q))
         .transpose()?
         .unwrap_or_default();
-    let text = std::fs::read_to_string(&args.trace).map_err(|e| {
-        Failure::input(format!("cannot read the trace {}: {e}", args.trace.display()))
-    })?;
+    let text = read_trace(&args.trace)?;
     let trace =
         swf::parse(&text).map_err(|e| Failure::input(format!("{}: {e}", args.trace.display())))?;
     let topo = host_topology(&args.topology)?;
@@ -148,23 +239,46 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     );
     let cores_per_host =
         model.cores.iter().filter(|c| c.is_subset(&model.allocatable)).count() as u64;
-    let hosts = match (args.hosts, trace.header.max_procs) {
+    // The machine the log came from: MaxProcs, else MaxNodes (one processor each).
+    let logged = trace.header.max_procs.or(trace.header.max_nodes);
+    let hosts = match (args.hosts, logged) {
         (Some(0), _) => return Err(Failure::input("--hosts must be at least 1")),
+        (Some(n), _) if n > MAX_HOSTS => {
+            return Err(Failure::input(format!(
+                "--hosts {n}: at most {MAX_HOSTS} hosts are simulated"
+            )))
+        }
         (Some(n), _) => n,
         (None, Some(max)) => (u64::from(max).div_ceil(cores_per_host.max(1))) as usize,
         (None, None) => {
             return Err(Failure::input(format!(
-                "{} has no '; MaxProcs:' header: say how many hosts with --hosts N",
-                args.trace.display()
-            )))
+            "{} has no '; MaxProcs:' or '; MaxNodes:' header: say how many hosts with --hosts N",
+            args.trace.display()
+        )))
         }
     };
     let total = cores_per_host * hosts as u64;
+    if total > MAX_PROCESSORS {
+        return Err(Failure::input(format!(
+            "{hosts} hosts of {cores_per_host} cores are {total} processors; at most {MAX_PROCESSORS} are simulated"
+        )));
+    }
+    // Where the picture goes is checked before the replay, not after it.
+    if let Some(path) = &args.svg {
+        std::fs::File::create(path).map_err(|e| {
+            Failure::input(format!("--svg {}: cannot write there: {e}", path.display()))
+        })?;
+    }
     let filter = TraceFilter { queues, skip_queues };
     let (jobs, skipped) = sim::jobs_from_trace(&trace, &filter, total);
     if jobs.is_empty() {
+        let filtered = if filter == TraceFilter::default() {
+            String::new()
+        } else {
+            "; --queues/--skip-queues left out the rest".to_string()
+        };
         return Err(Failure::input(format!(
-            "{}: no job to replay ({} lines, {} left out: {})",
+            "{}: no job to replay ({} job lines, {} left out: {}{filtered})",
             args.trace.display(),
             trace.jobs.len(),
             skipped.values().sum::<usize>(),
@@ -179,18 +293,22 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         .file_name()
         .map_or_else(|| args.trace.display().to_string(), |n| n.to_string_lossy().into());
     let mut reports = Vec::new();
-    for &policy in &policies {
+    for &(order, preempt) in &policies {
         for &placement in &placements {
+            let config =
+                PolicyConfig { order, strategy: placement, preempt: preempt.then_some(rules) };
             // Each repetition replays the same jobs and decides the same; the speed reported is
             // the median over the repetitions.
             let mut speeds = Vec::with_capacity(args.repeat as usize);
             let mut kept = None;
             for _ in 0..args.repeat.max(1) {
-                let bar =
-                    progress_bar(jobs.len(), &format!("{} {}", policy.name(), placement.name()));
+                let bar = progress_bar(
+                    jobs.len(),
+                    &format!("{} {}", sim::policy_name(&config), placement.name()),
+                );
                 let hosts_vec = vec![Arc::clone(&model); hosts];
                 let began = Instant::now();
-                let report = sim::replay(hosts_vec, &jobs, policy, placement, &mut |done| {
+                let report = sim::replay(hosts_vec, &jobs, config, &mut |done| {
                     bar.set_position(done as u64)
                 })
                 .map_err(|e| Failure::runtime(format!("the replay stopped: {e}")))?;
@@ -254,6 +372,15 @@ fn describe_skipped(skipped: &std::collections::BTreeMap<swf::Skip, usize>) -> S
     skipped.iter().map(|(why, n)| format!("{n} {why}")).collect::<Vec<_>>().join(", ")
 }
 
+/// A makespan: days, or hours when under two days.
+fn span(s: f64) -> String {
+    if s >= 2.0 * 86_400.0 {
+        format!("{:.1} d", s / 86_400.0)
+    } else {
+        format!("{:.1} h", s / 3600.0)
+    }
+}
+
 fn hours(s: f64) -> String {
     if s >= 3600.0 {
         format!("{:.2} h", s / 3600.0)
@@ -274,14 +401,26 @@ fn print_table(
     reports: &[SimReport],
 ) {
     let computer = trace.header.computer.as_deref().map(|c| format!(" ({c})")).unwrap_or_default();
+    let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     println!(
-        "{name}{computer}: {} jobs replayed on {hosts} hosts of {topology}, {total} processors (whole cores)",
-        reports.first().map_or(0, |r| r.jobs)
+        "{name}{computer}: {} replayed on {} of {topology}, {} (whole cores)",
+        plural(reports.first().map_or(0, |r| r.jobs as u64), "job", "jobs"),
+        plural(hosts as u64, "host", "hosts"),
+        plural(total, "processor", "processors"),
     );
     println!("left out: {}", describe_skipped(skipped));
     println!();
+    let pw = reports.iter().map(|r| r.policy.len()).max().unwrap_or(0).max(7);
+    let preempting = reports.iter().any(|r| r.policy.contains("preempt"));
+    let suspensions = |r: &SimReport| {
+        if preempting {
+            format!(" {:>9}", r.suspensions)
+        } else {
+            String::new()
+        }
+    };
     println!(
-        "{:<7} {:<12} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>10}",
+        "{:<pw$} {:<12} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>10}{}",
         "policy",
         "placement",
         "util",
@@ -292,11 +431,12 @@ fn print_table(
         "makespan",
         "NUMA",
         "L3",
-        "jobs/s"
+        "jobs/s",
+        if preempting { " suspended" } else { "" }
     );
     for r in reports {
         println!(
-            "{:<7} {:<12} {:>6.3} {:>10} {:>10} {:>10} {:>9.1} {:>7.1} d {:>6.1}% {:>6.1}% {:>10.0}",
+            "{:<pw$} {:<12} {:>6.3} {:>10} {:>10} {:>10} {:>9.1} {:>9} {:>6.1}% {:>6.1}% {:>10.0}{}",
             r.policy,
             r.placement,
             r.utilization,
@@ -304,15 +444,19 @@ fn print_table(
             hours(r.p95_wait_s),
             hours(r.max_wait_s),
             r.mean_bounded_slowdown,
-            r.makespan_s / 86_400.0,
+            span(r.makespan_s),
             r.numa_optimal_share * 100.0,
             r.l3_optimal_share * 100.0,
-            r.jobs_per_s
+            r.jobs_per_s,
+            suspensions(r)
         );
     }
     println!();
     println!("util: processor-seconds used / (processors x first submit to last end); bnd sldn: mean bounded slowdown, tau = 10 s;");
     println!("NUMA, L3: jobs within the fewest NUMA nodes / L3 groups that hold their size on every host they use.");
+    if preempting {
+        println!("With preemption the wait runs to a job's first start, and the slowdown counts the time it spent suspended.");
+    }
 }
 
 const COLOURS: [RGBColor; 6] = [
@@ -337,8 +481,14 @@ fn draw(path: &Path, title: &str, reports: &[SimReport]) -> DrawResult {
     let makespan_days = reports.iter().map(|r| r.makespan_s).fold(1.0, f64::max) / 86_400.0;
     let label = |r: &SimReport| format!("{} / {}", r.policy, r.placement);
 
-    // Daily means over two months or less, weekly beyond (a year of days is noise).
-    let (bin_days, per) = if makespan_days > 60.0 { (7.0, "weekly") } else { (1.0, "daily") };
+    // Daily means over two months or less, weekly beyond (a year of days is noise), and never
+    // more than 2,000 points a line.
+    let (mut bin_days, mut per) =
+        if makespan_days > 60.0 { (7.0, "weekly".to_string()) } else { (1.0, "daily".to_string()) };
+    if makespan_days / bin_days > 2_000.0 {
+        bin_days = (makespan_days / 2_000.0).ceil();
+        per = format!("{bin_days:.0}-day");
+    }
     let utilization: Vec<Vec<(f64, f64)>> = reports
         .iter()
         .map(|r| binned(r, bin_days, |s| s.busy as f64 / r.processors.max(1) as f64))
@@ -399,7 +549,8 @@ fn draw(path: &Path, title: &str, reports: &[SimReport]) -> DrawResult {
 /// in days.
 fn binned(r: &SimReport, bin_days: f64, value: impl Fn(&sim::Sample) -> f64) -> Vec<(f64, f64)> {
     let width = 86_400.0 * bin_days;
-    let bins = ((r.makespan_s / width).ceil() as usize).max(1);
+    let span = r.makespan_s.max(1.0);
+    let bins = ((span / width).ceil() as usize).clamp(1, 4_000);
     let mut sum = vec![0.0; bins];
     for pair in r.series.windows(2) {
         let (a, b) = (pair[0].t as f64, pair[1].t as f64);
@@ -407,12 +558,35 @@ fn binned(r: &SimReport, bin_days: f64, value: impl Fn(&sim::Sample) -> f64) -> 
         let mut t = a;
         while t < b {
             let bin = ((t / width) as usize).min(bins - 1);
-            let bin_end = ((bin + 1) as f64 * width).min(b).max(t + 1e-9);
+            let bin_end = if bin == bins - 1 { b } else { ((bin + 1) as f64 * width).min(b) };
+            if bin_end <= t {
+                break;
+            }
             sum[bin] += v * (bin_end - t);
             t = bin_end;
         }
     }
-    sum.iter().enumerate().map(|(i, s)| ((i as f64 + 0.5) * bin_days, s / width)).collect()
+    // Each bin's mean over the time it covers: the last one may be shorter than the others.
+    sum.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let start = i as f64 * width;
+            let covered = (span - start).clamp(1.0, width);
+            ((start + covered / 2.0) / 86_400.0, s / covered)
+        })
+        .collect()
+}
+
+/// Labels with as many decimals as the axis's range needs.
+fn label_for(range: f64) -> impl Fn(&f64) -> String {
+    let decimals = if range < 2.0 {
+        2
+    } else if range < 20.0 {
+        1
+    } else {
+        0
+    };
+    move |v: &f64| format!("{v:.decimals$}")
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -434,13 +608,12 @@ fn line_panel(
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(0f64..x_max.max(1.0), 0f64..y_max)?;
-    let y_decimals = if y_max <= 1.0 { 1 } else { 0 };
     chart
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc(y_desc)
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| format!("{v:.y_decimals$}"))
+        .x_label_formatter(&label_for(x_max))
+        .y_label_formatter(&label_for(y_max))
         .draw()?;
     for (i, (r, points)) in reports.iter().zip(lines).enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
@@ -474,12 +647,12 @@ fn cdf_panel(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((1f64..x_max).log_scale(), 0f64..1.0)?;
+        .build_cartesian_2d((0.5f64..x_max).log_scale(), 0f64..1.0)?;
     chart
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc("share of jobs at or below")
-        .x_label_formatter(&|v| format!("{v:.0}"))
+        .x_label_formatter(&|v| if *v < 1.0 { format!("{v:.1}") } else { format!("{v:.0}") })
         .draw()?;
     for (i, (r, v)) in reports.iter().zip(values.iter_mut()).enumerate() {
         v.sort_by(f64::total_cmp);
@@ -503,4 +676,62 @@ fn cdf_panel(
         .border_style(BLACK)
         .draw()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(series: Vec<sim::Sample>, makespan_s: f64) -> SimReport {
+        SimReport {
+            policy: "fcfs".into(),
+            placement: "best-fit",
+            hosts: 1,
+            processors: 1,
+            jobs: 1,
+            suspensions: 0,
+            skipped: Default::default(),
+            utilization: 1.0,
+            mean_wait_s: 0.0,
+            p95_wait_s: 0.0,
+            max_wait_s: 0.0,
+            mean_bounded_slowdown: 1.0,
+            makespan_s,
+            numa_optimal_share: 1.0,
+            l3_optimal_share: 1.0,
+            jobs_per_s: 0.0,
+            waits: vec![0],
+            slowdowns: vec![1.0],
+            series,
+        }
+    }
+
+    #[test]
+    fn a_machine_busy_all_the_time_is_drawn_busy_all_the_time_also_in_a_short_last_bin() {
+        // One job holds the only processor for a day and a half.
+        let end = 129_600;
+        let r = report(
+            vec![
+                sim::Sample { t: 0, busy: 1, queue: 0 },
+                sim::Sample { t: end, busy: 0, queue: 0 },
+            ],
+            end as f64,
+        );
+        let points = binned(&r, 1.0, |s| s.busy as f64);
+        assert_eq!(points.len(), 2);
+        assert!(points.iter().all(|(_, v)| (*v - 1.0).abs() < 1e-9), "{points:?}");
+        assert!(
+            (points[1].0 - 1.25).abs() < 1e-9,
+            "the last bin is drawn at its middle: {points:?}"
+        );
+        // Times far beyond any day count end in bounded time with bounded points.
+        let far = report(
+            vec![
+                sim::Sample { t: 0, busy: 1, queue: 0 },
+                sim::Sample { t: 1 << 40, busy: 0, queue: 0 },
+            ],
+            (1u64 << 40) as f64,
+        );
+        assert!(binned(&far, 1.0, |s| s.busy as f64).len() <= 4_000);
+    }
 }
