@@ -22,7 +22,7 @@
 //! the dispatches that waited for a host's state are placed ([`Reservations::settle`]).
 
 use crate::address::Address;
-use crate::cache::{CacheCell, FreeMap, HostId};
+use crate::cache::{CacheCell, FreeMap, HostCache, HostId};
 use crate::config::CacheConfig;
 use crate::reserve::Reservations;
 use std::cmp::Reverse;
@@ -255,7 +255,10 @@ pub const MAX_THREADS_PER_WORKER: usize = 8;
 /// What the refresher's thread receives: a result, or the order to stop.
 enum Msg {
     Done(Box<FetchOutcome>),
-    Stop,
+    /// Stop; with `clear`, empty the cache and the reservations once no result can come.
+    Stop {
+        clear: bool,
+    },
 }
 
 /// One fetch for a worker thread.
@@ -383,12 +386,21 @@ impl Refresher {
 
     /// Tells the thread to stop, without waiting.
     pub fn stop_soon(mut self) {
-        let _ = self.stop.send(Msg::Stop);
+        let _ = self.stop.send(Msg::Stop { clear: false });
+        self.thread.take();
+    }
+
+    /// Tells the thread to stop, without waiting, and to empty the cache and the reservations
+    /// when it has (a scheduler that finalizes the plug-in and starts it again builds new ones;
+    /// the old hosts' states would otherwise stay for the life of the process). Readers holding
+    /// a snapshot keep it until they let it go.
+    pub fn stop_and_clear(mut self) {
+        let _ = self.stop.send(Msg::Stop { clear: true });
         self.thread.take();
     }
 
     fn halt(&mut self) {
-        let _ = self.stop.send(Msg::Stop);
+        let _ = self.stop.send(Msg::Stop { clear: false });
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -415,6 +427,7 @@ fn run(
     let queue = Arc::new(Mutex::new(queue));
     let mut threads = 0usize;
     let mut schedule = Schedule::default();
+    let mut clear = false;
     set_domain(shared, config);
     loop {
         add_discovered(shared, config);
@@ -465,14 +478,19 @@ fn run(
         }
         let first = match inbox.recv_timeout(wait) {
             Ok(Msg::Done(outcome)) => *outcome,
-            Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+            Ok(Msg::Stop { clear: c }) => {
+                clear = c;
+                break;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
             Err(RecvTimeoutError::Timeout) => continue,
         };
         let mut stop = false;
         let next = || match inbox.try_recv() {
             Ok(Msg::Done(outcome)) => Some(*outcome),
-            Ok(Msg::Stop) => {
+            Ok(Msg::Stop { clear: c }) => {
                 stop = true;
+                clear = c;
                 None
             }
             Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
@@ -486,7 +504,13 @@ fn run(
             break;
         }
     }
-    tracing::debug!("refresher stopped");
+    if clear {
+        // Nothing of this refresher writes any more: fetches still running send to a channel
+        // no one reads.
+        *shared.cache.write().unwrap_or_else(|e| e.into_inner()) = HostCache::new();
+        *shared.reservations.lock().unwrap_or_else(|e| e.into_inner()) = Reservations::new();
+    }
+    tracing::debug!(cleared = clear, "refresher stopped");
 }
 
 /// How much lower than the scheduler's the refresh threads' CPU priority is (a nice value).

@@ -744,3 +744,53 @@ fn a_refresh_copies_only_the_hosts_it_changes() {
     assert_eq!(changed.status(b).fingerprint, print(&changed, b));
     assert_ne!(changed.status(a).fingerprint, changed.status(b).fingerprint);
 }
+
+#[test]
+fn a_refresher_stopped_with_clear_leaves_no_host_behind() {
+    let topo = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let source = std::sync::Arc::new(ManyHosts {
+        free: idle_free_map(&topo),
+        topology: topo,
+        hang: Duration::ZERO,
+        hung: Default::default(),
+    });
+    let config = CacheConfig { address_template: String::new(), ..CacheConfig::default() };
+    let usable = |shared: &Shared| {
+        let cache = shared.cache.load();
+        let now = Instant::now();
+        (0..cache.len() as u32).filter(|&h| cache.is_fresh(h, now, config.stale_after())).count()
+    };
+    let start = |shared: &std::sync::Arc<Shared>| {
+        for i in 0..50 {
+            shared
+                .cache
+                .write()
+                .unwrap()
+                .add(&format!("h{i}"), Address::Unix(format!("/{i}").into()));
+        }
+        let r =
+            crate::fetch::Refresher::start(shared.clone(), source.clone(), config.clone()).unwrap();
+        let t = Instant::now();
+        while usable(shared) < 50 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(usable(shared), 50);
+        shared.reservations.lock().unwrap().reserve("j", 0, CpuSet::first_n(2), Instant::now());
+        r
+    };
+    let kept = std::sync::Arc::new(Shared::default());
+    start(&kept).stop_soon();
+    let cleared = std::sync::Arc::new(Shared::default());
+    let snapshot = cleared.cache.load();
+    start(&cleared).stop_and_clear();
+    let t = Instant::now();
+    while !cleared.cache.load().is_empty() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(cleared.cache.load().is_empty(), "the cache is emptied");
+    assert!(cleared.reservations.lock().unwrap().is_empty(), "and the reservations");
+    assert!(snapshot.is_empty() || snapshot.len() == 50, "a reader's snapshot is its own");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(kept.cache.load().len(), 50, "stop_soon keeps the cache");
+    assert!(!kept.reservations.lock().unwrap().is_empty());
+}

@@ -206,15 +206,20 @@ pub extern "C" fn sched_post_proc(_param: *mut c_void) -> c_int {
     0
 }
 
-/// Entry point: tells the refresh thread to stop (without waiting for its round). A later
+/// Entry point: tells the refresh thread to stop (without waiting for its round) and to empty
+/// the cache and the reservations when it has; the memo and the host index go at once. A later
 /// `sched_init` starts the module again.
 #[no_mangle]
 pub extern "C" fn sched_finalize(_param: *mut c_void) -> c_int {
     guarded("sched_finalize", -1, || {
         if let Ok(m) = module() {
             if let Some(r) = m.refresher.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                r.stop_soon();
+                // The module stays (a late callback may still reach it), but not what it holds
+                // of ten thousand hosts: a sched_init after this one builds its own.
+                r.stop_and_clear();
             }
+            *m.memo.lock().unwrap_or_else(|e| e.into_inner()) = Memo::new();
+            *m.hosts.lock().unwrap_or_else(|e| e.into_inner()) = hosts::HostIndex::new();
             tracing::info!("schmod_topo finalized");
         }
         Ok(0)
