@@ -274,6 +274,22 @@ wait_file "$OUT/two.cpus" 30 || fail "job two did not start: $(job_attr "$j2" co
 check "two jobs at once hold disjoint CPUs ($(cat "$OUT/one.cpus") and $(cat "$OUT/two.cpus" 2>/dev/null))" \
     test "$(cat "$OUT/one.cpus")" != "$(cat "$OUT/two.cpus" 2>/dev/null)"
 
+# --- 3b. qsig -s suspend / resume: PBS's signals, then topod's freezer -----------------------------
+freezer_state() { cat "/sys/fs/cgroup/freezer/$SUBTREE/$1/freezer.state" 2>/dev/null; }
+job_in_ledger_state() { topoctl jobs --json | python3 -c '
+import json, sys
+print(" ".join(j["state"] for j in json.load(sys.stdin) if j["job"] == sys.argv[1]))' "$1"; }
+qsig -s suspend "$j2"
+for _ in $(seq 50); do [ "$(freezer_state "$(topod_id "$j2")")" = FROZEN ] && break; sleep 0.2; done
+check "qsig -s suspend: the postsuspend hook freezes the job's cgroup ($(freezer_state "$(topod_id "$j2")"))" \
+    test "$(freezer_state "$(topod_id "$j2")")" = FROZEN
+check "  ... and topod shows it suspended, its CPU free to lend" test "$(job_in_ledger_state "$(topod_id "$j2")")" = suspended
+qsig -s resume "$j2"
+for _ in $(seq 50); do [ "$(freezer_state "$(topod_id "$j2")")" = THAWED ] && break; sleep 0.2; done
+check "qsig -s resume: the preresume hook thaws it ($(freezer_state "$(topod_id "$j2")"), PBS state $(job_state "$j2"))" \
+    test "$(freezer_state "$(topod_id "$j2")")" = THAWED -a "$(job_state "$j2")" = R
+check "  ... and topod shows it running on its CPU again" test "$(job_in_ledger_state "$(topod_id "$j2")")" = running
+
 # --- 4. job end: the double-forked daemon dies, nothing is left ---------------------------------
 wait_file "$OUT/one.daemon" 10 || true
 daemon=$(cat "$OUT/one.daemon" 2>/dev/null || echo 0)

@@ -102,6 +102,7 @@ class TopodRefused(HookError):
     def __init__(self, code, message):
         HookError.__init__(self, "topod: %s" % message)
         self.code = code
+        self.reason = message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1108,6 +1109,34 @@ def release(topod, jid):
         raise HookError("cannot release %s: %s" % (jid, e))
 
 
+def on_postsuspend(event, config):
+    """execjob_postsuspend: PBS has stopped the job's processes with SIGSTOP (qsig -s suspend,
+    or preemption by suspension); topod now freezes the whole cgroup, which also stops what
+    forked around the signals and what a SIGCONT from inside would wake, and may lend the job's
+    CPUs until it resumes. PBS's suspension stands whatever happens here."""
+    jid = topod_job_id(event.job.id)
+    try:
+        topod = Topod(config)
+        reply = topod.call("suspend", job=jid)
+        log_info("job %s frozen by topod (CPUs %s may be lent until it resumes)" % (event.job.id, reply.get("cpus")))
+    except TopodRefused as e:
+        if e.code == "unknown_job" or "is suspended" in e.reason:
+            return
+        raise HookError("cannot freeze %s: %s" % (jid, e))
+
+
+def on_preresume(event, config):
+    """execjob_preresume: before PBS sends SIGCONT, topod thaws the job once no other job runs
+    on its CPUs. While one does, the event is rejected and PBS keeps the job suspended."""
+    jid = topod_job_id(event.job.id)
+    try:
+        Topod(config).call("resume", job=jid)
+    except TopodRefused as e:
+        if e.code == "unknown_job" or "is running" in e.reason:
+            return
+        raise HookError("cannot resume %s: %s" % (jid, e))
+
+
 def on_startup(event, config):
     """exechost_startup: publish (and create the per-NUMA vnodes). If topod is not up yet the
     vnodes are offlined with the reason; exechost_periodic brings them back."""
@@ -1221,6 +1250,8 @@ def handlers():
         pbs.EXECJOB_END: (on_end, False),
         pbs.EXECHOST_STARTUP: (on_startup, False),
         pbs.EXECHOST_PERIODIC: (on_periodic, False),
+        pbs.EXECJOB_POSTSUSPEND: (on_postsuspend, False),
+        pbs.EXECJOB_PRERESUME: (on_preresume, True),
     }
 
 

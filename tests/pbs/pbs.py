@@ -39,12 +39,16 @@ EXECJOB_LAUNCH = 0x800
 EXECHOST_PERIODIC = 0x1000
 EXECHOST_STARTUP = 0x2000
 EXECJOB_ATTACH = 0x4000
+# As the real pbs module of OpenPBS 23.06 has them (printed from /opt/pbs's _pbs_v1).
+EXECJOB_POSTSUSPEND = 0x80000
+EXECJOB_PRERESUME = 0x100000
 
 EVENT_NAMES = {
     "queuejob": QUEUEJOB, "modifyjob": MODIFYJOB, "runjob": RUNJOB, "execjob_begin": EXECJOB_BEGIN,
     "execjob_prologue": EXECJOB_PROLOGUE, "execjob_epilogue": EXECJOB_EPILOGUE, "execjob_end": EXECJOB_END,
     "execjob_launch": EXECJOB_LAUNCH, "exechost_periodic": EXECHOST_PERIODIC,
     "exechost_startup": EXECHOST_STARTUP, "execjob_attach": EXECJOB_ATTACH,
+    "execjob_postsuspend": EXECJOB_POSTSUSPEND, "execjob_preresume": EXECJOB_PRERESUME,
 }
 
 # Vnode states (bit values as in PBS: free is no bit set).

@@ -426,6 +426,34 @@ class JobLifeTest(HookTestCase):
             self.assert_accepted(self.run_event(only, job=job, vnode_list={HOST: {}}))
             self.assertEqual(self.topod.jobs(), [], only)
 
+    def test_suspension_freezes_the_job_and_resume_waits_for_its_cpus(self):
+        """qsig -s suspend then resume, as the MoM runs the hooks: postsuspend freezes through
+        topod, preresume thaws, and is rejected (PBS keeps the job suspended) while another
+        job runs on the suspended job's CPUs."""
+        job = mom_job("57.server", ncpus=2)
+        jid = "pbs-57.server"
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        self.assert_accepted(self.run_event("execjob_postsuspend", job=job, vnode_list={HOST: {}}))
+        states = dict((a["job"], a["state"]) for a in self.topod.call("list")["ok"])
+        self.assertEqual(states[jid], "suspended")
+        # Suspended twice (PBS retries): accepted, nothing changes.
+        self.assert_accepted(self.run_event("execjob_postsuspend", job=job, vnode_list={HOST: {}}))
+        cpus = [a["cpus"] for a in self.topod.call("list")["ok"] if a["job"] == jid][0]
+        # Another job placed on exactly those CPUs while the first is suspended.
+        other = self.topod.call("allocate", job="other-1", request="CPUSET[CPU_LIST=%s]" % cpus)
+        self.assertIn("ok", other, other)
+        result = self.run_event("execjob_preresume", job=job, vnode_list={HOST: {}})
+        self.assert_rejected(result, "lent to job other-1")
+        self.topod.call("release", job="other-1")
+        self.assert_accepted(self.run_event("execjob_preresume", job=job, vnode_list={HOST: {}}))
+        states = dict((a["job"], a["state"]) for a in self.topod.call("list")["ok"])
+        self.assertEqual(states[jid], "running")
+        # A job topod does not hold (not placed by topo here): both events pass.
+        stranger = mom_job("58.server", ncpus=1)
+        self.assert_accepted(self.run_event("execjob_postsuspend", job=stranger, vnode_list={HOST: {}}))
+        self.assert_accepted(self.run_event("execjob_preresume", job=stranger, vnode_list={HOST: {}}))
+        self.assert_accepted(self.run_event("execjob_end", job=job, vnode_list={HOST: {}}))
+
     def test_topo_exec_launch_joins_as_the_job_does(self):
         self.write_config(launch="topo-exec")
         job = mom_job("56.server", ncpus=1)

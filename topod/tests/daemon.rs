@@ -454,11 +454,99 @@ fn lsf_pre_exec_job_starter_and_post_exec() {
     for (line, task) in lines[2..].iter().zip(job["tasks"].as_array().unwrap()) {
         assert_eq!(*line, format!("{host} {}", task.as_str().unwrap()));
     }
+    // The queue's JOB_CONTROLS actions freeze and thaw it (packaging/lsf/lsb.queues).
+    let state = |client: &mut Client| client.call(Op::List).unwrap()[0]["state"].clone();
+    let sus = topoctl("lsf-suspend", &[]);
+    assert!(sus.status.success(), "{}", String::from_utf8_lossy(&sus.stderr));
+    assert_eq!(state(&mut client), "suspended");
+    assert!(topoctl("lsf-suspend", &[]).status.success(), "LSF may ask twice");
+    let res = topoctl("lsf-resume", &[]);
+    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    assert_eq!(state(&mut client), "running");
+    // A job topod does not hold gets LSF's own signals, to its process groups.
+    let mut other = Command::new("sleep").arg("60").process_group(0).spawn().unwrap();
+    let pgid = other.id().to_string();
+    let stat = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap()
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let unheld = [("LSB_JOBID", "4712"), ("LSB_JOBPGIDS", pgid.as_str())];
+    let sus = topoctl("lsf-suspend", &unheld);
+    assert!(
+        sus.status.success() && String::from_utf8_lossy(&sus.stdout).contains("SIGSTOP sent"),
+        "{}",
+        String::from_utf8_lossy(&sus.stderr)
+    );
+    let start = Instant::now();
+    while stat(other.id()) != "T" && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(stat(other.id()), "T");
+    assert!(topoctl("lsf-resume", &unheld).status.success());
+    let start = Instant::now();
+    while stat(other.id()) == "T" && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_ne!(stat(other.id()), "T");
+    let _ = other.kill();
+    let _ = other.wait();
+    let none = topoctl("lsf-suspend", &[("LSB_JOBID", "4713")]);
+    assert!(
+        !none.status.success()
+            && String::from_utf8_lossy(&none.stderr)
+                .contains("LSB_JOBPGIDS names no process group")
+    );
     // The host post-exec releases it and removes the host file.
     let post = topoctl("lsf-post-exec", &[]);
     assert!(post.status.success(), "{}", String::from_utf8_lossy(&post.stderr));
     assert_eq!(client.call(Op::List).unwrap().as_array().unwrap().len(), 0);
     assert!(!hostfile.exists());
+}
+
+#[test]
+fn a_jobs_owner_may_suspend_and_resume_it_and_nobody_else_may() {
+    if !is_root() {
+        return common::skip("switching users needs root");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let socket = d.socket.to_str().unwrap().to_string();
+    let mut c = Client::connect(&d.socket).unwrap();
+    c.call(Op::Allocate(topo_core::proto::AllocateArgs {
+        owner_uid: Some(65534),
+        ..topo_core::proto::AllocateArgs::new("300", "affinity[core(1)]")
+    }))
+    .unwrap();
+    let as_uid = |uid: u32, sub: &str| {
+        Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args([sub, "300", "--socket", &socket])
+            .uid(uid)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let other = as_uid(65533, "suspend");
+    assert!(
+        !other.status.success()
+            && String::from_utf8_lossy(&other.stderr)
+                .contains("suspending a job that is not yours")
+    );
+    assert!(as_uid(65534, "suspend").status.success());
+    assert_eq!(c.call(Op::List).unwrap()[0]["state"], "suspended");
+    let other = as_uid(65533, "resume");
+    assert!(
+        !other.status.success()
+            && String::from_utf8_lossy(&other.stderr).contains("resuming a job that is not yours")
+    );
+    assert!(as_uid(65534, "resume").status.success());
+    assert_eq!(c.call(Op::List).unwrap()[0]["state"], "running");
 }
 
 #[test]
@@ -524,7 +612,9 @@ fn suspend_lend_and_resume_through_topoctl() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success()
-                && err.contains("suspend needs root or a configured administrator"),
+                && err.contains(
+                    "suspending a job that is not yours needs root or a configured administrator"
+                ),
             "{err}"
         );
     }

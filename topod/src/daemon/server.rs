@@ -529,8 +529,10 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             }
         }
         Op::Suspend { job } => {
-            if !admin {
-                return forbidden("suspend");
+            // As bstop: root, an administrator, or the job's owner (LSF runs a queue's
+            // JOB_CONTROLS actions as the job's user).
+            if !admin && server.lock().owner_of(&job) != Some(peer.uid) {
+                return forbidden("suspending a job that is not yours");
             }
             match server.suspend(&job) {
                 Ok(reply) => ok(reply),
@@ -538,8 +540,8 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             }
         }
         Op::Resume { job } => {
-            if !admin {
-                return forbidden("resume");
+            if !admin && server.lock().owner_of(&job) != Some(peer.uid) {
+                return forbidden("resuming a job that is not yours");
             }
             match server.resume(&job) {
                 Ok(reply) => ok(reply),

@@ -2,6 +2,11 @@
 //! (run as root, `LSB_PRE_POST_EXEC_USER=root`). The pre-exec places the job on this host from
 //! its environment before it starts, so that `topo-exec`, the job starter, running as the job's
 //! user, only has to join; the post-exec releases it.
+//!
+//! `topoctl lsf-suspend` and `lsf-resume`: a queue's `JOB_CONTROLS` SUSPEND and RESUME actions
+//! (run by LSF as the job's user, with the job's environment and `LSB_JOBPGIDS`). A job topod
+//! holds is frozen and thawed by the kernel's freezer; one it does not hold (no topology
+//! request) gets what LSF would have sent, SIGSTOP and SIGCONT to its process groups.
 
 use crate::{call, connect, Daemon, Failure};
 use topo_core::batch;
@@ -19,7 +24,7 @@ fn env(k: &str) -> Option<String> {
 fn lsf_job() -> Result<String, Failure> {
     if env("LSB_JOBID").is_none() {
         return Err(Failure::input(
-            "LSB_JOBID is not set: this command runs as LSF's host pre- or post-execution command",
+            "LSB_JOBID is not set: this command runs as LSF's host pre- or post-execution command, or as a queue's JOB_CONTROLS action",
         ));
     }
     Ok(batch::job_id(env).expect("LSB_JOBID is set"))
@@ -109,4 +114,67 @@ pub fn post_exec(daemon: &Daemon) -> Result<(), Failure> {
         .join(format!("topo-affinity.{job}"));
     let _ = std::fs::remove_file(hostfile);
     Ok(())
+}
+
+/// The job's process groups, from `LSB_JOBPGIDS` (space-separated).
+fn job_pgids() -> Vec<i32> {
+    env("LSB_JOBPGIDS")
+        .map(|v| v.split_whitespace().filter_map(|p| p.parse().ok()).filter(|p| *p > 1).collect())
+        .unwrap_or_default()
+}
+
+/// What LSF does without an action: `sig` to each of the job's process groups.
+fn signal_groups(job: &str, sig: nix::sys::signal::Signal) -> Result<(), Failure> {
+    let groups = job_pgids();
+    if groups.is_empty() {
+        return Err(Failure::runtime(format!(
+            "job {job}: topod holds nothing for it and LSB_JOBPGIDS names no process group to send {sig} to"
+        )));
+    }
+    for pgid in &groups {
+        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), sig).map_err(|e| {
+            Failure::runtime(format!("job {job}: sending {sig} to process group {pgid}: {e}"))
+        })?;
+    }
+    println!("job {job}: topod holds nothing for it; {sig} sent to process group(s) {groups:?}");
+    Ok(())
+}
+
+/// JOB_CONTROLS SUSPEND: freezes the job (or stops it with signals when topod holds nothing).
+pub fn suspend(daemon: &Daemon) -> Result<(), Failure> {
+    let job = lsf_job()?;
+    let mut c = connect(daemon)?;
+    match call::<topo_core::proto::reply::Suspend>(&mut c, Op::Suspend { job: job.clone() }) {
+        Ok(r) => {
+            println!(
+                "job {job} frozen in {:.1} ms; CPUs {} may be lent",
+                r.frozen_after_us as f64 / 1000.0,
+                r.cpus
+            );
+            Ok(())
+        }
+        Err(f) if f.message.contains("is suspended") => Ok(()),
+        Err(f) if f.message.contains("holds nothing") => {
+            signal_groups(&job, nix::sys::signal::Signal::SIGSTOP)
+        }
+        Err(f) => Err(f),
+    }
+}
+
+/// JOB_CONTROLS RESUME: thaws the job once its CPUs are free (fails, so LSF keeps it suspended,
+/// while another job runs on them).
+pub fn resume(daemon: &Daemon) -> Result<(), Failure> {
+    let job = lsf_job()?;
+    let mut c = connect(daemon)?;
+    match call::<topo_core::proto::reply::Resume>(&mut c, Op::Resume { job: job.clone() }) {
+        Ok(r) => {
+            println!("job {job} thawed on CPUs {}", r.cpus);
+            Ok(())
+        }
+        Err(f) if f.message.contains("is running") => Ok(()),
+        Err(f) if f.message.contains("holds nothing") => {
+            signal_groups(&job, nix::sys::signal::Signal::SIGCONT)
+        }
+        Err(f) => Err(f),
+    }
 }

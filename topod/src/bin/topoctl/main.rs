@@ -192,6 +192,18 @@ enum Command {
         #[command(flatten)]
         daemon: Daemon,
     },
+    /// LSF JOB_CONTROLS SUSPEND action (as the job's user): freeze the job ($LSB_JOBID); for a
+    /// job topod does not hold, SIGSTOP to $LSB_JOBPGIDS as LSF would.
+    LsfSuspend {
+        #[command(flatten)]
+        daemon: Daemon,
+    },
+    /// LSF JOB_CONTROLS RESUME action (as the job's user): thaw the job once its CPUs are free,
+    /// else fail (LSF keeps it suspended); for a job topod does not hold, SIGCONT.
+    LsfResume {
+        #[command(flatten)]
+        daemon: Daemon,
+    },
     /// Run a command in a new job on this host: allocate, run inside the job's cgroup, release.
     Run {
         #[command(flatten)]
@@ -394,6 +406,8 @@ fn main() -> ExitCode {
         Command::Run { daemon, request, job, command } => run_job(&daemon, request, job, &command),
         Command::LsfPreExec { daemon } => lsf::pre_exec(&daemon),
         Command::LsfPostExec { daemon } => lsf::post_exec(&daemon),
+        Command::LsfSuspend { daemon } => lsf::suspend(&daemon),
+        Command::LsfResume { daemon } => lsf::resume(&daemon),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
