@@ -54,12 +54,52 @@ pub struct FreeMap {
 pub struct HostState {
     /// Index into the shared models.
     pub model: u32,
-    /// What a new job may not use: held, fenced, or not allocatable on that host.
-    pub occupancy: Occupancy,
+    /// CPUs held by jobs ([`HostState::occupancy`]).
+    pub held: Packed,
+    /// CPUs no new job may use besides: fenced, or not allocatable on that host.
+    pub fenced: Packed,
     /// topod's ledger generation.
     pub generation: u64,
     /// Hashes of the job ids topod holds ([`job_hash`]), sorted.
     pub jobs: Box<[u64]>,
+}
+
+impl HostState {
+    /// What a new job may not use: held, fenced, or not allocatable on that host.
+    pub fn occupancy(&self) -> Occupancy {
+        Occupancy { held: self.held.unpack(), fenced: self.fenced.unpack() }
+    }
+}
+
+/// A CPU set as the cache keeps it: its 64-bit words up to the last non-empty one, on the heap
+/// (an empty set allocates nothing). A [`CpuSet`] keeps 512 CPUs inline (72 bytes), which ten
+/// thousand hosts would pay twice each, mostly for sets of a few words or none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Packed(Box<[u64]>);
+
+impl Packed {
+    /// The words of `set`.
+    pub fn pack(set: &CpuSet) -> Self {
+        let Some(last) = set.last() else { return Self::default() };
+        let mut words = vec![0u64; last as usize / 64 + 1];
+        for cpu in set.iter() {
+            words[cpu as usize / 64] |= 1 << (cpu % 64);
+        }
+        Self(words.into())
+    }
+
+    /// The set again.
+    pub fn unpack(&self) -> CpuSet {
+        let mut set = CpuSet::new();
+        for (i, &word) in self.0.iter().enumerate() {
+            let mut w = word;
+            while w != 0 {
+                set.insert(i as u32 * 64 + w.trailing_zeros());
+                w &= w - 1;
+            }
+        }
+        set
+    }
 }
 
 /// One host.
@@ -95,13 +135,13 @@ pub struct HostStatus {
 /// A 128-bit fingerprint of a host state's model and occupancy: two SipHash passes with
 /// different prefixes. Two different states share one with a probability of about 2^-128 per
 /// pair, far below any hardware error rate, so equal fingerprints are taken for equal states.
-pub fn state_fingerprint(model: u32, occupancy: &Occupancy) -> [u64; 2] {
+pub fn state_fingerprint(state: &HostState) -> [u64; 2] {
     let pass = |prefix: u8| {
         let mut h = DefaultHasher::new();
         prefix.hash(&mut h);
-        model.hash(&mut h);
-        occupancy.held.hash(&mut h);
-        occupancy.fenced.hash(&mut h);
+        state.model.hash(&mut h);
+        state.held.hash(&mut h);
+        state.fenced.hash(&mut h);
         h.finish()
     };
     [pass(0x5a), pass(0xa5)]
@@ -552,7 +592,8 @@ impl HostCache {
         jobs.sort_unstable();
         let state = HostState {
             model,
-            occupancy: Occupancy { held: free.held, fenced: unusable },
+            held: Packed::pack(&free.held),
+            fenced: Packed::pack(&unusable),
             generation: free.generation,
             jobs: jobs.into(),
         };
@@ -561,7 +602,7 @@ impl HostCache {
         let changed = entry.state.as_ref() != Some(&state);
         // Computed when the state changes (or comes first), not at every refresh.
         let fingerprint = if changed || before.fetched_at.is_none() {
-            state_fingerprint(state.model, &state.occupancy)
+            state_fingerprint(&state)
         } else {
             before.fingerprint
         };
@@ -625,6 +666,18 @@ impl HostState {
 #[cfg(test)]
 mod name_tests {
     use super::*;
+
+    #[test]
+    fn packed_sets_unpack_to_themselves() {
+        for text in ["", "0", "63", "64", "0-3,70,127-129", "5,600-610,1023", "0-4095"] {
+            let set = CpuSet::parse_list(text).unwrap();
+            let packed = Packed::pack(&set);
+            assert_eq!(packed.unpack(), set, "{text:?}");
+            // As small as its last word: nothing at all for an empty set.
+            let words = set.last().map_or(0, |l| l as usize / 64 + 1);
+            assert_eq!(packed.0.len(), words, "{text:?}");
+        }
+    }
 
     #[test]
     fn a_name_whose_hash_another_name_has_is_still_found() {

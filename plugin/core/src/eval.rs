@@ -4,11 +4,10 @@
 use crate::cache::{HostCache, HostId, Unknown};
 use crate::config::Unreachable;
 use crate::reserve::Reservations;
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use topo_core::cpuset::CpuSet;
-use topo_core::place::{self, Occupancy, PlaceError};
+use topo_core::place::{self, PlaceError};
 use topo_core::request::Request;
 
 /// Score given to hosts kept by the fail-open policy: after every host whose state is known.
@@ -88,14 +87,10 @@ pub fn evaluate(ctx: &Context<'_>, host: HostId, request: &Request) -> Verdict {
         }
     };
     let model = ctx.cache.model(state);
-    let occupancy: Cow<'_, Occupancy> = match ctx.reservations.on_host(host) {
-        Some(reserved) => {
-            let mut o = state.occupancy.clone();
-            o.held.union_with(reserved);
-            Cow::Owned(o)
-        }
-        None => Cow::Borrowed(&state.occupancy),
-    };
+    let mut occupancy = state.occupancy();
+    if let Some(reserved) = ctx.reservations.on_host(host) {
+        occupancy.held.union_with(reserved);
+    }
     // Counting first: on a busy cluster most hosts fail here, without a placement.
     let free = model.allocatable.len()
         - model.allocatable.intersection_len(&occupancy.held.union(&occupancy.fenced));
@@ -158,7 +153,7 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
         ctx.cache
             .usable(h, ctx.now, ctx.stale_after)
             .ok()
-            .map(|state| (state.model, &state.occupancy, ctx.reservations.on_host(h)))
+            .map(|state| (state.model, &state.held, &state.fenced, ctx.reservations.on_host(h)))
     };
     let own = |h: HostId, reps: &mut Vec<HostId>| {
         reps.push(h);
@@ -180,10 +175,7 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
             continue;
         };
         let mut hasher = DefaultHasher::new();
-        key.0.hash(&mut hasher);
-        key.1.held.hash(&mut hasher);
-        key.1.fenced.hash(&mut hasher);
-        key.2.hash(&mut hasher);
+        key.hash(&mut hasher);
         let same = by_hash.entry(hasher.finish()).or_default();
         match same.iter().find(|&&r| state_of(reps[r as usize]) == Some(key)) {
             Some(&r) => which.push(r),

@@ -146,8 +146,9 @@ impl Reservations {
             Verdict::Fits { cpus, .. } => Dispatched::Reserved(cpus),
             Verdict::NoFit(why) => {
                 let model = cache.model(state);
-                let mut free = model.allocatable.difference(&state.occupancy.held);
-                free.difference_with(&state.occupancy.fenced);
+                let occupancy = state.occupancy();
+                let mut free = model.allocatable.difference(&occupancy.held);
+                free.difference_with(&occupancy.fenced);
                 if let Some(reserved) = self.on_host(id) {
                     free.difference_with(reserved);
                 }

@@ -376,6 +376,9 @@ fn hung_hosts_do_not_make_healthy_hosts_stale() {
         refresh_interval_ms: 1000,
         stale_after_ms: 3000,
         address_template: String::new(),
+        // This test times the refresher itself, while the other tests run beside it at the
+        // normal priority.
+        refresh_nice: 0,
         ..CacheConfig::default()
     };
     let shared = std::sync::Arc::new(Shared::default());
@@ -707,7 +710,7 @@ fn refresh_threads_run_below_the_schedulers_priority() {
     let mine = crate::fetch::thread_nice();
     let seen = probe.0.lock().unwrap().clone();
     assert!(!seen.is_empty(), "no fetch within 5 s");
-    let want = (mine + crate::fetch::BACKGROUND_NICE).min(19);
+    let want = (mine + CacheConfig::default().refresh_nice as i32).min(19);
     assert!(seen.iter().all(|&n| n == want), "fetch threads at nice {seen:?}, this one {mine}");
     // The caller's thread keeps its own priority.
     assert_eq!(crate::fetch::thread_nice(), mine);
@@ -737,7 +740,7 @@ fn a_refresh_copies_only_the_hosts_it_changes() {
     // The fingerprint a match tells states apart by follows the state.
     let print = |c: &crate::HostCache, h| {
         let s = c.host(h).state.as_ref().unwrap();
-        crate::cache::state_fingerprint(s.model, &s.occupancy)
+        crate::cache::state_fingerprint(s)
     };
     assert_eq!(changed.status(a).fingerprint, print(&changed, a));
     assert_ne!(changed.status(a).fingerprint, after.status(a).fingerprint);
