@@ -44,6 +44,10 @@ pub struct CacheConfig {
     pub stale_after_ms: u64,
     /// Hosts fetched at once.
     pub workers: usize,
+    /// How many nice levels below the scheduler's own thread the refresher and its fetch
+    /// threads run (0 to 19), so that a refresh of thousands of hosts does not take the CPU
+    /// from the scheduler's callbacks.
+    pub refresh_nice: u32,
     /// Policy for hosts whose state is unknown.
     pub unreachable: Unreachable,
     /// A tentative reservation the host never confirms is dropped after this many seconds.
@@ -61,6 +65,7 @@ impl Default for CacheConfig {
             timeout_ms: 1_000,
             stale_after_ms: 30_000,
             workers: 16,
+            refresh_nice: 10,
             unreachable: Unreachable::Open,
             reservation_ttl_s: 300,
         }
@@ -140,6 +145,12 @@ impl CacheConfig {
             (1..=256).contains(&self.workers),
             "must be 1 to 256",
         )?;
+        range(
+            "refresh_nice",
+            u64::from(self.refresh_nice),
+            self.refresh_nice <= 19,
+            "must be 0 to 19",
+        )?;
         let domain = self.domain.trim_start_matches('.');
         if domain.chars().any(|c| !(c.is_ascii_alphanumeric() || c == '-' || c == '.'))
             || domain.contains("..")
@@ -209,5 +220,9 @@ mod tests {
         assert!(c.validate().is_ok());
         let c: CacheConfig = toml::from_str("domain = \"a b\"").unwrap();
         assert!(c.validate().unwrap_err().to_string().contains("domain"));
+        let c: CacheConfig = toml::from_str("refresh_nice = 20").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("refresh_nice = 20"));
+        let c: CacheConfig = toml::from_str("refresh_nice = 0").unwrap();
+        assert!(c.validate().is_ok());
     }
 }

@@ -367,7 +367,7 @@ impl Refresher {
         let (results, inbox) = mpsc::channel::<Msg>();
         let stop = results.clone();
         let thread = std::thread::Builder::new().name("topo-refresh".into()).spawn(move || {
-            background_priority();
+            background_priority(config.refresh_nice);
             run(&shared, source, &config, results, inbox)
         })?;
         Ok(Refresher { stop, thread: Some(thread) })
@@ -513,14 +513,14 @@ fn run(
     tracing::debug!(cleared = clear, "refresher stopped");
 }
 
-/// How much lower than the scheduler's the refresh threads' CPU priority is (a nice value).
-pub const BACKGROUND_NICE: i32 = 10;
-
-/// Lowers the calling thread's CPU priority by [`BACKGROUND_NICE`] (threads it starts inherit
-/// it): the refresher and its fetch threads run inside the scheduler's process, and while they parse ten thousand hosts' states
+/// Lowers the calling thread's CPU priority by `levels` nice levels (`[cache] refresh_nice`,
+/// 10 by default; threads it starts inherit it): the refresher and its fetch threads run inside the scheduler's process, and while they parse ten thousand hosts' states
 /// (a first refresh, after a restart) they must not take the CPU from the scheduler's own
 /// thread, whose callbacks a scheduling session waits for. On Linux a nice value is per thread.
-fn background_priority() {
+fn background_priority(levels: u32) {
+    if levels == 0 {
+        return;
+    }
     #[cfg(target_os = "linux")]
     {
         extern "C" {
@@ -533,7 +533,7 @@ fn background_priority() {
         let rc = unsafe {
             let tid = gettid() as u32;
             let now = getpriority(PRIO_PROCESS, tid);
-            setpriority(PRIO_PROCESS, tid, (now + BACKGROUND_NICE).min(19))
+            setpriority(PRIO_PROCESS, tid, (now + levels as i32).min(19))
         };
         if rc != 0 {
             tracing::debug!("cannot lower the refresh thread's priority; it keeps the scheduler's");
