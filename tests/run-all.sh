@@ -97,4 +97,13 @@ cargo run --quiet --release --locked -p topod --bin topoctl -- simulate \
     --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 25 \
     --topology "$TOPO_SHARED_DIR/topologies/converted-hwloc2.9/32intel64-2p8co2t+8ve.xml" \
     --policy fcfs,easy --placement best-fit,first-fit --repeat 5
+# Suspend and resume by the freezer against SIGSTOP/SIGCONT (README, "Suspend and resume"): as
+# root, 64 busy processes, a short run whose figures print.
+if [ "$(id -u)" = 0 ]; then
+    echo "--- topoctl bench freeze"
+    cargo run --quiet --release --locked -p topod --bin topoctl -- bench freeze --rounds 40
+    if grep -q ' cgroup2 ' /proc/mounts; then
+        cargo run --quiet --release --locked -p topod --bin topoctl -- bench freeze --rounds 40 --v2-freezer
+    fi
+fi
 echo "tests/run-all.sh: all tests passed"
