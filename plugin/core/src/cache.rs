@@ -49,7 +49,9 @@ pub struct FreeMap {
     pub job_ids: Vec<String>,
 }
 
-/// What the cache knows of a host's state.
+/// What the cache knows of a host's state: what a placement depends on and the jobs topod
+/// holds. (Not topod's ledger generation: a ledger that changed and came back to the same CPUs
+/// and jobs is the same state, and what the memo computed for it stays true.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostState {
     /// Index into the shared models.
@@ -58,8 +60,6 @@ pub struct HostState {
     pub held: Packed,
     /// CPUs no new job may use besides: fenced, or not allocatable on that host.
     pub fenced: Packed,
-    /// topod's ledger generation.
-    pub generation: u64,
     /// Hashes of the job ids topod holds ([`job_hash`]), sorted.
     pub jobs: Box<[u64]>,
 }
@@ -594,7 +594,6 @@ impl HostCache {
             model,
             held: Packed::pack(&free.held),
             fenced: Packed::pack(&unusable),
-            generation: free.generation,
             jobs: jobs.into(),
         };
         let before = self.status[id as usize];
