@@ -177,9 +177,11 @@ TOML
         for (i = 1; i <= h; i++) printf "hung%03d = \"unix:%s/hung.sock\"\n", i, w }'
 } > "$work/scale.toml"
 # The issue's thresholds are enforced: match+sort per job p50 <= 1 ms and p99 <= 5 ms, the first
-# match of each shape <= 20 ms, on this 2-core machine (November 2026, three runs: p50
-# 0.35-0.38 ms, p99 2.8-4.6 ms, first matches under 1 ms; the p99 nearest its limit came while
-# another process kept both CPUs busy: matchFn's own CPU time stayed under 0.8 ms at p99).
+# match of each shape <= 20 ms, on this 2-core machine (November 2026, quiet machine: p50
+# 0.35-0.38 ms, p99 1.8-2.9 ms, first matches under 2.5 ms). They are wall-clock figures: while
+# another job kept the CPUs busy (a QEMU guest taking 1.4 of the 2 CPUs) p99 reached 4.6-6.1 ms
+# and one run failed, though matchFn's own CPU time stayed under 0.7 ms at p99 (its "figure"
+# line); run the suite on a machine nothing else loads.
 # HARNESS_SCALE_ENFORCE= (empty) prints them as "figures ok/FAIL" lines that fail nothing, for a
 # machine shared with other load. Correctness (replays, no CPU given twice, every host
 # refreshed, every job placed, host names read once per sched_init) always counts.
