@@ -64,88 +64,54 @@ fn check(v: &Value, row: Row, tolerance: f64) {
 const FCFS: f64 = 0.01;
 const EASY: f64 = 0.15;
 
+/// One row of the table: `trace` on `hosts` flat:1 hosts (the SDSC batch queues only with
+/// `batch_only`) under `policy`, checked against the reference within `tolerance`.
+fn row(name: &str, hosts: &str, batch_only: bool, policy: &str, expected: Row, tolerance: f64) {
+    let t = trace(name);
+    let mut args = vec!["--trace", t.to_str().unwrap(), "--hosts", hosts, "--policy", policy];
+    if batch_only {
+        args.extend(["--skip-queues", "0"]);
+    }
+    check(&simulate(&args), expected, tolerance);
+}
+
+const SDSC: &str = "SDSC-Par-1996-3.1-cln.swf";
+
 #[test]
 fn sdsc_par_all_jobs_400_hosts_fcfs() {
-    let t = trace("SDSC-Par-1996-3.1-cln.swf");
-    let v = simulate(&["--trace", t.to_str().unwrap(), "--hosts", "400", "--policy", "fcfs"]);
-    check(
-        &v,
-        Row { jobs: 32_135, utilization: 0.746, mean_wait_h: 8.37, bounded_slowdown: 1_054.2 },
-        FCFS,
-    );
+    let r = Row { jobs: 32_135, utilization: 0.746, mean_wait_h: 8.37, bounded_slowdown: 1_054.2 };
+    row(SDSC, "400", false, "fcfs", r, FCFS);
 }
 
 #[test]
 fn sdsc_par_all_jobs_400_hosts_easy() {
-    let t = trace("SDSC-Par-1996-3.1-cln.swf");
-    let v = simulate(&["--trace", t.to_str().unwrap(), "--hosts", "400", "--policy", "easy"]);
-    check(
-        &v,
-        Row { jobs: 32_135, utilization: 0.746, mean_wait_h: 2.47, bounded_slowdown: 123.3 },
-        EASY,
-    );
+    let r = Row { jobs: 32_135, utilization: 0.746, mean_wait_h: 2.47, bounded_slowdown: 123.3 };
+    row(SDSC, "400", false, "easy", r, EASY);
 }
 
 #[test]
 fn sdsc_par_batch_queues_352_hosts_fcfs() {
-    let t = trace("SDSC-Par-1996-3.1-cln.swf");
-    let v = simulate(&[
-        "--trace",
-        t.to_str().unwrap(),
-        "--hosts",
-        "352",
-        "--skip-queues",
-        "0",
-        "--policy",
-        "fcfs",
-    ]);
-    check(
-        &v,
-        Row { jobs: 18_441, utilization: 0.838, mean_wait_h: 56.27, bounded_slowdown: 1_738.3 },
-        FCFS,
-    );
+    let r = Row { jobs: 18_441, utilization: 0.838, mean_wait_h: 56.27, bounded_slowdown: 1_738.3 };
+    row(SDSC, "352", true, "fcfs", r, FCFS);
 }
 
 #[test]
 fn sdsc_par_batch_queues_352_hosts_easy() {
-    let t = trace("SDSC-Par-1996-3.1-cln.swf");
-    let v = simulate(&[
-        "--trace",
-        t.to_str().unwrap(),
-        "--hosts",
-        "352",
-        "--skip-queues",
-        "0",
-        "--policy",
-        "easy",
-    ]);
-    check(
-        &v,
-        Row { jobs: 18_441, utilization: 0.838, mean_wait_h: 10.92, bounded_slowdown: 96.7 },
-        EASY,
-    );
+    let r = Row { jobs: 18_441, utilization: 0.838, mean_wait_h: 10.92, bounded_slowdown: 96.7 };
+    row(SDSC, "352", true, "easy", r, EASY);
 }
 
 #[test]
 fn lublin_256_fcfs() {
-    let t = trace("lublin_256.swf");
-    let v = simulate(&["--trace", t.to_str().unwrap(), "--hosts", "256", "--policy", "fcfs"]);
-    check(
-        &v,
-        Row { jobs: 10_000, utilization: 0.655, mean_wait_h: 663.5, bounded_slowdown: 66_502.0 },
-        FCFS,
-    );
+    let r =
+        Row { jobs: 10_000, utilization: 0.655, mean_wait_h: 663.5, bounded_slowdown: 66_502.0 };
+    row("lublin_256.swf", "256", false, "fcfs", r, FCFS);
 }
 
 #[test]
 fn lublin_256_easy() {
-    let t = trace("lublin_256.swf");
-    let v = simulate(&["--trace", t.to_str().unwrap(), "--hosts", "256", "--policy", "easy"]);
-    check(
-        &v,
-        Row { jobs: 10_000, utilization: 0.936, mean_wait_h: 27.0, bounded_slowdown: 590.1 },
-        EASY,
-    );
+    let r = Row { jobs: 10_000, utilization: 0.936, mean_wait_h: 27.0, bounded_slowdown: 590.1 };
+    row("lublin_256.swf", "256", false, "easy", r, EASY);
 }
 
 #[test]

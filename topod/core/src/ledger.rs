@@ -166,15 +166,7 @@ impl Ledger {
 
     /// Records an allocation (also used when rebuilding the ledger from what exists).
     pub fn insert(&mut self, alloc: Allocation) -> Result<&Allocation, LedgerError> {
-        if let Some(existing) = self.get(&alloc.job) {
-            return Err(LedgerError::AlreadyAllocated(
-                alloc.job.clone(),
-                existing.cpus.to_string(),
-            ));
-        }
-        if alloc.cpus.is_empty() {
-            return Err(LedgerError::Empty(alloc.job));
-        }
+        self.check_new(&alloc)?;
         // The occupancy answers "is anything in the way" in a few word operations; only when
         // something is do we look for whom, to name the holder.
         let in_way = alloc.cpus.intersects(&self.occupancy.held)
@@ -201,6 +193,20 @@ impl Ledger {
         self.generation += 1;
         let key = alloc.job.clone();
         Ok(self.jobs.entry(key).or_insert(alloc))
+    }
+
+    /// A new allocation names a job the ledger does not know, and holds a CPU.
+    fn check_new(&self, alloc: &Allocation) -> Result<(), LedgerError> {
+        if let Some(existing) = self.get(&alloc.job) {
+            return Err(LedgerError::AlreadyAllocated(
+                alloc.job.clone(),
+                existing.cpus.to_string(),
+            ));
+        }
+        if alloc.cpus.is_empty() {
+            return Err(LedgerError::Empty(alloc.job.clone()));
+        }
+        Ok(())
     }
 
     /// Frees what `job` holds and returns it.
@@ -264,15 +270,7 @@ impl Ledger {
 
     /// Records a suspended job found after a restart (its CPUs may be lent already).
     pub fn insert_suspended(&mut self, alloc: Allocation) -> Result<(), LedgerError> {
-        if let Some(existing) = self.get(&alloc.job) {
-            return Err(LedgerError::AlreadyAllocated(
-                alloc.job.clone(),
-                existing.cpus.to_string(),
-            ));
-        }
-        if alloc.cpus.is_empty() {
-            return Err(LedgerError::Empty(alloc.job));
-        }
+        self.check_new(&alloc)?;
         self.suspended.insert(alloc.job.clone(), alloc);
         self.generation += 1;
         Ok(())

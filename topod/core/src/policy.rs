@@ -913,11 +913,12 @@ pub fn cpus_by_host(parts: &[Part]) -> Vec<(HostId, CpuSet)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::topology::{SyntheticShape, Topology};
 
-    fn flat(n: usize, cores: u32) -> Vec<Arc<HostModel>> {
+    /// `n` plain hosts of `cores` processors (one model shared).
+    pub(crate) fn flat(n: usize, cores: u32) -> Vec<Arc<HostModel>> {
         let model = Arc::new(HostModel::new(&Topology::flat(cores), &CpuSet::new()).unwrap());
         vec![model; n]
     }

@@ -329,8 +329,7 @@ mod tests {
     use crate::topology::Topology;
 
     fn flat(n: usize) -> Vec<Arc<HostModel>> {
-        let model = Arc::new(HostModel::new(&Topology::flat(1), &CpuSet::new()).unwrap());
-        vec![model; n]
+        crate::policy::tests::flat(n, 1)
     }
 
     fn job(id: i64, submit: Time, run: Time, procs: u32) -> SimJob {
