@@ -547,6 +547,30 @@ fn a_jobs_owner_may_suspend_and_resume_it_and_nobody_else_may() {
     );
     assert!(as_uid(65534, "resume").status.success());
     assert_eq!(c.call(Op::List).unwrap()[0]["state"], "running");
+    // A suspension by root (or the batch system) is not the owner's to undo.
+    c.call(Op::Suspend { job: "300".into() }).unwrap();
+    let owner = as_uid(65534, "resume");
+    let err = String::from_utf8_lossy(&owner.stderr);
+    assert!(!owner.status.success() && err.contains("only they may resume it"), "{err}");
+    assert_eq!(c.call(Op::List).unwrap()[0]["state"], "suspended");
+    // An LSF action as a user, for a job topod does not hold: LSF's own signals, not a refusal.
+    let mut mine =
+        Command::new("sleep").arg("60").uid(65534).gid(65534).process_group(0).spawn().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["lsf-suspend", "--socket", &socket])
+        .env("LSB_JOBID", "999")
+        .env("LSB_JOBPGIDS", mine.id().to_string())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("SIGSTOP sent"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = mine.kill();
+    let _ = mine.wait();
 }
 
 #[test]

@@ -43,6 +43,16 @@ impl JobId {
         if text.starts_with('.') || text.starts_with('-') {
             return Err(refuse("it starts with '.' or '-'".into()));
         }
+        // A job cgroup is a directory beside the kernel's control files: an id that is one of
+        // their names (`freezer.state`, `tasks`, ...) would name a file, not a job.
+        let lower = text.to_ascii_lowercase();
+        if CONTROL_FILES.contains(&lower.as_str())
+            || CONTROL_PREFIXES.iter().any(|p| lower.starts_with(p))
+        {
+            return Err(refuse(
+                "it is, or looks like, the name of a cgroup control file (cgroup.*, cpuset.*, freezer.*, memory.*, tasks, ...)".into(),
+            ));
+        }
         Ok(JobId(text.to_string()))
     }
 
@@ -51,6 +61,29 @@ impl JobId {
         &self.0
     }
 }
+
+/// The kernel's cgroup control files without a controller prefix (v1 and v2).
+const CONTROL_FILES: [&str; 3] = ["tasks", "notify_on_release", "release_agent"];
+
+/// Controller prefixes of cgroup control files (v1 and v2).
+const CONTROL_PREFIXES: [&str; 16] = [
+    "cgroup.",
+    "cpuset.",
+    "cpu.",
+    "cpuacct.",
+    "memory.",
+    "freezer.",
+    "io.",
+    "blkio.",
+    "pids.",
+    "hugetlb.",
+    "rdma.",
+    "misc.",
+    "net_cls.",
+    "net_prio.",
+    "devices.",
+    "perf_event.",
+];
 
 fn allowed(c: char) -> bool {
     c.is_ascii_alphanumeric() || "._-:@+[]".contains(c)
@@ -96,6 +129,10 @@ mod tests {
             ("job 1", "' '"),
             ("naïve", "'ï'"),
             ("a\nb", "'\\n'"),
+            ("freezer.state", "cgroup control file"),
+            ("tasks", "cgroup control file"),
+            ("Memory.max", "cgroup control file"),
+            ("cgroup.procs", "cgroup control file"),
         ] {
             let e = JobId::parse(id).unwrap_err().to_string();
             assert!(e.contains(why), "{id:?}: {e}");

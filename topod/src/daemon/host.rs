@@ -86,6 +86,11 @@ pub enum HostError {
         /// `being suspended` or `being resumed`.
         what: &'static str,
     },
+    /// The job is suspended: it takes no process and is not allocated again until resumed.
+    #[error(
+        "job {0} is suspended (its processes are frozen and its CPUs may be lent); resume it first"
+    )]
+    Suspended(String),
     /// A resume while another job runs on the suspended job's CPUs.
     #[error("job {job} stays suspended: its CPUs {cpus} are lent to job {holder}; resume it once {holder} has ended or been suspended")]
     Lent {
@@ -122,6 +127,10 @@ pub struct JobHint {
     /// suspended ([`Host::recover`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspended: bool,
+    /// The job's owner, when it was the owner who suspended it: only then may the owner resume
+    /// it (a suspension by root, an administrator or the batch system is theirs to undo).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended_by: Option<u32>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -388,7 +397,20 @@ impl Host {
             .filter(|(job, _)| self.backend.is_frozen(job).unwrap_or(false))
             .map(|(job, _)| job.to_string())
             .collect();
-        found.sort_by_key(|(job, _)| frozen.contains(job.as_str()));
+        let busy: BTreeSet<String> = found
+            .iter()
+            .filter(|(job, _)| self.backend.pids(job).map(|p| !p.is_empty()).unwrap_or(false))
+            .map(|(job, _)| job.to_string())
+            .collect();
+        let recorded_suspended: BTreeSet<String> =
+            hints.iter().filter(|(_, h)| h.suspended).map(|(j, _)| j.clone()).collect();
+        // Running jobs first, those with processes before empty ones; then thawed jobs whose
+        // record says suspended (a resume a crash cut short, or a thaw behind topod's back);
+        // frozen jobs last. So a job that may have lent its CPUs never displaces their borrower.
+        found.sort_by_key(|(job, _)| {
+            let j = job.as_str();
+            (frozen.contains(j), recorded_suspended.contains(j), !busy.contains(j), j.to_string())
+        });
         for (job, eff) in found {
             if eff.cpus.is_empty() {
                 // Made but never given CPUs (topod died inside allocate): nothing can have
@@ -426,21 +448,52 @@ impl Host {
             if self.backend.pids(&job).map(|p| !p.is_empty()).unwrap_or(false) {
                 self.joined.insert(job.to_string());
             }
-            let mut suspended = frozen.contains(job.as_str());
-            if suspended && !hint.suspended {
-                // Frozen by a release (or a suspend whose record was never written) that a
-                // crash cut short: it holds its CPUs as a running job; thawed, so that its
-                // processes are not left stopped for ever (the batch system's release comes
-                // again and kills them).
-                suspended = false;
-                tracing::warn!("job {job}: found frozen without being suspended (a release cut short?); thawing it");
-                if let Err(e) = self.backend.thaw(&job, self.freeze_timeout) {
-                    tracing::warn!("job {job}: {e}");
+            let occupied = self.ledger.occupancy();
+            let in_way = alloc.cpus.intersects(&occupied.held)
+                || alloc.cpus.intersects(&occupied.fenced)
+                || alloc.fenced.intersects(&occupied.held);
+            let suspended = match (frozen.contains(job.as_str()), hint.suspended) {
+                (true, true) => true,
+                (true, false) if in_way => {
+                    // Frozen without a record that says suspended (the adopt of an older topod,
+                    // or a release cut short) while running jobs hold its CPUs: thawing it
+                    // would run two jobs on one CPU. It stays suspended.
+                    tracing::warn!(
+                        "job {job}: found frozen, its CPUs held by running jobs; kept suspended"
+                    );
+                    hint.suspended = true;
+                    true
                 }
-            } else if !suspended && hint.suspended {
-                // Thawed by a resume that a crash cut short before its record changed.
-                hint.suspended = false;
-            }
+                (true, false) => {
+                    // Frozen by a release (or a suspend whose record was never written) that a
+                    // crash cut short: it holds its CPUs as a running job; thawed, so that its
+                    // processes are not left stopped for ever (the batch system's release comes
+                    // again and kills them).
+                    tracing::warn!("job {job}: found frozen without being suspended (a release cut short?); thawing it");
+                    if let Err(e) = self.backend.thaw(&job, self.freeze_timeout) {
+                        tracing::warn!("job {job}: {e}");
+                    }
+                    false
+                }
+                (false, true) if in_way => {
+                    // Suspended, and thawed behind topod's back while its CPUs are lent:
+                    // frozen again, so that no CPU runs two jobs.
+                    tracing::warn!("job {job}: suspended but found thawed while its CPUs are lent; freezing it again");
+                    match self.backend.freeze(&job, self.freeze_timeout) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            tracing::warn!("job {job}: {e}");
+                            false
+                        }
+                    }
+                }
+                (false, true) => {
+                    // Thawed by a resume that a crash cut short before its record changed.
+                    hint.suspended = false;
+                    false
+                }
+                (false, false) => false,
+            };
             let inserted = if suspended {
                 self.ledger.insert_suspended(alloc).map(|_| ())
             } else {
@@ -517,6 +570,10 @@ impl Host {
             return Err(HostError::Releasing(job.to_string()));
         }
         let canonical = &prepared.canonical;
+        if self.ledger.is_suspended(id.as_str()) {
+            // Its CPUs may be lent: answering them would give a step CPUs another job runs on.
+            return Err(HostError::Suspended(job.to_string()));
+        }
         if let Some(existing) = self.ledger.get(id.as_str()) {
             if &existing.request == canonical {
                 // Asked again (each step, or a requeued job's new run): a new allocation time.
@@ -540,16 +597,17 @@ impl Host {
                     adopted.fenced =
                         self.model.closure(level, &adopted.cpus).difference(&adopted.cpus);
                 }
+                let suspended = self.ledger.is_suspended(id.as_str());
                 let hint = JobHint {
                     request: canonical.clone(),
                     tasks: adopted.tasks.clone(),
                     owner_uid,
                     allocated_at: Some(asked),
-                    suspensions: 0,
-                    suspended: false,
+                    suspensions: u32::from(suspended),
+                    suspended,
+                    suspended_by: None,
                 };
                 self.write_record(&id, &hint)?;
-                let suspended = self.ledger.is_suspended(id.as_str());
                 self.ledger.release(id.as_str())?;
                 if suspended {
                     // Frozen: it holds no CPUs in the occupancy, so no fence can clash.
@@ -596,6 +654,7 @@ impl Host {
             allocated_at: Some(asked),
             suspensions: 0,
             suspended: false,
+            suspended_by: None,
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -657,6 +716,11 @@ impl Host {
         }
         if self.releasing.contains(job) {
             return Err(HostError::Releasing(job.to_string()));
+        }
+        if self.ledger.is_suspended(id.as_str()) || self.changing.contains_key(job) {
+            // A process moved in would freeze at once (or, where its freezer directory is
+            // gone, run on CPUs lent to another job).
+            return Err(HostError::Suspended(job.to_string()));
         }
         if let Some((pending, _)) = self.self_join_offered.get_mut(job) {
             self.backend.join_unless_in(&id, pid)?;
@@ -779,7 +843,7 @@ impl Host {
 
     /// Starts suspending `job`: checks it can be, then the caller runs the ticket (without the
     /// lock) and calls [`Host::finish_suspend`].
-    pub fn begin_suspend(&mut self, job: &str) -> Result<FreezeTicket, HostError> {
+    pub fn begin_suspend(&mut self, job: &str, by: Option<u32>) -> Result<FreezeTicket, HostError> {
         let id = self.check_changeable(job)?;
         if self.ledger.is_suspended(job) {
             return Err(HostError::Ledger(LedgerError::WrongState {
@@ -790,6 +854,7 @@ impl Host {
         // The record first: a crash after the freeze must find a job that was suspended.
         let mut hint = self.hints.get(job).cloned().unwrap_or_default();
         hint.suspended = true;
+        hint.suspended_by = by;
         self.write_record(&id, &hint)?;
         self.hints.insert(job.to_string(), hint);
         self.changing.insert(job.to_string(), "being suspended");
@@ -808,6 +873,7 @@ impl Host {
         if let Err(e) = outcome {
             // Thawed again by the backend: running, as the record now says too.
             hint.suspended = false;
+            hint.suspended_by = None;
             self.record(&ticket.id, &hint);
             self.hints.insert(job, hint);
             return Err(e.into());
@@ -853,6 +919,7 @@ impl Host {
         let cpus = self.ledger.get(&job).map(|a| a.cpus.clone()).unwrap_or_default();
         if let Some(mut hint) = self.hints.get(&job).cloned() {
             hint.suspended = false;
+            hint.suspended_by = None;
             self.record(&ticket.id, &hint);
             self.hints.insert(job.clone(), hint);
         }
@@ -886,7 +953,7 @@ impl Host {
 
     /// Suspends `job` under the caller's lock (the server does it in three steps).
     pub fn suspend(&mut self, job: &str) -> Result<topo_core::proto::reply::Suspend, HostError> {
-        let ticket = self.begin_suspend(job)?;
+        let ticket = self.begin_suspend(job, None)?;
         let outcome = ticket.run();
         self.finish_suspend(ticket, outcome)
     }
@@ -932,6 +999,11 @@ impl Host {
                 None
             }
         }
+    }
+
+    /// Who suspended `job`, when it was its owner (see [`JobHint::suspended_by`]).
+    pub fn suspended_by(&self, job: &str) -> Option<u32> {
+        self.hints.get(job).and_then(|h| h.suspended_by)
     }
 
     /// The uid allowed to join its own processes to `job`, if one was given at allocation.
@@ -1337,6 +1409,46 @@ mod tests {
         assert!(report.suspended.is_empty(), "{report:?}");
         assert!(!third.ledger().is_suspended("d") && !kernel.is_frozen(&d_id).unwrap());
         assert_eq!(third.ledger().occupancy().held, d.cpus);
+    }
+
+    #[test]
+    fn a_suspended_job_never_runs_beside_its_borrower_after_a_restart_whatever_its_record_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = small_topology(2);
+        let kernel = kernel_for(&topo);
+        let mut first = host_on(&topo, &kernel, Some(dir.path()));
+        first.allocate("g", "affinity[thread*2]", None, None, None, None).unwrap();
+        first.suspend("g").unwrap();
+        // A suspended job takes no process and is not allocated again (its CPUs may be lent).
+        assert!(matches!(first.join("g", 4242), Err(HostError::Suspended(_))));
+        let again = first.allocate("g", "affinity[thread*2]", None, None, None, None);
+        assert!(matches!(again, Err(HostError::Suspended(_))), "{again:?}");
+        // h borrows both CPUs and has a process.
+        first.allocate("h", "affinity[thread*2]", None, None, None, None).unwrap();
+        kernel.join(&JobId::parse("h").unwrap(), 4343).unwrap();
+        // Someone thaws g behind topod's back, then topod dies. The name order would put g
+        // first; the job with processes wins and g is frozen again.
+        let g = JobId::parse("g").unwrap();
+        kernel.thaw(&g, Duration::from_secs(1)).unwrap();
+        std::mem::forget(first);
+        let mut second = host_on(&topo, &kernel, Some(dir.path()));
+        let report = second.recover(BTreeMap::new()).unwrap();
+        assert!(report.conflicts.is_empty(), "{report:?}");
+        assert!(second.ledger().is_suspended("g") && kernel.is_frozen(&g).unwrap());
+        assert_eq!(second.ledger().occupancy().held, CpuSet::parse_list("0-1").unwrap());
+        // A record from before the 'suspended' flag (or an adopt that lost it) says running:
+        // frozen and lent, g still stays suspended instead of being thawed onto h's CPUs.
+        let record = dir.path().join("jobs/g.json");
+        let text = std::fs::read_to_string(&record)
+            .unwrap()
+            .replace("\"suspended\":true", "\"suspended\":false");
+        assert!(text.contains("\"suspended\":false"), "{text}");
+        std::fs::write(&record, text).unwrap();
+        std::mem::forget(second);
+        let mut third = host_on(&topo, &kernel, Some(dir.path()));
+        third.recover(BTreeMap::new()).unwrap();
+        assert!(third.ledger().is_suspended("g") && kernel.is_frozen(&g).unwrap());
+        third.ledger().check().unwrap();
     }
 
     #[test]

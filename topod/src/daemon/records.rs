@@ -208,6 +208,7 @@ mod tests {
             allocated_at: Some("2025-06-01T12:00:00.123456789Z".into()),
             suspensions: 2,
             suspended: true,
+            suspended_by: Some(1000),
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();

@@ -189,8 +189,8 @@ impl Server {
 
     /// Suspends `job` (the protocol's `suspend`); waiting for the kernel to report it frozen
     /// takes no lock.
-    pub fn suspend(&self, job: &str) -> Result<proto::reply::Suspend, HostError> {
-        let ticket = self.lock().begin_suspend(job)?;
+    pub fn suspend(&self, job: &str, by: Option<u32>) -> Result<proto::reply::Suspend, HostError> {
+        let ticket = self.lock().begin_suspend(job, by)?;
         let outcome = ticket.run();
         self.lock().finish_suspend(ticket, outcome)
     }
@@ -530,18 +530,45 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
         }
         Op::Suspend { job } => {
             // As bstop: root, an administrator, or the job's owner (LSF runs a queue's
-            // JOB_CONTROLS actions as the job's user).
-            if !admin && server.lock().owner_of(&job) != Some(peer.uid) {
+            // JOB_CONTROLS actions as the job's user). A job topod does not hold is said so
+            // first, so that an LSF action can fall back to signals.
+            let owner = {
+                if let Err(e) = crate::cgroup::JobId::parse(&job) {
+                    return error_reply(&HostError::BadJob(e));
+                }
+                let host = server.lock();
+                if host.ledger().get(&job).is_none() {
+                    return error_reply(&HostError::UnknownJob(job));
+                }
+                host.owner_of(&job)
+            };
+            if !admin && owner != Some(peer.uid) {
                 return forbidden("suspending a job that is not yours");
             }
-            match server.suspend(&job) {
+            match server.suspend(&job, (!admin).then_some(peer.uid)) {
                 Ok(reply) => ok(reply),
                 Err(e) => error_reply(&e),
             }
         }
         Op::Resume { job } => {
-            if !admin && server.lock().owner_of(&job) != Some(peer.uid) {
+            let (owner, suspender, suspended) = {
+                if let Err(e) = crate::cgroup::JobId::parse(&job) {
+                    return error_reply(&HostError::BadJob(e));
+                }
+                let host = server.lock();
+                if host.ledger().get(&job).is_none() {
+                    return error_reply(&HostError::UnknownJob(job));
+                }
+                (host.owner_of(&job), host.suspended_by(&job), host.ledger().is_suspended(&job))
+            };
+            if !admin && owner != Some(peer.uid) {
                 return forbidden("resuming a job that is not yours");
+            }
+            if !admin && suspended && host_suspended_by_other(suspender, peer.uid) {
+                return Reply::error(
+                    ErrorCode::Forbidden,
+                    format!("job {job} was suspended by root, an administrator or the batch system; only they may resume it (you are uid {})", peer.uid),
+                );
             }
             match server.resume(&job) {
                 Ok(reply) => ok(reply),
@@ -549,6 +576,11 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             }
         }
     }
+}
+
+/// Whether a suspension was not the peer's own (an owner resumes only what it suspended).
+fn host_suspended_by_other(suspender: Option<u32>, uid: u32) -> bool {
+    suspender != Some(uid)
 }
 
 /// The process a join would move, named by a pidfd and checked: a process (not a thread), not
@@ -618,6 +650,7 @@ pub fn error_reply(e: &HostError) -> Reply {
             ErrorCode::BadRequest
         }
         HostError::Lent { .. } => ErrorCode::DoesNotFit,
+        HostError::Suspended(_) => ErrorCode::BadRequest,
         HostError::BadRequest(_) => ErrorCode::BadTopologyRequest,
         HostError::DoesNotFit { .. } => ErrorCode::DoesNotFit,
         HostError::UnknownJob(_) => ErrorCode::UnknownJob,

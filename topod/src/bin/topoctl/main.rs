@@ -159,8 +159,8 @@ enum Command {
         json: bool,
     },
     /// Ask the local topod to freeze every process of a job at once (the kernel's freezer); its
-    /// memory stays where it is, and its CPUs may go to other jobs until it is resumed (root or
-    /// administrators).
+    /// memory stays where it is, and its CPUs may go to other jobs until it is resumed (root,
+    /// administrators, or the job's owner).
     Suspend {
         #[command(flatten)]
         daemon: Daemon,
@@ -171,7 +171,7 @@ enum Command {
         json: bool,
     },
     /// Ask the local topod to thaw a suspended job; refused, naming the job, while another job
-    /// runs on its CPUs (root or administrators).
+    /// runs on its CPUs (root, administrators, or the job's owner if the owner suspended it).
     Resume {
         #[command(flatten)]
         daemon: Daemon,
