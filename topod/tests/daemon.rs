@@ -654,3 +654,47 @@ fn suspend_lend_and_resume_through_topoctl() {
         (Some("200"), Some("running"))
     );
 }
+
+#[test]
+fn a_suspended_job_someone_thaws_is_frozen_again_within_a_tick() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((d, cgroups, _subtree, cleanup, _config)) =
+        common::real_daemon(dir.path(), "topo-refreeze-test", "")
+    else {
+        return;
+    };
+    let mut c = Client::connect(&d.socket).unwrap();
+    let mut sleeper = Command::new("sleep").arg("300").spawn().unwrap();
+    c.call(Op::Allocate(topo_core::proto::AllocateArgs {
+        join_pid: Some(sleeper.id() as i32),
+        ..topo_core::proto::AllocateArgs::new("400", "affinity[thread*1]")
+    }))
+    .unwrap();
+    c.call(Op::Suspend { job: "400".into() }).unwrap();
+    // Thawed behind topod's back, through the kernel's own file.
+    let (file, thawed, frozen) = match cgroups {
+        common::RealCgroups::V1 { .. } => {
+            let freezer =
+                cleanup.0.iter().find(|r| r.to_string_lossy().contains("/freezer/")).unwrap();
+            (freezer.join("400/freezer.state"), "THAWED", "FROZEN")
+        }
+        common::RealCgroups::V2 { .. } => (cleanup.0[0].join("400/cgroup.freeze"), "0", "1"),
+    };
+    std::fs::write(&file, thawed).unwrap();
+    let start = Instant::now();
+    while std::fs::read_to_string(&file).unwrap().trim() != frozen
+        && start.elapsed() < Duration::from_secs(15)
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap().trim(),
+        frozen,
+        "frozen again by topod's tick"
+    );
+    assert!(std::fs::read_to_string(dir.path().join("topod.log"))
+        .unwrap()
+        .contains("found thawed"));
+    c.call(Op::Release { job: "400".into() }).unwrap();
+    let _ = sleeper.wait();
+}

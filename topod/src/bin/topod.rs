@@ -204,12 +204,13 @@ fn run(args: Args) -> Result<(), String> {
         // daemon::pending).
         // Exclusive cpusets beside topod's come and go: look again on the same tick, so that
         // topod takes back the CPUs of one that went away (an allocate the kernel refuses looks
-        // too).
+        // too). A suspended job someone thawed is frozen again on it, as its CPUs may be lent.
         let server = server.clone();
         std::thread::spawn(move || loop {
             pending.process(&*server);
             std::thread::sleep(Duration::from_secs(5));
             server.lock().reconcile_foreign();
+            server.refreeze_suspended();
         });
     }
     if let Some((tcp, allow, key)) = tcp {

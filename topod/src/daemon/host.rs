@@ -927,6 +927,41 @@ impl Host {
         Ok(topo_core::proto::reply::Resume { job, cpus, thawed_after_us: ticket.micros() })
     }
 
+    /// Suspended jobs the kernel no longer reports frozen (thawed behind topod's back, while
+    /// their CPUs may be lent): each marked as being suspended, with a ticket that freezes it
+    /// again without the lock; [`Host::finish_suspend`] then records the outcome.
+    pub fn begin_refreeze(&mut self) -> Vec<FreezeTicket> {
+        let thawed: Vec<String> = self
+            .ledger
+            .suspended_jobs()
+            .map(|a| a.job.clone())
+            .filter(|job| !self.releasing.contains(job) && !self.changing.contains_key(job))
+            .filter(|job| {
+                JobId::parse(job).is_ok_and(|id| matches!(self.backend.is_frozen(&id), Ok(false)))
+            })
+            .collect();
+        let mut tickets = Vec::new();
+        for job in thawed {
+            let Ok(id) = JobId::parse(&job) else { continue };
+            tracing::warn!(
+                "job {job}: suspended, but found thawed (by someone else?); freezing it again"
+            );
+            self.changing.insert(job, "being suspended");
+            tickets.push(self.freeze_ticket(id, true));
+        }
+        tickets
+    }
+
+    /// Ends a [`Host::begin_refreeze`] ticket: the job stays suspended either way (when the
+    /// freeze failed, the failure is logged).
+    pub fn finish_refreeze(&mut self, ticket: FreezeTicket, outcome: Result<(), CgroupError>) {
+        let job = ticket.id.as_str().to_string();
+        self.changing.remove(&job);
+        if let Err(e) = outcome {
+            tracing::warn!("job {job}: freezing it again failed: {e}");
+        }
+    }
+
     fn check_changeable(&self, job: &str) -> Result<JobId, HostError> {
         let id = JobId::parse(job)?;
         if self.releasing.contains(job) {
@@ -1449,6 +1484,27 @@ mod tests {
         third.recover(BTreeMap::new()).unwrap();
         assert!(third.ledger().is_suspended("g") && kernel.is_frozen(&g).unwrap());
         third.ledger().check().unwrap();
+    }
+
+    #[test]
+    fn a_suspended_job_thawed_behind_topods_back_is_frozen_again_on_the_tick() {
+        let topo = small_topology(2);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.allocate("a", "affinity[thread*1]", None, None, None, None).unwrap();
+        h.suspend("a").unwrap();
+        let a = JobId::parse("a").unwrap();
+        assert!(h.begin_refreeze().is_empty(), "frozen as it should be");
+        kernel.thaw(&a, Duration::from_secs(1)).unwrap();
+        let tickets = h.begin_refreeze();
+        assert_eq!(tickets.len(), 1);
+        // Meanwhile the job is being suspended: no resume or release slips in.
+        assert!(matches!(h.resume("a"), Err(HostError::Changing { .. })));
+        for t in tickets {
+            let outcome = t.run();
+            h.finish_refreeze(t, outcome);
+        }
+        assert!(kernel.is_frozen(&a).unwrap() && h.ledger().is_suspended("a"));
     }
 
     #[test]

@@ -195,6 +195,16 @@ impl Server {
         self.lock().finish_suspend(ticket, outcome)
     }
 
+    /// Freezes again the suspended jobs someone thawed (topod's periodic tick); the waiting takes
+    /// no lock.
+    pub fn refreeze_suspended(&self) {
+        let tickets = self.lock().begin_refreeze();
+        for ticket in tickets {
+            let outcome = ticket.run();
+            self.lock().finish_refreeze(ticket, outcome);
+        }
+    }
+
     /// Resumes `job` (the protocol's `resume`); its CPUs are taken back before it thaws.
     pub fn resume(&self, job: &str) -> Result<proto::reply::Resume, HostError> {
         let ticket = self.lock().begin_resume(job)?;
