@@ -923,7 +923,8 @@ pub(crate) mod tests {
         vec![model; n]
     }
 
-    fn two_socket(n: usize) -> Vec<Arc<HostModel>> {
+    /// `n` hosts of two packages of 8 two-thread cores (one model shared).
+    pub(crate) fn two_socket(n: usize) -> Vec<Arc<HostModel>> {
         let topo = Topology::synthetic(SyntheticShape {
             packages: 2,
             numa_per_package: 1,

@@ -322,11 +322,9 @@ pub fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpuset::CpuSet;
     use crate::place::Strategy;
     use crate::policy::QueueOrder;
     use crate::swf;
-    use crate::topology::Topology;
 
     fn flat(n: usize) -> Vec<Arc<HostModel>> {
         crate::policy::tests::flat(n, 1)
@@ -357,15 +355,7 @@ mod tests {
     #[test]
     fn with_preemption_every_job_runs_exactly_its_run_time_and_ends() {
         use crate::policy::Preempt;
-        use crate::topology::SyntheticShape;
-        let topo = Topology::synthetic(SyntheticShape {
-            packages: 2,
-            numa_per_package: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 8,
-            threads_per_core: 2,
-        });
-        let model = Arc::new(HostModel::new(&topo, &CpuSet::new()).unwrap());
+        let model = crate::policy::tests::two_socket(1).remove(0);
         let mut rng = crate::bench::SplitMix::new(11);
         let mut t = 0;
         let jobs: Vec<SimJob> = (0..3000)

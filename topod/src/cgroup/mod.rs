@@ -172,6 +172,19 @@ pub enum CgroupError {
     },
 }
 
+impl CgroupError {
+    /// The kernel did not report `job` `state` (`frozen`, `thawed`) within `waited`; `undone`
+    /// says what was done about it ("" or "; thawed again").
+    pub(crate) fn not_reported(
+        job: &JobId,
+        state: &'static str,
+        waited: Duration,
+        undone: &'static str,
+    ) -> Self {
+        CgroupError::Timeout { job: job.to_string(), state, waited, undone }
+    }
+}
+
 /// The cgroup operations topod needs.
 pub trait CgroupBackend: Send + Sync {
     /// `v1`, `v2` or `fake`.

@@ -365,12 +365,7 @@ impl CgroupBackend for V1 {
             return Ok(());
         }
         self.files.write(&state, "THAWED")?;
-        Err(CgroupError::Timeout {
-            job: job.to_string(),
-            state: "frozen",
-            waited: timeout,
-            undone: "; thawed again",
-        })
+        Err(CgroupError::not_reported(job, "frozen", timeout, "; thawed again"))
     }
 
     fn thaw(&self, job: &JobId, timeout: Duration) -> Result<(), CgroupError> {
@@ -379,12 +374,7 @@ impl CgroupBackend for V1 {
         if wait_until(timeout, || Ok(self.files.read(&state)?.trim() == "THAWED"))? {
             return Ok(());
         }
-        Err(CgroupError::Timeout {
-            job: job.to_string(),
-            state: "thawed",
-            waited: timeout,
-            undone: "",
-        })
+        Err(CgroupError::not_reported(job, "thawed", timeout, ""))
     }
 
     fn is_frozen(&self, job: &JobId) -> Result<bool, CgroupError> {

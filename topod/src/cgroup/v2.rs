@@ -180,12 +180,7 @@ impl CgroupBackend for V2 {
             return Ok(());
         }
         self.files.write(&dir.join("cgroup.freeze"), "0")?;
-        Err(CgroupError::Timeout {
-            job: job.to_string(),
-            state: "frozen",
-            waited: timeout,
-            undone: "; thawed again",
-        })
+        Err(CgroupError::not_reported(job, "frozen", timeout, "; thawed again"))
     }
 
     fn thaw(&self, job: &JobId, timeout: Duration) -> Result<(), CgroupError> {
@@ -198,12 +193,7 @@ impl CgroupBackend for V2 {
         if self.files.watch(&events, timeout, |t| t.lines().any(|l| l.trim() == "frozen 0"))? {
             return Ok(());
         }
-        Err(CgroupError::Timeout {
-            job: job.to_string(),
-            state: "thawed",
-            waited: timeout,
-            undone: "",
-        })
+        Err(CgroupError::not_reported(job, "thawed", timeout, ""))
     }
 
     fn is_frozen(&self, job: &JobId) -> Result<bool, CgroupError> {
