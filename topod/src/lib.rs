@@ -7,7 +7,9 @@
 //! - [`cgroup`]: job cgroups (v1, v2, and an in-memory fake), the one OS boundary of topod;
 //! - `daemon` (feature `daemon`): topod's configuration, host state, job records, peer
 //!   authentication and socket server;
-//! - [`picture`]: the text picture of a host and who holds what, for `topoctl`.
+//! - [`picture`]: the text picture of a host and who holds what, for `topoctl`;
+//! - `cli` (feature `cli`): the command lines of `topod` and `topo-exec`, and `man` (features
+//!   `cli` and `daemon`): the manual pages made from them, topoctl's and the configuration type.
 //!
 //! The binaries are `topod` (the daemon), `topoctl` (the administrator's and user's view,
 //! what-if placement and benchmarks) and `topo-exec` (runs a command inside a job's cgroup).
@@ -16,6 +18,10 @@
 #![warn(missing_docs)]
 
 pub mod cgroup;
+#[cfg(feature = "cli")]
+pub mod cli;
 #[cfg(feature = "daemon")]
 pub mod daemon;
+#[cfg(all(feature = "cli", feature = "daemon"))]
+pub mod man;
 pub mod picture;

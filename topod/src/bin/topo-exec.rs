@@ -16,33 +16,10 @@ use std::process::{Command, ExitCode};
 use topo_client::Client;
 use topo_core::batch;
 use topo_core::proto::Op;
-
-#[derive(Parser)]
-#[command(name = "topo-exec", version, about = "Run a command inside a job's cpuset/cgroup")]
-struct Args {
-    /// The job id [default: lsf-$LSB_JOBID (lsf-$LSB_JOBID[$LSB_JOBINDEX] in an array), $SLURM_JOB_ID or $PBS_JOBID].
-    #[arg(long)]
-    job: Option<String>,
-    /// The topology request; without it the job must already be allocated [default: $TOPO_REQUEST].
-    #[arg(long)]
-    request: Option<String>,
-    /// Tasks when the request does not say [default: this host's slots in $LSB_MCPU_HOSTS, else $LSB_DJOB_NUMPROC, else 1].
-    #[arg(long)]
-    tasks: Option<u32>,
-    /// Write the job's CPUs per task here, one `host cpu_list` line per task, and point
-    /// $LSB_AFFINITY_HOSTFILE at it [default under LSF: $TMPDIR/topo-affinity.JOB, else none].
-    #[arg(long)]
-    hostfile: Option<PathBuf>,
-    /// topod's socket.
-    #[arg(long, default_value = topo_core::proto::DEFAULT_SOCKET)]
-    socket: PathBuf,
-    /// The command and its arguments.
-    #[arg(required = true, last = true)]
-    command: Vec<String>,
-}
+use topod::cli::TopoExecArgs;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = TopoExecArgs::parse();
     match run(args) {
         Ok(never) => match never {},
         Err(message) => {
@@ -54,7 +31,7 @@ fn main() -> ExitCode {
 
 enum Never {}
 
-fn run(args: Args) -> Result<Never, String> {
+fn run(args: TopoExecArgs) -> Result<Never, String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let job = args
         .job

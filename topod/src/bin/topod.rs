@@ -17,6 +17,7 @@ use topo_core::place::Strategy;
 use topo_core::proto::Op;
 use topo_core::topology::{hwloc_xml, sysfs};
 use topod::cgroup::{self, fs::Files, Kind};
+use topod::cli::{TopodArgs, DEFAULT_CONFIG};
 use topod::daemon::conn::{raise_fd_limit, Gate};
 use topod::daemon::host::{Host, JobHint};
 use topod::daemon::pending::{Kernel, PendingReleases};
@@ -24,33 +25,13 @@ use topod::daemon::records::Records;
 use topod::daemon::server::{self, Admins, Listener, Server};
 use topod::daemon::{CgroupKind, Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
 
-#[derive(Parser)]
-#[command(name = "topod", version, about = "Topology-aware job placement: the per-host daemon")]
-struct Args {
-    /// Configuration file (TOML); default: /etc/topo/topod.toml when it exists.
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Socket to listen on [default: /run/topo/topod.sock].
-    #[arg(long, value_name = "PATH")]
-    socket: Option<PathBuf>,
-    /// Directory for the job hint file [default: /run/topo].
-    #[arg(long, value_name = "DIR")]
-    state_dir: Option<PathBuf>,
-    /// cgroup backend: auto, v1, v2 or fake (in memory, for demos and tests) [default: auto].
-    #[arg(long, value_name = "KIND")]
-    cgroup: Option<CgroupKind>,
-    /// Emulate the machine of this hwloc XML file instead of reading /sys.
-    #[arg(long, value_name = "FILE")]
-    topology: Option<PathBuf>,
-}
-
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(Args::parse()) {
+    match run(TopodArgs::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             tracing::error!("{message}");
@@ -60,11 +41,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: TopodArgs) -> Result<(), String> {
     let config = match &args.config {
         Some(path) => Config::load(path).map_err(|e| e.to_string())?,
-        None if Path::new("/etc/topo/topod.toml").exists() => {
-            Config::load(Path::new("/etc/topo/topod.toml")).map_err(|e| e.to_string())?
+        None if Path::new(DEFAULT_CONFIG).exists() => {
+            Config::load(Path::new(DEFAULT_CONFIG)).map_err(|e| e.to_string())?
         }
         None => Config::default(),
     };

@@ -7,6 +7,7 @@
 mod bench_daemon;
 mod bench_freeze;
 mod bench_hostile;
+mod docs;
 mod lsf;
 mod simulate;
 mod slurm_features;
@@ -234,6 +235,8 @@ enum Command {
     /// Print the protocol between topod and its clients as a JSON Schema (the file
     /// packaging/protocol.schema.json, which the PBS hook reads replies against).
     ProtocolSchema,
+    #[command(flatten)]
+    Docs(docs::Docs),
 }
 
 #[derive(Subcommand)]
@@ -313,7 +316,10 @@ enum BenchCommand {
     },
 }
 
+// No group of its own: `bench daemon`'s variant already makes one named Daemon (clap's checks
+// of the whole command, which `topoctl man` and `completions` build, refuse two).
 #[derive(Args)]
+#[group(skip)]
 struct Daemon {
     /// topod's socket.
     #[arg(long, value_name = "PATH", default_value = topo_core::proto::DEFAULT_SOCKET)]
@@ -386,6 +392,7 @@ fn main() -> ExitCode {
         Command::Demo { source, json } => demo(&source, json),
         Command::Simulate(opts) => simulate::run(opts),
         Command::ProtocolSchema => print_json(&topo_core::proto::schema::document()),
+        Command::Docs(d) => docs::run(d, <Cli as clap::CommandFactory>::command()),
         Command::Status { daemon, json } => status(&daemon, json),
         Command::Jobs { daemon, json } => jobs(&daemon, json),
         Command::SlurmFeatures { daemon, node, interval, once, dry_run, scontrol } => {

@@ -1,0 +1,55 @@
+//! The command lines of `topod` and `topo-exec`, in the library so that one generator (`topoctl
+//! man`, see [`crate::man`]) makes their manual pages from the same definitions the binaries
+//! parse.
+
+use std::path::PathBuf;
+
+/// The configuration file topod reads when `--config` is not given and the file exists.
+pub const DEFAULT_CONFIG: &str = "/etc/topo/topod.toml";
+
+/// `topod`'s command line.
+#[cfg(feature = "daemon")]
+#[derive(Debug, clap::Parser)]
+#[command(name = "topod", version, about = "Topology-aware job placement: the per-host daemon")]
+pub struct TopodArgs {
+    /// Configuration file (TOML); default: /etc/topo/topod.toml when it exists.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Socket to listen on [default: /run/topo/topod.sock].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Directory for the job hint file [default: /run/topo].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// cgroup backend: auto, v1, v2 or fake (in memory, for demos and tests) [default: auto].
+    #[arg(long, value_name = "KIND")]
+    pub cgroup: Option<crate::daemon::CgroupKind>,
+    /// Emulate the machine of this hwloc XML file instead of reading /sys.
+    #[arg(long, value_name = "FILE")]
+    pub topology: Option<PathBuf>,
+}
+
+/// `topo-exec`'s command line.
+#[derive(Debug, clap::Parser)]
+#[command(name = "topo-exec", version, about = "Run a command inside a job's cpuset/cgroup")]
+pub struct TopoExecArgs {
+    /// The job id [default: lsf-$LSB_JOBID (lsf-$LSB_JOBID[$LSB_JOBINDEX] in an array), $SLURM_JOB_ID or $PBS_JOBID].
+    #[arg(long)]
+    pub job: Option<String>,
+    /// The topology request; without it the job must already be allocated [default: $TOPO_REQUEST].
+    #[arg(long)]
+    pub request: Option<String>,
+    /// Tasks when the request does not say [default: this host's slots in $LSB_MCPU_HOSTS, else $LSB_DJOB_NUMPROC, else 1].
+    #[arg(long)]
+    pub tasks: Option<u32>,
+    /// Write the job's CPUs per task here, one `host cpu_list` line per task, and point
+    /// $LSB_AFFINITY_HOSTFILE at it [default under LSF: $TMPDIR/topo-affinity.JOB, else none].
+    #[arg(long)]
+    pub hostfile: Option<PathBuf>,
+    /// topod's socket.
+    #[arg(long, default_value = topo_core::proto::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// The command and its arguments.
+    #[arg(required = true, last = true)]
+    pub command: Vec<String>,
+}
