@@ -369,3 +369,52 @@ fn the_hosts_default_to_maxnodes_when_maxprocs_is_missing() {
     let v = simulate(&["--trace", trace("lublin_256.swf").to_str().unwrap(), "--policy", "fcfs"]);
     assert_eq!(v["hosts"].as_u64(), Some(256), "lublin_256 says MaxNodes: 256");
 }
+
+#[test]
+fn gang_slices_let_a_short_job_run_beside_a_long_one_by_turns() {
+    // One processor, slices of 10 s, two rows. Job 1 (100 s) from t=0; job 2 (20 s) arrives at
+    // t=5: EASY makes it wait until 100. Gang starts it in row 1, frozen until its slice at 10;
+    // it runs 10-20 and 30-40 and ends at 40. Job 1 runs 0-10, 20-30 and from 40, ending at 120.
+    let dir = tempfile::tempdir().unwrap();
+    let t = small_trace(dir.path(), "g.swf", &[&line(1, 0, 100, 1), &line(2, 5, 20, 1)]);
+    let runs = simulate(&[
+        "--trace",
+        t.to_str().unwrap(),
+        "--hosts",
+        "1",
+        "--policy",
+        "easy,easy+gang",
+        "--gang",
+        "10",
+    ]);
+    let (easy, gang) = (&runs[0], &runs[1]);
+    assert_eq!(gang["policy"], "easy+gang");
+    assert_eq!(gang["gang_slice_s"], 10);
+    assert_eq!(easy["mean_wait_s"].as_f64(), Some(95.0 / 2.0), "{easy}");
+    assert_eq!(gang["mean_wait_s"].as_f64(), Some(5.0 / 2.0), "{gang}");
+    assert_eq!(gang["makespan_s"].as_f64(), Some(120.0), "{gang}");
+    // Slowdowns: job 1 120/100, job 2 (40-5)/20.
+    assert_eq!(gang["mean_bounded_slowdown"].as_f64(), Some((1.2 + 1.75) / 2.0), "{gang}");
+    // Freezes: job 2 at its start, then job 1 at 10, job 2 at 20, job 1 at 30.
+    assert_eq!(gang["gang_freezes"], 4, "{gang}");
+}
+
+#[test]
+fn gang_options_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = small_trace(dir.path(), "g.swf", &[&line(1, 0, 100, 1)]);
+    let refused = |args: &[&str], says: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args(["simulate", "--trace", t.to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
+    };
+    refused(&["--policy", "easy+preempt+gang"], "do not go together");
+    refused(&["--policy", "easy+preempt", "--gang", "30"], "do not go together");
+    refused(&["--policy", "easy+slices"], "+slices is not an option");
+    refused(&["--gang", "0"], "--gang");
+    refused(&["--gang", "30", "--gang-rows", "0"], "--gang-rows");
+}

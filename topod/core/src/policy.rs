@@ -90,8 +90,88 @@ pub struct PolicyConfig {
     pub order: QueueOrder,
     /// The strategy that chooses CPUs on a host.
     pub strategy: Strategy,
-    /// Suspending running jobs for a waiting one, when set.
+    /// Suspending running jobs for a waiting one, when set (not with `gang`).
     pub preempt: Option<Preempt>,
+    /// Gang time slicing, when set.
+    pub gang: Option<Gang>,
+}
+
+impl PolicyConfig {
+    /// A configuration with neither preemption nor gang slicing.
+    pub fn plain(order: QueueOrder, strategy: Strategy) -> Self {
+        PolicyConfig { order, strategy, preempt: None, gang: None }
+    }
+}
+
+/// Gang time slicing (the T3E's psched; Ousterhout's matrix): every host has `rows` rows, and a
+/// job is started in one row, on every host it spans. Jobs of one row never share a CPU; jobs
+/// of different rows may. Time is cut into slices of `slice` seconds, slice k starting at
+/// k·`slice` from the origin of the caller's clock (the epoch, for topod), so hosts whose clocks
+/// agree switch together without talking. In slice k the jobs of row k mod `rows` run, and so
+/// does every job of another row whose CPUs none of those use (alternative scheduling,
+/// Feitelson's term), the nearest rows first; the rest are frozen. See [`gang_runs`].
+///
+/// A job in a row runs at least one slice in every `rows`: backfilling plans with its estimate
+/// times `rows`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gang {
+    /// Slice length, seconds (at least 1).
+    pub slice: Time,
+    /// Rows per host: how many jobs may share a CPU (at least 1).
+    pub rows: u32,
+}
+
+impl Gang {
+    /// The slice `now` falls in.
+    pub fn slice_at(&self, now: Time) -> i64 {
+        now.div_euclid(self.slice.max(1))
+    }
+
+    /// The row whose slice `now` falls in.
+    pub fn active_row(&self, now: Time) -> u32 {
+        self.slice_at(now).rem_euclid(i64::from(self.rows.max(1))) as u32
+    }
+
+    /// When the slice after the one `now` falls in starts.
+    pub fn next_boundary(&self, now: Time) -> Time {
+        self.slice_at(now).saturating_add(1).saturating_mul(self.slice.max(1))
+    }
+}
+
+/// A job in gang time slicing, for [`gang_runs`]: its row and its CPUs on each host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GangMember<'a> {
+    /// Its row.
+    pub row: u32,
+    /// Its CPUs, per host.
+    pub parts: Vec<(HostId, &'a CpuSet)>,
+}
+
+/// Which of `members` run while row `active` of `rows` has the slice: every job of that row,
+/// then each job of the rows after it in turn (`active`+1, `active`+2, ... modulo `rows`; in
+/// the order given within a row) whose CPUs on every host it spans are used by no job chosen
+/// before it. A multi-host job runs on all its hosts or none. No two jobs chosen share a CPU
+/// when no two jobs of one row do. Both drivers call this: topod for one host at each slice
+/// boundary, the simulator for the cluster.
+pub fn gang_runs(active: u32, rows: u32, members: &[GangMember<'_>]) -> Vec<bool> {
+    let rows = rows.max(1);
+    let mut order: Vec<usize> = (0..members.len()).collect();
+    order.sort_by_key(|&i| ((members[i].row % rows + rows - active % rows) % rows, i));
+    let mut busy: BTreeMap<HostId, CpuSet> = BTreeMap::new();
+    let mut runs = vec![false; members.len()];
+    for i in order {
+        let m = &members[i];
+        let own_row = m.row % rows == active % rows;
+        let clear = own_row
+            || m.parts.iter().all(|(h, cpus)| busy.get(h).is_none_or(|b| !b.intersects(cpus)));
+        if clear {
+            runs[i] = true;
+            for (h, cpus) in &m.parts {
+                busy.entry(*h).or_default().union_with(cpus);
+            }
+        }
+    }
+    runs
 }
 
 /// When the core may suspend running jobs to start a waiting one (after NCI's PBS: whom to
@@ -235,12 +315,24 @@ pub fn cores_request(cores: u32) -> Request {
 #[derive(Debug)]
 struct HostState {
     model: Arc<HostModel>,
-    occupancy: Occupancy,
     /// Whole cores, all allocatable.
     cores: u32,
-    free: u32,
     /// The placement of a job taking the whole empty host (one answer; computed once per model).
     whole: Option<Arc<Placement>>,
+}
+
+/// One row of the cluster: what its jobs hold on each host. Without gang slicing there is one.
+#[derive(Debug)]
+struct Row {
+    occupancy: Vec<Occupancy>,
+    /// Wholly free cores per host.
+    free: Vec<u32>,
+    /// Hosts by free cores (only counts some host has), each set by id.
+    by_free: BTreeMap<u32, BTreeSet<HostId>>,
+    /// Free cores in the row.
+    free_total: u64,
+    /// Jobs started in the row and not ended.
+    jobs: u32,
 }
 
 #[derive(Debug)]
@@ -253,6 +345,10 @@ struct Running {
     /// When it last started or resumed.
     since: Time,
     suspensions: u32,
+    /// Its row (0 without gang slicing).
+    row: u32,
+    /// Frozen by gang slicing until its row's slice (it keeps its CPUs).
+    frozen: bool,
 }
 
 impl Running {
@@ -293,22 +389,22 @@ fn expansion_factor(in_system: Time, to_run: Time, estimate: Time) -> f64 {
 pub struct PolicyCore {
     config: PolicyConfig,
     hosts: Vec<HostState>,
-    /// Hosts by free cores (only counts some host has), each set by id.
-    by_free: BTreeMap<u32, BTreeSet<HostId>>,
+    rows: Vec<Row>,
     /// Bumped whenever a host's occupancy changes: a backfill pass that finds the cluster, the
     /// head and its reservation as the last one left them starts where that one stopped.
     generation: u64,
-    /// (generation, head, shadow time, extra processors, queue position) of the last backfill
-    /// pass.
-    backfilled: Option<(u64, JobKey, Time, u64, usize)>,
+    /// (generation, head, shadow time, reserved row, extra processors, queue position) of the
+    /// last backfill pass.
+    backfilled: Option<(u64, JobKey, Time, u32, u64, usize)>,
     total: u64,
-    free: u64,
     jobs: Vec<Slot>,
     queue: VecDeque<JobKey>,
     /// Running jobs by estimated end.
     ends: BTreeSet<(Time, JobKey)>,
     /// Suspended jobs.
     suspended: BTreeSet<JobKey>,
+    /// Running jobs frozen by gang slicing.
+    frozen: u32,
     now: Time,
 }
 
@@ -340,31 +436,37 @@ impl PolicyCore {
                     w
                 }
             };
-            states.push(HostState {
-                model,
-                occupancy: Occupancy::default(),
-                cores,
-                free: cores,
-                whole,
-            });
-        }
-        let mut by_free: BTreeMap<u32, BTreeSet<HostId>> = BTreeMap::new();
-        for (i, h) in states.iter().enumerate() {
-            by_free.entry(h.free).or_default().insert(i as HostId);
+            states.push(HostState { model, cores, whole });
         }
         let total = states.iter().map(|h| u64::from(h.cores)).sum();
+        let row_count = config.gang.map_or(1, |g| g.rows.max(1));
+        let rows = (0..row_count)
+            .map(|_| {
+                let mut by_free: BTreeMap<u32, BTreeSet<HostId>> = BTreeMap::new();
+                for (i, h) in states.iter().enumerate() {
+                    by_free.entry(h.cores).or_default().insert(i as HostId);
+                }
+                Row {
+                    occupancy: vec![Occupancy::default(); states.len()],
+                    free: states.iter().map(|h| h.cores).collect(),
+                    by_free,
+                    free_total: total,
+                    jobs: 0,
+                }
+            })
+            .collect();
         PolicyCore {
             config,
             hosts: states,
-            by_free,
+            rows,
             generation: 0,
             backfilled: None,
             total,
-            free: total,
             jobs: Vec::new(),
             queue: VecDeque::new(),
             ends: BTreeSet::new(),
             suspended: BTreeSet::new(),
+            frozen: 0,
             now: Time::MIN,
         }
     }
@@ -374,9 +476,31 @@ impl PolicyCore {
         self.total
     }
 
-    /// Processors free now.
+    /// Processors free now (in the first row; without gang slicing there is one).
     pub fn free_procs(&self) -> u64 {
-        self.free
+        self.rows[0].free_total
+    }
+
+    /// Processors of the jobs running now (not suspended, not frozen by gang slicing).
+    pub fn busy_procs(&self) -> u64 {
+        if self.config.gang.is_none() {
+            return self.total - self.rows[0].free_total;
+        }
+        self.ends
+            .iter()
+            .filter_map(|&(_, job)| match &self.jobs[job as usize] {
+                Slot::Running(r) if !r.frozen => Some(r.held()),
+                _ => None,
+            })
+            .sum()
+    }
+
+    /// When the core wants a [`Event::Tick`] next although nothing else happens: the next gang
+    /// slice boundary, while jobs of more than one row are running.
+    pub fn next_wakeup(&self) -> Option<Time> {
+        let gang = self.config.gang?;
+        let rows_in_use = self.rows.iter().filter(|r| r.jobs > 0).count();
+        (rows_in_use > 1).then(|| gang.next_boundary(self.now))
     }
 
     /// Jobs waiting.
@@ -394,9 +518,14 @@ impl PolicyCore {
         self.suspended.len()
     }
 
-    /// The occupancy of a host.
+    /// The occupancy of a host (in the first row; without gang slicing there is one).
     pub fn occupancy(&self, host: HostId) -> &Occupancy {
-        &self.hosts[host as usize].occupancy
+        &self.rows[0].occupancy[host as usize]
+    }
+
+    /// The occupancy of a host in a gang row.
+    pub fn row_occupancy(&self, row: u32, host: HostId) -> &Occupancy {
+        &self.rows[row as usize].occupancy[host as usize]
     }
 
     /// Whether `spec` could ever start here (checks a submit before it is made).
@@ -461,7 +590,9 @@ impl PolicyCore {
         match std::mem::replace(slot, Slot::Unknown) {
             Slot::Running(r) => {
                 self.ends.remove(&(r.estimated_end, job));
-                self.give_back(&r.parts);
+                self.give_back(r.row, &r.parts);
+                self.rows[r.row as usize].jobs -= 1;
+                self.frozen -= u32::from(r.frozen);
                 Ok(())
             }
             Slot::Waiting(..) => {
@@ -470,9 +601,10 @@ impl PolicyCore {
                 self.generation += 1;
                 Ok(())
             }
-            Slot::Suspended(_) => {
+            Slot::Suspended(s) => {
                 // Killed while suspended: its CPUs are not held by it.
                 self.suspended.remove(&job);
+                self.rows[s.run.row as usize].jobs -= 1;
                 Ok(())
             }
             Slot::Unknown => Err(PolicyError::UnknownJob { job }),
@@ -490,62 +622,137 @@ impl PolicyCore {
         self.resume_what_fits(actions);
         while let Some(&head) = self.queue.front() {
             let spec = self.spec(head);
-            if !self.try_start(head, spec, actions) {
+            if !self.try_start_in_any_row(head, spec, actions) {
                 break;
             }
             self.queue.pop_front();
         }
-        if self.config.preempt.is_some() {
+        if self.config.preempt.is_some() && self.config.gang.is_none() {
             if let Some(&head) = self.queue.front() {
                 if self.preempt_for(head, actions) {
                     self.queue.pop_front();
                 }
             }
         }
-        if self.config.order != QueueOrder::Easy || self.queue.len() < 2 || self.free == 0 {
-            return;
+        if self.config.order == QueueOrder::Easy
+            && self.queue.len() >= 2
+            && self.rows.iter().any(|r| r.free_total > 0)
+        {
+            self.backfill(actions);
         }
+        self.switch_gang(actions);
+    }
+
+    /// How much longer than its estimate a job may take in the wall clock: `rows` with gang
+    /// slicing (it runs at least one slice in every `rows`), else 1.
+    fn stretch(&self) -> Time {
+        Time::from(self.config.gang.map_or(1, |g| g.rows.max(1)))
+    }
+
+    /// EASY's pass behind the head (see the module documentation). With gang slicing the head's
+    /// reservation is in the row where enough processors are free soonest; a later job may start
+    /// in any other row where it fits, and in that row under EASY's rule.
+    fn backfill(&mut self, actions: &mut Vec<Action>) {
         let head_job = self.queue[0];
         let head = self.spec(head_job);
-        let (shadow, mut extra) = self.shadow(head.procs);
+        let (shadow, reserved, mut extra) = (0..self.rows.len() as u32)
+            .map(|row| {
+                let (at, spare) = self.shadow(row, head.procs);
+                (at, row, spare)
+            })
+            .min_by_key(|&(at, row, _)| (at, row))
+            .unwrap_or((Time::MAX, 0, 0));
+        let stretch = self.stretch();
         // A pass over the same cluster, head and reservation as the last one: the jobs that
         // pass looked at were refused, and later they end later still, so they are refused
         // again; only the jobs submitted since are new.
         let mut i = match self.backfilled {
-            Some((generation, job, at, spare, scanned))
-                if (generation, job, at, spare) == (self.generation, head_job, shadow, extra) =>
+            Some((generation, job, at, row, spare, scanned))
+                if (generation, job, at, row, spare)
+                    == (self.generation, head_job, shadow, reserved, extra) =>
             {
                 scanned.min(self.queue.len())
             }
             _ => 1,
         };
-        while i < self.queue.len() && self.free > 0 {
+        while i < self.queue.len() && self.rows.iter().any(|r| r.free_total > 0) {
             let job = self.queue[i];
             let spec = self.spec(job);
-            let ends_in_time = self.now.saturating_add(spec.estimate) <= shadow;
+            let ends_in_time =
+                self.now.saturating_add(spec.estimate.saturating_mul(stretch)) <= shadow;
             let fits_beside = u64::from(spec.procs) <= extra;
-            let free_before = self.free;
-            if u64::from(spec.procs) <= self.free
-                && (ends_in_time || fits_beside)
-                && self.try_start(job, spec, actions)
-            {
-                if !ends_in_time {
-                    // The cores it made unavailable (a strategy may take more than asked).
-                    extra = extra.saturating_sub(free_before - self.free);
+            let mut started = false;
+            for row in 0..self.rows.len() as u32 {
+                let free_before = self.rows[row as usize].free_total;
+                if u64::from(spec.procs) > free_before {
+                    continue;
                 }
+                if row == reserved && !(ends_in_time || fits_beside) {
+                    continue;
+                }
+                if self.try_start(job, spec, row, actions) {
+                    if row == reserved && !ends_in_time {
+                        // The cores it made unavailable (a strategy may take more than asked).
+                        extra =
+                            extra.saturating_sub(free_before - self.rows[row as usize].free_total);
+                    }
+                    started = true;
+                    break;
+                }
+            }
+            if started {
                 self.queue.remove(i);
             } else {
                 i += 1;
             }
         }
-        self.backfilled = Some((self.generation, head_job, shadow, extra, i));
+        self.backfilled = Some((self.generation, head_job, shadow, reserved, extra, i));
     }
 
-    /// The head's reservation: the earliest estimated end by which `procs` are free, and how
-    /// many processors beyond its need are free then.
-    fn shadow(&self, procs: u32) -> (Time, u64) {
+    /// Freezes and thaws gang jobs for the slice `now` falls in (see [`gang_runs`]): the
+    /// freezes first, so that no CPU runs two jobs at once.
+    fn switch_gang(&mut self, actions: &mut Vec<Action>) {
+        let Some(gang) = self.config.gang else { return };
+        if self.frozen == 0 && self.rows.iter().filter(|r| r.jobs > 0).count() < 2 {
+            return;
+        }
+        let mut keys: Vec<JobKey> = self.ends.iter().map(|&(_, job)| job).collect();
+        keys.sort_unstable();
+        let members: Vec<GangMember<'_>> = keys
+            .iter()
+            .filter_map(|&job| match &self.jobs[job as usize] {
+                Slot::Running(r) => Some(GangMember {
+                    row: r.row,
+                    parts: r.parts.iter().map(|p| (p.host, &p.placement.cpus)).collect(),
+                }),
+                _ => None,
+            })
+            .collect();
+        let runs = gang_runs(gang.active_row(self.now), gang.rows, &members);
+        drop(members);
+        let mut thaw = Vec::new();
+        for (job, runs) in keys.into_iter().zip(runs) {
+            let Slot::Running(r) = &mut self.jobs[job as usize] else { continue };
+            if r.frozen != runs {
+                continue;
+            }
+            r.frozen = !runs;
+            if runs {
+                self.frozen -= 1;
+                thaw.push(Action::Resume { job });
+            } else {
+                self.frozen += 1;
+                actions.push(Action::Suspend { job });
+            }
+        }
+        actions.extend(thaw);
+    }
+
+    /// The head's reservation in `row`: the earliest estimated end by which `procs` are free,
+    /// and how many processors beyond its need are free then.
+    fn shadow(&self, row: u32, procs: u32) -> (Time, u64) {
         let need = u64::from(procs);
-        let mut free = self.free;
+        let mut free = self.rows[row as usize].free_total;
         let mut ends = self.ends.iter().peekable();
         // By estimated end, every job ending at one second together: the head's reservation
         // counts all the cores free at that second (not only up to the job that was enough).
@@ -554,8 +761,9 @@ impl PolicyCore {
                 if at != end {
                     break;
                 }
-                if let Slot::Running(r) = &self.jobs[job as usize] {
-                    free += r.held();
+                match &self.jobs[job as usize] {
+                    Slot::Running(r) if r.row == row => free += r.held(),
+                    _ => {}
                 }
                 ends.next();
             }
@@ -567,20 +775,38 @@ impl PolicyCore {
         (Time::MAX, 0)
     }
 
-    /// Starts `job` now if hosts and CPUs can be found for it.
-    fn try_start(&mut self, job: JobKey, spec: JobSpec, actions: &mut Vec<Action>) -> bool {
-        if u64::from(spec.procs) > self.free {
+    /// Starts `job` now in the first row where hosts and CPUs can be found for it.
+    fn try_start_in_any_row(
+        &mut self,
+        job: JobKey,
+        spec: JobSpec,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        (0..self.rows.len() as u32).any(|row| self.try_start(job, spec, row, actions))
+    }
+
+    /// Starts `job` now in `row` if hosts and CPUs can be found for it there.
+    fn try_start(
+        &mut self,
+        job: JobKey,
+        spec: JobSpec,
+        row: u32,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        if u64::from(spec.procs) > self.rows[row as usize].free_total {
             return false;
         }
-        let Some(choice) = self.choose_hosts(spec.procs) else { return false };
+        let Some(choice) = self.choose_hosts(row, spec.procs) else { return false };
         let mut parts = Vec::with_capacity(choice.len());
         for (host, cores) in choice {
             let h = &self.hosts[host as usize];
-            let placement = match (&h.whole, cores == h.cores && h.free == h.cores) {
+            let r = &self.rows[row as usize];
+            let empty = r.free[host as usize] == h.cores;
+            let placement = match (&h.whole, cores == h.cores && empty) {
                 (Some(whole), true) => Arc::clone(whole),
                 _ => match start_on_host(
                     &h.model,
-                    &h.occupancy,
+                    &r.occupancy[host as usize],
                     &cores_request(cores),
                     self.config.strategy,
                 ) {
@@ -588,15 +814,16 @@ impl PolicyCore {
                     Err(_) => {
                         // Counts said yes, the host said no (a strategy that cannot place a
                         // plain count here): undo what this job took and leave it waiting.
-                        self.give_back(&parts);
+                        self.give_back(row, &parts);
                         return false;
                     }
                 },
             };
-            let held = self.take(host, &placement);
+            let held = self.take(row, host, &placement);
             parts.push(Part { host, cores: held, placement });
         }
-        let estimated_end = self.now.saturating_add(spec.estimate);
+        self.rows[row as usize].jobs += 1;
+        let estimated_end = self.now.saturating_add(spec.estimate.saturating_mul(self.stretch()));
         self.ends.insert((estimated_end, job));
         let submitted = match &self.jobs[job as usize] {
             Slot::Waiting(_, at) => *at,
@@ -610,6 +837,8 @@ impl PolicyCore {
             submitted,
             since: self.now,
             suspensions: 0,
+            row,
+            frozen: false,
         });
         actions.push(Action::Start { job, parts });
         true
@@ -636,7 +865,7 @@ impl PolicyCore {
         for (_, job) in order {
             let Slot::Suspended(s) = &self.jobs[job as usize] else { continue };
             let free_again = s.run.parts.iter().all(|p| {
-                let occ = &self.hosts[p.host as usize].occupancy;
+                let occ = &self.rows[0].occupancy[p.host as usize];
                 !p.placement.cpus.intersects(&occ.held)
                     && !p.placement.cpus.intersects(&occ.fenced)
                     && !p.placement.fenced.intersects(&occ.held)
@@ -650,7 +879,7 @@ impl PolicyCore {
             };
             let mut run = s.run;
             for p in &run.parts {
-                self.take(p.host, &p.placement);
+                self.take(0, p.host, &p.placement);
             }
             run.estimated_end = now.saturating_add(s.remaining);
             run.since = now;
@@ -697,7 +926,7 @@ impl PolicyCore {
                 std::mem::replace(&mut self.jobs[*job as usize], Slot::Unknown)
             {
                 self.ends.remove(&(r.estimated_end, *job));
-                self.give_back(&r.parts);
+                self.give_back(0, &r.parts);
                 let remaining = (r.estimated_end - now).max(0);
                 suspended.push(*job);
                 self.jobs[*job as usize] = Slot::Suspended(Suspended { run: r, remaining });
@@ -705,7 +934,7 @@ impl PolicyCore {
             }
         }
         let mut started = Vec::new();
-        if self.try_start(head, spec, &mut started) {
+        if self.try_start(head, spec, 0, &mut started) {
             for job in suspended {
                 if let Slot::Suspended(s) = &mut self.jobs[job as usize] {
                     s.run.suspensions += 1;
@@ -721,7 +950,7 @@ impl PolicyCore {
                 std::mem::replace(&mut self.jobs[job as usize], Slot::Unknown)
             {
                 for p in &s.run.parts {
-                    self.take(p.host, &p.placement);
+                    self.take(0, p.host, &p.placement);
                 }
                 self.ends.insert((s.run.estimated_end, job));
                 self.suspended.remove(&job);
@@ -739,7 +968,7 @@ impl PolicyCore {
         if procs > max_host {
             let mut by_xf = eligible.to_vec();
             by_xf.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-            let mut free = self.free;
+            let mut free = self.rows[0].free_total;
             let mut victims = Vec::new();
             for (job, _) in by_xf {
                 if free >= u64::from(procs) {
@@ -790,8 +1019,8 @@ impl PolicyCore {
                     if cores_in(&host.model.allocatable) < procs {
                         continue;
                     }
-                    let free_cpus =
-                        domain.difference(&host.occupancy.held).difference(&host.occupancy.fenced);
+                    let occ = &self.rows[0].occupancy[h];
+                    let free_cpus = domain.difference(&occ.held).difference(&occ.fenced);
                     let mut room = cores_in(&free_cpus);
                     let mut victims = Vec::new();
                     let (mut cost, mut xf_sum) = (0u64, 0f64);
@@ -823,31 +1052,33 @@ impl PolicyCore {
         best.map(|(_, v)| v)
     }
 
-    /// Records `placement` on `host`; returns the cores it made unavailable (those it took
-    /// whole, and any it shares with nobody yet but leaves partly used).
-    fn take(&mut self, host: HostId, placement: &Placement) -> u32 {
-        let h = &mut self.hosts[host as usize];
-        h.occupancy.held.union_with(&placement.cpus);
-        h.occupancy.fenced.union_with(&placement.fenced);
-        let before = self.recount(host);
-        before.saturating_sub(self.hosts[host as usize].free)
+    /// Records `placement` on `host` in `row`; returns the cores it made unavailable (those it
+    /// took whole, and any it shares with nobody yet but leaves partly used).
+    fn take(&mut self, row: u32, host: HostId, placement: &Placement) -> u32 {
+        let occ = &mut self.rows[row as usize].occupancy[host as usize];
+        occ.held.union_with(&placement.cpus);
+        occ.fenced.union_with(&placement.fenced);
+        let before = self.recount(row, host);
+        before.saturating_sub(self.rows[row as usize].free[host as usize])
     }
 
-    fn give_back(&mut self, parts: &[Part]) {
+    fn give_back(&mut self, row: u32, parts: &[Part]) {
         for part in parts {
-            let h = &mut self.hosts[part.host as usize];
-            h.occupancy.held.difference_with(&part.placement.cpus);
-            h.occupancy.fenced.difference_with(&part.placement.fenced);
-            self.recount(part.host);
+            let occ = &mut self.rows[row as usize].occupancy[part.host as usize];
+            occ.held.difference_with(&part.placement.cpus);
+            occ.fenced.difference_with(&part.placement.fenced);
+            self.recount(row, part.host);
         }
     }
 
-    /// Counts the host's wholly free cores again (a strategy may take more or other cores than
-    /// asked); keeps the totals and the buckets in step. Returns the count before.
-    fn recount(&mut self, host: HostId) -> u32 {
-        let h = &mut self.hosts[host as usize];
-        let before = h.free;
-        let busy = h.occupancy.held.union(&h.occupancy.fenced);
+    /// Counts the host's wholly free cores in `row` again (a strategy may take more or other
+    /// cores than asked); keeps the totals and the buckets in step. Returns the count before.
+    fn recount(&mut self, row: u32, host: HostId) -> u32 {
+        let h = &self.hosts[host as usize];
+        let r = &mut self.rows[row as usize];
+        let occ = &r.occupancy[host as usize];
+        let before = r.free[host as usize];
+        let busy = occ.held.union(&occ.fenced);
         let after = if busy.is_empty() {
             h.cores
         } else {
@@ -857,29 +1088,26 @@ impl PolicyCore {
                 .filter(|c| c.is_subset(&h.model.allocatable) && !c.intersects(&busy))
                 .count() as u32
         };
-        h.free = after;
-        self.free = self.free + u64::from(after) - u64::from(before);
-        self.move_host(host, before, after);
-        before
-    }
-
-    fn move_host(&mut self, host: HostId, from: u32, to: u32) {
+        r.free[host as usize] = after;
+        r.free_total = r.free_total + u64::from(after) - u64::from(before);
         self.generation += 1;
-        if let Some(set) = self.by_free.get_mut(&from) {
+        if let Some(set) = r.by_free.get_mut(&before) {
             set.remove(&host);
             if set.is_empty() {
-                self.by_free.remove(&from);
+                r.by_free.remove(&before);
             }
         }
-        self.by_free.entry(to).or_default().insert(host);
+        r.by_free.entry(after).or_default().insert(host);
+        before
     }
 
     /// Hosts and core counts for a job of `procs` (see the module documentation), or `None`
     /// when the free cores do not add up.
-    fn choose_hosts(&self, procs: u32) -> Option<Vec<(HostId, u32)>> {
+    fn choose_hosts(&self, row: u32, procs: u32) -> Option<Vec<(HostId, u32)>> {
+        let by_free = &self.rows[row as usize].by_free;
         let mut remaining = procs;
         let mut chosen = Vec::new();
-        for (&f, hosts) in self.by_free.range(1..).rev() {
+        for (&f, hosts) in by_free.range(1..).rev() {
             for &host in hosts {
                 if remaining == 0 {
                     return Some(chosen);
@@ -890,8 +1118,7 @@ impl PolicyCore {
                 } else {
                     // This host could hold the rest; the tightest one that can goes instead.
                     // (Hosts of this bucket before it may be chosen already; it is not.)
-                    let tightest = self
-                        .by_free
+                    let tightest = by_free
                         .range(remaining..f)
                         .find_map(|(_, set)| set.first().copied())
                         .unwrap_or(host);
@@ -937,7 +1164,7 @@ pub(crate) mod tests {
     }
 
     fn core(order: QueueOrder, hosts: Vec<Arc<HostModel>>) -> PolicyCore {
-        PolicyCore::new(hosts, PolicyConfig { order, strategy: Strategy::BestFit, preempt: None })
+        PolicyCore::new(hosts, PolicyConfig::plain(order, Strategy::BestFit))
     }
 
     fn submit(job: JobKey, procs: u32, estimate: Time) -> Event {
@@ -1076,6 +1303,7 @@ pub(crate) mod tests {
                 order: QueueOrder::Fcfs,
                 strategy: Strategy::BestFit,
                 preempt: Some(rules),
+                gang: None,
             },
         )
     }
@@ -1124,6 +1352,151 @@ pub(crate) mod tests {
         let a = c.step(10_010, [Event::End { job: 1 }]).unwrap();
         assert_eq!(a, vec![Action::Resume { job: 0 }]);
         assert_eq!(c.free_procs(), 0);
+    }
+
+    #[test]
+    fn gang_runs_its_row_then_whatever_fits_beside_it() {
+        let set = |l: &str| CpuSet::parse_list(l).unwrap();
+        let (a, b, c, d) = (set("0-3"), set("4-7"), set("2-5"), set("6-7"));
+        // Row 0: a, b. Row 1: c (overlaps both). Row 2: d (overlaps b only).
+        let members = [
+            GangMember { row: 0, parts: vec![(0, &a)] },
+            GangMember { row: 0, parts: vec![(0, &b)] },
+            GangMember { row: 1, parts: vec![(0, &c)] },
+            GangMember { row: 2, parts: vec![(0, &d)] },
+        ];
+        assert_eq!(gang_runs(0, 3, &members), vec![true, true, false, false]);
+        // Row 1's slice: c, then d beside it (6-7 unused); a and b overlap c.
+        assert_eq!(gang_runs(1, 3, &members), vec![false, false, true, true]);
+        // Row 2's slice: d, then row 0 (a fits beside d, b does not), then c overlaps a.
+        assert_eq!(gang_runs(2, 3, &members), vec![true, false, false, true]);
+        // A job spanning hosts runs on all or none: e (row 1) is clear on host 1, not host 0.
+        let e0 = set("0");
+        let e1 = set("0");
+        let spanning = [
+            GangMember { row: 0, parts: vec![(0, &a)] },
+            GangMember { row: 1, parts: vec![(0, &e0), (1, &e1)] },
+        ];
+        assert_eq!(gang_runs(0, 2, &spanning), vec![true, false]);
+        assert_eq!(gang_runs(1, 2, &spanning), vec![false, true]);
+        let g = Gang { slice: 30, rows: 3 };
+        assert_eq!(
+            (g.active_row(0), g.active_row(29), g.active_row(30), g.active_row(90)),
+            (0, 0, 1, 0)
+        );
+        assert_eq!((g.next_boundary(0), g.next_boundary(29), g.next_boundary(-1)), (30, 30, 0));
+        assert_eq!(g.active_row(-1), 2, "slices before the origin count down the same way");
+    }
+
+    fn gang(hosts: Vec<Arc<HostModel>>, order: QueueOrder, slice: Time, rows: u32) -> PolicyCore {
+        PolicyCore::new(
+            hosts,
+            PolicyConfig {
+                gang: Some(Gang { slice, rows }),
+                ..PolicyConfig::plain(order, Strategy::BestFit)
+            },
+        )
+    }
+
+    #[test]
+    fn gang_jobs_share_cpus_across_rows_and_take_turns_at_slice_boundaries() {
+        let mut c = gang(flat(1, 2), QueueOrder::Fcfs, 10, 2);
+        // Both processors to job 0 (row 0), then job 1 (row 1): it starts, frozen at once.
+        let a = c.step(0, [submit(0, 2, 100)]).unwrap();
+        assert_eq!(started(&a), vec![0]);
+        let a = c.step(3, [submit(1, 2, 100)]).unwrap();
+        assert_eq!(a[1..], [Action::Suspend { job: 1 }]);
+        assert_eq!(started(&a), vec![1]);
+        assert_eq!(c.next_wakeup(), Some(10));
+        // A third needs a row with room: none.
+        assert!(c.step(4, [submit(2, 1, 100)]).unwrap().is_empty());
+        // Slice 1 belongs to row 1: job 0 frozen first, then job 1 thawed.
+        let a = c.step(10, [Event::Tick]).unwrap();
+        assert_eq!(a, vec![Action::Suspend { job: 0 }, Action::Resume { job: 1 }]);
+        assert_eq!(c.busy_procs(), 2);
+        // Job 1 ends in row 1's slice: job 2 starts in row 1 (row 0 is full) and runs; job 0
+        // overlaps it and stays frozen until row 0's slice.
+        let a = c.step(15, [Event::End { job: 1 }]).unwrap();
+        assert_eq!(started(&a), vec![2]);
+        assert_eq!(a.len(), 1, "{a:?}");
+        let a = c.step(20, [Event::Tick]).unwrap();
+        assert_eq!(a, vec![Action::Suspend { job: 2 }, Action::Resume { job: 0 }]);
+        // Once only one row has jobs and nobody is frozen, the core needs no more ticks.
+        c.step(21, [Event::End { job: 2 }]).unwrap();
+        assert_eq!(c.next_wakeup(), None);
+        assert_eq!(c.busy_procs(), 2);
+    }
+
+    /// Each job's CPUs per host, and whether it runs now.
+    type Live = std::collections::BTreeMap<JobKey, (Vec<(HostId, CpuSet)>, bool)>;
+
+    #[test]
+    fn under_gang_slicing_no_cpu_runs_two_jobs_at_once() {
+        for order in [QueueOrder::Fcfs, QueueOrder::Easy] {
+            let mut c = gang(two_socket(3), order, 7, 3);
+            let mut rng = crate::bench::SplitMix::new(23);
+            let mut running: Live = Default::default();
+            let mut t = 0;
+            let mut freezes = 0;
+            for job in 0..600u32 {
+                t += rng.below(5) as Time;
+                if let Some(w) = c.next_wakeup() {
+                    if w <= t {
+                        c.step(w, [Event::Tick])
+                            .unwrap()
+                            .into_iter()
+                            .for_each(|a| freezes += apply(&mut running, a));
+                    }
+                }
+                let mut events =
+                    vec![submit(job, 1 + rng.below(30) as u32, 1 + rng.below(60) as i64)];
+                if rng.below(3) == 0 {
+                    if let Some(&victim) =
+                        running.keys().nth(rng.below(running.len().max(1) as u64) as usize)
+                    {
+                        events.push(Event::End { job: victim });
+                        running.remove(&victim);
+                    }
+                }
+                for a in c.step(t, events).unwrap() {
+                    freezes += apply(&mut running, a);
+                }
+                let mut per_host: std::collections::HashMap<HostId, CpuSet> = Default::default();
+                for (parts, live) in running.values() {
+                    for (h, cpus) in parts.iter().filter(|_| *live) {
+                        let seen = per_host.entry(*h).or_default();
+                        assert!(
+                            !seen.intersects(cpus),
+                            "{order:?}: a CPU runs two jobs on host {h} at {t}"
+                        );
+                        seen.union_with(cpus);
+                    }
+                }
+                let live: u64 = running
+                    .values()
+                    .filter(|(_, l)| *l)
+                    .map(|(p, _)| p.iter().map(|(_, c)| c.len() as u64 / 2).sum::<u64>())
+                    .sum();
+                assert_eq!(live, c.busy_procs(), "{order:?} at {t}");
+            }
+            assert!(freezes > 100, "{order:?}: the stream makes rows take turns ({freezes})");
+        }
+        fn apply(running: &mut Live, a: Action) -> u32 {
+            match a {
+                Action::Start { job, parts } => {
+                    running.insert(job, (cpus_by_host(&parts), true));
+                    0
+                }
+                Action::Suspend { job } => {
+                    running.get_mut(&job).unwrap().1 = false;
+                    1
+                }
+                Action::Resume { job } => {
+                    running.get_mut(&job).unwrap().1 = true;
+                    0
+                }
+            }
+        }
     }
 
     #[test]

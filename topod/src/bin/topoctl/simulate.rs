@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use topo_core::place::{HostModel, Strategy};
-use topo_core::policy::{PolicyConfig, Preempt, QueueOrder, Time};
+use topo_core::policy::{Gang, PolicyConfig, Preempt, QueueOrder, Time};
 use topo_core::sim::{self, SimReport, TraceFilter};
 use topo_core::swf;
 use topo_core::topology::Topology;
@@ -54,8 +54,8 @@ pub(crate) struct SimulateOpts {
     #[arg(long, value_name = "FILE|flat:P", default_value = "flat:1")]
     topology: String,
     /// Cluster policies, comma-separated: fcfs, easy, and either with +preempt (fcfs+preempt,
-    /// easy+preempt: suspending running jobs for one that has waited, see --preempt). Each is
-    /// replayed and compared.
+    /// easy+preempt: suspending running jobs for one that has waited, see --preempt) or +gang
+    /// (easy+gang: time slicing, see --gang). Each is replayed and compared.
     #[arg(long, value_name = "LIST", default_value = "easy")]
     policy: String,
     /// Host strategies, comma-separated: best-fit, pack, balance, first-fit, buddy,
@@ -89,6 +89,16 @@ pub(crate) struct SimulateOpts {
     /// The expansion factor from which a waiting job may preempt.
     #[arg(long, value_name = "X", default_value_t = 2.0)]
     preempt_xf: f64,
+    /// Gang time slicing with slices of T seconds (Slurm's default slice is 30): every host has
+    /// --gang-rows rows, a job starts in the first row with room on all its hosts, and in slice
+    /// k the jobs of row k mod rows run, with any job of another row whose CPUs they leave idle;
+    /// the rest are frozen. Applies to every policy listed when none says +gang [default for
+    /// +gang: 30].
+    #[arg(long, value_name = "T", value_parser = clap::value_parser!(u32).range(1..=86_400))]
+    gang: Option<u32>,
+    /// Rows per host with gang slicing: how many jobs may share a CPU, taking turns.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    gang_rows: u32,
     /// Replay each combination this many times and report the median speed (jobs/s).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     repeat: u32,
@@ -127,32 +137,54 @@ where
         .collect()
 }
 
-/// A comma list of policies: `fcfs`, `easy`, each optionally `+preempt`; `all_preempt` adds
-/// preemption to every one.
-fn parse_policies(text: &str, all_preempt: bool) -> Result<Vec<(QueueOrder, bool)>, Failure> {
+/// One policy to replay: the cluster order, with preemption or gang slicing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PolicyChoice {
+    order: QueueOrder,
+    preempt: bool,
+    gang: bool,
+}
+
+/// A comma list of policies: `fcfs`, `easy`, each optionally `+preempt` or `+gang`;
+/// `all_preempt` adds preemption to every one, `all_gang` gang slicing to every one when none
+/// names it.
+fn parse_policies(
+    text: &str,
+    all_preempt: bool,
+    all_gang: bool,
+) -> Result<Vec<PolicyChoice>, Failure> {
     let names: Vec<String> = parse_list("--policy", text)?;
-    names
-        .iter()
-        .map(|name| {
-            let (order, preempt) = match name.split_once('+') {
-                Some((order, "preempt")) => (order, true),
-                Some((_, other)) => {
+    let any_gang = names.iter().any(|n| n.split('+').skip(1).any(|x| x == "gang"));
+    let mut all = Vec::new();
+    for name in &names {
+        let mut pieces = name.split('+');
+        let order = pieces
+            .next()
+            .unwrap_or_default()
+            .parse::<QueueOrder>()
+            .map_err(|e| Failure::input(format!("--policy {text:?}: {e}")))?;
+        let mut choice = PolicyChoice { order, preempt: all_preempt, gang: all_gang && !any_gang };
+        for option in pieces {
+            match option {
+                "preempt" => choice.preempt = true,
+                "gang" => choice.gang = true,
+                other => {
                     return Err(Failure::input(format!(
-                        "--policy {text:?}: {name:?}: +{other} is not an option (the one there is: +preempt)"
+                        "--policy {text:?}: {name:?}: +{other} is not an option (they are +preempt and +gang)"
                     )))
                 }
-                None => (name.as_str(), all_preempt),
-            };
-            let order = order.parse::<QueueOrder>().map_err(|e| Failure::input(format!("--policy {text:?}: {e}")))?;
-            Ok((order, preempt || all_preempt))
-        })
-        .try_fold(Vec::new(), |mut all, p: Result<(QueueOrder, bool), Failure>| {
-            let p = p?;
-            if !all.contains(&p) {
-                all.push(p);
             }
-            Ok(all)
-        })
+        }
+        if choice.preempt && choice.gang {
+            return Err(Failure::input(format!(
+                "--policy {text:?}: {name:?}: preemption and gang slicing do not go together (both suspend jobs: choose one per policy; --preempt and --gang apply to every policy listed)"
+            )));
+        }
+        if !all.contains(&choice) {
+            all.push(choice);
+        }
+    }
+    Ok(all)
 }
 
 /// See [`parse_policies`].
@@ -209,7 +241,8 @@ fn read_trace(path: &Path) -> Result<String, Failure> {
 }
 
 pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
-    let policies = parse_policies(&args.policy, args.preempt)?;
+    let policies = parse_policies(&args.policy, args.preempt, args.gang.is_some())?;
+    let gang = Gang { slice: Time::from(args.gang.unwrap_or(30)), rows: args.gang_rows };
     if !(args.preempt_xf.is_finite() && args.preempt_xf >= 1.0) {
         return Err(Failure::input(format!(
             "--preempt-xf {}: an expansion factor is 1 or more",
@@ -293,10 +326,14 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         .file_name()
         .map_or_else(|| args.trace.display().to_string(), |n| n.to_string_lossy().into());
     let mut reports = Vec::new();
-    for &(order, preempt) in &policies {
+    for &choice in &policies {
         for &placement in &placements {
-            let config =
-                PolicyConfig { order, strategy: placement, preempt: preempt.then_some(rules) };
+            let config = PolicyConfig {
+                order: choice.order,
+                strategy: placement,
+                preempt: choice.preempt.then_some(rules),
+                gang: choice.gang.then_some(gang),
+            };
             // Each repetition replays the same jobs and decides the same; the speed reported is
             // the median over the repetitions.
             let mut speeds = Vec::with_capacity(args.repeat as usize);
@@ -412,15 +449,19 @@ fn print_table(
     println!();
     let pw = reports.iter().map(|r| r.policy.len()).max().unwrap_or(0).max(7);
     let preempting = reports.iter().any(|r| r.policy.contains("preempt"));
+    let gang = reports.iter().find_map(|r| r.gang_slice_s);
     let suspensions = |r: &SimReport| {
+        let mut cells = String::new();
         if preempting {
-            format!(" {:>9}", r.suspensions)
-        } else {
-            String::new()
+            cells.push_str(&format!(" {:>9}", r.suspensions));
         }
+        if gang.is_some() {
+            cells.push_str(&format!(" {:>9}", r.gang_freezes));
+        }
+        cells
     };
     println!(
-        "{:<pw$} {:<12} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>10}{}",
+        "{:<pw$} {:<12} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>10}{}{}",
         "policy",
         "placement",
         "util",
@@ -432,7 +473,8 @@ fn print_table(
         "NUMA",
         "L3",
         "jobs/s",
-        if preempting { " suspended" } else { "" }
+        if preempting { " suspended" } else { "" },
+        if gang.is_some() { "    frozen" } else { "" }
     );
     for r in reports {
         println!(
@@ -456,6 +498,10 @@ fn print_table(
     println!("NUMA, L3: jobs within the fewest NUMA nodes / L3 groups that hold their size on every host they use.");
     if preempting {
         println!("With preemption the wait runs to a job's first start, and the slowdown counts the time it spent suspended.");
+    }
+    if let Some(slice) = gang {
+        println!("gang: {slice} s slices; frozen: times a job was stopped at a slice boundary for another row. The wait runs to a job's");
+        println!("first slice of running, and the slowdown counts the time it spent frozen.");
     }
 }
 
@@ -690,6 +736,8 @@ mod tests {
             processors: 1,
             jobs: 1,
             suspensions: 0,
+            gang_slice_s: None,
+            gang_freezes: 0,
             skipped: Default::default(),
             utilization: 1.0,
             mean_wait_s: 0.0,
