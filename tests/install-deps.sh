@@ -24,6 +24,10 @@ packages=(
     g++ make libtool autoconf automake m4 libx11-dev libxt-dev libedit-dev libical-dev
     libncurses-dev perl python3-dev tcl-dev tk-dev swig libexpat1-dev libssl-dev libxext-dev
     libxft-dev libhwloc-dev libcjson-dev postgresql libpq-dev
+    # tests/deb-roundtrip.sh: the Debian packages (cargo-deb runs dpkg-shlibdeps; the build
+    # installs cargo-deb itself from crates.io), lintian on them, `man topod` once installed, and
+    # the unit's capability bounding set applied with setpriv.
+    dpkg-dev lintian man-db util-linux
 )
 me=tests/install-deps.sh
 guest_kernel_dir=${TOPO_GUEST_KERNEL_DIR:-/var/cache/topo-tests/guest-kernel}

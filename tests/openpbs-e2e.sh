@@ -199,10 +199,10 @@ cat > "$BASE/topo.json" <<EOT
 }
 EOT
 cp packaging/pbs/topo.py "$BASE/topo.py"
-# The README's block, run as it stands, in the directory holding topo.py and topo.json; "freq"
-# is then lowered so that the periodic checks take seconds, not minutes.
-(cd "$BASE" && sed -n '/^Installation with qmgr/,/^The same topo.py serves/p' "$REPO/packaging/pbs/README" \
-    | grep -E '^  qmgr -c ' | sed 's/^  //' > qmgr-commands.sh && bash -e qmgr-commands.sh > qmgr.log)
+# The README's block, run as it stands, in the directory holding topo.py and topo.json (taken
+# from the README by the same script the topo-pbs package's install-hooks.sh is made with);
+# "freq" is then lowered so that the periodic checks take seconds, not minutes.
+(cd "$BASE" && "$REPO/packaging/pbs/qmgr-commands.sh" > qmgr-commands.sh && bash -e qmgr-commands.sh > qmgr.log)
 check "the README's qmgr commands install both hooks" grep -q 'enabled = true' <(qmgr -c "list hook topo")
 qmgr -c "set hook topo freq = 3"
 qmgr -c "set hook pbs_cgroups enabled = false" 2>/dev/null || true

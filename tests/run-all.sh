@@ -73,6 +73,13 @@ else
     echo "tests/run-all.sh: systemd-analyze not installed; the unit file was not verified"
 fi
 
+# The Debian packages, round trip: built from the workspace with cargo-deb, lintian, installed
+# with dpkg, `man topod`, topod started from the installed unit (or, without systemd as PID 1,
+# the installed binary with the unit's settings) with its own cgroup subtree, one job, removed
+# (only conffiles stay) and purged (nothing stays, no cgroup left); skips, saying so, when not
+# root or when the packages are already installed here.
+tests/deb-roundtrip.sh || [ $? -eq 77 ]
+
 # The PBS hooks through whole job lives against a real topod (python3, standard library only),
 # with a stand-in pbs module that runs the hook as PBS does: quick, and every event covered.
 tests/pbs-hooks.sh
