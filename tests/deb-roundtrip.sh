@@ -8,8 +8,8 @@
 # conffiles stay) and purge them (nothing stays), and check that no job cgroup is left.
 #
 # topod runs on this host's real cgroups with a subtree, socket and state directory of its own
-# (given with --config added to the unit's ExecStart, as a drop-in would), so the other tests'
-# topods are not disturbed. Whatever happens, the packages are purged, topod stopped and its
+# (/run/topo/deb-roundtrip-PID/topod.toml, given with --config added to the unit's ExecStart, as
+# a drop-in would), so the other tests' topods are not disturbed. Whatever happens, the packages are purged, topod stopped and its
 # cgroups removed. Checks print "  ok: ..." or "  FAIL: ...". Needs root; exit 77 (a visible
 # skip) when it cannot run here.
 set -euo pipefail
@@ -19,6 +19,7 @@ me=tests/deb-roundtrip.sh
 PACKAGES=(topod topo-lsf topo-slurm topo-pbs)
 SUBTREE=topo-deb-test
 JOB=deb-roundtrip-$$
+RUNDIR=/run/topo/deb-roundtrip-$$
 FAILED=0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -54,7 +55,7 @@ cleanup() {
         systemctl daemon-reload
     fi
     if [ -n "$TOPOD_PID" ] && kill -0 "$TOPOD_PID" 2>/dev/null; then
-        /usr/bin/topoctl release --socket "$BASE/run/topod.sock" "$JOB" >/dev/null 2>&1
+        /usr/bin/topoctl release --socket "$RUNDIR/topod.sock" "$JOB" >/dev/null 2>&1
         kill "$TOPOD_PID"; wait "$TOPOD_PID" 2>/dev/null
     fi
     [ -n "$NOTIFY_PID" ] && kill "$NOTIFY_PID" 2>/dev/null
@@ -69,6 +70,7 @@ cleanup() {
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -qv "not-installed" && installed+=("$p")
     done
     [ "${#installed[@]}" -gt 0 ] && dpkg --purge "${installed[@]}" >/dev/null
+    rm -rf "$RUNDIR"
     [ "$run_topo_before" = 0 ] && rm -rf /run/topo
     rm -rf "$BASE"
     exit "$rc"
@@ -156,22 +158,29 @@ PATH="$BASE/fakebin:$PATH" /usr/share/topo-pbs/install-hooks.sh > "$BASE/install
 packaging/pbs/qmgr-commands.sh | sed 's/"; qmgr -c "/"\nqmgr -c "/g' > "$BASE/qmgr.expected"
 check "topo-pbs's install-hooks.sh runs packaging/pbs/README's $(wc -l < "$BASE/qmgr.expected") qmgr commands, in order, with topo.py and topo.json at hand" \
     cmp "$BASE/qmgr.expected" "$BASE/qmgr.log"
-check "topo-pbs's topo.json names the installed topoctl and topo-exec" \
-    bash -c "grep -q '\"/usr/bin/topoctl\"' /etc/topo/pbs/topo.json && grep -q '\"/usr/bin/topo-exec\"' /etc/topo/pbs/topo.json && test -x /usr/bin/topoctl -a -x /usr/bin/topo-exec"
+check "topo-pbs's topo.json names the installed topoctl, topo-exec and protocol schema" python3 -c '
+import json, os, sys
+c = json.load(open("/etc/topo/pbs/topo.json"))
+want = {"topoctl": "/usr/bin/topoctl", "topo_exec": "/usr/bin/topo-exec", "protocol_schema": "/usr/share/topo/protocol.schema.json"}
+bad = [(k, c.get(k)) for k, v in want.items() if c.get(k) != v or not os.path.isfile(v)]
+sys.exit("topo.json: %s" % bad if bad else 0)'
+
 check "topo-slurm's spank_topo.so exports the SPANK entry points" \
     bash -c "nm -D --defined-only /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_topo.so | grep -qw plugin_version && nm -D --defined-only /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_topo.so | grep -qw slurm_spank_init"
 check "topo-lsf's schmod_topo.so and libtopo.so are in /usr/lib/topo with topo.h" \
     test -f /usr/lib/topo/schmod_topo.so -a -f /usr/lib/topo/libtopo.so -a -f /usr/include/topo/topo.h
 
 # --- topod from the installed unit ------------------------------------------------------------------
-mkdir -p "$BASE/run" "$BASE/state"
-chmod 700 "$BASE/state"
-cat > "$BASE/topod.toml" <<EOT
-socket = "$BASE/run/topod.sock"
-state_dir = "$BASE/state"
+# Under /run/topo, not /tmp: the unit gives topod a private /tmp and a read-only file system but
+# for /run/topo and the cgroup tree (PrivateTmp, ProtectSystem=strict, ReadWritePaths).
+mkdir -p -m 0755 /run/topo
+mkdir -p -m 0700 "$RUNDIR" "$RUNDIR/state"
+cat > "$RUNDIR/topod.toml" <<EOT
+socket = "$RUNDIR/topod.sock"
+state_dir = "$RUNDIR/state"
 cgroup_subtree = "$SUBTREE"
 EOT
-SOCK=$BASE/run/topod.sock
+SOCK=$RUNDIR/topod.sock
 UNIT=/usr/lib/systemd/system/topod.service
 # A key's value as systemd reads it: the unit, then its drop-ins in order; an empty assignment
 # resets a list (ExecStart=).
@@ -189,7 +198,7 @@ check "the installed unit runs the installed topod (ExecStart=$exec_start)" test
 if [ -d /run/systemd/system ] && [ "$(ps -p 1 -o comm=)" = systemd ]; then
     log "systemd runs here: systemctl start topod (a runtime drop-in adds --config)"
     mkdir -p /run/systemd/system/topod.service.d
-    printf '[Service]\nExecStart=\nExecStart=%s --config %s\n' "$exec_start" "$BASE/topod.toml" \
+    printf '[Service]\nExecStart=\nExecStart=%s --config %s\n' "$exec_start" "$RUNDIR/topod.toml" \
         > /run/systemd/system/topod.service.d/zz-roundtrip.conf
     systemctl daemon-reload
     SYSTEMD_STARTED=1
@@ -242,7 +251,7 @@ EOT
         if [ -n "$nofile" ]; then ulimit -n "$nofile" 2>/dev/null || ulimit -n "$(ulimit -Hn)"; fi
         export NOTIFY_SOCKET=$BASE/notify.sock
         exec setpriv --bounding-set="-all${bounding:+,$bounding}" "${no_new_privs[@]}" \
-            $exec_start --config "$BASE/topod.toml"
+            $exec_start --config "$RUNDIR/topod.toml"
     ) >> "$BASE/topod.log" 2>&1 < /dev/null &
     TOPOD_PID=$!
     wait "$NOTIFY_PID" || true

@@ -328,6 +328,14 @@ mod tests {
     }
 
     #[test]
+    fn the_package_installs_the_default_file_where_topod_reads_it() {
+        // topod's Debian package (topod/Cargo.toml) puts packaging/topod.toml at DEFAULT_CONFIG.
+        let manifest = include_str!("../Cargo.toml");
+        let asset = format!("[\"../packaging/topod.toml\", \"{}\", \"644\"]", &DEFAULT_CONFIG[1..]);
+        assert!(manifest.contains(&asset), "topod/Cargo.toml has no asset {asset}");
+    }
+
+    #[test]
     fn roff_escapes() {
         assert_eq!(escape(".x\n'y\na-b\\c"), "\\&.x\n\\&'y\na\\-b\\ec");
     }
