@@ -219,6 +219,25 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
             );
         }
     }
+    let mut frozen: Vec<_> = ledger.gang_frozen_jobs().collect();
+    frozen.sort_by_key(|a| natural_key(&a.job));
+    if !frozen.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nGang jobs frozen until their row's slice (the map shows who runs now)"
+        );
+        for a in &frozen {
+            let _ = writeln!(
+                out,
+                "     {:<16} {:>4} {:<3}  PU {}  row {}",
+                a.job,
+                a.cpus.len(),
+                if a.cpus.len() == 1 { "PU" } else { "PUs" },
+                a.cpus,
+                a.gang_row.map_or_else(|| "-".to_string(), |r| r.to_string())
+            );
+        }
+    }
     let foreign = topo.pus.difference(&topo.allowed);
     if !foreign.is_empty() || !marks.reserved.is_empty() || !fenced.is_empty() {
         let _ = writeln!(out);

@@ -698,3 +698,115 @@ fn a_suspended_job_someone_thaws_is_frozen_again_within_a_tick() {
     c.call(Op::Release { job: "400".into() }).unwrap();
     let _ = sleeper.wait();
 }
+
+/// The running state of a job's cgroup, by the kernel's own files: `Some(true)` while thawed.
+fn thawed(cgroups: &common::RealCgroups, cleanup: &common::SubtreeCleanup, job: &str) -> bool {
+    match cgroups {
+        common::RealCgroups::V1 { .. } => {
+            let freezer =
+                cleanup.0.iter().find(|r| r.to_string_lossy().contains("/freezer/")).unwrap();
+            std::fs::read_to_string(freezer.join(job).join("freezer.state"))
+                .is_ok_and(|s| s.trim() == "THAWED")
+        }
+        common::RealCgroups::V2 { .. } => {
+            std::fs::read_to_string(cleanup.0[0].join(job).join("cgroup.events"))
+                .is_ok_and(|s| s.lines().any(|l| l == "frozen 0"))
+        }
+    }
+}
+
+/// Samples two gang jobs' cgroups for `span`: how often each ran, and whether both ever did at
+/// once. Both run only if the first is seen thawed before and after the second is (a switch
+/// freezes before it thaws, so one read of each could catch either side of a switch).
+fn sample_turns(
+    cgroups: &common::RealCgroups,
+    cleanup: &common::SubtreeCleanup,
+    a: &str,
+    b: &str,
+    span: Duration,
+) -> (u32, u32, u32) {
+    let (mut a_ran, mut b_ran, mut both) = (0, 0, 0);
+    let start = Instant::now();
+    while start.elapsed() < span {
+        let a1 = thawed(cgroups, cleanup, a);
+        let b1 = thawed(cgroups, cleanup, b);
+        let a2 = thawed(cgroups, cleanup, a);
+        a_ran += u32::from(a1 && a2);
+        b_ran += u32::from(b1);
+        both += u32::from(a1 && b1 && a2);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (a_ran, b_ran, both)
+}
+
+#[test]
+fn gang_jobs_on_one_cpu_take_turns_by_slices_on_real_cgroups_and_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((d, cgroups, _subtree, cleanup, config)) =
+        common::real_daemon(dir.path(), "topo-gang-test", "gang_rows = 2\ngang_slice_s = 1\n")
+    else {
+        return;
+    };
+    let mut c = Client::connect(&d.socket).unwrap();
+    /// Spinners killed when the test ends, also when it fails.
+    struct Spinners(Vec<std::process::Child>);
+    impl Drop for Spinners {
+        fn drop(&mut self) {
+            for child in &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+    let spin = || {
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let spinners = Spinners(vec![spin(), spin()]);
+    let (spin_a, spin_b) = (&spinners.0[0], &spinners.0[1]);
+    // Both on CPU 0 (the batch system's choice), rows 0 and 1, each with its spinner moved in.
+    for (job, row, pid) in [("g0", 0, spin_a.id()), ("g1", 1, spin_b.id())] {
+        let v = c
+            .call(Op::Allocate(topo_core::proto::AllocateArgs {
+                cpus: Some("0".into()),
+                gang: Some(true),
+                gang_row: Some(row),
+                join_pid: Some(pid as i32),
+                ..topo_core::proto::AllocateArgs::new(job, "affinity[thread*1]")
+            }))
+            .unwrap();
+        assert_eq!((v["cpus"].as_str(), v["gang_row"].as_u64()), (Some("0"), Some(row.into())));
+    }
+    // A job that runs through every slice finds no room on CPU 0.
+    let err = c
+        .call(Op::Allocate(topo_core::proto::AllocateArgs {
+            cpus: Some("0".into()),
+            prime: true,
+            ..topo_core::proto::AllocateArgs::new("p", "affinity[thread*1]")
+        }))
+        .unwrap_err();
+    assert!(err.to_string().contains("does not fit"), "{err}");
+    let (a, b, both) = sample_turns(&cgroups, &cleanup, "g0", "g1", Duration::from_millis(3500));
+    assert!(a > 20 && b > 20 && both == 0, "turns: g0 ran {a}, g1 ran {b}, both {both}");
+    let free: Value = c.call(Op::FreeMap).unwrap();
+    let gang = &free["gang"];
+    assert!(gang["switches"].as_u64().unwrap() >= 2 && gang["rows"] == 2, "{free}");
+    assert!(gang["last_switch_us"].as_u64().unwrap() < 200_000, "{gang}");
+    // topod killed and started again: both jobs kept, the turns go on.
+    drop(c);
+    drop(d);
+    let d = start(dir.path(), &["--config", config.to_str().unwrap()], false);
+    let mut c = Client::connect(&d.socket).unwrap();
+    let jobs: Value = c.call(Op::List).unwrap();
+    assert_eq!(jobs.as_array().map(|j| j.len()), Some(2), "{jobs}");
+    let (a, b, both) = sample_turns(&cgroups, &cleanup, "g0", "g1", Duration::from_millis(2500));
+    assert!(a > 10 && b > 10 && both == 0, "after the restart: g0 {a}, g1 {b}, both {both}");
+    for job in ["g0", "g1"] {
+        c.call(Op::Release { job: job.into() }).unwrap();
+    }
+    drop(spinners);
+}

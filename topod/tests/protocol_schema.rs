@@ -28,6 +28,7 @@ fn every_operation_has_a_reply_in_the_schema() {
         mems: topo_core::CpuSet::parse_list("0").unwrap(),
         fenced: topo_core::CpuSet::new(),
         request: "affinity[core(4)]".into(),
+        gang_row: None,
     })
     .unwrap();
     let required = document["$defs"]["Allocation"]["required"].as_array().unwrap();

@@ -316,6 +316,7 @@ fn reads_the_protocols_free_map() {
         jobs: 1,
         job_ids: vec!["lsf-1".into()],
         free: Default::default(),
+        gang: None,
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
     assert_eq!(

@@ -11,6 +11,14 @@
 //! borrows what from whom ([`Ledger::lent`]). It runs again ([`Ledger::resume`]) only on CPUs no
 //! running job holds or fences, so no CPU ever runs two jobs at once.
 //!
+//! A gang-scheduled job (time slicing, see `crate::policy::Gang`) has a row. It shares CPUs with
+//! gang jobs of other rows and takes turns with them: between its slices it is *frozen by
+//! slicing*, out of the occupancy like a suspended job. Placement sees each row on its own
+//! ([`Ledger::occupancy_for`]): a job of row r avoids the jobs that are not gang-scheduled and
+//! the gang jobs of row r, running or frozen; a job that is not gang-scheduled avoids every job.
+//! So two jobs of one row never share a CPU, and a job that runs through every slice never
+//! shares one with anybody.
+//!
 //! A refused change leaves the ledger as it was.
 
 use crate::cpuset::CpuSet;
@@ -34,6 +42,9 @@ pub struct Allocation {
     pub fenced: CpuSet,
     /// The canonical request string it was placed for.
     pub request: String,
+    /// Its row, when gang-scheduled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_row: Option<u32>,
 }
 
 /// Where a job is in its life, as `list` shows it.
@@ -50,6 +61,8 @@ pub enum JobState {
     /// Frozen by `suspend`: its processes and memory stay, its CPUs may be lent to other jobs
     /// until `resume`.
     Suspended,
+    /// Gang-scheduled and frozen until its row's slice (or until the jobs on its CPUs stop).
+    Frozen,
 }
 
 impl std::fmt::Display for JobState {
@@ -58,6 +71,7 @@ impl std::fmt::Display for JobState {
             JobState::Running => "running",
             JobState::Releasing => "releasing",
             JobState::Suspended => "suspended",
+            JobState::Frozen => "frozen",
         })
     }
 }
@@ -109,6 +123,9 @@ pub enum LedgerError {
     /// An allocation with no CPU.
     #[error("job {0}: an allocation needs at least one CPU")]
     Empty(String),
+    /// A gang operation on a job that is not gang-scheduled.
+    #[error("job {0} is not gang-scheduled")]
+    NotGang(String),
     /// Suspend of a job already suspended, or resume of one that is not.
     #[error("job {job} is {state}")]
     WrongState {
@@ -136,6 +153,8 @@ pub struct Ledger {
     jobs: BTreeMap<String, Allocation>,
     /// Suspended jobs: not in the occupancy (see the module documentation).
     suspended: BTreeMap<String, Allocation>,
+    /// Gang jobs frozen until their slice: not in the occupancy either.
+    gang_frozen: BTreeMap<String, Allocation>,
     occupancy: Occupancy,
     /// Bumped on every change, so that caches can tell a stale copy.
     generation: u64,
@@ -161,6 +180,7 @@ impl Ledger {
             mems: placement.mems.clone(),
             fenced: placement.fenced.clone(),
             request: request.to_string(),
+            gang_row: None,
         })
     }
 
@@ -211,7 +231,7 @@ impl Ledger {
 
     /// Frees what `job` holds and returns it.
     pub fn release(&mut self, job: &str) -> Result<Allocation, LedgerError> {
-        if let Some(alloc) = self.suspended.remove(job) {
+        if let Some(alloc) = self.suspended.remove(job).or_else(|| self.gang_frozen.remove(job)) {
             self.generation += 1;
             return Ok(alloc);
         }
@@ -224,9 +244,156 @@ impl Ledger {
         Ok(alloc)
     }
 
-    /// The allocation of `job`, running or suspended.
+    /// The allocation of `job`, running, suspended or frozen by slicing.
     pub fn get(&self, job: &str) -> Option<&Allocation> {
-        self.jobs.get(job).or_else(|| self.suspended.get(job))
+        self.jobs.get(job).or_else(|| self.suspended.get(job)).or_else(|| self.gang_frozen.get(job))
+    }
+
+    /// Whether `job` is frozen by gang slicing.
+    pub fn is_gang_frozen(&self, job: &str) -> bool {
+        self.gang_frozen.contains_key(job)
+    }
+
+    /// The gang jobs frozen by slicing, by job id.
+    pub fn gang_frozen_jobs(&self) -> impl Iterator<Item = &Allocation> {
+        self.gang_frozen.values()
+    }
+
+    /// Every gang-scheduled job that is not suspended, running or frozen, by job id.
+    pub fn gang_jobs(&self) -> Vec<&Allocation> {
+        let mut all: Vec<&Allocation> = self
+            .jobs
+            .values()
+            .chain(self.gang_frozen.values())
+            .filter(|a| a.gang_row.is_some())
+            .collect();
+        all.sort_by(|a, b| a.job.cmp(&b.job));
+        all
+    }
+
+    /// What placement must avoid for a job of gang row `row`, or for a job that is not
+    /// gang-scheduled (`None`): see the module documentation.
+    pub fn occupancy_for(&self, row: Option<u32>) -> Occupancy {
+        let gang =
+            self.jobs.values().chain(self.gang_frozen.values()).chain(self.suspended.values());
+        if !gang.clone().any(|a| a.gang_row.is_some()) {
+            return self.occupancy.clone();
+        }
+        let mut occ = Occupancy::default();
+        for a in self.jobs.values() {
+            if a.gang_row.is_none() || row.is_none() || a.gang_row == row {
+                occ.held.union_with(&a.cpus);
+                occ.fenced.union_with(&a.fenced);
+            }
+        }
+        // Frozen and suspended gang jobs keep their place in their row.
+        for a in self.gang_frozen.values().chain(self.suspended.values()) {
+            if a.gang_row.is_some() && (row.is_none() || a.gang_row == row) {
+                occ.held.union_with(&a.cpus);
+                occ.fenced.union_with(&a.fenced);
+            }
+        }
+        occ
+    }
+
+    /// Records a new gang job frozen (it runs when [`Ledger::gang_thaw`] says so): refused
+    /// while a job of its own row, or one that is not gang-scheduled, holds any of its CPUs.
+    pub fn insert_gang_frozen(&mut self, alloc: Allocation) -> Result<(), LedgerError> {
+        self.check_new(&alloc)?;
+        let row = alloc.gang_row;
+        if row.is_none() {
+            return Err(LedgerError::NotGang(alloc.job.clone()));
+        }
+        let others =
+            self.jobs.values().chain(self.gang_frozen.values()).chain(self.suspended.values());
+        for other in others {
+            let same_row = other.gang_row.is_none() || other.gang_row == row;
+            if !same_row {
+                continue;
+            }
+            let mut clash = alloc.cpus.intersection(&other.cpus);
+            clash.union_with(&alloc.cpus.intersection(&other.fenced));
+            clash.union_with(&alloc.fenced.intersection(&other.cpus));
+            if !clash.is_empty() && !self.suspended.contains_key(&other.job) {
+                return Err(LedgerError::Conflict {
+                    job: alloc.job.clone(),
+                    cpus: clash.to_string(),
+                    holder: other.job.clone(),
+                });
+            }
+        }
+        self.gang_frozen.insert(alloc.job.clone(), alloc);
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Freezes a running gang job for another row's slice: its CPUs leave the occupancy.
+    pub fn gang_freeze(&mut self, job: &str) -> Result<(), LedgerError> {
+        match self.jobs.get(job) {
+            Some(a) if a.gang_row.is_some() => {}
+            Some(_) => return Err(LedgerError::NotGang(job.to_string())),
+            None => {
+                return Err(match self.state_of(job) {
+                    Some(state) => LedgerError::WrongState { job: job.to_string(), state },
+                    None => LedgerError::UnknownJob(job.to_string()),
+                })
+            }
+        }
+        let alloc = self.release(job)?;
+        self.gang_frozen.insert(job.to_string(), alloc);
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Runs a frozen gang job again; refused, with the holder named, while a running job holds
+    /// or fences any of its CPUs.
+    pub fn gang_thaw(&mut self, job: &str) -> Result<(), LedgerError> {
+        let Some(alloc) = self.gang_frozen.remove(job) else {
+            return Err(match self.state_of(job) {
+                Some(state) => LedgerError::WrongState { job: job.to_string(), state },
+                None => LedgerError::UnknownJob(job.to_string()),
+            });
+        };
+        let original = alloc.clone();
+        match self.insert(alloc) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.gang_frozen.insert(job.to_string(), original);
+                Err(e)
+            }
+        }
+    }
+
+    /// A suspended gang job goes back to taking turns: frozen until [`Ledger::gang_thaw`].
+    pub fn resume_to_gang(&mut self, job: &str) -> Result<(), LedgerError> {
+        match self.suspended.get(job) {
+            Some(a) if a.gang_row.is_some() => {}
+            Some(_) => return Err(LedgerError::NotGang(job.to_string())),
+            None => {
+                return Err(match self.state_of(job) {
+                    Some(state) => LedgerError::WrongState { job: job.to_string(), state },
+                    None => LedgerError::UnknownJob(job.to_string()),
+                })
+            }
+        }
+        if let Some(alloc) = self.suspended.remove(job) {
+            self.gang_frozen.insert(job.to_string(), alloc);
+            self.generation += 1;
+        }
+        Ok(())
+    }
+
+    /// Where `job` is, if the ledger knows it.
+    pub fn state_of(&self, job: &str) -> Option<JobState> {
+        if self.jobs.contains_key(job) {
+            Some(JobState::Running)
+        } else if self.suspended.contains_key(job) {
+            Some(JobState::Suspended)
+        } else if self.gang_frozen.contains_key(job) {
+            Some(JobState::Frozen)
+        } else {
+            None
+        }
     }
 
     /// Whether `job` is suspended.
@@ -244,14 +411,14 @@ impl Ledger {
         self.suspended.values()
     }
 
-    /// Number of jobs, running and suspended.
+    /// Number of jobs, running, suspended and frozen by slicing.
     pub fn len(&self) -> usize {
-        self.jobs.len() + self.suspended.len()
+        self.jobs.len() + self.suspended.len() + self.gang_frozen.len()
     }
 
     /// Whether no job holds anything.
     pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty() && self.suspended.is_empty()
+        self.jobs.is_empty() && self.suspended.is_empty() && self.gang_frozen.is_empty()
     }
 
     /// Marks a running job suspended: its CPUs leave the occupancy and may be lent.
@@ -262,6 +429,7 @@ impl Ledger {
                 state: JobState::Suspended,
             });
         }
+        // A job frozen by slicing is suspended where it is (it runs nothing already).
         let alloc = self.release(job)?;
         self.suspended.insert(job.to_string(), alloc);
         self.generation += 1;
@@ -370,6 +538,33 @@ impl Ledger {
         if held != self.occupancy.held || fenced != self.occupancy.fenced {
             return Err("the occupancy summary does not match the jobs".into());
         }
+        // Gang rows: no two jobs of one row share a CPU, and no gang job shares one with a job
+        // that is not gang-scheduled (running, frozen or suspended alike).
+        let all: Vec<&Allocation> = self
+            .jobs
+            .values()
+            .chain(self.gang_frozen.values())
+            .chain(self.suspended.values())
+            .collect();
+        for (i, a) in all.iter().enumerate() {
+            if self.gang_frozen.contains_key(&a.job) && a.gang_row.is_none() {
+                return Err(format!("job {} is frozen by slicing but has no row", a.job));
+            }
+            for b in &all[i + 1..] {
+                let shares =
+                    a.gang_row.is_some() && b.gang_row.is_some() && a.gang_row != b.gang_row;
+                let suspended_lender =
+                    self.suspended.contains_key(&a.job) || self.suspended.contains_key(&b.job);
+                if !shares && !suspended_lender && a.cpus.intersects(&b.cpus) {
+                    return Err(format!(
+                        "jobs {} and {} share CPUs {} although they are not gang jobs of different rows",
+                        a.job,
+                        b.job,
+                        a.cpus.intersection(&b.cpus)
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -386,6 +581,7 @@ mod tests {
             mems: CpuSet::new(),
             fenced: CpuSet::parse_list(fenced).unwrap(),
             request: String::new(),
+            gang_row: None,
         }
     }
 

@@ -162,6 +162,19 @@ pub struct AllocateArgs {
     /// was there before stays), and the error says which.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub join_pid: Option<i32>,
+    /// Gang time slicing: `true` to share CPUs with gang jobs of other rows, taking turns by
+    /// slices; `false` not to; unset: as topod's `[gang] all_jobs` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<bool>,
+    /// The gang row to take (give the same one on every host of a multi-host job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_row: Option<u32>,
+    /// A prime job: runs through every slice, never shares a CPU.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prime: bool,
+    /// The batch system's queue (jobs of `[gang] prime_queues` are prime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
 }
 
 impl AllocateArgs {
@@ -249,6 +262,31 @@ pub mod reply {
         pub pid: u32,
     }
 
+    /// Gang time slicing on a host: its configuration and what it has done.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct GangStatus {
+        /// Slice length, seconds.
+        pub slice_s: u64,
+        /// Rows.
+        pub rows: u32,
+        /// The slice of the last switch (seconds since the epoch ÷ slice length).
+        pub slice: i64,
+        /// The row whose slice it was.
+        pub active_row: u32,
+        /// Switches that froze or thawed a job.
+        pub switches: u64,
+        /// Freezes for another row's slice, in all.
+        pub frozen: u64,
+        /// Freezes and thaws that failed (the log says why).
+        pub failed: u64,
+        /// When the last switch began, UTC to the nanosecond.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub last_switch_at: Option<String>,
+        /// How long it took to freeze and thaw, microseconds.
+        pub last_switch_us: u64,
+    }
+
     /// `free_map`: who holds what, by CPU and by shape.
     #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -268,6 +306,9 @@ pub mod reply {
         pub job_ids: Vec<String>,
         /// What is free, by shape.
         pub free: HostMetrics,
+        /// Gang time slicing, when the host has it on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub gang: Option<GangStatus>,
     }
 
     /// `join`.
@@ -564,9 +605,19 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
 fn fields_of(op: &str) -> &'static [&'static str] {
     match op {
         "fit" => &["request", "tasks", "cpus"],
-        "allocate" => {
-            &["job", "request", "tasks", "cpus", "mem_limit_bytes", "owner_uid", "join_pid"]
-        }
+        "allocate" => &[
+            "job",
+            "request",
+            "tasks",
+            "cpus",
+            "mem_limit_bytes",
+            "owner_uid",
+            "join_pid",
+            "gang",
+            "gang_row",
+            "prime",
+            "queue",
+        ],
         "join" => &["job", "pid"],
         "self_join_files" => &["job"],
         "release" | "suspend" | "resume" => &["job"],

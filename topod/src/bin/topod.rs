@@ -96,6 +96,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
     let records = Records::open(&state_dir).map_err(|e| e.to_string())?;
     let mut host =
         Host::new(topo, reserved, backend, Some(records), strategy).map_err(|e| e.to_string())?;
+    host.set_gang(config.gang());
     if let Some((_, foreign)) = host.reconcile_foreign() {
         tracing::info!(
             "CPUs {foreign} belong to exclusive cpusets topod did not create; no job gets them"
@@ -192,6 +193,21 @@ fn run(args: TopodArgs) -> Result<(), String> {
             std::thread::sleep(Duration::from_secs(5));
             server.lock().reconcile_foreign();
             server.refreeze_suspended();
+        });
+    }
+    {
+        // Gang slices: freeze and thaw at every slice boundary (k times the slice since the
+        // epoch, by the wall clock), at once after a restart, and for gang jobs a configuration
+        // without [gang] left behind.
+        let server = server.clone();
+        std::thread::spawn(move || loop {
+            let now = std::time::SystemTime::now();
+            let slice = server.lock().gang().map_or(30, |g| g.gang.slice.max(1)) as u128;
+            server.lock().gang_switch(now);
+            let since = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+            let period = slice * 1_000_000_000;
+            let wait = period - since % period;
+            std::thread::sleep(Duration::from_nanos(wait.min(u128::from(u64::MAX)) as u64));
         });
     }
     if let Some((tcp, allow, key)) = tcp {

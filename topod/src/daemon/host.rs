@@ -101,6 +101,19 @@ pub enum HostError {
         /// The job running on them.
         holder: String,
     },
+    /// A gang-scheduled allocate on a host without gang slicing.
+    #[error("job {0} asks to be gang-scheduled, but gang time slicing is off on this host (topod.toml: [gang] rows = 2 or more)")]
+    NoGang(String),
+    /// A gang row the host does not have.
+    #[error("job {job} asks for gang row {row}; this host has rows 0 to {} ([gang] rows = {rows})", rows - 1)]
+    GangRow {
+        /// The job.
+        job: String,
+        /// The row asked.
+        row: u32,
+        /// Rows configured.
+        rows: u32,
+    },
 }
 
 /// What the job record keeps per job (see [`super::records`]).
@@ -131,6 +144,10 @@ pub struct JobHint {
     /// it (a suspension by root, an administrator or the batch system is theirs to undo).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspended_by: Option<u32>,
+    /// Its gang row, when gang-scheduled: a job found frozen after a restart that has one was
+    /// frozen by slicing, and takes its turns again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_row: Option<u32>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -172,6 +189,45 @@ pub struct Prepared {
     pub request: Request,
     /// Its canonical text, which is what the ledger and the record keep.
     pub canonical: String,
+    /// What the allocate said about gang scheduling.
+    pub gang: GangAsk,
+}
+
+/// What an `allocate` says about gang time slicing (see [`GangConfig`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GangAsk {
+    /// Gang-scheduled (`Some(true)`), not (`Some(false)`), or as configured (`None`).
+    pub gang: Option<bool>,
+    /// The row to take (so that every host of a multi-host job uses the same one).
+    pub row: Option<u32>,
+    /// Runs through every slice, whatever the configuration says.
+    pub prime: bool,
+    /// The batch system's queue: jobs of the configured prime queues run through every slice.
+    pub queue: Option<String>,
+}
+
+/// Gang time slicing on this host (`[gang]` in topod.toml).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GangConfig {
+    /// Slice length and rows.
+    pub gang: topo_core::policy::Gang,
+    /// Every job is gang-scheduled unless it is prime (otherwise only those that ask).
+    pub all_jobs: bool,
+    /// Queues whose jobs are prime.
+    pub prime_queues: Vec<String>,
+}
+
+/// What one slice switch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GangSwitch {
+    /// The row whose slice it is.
+    pub active_row: u32,
+    /// Jobs frozen.
+    pub frozen: Vec<String>,
+    /// Jobs thawed.
+    pub thawed: Vec<String>,
+    /// Jobs that should have changed and could not (the log says why).
+    pub failed: Vec<String>,
 }
 
 /// Parses and checks `text` for a host with topology `topo`: a task count of at least 1, CPUs
@@ -226,7 +282,9 @@ pub fn prepare(
     }
     let canonical = req.to_string();
     match request::parse(&canonical) {
-        Ok(again) if again.to_string() == canonical => Ok(Prepared { request: req, canonical }),
+        Ok(again) if again.to_string() == canonical => {
+            Ok(Prepared { request: req, canonical, gang: GangAsk::default() })
+        }
         Ok(again) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
         ))),
@@ -247,6 +305,8 @@ pub struct Snapshot {
     pub generation: u64,
     /// The jobs, with their state and owner.
     pub jobs: Vec<JobView>,
+    /// Gang time slicing, when configured.
+    pub gang: Option<topo_core::proto::reply::GangStatus>,
 }
 
 /// What a "does not fit" message is about: the job, or for `fit` the request.
@@ -295,7 +355,9 @@ impl ReleaseTicket {
 #[must_use]
 pub struct FreezeTicket {
     id: JobId,
-    freeze: bool,
+    /// Freeze (`Some(true)`), thaw (`Some(false)`), or leave as it is: a gang job's resume,
+    /// which stays frozen until its slice.
+    freeze: Option<bool>,
     backend: Arc<dyn CgroupBackend>,
     timeout: Duration,
     started: std::time::Instant,
@@ -304,10 +366,10 @@ pub struct FreezeTicket {
 impl FreezeTicket {
     /// Freezes or thaws the job's cgroup and waits for the kernel to say so. Takes no lock.
     pub fn run(&self) -> Result<(), CgroupError> {
-        if self.freeze {
-            self.backend.freeze(&self.id, self.timeout)
-        } else {
-            self.backend.thaw(&self.id, self.timeout)
+        match self.freeze {
+            Some(true) => self.backend.freeze(&self.id, self.timeout),
+            Some(false) => self.backend.thaw(&self.id, self.timeout),
+            None => Ok(()),
         }
     }
 
@@ -342,6 +404,11 @@ pub struct Host {
     /// with `join`: how many, and the last offer. Their joins check before writing, and
     /// [`Host::release_empty`] leaves them alone for [`SELF_JOIN_WINDOW`] after the last offer.
     self_join_offered: BTreeMap<String, (u32, std::time::Instant)>,
+    /// Gang time slicing, when configured, and what it has done.
+    gang: Option<GangConfig>,
+    gang_status: Option<topo_core::proto::reply::GangStatus>,
+    /// The wall clock gang slices follow (a test's own in tests).
+    clock: Arc<dyn Fn() -> std::time::SystemTime + Send + Sync>,
 }
 
 /// How long after a process was told how to move itself into a job the job is not released for
@@ -377,7 +444,170 @@ impl Host {
             freeze_timeout: Duration::from_secs(5),
             joined: Default::default(),
             self_join_offered: Default::default(),
+            gang: None,
+            gang_status: None,
+            clock: Arc::new(std::time::SystemTime::now),
         })
+    }
+
+    /// The wall clock gang slices follow, instead of the system's (for tests and emulation).
+    pub fn set_clock(&mut self, clock: Arc<dyn Fn() -> std::time::SystemTime + Send + Sync>) {
+        self.clock = clock;
+    }
+
+    /// The time by the host's clock.
+    pub fn now(&self) -> std::time::SystemTime {
+        (self.clock)()
+    }
+
+    /// Turns gang time slicing on (with at least 2 rows) or off.
+    pub fn set_gang(&mut self, gang: Option<GangConfig>) {
+        self.gang = gang.filter(|g| g.gang.rows >= 2 && g.gang.slice >= 1);
+        self.gang_status = self.gang.as_ref().map(|g| topo_core::proto::reply::GangStatus {
+            slice_s: g.gang.slice as u64,
+            rows: g.gang.rows,
+            ..Default::default()
+        });
+    }
+
+    /// Slicing for gang jobs left from a configuration that had it (or more rows), until they
+    /// end: 30 s slices over the rows they have, so that none stays frozen for ever.
+    fn gang_leftover(&self) -> Option<GangConfig> {
+        let top = self
+            .ledger
+            .gang_jobs()
+            .iter()
+            .chain(self.ledger.suspended_jobs().collect::<Vec<_>>().iter())
+            .filter_map(|a| a.gang_row)
+            .max()?;
+        Some(GangConfig {
+            gang: topo_core::policy::Gang { slice: 30, rows: top + 1 },
+            all_jobs: false,
+            prime_queues: Vec::new(),
+        })
+    }
+
+    /// The gang configuration, when slicing is on.
+    pub fn gang(&self) -> Option<&GangConfig> {
+        self.gang.as_ref()
+    }
+
+    /// The row `ask` puts a new job in, as a list of rows to try in order; `None` when the job is
+    /// not gang-scheduled.
+    fn gang_rows_for(&self, job: &str, ask: &GangAsk) -> Result<Option<Vec<u32>>, HostError> {
+        let Some(cfg) = &self.gang else {
+            if ask.gang == Some(true) || ask.row.is_some() {
+                return Err(HostError::NoGang(job.to_string()));
+            }
+            return Ok(None);
+        };
+        let prime = ask.prime || ask.queue.as_ref().is_some_and(|q| cfg.prime_queues.contains(q));
+        let wanted = ask.gang.unwrap_or(cfg.all_jobs) || ask.row.is_some();
+        if prime || !wanted {
+            return Ok(None);
+        }
+        let rows = cfg.gang.rows;
+        if let Some(row) = ask.row {
+            if row >= rows {
+                return Err(HostError::GangRow { job: job.to_string(), row, rows });
+            }
+            return Ok(Some(vec![row]));
+        }
+        // The first row tried comes from the job id (FNV-1a), so hosts in the same state put a
+        // multi-host job in the same row without talking.
+        let hash = job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let first = (hash % u64::from(rows)) as u32;
+        Ok(Some((0..rows).map(|i| (first + i) % rows).collect()))
+    }
+
+    /// Freezes and thaws the gang jobs for the slice `now` falls in (see
+    /// `topo_core::policy::gang_runs`): the freezes first, so that no CPU runs two jobs at once;
+    /// a job whose freeze fails keeps running, and the ledger then refuses to thaw a job onto
+    /// its CPUs. Jobs being released, suspended or resumed are left alone.
+    pub fn gang_switch(&mut self, now: std::time::SystemTime) -> Option<GangSwitch> {
+        let cfg = self.gang.clone().or_else(|| self.gang_leftover())?;
+        let began = std::time::Instant::now();
+        let since_epoch = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let active = cfg.gang.active_row(since_epoch.as_secs() as i64);
+        let mut report = GangSwitch { active_row: active, ..GangSwitch::default() };
+        let busy = |job: &str| self.releasing.contains(job) || self.changing.contains_key(job);
+        let members: Vec<(String, u32, CpuSet, bool)> = self
+            .ledger
+            .gang_jobs()
+            .into_iter()
+            .filter(|a| !busy(&a.job))
+            .map(|a| {
+                (
+                    a.job.clone(),
+                    a.gang_row.unwrap_or(0),
+                    a.cpus.clone(),
+                    !self.ledger.is_gang_frozen(&a.job),
+                )
+            })
+            .collect();
+        let views: Vec<topo_core::policy::GangMember<'_>> = members
+            .iter()
+            .map(|(_, row, cpus, _)| topo_core::policy::GangMember {
+                row: *row,
+                parts: vec![(0, cpus)],
+            })
+            .collect();
+        let runs = topo_core::policy::gang_runs(active, cfg.gang.rows, &views);
+        let mut thaw = Vec::new();
+        for ((job, _, _, running), should_run) in members.iter().zip(runs) {
+            let Ok(id) = JobId::parse(job) else { continue };
+            match (*running, should_run) {
+                (true, false) => match self.backend.freeze(&id, self.freeze_timeout) {
+                    Ok(()) => {
+                        let _ = self.ledger.gang_freeze(job);
+                        report.frozen.push(job.clone());
+                    }
+                    Err(e) => {
+                        tracing::warn!("job {job}: freezing it for row {active}'s slice failed; it keeps running: {e}");
+                        report.failed.push(job.clone());
+                    }
+                },
+                (false, true) => thaw.push((job.clone(), id)),
+                _ => {}
+            }
+        }
+        for (job, id) in thaw {
+            if let Err(e) = self.ledger.gang_thaw(&job) {
+                tracing::warn!("job {job}: stays frozen in row {active}'s slice: {e}");
+                report.failed.push(job);
+                continue;
+            }
+            match self.backend.thaw(&id, self.freeze_timeout) {
+                Ok(()) => report.thawed.push(job),
+                Err(e) => {
+                    let _ = self.ledger.gang_freeze(&job);
+                    tracing::warn!("job {job}: thawing it for its slice failed: {e}");
+                    report.failed.push(job);
+                }
+            }
+        }
+        if let Some(status) = &mut self.gang_status {
+            status.active_row = active;
+            status.slice = cfg.gang.slice_at(since_epoch.as_secs() as i64);
+            if !report.frozen.is_empty() || !report.thawed.is_empty() {
+                status.switches += 1;
+                status.last_switch_at = Some(topo_core::pending::format_utc_nanos(now));
+                status.last_switch_us = began.elapsed().as_micros() as u64;
+                status.frozen += report.frozen.len() as u64;
+            }
+            status.failed += report.failed.len() as u64;
+        }
+        if !report.frozen.is_empty() || !report.thawed.is_empty() {
+            tracing::debug!(
+                "gang slice of row {active}: froze {:?}, thawed {:?} in {} us",
+                report.frozen,
+                report.thawed,
+                began.elapsed().as_micros()
+            );
+        }
+        Some(report)
     }
 
     /// Rebuilds the ledger from the job cgroups that exist; the records add their requests,
@@ -444,6 +674,7 @@ impl Host {
                 mems: eff.mems.clone(),
                 fenced,
                 request: hint.request.clone(),
+                gang_row: hint.gang_row,
             };
             if self.backend.pids(&job).map(|p| !p.is_empty()).unwrap_or(false) {
                 self.joined.insert(job.to_string());
@@ -452,7 +683,11 @@ impl Host {
             let in_way = alloc.cpus.intersects(&occupied.held)
                 || alloc.cpus.intersects(&occupied.fenced)
                 || alloc.fenced.intersects(&occupied.held);
+            // Frozen by slicing when the crash came: it takes its turns again.
+            let gang_frozen =
+                hint.gang_row.is_some() && frozen.contains(job.as_str()) && !hint.suspended;
             let suspended = match (frozen.contains(job.as_str()), hint.suspended) {
+                _ if gang_frozen => false,
                 (true, true) => true,
                 (true, false) if in_way => {
                     // Frozen without a record that says suspended (the adopt of an older topod,
@@ -494,10 +729,28 @@ impl Host {
                 }
                 (false, false) => false,
             };
-            let inserted = if suspended {
+            let inserted = if gang_frozen {
+                self.ledger.insert_gang_frozen(alloc)
+            } else if suspended {
                 self.ledger.insert_suspended(alloc).map(|_| ())
             } else {
-                self.ledger.insert(alloc).map(|_| ())
+                match self.ledger.insert(alloc.clone()) {
+                    Ok(_) => Ok(()),
+                    Err(_) if alloc.gang_row.is_some() => {
+                        // A gang job running on CPUs a job of another row runs on (a thaw
+                        // behind topod's back): frozen until its slice.
+                        tracing::warn!("job {job}: found running on CPUs of another gang row's running job; frozen until its slice");
+                        match self.backend.freeze(&job, self.freeze_timeout) {
+                            Ok(()) => self.ledger.insert_gang_frozen(alloc),
+                            Err(e) => Err(LedgerError::Conflict {
+                                job: job.to_string(),
+                                cpus: alloc.cpus.to_string(),
+                                holder: e.to_string(),
+                            }),
+                        }
+                    }
+                    Err(e) => Err(e),
+                }
             };
             match inserted {
                 Ok(()) => {
@@ -606,6 +859,7 @@ impl Host {
                     suspensions: u32::from(suspended),
                     suspended,
                     suspended_by: None,
+                    gang_row: adopted.gang_row,
                 };
                 self.write_record(&id, &hint)?;
                 self.ledger.release(id.as_str())?;
@@ -629,13 +883,14 @@ impl Host {
                 request: existing.request.clone(),
             });
         }
-        match self.place_and_create(&id, prepared, mem_limit) {
+        let rows = self.gang_rows_for(job, &prepared.gang)?;
+        match self.place_and_create(&id, prepared, mem_limit, rows.as_deref()) {
             Err(HostError::Cgroup(e)) => {
                 // The kernel refused the cpuset: an exclusive cpuset beside ours may have come or
                 // gone since the model was made. Look again, and try once more if it changed.
                 if self.reconcile_foreign().is_some() {
                     tracing::info!("job {job}: the cgroup was refused ({e}); placing again inside the CPUs topod may now use");
-                    self.place_and_create(&id, prepared, mem_limit)?;
+                    self.place_and_create(&id, prepared, mem_limit, rows.as_deref())?;
                 } else {
                     return Err(HostError::Cgroup(e));
                 }
@@ -655,6 +910,7 @@ impl Host {
             suspensions: 0,
             suspended: false,
             suspended_by: None,
+            gang_row: alloc.gang_row,
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -664,7 +920,12 @@ impl Host {
             return Err(e);
         }
         self.hints.insert(job.to_string(), hint);
-        Ok(alloc)
+        if let Some(row) = alloc.gang_row {
+            // Created frozen: it runs now if its row has the slice or its CPUs are idle.
+            self.gang_switch(self.now());
+            tracing::info!("job {job}: gang row {row}, CPUs {}", alloc.cpus);
+        }
+        Ok(self.ledger.get(id.as_str()).cloned().unwrap_or(alloc))
     }
 
     /// Places the job, creates its cgroup and records it in the ledger; on any failure leaves
@@ -674,16 +935,36 @@ impl Host {
         id: &JobId,
         prepared: &Prepared,
         mem_limit: Option<u64>,
+        gang_rows: Option<&[u32]>,
     ) -> Result<(), HostError> {
         // The policy core's host decision: the same function the simulator places every part of
-        // every job with, so a replay says what this host would do.
-        let placement = topo_core::policy::start_on_host(
-            &self.model,
-            self.ledger.occupancy(),
-            &prepared.request,
-            self.strategy,
-        )
-        .map_err(|source| HostError::DoesNotFit { job: id.to_string(), source })?;
+        // every job with, so a replay says what this host would do. A gang job takes the first
+        // of its rows where it fits.
+        let rows: Vec<Option<u32>> = match gang_rows {
+            Some(rows) => rows.iter().map(|r| Some(*r)).collect(),
+            None => vec![None],
+        };
+        let mut refused = None;
+        let mut found = None;
+        for row in rows {
+            match topo_core::policy::start_on_host(
+                &self.model,
+                &self.ledger.occupancy_for(row),
+                &prepared.request,
+                self.strategy,
+            ) {
+                Ok(p) => {
+                    found = Some((p, row));
+                    break;
+                }
+                Err(e) => refused = Some(e),
+            }
+        }
+        let Some((placement, row)) = found else {
+            let source =
+                refused.unwrap_or_else(|| place::PlaceError::Impossible("no row to try".into()));
+            return Err(HostError::DoesNotFit { job: id.to_string(), source });
+        };
         let spec = CgroupSpec {
             cpus: placement.cpus.clone(),
             mems: placement.mems.clone(),
@@ -694,7 +975,26 @@ impl Host {
             let _ = self.backend.release(id, Duration::from_millis(100));
             return Err(e.into());
         }
-        if let Err(e) = self.ledger.allocate(id.as_str(), &placement, &prepared.canonical) {
+        let inserted = match row {
+            None => self.ledger.allocate(id.as_str(), &placement, &prepared.canonical).map(|_| ()),
+            Some(row) => {
+                // Frozen before anything can join it: it shares CPUs with other rows' jobs.
+                if let Err(e) = self.backend.freeze(id, self.freeze_timeout) {
+                    let _ = self.backend.release(id, self.release_timeout);
+                    return Err(e.into());
+                }
+                self.ledger.insert_gang_frozen(Allocation {
+                    job: id.to_string(),
+                    cpus: placement.cpus.clone(),
+                    tasks: placement.tasks.clone(),
+                    mems: placement.mems.clone(),
+                    fenced: placement.fenced.clone(),
+                    request: prepared.canonical.clone(),
+                    gang_row: Some(row),
+                })
+            }
+        };
+        if let Err(e) = inserted {
             // Keep cgroups and ledger in step: undo the cgroup we just made.
             let _ = self.backend.release(id, self.release_timeout);
             return Err(e.into());
@@ -891,6 +1191,16 @@ impl Host {
     /// any of them), then the caller runs the ticket and calls [`Host::finish_resume`].
     pub fn begin_resume(&mut self, job: &str) -> Result<FreezeTicket, HostError> {
         let id = self.check_changeable(job)?;
+        if self.ledger.is_suspended(job)
+            && self.ledger.get(job).is_some_and(|a| a.gang_row.is_some())
+        {
+            // A gang job goes back to taking turns: frozen until the switch below says it runs.
+            self.ledger.resume_to_gang(job)?;
+            self.changing.insert(job.to_string(), "being resumed");
+            let mut ticket = self.freeze_ticket(id, false);
+            ticket.freeze = None;
+            return Ok(ticket);
+        }
         match self.ledger.resume(job, None) {
             Ok(_) => {}
             Err(LedgerError::Conflict { cpus, holder, .. }) => {
@@ -923,7 +1233,14 @@ impl Host {
             self.record(&ticket.id, &hint);
             self.hints.insert(job.clone(), hint);
         }
-        tracing::info!("job {job}: resumed on CPUs {cpus}");
+        if ticket.freeze.is_none() {
+            self.gang_switch(self.now());
+            let now =
+                if self.ledger.is_gang_frozen(&job) { "frozen until its slice" } else { "running" };
+            tracing::info!("job {job}: resumed to gang slicing on CPUs {cpus} ({now})");
+        } else {
+            tracing::info!("job {job}: resumed on CPUs {cpus}");
+        }
         Ok(topo_core::proto::reply::Resume { job, cpus, thawed_after_us: ticket.micros() })
     }
 
@@ -934,6 +1251,7 @@ impl Host {
         let thawed: Vec<String> = self
             .ledger
             .suspended_jobs()
+            .chain(self.ledger.gang_frozen_jobs())
             .map(|a| a.job.clone())
             .filter(|job| !self.releasing.contains(job) && !self.changing.contains_key(job))
             .filter(|job| {
@@ -979,7 +1297,7 @@ impl Host {
     fn freeze_ticket(&self, id: JobId, freeze: bool) -> FreezeTicket {
         FreezeTicket {
             id,
-            freeze,
+            freeze: Some(freeze),
             backend: self.backend.clone(),
             timeout: self.freeze_timeout,
             started: std::time::Instant::now(),
@@ -1056,24 +1374,20 @@ impl Host {
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             model: self.model.clone(),
-            occupancy: self.ledger.occupancy().clone(),
+            // With gang rows, what a job that runs through every slice must avoid.
+            occupancy: self.ledger.occupancy_for(None),
             generation: self.ledger.generation(),
             jobs: self.jobs(),
+            gang: self.gang_status.clone(),
         }
     }
 
     /// Every job with its state, owner, and the CPUs lent between suspended and running jobs.
     pub fn jobs(&self) -> Vec<JobView> {
         let loans = self.ledger.lent();
-        let view = |a: &Allocation, suspended: bool| JobView {
+        let view = |a: &Allocation, state: JobState| JobView {
             allocation: a.clone(),
-            state: if self.releasing.contains(&a.job) {
-                JobState::Releasing
-            } else if suspended {
-                JobState::Suspended
-            } else {
-                JobState::Running
-            },
+            state: if self.releasing.contains(&a.job) { JobState::Releasing } else { state },
             owner_uid: self.owner_of(&a.job),
             lent_to: loans
                 .iter()
@@ -1089,8 +1403,9 @@ impl Host {
         let mut jobs: Vec<JobView> = self
             .ledger
             .jobs()
-            .map(|a| view(a, false))
-            .chain(self.ledger.suspended_jobs().map(|a| view(a, true)))
+            .map(|a| view(a, JobState::Running))
+            .chain(self.ledger.suspended_jobs().map(|a| view(a, JobState::Suspended)))
+            .chain(self.ledger.gang_frozen_jobs().map(|a| view(a, JobState::Frozen)))
             .collect();
         jobs.sort_by(|a, b| a.allocation.job.cmp(&b.allocation.job));
         jobs
@@ -1376,6 +1691,125 @@ mod tests {
         again.release("2").unwrap();
         assert!(!dir.path().join("jobs/2.json").exists());
         assert!(dir.path().join("jobs/1.json").exists());
+    }
+
+    fn gang_ask(row: Option<u32>, prime: bool) -> GangAsk {
+        GangAsk { gang: Some(!prime), row, prime, queue: None }
+    }
+
+    fn gang_allocate(
+        h: &mut Host,
+        job: &str,
+        request: &str,
+        ask: GangAsk,
+    ) -> Result<Allocation, HostError> {
+        let mut prepared = prepare(&h.topo, request, None, None).unwrap();
+        prepared.gang = ask;
+        h.allocate_prepared(job, &prepared, None, None)
+    }
+
+    /// Seconds since the epoch as a time (slice boundaries are k·T since the epoch).
+    fn at(secs: u64) -> std::time::SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn gang_on(h: &mut Host, rows: u32, slice: i64) {
+        h.set_gang(Some(GangConfig {
+            gang: topo_core::policy::Gang { slice, rows },
+            all_jobs: false,
+            prime_queues: vec!["prime".into()],
+        }));
+    }
+
+    #[test]
+    fn gang_jobs_share_cpus_by_rows_and_take_turns_also_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = small_topology(4);
+        let kernel = kernel_for(&topo);
+        let seconds = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let clock: Arc<dyn Fn() -> std::time::SystemTime + Send + Sync> = {
+            let seconds = seconds.clone();
+            Arc::new(move || at(seconds.load(std::sync::atomic::Ordering::SeqCst)))
+        };
+        // The test's clock: every switch, also those topod makes by itself, happens at `t`.
+        let tick = |h: &mut Host, t: u64| {
+            seconds.store(t, std::sync::atomic::Ordering::SeqCst);
+            h.gang_switch(h.now())
+        };
+        let mut first = host_on(&topo, &kernel, Some(dir.path()));
+        first.set_clock(clock.clone());
+        gang_on(&mut first, 2, 30);
+        let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
+        let a =
+            gang_allocate(&mut first, "a", "affinity[thread*4]", gang_ask(Some(0), false)).unwrap();
+        let b =
+            gang_allocate(&mut first, "b", "affinity[thread*4]", gang_ask(Some(1), false)).unwrap();
+        assert_eq!((a.gang_row, b.gang_row), (Some(0), Some(1)));
+        assert_eq!(a.cpus, b.cpus, "rows share the CPUs");
+        // A third in row 0, a job that is not gang-scheduled, a prime one: no room.
+        for (job, ask) in [
+            ("c", gang_ask(Some(0), false)),
+            ("d", GangAsk::default()),
+            ("e", gang_ask(None, true)),
+            ("f", GangAsk { queue: Some("prime".into()), gang: Some(true), ..GangAsk::default() }),
+        ] {
+            let err = gang_allocate(&mut first, job, "affinity[thread*1]", ask).unwrap_err();
+            assert!(matches!(err, HostError::DoesNotFit { .. }), "{job}: {err}");
+        }
+        // Slice 0 (t = 0..30) is row 0's; slice 1 row 1's: freezes first, then thaws.
+        tick(&mut first, 60);
+        assert!(!frozen("a") && frozen("b"));
+        let s = tick(&mut first, 95).unwrap();
+        assert_eq!(
+            (s.active_row, s.frozen, s.thawed),
+            (1, vec!["a".to_string()], vec!["b".to_string()])
+        );
+        assert!(frozen("a") && !frozen("b"));
+        first.ledger().check().unwrap();
+        let views = first.jobs();
+        assert_eq!((views[0].state, views[1].state), (JobState::Frozen, JobState::Running));
+        // A crash: the new topod finds b running, a frozen by slicing, and takes turns again.
+        drop(first);
+        let mut second = host_on(&topo, &kernel, Some(dir.path()));
+        second.set_clock(clock);
+        gang_on(&mut second, 2, 30);
+        let r = second.recover(BTreeMap::new()).unwrap();
+        assert_eq!(r.kept.len(), 2, "{r:?}");
+        assert!(second.ledger().is_gang_frozen("a"));
+        second.ledger().check().unwrap();
+        tick(&mut second, 120);
+        assert!(!frozen("a") && frozen("b"));
+        // Suspended by the batch system: out of the turns; resumed: back in them, frozen until
+        // its slice (b's row has it at 150).
+        second.suspend("a").unwrap();
+        tick(&mut second, 150);
+        assert!(frozen("a") && !frozen("b"));
+        let s = tick(&mut second, 180).unwrap();
+        assert!(
+            s.thawed.is_empty() && frozen("a"),
+            "a suspended is not thawed for its slice: {s:?}"
+        );
+        assert!(!frozen("b"), "b runs in a's slice while a is suspended (its CPUs are idle)");
+        tick(&mut second, 210);
+        second.resume("a").unwrap();
+        assert!(frozen("a") && !frozen("b"), "resumed in row 1's slice: a waits for its own");
+        tick(&mut second, 240);
+        assert!(!frozen("a") && frozen("b"));
+        // b ends: a runs through every slice (nobody else wants its CPUs).
+        second.release("b").unwrap();
+        tick(&mut second, 270);
+        assert!(!frozen("a"));
+        second.ledger().check().unwrap();
+        // A gang job asked on a host without slicing, or a row it does not have: refused.
+        assert!(matches!(
+            gang_allocate(&mut second, "g", "affinity[thread*1]", gang_ask(Some(2), false)),
+            Err(HostError::GangRow { row: 2, rows: 2, .. })
+        ));
+        second.set_gang(None);
+        assert!(matches!(
+            gang_allocate(&mut second, "g", "affinity[thread*1]", gang_ask(None, false)),
+            Err(HostError::NoGang(_))
+        ));
     }
 
     #[test]

@@ -70,6 +70,32 @@ pub struct Config {
     pub line_timeout_ms: Option<u64>,
     /// Milliseconds a reply may wait for a client that does not read it (10000).
     pub write_timeout_ms: Option<u64>,
+    /// Gang time slicing: rows, 2 to 64 (how many gang jobs may share a CPU, taking turns by
+    /// slices); off unless set.
+    pub gang_rows: Option<u32>,
+    /// Gang slice length in seconds, 1 to 86400 (30). Slice k starts at k times this since the
+    /// epoch, so hosts whose clocks agree switch together.
+    pub gang_slice_s: Option<u64>,
+    /// Every job is gang-scheduled unless it is prime; otherwise only jobs whose allocate asks.
+    #[serde(default)]
+    pub gang_all_jobs: bool,
+    /// Queues whose jobs are prime: they run through every slice and share no CPU.
+    #[serde(default)]
+    pub gang_prime_queues: Vec<String>,
+}
+
+impl Config {
+    /// The host's gang configuration, when `gang_rows` turns slicing on.
+    pub fn gang(&self) -> Option<host::GangConfig> {
+        Some(host::GangConfig {
+            gang: topo_core::policy::Gang {
+                slice: self.gang_slice_s.unwrap_or(30) as i64,
+                rows: self.gang_rows?,
+            },
+            all_jobs: self.gang_all_jobs,
+            prime_queues: self.gang_prime_queues.clone(),
+        })
+    }
 }
 
 impl Config {
@@ -185,6 +211,16 @@ impl Config {
                 path: path.to_path_buf(),
                 what: "max_connections and max_connections_per_user must be at least 1".into(),
             });
+        }
+        let bad_gang = if config.gang_rows.is_some_and(|r| !(2..=64).contains(&r)) {
+            Some("gang_rows must be 2 to 64 (leave it out to turn slicing off)")
+        } else if config.gang_slice_s.is_some_and(|s| !(1..=86_400).contains(&s)) {
+            Some("gang_slice_s must be 1 to 86400 (seconds)")
+        } else {
+            None
+        };
+        if let Some(what) = bad_gang {
+            return Err(ConfigError::Invalid { path: path.to_path_buf(), what: what.into() });
         }
         for (key, ms) in [
             ("idle_timeout_ms", config.idle_timeout_ms),

@@ -209,6 +209,7 @@ mod tests {
             suspensions: 2,
             suspended: true,
             suspended_by: Some(1000),
+            gang_row: Some(1),
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();

@@ -429,6 +429,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 jobs: snap.jobs.len(),
                 job_ids: snap.jobs.iter().map(|j| j.allocation.job.clone()).collect(),
                 free: snap.host_metrics(),
+                gang: snap.gang.clone(),
             })
         }
         Op::Fit(proto::FitArgs { request, tasks, cpus }) => {
@@ -454,14 +455,20 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             mem_limit_bytes,
             owner_uid,
             join_pid,
+            gang,
+            gang_row,
+            prime,
+            queue,
         }) => {
             if !admin {
                 return forbidden("allocate");
             }
-            let prepared = match host::prepare(&server.topology, &request, tasks, cpus.as_deref()) {
-                Ok(p) => p,
-                Err(e) => return error_reply(&e),
-            };
+            let mut prepared =
+                match host::prepare(&server.topology, &request, tasks, cpus.as_deref()) {
+                    Ok(p) => p,
+                    Err(e) => return error_reply(&e),
+                };
+            prepared.gang = host::GangAsk { gang, row: gang_row, prime, queue };
             // An administrator may move any process in, as with `join`, but never topod's own.
             let target = match join_pid.map(|pid| join_target(pid, peer, true)).transpose() {
                 Ok(t) => t,
@@ -661,6 +668,7 @@ pub fn error_reply(e: &HostError) -> Reply {
         }
         HostError::Lent { .. } => ErrorCode::DoesNotFit,
         HostError::Suspended(_) => ErrorCode::BadRequest,
+        HostError::NoGang(_) | HostError::GangRow { .. } => ErrorCode::BadRequest,
         HostError::BadRequest(_) => ErrorCode::BadTopologyRequest,
         HostError::DoesNotFit { .. } => ErrorCode::DoesNotFit,
         HostError::UnknownJob(_) => ErrorCode::UnknownJob,

@@ -6,6 +6,7 @@
 
 mod bench_daemon;
 mod bench_freeze;
+mod bench_gang;
 mod bench_hostile;
 mod docs;
 mod lsf;
@@ -142,6 +143,22 @@ enum Command {
         /// Place only inside these CPUs (those the batch system gave the job).
         #[arg(long, value_name = "LIST")]
         cpus: Option<String>,
+        /// Gang-schedule the job: it may share CPUs with gang jobs of other rows and takes turns
+        /// with them by slices (topod.toml [gang]).
+        #[arg(long, conflicts_with = "no_gang")]
+        gang: bool,
+        /// Do not gang-schedule the job, whatever [gang] all_jobs says.
+        #[arg(long)]
+        no_gang: bool,
+        /// The gang row to take (the same on every host of a multi-host job); implies --gang.
+        #[arg(long, value_name = "ROW", conflicts_with = "no_gang")]
+        gang_row: Option<u32>,
+        /// A prime job: runs through every slice and shares no CPU.
+        #[arg(long)]
+        prime: bool,
+        /// The batch system's queue (jobs of [gang] prime_queues are prime).
+        #[arg(long, value_name = "NAME")]
+        queue: Option<String>,
         /// The request.
         request: String,
         /// Print JSON.
@@ -259,6 +276,20 @@ enum BenchCommand {
         /// connections). Needs root.
         #[arg(long, value_name = "N")]
         hostile: Option<usize>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Gang time slicing on real cgroups: the CPU time two jobs sharing a CPU lose per switch
+    /// and per second, and the skew between two topods' slice boundaries. Starts its own topods
+    /// (from beside topoctl) on subtrees of their own. Needs root and two CPUs.
+    Gang {
+        /// Slice lengths to measure, seconds, comma-separated.
+        #[arg(long, value_name = "LIST", default_value = "1,10,30")]
+        slices: String,
+        /// Slices per measurement (the baseline before it is as long).
+        #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=1000))]
+        per_run: u32,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -383,6 +414,17 @@ fn main() -> ExitCode {
         Command::Bench { what: BenchCommand::Freeze { processes, rounds, v2_freezer, json } } => {
             bench_freeze::run(processes as usize, rounds as usize, v2_freezer, json)
         }
+        Command::Bench { what: BenchCommand::Gang { slices, per_run, json } } => slices
+            .split(',')
+            .map(|s| {
+                s.trim().parse::<u64>().ok().filter(|t| (1..=3600).contains(t)).ok_or_else(|| {
+                    Failure::input(format!(
+                        "--slices {slices:?}: {s:?} is not a slice length (1 to 3600 seconds)"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<u64>, Failure>>()
+            .and_then(|list| bench_gang::run(&list, per_run, json)),
         Command::Bench { what: BenchCommand::Attack { daemon, mode, count, stats } } => {
             bench_hostile::attack(&daemon.socket, &mode, count, &stats)
         }
@@ -398,11 +440,33 @@ fn main() -> ExitCode {
         Command::SlurmFeatures { daemon, node, interval, once, dry_run, scontrol } => {
             slurm_features::run(&daemon, node, interval, once, dry_run, &scontrol)
         }
-        Command::Alloc { daemon, job, tasks, cpus, request, json } => alloc_and_print(
+        Command::Alloc {
+            daemon,
+            job,
+            tasks,
+            cpus,
+            gang,
+            no_gang,
+            gang_row,
+            prime,
+            queue,
+            request,
+            json,
+        } => alloc_and_print(
             &daemon,
             Op::Allocate(topo_core::proto::AllocateArgs {
                 tasks,
                 cpus,
+                gang: if gang || gang_row.is_some() {
+                    Some(true)
+                } else if no_gang {
+                    Some(false)
+                } else {
+                    None
+                },
+                gang_row,
+                prime,
+                queue,
                 ..topo_core::proto::AllocateArgs::new(job, request)
             }),
             json,
@@ -866,6 +930,8 @@ fn status(daemon: &Daemon, json: bool) -> Result<(), Failure> {
     }
     let mut ledger = Ledger::new();
     // Running jobs first: a suspended job's CPUs may be lent to one of them.
+    let (frozen, jobs): (Vec<JobView>, Vec<JobView>) =
+        jobs.into_iter().partition(|j| j.state == JobState::Frozen);
     let (suspended, running): (Vec<JobView>, Vec<JobView>) =
         jobs.into_iter().partition(|j| j.state == JobState::Suspended || !j.lent_to.is_empty());
     for j in running {
@@ -876,6 +942,11 @@ fn status(daemon: &Daemon, json: bool) -> Result<(), Failure> {
     for j in suspended {
         ledger
             .insert_suspended(j.allocation)
+            .map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
+    }
+    for j in frozen {
+        ledger
+            .insert_gang_frozen(j.allocation)
             .map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
     }
     let reserved = topo.allowed.difference(&free.allocatable);
@@ -909,7 +980,10 @@ fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
             a.mems.to_string(),
             j.state.to_string(),
             owner,
-            a.request
+            match a.gang_row {
+                Some(row) => format!("{} (gang row {row})", a.request),
+                None => a.request.clone(),
+            }
         );
         for (holder, cpus) in &j.lent_to {
             println!("{:<16} CPUs {cpus} lent to job {holder}", "");
@@ -926,7 +1000,13 @@ fn alloc_and_print(daemon: &Daemon, op: Op, json: bool) -> Result<(), Failure> {
     if json {
         return print_json(&a);
     }
-    println!("job {}: CPUs {}, memory nodes {}", a.job, a.cpus, a.mems);
+    match a.gang_row {
+        Some(row) => println!(
+            "job {}: CPUs {}, memory nodes {}, gang row {row} (shares its CPUs with other rows' jobs, taking turns)",
+            a.job, a.cpus, a.mems
+        ),
+        None => println!("job {}: CPUs {}, memory nodes {}", a.job, a.cpus, a.mems),
+    }
     Ok(())
 }
 
