@@ -810,3 +810,60 @@ fn gang_jobs_on_one_cpu_take_turns_by_slices_on_real_cgroups_and_after_a_crash()
     }
     drop(spinners);
 }
+
+#[test]
+fn an_allocate_that_may_preempt_freezes_a_preemptible_job_and_topod_resumes_it_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((d, cgroups, _subtree, cleanup, _config)) = common::real_daemon(
+        dir.path(),
+        "topo-preempt-test",
+        "preempt = true\npreempt_min_run_s = 0\n",
+    ) else {
+        return;
+    };
+    let mut c = Client::connect(&d.socket).unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+        as i64;
+    let mut sleeper = Command::new("sleep").arg("300").spawn().unwrap();
+    // The low job takes CPU 0; it may be suspended, and has barely waited.
+    c.call(Op::Allocate(topo_core::proto::AllocateArgs {
+        cpus: Some("0".into()),
+        preemptible: true,
+        submitted_at: Some(now - 10),
+        estimate_s: Some(100_000),
+        join_pid: Some(sleeper.id() as i32),
+        ..topo_core::proto::AllocateArgs::new("low", "affinity[thread*1]")
+    }))
+    .unwrap();
+    // Preempting needs the times an expansion factor comes from.
+    let err = c
+        .call(Op::Allocate(topo_core::proto::AllocateArgs {
+            cpus: Some("0".into()),
+            preempt: true,
+            ..topo_core::proto::AllocateArgs::new("high", "affinity[thread*1]")
+        }))
+        .unwrap_err();
+    assert!(err.to_string().contains("submitted_at"), "{err}");
+    // The high job has waited a day for an hour's run: it gets CPU 0, low is frozen.
+    let high = c
+        .call(Op::Allocate(topo_core::proto::AllocateArgs {
+            cpus: Some("0".into()),
+            preempt: true,
+            submitted_at: Some(now - 86_400),
+            estimate_s: Some(3_600),
+            ..topo_core::proto::AllocateArgs::new("high", "affinity[thread*1]")
+        }))
+        .unwrap();
+    assert_eq!(high["cpus"], "0");
+    assert!(!thawed(&cgroups, &cleanup, "low"), "low is frozen while high runs");
+    let jobs: Value = c.call(Op::List).unwrap();
+    let low = jobs.as_array().unwrap().iter().find(|j| j["job"] == "low").unwrap();
+    assert_eq!(low["state"], "suspended", "{jobs}");
+    // high ends: topod resumes low by itself.
+    c.call(Op::Release { job: "high".into() }).unwrap();
+    assert!(thawed(&cgroups, &cleanup, "low"), "low runs again");
+    let jobs: Value = c.call(Op::List).unwrap();
+    assert_eq!(jobs[0]["state"], "running", "{jobs}");
+    c.call(Op::Release { job: "low".into() }).unwrap();
+    let _ = sleeper.wait();
+}

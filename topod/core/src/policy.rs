@@ -138,6 +138,83 @@ impl Gang {
     }
 }
 
+/// A running job that may be suspended for another, on one host (see [`victims_on_host`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate<K> {
+    /// The job.
+    pub job: K,
+    /// Its expansion factor now.
+    pub xf: f64,
+    /// Its CPUs on the host.
+    pub cpus: CpuSet,
+    /// What it fences there.
+    pub fenced: CpuSet,
+    /// What suspending it costs (its processors).
+    pub procs: u32,
+}
+
+/// The running jobs to suspend on one host so that a job fits, by the rules of [`Preempt`]:
+/// for each domain (every L3 group, then every NUMA node, package, the whole host), the
+/// candidates that have CPUs in it, lowest expansion factor first, until `fits_in(domain,
+/// occupancy without them)` says the job fits inside that domain; of all domains where that
+/// happens, the tightest level, then the fewest processors suspended, then the lowest sum of
+/// expansion factors. Returns that key and the victims, or `None` when no set does. Both
+/// drivers call it: the cluster steps with a count of free cores, topod with a real placement.
+pub fn victims_on_host<K: Clone>(
+    model: &HostModel,
+    occupancy: &Occupancy,
+    candidates: &[Candidate<K>],
+    fits_in: &mut dyn FnMut(&CpuSet, &Occupancy) -> bool,
+) -> Option<((u8, u64, f64), Vec<K>)> {
+    let mut by_xf: Vec<&Candidate<K>> = candidates.iter().collect();
+    by_xf.sort_by(|a, b| a.xf.total_cmp(&b.xf));
+    let whole = [model.allocatable.clone()];
+    let levels: [(u8, &[CpuSet]); 4] = [
+        (0, model.l3.as_slice()),
+        (1, model.numa.as_slice()),
+        (2, model.sockets.as_slice()),
+        (3, &whole),
+    ];
+    let mut best: Option<((u8, u64, f64), Vec<K>)> = None;
+    for (rank, domains) in levels {
+        for domain in domains {
+            let mut occ = occupancy.clone();
+            if fits_in(domain, &occ) {
+                // It fits there already: nobody need be suspended for it there.
+                continue;
+            }
+            let mut victims = Vec::new();
+            let (mut cost, mut xf_sum) = (0u64, 0f64);
+            let mut fits = false;
+            for c in &by_xf {
+                if !c.cpus.intersects(domain) {
+                    continue;
+                }
+                occ.held.difference_with(&c.cpus);
+                occ.fenced.difference_with(&c.fenced);
+                victims.push(c.job.clone());
+                cost += u64::from(c.procs);
+                xf_sum += c.xf;
+                if fits_in(domain, &occ) {
+                    fits = true;
+                    break;
+                }
+            }
+            if !fits {
+                continue;
+            }
+            let key = (rank, cost, xf_sum);
+            let better = best.as_ref().is_none_or(|(k, _)| {
+                (key.0, key.1).cmp(&(k.0, k.1)).then(key.2.total_cmp(&k.2)).is_lt()
+            });
+            if better {
+                best = Some((key, victims));
+            }
+        }
+    }
+    best
+}
+
 /// A job in gang time slicing, for [`gang_runs`]: its row and its CPUs on each host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GangMember<'a> {
@@ -987,65 +1064,48 @@ impl PolicyCore {
             if host.cores < procs {
                 continue;
             }
-            // Eligible jobs with a part on this host: (xf, job, that part's CPUs, its procs).
-            let mut here: Vec<(f64, JobKey, &CpuSet, u32)> = Vec::new();
+            // Eligible jobs with a part on this host.
+            let mut here: Vec<Candidate<JobKey>> = Vec::new();
             for (job, xf) in eligible {
                 if let Slot::Running(r) = &self.jobs[*job as usize] {
                     if let Some(p) = r.parts.iter().find(|p| p.host as usize == h) {
-                        here.push((*xf, *job, &p.placement.cpus, r.procs));
+                        here.push(Candidate {
+                            job: *job,
+                            xf: *xf,
+                            cpus: p.placement.cpus.clone(),
+                            fenced: p.placement.fenced.clone(),
+                            procs: r.procs,
+                        });
                     }
                 }
             }
             if here.is_empty() {
                 continue;
             }
-            here.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            let whole = [host.model.allocatable.clone()];
-            let levels: [(u8, &[CpuSet]); 4] = [
-                (0, host.model.l3.as_slice()),
-                (1, host.model.numa.as_slice()),
-                (2, host.model.sockets.as_slice()),
-                (3, &whole),
-            ];
-            for (rank, domains) in levels {
-                for domain in domains {
-                    let cores_in = |cpus: &CpuSet| {
-                        host.model
-                            .cores
-                            .iter()
-                            .filter(|c| c.is_subset(domain) && c.is_subset(cpus))
-                            .count() as u32
-                    };
-                    if cores_in(&host.model.allocatable) < procs {
-                        continue;
-                    }
-                    let occ = &self.rows[0].occupancy[h];
-                    let free_cpus = domain.difference(&occ.held).difference(&occ.fenced);
-                    let mut room = cores_in(&free_cpus);
-                    let mut victims = Vec::new();
-                    let (mut cost, mut xf_sum) = (0u64, 0f64);
-                    for (xf, job, cpus, job_procs) in &here {
-                        if room >= procs {
-                            break;
-                        }
-                        if !cpus.intersects(domain) {
-                            continue;
-                        }
-                        room += cores_in(cpus);
-                        victims.push(*job);
-                        cost += u64::from(*job_procs);
-                        xf_sum += xf;
-                    }
-                    if room < procs || victims.is_empty() {
-                        continue;
-                    }
-                    let key = (rank, cost, xf_sum);
-                    let better = best.as_ref().is_none_or(|(k, _)| {
-                        (key.0, key.1).cmp(&(k.0, k.1)).then(key.2.total_cmp(&k.2)).is_lt()
-                    });
-                    if better {
-                        best = Some((key, victims));
-                    }
+            // Equal expansion factors go by job number.
+            here.sort_by(|a, b| a.xf.total_cmp(&b.xf).then(a.job.cmp(&b.job)));
+            let model = &host.model;
+            let mut fits_in = |domain: &CpuSet, occ: &Occupancy| {
+                let busy = occ.held.union(&occ.fenced);
+                let free = model
+                    .cores
+                    .iter()
+                    .filter(|c| {
+                        c.is_subset(domain)
+                            && c.is_subset(&model.allocatable)
+                            && !c.intersects(&busy)
+                    })
+                    .count() as u32;
+                free >= procs
+            };
+            if let Some((key, victims)) =
+                victims_on_host(model, &self.rows[0].occupancy[h], &here, &mut fits_in)
+            {
+                let better = best.as_ref().is_none_or(|(k, _)| {
+                    (key.0, key.1).cmp(&(k.0, k.1)).then(key.2.total_cmp(&k.2)).is_lt()
+                });
+                if better {
+                    best = Some((key, victims));
                 }
             }
         }

@@ -172,9 +172,22 @@ pub struct AllocateArgs {
     /// A prime job: runs through every slice, never shares a CPU.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub prime: bool,
-    /// The batch system's queue (jobs of `[gang] prime_queues` are prime).
+    /// The batch system's queue (jobs of `gang_prime_queues` are prime).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
+    /// When the job does not fit, it may suspend running jobs that are `preemptible` (when
+    /// topod's `preempt` allows it; needs `submitted_at` and `estimate_s`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preempt: bool,
+    /// The job may be suspended for another (then it needs `submitted_at` and `estimate_s`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preemptible: bool,
+    /// When the batch system took the job, seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_at: Option<i64>,
+    /// Its estimated run time (its time limit), seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_s: Option<u64>,
 }
 
 impl AllocateArgs {
@@ -617,6 +630,10 @@ fn fields_of(op: &str) -> &'static [&'static str] {
             "gang_row",
             "prime",
             "queue",
+            "preempt",
+            "preemptible",
+            "submitted_at",
+            "estimate_s",
         ],
         "join" => &["job", "pid"],
         "self_join_files" => &["job"],

@@ -97,6 +97,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
     let mut host =
         Host::new(topo, reserved, backend, Some(records), strategy).map_err(|e| e.to_string())?;
     host.set_gang(config.gang());
+    host.set_preempt(config.preempt());
     if let Some((_, foreign)) = host.reconcile_foreign() {
         tracing::info!(
             "CPUs {foreign} belong to exclusive cpusets topod did not create; no job gets them"
@@ -193,6 +194,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
             std::thread::sleep(Duration::from_secs(5));
             server.lock().reconcile_foreign();
             server.refreeze_suspended();
+            server.lock().resume_preempted();
         });
     }
     {

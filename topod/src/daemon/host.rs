@@ -148,6 +148,29 @@ pub struct JobHint {
     /// frozen by slicing, and takes its turns again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang_row: Option<u32>,
+    /// It may be suspended for another job (its allocate said so).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preemptible: bool,
+    /// When the batch system took it, seconds since the epoch (for its expansion factor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_at: Option<i64>,
+    /// Its estimated run time, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_s: Option<u64>,
+    /// Seconds it ran before its last start or resume.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub ran_s: u64,
+    /// When it last started or resumed, seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_since: Option<i64>,
+    /// The job it was suspended for, while topod's preemption holds it: topod resumes it
+    /// itself once its CPUs are free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<String>,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -191,6 +214,21 @@ pub struct Prepared {
     pub canonical: String,
     /// What the allocate said about gang scheduling.
     pub gang: GangAsk,
+    /// What the allocate said about preemption.
+    pub preempt: PreemptAsk,
+}
+
+/// What an `allocate` says about preemption (see [`Host::set_preempt`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreemptAsk {
+    /// When it does not fit, it may suspend running preemptible jobs.
+    pub preempt: bool,
+    /// It may be suspended for another job.
+    pub preemptible: bool,
+    /// When the batch system took the job, seconds since the epoch.
+    pub submitted_at: Option<i64>,
+    /// Its estimated run time (its time limit), seconds.
+    pub estimate_s: Option<u64>,
 }
 
 /// What an `allocate` says about gang time slicing (see [`GangConfig`]).
@@ -282,9 +320,12 @@ pub fn prepare(
     }
     let canonical = req.to_string();
     match request::parse(&canonical) {
-        Ok(again) if again.to_string() == canonical => {
-            Ok(Prepared { request: req, canonical, gang: GangAsk::default() })
-        }
+        Ok(again) if again.to_string() == canonical => Ok(Prepared {
+            request: req,
+            canonical,
+            gang: GangAsk::default(),
+            preempt: PreemptAsk::default(),
+        }),
         Ok(again) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
         ))),
@@ -409,6 +450,8 @@ pub struct Host {
     gang_status: Option<topo_core::proto::reply::GangStatus>,
     /// The wall clock gang slices follow (a test's own in tests).
     clock: Arc<dyn Fn() -> std::time::SystemTime + Send + Sync>,
+    /// Preemption's rules, when allocates may suspend jobs.
+    preempt: Option<topo_core::policy::Preempt>,
 }
 
 /// How long after a process was told how to move itself into a job the job is not released for
@@ -447,7 +490,183 @@ impl Host {
             gang: None,
             gang_status: None,
             clock: Arc::new(std::time::SystemTime::now),
+            preempt: None,
         })
+    }
+
+    /// Lets an allocate that asks (`preempt`) suspend running jobs that said they may be
+    /// (`preemptible`) when it does not fit, by `rules` (see `topo_core::policy::Preempt`); off
+    /// with `None`.
+    pub fn set_preempt(&mut self, rules: Option<topo_core::policy::Preempt>) {
+        self.preempt = rules;
+    }
+
+    fn now_s(&self) -> i64 {
+        self.now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+    }
+
+    /// A job's expansion factor now: (time since submission + estimated time still to run) ÷
+    /// estimate; `None` without a submission time and estimate.
+    fn expansion_factor(&self, hint: &JobHint, now: i64) -> Option<f64> {
+        let (submitted, estimate) = (hint.submitted_at?, hint.estimate_s?);
+        let running = hint.running_since.map_or(0, |t| (now - t).max(0) as u64);
+        let left = estimate.saturating_sub(hint.ran_s + running);
+        Some(((now - submitted).max(0) as f64 + left as f64) / estimate.max(1) as f64)
+    }
+
+    /// Suspends the running jobs that free the tightest domain for `prepared` (see
+    /// `topo_core::policy::victims_on_host`) and places it; when it still does not fit, they
+    /// run again and `refused` is returned.
+    fn preempt_and_place(
+        &mut self,
+        id: &JobId,
+        prepared: &Prepared,
+        mem_limit: Option<u64>,
+        refused: HostError,
+    ) -> Result<(), HostError> {
+        let Some(rules) = self.preempt else { return Err(refused) };
+        let ask = &prepared.preempt;
+        let now = self.now_s();
+        let me = JobHint {
+            submitted_at: ask.submitted_at,
+            estimate_s: ask.estimate_s,
+            ..JobHint::default()
+        };
+        let Some(my_xf) = self.expansion_factor(&me, now) else { return Err(refused) };
+        if my_xf < rules.min_xf {
+            tracing::info!("job {id}: does not fit, and its expansion factor {my_xf:.2} is below {} to preempt", rules.min_xf);
+            return Err(refused);
+        }
+        let mut candidates = Vec::new();
+        for a in self.ledger.jobs() {
+            let Some(hint) = self.hints.get(&a.job) else { continue };
+            let ran = hint.running_since.map_or(0, |t| now - t);
+            let eligible = hint.preemptible
+                && a.gang_row.is_none()
+                && !self.releasing.contains(&a.job)
+                && !self.changing.contains_key(&a.job)
+                && ran >= rules.min_run
+                && hint.suspensions < rules.max_suspensions;
+            if let (true, Some(xf)) = (eligible, self.expansion_factor(hint, now)) {
+                if xf < my_xf {
+                    candidates.push(topo_core::policy::Candidate {
+                        job: a.job.clone(),
+                        xf,
+                        cpus: a.cpus.clone(),
+                        fenced: a.fenced.clone(),
+                        procs: a.cpus.len() as u32,
+                    });
+                }
+            }
+        }
+        if candidates.is_empty() {
+            return Err(refused);
+        }
+        let (model, strategy) = (self.model.clone(), self.strategy);
+        let mut fits_in = |domain: &CpuSet, occ: &place::Occupancy| {
+            let mut request = prepared.request.clone();
+            request.cpu_list = Some(match &request.cpu_list {
+                Some(list) => list.intersection(domain),
+                None => domain.clone(),
+            });
+            topo_core::policy::start_on_host(&model, occ, &request, strategy).is_ok()
+        };
+        let occupancy = self.ledger.occupancy_for(None);
+        let Some((_, victims)) =
+            topo_core::policy::victims_on_host(&model, &occupancy, &candidates, &mut fits_in)
+        else {
+            return Err(refused);
+        };
+        let mut suspended = Vec::new();
+        for victim in &victims {
+            let Ok(vid) = JobId::parse(victim) else { continue };
+            let before = self.hints.get(victim).cloned().unwrap_or_default();
+            let mut hint = before.clone();
+            hint.suspended = true;
+            hint.suspended_by = None;
+            hint.preempted_by = Some(id.to_string());
+            hint.suspensions += 1;
+            hint.ran_s += hint.running_since.map_or(0, |t| (now - t).max(0) as u64);
+            hint.running_since = None;
+            // The record first, as for every suspend: a crash after the freeze finds it suspended.
+            if self.write_record(&vid, &hint).is_err() {
+                continue;
+            }
+            match self.backend.freeze(&vid, self.freeze_timeout) {
+                Ok(()) => {
+                    let _ = self.ledger.suspend(victim);
+                    self.hints.insert(victim.clone(), hint);
+                    suspended.push((vid, before));
+                }
+                Err(e) => {
+                    tracing::warn!("job {victim}: suspending it for job {id} failed: {e}");
+                    self.record(&vid, &before);
+                }
+            }
+        }
+        let placed = self.place_and_create(id, prepared, mem_limit, None);
+        if placed.is_ok() {
+            let names: Vec<&str> = suspended.iter().map(|(v, _)| v.as_str()).collect();
+            tracing::info!(
+                "job {id}: suspended job(s) {names:?} to start it (expansion factor {my_xf:.2}); they resume when their CPUs are free"
+            );
+            return Ok(());
+        }
+        // Undo: every victim runs again, as its record said before.
+        for (vid, before) in suspended {
+            let victim = vid.as_str().to_string();
+            if self.ledger.resume(&victim, None).is_ok() {
+                if let Err(e) = self.backend.thaw(&vid, self.freeze_timeout) {
+                    tracing::warn!("job {victim}: thawing it again failed: {e}");
+                    let _ = self.ledger.suspend(&victim);
+                    continue;
+                }
+            }
+            self.record(&vid, &before);
+            self.hints.insert(victim, before);
+        }
+        Err(refused)
+    }
+
+    /// Resumes the jobs topod's preemption suspended whose CPUs are all free again, highest
+    /// expansion factor first. Returns them.
+    pub fn resume_preempted(&mut self) -> Vec<String> {
+        let now = self.now_s();
+        let mut waiting: Vec<(f64, String)> = self
+            .ledger
+            .suspended_jobs()
+            .filter_map(|a| {
+                let hint = self.hints.get(&a.job)?;
+                hint.preempted_by.as_ref()?;
+                if self.releasing.contains(&a.job) || self.changing.contains_key(&a.job) {
+                    return None;
+                }
+                Some((self.expansion_factor(hint, now).unwrap_or(0.0), a.job.clone()))
+            })
+            .collect();
+        waiting.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut resumed = Vec::new();
+        for (_, job) in waiting {
+            let Ok(id) = JobId::parse(&job) else { continue };
+            if self.ledger.resume(&job, None).is_err() {
+                continue;
+            }
+            if let Err(e) = self.backend.thaw(&id, self.freeze_timeout) {
+                tracing::warn!("job {job}: resuming it after preemption failed: {e}");
+                let _ = self.ledger.suspend(&job);
+                continue;
+            }
+            if let Some(mut hint) = self.hints.get(&job).cloned() {
+                hint.suspended = false;
+                hint.preempted_by = None;
+                hint.running_since = Some(now);
+                self.record(&id, &hint);
+                self.hints.insert(job.clone(), hint);
+            }
+            tracing::info!("job {job}: resumed on its CPUs after preemption");
+            resumed.push(job);
+        }
+        resumed
     }
 
     /// The wall clock gang slices follow, instead of the system's (for tests and emulation).
@@ -860,6 +1079,7 @@ impl Host {
                     suspended,
                     suspended_by: None,
                     gang_row: adopted.gang_row,
+                    ..JobHint::default()
                 };
                 self.write_record(&id, &hint)?;
                 self.ledger.release(id.as_str())?;
@@ -884,7 +1104,15 @@ impl Host {
             });
         }
         let rows = self.gang_rows_for(job, &prepared.gang)?;
-        match self.place_and_create(&id, prepared, mem_limit, rows.as_deref()) {
+        let first = match self.place_and_create(&id, prepared, mem_limit, rows.as_deref()) {
+            Err(refused @ HostError::DoesNotFit { .. })
+                if prepared.preempt.preempt && rows.is_none() && self.preempt.is_some() =>
+            {
+                self.preempt_and_place(&id, prepared, mem_limit, refused)
+            }
+            other => other,
+        };
+        match first {
             Err(HostError::Cgroup(e)) => {
                 // The kernel refused the cpuset: an exclusive cpuset beside ours may have come or
                 // gone since the model was made. Look again, and try once more if it changed.
@@ -911,6 +1139,12 @@ impl Host {
             suspended: false,
             suspended_by: None,
             gang_row: alloc.gang_row,
+            preemptible: prepared.preempt.preemptible,
+            submitted_at: prepared.preempt.submitted_at,
+            estimate_s: prepared.preempt.estimate_s,
+            ran_s: 0,
+            running_since: Some(self.now_s()),
+            preempted_by: None,
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -1130,6 +1364,12 @@ impl Host {
                 tracing::warn!("job {job}: {e}");
             }
         }
+        // Its CPUs may be what a preempted job waits for, or what another row's gang job could
+        // run on.
+        self.resume_preempted();
+        if self.gang.is_some() {
+            self.gang_switch(self.now());
+        }
         Ok(report.killed)
     }
 
@@ -1181,6 +1421,8 @@ impl Host {
         self.ledger.suspend(&job)?;
         let cpus = self.ledger.get(&job).map(|a| a.cpus.clone()).unwrap_or_default();
         hint.suspensions += 1;
+        let now = self.now_s();
+        hint.ran_s += hint.running_since.take().map_or(0, |t| (now - t).max(0) as u64);
         self.record(&ticket.id, &hint);
         self.hints.insert(job.clone(), hint);
         tracing::info!("job {job}: suspended; CPUs {cpus} may be lent");
@@ -1230,6 +1472,8 @@ impl Host {
         if let Some(mut hint) = self.hints.get(&job).cloned() {
             hint.suspended = false;
             hint.suspended_by = None;
+            hint.preempted_by = None;
+            hint.running_since = Some(self.now_s());
             self.record(&ticket.id, &hint);
             self.hints.insert(job.clone(), hint);
         }
@@ -1810,6 +2054,87 @@ mod tests {
             gang_allocate(&mut second, "g", "affinity[thread*1]", gang_ask(None, false)),
             Err(HostError::NoGang(_))
         ));
+    }
+
+    #[test]
+    fn an_allocate_that_may_preempt_suspends_the_jobs_that_free_the_tightest_domain() {
+        // Two packages of 4 cores: a (3 cores) and b (1 core) in package 0, c (4 cores) in
+        // package 1, all preemptible, all running for an hour.
+        let dir = tempfile::tempdir().unwrap();
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        let seconds = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+        {
+            let seconds = seconds.clone();
+            h.set_clock(Arc::new(move || at(seconds.load(std::sync::atomic::Ordering::SeqCst))));
+        }
+        h.set_preempt(Some(topo_core::policy::Preempt {
+            min_run: 600,
+            max_suspensions: 1,
+            min_xf: 2.0,
+        }));
+        let ask = |preempt: bool, submitted: i64, estimate: u64| PreemptAsk {
+            preempt,
+            preemptible: !preempt,
+            submitted_at: Some(submitted),
+            estimate_s: Some(estimate),
+        };
+        let alloc = |h: &mut Host, job: &str, req: &str, p: PreemptAsk| {
+            let mut prepared = prepare(&h.topo, req, None, None).unwrap();
+            prepared.preempt = p;
+            h.allocate_prepared(job, &prepared, None, None)
+        };
+        let a = alloc(&mut h, "a", "affinity[core(3)]", ask(false, 999_000, 100_000)).unwrap();
+        let b = alloc(&mut h, "b", "affinity[core(1)]", ask(false, 999_000, 100_000)).unwrap();
+        // c waited longer: a higher expansion factor than a's and b's together.
+        let c = alloc(&mut h, "c", "affinity[core(4)]", ask(false, 800_000, 100_000)).unwrap();
+        assert!(!a.cpus.union(&b.cpus).intersects(&c.cpus));
+        // Too early: they have not run 600 s.
+        seconds.store(1_000_300, std::sync::atomic::Ordering::SeqCst);
+        let head = ask(true, 990_000, 3_600);
+        assert!(matches!(
+            alloc(&mut h, "d", "affinity[core(4,same=numa)]", head.clone()),
+            Err(HostError::DoesNotFit { .. })
+        ));
+        // After an hour: d (waited 10,300 s for 3,600: xf 3.9) takes package 0 by suspending a
+        // and b (4 cores, lower expansion factors), not c.
+        seconds.store(1_003_600, std::sync::atomic::Ordering::SeqCst);
+        let d = alloc(&mut h, "d", "affinity[core(4,same=numa)]", head.clone()).unwrap();
+        assert_eq!(d.cpus, a.cpus.union(&b.cpus));
+        let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
+        assert!(frozen("a") && frozen("b") && !frozen("c"));
+        assert_eq!(h.hints["a"].preempted_by.as_deref(), Some("d"));
+        h.ledger().check().unwrap();
+        // Asking without the right to preempt, or below the expansion factor: refused, nobody
+        // suspended.
+        let low = ask(true, 1_003_000, 3_600);
+        assert!(alloc(&mut h, "e", "affinity[core(4)]", low).is_err());
+        assert!(!frozen("c"));
+        // d ends: a and b resume by themselves on their own CPUs.
+        h.release("d").unwrap();
+        assert!(!frozen("a") && !frozen("b"));
+        assert_eq!(h.jobs().iter().filter(|j| j.state == JobState::Running).count(), 3);
+        // Suspended once already (max 1): a and b are not candidates again; c is.
+        seconds.store(1_010_000, std::sync::atomic::Ordering::SeqCst);
+        let f =
+            alloc(&mut h, "f", "affinity[core(4,same=numa)]", ask(true, 990_000, 3_600)).unwrap();
+        assert_eq!(f.cpus, c.cpus);
+        assert!(frozen("c") && !frozen("a"));
+        // A crash: the preempted job stays suspended, and is resumed once f ends.
+        drop(h);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.set_preempt(Some(topo_core::policy::Preempt::default()));
+        h.recover(BTreeMap::new()).unwrap();
+        assert!(h.ledger().is_suspended("c"));
+        h.release("f").unwrap();
+        assert!(!frozen("c") && !h.ledger().is_suspended("c"));
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub use topo_core::proto::DEFAULT_SOCKET;
 pub const DEFAULT_STATE_DIR: &str = "/run/topo";
 
 /// topod's configuration file (TOML). Every field is optional.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Unix socket path.
@@ -82,9 +82,30 @@ pub struct Config {
     /// Queues whose jobs are prime: they run through every slice and share no CPU.
     #[serde(default)]
     pub gang_prime_queues: Vec<String>,
+    /// An allocate that does not fit and asks to preempt may suspend running jobs that said
+    /// they may be suspended, chosen to free the tightest domain, lowest expansion factor
+    /// first; they resume when their CPUs are free.
+    #[serde(default)]
+    pub preempt: bool,
+    /// Seconds a job runs after its start or resume before it may be suspended (300).
+    pub preempt_min_run_s: Option<u64>,
+    /// Suspensions per job at most (2).
+    pub preempt_max_suspensions: Option<u32>,
+    /// The expansion factor ((wait + estimate) / estimate) from which a job may preempt (2.0).
+    pub preempt_min_xf: Option<f64>,
 }
 
 impl Config {
+    /// Preemption's rules, when `preempt` turns it on.
+    pub fn preempt(&self) -> Option<topo_core::policy::Preempt> {
+        let d = topo_core::policy::Preempt::default();
+        self.preempt.then(|| topo_core::policy::Preempt {
+            min_run: self.preempt_min_run_s.map_or(d.min_run, |s| s as i64),
+            max_suspensions: self.preempt_max_suspensions.unwrap_or(d.max_suspensions),
+            min_xf: self.preempt_min_xf.unwrap_or(d.min_xf),
+        })
+    }
+
     /// The host's gang configuration, when `gang_rows` turns slicing on.
     pub fn gang(&self) -> Option<host::GangConfig> {
         Some(host::GangConfig {
@@ -219,6 +240,14 @@ impl Config {
         } else {
             None
         };
+        let bad_gang =
+            bad_gang.or(if config.preempt_min_xf.is_some_and(|x| !(x.is_finite() && x >= 1.0)) {
+                Some("preempt_min_xf must be 1 or more (an expansion factor)")
+            } else if config.preempt_min_run_s.is_some_and(|s| s > 31_536_000) {
+                Some("preempt_min_run_s must be at most 31536000 (a year)")
+            } else {
+                None
+            });
         if let Some(what) = bad_gang {
             return Err(ConfigError::Invalid { path: path.to_path_buf(), what: what.into() });
         }

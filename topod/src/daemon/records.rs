@@ -210,6 +210,12 @@ mod tests {
             suspended: true,
             suspended_by: Some(1000),
             gang_row: Some(1),
+            preemptible: true,
+            submitted_at: Some(1_700_000_000),
+            estimate_s: Some(3600),
+            ran_s: 120,
+            running_since: None,
+            preempted_by: Some("9".into()),
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();

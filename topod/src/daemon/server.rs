@@ -459,6 +459,10 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             gang_row,
             prime,
             queue,
+            preempt,
+            preemptible,
+            submitted_at,
+            estimate_s,
         }) => {
             if !admin {
                 return forbidden("allocate");
@@ -469,6 +473,13 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                     Err(e) => return error_reply(&e),
                 };
             prepared.gang = host::GangAsk { gang, row: gang_row, prime, queue };
+            if (preempt || preemptible) && (submitted_at.is_none() || estimate_s.is_none()) {
+                return Reply::error(
+                    ErrorCode::BadRequest,
+                    "preempt and preemptible need submitted_at (seconds since the epoch) and estimate_s (the job's time limit): a job's expansion factor comes from them",
+                );
+            }
+            prepared.preempt = host::PreemptAsk { preempt, preemptible, submitted_at, estimate_s };
             // An administrator may move any process in, as with `join`, but never topod's own.
             let target = match join_pid.map(|pid| join_target(pid, peer, true)).transpose() {
                 Ok(t) => t,

@@ -156,9 +156,22 @@ enum Command {
         /// A prime job: runs through every slice and shares no CPU.
         #[arg(long)]
         prime: bool,
-        /// The batch system's queue (jobs of [gang] prime_queues are prime).
+        /// The batch system's queue (jobs of gang_prime_queues are prime).
         #[arg(long, value_name = "NAME")]
         queue: Option<String>,
+        /// When the job does not fit, it may suspend running preemptible jobs (topod.toml
+        /// preempt = true); needs --submitted-at and --estimate.
+        #[arg(long, requires_all = ["submitted_at", "estimate"])]
+        preempt: bool,
+        /// The job may be suspended for another; needs --submitted-at and --estimate.
+        #[arg(long, requires_all = ["submitted_at", "estimate"])]
+        preemptible: bool,
+        /// When the batch system took the job, seconds since the epoch.
+        #[arg(long, value_name = "SECONDS")]
+        submitted_at: Option<i64>,
+        /// The job's estimated run time (its time limit), seconds.
+        #[arg(long, value_name = "SECONDS")]
+        estimate: Option<u64>,
         /// The request.
         request: String,
         /// Print JSON.
@@ -450,6 +463,10 @@ fn main() -> ExitCode {
             gang_row,
             prime,
             queue,
+            preempt,
+            preemptible,
+            submitted_at,
+            estimate,
             request,
             json,
         } => alloc_and_print(
@@ -467,6 +484,10 @@ fn main() -> ExitCode {
                 gang_row,
                 prime,
                 queue,
+                preempt,
+                preemptible,
+                submitted_at,
+                estimate_s: estimate,
                 ..topo_core::proto::AllocateArgs::new(job, request)
             }),
             json,
