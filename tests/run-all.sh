@@ -112,5 +112,10 @@ if [ "$(id -u)" = 0 ]; then
     if grep -q ' cgroup2 ' /proc/mounts; then
         cargo run --quiet --release --locked -p topod --bin topoctl -- bench freeze --rounds 40 --v2-freezer
     fi
+    # Gang slicing's cost and two topods' skew (README, "Gang time slicing"): 1 s slices only
+    # (the README's 10 s and 30 s take 5 minutes).
+    echo "--- topoctl bench gang"
+    cargo build --quiet --release --locked -p topod --bin topod
+    cargo run --quiet --release --locked -p topod --bin topoctl -- bench gang --slices 1 --per-run 4
 fi
 echo "tests/run-all.sh: all tests passed"
