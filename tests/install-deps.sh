@@ -28,6 +28,8 @@ packages=(
     # installs cargo-deb itself from crates.io), lintian on them, `man topod` once installed, and
     # the unit's capability bounding set applied with setpriv.
     dpkg-dev lintian man-db util-linux
+    # topod/tests/metrics_missized.rs: a topod scrape parsed by Prometheus's own Python parser.
+    python3-prometheus-client
 )
 me=tests/install-deps.sh
 guest_kernel_dir=${TOPO_GUEST_KERNEL_DIR:-/var/cache/topo-tests/guest-kernel}

@@ -95,6 +95,42 @@ pub struct JobView {
     /// A running job: its CPUs that belong to suspended jobs, by owner.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub borrowed_from: BTreeMap<String, CpuSet>,
+    /// Set once topod's sampler has found the job mis-sized (after its settling time): its
+    /// threads keep more CPUs busy than it was given, or it leaves most of them idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missized: Option<Missized>,
+}
+
+/// A job that does not use what it was given, as topod's sampler judged it.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Missized {
+    /// Which way.
+    pub kind: MissizedKind,
+    /// One line for a person: the figures it was judged on.
+    pub reason: String,
+}
+
+/// Which way a job is mis-sized.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissizedKind {
+    /// More threads runnable than CPUs given: it would run faster on more CPUs, or it starts
+    /// more threads than it asked for.
+    Busy,
+    /// Most of its CPUs idle: it asked for more than it uses.
+    Idle,
+}
+
+impl MissizedKind {
+    /// `busy` or `idle`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MissizedKind::Busy => "busy",
+            MissizedKind::Idle => "idle",
+        }
+    }
 }
 
 fn running() -> JobState {

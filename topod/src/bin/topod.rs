@@ -20,6 +20,7 @@ use topod::cgroup::{self, fs::Files, Kind};
 use topod::cli::{TopodArgs, DEFAULT_CONFIG};
 use topod::daemon::conn::{raise_fd_limit, Gate};
 use topod::daemon::host::{Host, JobHint};
+use topod::daemon::metrics;
 use topod::daemon::pending::{Kernel, PendingReleases};
 use topod::daemon::records::Records;
 use topod::daemon::server::{self, Admins, Listener, Server};
@@ -150,6 +151,22 @@ fn run(args: TopodArgs) -> Result<(), String> {
             Some((tcp, allow, key))
         }
     };
+    let metrics_listener = match &config.metrics_listen {
+        None => None,
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr)
+                .map_err(|e| format!("metrics_listen {addr}: {e}"))?;
+            tracing::info!(
+                "metrics (Prometheus text format) on http://{addr}/metrics for {}",
+                if config.metrics_allow.is_empty() {
+                    "loopback only".to_string()
+                } else {
+                    format!("{} allowed address(es)", config.metrics_allow.len())
+                }
+            );
+            Some(l)
+        }
+    };
     let listener = bind(&socket, 0o666)?;
     let admin_socket = topo_core::proto::admin_socket_for(&socket);
     let admin_listener = bind(&admin_socket, 0o600)?;
@@ -211,6 +228,40 @@ fn run(args: TopodArgs) -> Result<(), String> {
             let wait = period - since % period;
             std::thread::sleep(Duration::from_nanos(wait.min(u128::from(u64::MAX)) as u64));
         });
+    }
+    if let Some((every, rules)) = config.sampling() {
+        // Every running job's CPU time, threads and pressure, the mis-sized ones flagged, and the
+        // textfile written, each period; the reading takes no lock.
+        let server = server.clone();
+        let reader = metrics::KernelUsage::new(server.lock().backend(), Path::new("/proc"));
+        let textfile = config.metrics_textfile.clone();
+        std::thread::Builder::new()
+            .name("topod-metrics".into())
+            .spawn(move || {
+                let mut sizer = metrics::Sizer::new(rules);
+                let mut failing = false;
+                loop {
+                    metrics::sample(&server, &reader, &mut sizer);
+                    if let Some(file) = &textfile {
+                        let text = metrics::render(&server.snapshot(), &server.metrics);
+                        match metrics::write_textfile(file, &text) {
+                            Ok(()) => failing = false,
+                            Err(e) if !failing => {
+                                failing = true;
+                                tracing::warn!("metrics_textfile {}: {e}", file.display());
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                    std::thread::sleep(every);
+                }
+            })
+            .map_err(|e| format!("cannot start the metrics sampler: {e}"))?;
+    }
+    if let Some(l) = metrics_listener {
+        let server = server.clone();
+        let allow = config.metrics_allow.clone();
+        std::thread::spawn(move || metrics::serve(l, server, allow));
     }
     if let Some((tcp, allow, key)) = tcp {
         let (server, allow, key) = (server.clone(), Arc::new(allow), Arc::new(key));

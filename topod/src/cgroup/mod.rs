@@ -115,6 +115,21 @@ pub struct ReleaseReport {
     pub survivors: Vec<i32>,
 }
 
+/// The files in which the kernel reports how a job uses what it was given (for metrics); each
+/// is absent where the backend or the kernel has none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageFiles {
+    /// v2 `cpu.stat` (`usage_usec`: CPU time of every process that ever ran in it).
+    pub cpu_stat: Option<PathBuf>,
+    /// v2 `cpu.pressure` (PSI: time some of its threads waited for a CPU).
+    pub cpu_pressure: Option<PathBuf>,
+    /// v2 `memory.pressure` (PSI: time its threads stalled on memory).
+    pub memory_pressure: Option<PathBuf>,
+    /// v1 `cpuset.memory_pressure` (a filtered rate of direct reclaim in the cpuset; kept only
+    /// when the root cpuset's `cpuset.memory_pressure_enabled` is 1).
+    pub cpuset_memory_pressure: Option<PathBuf>,
+}
+
 /// A failed cgroup operation, with the file and what was written.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -233,6 +248,11 @@ pub trait CgroupBackend: Send + Sync {
     /// cpuset, a v2 partition): never to be given to a job.
     fn foreign_cpus(&self) -> Result<CpuSet, CgroupError> {
         Ok(CpuSet::new())
+    }
+    /// Where the kernel reports the job's CPU time and pressure (none for the fake).
+    fn usage_files(&self, job: &JobId) -> UsageFiles {
+        let _ = job;
+        UsageFiles::default()
     }
     /// Gives topod's subtree every CPU of its parent that no foreign exclusive cpuset holds
     /// (after one went away); nothing where the subtree inherits its parent's CPUs by itself.

@@ -303,6 +303,23 @@ impl CgroupBackend for V1 {
         widen_subtree(&self.files, &self.cpuset)
     }
 
+    fn usage_files(&self, job: &JobId) -> super::UsageFiles {
+        // topod makes no cpuacct group for a job: its CPU time comes from /proc (see
+        // daemon::metrics). The cpuset's memory_pressure is the closest v1 has to PSI.
+        // The switch is in the hierarchy's root only: the first ancestor that has it.
+        let enabled = self
+            .cpuset
+            .ancestors()
+            .skip(1)
+            .find_map(|dir| self.files.read(&dir.join("cpuset.memory_pressure_enabled")).ok())
+            .is_some_and(|v| v.trim() == "1");
+        super::UsageFiles {
+            cpuset_memory_pressure: enabled
+                .then(|| self.cpuset.join(job.as_str()).join("cpuset.memory_pressure")),
+            ..Default::default()
+        }
+    }
+
     fn kind(&self) -> &'static str {
         "v1"
     }

@@ -104,6 +104,16 @@ impl V2 {
 }
 
 impl CgroupBackend for V2 {
+    fn usage_files(&self, job: &JobId) -> super::UsageFiles {
+        let dir = self.dir(job);
+        super::UsageFiles {
+            cpu_stat: Some(dir.join("cpu.stat")),
+            cpu_pressure: Some(dir.join("cpu.pressure")),
+            memory_pressure: Some(dir.join("memory.pressure")),
+            cpuset_memory_pressure: None,
+        }
+    }
+
     fn kind(&self) -> &'static str {
         "v2"
     }

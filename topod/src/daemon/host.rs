@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use topo_core::cpuset::CpuSet;
-use topo_core::ledger::{Allocation, JobState, JobView, Ledger, LedgerError};
+use topo_core::ledger::{Allocation, JobState, JobView, Ledger, LedgerError, Missized};
 use topo_core::place::{self, HostMetrics, HostModel, PlaceError, Strategy};
 use topo_core::request::{self, Request};
 use topo_core::topology::Topology;
@@ -452,6 +452,10 @@ pub struct Host {
     clock: Arc<dyn Fn() -> std::time::SystemTime + Send + Sync>,
     /// Preemption's rules, when allocates may suspend jobs.
     preempt: Option<topo_core::policy::Preempt>,
+    /// What topod counts for its metrics (allocations, releases, requests).
+    metrics: Arc<super::metrics::Metrics>,
+    /// Jobs the sampler found mis-sized, until their release.
+    missized: BTreeMap<String, Missized>,
 }
 
 /// How long after a process was told how to move itself into a job the job is not released for
@@ -491,6 +495,8 @@ impl Host {
             gang_status: None,
             clock: Arc::new(std::time::SystemTime::now),
             preempt: None,
+            metrics: Default::default(),
+            missized: BTreeMap::new(),
         })
     }
 
@@ -607,6 +613,9 @@ impl Host {
         let placed = self.place_and_create(id, prepared, mem_limit, None);
         if placed.is_ok() {
             let names: Vec<&str> = suspended.iter().map(|(v, _)| v.as_str()).collect();
+            for victim in &names {
+                tracing::info!(event = "suspended", job = %victim, by = %id, "job {victim}: suspended for job {id}");
+            }
             tracing::info!(
                 "job {id}: suspended job(s) {names:?} to start it (expansion factor {my_xf:.2}); they resume when their CPUs are free"
             );
@@ -663,7 +672,7 @@ impl Host {
                 self.record(&id, &hint);
                 self.hints.insert(job.clone(), hint);
             }
-            tracing::info!("job {job}: resumed on its CPUs after preemption");
+            tracing::info!(event = "resumed", job = %job, "job {job}: resumed on its CPUs after preemption");
             resumed.push(job);
         }
         resumed
@@ -1154,6 +1163,17 @@ impl Host {
             return Err(e);
         }
         self.hints.insert(job.to_string(), hint);
+        self.metrics.allocated();
+        tracing::info!(
+            event = "allocated",
+            job = %job,
+            cpus = %alloc.cpus,
+            mems = %alloc.mems,
+            request = %canonical,
+            owner_uid,
+            "job {job}: allocated CPUs {}",
+            alloc.cpus
+        );
         if let Some(row) = alloc.gang_row {
             // Created frozen: it runs now if its row has the slice or its CPUs are idle.
             self.gang_switch(self.now());
@@ -1265,7 +1285,10 @@ impl Host {
         } else {
             self.backend.join(&id, pid)?;
         }
-        self.joined.insert(job.to_string());
+        if self.joined.insert(job.to_string()) {
+            // The first process only: a job's later joins (one per task) would flood the log.
+            tracing::info!(event = "joined", job = %job, pid, "job {job}: process {pid} joined");
+        }
         Ok(())
     }
 
@@ -1359,6 +1382,9 @@ impl Host {
         self.hints.remove(&job);
         self.joined.remove(&job);
         self.self_join_offered.remove(&job);
+        self.missized.remove(&job);
+        self.metrics.released(report.killed);
+        tracing::info!(event = "released", job = %job, killed = report.killed, "job {job}: released");
         if let Some(records) = &self.records {
             if let Err(e) = records.remove(&ticket.id) {
                 tracing::warn!("job {job}: {e}");
@@ -1425,7 +1451,7 @@ impl Host {
         hint.ran_s += hint.running_since.take().map_or(0, |t| (now - t).max(0) as u64);
         self.record(&ticket.id, &hint);
         self.hints.insert(job.clone(), hint);
-        tracing::info!("job {job}: suspended; CPUs {cpus} may be lent");
+        tracing::info!(event = "suspended", job = %job, cpus = %cpus, "job {job}: suspended; CPUs {cpus} may be lent");
         Ok(topo_core::proto::reply::Suspend { job, cpus, frozen_after_us: ticket.micros() })
     }
 
@@ -1481,9 +1507,9 @@ impl Host {
             self.gang_switch(self.now());
             let now =
                 if self.ledger.is_gang_frozen(&job) { "frozen until its slice" } else { "running" };
-            tracing::info!("job {job}: resumed to gang slicing on CPUs {cpus} ({now})");
+            tracing::info!(event = "resumed", job = %job, cpus = %cpus, "job {job}: resumed to gang slicing on CPUs {cpus} ({now})");
         } else {
-            tracing::info!("job {job}: resumed on CPUs {cpus}");
+            tracing::info!(event = "resumed", job = %job, cpus = %cpus, "job {job}: resumed on CPUs {cpus}");
         }
         Ok(topo_core::proto::reply::Resume { job, cpus, thawed_after_us: ticket.micros() })
     }
@@ -1643,6 +1669,7 @@ impl Host {
                 .filter(|l| l.holder == a.job)
                 .map(|l| (l.owner.clone(), l.cpus.clone()))
                 .collect(),
+            missized: self.missized.get(&a.job).cloned(),
         };
         let mut jobs: Vec<JobView> = self
             .ledger
@@ -1653,6 +1680,26 @@ impl Host {
             .collect();
         jobs.sort_by(|a, b| a.allocation.job.cmp(&b.allocation.job));
         jobs
+    }
+
+    /// What topod counts for its metrics.
+    pub fn metrics(&self) -> Arc<super::metrics::Metrics> {
+        self.metrics.clone()
+    }
+
+    /// The cgroup backend (the metrics sampler reads the jobs' processes and files through it,
+    /// without the lock).
+    pub fn backend(&self) -> Arc<dyn CgroupBackend> {
+        self.backend.clone()
+    }
+
+    /// Marks `job` mis-sized until its release; true the first time (the caller logs it once).
+    pub fn flag_missized(&mut self, job: &str, flag: Missized) -> bool {
+        if self.ledger.get(job).is_none() || self.missized.contains_key(job) {
+            return false;
+        }
+        self.missized.insert(job.to_string(), flag);
+        true
     }
 
     /// The ledger.

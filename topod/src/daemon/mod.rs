@@ -5,6 +5,7 @@
 
 pub mod conn;
 pub mod host;
+pub mod metrics;
 pub mod pending;
 pub mod process;
 pub mod records;
@@ -93,6 +94,50 @@ pub struct Config {
     pub preempt_max_suspensions: Option<u32>,
     /// The expansion factor ((wait + estimate) / estimate) from which a job may preempt (2.0).
     pub preempt_min_xf: Option<f64>,
+    /// Address for the metrics listener (`"127.0.0.1:9879"`): the Prometheus text format over
+    /// HTTP, for any GET; off when unset. Prometheus sends no key, so `metrics_allow` is its
+    /// only gate, and it serves nothing but the scrape.
+    pub metrics_listen: Option<String>,
+    /// Addresses or networks (as `tcp_allow`) allowed to scrape; loopback only when empty.
+    #[serde(default)]
+    pub metrics_allow: Vec<tcp::Allow>,
+    /// A file topod writes the same scrape to every `metrics_interval_s`, atomically (a
+    /// temporary file beside it, then a rename), for node_exporter's textfile collector; off
+    /// when unset.
+    pub metrics_textfile: Option<PathBuf>,
+    /// Seconds between two samples of the running jobs (CPU time, threads runnable, pressure),
+    /// 1 to 3600 (15). The sampler runs when `metrics_listen`, `metrics_textfile` or
+    /// `missized_settle_s` is set.
+    pub metrics_interval_s: Option<u64>,
+    /// Seconds a job runs before the sampler may find it mis-sized (300); its figures are
+    /// averaged from then on.
+    pub missized_settle_s: Option<u64>,
+    /// A job is busy (mis-sized) when its threads runnable average more than this many times
+    /// its CPUs (1.25); 1 or more.
+    pub missized_busy_ratio: Option<f64>,
+    /// A job is idle (mis-sized) when its CPU time per second and its threads runnable both
+    /// stay below this share of its CPUs (0.5); above 0, at most 1.
+    pub missized_idle_fraction: Option<f64>,
+}
+
+impl Config {
+    /// The sampler's period and the mis-sized rules, when anything needs the sampler.
+    pub fn sampling(&self) -> Option<(Duration, metrics::SizeRules)> {
+        let on = self.metrics_listen.is_some()
+            || self.metrics_textfile.is_some()
+            || self.missized_settle_s.is_some();
+        let d = metrics::SizeRules::default();
+        on.then(|| {
+            (
+                Duration::from_secs(self.metrics_interval_s.unwrap_or(15)),
+                metrics::SizeRules {
+                    settle: self.missized_settle_s.map_or(d.settle, Duration::from_secs),
+                    busy_ratio: self.missized_busy_ratio.unwrap_or(d.busy_ratio),
+                    idle_fraction: self.missized_idle_fraction.unwrap_or(d.idle_fraction),
+                },
+            )
+        })
+    }
 }
 
 impl Config {
@@ -248,6 +293,19 @@ impl Config {
             } else {
                 None
             });
+        let bad_gang = bad_gang.or(
+            if config.metrics_interval_s.is_some_and(|s| !(1..=3600).contains(&s)) {
+                Some("metrics_interval_s must be 1 to 3600 (seconds)")
+            } else if config.missized_settle_s.is_some_and(|s| s > 31_536_000) {
+                Some("missized_settle_s must be at most 31536000 (a year)")
+            } else if config.missized_busy_ratio.is_some_and(|x| !(x.is_finite() && x >= 1.0)) {
+                Some("missized_busy_ratio must be 1 or more (times the CPUs given)")
+            } else if config.missized_idle_fraction.is_some_and(|x| !(x > 0.0 && x <= 1.0)) {
+                Some("missized_idle_fraction must be above 0 and at most 1 (a share of the CPUs given)")
+            } else {
+                None
+            },
+        );
         if let Some(what) = bad_gang {
             return Err(ConfigError::Invalid { path: path.to_path_buf(), what: what.into() });
         }
@@ -306,5 +364,26 @@ mod tests {
         let e = Config::parse(p, "max_connections_per_user = 0").unwrap_err().to_string();
         assert!(e.contains("at least 1"), "{e}");
         assert_eq!(Config::parse(p, "max_connections = 9").unwrap().limits().max_connections, 9);
+        assert_eq!(Config::parse(p, "").unwrap().sampling(), None);
+        let (every, rules) = Config::parse(p, "metrics_textfile = \"/x.prom\"\nmetrics_interval_s = 2\nmissized_idle_fraction = 0.6\n")
+            .unwrap()
+            .sampling()
+            .unwrap();
+        assert_eq!(
+            (every, rules.idle_fraction, rules.busy_ratio),
+            (Duration::from_secs(2), 0.6, 1.25)
+        );
+        for bad in [
+            "metrics_interval_s = 0",
+            "missized_busy_ratio = 0.5",
+            "missized_idle_fraction = 0.0",
+            "metrics_allow = [\"1.2.3.4/40\"]",
+        ] {
+            let e = Config::parse(p, bad).unwrap_err().to_string();
+            assert!(
+                e.contains(bad.split(' ').next().unwrap()) || e.contains("1.2.3.4/40"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

@@ -102,6 +102,8 @@ pub struct Server {
     /// The connection limits.
     pub gate: Arc<Gate>,
     backend_kind: &'static str,
+    /// What topod counts for its metrics (shared with the host).
+    pub metrics: Arc<super::metrics::Metrics>,
 }
 
 /// The host, locked; when it was changed through this guard, the snapshot readers see is
@@ -141,7 +143,9 @@ impl Server {
         let topology_json = serde_json::to_value(&*topology).unwrap_or_default();
         let backend_kind = host.backend_kind();
         let published = arc_swap::ArcSwap::from_pointee(host.snapshot());
+        let metrics = host.metrics();
         Arc::new(Server {
+            metrics,
             host: Mutex::new(host),
             published,
             topology,
@@ -385,7 +389,18 @@ pub(crate) fn connection(
                     ),
                     false,
                 ),
-                Ok(req) => (handle(server, peer, req.op), false),
+                Ok(req) => {
+                    let (op, started) = (req.op.name(), std::time::Instant::now());
+                    let reply = handle(server, peer, req.op);
+                    let refused = reply.error.as_ref().map(|e| {
+                        serde_json::to_value(e.code)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default()
+                    });
+                    server.metrics.request(op, started.elapsed().as_secs_f64(), refused);
+                    (reply, false)
+                }
                 Err(e) => (Reply::error(ErrorCode::BadRequest, e.to_string()), false),
             },
         };

@@ -1012,6 +1012,9 @@ fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
         for (owner, cpus) in &j.borrowed_from {
             println!("{:<16} CPUs {cpus} borrowed from suspended job {owner}", "");
         }
+        if let Some(m) = &j.missized {
+            println!("{:<16} mis-sized ({}): {}", "", m.kind.as_str(), m.reason);
+        }
     }
     Ok(())
 }
