@@ -163,7 +163,7 @@ pub struct AllocateArgs {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub join_pid: Option<i32>,
     /// Gang time slicing: `true` to share CPUs with gang jobs of other rows, taking turns by
-    /// slices; `false` not to; unset: as topod's `[gang] all_jobs` says.
+    /// slices; `false` not to; unset: as topod's `gang_all_jobs` says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<bool>,
     /// The gang row to take (give the same one on every host of a multi-host job).

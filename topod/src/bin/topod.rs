@@ -217,7 +217,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
     {
         // Gang slices: freeze and thaw at every slice boundary (k times the slice since the
         // epoch, by the wall clock), at once after a restart, and for gang jobs a configuration
-        // without [gang] left behind.
+        // without gang_rows left behind.
         let server = server.clone();
         std::thread::spawn(move || loop {
             let now = std::time::SystemTime::now();

@@ -102,10 +102,10 @@ pub enum HostError {
         holder: String,
     },
     /// A gang-scheduled allocate on a host without gang slicing.
-    #[error("job {0} asks to be gang-scheduled, but gang time slicing is off on this host (topod.toml: [gang] rows = 2 or more)")]
+    #[error("job {0} asks to be gang-scheduled, but gang time slicing is off on this host (topod.toml: gang_rows = 2 or more)")]
     NoGang(String),
     /// A gang row the host does not have.
-    #[error("job {job} asks for gang row {row}; this host has rows 0 to {} ([gang] rows = {rows})", rows - 1)]
+    #[error("job {job} asks for gang row {row}; this host has rows 0 to {} (gang_rows = {rows})", rows - 1)]
     GangRow {
         /// The job.
         job: String,
@@ -244,7 +244,7 @@ pub struct GangAsk {
     pub queue: Option<String>,
 }
 
-/// Gang time slicing on this host (`[gang]` in topod.toml).
+/// Gang time slicing on this host (`gang_*` in topod.toml).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GangConfig {
     /// Slice length and rows.

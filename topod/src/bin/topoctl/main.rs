@@ -144,10 +144,10 @@ enum Command {
         #[arg(long, value_name = "LIST")]
         cpus: Option<String>,
         /// Gang-schedule the job: it may share CPUs with gang jobs of other rows and takes turns
-        /// with them by slices (topod.toml [gang]).
+        /// with them by slices (topod.toml gang_rows).
         #[arg(long, conflicts_with = "no_gang")]
         gang: bool,
-        /// Do not gang-schedule the job, whatever [gang] all_jobs says.
+        /// Do not gang-schedule the job, whatever topod.toml gang_all_jobs says.
         #[arg(long)]
         no_gang: bool,
         /// The gang row to take (the same on every host of a multi-host job); implies --gang.
