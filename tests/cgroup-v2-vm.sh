@@ -70,8 +70,9 @@ else
     # The real-cgroup tests: cgroup_real (the backends), cgroup_foreign (a partition beside
     # ours), daemon (topod, topo-exec, topoctl), daemon_hostile (attacks by an unprivileged user,
     # here on a kernel without SO_PEERPIDFD) and daemon_crash (SIGKILLs during concurrent job
-    # lives), built here, run there.
-    tests=(cgroup_real cgroup_foreign daemon daemon_hostile daemon_crash)
+    # lives) and metrics_missized (spinners flagged from v2 cpu.stat and the job's threads; the
+    # scrape with cpu.pressure and memory.pressure), built here, run there.
+    tests=(cgroup_real cgroup_foreign daemon daemon_hostile daemon_crash metrics_missized)
     mapfile -t binaries < <(cargo test --locked -p topod "${tests[@]/#/--test=}" --no-run --message-format=json \
         | python3 -c 'import json,sys
 for line in sys.stdin:
@@ -138,7 +139,7 @@ timeout --foreground -k 30 "${TOPO_VM_TIMEOUT:-1800}" qemu-system-x86_64 -accel 
     -object memory-backend-ram,id=m0,size=1G -object memory-backend-ram,id=m1,size=1G \
     -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,cpus=2-3,memdev=m1 \
     -kernel "$kernel" -initrd "$work/initramfs.cpio.gz" \
-    -append "console=ttyS0 loglevel=4 panic=-1 cgroup_no_v1=all" \
+    -append "console=ttyS0 loglevel=4 panic=-1 cgroup_no_v1=all psi=1" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs local,path="$work/out",mount_tag=out,security_model=none \
     < /dev/null > "$work/qemu.log" 2>&1 || true

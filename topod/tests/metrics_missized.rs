@@ -150,7 +150,7 @@ fn mis_sized_spinners_are_flagged_a_well_sized_one_is_not_and_the_scrape_parses(
         "metrics_listen = \"127.0.0.1:{port}\"\nmetrics_textfile = \"{}\"\nmetrics_interval_s = 1\nmissized_settle_s = 2\nmissized_idle_fraction = 0.6\n",
         textfile.display()
     );
-    let Some((d, _cgroups, _subtree, _cleanup, _config)) =
+    let Some((d, cgroups, _subtree, _cleanup, _config)) =
         common::real_daemon(dir.path(), "topo-metrics-test", &extra)
     else {
         return;
@@ -168,6 +168,7 @@ fn mis_sized_spinners_are_flagged_a_well_sized_one_is_not_and_the_scrape_parses(
     let m = flag_of(&socket, "m-busy", within).expect("the 4-thread spinner on 1 CPU is flagged");
     assert_eq!(m["kind"], "busy", "{m}");
     let reason = m["reason"].as_str().unwrap();
+    eprintln!("m-busy: {reason}");
     assert!(reason.contains("threads runnable") && reason.contains("1 CPU given"), "{reason}");
     // topoctl jobs shows it in its table too.
     let table = Command::new(env!("CARGO_BIN_EXE_topoctl"))
@@ -182,6 +183,7 @@ fn mis_sized_spinners_are_flagged_a_well_sized_one_is_not_and_the_scrape_parses(
     let idle = spinner(&socket, "m-idle", "affinity[core*2]", 1);
     let m = flag_of(&socket, "m-idle", within).expect("the 1-thread spinner on 2 CPUs is flagged");
     assert_eq!(m["kind"], "idle", "{m}");
+    eprintln!("m-idle: {}", m["reason"]);
     release(&socket, "m-idle", idle);
 
     // 2 threads on 2 CPUs: well sized, never flagged; scraped meanwhile.
@@ -204,6 +206,12 @@ fn mis_sized_spinners_are_flagged_a_well_sized_one_is_not_and_the_scrape_parses(
     // prometheus_client names a counter's sample with its _total.
     let used = value(&samples, "topod_job_cpu_usage_seconds_total", "m-fine");
     assert!(used > 1.0 && used < 2.0 * 60.0, "cpu seconds {used}");
+    // v2: the job cgroup's PSI, where the kernel keeps it (Debian's needs psi=1; the v2 guest
+    // boots with it).
+    if cgroups.kind() == "v2" && Path::new("/proc/pressure/cpu").exists() {
+        value(&samples, "topod_job_cpu_pressure_some_seconds_total", "m-fine");
+        value(&samples, "topod_job_memory_pressure_some_seconds_total", "m-fine");
+    }
     let get = |name: &str, label: Option<(&str, &str)>| {
         samples
             .iter()

@@ -698,6 +698,65 @@ mod tests {
     }
 
     #[test]
+    fn the_sampler_flags_through_the_host_and_the_scrape_has_the_job() {
+        use crate::cgroup::fake::Fake;
+        use topo_core::cpuset::CpuSet;
+        use topo_core::topology::{SyntheticShape, Topology};
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 1,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        let fake = Fake::new(topo.allowed.clone(), topo.allowed_mems.clone());
+        let host = super::super::host::Host::new(
+            topo,
+            CpuSet::new(),
+            Box::new(fake),
+            None,
+            topo_core::place::Strategy::BestFit,
+        )
+        .unwrap();
+        let server = super::super::server::Server::new(
+            host,
+            Default::default(),
+            super::super::conn::Gate::new(Default::default()),
+        );
+        server.lock().allocate("j1", "affinity[core*2]", None, None, None, None).unwrap();
+        server.lock().allocate("j2", "affinity[core*1]", None, None, None, None).unwrap();
+        let reader = FakeUsage::default();
+        reader.set("j1", usage(8, 1.0));
+        reader.set("j2", usage(1, 1.0));
+        let rules = SizeRules { settle: Duration::ZERO, ..Default::default() };
+        let mut sizer = Sizer::new(rules);
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(2));
+            sample(&server, &reader, &mut sizer);
+        }
+        let jobs = server.snapshot().jobs.clone();
+        assert_eq!(jobs[0].missized.as_ref().map(|m| m.kind), Some(MissizedKind::Busy));
+        assert_eq!(jobs[1].missized, None);
+        let text = render(&server.snapshot(), &server.metrics);
+        for line in [
+            "topod_job_cpus{job=\"j1\"} 2",
+            "topod_job_threads_runnable{job=\"j1\"} 8",
+            "topod_job_missized{job=\"j1\",kind=\"busy\"} 1",
+            "topod_jobs_flagged_total{kind=\"busy\"} 1",
+            "topod_allocations_total 2",
+            "topod_cpus{state=\"held\"} 3",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+        }
+        // Released: the flag and the series go.
+        server.release("j1").unwrap();
+        sample(&server, &reader, &mut sizer);
+        let text = render(&server.snapshot(), &server.metrics);
+        assert!(!text.contains("job=\"j1\""), "{text}");
+        assert!(text.contains("topod_releases_total 1"), "{text}");
+    }
+
+    #[test]
     fn parses_the_kernels_files() {
         let stat = "4242 (a (weird) name) R 1 2 3 4 5 6 7 8 9 10 150 50 7 3 20 0 8 0 99 0 0";
         assert_eq!(parse_stat(stat), Some(Stat { state: 'R', ticks: 210 }));
