@@ -20,7 +20,8 @@ and tears it down. This hook carries PBS's decisions to topod at each point of a
                                  resources, optionally one vnode per NUMA node
   exechost_periodic    (MoM)     release allocations of jobs this MoM no longer runs, publish
                                  again, offline the vnodes while topod or a clean-up fails and
-                                 bring back online the vnodes this hook offlined once it works
+                                 bring back online the vnodes this hook offlined once it works;
+                                 a job topod found mis-sized gets the reason as its comment
 
 PBS job ids become topod job ids by a prefix: "123.server" is "pbs-123.server". topod accepts
 only letters, digits and ._-:@+[] in job ids, so a job id can never name a path outside the
@@ -1156,6 +1157,7 @@ def on_periodic(event, config):
     topod = Topod(config)
     try:
         failures = release_orphans(event, topod, config)
+        comment_missized(event, topod)
         if config["publish"] or config["publish_ncpus"]:
             running = running_jobs(event, host, config)
             # A PBS job topod holds that this run's job list lacks for the first time is most
@@ -1173,6 +1175,24 @@ def on_periodic(event, config):
         offline_vnodes(event, host, config, "; ".join(failures))
     else:
         online_vnodes_if_we_offlined(event, host, config)
+
+
+def comment_missized(event, topod):
+    """Sets the comment of each job of this MoM that topod found mis-sized (its sampler: more
+    threads runnable than CPUs, or most CPUs idle) to topod's one-line reason, once: a job whose
+    comment says it already is left alone. PBS lets exechost_periodic set attributes of the jobs
+    in event.job_list."""
+    for allocation in topod.call("list") or []:
+        flag = allocation.get("missized")
+        pbs_id = pbs_job_id(allocation.get("job", ""))
+        if not flag or pbs_id is None or pbs_id not in event.job_list:
+            continue
+        comment = ("topo: mis-sized (%s): %s" % (flag.get("kind"), flag.get("reason")))[:250]
+        job = event.job_list[pbs_id]
+        if getattr(job, "comment", None) == comment:
+            continue
+        job.comment = comment
+        log_info("job %s: %s" % (pbs_id, comment))
 
 
 def running_jobs(event, host, config):

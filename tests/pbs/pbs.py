@@ -107,6 +107,7 @@ class job(object):
         self.exec_vnode = fields.get("exec_vnode")
         self.euser = fields.get("euser")
         self.session_id = fields.get("session_id")
+        self.comment = fields.get("comment")
         self.rerun_requested = False
 
     def rerun(self):
@@ -182,6 +183,7 @@ def _result(exception=None):
     if e is not None:
         out["progname"], out["argv"], out["env"] = e.progname, e.argv, dict(e.env)
         out["rerun"] = bool(e.job and e.job.rerun_requested)
+        out["job_list"] = dict((j, {"comment": x.comment}) for j, x in e.job_list.items())
         out["vnode_list"] = dict(
             (n, {"state": v.state, "comment": v.comment, "resources_available": dict((k, str(x) if isinstance(x, size) else x) for k, x in v.resources_available.items())})
             for n, v in e.vnode_list.items())

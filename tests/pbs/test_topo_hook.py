@@ -100,9 +100,11 @@ class Topod(object):
         self.socket = os.path.join(directory, "topod.sock")
         self.process = None
 
-    def start(self):
+    def start(self, extra=""):
+        """Starts topod; `extra`: more lines for its topod.toml."""
         config = os.path.join(self.directory, "topod.toml")
         with open(config, "w") as f:
+            f.write(extra)
             if REAL:
                 f.write('cgroup = "v1"\ncgroup_subtree = "%s"\n' % SUBTREE)
             else:
@@ -508,6 +510,30 @@ class JobLifeTest(HookTestCase):
 
 
 class HostTest(HookTestCase):
+    def test_periodic_sets_the_comment_of_a_job_topod_found_mis_sized(self):
+        """topod's sampler flags a job with no process running idle (its CPUs all unused) once
+        its settling time (0 here) and three samples have passed; the periodic hook writes the
+        reason into the job's comment, once."""
+        self.topod.stop()
+        self.topod.start(extra="missized_settle_s = 0\nmetrics_interval_s = 1\n")
+        job = mom_job("80.server")
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        deadline = time.time() + 20
+        while True:
+            flags = [a.get("missized") for a in self.topod.call("list")["ok"] if a["job"] == "pbs-80.server"]
+            if flags and flags[0]:
+                break
+            self.assertLess(time.time(), deadline, "topod did not flag the idle job")
+            time.sleep(0.25)
+        first = self.periodic(running=["80.server"])
+        self.assert_accepted(first)
+        comment = first["job_list"]["80.server"]["comment"]
+        self.assertTrue(comment.startswith("topo: mis-sized (idle): idle: 0.0 threads runnable"), comment)
+        self.assertTrue(any("job 80.server: topo: mis-sized" in line for _, line in first["log"]), first["log"])
+        # Already said: not again.
+        again = self.run_event("exechost_periodic", job_list={"80.server": {"comment": comment}}, vnode_list={HOST: {}})
+        self.assertFalse(any("mis-sized" in line for _, line in again["log"]), again["log"])
+
     def test_periodic_releases_orphans_after_two_runs_and_only_pbs_jobs(self):
         running, orphan = mom_job("60.server"), mom_job("61.server")
         for job in (running, orphan):
