@@ -627,7 +627,7 @@ pub fn write_textfile(path: &Path, text: &str) -> std::io::Result<()> {
 /// Serves scrapes on `listener` until it fails: an address in `allow` (loopback when it is
 /// empty) gets the scrape for any `GET`; nothing else is read from the client, and no key is
 /// asked (Prometheus sends none), so the allow-list is the only gate. One connection at a time,
-/// each bounded by a 2 s read and write time-out and an 8 KiB request head.
+/// each bounded: its request head (8 KiB at most) within 2 s, the reply within 5 s.
 pub fn serve(
     listener: std::net::TcpListener,
     server: Arc<super::server::Server>,
@@ -660,16 +660,28 @@ pub fn serve(
 
 fn scrape(mut stream: std::net::TcpStream, server: &super::server::Server) -> std::io::Result<()> {
     use std::io::{Read, Write};
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let complete =
+        |h: &[u8]| h.windows(4).any(|w| w == b"\r\n\r\n") || h.windows(2).any(|w| w == b"\n\n");
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+    // The whole head within 2 s, not 2 s per read: a client that trickles bytes cannot hold
+    // the (single) accept loop longer.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !complete(&head) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        stream.set_read_timeout(Some(left))?;
         let n = stream.read(&mut buf)?;
         if n == 0 || head.len() + n > 8192 {
             break;
         }
         head.extend_from_slice(&buf[..n]);
+    }
+    if !complete(&head) {
+        // Too slow, too long, or gone: no answer.
+        return Ok(());
     }
     let (status, body) = if head.starts_with(b"GET ") {
         ("200 OK", render(&server.snapshot(), &server.metrics))
@@ -680,7 +692,17 @@ fn scrape(mut stream: std::net::TcpStream, server: &super::server::Server) -> st
         "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    stream.write_all(reply.as_bytes())
+    // And the whole reply within 5 s, however slowly the client reads.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for chunk in reply.as_bytes().chunks(16 * 1024) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        stream.write_all(chunk)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -697,8 +719,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_sampler_flags_through_the_host_and_the_scrape_has_the_job() {
+    /// A server on a fake 4-core host.
+    fn fake_server() -> Arc<super::super::server::Server> {
         use crate::cgroup::fake::Fake;
         use topo_core::cpuset::CpuSet;
         use topo_core::topology::{SyntheticShape, Topology};
@@ -718,11 +740,56 @@ mod tests {
             topo_core::place::Strategy::BestFit,
         )
         .unwrap();
-        let server = super::super::server::Server::new(
+        super::super::server::Server::new(
             host,
             Default::default(),
             super::super::conn::Gate::new(Default::default()),
+        )
+    }
+
+    /// What a scrape of `addr` returns (empty: closed without a word).
+    fn get(addr: std::net::SocketAddr, request: &[u8]) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(request);
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        reply
+    }
+
+    #[test]
+    fn the_listener_serves_allowed_addresses_only_and_nothing_but_the_scrape() {
+        let server = fake_server();
+        let open = |allow: Vec<super::super::tcp::Allow>| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let server = server.clone();
+            std::thread::spawn(move || serve(l, server, allow));
+            addr
+        };
+        // Loopback by default.
+        let addr = open(Vec::new());
+        let reply = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(
+            reply.starts_with("HTTP/1.0 200 OK\r\n") && reply.contains("topod_cpus{"),
+            "{reply}"
         );
+        assert!(get(addr, b"POST / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.0 405"));
+        // A client that sends half a head is answered within the head's time, and the next
+        // one is served.
+        let started = Instant::now();
+        assert_eq!(get(addr, b"GET /met"), "", "no complete request: no scrape");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(get(addr, b"GET / HTTP/1.0\n\n").starts_with("HTTP/1.0 200"));
+        // An address not on the list is closed without a word.
+        let addr = open(vec![super::super::tcp::Allow::parse("192.0.2.7").unwrap()]);
+        assert_eq!(get(addr, b"GET /metrics HTTP/1.1\r\n\r\n"), "");
+    }
+
+    #[test]
+    fn the_sampler_flags_through_the_host_and_the_scrape_has_the_job() {
+        let server = fake_server();
         server.lock().allocate("j1", "affinity[core*2]", None, None, None, None).unwrap();
         server.lock().allocate("j2", "affinity[core*1]", None, None, None, None).unwrap();
         let reader = FakeUsage::default();
