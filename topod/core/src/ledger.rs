@@ -172,6 +172,12 @@ pub enum LedgerError {
     },
 }
 
+/// Whether `a` and `b` hold or fence any CPU in common (fences may meet fences: two exclusive
+/// jobs' fences never overlap, as placement keeps them apart).
+fn clash(a: &Allocation, b: &Allocation) -> bool {
+    a.cpus.intersects(&b.cpus) || a.cpus.intersects(&b.fenced) || a.fenced.intersects(&b.cpus)
+}
+
 /// CPUs a running job borrows from a suspended one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Loan {
@@ -368,12 +374,7 @@ impl Ledger {
         match self.jobs.get(job) {
             Some(a) if a.gang_row.is_some() => {}
             Some(_) => return Err(LedgerError::NotGang(job.to_string())),
-            None => {
-                return Err(match self.state_of(job) {
-                    Some(state) => LedgerError::WrongState { job: job.to_string(), state },
-                    None => LedgerError::UnknownJob(job.to_string()),
-                })
-            }
+            None => return Err(self.not_in_state(job)),
         }
         let alloc = self.release(job)?;
         self.gang_frozen.insert(job.to_string(), alloc);
@@ -385,10 +386,7 @@ impl Ledger {
     /// or fences any of its CPUs.
     pub fn gang_thaw(&mut self, job: &str) -> Result<(), LedgerError> {
         let Some(alloc) = self.gang_frozen.remove(job) else {
-            return Err(match self.state_of(job) {
-                Some(state) => LedgerError::WrongState { job: job.to_string(), state },
-                None => LedgerError::UnknownJob(job.to_string()),
-            });
+            return Err(self.not_in_state(job));
         };
         let original = alloc.clone();
         match self.insert(alloc) {
@@ -401,22 +399,40 @@ impl Ledger {
     }
 
     /// A suspended gang job goes back to taking turns: frozen until [`Ledger::gang_thaw`].
+    /// Refused, with the holder named, while a job that is not gang-scheduled, or one of its own
+    /// row, holds or fences any of its CPUs (it may have been lent them meanwhile).
     pub fn resume_to_gang(&mut self, job: &str) -> Result<(), LedgerError> {
-        match self.suspended.get(job) {
-            Some(a) if a.gang_row.is_some() => {}
+        let alloc = match self.suspended.get(job) {
+            Some(a) if a.gang_row.is_some() => a,
             Some(_) => return Err(LedgerError::NotGang(job.to_string())),
-            None => {
-                return Err(match self.state_of(job) {
-                    Some(state) => LedgerError::WrongState { job: job.to_string(), state },
-                    None => LedgerError::UnknownJob(job.to_string()),
-                })
-            }
+            None => return Err(self.not_in_state(job)),
+        };
+        if let Some(holder) = self
+            .jobs
+            .values()
+            .chain(self.gang_frozen.values())
+            .filter(|o| o.gang_row.is_none() || o.gang_row == alloc.gang_row)
+            .find(|o| clash(alloc, o))
+        {
+            return Err(LedgerError::Conflict {
+                job: job.to_string(),
+                cpus: alloc.cpus.intersection(&holder.cpus.union(&holder.fenced)).to_string(),
+                holder: holder.job.clone(),
+            });
         }
         if let Some(alloc) = self.suspended.remove(job) {
             self.gang_frozen.insert(job.to_string(), alloc);
             self.generation += 1;
         }
         Ok(())
+    }
+
+    /// The error for `job` not being where an operation needs it: where it is, or unknown.
+    fn not_in_state(&self, job: &str) -> LedgerError {
+        match self.state_of(job) {
+            Some(state) => LedgerError::WrongState { job: job.to_string(), state },
+            None => LedgerError::UnknownJob(job.to_string()),
+        }
     }
 
     /// Where `job` is, if the ledger knows it.
@@ -488,18 +504,23 @@ impl Ledger {
         elsewhere: Option<(CpuSet, Vec<CpuSet>, CpuSet)>,
     ) -> Result<&Allocation, LedgerError> {
         let Some(mut alloc) = self.suspended.remove(job) else {
-            let state = if self.jobs.contains_key(job) {
-                JobState::Running
-            } else {
-                return Err(LedgerError::UnknownJob(job.to_string()));
-            };
-            return Err(LedgerError::WrongState { job: job.to_string(), state });
+            return Err(self.not_in_state(job));
         };
         let original = alloc.clone();
         if let Some((cpus, tasks, fenced)) = elsewhere {
             alloc.cpus = cpus;
             alloc.tasks = tasks;
             alloc.fenced = fenced;
+        }
+        // A gang job frozen until its slice keeps its CPUs as a running one does.
+        if let Some(holder) = self.gang_frozen.values().find(|o| clash(&alloc, o)) {
+            let e = LedgerError::Conflict {
+                job: job.to_string(),
+                cpus: alloc.cpus.intersection(&holder.cpus.union(&holder.fenced)).to_string(),
+                holder: holder.job.clone(),
+            };
+            self.suspended.insert(job.to_string(), original);
+            return Err(e);
         }
         match self.insert(alloc) {
             Ok(_) => Ok(&self.jobs[job]),
@@ -619,6 +640,45 @@ mod tests {
             request: String::new(),
             gang_row: None,
         }
+    }
+
+    #[test]
+    fn a_gang_job_and_an_ordinary_one_never_end_up_sharing_cpus_through_suspensions() {
+        let gang = |job: &str, cpus: &str, row: u32| Allocation {
+            gang_row: Some(row),
+            ..alloc(job, cpus, "")
+        };
+        let mut l = Ledger::new();
+        // An ordinary job suspended; a gang job placed on its lent CPU.
+        l.insert(alloc("a", "1", "")).unwrap();
+        l.suspend("a").unwrap();
+        l.insert_gang_frozen(gang("g", "1", 0)).unwrap();
+        l.gang_thaw("g").unwrap();
+        // a may not resume onto the gang job, running or frozen.
+        assert!(matches!(l.resume("a", None), Err(LedgerError::Conflict { .. })));
+        l.gang_freeze("g").unwrap();
+        let err = l.resume("a", None).unwrap_err();
+        assert_eq!(
+            err,
+            LedgerError::Conflict { job: "a".into(), cpus: "1".into(), holder: "g".into() }
+        );
+        // g suspended: a resumes; then g may not rejoin its turns onto a's CPU.
+        l.suspend("g").unwrap();
+        l.resume("a", None).unwrap();
+        let err = l.resume_to_gang("g").unwrap_err();
+        assert_eq!(
+            err,
+            LedgerError::Conflict { job: "g".into(), cpus: "1".into(), holder: "a".into() }
+        );
+        assert!(l.is_suspended("g"));
+        l.check().unwrap();
+        // A job frozen by slicing is "frozen", not unknown.
+        l.release("a").unwrap();
+        l.resume_to_gang("g").unwrap();
+        assert_eq!(
+            l.resume("g", None).unwrap_err(),
+            LedgerError::WrongState { job: "g".into(), state: JobState::Frozen }
+        );
     }
 
     #[test]

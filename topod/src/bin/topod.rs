@@ -98,6 +98,13 @@ fn run(args: TopodArgs) -> Result<(), String> {
     let mut host =
         Host::new(topo, reserved, backend, Some(records), strategy).map_err(|e| e.to_string())?;
     host.set_gang(config.gang());
+    if config.gang_rows.is_none()
+        && (config.gang_slice_s.is_some()
+            || config.gang_all_jobs
+            || !config.gang_prime_queues.is_empty())
+    {
+        tracing::warn!("gang_slice_s, gang_all_jobs and gang_prime_queues do nothing without gang_rows: gang time slicing is off");
+    }
     host.set_preempt(config.preempt());
     if let Some((_, foreign)) = host.reconcile_foreign() {
         tracing::info!(

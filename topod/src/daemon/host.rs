@@ -729,6 +729,12 @@ impl Host {
             }
             return Ok(None);
         };
+        if ask.row.is_some() && (ask.gang == Some(false) || ask.prime) {
+            return Err(HostError::BadRequest(format!(
+                "job {job}: gang_row is for gang-scheduled jobs; it cannot go with {}",
+                if ask.prime { "prime" } else { "gang = false" }
+            )));
+        }
         let prime = ask.prime || ask.queue.as_ref().is_some_and(|q| cfg.prime_queues.contains(q));
         let wanted = ask.gang.unwrap_or(cfg.all_jobs) || ask.row.is_some();
         if prime || !wanted {
@@ -741,13 +747,13 @@ impl Host {
             }
             return Ok(Some(vec![row]));
         }
-        // The first row tried comes from the job id (FNV-1a), so hosts in the same state put a
-        // multi-host job in the same row without talking.
+        // Without a row given, the row comes from the job id (FNV-1a) and no other: every host
+        // of a multi-host job puts it in the same row without talking, so it runs in the same
+        // slices everywhere. (Trying other rows when it does not fit there would break that.)
         let hash = job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         });
-        let first = (hash % u64::from(rows)) as u32;
-        Ok(Some((0..rows).map(|i| (first + i) % rows).collect()))
+        Ok(Some(vec![(hash % u64::from(rows)) as u32]))
     }
 
     /// Freezes and thaws the gang jobs for the slice `now` falls in (see
@@ -782,7 +788,14 @@ impl Host {
                 parts: vec![(0, cpus)],
             })
             .collect();
-        let runs = topo_core::policy::gang_runs(active, cfg.gang.rows, &views);
+        // Rows beyond the configured ones (gang_rows lowered while their jobs live) keep turns
+        // of their own: folded onto the configured rows they would collide with them.
+        let rows =
+            members.iter().map(|(_, row, _, _)| row + 1).max().unwrap_or(0).max(cfg.gang.rows);
+        let active =
+            topo_core::policy::Gang { rows, ..cfg.gang }.active_row(since_epoch.as_secs() as i64);
+        report.active_row = active;
+        let runs = topo_core::policy::gang_runs(active, rows, &views);
         let mut thaw = Vec::new();
         for ((job, _, _, running), should_run) in members.iter().zip(runs) {
             let Ok(id) = JobId::parse(job) else { continue };
@@ -1393,9 +1406,7 @@ impl Host {
         // Its CPUs may be what a preempted job waits for, or what another row's gang job could
         // run on.
         self.resume_preempted();
-        if self.gang.is_some() {
-            self.gang_switch(self.now());
-        }
+        self.gang_switch(self.now());
         Ok(report.killed)
     }
 
@@ -1449,6 +1460,10 @@ impl Host {
         hint.suspensions += 1;
         let now = self.now_s();
         hint.ran_s += hint.running_since.take().map_or(0, |t| (now - t).max(0) as u64);
+        if self.ledger.get(&job).is_some_and(|a| a.gang_row.is_some()) {
+            // Its CPUs are idle now: another row's job may run on them until the next slice.
+            self.gang_switch(self.now());
+        }
         self.record(&ticket.id, &hint);
         self.hints.insert(job.clone(), hint);
         tracing::info!(event = "suspended", job = %job, cpus = %cpus, "job {job}: suspended; CPUs {cpus} may be lent");
@@ -1463,7 +1478,13 @@ impl Host {
             && self.ledger.get(job).is_some_and(|a| a.gang_row.is_some())
         {
             // A gang job goes back to taking turns: frozen until the switch below says it runs.
-            self.ledger.resume_to_gang(job)?;
+            match self.ledger.resume_to_gang(job) {
+                Ok(()) => {}
+                Err(LedgerError::Conflict { cpus, holder, .. }) => {
+                    return Err(HostError::Lent { job: job.to_string(), cpus, holder })
+                }
+                Err(e) => return Err(e.into()),
+            }
             self.changing.insert(job.to_string(), "being resumed");
             let mut ticket = self.freeze_ticket(id, false);
             ticket.freeze = None;
@@ -2101,6 +2122,65 @@ mod tests {
             gang_allocate(&mut second, "g", "affinity[thread*1]", gang_ask(None, false)),
             Err(HostError::NoGang(_))
         ));
+    }
+
+    #[test]
+    fn gang_regressions_rows_lowered_suspend_frees_at_once_frozen_is_frozen_and_one_row_per_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = small_topology(2);
+        let kernel = kernel_for(&topo);
+        let seconds = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let clock: Arc<dyn Fn() -> std::time::SystemTime + Send + Sync> = {
+            let seconds = seconds.clone();
+            Arc::new(move || at(seconds.load(std::sync::atomic::Ordering::SeqCst)))
+        };
+        let tick = |h: &mut Host, t: u64| {
+            seconds.store(t, std::sync::atomic::Ordering::SeqCst);
+            h.gang_switch(h.now())
+        };
+        let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.set_clock(clock.clone());
+        gang_on(&mut h, 4, 10);
+        gang_allocate(&mut h, "g0", "affinity[thread*2]", gang_ask(Some(0), false)).unwrap();
+        gang_allocate(&mut h, "g2", "affinity[thread*2]", gang_ask(Some(2), false)).unwrap();
+        // Restarted with 2 rows: g2's row is kept apart (3 rows of turns), not folded onto g0's.
+        drop(h);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.set_clock(clock);
+        gang_on(&mut h, 2, 10);
+        h.recover(BTreeMap::new()).unwrap();
+        tick(&mut h, 20);
+        assert!(frozen("g0") && !frozen("g2"), "slice 2 of 3 rows is g2's");
+        tick(&mut h, 30);
+        assert!(!frozen("g0") && frozen("g2"));
+        // The running one suspended: the other runs at once, not at the next boundary.
+        h.suspend("g0").unwrap();
+        assert!(!frozen("g2"), "g2 runs on the CPUs g0 left");
+        // g0 resumed in its own row's slice: it runs, g2 waits; a resume of g2, frozen by
+        // slicing, says so (not "holds nothing").
+        h.resume("g0").unwrap();
+        assert!(!frozen("g0") && frozen("g2"));
+        let err = h.resume("g2").unwrap_err();
+        assert!(err.to_string().contains("is frozen"), "{err}");
+        // Contradictions are refused.
+        for ask in [
+            GangAsk { gang: Some(false), row: Some(1), ..GangAsk::default() },
+            GangAsk { prime: true, row: Some(1), ..GangAsk::default() },
+        ] {
+            let err = gang_allocate(&mut h, "x", "affinity[thread*1]", ask).unwrap_err();
+            assert!(err.to_string().contains("gang_row is for gang-scheduled jobs"), "{err}");
+        }
+        // Without a row, a job's row comes from its id alone: two hosts in different states
+        // put it in the same row, and where that row is full it does not fit (another row's
+        // room would split it across slices).
+        let other = kernel_for(&topo);
+        let mut h2 = host_on(&topo, &other, None);
+        gang_on(&mut h2, 2, 10);
+        let here = h.gang_rows_for("multi-7", &gang_ask(None, false)).unwrap();
+        let there = h2.gang_rows_for("multi-7", &gang_ask(None, false)).unwrap();
+        assert_eq!(here, there);
+        assert_eq!(here.map(|r| r.len()), Some(1));
     }
 
     #[test]

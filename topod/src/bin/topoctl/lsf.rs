@@ -171,7 +171,8 @@ pub fn resume(daemon: &Daemon) -> Result<(), Failure> {
             println!("job {job} thawed on CPUs {}", r.cpus);
             Ok(())
         }
-        Err(f) if f.message.contains("is running") => Ok(()),
+        // Running, or frozen by gang slicing until its slice: not suspended, nothing to undo.
+        Err(f) if f.message.contains("is running") || f.message.contains("is frozen") => Ok(()),
         Err(f) if f.message.contains("holds nothing") => {
             signal_groups(&job, nix::sys::signal::Signal::SIGCONT)
         }
