@@ -23,8 +23,10 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
 if ! cargo deb --version >/dev/null 2>&1; then
-    echo "$me: installing cargo-deb from crates.io" >&2
-    cargo install --locked --quiet cargo-deb
+    # The version the packages were made and checked with (lintian clean); a newer one may
+    # change what it writes or need a newer Rust than CI's.
+    echo "$me: installing cargo-deb 3.8.0 from crates.io" >&2
+    cargo install --locked --quiet cargo-deb --version 3.8.0
 fi
 
 # The Slurm the plug-in is built for: the headers' package, and the version its headers say.

@@ -354,6 +354,11 @@ mod tests {
         crate::policy::tests::flat(n, 1)
     }
 
+    /// The processor-seconds the replay's series says were busy (running, not suspended).
+    fn processor_seconds_busy(r: &SimReport) -> f64 {
+        r.series.windows(2).map(|w| (w[0].busy as f64) * (w[1].t - w[0].t) as f64).sum()
+    }
+
     fn job(id: i64, submit: Time, run: Time, procs: u32) -> SimJob {
         SimJob { id, submit, run, estimate: run, procs }
     }
@@ -403,8 +408,7 @@ mod tests {
             assert!(r.suspensions > 0, "{order:?}: the stream makes jobs wait long enough");
             // Processor-seconds held over time equal the jobs' work: no job ran while
             // suspended, none ran twice, none was lost.
-            let held: f64 =
-                r.series.windows(2).map(|w| (w[0].busy as f64) * (w[1].t - w[0].t) as f64).sum();
+            let held = processor_seconds_busy(&r);
             assert!((held - work).abs() < 1e-6 * work, "{order:?}: held {held}, work {work}");
             assert_eq!(r.series.last().map(|s| (s.busy, s.queue)), Some((0, 0)));
             assert!(r.slowdowns.iter().all(|s| *s >= 1.0));
@@ -434,8 +438,7 @@ mod tests {
         assert!(r.gang_freezes > 0);
         // Processor-seconds running over time equal the jobs' work: no job ran while frozen,
         // none twice, none was lost.
-        let held: f64 =
-            r.series.windows(2).map(|w| (w[0].busy as f64) * (w[1].t - w[0].t) as f64).sum();
+        let held = processor_seconds_busy(&r);
         assert!((held - work).abs() < 1e-6 * work, "held {held}, work {work}");
         assert_eq!(r.series.last().map(|s| (s.busy, s.queue)), Some((0, 0)));
         assert!(r.slowdowns.iter().all(|s| *s >= 1.0));

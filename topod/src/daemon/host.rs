@@ -701,11 +701,12 @@ impl Host {
     /// Slicing for gang jobs left from a configuration that had it (or more rows), until they
     /// end: 30 s slices over the rows they have, so that none stays frozen for ever.
     fn gang_leftover(&self) -> Option<GangConfig> {
+        // Every release and slice tick asks: no allocation, one pass over the jobs.
         let top = self
             .ledger
-            .gang_jobs()
-            .iter()
-            .chain(self.ledger.suspended_jobs().collect::<Vec<_>>().iter())
+            .jobs()
+            .chain(self.ledger.gang_frozen_jobs())
+            .chain(self.ledger.suspended_jobs())
             .filter_map(|a| a.gang_row)
             .max()?;
         Some(GangConfig {
