@@ -844,6 +844,19 @@ fn an_allocate_that_may_preempt_freezes_a_preemptible_job_and_topod_resumes_it_a
         }))
         .unwrap_err();
     assert!(err.to_string().contains("submitted_at"), "{err}");
+    // A time limit of 0 (an unbeatable expansion factor) or a time before 1970: refused.
+    for (submitted, estimate) in [(now - 86_400, 0), (-5, 3_600), (i64::MIN, 3_600)] {
+        let err = c
+            .call(Op::Allocate(topo_core::proto::AllocateArgs {
+                cpus: Some("0".into()),
+                preempt: true,
+                submitted_at: Some(submitted),
+                estimate_s: Some(estimate),
+                ..topo_core::proto::AllocateArgs::new("high", "affinity[thread*1]")
+            }))
+            .unwrap_err();
+        assert!(err.to_string().contains("estimate_s the job's time limit"), "{err}");
+    }
     // The high job has waited a day for an hour's run: it gets CPU 0, low is frozen.
     let high = c
         .call(Op::Allocate(topo_core::proto::AllocateArgs {

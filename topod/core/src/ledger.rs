@@ -99,6 +99,10 @@ pub struct JobView {
     /// threads keep more CPUs busy than it was given, or it leaves most of them idle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub missized: Option<Missized>,
+    /// A job topod suspended to start this other one: topod resumes it itself once that one
+    /// has ended and its CPUs are free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<String>,
 }
 
 /// A job that does not use what it was given, as topod's sampler judged it.

@@ -517,7 +517,7 @@ impl Host {
         let (submitted, estimate) = (hint.submitted_at?, hint.estimate_s?);
         let running = hint.running_since.map_or(0, |t| (now - t).max(0) as u64);
         let left = estimate.saturating_sub(hint.ran_s + running);
-        Some(((now - submitted).max(0) as f64 + left as f64) / estimate.max(1) as f64)
+        Some((now.saturating_sub(submitted).max(0) as f64 + left as f64) / estimate.max(1) as f64)
     }
 
     /// Suspends the running jobs that free the tightest domain for `prepared` (see
@@ -547,7 +547,10 @@ impl Host {
         for a in self.ledger.jobs() {
             let Some(hint) = self.hints.get(&a.job) else { continue };
             let ran = hint.running_since.map_or(0, |t| now - t);
+            // A job outside the CPUs the request may use frees nothing for it.
+            let within = prepared.request.cpu_list.as_ref().is_none_or(|l| a.cpus.intersects(l));
             let eligible = hint.preemptible
+                && within
                 && a.gang_row.is_none()
                 && !self.releasing.contains(&a.job)
                 && !self.changing.contains_key(&a.job)
@@ -577,7 +580,7 @@ impl Host {
             });
             topo_core::policy::start_on_host(&model, occ, &request, strategy).is_ok()
         };
-        let occupancy = self.ledger.occupancy_for(None);
+        let occupancy = self.placement_occupancy(id.as_str(), None);
         let Some((_, victims)) =
             topo_core::policy::victims_on_host(&model, &occupancy, &candidates, &mut fits_in)
         else {
@@ -637,8 +640,24 @@ impl Host {
         Err(refused)
     }
 
+    /// What placing `job` in `row` must avoid: the ledger's answer, and the CPUs of jobs
+    /// suspended by preemption for another job (lent to nobody else, or a stream of small jobs
+    /// could keep them frozen for good).
+    fn placement_occupancy(&self, job: &str, row: Option<u32>) -> place::Occupancy {
+        let mut occ = self.ledger.occupancy_for(row);
+        for a in self.ledger.suspended_jobs() {
+            let held_for = self.hints.get(&a.job).and_then(|h| h.preempted_by.as_deref());
+            if held_for.is_some_and(|p| p != job) {
+                occ.held.union_with(&a.cpus);
+                occ.fenced.union_with(&a.fenced);
+            }
+        }
+        occ
+    }
+
     /// Resumes the jobs topod's preemption suspended whose CPUs are all free again, highest
-    /// expansion factor first. Returns them.
+    /// expansion factor first, once the job they were suspended for has ended (not while it is
+    /// only suspended: it would find its CPUs taken back). Returns them.
     pub fn resume_preempted(&mut self) -> Vec<String> {
         let now = self.now_s();
         let mut waiting: Vec<(f64, String)> = self
@@ -646,7 +665,10 @@ impl Host {
             .suspended_jobs()
             .filter_map(|a| {
                 let hint = self.hints.get(&a.job)?;
-                hint.preempted_by.as_ref()?;
+                let preemptor = hint.preempted_by.as_ref()?;
+                if self.ledger.get(preemptor).is_some() {
+                    return None;
+                }
                 if self.releasing.contains(&a.job) || self.changing.contains_key(&a.job) {
                     return None;
                 }
@@ -1217,7 +1239,7 @@ impl Host {
         for row in rows {
             match topo_core::policy::start_on_host(
                 &self.model,
-                &self.ledger.occupancy_for(row),
+                &self.placement_occupancy(id.as_str(), row),
                 &prepared.request,
                 self.strategy,
             ) {
@@ -1423,7 +1445,8 @@ impl Host {
     /// lock) and calls [`Host::finish_suspend`].
     pub fn begin_suspend(&mut self, job: &str, by: Option<u32>) -> Result<FreezeTicket, HostError> {
         let id = self.check_changeable(job)?;
-        if self.ledger.is_suspended(job) {
+        let preempted = self.hints.get(job).is_some_and(|h| h.preempted_by.is_some());
+        if self.ledger.is_suspended(job) && !preempted {
             return Err(HostError::Ledger(LedgerError::WrongState {
                 job: job.to_string(),
                 state: JobState::Suspended,
@@ -1433,6 +1456,8 @@ impl Host {
         let mut hint = self.hints.get(job).cloned().unwrap_or_default();
         hint.suspended = true;
         hint.suspended_by = by;
+        // Suspended by preemption already: now it is this suspension, which topod does not undo.
+        hint.preempted_by = None;
         self.write_record(&id, &hint)?;
         self.hints.insert(job.to_string(), hint);
         self.changing.insert(job.to_string(), "being suspended");
@@ -1456,7 +1481,9 @@ impl Host {
             self.hints.insert(job, hint);
             return Err(e.into());
         }
-        self.ledger.suspend(&job)?;
+        if !self.ledger.is_suspended(&job) {
+            self.ledger.suspend(&job)?;
+        }
         let cpus = self.ledger.get(&job).map(|a| a.cpus.clone()).unwrap_or_default();
         hint.suspensions += 1;
         let now = self.now_s();
@@ -1692,6 +1719,9 @@ impl Host {
                 .map(|l| (l.owner.clone(), l.cpus.clone()))
                 .collect(),
             missized: self.missized.get(&a.job).cloned(),
+            preempted_by: (state == JobState::Suspended)
+                .then(|| self.hints.get(&a.job).and_then(|h| h.preempted_by.clone()))
+                .flatten(),
         };
         let mut jobs: Vec<JobView> = self
             .ledger
@@ -2182,6 +2212,75 @@ mod tests {
         let there = h2.gang_rows_for("multi-7", &gang_ask(None, false)).unwrap();
         assert_eq!(here, there);
         assert_eq!(here.map(|r| r.len()), Some(1));
+    }
+
+    #[test]
+    fn preemption_regressions_from_an_attack() {
+        let topo = small_topology(2);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.set_preempt(Some(topo_core::policy::Preempt {
+            min_run: 0,
+            max_suspensions: 5,
+            min_xf: 2.0,
+        }));
+        let now = h.now_s();
+        let alloc = |h: &mut Host, job: &str, req: &str, cpus: &str, preempt: Option<bool>| {
+            let mut prepared = prepare(&h.topo, req, None, Some(cpus)).unwrap();
+            prepared.preempt = match preempt {
+                // A preemptor that has waited a day for an hour; a victim that just came.
+                Some(true) => PreemptAsk {
+                    preempt: true,
+                    preemptible: false,
+                    submitted_at: Some(now - 86_400),
+                    estimate_s: Some(3_600),
+                },
+                Some(false) => PreemptAsk {
+                    preempt: false,
+                    preemptible: true,
+                    submitted_at: Some(now - 10),
+                    estimate_s: Some(100_000),
+                },
+                None => PreemptAsk::default(),
+            };
+            h.allocate_prepared(job, &prepared, None, None)
+        };
+        let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
+        // A job outside the preemptor's CPUs is never suspended for it.
+        alloc(&mut h, "b", "affinity[thread*1]", "0", Some(false)).unwrap();
+        alloc(&mut h, "d", "affinity[thread*1]", "1", Some(false)).unwrap();
+        alloc(&mut h, "e", "affinity[thread*1]", "1", Some(true)).unwrap();
+        assert!(frozen("d") && !frozen("b"), "only d was in e's way");
+        h.release("e").unwrap();
+        h.release("b").unwrap();
+        h.release("d").unwrap();
+        // A victim's idle CPUs are lent to nobody but its preemptor.
+        alloc(&mut h, "v", "affinity[thread*2]", "0-1", Some(false)).unwrap();
+        alloc(&mut h, "p", "affinity[thread*1]", "0", Some(true)).unwrap();
+        assert!(frozen("v"));
+        assert!(matches!(
+            alloc(&mut h, "n", "affinity[thread*1]", "1", None),
+            Err(HostError::DoesNotFit { .. })
+        ));
+        let views = h.jobs();
+        assert_eq!(
+            views.iter().find(|j| j.allocation.job == "v").unwrap().preempted_by.as_deref(),
+            Some("p")
+        );
+        // Its preemptor only suspended: the victim stays frozen, and the preemptor resumes.
+        h.suspend("p").unwrap();
+        assert!(h.resume_preempted().is_empty() && frozen("v"));
+        h.resume("p").unwrap();
+        // Suspended explicitly while preempted: that suspension stands after p ends.
+        h.suspend("v").unwrap();
+        h.release("p").unwrap();
+        assert!(
+            frozen("v") && h.ledger().is_suspended("v"),
+            "topod does not undo an explicit suspend"
+        );
+        h.resume("v").unwrap();
+        assert!(!frozen("v"));
+        h.ledger().check().unwrap();
     }
 
     #[test]

@@ -494,6 +494,12 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                     "preempt and preemptible need submitted_at (seconds since the epoch) and estimate_s (the job's time limit): a job's expansion factor comes from them",
                 );
             }
+            if submitted_at.is_some_and(|t| t <= 0) || estimate_s == Some(0) {
+                return Reply::error(
+                    ErrorCode::BadRequest,
+                    "submitted_at is seconds since the epoch (above 0) and estimate_s the job's time limit in seconds (at least 1; a job without a limit is not preemptible and cannot preempt)",
+                );
+            }
             prepared.preempt = host::PreemptAsk { preempt, preemptible, submitted_at, estimate_s };
             // An administrator may move any process in, as with `join`, but never topod's own.
             let target = match join_pid.map(|pid| join_target(pid, peer, true)).transpose() {

@@ -1006,6 +1006,12 @@ fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
                 None => a.request.clone(),
             }
         );
+        if let Some(preemptor) = &j.preempted_by {
+            println!(
+                "{:<16} suspended by topod for job {preemptor}; resumed by topod once {preemptor} has ended",
+                ""
+            );
+        }
         for (holder, cpus) in &j.lent_to {
             println!("{:<16} CPUs {cpus} lent to job {holder}", "");
         }
