@@ -166,6 +166,9 @@ pub enum LedgerError {
     /// A gang operation on a job that is not gang-scheduled.
     #[error("job {0} is not gang-scheduled")]
     NotGang(String),
+    /// A move the ledger cannot make, and why.
+    #[error("job {0} cannot be moved: {1}")]
+    Moving(String, &'static str),
     /// Suspend of a job already suspended, or resume of one that is not.
     #[error("job {job} is {state}")]
     WrongState {
@@ -288,6 +291,59 @@ impl Ledger {
         self.occupancy.fenced.difference_with(&alloc.fenced);
         self.generation += 1;
         Ok(alloc)
+    }
+
+    /// Gives running jobs new CPUs all at once: a resize, a defragmentation, a rebalance of
+    /// malleable jobs. Each entry is a running job's whole new allocation. Refused, with the
+    /// ledger unchanged, when one of them is not running (suspended, frozen by slicing, gang-
+    /// scheduled: those keep their CPUs), is named twice, holds no CPU, or would hold or fence a
+    /// CPU another job holds or fences once every move is made (a gang job's CPUs count even
+    /// while it is frozen). Moves may trade places: only the end state is checked.
+    pub fn move_jobs(&mut self, moves: &[Allocation]) -> Result<(), LedgerError> {
+        let mut next = self.jobs.clone();
+        let mut seen = std::collections::BTreeSet::new();
+        for m in moves {
+            let state =
+                self.state_of(&m.job).ok_or_else(|| LedgerError::UnknownJob(m.job.clone()))?;
+            if state != JobState::Running {
+                return Err(LedgerError::WrongState { job: m.job.clone(), state });
+            }
+            if m.gang_row.is_some() || self.jobs.get(&m.job).is_some_and(|a| a.gang_row.is_some()) {
+                return Err(LedgerError::Moving(m.job.clone(), "it is gang-scheduled"));
+            }
+            if m.cpus.is_empty() {
+                return Err(LedgerError::Empty(m.job.clone()));
+            }
+            if !seen.insert(m.job.as_str()) {
+                return Err(LedgerError::Moving(m.job.clone(), "it is moved twice at once"));
+            }
+            next.insert(m.job.clone(), m.clone());
+        }
+        for m in moves {
+            let other = next
+                .values()
+                .chain(self.gang_frozen.values())
+                .find(|o| o.job != m.job && clash(m, o));
+            if let Some(o) = other {
+                let mut cpus = m.cpus.intersection(&o.cpus);
+                cpus.union_with(&m.cpus.intersection(&o.fenced));
+                cpus.union_with(&m.fenced.intersection(&o.cpus));
+                return Err(LedgerError::Conflict {
+                    job: m.job.clone(),
+                    cpus: cpus.to_string(),
+                    holder: o.job.clone(),
+                });
+            }
+        }
+        let mut occupancy = Occupancy::default();
+        for a in next.values() {
+            occupancy.held.union_with(&a.cpus);
+            occupancy.fenced.union_with(&a.fenced);
+        }
+        self.jobs = next;
+        self.occupancy = occupancy;
+        self.generation += 1;
+        Ok(())
     }
 
     /// The allocation of `job`, running, suspended or frozen by slicing.
@@ -756,6 +812,35 @@ mod tests {
         assert_eq!(l.holder_of(1).map(|a| a.job.as_str()), Some("a"));
         l.release("a").unwrap();
         assert!(l.occupancy().held.is_empty() && l.occupancy().fenced.is_empty());
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn moves_are_made_together_or_not_at_all() {
+        let mut l = Ledger::new();
+        l.insert(alloc("a", "0-1", "")).unwrap();
+        l.insert(alloc("b", "2-3", "")).unwrap();
+        l.insert(alloc("s", "6", "")).unwrap();
+        l.suspend("s").unwrap();
+        // a and b trade places: only the end state counts.
+        l.move_jobs(&[alloc("a", "2-3", ""), alloc("b", "0-1", "")]).unwrap();
+        assert_eq!(l.holder_of(0).map(|a| a.job.as_str()), Some("b"));
+        l.check().unwrap();
+        let g = l.generation();
+        let before = l.occupancy().clone();
+        for (moves, says) in [
+            (vec![alloc("a", "0", "")], "held by job b"),
+            (vec![alloc("a", "4", "1")], "held by job b"),
+            (vec![alloc("a", "4", ""), alloc("a", "5", "")], "moved twice"),
+            (vec![alloc("a", "", "")], "at least one CPU"),
+            (vec![alloc("s", "7", "")], "is suspended"),
+            (vec![alloc("zz", "7", "")], "holds nothing"),
+            (vec![alloc("a", "4-5", ""), alloc("b", "5", "")], "held by job b"),
+        ] {
+            let e = l.move_jobs(&moves).expect_err(says).to_string();
+            assert!(e.contains(says), "{moves:?}: {e}");
+        }
+        assert_eq!((l.generation(), l.occupancy()), (g, &before));
         l.check().unwrap();
     }
 }

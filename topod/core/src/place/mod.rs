@@ -257,15 +257,76 @@ pub fn fit_and_score(
     Ok(Fit { score: score(&p.metrics), cpus: p.cpus })
 }
 
-fn finish(
+/// Where a running malleable job goes when it is resized to `new_tasks` tasks.
+///
+/// `occupancy` is the host's, *including* the job; `current` is the job's tasks. A shrink keeps
+/// the first `new_tasks` tasks where they are (the job's threads on the others are moved by the
+/// kernel onto the CPUs it keeps). A grow keeps every task where it is and places the new ones
+/// in free CPUs with the job's own request (its shape per task, `injob` spread against its own
+/// tasks, exclusivity), as near as best-fit puts them; when that cannot be done in the request's
+/// shape (`pack(level=n)` broken, say) the whole job is placed again, which may move its tasks.
+/// The answer's CPUs, fence and memory nodes are for the whole resized job.
+pub fn resize(
     model: &HostModel,
     occupancy: &Occupancy,
     request: &Request,
-    job: &engine::JobShape,
+    current: &[CpuSet],
+    new_tasks: u32,
+    strategy: Strategy,
+) -> Result<Placement, PlaceError> {
+    let new_tasks = new_tasks as usize;
+    if new_tasks == 0 {
+        return Err(PlaceError::Impossible("a job keeps at least one task".into()));
+    }
+    let own = CpuSet::union_all(current);
+    let own_fence = match request.exclusive_level() {
+        Some(level) => model.closure(level, &own).difference(&own),
+        None => CpuSet::new(),
+    };
+    let mut without = occupancy.clone();
+    without.held.difference_with(&own);
+    without.fenced.difference_with(&own_fence);
+    let fixed = Request { tasks: Some(new_tasks as u32), tasks_max: None, ..request.clone() };
+    if new_tasks <= current.len() {
+        return Ok(finish_tasks(model, &without, request, current[..new_tasks].to_vec()));
+    }
+    let extra = Request { tasks: Some((new_tasks - current.len()) as u32), ..fixed.clone() };
+    let mut around = without.clone();
+    around.held.union_with(&own);
+    if let Some(level) = request.task_spread_level() {
+        around.fenced.union_with(&model.closure(level, &own).difference(&own));
+    }
+    if let Some(level) = request.unit_spread_level() {
+        around.fenced.union_with(&model.closure(level, &own).difference(&own));
+    }
+    if let Ok(more) = place(model, &around, &extra, strategy) {
+        let mut tasks = current.to_vec();
+        tasks.extend(more.tasks);
+        let grown = finish_tasks(model, &without, request, tasks);
+        let packed = match request.distribute {
+            Distribute::Pack(Some((level, n))) => {
+                let domains = model.domains(level);
+                let touched = domains.iter().filter(|d| d.intersects(&grown.cpus)).count();
+                level == Level::Thread || touched <= n as usize
+            }
+            _ => true,
+        };
+        if packed {
+            return Ok(grown);
+        }
+    }
+    place(model, &without, &fixed, strategy)
+}
+
+/// [`finish`] for tasks chosen outside the engine (a resize).
+fn finish_tasks(
+    model: &HostModel,
+    occupancy: &Occupancy,
+    request: &Request,
     tasks: Vec<CpuSet>,
 ) -> Placement {
     let cpus = CpuSet::union_all(&tasks);
-    let fenced = match job.exclusive {
+    let fenced = match request.exclusive_level() {
         Some(level) => model.closure(level, &cpus).difference(&cpus),
         None => CpuSet::new(),
     };
@@ -282,6 +343,17 @@ fn finish(
         _ => tasks.clone(),
     };
     Placement { cpus, tasks, bind, mems, fenced, metrics }
+}
+
+fn finish(
+    model: &HostModel,
+    occupancy: &Occupancy,
+    request: &Request,
+    job: &engine::JobShape,
+    tasks: Vec<CpuSet>,
+) -> Placement {
+    debug_assert_eq!(job.exclusive, request.exclusive_level());
+    finish_tasks(model, occupancy, request, tasks)
 }
 
 /// A unit of a level, for messages: what one unit of a request is.

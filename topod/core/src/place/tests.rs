@@ -423,3 +423,36 @@ fn cpubind_and_distribute() {
     let p = place(&m, &Occupancy::default(), &spread, Strategy::BestFit).unwrap();
     assert_eq!(p.metrics.sockets, 2, "distribute=balance spreads: {}", p.cpus);
 }
+
+#[test]
+fn a_resize_keeps_the_tasks_it_can_and_places_new_ones_near_and_in_shape() {
+    let m = machine();
+    let req: Request = "affinity[core(1)*2-8]".parse().unwrap();
+    let first = place(&m, &Occupancy::default(), &req, Strategy::BestFit).unwrap();
+    let mut ledger = Ledger::new();
+    ledger.allocate("m", &first, "m").unwrap();
+    // Another job right beside it.
+    let other = place(&m, ledger.occupancy(), &cores(1, 2, None), Strategy::BestFit).unwrap();
+    ledger.allocate("other", &other, "other").unwrap();
+    // Grow to 6: the first two tasks stay, four new ones come, none on the other job's CPUs.
+    let grown = resize(&m, ledger.occupancy(), &req, &first.tasks, 6, Strategy::BestFit).unwrap();
+    assert_eq!(grown.tasks.len(), 6);
+    assert_eq!(grown.tasks[..2], first.tasks[..]);
+    assert!(!grown.cpus.intersects(&other.cpus));
+    assert_eq!(grown.metrics.numa_nodes, 1, "grown within its node: {}", grown.cpus);
+    // Shrink to 3: its first three tasks.
+    let shrunk = resize(&m, ledger.occupancy(), &req, &grown.tasks, 3, Strategy::BestFit).unwrap();
+    assert_eq!(shrunk.tasks, grown.tasks[..3].to_vec());
+    // Injob spread against its own tasks: a new task never shares a socket with an old one.
+    let spread: Request = "affinity[core(1,exclusive=(socket,injob))*1-2]".parse().unwrap();
+    let one = place(&m, &Occupancy::default(), &spread, Strategy::BestFit).unwrap();
+    let mut l = Ledger::new();
+    l.allocate("s", &one, "s").unwrap();
+    let two = resize(&m, l.occupancy(), &spread, &one.tasks, 2, Strategy::BestFit).unwrap();
+    let sockets: Vec<_> =
+        two.tasks.iter().map(|t| m.domain_of(Level::Socket, t.first().unwrap())).collect();
+    assert_ne!(sockets[0], sockets[1], "{:?}", two.tasks);
+    // Too big for what is free: refused, nothing chosen.
+    assert!(resize(&m, ledger.occupancy(), &req, &first.tasks, 40, Strategy::BestFit).is_err());
+    assert!(resize(&m, ledger.occupancy(), &req, &first.tasks, 0, Strategy::BestFit).is_err());
+}

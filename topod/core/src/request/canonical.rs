@@ -61,6 +61,7 @@ impl Request {
     pub fn has_affinity_settings(&self) -> bool {
         let d = Request::default();
         self.tasks != d.tasks
+            || self.tasks_max != d.tasks_max
             || self.unit != d.unit
             || self.units_per_task != d.units_per_task
             || self.same != d.same
@@ -80,6 +81,15 @@ impl Request {
         let count_ok = |n: u32| (1..=MAX_COUNT).contains(&n);
         if let Some(t) = self.tasks.filter(|&t| !count_ok(t)) {
             return Err(format!("tasks = {t}, outside 1..={MAX_COUNT}"));
+        }
+        if let Some(max) = self.tasks_max {
+            match self.tasks {
+                None => return Err(format!("tasks_max = {max} without a least task count")),
+                Some(min) if max <= min || max > MAX_COUNT => {
+                    return Err(format!("tasks_max = {max}, outside {}..={MAX_COUNT}", min + 1))
+                }
+                Some(_) => {}
+            }
         }
         if !count_ok(self.units_per_task) {
             return Err(format!(
@@ -170,6 +180,9 @@ impl Request {
         }
         if let Some(tasks) = self.tasks {
             write!(f, "*{tasks}")?;
+            if let Some(max) = self.tasks_max {
+                write!(f, "-{max}")?;
+            }
         }
         if let Some(level) = self.cpubind {
             write!(f, ":cpubind={level}")?;

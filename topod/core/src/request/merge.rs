@@ -108,6 +108,7 @@ fn merge_parts(parsed: &[Parts]) -> Request {
         let r = &p.req;
         out = Request {
             tasks: r.tasks,
+            tasks_max: r.tasks_max,
             unit: r.unit,
             units_per_task: r.units_per_task,
             same: r.same,

@@ -17,7 +17,7 @@
 //!   ```text
 //!   CPUSET[KEY=value;...]   KEY ∈ CPUSET_TYPE CPUSET_NAME CPU_LIST CPUSET_OPTIONS MAX_RADIUS
 //!                                 MAX_CPU_PER_NODE RESUME_OPTION
-//!   affinity[pu_type[(n[,same=level][,exclusive=(level[,scope])])][*tasks]
+//!   affinity[pu_type[(n[,same=level][,exclusive=(level[,scope])])][*tasks[-max]]
 //!            [:cpubind=level][:membind=localonly|localprefer]
 //!            [:distribute=pack|pack(level=n)|balance|any][:mem=SIZE]]
 //!   pu_type, level ∈ numa socket core thread mcm(=numa) cpu(=thread) l3
@@ -153,6 +153,10 @@ pub struct Request {
     /// Number of tasks: `*count` in the affinity syntax; `None` means "as many as the batch
     /// system gives" (`bsub -n`, `srun -n`), 1 when nobody says.
     pub tasks: Option<u32>,
+    /// topo extension, malleable jobs: `*min-max` makes `tasks` the least number of tasks the
+    /// job runs with and this the most; topod may grow or shrink the job within the range while
+    /// it runs (`resize`, equipartition). `None` for a rigid job. Always larger than `tasks`.
+    pub tasks_max: Option<u32>,
     /// The unit each task asks for (`core` in `core(2)`); `Thread` for CPUSET requests.
     pub unit: Level,
     /// Units per task (`2` in `core(2)`).
@@ -190,6 +194,7 @@ impl Default for Request {
     fn default() -> Self {
         Self {
             tasks: None,
+            tasks_max: None,
             unit: Level::Thread,
             units_per_task: 1,
             same: None,
@@ -239,6 +244,18 @@ impl Request {
             Some(Exclusive { level, scope: Scope::InTask }) => Some(level),
             _ => None,
         }
+    }
+
+    /// Whether the job is malleable (`*min-max`): topod may resize it within its range.
+    pub fn is_malleable(&self) -> bool {
+        self.tasks_max.is_some()
+    }
+
+    /// The task range `min..=max` (`max == min` for a rigid job), with the default task count
+    /// where none is given.
+    pub fn task_range(&self) -> (u32, u32) {
+        let min = self.tasks.unwrap_or(1);
+        (min, self.tasks_max.unwrap_or(min).max(min))
     }
 
     /// Whether the memory nodes are limited to those local to the CPUs.

@@ -195,7 +195,7 @@ fn snap(text: &str, span: Range<usize>) -> Range<usize> {
 ///   RESUME_OPTION    = ORIG_CPUS
 ///
 /// affinity_body = unit_spec { ":" clause }               (each clause at most once, any order)
-/// unit_spec    = pu_type [ "(" count { "," pu_option } ")" ] [ "*" count ]
+/// unit_spec    = pu_type [ "(" count { "," pu_option } ")" ] [ "*" count [ "-" count ] ]   ("-": topo extension)
 /// pu_type      = numa | socket | core | thread | mcm (= numa) | cpu (= thread) | l3
 /// pu_option    = "same" "=" level
 ///              | "exclusive" "=" "(" level [ "," scope ] ")"   (each option at most once)
@@ -238,6 +238,9 @@ fn snap(text: &str, span: Range<usize>) -> Range<usize> {
 ///   case-insensitive: `K` (rounded up to whole MiB), `M`, `G`, `T`, optionally followed by
 ///   `B`; a bare number is MiB. `1 MiB ..= 2^40 MiB`. Printed as `T`, `G` or `M`, whichever is
 ///   exact and largest.
+/// - `*min-max` (malleable jobs): the job runs with at least `min` and at most `max` tasks, and
+///   topod may grow or shrink it within that range while it runs ([`Request::tasks_max`]).
+///   `max` must not be below `min`; `*4-4` is the rigid `*4`.
 /// - `CPUSET_OPTIONS` also accepts `|` between options (LSF's docs only show one option, and
 ///   the reference leaves the separator unverified; white space is what SGI's tools used).
 ///
@@ -710,7 +713,7 @@ impl<'a> Affinity<'a> {
         let kind = if is_word_char(c) {
             self.pos = word_end(self.text, start).min(self.end);
             Tok::Word
-        } else if matches!(c, '(' | ')' | ',' | '=' | '*' | ':') {
+        } else if matches!(c, '(' | ')' | ',' | '=' | '*' | ':' | '-') {
             self.pos += 1;
             Tok::Punct(c as u8)
         } else {
@@ -829,7 +832,19 @@ impl<'a> Affinity<'a> {
         }
         if self.peek().kind == Tok::Punct(b'*') {
             self.next();
-            req.tasks = Some(self.count("number of tasks")?);
+            let min = self.count("number of tasks")?;
+            req.tasks = Some(min);
+            if self.peek().kind == Tok::Punct(b'-') {
+                self.next();
+                let (t, _) = self.expect_word("the most tasks of a malleable job", NUMBER)?;
+                let max = parse_number(self.text, t.start..t.end, 1, "most tasks")?;
+                if max < min {
+                    let msg = format!("a malleable job's range {min}-{max} ends below its start");
+                    return Err(self.error(t, msg, &[]));
+                }
+                // `*4-4` is a rigid job of four tasks.
+                req.tasks_max = (max > min).then_some(max);
+            }
         }
         Ok(())
     }

@@ -208,6 +208,23 @@ fn affinity_forms_aliases_and_extensions() {
     );
     assert_eq!(p("affinity[core*4]"), Request { tasks: Some(4), ..core_req() });
     assert_eq!(p("affinity[core(2)*4]").tasks, Some(4));
+    // Malleable jobs (topo extension): a task range; a range of one is rigid.
+    let r = p("affinity[core(2,same=numa) * 4 - 16:membind=localonly]");
+    assert_eq!((r.tasks, r.tasks_max, r.task_range()), (Some(4), Some(16), (4, 16)));
+    assert!(r.is_malleable());
+    assert_eq!(r.to_string(), "affinity[core(2,same=numa)*4-16:membind=localonly]");
+    assert_eq!(p("affinity[thread*4-4]"), p("affinity[thread*4]"));
+    assert_eq!(p("affinity[thread*4]").task_range(), (4, 4));
+    for (bad, says) in [
+        ("affinity[thread*8-4]", "ends below its start"),
+        ("affinity[thread*4-]", "most tasks of a malleable job"),
+        ("affinity[thread*4-x]", "most tasks"),
+        ("affinity[thread*4-99999999]", "too large"),
+        ("affinity[thread-4]", "clauses start with ':'"),
+    ] {
+        let e = parse(bad).expect_err(bad).to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
     // exclusive without same, default scope, either option order.
     let r = p("affinity[core(2,exclusive=(numa))]");
     assert_eq!(r.exclusive, Some(Exclusive { level: Level::Numa, scope: Scope::InTask }));
@@ -569,11 +586,24 @@ fn affinity_request() -> impl Strategy<Value = Request> {
         any::<bool>(),
         distribute(),
         prop::option::of(mem()),
+        prop::option::of(1u32..=1000),
     )
         .prop_map(
-            |((unit, tasks, units_per_task, same), ex, cpubind, local, distribute, mem_mib)| {
+            |(
+                (unit, tasks, units_per_task, same),
+                ex,
+                cpubind,
+                local,
+                distribute,
+                mem_mib,
+                more,
+            )| {
                 Request {
                     tasks,
+                    tasks_max: tasks
+                        .zip(more)
+                        .map(|(t, m)| t.saturating_add(m))
+                        .filter(|&m| m <= MAX_COUNT),
                     unit,
                     units_per_task,
                     same: same.map(|l| l.max(unit)),
