@@ -33,6 +33,7 @@ pub mod bench;
 pub mod cpuset;
 pub mod jobid;
 pub mod ledger;
+pub mod malleable;
 pub mod pending;
 pub mod place;
 pub mod policy;
