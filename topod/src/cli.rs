@@ -46,6 +46,11 @@ pub struct TopoExecArgs {
     /// $LSB_AFFINITY_HOSTFILE at it [default under LSF: $TMPDIR/topo-affinity.JOB, else none].
     #[arg(long)]
     pub hostfile: Option<PathBuf>,
+    /// A malleable job (request `*min-max`): the signal number topod sends to the job's
+    /// processes after it resizes the job, e.g. 10 (SIGUSR1) [default: $TOPO_RESIZE_SIGNAL, else
+    /// none]. Either way the job finds its CPUs in the file $TOPO_NOTIFY_FILE names.
+    #[arg(long, value_name = "SIGNAL")]
+    pub resize_signal: Option<i32>,
     /// topod's socket.
     #[arg(long, default_value = topo_core::proto::DEFAULT_SOCKET)]
     pub socket: PathBuf,

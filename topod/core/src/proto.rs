@@ -16,6 +16,7 @@
 //! {"v":1,"op":"release","job":"1234"}
 //! {"v":1,"op":"suspend","job":"1234"}
 //! {"v":1,"op":"resume","job":"1234"}
+//! {"v":1,"op":"resize","job":"1234","tasks":12}
 //! {"v":1,"op":"list"}
 //! ```
 //!
@@ -48,6 +49,19 @@ pub fn admin_socket_for(socket: &std::path::Path) -> std::path::PathBuf {
     socket.with_file_name(name)
 }
 
+/// The file through which topod tells a job its CPUs (`generation=N`, `cpus=LIST`, `mems=LIST`,
+/// one per line, rewritten whole at every change): `notify/<job>` beside the socket, world-
+/// readable. `topo-exec` gives its path to the job as `TOPO_NOTIFY_FILE`; libtopo's
+/// `topo_resize_wait` blocks on it. `job` must be a valid job id (one path component).
+pub fn notify_file_for(socket: &std::path::Path, job: &str) -> std::path::PathBuf {
+    notify_dir_for(socket).join(job)
+}
+
+/// The directory of the jobs' notify files: `notify` beside the socket.
+pub fn notify_dir_for(socket: &std::path::Path) -> std::path::PathBuf {
+    socket.with_file_name("notify")
+}
+
 /// The operations, as they appear in `op`.
 pub const OPERATIONS: &[&str] = &[
     "version",
@@ -61,6 +75,7 @@ pub const OPERATIONS: &[&str] = &[
     "list",
     "suspend",
     "resume",
+    "resize",
 ];
 
 /// What a client asks.
@@ -110,6 +125,15 @@ pub enum Op {
     Resume {
         /// The job id.
         job: String,
+    },
+    /// Grow or shrink a running malleable job (its request says `*min-max`) to `tasks` tasks
+    /// within its range, and tell it (its notify file, its `resize_signal`); the answer is its
+    /// new allocation (root or administrators).
+    Resize {
+        /// The job id.
+        job: String,
+        /// Its new number of tasks.
+        tasks: u32,
     },
 }
 
@@ -188,6 +212,11 @@ pub struct AllocateArgs {
     /// Its estimated run time (its time limit), seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate_s: Option<u64>,
+    /// A malleable job: the signal (a standard signal number the job can catch, e.g. 10 for
+    /// SIGUSR1 on Linux) topod sends to each of its processes after its CPUs change, once its
+    /// notify file says the new ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resize_signal: Option<i32>,
 }
 
 impl AllocateArgs {
@@ -233,6 +262,7 @@ impl Op {
             Op::List => "list",
             Op::Suspend { .. } => "suspend",
             Op::Resume { .. } => "resume",
+            Op::Resize { .. } => "resize",
         }
     }
 
@@ -247,6 +277,7 @@ impl Op {
                 | Op::Release { .. }
                 | Op::Suspend { .. }
                 | Op::Resume { .. }
+                | Op::Resize { .. }
         )
     }
 }
@@ -634,7 +665,9 @@ fn fields_of(op: &str) -> &'static [&'static str] {
             "preemptible",
             "submitted_at",
             "estimate_s",
+            "resize_signal",
         ],
+        "resize" => &["job", "tasks"],
         "join" => &["job", "pid"],
         "self_join_files" => &["job"],
         "release" | "suspend" | "resume" => &["job"],
@@ -685,6 +718,7 @@ pub mod schema {
             ("list", generator.subschema_for::<Vec<crate::ledger::JobView>>()),
             ("suspend", generator.subschema_for::<reply::Suspend>()),
             ("resume", generator.subschema_for::<reply::Resume>()),
+            ("resize", generator.subschema_for::<crate::ledger::Allocation>()),
         ];
         debug_assert!(ok.iter().map(|(op, _)| *op).eq(OPERATIONS.iter().copied()));
         let mut defs = generator.take_definitions(true);
@@ -732,6 +766,7 @@ mod tests {
             Op::List,
             Op::Suspend { job: "1234".into() },
             Op::Resume { job: "1234".into() },
+            Op::Resize { job: "1234".into(), tasks: 12 },
         ];
         assert_eq!(ops.len(), OPERATIONS.len());
         for op in ops {

@@ -63,6 +63,9 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
             .allocate(Op::Allocate(topo_core::proto::AllocateArgs {
                 tasks,
                 owner_uid: Some(nix::unistd::getuid().as_raw()),
+                resize_signal: args
+                    .resize_signal
+                    .or_else(|| env("TOPO_RESIZE_SIGNAL").and_then(|v| v.parse().ok())),
                 ..topo_core::proto::AllocateArgs::new(job.clone(), request)
             }))
             .map_err(|e| e.to_string())?,
@@ -78,7 +81,8 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         .args(&args.command[1..])
         .env("TOPO_JOB", &job)
         .env("TOPO_CPUS", &cpus)
-        .env("TOPO_MEMS", &mems);
+        .env("TOPO_MEMS", &mems)
+        .env("TOPO_NOTIFY_FILE", topo_core::proto::notify_file_for(&args.socket, &job));
     if let Some(path) = hostfile {
         let tasks: Vec<String> = alloc.tasks.iter().map(|t| t.to_string()).collect();
         let tasks = if tasks.is_empty() { vec![cpus.clone()] } else { tasks };

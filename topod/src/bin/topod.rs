@@ -106,6 +106,9 @@ fn run(args: TopodArgs) -> Result<(), String> {
         tracing::warn!("gang_slice_s, gang_all_jobs and gang_prime_queues do nothing without gang_rows: gang time slicing is off");
     }
     host.set_preempt(config.preempt());
+    // Jobs' notify files (their CPUs, rewritten at every resize or move), beside the socket.
+    host.set_notify_dir(Some(topo_core::proto::notify_dir_for(&socket)))
+        .map_err(|e| e.to_string())?;
     if let Some((_, foreign)) = host.reconcile_foreign() {
         tracing::info!(
             "CPUs {foreign} belong to exclusive cpusets topod did not create; no job gets them"

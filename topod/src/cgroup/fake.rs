@@ -58,6 +58,16 @@ impl CgroupBackend for Fake {
         Ok(effective)
     }
 
+    fn update(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
+        let mut jobs = self.jobs();
+        let (eff, _) = jobs.get_mut(job).ok_or_else(|| CgroupError::NoSuchJob(job.to_string()))?;
+        *eff = Effective {
+            cpus: spec.cpus.intersection(&self.parent_cpus),
+            mems: spec.mems.intersection(&self.parent_mems),
+        };
+        Ok(eff.clone())
+    }
+
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
         let mut jobs = self.jobs();
         let (eff, pids) =

@@ -207,6 +207,19 @@ pub trait CgroupBackend: Send + Sync {
     /// Creates the job's cgroup with its CPUs and memory nodes (idempotent for the same spec),
     /// and returns what the kernel made effective.
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError>;
+    /// Gives the existing cgroup of a job new CPUs and memory nodes while its processes run (a
+    /// resize or a move), and returns what the kernel made effective. The kernel moves every
+    /// thread onto the new CPUs at once. Memory: v1 moves the job's pages to its new nodes
+    /// because topod sets `cpuset.memory_migrate` first (cgroup-v1/cpusets.rst, 1.5); v2 has no
+    /// such switch and always migrates when `cpuset.mems` changes (cgroup-v2.rst, "Cpuset
+    /// Interface Files"). The memory limit is left as it is.
+    fn update(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
+        let _ = spec;
+        Err(CgroupError::Unsupported(format!(
+            "the {} backend cannot change job {job}'s CPUs",
+            self.kind()
+        )))
+    }
     /// Moves a process, with all its threads, into the job's cgroup.
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError>;
     /// The files a root, single-threaded process writes `0` to, in order, to move itself into

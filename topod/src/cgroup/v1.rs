@@ -345,6 +345,21 @@ impl CgroupBackend for V1 {
         self.effective(&dir)
     }
 
+    fn update(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
+        let dir = self.cpuset.join(job.as_str());
+        if !self.files.is_dir(&dir) {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        let mems = dir.join("cpuset.mems");
+        if self.files.read_set(&mems)? != spec.mems {
+            // Set before the nodes change, so that the pages follow (cpusets.rst 1.5 and 1.9).
+            self.files.write(&dir.join("cpuset.memory_migrate"), "1")?;
+            self.files.write(&mems, &spec.mems.to_string())?;
+        }
+        self.files.write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
+        self.effective(&dir)
+    }
+
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
         self.move_in(job, pid, false)
     }

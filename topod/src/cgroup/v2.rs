@@ -153,6 +153,20 @@ impl CgroupBackend for V2 {
         self.effective(&dir)
     }
 
+    fn update(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
+        let dir = self.dir(job);
+        if !self.cpuset || !self.files.is_dir(&dir) {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        // No memory_migrate in v2: a change of cpuset.mems moves the pages by itself.
+        let mems = dir.join("cpuset.mems");
+        if self.files.read_set(&mems)? != spec.mems {
+            self.files.write(&mems, &spec.mems.to_string())?;
+        }
+        self.files.write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
+        self.effective(&dir)
+    }
+
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
         let dir = self.dir(job);
         if !self.files.is_dir(&dir) {

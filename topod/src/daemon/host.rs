@@ -11,6 +11,9 @@
 //! ([`prepare`]); reads copy a [`Snapshot`] and work without it; a release kills and waits
 //! without it ([`Host::begin_release`], [`ReleaseTicket::run`], [`Host::finish_release`]).
 
+mod moves;
+pub use moves::check_resize_signal;
+
 use super::records::{Records, RecordsError};
 use crate::cgroup::{CgroupBackend, CgroupError, CgroupSpec, JobId, JobIdError, ReleaseReport};
 use serde::{Deserialize, Serialize};
@@ -101,6 +104,29 @@ pub enum HostError {
         /// The job running on them.
         holder: String,
     },
+    /// A resize of a job whose request has no task range.
+    #[error("job {job} is not malleable: its request {request:?} gives no task range (ask for one with *min-max, e.g. affinity[core*4-16])")]
+    NotMalleable {
+        /// The job.
+        job: String,
+        /// Its request.
+        request: String,
+    },
+    /// A resize outside the job's range.
+    #[error("job {job} runs with {min} to {max} tasks; {tasks} is outside that range")]
+    OutOfRange {
+        /// The job.
+        job: String,
+        /// Tasks asked.
+        tasks: u32,
+        /// Its least.
+        min: u32,
+        /// Its most.
+        max: u32,
+    },
+    /// The notify directory cannot be used.
+    #[error("the notify directory: {0}")]
+    Notify(String),
     /// A gang-scheduled allocate on a host without gang slicing.
     #[error("job {0} asks to be gang-scheduled, but gang time slicing is off on this host (topod.toml: gang_rows = 2 or more)")]
     NoGang(String),
@@ -167,6 +193,15 @@ pub struct JobHint {
     /// itself once its CPUs are free.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempted_by: Option<String>,
+    /// The signal its processes get after its CPUs change (a malleable job's choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resize_signal: Option<i32>,
+    /// The generation its notify file says: 1 when allocated, one more at every change.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub notify_generation: u64,
+    /// When its CPUs last changed (a resize or a move), seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_at: Option<i64>,
 }
 
 fn is_zero_u64(n: &u64) -> bool {
@@ -216,6 +251,8 @@ pub struct Prepared {
     pub gang: GangAsk,
     /// What the allocate said about preemption.
     pub preempt: PreemptAsk,
+    /// A malleable job's signal for its resizes (checked by [`check_resize_signal`]).
+    pub resize_signal: Option<i32>,
 }
 
 /// What an `allocate` says about preemption (see [`Host::set_preempt`]).
@@ -325,6 +362,7 @@ pub fn prepare(
             canonical,
             gang: GangAsk::default(),
             preempt: PreemptAsk::default(),
+            resize_signal: None,
         }),
         Ok(again) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
@@ -456,6 +494,8 @@ pub struct Host {
     metrics: Arc<super::metrics::Metrics>,
     /// Jobs the sampler found mis-sized, until their release.
     missized: BTreeMap<String, Missized>,
+    /// Where jobs' notify files go (see [`moves`]).
+    notify_dir: Option<PathBuf>,
 }
 
 /// How long after a process was told how to move itself into a job the job is not released for
@@ -497,6 +537,7 @@ impl Host {
             preempt: None,
             metrics: Default::default(),
             missized: BTreeMap::new(),
+            notify_dir: None,
         })
     }
 
@@ -884,6 +925,8 @@ impl Host {
         for (job, hint) in legacy {
             hints.entry(job).or_insert(hint);
         }
+        // A plan of moves a crash cut short is finished before the cgroups are read.
+        let moved = self.recover_moves(&mut hints);
         // Running jobs first: a frozen job's CPUs may have been lent to one of them.
         let mut found = self.backend.list()?;
         let frozen: BTreeSet<String> = found
@@ -1033,6 +1076,12 @@ impl Host {
                 let _ = records.remove(&id);
             }
             report.dropped_hints.push(job);
+        }
+        // Every job's notify file says its CPUs again (a job moved by the plan learns of it).
+        let kept = report.kept.clone();
+        for job in kept {
+            let signal = moved.contains(&job);
+            self.tell(&job, signal);
         }
         Ok(report)
     }
@@ -1190,6 +1239,9 @@ impl Host {
             ran_s: 0,
             running_since: Some(self.now_s()),
             preempted_by: None,
+            resize_signal: prepared.resize_signal,
+            notify_generation: 1,
+            moved_at: None,
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -1199,6 +1251,7 @@ impl Host {
             return Err(e);
         }
         self.hints.insert(job.to_string(), hint);
+        self.tell(job, false);
         self.metrics.allocated();
         tracing::info!(
             event = "allocated",
@@ -1237,11 +1290,17 @@ impl Host {
         let mut refused = None;
         let mut found = None;
         for row in rows {
-            match topo_core::policy::start_on_host(
-                &self.model,
-                &self.placement_occupancy(id.as_str(), row),
-                &prepared.request,
-                self.strategy,
+            let occupancy = self.placement_occupancy(id.as_str(), row);
+            match self.start_malleable(&occupancy, &prepared.request).map_or_else(
+                || {
+                    topo_core::policy::start_on_host(
+                        &self.model,
+                        &occupancy,
+                        &prepared.request,
+                        self.strategy,
+                    )
+                },
+                Ok,
             ) {
                 Ok(p) => {
                     found = Some((p, row));
@@ -1290,6 +1349,38 @@ impl Host {
             return Err(e.into());
         }
         Ok(())
+    }
+
+    /// Where a malleable job starts: with the most tasks of its range that fit now, found by
+    /// halving the range (placement succeeds for every count below one that fits, as the free
+    /// CPUs that hold n tasks hold fewer). `None` for a rigid job, or when not even its least
+    /// fits (the caller's placement then says why).
+    fn start_malleable(
+        &self,
+        occupancy: &place::Occupancy,
+        req: &Request,
+    ) -> Option<place::Placement> {
+        if !req.is_malleable() {
+            return None;
+        }
+        let (min, max) = req.task_range();
+        let with = |n: u32| Request { tasks: Some(n), tasks_max: None, ..req.clone() };
+        let place = |n: u32| {
+            topo_core::policy::start_on_host(&self.model, occupancy, &with(n), self.strategy).ok()
+        };
+        let mut best = place(min)?;
+        let (mut lo, mut hi) = (min + 1, max);
+        while lo <= hi {
+            let mid = lo + (hi - lo) / 2;
+            match place(mid) {
+                Some(p) => {
+                    best = p;
+                    lo = mid + 1;
+                }
+                None => hi = mid - 1,
+            }
+        }
+        Some(best)
     }
 
     /// Moves a process into the job's cgroup. The caller has checked who the process is
@@ -1419,6 +1510,7 @@ impl Host {
         self.joined.remove(&job);
         self.self_join_offered.remove(&job);
         self.missized.remove(&job);
+        self.forget_notify(&job);
         self.metrics.released(report.killed);
         tracing::info!(event = "released", job = %job, killed = report.killed, "job {job}: released");
         if let Some(records) = &self.records {
@@ -1820,6 +1912,13 @@ mod tests {
         ) -> Result<crate::cgroup::Effective, CgroupError> {
             self.kernel.create(j, s)
         }
+        fn update(
+            &self,
+            j: &JobId,
+            s: &CgroupSpec,
+        ) -> Result<crate::cgroup::Effective, CgroupError> {
+            self.kernel.update(j, s)
+        }
         fn join(&self, j: &JobId, p: i32) -> Result<(), CgroupError> {
             self.kernel.join(j, p)
         }
@@ -2034,6 +2133,66 @@ mod tests {
         again.release("2").unwrap();
         assert!(!dir.path().join("jobs/2.json").exists());
         assert!(dir.path().join("jobs/1.json").exists());
+    }
+
+    #[test]
+    fn a_malleable_job_grows_shrinks_is_told_and_a_plan_cut_by_a_crash_is_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let notify = dir.path().join("notify");
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.set_notify_dir(Some(notify.clone())).unwrap();
+        let cgroup_cpus = |job: &str| {
+            kernel.list().unwrap().into_iter().find(|(j, _)| j.as_str() == job).unwrap().1.cpus
+        };
+        let told = |job: &str| std::fs::read_to_string(notify.join(job)).unwrap();
+        h.allocate("rigid", "affinity[thread*2]", None, None, None, None).unwrap();
+        let m = h.allocate("m", "affinity[thread*2-8]", None, None, None, None).unwrap();
+        assert_eq!(m.tasks.len(), 6, "a malleable job starts with as many tasks as fit");
+        assert_eq!(told("m"), format!("generation=1\ncpus={}\nmems={}\n", m.cpus, m.mems));
+        let small = h.resize("m", 3).unwrap();
+        assert_eq!(small.tasks, m.tasks[..3].to_vec(), "a shrink keeps the first tasks");
+        assert_eq!(cgroup_cpus("m"), small.cpus);
+        assert!(told("m").starts_with(&format!("generation=2\ncpus={}\n", small.cpus)));
+        // Refusals change nothing.
+        let g = h.ledger().generation();
+        for (tasks, job, says) in [
+            (1, "m", "2 to 8 tasks; 1 is outside"),
+            (9, "m", "2 to 8 tasks; 9 is outside"),
+            (1, "rigid", "not malleable"),
+            (2, "nobody", "holds nothing"),
+            (2, "../x", "job id"),
+        ] {
+            let e = h.resize(job, tasks).expect_err(says).to_string();
+            assert!(e.contains(says), "{job} {tasks}: {e}");
+        }
+        h.allocate("r2", "affinity[thread*2]", None, None, None, None).unwrap();
+        let e = h.resize("m", 5).unwrap_err().to_string();
+        assert!(e.contains("does not fit"), "{e}");
+        assert_eq!(h.ledger().get("m").unwrap(), &small);
+        assert_eq!(h.ledger().generation(), g + 1, "only r2's allocation changed the ledger");
+        let grown = h.resize("m", 4).unwrap();
+        assert_eq!(grown.tasks[..3], small.tasks[..]);
+        h.ledger().check().unwrap();
+        // Killed between writing a plan and making it: the restart makes it.
+        let planned = Allocation {
+            cpus: grown.tasks[0].clone(),
+            tasks: grown.tasks[..1].to_vec(),
+            ..grown.clone()
+        };
+        Records::open(dir.path()).unwrap().write_moves(&[planned.clone()]).unwrap();
+        std::mem::forget(h);
+        let mut again = host_on(&topo, &kernel, Some(dir.path()));
+        again.set_notify_dir(Some(notify.clone())).unwrap();
+        again.recover(BTreeMap::new()).unwrap();
+        assert_eq!(again.ledger().get("m").unwrap().tasks, planned.tasks);
+        assert_eq!(cgroup_cpus("m"), planned.cpus);
+        assert!(!dir.path().join("moves.json").exists());
+        assert!(told("m").starts_with("generation=4\n"), "{}", told("m"));
+        again.ledger().check().unwrap();
+        again.release("m").unwrap();
+        assert!(!notify.join("m").exists());
     }
 
     fn gang_ask(row: Option<u32>, prime: bool) -> GangAsk {

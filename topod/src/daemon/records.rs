@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use topo_core::ledger::Allocation;
 
 /// A state directory that topod cannot trust or use.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +42,38 @@ pub enum RecordsError {
         /// What is wrong.
         why: String,
     },
+}
+
+/// Writes `bytes` to `path` through the temporary file `tmp` and a rename: a crash leaves the
+/// old file or the new one, never half of one.
+fn write_atomically(tmp: &Path, path: &Path, bytes: &[u8]) -> Result<(), RecordsError> {
+    fn io<'a>(
+        action: &'static str,
+        path: &'a Path,
+    ) -> impl FnOnce(std::io::Error) -> RecordsError + 'a {
+        move |source| RecordsError::Io { action, path: path.to_path_buf(), source }
+    }
+    // O_EXCL and O_NOFOLLOW: whatever is at that name is neither followed nor written
+    // through. A temporary file left by a crash is ours to replace.
+    let create = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(tmp)
+    };
+    let mut f = match create() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(tmp).map_err(io("removing", tmp))?;
+            create()
+        }
+        other => other,
+    }
+    .map_err(io("creating", tmp))?;
+    f.write_all(bytes).map_err(io("writing", tmp))?;
+    drop(f);
+    std::fs::rename(tmp, path).map_err(io("renaming into place", path))
 }
 
 /// The records directory.
@@ -114,34 +147,48 @@ impl Records {
     pub fn write(&self, job: &JobId, hint: &JobHint) -> Result<(), RecordsError> {
         let bytes = serde_json::to_vec(hint).unwrap_or_default();
         let tmp = self.dir.join(format!(".{}.tmp", job.as_str()));
-        fn io<'a>(
-            action: &'static str,
-            path: &'a Path,
-        ) -> impl FnOnce(std::io::Error) -> RecordsError + 'a {
-            move |source| RecordsError::Io { action, path: path.to_path_buf(), source }
+        write_atomically(&tmp, &self.path(job), &bytes)
+    }
+
+    /// Where the plan of moves under way is kept: beside the records directory, so that no job
+    /// id can name it.
+    fn moves_path(&self) -> PathBuf {
+        self.dir.parent().unwrap_or(&self.dir).join("moves.json")
+    }
+
+    /// Writes the plan of moves topod is about to make (running jobs given new CPUs: a resize, a
+    /// defragmentation, a rebalance). It is written whole before the first cgroup changes and
+    /// removed after the last record is updated; a restart that finds it makes the moves again
+    /// ([`super::host::Host::recover`]), so a crash never leaves half of a plan.
+    pub fn write_moves(&self, moves: &[Allocation]) -> Result<(), RecordsError> {
+        let bytes = serde_json::to_vec(moves).unwrap_or_default();
+        let path = self.moves_path();
+        write_atomically(&path.with_extension("json.tmp"), &path, &bytes)
+    }
+
+    /// The plan of moves a crash cut short, if any (an unreadable plan is an error: topod must
+    /// not guess where jobs were going).
+    pub fn load_moves(&self) -> Result<Option<Vec<Allocation>>, RecordsError> {
+        let path = self.moves_path();
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| RecordsError::Io {
+                action: "reading the plan of moves",
+                path,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(RecordsError::Io { action: "reading", path, source }),
         }
-        // O_EXCL and O_NOFOLLOW: whatever is at that name is neither followed nor written
-        // through. A temporary file left by a crash is ours to replace.
-        let create = || {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-                .open(&tmp)
-        };
-        let mut f = match create() {
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                std::fs::remove_file(&tmp).map_err(io("removing", &tmp))?;
-                create()
-            }
-            other => other,
+    }
+
+    /// Removes the plan of moves once every move is made and recorded.
+    pub fn remove_moves(&self) -> Result<(), RecordsError> {
+        let path = self.moves_path();
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(RecordsError::Io { action: "removing", path, source }),
         }
-        .map_err(io("creating", &tmp))?;
-        f.write_all(&bytes).map_err(io("writing", &tmp))?;
-        drop(f);
-        let path = self.path(job);
-        std::fs::rename(&tmp, &path).map_err(io("renaming into place", &path))
     }
 
     /// Removes the record of `job` (none is not an error).
@@ -216,6 +263,9 @@ mod tests {
             ran_s: 120,
             running_since: None,
             preempted_by: Some("9".into()),
+            resize_signal: Some(10),
+            notify_generation: 3,
+            moved_at: Some(1_700_000_100),
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();
@@ -225,6 +275,25 @@ mod tests {
         r.remove(&job).unwrap();
         r.remove(&job).unwrap();
         assert!(r.load().0.is_empty());
+        // The plan of moves lives beside the records, where no job id can name it.
+        assert_eq!(r.load_moves().unwrap(), None);
+        let moved = topo_core::ledger::Allocation {
+            job: "12[3]".into(),
+            cpus: topo_core::CpuSet::parse_list("4-5").unwrap(),
+            tasks: vec![topo_core::CpuSet::parse_list("4-5").unwrap()],
+            mems: topo_core::CpuSet::parse_list("0").unwrap(),
+            fenced: Default::default(),
+            request: "affinity[thread*1-2]".into(),
+            gang_row: None,
+        };
+        r.write_moves(std::slice::from_ref(&moved)).unwrap();
+        assert_eq!(r.load_moves().unwrap(), Some(vec![moved]));
+        assert!(r.load().0.is_empty() && r.load().1.is_empty());
+        std::fs::write(dir.path().join("moves.json"), "{").unwrap();
+        assert!(r.load_moves().unwrap_err().to_string().contains("plan of moves"));
+        r.remove_moves().unwrap();
+        r.remove_moves().unwrap();
+        assert_eq!(r.load_moves().unwrap(), None);
     }
 
     #[test]

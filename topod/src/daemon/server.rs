@@ -478,10 +478,15 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             preemptible,
             submitted_at,
             estimate_s,
+            resize_signal,
         }) => {
             if !admin {
                 return forbidden("allocate");
             }
+            let resize_signal = match resize_signal.map(host::check_resize_signal).transpose() {
+                Ok(s) => s,
+                Err(why) => return Reply::error(ErrorCode::BadRequest, why),
+            };
             let mut prepared =
                 match host::prepare(&server.topology, &request, tasks, cpus.as_deref()) {
                     Ok(p) => p,
@@ -501,6 +506,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 );
             }
             prepared.preempt = host::PreemptAsk { preempt, preemptible, submitted_at, estimate_s };
+            prepared.resize_signal = resize_signal;
             // An administrator may move any process in, as with `join`, but never topod's own.
             let target = match join_pid.map(|pid| join_target(pid, peer, true)).transpose() {
                 Ok(t) => t,
@@ -624,6 +630,29 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 Err(e) => error_reply(&e),
             }
         }
+        Op::Resize { job, tasks } => {
+            if let Err(e) = crate::cgroup::JobId::parse(&job) {
+                return error_reply(&HostError::BadJob(e));
+            }
+            let mut host = server.lock();
+            if !admin {
+                // Its owner may give CPUs back, never take more: growing is the batch
+                // system's decision.
+                let Some(alloc) = host.ledger().get(&job) else {
+                    return error_reply(&HostError::UnknownJob(job));
+                };
+                if host.owner_of(&job) != Some(peer.uid) {
+                    return forbidden("resizing a job that is not yours");
+                }
+                if tasks as usize > alloc.tasks.len() {
+                    return forbidden("growing a job");
+                }
+            }
+            match host.resize(&job, tasks) {
+                Ok(alloc) => Reply::ok(serde_json::to_value(alloc).unwrap_or_default()),
+                Err(e) => error_reply(&e),
+            }
+        }
     }
 }
 
@@ -701,6 +730,8 @@ pub fn error_reply(e: &HostError) -> Reply {
         HostError::Lent { .. } => ErrorCode::DoesNotFit,
         HostError::Suspended(_) => ErrorCode::BadRequest,
         HostError::NoGang(_) | HostError::GangRow { .. } => ErrorCode::BadRequest,
+        HostError::NotMalleable { .. } | HostError::OutOfRange { .. } => ErrorCode::BadRequest,
+        HostError::Notify(_) => ErrorCode::Internal,
         HostError::BadRequest(_) => ErrorCode::BadTopologyRequest,
         HostError::DoesNotFit { .. } => ErrorCode::DoesNotFit,
         HostError::UnknownJob(_) => ErrorCode::UnknownJob,

@@ -172,6 +172,10 @@ enum Command {
         /// The job's estimated run time (its time limit), seconds.
         #[arg(long, value_name = "SECONDS")]
         estimate: Option<u64>,
+        /// A malleable job (request *min-max): the signal topod sends its processes after a
+        /// resize, e.g. 10 (SIGUSR1).
+        #[arg(long, value_name = "SIGNAL")]
+        resize_signal: Option<i32>,
         /// The request.
         request: String,
         /// Print JSON.
@@ -197,6 +201,20 @@ enum Command {
         daemon: Daemon,
         /// The job id.
         job: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the local topod to grow or shrink a running malleable job (request *min-max) to TASKS
+    /// tasks within its range; the job hears of it through its notify file and its resize
+    /// signal (root, administrators; the job's owner may only shrink it).
+    Resize {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// The job id.
+        job: String,
+        /// Its new number of tasks.
+        tasks: u32,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -467,6 +485,7 @@ fn main() -> ExitCode {
             preemptible,
             submitted_at,
             estimate,
+            resize_signal,
             request,
             json,
         } => alloc_and_print(
@@ -488,6 +507,7 @@ fn main() -> ExitCode {
                 preemptible,
                 submitted_at,
                 estimate_s: estimate,
+                resize_signal,
                 ..topo_core::proto::AllocateArgs::new(job, request)
             }),
             json,
@@ -495,6 +515,7 @@ fn main() -> ExitCode {
         Command::Release { daemon, job, json } => release_and_print(&daemon, job, json),
         Command::Suspend { daemon, job, json } => suspend_and_print(&daemon, job, json),
         Command::Resume { daemon, job, json } => resume_and_print(&daemon, job, json),
+        Command::Resize { daemon, job, tasks, json } => resize_and_print(&daemon, job, tasks, json),
         Command::Run { daemon, request, job, command } => run_job(&daemon, request, job, &command),
         Command::LsfPreExec { daemon } => lsf::pre_exec(&daemon),
         Command::LsfPostExec { daemon } => lsf::post_exec(&daemon),
@@ -1059,6 +1080,21 @@ fn suspend_and_print(daemon: &Daemon, job: String, json: bool) -> Result<(), Fai
         r.job,
         r.frozen_after_us as f64 / 1000.0,
         r.cpus
+    );
+    Ok(())
+}
+
+fn resize_and_print(daemon: &Daemon, job: String, tasks: u32, json: bool) -> Result<(), Failure> {
+    let a: topo_core::ledger::Allocation =
+        call(&mut connect(daemon)?, Op::Resize { job: job.clone(), tasks })?;
+    if json {
+        return print_json(&a);
+    }
+    println!(
+        "job {job} now runs {} tasks on CPUs {} (memory nodes {})",
+        a.tasks.len(),
+        a.cpus,
+        a.mems
     );
     Ok(())
 }

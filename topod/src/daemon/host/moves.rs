@@ -1,0 +1,298 @@
+//! Running jobs given new CPUs: a malleable job grown or shrunk (`resize`), and the plans of
+//! several moves at once that defragmentation and equipartition make.
+//!
+//! A plan is applied in four steps, each safe to cut short by a crash:
+//! 1. the whole plan (every moved job's new allocation) is written to the state directory
+//!    ([`Records::write_moves`]), after the ledger has checked the end state;
+//! 2. each job's cgroup gets its new CPUs and memory nodes (shrinks first, so that the CPUs a
+//!    grow takes have been left already); the kernel moves the job's threads, and its pages
+//!    where the nodes change ([`CgroupBackend::update`]);
+//! 3. the ledger takes the new allocations and each job's record its new tasks;
+//! 4. the plan is removed, and each job is told: its notify file is rewritten with a new
+//!    generation (`generation=`, `cpus=`, `mems=`; what libtopo's `topo_resize_wait` reads),
+//!    then its `resize_signal`, if it chose one, goes to each of its processes.
+//!
+//! A restart that finds a plan makes its moves again ([`Host::recover_moves`]): the plan was
+//! whole and checked before the first cgroup changed, so finishing it is always consistent.
+//! A cgroup the kernel refuses mid-plan is put back, with the moves made before it.
+
+use super::{Host, HostError, JobHint};
+use crate::cgroup::{CgroupError, CgroupSpec, JobId};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use topo_core::ledger::{Allocation, JobState, LedgerError};
+use topo_core::place;
+use topo_core::request;
+
+impl Host {
+    /// Where the jobs' notify files go (`notify/` beside the socket; see
+    /// `topo_core::proto::notify_file_for`), created mode 0755 if missing; `None`: no files.
+    pub fn set_notify_dir(&mut self, dir: Option<PathBuf>) -> Result<(), HostError> {
+        if let Some(dir) = &dir {
+            match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(HostError::Notify(format!("creating {}: {e}", dir.display())))
+                }
+            }
+            super::super::records::check_private_dir(dir)
+                .map_err(|e| HostError::Notify(e.to_string()))?;
+        }
+        self.notify_dir = dir;
+        Ok(())
+    }
+
+    /// Grows or shrinks the running malleable job `job` to `tasks` tasks within its request's
+    /// range (`*min-max`), keeping its tasks where they are (see `topo_core::place::resize`),
+    /// and tells it. Returns its new allocation.
+    pub fn resize(&mut self, job: &str, tasks: u32) -> Result<Allocation, HostError> {
+        self.check_changeable(job)?;
+        let alloc =
+            self.ledger.get(job).cloned().ok_or_else(|| HostError::UnknownJob(job.into()))?;
+        let state = self.ledger.state_of(job).unwrap_or(JobState::Running);
+        if state != JobState::Running {
+            return Err(LedgerError::WrongState { job: job.into(), state }.into());
+        }
+        let req =
+            request::parse(&alloc.request).ok().filter(request::Request::is_malleable).ok_or_else(
+                || HostError::NotMalleable { job: job.into(), request: alloc.request.clone() },
+            )?;
+        let (min, max) = req.task_range();
+        if !(min..=max).contains(&tasks) {
+            return Err(HostError::OutOfRange { job: job.into(), tasks, min, max });
+        }
+        if tasks as usize == alloc.tasks.len() {
+            return Ok(alloc);
+        }
+        let occupancy = self.placement_occupancy(job, None);
+        let placement =
+            place::resize(&self.model, &occupancy, &req, &alloc.tasks, tasks, self.strategy)
+                .map_err(|source| HostError::DoesNotFit { job: job.into(), source })?;
+        let resized = Allocation {
+            cpus: placement.cpus,
+            tasks: placement.tasks,
+            mems: placement.mems,
+            fenced: placement.fenced,
+            ..alloc
+        };
+        self.apply_moves(vec![resized], "resized")?;
+        self.ledger.get(job).cloned().ok_or_else(|| HostError::UnknownJob(job.into()))
+    }
+
+    /// Gives running jobs new allocations together (see the module documentation); `why` is
+    /// the log's verb ("resized", "moved"). Moves to where a job already is are dropped.
+    pub(crate) fn apply_moves(
+        &mut self,
+        moves: Vec<Allocation>,
+        why: &'static str,
+    ) -> Result<(), HostError> {
+        let moves: Vec<Allocation> =
+            moves.into_iter().filter(|m| self.ledger.get(&m.job) != Some(m)).collect();
+        if moves.is_empty() {
+            return Ok(());
+        }
+        for m in &moves {
+            self.check_changeable(&m.job)?;
+        }
+        let mut next = self.ledger.clone();
+        next.move_jobs(&moves)?;
+        if let Some(records) = &self.records {
+            records.write_moves(&moves).map_err(HostError::Records)?;
+        }
+        let old: BTreeMap<&str, &Allocation> = moves
+            .iter()
+            .filter_map(|m| self.ledger.get(&m.job).map(|a| (m.job.as_str(), a)))
+            .collect();
+        let mut order: Vec<&Allocation> = moves.iter().collect();
+        order.sort_by_key(|m| old.get(m.job.as_str()).map_or(true, |o| !m.cpus.is_subset(&o.cpus)));
+        let mut done: Vec<(JobId, &Allocation)> = Vec::new();
+        for m in order {
+            let id = JobId::parse(&m.job)?;
+            let spec =
+                CgroupSpec { cpus: m.cpus.clone(), mems: m.mems.clone(), memory_limit: None };
+            if let Err(e) = self.backend.update(&id, &spec) {
+                // Put back what was moved, newest first, so that no CPU ends up in two jobs.
+                for (id, _) in done.iter().rev() {
+                    if let Some(o) = old.get(id.as_str()) {
+                        let back = CgroupSpec {
+                            cpus: o.cpus.clone(),
+                            mems: o.mems.clone(),
+                            memory_limit: None,
+                        };
+                        if let Err(undo) = self.backend.update(id, &back) {
+                            tracing::error!(
+                                "job {id}: could not be put back on CPUs {}: {undo}",
+                                o.cpus
+                            );
+                        }
+                    }
+                }
+                if let Some(records) = &self.records {
+                    let _ = records.remove_moves();
+                }
+                return Err(e.into());
+            }
+            done.push((id, m));
+        }
+        self.ledger = next;
+        let now = self.now_s();
+        for m in &moves {
+            let hint = self
+                .hints
+                .entry(m.job.clone())
+                .or_insert_with(|| JobHint { request: m.request.clone(), ..JobHint::default() });
+            hint.tasks = m.tasks.clone();
+            hint.moved_at = Some(now);
+            hint.notify_generation = hint.notify_generation.max(1) + 1;
+            let hint = hint.clone();
+            if let Ok(id) = JobId::parse(&m.job) {
+                self.record(&id, &hint);
+            }
+        }
+        if let Some(records) = &self.records {
+            if let Err(e) = records.remove_moves() {
+                tracing::warn!("{e}");
+            }
+        }
+        for m in &moves {
+            tracing::info!(
+                event = why,
+                job = %m.job,
+                cpus = %m.cpus,
+                mems = %m.mems,
+                "job {}: {why} to CPUs {} (memory nodes {}, {} tasks)",
+                m.job,
+                m.cpus,
+                m.mems,
+                m.tasks.len()
+            );
+            self.tell(&m.job, true);
+        }
+        Ok(())
+    }
+
+    /// Finishes the plan of moves a crash cut short (see the module documentation): each job
+    /// still there gets its planned CPUs, and its record (in `hints`) its planned tasks. Returns
+    /// the jobs moved.
+    pub(crate) fn recover_moves(&mut self, hints: &mut BTreeMap<String, JobHint>) -> Vec<String> {
+        let Some(records) = self.records.clone() else { return Vec::new() };
+        let moves = match records.load_moves() {
+            Ok(Some(moves)) => moves,
+            Ok(None) => return Vec::new(),
+            Err(e) => {
+                tracing::error!("{e}; the jobs it moved keep the CPUs their cgroups have");
+                let _ = records.remove_moves();
+                return Vec::new();
+            }
+        };
+        let mut moved = Vec::new();
+        for m in moves {
+            let Ok(id) = JobId::parse(&m.job) else { continue };
+            let spec =
+                CgroupSpec { cpus: m.cpus.clone(), mems: m.mems.clone(), memory_limit: None };
+            match self.backend.update(&id, &spec) {
+                Ok(_) => {
+                    if let Some(hint) = hints.get_mut(&m.job) {
+                        hint.tasks = m.tasks.clone();
+                        hint.moved_at = Some(self.now_s());
+                        hint.notify_generation = hint.notify_generation.max(1) + 1;
+                        self.record(&id, hint);
+                    }
+                    tracing::info!(
+                        "job {}: a move a restart cut short is made: CPUs {}",
+                        m.job,
+                        m.cpus
+                    );
+                    moved.push(m.job);
+                }
+                // Released since: nothing to move.
+                Err(CgroupError::NoSuchJob(_)) => {}
+                Err(e) => tracing::error!(
+                    "job {}: the planned move to CPUs {} failed: {e}",
+                    m.job,
+                    m.cpus
+                ),
+            }
+        }
+        if let Err(e) = records.remove_moves() {
+            tracing::warn!("{e}");
+        }
+        moved
+    }
+
+    /// Tells `job` its CPUs: rewrites its notify file and, with `signal`, sends its
+    /// `resize_signal` (if it chose one) to each of its processes. Failures are logged: the
+    /// job's CPUs have changed whatever it hears.
+    pub(crate) fn tell(&mut self, job: &str, signal: bool) {
+        let Some(alloc) = self.ledger.get(job) else { return };
+        let Some(hint) = self.hints.get(job) else { return };
+        if let Some(dir) = &self.notify_dir {
+            let text = format!(
+                "generation={}\ncpus={}\nmems={}\n",
+                hint.notify_generation.max(1),
+                alloc.cpus,
+                alloc.mems
+            );
+            if let Err(e) = write_world_readable(dir, job, text.as_bytes()) {
+                tracing::warn!("job {job}: cannot write its notify file in {}: {e}", dir.display());
+            }
+        }
+        let Some(signal) = hint.resize_signal.filter(|_| signal) else { return };
+        let Ok(id) = JobId::parse(job) else { return };
+        let Ok(signal) = nix::sys::signal::Signal::try_from(signal) else { return };
+        for pid in self.backend.pids(&id).unwrap_or_default() {
+            // A process of the job's cgroup; one that has just exited is no error.
+            if let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal) {
+                tracing::debug!("job {job}: {signal} to process {pid}: {e}");
+            }
+        }
+    }
+
+    /// Removes `job`'s notify file (its release).
+    pub(crate) fn forget_notify(&self, job: &str) {
+        if let Some(dir) = &self.notify_dir {
+            let _ = std::fs::remove_file(dir.join(job));
+        }
+    }
+}
+
+/// Writes `dir/name` (mode 0644) through a temporary file and a rename, so that a reader sees
+/// the old content or the new, whole. `name` is a job id: one path component, never `.`.
+fn write_world_readable(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let create = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(&tmp)
+    };
+    let mut f = match create() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(&tmp)?;
+            create()
+        }
+        other => other,
+    }?;
+    f.write_all(bytes)?;
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+/// The signal a job may choose to hear about its resizes by: a standard signal it can catch
+/// (1 to 31 on Linux, not SIGKILL or SIGSTOP; SIGUSR1 and SIGUSR2 are the usual choices).
+pub fn check_resize_signal(signal: i32) -> Result<i32, String> {
+    use nix::sys::signal::Signal;
+    match Signal::try_from(signal) {
+        Ok(Signal::SIGKILL | Signal::SIGSTOP) | Err(_) => Err(format!(
+            "resize_signal = {signal}: a standard signal number the job can catch, e.g. {} (SIGUSR1) or {} (SIGUSR2); not SIGKILL or SIGSTOP",
+            Signal::SIGUSR1 as i32,
+            Signal::SIGUSR2 as i32
+        )),
+        Ok(_) => Ok(signal),
+    }
+}
