@@ -39,6 +39,7 @@ pub mod place;
 pub mod policy;
 pub mod proto;
 pub mod request;
+pub mod reservation;
 pub mod sim;
 pub mod swf;
 pub mod topology;

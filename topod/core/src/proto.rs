@@ -17,6 +17,8 @@
 //! {"v":1,"op":"suspend","job":"1234"}
 //! {"v":1,"op":"resume","job":"1234"}
 //! {"v":1,"op":"resize","job":"1234","tasks":12}
+//! {"v":1,"op":"reserve","job":"1240","request":"affinity[numa]","expires_in_s":3600}
+//! {"v":1,"op":"unreserve","job":"1240"}
 //! {"v":1,"op":"list"}
 //! ```
 //!
@@ -76,6 +78,8 @@ pub const OPERATIONS: &[&str] = &[
     "suspend",
     "resume",
     "resize",
+    "reserve",
+    "unreserve",
 ];
 
 /// What a client asks.
@@ -135,6 +139,33 @@ pub enum Op {
         /// Its new number of tasks.
         tasks: u32,
     },
+    /// Set a block of CPUs aside for a waiting job until it is allocated or the reservation
+    /// expires: other jobs are placed outside it, jobs running in it run on (root or
+    /// administrators). A job's new reservation replaces its old one.
+    Reserve(ReserveArgs),
+    /// Drop a job's reservation (root or administrators).
+    Unreserve {
+        /// The job id.
+        job: String,
+    },
+}
+
+/// The fields of `reserve`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReserveArgs {
+    /// The waiting job.
+    pub job: String,
+    /// The shape of the block, as a request (`affinity[numa]`, `affinity[core(8,same=l3)]`).
+    pub request: String,
+    /// Tasks when the request does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<u32>,
+    /// Choose the block only inside these CPUs (list format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<String>,
+    /// Seconds until the reservation lapses if the job has not been allocated (1 to 30 days).
+    pub expires_in_s: u64,
 }
 
 /// The fields of `fit`. Callers build one with [`FitArgs::new`] and struct update
@@ -263,6 +294,8 @@ impl Op {
             Op::Suspend { .. } => "suspend",
             Op::Resume { .. } => "resume",
             Op::Resize { .. } => "resize",
+            Op::Reserve(_) => "reserve",
+            Op::Unreserve { .. } => "unreserve",
         }
     }
 
@@ -278,6 +311,8 @@ impl Op {
                 | Op::Suspend { .. }
                 | Op::Resume { .. }
                 | Op::Resize { .. }
+                | Op::Reserve(_)
+                | Op::Unreserve { .. }
         )
     }
 }
@@ -353,6 +388,20 @@ pub mod reply {
         /// Gang time slicing, when the host has it on.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub gang: Option<GangStatus>,
+        /// The live topology reservations: their blocks are for their own jobs only.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub reservations: Vec<crate::reservation::Reservation>,
+    }
+
+    /// `reserve`.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Reserve {
+        /// The reservation made.
+        #[serde(flatten)]
+        pub reservation: crate::reservation::Reservation,
+        /// CPUs of the block that running jobs hold now: it is the job's once they end.
+        pub busy: CpuSet,
     }
 
     /// `join`.
@@ -668,6 +717,8 @@ fn fields_of(op: &str) -> &'static [&'static str] {
             "resize_signal",
         ],
         "resize" => &["job", "tasks"],
+        "reserve" => &["job", "request", "tasks", "cpus", "expires_in_s"],
+        "unreserve" => &["job"],
         "join" => &["job", "pid"],
         "self_join_files" => &["job"],
         "release" | "suspend" | "resume" => &["job"],
@@ -719,6 +770,8 @@ pub mod schema {
             ("suspend", generator.subschema_for::<reply::Suspend>()),
             ("resume", generator.subschema_for::<reply::Resume>()),
             ("resize", generator.subschema_for::<crate::ledger::Allocation>()),
+            ("reserve", generator.subschema_for::<reply::Reserve>()),
+            ("unreserve", generator.subschema_for::<crate::reservation::Reservation>()),
         ];
         debug_assert!(ok.iter().map(|(op, _)| *op).eq(OPERATIONS.iter().copied()));
         let mut defs = generator.take_definitions(true);
@@ -767,6 +820,14 @@ mod tests {
             Op::Suspend { job: "1234".into() },
             Op::Resume { job: "1234".into() },
             Op::Resize { job: "1234".into(), tasks: 12 },
+            Op::Reserve(ReserveArgs {
+                job: "1240".into(),
+                request: "affinity[numa]".into(),
+                tasks: None,
+                cpus: Some("0-31".into()),
+                expires_in_s: 3600,
+            }),
+            Op::Unreserve { job: "1240".into() },
         ];
         assert_eq!(ops.len(), OPERATIONS.len());
         for op in ops {

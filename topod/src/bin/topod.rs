@@ -215,13 +215,16 @@ fn run(args: TopodArgs) -> Result<(), String> {
         // Exclusive cpusets beside topod's come and go: look again on the same tick, so that
         // topod takes back the CPUs of one that went away (an allocate the kernel refuses looks
         // too). A suspended job someone thawed is frozen again on it, as its CPUs may be lent.
+        // Topology reservations that have expired go on it too.
         let server = server.clone();
         std::thread::spawn(move || loop {
             pending.process(&*server);
             std::thread::sleep(Duration::from_secs(5));
             server.lock().reconcile_foreign();
             server.refreeze_suspended();
-            server.lock().resume_preempted();
+            let mut host = server.lock();
+            host.resume_preempted();
+            host.expire_reservations();
         });
     }
     {

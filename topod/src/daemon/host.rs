@@ -12,7 +12,9 @@
 //! without it ([`Host::begin_release`], [`ReleaseTicket::run`], [`Host::finish_release`]).
 
 mod moves;
+mod reserve;
 pub use moves::check_resize_signal;
+pub use reserve::MAX_RESERVATION_S;
 
 use super::records::{Records, RecordsError};
 use crate::cgroup::{CgroupBackend, CgroupError, CgroupSpec, JobId, JobIdError, ReleaseReport};
@@ -104,6 +106,9 @@ pub enum HostError {
         /// The job running on them.
         holder: String,
     },
+    /// An unreserve of a job that has no reservation.
+    #[error("job {0} has no topology reservation on this host")]
+    NoReservation(String),
     /// A resize of a job whose request has no task range.
     #[error("job {job} is not malleable: its request {request:?} gives no task range (ask for one with *min-max, e.g. affinity[core*4-16])")]
     NotMalleable {
@@ -386,6 +391,8 @@ pub struct Snapshot {
     pub jobs: Vec<JobView>,
     /// Gang time slicing, when configured.
     pub gang: Option<topo_core::proto::reply::GangStatus>,
+    /// The live topology reservations.
+    pub reservations: Vec<topo_core::reservation::Reservation>,
 }
 
 /// What a "does not fit" message is about: the job, or for `fit` the request.
@@ -496,6 +503,10 @@ pub struct Host {
     missized: BTreeMap<String, Missized>,
     /// Where jobs' notify files go (see [`moves`]).
     notify_dir: Option<PathBuf>,
+    /// Topology reservations by job (see [`reserve`]).
+    reservations: BTreeMap<String, topo_core::reservation::Reservation>,
+    /// Bumped at every change of the reservations: the free map's generation counts them.
+    reservation_changes: u64,
 }
 
 /// How long after a process was told how to move itself into a job the job is not released for
@@ -538,6 +549,8 @@ impl Host {
             metrics: Default::default(),
             missized: BTreeMap::new(),
             notify_dir: None,
+            reservations: BTreeMap::new(),
+            reservation_changes: 0,
         })
     }
 
@@ -681,11 +694,16 @@ impl Host {
         Err(refused)
     }
 
-    /// What placing `job` in `row` must avoid: the ledger's answer, and the CPUs of jobs
-    /// suspended by preemption for another job (lent to nobody else, or a stream of small jobs
+    /// What placing `job` in `row` must avoid: the ledger's answer, the blocks other jobs have
+    /// reserved, and the CPUs of jobs suspended by preemption for another job (lent to nobody else, or a stream of small jobs
     /// could keep them frozen for good).
     fn placement_occupancy(&self, job: &str, row: Option<u32>) -> place::Occupancy {
-        let mut occ = self.ledger.occupancy_for(row);
+        let mut occ = topo_core::reservation::blocked_for(
+            &self.ledger.occupancy_for(row),
+            self.reservations.values(),
+            job,
+            self.now_s(),
+        );
         for a in self.ledger.suspended_jobs() {
             let held_for = self.hints.get(&a.job).and_then(|h| h.preempted_by.as_deref());
             if held_for.is_some_and(|p| p != job) {
@@ -925,6 +943,7 @@ impl Host {
         for (job, hint) in legacy {
             hints.entry(job).or_insert(hint);
         }
+        self.load_reservations();
         // A plan of moves a crash cut short is finished before the cgroups are read.
         let moved = self.recover_moves(&mut hints);
         // Running jobs first: a frozen job's CPUs may have been lent to one of them.
@@ -1251,6 +1270,7 @@ impl Host {
             return Err(e);
         }
         self.hints.insert(job.to_string(), hint);
+        self.claim_reservation(job);
         self.tell(job, false);
         self.metrics.allocated();
         tracing::info!(
@@ -1287,26 +1307,35 @@ impl Host {
             Some(rows) => rows.iter().map(|r| Some(*r)).collect(),
             None => vec![None],
         };
+        // A job with a reservation goes inside its block when it fits there.
+        let inside_block = self.block_of(id.as_str()).and_then(|block| {
+            let list = match &prepared.request.cpu_list {
+                Some(list) => list.intersection(block),
+                None => block.clone(),
+            };
+            (!list.is_empty()).then(|| Request { cpu_list: Some(list), ..prepared.request.clone() })
+        });
         let mut refused = None;
         let mut found = None;
-        for row in rows {
+        'rows: for row in rows {
             let occupancy = self.placement_occupancy(id.as_str(), row);
-            match self.start_malleable(&occupancy, &prepared.request).map_or_else(
-                || {
-                    topo_core::policy::start_on_host(
+            for request in inside_block.iter().chain([&prepared.request]) {
+                let placed = match self.start_malleable(&occupancy, request) {
+                    Some(p) => Ok(p),
+                    None => topo_core::policy::start_on_host(
                         &self.model,
                         &occupancy,
-                        &prepared.request,
+                        request,
                         self.strategy,
-                    )
-                },
-                Ok,
-            ) {
-                Ok(p) => {
-                    found = Some((p, row));
-                    break;
+                    ),
+                };
+                match placed {
+                    Ok(p) => {
+                        found = Some((p, row));
+                        break 'rows;
+                    }
+                    Err(e) => refused = Some(e),
                 }
-                Err(e) => refused = Some(e),
             }
         }
         let Some((placement, row)) = found else {
@@ -1787,8 +1816,10 @@ impl Host {
             model: self.model.clone(),
             // With gang rows, what a job that runs through every slice must avoid.
             occupancy: self.ledger.occupancy_for(None),
-            generation: self.ledger.generation(),
+            // Reservations change what placement may use, so they count as changes too.
+            generation: self.ledger.generation() + self.reservation_changes,
             jobs: self.jobs(),
+            reservations: self.reservations(),
             gang: self.gang_status.clone(),
         }
     }
@@ -2193,6 +2224,68 @@ mod tests {
         again.ledger().check().unwrap();
         again.release("m").unwrap();
         assert!(!notify.join("m").exists());
+    }
+
+    #[test]
+    fn a_reserved_block_keeps_others_out_drains_is_claimed_and_outlives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.set_clock(Arc::new(|| at(1_000)));
+        let node = |h: &Host, job: &str| h.ledger().get(job).unwrap().cpus.clone();
+        // One job on each node.
+        h.allocate("a", "affinity[thread]", None, Some("0"), None, None).unwrap();
+        h.allocate("b", "affinity[thread]", None, Some("4"), None, None).unwrap();
+        let numa = prepare(&topo, "affinity[numa]", None, None).unwrap();
+        let (r, busy) = h.reserve("big", &numa, 600).unwrap();
+        assert_eq!(r.cpus.len(), 4);
+        assert_eq!(busy.len(), 1, "one running job is inside the block: {} in {}", busy, r.cpus);
+        assert_eq!(r.expires_at, 1_600);
+        // Others are placed outside, whatever fits best.
+        let c = h.allocate("c", "affinity[thread*2]", None, None, None, None).unwrap();
+        assert!(!c.cpus.intersects(&r.cpus), "{} in the block {}", c.cpus, r.cpus);
+        let e = h.allocate("d", "affinity[thread*2]", None, None, None, None).unwrap_err();
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        // Refusals: bad ids, durations, an allocated job, an unknown reservation.
+        for (job, secs, says) in [
+            ("../x", 60, "job id"),
+            ("e", 0, "1 s to"),
+            ("e", MAX_RESERVATION_S + 1, "30 days"),
+            ("c", 60, "already holds"),
+        ] {
+            let e = h.reserve(job, &numa, secs).expect_err(says).to_string();
+            assert!(e.contains(says), "{job} {secs}: {e}");
+        }
+        assert!(h.unreserve("nobody").unwrap_err().to_string().contains("no topology reservation"));
+        // Killed and restarted: the reservation is still there.
+        std::mem::forget(h);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.set_clock(Arc::new(|| at(1_100)));
+        h.recover(BTreeMap::new()).unwrap();
+        assert_eq!(h.reservations(), [r.clone()]);
+        // The block's job drains out; the named job is placed inside and spends it.
+        let inside = h.ledger().jobs().find(|a| a.cpus.intersects(&r.cpus)).unwrap().job.clone();
+        h.release(&inside).unwrap();
+        let big = h.allocate("big", "affinity[thread*4]", None, None, None, None).unwrap();
+        assert_eq!(big.cpus, r.cpus);
+        assert!(h.reservations().is_empty());
+        assert_eq!(node(&h, "big"), r.cpus);
+        // Expiry: gone at its time, on the tick.
+        let one = prepare(&topo, "affinity[thread]", None, None).unwrap();
+        h.release("big").unwrap();
+        h.reserve("later", &one, 10).unwrap();
+        assert_eq!(h.expire_reservations(), Vec::<String>::new());
+        h.set_clock(Arc::new(|| at(1_110)));
+        assert!(h.reservations().is_empty(), "expired is not live");
+        assert_eq!(h.expire_reservations(), ["later"]);
+        h.ledger().check().unwrap();
     }
 
     fn gang_ask(row: Option<u32>, prime: bool) -> GangAsk {

@@ -181,6 +181,32 @@ impl Records {
         }
     }
 
+    /// Writes the host's topology reservations, replacing what was there.
+    pub fn write_reservations(
+        &self,
+        reservations: &[&topo_core::reservation::Reservation],
+    ) -> Result<(), RecordsError> {
+        let bytes = serde_json::to_vec(reservations).unwrap_or_default();
+        let path = self.dir.parent().unwrap_or(&self.dir).join("reservations.json");
+        write_atomically(&path.with_extension("json.tmp"), &path, &bytes)
+    }
+
+    /// The topology reservations written last (none when there is no file).
+    pub fn load_reservations(
+        &self,
+    ) -> Result<Vec<topo_core::reservation::Reservation>, RecordsError> {
+        let path = self.dir.parent().unwrap_or(&self.dir).join("reservations.json");
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RecordsError::Io {
+                action: "reading the topology reservations",
+                path,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(source) => Err(RecordsError::Io { action: "reading", path, source }),
+        }
+    }
+
     /// Removes the plan of moves once every move is made and recorded.
     pub fn remove_moves(&self) -> Result<(), RecordsError> {
         let path = self.moves_path();

@@ -445,6 +445,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 job_ids: snap.jobs.iter().map(|j| j.allocation.job.clone()).collect(),
                 free: snap.host_metrics(),
                 gang: snap.gang.clone(),
+                reservations: snap.reservations.clone(),
             })
         }
         Op::Fit(proto::FitArgs { request, tasks, cpus }) => {
@@ -653,6 +654,28 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 Err(e) => error_reply(&e),
             }
         }
+        Op::Reserve(proto::ReserveArgs { job, request, tasks, cpus, expires_in_s }) => {
+            if !admin {
+                return forbidden("reserve");
+            }
+            let prepared = match host::prepare(&server.topology, &request, tasks, cpus.as_deref()) {
+                Ok(p) => p,
+                Err(e) => return error_reply(&e),
+            };
+            match server.lock().reserve(&job, &prepared, expires_in_s) {
+                Ok((reservation, busy)) => ok(proto::reply::Reserve { reservation, busy }),
+                Err(e) => error_reply(&e),
+            }
+        }
+        Op::Unreserve { job } => {
+            if !admin {
+                return forbidden("unreserve");
+            }
+            match server.lock().unreserve(&job) {
+                Ok(r) => Reply::ok(serde_json::to_value(r).unwrap_or_default()),
+                Err(e) => error_reply(&e),
+            }
+        }
     }
 }
 
@@ -732,6 +755,7 @@ pub fn error_reply(e: &HostError) -> Reply {
         HostError::NoGang(_) | HostError::GangRow { .. } => ErrorCode::BadRequest,
         HostError::NotMalleable { .. } | HostError::OutOfRange { .. } => ErrorCode::BadRequest,
         HostError::Notify(_) => ErrorCode::Internal,
+        HostError::NoReservation(_) => ErrorCode::UnknownJob,
         HostError::BadRequest(_) => ErrorCode::BadTopologyRequest,
         HostError::DoesNotFit { .. } => ErrorCode::DoesNotFit,
         HostError::UnknownJob(_) => ErrorCode::UnknownJob,

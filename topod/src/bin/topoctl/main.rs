@@ -205,6 +205,47 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask the local topod to set a block of CPUs aside for a waiting job (root or
+    /// administrators): other jobs are placed outside it, jobs running in it run on until they
+    /// end, and the job is placed inside it when it is allocated. A new reservation for the same
+    /// job replaces the old one.
+    Reserve {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// The waiting job.
+        #[arg(long)]
+        job: String,
+        /// How long it holds if the job is not allocated: seconds, or with a unit (90m, 2h, 1d);
+        /// at most 30 days.
+        #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration_s)]
+        duration: u64,
+        /// Tasks when the request does not say.
+        #[arg(long, short = 'n')]
+        tasks: Option<u32>,
+        /// Choose the block only inside these CPUs.
+        #[arg(long, value_name = "LIST")]
+        cpus: Option<String>,
+        /// The block's shape, as a request: affinity[numa], affinity[core(8,same=l3)].
+        request: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the local topod to drop a job's reservation (root or administrators).
+    Unreserve {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// The job.
+        job: String,
+    },
+    /// Ask the local topod: the topology reservations it keeps.
+    Reservations {
+        #[command(flatten)]
+        daemon: Daemon,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Ask the local topod to grow or shrink a running malleable job (request *min-max) to TASKS
     /// tasks within its range; the job hears of it through its notify file and its resize
     /// signal (root, administrators; the job's owner may only shrink it).
@@ -516,6 +557,20 @@ fn main() -> ExitCode {
         Command::Suspend { daemon, job, json } => suspend_and_print(&daemon, job, json),
         Command::Resume { daemon, job, json } => resume_and_print(&daemon, job, json),
         Command::Resize { daemon, job, tasks, json } => resize_and_print(&daemon, job, tasks, json),
+        Command::Reserve { daemon, job, duration, tasks, cpus, request, json } => {
+            reserve_and_print(
+                &daemon,
+                topo_core::proto::ReserveArgs { job, request, tasks, cpus, expires_in_s: duration },
+                json,
+            )
+        }
+        Command::Unreserve { daemon, job } => {
+            let r: topo_core::reservation::Reservation =
+                call(&mut connect(&daemon)?, Op::Unreserve { job })?;
+            println!("job {}: reservation of CPUs {} dropped", r.job, r.cpus);
+            Ok(())
+        }
+        Command::Reservations { daemon, json } => reservations(&daemon, json),
         Command::Run { daemon, request, job, command } => run_job(&daemon, request, job, &command),
         Command::LsfPreExec { daemon } => lsf::pre_exec(&daemon),
         Command::LsfPostExec { daemon } => lsf::post_exec(&daemon),
@@ -1081,6 +1136,81 @@ fn suspend_and_print(daemon: &Daemon, job: String, json: bool) -> Result<(), Fai
         r.frozen_after_us as f64 / 1000.0,
         r.cpus
     );
+    Ok(())
+}
+
+/// `3600`, `90s`, `90m`, `2h`, `1d`: seconds.
+fn parse_duration_s(text: &str) -> Result<u64, String> {
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "{text:?}: a number of seconds, or with a unit s, m, h or d (90m, 2h)"
+            ))
+        }
+    };
+    digits.parse::<u64>().ok().and_then(|n| n.checked_mul(scale)).ok_or_else(|| {
+        format!("{text:?}: a number of seconds, or with a unit s, m, h or d (90m, 2h)")
+    })
+}
+
+fn reserve_and_print(
+    daemon: &Daemon,
+    args: topo_core::proto::ReserveArgs,
+    json: bool,
+) -> Result<(), Failure> {
+    let r: topo_core::proto::reply::Reserve = call(&mut connect(daemon)?, Op::Reserve(args))?;
+    if json {
+        return print_json(&r);
+    }
+    let until = r.reservation.expires_at - r.reservation.made_at;
+    if r.busy.is_empty() {
+        println!(
+            "job {}: CPUs {} reserved for {until} s; all free now",
+            r.reservation.job, r.reservation.cpus
+        );
+    } else {
+        println!(
+            "job {}: CPUs {} reserved for {until} s; {} of them ({}) are busy until their jobs end",
+            r.reservation.job,
+            r.reservation.cpus,
+            r.busy.len(),
+            r.busy
+        );
+    }
+    Ok(())
+}
+
+fn reservations(daemon: &Daemon, json: bool) -> Result<(), Failure> {
+    let free: topo_core::proto::reply::FreeMap = call(&mut connect(daemon)?, Op::FreeMap)?;
+    if json {
+        return print_json(&free.reservations);
+    }
+    if free.reservations.is_empty() {
+        println!("no topology reservations");
+        return Ok(());
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    println!("{:<16} {:>4}  {:<24} {:>10}  request", "job", "PUs", "CPUs", "expires in");
+    for r in &free.reservations {
+        println!(
+            "{:<16} {:>4}  {:<24} {:>9}s  {}",
+            r.job,
+            r.cpus.len(),
+            r.cpus.to_string(),
+            (r.expires_at - now).max(0),
+            r.request
+        );
+    }
     Ok(())
 }
 

@@ -1,0 +1,149 @@
+//! Topology reservations on this host (see `topo_core::reservation`): made by the batch system
+//! or an administrator for a waiting job (`reserve`), kept in the state directory so that a
+//! restart keeps them, avoided by every other job's placement, claimed by the named job's
+//! allocate, dropped by `unreserve` or when they expire.
+
+use super::{Host, HostError, Prepared};
+use topo_core::cpuset::CpuSet;
+use topo_core::reservation::{self, Reservation};
+
+/// The longest a reservation may be made for: 30 days.
+pub const MAX_RESERVATION_S: u64 = 30 * 24 * 3600;
+
+impl Host {
+    /// Reserves a block for `job`'s `prepared` request for `expires_in_s` seconds, replacing a
+    /// reservation the job had. Returns it, and the CPUs of the block that running jobs hold
+    /// now (it drains as they end).
+    pub fn reserve(
+        &mut self,
+        job: &str,
+        prepared: &Prepared,
+        expires_in_s: u64,
+    ) -> Result<(Reservation, CpuSet), HostError> {
+        crate::cgroup::JobId::parse(job)?;
+        if !(1..=MAX_RESERVATION_S).contains(&expires_in_s) {
+            return Err(HostError::BadRequest(format!(
+                "expires_in_s = {expires_in_s}: a reservation lasts from 1 s to {MAX_RESERVATION_S} s (30 days)"
+            )));
+        }
+        if let Some(a) = self.ledger.get(job) {
+            return Err(HostError::AlreadyAllocated {
+                job: job.into(),
+                cpus: a.cpus.to_string(),
+                request: a.request.clone(),
+            });
+        }
+        let now = self.now_s();
+        let others: Vec<&Reservation> =
+            self.reservations.values().filter(|r| r.job != job && r.live(now)).collect();
+        let occupancy = self.ledger.occupancy_for(None);
+        let (block, busy) = reservation::choose_block(
+            &self.model,
+            &occupancy,
+            &others,
+            &prepared.request,
+            self.strategy,
+            now,
+        )
+        .map_err(|source| HostError::DoesNotFit { job: job.into(), source })?;
+        let r = Reservation {
+            job: job.into(),
+            cpus: block.cpus,
+            request: prepared.canonical.clone(),
+            made_at: now,
+            expires_at: now + expires_in_s as i64,
+        };
+        let before = self.reservations.insert(job.into(), r.clone());
+        if let Err(e) = self.save_reservations() {
+            match before {
+                Some(b) => self.reservations.insert(job.into(), b),
+                None => self.reservations.remove(job),
+            };
+            return Err(e);
+        }
+        tracing::info!(
+            event = "reserved",
+            job = %job,
+            cpus = %r.cpus,
+            busy = %busy,
+            "job {job}: CPUs {} reserved for {expires_in_s} s ({} of them busy now)",
+            r.cpus,
+            busy.len()
+        );
+        Ok((r, busy))
+    }
+
+    /// Drops `job`'s reservation and returns it.
+    pub fn unreserve(&mut self, job: &str) -> Result<Reservation, HostError> {
+        crate::cgroup::JobId::parse(job)?;
+        let r =
+            self.reservations.remove(job).ok_or_else(|| HostError::NoReservation(job.into()))?;
+        if let Err(e) = self.save_reservations() {
+            self.reservations.insert(job.into(), r);
+            return Err(e);
+        }
+        tracing::info!(event = "unreserved", job = %job, "job {job}: reservation of CPUs {} dropped", r.cpus);
+        Ok(r)
+    }
+
+    /// The live reservations.
+    pub fn reservations(&self) -> Vec<Reservation> {
+        let now = self.now_s();
+        self.reservations.values().filter(|r| r.live(now)).cloned().collect()
+    }
+
+    /// Drops the reservations that have expired (topod's tick); returns their jobs.
+    pub fn expire_reservations(&mut self) -> Vec<String> {
+        let now = self.now_s();
+        let gone: Vec<String> =
+            self.reservations.values().filter(|r| !r.live(now)).map(|r| r.job.clone()).collect();
+        for job in &gone {
+            self.reservations.remove(job);
+            tracing::info!(event = "reservation_expired", job = %job, "job {job}: its reservation expired");
+        }
+        if !gone.is_empty() {
+            if let Err(e) = self.save_reservations() {
+                tracing::warn!("{e}");
+            }
+        }
+        gone
+    }
+
+    /// The job's allocate spent its reservation.
+    pub(crate) fn claim_reservation(&mut self, job: &str) {
+        if let Some(r) = self.reservations.remove(job) {
+            tracing::info!(event = "reservation_claimed", job = %job, "job {job}: its reservation of CPUs {} is claimed", r.cpus);
+            if let Err(e) = self.save_reservations() {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+
+    /// `job`'s live block, if it has one.
+    pub(crate) fn block_of(&self, job: &str) -> Option<&CpuSet> {
+        let now = self.now_s();
+        self.reservations.get(job).filter(|r| r.live(now)).map(|r| &r.cpus)
+    }
+
+    /// Reads the reservations back after a restart (expired ones are dropped at the next tick).
+    pub(crate) fn load_reservations(&mut self) {
+        let Some(records) = &self.records else { return };
+        match records.load_reservations() {
+            Ok(all) => {
+                self.reservations = all.into_iter().map(|r| (r.job.clone(), r)).collect();
+                self.reservation_changes += 1;
+            }
+            Err(e) => tracing::error!("{e}; starting without topology reservations"),
+        }
+    }
+
+    fn save_reservations(&mut self) -> Result<(), HostError> {
+        self.reservation_changes += 1;
+        match &self.records {
+            Some(records) => records
+                .write_reservations(&self.reservations.values().collect::<Vec<_>>())
+                .map_err(HostError::Records),
+            None => Ok(()),
+        }
+    }
+}
