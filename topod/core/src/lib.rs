@@ -37,6 +37,7 @@ pub mod malleable;
 pub mod pending;
 pub mod place;
 pub mod policy;
+pub mod prime;
 pub mod proto;
 pub mod request;
 pub mod reservation;

@@ -248,6 +248,10 @@ pub struct AllocateArgs {
     /// notify file says the new ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resize_signal: Option<i32>,
+    /// The prime-time pool the job may use (topod.toml `prime_pools`), besides those its queue
+    /// and owner give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 impl AllocateArgs {
@@ -715,6 +719,7 @@ fn fields_of(op: &str) -> &'static [&'static str] {
             "submitted_at",
             "estimate_s",
             "resize_signal",
+            "pool",
         ],
         "resize" => &["job", "tasks"],
         "reserve" => &["job", "request", "tasks", "cpus", "expires_in_s"],

@@ -106,6 +106,23 @@ fn run(args: TopodArgs) -> Result<(), String> {
         tracing::warn!("gang_slice_s, gang_all_jobs and gang_prime_queues do nothing without gang_rows: gang time slicing is off");
     }
     host.set_preempt(config.preempt());
+    let pools = topod::daemon::host::make_pools(host.model(), &config.prime_pools)
+        .map_err(|e| format!("topod.toml prime_pools: {e}"))?;
+    for p in &pools {
+        tracing::info!("prime pool {}: CPUs {}, {} window(s)", p.name, p.cpus, p.windows.len());
+    }
+    // The pools' windows are in the host's local time: its offset from UTC at each moment
+    // (daylight saving time included).
+    host.set_pools(
+        pools,
+        Arc::new(|t| {
+            use chrono::{Offset, TimeZone};
+            chrono::Local
+                .timestamp_opt(t, 0)
+                .single()
+                .map_or(0, |d| i64::from(d.offset().fix().local_minus_utc()))
+        }),
+    );
     // Jobs' notify files (their CPUs, rewritten at every resize or move), beside the socket.
     host.set_notify_dir(Some(topo_core::proto::notify_dir_for(&socket)))
         .map_err(|e| e.to_string())?;
@@ -225,6 +242,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
             let mut host = server.lock();
             host.resume_preempted();
             host.expire_reservations();
+            host.pool_windows();
         });
     }
     {

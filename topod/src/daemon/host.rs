@@ -12,8 +12,10 @@
 //! without it ([`Host::begin_release`], [`ReleaseTicket::run`], [`Host::finish_release`]).
 
 mod moves;
+mod pools;
 mod reserve;
 pub use moves::check_resize_signal;
+pub use pools::{make_pools, PoolConfig};
 pub use reserve::MAX_RESERVATION_S;
 
 use super::records::{Records, RecordsError};
@@ -207,6 +209,12 @@ pub struct JobHint {
     /// When its CPUs last changed (a resize or a move), seconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_at: Option<i64>,
+    /// Its batch queue, as its allocate said (prime-time pools admit by queue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// The prime-time pool its allocate named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 fn is_zero_u64(n: &u64) -> bool {
@@ -258,6 +266,8 @@ pub struct Prepared {
     pub preempt: PreemptAsk,
     /// A malleable job's signal for its resizes (checked by [`check_resize_signal`]).
     pub resize_signal: Option<i32>,
+    /// The prime-time pool the allocate names.
+    pub pool: Option<String>,
 }
 
 /// What an `allocate` says about preemption (see [`Host::set_preempt`]).
@@ -368,6 +378,7 @@ pub fn prepare(
             gang: GangAsk::default(),
             preempt: PreemptAsk::default(),
             resize_signal: None,
+            pool: None,
         }),
         Ok(again) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
@@ -507,6 +518,11 @@ pub struct Host {
     reservations: BTreeMap<String, topo_core::reservation::Reservation>,
     /// Bumped at every change of the reservations: the free map's generation counts them.
     reservation_changes: u64,
+    /// Prime-time pools (see [`pools`]), the host's offset from UTC at a time, and which pools
+    /// were in a window at the last look.
+    pools: Vec<topo_core::prime::Pool>,
+    utc_offset: Arc<dyn Fn(i64) -> i64 + Send + Sync>,
+    pools_open: Vec<bool>,
 }
 
 /// How long after a process was told how to move itself into a job the job is not released for
@@ -551,6 +567,9 @@ impl Host {
             notify_dir: None,
             reservations: BTreeMap::new(),
             reservation_changes: 0,
+            pools: Vec::new(),
+            utc_offset: Arc::new(|_| 0),
+            pools_open: Vec::new(),
         })
     }
 
@@ -582,6 +601,7 @@ impl Host {
         id: &JobId,
         prepared: &Prepared,
         mem_limit: Option<u64>,
+        owner_uid: Option<u32>,
         refused: HostError,
     ) -> Result<(), HostError> {
         let Some(rules) = self.preempt else { return Err(refused) };
@@ -667,7 +687,7 @@ impl Host {
                 }
             }
         }
-        let placed = self.place_and_create(id, prepared, mem_limit, None);
+        let placed = self.place_and_create(id, prepared, mem_limit, owner_uid, None);
         if placed.is_ok() {
             let names: Vec<&str> = suspended.iter().map(|(v, _)| v.as_str()).collect();
             for victim in &names {
@@ -695,9 +715,23 @@ impl Host {
     }
 
     /// What placing `job` in `row` must avoid: the ledger's answer, the blocks other jobs have
-    /// reserved, and the CPUs of jobs suspended by preemption for another job (lent to nobody else, or a stream of small jobs
+    /// reserved, the open prime-time pools that do not admit it, and the CPUs of jobs suspended
+    /// by preemption for another job (lent to nobody else, or a stream of small jobs
     /// could keep them frozen for good).
     fn placement_occupancy(&self, job: &str, row: Option<u32>) -> place::Occupancy {
+        let (queue, owner, pool) = self.asker_of(job);
+        let who = topo_core::prime::Asker { queue: queue.as_deref(), owner, pool: pool.as_deref() };
+        self.placement_occupancy_as(job, row, who).0
+    }
+
+    /// [`Host::placement_occupancy`] for a job that is `who` for the prime-time pools; also
+    /// the CPUs of the open pools it may use.
+    fn placement_occupancy_as(
+        &self,
+        job: &str,
+        row: Option<u32>,
+        who: topo_core::prime::Asker<'_>,
+    ) -> (place::Occupancy, CpuSet) {
         let mut occ = topo_core::reservation::blocked_for(
             &self.ledger.occupancy_for(row),
             self.reservations.values(),
@@ -711,7 +745,7 @@ impl Host {
                 occ.fenced.union_with(&a.fenced);
             }
         }
-        occ
+        self.with_pools(&occ, who)
     }
 
     /// Resumes the jobs topod's preemption suspended whose CPUs are all free again, highest
@@ -1217,21 +1251,22 @@ impl Host {
             });
         }
         let rows = self.gang_rows_for(job, &prepared.gang)?;
-        let first = match self.place_and_create(&id, prepared, mem_limit, rows.as_deref()) {
-            Err(refused @ HostError::DoesNotFit { .. })
-                if prepared.preempt.preempt && rows.is_none() && self.preempt.is_some() =>
-            {
-                self.preempt_and_place(&id, prepared, mem_limit, refused)
-            }
-            other => other,
-        };
+        let first =
+            match self.place_and_create(&id, prepared, mem_limit, owner_uid, rows.as_deref()) {
+                Err(refused @ HostError::DoesNotFit { .. })
+                    if prepared.preempt.preempt && rows.is_none() && self.preempt.is_some() =>
+                {
+                    self.preempt_and_place(&id, prepared, mem_limit, owner_uid, refused)
+                }
+                other => other,
+            };
         match first {
             Err(HostError::Cgroup(e)) => {
                 // The kernel refused the cpuset: an exclusive cpuset beside ours may have come or
                 // gone since the model was made. Look again, and try once more if it changed.
                 if self.reconcile_foreign().is_some() {
                     tracing::info!("job {job}: the cgroup was refused ({e}); placing again inside the CPUs topod may now use");
-                    self.place_and_create(&id, prepared, mem_limit, rows.as_deref())?;
+                    self.place_and_create(&id, prepared, mem_limit, owner_uid, rows.as_deref())?;
                 } else {
                     return Err(HostError::Cgroup(e));
                 }
@@ -1261,6 +1296,8 @@ impl Host {
             resize_signal: prepared.resize_signal,
             notify_generation: 1,
             moved_at: None,
+            queue: prepared.gang.queue.clone(),
+            pool: prepared.pool.clone(),
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -1298,6 +1335,7 @@ impl Host {
         id: &JobId,
         prepared: &Prepared,
         mem_limit: Option<u64>,
+        owner_uid: Option<u32>,
         gang_rows: Option<&[u32]>,
     ) -> Result<(), HostError> {
         // The policy core's host decision: the same function the simulator places every part of
@@ -1307,19 +1345,27 @@ impl Host {
             Some(rows) => rows.iter().map(|r| Some(*r)).collect(),
             None => vec![None],
         };
-        // A job with a reservation goes inside its block when it fits there.
-        let inside_block = self.block_of(id.as_str()).and_then(|block| {
+        let who = topo_core::prime::Asker {
+            queue: prepared.gang.queue.as_deref(),
+            owner: owner_uid,
+            pool: prepared.pool.as_deref(),
+        };
+        // A job with a reservation goes inside its block when it fits there, one a prime-time
+        // pool admits inside the pool.
+        let inside = |cpus: &CpuSet| {
             let list = match &prepared.request.cpu_list {
-                Some(list) => list.intersection(block),
-                None => block.clone(),
+                Some(list) => list.intersection(cpus),
+                None => cpus.clone(),
             };
             (!list.is_empty()).then(|| Request { cpu_list: Some(list), ..prepared.request.clone() })
-        });
+        };
+        let inside_block = self.block_of(id.as_str()).and_then(inside);
         let mut refused = None;
         let mut found = None;
         'rows: for row in rows {
-            let occupancy = self.placement_occupancy(id.as_str(), row);
-            for request in inside_block.iter().chain([&prepared.request]) {
+            let (occupancy, pool_cpus) = self.placement_occupancy_as(id.as_str(), row, who);
+            let inside_pool = inside(&pool_cpus);
+            for request in inside_block.iter().chain(&inside_pool).chain([&prepared.request]) {
                 let placed = match self.start_malleable(&occupancy, request) {
                     Some(p) => Ok(p),
                     None => topo_core::policy::start_on_host(
@@ -1877,6 +1923,11 @@ impl Host {
         true
     }
 
+    /// The placement model (allocatable CPUs: configuration's reserved and foreign ones out).
+    pub fn model(&self) -> &HostModel {
+        &self.model
+    }
+
     /// The ledger.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
@@ -2286,6 +2337,75 @@ mod tests {
         assert!(h.reservations().is_empty(), "expired is not live");
         assert_eq!(h.expire_reservations(), ["later"]);
         h.ledger().check().unwrap();
+    }
+
+    #[test]
+    fn a_prime_pool_is_for_its_jobs_inside_its_windows_and_a_window_that_opens_moves_others_out() {
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        let configs: Vec<PoolConfig> = toml::from_str::<toml::Table>(
+            r#"p = [{ name = "day", shape = "affinity[numa]", windows = ["Mon-Fri 08:00-18:00"], queues = ["interactive"], on_open = "migrate" }]"#,
+        )
+        .unwrap()["p"]
+            .clone()
+            .try_into()
+            .unwrap();
+        let pools = make_pools(h.model(), &configs).unwrap();
+        let pool = pools[0].cpus.clone();
+        assert_eq!(pool.len(), 4);
+        // 1970-01-05 was a Monday: 07:00 (closed), then 08:00 (open).
+        let monday = |h: i64, m: i64| 4 * 86_400 + h * 3600 + m * 60;
+        let clock = Arc::new(std::sync::atomic::AtomicI64::new(monday(7, 0)));
+        let c = clock.clone();
+        h.set_clock(Arc::new(move || at(c.load(std::sync::atomic::Ordering::SeqCst) as u64)));
+        h.set_pools(pools, Arc::new(|_| 0));
+        // Closed: a batch job may go anywhere; two fill the pool's node and one more.
+        let batch = |h: &mut Host, job: &str, n: u32| {
+            let mut p = prepare(&topo, &format!("affinity[thread*{n}]"), None, None).unwrap();
+            p.gang.queue = Some("batch".into());
+            h.allocate_prepared(job, &p, None, None)
+        };
+        let a = batch(&mut h, "a", 4).unwrap();
+        assert_eq!(a.cpus, pool, "best-fit fills the first node, the pool's");
+        clock.store(monday(8, 0), std::sync::atomic::Ordering::SeqCst);
+        // Open: the window's tick moves the batch job out, where there is room.
+        assert_eq!(h.pool_windows(), ["a"]);
+        assert!(!h.ledger().get("a").unwrap().cpus.intersects(&pool));
+        assert!(h.pool_windows().is_empty(), "only the opening moves jobs");
+        // Open: batch jobs stay out; there is no room outside for one more.
+        let e = batch(&mut h, "b", 1).unwrap_err().to_string();
+        assert!(e.contains("does not fit"), "{e}");
+        // A job of its queue goes inside, as does one whose allocate names it.
+        let mut p = prepare(&topo, "affinity[thread*2]", None, None).unwrap();
+        p.gang.queue = Some("interactive".into());
+        let i = h.allocate_prepared("i", &p, None, None).unwrap();
+        assert!(i.cpus.is_subset(&pool));
+        let mut p = prepare(&topo, "affinity[thread*2]", None, None).unwrap();
+        p.pool = Some("day".into());
+        let n = h.allocate_prepared("n", &p, None, None).unwrap();
+        assert!(n.cpus.is_subset(&pool));
+        h.ledger().check().unwrap();
+        // Bad configurations are refused with the pool's name.
+        for (bad, says) in [
+            (r#"{ name = "x", windows = ["Mon 08:00-09:00"] }"#, "one of the two"),
+            (r#"{ name = "x", cpus = "0-99", windows = ["Mon 08:00-09:00"] }"#, "are not"),
+            (r#"{ name = "x", cpus = "0", windows = [] }"#, "no windows"),
+            (r#"{ name = "x", cpus = "0", windows = ["Mon 9-10"] }"#, "HH:MM"),
+        ] {
+            let c: PoolConfig = toml::from_str::<toml::Table>(&format!("p = {bad}")).unwrap()["p"]
+                .clone()
+                .try_into()
+                .unwrap();
+            let e = make_pools(h.model(), &[c]).unwrap_err();
+            assert!(e.contains("prime pool \"x\"") && e.contains(says), "{bad}: {e}");
+        }
     }
 
     fn gang_ask(row: Option<u32>, prime: bool) -> GangAsk {

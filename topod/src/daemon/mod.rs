@@ -118,6 +118,14 @@ pub struct Config {
     /// A job is idle (mis-sized) when its CPU time per second and its threads runnable both
     /// stay below this share of its CPUs (0.5); above 0, at most 1.
     pub missized_idle_fraction: Option<f64>,
+    /// Prime-time pools: CPUs set aside in weekly windows of the host's local time for the jobs
+    /// of some queues or users, or whose allocate names the pool. Each pool: `name`, its CPUs as
+    /// `cpus` (a list) or `shape` (a request placed on the empty host), `windows`
+    /// (`"Mon-Fri 08:00-18:00"`), `queues`, `users` (uids), and `on_open`: `stay` (jobs it does
+    /// not admit that run on it when a window opens run on) or `migrate` (they are moved out
+    /// where they fit).
+    #[serde(default)]
+    pub prime_pools: Vec<host::PoolConfig>,
 }
 
 impl Config {

@@ -292,6 +292,8 @@ mod tests {
             resize_signal: Some(10),
             notify_generation: 3,
             moved_at: Some(1_700_000_100),
+            queue: Some("batch".into()),
+            pool: Some("day".into()),
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();

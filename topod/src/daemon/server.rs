@@ -480,6 +480,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             submitted_at,
             estimate_s,
             resize_signal,
+            pool,
         }) => {
             if !admin {
                 return forbidden("allocate");
@@ -508,6 +509,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             }
             prepared.preempt = host::PreemptAsk { preempt, preemptible, submitted_at, estimate_s };
             prepared.resize_signal = resize_signal;
+            prepared.pool = pool;
             // An administrator may move any process in, as with `join`, but never topod's own.
             let target = match join_pid.map(|pid| join_target(pid, peer, true)).transpose() {
                 Ok(t) => t,

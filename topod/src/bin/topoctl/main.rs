@@ -176,6 +176,9 @@ enum Command {
         /// resize, e.g. 10 (SIGUSR1).
         #[arg(long, value_name = "SIGNAL")]
         resize_signal: Option<i32>,
+        /// A prime-time pool (topod.toml prime_pools) the job may use inside its windows.
+        #[arg(long, value_name = "NAME")]
+        pool: Option<String>,
         /// The request.
         request: String,
         /// Print JSON.
@@ -527,6 +530,7 @@ fn main() -> ExitCode {
             submitted_at,
             estimate,
             resize_signal,
+            pool,
             request,
             json,
         } => alloc_and_print(
@@ -549,6 +553,7 @@ fn main() -> ExitCode {
                 submitted_at,
                 estimate_s: estimate,
                 resize_signal,
+                pool,
                 ..topo_core::proto::AllocateArgs::new(job, request)
             }),
             json,

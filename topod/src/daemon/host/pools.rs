@@ -1,0 +1,209 @@
+//! Prime-time pools on this host (see `topo_core::prime`): configured in topod.toml
+//! (`prime_pools`), enforced at allocate (a job the pool does not admit is placed outside it
+//! while a window is open; one it admits is placed inside it when it fits there) and when a
+//! window opens (jobs it does not admit on its CPUs stay, or are moved out where they fit, by
+//! the pool's `on_open`). The host's local time is the pools' clock.
+
+use super::{Host, HostError};
+use serde::Deserialize;
+use topo_core::cpuset::CpuSet;
+use topo_core::ledger::Allocation;
+use topo_core::place::{self, Occupancy};
+use topo_core::prime::{Asker, LocalTime, OnOpen, Pool, Window};
+use topo_core::request::{self, Request};
+
+/// One `prime_pools` entry of topod.toml.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Its name (an allocate's `pool` names it).
+    pub name: String,
+    /// Its CPUs, as a list...
+    #[serde(default)]
+    pub cpus: Option<CpuSet>,
+    /// ...or as a shape placed on the empty host (`affinity[core(8,same=numa)]`).
+    #[serde(default)]
+    pub shape: Option<String>,
+    /// Weekly windows in the host's local time (`Mon-Fri 08:00-18:00`).
+    pub windows: Vec<String>,
+    /// Queues whose jobs may use it.
+    #[serde(default)]
+    pub queues: Vec<String>,
+    /// Users (uids) whose jobs may use it.
+    #[serde(default)]
+    pub users: Vec<u32>,
+    /// What happens to other jobs on it when a window opens: `stay` or `migrate`.
+    #[serde(default)]
+    pub on_open: OnOpen,
+}
+
+/// Makes the pools of `configs` for the host `model`: lists checked, shapes placed one after
+/// the other on the empty host; pools may not overlap.
+pub fn make_pools(model: &place::HostModel, configs: &[PoolConfig]) -> Result<Vec<Pool>, String> {
+    let mut taken = Occupancy::default();
+    let mut pools = Vec::new();
+    for c in configs {
+        let what = format!("prime pool {:?}", c.name);
+        if c.name.is_empty() || pools.iter().any(|p: &Pool| p.name == c.name) {
+            return Err(format!("{what}: pools need distinct, non-empty names"));
+        }
+        let cpus = match (&c.cpus, &c.shape) {
+            (Some(list), None) => {
+                let missing = list.difference(&model.allocatable);
+                if list.is_empty() || !missing.is_empty() {
+                    return Err(format!(
+                        "{what}: cpus {list} must be CPUs jobs may have here ({} are not)",
+                        missing
+                    ));
+                }
+                if list.intersects(&taken.held) {
+                    return Err(format!(
+                        "{what}: CPUs {} are in another pool",
+                        list.intersection(&taken.held)
+                    ));
+                }
+                list.clone()
+            }
+            (None, Some(shape)) => {
+                let req: Request =
+                    request::parse(shape).map_err(|e| format!("{what}: shape: {e}"))?;
+                let req = Request { tasks: req.tasks.or(Some(1)), ..req };
+                place::place(model, &taken, &req, place::Strategy::BestFit)
+                    .map_err(|e| format!("{what}: shape {shape} {e}"))?
+                    .cpus
+            }
+            _ => {
+                return Err(format!(
+                "{what}: give its CPUs as cpus = \"LIST\" or shape = \"REQUEST\", one of the two"
+            ))
+            }
+        };
+        if c.windows.is_empty() {
+            return Err(format!("{what}: no windows (windows = [\"Mon-Fri 08:00-18:00\"])"));
+        }
+        let windows = c
+            .windows
+            .iter()
+            .map(|w| w.parse::<Window>().map_err(|e| format!("{what}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        taken.held.union_with(&cpus);
+        pools.push(Pool {
+            name: c.name.clone(),
+            cpus,
+            windows,
+            queues: c.queues.clone(),
+            users: c.users.clone(),
+            on_open: c.on_open,
+        });
+    }
+    Ok(pools)
+}
+
+impl Host {
+    /// Sets the prime-time pools; `utc_offset` gives the host's offset east of UTC, in seconds,
+    /// at a time (the local time zone; a test's own in tests).
+    pub fn set_pools(
+        &mut self,
+        pools: Vec<Pool>,
+        utc_offset: std::sync::Arc<dyn Fn(i64) -> i64 + Send + Sync>,
+    ) {
+        self.pools = pools;
+        self.utc_offset = utc_offset;
+        self.pools_open = self.open_pools();
+    }
+
+    /// The pools and whether each is in a window now.
+    pub fn pools(&self) -> Vec<(Pool, bool)> {
+        let t = self.local_time();
+        self.pools.iter().map(|p| (p.clone(), p.open_at(t))).collect()
+    }
+
+    fn local_time(&self) -> LocalTime {
+        let now = self.now_s();
+        LocalTime::at(now, (self.utc_offset)(now))
+    }
+
+    fn open_pools(&self) -> Vec<bool> {
+        let t = self.local_time();
+        self.pools.iter().map(|p| p.open_at(t)).collect()
+    }
+
+    /// Who `job` is for the pools, from its record.
+    pub(crate) fn asker_of(&self, job: &str) -> (Option<String>, Option<u32>, Option<String>) {
+        self.hints
+            .get(job)
+            .map(|h| (h.queue.clone(), h.owner_uid, h.pool.clone()))
+            .unwrap_or_default()
+    }
+
+    /// `occupancy` with the open pools `who` may not use fenced, and the CPUs of those it may.
+    pub(crate) fn with_pools(&self, occupancy: &Occupancy, who: Asker<'_>) -> (Occupancy, CpuSet) {
+        topo_core::prime::pools_for(occupancy, &self.pools, who, self.local_time())
+    }
+
+    /// Checks the windows (topod's tick): for each pool whose window has just opened, the jobs
+    /// on it that it does not admit stay or, with `on_open = "migrate"`, are moved out where they
+    /// fit. Returns the jobs moved.
+    pub fn pool_windows(&mut self) -> Vec<String> {
+        let now_open = self.open_pools();
+        let opened: Vec<usize> = (0..self.pools.len())
+            .filter(|&i| now_open[i] && !self.pools_open.get(i).copied().unwrap_or(false))
+            .collect();
+        self.pools_open = now_open;
+        let mut moved = Vec::new();
+        for i in opened {
+            let pool = self.pools[i].clone();
+            tracing::info!(event = "pool_open", pool = %pool.name, "prime pool {}: window open, CPUs {} reserved for its jobs", pool.name, pool.cpus);
+            if pool.on_open != OnOpen::Migrate {
+                continue;
+            }
+            let on_it: Vec<Allocation> = self
+                .ledger
+                .jobs()
+                .filter(|a| a.cpus.intersects(&pool.cpus) && a.gang_row.is_none())
+                .filter(|a| {
+                    let (q, o, p) = self.asker_of(&a.job);
+                    !pool.admits(Asker { queue: q.as_deref(), owner: o, pool: p.as_deref() })
+                })
+                .cloned()
+                .collect();
+            for a in on_it {
+                match self.move_out(&a, &pool) {
+                    Ok(true) => moved.push(a.job.clone()),
+                    Ok(false) => tracing::info!(
+                        "job {}: stays on prime pool {} (no room outside it)",
+                        a.job,
+                        pool.name
+                    ),
+                    Err(e) => tracing::warn!(
+                        "job {}: could not be moved out of prime pool {}: {e}",
+                        a.job,
+                        pool.name
+                    ),
+                }
+            }
+        }
+        moved
+    }
+
+    /// Moves `a` off `pool`'s CPUs, placing its request again outside the pool (and the other
+    /// open pools it may not use); `false` when there is no room.
+    fn move_out(&mut self, a: &Allocation, pool: &Pool) -> Result<bool, HostError> {
+        let Ok(req) = request::parse(&a.request) else { return Ok(false) };
+        let req = Request { tasks: Some(a.tasks.len().max(1) as u32), tasks_max: None, ..req };
+        let mut occ = self.placement_occupancy(&a.job, None);
+        occ.held.difference_with(&a.cpus);
+        occ.fenced.difference_with(&a.fenced);
+        occ.fenced.union_with(&pool.cpus);
+        let Ok(p) = place::place(&self.model, &occ, &req, self.strategy) else { return Ok(false) };
+        let moved = Allocation {
+            cpus: p.cpus,
+            tasks: p.tasks,
+            mems: p.mems,
+            fenced: p.fenced,
+            ..a.clone()
+        };
+        self.apply_moves(vec![moved], "moved out of a prime pool")?;
+        Ok(true)
+    }
+}
