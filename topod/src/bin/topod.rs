@@ -106,6 +106,8 @@ fn run(args: TopodArgs) -> Result<(), String> {
         tracing::warn!("gang_slice_s, gang_all_jobs and gang_prime_queues do nothing without gang_rows: gang time slicing is off");
     }
     host.set_preempt(config.preempt());
+    host.set_equipartition(config.equipartition);
+    host.set_defrag(config.defrag());
     let pools = topod::daemon::host::make_pools(host.model(), &config.prime_pools)
         .map_err(|e| format!("topod.toml prime_pools: {e}"))?;
     for p in &pools {

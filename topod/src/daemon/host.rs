@@ -14,9 +14,11 @@
 mod moves;
 mod pools;
 mod reserve;
+mod space;
 pub use moves::check_resize_signal;
 pub use pools::{make_pools, PoolConfig};
 pub use reserve::MAX_RESERVATION_S;
+pub use space::DefragConfig;
 
 use super::records::{Records, RecordsError};
 use crate::cgroup::{CgroupBackend, CgroupError, CgroupSpec, JobId, JobIdError, ReleaseReport};
@@ -523,6 +525,10 @@ pub struct Host {
     pools: Vec<topo_core::prime::Pool>,
     utc_offset: Arc<dyn Fn(i64) -> i64 + Send + Sync>,
     pools_open: Vec<bool>,
+    /// Malleable jobs share what rigid jobs leave equally (see [`space`]).
+    equipartition: bool,
+    /// Defragmenting migration, when on (see [`space`]).
+    defrag: Option<DefragConfig>,
 }
 
 /// How long after a process was told how to move itself into a job the job is not released for
@@ -570,6 +576,8 @@ impl Host {
             pools: Vec::new(),
             utc_offset: Arc::new(|_| 0),
             pools_open: Vec::new(),
+            equipartition: false,
+            defrag: None,
         })
     }
 
@@ -1251,15 +1259,31 @@ impl Host {
             });
         }
         let rows = self.gang_rows_for(job, &prepared.gang)?;
-        let first =
-            match self.place_and_create(&id, prepared, mem_limit, owner_uid, rows.as_deref()) {
-                Err(refused @ HostError::DoesNotFit { .. })
-                    if prepared.preempt.preempt && rows.is_none() && self.preempt.is_some() =>
-                {
-                    self.preempt_and_place(&id, prepared, mem_limit, owner_uid, refused)
+        let mut first = self.place_and_create(&id, prepared, mem_limit, owner_uid, rows.as_deref());
+        if matches!(first, Err(HostError::DoesNotFit { .. })) && rows.is_none() {
+            // Room made by moving: malleable jobs shrunk to their least (equipartition shares
+            // the rest again below), or running jobs moved together (defrag).
+            let shrunk = self.equipartition && self.shrink_to_mins();
+            let moved = !shrunk
+                && self.defragment_for(job, prepared, owner_uid).unwrap_or_else(|e| {
+                    tracing::warn!("job {job}: making room by moving jobs failed: {e}");
+                    false
+                });
+            if shrunk || moved {
+                first = self.place_and_create(&id, prepared, mem_limit, owner_uid, None);
+                if first.is_err() && shrunk {
+                    self.rebalance();
                 }
-                other => other,
-            };
+            }
+        }
+        let first = match first {
+            Err(refused @ HostError::DoesNotFit { .. })
+                if prepared.preempt.preempt && rows.is_none() && self.preempt.is_some() =>
+            {
+                self.preempt_and_place(&id, prepared, mem_limit, owner_uid, refused)
+            }
+            other => other,
+        };
         match first {
             Err(HostError::Cgroup(e)) => {
                 // The kernel refused the cpuset: an exclusive cpuset beside ours may have come or
@@ -1309,6 +1333,7 @@ impl Host {
         self.hints.insert(job.to_string(), hint);
         self.claim_reservation(job);
         self.tell(job, false);
+        self.rebalance();
         self.metrics.allocated();
         tracing::info!(
             event = "allocated",
@@ -1594,8 +1619,9 @@ impl Host {
             }
         }
         // Its CPUs may be what a preempted job waits for, or what another row's gang job could
-        // run on.
+        // run on, or what malleable jobs grow into.
         self.resume_preempted();
+        self.rebalance();
         self.gang_switch(self.now());
         Ok(report.killed)
     }
@@ -2406,6 +2432,111 @@ mod tests {
             let e = make_pools(h.model(), &[c]).unwrap_err();
             assert!(e.contains("prime pool \"x\"") && e.contains(says), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn malleable_jobs_share_by_equipartition_at_every_arrival_and_departure() {
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.set_equipartition(true);
+        let size = |h: &Host, job: &str| h.ledger().get(job).unwrap().tasks.len();
+        h.allocate("m1", "affinity[thread*1-8]", None, None, None, None).unwrap();
+        assert_eq!(size(&h, "m1"), 8);
+        // A second malleable job: the first shrinks, they share 4 and 4.
+        let m2 = h.allocate("m2", "affinity[thread*1-8]", None, None, None, None).unwrap();
+        assert_eq!((size(&h, "m1"), size(&h, "m2")), (4, 4));
+        assert_eq!(m2.tasks.len(), 4, "the answer is the job's allocation after the rebalance");
+        // A rigid arrival takes its CPUs from them; they share the rest.
+        h.allocate("r", "affinity[thread*2]", None, None, None, None).unwrap();
+        assert_eq!((size(&h, "m1"), size(&h, "m2"), size(&h, "r")), (3, 3, 2));
+        // A rigid job that cannot fit even with both at their least changes nothing for good.
+        let e = h.allocate("big", "affinity[thread*7]", None, None, None, None).unwrap_err();
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        assert_eq!((size(&h, "m1"), size(&h, "m2")), (3, 3));
+        // A departure: they grow into what it leaves.
+        h.release("r").unwrap();
+        assert_eq!((size(&h, "m1"), size(&h, "m2")), (4, 4));
+        h.release("m1").unwrap();
+        assert_eq!(size(&h, "m2"), 8);
+        h.ledger().check().unwrap();
+    }
+
+    #[test]
+    fn defrag_moves_the_fewest_jobs_to_make_room_and_keeps_its_delay_timers() {
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        let clock = Arc::new(std::sync::atomic::AtomicI64::new(1_000));
+        let c = clock.clone();
+        h.set_clock(Arc::new(move || at(c.load(std::sync::atomic::Ordering::SeqCst) as u64)));
+        h.set_defrag(Some(DefragConfig {
+            min_run_s: 60,
+            gap_s: 300,
+            limits: topo_core::defrag::DefragLimits::default(),
+        }));
+        // Two CPUs taken on each node: four free, but not four in one node. (Not with a CPU
+        // list: a job the batch system gave CPUs keeps to them, moves too.)
+        for job in ["a", "x", "b", "y"] {
+            h.allocate(job, "affinity[thread*2]", None, None, None, None).unwrap();
+        }
+        h.release("x").unwrap();
+        h.release("y").unwrap();
+        let (a0, b0) =
+            (h.ledger().get("a").unwrap().cpus.clone(), h.ledger().get("b").unwrap().cpus.clone());
+        assert_eq!(a0.len() + b0.len(), 4);
+        let numa_of = |h: &Host, cpus: &CpuSet| {
+            h.model().domain_of(topo_core::request::Level::Numa, cpus.first().unwrap())
+        };
+        assert_ne!(numa_of(&h, &a0), numa_of(&h, &b0), "{a0} {b0}");
+        let node = "affinity[thread(4,same=numa)]";
+        // Too young to move: refused.
+        let e = h.allocate("n", node, None, None, None, None).unwrap_err();
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        clock.store(1_060, std::sync::atomic::Ordering::SeqCst);
+        let n = h.allocate("n", node, None, None, None, None).unwrap();
+        let (a, b) = (h.ledger().get("a").unwrap().clone(), h.ledger().get("b").unwrap().clone());
+        let moved = usize::from(a.cpus != a0) + usize::from(b.cpus != b0);
+        assert_eq!(moved, 1, "one move: a {} b {} n {}", a.cpus, b.cpus, n.cpus);
+        assert_eq!(
+            kernel
+                .list()
+                .unwrap()
+                .into_iter()
+                .map(|(j, e)| (j.to_string(), e.cpus))
+                .collect::<BTreeMap<_, _>>(),
+            [
+                ("a".to_string(), a.cpus.clone()),
+                ("b".into(), b.cpus.clone()),
+                ("n".into(), n.cpus.clone())
+            ]
+            .into_iter()
+            .collect()
+        );
+        h.ledger().check().unwrap();
+        // The moved job may not move again within the gap.
+        h.release("n").unwrap();
+        let (stay, went) = if a.cpus == a0 { (&a, &b) } else { (&b, &a) };
+        h.release(&stay.job).unwrap();
+        // The moved job is alone on its node; a job pinned to two CPUs of the other node (its
+        // CPU list keeps it there) leaves two free on each node again.
+        let other = h.model().numa[1 - numa_of(&h, &went.cpus).unwrap()].clone();
+        let pin: CpuSet = other.iter().take(2).collect();
+        h.allocate("o", "affinity[thread*2]", None, Some(&pin.to_string()), None, None).unwrap();
+        // Within the moved job's gap: refused; after it: moved again.
+        clock.store(1_200, std::sync::atomic::Ordering::SeqCst);
+        let e = h.allocate("q", node, None, None, None, None).unwrap_err();
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        clock.store(1_360, std::sync::atomic::Ordering::SeqCst);
+        h.allocate("q", node, None, None, None, None).unwrap();
+        assert_ne!(h.ledger().get(&went.job).unwrap().cpus, went.cpus);
+        h.ledger().check().unwrap();
     }
 
     fn gang_ask(row: Option<u32>, prime: bool) -> GangAsk {

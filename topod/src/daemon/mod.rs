@@ -126,6 +126,21 @@ pub struct Config {
     /// where they fit).
     #[serde(default)]
     pub prime_pools: Vec<host::PoolConfig>,
+    /// Malleable jobs (requests `*min-max`) share the CPUs rigid jobs leave equally within
+    /// their ranges, rebalanced at every allocate and release; an arrival that does not fit
+    /// shrinks them toward their least first.
+    #[serde(default)]
+    pub equipartition: bool,
+    /// Defragmenting migration: an allocate that does not fit although enough CPUs are free
+    /// moves running jobs, each within its own request, the fewest moves first.
+    #[serde(default)]
+    pub defrag: bool,
+    /// A job is not moved before it has run this many seconds (default 60).
+    pub migrate_min_run_s: Option<u64>,
+    /// Nor again within this many seconds of its last move or resize (default 300).
+    pub migrate_gap_s: Option<u64>,
+    /// Jobs moved to make room for one allocate, at most (default 4).
+    pub defrag_max_moves: Option<usize>,
 }
 
 impl Config {
@@ -156,6 +171,19 @@ impl Config {
             min_run: self.preempt_min_run_s.map_or(d.min_run, |s| s as i64),
             max_suspensions: self.preempt_max_suspensions.unwrap_or(d.max_suspensions),
             min_xf: self.preempt_min_xf.unwrap_or(d.min_xf),
+        })
+    }
+
+    /// Defragmenting migration's settings, when `defrag` is on.
+    pub fn defrag(&self) -> Option<host::DefragConfig> {
+        let limits = topo_core::defrag::DefragLimits {
+            max_moves: self.defrag_max_moves.unwrap_or(4),
+            ..Default::default()
+        };
+        self.defrag.then(|| host::DefragConfig {
+            min_run_s: self.migrate_min_run_s.unwrap_or(60) as i64,
+            gap_s: self.migrate_gap_s.unwrap_or(300) as i64,
+            limits,
         })
     }
 

@@ -1,0 +1,227 @@
+//! Space over time on this host: equipartition of the CPUs rigid jobs leave among the malleable
+//! jobs (`equipartition` in topod.toml), and defragmenting migration (`defrag`): when a job does
+//! not fit although enough CPUs are free, running jobs are moved, each within its own request,
+//! so that it does. Both decide with the policy core (`topo_core::malleable`,
+//! `topo_core::defrag`) and carry out with the moves of [`super::moves`].
+//!
+//! Delay timers, as the Cray T3E's psched had them, keep migration from thrashing: a job is not
+//! moved before it has run `migrate_min_run_s`, nor again within `migrate_gap_s` of its last
+//! move (or resize).
+
+use super::{Host, HostError, Prepared};
+use topo_core::defrag::{self, DefragLimits, Movable};
+use topo_core::ledger::{Allocation, JobState};
+use topo_core::malleable::{self, Malleable};
+use topo_core::request::{self, Request};
+
+/// Defragmenting migration's settings (topod.toml `defrag`, `migrate_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefragConfig {
+    /// A job is not moved before it has run this long, seconds.
+    pub min_run_s: i64,
+    /// Nor within this long of its last move, seconds.
+    pub gap_s: i64,
+    /// How far the planner may go.
+    pub limits: DefragLimits,
+}
+
+impl Host {
+    /// Turns equipartition of the malleable jobs on or off.
+    pub fn set_equipartition(&mut self, on: bool) {
+        self.equipartition = on;
+    }
+
+    /// Turns defragmenting migration on (`Some`) or off.
+    pub fn set_defrag(&mut self, defrag: Option<DefragConfig>) {
+        self.defrag = defrag;
+    }
+
+    /// The running malleable jobs that may be resized, in the order they were allocated (the
+    /// tie-break equipartition keeps from one rebalance to the next), with their requests.
+    fn malleable_jobs(&self) -> Vec<(Allocation, Request)> {
+        let mut jobs: Vec<(Option<String>, Allocation, Request)> = self
+            .ledger
+            .jobs()
+            .filter(|a| a.gang_row.is_none() && !self.releasing.contains(&a.job))
+            .filter(|a| !self.changing.contains_key(&a.job))
+            .filter_map(|a| {
+                let req = request::parse(&a.request).ok().filter(Request::is_malleable)?;
+                let at = self.hints.get(&a.job).and_then(|h| h.allocated_at.clone());
+                Some((at, a.clone(), req))
+            })
+            .collect();
+        jobs.sort_by(|a, b| (&a.0, &a.1.job).cmp(&(&b.0, &b.1.job)));
+        jobs.into_iter().map(|(_, a, r)| (a, r)).collect()
+    }
+
+    /// Shares the CPUs that rigid jobs leave among the malleable jobs by equipartition: shrinks
+    /// first, then grows, each job told. A grow that does not fit in the job's shape is made as
+    /// large as fits. Returns the jobs resized. Nothing without `equipartition`.
+    pub fn rebalance(&mut self) -> Vec<String> {
+        if !self.equipartition {
+            return Vec::new();
+        }
+        let jobs = self.malleable_jobs();
+        if jobs.is_empty() {
+            return Vec::new();
+        }
+        let mut free = self.placement_occupancy("", None).free(&self.model).len() as u64;
+        let shapes: Vec<Malleable> = jobs
+            .iter()
+            .map(|(a, r)| {
+                let (min, max) = r.task_range();
+                let per_task = (a.cpus.len() / a.tasks.len().max(1)).max(1);
+                free += a.cpus.len() as u64;
+                Malleable { min, max, pus_per_task: per_task as u32 }
+            })
+            .collect();
+        let free = u32::try_from(free).unwrap_or(u32::MAX);
+        let targets = match malleable::equipartition(free, &shapes) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("equipartition: {e}; the malleable jobs keep their sizes");
+                return Vec::new();
+            }
+        };
+        let mut changed = Vec::new();
+        // Shrinks first, all at once: what they leave is what the grows take.
+        let mut shrinks = Vec::new();
+        for ((a, r), &t) in jobs.iter().zip(&targets) {
+            if (t as usize) < a.tasks.len() {
+                let occ = self.placement_occupancy(&a.job, None);
+                if let Ok(p) =
+                    topo_core::place::resize(&self.model, &occ, r, &a.tasks, t, self.strategy)
+                {
+                    shrinks.push(Allocation {
+                        cpus: p.cpus,
+                        tasks: p.tasks,
+                        mems: p.mems,
+                        fenced: p.fenced,
+                        ..a.clone()
+                    });
+                }
+            }
+        }
+        let shrunk: Vec<String> = shrinks.iter().map(|a| a.job.clone()).collect();
+        match self.apply_moves(shrinks, "shrunk by equipartition") {
+            Ok(()) => changed.extend(shrunk),
+            Err(e) => {
+                tracing::warn!("equipartition: the shrinks failed: {e}");
+                return changed;
+            }
+        }
+        for ((a, _), &t) in jobs.iter().zip(&targets) {
+            let now = a.tasks.len() as u32;
+            // As large as fits, from the target down.
+            for n in (now + 1..=t).rev() {
+                if self.resize(&a.job, n).is_ok() {
+                    changed.push(a.job.clone());
+                    break;
+                }
+            }
+        }
+        changed
+    }
+
+    /// Shrinks every malleable job to its least size (to make room for an arrival); returns
+    /// whether any shrank.
+    pub(crate) fn shrink_to_mins(&mut self) -> bool {
+        let mut any = false;
+        for (a, r) in self.malleable_jobs() {
+            let (min, _) = r.task_range();
+            if a.tasks.len() > min as usize && self.resize(&a.job, min).is_ok() {
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Moves running jobs so that `prepared` fits, when defragmentation is on and the planner
+    /// finds moves within its limits and the delay timers; returns whether it moved any.
+    pub(crate) fn defragment_for(
+        &mut self,
+        job: &str,
+        prepared: &Prepared,
+        owner_uid: Option<u32>,
+    ) -> Result<bool, HostError> {
+        let Some(cfg) = self.defrag else { return Ok(false) };
+        let now = self.now_s();
+        let who = topo_core::prime::Asker {
+            queue: prepared.gang.queue.as_deref(),
+            owner: owner_uid,
+            pool: prepared.pool.as_deref(),
+        };
+        let (occupancy, _) = self.placement_occupancy_as(job, None, who);
+        let running: Vec<(Allocation, Request, bool)> = self
+            .ledger
+            .jobs()
+            .filter(|a| {
+                a.gang_row.is_none() && self.ledger.state_of(&a.job) == Some(JobState::Running)
+            })
+            .filter(|a| !self.releasing.contains(&a.job) && !self.changing.contains_key(&a.job))
+            .filter_map(|a| {
+                let req = request::parse(&a.request).ok()?;
+                let hint = self.hints.get(&a.job);
+                let started = hint.and_then(|h| h.running_since).unwrap_or(now);
+                let last_move = hint.and_then(|h| h.moved_at);
+                let may = now - started >= cfg.min_run_s
+                    && last_move.is_none_or(|t| now - t >= cfg.gap_s);
+                Some((a.clone(), req, may))
+            })
+            .collect();
+        let movables: Vec<Movable<'_, String>> = running
+            .iter()
+            .map(|(a, r, may)| Movable::from_allocation(a.job.clone(), r, a, *may))
+            .collect();
+        let request = match self.start_size(&prepared.request) {
+            Some(r) => r,
+            None => prepared.request.clone(),
+        };
+        let began = std::time::Instant::now();
+        let Some(plan) = defrag::plan_moves(
+            &self.model,
+            &occupancy,
+            &movables,
+            &request,
+            self.strategy,
+            cfg.limits,
+        ) else {
+            return Ok(false);
+        };
+        if plan.moves.is_empty() {
+            return Ok(false);
+        }
+        let moves: Vec<Allocation> = plan
+            .moves
+            .iter()
+            .filter_map(|m| {
+                let a = self.ledger.get(&m.key)?;
+                Some(Allocation {
+                    cpus: m.placement.cpus.clone(),
+                    tasks: m.placement.tasks.clone(),
+                    mems: m.placement.mems.clone(),
+                    fenced: m.placement.fenced.clone(),
+                    ..a.clone()
+                })
+            })
+            .collect();
+        tracing::info!(
+            event = "defragment",
+            job = %job,
+            moves = moves.len(),
+            moved_pus = plan.moved_pus(),
+            planned_us = began.elapsed().as_micros() as u64,
+            "job {job}: moving {} running job(s) ({} CPUs) to make room",
+            moves.len(),
+            plan.moved_pus()
+        );
+        self.apply_moves(moves, "moved to make room")?;
+        Ok(true)
+    }
+
+    /// The request a malleable job is placed with at the least (its `min` tasks, rigid); `None`
+    /// for a rigid job.
+    fn start_size(&self, req: &Request) -> Option<Request> {
+        req.is_malleable().then(|| Request { tasks_max: None, ..req.clone() })
+    }
+}
