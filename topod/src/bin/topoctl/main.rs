@@ -569,12 +569,7 @@ fn main() -> ExitCode {
                 json,
             )
         }
-        Command::Unreserve { daemon, job } => {
-            let r: topo_core::reservation::Reservation =
-                call(&mut connect(&daemon)?, Op::Unreserve { job })?;
-            println!("job {}: reservation of CPUs {} dropped", r.job, r.cpus);
-            Ok(())
-        }
+        Command::Unreserve { daemon, job } => unreserve_and_print(&daemon, job),
         Command::Reservations { daemon, json } => reservations(&daemon, json),
         Command::Run { daemon, request, job, command } => run_job(&daemon, request, job, &command),
         Command::LsfPreExec { daemon } => lsf::pre_exec(&daemon),
@@ -1190,6 +1185,13 @@ fn reserve_and_print(
             r.busy
         );
     }
+    Ok(())
+}
+
+fn unreserve_and_print(daemon: &Daemon, job: String) -> Result<(), Failure> {
+    let r: topo_core::reservation::Reservation =
+        call(&mut connect(daemon)?, Op::Unreserve { job })?;
+    println!("job {}: reservation of CPUs {} dropped", r.job, r.cpus);
     Ok(())
 }
 
