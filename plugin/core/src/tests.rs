@@ -317,6 +317,8 @@ fn reads_the_protocols_free_map() {
         job_ids: vec!["lsf-1".into()],
         free: Default::default(),
         gang: None,
+        reservations: Vec::new(),
+        defrag: false,
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
     assert_eq!(

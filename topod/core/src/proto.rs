@@ -395,6 +395,11 @@ pub mod reply {
         /// The live topology reservations: their blocks are for their own jobs only.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub reservations: Vec<crate::reservation::Reservation>,
+        /// The host moves running jobs to make room for an allocate that does not fit although
+        /// enough CPUs are free (topod.toml `defrag`): a scheduler may rank such a host below
+        /// those where the job fits as things are.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub defrag: bool,
     }
 
     /// `reserve`.

@@ -406,6 +406,8 @@ pub struct Snapshot {
     pub gang: Option<topo_core::proto::reply::GangStatus>,
     /// The live topology reservations.
     pub reservations: Vec<topo_core::reservation::Reservation>,
+    /// Whether the host moves jobs to make room (`defrag`).
+    pub defrag: bool,
 }
 
 /// What a "does not fit" message is about: the job, or for `fit` the request.
@@ -1892,6 +1894,7 @@ impl Host {
             generation: self.ledger.generation() + self.reservation_changes,
             jobs: self.jobs(),
             reservations: self.reservations(),
+            defrag: self.defrag.is_some(),
             gang: self.gang_status.clone(),
         }
     }

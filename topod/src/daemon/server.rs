@@ -446,6 +446,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 free: snap.host_metrics(),
                 gang: snap.gang.clone(),
                 reservations: snap.reservations.clone(),
+                defrag: snap.defrag,
             })
         }
         Op::Fit(proto::FitArgs { request, tasks, cpus }) => {
