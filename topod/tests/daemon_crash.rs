@@ -4,7 +4,11 @@
 //! jobs, and once every job is released no cgroup and no job process is left. Every other cycle
 //! also suspends its job, lends its CPU to a second job, and resumes it once that one is gone:
 //! a suspended job stays suspended (and frozen in the kernel) across restarts, and never runs
-//! beside the job borrowing its CPU.
+//! beside the job borrowing its CPU. Every fourth cycle places a malleable job instead
+//! (`*1-2`, with equipartition on, so arrivals and departures resize it) and resizes it: its
+//! processes run on exactly the CPUs topod says, whatever the kills cut short (a plan of moves
+//! is finished by the restart). Every eighth cycle also reserves a block, finds it kept across
+//! restarts, and drops it.
 //! Needs root and a cpuset controller: v1 on the CI machine class, v2 on a pure v2 host
 //! (tests/cgroup-v2-vm.sh); skipped visibly elsewhere. `TOPO_CRASH_CYCLES` and
 //! `TOPO_CRASH_KILLS` scale it (defaults 1000 and 100), and `TOPO_CRASH_SPREAD_MS` (default 40)
@@ -172,6 +176,94 @@ fn suspend_lend_resume(
     }
 }
 
+/// The CPUs topod lists for `job` now, if it holds any.
+fn listed_cpus(socket: &Path, job: &str) -> Option<String> {
+    let list = call(socket, Op::List).ok()?;
+    let mine = list.as_array()?.iter().find(|j| j["job"] == job)?.clone();
+    mine["cpus"].as_str().map(str::to_string)
+}
+
+/// A malleable job's process runs on exactly its cgroup's CPUs, and topod lists those, before
+/// and after an explicit resize to one task. Equipartition resizes it too, at other cycles'
+/// arrivals and departures, and the list topod answers is published once such a change is
+/// whole (after the kernel has it): so the three are read until they agree, and only a
+/// disagreement that lasts a second is a failure.
+fn resize_and_check(
+    socket: &Path,
+    job: &str,
+    pid: u32,
+    cpuset_root: &Path,
+    failures: &Mutex<Vec<String>>,
+) {
+    let fail = |what: String| failures.lock().unwrap().push(format!("{job}: {what}"));
+    let cgroup = cpuset_root.join(job).join("cpuset.cpus");
+    let agree = || {
+        let start = Instant::now();
+        loop {
+            let before = std::fs::read_to_string(&cgroup).ok().map(|s| s.trim().to_string());
+            let seen = cpus_allowed(pid);
+            let after = std::fs::read_to_string(&cgroup).ok().map(|s| s.trim().to_string());
+            let listed = listed_cpus(socket, job);
+            if before == after && seen == before && listed == before && before.is_some() {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(1) {
+                return Err(format!(
+                    "cgroup {before:?}/{after:?}, process {seen:?}, topod lists {listed:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    if let Err(e) = agree() {
+        fail(format!("for a second: {e}"));
+    }
+    match call(socket, Op::Resize { job: job.into(), tasks: 1 }) {
+        Ok(a) if a["tasks"].as_array().map(Vec::len) == Some(1) => {}
+        Ok(a) => fail(format!("resized to one task, holds {a}")),
+        Err(e) => fail(format!("resize: {}", e.message)),
+    }
+    if let Err(e) = agree() {
+        fail(format!("after the resize, for a second: {e}"));
+    }
+}
+
+/// Reserves a one-CPU block for a job that never comes, finds it in the free map (after any
+/// number of restarts), and drops it.
+fn reserve_and_drop(socket: &Path, job: &str, failures: &Mutex<Vec<String>>) {
+    let fail = |what: String| failures.lock().unwrap().push(format!("{job}: {what}"));
+    let args = topo_core::proto::ReserveArgs {
+        job: job.into(),
+        request: "affinity[thread*1]".into(),
+        tasks: None,
+        cpus: None,
+        expires_in_s: 600,
+    };
+    match call(socket, Op::Reserve(args)) {
+        Ok(_) => {}
+        // Every CPU is in another worker's block: nothing to check.
+        Err(e) if e.code == ErrorCode::DoesNotFit => return,
+        Err(e) => return fail(format!("reserve: {}", e.message)),
+    }
+    std::thread::sleep(Duration::from_millis(3));
+    match call(socket, Op::FreeMap) {
+        Ok(free) => {
+            let kept =
+                free["reservations"].as_array().is_some_and(|r| r.iter().any(|r| r["job"] == job));
+            if !kept {
+                fail(format!("reservation lost: {}", free["reservations"]));
+            }
+        }
+        Err(e) => fail(format!("free_map: {}", e.message)),
+    }
+    match call(socket, Op::Unreserve { job: job.into() }) {
+        Ok(_) => {}
+        // Its reply cut by a kill, retried: already dropped.
+        Err(e) if e.code == ErrorCode::UnknownJob => {}
+        Err(e) => fail(format!("unreserve: {}", e.message)),
+    }
+}
+
 #[test]
 fn sigkill_at_random_points() {
     let cgroups = match common::RealCgroups::detect() {
@@ -192,7 +284,10 @@ fn sigkill_at_random_points() {
     let config = dir.path().join("topod.toml");
     std::fs::write(
         &config,
-        format!("cgroup = \"{}\"\ncgroup_subtree = \"{subtree}\"\n", cgroups.kind()),
+        format!(
+            "cgroup = \"{}\"\ncgroup_subtree = \"{subtree}\"\nequipartition = true\n",
+            cgroups.kind()
+        ),
     )
     .unwrap();
     let socket = dir.path().join("topod.sock");
@@ -261,7 +356,12 @@ fn sigkill_at_random_points() {
                     return;
                 }
                 let job = format!("w{w}-{i}");
-                let alloc = match call(&socket, Op::allocate(&job, "affinity[thread*1]")) {
+                let malleable = i % 4 == 2;
+                if i % 8 == 0 {
+                    reserve_and_drop(&socket, &format!("{job}-r"), &failures);
+                }
+                let request = if malleable { "affinity[thread*1-2]" } else { "affinity[thread*1]" };
+                let alloc = match call(&socket, Op::allocate(&job, request)) {
                     Ok(a) => a,
                     Err(e) if e.code == ErrorCode::DoesNotFit => {
                         completed.fetch_add(1, Ordering::SeqCst);
@@ -282,6 +382,19 @@ fn sigkill_at_random_points() {
                         .lock()
                         .unwrap()
                         .push(format!("{job}: join after allocate: {} (a lost job?)", e.message));
+                }
+                if malleable {
+                    resize_and_check(&socket, &job, child.id(), &roots[0], &failures);
+                    match call(&socket, Op::Release { job: job.clone() }) {
+                        Ok(_) => {}
+                        Err(e) if e.code == ErrorCode::UnknownJob => {}
+                        Err(e) => {
+                            failures.lock().unwrap().push(format!("{job}: release: {}", e.message))
+                        }
+                    }
+                    let _ = child.wait();
+                    completed.fetch_add(1, Ordering::SeqCst);
+                    continue;
                 }
                 if cpus_allowed(child.id()).as_deref() != Some(cpus.as_str()) {
                     failures.lock().unwrap().push(format!(
