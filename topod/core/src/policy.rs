@@ -37,8 +37,43 @@
 //! the tightest host that holds it. On each host the job's part is placed by [`place::place`]
 //! with the configured strategy (`topod`'s own code), which chooses the CPUs and measures how
 //! local they are.
+//!
+//! ## Malleable jobs ([`Malleability`])
+//!
+//! A job the driver marks malleable (see [`JobSpec::malleable`]) that fits one host runs on any
+//! number of processors in its range (for `p` processors asked, `ceil(p / min_divisor)` to `p`)
+//! and is resized while it runs. On each host the malleable jobs share the cores its rigid jobs
+//! leave by equipartition ([`crate::malleable::equipartition`], one task per core, ties by the
+//! order the jobs started in), rebalanced after every instant in which a job started or ended
+//! there. Multi-host jobs stay rigid, as does a job whose range is one size.
+//!
+//! - **Work.** A malleable job's estimate is for its `p` processors: `estimate × p`
+//!   processor-seconds, which drain at the rate of the processors it holds (linear speedup), so
+//!   its estimated end moves at every resize. Linear speedup is the optimistic bound: a real
+//!   code loses some efficiency with more processors and pays for each resize (Charm++ moves
+//!   its objects, an MPI code redistributes its data); neither is charged here.
+//! - **Counting.** The cores a malleable job holds beyond its least size count as free for
+//!   starting jobs (the host's free count, [`PolicyCore::free_procs`], EASY's reservation and
+//!   its shadow time): a rigid job started on a host first shrinks the malleable jobs there
+//!   toward their least sizes, by equipartition of what it leaves them, then is placed. A
+//!   malleable job starts as soon as some host has its least size free in that count, on the
+//!   host where equipartition gives it the most processors (then the host with the fewest free,
+//!   then the lowest number), at whatever size that is. EASY plans with a malleable job's least
+//!   size and its longest run (`estimate × p ÷ least size`), and its reservation for the queue's
+//!   head takes every running malleable job to end as late as its estimate allows if it runs at
+//!   its least size from now on (a start may shrink it to that at any time), so that no job
+//!   started around the head delays it by shrinking one.
+//! - **CPUs.** A shrink keeps a job's first tasks where they are and frees the others; a grow
+//!   places the new tasks in the host's free cores with the job's own request
+//!   ([`place::resize`]). The driver is told by [`Action::Resize`]: shrinks as they happen
+//!   (before any start that uses the cores they free), grows once the instant's starts are done.
+//!
+//! Malleable jobs are not combined with preemption or gang slicing (a suspended job's CPUs would
+//! be grown into, and rows would share what equipartition divides): with either set, every job
+//! runs rigid.
 
 use crate::cpuset::CpuSet;
+use crate::malleable::{self, EquipartitionError, Malleable};
 use crate::place::{self, HostModel, Occupancy, PlaceError, Placement, Strategy};
 use crate::request::{Level, Request};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -94,12 +129,43 @@ pub struct PolicyConfig {
     pub preempt: Option<Preempt>,
     /// Gang time slicing, when set.
     pub gang: Option<Gang>,
+    /// Malleable jobs resized by equipartition, when set (not with `preempt` or `gang`: with
+    /// either, every job runs rigid). See the module documentation.
+    pub malleable: Option<Malleability>,
 }
 
 impl PolicyConfig {
-    /// A configuration with neither preemption nor gang slicing.
+    /// A configuration with neither preemption, gang slicing nor malleable jobs.
     pub fn plain(order: QueueOrder, strategy: Strategy) -> Self {
-        PolicyConfig { order, strategy, preempt: None, gang: None }
+        PolicyConfig { order, strategy, preempt: None, gang: None, malleable: None }
+    }
+}
+
+/// How malleable jobs are treated (see the module documentation): a job marked malleable that
+/// asks for `p` processors and fits one host runs on `ceil(p / min_divisor)` to `p` of them, and
+/// the malleable jobs of a host share what its rigid jobs leave by equipartition.
+///
+/// The default `min_divisor` is 4: a job may be shrunk to a quarter of its size. It bounds the
+/// stretch of a job run at its least size to four times its run time (with linear speedup), so
+/// that EASY's plan for it (its longest run) stays within a small multiple of its estimate,
+/// while leaving a 16-processor job room to run on 4 beside others. It is this project's
+/// choice, not a figure taken from a study.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malleability {
+    /// A malleable job of `p` processors runs on at least `ceil(p / min_divisor)` (at least 1).
+    pub min_divisor: u32,
+}
+
+impl Default for Malleability {
+    fn default() -> Self {
+        Malleability { min_divisor: 4 }
+    }
+}
+
+impl Malleability {
+    /// The range of processors of a malleable job that asks for `procs`.
+    pub fn range(&self, procs: u32) -> (u32, u32) {
+        (procs.div_ceil(self.min_divisor.max(1)).max(1).min(procs.max(1)), procs)
     }
 }
 
@@ -286,6 +352,16 @@ pub struct JobSpec {
     pub procs: u32,
     /// Estimated run time, seconds: what backfilling plans with.
     pub estimate: Time,
+    /// Whether the job may be resized while it runs (see [`Malleability`]); ignored unless the
+    /// configuration has `malleable`, and for jobs larger than one host.
+    pub malleable: bool,
+}
+
+impl JobSpec {
+    /// A rigid job.
+    pub fn rigid(procs: u32, estimate: Time) -> Self {
+        JobSpec { procs, estimate, malleable: false }
+    }
 }
 
 /// Something that happened.
@@ -337,6 +413,15 @@ pub enum Action {
     Resume {
         /// The job.
         job: JobKey,
+    },
+    /// Give the running malleable job these parts instead of its current ones: a shrink keeps
+    /// its first tasks where they are, a grow adds tasks (see the module documentation). Its
+    /// processors are its tasks.
+    Resize {
+        /// The job.
+        job: JobKey,
+        /// Its parts now (one: malleable jobs run on one host).
+        parts: Vec<Part>,
     },
 }
 
@@ -426,6 +511,8 @@ struct Running {
     row: u32,
     /// Frozen by gang slicing until its row's slice (it keeps its CPUs).
     frozen: bool,
+    /// Its range and progress, when it runs malleable.
+    flex: Option<Flex>,
 }
 
 impl Running {
@@ -434,10 +521,69 @@ impl Running {
         self.parts.iter().map(|p| u64::from(p.cores)).sum()
     }
 
+    /// The cores no starting job can have while it runs: all it holds, or a malleable job's
+    /// least size (the rest can be taken back by shrinking it).
+    fn kept(&self) -> u64 {
+        match &self.flex {
+            Some(f) => u64::from(f.min),
+            None => self.held(),
+        }
+    }
+
     /// Its expansion factor at `now` (see [`Preempt`]).
     fn xf(&self, now: Time) -> f64 {
         expansion_factor(now - self.submitted, self.estimated_end - now, self.spec.estimate)
     }
+}
+
+/// A malleable job's range and the part of its estimate still to run (see the module
+/// documentation: its work drains at the rate of the processors it holds).
+#[derive(Debug)]
+struct Flex {
+    /// Least processors.
+    min: u32,
+    /// Most processors.
+    max: u32,
+    /// Processors it runs on now (its tasks).
+    procs: u32,
+    /// Processor-seconds of its estimate still to run at `at`.
+    work: u128,
+    /// When `work` was last brought up to date.
+    at: Time,
+}
+
+impl Flex {
+    /// Brings the work left up to `now`.
+    fn drain(&mut self, now: Time) {
+        let elapsed = u128::try_from(now.saturating_sub(self.at)).unwrap_or(0);
+        self.work = self.work.saturating_sub(elapsed * u128::from(self.procs));
+        self.at = self.at.max(now);
+    }
+
+    /// When it ends by its estimate if it runs at its least size from `now` on.
+    fn latest_end(&self, now: Time) -> Time {
+        let elapsed = u128::try_from(now.saturating_sub(self.at)).unwrap_or(0);
+        let work = self.work.saturating_sub(elapsed * u128::from(self.procs));
+        let seconds = work.div_ceil(u128::from(self.min.max(1)));
+        now.max(self.at).saturating_add(Time::try_from(seconds).unwrap_or(Time::MAX))
+    }
+
+    /// When it ends by its estimate at its present size (the last second rounded up).
+    fn estimated_end(&self) -> Time {
+        let seconds = self.work.div_ceil(u128::from(self.procs.max(1)));
+        self.at.saturating_add(Time::try_from(seconds).unwrap_or(Time::MAX))
+    }
+}
+
+/// The malleable jobs of one host, for equipartition.
+#[derive(Debug, Clone, Default)]
+struct FlexHost {
+    /// Running malleable jobs, in the order they started (equipartition's tie order).
+    jobs: Vec<JobKey>,
+    /// The sum of their least sizes.
+    mins: u32,
+    /// The cores they hold beyond their least sizes: counted free for starting jobs.
+    reclaim: u32,
 }
 
 /// A suspended job: what it had, and how much of its estimate was left.
@@ -483,6 +629,18 @@ pub struct PolicyCore {
     /// Running jobs frozen by gang slicing.
     frozen: u32,
     now: Time,
+    /// Malleable jobs' rules, when they are in effect (not with preemption or gang slicing).
+    malleable: Option<Malleability>,
+    /// The most cores of a host: a malleable job must fit one.
+    largest_host: u32,
+    /// Per host, its malleable jobs (empty without `malleable`).
+    flex: Vec<FlexHost>,
+    /// The sum of the hosts' `reclaim`.
+    reclaim_total: u64,
+    /// Hosts whose malleable jobs are rebalanced at the end of the step.
+    dirty: BTreeSet<HostId>,
+    /// Jobs started malleable so far.
+    malleable_started: u64,
 }
 
 impl PolicyCore {
@@ -516,6 +674,11 @@ impl PolicyCore {
             states.push(HostState { model, cores, whole });
         }
         let total = states.iter().map(|h| u64::from(h.cores)).sum();
+        let largest_host = states.iter().map(|h| h.cores).max().unwrap_or(0);
+        let malleable =
+            config.malleable.filter(|_| config.preempt.is_none() && config.gang.is_none());
+        let flex =
+            if malleable.is_some() { vec![FlexHost::default(); states.len()] } else { vec![] };
         let row_count = config.gang.map_or(1, |g| g.rows.max(1));
         let rows = (0..row_count)
             .map(|_| {
@@ -545,6 +708,12 @@ impl PolicyCore {
             suspended: BTreeSet::new(),
             frozen: 0,
             now: Time::MIN,
+            malleable,
+            largest_host,
+            flex,
+            reclaim_total: 0,
+            dirty: BTreeSet::new(),
+            malleable_started: 0,
         }
     }
 
@@ -553,15 +722,18 @@ impl PolicyCore {
         self.total
     }
 
-    /// Processors free now (in the first row; without gang slicing there is one).
+    /// Processors free now for a starting job (in the first row; without gang slicing there is
+    /// one). The cores malleable jobs hold beyond their least sizes count as free: a start takes
+    /// them back.
     pub fn free_procs(&self) -> u64 {
         self.rows[0].free_total
     }
 
-    /// Processors of the jobs running now (not suspended, not frozen by gang slicing).
+    /// Processors of the jobs running now (not suspended, not frozen by gang slicing; malleable
+    /// jobs at their present sizes).
     pub fn busy_procs(&self) -> u64 {
         if self.config.gang.is_none() {
-            return self.total - self.rows[0].free_total;
+            return self.total - self.rows[0].free_total + self.reclaim_total;
         }
         self.ends
             .iter()
@@ -593,6 +765,17 @@ impl PolicyCore {
     /// Jobs suspended.
     pub fn suspended_len(&self) -> usize {
         self.suspended.len()
+    }
+
+    /// Jobs started malleable so far (see [`Malleability`]).
+    pub fn malleable_started(&self) -> u64 {
+        self.malleable_started
+    }
+
+    /// The malleable jobs running on a host, in the order they started, with their processors.
+    pub fn malleable_on(&self, host: HostId) -> Vec<(JobKey, u32)> {
+        let Some(f) = self.flex.get(host as usize) else { return Vec::new() };
+        f.jobs.iter().map(|&job| (job, self.flex_of(job).map_or(0, |fl| fl.procs))).collect()
     }
 
     /// The occupancy of a host (in the first row; without gang slicing there is one).
@@ -667,6 +850,18 @@ impl PolicyCore {
         match std::mem::replace(slot, Slot::Unknown) {
             Slot::Running(r) => {
                 self.ends.remove(&(r.estimated_end, job));
+                if !self.flex.is_empty() {
+                    for p in &r.parts {
+                        let host = p.host as usize;
+                        if r.flex.is_some() {
+                            self.flex[host].jobs.retain(|j| *j != job);
+                            self.refresh_flex(p.host);
+                        }
+                        if !self.flex[host].jobs.is_empty() {
+                            self.dirty.insert(p.host);
+                        }
+                    }
+                }
                 self.give_back(r.row, &r.parts);
                 self.rows[r.row as usize].jobs -= 1;
                 self.frozen -= u32::from(r.frozen);
@@ -717,6 +912,7 @@ impl PolicyCore {
         {
             self.backfill(actions);
         }
+        self.rebalance_dirty(actions);
         self.switch_gang(actions);
     }
 
@@ -732,9 +928,10 @@ impl PolicyCore {
     fn backfill(&mut self, actions: &mut Vec<Action>) {
         let head_job = self.queue[0];
         let head = self.spec(head_job);
+        let head_need = self.need(&head);
         let (shadow, reserved, mut extra) = (0..self.rows.len() as u32)
             .map(|row| {
-                let (at, spare) = self.shadow(row, head.procs);
+                let (at, spare) = self.shadow(row, head_need);
                 (at, row, spare)
             })
             .min_by_key(|&(at, row, _)| (at, row))
@@ -755,13 +952,13 @@ impl PolicyCore {
         while i < self.queue.len() && self.rows.iter().any(|r| r.free_total > 0) {
             let job = self.queue[i];
             let spec = self.spec(job);
-            let ends_in_time =
-                self.now.saturating_add(spec.estimate.saturating_mul(stretch)) <= shadow;
-            let fits_beside = u64::from(spec.procs) <= extra;
+            let need = self.need(&spec);
+            let ends_in_time = self.now.saturating_add(self.longest_run(&spec, stretch)) <= shadow;
+            let fits_beside = u64::from(need) <= extra;
             let mut started = false;
             for row in 0..self.rows.len() as u32 {
                 let free_before = self.rows[row as usize].free_total;
-                if u64::from(spec.procs) > free_before {
+                if u64::from(need) > free_before {
                     continue;
                 }
                 if row == reserved && !(ends_in_time || fits_beside) {
@@ -828,6 +1025,9 @@ impl PolicyCore {
     /// The head's reservation in `row`: the earliest estimated end by which `procs` are free,
     /// and how many processors beyond its need are free then.
     fn shadow(&self, row: u32, procs: u32) -> (Time, u64) {
+        if self.malleable.is_some() {
+            return self.shadow_with_malleable(procs);
+        }
         let need = u64::from(procs);
         let mut free = self.rows[row as usize].free_total;
         let mut ends = self.ends.iter().peekable();
@@ -839,7 +1039,7 @@ impl PolicyCore {
                     break;
                 }
                 match &self.jobs[job as usize] {
-                    Slot::Running(r) if r.row == row => free += r.held(),
+                    Slot::Running(r) if r.row == row => free += r.kept(),
                     _ => {}
                 }
                 ends.next();
@@ -849,6 +1049,38 @@ impl PolicyCore {
             }
         }
         // Unreachable for an admissible job (all running jobs ending frees the whole cluster).
+        (Time::MAX, 0)
+    }
+
+    /// [`Self::shadow`] with malleable jobs: each ends at the latest its estimate allows, at its
+    /// least size from now on, since a start may shrink it to that at any time, and frees its
+    /// least size then (the rest counts as free already).
+    fn shadow_with_malleable(&self, procs: u32) -> (Time, u64) {
+        let need = u64::from(procs);
+        let mut free = self.rows[0].free_total;
+        let mut ends: Vec<(Time, u64)> = self
+            .ends
+            .iter()
+            .filter_map(|&(end, job)| match &self.jobs[job as usize] {
+                Slot::Running(r) => match &r.flex {
+                    Some(f) => Some((f.latest_end(self.now), r.kept())),
+                    None => Some((end, r.kept())),
+                },
+                _ => None,
+            })
+            .collect();
+        ends.sort_unstable();
+        let mut i = 0;
+        while i < ends.len() {
+            let at = ends[i].0;
+            while i < ends.len() && ends[i].0 == at {
+                free += ends[i].1;
+                i += 1;
+            }
+            if free >= need {
+                return (at, free - need);
+            }
+        }
         (Time::MAX, 0)
     }
 
@@ -870,12 +1102,20 @@ impl PolicyCore {
         row: u32,
         actions: &mut Vec<Action>,
     ) -> bool {
+        if let Some(range) = self.malleable_range(&spec) {
+            return self.try_start_malleable(job, spec, range, actions);
+        }
         if u64::from(spec.procs) > self.rows[row as usize].free_total {
             return false;
         }
         let Some(choice) = self.choose_hosts(row, spec.procs) else { return false };
         let mut parts = Vec::with_capacity(choice.len());
         for (host, cores) in choice {
+            if self.flex.get(host as usize).is_some_and(|f| !f.jobs.is_empty()) {
+                // Make room: the malleable jobs there share what this job leaves them.
+                self.shrink_for(host, cores, actions);
+                self.dirty.insert(host);
+            }
             let h = &self.hosts[host as usize];
             let r = &self.rows[row as usize];
             let empty = r.free[host as usize] == h.cores;
@@ -916,6 +1156,7 @@ impl PolicyCore {
             suspensions: 0,
             row,
             frozen: false,
+            flex: None,
         });
         actions.push(Action::Start { job, parts });
         true
@@ -1134,6 +1375,15 @@ impl PolicyCore {
     /// Counts the host's wholly free cores in `row` again (a strategy may take more or other
     /// cores than asked); keeps the totals and the buckets in step. Returns the count before.
     fn recount(&mut self, row: u32, host: HostId) -> u32 {
+        let before = self.recount_quietly(row, host);
+        self.generation += 1;
+        before
+    }
+
+    /// [`Self::recount`] without telling the backfill pass (the caller does when it matters).
+    /// With malleable jobs, the cores they hold beyond their least sizes count as free.
+    fn recount_quietly(&mut self, row: u32, host: HostId) -> u32 {
+        let reclaim = self.flex.get(host as usize).map_or(0, |f| f.reclaim);
         let h = &self.hosts[host as usize];
         let r = &mut self.rows[row as usize];
         let occ = &r.occupancy[host as usize];
@@ -1147,10 +1397,9 @@ impl PolicyCore {
                 .iter()
                 .filter(|c| c.is_subset(&h.model.allocatable) && !c.intersects(&busy))
                 .count() as u32
-        };
+        } + reclaim;
         r.free[host as usize] = after;
         r.free_total = r.free_total + u64::from(after) - u64::from(before);
-        self.generation += 1;
         if let Some(set) = r.by_free.get_mut(&before) {
             set.remove(&host);
             if set.is_empty() {
@@ -1159,6 +1408,292 @@ impl PolicyCore {
         }
         r.by_free.entry(after).or_default().insert(host);
         before
+    }
+
+    /// The range of processors `spec` runs malleable with, when it does: malleable jobs on, the
+    /// job marked malleable, fitting one host, and a range of more than one size.
+    fn malleable_range(&self, spec: &JobSpec) -> Option<(u32, u32)> {
+        let rules = self.malleable?;
+        if !spec.malleable || spec.procs > self.largest_host {
+            return None;
+        }
+        let (min, max) = rules.range(spec.procs);
+        (min < max).then_some((min, max))
+    }
+
+    /// Processors that must be free (as [`Self::free_procs`] counts) for `spec` to start: its
+    /// least size when it runs malleable.
+    fn need(&self, spec: &JobSpec) -> u32 {
+        self.malleable_range(spec).map_or(spec.procs, |(min, _)| min)
+    }
+
+    /// How long `spec` may run by its estimate: times `stretch` (gang rows), or for a malleable
+    /// job its run at its least size.
+    fn longest_run(&self, spec: &JobSpec, stretch: Time) -> Time {
+        match self.malleable_range(spec) {
+            Some((min, max)) => {
+                let work = u128::try_from(spec.estimate.max(0)).unwrap_or(0) * u128::from(max);
+                Time::try_from(work.div_ceil(u128::from(min))).unwrap_or(Time::MAX)
+            }
+            None => spec.estimate.saturating_mul(stretch),
+        }
+    }
+
+    fn flex_of(&self, job: JobKey) -> Option<&Flex> {
+        match self.jobs.get(job as usize) {
+            Some(Slot::Running(r)) => r.flex.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Brings a host's sums of least sizes and of cores held beyond them up to date.
+    fn refresh_flex(&mut self, host: HostId) {
+        let (mut mins, mut reclaim) = (0u32, 0u32);
+        for &job in &self.flex[host as usize].jobs {
+            if let Slot::Running(r) = &self.jobs[job as usize] {
+                if let (Some(f), Some(p)) = (&r.flex, r.parts.first()) {
+                    mins += f.min;
+                    reclaim += p.cores.saturating_sub(f.min);
+                }
+            }
+        }
+        let f = &mut self.flex[host as usize];
+        self.reclaim_total = self.reclaim_total - u64::from(f.reclaim) + u64::from(reclaim);
+        f.mins = mins;
+        f.reclaim = reclaim;
+    }
+
+    /// Equipartition on `host` of the cores its rigid jobs leave, less `reserve` (cores about
+    /// to go to a rigid job), among its malleable jobs and `newcomer` (last). Sizes in order.
+    fn equipartition_on(
+        &self,
+        host: HostId,
+        reserve: u32,
+        newcomer: Option<Malleable>,
+    ) -> Result<Vec<u32>, EquipartitionError> {
+        let f = &self.flex[host as usize];
+        // Free as counted (wholly free cores and what malleable jobs hold beyond their least
+        // sizes) plus their least sizes: every core no rigid job holds.
+        let budget = self.rows[0].free[host as usize] + f.mins;
+        let mut jobs: Vec<Malleable> = f
+            .jobs
+            .iter()
+            .filter_map(|&job| self.flex_of(job))
+            .map(|fl| Malleable { min: fl.min, max: fl.max, pus_per_task: 1 })
+            .collect();
+        jobs.extend(newcomer);
+        malleable::equipartition(budget.saturating_sub(reserve), &jobs)
+    }
+
+    /// Shrinks the malleable jobs on `host` so that `reserve` cores are wholly free there.
+    fn shrink_for(&mut self, host: HostId, reserve: u32, actions: &mut Vec<Action>) {
+        let sizes = match self.equipartition_on(host, reserve, None) {
+            Ok(sizes) => sizes,
+            Err(e) => {
+                // The free count said the reserve fits beside the least sizes.
+                debug_assert!(false, "host {host}: {e}");
+                self.flex[host as usize]
+                    .jobs
+                    .iter()
+                    .map(|&j| self.flex_of(j).map_or(1, |f| f.min))
+                    .collect()
+            }
+        };
+        let jobs = self.flex[host as usize].jobs.clone();
+        for (job, size) in jobs.into_iter().zip(sizes) {
+            if self.flex_of(job).is_some_and(|f| f.procs > size) {
+                self.resize(host, job, size, actions);
+            }
+        }
+    }
+
+    /// Equipartition on `host` again: shrinks first, then grows, in start order.
+    fn rebalance(&mut self, host: HostId, actions: &mut Vec<Action>) {
+        let Ok(sizes) = self.equipartition_on(host, 0, None) else {
+            debug_assert!(false, "host {host}: the least sizes no longer fit");
+            return;
+        };
+        let jobs = self.flex[host as usize].jobs.clone();
+        for shrinking in [true, false] {
+            for (&job, &size) in jobs.iter().zip(&sizes) {
+                let Some(now) = self.flex_of(job).map(|f| f.procs) else { continue };
+                if (shrinking && now > size) || (!shrinking && now < size) {
+                    self.resize(host, job, size, actions);
+                }
+            }
+        }
+        #[cfg(debug_assertions)]
+        self.check_host(host);
+    }
+
+    /// Rebalances every host where a job started or ended in this step.
+    fn rebalance_dirty(&mut self, actions: &mut Vec<Action>) {
+        while let Some(host) = self.dirty.pop_first() {
+            if !self.flex[host as usize].jobs.is_empty() {
+                self.rebalance(host, actions);
+            }
+        }
+    }
+
+    /// Gives the malleable `job` on `host` `size` processors: a shrink keeps its first tasks, a
+    /// grow places more with its own request ([`place::resize`]). Whether it was resized.
+    fn resize(&mut self, host: HostId, job: JobKey, size: u32, actions: &mut Vec<Action>) -> bool {
+        let now = self.now;
+        let model = Arc::clone(&self.hosts[host as usize].model);
+        let Some(Slot::Running(r)) = self.jobs.get(job as usize) else { return false };
+        let Some(old) = r.parts.first().map(|p| Arc::clone(&p.placement)) else { return false };
+        let occ = &self.rows[0].occupancy[host as usize];
+        let request = cores_request(old.tasks.len() as u32);
+        let Ok(placement) =
+            place::resize(&model, occ, &request, &old.tasks, size, self.config.strategy)
+        else {
+            return false;
+        };
+        let occ = &mut self.rows[0].occupancy[host as usize];
+        occ.held.difference_with(&old.cpus);
+        occ.fenced.difference_with(&old.fenced);
+        occ.held.union_with(&placement.cpus);
+        occ.fenced.union_with(&placement.fenced);
+        let cores = cores_touched(&model, &placement);
+        let procs = placement.tasks.len() as u32;
+        let Some(Slot::Running(r)) = self.jobs.get_mut(job as usize) else { return false };
+        let Some(flex) = r.flex.as_mut() else { return false };
+        flex.drain(now);
+        flex.procs = procs;
+        let end = flex.estimated_end();
+        self.ends.remove(&(r.estimated_end, job));
+        r.estimated_end = end;
+        self.ends.insert((end, job));
+        r.parts = vec![Part { host, cores, placement: Arc::new(placement) }];
+        actions.push(Action::Resize { job, parts: r.parts.clone() });
+        self.refresh_flex(host);
+        // The free count does not move (what a job gains beyond its least size is counted free
+        // as the free cores it took were): the backfill pass need not start over for it.
+        let before = self.recount_quietly(0, host);
+        if before != self.rows[0].free[host as usize] {
+            self.generation += 1;
+        }
+        true
+    }
+
+    /// Starts the malleable `job` now, at the size equipartition gives it on the host where
+    /// that is largest, if some host has its least size free (see the module documentation).
+    fn try_start_malleable(
+        &mut self,
+        job: JobKey,
+        spec: JobSpec,
+        (min, max): (u32, u32),
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        let newcomer = Malleable { min, max, pus_per_task: 1 };
+        // (size, free, host): the largest size, then the fewest free, then the lowest number.
+        let mut best: Option<(u32, u32, HostId)> = None;
+        for (&free, hosts) in self.rows[0].by_free.range(min..) {
+            for &host in hosts {
+                let Ok(sizes) = self.equipartition_on(host, 0, Some(newcomer)) else { continue };
+                let size = sizes.last().copied().unwrap_or(0);
+                let better = best.is_none_or(|(s, f, h)| {
+                    size.cmp(&s).then(f.cmp(&free).then(h.cmp(&host))).is_gt()
+                });
+                if better {
+                    best = Some((size, free, host));
+                }
+            }
+        }
+        let Some((_, _, host)) = best else { return false };
+        let Ok(sizes) = self.equipartition_on(host, 0, Some(newcomer)) else { return false };
+        let jobs = self.flex[host as usize].jobs.clone();
+        for (&other, &size) in jobs.iter().zip(&sizes) {
+            if self.flex_of(other).is_some_and(|f| f.procs > size) {
+                self.resize(host, other, size, actions);
+            }
+        }
+        self.dirty.insert(host);
+        let size = sizes.last().copied().unwrap_or(min);
+        let h = &self.hosts[host as usize];
+        let occ = &self.rows[0].occupancy[host as usize];
+        let Ok(placement) =
+            start_on_host(&h.model, occ, &cores_request(size), self.config.strategy)
+        else {
+            // Counts said yes, the host said no: the jobs shrunk for it grow back at the rebalance.
+            return false;
+        };
+        let cores = cores_touched(&h.model, &placement);
+        let procs = placement.tasks.len() as u32;
+        let occ = &mut self.rows[0].occupancy[host as usize];
+        occ.held.union_with(&placement.cpus);
+        occ.fenced.union_with(&placement.fenced);
+        let now = self.now;
+        let flex = Flex {
+            min,
+            max,
+            procs,
+            work: u128::try_from(spec.estimate.max(0)).unwrap_or(0) * u128::from(max),
+            at: now,
+        };
+        let estimated_end = flex.estimated_end();
+        let submitted = match &self.jobs[job as usize] {
+            Slot::Waiting(_, at) => *at,
+            _ => now,
+        };
+        let parts = vec![Part { host, cores, placement: Arc::new(placement) }];
+        *self.slot(job) = Slot::Running(Running {
+            parts: parts.clone(),
+            procs: spec.procs,
+            estimated_end,
+            spec,
+            submitted,
+            since: now,
+            suspensions: 0,
+            row: 0,
+            frozen: false,
+            flex: Some(flex),
+        });
+        self.flex[host as usize].jobs.push(job);
+        self.refresh_flex(host);
+        self.recount(0, host);
+        self.rows[0].jobs += 1;
+        self.ends.insert((estimated_end, job));
+        self.malleable_started += 1;
+        actions.push(Action::Start { job, parts });
+        true
+    }
+
+    /// Checks a host's malleable bookkeeping against its occupancy (debug builds, after every
+    /// rebalance): sizes within ranges and equal to tasks, CPUs held and disjoint, the sums, and
+    /// the free count as wholly free cores plus what the jobs hold beyond their least sizes.
+    #[cfg(debug_assertions)]
+    fn check_host(&self, host: HostId) {
+        let f = &self.flex[host as usize];
+        let occ = &self.rows[0].occupancy[host as usize];
+        let mut seen = CpuSet::new();
+        let (mut mins, mut reclaim) = (0, 0);
+        for &job in &f.jobs {
+            let Some(Slot::Running(r)) = self.jobs.get(job as usize) else {
+                panic!("host {host}: malleable job {job} is not running");
+            };
+            let (Some(fl), [p]) = (&r.flex, r.parts.as_slice()) else {
+                panic!("host {host}: job {job} is not malleable on one host");
+            };
+            assert_eq!(p.host, host);
+            assert!((fl.min..=fl.max).contains(&fl.procs), "job {job}: {fl:?}");
+            assert_eq!(p.placement.tasks.len(), fl.procs as usize, "job {job}");
+            assert!(p.placement.cpus.is_subset(&occ.held), "job {job}: CPUs not held");
+            assert!(!p.placement.cpus.intersects(&seen), "job {job}: CPUs of another job");
+            seen.union_with(&p.placement.cpus);
+            mins += fl.min;
+            reclaim += p.cores - fl.min;
+        }
+        assert_eq!((f.mins, f.reclaim), (mins, reclaim), "host {host}");
+        let h = &self.hosts[host as usize];
+        let busy = occ.held.union(&occ.fenced);
+        let wholly_free = h
+            .model
+            .cores
+            .iter()
+            .filter(|c| c.is_subset(&h.model.allocatable) && !c.intersects(&busy))
+            .count() as u32;
+        assert_eq!(self.rows[0].free[host as usize], wholly_free + reclaim, "host {host}");
     }
 
     /// Hosts and core counts for a job of `procs` (see the module documentation), or `None`
@@ -1192,6 +1727,13 @@ impl PolicyCore {
         }
         (remaining == 0).then_some(chosen)
     }
+}
+
+/// The allocatable cores of `model` a placement uses or fences, whole or in part.
+fn cores_touched(model: &HostModel, placement: &Placement) -> u32 {
+    let used = placement.cpus.union(&placement.fenced);
+    model.cores.iter().filter(|c| c.is_subset(&model.allocatable) && c.intersects(&used)).count()
+        as u32
 }
 
 /// Every CPU the parts of a job hold, per host, for checks.
@@ -1228,7 +1770,7 @@ pub(crate) mod tests {
     }
 
     fn submit(job: JobKey, procs: u32, estimate: Time) -> Event {
-        Event::Submit { job, spec: JobSpec { procs, estimate } }
+        Event::Submit { job, spec: JobSpec::rigid(procs, estimate) }
     }
 
     fn starts(actions: Vec<Action>) -> Vec<(JobKey, Vec<Part>)> {
@@ -1360,10 +1902,8 @@ pub(crate) mod tests {
         PolicyCore::new(
             hosts,
             PolicyConfig {
-                order: QueueOrder::Fcfs,
-                strategy: Strategy::BestFit,
                 preempt: Some(rules),
-                gang: None,
+                ..PolicyConfig::plain(QueueOrder::Fcfs, Strategy::BestFit)
             },
         )
     }
@@ -1555,6 +2095,7 @@ pub(crate) mod tests {
                     running.get_mut(&job).unwrap().1 = true;
                     0
                 }
+                Action::Resize { .. } => unreachable!("no malleable jobs here"),
             }
         }
     }
@@ -1579,5 +2120,194 @@ pub(crate) mod tests {
         assert_eq!(c.queue_len(), 1);
         c.step(2, [Event::End { job: 2 }]).unwrap();
         assert_eq!(c.queue_len(), 0);
+    }
+
+    fn malleable(order: QueueOrder, hosts: Vec<Arc<HostModel>>) -> PolicyCore {
+        PolicyCore::new(
+            hosts,
+            PolicyConfig {
+                malleable: Some(Malleability::default()),
+                ..PolicyConfig::plain(order, Strategy::BestFit)
+            },
+        )
+    }
+
+    fn submit_malleable(job: JobKey, procs: u32, estimate: Time) -> Event {
+        Event::Submit { job, spec: JobSpec { procs, estimate, malleable: true } }
+    }
+
+    /// (job, processors) of every start and resize, in order.
+    fn sizes(actions: &[Action]) -> Vec<(&'static str, JobKey, usize)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Start { job, parts } => {
+                    Some(("start", *job, parts.iter().map(|p| p.placement.tasks.len()).sum()))
+                }
+                Action::Resize { job, parts } => {
+                    Some(("resize", *job, parts.iter().map(|p| p.placement.tasks.len()).sum()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_malleable_job_starts_on_what_is_free_and_shares_by_equipartition() {
+        let mut c = malleable(QueueOrder::Fcfs, flat(1, 8));
+        // Rigid job 0 holds 6 of 8. Job 1 (8 processors, malleable: 2 to 8) starts on the 2
+        // left instead of waiting; job 2 (4: 1 to 4) finds nothing beyond job 1's least size.
+        assert_eq!(sizes(&c.step(0, [submit(0, 6, 100)]).unwrap()), vec![("start", 0, 6)]);
+        let a = c.step(1, [submit_malleable(1, 8, 100), submit_malleable(2, 4, 100)]).unwrap();
+        assert_eq!(sizes(&a), vec![("start", 1, 2)]);
+        assert_eq!((c.free_procs(), c.busy_procs(), c.queue_len()), (0, 8, 1));
+        // Job 0 ends: job 2 starts, and the two share the 8 equally (job 1 grows to 4 after the
+        // start: grows come once the instant's starts are done).
+        let a = c.step(50, [Event::End { job: 0 }]).unwrap();
+        assert_eq!(sizes(&a), vec![("start", 2, 4), ("resize", 1, 4)]);
+        assert_eq!(c.malleable_on(0), vec![(1, 4), (2, 4)]);
+        // Their least sizes (2 and 1) are all a starting job cannot have.
+        assert_eq!((c.free_procs(), c.busy_procs()), (5, 8));
+        // Job 2 ends: job 1 takes the whole host.
+        let a = c.step(60, [Event::End { job: 2 }]).unwrap();
+        assert_eq!(sizes(&a), vec![("resize", 1, 8)]);
+        assert_eq!(c.occupancy(0).held.len(), 8);
+        assert_eq!(c.malleable_started(), 2);
+    }
+
+    #[test]
+    fn a_rigid_job_shrinks_malleable_jobs_first_and_waits_when_their_least_sizes_are_in_the_way() {
+        let mut c = malleable(QueueOrder::Fcfs, two_socket(1));
+        // 16 cores. Job 0 (16, malleable 4 to 16) takes them all.
+        let a = c.step(0, [submit_malleable(0, 16, 1_000)]).unwrap();
+        assert_eq!(sizes(&a), vec![("start", 0, 16)]);
+        // Rigid job 1 (8): job 0 shrinks to 8 first, then job 1 starts, on other CPUs, in one
+        // socket.
+        let a = c.step(10, [submit(1, 8, 1_000)]).unwrap();
+        assert_eq!(sizes(&a), vec![("resize", 0, 8), ("start", 1, 8)]);
+        let (Action::Resize { parts: kept, .. }, Action::Start { parts: new, .. }) = (&a[0], &a[1])
+        else {
+            panic!("{a:?}")
+        };
+        assert!(!kept[0].placement.cpus.intersects(&new[0].placement.cpus));
+        assert!(new[0].placement.metrics.numa_optimal());
+        // Rigid job 2 (5): only 4 more can be taken back from job 0 (its least size is 4).
+        let a = c.step(20, [submit(2, 5, 1_000)]).unwrap();
+        assert!(a.is_empty(), "{a:?}");
+        assert_eq!(c.free_procs(), 4);
+        // Rigid job 3 (4) fits: job 0 goes down to its least size.
+        let a = c.step(21, [Event::End { job: 2 }, submit(3, 4, 1_000)]).unwrap();
+        assert_eq!(sizes(&a), vec![("resize", 0, 4), ("start", 3, 4)]);
+        // Job 1 ends: job 0 grows into its cores.
+        let a = c.step(30, [Event::End { job: 1 }]).unwrap();
+        assert_eq!(sizes(&a), vec![("resize", 0, 12)]);
+    }
+
+    #[test]
+    fn easy_plans_a_malleable_job_with_its_least_size_and_longest_run() {
+        let mut c = malleable(QueueOrder::Easy, flat(1, 8));
+        // Job 0 rigid 4 until 100; the head (rigid 8) waits for it.
+        c.step(0, [submit(0, 4, 100)]).unwrap();
+        assert!(c.step(1, [submit(1, 8, 100)]).unwrap().is_empty());
+        // Job 2, malleable 4 (1 to 4), 20 s at 4: at its least size 80 s, which ends before
+        // the shadow time (100): it starts, on the 4 free.
+        let a = c.step(2, [submit_malleable(2, 4, 20)]).unwrap();
+        assert_eq!(sizes(&a), vec![("start", 2, 4)]);
+        c.step(3, [Event::End { job: 2 }]).unwrap();
+        // Job 3, malleable 4, 30 s: 120 s at its least size ends after the shadow time, and the
+        // head needs every processor then: it waits although 4 are free.
+        let a = c.step(4, [submit_malleable(3, 4, 30)]).unwrap();
+        assert!(a.is_empty(), "{a:?}");
+    }
+
+    #[test]
+    fn with_malleable_jobs_no_cpu_is_given_twice_and_hosts_are_shared_by_equipartition() {
+        for order in [QueueOrder::Fcfs, QueueOrder::Easy] {
+            let hosts = two_socket(3);
+            let model = Arc::clone(&hosts[0]);
+            let mut c = malleable(order, hosts);
+            let mut rng = crate::bench::SplitMix::new(31);
+            // Each running job: its CPUs per host and its processors.
+            let mut held: BTreeMap<JobKey, (Vec<(HostId, CpuSet)>, u32)> = BTreeMap::new();
+            let mut specs: BTreeMap<JobKey, JobSpec> = BTreeMap::new();
+            let (mut resizes, mut t) = (0, 0);
+            for job in 0..500u32 {
+                t += 1;
+                let spec = JobSpec {
+                    procs: 1 + rng.below(24) as u32,
+                    estimate: 1 + rng.below(50) as Time,
+                    malleable: rng.below(2) == 0,
+                };
+                specs.insert(job, spec);
+                let mut events = vec![Event::Submit { job, spec }];
+                if rng.below(2) == 0 {
+                    if let Some(&victim) =
+                        held.keys().nth(rng.below(held.len().max(1) as u64) as usize)
+                    {
+                        events.push(Event::End { job: victim });
+                        held.remove(&victim);
+                    }
+                }
+                for a in c.step(t, events).unwrap() {
+                    match a {
+                        Action::Start { job, parts } => {
+                            let procs = parts.iter().map(|p| p.placement.tasks.len() as u32).sum();
+                            held.insert(job, (cpus_by_host(&parts), procs));
+                        }
+                        Action::Resize { job, parts } => {
+                            resizes += 1;
+                            let procs = parts[0].placement.tasks.len() as u32;
+                            held.insert(job, (cpus_by_host(&parts), procs));
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+                let mut per_host: BTreeMap<HostId, CpuSet> = BTreeMap::new();
+                let mut busy = 0u64;
+                for (job, (parts, procs)) in &held {
+                    let (spec, procs) = (specs[job], *procs);
+                    busy += u64::from(procs);
+                    let (min, max) = Malleability::default().range(spec.procs);
+                    if !spec.malleable || parts.len() > 1 {
+                        assert_eq!(procs, spec.procs, "{order:?}: rigid job {job} resized");
+                    }
+                    assert!((min..=max).contains(&procs), "{order:?}: job {job} at {procs}");
+                    for (h, cpus) in parts {
+                        let seen = per_host.entry(*h).or_default();
+                        assert!(!seen.intersects(cpus), "{order:?}: a CPU given twice on {h}");
+                        seen.union_with(cpus);
+                    }
+                }
+                assert_eq!(busy, c.busy_procs(), "{order:?} at {t}");
+                for h in 0..3 {
+                    let mine = per_host.get(&h).cloned().unwrap_or_default();
+                    assert_eq!(mine, c.occupancy(h).held, "{order:?}: host {h} at {t}");
+                    // Equipartition wastes nothing: a malleable job below its size means no
+                    // wholly free core on its host.
+                    let below =
+                        c.malleable_on(h).iter().any(|&(job, procs)| procs < specs[&job].procs);
+                    let free_cores =
+                        model.cores.iter().filter(|core| !core.intersects(&mine)).count();
+                    assert!(
+                        !below || free_cores == 0,
+                        "{order:?}: host {h} at {t}: {free_cores} free, {:?}",
+                        c.malleable_on(h)
+                    );
+                }
+            }
+            assert!(resizes > 100, "{order:?}: the stream resizes jobs ({resizes})");
+            assert!(c.malleable_started() > 50, "{order:?}: {}", c.malleable_started());
+            // Everything comes back.
+            let ends: Vec<Event> = held.keys().map(|&job| Event::End { job }).collect();
+            let mut actions = c.step(t + 1, ends).unwrap();
+            while !actions.is_empty() {
+                t += 1;
+                let started: Vec<JobKey> = started(&actions);
+                let ends = started.into_iter().map(|job| Event::End { job });
+                actions = c.step(t + 1, ends).unwrap();
+            }
+            assert_eq!(c.queue_len(), 0, "{order:?}");
+            assert_eq!((c.free_procs(), c.busy_procs()), (c.total_procs(), 0), "{order:?}");
+        }
     }
 }

@@ -12,7 +12,23 @@
 //!   from the first submit to the last end;
 //! - **wait**: start − submit; **p95 wait**: the nearest-rank 95th percentile;
 //! - **bounded slowdown** (τ = 10 s): max(1, (wait + run) ÷ max(run, τ)), averaged over jobs.
+//!
+//! ## Malleable jobs
+//!
+//! A trace says nothing of which jobs could be resized; [`mark_malleable`] marks a share of them,
+//! chosen by a hash of the trace's job number (the same jobs at every run and for every share
+//! below or above: a job marked at 0.3 is marked at 0.5). With [`PolicyConfig::malleable`] the
+//! core runs the marked jobs that fit one host malleable (multi-host jobs stay rigid), shrinks
+//! and grows them by equipartition (see [`crate::policy`]), and the simulator keeps their work:
+//! a job logged with `run` seconds on `p` processors has `run × p` processor-seconds to do,
+//! which drain at the rate of the processors it holds (linear speedup, optimistic: no loss of
+//! efficiency with more processors, no cost per resize). At every resize its end moves to
+//! the instant its work is done, the last second rounded up (the clock counts whole seconds),
+//! so it may hold its processors up to a second longer than its work needs. Utilization counts
+//! the work, `run × p`, whatever the sizes the job ran at; the bounded slowdown divides its
+//! time in the system by its logged run time, so a job run shrunk shows it.
 
+use crate::bench::SplitMix;
 use crate::place::HostModel;
 use crate::policy::{Action, Event, JobKey, JobSpec, PolicyConfig, PolicyCore, PolicyError, Time};
 use crate::swf::{Skip, Trace};
@@ -37,6 +53,23 @@ pub struct SimJob {
     pub estimate: Time,
     /// Processors (whole cores).
     pub procs: u32,
+    /// Whether the core may run it malleable (see [`mark_malleable`]).
+    pub malleable: bool,
+}
+
+/// Marks the share `fraction` (0 to 1) of `jobs` malleable, by a hash of each trace job
+/// number: a job is marked when its hash, as a number in [0, 1), is below `fraction`, so runs
+/// are reproducible, 1 marks every job, and a larger share marks a superset. Returns how many
+/// are marked. Whether a marked job runs malleable is the core's decision (it must fit one host
+/// and have a range of more than one size).
+pub fn mark_malleable(jobs: &mut [SimJob], fraction: f64) -> usize {
+    let mut marked = 0;
+    for job in jobs {
+        let hash = SplitMix::new(job.id as u64).next_u64();
+        job.malleable = ((hash >> 11) as f64) / ((1u64 << 53) as f64) < fraction;
+        marked += usize::from(job.malleable);
+    }
+    marked
 }
 
 /// Which trace lines to replay.
@@ -75,6 +108,7 @@ pub fn jobs_from_trace(
                 run: line.run,
                 estimate: line.estimate(),
                 procs,
+                malleable: false,
             }),
             Err(why) => *skipped.entry(why).or_insert(0) += 1,
         }
@@ -115,6 +149,10 @@ pub struct SimReport {
     pub gang_slice_s: Option<Time>,
     /// Freezes by gang slicing: a job stopped at a slice boundary for another row's jobs.
     pub gang_freezes: usize,
+    /// Jobs the core ran malleable (with malleable jobs).
+    pub malleable_jobs: usize,
+    /// Resizes of malleable jobs: each change of a job's size counts once.
+    pub resizes: usize,
     /// Trace lines not replayed, by reason.
     pub skipped: BTreeMap<String, usize>,
     /// Processor-seconds used ÷ (processors × makespan).
@@ -178,6 +216,9 @@ pub fn policy_name(config: &PolicyConfig) -> String {
     if config.gang.is_some() {
         name.push_str("+gang");
     }
+    if config.malleable.is_some() {
+        name.push_str("+malleable");
+    }
     name
 }
 
@@ -186,7 +227,8 @@ pub fn policy_name(config: &PolicyConfig) -> String {
 ///
 /// A suspended job stops running: its end moves later by as long as it stays suspended. With
 /// gang slicing the same holds for a job frozen between its slices, and the core is woken at
-/// every slice boundary while it asks to be ([`PolicyCore::next_wakeup`]).
+/// every slice boundary while it asks to be ([`PolicyCore::next_wakeup`]). A malleable job's end
+/// moves at every resize (see the module documentation).
 pub fn replay(
     hosts: Vec<Arc<HostModel>>,
     jobs: &[SimJob],
@@ -205,6 +247,12 @@ pub fn replay(
     // what a suspended job still has to run. An end event that no longer matches is stale.
     let mut due: Vec<Option<Time>> = vec![None; n];
     let mut left: Vec<Time> = vec![0; n];
+    // A job's processors now, and its processor-seconds still to run as of `marked`: a resize
+    // changes the rate its work drains at.
+    let mut rate: Vec<u32> = vec![0; n];
+    let mut work: Vec<u128> = vec![0; n];
+    let mut marked: Vec<Time> = vec![0; n];
+    let mut resizes = 0usize;
     let mut suspensions = 0usize;
     let mut gang_freezes = 0usize;
     let gang = config.gang.is_some();
@@ -214,7 +262,6 @@ pub fn replay(
     let mut series = Vec::new();
     let mut next = 0usize;
     let mut events = Vec::new();
-    let mut last_end = origin;
     loop {
         let next_submit = jobs.get(next).map(|j| j.submit);
         let next_end = ends.peek().map(|Reverse((t, _))| *t);
@@ -247,7 +294,7 @@ pub fn replay(
             let key = JobKey::try_from(next).unwrap_or(JobKey::MAX);
             events.push(Event::Submit {
                 job: key,
-                spec: JobSpec { procs: j.procs, estimate: j.estimate },
+                spec: JobSpec { procs: j.procs, estimate: j.estimate, malleable: j.malleable },
             });
             next += 1;
         }
@@ -261,7 +308,25 @@ pub fn replay(
                     numa_ok +=
                         usize::from(parts.iter().all(|p| p.placement.metrics.numa_optimal()));
                     l3_ok += usize::from(parts.iter().all(|p| p.placement.metrics.l3_optimal()));
-                    (job, now.saturating_add(jobs[job as usize].run))
+                    let i = job as usize;
+                    rate[i] = parts.iter().map(|p| p.placement.tasks.len() as u32).sum();
+                    work[i] = u128::try_from(jobs[i].run).unwrap_or(0) * u128::from(jobs[i].procs);
+                    marked[i] = now;
+                    if rate[i] == jobs[i].procs {
+                        (job, now.saturating_add(jobs[i].run))
+                    } else {
+                        // Started malleable below its size.
+                        (job, now.saturating_add(seconds_for(work[i], rate[i])))
+                    }
+                }
+                Action::Resize { job, parts } => {
+                    let i = job as usize;
+                    let ran = u128::try_from(now - marked[i]).unwrap_or(0);
+                    work[i] = work[i].saturating_sub(ran * u128::from(rate[i]));
+                    marked[i] = now;
+                    rate[i] = parts.iter().map(|p| p.placement.tasks.len() as u32).sum();
+                    resizes += 1;
+                    (job, now.saturating_add(seconds_for(work[i], rate[i])))
                 }
                 Action::Suspend { job } => {
                     let i = job as usize;
@@ -284,7 +349,6 @@ pub fn replay(
                 }
             };
             due[job as usize] = Some(end);
-            last_end = last_end.max(end);
             ends.push(Reverse((end, job)));
         }
         series.push(Sample { t: now - origin, busy: core.busy_procs(), queue: core.queue_len() });
@@ -313,6 +377,9 @@ pub fn replay(
         slowdowns.push((in_system / run.max(SLOWDOWN_BOUND_S)).max(1.0));
         work += run * f64::from(j.procs);
     }
+    // A job's end may have moved earlier (a malleable job grown), so the last end is the last
+    // finish, not the last end event.
+    let last_end = finish.iter().flatten().copied().max().unwrap_or(origin).max(origin);
     let makespan = (last_end - origin) as f64;
     let mean = |v: f64| if n == 0 { 0.0 } else { v / n as f64 };
     let mut sorted = waits.clone();
@@ -327,6 +394,8 @@ pub fn replay(
         suspensions,
         gang_slice_s: config.gang.map(|g| g.slice),
         gang_freezes,
+        malleable_jobs: usize::try_from(core.malleable_started()).unwrap_or(usize::MAX),
+        resizes,
         skipped: BTreeMap::new(),
         utilization: if makespan > 0.0 { work / (total as f64 * makespan) } else { 0.0 },
         mean_wait_s: mean(waits.iter().map(|w| *w as f64).sum()),
@@ -341,6 +410,11 @@ pub fn replay(
         slowdowns,
         series,
     })
+}
+
+/// Whole seconds for `work` processor-seconds at `rate` processors, the last rounded up.
+fn seconds_for(work: u128, rate: u32) -> Time {
+    Time::try_from(work.div_ceil(u128::from(rate.max(1)))).unwrap_or(Time::MAX)
 }
 
 #[cfg(test)]
@@ -360,7 +434,7 @@ mod tests {
     }
 
     fn job(id: i64, submit: Time, run: Time, procs: u32) -> SimJob {
-        SimJob { id, submit, run, estimate: run, procs }
+        SimJob { id, submit, run, estimate: run, procs, malleable: false }
     }
 
     #[test]
@@ -396,13 +470,14 @@ mod tests {
                     run,
                     estimate: run * (1 + rng.below(3) as Time),
                     procs: 1 + rng.below(40) as u32,
+                    malleable: false,
                 }
             })
             .collect();
         let work: f64 = jobs.iter().map(|j| (j.run * Time::from(j.procs)) as f64).sum();
         for order in [QueueOrder::Fcfs, QueueOrder::Easy] {
             let preempt = Some(Preempt { min_run: 60, max_suspensions: 3, min_xf: 1.5 });
-            let config = PolicyConfig { order, strategy: Strategy::BestFit, preempt, gang: None };
+            let config = PolicyConfig { preempt, ..PolicyConfig::plain(order, Strategy::BestFit) };
             let hosts = vec![model.clone(); 4];
             let r = replay(hosts, &jobs, config, &mut |_| {}).unwrap();
             assert!(r.suspensions > 0, "{order:?}: the stream makes jobs wait long enough");
@@ -426,7 +501,14 @@ mod tests {
                 t += rng.below(200) as Time;
                 // Mostly short jobs, a few long ones that hold much of the cluster.
                 let run = if rng.below(20) == 0 { 5_000 } else { 1 + rng.below(300) as Time };
-                SimJob { id: i, submit: t, run, estimate: run, procs: 1 + rng.below(24) as u32 }
+                SimJob {
+                    id: i,
+                    submit: t,
+                    run,
+                    estimate: run,
+                    procs: 1 + rng.below(24) as u32,
+                    malleable: false,
+                }
             })
             .collect();
         let work: f64 = jobs.iter().map(|j| (j.run * Time::from(j.procs)) as f64).sum();
@@ -450,6 +532,79 @@ mod tests {
             plain.mean_wait_s
         );
         assert!(r.mean_bounded_slowdown < plain.mean_bounded_slowdown);
+    }
+
+    #[test]
+    fn malleable_jobs_start_sooner_and_do_exactly_their_work() {
+        use crate::policy::Malleability;
+        let model = crate::policy::tests::two_socket(1).remove(0);
+        let mut rng = crate::bench::SplitMix::new(17);
+        let mut t = 0;
+        // About 0.85 of the 64 processors' worth of work arrives.
+        let rigid: Vec<SimJob> = (0..3000)
+            .map(|i| {
+                t += rng.below(60) as Time;
+                let run = 1 + rng.below(150) as Time;
+                SimJob {
+                    id: i,
+                    submit: t,
+                    run,
+                    estimate: run * (1 + rng.below(3) as Time),
+                    procs: 1 + rng.below(40) as u32,
+                    malleable: false,
+                }
+            })
+            .collect();
+        let mut jobs = rigid.clone();
+        assert_eq!(mark_malleable(&mut jobs, 1.0), jobs.len());
+        let easy = PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit);
+        let plain = replay(vec![model.clone(); 4], &rigid, easy, &mut |_| {}).unwrap();
+        // Marks mean nothing while the configuration has no malleable jobs.
+        let marked = replay(vec![model.clone(); 4], &jobs, easy, &mut |_| {}).unwrap();
+        assert_eq!((&marked.waits, marked.resizes, marked.malleable_jobs), (&plain.waits, 0, 0));
+        let config = PolicyConfig { malleable: Some(Malleability::default()), ..easy };
+        let r = replay(vec![model.clone(); 4], &jobs, config, &mut |_| {}).unwrap();
+        assert_eq!(r.policy, "easy+malleable");
+        // Jobs of 2 to 16 processors fit one host with a range of more than one size.
+        let eligible = jobs.iter().filter(|j| (2..=16).contains(&j.procs)).count();
+        assert_eq!(r.malleable_jobs, eligible);
+        assert!(r.resizes > eligible, "{} resizes", r.resizes);
+        // Processor-seconds held over time are the jobs' work, plus less than a second of its
+        // processors for each malleable job (its end rounded up to a whole second).
+        let work: f64 = jobs.iter().map(|j| (j.run * Time::from(j.procs)) as f64).sum();
+        let rounding: f64 =
+            jobs.iter().filter(|j| (2..=16).contains(&j.procs)).map(|j| f64::from(j.procs)).sum();
+        let held = processor_seconds_busy(&r);
+        assert!(held >= work && held - work < rounding, "held {held}, work {work}");
+        assert_eq!(r.series.last().map(|s| (s.busy, s.queue)), Some((0, 0)));
+        assert!(r.slowdowns.iter().all(|s| *s >= 1.0));
+        // The point: a job starts on what is free instead of waiting for all it asked for.
+        assert!(
+            r.mean_wait_s < 0.8 * plain.mean_wait_s,
+            "malleable {} s, rigid {} s",
+            r.mean_wait_s,
+            plain.mean_wait_s
+        );
+    }
+
+    #[test]
+    fn the_share_of_malleable_jobs_is_reproducible_and_grows_by_adding_jobs() {
+        let mut jobs: Vec<SimJob> = (0..10_000).map(|i| job(i, i, 10, 4)).collect();
+        let at = |jobs: &mut Vec<SimJob>, share: f64| {
+            let n = mark_malleable(jobs, share);
+            (n, jobs.iter().map(|j| j.malleable).collect::<Vec<bool>>())
+        };
+        let (none, _) = at(&mut jobs, 0.0);
+        let (third, a) = at(&mut jobs, 0.3);
+        let (half, b) = at(&mut jobs, 0.5);
+        let (all, _) = at(&mut jobs, 1.0);
+        assert_eq!((none, all), (0, 10_000));
+        assert!(
+            (2_800..3_200).contains(&third) && (4_800..5_200).contains(&half),
+            "{third} {half}"
+        );
+        assert!(a.iter().zip(&b).all(|(x, y)| !x || *y), "0.3 marks a subset of 0.5");
+        assert_eq!(at(&mut jobs, 0.3), (third, a), "the same jobs every time");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use topo_core::place::{HostModel, Strategy};
-use topo_core::policy::{Gang, PolicyConfig, Preempt, QueueOrder, Time};
+use topo_core::policy::{Gang, Malleability, PolicyConfig, Preempt, QueueOrder, Time};
 use topo_core::sim::{self, SimReport, TraceFilter};
 use topo_core::swf;
 use topo_core::topology::Topology;
@@ -31,12 +31,21 @@ How a trace is replayed:
   fcfs starts jobs in submit order; easy gives the first waiting job a reservation at the earliest
   estimated time it fits and starts later jobs now if they end by then or use only processors it will
   not need.
+  With +malleable (--malleable F) the share F of the jobs, chosen by a hash of their job numbers, may
+  be resized: one that asks for p processors and fits one host runs on ceil(p/4) to p (--malleable-
+  divisor), with linear speedup (its p x run processor-seconds drain at the rate of the processors it
+  holds, no cost per resize: an optimistic bound). On each host the malleable jobs share the cores the
+  rigid jobs leave equally (equipartition), rebalanced whenever a job starts or ends there; one starts
+  as soon as its least size is free, and a rigid job takes back what they hold beyond their least
+  sizes. Multi-host jobs stay rigid.
 
 Examples:
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 400 --policy fcfs,easy --svg out.svg
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --skip-queues 0 --hosts 352 --json
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 25 --topology 2socket.xml \\
-      --placement best-fit,first-fit";
+      --placement best-fit,first-fit
+  topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 22 --topology 2socket.xml \\
+      --skip-queues 0 --policy easy,easy+malleable --malleable 1";
 
 /// `topoctl simulate`'s options.
 #[derive(Args)]
@@ -54,8 +63,9 @@ pub(crate) struct SimulateOpts {
     #[arg(long, value_name = "FILE|flat:P", default_value = "flat:1")]
     topology: String,
     /// Cluster policies, comma-separated: fcfs, easy, and either with +preempt (fcfs+preempt,
-    /// easy+preempt: suspending running jobs for one that has waited, see --preempt) or +gang
-    /// (easy+gang: time slicing, see --gang). Each is replayed and compared.
+    /// easy+preempt: suspending running jobs for one that has waited, see --preempt), +gang
+    /// (easy+gang: time slicing, see --gang) or +malleable (easy+malleable: jobs resized by
+    /// equipartition, see --malleable). Each is replayed and compared.
     #[arg(long, value_name = "LIST", default_value = "easy")]
     policy: String,
     /// Host strategies, comma-separated: best-fit, pack, balance, first-fit, buddy,
@@ -99,6 +109,15 @@ pub(crate) struct SimulateOpts {
     /// Rows per host with gang slicing: how many jobs may share a CPU, taking turns.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     gang_rows: u32,
+    /// Malleable jobs: the share F (0 to 1) of the jobs, chosen by a hash of their job numbers
+    /// (the same at every run), that may be resized while they run; those that fit one host
+    /// share its cores by equipartition. Applies to every policy listed when none says
+    /// +malleable [default for +malleable: 1, every job that fits one host].
+    #[arg(long, value_name = "F")]
+    malleable: Option<f64>,
+    /// A malleable job of p processors runs on ceil(p / D) to p.
+    #[arg(long, value_name = "D", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    malleable_divisor: u32,
     /// Replay each combination this many times and report the median speed (jobs/s).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     repeat: u32,
@@ -137,24 +156,27 @@ where
         .collect()
 }
 
-/// One policy to replay: the cluster order, with preemption or gang slicing.
+/// One policy to replay: the cluster order, with preemption, gang slicing or malleable jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PolicyChoice {
     order: QueueOrder,
     preempt: bool,
     gang: bool,
+    malleable: bool,
 }
 
-/// A comma list of policies: `fcfs`, `easy`, each optionally `+preempt` or `+gang`;
-/// `all_preempt` adds preemption to every one, `all_gang` gang slicing to every one when none
-/// names it.
+/// A comma list of policies: `fcfs`, `easy`, each optionally `+preempt`, `+gang` or
+/// `+malleable`; `all_preempt` adds preemption to every one, `all_gang` gang slicing and
+/// `all_malleable` malleable jobs to every one when none names them.
 fn parse_policies(
     text: &str,
     all_preempt: bool,
     all_gang: bool,
+    all_malleable: bool,
 ) -> Result<Vec<PolicyChoice>, Failure> {
     let names: Vec<String> = parse_list("--policy", text)?;
     let any_gang = names.iter().any(|n| n.split('+').skip(1).any(|x| x == "gang"));
+    let any_malleable = names.iter().any(|n| n.split('+').skip(1).any(|x| x == "malleable"));
     let mut all = Vec::new();
     for name in &names {
         let mut pieces = name.split('+');
@@ -163,14 +185,20 @@ fn parse_policies(
             .unwrap_or_default()
             .parse::<QueueOrder>()
             .map_err(|e| Failure::input(format!("--policy {text:?}: {e}")))?;
-        let mut choice = PolicyChoice { order, preempt: all_preempt, gang: all_gang && !any_gang };
+        let mut choice = PolicyChoice {
+            order,
+            preempt: all_preempt,
+            gang: all_gang && !any_gang,
+            malleable: all_malleable && !any_malleable,
+        };
         for option in pieces {
             match option {
                 "preempt" => choice.preempt = true,
                 "gang" => choice.gang = true,
+                "malleable" => choice.malleable = true,
                 other => {
                     return Err(Failure::input(format!(
-                        "--policy {text:?}: {name:?}: +{other} is not an option (they are +preempt and +gang)"
+                        "--policy {text:?}: {name:?}: +{other} is not an option (they are +preempt, +gang and +malleable)"
                     )))
                 }
             }
@@ -178,6 +206,11 @@ fn parse_policies(
         if choice.preempt && choice.gang {
             return Err(Failure::input(format!(
                 "--policy {text:?}: {name:?}: preemption and gang slicing do not go together (both suspend jobs: choose one per policy; --preempt and --gang apply to every policy listed)"
+            )));
+        }
+        if choice.malleable && (choice.preempt || choice.gang) {
+            return Err(Failure::input(format!(
+                "--policy {text:?}: {name:?}: malleable jobs go with neither preemption nor gang slicing (equipartition would grow jobs into a suspended job's CPUs, and rows would share what it divides; --preempt, --gang and --malleable apply to every policy listed)"
             )));
         }
         if !all.contains(&choice) {
@@ -241,7 +274,15 @@ fn read_trace(path: &Path) -> Result<String, Failure> {
 }
 
 pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
-    let policies = parse_policies(&args.policy, args.preempt, args.gang.is_some())?;
+    let policies =
+        parse_policies(&args.policy, args.preempt, args.gang.is_some(), args.malleable.is_some())?;
+    let malleable_share = args.malleable.unwrap_or(1.0);
+    if !(0.0..=1.0).contains(&malleable_share) {
+        return Err(Failure::input(format!(
+            "--malleable {malleable_share}: the share of malleable jobs is from 0 to 1"
+        )));
+    }
+    let malleability = Malleability { min_divisor: args.malleable_divisor };
     let gang = Gang { slice: Time::from(args.gang.unwrap_or(30)), rows: args.gang_rows };
     if !(args.preempt_xf.is_finite() && args.preempt_xf >= 1.0) {
         return Err(Failure::input(format!(
@@ -303,7 +344,10 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         })?;
     }
     let filter = TraceFilter { queues, skip_queues };
-    let (jobs, skipped) = sim::jobs_from_trace(&trace, &filter, total);
+    let (mut jobs, skipped) = sim::jobs_from_trace(&trace, &filter, total);
+    // Marks mean nothing to a policy without malleable jobs: every replay gets the same jobs.
+    let any_malleable = policies.iter().any(|c| c.malleable);
+    let marked = if any_malleable { sim::mark_malleable(&mut jobs, malleable_share) } else { 0 };
     if jobs.is_empty() {
         let filtered = if filter == TraceFilter::default() {
             String::new()
@@ -333,6 +377,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
                 strategy: placement,
                 preempt: choice.preempt.then_some(rules),
                 gang: choice.gang.then_some(gang),
+                malleable: choice.malleable.then_some(malleability),
             };
             // Each repetition replays the same jobs and decides the same; the speed reported is
             // the median over the repetitions.
@@ -377,7 +422,21 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
             _ => print_json(&objects)?,
         }
     } else {
-        print_table(&trace_name, &trace, &topology_name, hosts, total, &skipped, &reports);
+        let malleable = any_malleable.then_some(MalleableNote {
+            share: malleable_share,
+            divisor: args.malleable_divisor,
+            marked,
+        });
+        print_table(
+            &trace_name,
+            &trace,
+            &topology_name,
+            hosts,
+            total,
+            &skipped,
+            &reports,
+            malleable.as_ref(),
+        );
     }
     if let Some(path) = &args.svg {
         let title = format!("{trace_name} on {hosts} × {topology_name} ({total} processors)");
@@ -428,6 +487,14 @@ fn hours(s: f64) -> String {
     }
 }
 
+/// What the table's note says of malleable jobs.
+struct MalleableNote {
+    share: f64,
+    divisor: u32,
+    marked: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn print_table(
     name: &str,
     trace: &swf::Trace,
@@ -436,6 +503,7 @@ fn print_table(
     total: u64,
     skipped: &std::collections::BTreeMap<swf::Skip, usize>,
     reports: &[SimReport],
+    malleable: Option<&MalleableNote>,
 ) {
     let computer = trace.header.computer.as_deref().map(|c| format!(" ({c})")).unwrap_or_default();
     let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
@@ -458,10 +526,13 @@ fn print_table(
         if gang.is_some() {
             cells.push_str(&format!(" {:>9}", r.gang_freezes));
         }
+        if malleable.is_some() {
+            cells.push_str(&format!(" {:>9} {:>9}", r.malleable_jobs, r.resizes));
+        }
         cells
     };
     println!(
-        "{:<pw$} {:<12} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>10}{}{}",
+        "{:<pw$} {:<12} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>10}{}{}{}",
         "policy",
         "placement",
         "util",
@@ -474,7 +545,8 @@ fn print_table(
         "L3",
         "jobs/s",
         if preempting { " suspended" } else { "" },
-        if gang.is_some() { "    frozen" } else { "" }
+        if gang.is_some() { "    frozen" } else { "" },
+        if malleable.is_some() { " malleable   resized" } else { "" }
     );
     for r in reports {
         println!(
@@ -502,6 +574,17 @@ fn print_table(
     if let Some(slice) = gang {
         println!("gang: {slice} s slices; frozen: times a job was stopped at a slice boundary for another row. The wait runs to a job's");
         println!("first slice of running, and the slowdown counts the time it spent frozen.");
+    }
+    if let Some(m) = malleable {
+        println!(
+            "malleable: {} of the jobs marked ({} of {}); those that fit one host ran on ceil(p/{}) to p processors (malleable: how many),",
+            m.share,
+            m.marked,
+            reports.first().map_or(0, |r| r.jobs),
+            m.divisor
+        );
+        println!("sharing each host's cores by equipartition, with linear speedup and no cost per resize (an optimistic bound); resized: size");
+        println!("changes. The wait runs to a job's start at whatever size it got; the slowdown counts a job run shrunk.");
     }
 }
 
@@ -738,6 +821,8 @@ mod tests {
             suspensions: 0,
             gang_slice_s: None,
             gang_freezes: 0,
+            malleable_jobs: 0,
+            resizes: 0,
             skipped: Default::default(),
             utilization: 1.0,
             mean_wait_s: 0.0,
