@@ -7,11 +7,12 @@
  * sessions against real topod processes that tests/lsf-harness/run.sh started, and checks
  * which hosts the module removes (and with which pending reason), their order, the pending
  * reason text of a bad request, tentative reservations across dispatches, checkAlloc limits,
- * and the replay after a scheduler restart.
+ * the replay after a scheduler restart, and topod's topology reservations and defrag on h3.
  *
- * Usage: harness MODULE.so SCENARIO    (session | restart | reinit | panic | scale)
- * Environment: TOPO_LSF_CONF (the module's config, written by run.sh), HARNESS_TOPOCTL and
- * HARNESS_H1_SOCKET (to change topod's state between sessions), HARNESS_REFRESH_MS.
+ * Usage: harness MODULE.so SCENARIO    (session | restart | reinit | refuse | panic | blocks | scale)
+ * Environment: TOPO_LSF_CONF (the module's config, written by run.sh), HARNESS_TOPOCTL,
+ * HARNESS_H1_SOCKET and HARNESS_H3_SOCKET (to change topod's state between sessions),
+ * HARNESS_REFRESH_MS.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -519,6 +520,91 @@ static void scenario_reinit(const char *path) {
     free_resreq(big);
 }
 
+/* h3's topod (2 packages of 8 cores, PUs 0-7,16-23 and 8-15,24-31; topod.toml defrag = true)
+ * gets a topology reservation and then fragmented: what the module does with blocks and with a
+ * host that moves running jobs. It leaves h3 as it found it. */
+static void expect_h3_kept(struct resreq *r, const char *what) {
+    struct reasons rs;
+    char got[128];
+    int rc = match_sort(r, DEFAULT_ORDER, &rs, got, sizeof got);
+    check(rc == 0 && strstr(got, "h3") != NULL, "%s: [%s]", what, got);
+    free(rs.main_text);
+}
+
+static void scenario_blocks(void) {
+    char got[128];
+    struct reasons rs;
+    fprintf(stderr, "a topology reservation on h3 for job 201 (affinity[core(6)])\n");
+    struct resreq *six = new_resreq("affinity[core(6)]", NULL, NULL);
+    struct resreq *twelve = new_resreq("affinity[core(12)]", NULL, NULL);
+    struct resreq *ten = new_resreq("affinity[core(10)]", NULL, NULL);
+    expect_h3_kept(twelve, "before: 12 cores fit h3's 16");
+    int rc = match_sort(six, DEFAULT_ORDER, &rs, got, sizeof got);
+    free(rs.main_text);
+    check(rc == 0 && strncmp(got, "h3", 2) != 0, "before: h3 does not rank first for 6 cores (it breaks an L3 there): [%s]", got);
+    check(topoctl("reserve --socket \"$HARNESS_H3_SOCKET\" --job lsf-201 --for 1h 'affinity[core(6)]'") == 0,
+          "topoctl reserve sets 6 cores of h3 aside for lsf-201");
+    wait_refresh();
+    rc = match_sort(twelve, DEFAULT_ORDER, &rs, got, sizeof got);
+    check(rc == 0 && strcmp(got, "h2,h1") == 0 && rs.id[2] == reason_base + 1,
+          "12 cores for any other job: h3 has 10 outside the block and is removed with 'does not fit' (kept [%s], reason %d)", got,
+          rs.id[2]);
+    free(rs.main_text);
+    expect(six, "h3,h2,h1", "6 cores, the block's own request (LSF matches peer jobs without naming them): h3 first");
+
+    /* checkAllocFn knows the job: only the job the block is for may use it. */
+    struct job j202 = {202, 0, six->key}, j201 = {201, 0, six->key};
+    struct alloc two_on_h3 = {"h3", 2};
+    memset(&last_limit, 0, sizeof last_limit);
+    rc = handler.checkAllocFn(six->data, &j202, &two_on_h3, (void *)&last_limit);
+    check(rc == 0 && last_limit.calls == 1 && strcmp(last_limit.host, "h3") == 0 && last_limit.max_tasks == 1,
+          "job 202, a peer, gets at most 1 task of 6 cores on h3, outside lsf-201's block (calls %d, host %s, max %d)",
+          last_limit.calls, last_limit.host, last_limit.max_tasks);
+    memset(&last_limit, 0, sizeof last_limit);
+    rc = handler.checkAllocFn(six->data, &j201, &two_on_h3, (void *)&last_limit);
+    check(rc == 0 && last_limit.calls == 0, "job 201 may have 2 tasks there: its block and 6 cores beside it");
+    /* Its tentative reservation goes inside its block, as topod will place it: 10 cores are
+     * still free outside the block for the next job. */
+    dispatch(six, 201, "h3", 1, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
+    expect_h3_kept(ten, "after job 201's dispatch to h3 (reserved inside its block), another job's 10 cores still fit beside the block");
+    dispatch(six, 201, "h3", 1, NOTIFY_DEALLOC);
+    check(topoctl("unreserve --socket \"$HARNESS_H3_SOCKET\" lsf-201") == 0, "topoctl unreserve drops the block");
+    wait_refresh();
+    expect_h3_kept(twelve, "without the block, 12 cores fit h3 again");
+
+    fprintf(stderr, "h3 defragments (topod.toml defrag = true)\n");
+    check(topoctl("alloc --socket \"$HARNESS_H3_SOCKET\" --job frag-1 'CPUSET[CPU_LIST=0-3,16-19] affinity[core(4)]'") == 0 &&
+              topoctl("alloc --socket \"$HARNESS_H3_SOCKET\" --job frag-2 'CPUSET[CPU_LIST=8-11,24-27] affinity[core(4)]'") == 0,
+          "two jobs hold half of each package of h3");
+    wait_refresh();
+    struct resreq *pkg = new_resreq("affinity[core(8,same=socket)]", NULL, NULL);
+    rc = match_sort(pkg, DEFAULT_ORDER, &rs, got, sizeof got);
+    size_t n = strlen(got);
+    check(rc == 0 && n > 3 && strcmp(got + n - 3, ",h3") == 0 && strstr(got, "h1") && strstr(got, "h2"),
+          "8 cores in one package: h3 has 8 free, none in one package; kept, after h1 and h2 where it fits as they are, "
+          "though offered first: [%s]",
+          got);
+    free(rs.main_text);
+    struct job j203 = {203, 0, pkg->key};
+    struct alloc one_on_h3 = {"h3", 1};
+    memset(&last_limit, 0, sizeof last_limit);
+    rc = handler.checkAllocFn(pkg->data, &j203, &one_on_h3, (void *)&last_limit);
+    check(rc == 0 && last_limit.calls == 0, "an allocation there is left to topod, which moves the jobs (no limit: %d)", last_limit.calls);
+    struct resreq *nine = new_resreq("affinity[core(9)]", NULL, NULL);
+    rc = match_sort(nine, DEFAULT_ORDER, &rs, got, sizeof got);
+    check(rc == 0 && !strstr(got, "h3") && rs.id[2] == reason_base + 1,
+          "9 cores, more than h3 has free: removed as before, moves make no CPUs ([%s], reason %d)", got, rs.id[2]);
+    free(rs.main_text);
+    check(topoctl("release --socket \"$HARNESS_H3_SOCKET\" frag-1") == 0 && topoctl("release --socket \"$HARNESS_H3_SOCKET\" frag-2") == 0,
+          "and releases them");
+    wait_refresh();
+    free_resreq(six);
+    free_resreq(twelve);
+    free_resreq(ten);
+    free_resreq(pkg);
+    free_resreq(nine);
+}
+
 #include "scale.h"
 
 static void scenario_panic(void) {
@@ -542,7 +628,7 @@ static void scenario_panic(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|refuse|panic|scale\n", argv[0]);
+        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|refuse|panic|blocks|scale\n", argv[0]);
         return 2;
     }
     int scale = strcmp(argv[2], "scale") == 0;
@@ -590,6 +676,8 @@ int main(int argc, char **argv) {
         scenario_panic();
     else if (strcmp(argv[2], "reinit") == 0)
         scenario_reinit(argv[1]);
+    else if (strcmp(argv[2], "blocks") == 0)
+        scenario_blocks();
     else if (strcmp(argv[2], "refuse") == 0) {
         struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
         check(big->set, "and the next sched_init works: newFn attaches data");

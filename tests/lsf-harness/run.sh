@@ -5,7 +5,8 @@
 #
 #   h1  AMD EPYC 7451, 2 packages x 24 cores, served over topod's TCP listener (shared key)
 #   h2  the same machine on a Unix socket, one package already held by a job
-#   h3  2 x 8-core Intel (32 PUs), Unix socket
+#   h3  2 x 8-core Intel (32 PUs), Unix socket, with defrag = true (the blocks scenario gives it a
+#       topology reservation, then fragments it)
 #   h4  no topod at all (the module is configured fail-closed)
 #
 # and the scale scenario (its own config): 10,000 hosts over five topods, 500 hung hosts, 400
@@ -52,7 +53,7 @@ head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/tcp.key"
 chmod 600 "$work/tcp.key"   # topod refuses a key every user can read
 start_topod h1 AMD-17h-Zen-2xEpyc-7451.xml "tcp_listen = \"127.0.0.1:$port\"" 'tcp_allow = ["127.0.0.1/32"]' "tcp_key_file = \"$work/tcp.key\""
 start_topod h2 AMD-17h-Zen-2xEpyc-7451.xml
-start_topod h3 32intel64-2p8co2t+8ve.xml
+start_topod h3 32intel64-2p8co2t+8ve.xml 'defrag = true'
 for h in h1 h2 h3; do
     for _ in $(seq 100); do [ -S "$work/$h/topod.sock" ] && break; sleep 0.05; done
 done
@@ -77,7 +78,8 @@ h2 = "unix:$work/h2/topod.sock"
 h3 = "unix:$work/h3/topod.sock"
 h4 = "unix:$work/h4-has-no-topod.sock"
 TOML
-export TOPO_LSF_CONF="$work/topo-lsf.toml" HARNESS_TOPOCTL="$PWD/target/debug/topoctl" HARNESS_H1_SOCKET="$work/h1/topod.sock"
+export TOPO_LSF_CONF="$work/topo-lsf.toml" HARNESS_TOPOCTL="$PWD/target/debug/topoctl" HARNESS_H1_SOCKET="$work/h1/topod.sock" \
+    HARNESS_H3_SOCKET="$work/h3/topod.sock"
 
 run() { echo "== $*"; "$@"; }
 status=0
@@ -91,6 +93,9 @@ TOPO_LSF_PANIC_IN=matchFn run "$work/harness" "$work/schmod_topo_panic.so" panic
 # by h1's topod by now; the session's expectations hold either way.)
 HARNESS_REFRESH_MS=2000 run valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
     --show-leak-kinds=definite "$work/harness" "$work/schmod_topo.so" session || status=1
+# topod's topology reservations and defrag on h3 (after the runs that expect h3 idle; it leaves
+# h3 idle again).
+run "$work/harness" "$work/schmod_topo.so" blocks || status=1
 # esub.topo at bsub time: a good request goes to the job's environment, a bad one is refused
 # with topoctl's message, another module's string is left alone.
 esub() { # extsched-string -> exit status; output in $work/esub.*

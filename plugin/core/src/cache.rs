@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 use topo_core::cpuset::CpuSet;
 use topo_core::place::model::HostModel;
 use topo_core::place::Occupancy;
+use topo_core::request::{self, Request};
+use topo_core::reservation::Reservation;
 use topo_core::topology::Topology;
 
 /// A host's index in the cache; stable for the life of the cache.
@@ -47,21 +49,84 @@ pub struct FreeMap {
     /// The jobs topod holds CPUs for.
     #[serde(default)]
     pub job_ids: Vec<String>,
+    /// The live topology reservations: a block of CPUs each, for one waiting job only
+    /// (kept as [`Block`]s).
+    #[serde(default)]
+    pub reservations: Vec<Reservation>,
+    /// The host moves running jobs to make room for an allocate that does not fit although
+    /// enough CPUs are free (topod.toml `defrag`).
+    #[serde(default)]
+    pub defrag: bool,
 }
 
 /// What the cache knows of a host's state: what a placement depends on and the jobs topod
 /// holds. (Not topod's ledger generation: a ledger that changed and came back to the same CPUs
-/// and jobs is the same state, and what the memo computed for it stays true.)
+/// and jobs is the same state, and what the memo computed for it stays true.) Equality is what
+/// counts as a change ([`HostEntry::version`]): a block reserved, dropped or renewed, or
+/// `defrag` switched, is one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostState {
     /// Index into the shared models.
     pub model: u32,
+    /// Whether the host moves running jobs to make room ([`FreeMap::defrag`]).
+    pub defrag: bool,
     /// CPUs held by jobs ([`HostState::occupancy`]).
     pub held: Packed,
     /// CPUs no new job may use besides: fenced, or not allocatable on that host.
     pub fenced: Packed,
     /// Hashes of the job ids topod holds ([`job_hash`]), sorted.
     pub jobs: Box<[u64]>,
+    /// The topology reservations topod reported, by job hash (empty on most hosts, where it
+    /// costs no allocation). Whether each still holds is decided when a job is evaluated, by
+    /// the time then ([`Block::live`]).
+    pub blocks: Box<[Block]>,
+}
+
+/// One topology reservation as the cache keeps it (from topod's
+/// [`topo_core::reservation::Reservation`]): the block of CPUs set aside for one waiting job.
+/// On that host topod places every other job outside the block, and the named job inside it
+/// when it fits there; so does [`crate::eval::evaluate`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Block {
+    /// The hash of the job it is for ([`job_hash`] of topod's job id, e.g. `lsf-1234`).
+    pub job: u64,
+    /// The hash of the request it was chosen for, without its task count ([`shape_hash`]):
+    /// a batch system that matches a group of jobs with one request without naming the job
+    /// (LSF's peer jobs) may count the block as its own when the request is the same.
+    pub shape: u64,
+    /// Seconds since the epoch at which it lapses.
+    pub expires_at: i64,
+    /// The block.
+    pub cpus: Packed,
+}
+
+impl Block {
+    /// Whether it still holds at `now_s` (seconds since the epoch), as topod decides it.
+    pub fn live(&self, now_s: i64) -> bool {
+        now_s < self.expires_at
+    }
+}
+
+/// The hash of a request's shape: its canonical text with the task count left out (a block is
+/// chosen for a task count topod was told; a batch system matches with its own per host).
+pub fn shape_hash(request: &Request) -> u64 {
+    let shape = Request { tasks: None, tasks_max: None, ..request.clone() };
+    let mut h = DefaultHasher::new();
+    shape.to_string().hash(&mut h);
+    h.finish()
+}
+
+/// [`shape_hash`] of a request as topod wrote it; a text that does not parse (a newer topod's
+/// syntax) gets a hash no parsed request has, so no peer group takes its block for its own.
+fn shape_hash_of_text(text: &str) -> u64 {
+    match request::parse(text) {
+        Ok(r) => shape_hash(&r),
+        Err(_) => {
+            let mut h = DefaultHasher::new();
+            ("unparsed", text).hash(&mut h);
+            h.finish()
+        }
+    }
 }
 
 impl HostState {
@@ -120,19 +185,44 @@ pub struct HostEntry {
 
 /// What a match reads of every candidate, kept in one flat array beside the hosts (not behind
 /// each host's `Arc`), so that a match over ten thousand hosts reads memory in order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostStatus {
     /// When the state was fetched (`None`: never).
     pub fetched_at: Option<Instant>,
     /// The host's [`HostEntry::version`].
     pub version: u32,
-    /// A 128-bit fingerprint of the state's model and occupancy ([`state_fingerprint`]): hosts
-    /// with equal fingerprints get equal placements, so a match places each distinct state
-    /// once without reading every host's state (computed by the refresher, when it changes).
+    /// The earliest expiry of the state's blocks, in seconds since the epoch (clamped to
+    /// `u32`), or [`NO_BLOCKS`]: a verdict on the host may change at that time without the
+    /// state changing, so the memo keeps none past it. (Fits in the struct's padding.)
+    pub blocks_until: u32,
+    /// A 128-bit fingerprint of the state's model, occupancy, blocks and `defrag`
+    /// ([`state_fingerprint`]): hosts with equal fingerprints get equal placements, so a match
+    /// places each distinct state once without reading every host's state (computed by the
+    /// refresher, when it changes).
     pub fingerprint: [u64; 2],
 }
 
-/// A 128-bit fingerprint of a host state's model and occupancy: two SipHash passes with
+/// [`HostStatus::blocks_until`] of a host without blocks.
+pub const NO_BLOCKS: u32 = u32::MAX;
+
+impl Default for HostStatus {
+    fn default() -> Self {
+        Self { fetched_at: None, version: 0, blocks_until: NO_BLOCKS, fingerprint: [0; 2] }
+    }
+}
+
+/// [`HostStatus::blocks_until`] of `state`.
+fn earliest_expiry(state: &HostState) -> u32 {
+    state
+        .blocks
+        .iter()
+        .map(|b| b.expires_at.clamp(0, i64::from(NO_BLOCKS - 1)) as u32)
+        .min()
+        .unwrap_or(NO_BLOCKS)
+}
+
+/// A 128-bit fingerprint of what a placement on a host depends on: its model, occupancy,
+/// blocks (jobs, shapes, expiries and CPUs) and whether it defragments; two SipHash passes with
 /// different prefixes. Two different states share one with a probability of about 2^-128 per
 /// pair, far below any hardware error rate, so equal fingerprints are taken for equal states.
 pub fn state_fingerprint(state: &HostState) -> [u64; 2] {
@@ -142,6 +232,8 @@ pub fn state_fingerprint(state: &HostState) -> [u64; 2] {
         state.model.hash(&mut h);
         state.held.hash(&mut h);
         state.fenced.hash(&mut h);
+        state.defrag.hash(&mut h);
+        state.blocks.hash(&mut h);
         h.finish()
     };
     [pass(0x5a), pass(0xa5)]
@@ -590,20 +682,34 @@ impl HostCache {
         unusable.union_with(&free.fenced);
         let mut jobs: Vec<u64> = free.job_ids.iter().map(|j| job_hash(j)).collect();
         jobs.sort_unstable();
+        let mut blocks: Vec<Block> = free
+            .reservations
+            .iter()
+            .map(|r| Block {
+                job: job_hash(&r.job),
+                shape: shape_hash_of_text(&r.request),
+                expires_at: r.expires_at,
+                cpus: Packed::pack(&r.cpus),
+            })
+            .collect();
+        // In one order whatever topod's, so that equal reservations are an equal state.
+        blocks.sort_unstable_by_key(|b| (b.job, b.expires_at));
         let state = HostState {
             model,
+            defrag: free.defrag,
             held: Packed::pack(&free.held),
             fenced: Packed::pack(&unusable),
             jobs: jobs.into(),
+            blocks: blocks.into(),
         };
         let before = self.status[id as usize];
         let entry = &self.hosts[id as usize];
         let changed = entry.state.as_ref() != Some(&state);
         // Computed when the state changes (or comes first), not at every refresh.
-        let fingerprint = if changed || before.fetched_at.is_none() {
-            state_fingerprint(&state)
+        let (fingerprint, blocks_until) = if changed || before.fetched_at.is_none() {
+            (state_fingerprint(&state), earliest_expiry(&state))
         } else {
-            before.fingerprint
+            (before.fingerprint, before.blocks_until)
         };
         if changed || entry.last_error.is_some() {
             // Cloned (when another snapshot shares it) only when something changes.
@@ -615,7 +721,8 @@ impl HostCache {
             h.last_error = None;
         }
         let version = self.hosts[id as usize].version;
-        self.status[id as usize] = HostStatus { fetched_at: Some(at), version, fingerprint };
+        self.status[id as usize] =
+            HostStatus { fetched_at: Some(at), version, blocks_until, fingerprint };
         Ok(())
     }
 

@@ -1,17 +1,56 @@
 //! Fit-and-score of one request on one cached host: the placement core's best-fit placement,
-//! on what the host reported minus the tentative reservations.
+//! on what the host reported minus the tentative reservations and the blocks other jobs have
+//! reserved there.
+//!
+//! **Ranks.** A host's verdict is sorted by one number, [`Verdict::rank`] (lower first), in
+//! bands, so that no score inside a band can outweigh the band:
+//!
+//! 1. the job fits and the host holds a live block reserved for it ([`CLAIMS_BLOCK_RANK`] +
+//!    the placement score): dispatching it there spends the block that was set aside for it;
+//! 2. it fits as the host is now ([`FITS_RANK`] + the placement score);
+//! 3. it fits only after the host moves running jobs ([`Verdict::AfterMoves`],
+//!    [`AFTER_MOVES_RANK`]);
+//! 4. the host's state is unknown and the policy is fail-open ([`UNKNOWN_SCORE`]), as before
+//!    after every host whose state is known.
+//!
+//! **Topology reservations** (topod's `reserve`, [`crate::cache::Block`]). topod places every
+//! job but the named one outside a live block, and the named one inside it when it fits there
+//! (else anywhere outside the others' blocks). The evaluation does the same for a
+//! [`Claimant`]: the blocks it owns are usable, and tried first; every other live block is
+//! fenced. A block is live until its `expires_at` by [`Context::epoch_s`], the scheduler's
+//! clock (a host whose clock is ahead drops it sooner; the next refresh shows it gone).
+//!
+//! **Fits after moves.** A host whose topod has `defrag` moves running jobs to make room for an
+//! allocate that does not fit although enough CPUs are free. The plug-in cannot know whether
+//! such moves exist: it knows the host's free CPUs, not the running jobs' requests, so it
+//! cannot run the policy core's `plan_moves`. A request that fails on such a host only on
+//! shape ([`PlaceError::rejected_while_free`]: enough CPUs free) is therefore an optimistic
+//! guess, [`Verdict::AfterMoves`]: the host stays a candidate, ranked below every host where
+//! the job fits as it is, and topod decides at the allocate (refusing it when no moves make
+//! room, as it would without `defrag`). On a host without `defrag` it does not fit, as before.
 
-use crate::cache::{HostCache, HostId, Unknown};
+use crate::cache::{job_hash, shape_hash, Block, HostCache, HostId, HostState, Unknown};
 use crate::config::Unreachable;
 use crate::reserve::Reservations;
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use topo_core::cpuset::CpuSet;
-use topo_core::place::{self, PlaceError};
+use topo_core::place::{self, Occupancy, PlaceError};
 use topo_core::request::Request;
 
-/// Score given to hosts kept by the fail-open policy: after every host whose state is known.
+/// Score given to hosts kept by the fail-open policy: after every host whose state is known
+/// (above every rank band).
 pub const UNKNOWN_SCORE: u64 = u64::MAX / 2;
+
+/// The width of a rank band: placement scores ([`place::score`]) stay far below it (a score
+/// counts extra NUMA nodes by ten thousand), and one above it is cut to it.
+pub const RANK_BAND: u64 = 1 << 32;
+/// Rank of a host holding a block for the job: first.
+pub const CLAIMS_BLOCK_RANK: u64 = 0;
+/// Rank of a host where the job fits as it is.
+pub const FITS_RANK: u64 = RANK_BAND;
+/// Rank of a host where the job fits only after moves: after every host where it fits.
+pub const AFTER_MOVES_RANK: u64 = 2 * RANK_BAND;
 
 /// Why a request does not fit a host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,15 +83,79 @@ impl std::fmt::Display for NoFit {
 /// The answer for one host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// It fits; lower scores are better.
+    /// It fits as the host is now.
     Fits {
-        /// The placement score ([`place::score`]), or [`UNKNOWN_SCORE`] for a fail-open host.
+        /// The placement score ([`place::score`], lower is better), or [`UNKNOWN_SCORE`] for a
+        /// fail-open host.
         score: u64,
-        /// The CPUs it would get (empty for a fail-open host).
+        /// The CPUs it would get (empty for a fail-open host): inside the claimant's block when
+        /// it fits there, as topod places it.
         cpus: CpuSet,
+        /// The host holds a live block for the claimant, which the job spends there.
+        claims_block: bool,
     },
+    /// It does not fit as the host is now, though enough CPUs are free, and the host moves
+    /// running jobs to make room (`defrag`): a candidate, after every host where it fits. An
+    /// optimistic guess (see the module docs); topod decides.
+    AfterMoves(PlaceError),
     /// It does not.
     NoFit(NoFit),
+}
+
+impl Verdict {
+    /// The number the host is sorted by, lower first (see the module docs), or `None` when the
+    /// host is no candidate.
+    pub fn rank(&self) -> Option<u64> {
+        match *self {
+            Verdict::Fits { score, .. } if score >= UNKNOWN_SCORE => Some(UNKNOWN_SCORE),
+            Verdict::Fits { score, claims_block: true, .. } => {
+                Some(CLAIMS_BLOCK_RANK + score.min(RANK_BAND - 1))
+            }
+            Verdict::Fits { score, claims_block: false, .. } => {
+                Some(FITS_RANK + score.min(RANK_BAND - 1))
+            }
+            Verdict::AfterMoves(_) => Some(AFTER_MOVES_RANK),
+            Verdict::NoFit(_) => None,
+        }
+    }
+}
+
+/// Whose blocks a placement may use: topod places a job inside its own block and every other
+/// job outside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claimant {
+    /// A job without a block: every live block is in its way.
+    Anyone,
+    /// One job, by the hash of its topod job id ([`Claimant::job`]): its own blocks are
+    /// usable, every other live block is in its way.
+    Job(u64),
+    /// One of a group of jobs with the same request that the batch system matches together
+    /// without saying which job it is placing (LSF's "peer jobs": matchFn gets no job). A block
+    /// made for a request of the same shape ([`shape_hash`]) may be one of theirs, so it counts
+    /// as theirs. Optimistic: the per-job check (LSF's checkAllocFn, with [`Claimant::Job`])
+    /// and topod decide for the job itself.
+    Peers(u64),
+}
+
+impl Claimant {
+    /// The job with topod job id `id` (e.g. `lsf-1234`).
+    pub fn job(id: &str) -> Self {
+        Claimant::Job(job_hash(id))
+    }
+
+    /// The group of jobs whose request is `request` (its task count aside).
+    pub fn peers_of(request: &Request) -> Self {
+        Claimant::Peers(shape_hash(request))
+    }
+
+    /// Whether `block` is the claimant's own.
+    pub fn owns(&self, block: &Block) -> bool {
+        match *self {
+            Claimant::Anyone => false,
+            Claimant::Job(job) => block.job == job,
+            Claimant::Peers(shape) => block.shape == shape,
+        }
+    }
 }
 
 /// What [`evaluate`] needs besides the request.
@@ -64,10 +167,17 @@ pub struct Context<'a> {
     pub reservations: &'a Reservations,
     /// The time now.
     pub now: Instant,
+    /// The time now in seconds since the epoch ([`epoch_now`]), for the blocks' expiries.
+    pub epoch_s: i64,
     /// How old a state may be.
     pub stale_after: Duration,
     /// What to do with unknown hosts.
     pub unreachable: Unreachable,
+}
+
+/// Seconds since the epoch by the system clock (0 before 1970).
+pub fn epoch_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
 /// The least number of CPUs `request` can be placed on.
@@ -75,22 +185,45 @@ pub fn min_cpus(request: &Request) -> usize {
     request.tasks.unwrap_or(place::DEFAULT_TASKS) as usize * request.units_per_task as usize
 }
 
-/// Fit-and-score of `request` (its task count set) on `host`.
-pub fn evaluate(ctx: &Context<'_>, host: HostId, request: &Request) -> Verdict {
+/// What `who` may not use on `host` in `state`: held, fenced, not allocatable, tentatively
+/// reserved, or in another job's live block; and the CPUs of its own live blocks there.
+pub fn occupancy_for(
+    ctx: &Context<'_>,
+    host: HostId,
+    state: &HostState,
+    who: Claimant,
+) -> (Occupancy, CpuSet) {
+    let mut occupancy = state.occupancy();
+    if let Some(reserved) = ctx.reservations.on_host(host) {
+        occupancy.held.union_with(reserved);
+    }
+    let mut own = CpuSet::new();
+    for block in state.blocks.iter().filter(|b| b.live(ctx.epoch_s)) {
+        let cpus = block.cpus.unpack();
+        if who.owns(block) {
+            own.union_with(&cpus);
+        } else {
+            occupancy.fenced.union_with(&cpus);
+        }
+    }
+    (occupancy, own)
+}
+
+/// Fit-and-score of `request` (its task count set) on `host`, for `who`.
+pub fn evaluate(ctx: &Context<'_>, host: HostId, request: &Request, who: Claimant) -> Verdict {
     let state = match ctx.cache.usable(host, ctx.now, ctx.stale_after) {
         Ok(s) => s,
         Err(unknown) => {
             return match ctx.unreachable {
-                Unreachable::Open => Verdict::Fits { score: UNKNOWN_SCORE, cpus: CpuSet::new() },
+                Unreachable::Open => {
+                    Verdict::Fits { score: UNKNOWN_SCORE, cpus: CpuSet::new(), claims_block: false }
+                }
                 Unreachable::Closed => Verdict::NoFit(NoFit::Unknown(unknown)),
             }
         }
     };
     let model = ctx.cache.model(state);
-    let mut occupancy = state.occupancy();
-    if let Some(reserved) = ctx.reservations.on_host(host) {
-        occupancy.held.union_with(reserved);
-    }
+    let (occupancy, own) = occupancy_for(ctx, host, state, who);
     // Counting first: on a busy cluster most hosts fail here, without a placement.
     let free = model.allocatable.len()
         - model.allocatable.intersection_len(&occupancy.held.union(&occupancy.fenced));
@@ -98,18 +231,40 @@ pub fn evaluate(ctx: &Context<'_>, host: HostId, request: &Request) -> Verdict {
     if free < needed {
         return Verdict::NoFit(NoFit::TooFewCpus { free, needed });
     }
+    let claims_block = !own.is_empty();
+    // Inside its own block first, as topod places the job its block is for.
+    if claims_block {
+        let inside = match &request.cpu_list {
+            Some(list) => list.intersection(&own),
+            None => own,
+        };
+        if !inside.is_empty() {
+            let r = Request { cpu_list: Some(inside), ..request.clone() };
+            if let Ok(fit) = place::fit_and_score(model, &occupancy, &r) {
+                return Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block };
+            }
+        }
+    }
     match place::fit_and_score(model, &occupancy, request) {
-        Ok(fit) => Verdict::Fits { score: fit.score, cpus: fit.cpus },
+        Ok(fit) => Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block },
+        Err(e) if state.defrag && e.rejected_while_free() => Verdict::AfterMoves(e),
         Err(e) => Verdict::NoFit(NoFit::Placement(e)),
     }
 }
 
-/// The most tasks of `request` (at most `limit`) that fit `host` together; 0 when none does.
-pub fn max_tasks(ctx: &Context<'_>, host: HostId, request: &Request, limit: u32) -> u32 {
+/// The most tasks of `request` (at most `limit`) that `host` takes for `who` (where they fit,
+/// or fit after moves: see [`Verdict::rank`]); 0 when none does.
+pub fn max_tasks(
+    ctx: &Context<'_>,
+    host: HostId,
+    request: &Request,
+    who: Claimant,
+    limit: u32,
+) -> u32 {
     let fits = |n: u32| {
         let mut r = request.clone();
         r.tasks = Some(n);
-        matches!(evaluate(ctx, host, &r), Verdict::Fits { .. })
+        evaluate(ctx, host, &r, who).rank().is_some()
     };
     let (mut lo, mut hi) = (0u32, limit);
     while lo < hi {
@@ -123,23 +278,29 @@ pub fn max_tasks(ctx: &Context<'_>, host: HostId, request: &Request, limit: u32)
     lo
 }
 
-/// Scores of `request` on `hosts` (`NO_FIT` where it does not fit).
+/// Ranks of `request` on `hosts` for `who` (`NO_FIT` where it is no candidate).
 ///
-/// A placement depends on nothing but the host's hardware model, its occupancy and its
-/// reservations, so hosts equal in all three get the same verdict: each distinct state is
-/// placed once ([`distinct_states`]). A cluster's idle hosts of one hardware model are one
-/// placement, not thousands; a cluster where every host differs pays one placement per host.
-fn evaluate_many(ctx: &Context<'_>, request: &Request, hosts: &[HostId]) -> Vec<u64> {
+/// A placement depends on nothing but the host's hardware model, its occupancy, its blocks,
+/// whether it defragments, and its tentative reservations, so hosts equal in all of them get
+/// the same verdict: each distinct state is placed once ([`distinct_states`]). A cluster's idle
+/// hosts of one hardware model are one placement, not thousands; a cluster where every host
+/// differs pays one placement per host.
+fn evaluate_many(
+    ctx: &Context<'_>,
+    request: &Request,
+    who: Claimant,
+    hosts: &[HostId],
+) -> Vec<u64> {
     let (reps, which) = distinct_states(ctx, hosts);
-    let scores = evaluate_each(ctx, request, &reps);
-    which.iter().map(|&r| scores[r as usize]).collect()
+    let ranks = evaluate_each(ctx, request, who, &reps);
+    which.iter().map(|&r| ranks[r as usize]).collect()
 }
 
-/// The hosts of `hosts` that stand for every distinct (model, occupancy, reservations) among
-/// them, and for each host of `hosts` the index of the one that stands for it. Hosts whose
-/// state is not usable each stand for themselves. Hosts without reservations are told apart by
-/// their state's fingerprint ([`crate::cache::state_fingerprint`], in the flat status array: no
-/// host's state is read); the few with reservations by their whole state, compared.
+/// The hosts of `hosts` that stand for every distinct state among them (as [`evaluate_many`]
+/// says), and for each host of `hosts` the index of the one that stands for it. Hosts whose
+/// state is not usable each stand for themselves. Hosts without tentative reservations are told
+/// apart by their state's fingerprint ([`crate::cache::state_fingerprint`], in the flat status
+/// array: no host's state is read); the few with reservations by their whole state, compared.
 fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32>) {
     use std::collections::hash_map::DefaultHasher;
     use std::hash::{Hash, Hasher};
@@ -150,10 +311,12 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
     // (equal states are compared, so a hash collision only costs a comparison).
     let mut by_hash: HashMap<u64, Vec<u32>> = HashMap::new();
     let state_of = |h: HostId| {
-        ctx.cache
-            .usable(h, ctx.now, ctx.stale_after)
-            .ok()
-            .map(|state| (state.model, &state.held, &state.fenced, ctx.reservations.on_host(h)))
+        ctx.cache.usable(h, ctx.now, ctx.stale_after).ok().map(|state| {
+            (
+                (state.model, state.defrag, &state.held, &state.fenced, &state.blocks),
+                ctx.reservations.on_host(h),
+            )
+        })
     };
     let own = |h: HostId, reps: &mut Vec<HostId>| {
         reps.push(h);
@@ -189,14 +352,16 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
     (reps, which)
 }
 
-/// Scores of `request` on each of `hosts`. Many hosts are split over the machine's cores: a
-/// first match of a new shape over thousands of hosts is the one costly case, and the
+/// Ranks of `request` on each of `hosts` for `who`. Many hosts are split over the machine's
+/// cores: a first match of a new shape over thousands of hosts is the one costly case, and the
 /// scheduler waits for it. Threads only compute; none does I/O.
-fn evaluate_each(ctx: &Context<'_>, request: &Request, hosts: &[HostId]) -> Vec<u64> {
-    let one = |&h: &HostId| match evaluate(ctx, h, request) {
-        Verdict::Fits { score, .. } => score,
-        Verdict::NoFit(_) => NO_FIT,
-    };
+fn evaluate_each(
+    ctx: &Context<'_>,
+    request: &Request,
+    who: Claimant,
+    hosts: &[HostId],
+) -> Vec<u64> {
+    let one = |&h: &HostId| evaluate(ctx, h, request, who).rank().unwrap_or(NO_FIT);
     let threads =
         std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_MATCH_THREADS);
     if hosts.len() < PARALLEL_FROM || threads < 2 {
@@ -223,15 +388,23 @@ const PARALLEL_FROM: usize = 512;
 const MAX_MATCH_THREADS: usize = 8;
 
 /// Remembered verdicts per request shape and host, valid while neither the host's state nor its
-/// reservations change. A host's state changes only when a job starts or ends there (a refresh
-/// that brings the same state keeps its version), so a scheduler matching many jobs of the same
-/// shape pays for a placement once per host and change, not once per job (LSF, for the same
-/// reason, matches "peer jobs" with equal requests together).
+/// reservations change. A host's state changes only when a job starts or ends there, or its
+/// blocks or `defrag` change (a refresh that brings the same state keeps its version), so a
+/// scheduler matching many jobs of the same shape pays for a placement once per host and
+/// change, not once per job (LSF, for the same reason, matches "peer jobs" with equal requests
+/// together).
+///
+/// The memo answers for the peer group of the request ([`Claimant::Peers`]): the batch system
+/// matches without naming the job, and a verdict for a named job would not hold for its peers.
+/// A host whose earliest block has expired by the scheduler's clock is evaluated at every match
+/// and its verdict not remembered (it changes without the state changing) until the refresh
+/// that brings the state without the block.
 ///
 /// Memory: per host, the (state version, reservation version) pair its remembered verdicts stand
-/// for (8 bytes); per shape and host, the score or "does not fit" or "not known" (4 bytes). At
-/// [`MEMO_SHAPES`] shapes that is 264 bytes per host. A host seen changed has its verdicts
-/// forgotten in every shape at once, so that a verdict needs no stamp of its own.
+/// for (8 bytes); per shape and host, the rank (its band in 2 bits, the score in 30) or "does
+/// not fit" or "not known" (4 bytes). At [`MEMO_SHAPES`] shapes that is 264 bytes per host. A
+/// host seen changed has its verdicts forgotten in every shape at once, so that a verdict needs
+/// no stamp of its own.
 #[derive(Debug, Default)]
 pub struct Memo {
     /// At most [`MEMO_SHAPES`]; looked up by key once per match.
@@ -246,20 +419,37 @@ pub struct Memo {
 struct ShapeMemo {
     key: Box<str>,
     last_used: u64,
-    /// Per host: [`NOT_KNOWN`], [`NO_FIT32`] or the score.
+    /// Per host: [`NOT_KNOWN`], [`NO_FIT32`] or the rank ([`pack_rank`]).
     scores: Vec<u32>,
 }
 
 /// The most shapes remembered; the least recently used goes first.
 pub const MEMO_SHAPES: usize = 64;
-/// What the memo keeps per shape and host: a 32-bit score (or "does not fit", "not known").
+/// What the memo keeps per shape and host: a 32-bit rank (or "does not fit", "not known").
 pub const MEMO_BYTES_PER_SHAPE_AND_HOST: usize = std::mem::size_of::<u32>();
 const NO_FIT: u64 = u64::MAX;
 /// Nothing remembered for that host and shape.
 const NOT_KNOWN: u32 = u32::MAX;
-/// A remembered "does not fit"; scores from here up are not remembered.
+/// A remembered "does not fit" (band 3, which no rank has).
 const NO_FIT32: u32 = u32::MAX - 1;
 const NEVER: (u32, u32) = (u32::MAX, u32::MAX);
+/// Bits of a remembered rank's score; the two above are its band.
+const SCORE_BITS: u32 = 30;
+
+/// A rank in 32 bits: its band (0 to 2) above its score; [`NOT_KNOWN`] (computed every time)
+/// for a rank that does not fit (a score of 2^30 or more, or no band).
+fn pack_rank(rank: u64) -> u32 {
+    let (band, score) = (rank / RANK_BAND, rank % RANK_BAND);
+    if band > 2 || score >= 1 << SCORE_BITS {
+        return NOT_KNOWN;
+    }
+    ((band as u32) << SCORE_BITS) | score as u32
+}
+
+/// The rank [`pack_rank`] packed.
+fn unpack_rank(packed: u32) -> u64 {
+    u64::from(packed >> SCORE_BITS) * RANK_BAND + u64::from(packed & ((1 << SCORE_BITS) - 1))
+}
 
 impl Memo {
     /// Empty.
@@ -283,8 +473,9 @@ impl Memo {
         self.shapes.len() - 1
     }
 
-    /// Verdicts for `request` (whose canonical text with its task count is `key`) on each of
-    /// `hosts`, as `Some(score)` when it fits; each comes from the memo when the host has not
+    /// Ranks ([`Verdict::rank`]) of `request` (whose canonical text with its task count is
+    /// `key`) on each of `hosts`, for the request's peer group ([`Claimant::peers_of`]), as
+    /// `Some(rank)` when the host is a candidate; each comes from the memo when the host has not
     /// changed since, else from [`evaluate`].
     pub fn scores(
         &mut self,
@@ -294,6 +485,7 @@ impl Memo {
         hosts: &[HostId],
     ) -> Vec<Option<u64>> {
         self.tick += 1;
+        let who = Claimant::peers_of(request);
         let n = hosts.iter().max().map_or(0, |&m| m as usize + 1);
         if self.seen.len() < n {
             self.seen.resize(n, NEVER);
@@ -303,9 +495,13 @@ impl Memo {
         }
         let s = self.shape(key);
         self.shapes[s].last_used = self.tick;
-        // One pass: a remembered score where the host has not changed since, the policy's answer
+        // Whether a verdict on the host holds for as long as its state: not once one of its
+        // blocks has expired (`cache::NO_BLOCKS` is above every time).
+        let lasting = |blocks_until: u32| i64::from(blocks_until) > ctx.epoch_s;
+        // One pass: a remembered rank where the host has not changed since, the policy's answer
         // where its state is unknown or stale (never remembered: a state goes stale without
-        // changing); the rest (changed, or never seen with this shape) is computed after.
+        // changing); the rest (changed, never seen with this shape, or with an expired block)
+        // is computed after.
         let mut out: Vec<u64> = Vec::with_capacity(hosts.len());
         let mut misses: Vec<(usize, HostId)> = Vec::new();
         for (pos, &h) in hosts.iter().enumerate() {
@@ -331,24 +527,27 @@ impl Memo {
                 }
                 self.seen[i] = now;
             }
-            match self.shapes[s].scores[i] {
+            let remembered =
+                if lasting(status.blocks_until) { self.shapes[s].scores[i] } else { NOT_KNOWN };
+            match remembered {
                 NOT_KNOWN => {
                     out.push(NO_FIT);
                     misses.push((pos, h));
                 }
                 NO_FIT32 => out.push(NO_FIT),
-                score => out.push(u64::from(score)),
+                packed => out.push(unpack_rank(packed)),
             }
         }
         let ids: Vec<HostId> = misses.iter().map(|m| m.1).collect();
         let remembered = &mut self.shapes[s].scores;
-        for ((pos, h), score) in misses.into_iter().zip(evaluate_many(ctx, request, &ids)) {
-            out[pos] = score;
-            // A score too large for 32 bits is computed every time.
-            remembered[h as usize] = match score {
-                NO_FIT => NO_FIT32,
-                s if s < u64::from(NO_FIT32) => s as u32,
-                _ => NOT_KNOWN,
+        for ((pos, h), rank) in misses.into_iter().zip(evaluate_many(ctx, request, who, &ids)) {
+            out[pos] = rank;
+            remembered[h as usize] = if !lasting(ctx.cache.status(h).blocks_until) {
+                NOT_KNOWN
+            } else if rank == NO_FIT {
+                NO_FIT32
+            } else {
+                pack_rank(rank)
             };
         }
         out.into_iter().map(|s| Some(s).filter(|&s| s != NO_FIT)).collect()

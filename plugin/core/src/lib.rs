@@ -6,8 +6,9 @@
 //! per host on the scheduler's thread (the 2001 design), so instead:
 //!
 //! - [`cache::HostCache`] holds, per host, the hardware model (shared between hosts with the
-//!   same topology) and its free map: held and fenced CPUs, the ledger generation and the jobs
-//!   it holds. It is pure data; nothing in it does I/O.
+//!   same topology) and its free map: held and fenced CPUs, the jobs it holds, its topology
+//!   reservations (blocks of CPUs set aside for one waiting job each) and whether it moves
+//!   running jobs to make room (`defrag`). It is pure data; nothing in it does I/O.
 //! - [`fetch::Refresher`] fills the cache in the background from each host's topod (its
 //!   read-only TCP listener, or a local socket), in parallel with timeouts, through the
 //!   [`fetch::HostSource`] trait (a real and a fake implementation). Each host is fetched on
@@ -20,8 +21,11 @@
 //!   CPUs; they go when the host's free map shows the job, when the scheduler deallocates, or
 //!   after a time-out.
 //! - [`eval`] answers fit-and-score for a host with the placement core's own best-fit
-//!   placement on (cache state + reservations), and applies the [`config::Unreachable`] policy
-//!   to hosts whose state is unknown or stale.
+//!   placement on (cache state + reservations), for a job or a group of peer jobs
+//!   ([`eval::Claimant`]: other jobs' blocks are in the way, its own are tried first), ranks
+//!   the hosts in bands (its own block first, then fits as it is, then fits only after topod's
+//!   moves, then unknown), and applies the [`config::Unreachable`] policy to hosts whose state
+//!   is unknown or stale.
 //!
 //! The plug-ins themselves (`plugin/lsf`, `plugin/slurm`, `packaging/pbs`) only translate
 //! between their batch system's calls and these types.
@@ -36,7 +40,7 @@ pub mod reserve;
 pub use address::Address;
 pub use cache::HostCache;
 pub use config::{CacheConfig, Unreachable};
-pub use eval::{evaluate, NoFit, Verdict};
+pub use eval::{evaluate, Claimant, NoFit, Verdict};
 pub use reserve::Reservations;
 
 #[cfg(test)]

@@ -3,16 +3,18 @@
 //! before the next refresh) would both be matched against the same free CPUs.
 //!
 //! A dispatch ([`Reservations::dispatch`]) always ends in one of three ways: the job's CPUs are
-//! reserved (where the placement core would put it, or, when it does not fit, the first free
-//! CPUs up to its least count), topod already reports the job, or the host's state is not known
-//! yet (a scheduler replaying its jobs with `NOTIFY_STARTUP` before the first refresh, or a host
-//! not in the cache yet) and the dispatch waits, as a [`Pending`] one, until the refresher brings
-//! that host's state ([`Reservations::settle`]). Reservations and pending dispatches alike go
-//! after the reservation time-out when no host confirms them.
+//! reserved (where the placement core would put it, inside the job's own topology block when it
+//! has one there, as topod does; or, when it does not fit or fits only after the host moves
+//! running jobs, the first free CPUs outside other jobs' blocks up to its least count), topod
+//! already reports the job, or the host's state is not known yet (a scheduler replaying its jobs
+//! with `NOTIFY_STARTUP` before the first refresh, or a host not in the cache yet) and the
+//! dispatch waits, as a [`Pending`] one, until the refresher brings that host's state
+//! ([`Reservations::settle`]). Reservations and pending dispatches alike go after the
+//! reservation time-out when no host confirms them.
 
 use crate::cache::{HostCache, HostId};
 use crate::config::Unreachable;
-use crate::eval::{self, Context, NoFit, Verdict};
+use crate::eval::{self, Claimant, Context, NoFit, Verdict};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use topo_core::cpuset::CpuSet;
@@ -53,6 +55,10 @@ pub enum Dispatched {
     /// are topod's choice when it starts; a few wrong CPUs held for one refresh cost less than
     /// a second job sent to CPUs that are gone.
     Squeezed(CpuSet, NoFit),
+    /// The job fits only after the host moves running jobs ([`Verdict::AfterMoves`]): these
+    /// CPUs, the first free ones up to its least count, are reserved so that the next job does
+    /// not count them; topod chooses the real ones when it moves the others.
+    AfterMoves(CpuSet),
     /// topod already reports the job: nothing to reserve.
     Held,
     /// The host's state is not known yet: kept until it arrives.
@@ -139,30 +145,35 @@ impl Reservations {
             cache,
             reservations: self,
             now: made,
+            // The blocks as they are when the job is placed (a settled dispatch is placed later
+            // than it was made).
+            epoch_s: eval::epoch_now(),
             stale_after: Duration::MAX,
             unreachable: Unreachable::Closed,
         };
-        let outcome = match eval::evaluate(&ctx, id, request) {
+        let who = Claimant::job(job);
+        // The first free CPUs (its own block's included, others' left out) up to the least
+        // the request can use. A request larger than the whole host can never start there
+        // (topod refuses it), so it holds nothing; otherwise its least CPU count, as the job
+        // may start once something ends (`core(65536)` must not take the whole host for the
+        // reservation's lifetime).
+        let least_free = || {
+            let model = cache.model(state);
+            let (occupancy, _) = eval::occupancy_for(&ctx, id, state, who);
+            let mut free = model.allocatable.difference(&occupancy.held);
+            free.difference_with(&occupancy.fenced);
+            let least = eval::min_cpus(request);
+            free.take_first(if least > model.allocatable.len() { 0 } else { least })
+        };
+        let outcome = match eval::evaluate(&ctx, id, request, who) {
             Verdict::Fits { cpus, .. } => Dispatched::Reserved(cpus),
-            Verdict::NoFit(why) => {
-                let model = cache.model(state);
-                let occupancy = state.occupancy();
-                let mut free = model.allocatable.difference(&occupancy.held);
-                free.difference_with(&occupancy.fenced);
-                if let Some(reserved) = self.on_host(id) {
-                    free.difference_with(reserved);
-                }
-                // A request larger than the whole host can never start there (topod refuses
-                // it), so it holds nothing; otherwise its least CPU count, as the job may
-                // start once something ends (`core(65536)` must not take the whole host for
-                // the reservation's lifetime).
-                let least = eval::min_cpus(request);
-                let most = if least > model.allocatable.len() { 0 } else { least };
-                Dispatched::Squeezed(free.take_first(most), why)
-            }
+            Verdict::AfterMoves(_) => Dispatched::AfterMoves(least_free()),
+            Verdict::NoFit(why) => Dispatched::Squeezed(least_free(), why),
         };
         let cpus = match &outcome {
-            Dispatched::Reserved(c) | Dispatched::Squeezed(c, _) => c.clone(),
+            Dispatched::Reserved(c) | Dispatched::Squeezed(c, _) | Dispatched::AfterMoves(c) => {
+                c.clone()
+            }
             _ => CpuSet::new(),
         };
         if !cpus.is_empty() {

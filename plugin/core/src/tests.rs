@@ -2,7 +2,7 @@
 //! machines in `shared/topologies`.
 
 use crate::cache::FreeMap;
-use crate::eval::{self, Context, NoFit, Verdict};
+use crate::eval::{self, Claimant, Context, NoFit, Verdict};
 use crate::fetch::{refresh_once, FetchError, Fetched, HostSource, Shared};
 use crate::{Address, CacheConfig, Unreachable};
 use std::collections::HashMap;
@@ -21,7 +21,14 @@ fn context<'a>(
     now: Instant,
     unreachable: Unreachable,
 ) -> Context<'a> {
-    Context { cache, reservations, now, stale_after: config.stale_after(), unreachable }
+    Context {
+        cache,
+        reservations,
+        now,
+        epoch_s: eval::epoch_now(),
+        stale_after: config.stale_after(),
+        unreachable,
+    }
 }
 
 fn shared_topology(name: &str) -> Topology {
@@ -46,7 +53,16 @@ impl FakeSource {
             held: CpuSet::parse_list(held).unwrap(),
             fenced: CpuSet::new(),
             job_ids: jobs.iter().map(|j| j.to_string()).collect(),
+            reservations: Vec::new(),
+            defrag: false,
         };
+        self.hosts.lock().unwrap().insert(address.to_string(), (topo.clone(), free));
+    }
+}
+
+impl FakeSource {
+    /// `address` reports `free` exactly (blocks and `defrag` included).
+    fn set_map(&self, address: &str, topo: &Topology, free: FreeMap) {
         self.hosts.lock().unwrap().insert(address.to_string(), (topo.clone(), free));
     }
 }
@@ -123,40 +139,53 @@ fn fit_follows_the_free_map_and_the_policy() {
     let id = |n| cache.lookup(n).unwrap();
     // 24 cores in one package: fits the empty Zen host, not the one whose first package is held.
     let req = with_tasks("affinity[core(24,same=socket)]", 1);
-    assert!(matches!(eval::evaluate(&ctx, id("a"), &req), Verdict::Fits { .. }));
-    match eval::evaluate(&ctx, id("b"), &with_tasks("affinity[core(24,same=socket)]", 3)) {
+    assert!(matches!(eval::evaluate(&ctx, id("a"), &req, Claimant::Anyone), Verdict::Fits { .. }));
+    match eval::evaluate(
+        &ctx,
+        id("b"),
+        &with_tasks("affinity[core(24,same=socket)]", 3),
+        Claimant::Anyone,
+    ) {
         Verdict::NoFit(NoFit::TooFewCpus { free: 48, needed: 72 }) => {}
         other => panic!("{other:?}"),
     }
-    assert!(matches!(eval::evaluate(&ctx, id("b"), &req), Verdict::Fits { .. }));
-    match eval::evaluate(&ctx, id("b"), &with_tasks("affinity[core(24,same=socket)]", 2)) {
+    assert!(matches!(eval::evaluate(&ctx, id("b"), &req, Claimant::Anyone), Verdict::Fits { .. }));
+    match eval::evaluate(
+        &ctx,
+        id("b"),
+        &with_tasks("affinity[core(24,same=socket)]", 2),
+        Claimant::Anyone,
+    ) {
         Verdict::NoFit(NoFit::Placement(_)) => {}
         other => panic!("only one package is free on b: {other:?}"),
     }
     // The unreachable host: kept last when fail-open, removed with the reason when fail-closed.
     assert_eq!(
-        eval::evaluate(&ctx, id("down"), &req),
-        Verdict::Fits { score: eval::UNKNOWN_SCORE, cpus: CpuSet::new() }
+        eval::evaluate(&ctx, id("down"), &req, Claimant::Anyone),
+        Verdict::Fits { score: eval::UNKNOWN_SCORE, cpus: CpuSet::new(), claims_block: false }
     );
     ctx.unreachable = Unreachable::Closed;
-    match eval::evaluate(&ctx, id("down"), &req) {
+    match eval::evaluate(&ctx, id("down"), &req, Claimant::Anyone) {
         Verdict::NoFit(why) => assert!(why.to_string().contains("connection refused"), "{why}"),
         other => panic!("{other:?}"),
     }
     // Stale: an answer older than stale_after counts as unknown.
     ctx.now += config.stale_after() + Duration::from_secs(1);
-    assert!(matches!(eval::evaluate(&ctx, id("a"), &req), Verdict::NoFit(NoFit::Unknown(_))));
+    assert!(matches!(
+        eval::evaluate(&ctx, id("a"), &req, Claimant::Anyone),
+        Verdict::NoFit(NoFit::Unknown(_))
+    ));
     ctx.unreachable = Unreachable::Open;
     // The best host for a small request is the busy one (best fit packs), and both beat unknown.
     ctx.now = Instant::now();
     let small = with_tasks("affinity[core(2)]", 1);
-    let score = |h| match eval::evaluate(&ctx, id(h), &small) {
+    let score = |h| match eval::evaluate(&ctx, id(h), &small, Claimant::Anyone) {
         Verdict::Fits { score, .. } => score,
         other => panic!("{other:?}"),
     };
     assert!(score("a") < eval::UNKNOWN_SCORE && score("b") < eval::UNKNOWN_SCORE);
-    assert_eq!(eval::max_tasks(&ctx, id("b"), &req, 4), 1);
-    assert_eq!(eval::max_tasks(&ctx, id("a"), &req, 4), 2);
+    assert_eq!(eval::max_tasks(&ctx, id("b"), &req, Claimant::Anyone, 4), 1);
+    assert_eq!(eval::max_tasks(&ctx, id("a"), &req, Claimant::Anyone, 4), 2);
 }
 
 #[test]
@@ -171,7 +200,7 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
         let cache = shared.cache.load();
         let mut resv = shared.reservations.lock().unwrap();
         let ctx = context(&cache, &resv, &config, now, Unreachable::Open);
-        let Verdict::Fits { cpus, .. } = eval::evaluate(&ctx, a, &half) else {
+        let Verdict::Fits { cpus, .. } = eval::evaluate(&ctx, a, &half, Claimant::Anyone) else {
             panic!("{job} should fit")
         };
         resv.reserve(job, a, cpus, now);
@@ -182,7 +211,7 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
         let ctx = context(&cache, &resv, &config, now, Unreachable::Open);
         assert!(
             matches!(
-                eval::evaluate(&ctx, a, &with_tasks("affinity[core(1)]", 1)),
+                eval::evaluate(&ctx, a, &with_tasks("affinity[core(1)]", 1), Claimant::Anyone),
                 Verdict::NoFit(_)
             ),
             "both packages are reserved"
@@ -202,11 +231,11 @@ fn reservations_stop_double_counting_until_the_host_reports_the_job() {
     let cache = shared.cache.load();
     let ctx = context(&cache, &resv, &config, now, Unreachable::Open);
     assert!(
-        matches!(eval::evaluate(&ctx, a, &half), Verdict::Fits { .. }),
+        matches!(eval::evaluate(&ctx, a, &half, Claimant::Anyone), Verdict::Fits { .. }),
         "one package is free again"
     );
     assert!(matches!(
-        eval::evaluate(&ctx, a, &with_tasks("affinity[core(24,same=socket)]", 2)),
+        eval::evaluate(&ctx, a, &with_tasks("affinity[core(24,same=socket)]", 2), Claimant::Anyone),
         Verdict::NoFit(_)
     ));
 }
@@ -247,10 +276,7 @@ fn the_memo_agrees_with_evaluate_and_forgets_changed_hosts() {
         let ctx = context(&cache, resv, &config, Instant::now(), Unreachable::Open);
         hosts
             .iter()
-            .map(|&h| match eval::evaluate(&ctx, h, &req) {
-                Verdict::Fits { score, .. } => Some(score),
-                Verdict::NoFit(_) => None,
-            })
+            .map(|&h| eval::evaluate(&ctx, h, &req, Claimant::peers_of(&req)).rank())
             .collect::<Vec<_>>()
     };
     let via_memo = |memo: &mut eval::Memo, resv: &crate::Reservations| {
@@ -284,10 +310,7 @@ fn a_change_seen_by_one_shape_is_forgotten_by_every_shape() {
         let ctx = context(&cache, resv, &config, Instant::now(), Unreachable::Open);
         let direct: Vec<Option<u64>> = hosts
             .iter()
-            .map(|&h| match eval::evaluate(&ctx, h, req) {
-                Verdict::Fits { score, .. } => Some(score),
-                Verdict::NoFit(_) => None,
-            })
+            .map(|&h| eval::evaluate(&ctx, h, req, Claimant::peers_of(req)).rank())
             .collect();
         (memo.scores(&ctx, key, req, &hosts), direct)
     };
@@ -317,15 +340,26 @@ fn reads_the_protocols_free_map() {
         job_ids: vec!["lsf-1".into()],
         free: Default::default(),
         gang: None,
-        reservations: Vec::new(),
-        defrag: false,
+        reservations: vec![block("lsf-2", "8-11", "affinity[core(4)]", 1_000)],
+        defrag: true,
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
     assert_eq!(
         (kept.generation, kept.held, kept.fenced, kept.job_ids),
-        (7, sent.held, sent.fenced, sent.job_ids)
+        (7, sent.held.clone(), sent.fenced.clone(), sent.job_ids.clone())
     );
     assert_eq!(kept.allocatable, sent.allocatable);
+    assert_eq!((kept.reservations, kept.defrag), (sent.reservations.clone(), true));
+    // Neither is sent when there is none (nor by a topod from before them).
+    let none = topo_core::proto::reply::FreeMap {
+        reservations: Vec::new(),
+        defrag: false,
+        ..sent.clone()
+    };
+    let text = serde_json::to_value(&none).unwrap();
+    assert!(text.get("reservations").is_none() && text.get("defrag").is_none(), "{text}");
+    let kept: FreeMap = serde_json::from_value(text).unwrap();
+    assert!(kept.reservations.is_empty() && !kept.defrag);
 }
 
 // ---- The stand-in's defects (issues 2, 3, 4): each of these failed before the fix. ----
@@ -360,6 +394,8 @@ fn idle_free_map(topo: &Topology) -> FreeMap {
         held: CpuSet::new(),
         fenced: CpuSet::new(),
         job_ids: Vec::new(),
+        reservations: Vec::new(),
+        defrag: false,
     }
 }
 
@@ -584,9 +620,9 @@ fn startup_replays_before_the_first_refresh_are_placed_when_the_state_arrives() 
     // A new job no longer counts those CPUs: one package left on a.
     let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
     let a = cache.lookup("a").unwrap();
-    assert!(matches!(eval::evaluate(&ctx, a, &half), Verdict::Fits { .. }));
+    assert!(matches!(eval::evaluate(&ctx, a, &half, Claimant::Anyone), Verdict::Fits { .. }));
     assert!(matches!(
-        eval::evaluate(&ctx, a, &with_tasks("affinity[core(24,same=socket)]", 2)),
+        eval::evaluate(&ctx, a, &with_tasks("affinity[core(24,same=socket)]", 2), Claimant::Anyone),
         Verdict::NoFit(_)
     ));
 }
@@ -626,7 +662,10 @@ fn a_dispatch_that_does_not_fit_still_reserves_its_least_cpu_count() {
     }
     let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
     assert!(
-        matches!(eval::evaluate(&ctx, b, &with_tasks("affinity[core(1)]", 1)), Verdict::NoFit(_)),
+        matches!(
+            eval::evaluate(&ctx, b, &with_tasks("affinity[core(1)]", 1), Claimant::Anyone),
+            Verdict::NoFit(_)
+        ),
         "the next job does not count the same CPUs"
     );
     // A request larger than the whole host holds nothing there.
@@ -805,4 +844,295 @@ fn a_refresher_stopped_with_clear_leaves_no_host_behind() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(kept.cache.load().len(), 50, "stop_soon keeps the cache");
     assert!(!kept.reservations.lock().unwrap().is_empty());
+}
+
+// ---- Topology reservations and hosts that defragment (issue 18). ----
+
+/// A reservation as topod lists it in its free map.
+fn block(
+    job: &str,
+    cpus: &str,
+    request: &str,
+    expires_at: i64,
+) -> topo_core::reservation::Reservation {
+    topo_core::reservation::Reservation {
+        job: job.into(),
+        cpus: CpuSet::parse_list(cpus).unwrap(),
+        request: request::parse(request).unwrap().to_string(),
+        made_at: 0,
+        expires_at,
+    }
+}
+
+/// A free map of `topo` with `held`, `blocks` and `defrag`.
+fn free_map(
+    topo: &Topology,
+    held: &str,
+    blocks: Vec<topo_core::reservation::Reservation>,
+    defrag: bool,
+) -> FreeMap {
+    FreeMap {
+        held: CpuSet::parse_list(held).unwrap(),
+        reservations: blocks,
+        defrag,
+        ..idle_free_map(topo)
+    }
+}
+
+/// The Zen hosts' packages (24 cores and their SMT siblings each).
+const PACKAGE_0: &str = "0-23,48-71";
+const PACKAGE_1: &str = "24-47,72-95";
+/// When the tests' blocks lapse (seconds since the epoch); the tests set the clock around it.
+const EXPIRES: i64 = 2_000_000_000;
+
+/// Hosts `x` and `y` with the given free maps (and the hosts of [`setup`]), refreshed once.
+fn setup_with(config: &CacheConfig, x: FreeMap, y: FreeMap) -> (Shared, FakeSource) {
+    let (shared, source) = setup(config);
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    source.set_map("unix:/x.sock", &zen, x);
+    source.set_map("unix:/y.sock", &zen, y);
+    {
+        let mut cache = shared.cache.write().unwrap();
+        cache.add("x", Address::Unix("/x.sock".into()));
+        cache.add("y", Address::Unix("/y.sock".into()));
+    }
+    refresh_once(&shared, &source, config);
+    (shared, source)
+}
+
+#[test]
+fn another_jobs_block_keeps_a_job_off_it_and_its_own_job_fits_there() {
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let socket = "affinity[core(24,same=socket)]";
+    // x: package 0 held, package 1 reserved for lsf-7. y: the same without the block.
+    let (shared, _source) = setup_with(
+        &config,
+        free_map(&zen, PACKAGE_0, vec![block("lsf-7", PACKAGE_1, socket, EXPIRES)], false),
+        free_map(&zen, PACKAGE_0, vec![], false),
+    );
+    let cache = shared.cache.load();
+    let resv = crate::Reservations::new();
+    let mut ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
+    ctx.epoch_s = EXPIRES - 60;
+    let (x, y) = (cache.lookup("x").unwrap(), cache.lookup("y").unwrap());
+    let req = with_tasks(socket, 1);
+    let small = with_tasks("affinity[core(2)]", 1);
+    // Any other job: the block is as good as held.
+    for who in [Claimant::Anyone, Claimant::job("lsf-8"), Claimant::peers_of(&small)] {
+        assert_eq!(
+            eval::evaluate(&ctx, x, &small, who),
+            Verdict::NoFit(NoFit::TooFewCpus { free: 0, needed: 2 }),
+            "{who:?}"
+        );
+        assert!(matches!(eval::evaluate(&ctx, y, &small, who), Verdict::Fits { .. }), "{who:?}");
+    }
+    // The job it is for fits inside it, and ranks x before y, where it also fits.
+    let block_cpus = CpuSet::parse_list(PACKAGE_1).unwrap();
+    let own = eval::evaluate(&ctx, x, &req, Claimant::job("lsf-7"));
+    match &own {
+        Verdict::Fits { cpus, claims_block: true, .. } => assert_eq!(cpus, &block_cpus),
+        other => panic!("{other:?}"),
+    }
+    let there = eval::evaluate(&ctx, y, &req, Claimant::job("lsf-7"));
+    assert!(matches!(there, Verdict::Fits { claims_block: false, .. }), "{there:?}");
+    assert!(own.rank().unwrap() < there.rank().unwrap(), "{own:?} before {there:?}");
+    // A small job of its own goes inside the block too, as topod places it.
+    match eval::evaluate(&ctx, x, &small, Claimant::job("lsf-7")) {
+        Verdict::Fits { cpus, claims_block: true, .. } => assert!(cpus.is_subset(&block_cpus)),
+        other => panic!("{other:?}"),
+    }
+    // A group of peers with the block's request (LSF's matchFn, which knows no job) counts it
+    // as theirs, whatever their task count; the memo ranks x first for them.
+    assert!(matches!(
+        eval::evaluate(&ctx, x, &with_tasks(socket, 2), Claimant::peers_of(&req)),
+        Verdict::NoFit(_)
+    ));
+    assert!(matches!(
+        eval::evaluate(&ctx, x, &req, Claimant::peers_of(&with_tasks(socket, 4))),
+        Verdict::Fits { claims_block: true, .. }
+    ));
+    let mut memo = eval::Memo::new();
+    let ranks = memo.scores(&ctx, "socket#1", &req, &[x, y]);
+    assert!(
+        ranks[0].unwrap() < eval::FITS_RANK && ranks[1].unwrap() >= eval::FITS_RANK,
+        "{ranks:?}"
+    );
+    // checkAllocFn's question for another peer, by name: x does not take it.
+    assert_eq!(eval::max_tasks(&ctx, x, &req, Claimant::job("lsf-9"), 4), 0);
+    assert_eq!(eval::max_tasks(&ctx, x, &req, Claimant::job("lsf-7"), 4), 1);
+}
+
+#[test]
+fn an_expired_block_is_ignored_and_the_memo_does_not_outlive_it() {
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let (shared, _source) = setup_with(
+        &config,
+        free_map(
+            &zen,
+            PACKAGE_0,
+            vec![block("lsf-7", PACKAGE_1, "affinity[numa]", EXPIRES)],
+            false,
+        ),
+        free_map(&zen, "", vec![], false),
+    );
+    let cache = shared.cache.load();
+    let resv = crate::Reservations::new();
+    let x = cache.lookup("x").unwrap();
+    let small = with_tasks("affinity[core(2)]", 1);
+    let mut memo = eval::Memo::new();
+    let mut ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
+    for (epoch_s, fits) in [(EXPIRES - 1, false), (EXPIRES, true), (EXPIRES + 3600, true)] {
+        ctx.epoch_s = epoch_s;
+        let direct = eval::evaluate(&ctx, x, &small, Claimant::Anyone);
+        assert_eq!(matches!(direct, Verdict::Fits { .. }), fits, "at {epoch_s}: {direct:?}");
+        let remembered = memo.scores(&ctx, "small", &small, &[x]);
+        assert_eq!(remembered[0].is_some(), fits, "the memo at {epoch_s}: {remembered:?}");
+    }
+    // The memo's first answer (before the expiry) was remembered, and not given after it.
+    ctx.epoch_s = EXPIRES - 1;
+    assert_eq!(memo.scores(&ctx, "small", &small, &[x]), [None]);
+}
+
+#[test]
+fn a_block_reserved_renewed_or_dropped_is_a_change_of_state() {
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let numa = "affinity[numa]";
+    let (shared, source) =
+        setup_with(&config, free_map(&zen, "", vec![], false), free_map(&zen, "", vec![], false));
+    let state = |shared: &Shared| {
+        let cache = shared.cache.load();
+        let x = cache.lookup("x").unwrap();
+        (cache.host(x).version, cache.status(x))
+    };
+    let mut seen = vec![state(&shared)];
+    let steps: Vec<FreeMap> = vec![
+        free_map(&zen, "", vec![block("lsf-7", "0-5,48-53", numa, EXPIRES)], false),
+        free_map(&zen, "", vec![block("lsf-7", "0-5,48-53", numa, EXPIRES + 600)], false),
+        free_map(&zen, "", vec![block("lsf-8", "0-5,48-53", numa, EXPIRES + 600)], false),
+        free_map(&zen, "", vec![], false),
+        free_map(&zen, "", vec![], true),
+    ];
+    for (i, free) in steps.into_iter().enumerate() {
+        source.set_map("unix:/x.sock", &zen, free.clone());
+        refresh_once(&shared, &source, &config);
+        let now = state(&shared);
+        let before = seen.last().unwrap();
+        assert_ne!(now.0, before.0, "step {i}: a new version");
+        assert_ne!(now.1.fingerprint, before.1.fingerprint, "step {i}: a new fingerprint");
+        // The same again is no change.
+        source.set_map("unix:/x.sock", &zen, free);
+        refresh_once(&shared, &source, &config);
+        assert_eq!(state(&shared).0, now.0, "step {i} again");
+        seen.push(now);
+    }
+    let until: Vec<u32> = seen.iter().map(|s| s.1.blocks_until).collect();
+    let (e, e600) = (EXPIRES as u32, (EXPIRES + 600) as u32);
+    let none = crate::cache::NO_BLOCKS;
+    assert_eq!(until, [none, e, e600, e600, none, none]);
+    // Blocks cost a host nothing on the heap where there are none.
+    let cache = shared.cache.load();
+    let y = cache.host(cache.lookup("y").unwrap());
+    assert!(y.state.as_ref().unwrap().blocks.is_empty());
+}
+
+#[test]
+fn a_defragmenting_host_where_the_job_fits_only_after_moves_ranks_after_those_where_it_fits() {
+    use crate::reserve::Dispatched;
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    // Half of each package held: 48 CPUs free, but no whole package.
+    let halves = "0-11,48-59,24-35,72-83";
+    let (shared, source) = setup_with(
+        &config,
+        free_map(&zen, halves, vec![], true),
+        free_map(&zen, halves, vec![], false),
+    );
+    let cache = shared.cache.load();
+    let mut resv = crate::Reservations::new();
+    let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Open);
+    let id = |n| cache.lookup(n).unwrap();
+    let (x, y) = (id("x"), id("y"));
+    let socket = with_tasks("affinity[core(24,same=socket)]", 1);
+    let peers = Claimant::peers_of(&socket);
+    // x defragments: a candidate after the moves; y does not: refused, as before.
+    let after = eval::evaluate(&ctx, x, &socket, peers);
+    match &after {
+        Verdict::AfterMoves(e) => assert!(e.rejected_while_free(), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    match eval::evaluate(&ctx, y, &socket, peers) {
+        Verdict::NoFit(NoFit::Placement(e)) => assert!(e.rejected_while_free(), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    // Ranked after a and b (where it fits as they are), before the unknown host (fail-open).
+    let hosts = [id("down"), x, y, id("b"), id("a")];
+    let ranks = eval::Memo::new().scores(&ctx, "socket#1", &socket, &hosts);
+    let mut order: Vec<(u64, &str)> = ranks
+        .iter()
+        .zip(["down", "x", "y", "b", "a"])
+        .filter_map(|(r, n)| r.map(|r| (r, n)))
+        .collect();
+    order.sort();
+    let names: Vec<&str> = order.iter().map(|o| o.1).collect();
+    assert_eq!(names[2..], ["x", "down"], "{order:?}");
+    assert_eq!(ranks[1], after.rank());
+    // More than the free CPUs is refused on x as well: moves make no CPUs.
+    let three = with_tasks("affinity[core(24,same=socket)]", 3);
+    assert!(matches!(
+        eval::evaluate(&ctx, x, &three, peers),
+        Verdict::NoFit(NoFit::TooFewCpus { .. })
+    ));
+    // checkAllocFn leaves x to topod: its tasks count as taken there.
+    assert_eq!(eval::max_tasks(&ctx, x, &socket, Claimant::job("lsf-3"), 2), 1);
+    assert_eq!(eval::max_tasks(&ctx, y, &socket, Claimant::job("lsf-3"), 2), 0);
+    // A dispatch there holds its least count of free CPUs until topod reports the job.
+    match resv.dispatch(&cache, "lsf-3", "x", &socket, Instant::now()) {
+        Dispatched::AfterMoves(cpus) => {
+            assert_eq!(cpus.len(), 24);
+            assert!(!cpus.intersects(&CpuSet::parse_list(halves).unwrap()), "{cpus}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Without defrag any more, x refuses it too.
+    source.set_map("unix:/x.sock", &zen, free_map(&zen, halves, vec![], false));
+    refresh_once(&shared, &source, &config);
+    let cache = shared.cache.load();
+    let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Open);
+    assert!(matches!(eval::evaluate(&ctx, x, &socket, peers), Verdict::NoFit(_)));
+}
+
+#[test]
+fn a_dispatch_goes_into_the_jobs_own_block_and_never_into_anothers() {
+    use crate::reserve::Dispatched;
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    // Dispatches read the system clock: the block holds for an hour from now.
+    let later = eval::epoch_now() + 3600;
+    let node = "0-5,48-53";
+    let (shared, _source) = setup_with(
+        &config,
+        free_map(&zen, "", vec![block("lsf-7", node, "affinity[numa]", later)], false),
+        free_map(&zen, "", vec![], false),
+    );
+    let cache = shared.cache.load();
+    let mut resv = crate::Reservations::new();
+    let six = with_tasks("affinity[core(6)]", 1);
+    let block_cpus = CpuSet::parse_list(node).unwrap();
+    match resv.dispatch(&cache, "lsf-7", "x", &six, Instant::now()) {
+        Dispatched::Reserved(cpus) => assert!(cpus.is_subset(&block_cpus), "{cpus}"),
+        other => panic!("{other:?}"),
+    }
+    match resv.dispatch(&cache, "lsf-8", "x", &six, Instant::now()) {
+        Dispatched::Reserved(cpus) => assert!(!cpus.intersects(&block_cpus), "{cpus}"),
+        other => panic!("{other:?}"),
+    }
+    // A job squeezed onto a full host holds no CPU of another's block either.
+    let all = with_tasks("affinity[core(48)]", 1);
+    match resv.dispatch(&cache, "lsf-9", "x", &all, Instant::now()) {
+        Dispatched::Squeezed(cpus, _) => assert!(!cpus.intersects(&block_cpus), "{cpus}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 use topo_core::request::Request;
 use topo_lsf_sys as sys;
 use topo_plugin_core::cache::HostId;
-use topo_plugin_core::eval::{self, Context, NoFit, Verdict, UNKNOWN_SCORE};
+use topo_plugin_core::eval::{self, Claimant, Context, NoFit, Verdict, UNKNOWN_SCORE};
 use topo_plugin_core::reserve::Dispatched;
 use topo_plugin_core::Unreachable;
 
@@ -239,7 +239,9 @@ unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut
     })
 }
 
-/// Per candidate: its score, or the pending reason (as an offset) that removes it.
+/// Per candidate: its rank ([`Verdict::rank`]: a block for this request's shape first, then
+/// fits as it is, then fits only after topod's moves, then unknown), or the pending reason (as
+/// an offset) that removes it.
 fn decide_all(
     m: &Module,
     cache: &topo_plugin_core::HostCache,
@@ -260,7 +262,8 @@ fn decide_all(
                 Some(s) => Ok(s),
                 None => {
                     if tracing::enabled!(tracing::Level::DEBUG) {
-                        if let Verdict::NoFit(why) = eval::evaluate(&ctx, h, req) {
+                        let peers = Claimant::peers_of(req);
+                        if let Verdict::NoFit(why) = eval::evaluate(&ctx, h, req, peers) {
                             tracing::debug!(host = %cache.host(h).name, "does not fit: {why}");
                         }
                     }
@@ -288,6 +291,7 @@ fn context<'a>(
         cache,
         reservations,
         now: Instant::now(),
+        epoch_s: eval::epoch_now(),
         stale_after: m.config.cache.stale_after(),
         unreachable: m.config.cache.unreachable,
     }
@@ -529,6 +533,9 @@ unsafe extern "C" fn notify_alloc_fn(
                 Dispatched::Squeezed(cpus, why) => {
                     tracing::warn!(job = %job_id, %host, %cpus, startup, "dispatched although it does not fit ({why}); its least CPU count is reserved")
                 }
+                Dispatched::AfterMoves(cpus) => {
+                    tracing::info!(job = %job_id, %host, %cpus, startup, "fits only after the host's topod moves running jobs; its least CPU count is reserved")
+                }
                 Dispatched::Held => {
                     tracing::debug!(job = %job_id, %host, "topod already reports the job")
                 }
@@ -569,11 +576,15 @@ unsafe extern "C" fn check_alloc_fn(
             }
             let mut req = request.clone();
             req.tasks.get_or_insert(slots.max(1));
-            let Verdict::NoFit(why) = eval::evaluate(&ctx, h, &req) else { continue };
+            // This job's own blocks only: matchFn counted a block for the request's shape as the
+            // peers', and this may be another peer than the one it is for. A host where it fits
+            // only after moves is left to topod, as matchFn kept it.
+            let who = Claimant::job(&job_id);
+            let Verdict::NoFit(why) = eval::evaluate(&ctx, h, &req, who) else { continue };
             if matches!(why, NoFit::Unknown(_)) && m.config.cache.unreachable == Unreachable::Open {
                 continue;
             }
-            let max = eval::max_tasks(&ctx, h, &request, slots.saturating_sub(1));
+            let max = eval::max_tasks(&ctx, h, &request, who, slots.saturating_sub(1));
             let detail =
                 format!("topo: {host} can no longer hold {slots} task(s) of {request}: {why}");
             tracing::info!(job = %job_id, max_tasks = max, "{detail}");

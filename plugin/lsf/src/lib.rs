@@ -9,14 +9,24 @@
 //! makes them LSF "peer jobs", matched together.
 //!
 //! - `matchFn` removes every candidate host whose free topology cannot hold the request, with a
-//!   custom pending reason; `sortFn` orders the rest by the placement score. Both read only the
-//!   in-memory host-state cache ([`topo_plugin_core`]), which a background thread keeps fresh
-//!   from each host's topod: nothing on the scheduler's thread waits for the network.
+//!   custom pending reason; `sortFn` orders the rest by rank
+//!   ([`topo_plugin_core::eval::Verdict::rank`]): hosts holding a topology reservation (a
+//!   block) made for a request of this shape first, then hosts where the request fits as they
+//!   are, by placement score, then hosts with topod's `defrag` where it fits only after topod
+//!   moves running jobs (an optimistic guess: the module cannot plan the moves, topod decides),
+//!   then unknown hosts when fail-open. Both read only the in-memory host-state cache
+//!   ([`topo_plugin_core`]), which a background thread keeps fresh from each host's topod:
+//!   nothing on the scheduler's thread waits for the network.
+//! - matchFn is not told which job it matches (LSF matches peer jobs together), so there a
+//!   block made for a request of the same shape counts as the peers' own and every other block
+//!   as in the way; `checkAllocFn` and `notifyAllocFn`, which know the job (`lsf-<jobid>`, or
+//!   `lsf-<jobid>[<index>]` for an array element: the id a reservation for it must name), use only
+//!   that job's own block.
 //! - `notifyAllocFn` keeps tentative reservations (`NOTIFY_ALLOC`, `NOTIFY_STARTUP` replay
 //!   after a scheduler restart, `NOTIFY_DEALLOC`), so that two jobs in one session never count
 //!   the same CPUs; a reservation goes when the host's topod reports the job.
 //! - `checkAllocFn` re-checks an allocation against the current state and limits the tasks on a
-//!   host that can no longer hold them.
+//!   host that can no longer hold them (another job's block in the way included).
 //!
 //! A string that does not parse pends the job with a pending reason that quotes the fragment.
 //! Every exported function catches panics and returns an error code; the module logs through

@@ -15,6 +15,11 @@
 //! `--baseline-jobs 0` leaves out the live topod. The run also prints the memo's bytes per host
 //! at its most shapes (64), the cache and memo together per host, and the longest time a reader
 //! waited for a snapshot while a first refresh of every host (topologies included) ran.
+//!
+//! `--blocked-hosts PCT` gives that share of hosts a topology reservation (a NUMA node's block
+//! for a waiting job, where topod would choose it, live for an hour), and `--defrag-hosts PCT`
+//! that share `defrag` (a job that fits there only after moves stays a candidate, ranked after
+//! the hosts where it fits): both 0 by default, as the cluster was before topod had them.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -24,11 +29,12 @@ use std::time::{Duration, Instant};
 use topo_client::Client;
 use topo_core::bench::{job_stream, SplitMix, TARGET_LOAD};
 use topo_core::ledger::Ledger;
-use topo_core::place::{self, model::HostModel, Strategy};
+use topo_core::place::{self, model::HostModel, Occupancy, Strategy};
 use topo_core::proto::Op;
+use topo_core::reservation::{choose_block, Reservation};
 use topo_core::topology::{hwloc_xml, Topology};
 use topo_plugin_core::cache::{FreeMap, HostCache};
-use topo_plugin_core::eval::{self, Context, Memo, Verdict};
+use topo_plugin_core::eval::{self, Claimant, Context, Memo, Verdict};
 use topo_plugin_core::fetch::{refresh_once, FetchError, Fetched, HostSource, Shared};
 use topo_plugin_core::{Address, CacheConfig, Reservations, Unreachable};
 
@@ -84,6 +90,8 @@ struct Args {
     hosts: usize,
     jobs: usize,
     baseline_jobs: usize,
+    blocked_pct: usize,
+    defrag_pct: usize,
     topod: PathBuf,
     shared: PathBuf,
 }
@@ -97,6 +105,8 @@ fn parse_args() -> Result<Args, String> {
         hosts: 10_000,
         jobs: 200,
         baseline_jobs: 3,
+        blocked_pct: 0,
+        defrag_pct: 0,
         topod: exe_dir.join("topod"),
         shared: std::env::var_os("TOPO_SHARED_DIR")
             .map(PathBuf::from)
@@ -111,10 +121,12 @@ fn parse_args() -> Result<Args, String> {
             "--hosts" => a.hosts = number(value()?)?,
             "--jobs" => a.jobs = number(value()?)?,
             "--baseline-jobs" => a.baseline_jobs = number(value()?)?,
+            "--blocked-hosts" => a.blocked_pct = number(value()?)?.min(100),
+            "--defrag-hosts" => a.defrag_pct = number(value()?)?.min(100),
             "--topod" => a.topod = PathBuf::from(value()?),
             "--shared" => a.shared = PathBuf::from(value()?),
             "-h" | "--help" => {
-                println!("usage: topo-plugin-bench [--hosts N] [--jobs N] [--baseline-jobs N] [--topod PATH] [--shared DIR]");
+                println!("usage: topo-plugin-bench [--hosts N] [--jobs N] [--baseline-jobs N] [--blocked-hosts PCT] [--defrag-hosts PCT] [--topod PATH] [--shared DIR]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
@@ -152,7 +164,24 @@ fn loaded_free_map(topo: &Topology, model: &HostModel, seed: u64) -> FreeMap {
         held: ledger.occupancy().held.clone(),
         fenced: ledger.occupancy().fenced.clone(),
         job_ids: ledger.jobs().map(|a| a.job.clone()).collect(),
+        reservations: Vec::new(),
+        defrag: false,
     }
+}
+
+/// A NUMA node's block for a waiting job on the host of `free`, where topod would choose it,
+/// lapsing an hour after `now_s`; none when the host has no room for one.
+fn block_for(model: &HostModel, free: &FreeMap, host: usize, now_s: i64) -> Option<Reservation> {
+    let request = topo_core::request::parse("affinity[numa]").ok()?;
+    let occupancy = Occupancy { held: free.held.clone(), fenced: free.fenced.clone() };
+    let (p, _) = choose_block(model, &occupancy, &[], &request, Strategy::BestFit, now_s).ok()?;
+    Some(Reservation {
+        job: format!("lsf-{}", 900_000 + host),
+        cpus: p.cpus,
+        request: request.to_string(),
+        made_at: now_s,
+        expires_at: now_s + 3600,
+    })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -223,12 +252,22 @@ fn run() -> Result<(), String> {
     // The cluster: loaded hosts, in the cache as the refresher would leave it. The free maps
     // (kept for the refresh measurement below) are made before the cache is measured and each
     // is cloned into it, so the heap's growth is the cache's own.
+    // Spread evenly: every (100 / PCT)-th host, counted in hundredths.
+    let every = |pct: usize, i: usize| (i * pct) / 100 != ((i + 1) * pct) / 100;
+    let now_s = eval::epoch_now();
     let free_maps: Vec<FreeMap> = (0..args.hosts)
         .map(|i| {
             let (t, m) = &machines[i % machines.len()];
-            loaded_free_map(t, m, i as u64 + 1)
+            let mut free = loaded_free_map(t, m, i as u64 + 1);
+            if every(args.blocked_pct, i) {
+                free.reservations.extend(block_for(m, &free, i, now_s));
+            }
+            free.defrag = every(args.defrag_pct, i);
+            free
         })
         .collect();
+    let blocked = free_maps.iter().filter(|f| !f.reservations.is_empty()).count();
+    let defragmenting = free_maps.iter().filter(|f| f.defrag).count();
     let before = LIVE.load(Ordering::Relaxed);
     let mut cache = HostCache::new();
     let at = Instant::now();
@@ -269,11 +308,13 @@ fn run() -> Result<(), String> {
     let mut first_of_shape_ms = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut kept_total = 0usize;
+    let (mut own_block_total, mut after_moves_total) = (0usize, 0usize);
     for (i, (r, key)) in requests.iter().zip(&keys).enumerate() {
         let ctx = Context {
             cache: &cache,
             reservations: &reservations,
             now: Instant::now(),
+            epoch_s: eval::epoch_now(),
             stale_after: Duration::from_secs(3600),
             unreachable: Unreachable::Open,
         };
@@ -288,9 +329,16 @@ fn run() -> Result<(), String> {
             first_of_shape_ms.push(ms);
         }
         kept_total += kept.len();
-        let dispatch = kept.first().and_then(|&(_, h)| match eval::evaluate(&ctx, h, r) {
-            Verdict::Fits { cpus, .. } => Some((h, cpus)),
-            Verdict::NoFit(_) => None,
+        own_block_total += kept.iter().filter(|k| k.0 < eval::FITS_RANK).count();
+        after_moves_total += kept
+            .iter()
+            .filter(|k| (eval::AFTER_MOVES_RANK..eval::UNKNOWN_SCORE).contains(&k.0))
+            .count();
+        let dispatch = kept.first().and_then(|&(_, h)| {
+            match eval::evaluate(&ctx, h, r, Claimant::peers_of(r)) {
+                Verdict::Fits { cpus, .. } => Some((h, cpus)),
+                Verdict::AfterMoves(_) | Verdict::NoFit(_) => None,
+            }
         });
         if let Some((h, cpus)) = dispatch {
             reservations.reserve(&format!("job{i}"), h, cpus, Instant::now());
@@ -305,6 +353,7 @@ fn run() -> Result<(), String> {
             cache: &cache,
             reservations: &reservations,
             now: Instant::now(),
+            epoch_s: eval::epoch_now(),
             stale_after: Duration::from_secs(3600),
             unreachable: Unreachable::Open,
         };
@@ -376,12 +425,19 @@ fn run() -> Result<(), String> {
     baseline_ms.sort_by(f64::total_cmp);
 
     let p50 = percentile(&per_job_ms, 0.5);
-    println!("cluster: {} hosts of {} machine types ({} distinct models in the cache), each loaded by its own job stream", args.hosts, machines.len(), models);
+    println!("cluster: {} hosts of {} machine types ({} distinct models in the cache), each loaded by its own job stream; {} with a topology reservation, {} with defrag", args.hosts, machines.len(), models, blocked, defragmenting);
     println!(
-        "jobs: {} mixed requests; on average {:.0} hosts fit each",
+        "jobs: {} mixed requests; on average {:.0} hosts are candidates for each",
         per_job_ms.len(),
         kept_total as f64 / per_job_ms.len() as f64
     );
+    if blocked + defragmenting > 0 {
+        println!(
+            "  of which on average {:.1} in a block of their request's shape, {:.0} only after moves",
+            own_block_total as f64 / per_job_ms.len() as f64,
+            after_moves_total as f64 / per_job_ms.len() as f64
+        );
+    }
     println!("match + sort per job, session of {} jobs ({} distinct shapes): p50 {:.3} ms  p90 {:.3} ms  p99 {:.3} ms  max {:.3} ms", per_job_ms.len(), distinct, p50, percentile(&per_job_ms, 0.9), percentile(&per_job_ms, 0.99), per_job_ms[per_job_ms.len() - 1]);
     println!(
         "  first job of each shape (nothing remembered): p50 {:.3} ms  max {:.3} ms",
