@@ -8,6 +8,7 @@ mod bench_daemon;
 mod bench_freeze;
 mod bench_gang;
 mod bench_hostile;
+mod bench_resize;
 mod docs;
 mod lsf;
 mod simulate;
@@ -388,6 +389,11 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A running malleable job (the program of tests/malleable/build.sh, started by topo-exec
+    /// in a running topod) shrunk and expanded: the time from the resize request to topod's
+    /// reply, to every thread on the new CPUs, and to the program's own line for the change.
+    /// Needs root and real cgroups.
+    Resize(bench_resize::ResizeOpts),
     /// An attacker for `bench daemon --hostile` (runs until killed).
     #[command(hide = true)]
     Attack {
@@ -500,6 +506,7 @@ fn main() -> ExitCode {
             })
             .collect::<Result<Vec<u64>, Failure>>()
             .and_then(|list| bench_gang::run(&list, per_run, json)),
+        Command::Bench { what: BenchCommand::Resize(opts) } => bench_resize::run(opts),
         Command::Bench { what: BenchCommand::Attack { daemon, mode, count, stats } } => {
             bench_hostile::attack(&daemon.socket, &mode, count, &stats)
         }
