@@ -196,25 +196,7 @@ fn resize_and_check(
     failures: &Mutex<Vec<String>>,
 ) {
     let fail = |what: String| failures.lock().unwrap().push(format!("{job}: {what}"));
-    let cgroup = cpuset_root.join(job).join("cpuset.cpus");
-    let agree = || {
-        let start = Instant::now();
-        loop {
-            let before = std::fs::read_to_string(&cgroup).ok().map(|s| s.trim().to_string());
-            let seen = cpus_allowed(pid);
-            let after = std::fs::read_to_string(&cgroup).ok().map(|s| s.trim().to_string());
-            let listed = listed_cpus(socket, job);
-            if before == after && seen == before && listed == before && before.is_some() {
-                return Ok(());
-            }
-            if start.elapsed() > Duration::from_secs(1) {
-                return Err(format!(
-                    "cgroup {before:?}/{after:?}, process {seen:?}, topod lists {listed:?}"
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    };
+    let agree = || agree(socket, job, pid, cpuset_root);
     if let Err(e) = agree() {
         fail(format!("for a second: {e}"));
     }
@@ -264,8 +246,278 @@ fn reserve_and_drop(socket: &Path, job: &str, failures: &Mutex<Vec<String>>) {
     }
 }
 
+/// The two crash tests take turns: each loads the machine as much as it can, and together on
+/// two CPUs they slow every freeze and call beyond what either checks for.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The killer: SIGKILLs topod at random moments and starts it again, until `done`.
+struct Killer(std::thread::JoinHandle<()>);
+
+impl Killer {
+    fn start(
+        daemon: &Arc<Mutex<Child>>,
+        done: &Arc<AtomicBool>,
+        kills: &Arc<AtomicUsize>,
+        socket: &Path,
+        dir: &Path,
+        config: &Path,
+        kill_spread_ms: u64,
+    ) -> Killer {
+        let (daemon, done, kills, socket, dir, config) = (
+            daemon.clone(),
+            done.clone(),
+            kills.clone(),
+            socket.to_path_buf(),
+            dir.to_path_buf(),
+            config.to_path_buf(),
+        );
+        Killer(std::thread::spawn(move || {
+            let mut rng = 0x2545_F491_4F6C_DD1Du64;
+            while !done.load(Ordering::SeqCst) {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                // Half the kills count their delay from topod's start (so some land in its
+                // start-up and ledger rebuild), half from when it answers: on a slow host (an
+                // emulated guest) topod then still gets work done between kills.
+                if rng & 1 == 0 {
+                    let started = Instant::now();
+                    while Client::connect(&socket).is_err()
+                        && started.elapsed() < Duration::from_secs(30)
+                    {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5 + (rng >> 1) % kill_spread_ms));
+                let mut d = daemon.lock().unwrap();
+                let _ = d.kill();
+                let _ = d.wait();
+                kills.fetch_add(1, Ordering::SeqCst);
+                *d = spawn_topod(&socket, &dir, &config);
+            }
+        }))
+    }
+}
+
+/// Every job's process, its cgroup and topod's list agree until the job ends (read until they
+/// do: a change is published once whole; a disagreement that lasts a second fails).
+fn agree(socket: &Path, job: &str, pid: u32, cpuset_root: &Path) -> Result<String, String> {
+    let cgroup = cpuset_root.join(job).join("cpuset.cpus");
+    let start = Instant::now();
+    loop {
+        let before = std::fs::read_to_string(&cgroup).ok().map(|s| s.trim().to_string());
+        let seen = cpus_allowed(pid);
+        let after = std::fs::read_to_string(&cgroup).ok().map(|s| s.trim().to_string());
+        let listed = listed_cpus(socket, job);
+        if before == after && seen == before && listed == before {
+            if let Some(cpus) = before {
+                return Ok(cpus);
+            }
+        }
+        if start.elapsed() > Duration::from_secs(1) {
+            return Err(format!(
+                "cgroup {before:?}/{after:?}, process {seen:?}, topod lists {listed:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A job of the defrag crash test: its process, and the CPUs its allocate gave.
+struct Placed {
+    job: String,
+    child: Child,
+    given: String,
+}
+
+/// The CPUs of each NUMA node of this machine.
+fn numa_nodes() -> Vec<CpuSet> {
+    let Ok(dir) = std::fs::read_dir("/sys/devices/system/node") else { return Vec::new() };
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("node"))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("cpulist")).ok())
+        .filter_map(|l| CpuSet::parse_list(l.trim()).ok())
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// One round of the defrag crash test: the host filled with one-CPU jobs, one of them released
+/// in each NUMA node (one free CPU in each), then a job of two CPUs in one node, which fits
+/// only if topod moves a job (on a host of two such nodes or more). Every job's
+/// process, cgroup and listing agree throughout; all are released at the end. Returns the jobs
+/// placed.
+fn defrag_round(
+    socket: &Path,
+    name: &str,
+    root: &Path,
+    failures: &Mutex<Vec<String>>,
+    moved: &AtomicUsize,
+) -> usize {
+    let fail = |what: String| failures.lock().unwrap().push(what);
+    let place = |job: String, request: &str| -> Option<Placed> {
+        let given = match call(socket, Op::allocate(&job, request)) {
+            Ok(a) => a["cpus"].as_str().unwrap_or("").to_string(),
+            Err(e) if e.code == ErrorCode::DoesNotFit => return None,
+            Err(e) => {
+                fail(format!("{job}: allocate: {}", e.message));
+                return None;
+            }
+        };
+        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        if let Err(e) = call(socket, Op::Join { job: job.clone(), pid: child.id() as i32 }) {
+            fail(format!("{job}: join: {}", e.message));
+        }
+        Some(Placed { job, child, given })
+    };
+    let check = |p: &Placed| match agree(socket, &p.job, p.child.id(), root) {
+        Ok(now) if now != p.given => {
+            moved.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(_) => {}
+        Err(e) => fail(format!("{}: for a second: {e}", p.job)),
+    };
+    let release = |mut p: Placed| {
+        match call(socket, Op::Release { job: p.job.clone() }) {
+            Ok(_) => {}
+            Err(e) if e.code == ErrorCode::UnknownJob => {}
+            Err(e) => fail(format!("{}: release: {}", p.job, e.message)),
+        }
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    };
+    // Fill the host with one-CPU jobs, then free one CPU in each NUMA node of two or more.
+    let mut jobs: Vec<Placed> = Vec::new();
+    for k in 0..64 {
+        match place(format!("{name}-{k}"), "affinity[thread*1]") {
+            Some(p) => jobs.push(p),
+            None => break,
+        }
+    }
+    for node in numa_nodes().into_iter().filter(|n| n.len() >= 2) {
+        if let Some(i) = jobs
+            .iter()
+            .position(|p| CpuSet::parse_list(&p.given).is_ok_and(|c| c.first() == node.first()))
+        {
+            release(jobs.remove(i));
+        }
+    }
+    jobs.extend(place(format!("{name}-n"), "affinity[thread(2,same=numa)]"));
+    let placed = jobs.len();
+    for p in &jobs {
+        check(p);
+    }
+    if let Ok(list) = call(socket, Op::List) {
+        check_no_cpu_twice(&list, failures);
+    }
+    for p in jobs {
+        release(p);
+    }
+    placed
+}
+
+/// Defragmenting migration under SIGKILLs: one-CPU jobs and jobs of two CPUs in one NUMA node
+/// come and go, with `defrag` on and no delay timers, so that on a host of two NUMA nodes of
+/// two CPUs or more (the v2 guest) jobs are moved to make room. Every job's process runs on its
+/// cgroup's CPUs and topod lists those, throughout; at the end nothing is left. Reports the
+/// moves it saw (a job listed on other CPUs than its allocate gave).
+#[test]
+fn sigkill_while_defragmenting() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cgroups = match common::RealCgroups::detect() {
+        Ok(c) => c,
+        Err(why) => return common::skip(&format!("the crash test uses real cgroups: {why}")),
+    };
+    let cycles = env_or("TOPO_CRASH_CYCLES", 1000) / 4;
+    let min_kills = env_or("TOPO_CRASH_KILLS", 100) / 4;
+    let kill_spread_ms = env_or("TOPO_CRASH_SPREAD_MS", 40).max(1) as u64;
+    // One client: a round fills the host and frees CPUs in a pattern of its own.
+    let clients = 1;
+    let dir = tempfile::tempdir().unwrap();
+    let subtree = format!("topo-defrag-test-{}", std::process::id());
+    let roots = cgroups.roots(&subtree);
+    let config = dir.path().join("topod.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "cgroup = \"{}\"\ncgroup_subtree = \"{subtree}\"\ndefrag = true\nmigrate_min_run_s = 0\nmigrate_gap_s = 0\n",
+            cgroups.kind()
+        ),
+    )
+    .unwrap();
+    let socket = dir.path().join("topod.sock");
+    let daemon = Arc::new(Mutex::new(spawn_topod(&socket, dir.path(), &config)));
+    let done = Arc::new(AtomicBool::new(false));
+    let kills = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (next, placed, moved) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let killer =
+        Killer::start(&daemon, &done, &kills, &socket, dir.path(), &config, kill_spread_ms);
+    let workers: Vec<_> = (0..clients)
+        .map(|w| {
+            let (socket, failures, next, placed, moved, kills, root) = (
+                socket.clone(),
+                failures.clone(),
+                next.clone(),
+                placed.clone(),
+                moved.clone(),
+                kills.clone(),
+                roots[0].clone(),
+            );
+            std::thread::spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if placed.load(Ordering::SeqCst) >= cycles
+                    && kills.load(Ordering::SeqCst) >= min_kills
+                {
+                    return;
+                }
+                let n = defrag_round(&socket, &format!("d{w}-{i}"), &root, &failures, &moved);
+                placed.fetch_add(n, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    done.store(true, Ordering::SeqCst);
+    killer.0.join().unwrap();
+    let list = call(&socket, Op::List).unwrap();
+    let left: Vec<String> = std::fs::read_dir(&roots[0])
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    {
+        let mut d = daemon.lock().unwrap();
+        let _ = d.kill();
+        let _ = d.wait();
+    }
+    for root in &roots {
+        let _ = std::fs::remove_dir(root);
+    }
+    let failures = failures.lock().unwrap();
+    let (kills, placed, moved) =
+        (kills.load(Ordering::SeqCst), placed.load(Ordering::SeqCst), moved.load(Ordering::SeqCst));
+    eprintln!("defrag crash test on cgroup {}: {placed} jobs placed, {moved} seen moved, {kills} SIGKILLs, {} failures", cgroups.kind(), failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(kills >= min_kills, "only {kills} kills");
+    assert_eq!(list, serde_json::json!([]), "no job left in the ledger");
+    assert!(left.is_empty(), "job cgroups left behind: {left:?}");
+    // Two NUMA nodes of two CPUs or more: scattered one-CPU jobs keep two-CPU jobs out unless
+    // topod moves them, so moves must be seen.
+    let nodes = numa_nodes().iter().filter(|n| n.len() >= 2).count();
+    if nodes >= 2 {
+        assert!(moved > 0, "no job was moved on a host of {nodes} NUMA nodes");
+    }
+}
+
 #[test]
 fn sigkill_at_random_points() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cgroups = match common::RealCgroups::detect() {
         Ok(c) => c,
         Err(why) => return common::skip(&format!("the crash test uses real cgroups: {why}")),
@@ -299,42 +551,8 @@ fn sigkill_at_random_points() {
     let completed = Arc::new(AtomicUsize::new(0));
     let allocated = Arc::new(AtomicUsize::new(0));
 
-    // The killer: SIGKILL topod at random moments and start it again.
-    let killer = {
-        let (daemon, done, kills, socket, dir, config) = (
-            daemon.clone(),
-            done.clone(),
-            kills.clone(),
-            socket.clone(),
-            dir.path().to_path_buf(),
-            config.clone(),
-        );
-        std::thread::spawn(move || {
-            let mut rng = 0x2545_F491_4F6C_DD1Du64;
-            while !done.load(Ordering::SeqCst) {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                // Half the kills count their delay from topod's start (so some land in its
-                // start-up and ledger rebuild), half from when it answers: on a slow host (an
-                // emulated guest) topod then still gets work done between kills.
-                if rng & 1 == 0 {
-                    let started = Instant::now();
-                    while Client::connect(&socket).is_err()
-                        && started.elapsed() < Duration::from_secs(30)
-                    {
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(5 + (rng >> 1) % kill_spread_ms));
-                let mut d = daemon.lock().unwrap();
-                let _ = d.kill();
-                let _ = d.wait();
-                kills.fetch_add(1, Ordering::SeqCst);
-                *d = spawn_topod(&socket, &dir, &config);
-            }
-        })
-    };
+    let killer =
+        Killer::start(&daemon, &done, &kills, &socket, dir.path(), &config, kill_spread_ms);
 
     let workers: Vec<_> = (0..clients)
         .map(|w| {
@@ -437,7 +655,7 @@ fn sigkill_at_random_points() {
         w.join().unwrap();
     }
     done.store(true, Ordering::SeqCst);
-    killer.join().unwrap();
+    killer.0.join().unwrap();
 
     // The end state: nothing held, no job cgroup, no job process.
     let list = call(&socket, Op::List).unwrap();

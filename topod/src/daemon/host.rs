@@ -2542,6 +2542,32 @@ mod tests {
         h.ledger().check().unwrap();
     }
 
+    #[test]
+    fn defrag_round_as_the_crash_test_plays_it() {
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 1,
+            numa_per_package: 2,
+            l3_per_numa: 1,
+            cores_per_l3: 2,
+            threads_per_core: 1,
+        });
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.set_defrag(Some(DefragConfig {
+            min_run_s: 0,
+            gap_s: 0,
+            limits: topo_core::defrag::DefragLimits::default(),
+        }));
+        for j in ["a", "b", "c"] {
+            h.allocate(j, "affinity[thread*1]", None, None, None, None).unwrap();
+        }
+        h.release("b").unwrap();
+        let before: Vec<String> =
+            h.ledger().jobs().map(|a| format!("{} {}", a.job, a.cpus)).collect();
+        let n = h.allocate("n", "affinity[thread(2,same=numa)]", None, None, None, None);
+        assert!(n.is_ok(), "{before:?}: {n:?}");
+    }
+
     fn gang_ask(row: Option<u32>, prime: bool) -> GangAsk {
         GangAsk { gang: Some(!prime), row, prime, queue: None }
     }
