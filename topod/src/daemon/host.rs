@@ -391,6 +391,24 @@ pub fn prepare(
     }
 }
 
+/// A recovered job's tasks: its record's, checked against the CPUs its cgroup has (the cgroup
+/// is the truth: a record that could not be written after a resize is stale). Tasks outside
+/// the cgroup's CPUs are dropped and CPUs no task names become one more task.
+fn tasks_for(job: &JobId, recorded: &[CpuSet], cpus: &CpuSet) -> Vec<CpuSet> {
+    let mut tasks: Vec<CpuSet> =
+        recorded.iter().filter(|t| !t.is_empty() && t.is_subset(cpus)).cloned().collect();
+    let rest = cpus.difference(&CpuSet::union_all(&tasks));
+    if !rest.is_empty() {
+        tasks.push(rest);
+    }
+    if tasks != recorded && !recorded.is_empty() {
+        tracing::warn!(
+            "job {job}: its record's tasks do not match its cgroup's CPUs {cpus}; taken from the cgroup"
+        );
+    }
+    tasks
+}
+
 /// What reads need of the host, copied out under the lock in a moment and used without it.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -1031,8 +1049,8 @@ impl Host {
                 report.bad_requests.push(job.to_string());
                 hint.request.clear();
             }
-            let tasks =
-                if hint.tasks.is_empty() { vec![eff.cpus.clone()] } else { hint.tasks.clone() };
+            let tasks = tasks_for(&job, &hint.tasks, &eff.cpus);
+            hint.tasks = tasks.clone();
             let fenced = match parsed.as_ref().and_then(|r| r.exclusive_level()) {
                 Some(level) => self.model.closure(level, &eff.cpus).difference(&eff.cpus),
                 None => CpuSet::new(),
@@ -1140,8 +1158,12 @@ impl Host {
             }
             report.dropped_hints.push(job);
         }
-        // Every job's notify file says its CPUs again (a job moved by the plan learns of it).
+        // Every job's notify file says its CPUs again (a job moved by the plan learns of it, by
+        // its signal too); files of jobs that are gone go.
         let kept = report.kept.clone();
+        if let Some(dir) = &self.notify_dir {
+            moves::sweep_notify_dir(dir, &kept.iter().cloned().collect());
+        }
         for job in kept {
             let signal = moved.contains(&job);
             self.tell(&job, signal);
@@ -2292,7 +2314,7 @@ mod tests {
             tasks: grown.tasks[..1].to_vec(),
             ..grown.clone()
         };
-        Records::open(dir.path()).unwrap().write_moves(&[planned.clone()]).unwrap();
+        Records::open(dir.path()).unwrap().write_moves(std::slice::from_ref(&planned)).unwrap();
         std::mem::forget(h);
         let mut again = host_on(&topo, &kernel, Some(dir.path()));
         again.set_notify_dir(Some(notify.clone())).unwrap();
@@ -2349,7 +2371,7 @@ mod tests {
         let mut h = host_on(&topo, &kernel, Some(dir.path()));
         h.set_clock(Arc::new(|| at(1_100)));
         h.recover(BTreeMap::new()).unwrap();
-        assert_eq!(h.reservations(), [r.clone()]);
+        assert_eq!(h.reservations(), std::slice::from_ref(&r));
         // The block's job drains out; the named job is placed inside and spends it.
         let inside = h.ledger().jobs().find(|a| a.cpus.intersects(&r.cpus)).unwrap().job.clone();
         h.release(&inside).unwrap();
@@ -2566,6 +2588,57 @@ mod tests {
             h.ledger().jobs().map(|a| format!("{} {}", a.job, a.cpus)).collect();
         let n = h.allocate("n", "affinity[thread(2,same=numa)]", None, None, None, None);
         assert!(n.is_ok(), "{before:?}: {n:?}");
+    }
+
+    #[test]
+    fn a_resize_whose_record_cannot_be_written_is_made_again_at_the_restart_and_never_told_backwards(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = small_topology(4);
+        let kernel = kernel_for(&topo);
+        let notify = dir.path().join("notify");
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.set_notify_dir(Some(notify.clone())).unwrap();
+        h.allocate("m", "affinity[thread*1-4]", None, None, None, None).unwrap();
+        // The records directory becomes unwritable (a file where it was).
+        let jobs = dir.path().join("jobs");
+        let saved = dir.path().join("jobs.saved");
+        std::fs::rename(&jobs, &saved).unwrap();
+        std::fs::write(&jobs, "not a directory").unwrap();
+        let shrunk = h.resize("m", 1).unwrap();
+        assert!(dir.path().join("moves.json").exists(), "the plan stays until it is recorded");
+        let told = |n: &str| std::fs::read_to_string(notify.join(n)).unwrap();
+        assert!(told("m").starts_with("generation=2\n"), "{}", told("m"));
+        std::mem::forget(h);
+        std::fs::remove_file(&jobs).unwrap();
+        std::fs::rename(&saved, &jobs).unwrap();
+        let mut again = host_on(&topo, &kernel, Some(dir.path()));
+        again.set_notify_dir(Some(notify.clone())).unwrap();
+        again.recover(BTreeMap::new()).unwrap();
+        let m = again.ledger().get("m").unwrap().clone();
+        assert_eq!((m.cpus.clone(), m.tasks.clone()), (shrunk.cpus.clone(), shrunk.tasks.clone()));
+        assert!(!dir.path().join("moves.json").exists());
+        let g: u64 =
+            told("m").lines().next().unwrap().strip_prefix("generation=").unwrap().parse().unwrap();
+        assert!(g >= 2, "never backwards: {}", told("m"));
+        // A record whose tasks disagree with the cgroup (written before a move a crash cut
+        // short, the plan lost too) is corrected from the cgroup.
+        let mut stale = again.hints.get("m").unwrap().clone();
+        stale.tasks = vec![CpuSet::parse_list("0").unwrap(), CpuSet::parse_list("1").unwrap()];
+        Records::open(dir.path()).unwrap().write(&JobId::parse("m").unwrap(), &stale).unwrap();
+        std::mem::forget(again);
+        let mut third = host_on(&topo, &kernel, Some(dir.path()));
+        third.set_notify_dir(Some(notify.clone())).unwrap();
+        third.recover(BTreeMap::new()).unwrap();
+        let m = third.ledger().get("m").unwrap();
+        assert_eq!(CpuSet::union_all(&m.tasks), m.cpus, "{m:?}");
+        // A file left by a job that is gone is swept.
+        std::fs::write(notify.join("gone"), "generation=1\ncpus=0\nmems=0\n").unwrap();
+        std::mem::forget(third);
+        let mut fourth = host_on(&topo, &kernel, Some(dir.path()));
+        fourth.set_notify_dir(Some(notify.clone())).unwrap();
+        fourth.recover(BTreeMap::new()).unwrap();
+        assert!(!notify.join("gone").exists() && notify.join("m").exists());
     }
 
     fn gang_ask(row: Option<u32>, prime: bool) -> GangAsk {

@@ -107,7 +107,7 @@ impl Host {
             .filter_map(|m| self.ledger.get(&m.job).map(|a| (m.job.as_str(), a)))
             .collect();
         let mut order: Vec<&Allocation> = moves.iter().collect();
-        order.sort_by_key(|m| old.get(m.job.as_str()).map_or(true, |o| !m.cpus.is_subset(&o.cpus)));
+        order.sort_by_key(|m| old.get(m.job.as_str()).is_none_or(|o| !m.cpus.is_subset(&o.cpus)));
         let mut done: Vec<(JobId, &Allocation)> = Vec::new();
         for m in order {
             let id = JobId::parse(&m.job)?;
@@ -139,6 +139,7 @@ impl Host {
         }
         self.ledger = next;
         let now = self.now_s();
+        let mut recorded = true;
         for m in &moves {
             let hint = self
                 .hints
@@ -148,13 +149,11 @@ impl Host {
             hint.moved_at = Some(now);
             hint.notify_generation = hint.notify_generation.max(1) + 1;
             let hint = hint.clone();
-            if let Ok(id) = JobId::parse(&m.job) {
-                self.record(&id, &hint);
-            }
-        }
-        if let Some(records) = &self.records {
-            if let Err(e) = records.remove_moves() {
-                tracing::warn!("{e}");
+            if let (Ok(id), Some(records)) = (JobId::parse(&m.job), &self.records) {
+                if let Err(e) = records.write(&id, &hint) {
+                    tracing::error!("job {id}: {e}; the plan of moves stays, so that a restart makes the move again and records it");
+                    recorded = false;
+                }
             }
         }
         for m in &moves {
@@ -170,6 +169,13 @@ impl Host {
                 m.tasks.len()
             );
             self.tell(&m.job, true);
+        }
+        // Only now: a crash before this makes the moves again at the restart, and the jobs are
+        // told again (file and signal), so none misses its signal.
+        if let (true, Some(records)) = (recorded, &self.records) {
+            if let Err(e) = records.remove_moves() {
+                tracing::warn!("{e}");
+            }
         }
         Ok(())
     }
@@ -227,19 +233,30 @@ impl Host {
     /// `resize_signal` (if it chose one) to each of its processes. Failures are logged: the
     /// job's CPUs have changed whatever it hears.
     pub(crate) fn tell(&mut self, job: &str, signal: bool) {
-        let Some(alloc) = self.ledger.get(job) else { return };
-        let Some(hint) = self.hints.get(job) else { return };
-        if let Some(dir) = &self.notify_dir {
-            let text = format!(
-                "generation={}\ncpus={}\nmems={}\n",
-                hint.notify_generation.max(1),
-                alloc.cpus,
-                alloc.mems
-            );
-            if let Err(e) = write_world_readable(dir, job, text.as_bytes()) {
-                tracing::warn!("job {job}: cannot write its notify file in {}: {e}", dir.display());
+        let Some(alloc) = self.ledger.get(job).cloned() else { return };
+        if let Some(dir) = self.notify_dir.clone() {
+            // The file's generation never goes back, whatever the record says (a record that
+            // could not be written, a restart): a job waits for a generation above the last it saw.
+            let (file_gen, file_text) = read_notify(&dir.join(job));
+            let Some(hint) = self.hints.get_mut(job) else { return };
+            let body = format!("cpus={}\nmems={}\n", alloc.cpus, alloc.mems);
+            let mut generation = hint.notify_generation.max(1);
+            if file_gen >= generation && !file_text.ends_with(&body) {
+                generation = file_gen + 1;
+            }
+            generation = generation.max(file_gen);
+            hint.notify_generation = generation;
+            let text = format!("generation={generation}\n{body}");
+            if text != file_text {
+                if let Err(e) = write_world_readable(&dir, job, text.as_bytes()) {
+                    tracing::warn!(
+                        "job {job}: cannot write its notify file in {}: {e}",
+                        dir.display()
+                    );
+                }
             }
         }
+        let Some(hint) = self.hints.get(job) else { return };
         let Some(signal) = hint.resize_signal.filter(|_| signal) else { return };
         let Ok(id) = JobId::parse(job) else { return };
         let Ok(signal) = nix::sys::signal::Signal::try_from(signal) else { return };
@@ -255,6 +272,29 @@ impl Host {
     pub(crate) fn forget_notify(&self, job: &str) {
         if let Some(dir) = &self.notify_dir {
             let _ = std::fs::remove_file(dir.join(job));
+        }
+    }
+}
+
+/// The generation and the whole text of a notify file (0 and empty when there is none).
+fn read_notify(path: &Path) -> (u64, String) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let generation = text
+        .lines()
+        .find_map(|l| l.strip_prefix("generation="))
+        .and_then(|g| g.trim().parse().ok())
+        .unwrap_or(0);
+    (generation, text)
+}
+
+/// Removes the notify files of jobs not in `keep` (left by jobs released while topod was down,
+/// or by an earlier boot's topod on a persistent directory), and stray temporary files.
+pub(crate) fn sweep_notify_dir(dir: &Path, keep: &std::collections::BTreeSet<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !keep.contains(&name) && e.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }
