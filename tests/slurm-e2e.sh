@@ -51,6 +51,8 @@ echo "CPUSET_CGROUP=\$cg"
 echo "CPUSET_CGROUP_CPUS=\$(cat /sys/fs/cgroup/cpuset\$cg/cpuset.cpus)"
 echo "IN_TOPOD_CGROUP=\$(grep -qx \$\$ /sys/fs/cgroup/cpuset/$CGROUP_SUBTREE/slurm-\$SLURM_JOB_ID/cgroup.procs 2>/dev/null && echo yes || echo no)"
 echo "TOPO_JOB=\$TOPO_JOB TOPO_CPUS=\$TOPO_CPUS TOPO_TASK_CPUS=\$TOPO_TASK_CPUS TOPO_MEMS=\$TOPO_MEMS TOPO_CGROUP=\$TOPO_CGROUP"
+echo "TOPO_NOTIFY_FILE=\$TOPO_NOTIFY_FILE"
+echo "NOTIFIED_CPUS=\$(sed -n 's/^cpus=//p' "\$TOPO_NOTIFY_FILE" 2>/dev/null)"
 $BASE/bin/topoctl jobs --socket $SOCK | awk -v j="slurm-\$SLURM_JOB_ID" '\$1 == j { print "LEDGER_CPUS=" \$3; print "LEDGER_MEMS=" \$4 }'
 sleep "\${PROBE_SLEEP:-0}"
 EOT
@@ -81,6 +83,8 @@ check_job_output() {
     check "job $job is in topod's ledger as slurm-$job" test -n "$ledger"
     check "job $job: Cpus_allowed_list ($allowed) = topod's CPUs ($ledger)" test "$allowed" = "$ledger"
     check "job $job: TOPO_CPUS exported" grep -q "TOPO_JOB=slurm-$job TOPO_CPUS=$ledger " "$out"
+    check "job $job: TOPO_NOTIFY_FILE names topod's notify file, which says its CPUs" \
+        test "$(field TOPO_NOTIFY_FILE "$out"):$(field NOTIFIED_CPUS "$out")" = "$(dirname "$SOCK")/notify/slurm-$job:$ledger"
     if [ "$mode" = affinity ]; then
         check "job $job: task is in topod's cgroup /$CGROUP_SUBTREE/slurm-$job" test "$cg" = "/$CGROUP_SUBTREE/slurm-$job"
         check "job $job: that cgroup's cpuset.cpus = ledger" test "$cgcpus" = "$ledger"

@@ -507,10 +507,14 @@ pub extern "C" fn slurm_spank_task_init_privileged(
 #[no_mangle]
 pub extern "C" fn slurm_spank_task_init(sp: Spank, ac: c_int, av: *mut *mut c_char) -> c_int {
     guarded("slurm_spank_task_init", || {
-        load_args(ac, av)?;
+        let a = load_args(ac, av)?;
         let (Some(g), Some((cpus, mode))) = (GRANT.get(), TASK.get()) else { return Ok(()) };
         set_affinity(cpus)?;
         set_task_env(sp, "TOPO_JOB", &g.alloc.job)?;
+        // Where topod tells a malleable job its CPUs after a resize (libtopo's
+        // topo_resize_wait reads it).
+        let notify = topo_core::proto::notify_file_for(&a.socket, &g.alloc.job);
+        set_task_env(sp, "TOPO_NOTIFY_FILE", &notify.to_string_lossy())?;
         set_task_env(sp, "TOPO_CPUS", &g.alloc.cpus.to_string())?;
         set_task_env(sp, "TOPO_TASK_CPUS", &cpus.to_string())?;
         set_task_env(sp, "TOPO_MEMS", &g.alloc.mems.to_string())?;
