@@ -31,6 +31,7 @@
 pub mod batch;
 pub mod bench;
 pub mod cpuset;
+pub mod defrag;
 pub mod jobid;
 pub mod ledger;
 pub mod malleable;
