@@ -19,11 +19,20 @@
 //! SMT siblings shared with another job, rejections while enough PUs were free, and the time of
 //! each placement decision (p50/p99 over the decisions, measured around the `place` call only;
 //! the stream is replayed [`TIMING_RUNS`] times and each decision's median time kept).
+//!
+//! With migration ([`replay_migrating`]), the same stream is replayed once more, and each arrival
+//! refused while enough PUs are free asks [`defrag::plan_moves`] for moves of running jobs (every
+//! running job movable); a plan found is carried out on the ledger (the moved jobs released, the
+//! new job allocated, the moved jobs allocated again at their new places) before the next
+//! arrival. It reports the rejections while free without and with migration, the moves, the PUs
+//! moved, the locality of the jobs where they end up, and the planner's time per call.
 
+use crate::defrag::{self, DefragLimits, Movable};
 use crate::ledger::Ledger;
-use crate::place::{self, HostModel, Occupancy, Strategy};
+use crate::place::{self, HostModel, Occupancy, PlacementMetrics, Strategy};
 use crate::request::{Level, MemBind, Request};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 /// The stream is replayed this many times; each decision's median time over the runs counts.
@@ -278,10 +287,237 @@ fn replay_once(
     (result, times_ns)
 }
 
+/// What one strategy did with the stream on one host when refused jobs may move running ones
+/// (see [`replay_migrating`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct MigrationResult {
+    /// The topology's name.
+    pub topology: String,
+    /// The strategy.
+    pub strategy: String,
+    /// Jobs offered.
+    pub jobs: usize,
+    /// Rejections while enough PUs were free on the same stream without migration.
+    pub rejected_while_free_without: usize,
+    /// Jobs placed.
+    pub placed: usize,
+    /// Jobs rejected although at least as many PUs as they needed were free, and for which no
+    /// plan was found.
+    pub rejected_while_free: usize,
+    /// Share of placed jobs within the fewest NUMA nodes their size allows, each job counted
+    /// where it ends up (after its last move).
+    pub numa_optimal_share: f64,
+    /// The same for L3 groups.
+    pub l3_optimal_share: f64,
+    /// Mean over placed jobs of the largest SLIT distance inside the job, where it ends up.
+    pub mean_radius: f64,
+    /// Mean share of allocatable PUs held at each arrival.
+    pub mean_load: f64,
+    /// Plans carried out (each placed one refused job).
+    pub plans: usize,
+    /// Jobs moved, over all plans.
+    pub moves: usize,
+    /// PUs moved, over all plans.
+    pub moved_pus: usize,
+    /// Moves after which the moved job spans more NUMA nodes or L3 groups than before.
+    pub moves_less_local: usize,
+    /// Median time of one planner call (found a plan or not; each call's median over
+    /// [`TIMING_RUNS`] runs), microseconds.
+    pub planner_p50_us: f64,
+    /// 99th percentile of the same.
+    pub planner_p99_us: f64,
+    /// The longest planner call, microseconds.
+    pub planner_max_us: f64,
+}
+
+/// Replays `stream` on `model` with `strategy` without migration (for its rejections), then
+/// with migration: an arrival refused while enough PUs are free (the bench's definition: free
+/// PUs at least the job's) gets a plan from [`defrag::plan_moves`] with `limits`, every running
+/// job movable, and the plan is carried out on the ledger. The replay with migration is
+/// deterministic and runs [`TIMING_RUNS`] times; each planner call's time is its median over the
+/// runs, as for placement decisions.
+pub fn replay_migrating(
+    model: &HostModel,
+    stream: &[StreamJob],
+    strategy: Strategy,
+    limits: DefragLimits,
+) -> MigrationResult {
+    let without = replay_quality(model, stream, strategy);
+    let mut runs = Vec::with_capacity(TIMING_RUNS);
+    let (mut result, first) = replay_migrating_once(model, stream, strategy, limits);
+    runs.push(first);
+    for _ in 1..TIMING_RUNS {
+        let (again, times) = replay_migrating_once(model, stream, strategy, limits);
+        debug_assert_eq!((again.placed, again.moves), (result.placed, result.moves));
+        runs.push(times);
+    }
+    let mut planner_ns: Vec<u64> = (0..runs[0].len())
+        .map(|i| {
+            let mut v: Vec<u64> = runs.iter().filter_map(|t| t.get(i).copied()).collect();
+            v.sort_unstable();
+            v[v.len() / 2]
+        })
+        .collect();
+    planner_ns.sort_unstable();
+    let pct = |q: f64| -> f64 {
+        if planner_ns.is_empty() {
+            return 0.0;
+        }
+        let idx = ((planner_ns.len() as f64 - 1.0) * q).round() as usize;
+        planner_ns[idx] as f64 / 1000.0
+    };
+    result.rejected_while_free_without = without.rejected_while_free;
+    result.planner_p50_us = pct(0.50);
+    result.planner_p99_us = pct(0.99);
+    result.planner_max_us = pct(1.0);
+    result
+}
+
+/// One replay with migration: the figures (timing fields 0), and each planner call's time in
+/// nanoseconds, in stream order.
+fn replay_migrating_once(
+    model: &HostModel,
+    stream: &[StreamJob],
+    strategy: Strategy,
+    limits: DefragLimits,
+) -> (MigrationResult, Vec<u64>) {
+    let capacity = model.allocatable.len().max(1);
+    let mut ledger = Ledger::new();
+    // Running jobs: their end and, by id, the stream index and locality where they are now.
+    let mut running: Vec<(u64, String)> = Vec::new();
+    let mut where_now: BTreeMap<String, (usize, Locality)> = BTreeMap::new();
+    let mut planner_ns: Vec<u64> = Vec::new();
+    let (mut placed, mut rwf, mut plans, mut moves, mut moved_pus, mut less_local) =
+        (0, 0, 0, 0, 0, 0);
+    let mut totals = Locality::default();
+    let mut load_sum = 0.0;
+    for (i, job) in stream.iter().enumerate() {
+        let now = i as u64;
+        running.sort_by_key(|(end, _)| std::cmp::Reverse(*end));
+        while ledger.occupancy().held.len() as f64 > TARGET_LOAD * capacity as f64 {
+            let Some((_, id)) = running.pop() else { break };
+            let _ = ledger.release(&id);
+            where_now.remove(&id);
+        }
+        load_sum += ledger.occupancy().held.len() as f64 / capacity as f64;
+        let id = format!("job{i}");
+        let placement = match place::place(model, ledger.occupancy(), &job.request, strategy) {
+            Ok(p) => p,
+            Err(_) if ledger.occupancy().free(model).len() < job.pus => continue,
+            Err(_) => {
+                let movables: Vec<Movable<'_, String>> = ledger
+                    .jobs()
+                    .map(|a| {
+                        let request = &stream[where_now[&a.job].0].request;
+                        Movable::from_allocation(a.job.clone(), request, a, true)
+                    })
+                    .collect();
+                let start = Instant::now();
+                let plan = defrag::plan_moves(
+                    model,
+                    ledger.occupancy(),
+                    &movables,
+                    &job.request,
+                    strategy,
+                    limits,
+                );
+                planner_ns.push(start.elapsed().as_nanos() as u64);
+                let Some(plan) = plan else {
+                    rwf += 1;
+                    continue;
+                };
+                plans += 1;
+                moves += plan.moves.len();
+                moved_pus += plan.moved_pus();
+                let mut old = Vec::with_capacity(plan.moves.len());
+                for m in &plan.moves {
+                    old.push(ledger.release(&m.key).expect("a moved job is running"));
+                }
+                for (m, before) in plan.moves.iter().zip(&old) {
+                    let entry = where_now.get_mut(&m.key).expect("a moved job is running");
+                    let after = Locality::of(&m.placement.metrics);
+                    let was = PlacementMetrics::measure(model, &Occupancy::default(), &before.cpus);
+                    if m.placement.metrics.numa_nodes > was.numa_nodes
+                        || m.placement.metrics.l3_groups > was.l3_groups
+                    {
+                        less_local += 1;
+                    }
+                    totals.sub(&entry.1);
+                    totals.add(&after);
+                    entry.1 = after;
+                    ledger
+                        .allocate(&m.key, &m.placement, &before.request)
+                        .expect("a plan's moves never overlap");
+                }
+                plan.placement
+            }
+        };
+        placed += 1;
+        let locality = Locality::of(&placement.metrics);
+        totals.add(&locality);
+        ledger.allocate(&id, &placement, "").expect("placement avoids the occupancy");
+        where_now.insert(id.clone(), (i, locality));
+        running.push((now + u64::from(job.lifetime), id));
+    }
+    let share = |n: usize| if placed == 0 { 0.0 } else { n as f64 / placed as f64 };
+    let result = MigrationResult {
+        topology: model.name.clone(),
+        strategy: strategy.name().to_string(),
+        jobs: stream.len(),
+        rejected_while_free_without: 0,
+        placed,
+        rejected_while_free: rwf,
+        numa_optimal_share: share(totals.numa_ok),
+        l3_optimal_share: share(totals.l3_ok),
+        mean_radius: if placed == 0 { 0.0 } else { totals.radius as f64 / placed as f64 },
+        mean_load: load_sum / stream.len().max(1) as f64,
+        plans,
+        moves,
+        moved_pus,
+        moves_less_local: less_local,
+        planner_p50_us: 0.0,
+        planner_p99_us: 0.0,
+        planner_max_us: 0.0,
+    };
+    (result, planner_ns)
+}
+
+/// A placed job's contribution to the locality figures. Totals over jobs that have ended keep
+/// their last contribution; a move replaces a running job's.
+#[derive(Debug, Clone, Copy, Default)]
+struct Locality {
+    numa_ok: usize,
+    l3_ok: usize,
+    radius: u64,
+}
+
+impl Locality {
+    fn of(m: &PlacementMetrics) -> Self {
+        Locality {
+            numa_ok: usize::from(m.numa_optimal()),
+            l3_ok: usize::from(m.l3_optimal()),
+            radius: u64::from(m.radius),
+        }
+    }
+
+    fn add(&mut self, o: &Locality) {
+        self.numa_ok += o.numa_ok;
+        self.l3_ok += o.l3_ok;
+        self.radius += o.radius;
+    }
+
+    fn sub(&mut self, o: &Locality) {
+        self.numa_ok -= o.numa_ok;
+        self.l3_ok -= o.l3_ok;
+        self.radius -= o.radius;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cpuset::CpuSet;
+    use crate::defrag::DefragLimits;
     use crate::topology::{SyntheticShape, Topology};
 
     fn model() -> HostModel {
@@ -322,5 +558,25 @@ mod tests {
         assert!(best.numa_optimal_share > first.numa_optimal_share, "{best:?} vs {first:?}");
         assert!(best.l3_optimal_share > first.l3_optimal_share);
         assert_eq!(best.shape_violations, 0);
+    }
+
+    #[test]
+    fn migration_places_jobs_refused_while_free_and_never_adds_rejections() {
+        let m = model();
+        let stream = job_stream(&m, 1, 3000);
+        let r = replay_migrating(&m, &stream, Strategy::BestFit, DefragLimits::default());
+        assert!(r.rejected_while_free_without > 20, "the stream fragments this host: {r:?}");
+        assert!(r.rejected_while_free <= r.rejected_while_free_without, "{r:?}");
+        assert!(r.plans > 0 && r.moves >= r.plans && r.moved_pus >= r.moves, "{r:?}");
+        // Every rejection while free either got a plan or stays one.
+        let plain = replay_quality(&m, &stream, Strategy::BestFit);
+        assert!(r.placed > plain.placed, "{} placed against {}", r.placed, plain.placed);
+        // No move at all: the replay is the plain one.
+        let frozen = DefragLimits { max_moves: 0, ..DefragLimits::default() };
+        let none = replay_migrating(&m, &stream, Strategy::BestFit, frozen);
+        assert_eq!((none.plans, none.moves), (0, 0));
+        assert_eq!(none.rejected_while_free, plain.rejected_while_free);
+        assert_eq!(none.placed, plain.placed);
+        assert!((none.numa_optimal_share - plain.numa_optimal_share).abs() < 1e-12);
     }
 }
