@@ -8,6 +8,7 @@ mod bench_daemon;
 mod bench_freeze;
 mod bench_gang;
 mod bench_hostile;
+mod bench_migrate;
 mod bench_resize;
 mod docs;
 mod lsf;
@@ -394,6 +395,11 @@ enum BenchCommand {
     /// reply, to every thread on the new CPUs, and to the program's own line for the change.
     /// Needs root and real cgroups.
     Resize(bench_resize::ResizeOpts),
+    /// One move of a running job on real cgroups (the cgroup rewrite of a defragmenting
+    /// migration): the job's CPUs alone (to every thread on the new CPUs), and, where the host
+    /// has two NUMA nodes, its CPUs and its memory (1 GiB by default) to the other node (to 99%
+    /// of its pages there). Needs root; makes and removes its own cgroups.
+    Migrate(bench_migrate::MigrateOpts),
     /// An attacker for `bench daemon --hostile` (runs until killed).
     #[command(hide = true)]
     Attack {
@@ -425,6 +431,16 @@ enum BenchCommand {
         /// Print one JSON object per (topology, strategy), one per line.
         #[arg(long)]
         json: bool,
+        /// Replay each stream once more with defragmenting migration: a job refused while
+        /// enough PUs are free moves running jobs when topo_core::defrag finds a plan. Reports
+        /// the rejections without and with it, the moves, the PUs moved, the locality where
+        /// jobs end up and the planner's time per call (with --json, one more object per
+        /// topology and strategy, with "rejected_while_free_without").
+        #[arg(long)]
+        migrate: bool,
+        /// With --migrate: jobs one plan may move, at most.
+        #[arg(long, value_name = "N", default_value_t = topo_core::defrag::DefragLimits::default().max_moves)]
+        max_moves: usize,
     },
 }
 
@@ -507,12 +523,20 @@ fn main() -> ExitCode {
             .collect::<Result<Vec<u64>, Failure>>()
             .and_then(|list| bench_gang::run(&list, per_run, json)),
         Command::Bench { what: BenchCommand::Resize(opts) } => bench_resize::run(opts),
+        Command::Bench { what: BenchCommand::Migrate(opts) } => bench_migrate::run(opts),
         Command::Bench { what: BenchCommand::Attack { daemon, mode, count, stats } } => {
             bench_hostile::attack(&daemon.socket, &mode, count, &stats)
         }
         Command::Bench {
-            what: BenchCommand::Placement { topologies, strategies, seed, jobs, json },
-        } => bench_placement(&topologies, &strategies, seed, jobs as usize, json),
+            what:
+                BenchCommand::Placement { topologies, strategies, seed, jobs, json, migrate, max_moves },
+        } => {
+            let migrate = migrate.then(|| topo_core::defrag::DefragLimits {
+                max_moves,
+                ..topo_core::defrag::DefragLimits::default()
+            });
+            bench_placement(&topologies, &strategies, seed, jobs as usize, json, migrate)
+        }
         Command::Demo { source, json } => demo(&source, json),
         Command::Simulate(opts) => simulate::run(opts),
         Command::ProtocolSchema => print_json(&topo_core::proto::schema::document()),
@@ -884,6 +908,7 @@ fn bench_placement(
     seed: u64,
     jobs: usize,
     json: bool,
+    migrate: Option<topo_core::defrag::DefragLimits>,
 ) -> Result<(), Failure> {
     let files =
         if topologies.is_empty() { default_bench_topologies()? } else { topologies.to_vec() };
@@ -894,8 +919,15 @@ fn bench_placement(
             "seed {seed}, {jobs} jobs per stream, host kept at most {:.0}% busy before each arrival\n\
              NUMA-ok / L3-ok: share of placed jobs within the fewest NUMA nodes / L3 groups their size allows\n\
              radius: mean largest SLIT distance inside a job (10 = one node); SMT: cores shared by two jobs\n\
-             rej-free: jobs rejected while at least as many PUs were free; load: mean share of PUs held\n",
-            bench::TARGET_LOAD * 100.0
+             rej-free: jobs rejected while at least as many PUs were free; load: mean share of PUs held\n{}",
+            bench::TARGET_LOAD * 100.0,
+            if migrate.is_some() {
+                "with migration: +migr: rejections while free left; plans: refused jobs placed by moving others;\n\
+                 moves, PUs: jobs and PUs moved; worse: moves after which a job spans more NUMA nodes or L3 groups;\n\
+                 plan p50/p99/max: planner time per call, microseconds\n"
+            } else {
+                ""
+            }
         );
     }
     for file in files {
@@ -905,8 +937,19 @@ fn bench_placement(
         let stream = bench::job_stream(&model, seed, jobs);
         let results: Vec<bench::BenchResult> =
             strategies.iter().map(|&s| bench::replay(&model, &stream, s)).collect();
+        let migrated: Vec<bench::MigrationResult> = match migrate {
+            Some(limits) => strategies
+                .iter()
+                .map(|&s| bench::replay_migrating(&model, &stream, s, limits))
+                .collect(),
+            None => Vec::new(),
+        };
         if json {
             for r in &results {
+                let line = serde_json::to_string(r).map_err(|e| Failure::runtime(e.to_string()))?;
+                println!("{line}");
+            }
+            for r in &migrated {
                 let line = serde_json::to_string(r).map_err(|e| Failure::runtime(e.to_string()))?;
                 println!("{line}");
             }
@@ -949,6 +992,46 @@ fn bench_placement(
                 r.decision_p50_us,
                 r.decision_p99_us
             );
+        }
+        if !migrated.is_empty() {
+            println!(
+                "  with migration (up to {} moves per plan; NUMA-ok, L3-ok: where jobs end up)",
+                migrate.map_or(0, |l| l.max_moves)
+            );
+            println!(
+                "  {:<12} {:>8} {:>8} {:>6} {:>7} {:>7} {:>6} {:>6} {:>7} {:>6} {:>8} {:>8} {:>8}",
+                "strategy",
+                "rej-free",
+                "+migr",
+                "placed",
+                "NUMA-ok",
+                "L3-ok",
+                "plans",
+                "moves",
+                "PUs",
+                "worse",
+                "plan p50",
+                "p99 us",
+                "max us"
+            );
+            for r in &migrated {
+                println!(
+                    "  {:<12} {:>8} {:>8} {:>6} {:>7.3} {:>7.3} {:>6} {:>6} {:>7} {:>6} {:>8.1} {:>8.1} {:>8.1}",
+                    r.strategy,
+                    r.rejected_while_free_without,
+                    r.rejected_while_free,
+                    r.placed,
+                    r.numa_optimal_share,
+                    r.l3_optimal_share,
+                    r.plans,
+                    r.moves,
+                    r.moved_pus,
+                    r.moves_less_local,
+                    r.planner_p50_us,
+                    r.planner_p99_us,
+                    r.planner_max_us
+                );
+            }
         }
         println!();
     }
