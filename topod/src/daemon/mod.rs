@@ -139,7 +139,7 @@ pub struct Config {
     pub migrate_min_run_s: Option<u64>,
     /// Nor again within this many seconds of its last move or resize (default 300).
     pub migrate_gap_s: Option<u64>,
-    /// Jobs moved to make room for one allocate, at most (default 4).
+    /// Jobs moved to make room for one allocate, at most (default 8).
     pub defrag_max_moves: Option<usize>,
 }
 
@@ -176,9 +176,10 @@ impl Config {
 
     /// Defragmenting migration's settings, when `defrag` is on.
     pub fn defrag(&self) -> Option<host::DefragConfig> {
+        let d = topo_core::defrag::DefragLimits::default();
         let limits = topo_core::defrag::DefragLimits {
-            max_moves: self.defrag_max_moves.unwrap_or(4),
-            ..Default::default()
+            max_moves: self.defrag_max_moves.unwrap_or(d.max_moves),
+            ..d
         };
         self.defrag.then(|| host::DefragConfig {
             min_run_s: self.migrate_min_run_s.unwrap_or(60) as i64,
