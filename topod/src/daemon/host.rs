@@ -438,15 +438,22 @@ fn fit_subject(job: &str) -> String {
 }
 
 impl Snapshot {
-    /// Would `prepared` fit, and how well.
+    /// Would `prepared` fit, and how well, for a job that has no reservation here (other jobs'
+    /// reserved blocks are not free to it).
     pub fn fit(&self, prepared: &Prepared) -> Result<place::Fit, HostError> {
-        place::fit_and_score(&self.model, &self.occupancy, &prepared.request)
+        place::fit_and_score(&self.model, &self.usable(), &prepared.request)
             .map_err(|source| HostError::DoesNotFit { job: String::new(), source })
     }
 
-    /// What is free, by shape.
+    /// What is free, by shape, for a job that has no reservation here (what Slurm's features
+    /// and PBS's counts are made from).
     pub fn host_metrics(&self) -> HostMetrics {
-        HostMetrics::measure(&self.model, &self.occupancy)
+        HostMetrics::measure(&self.model, &self.usable())
+    }
+
+    /// The occupancy with every reserved block fenced (the snapshot holds live ones only).
+    fn usable(&self) -> place::Occupancy {
+        topo_core::reservation::blocked_for(&self.occupancy, &self.reservations, "", i64::MIN)
     }
 }
 
@@ -2350,6 +2357,9 @@ mod tests {
         assert_eq!(r.cpus.len(), 4);
         assert_eq!(busy.len(), 1, "one running job is inside the block: {} in {}", busy, r.cpus);
         assert_eq!(r.expires_at, 1_600);
+        // fit and the free counts (what Slurm's features and PBS are made from) leave it out.
+        assert!(h.fit("affinity[thread*4]", None).is_err(), "6 CPUs free, 3 outside the block");
+        assert_eq!(h.snapshot().host_metrics().free_cpus, 3);
         // Others are placed outside, whatever fits best.
         let c = h.allocate("c", "affinity[thread*2]", None, None, None, None).unwrap();
         assert!(!c.cpus.intersects(&r.cpus), "{} in the block {}", c.cpus, r.cpus);
