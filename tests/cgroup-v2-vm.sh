@@ -2,7 +2,8 @@
 # Runs a command on a pure cgroup v2 host: a QEMU guest booted from Debian's own kernel, with only
 # the unified hierarchy mounted (cgroup_no_v1=all), so that cpuset and memory are v2 controllers.
 # The guest sees this machine's files read-only at the same paths (9p), so binaries built here run
-# there unchanged; it has a fresh /tmp and /run, 4 CPUs in 2 NUMA nodes and 2 GiB of memory.
+# there unchanged; it has a fresh /tmp and /run, 4 CPUs in 2 NUMA nodes and 1 GiB of memory in
+# each (TOPO_VM_NODE_MEM, e.g. 3G, sets each node's memory).
 #
 # The guest's CPUs are emulated (TCG): nested KVM hangs in early boot on this machine class, and
 # emulation needs nothing from the host but QEMU.
@@ -15,6 +16,9 @@
 # (TOPO_CRASH_SPREAD_MS=400) because emulated calls are slower; TOPO_CRASH_* set here pass on.
 # TOPO_REQUIRE_REAL_CGROUPS=1 there turns a missing v2 cpuset into a failure, not a skip.
 # TOPO_VM_TIMEOUT (default 1800 s) bounds the guest; TOPO_VM_KEEP=1 keeps its files in /tmp.
+# TOPO_VM_CGROUP_V1=1 boots the same guest without cgroup_no_v1=all and mounts cgroup v1 cpuset,
+# freezer and memory hierarchies under /sys/fs/cgroup, with cgroup2 at /sys/fs/cgroup/unified (a
+# hybrid host like this machine, where topod takes the v1 backend), for what only v1 has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -61,6 +65,32 @@ done
 if [ -n "${TOPO_SHARED_DIR:-}" ] || [ -d ../shared ]; then
     TOPO_SHARED_DIR=$(cd "${TOPO_SHARED_DIR:-../shared}" && pwd) || { echo "$me: TOPO_SHARED_DIR ${TOPO_SHARED_DIR} not found" >&2; exit 1; }
     export TOPO_SHARED_DIR
+fi
+
+# Each NUMA node's memory: a number of MiB or GiB (512M, 3G).
+node_mem=${TOPO_VM_NODE_MEM:-1G}
+case $node_mem in
+    *[0-9]G) node_mib=$(( ${node_mem%G} * 1024 )) ;;
+    *[0-9]M) node_mib=${node_mem%M} ;;
+    *) echo "$me: TOPO_VM_NODE_MEM=$node_mem: give MiB or GiB, like 512M or 3G" >&2; exit 1 ;;
+esac
+case $node_mib in
+    ''|*[!0-9]*) echo "$me: TOPO_VM_NODE_MEM=$node_mem: give MiB or GiB, like 512M or 3G" >&2; exit 1 ;;
+esac
+# The cgroup layout: pure v2 (the default), or the v1 hierarchies beside a v2 mount.
+if [ -n "${TOPO_VM_CGROUP_V1:-}" ]; then
+    no_v1=""
+    cgroup_mounts='/bin/busybox mount -t tmpfs cgroup /newroot/sys/fs/cgroup
+for c in cpuset freezer memory unified; do /bin/busybox mkdir /newroot/sys/fs/cgroup/$c; done
+for c in cpuset freezer memory; do /bin/busybox mount -t cgroup -o $c cgroup /newroot/sys/fs/cgroup/$c; done
+/bin/busybox mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup/unified'
+    v2_dir=/sys/fs/cgroup/unified
+    layout="cgroup v1 cpuset, freezer, memory and a v2 mount"
+else
+    no_v1="cgroup_no_v1=all"
+    cgroup_mounts='/bin/busybox mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup'
+    v2_dir=/sys/fs/cgroup
+    layout="cgroup v2 only"
 fi
 
 if [ "${1:-}" = "--" ]; then
@@ -120,12 +150,12 @@ cat > "$work/initramfs/init" <<EOF
 /bin/busybox mount -t devtmpfs dev /newroot/dev
 /bin/busybox mount -t tmpfs tmp /newroot/tmp
 /bin/busybox mount -t tmpfs run /newroot/run
-/bin/busybox mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup
+$cgroup_mounts
 /bin/busybox mount --bind /out /newroot/mnt
 /bin/busybox chroot /newroot /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp TMPDIR=/tmp \
     ${TOPO_SHARED_DIR:+TOPO_SHARED_DIR="$TOPO_SHARED_DIR"} TOPO_REQUIRE_REAL_CGROUPS=1 RUST_BACKTRACE=1 TOPO_CRASH_CYCLES="${TOPO_CRASH_CYCLES:-1000}" \
     TOPO_CRASH_KILLS="${TOPO_CRASH_KILLS:-100}" TOPO_CRASH_SPREAD_MS="${TOPO_CRASH_SPREAD_MS:-400}" \
-    /bin/bash -c 'cd "$repo" || exit 1; echo "guest: \$(uname -r), cgroup controllers: \$(cat /sys/fs/cgroup/cgroup.controllers), CPUs \$(nproc)"; eval "\$(cat /mnt/command)" > /mnt/log 2>&1; echo \$? > /mnt/rc'
+    /bin/bash -c 'cd "$repo" || exit 1; echo "guest: \$(uname -r), v2 cgroup controllers: \$(cat $v2_dir/cgroup.controllers), CPUs \$(nproc)"; eval "\$(cat /mnt/command)" > /mnt/log 2>&1; echo \$? > /mnt/rc'
 /bin/busybox sync
 /bin/busybox poweroff -f
 EOF
@@ -133,16 +163,16 @@ chmod +x "$work/initramfs/init"
 (cd "$work/initramfs" && /bin/busybox find . | /bin/busybox cpio -o -H newc 2>/dev/null | gzip -1) > "$work/initramfs.cpio.gz"
 
 # /mnt inside the guest is the out/ directory here, so the log and status come back.
-echo "$me: booting $kver under QEMU (4 emulated CPUs, 2 NUMA nodes, 2 GiB): ${command[*]}"
+echo "$me: booting $kver under QEMU (4 emulated CPUs, 2 NUMA nodes of $node_mem each, $layout): ${command[*]}"
 started=$SECONDS
 # --foreground: QEMU stays in this process group, so Ctrl-C and a CI cancel reach it.
 timeout --foreground -k 30 "${TOPO_VM_TIMEOUT:-1800}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 \
     -display none -monitor none -serial file:"$work/console" -no-reboot \
-    -smp 4 -m 2G \
-    -object memory-backend-ram,id=m0,size=1G -object memory-backend-ram,id=m1,size=1G \
+    -smp 4 -m $((2 * node_mib))M \
+    -object memory-backend-ram,id=m0,size="$node_mib"M -object memory-backend-ram,id=m1,size="$node_mib"M \
     -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,cpus=2-3,memdev=m1 \
     -kernel "$kernel" -initrd "$work/initramfs.cpio.gz" \
-    -append "console=ttyS0 loglevel=4 panic=-1 cgroup_no_v1=all psi=1" \
+    -append "console=ttyS0 loglevel=4 panic=-1 $no_v1 psi=1" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs local,path="$work/out",mount_tag=out,security_model=none \
     < /dev/null > "$work/qemu.log" 2>&1 || true

@@ -8,6 +8,7 @@ mod bench_daemon;
 mod bench_freeze;
 mod bench_gang;
 mod bench_hostile;
+mod bench_migrate;
 mod bench_resize;
 mod docs;
 mod lsf;
@@ -394,6 +395,11 @@ enum BenchCommand {
     /// reply, to every thread on the new CPUs, and to the program's own line for the change.
     /// Needs root and real cgroups.
     Resize(bench_resize::ResizeOpts),
+    /// One move of a running job on real cgroups (the cgroup rewrite of a defragmenting
+    /// migration): the job's CPUs alone (to every thread on the new CPUs), and, where the host
+    /// has two NUMA nodes, its CPUs and its memory (1 GiB by default) to the other node (to 99%
+    /// of its pages there). Needs root; makes and removes its own cgroups.
+    Migrate(bench_migrate::MigrateOpts),
     /// An attacker for `bench daemon --hostile` (runs until killed).
     #[command(hide = true)]
     Attack {
@@ -517,6 +523,7 @@ fn main() -> ExitCode {
             .collect::<Result<Vec<u64>, Failure>>()
             .and_then(|list| bench_gang::run(&list, per_run, json)),
         Command::Bench { what: BenchCommand::Resize(opts) } => bench_resize::run(opts),
+        Command::Bench { what: BenchCommand::Migrate(opts) } => bench_migrate::run(opts),
         Command::Bench { what: BenchCommand::Attack { daemon, mode, count, stats } } => {
             bench_hostile::attack(&daemon.socket, &mode, count, &stats)
         }
