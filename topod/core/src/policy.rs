@@ -71,11 +71,63 @@
 //! Malleable jobs are not combined with preemption or gang slicing (a suspended job's CPUs would
 //! be grown into, and rows would share what equipartition divides): with either set, every job
 //! runs rigid.
+//!
+//! ## Space over time: NUMA-local jobs, migration, reservations, prime time
+//!
+//! The four options below work on the CPUs of each host, as topod does, and go with neither
+//! preemption nor gang slicing (with either set they are off). They combine with each other and
+//! with malleable jobs. With all of them off, the core decides exactly as without them.
+//!
+//! - **NUMA-local jobs** ([`PolicyConfig::numa_local`]). A rigid job that fits in one NUMA node
+//!   of a host asks for one (`MAX_RADIUS=0`, one task per core): the core tries the hosts with
+//!   enough free cores, the fewest free first, and starts it on the first where placement finds
+//!   them in one node; it never splits such a job over hosts. Larger jobs and malleable ones ask
+//!   for plain cores. Free cores can then be in the wrong places (four free, two in each node,
+//!   refuse a job of four): the fragmentation the next two options work against. The counts the
+//!   cluster order uses (free cores, EASY's shadow time) do not see shape, so a job the counts
+//!   allow may still wait; [`Counters::refused_on_shape`] counts those refusals.
+//! - **Defragmenting migration** ([`Defrag`]). When every host tried refuses a job's part on
+//!   shape although enough cores are free there, the core asks [`defrag::plan_moves`] for the
+//!   fewest moves of running jobs' parts on such a host (the same hosts in the same order) that
+//!   make room, each moved part placed again with its own request, as topod's allocate does
+//!   (`space.rs`): a job that has run less than `min_run`, or was moved or resized within `gap`
+//!   seconds, stays put (the T3E psched's delay timers). The moves come out as [`Action::Move`]
+//!   before the start. A move costs the moved job [`PolicyConfig::move_cost`] seconds of
+//!   progress (0: free, the model is work conserving). EASY needs no change: its counts already
+//!   said such a job could start, and with migration it does start then, instead of waiting for
+//!   an end that frees the right cores.
+//! - **Topology reservations** ([`PolicyConfig::reserve`], EASY only; "blocking" after the SDSC
+//!   Paragon). When EASY reserves for the queue's head, the core predicts the hosts it will
+//!   start on (the free cores at the shadow time, counting the running jobs estimated to have
+//!   ended by then, chosen as the head's start would choose them) and sets a block aside on each
+//!   with [`reservation::choose_block`], for the head's part there, on the CPUs those jobs leave
+//!   (so a block drains as they end). Every other job is placed outside the blocks
+//!   ([`reservation::blocked_for`]; the counts it starts by leave their free cores out), except,
+//!   by default ([`Reserve::Outlasting`]), a job EASY backfills because it ends by the shadow
+//!   time: it is gone before the head starts. With [`Reserve::Strict`] the blocks bind every
+//!   other job, as the Paragon's blocking kept its nodes empty. The head starts on its blocks'
+//!   hosts when they have its parts free, inside the blocks where it fits there, and that spends
+//!   them. The blocks are made again when the head, its shadow time or the cluster changes, and
+//!   dropped when another job becomes the head ([`Action::Reserve`] tells the driver each new
+//!   set). EASY's rule is unchanged: a backfilled job must still end by the shadow time or fit
+//!   in the extra processors; the blocks only say where.
+//! - **Prime-time pools** ([`Prime`]). A share of each host's cores is a pool, reserved in weekly
+//!   windows (local time at the caller's clock plus an epoch and a UTC offset) for the jobs it
+//!   admits: those whose estimate is at most `max_estimate`. Inside a window others are placed
+//!   outside the pools (and their counts leave the pools' free cores out), admitted jobs go into
+//!   a pool first when they fit there ([`prime::pools_for`], as topod). When a window opens, jobs
+//!   on a pool that it does not admit stay, or with [`OnOpen::Migrate`] are moved out where they
+//!   fit ([`Action::Move`]). The core asks to be woken ([`PolicyCore::next_wakeup`]) at the
+//!   window changes that can matter: a close while jobs wait, an open while jobs run with
+//!   `Migrate`. EASY's shadow time does not see the pools.
 
 use crate::cpuset::CpuSet;
+use crate::defrag::{self, DefragLimits, Movable};
 use crate::malleable::{self, EquipartitionError, Malleable};
 use crate::place::{self, HostModel, Occupancy, PlaceError, Placement, Strategy};
+use crate::prime::{self, Asker, LocalTime, OnOpen, Window};
 use crate::request::{Level, Request};
+use crate::reservation::{self, Reservation};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -119,7 +171,7 @@ impl std::str::FromStr for QueueOrder {
 }
 
 /// How the core decides.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PolicyConfig {
     /// Cluster order.
     pub order: QueueOrder,
@@ -132,13 +184,186 @@ pub struct PolicyConfig {
     /// Malleable jobs resized by equipartition, when set (not with `preempt` or `gang`: with
     /// either, every job runs rigid). See the module documentation.
     pub malleable: Option<Malleability>,
+    /// A rigid job that fits in one NUMA node asks for one (not with `preempt` or `gang`; see
+    /// the module documentation).
+    pub numa_local: bool,
+    /// Defragmenting migration, when set (not with `preempt` or `gang`).
+    pub defrag: Option<Defrag>,
+    /// Topology reservations for EASY's head, when set (not with `preempt` or `gang`; nothing
+    /// with FCFS).
+    pub reserve: Option<Reserve>,
+    /// Prime-time pools, when set (not with `preempt` or `gang`).
+    pub prime: Option<Prime>,
+    /// What a move costs the moved job, seconds: it makes no progress for this long (0, the
+    /// default: moves are free and the model is work conserving).
+    pub move_cost: Time,
 }
 
 impl PolicyConfig {
-    /// A configuration with neither preemption, gang slicing nor malleable jobs.
+    /// A configuration with none of preemption, gang slicing, malleable jobs, NUMA-local jobs,
+    /// migration, reservations or prime time.
     pub fn plain(order: QueueOrder, strategy: Strategy) -> Self {
-        PolicyConfig { order, strategy, preempt: None, gang: None, malleable: None }
+        PolicyConfig {
+            order,
+            strategy,
+            preempt: None,
+            gang: None,
+            malleable: None,
+            numa_local: false,
+            defrag: None,
+            reserve: None,
+            prime: None,
+            move_cost: 0,
+        }
     }
+}
+
+/// Defragmenting migration (see the module documentation): when a job is refused on shape
+/// although enough cores are free, running jobs are moved by [`defrag::plan_moves`] within
+/// `limits`, but not a job that has run less than `min_run` seconds, nor one moved or resized
+/// within the last `gap` seconds (topod's `migrate_min_run_s` and `migrate_gap_s`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Defrag {
+    /// Seconds a job runs before it may be moved.
+    pub min_run: Time,
+    /// Seconds after a move or resize before the job may be moved again.
+    pub gap: Time,
+    /// How far the planner may go.
+    pub limits: DefragLimits,
+}
+
+impl Default for Defrag {
+    /// 60 s, 300 s and the planner's own limits (up to 4 moves), as topod's defaults.
+    fn default() -> Self {
+        Defrag { min_run: 60, gap: 300, limits: DefragLimits::default() }
+    }
+}
+
+/// Whom the head's blocks bind (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reserve {
+    /// Every other job that would still run when the head starts: a backfilled job that ends by
+    /// the shadow time (by its estimate) may use the blocks, as it is gone by then.
+    #[default]
+    Outlasting,
+    /// Every other job, as the Paragon's blocking kept its nodes empty.
+    Strict,
+}
+
+/// How many cores of each host a prime-time pool takes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PoolSize {
+    /// This share of the host's cores (0 to 1), rounded to the nearest core, at least one.
+    Share(f64),
+    /// This many cores (at most the host's).
+    Cores(u32),
+}
+
+impl PoolSize {
+    /// The pool's cores on a host of `cores`.
+    pub fn of(self, cores: u32) -> u32 {
+        let n = match self {
+            PoolSize::Share(f) => (f64::from(cores) * f.clamp(0.0, 1.0)).round() as u32,
+            PoolSize::Cores(n) => n,
+        };
+        n.clamp(1, cores.max(1))
+    }
+}
+
+/// The name the core's pools have (what an admitted job's allocate names, in topod's terms).
+pub const PRIME_POOL: &str = "prime";
+
+/// Prime-time pools (see the module documentation): on every host `size` cores, placed by the
+/// strategy as one job of that many cores on the empty host, are reserved inside `windows` for
+/// the jobs whose estimate is at most `max_estimate`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prime {
+    /// Cores of each host in its pool.
+    pub size: PoolSize,
+    /// When the pools are reserved, in local time.
+    pub windows: Vec<Window>,
+    /// Jobs whose estimate is at most this many seconds are admitted.
+    pub max_estimate: Time,
+    /// What happens to jobs on a pool that it does not admit when a window opens.
+    pub on_open: OnOpen,
+    /// Seconds since the epoch at the caller's time 0 (a trace's `UnixStartTime`).
+    pub epoch_at_zero: i64,
+    /// Local time's offset east of UTC, seconds (one offset throughout: no daylight saving).
+    pub utc_offset: i64,
+}
+
+impl Prime {
+    /// Whether the pools admit a job.
+    pub fn admits(&self, spec: &JobSpec) -> bool {
+        spec.estimate <= self.max_estimate
+    }
+
+    /// The local time at the caller's time `t`.
+    pub fn local_time(&self, t: Time) -> LocalTime {
+        LocalTime::at(self.epoch_at_zero.saturating_add(t), self.utc_offset)
+    }
+
+    /// Whether a window is open at `t`.
+    pub fn open_at(&self, t: Time) -> bool {
+        let local = self.local_time(t);
+        self.windows.iter().any(|w| w.open_at(local))
+    }
+
+    /// The first time after `t` at which a window opens or closes (a minute boundary of local
+    /// time), or `None` without windows.
+    pub fn next_change(&self, t: Time) -> Option<Time> {
+        let local = self.epoch_at_zero.saturating_add(t).saturating_add(self.utc_offset);
+        let day = local.div_euclid(86_400);
+        let mut next: Option<i64> = None;
+        // Every window edge within the next eight days (a week's windows repeat after seven).
+        for d in day..=day + 8 {
+            // 1970-01-01 was a Thursday (weekday 3).
+            let weekday = (d + 3).rem_euclid(7) as usize;
+            for w in self.windows.iter().filter(|w| w.days[weekday]) {
+                for minute in [w.start, w.end] {
+                    let edge = d * 86_400 + i64::from(minute) * 60;
+                    if edge > local && next.is_none_or(|n| edge < n) {
+                        next = Some(edge);
+                    }
+                }
+            }
+        }
+        next.map(|edge| edge - self.utc_offset - self.epoch_at_zero)
+    }
+}
+
+/// Why a running job was moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveReason {
+    /// To make room for a job refused on shape (defragmenting migration).
+    Defrag,
+    /// Out of a prime-time pool whose window opened, which does not admit it.
+    PrimeWindow,
+}
+
+/// What the core has done, counted from its start (for reports).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Start attempts refused on shape on every host tried, although some had enough free
+    /// cores (after migration, when it is on).
+    pub refused_on_shape: u64,
+    /// Jobs started after moves made room for them.
+    pub defrag_starts: u64,
+    /// Moves of running jobs for defragmentation.
+    pub moves: u64,
+    /// PUs of the jobs moved for defragmentation.
+    pub moved_pus: u64,
+    /// Moves out of prime-time pools at a window's opening.
+    pub prime_moves: u64,
+    /// Blocks set aside (a block made again elsewhere counts again; one made again on the same
+    /// CPUs does not).
+    pub blocks_made: u64,
+    /// Queue heads that had blocks.
+    pub reserved_heads: u64,
+    /// Queue heads that started with every part inside their blocks.
+    pub heads_in_block: u64,
+    /// Jobs started that the prime-time pools admit.
+    pub admitted_starts: u64,
 }
 
 /// How malleable jobs are treated (see the module documentation): a job marked malleable that
@@ -423,6 +648,26 @@ pub enum Action {
         /// Its parts now (one: malleable jobs run on one host).
         parts: Vec<Part>,
     },
+    /// Move the running job's part on one host to other CPUs of that host (the same number of
+    /// tasks, its own request): a cpuset rewrite and a memory migration for topod.
+    Move {
+        /// The job.
+        job: JobKey,
+        /// All its parts, the moved one at its new place.
+        parts: Vec<Part>,
+        /// Why.
+        why: MoveReason,
+        /// Seconds the job makes no progress because of the move ([`PolicyConfig::move_cost`]).
+        pause: Time,
+    },
+    /// Set these blocks aside for the waiting job, replacing any it had; none: its blocks are
+    /// dropped. A job's start inside its blocks spends them without this action.
+    Reserve {
+        /// The waiting job (the queue's head).
+        job: JobKey,
+        /// Its blocks, per host.
+        blocks: Vec<(HostId, CpuSet)>,
+    },
 }
 
 /// Why the core cannot take an event.
@@ -481,6 +726,21 @@ struct HostState {
     cores: u32,
     /// The placement of a job taking the whole empty host (one answer; computed once per model).
     whole: Option<Arc<Placement>>,
+    /// The most allocatable cores in one NUMA node (what a NUMA-local job may ask for).
+    numa_cores: u32,
+}
+
+/// The blocks set aside for the queue's head (see the module documentation).
+#[derive(Debug)]
+struct Blocks {
+    /// The head.
+    head: JobKey,
+    /// The shadow time and the core's generation they were made at: made again when either
+    /// changes.
+    shadow: Time,
+    generation: u64,
+    /// Per host: the head's cores there and the block.
+    on: Vec<(HostId, u32, Reservation)>,
 }
 
 /// One row of the cluster: what its jobs hold on each host. Without gang slicing there is one.
@@ -513,6 +773,10 @@ struct Running {
     frozen: bool,
     /// Its range and progress, when it runs malleable.
     flex: Option<Flex>,
+    /// When it was last moved or resized (migration's delay timer).
+    moved_at: Option<Time>,
+    /// Whether it asked for one NUMA node (its moves keep that).
+    numa_local: bool,
 }
 
 impl Running {
@@ -641,6 +905,26 @@ pub struct PolicyCore {
     dirty: BTreeSet<HostId>,
     /// Jobs started malleable so far.
     malleable_started: u64,
+    /// NUMA-local jobs, migration, reservations and prime time, as in effect (not with
+    /// preemption or gang slicing).
+    numa_local: bool,
+    defrag: Option<Defrag>,
+    reserve: bool,
+    prime: Option<Prime>,
+    /// Per host, its prime-time pool (empty without `prime`).
+    pools: Vec<prime::Pool>,
+    /// Whether a window was open at the last step.
+    pools_open: bool,
+    /// The head's blocks, with `reserve`.
+    blocks: Option<Blocks>,
+    /// Whether the blocks bind even the jobs that end before the head starts.
+    strict_blocks: bool,
+    /// The job being backfilled that ends by the shadow time, while it is started: the blocks
+    /// do not bind it (unless strict).
+    waived: Option<JobKey>,
+    /// The last head counted in [`Counters::reserved_heads`].
+    last_reserved: Option<JobKey>,
+    counters: Counters,
 }
 
 impl PolicyCore {
@@ -671,12 +955,30 @@ impl PolicyCore {
                     w
                 }
             };
-            states.push(HostState { model, cores, whole });
+            let numa_cores = model
+                .numa
+                .iter()
+                .map(|n| {
+                    model
+                        .cores
+                        .iter()
+                        .filter(|c| c.is_subset(n) && c.is_subset(&model.allocatable))
+                        .count() as u32
+                })
+                .max()
+                .unwrap_or(0);
+            states.push(HostState { model, cores, whole, numa_cores });
         }
         let total = states.iter().map(|h| u64::from(h.cores)).sum();
         let largest_host = states.iter().map(|h| h.cores).max().unwrap_or(0);
         let malleable =
             config.malleable.filter(|_| config.preempt.is_none() && config.gang.is_none());
+        let space = config.preempt.is_none() && config.gang.is_none();
+        let prime = config.prime.clone().filter(|_| space);
+        let pools = match &prime {
+            Some(p) => Self::make_pools(&states, p, config.strategy),
+            None => Vec::new(),
+        };
         let flex =
             if malleable.is_some() { vec![FlexHost::default(); states.len()] } else { vec![] };
         let row_count = config.gang.map_or(1, |g| g.rows.max(1));
@@ -695,6 +997,9 @@ impl PolicyCore {
                 }
             })
             .collect();
+        let (config_numa_local, config_defrag, config_strict) =
+            (config.numa_local, config.defrag, config.reserve == Some(Reserve::Strict));
+        let config_reserve = config.reserve.is_some();
         PolicyCore {
             config,
             hosts: states,
@@ -714,7 +1019,50 @@ impl PolicyCore {
             reclaim_total: 0,
             dirty: BTreeSet::new(),
             malleable_started: 0,
+            numa_local: config_numa_local && space,
+            defrag: config_defrag.filter(|_| space),
+            reserve: config_reserve && space,
+            prime,
+            pools,
+            pools_open: false,
+            blocks: None,
+            strict_blocks: config_strict,
+            waived: None,
+            last_reserved: None,
+            counters: Counters::default(),
         }
+    }
+
+    /// Each host's prime-time pool: its share of cores placed by `strategy` as one job on the
+    /// empty host (one answer per model).
+    fn make_pools(states: &[HostState], prime: &Prime, strategy: Strategy) -> Vec<prime::Pool> {
+        let mut cache: Vec<(*const HostModel, CpuSet)> = Vec::new();
+        states
+            .iter()
+            .map(|h| {
+                let key = Arc::as_ptr(&h.model);
+                let cpus = match cache.iter().find(|(k, _)| *k == key) {
+                    Some((_, c)) => c.clone(),
+                    None => {
+                        let request = cores_request(prime.size.of(h.cores));
+                        let cpus =
+                            start_on_host(&h.model, &Occupancy::default(), &request, strategy)
+                                .map(|p| p.cpus)
+                                .unwrap_or_default();
+                        cache.push((key, cpus.clone()));
+                        cpus
+                    }
+                };
+                prime::Pool {
+                    name: PRIME_POOL.to_string(),
+                    cpus,
+                    windows: prime.windows.clone(),
+                    queues: Vec::new(),
+                    users: Vec::new(),
+                    on_open: prime.on_open,
+                }
+            })
+            .collect()
     }
 
     /// Processors (whole cores) in the cluster.
@@ -746,10 +1094,46 @@ impl PolicyCore {
 
     /// When the core wants a [`Event::Tick`] next although nothing else happens: the next gang
     /// slice boundary, while jobs of more than one row are running.
+    ///
+    /// With prime-time pools: the next window change while it can matter, that is while a
+    /// window is open and jobs wait (its close lets them onto the pools), or while none is open,
+    /// jobs run and an opening moves them ([`OnOpen::Migrate`]).
     pub fn next_wakeup(&self) -> Option<Time> {
-        let gang = self.config.gang?;
-        let rows_in_use = self.rows.iter().filter(|r| r.jobs > 0).count();
-        (rows_in_use > 1).then(|| gang.next_boundary(self.now))
+        if let Some(gang) = self.config.gang {
+            let rows_in_use = self.rows.iter().filter(|r| r.jobs > 0).count();
+            return (rows_in_use > 1).then(|| gang.next_boundary(self.now));
+        }
+        let prime = self.prime.as_ref()?;
+        if self.now == Time::MIN {
+            return None;
+        }
+        let open = prime.open_at(self.now);
+        let matters = if open {
+            !self.queue.is_empty()
+        } else {
+            prime.on_open == OnOpen::Migrate && !self.ends.is_empty()
+        };
+        if matters {
+            prime.next_change(self.now)
+        } else {
+            None
+        }
+    }
+
+    /// What the core has done so far (moves, blocks, refusals on shape...).
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The blocks set aside for the queue's head now, per host (with `reserve`).
+    pub fn blocks(&self) -> Option<(JobKey, Vec<(HostId, CpuSet)>)> {
+        let b = self.blocks.as_ref()?;
+        Some((b.head, b.on.iter().map(|(h, _, r)| (*h, r.cpus.clone())).collect()))
+    }
+
+    /// The CPUs of a host's prime-time pool (empty without pools).
+    pub fn pool_cpus(&self, host: HostId) -> CpuSet {
+        self.pools.get(host as usize).map(|p| p.cpus.clone()).unwrap_or_default()
     }
 
     /// Jobs waiting.
@@ -891,6 +1275,7 @@ impl PolicyCore {
     }
 
     fn schedule(&mut self, actions: &mut Vec<Action>) {
+        self.open_windows(actions);
         self.resume_what_fits(actions);
         while let Some(&head) = self.queue.front() {
             let spec = self.spec(head);
@@ -899,6 +1284,7 @@ impl PolicyCore {
             }
             self.queue.pop_front();
         }
+        self.drop_stale_blocks(actions);
         if self.config.preempt.is_some() && self.config.gang.is_none() {
             if let Some(&head) = self.queue.front() {
                 if self.preempt_for(head, actions) {
@@ -936,6 +1322,9 @@ impl PolicyCore {
             })
             .min_by_key(|&(at, row, _)| (at, row))
             .unwrap_or((Time::MAX, 0, 0));
+        if self.reserve {
+            self.reserve_for(head_job, head, shadow, actions);
+        }
         let stretch = self.stretch();
         // A pass over the same cluster, head and reservation as the last one: the jobs that
         // pass looked at were refused, and later they end later still, so they are refused
@@ -964,7 +1353,12 @@ impl PolicyCore {
                 if row == reserved && !(ends_in_time || fits_beside) {
                     continue;
                 }
-                if self.try_start(job, spec, row, actions) {
+                // A job that ends by the shadow time (by its estimate) is out of the head's
+                // way before it starts: the blocks do not bind it, unless they are strict.
+                self.waived = (ends_in_time && !self.strict_blocks).then_some(job);
+                let started_now = self.try_start(job, spec, row, actions);
+                self.waived = None;
+                if started_now {
                     if row == reserved && !ends_in_time {
                         // The cores it made unavailable (a strategy may take more than asked).
                         extra =
@@ -1105,6 +1499,9 @@ impl PolicyCore {
         if let Some(range) = self.malleable_range(&spec) {
             return self.try_start_malleable(job, spec, range, actions);
         }
+        if self.space_options() {
+            return self.try_start_in_space(job, spec, actions);
+        }
         if u64::from(spec.procs) > self.rows[row as usize].free_total {
             return false;
         }
@@ -1139,6 +1536,21 @@ impl PolicyCore {
             let held = self.take(row, host, &placement);
             parts.push(Part { host, cores: held, placement });
         }
+        self.record_start(job, spec, row, parts, false, actions);
+        true
+    }
+
+    /// Records the start of the rigid `job` with `parts` (taken already) and tells the driver.
+    /// A head that starts spends its blocks.
+    fn record_start(
+        &mut self,
+        job: JobKey,
+        spec: JobSpec,
+        row: u32,
+        parts: Vec<Part>,
+        numa_local: bool,
+        actions: &mut Vec<Action>,
+    ) {
         self.rows[row as usize].jobs += 1;
         let estimated_end = self.now.saturating_add(spec.estimate.saturating_mul(self.stretch()));
         self.ends.insert((estimated_end, job));
@@ -1146,6 +1558,17 @@ impl PolicyCore {
             Slot::Waiting(_, at) => *at,
             _ => self.now,
         };
+        if let Some(b) = self.blocks.take_if(|b| b.head == job) {
+            let inside = parts.iter().all(|p| {
+                b.on.iter().any(|(h, _, r)| *h == p.host && p.placement.cpus.is_subset(&r.cpus))
+            });
+            self.counters.heads_in_block += u64::from(inside);
+            // Other jobs may use what the blocks held: backfill passes start over.
+            self.generation += 1;
+        }
+        if self.prime.as_ref().is_some_and(|p| p.admits(&spec)) {
+            self.counters.admitted_starts += 1;
+        }
         *self.slot(job) = Slot::Running(Running {
             parts: parts.clone(),
             procs: spec.procs,
@@ -1157,9 +1580,10 @@ impl PolicyCore {
             row,
             frozen: false,
             flex: None,
+            moved_at: None,
+            numa_local,
         });
         actions.push(Action::Start { job, parts });
-        true
     }
 
     /// Resumes suspended jobs whose CPUs are all free again, highest expansion factor first.
@@ -1542,8 +1966,17 @@ impl PolicyCore {
         let model = Arc::clone(&self.hosts[host as usize].model);
         let Some(Slot::Running(r)) = self.jobs.get(job as usize) else { return false };
         let Some(old) = r.parts.first().map(|p| Arc::clone(&p.placement)) else { return false };
-        let occ = &self.rows[0].occupancy[host as usize];
         let request = cores_request(old.tasks.len() as u32);
+        // A grow stays out of the pools the job must avoid; it may go into another job's
+        // blocks, as what it gains beyond its least size is the head's for the taking (its start
+        // shrinks the job first).
+        let view;
+        let occ = if self.space_options() {
+            view = self.view_as(host, job, self.admits(&r.spec), false).0;
+            &view
+        } else {
+            &self.rows[0].occupancy[host as usize]
+        };
         let Ok(placement) =
             place::resize(&model, occ, &request, &old.tasks, size, self.config.strategy)
         else {
@@ -1565,6 +1998,7 @@ impl PolicyCore {
         r.estimated_end = end;
         self.ends.insert((end, job));
         r.parts = vec![Part { host, cores, placement: Arc::new(placement) }];
+        r.moved_at = Some(now);
         actions.push(Action::Resize { job, parts: r.parts.clone() });
         self.refresh_flex(host);
         // The free count does not move (what a job gains beyond its least size is counted free
@@ -1611,13 +2045,22 @@ impl PolicyCore {
         self.dirty.insert(host);
         let size = sizes.last().copied().unwrap_or(min);
         let h = &self.hosts[host as usize];
-        let occ = &self.rows[0].occupancy[host as usize];
-        let Ok(placement) =
-            start_on_host(&h.model, occ, &cores_request(size), self.config.strategy)
-        else {
+        let placed = if self.space_options() {
+            // In its view: the largest size from equipartition's down that fits outside the
+            // blocks and pools it must avoid.
+            let admitted = self.admits(&spec);
+            (min..=size.max(min))
+                .rev()
+                .find_map(|n| self.place_in_view(host, job, admitted, &cores_request(n)).ok())
+        } else {
+            let occ = &self.rows[0].occupancy[host as usize];
+            start_on_host(&h.model, occ, &cores_request(size), self.config.strategy).ok()
+        };
+        let Some(placement) = placed else {
             // Counts said yes, the host said no: the jobs shrunk for it grow back at the rebalance.
             return false;
         };
+        let h = &self.hosts[host as usize];
         let cores = cores_touched(&h.model, &placement);
         let procs = placement.tasks.len() as u32;
         let occ = &mut self.rows[0].occupancy[host as usize];
@@ -1648,6 +2091,8 @@ impl PolicyCore {
             row: 0,
             frozen: false,
             flex: Some(flex),
+            moved_at: None,
+            numa_local: false,
         });
         self.flex[host as usize].jobs.push(job);
         self.refresh_flex(host);
@@ -1655,6 +2100,12 @@ impl PolicyCore {
         self.rows[0].jobs += 1;
         self.ends.insert((estimated_end, job));
         self.malleable_started += 1;
+        if self.blocks.take_if(|b| b.head == job).is_some() {
+            self.generation += 1;
+        }
+        if self.admits(&spec) {
+            self.counters.admitted_starts += 1;
+        }
         actions.push(Action::Start { job, parts });
         true
     }
@@ -1699,33 +2150,616 @@ impl PolicyCore {
     /// Hosts and core counts for a job of `procs` (see the module documentation), or `None`
     /// when the free cores do not add up.
     fn choose_hosts(&self, row: u32, procs: u32) -> Option<Vec<(HostId, u32)>> {
-        let by_free = &self.rows[row as usize].by_free;
-        let mut remaining = procs;
-        let mut chosen = Vec::new();
-        for (&f, hosts) in by_free.range(1..).rev() {
-            for &host in hosts {
-                if remaining == 0 {
-                    return Some(chosen);
-                }
-                if f <= remaining {
-                    chosen.push((host, f));
-                    remaining -= f;
-                } else {
-                    // This host could hold the rest; the tightest one that can goes instead.
-                    // (Hosts of this bucket before it may be chosen already; it is not.)
-                    let tightest = by_free
-                        .range(remaining..f)
-                        .find_map(|(_, set)| set.first().copied())
-                        .unwrap_or(host);
-                    chosen.push((tightest, remaining));
-                    return Some(chosen);
-                }
-            }
+        choose_hosts_in(&self.rows[row as usize].by_free, procs)
+    }
+}
+
+/// [`PolicyCore::choose_hosts`] over any hosts-by-free-cores buckets.
+fn choose_hosts_in(
+    by_free: &BTreeMap<u32, BTreeSet<HostId>>,
+    procs: u32,
+) -> Option<Vec<(HostId, u32)>> {
+    let mut remaining = procs;
+    let mut chosen = Vec::new();
+    for (&f, hosts) in by_free.range(1..).rev() {
+        for &host in hosts {
             if remaining == 0 {
                 return Some(chosen);
             }
+            if f <= remaining {
+                chosen.push((host, f));
+                remaining -= f;
+            } else {
+                // This host could hold the rest; the tightest one that can goes instead.
+                // (Hosts of this bucket before it may be chosen already; it is not.)
+                let tightest = by_free
+                    .range(remaining..f)
+                    .find_map(|(_, set)| set.first().copied())
+                    .unwrap_or(host);
+                chosen.push((tightest, remaining));
+                return Some(chosen);
+            }
         }
-        (remaining == 0).then_some(chosen)
+        if remaining == 0 {
+            return Some(chosen);
+        }
+    }
+    (remaining == 0).then_some(chosen)
+}
+
+/// Hosts by free cores, from a count per host.
+fn buckets(free: &[u32]) -> BTreeMap<u32, BTreeSet<HostId>> {
+    let mut by_free: BTreeMap<u32, BTreeSet<HostId>> = BTreeMap::new();
+    for (host, &f) in free.iter().enumerate() {
+        by_free.entry(f).or_default().insert(host as HostId);
+    }
+    by_free
+}
+
+/// Hosts with at least `procs` free cores, the fewest free first, then by number.
+fn tightest_first(free: &[u32], procs: u32) -> Vec<HostId> {
+    let mut hosts: Vec<(u32, HostId)> = free
+        .iter()
+        .enumerate()
+        .filter(|&(_, &f)| f >= procs)
+        .map(|(h, &f)| (f, h as HostId))
+        .collect();
+    hosts.sort_unstable();
+    hosts.into_iter().map(|(_, h)| h).collect()
+}
+
+/// The allocatable cores of `model` that no job holds or fences, even in part.
+fn wholly_free_cores(model: &HostModel, occupancy: &Occupancy) -> u32 {
+    let busy = occupancy.held.union(&occupancy.fenced);
+    model.cores.iter().filter(|c| c.is_subset(&model.allocatable) && !c.intersects(&busy)).count()
+        as u32
+}
+
+/// The request of a NUMA-local job of `cores` cores: one task per core, all in one NUMA node.
+pub fn numa_request(cores: u32) -> Request {
+    Request { max_radius: Some(0), ..cores_request(cores) }
+}
+
+/// NUMA-local jobs, migration, reservations and prime time (see the module documentation).
+impl PolicyCore {
+    /// Whether any of them is in effect: rigid starts then go through [`Self::try_start_in_space`].
+    fn space_options(&self) -> bool {
+        self.numa_local || self.defrag.is_some() || self.reserve || self.prime.is_some()
+    }
+
+    /// Whether the prime-time pools admit `spec`.
+    fn admits(&self, spec: &JobSpec) -> bool {
+        self.prime.as_ref().is_some_and(|p| p.admits(spec))
+    }
+
+    /// Whether `spec` runs NUMA-local: the option on, rigid, and no larger than a NUMA node.
+    fn asks_numa_local(&self, spec: &JobSpec) -> bool {
+        self.numa_local
+            && self.malleable_range(spec).is_none()
+            && self.hosts.iter().any(|h| spec.procs <= h.numa_cores)
+    }
+
+    /// What placing a part of `job` on `host` must avoid (the blocks of another job, the open
+    /// pools if they do not admit it), and where to try first (its own blocks, the open pools
+    /// that admit it), as topod's `placement_occupancy` and `place_and_create`.
+    fn view(&self, host: HostId, job: JobKey, admitted: bool) -> (Occupancy, Vec<CpuSet>) {
+        self.view_as(host, job, admitted, self.waived != Some(job))
+    }
+
+    /// [`Self::view`], with the blocks of another job binding it or not.
+    fn view_as(
+        &self,
+        host: HostId,
+        job: JobKey,
+        admitted: bool,
+        blocks_bind: bool,
+    ) -> (Occupancy, Vec<CpuSet>) {
+        let mut occ = self.rows[0].occupancy[host as usize].clone();
+        let mut preferred = Vec::new();
+        if let Some(b) = &self.blocks {
+            let here = b.on.iter().filter(|(h, ..)| *h == host).map(|(_, _, r)| r);
+            if b.head == job {
+                preferred.extend(here.map(|r| r.cpus.clone()));
+            } else if blocks_bind {
+                occ = reservation::blocked_for(&occ, here, &job.to_string(), self.now);
+            }
+        }
+        if let (Some(prime), Some(pool)) = (&self.prime, self.pools.get(host as usize)) {
+            let who = Asker { pool: admitted.then_some(PRIME_POOL), ..Asker::default() };
+            let (o, mine) =
+                prime::pools_for(&occ, std::slice::from_ref(pool), who, prime.local_time(self.now));
+            occ = o;
+            if !mine.is_empty() {
+                preferred.push(mine);
+            }
+        }
+        (occ, preferred)
+    }
+
+    /// Places `request` for `job` on `host` in its view: inside each preferred set where it fits
+    /// there, else anywhere the view allows.
+    fn place_in_view(
+        &self,
+        host: HostId,
+        job: JobKey,
+        admitted: bool,
+        request: &Request,
+    ) -> Result<Placement, PlaceError> {
+        let (occ, preferred) = self.view(host, job, admitted);
+        let model = &self.hosts[host as usize].model;
+        for cpus in &preferred {
+            let list = match &request.cpu_list {
+                Some(list) => list.intersection(cpus),
+                None => cpus.clone(),
+            };
+            if list.is_empty() {
+                continue;
+            }
+            let inside = Request { cpu_list: Some(list), ..request.clone() };
+            if let Ok(p) = start_on_host(model, &occ, &inside, self.config.strategy) {
+                return Ok(p);
+            }
+        }
+        start_on_host(model, &occ, request, self.config.strategy)
+    }
+
+    /// Free cores per host as `job` may count them (less the free cores of blocks and pools it
+    /// must avoid), or `None` when that is the row's own count.
+    fn free_for(&self, job: JobKey, admitted: bool) -> Option<Vec<u32>> {
+        let pools = !admitted && self.prime.as_ref().is_some_and(|p| p.open_at(self.now));
+        let blocked: Vec<HostId> = match &self.blocks {
+            Some(b) if b.head != job && self.waived != Some(job) => {
+                b.on.iter().map(|(h, ..)| *h).collect()
+            }
+            _ => Vec::new(),
+        };
+        if !pools && blocked.is_empty() {
+            return None;
+        }
+        let hosts: Vec<HostId> =
+            if pools { (0..self.hosts.len() as HostId).collect() } else { blocked };
+        let mut free = self.rows[0].free.clone();
+        for host in hosts {
+            let model = &self.hosts[host as usize].model;
+            let (view, _) = self.view(host, job, admitted);
+            let hidden = wholly_free_cores(model, &self.rows[0].occupancy[host as usize])
+                .saturating_sub(wholly_free_cores(model, &view));
+            free[host as usize] = free[host as usize].saturating_sub(hidden);
+        }
+        Some(free)
+    }
+
+    /// Starts the rigid `job` now if hosts and CPUs can be found for it, in its view, moving
+    /// running jobs where migration is on and a part is refused on shape.
+    fn try_start_in_space(
+        &mut self,
+        job: JobKey,
+        spec: JobSpec,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        let admitted = self.admits(&spec);
+        let free = self.free_for(job, admitted);
+        if self.asks_numa_local(&spec) {
+            return self.start_numa_local(job, spec, admitted, free.as_deref(), actions);
+        }
+        let available = match &free {
+            Some(f) => f.iter().map(|&c| u64::from(c)).sum(),
+            None => self.rows[0].free_total,
+        };
+        if u64::from(spec.procs) > available {
+            return false;
+        }
+        let choice = match self.block_choice(job, spec.procs, free.as_deref()) {
+            Some(choice) => Some(choice),
+            None => match &free {
+                None => self.choose_hosts(0, spec.procs),
+                Some(f) => choose_hosts_in(&buckets(f), spec.procs),
+            },
+        };
+        let Some(choice) = choice else { return false };
+        let mut parts = Vec::with_capacity(choice.len());
+        let mut moved = false;
+        for (host, cores) in choice {
+            if self.flex.get(host as usize).is_some_and(|f| !f.jobs.is_empty()) {
+                self.shrink_for(host, cores, actions);
+                self.dirty.insert(host);
+            }
+            let request = cores_request(cores);
+            let placed = match self.place_in_view(host, job, admitted, &request) {
+                Ok(p) => Some(p),
+                Err(e) if e.rejected_while_free() => {
+                    let p = self.defragment(host, job, admitted, &request, actions);
+                    moved |= p.is_some();
+                    self.counters.refused_on_shape += u64::from(p.is_none());
+                    p
+                }
+                Err(_) => None,
+            };
+            let Some(placement) = placed else {
+                self.give_back(0, &parts);
+                return false;
+            };
+            let placement = Arc::new(placement);
+            let held = self.take(0, host, &placement);
+            parts.push(Part { host, cores: held, placement });
+        }
+        self.counters.defrag_starts += u64::from(moved);
+        self.record_start(job, spec, 0, parts, false, actions);
+        true
+    }
+
+    /// The head's hosts and cores by its blocks, when it has them and they have its parts free.
+    fn block_choice(
+        &self,
+        job: JobKey,
+        procs: u32,
+        free: Option<&[u32]>,
+    ) -> Option<Vec<(HostId, u32)>> {
+        let b = self.blocks.as_ref().filter(|b| b.head == job && !b.on.is_empty())?;
+        let room = |h: HostId| free.map_or(self.rows[0].free[h as usize], |f| f[h as usize]);
+        let total: u32 = b.on.iter().map(|(_, c, _)| *c).sum();
+        (total == procs && b.on.iter().all(|(h, c, _)| room(*h) >= *c))
+            .then(|| b.on.iter().map(|(h, c, _)| (*h, *c)).collect())
+    }
+
+    /// Starts the NUMA-local `job` on the first host, the fewest free first (its block's host
+    /// before all), where its cores are free in one NUMA node; failing that, with migration,
+    /// on the first of the hosts that refused it on shape where moves make room.
+    fn start_numa_local(
+        &mut self,
+        job: JobKey,
+        spec: JobSpec,
+        admitted: bool,
+        free: Option<&[u32]>,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        let procs = spec.procs;
+        let mut candidates: Vec<HostId> = match free {
+            None => self.rows[0]
+                .by_free
+                .range(procs..)
+                .flat_map(|(_, hosts)| hosts.iter().copied())
+                .collect(),
+            Some(f) => tightest_first(f, procs),
+        };
+        if let Some(&(h, ..)) =
+            self.blocks.as_ref().filter(|b| b.head == job).and_then(|b| b.on.first())
+        {
+            if let Some(i) = candidates.iter().position(|&c| c == h) {
+                candidates.remove(i);
+                candidates.insert(0, h);
+            }
+        }
+        let request = numa_request(procs);
+        let mut refused = Vec::new();
+        for &host in &candidates {
+            let reclaim = self.flex.get(host as usize).map_or(0, |f| f.reclaim);
+            if reclaim > 0 && self.rows[0].free[host as usize] - reclaim < procs {
+                // Make room: the malleable jobs there share what this job leaves them.
+                self.shrink_for(host, procs, actions);
+                self.dirty.insert(host);
+            }
+            match self.place_in_view(host, job, admitted, &request) {
+                Ok(p) => {
+                    self.start_on_one(job, spec, host, p, actions);
+                    return true;
+                }
+                Err(e) if e.rejected_while_free() => refused.push(host),
+                Err(_) => {}
+            }
+        }
+        for &host in &refused {
+            if let Some(p) = self.defragment(host, job, admitted, &request, actions) {
+                self.counters.defrag_starts += 1;
+                self.start_on_one(job, spec, host, p, actions);
+                return true;
+            }
+        }
+        self.counters.refused_on_shape += u64::from(!refused.is_empty());
+        false
+    }
+
+    /// Records the NUMA-local `job` started on `host` with `placement`.
+    fn start_on_one(
+        &mut self,
+        job: JobKey,
+        spec: JobSpec,
+        host: HostId,
+        placement: Placement,
+        actions: &mut Vec<Action>,
+    ) {
+        let placement = Arc::new(placement);
+        let held = self.take(0, host, &placement);
+        self.record_start(job, spec, 0, vec![Part { host, cores: held, placement }], true, actions);
+    }
+
+    /// Moves running jobs' parts on `host` so that `request` fits there for `job`, by
+    /// [`defrag::plan_moves`] within the delay timers; where the request then goes, or `None`
+    /// (migration off, or no plan).
+    fn defragment(
+        &mut self,
+        host: HostId,
+        job: JobKey,
+        admitted: bool,
+        request: &Request,
+        actions: &mut Vec<Action>,
+    ) -> Option<Placement> {
+        let rules = self.defrag?;
+        let now = self.now;
+        let (occupancy, _) = self.view(host, job, admitted);
+        // The running jobs with a part here, with the request each part was placed with.
+        let mut here: Vec<(JobKey, Arc<Placement>, Request, bool)> = self
+            .ends
+            .iter()
+            .filter_map(|&(_, other)| {
+                let Slot::Running(r) = &self.jobs[other as usize] else { return None };
+                let part = r.parts.iter().find(|p| p.host == host)?;
+                let tasks = part.placement.tasks.len() as u32;
+                let request = if r.numa_local { numa_request(tasks) } else { cores_request(tasks) };
+                let may_move = now - r.since >= rules.min_run
+                    && r.moved_at.is_none_or(|t| now - t >= rules.gap);
+                Some((other, Arc::clone(&part.placement), request, may_move))
+            })
+            .collect();
+        here.sort_by_key(|(key, ..)| *key);
+        let plan = {
+            let movables: Vec<Movable<'_, JobKey>> = here
+                .iter()
+                .map(|(key, p, request, may_move)| Movable {
+                    key: *key,
+                    request,
+                    cpus: &p.cpus,
+                    fenced: &p.fenced,
+                    tasks: &p.tasks,
+                    may_move: *may_move,
+                })
+                .collect();
+            let model = &self.hosts[host as usize].model;
+            defrag::plan_moves(
+                model,
+                &occupancy,
+                &movables,
+                request,
+                self.config.strategy,
+                rules.limits,
+            )?
+        };
+        // The moved jobs were placed in this job's view: outside the blocks and pools it must
+        // avoid, which is no place they may not be.
+        let moves = plan.moves.into_iter().map(|m| (m.key, m.placement)).collect();
+        self.move_parts(host, moves, MoveReason::Defrag, actions);
+        Some(plan.placement)
+    }
+
+    /// Moves each job's part on `host` to its new placement (every old place freed before any
+    /// new one is taken: a job may go where another was), and tells the driver.
+    fn move_parts(
+        &mut self,
+        host: HostId,
+        moves: Vec<(JobKey, Placement)>,
+        why: MoveReason,
+        actions: &mut Vec<Action>,
+    ) {
+        let model = Arc::clone(&self.hosts[host as usize].model);
+        let (now, pause) = (self.now, self.config.move_cost.max(0));
+        let olds: Vec<Arc<Placement>> = moves
+            .iter()
+            .filter_map(|(job, _)| match self.jobs.get(*job as usize) {
+                Some(Slot::Running(r)) => {
+                    r.parts.iter().find(|p| p.host == host).map(|p| Arc::clone(&p.placement))
+                }
+                _ => None,
+            })
+            .collect();
+        debug_assert_eq!(olds.len(), moves.len(), "every moved job runs on host {host}");
+        let occ = &mut self.rows[0].occupancy[host as usize];
+        for old in &olds {
+            occ.held.difference_with(&old.cpus);
+            occ.fenced.difference_with(&old.fenced);
+        }
+        for (_, p) in &moves {
+            occ.held.union_with(&p.cpus);
+            occ.fenced.union_with(&p.fenced);
+        }
+        for (job, placement) in moves {
+            let pus = placement.cpus.len() as u64;
+            let cores = cores_touched(&model, &placement);
+            let Some(Slot::Running(r)) = self.jobs.get_mut(job as usize) else { continue };
+            let Some(part) = r.parts.iter_mut().find(|p| p.host == host) else { continue };
+            *part = Part { host, cores, placement: Arc::new(placement) };
+            r.moved_at = Some(now);
+            if pause > 0 {
+                // No progress while it moves: its end, or its work's, comes later.
+                let end = match r.flex.as_mut() {
+                    Some(f) => {
+                        f.drain(now);
+                        f.at = f.at.max(now).saturating_add(pause);
+                        f.estimated_end()
+                    }
+                    None => r.estimated_end.saturating_add(pause),
+                };
+                self.ends.remove(&(r.estimated_end, job));
+                r.estimated_end = end;
+                self.ends.insert((end, job));
+            }
+            let parts = r.parts.clone();
+            match why {
+                MoveReason::Defrag => {
+                    self.counters.moves += 1;
+                    self.counters.moved_pus += pus;
+                }
+                MoveReason::PrimeWindow => self.counters.prime_moves += 1,
+            }
+            actions.push(Action::Move { job, parts, why, pause });
+        }
+        self.recount(0, host);
+    }
+
+    /// Sets blocks aside for the head `head` whose reservation is at `shadow` (see the module
+    /// documentation), unless they were made for this head, shadow time and cluster already.
+    fn reserve_for(
+        &mut self,
+        head: JobKey,
+        spec: JobSpec,
+        shadow: Time,
+        actions: &mut Vec<Action>,
+    ) {
+        if self
+            .blocks
+            .as_ref()
+            .is_some_and(|b| (b.head, b.shadow, b.generation) == (head, shadow, self.generation))
+        {
+            return;
+        }
+        let now = self.now;
+        let numa_local = self.asks_numa_local(&spec);
+        let mut on = Vec::new();
+        // A malleable head starts on what is free at its least size: no block for it.
+        if self.malleable_range(&spec).is_none() && shadow != Time::MAX {
+            let admitted = self.admits(&spec);
+            // Free cores at the shadow time, and what the jobs estimated to end by then leave.
+            let mut free = self.rows[0].free.clone();
+            let mut leaving: BTreeMap<HostId, Occupancy> = BTreeMap::new();
+            for &(end, job) in &self.ends {
+                let Slot::Running(r) = &self.jobs[job as usize] else { continue };
+                let (at, least) = match &r.flex {
+                    Some(f) => (f.latest_end(now), Some(f.min)),
+                    None => (end, None),
+                };
+                if at > shadow {
+                    continue;
+                }
+                for p in &r.parts {
+                    free[p.host as usize] += least.unwrap_or(p.cores);
+                    let o = leaving.entry(p.host).or_default();
+                    o.held.union_with(&p.placement.cpus);
+                    o.fenced.union_with(&p.placement.fenced);
+                }
+            }
+            let at_shadow = |host: HostId| {
+                let (mut occ, _) = self.view(host, head, admitted);
+                if let Some(o) = leaving.get(&host) {
+                    occ.held.difference_with(&o.held);
+                    occ.fenced.difference_with(&o.fenced);
+                }
+                occ
+            };
+            let strategy = self.config.strategy;
+            // The hosts the head's start would choose then.
+            let hosts: Vec<(HostId, u32)> = if numa_local {
+                let candidates = tightest_first(&free, spec.procs);
+                let request = numa_request(spec.procs);
+                let fits = candidates.iter().copied().find(|&h| {
+                    start_on_host(&self.hosts[h as usize].model, &at_shadow(h), &request, strategy)
+                        .is_ok()
+                });
+                fits.or(candidates.first().copied())
+                    .map(|h| vec![(h, spec.procs)])
+                    .unwrap_or_default()
+            } else {
+                choose_hosts_in(&buckets(&free), spec.procs).unwrap_or_default()
+            };
+            for (host, cores) in hosts {
+                let request = if numa_local { numa_request(cores) } else { cores_request(cores) };
+                let model = &self.hosts[host as usize].model;
+                if let Ok((block, _busy)) =
+                    reservation::choose_block(model, &at_shadow(host), &[], &request, strategy, now)
+                {
+                    on.push((
+                        host,
+                        cores,
+                        Reservation {
+                            job: head.to_string(),
+                            cpus: block.cpus,
+                            request: request.to_string(),
+                            made_at: now,
+                            expires_at: Time::MAX,
+                        },
+                    ));
+                }
+            }
+        }
+        let old = self.blocks.take();
+        let new_head = old.as_ref().is_none_or(|b| b.head != head);
+        if let Some(o) = old.as_ref().filter(|o| o.head != head && !o.on.is_empty()) {
+            actions.push(Action::Reserve { job: o.head, blocks: Vec::new() });
+        }
+        let old_on: &[(HostId, u32, Reservation)] =
+            old.as_ref().filter(|o| o.head == head).map_or(&[], |o| &o.on);
+        let kept =
+            |h: HostId, cpus: &CpuSet| old_on.iter().any(|(oh, _, r)| *oh == h && r.cpus == *cpus);
+        let made = on.iter().filter(|(h, _, r)| !kept(*h, &r.cpus)).count();
+        self.counters.blocks_made += made as u64;
+        if !on.is_empty() && self.last_reserved != Some(head) {
+            self.last_reserved = Some(head);
+            self.counters.reserved_heads += 1;
+        }
+        let unchanged = !new_head && made == 0 && on.len() == old_on.len();
+        if !unchanged {
+            if !on.is_empty() || !old_on.is_empty() {
+                let blocks = on.iter().map(|(h, _, r)| (*h, r.cpus.clone())).collect();
+                actions.push(Action::Reserve { job: head, blocks });
+            }
+            // Other jobs' views changed: backfill passes start over.
+            self.generation += 1;
+        }
+        self.blocks = Some(Blocks { head, shadow, generation: self.generation, on });
+    }
+
+    /// Drops the blocks when their job is no longer the queue's head (it was cancelled, or
+    /// another job is first now); a head that started spent them already.
+    fn drop_stale_blocks(&mut self, actions: &mut Vec<Action>) {
+        let front = self.queue.front().copied();
+        if let Some(b) = self.blocks.take_if(|b| Some(b.head) != front) {
+            if !b.on.is_empty() {
+                actions.push(Action::Reserve { job: b.head, blocks: Vec::new() });
+            }
+            self.generation += 1;
+        }
+    }
+
+    /// Notes a window opening or closing; at an opening with [`OnOpen::Migrate`], moves the
+    /// running jobs the pools do not admit off the pools' CPUs where they fit elsewhere on
+    /// their hosts (else they stay).
+    fn open_windows(&mut self, actions: &mut Vec<Action>) {
+        let Some(prime) = &self.prime else { return };
+        let open = prime.open_at(self.now);
+        let migrate = prime.on_open == OnOpen::Migrate;
+        if open == self.pools_open {
+            return;
+        }
+        self.pools_open = open;
+        // Who may go where changed: backfill passes start over.
+        self.generation += 1;
+        if !open || !migrate {
+            return;
+        }
+        let mut running: Vec<JobKey> = self.ends.iter().map(|&(_, job)| job).collect();
+        running.sort_unstable();
+        for job in running {
+            let Slot::Running(r) = &self.jobs[job as usize] else { continue };
+            if self.admits(&r.spec) {
+                continue;
+            }
+            let on_pools: Vec<(HostId, Arc<Placement>)> = r
+                .parts
+                .iter()
+                .filter(|p| p.placement.cpus.intersects(&self.pools[p.host as usize].cpus))
+                .map(|p| (p.host, Arc::clone(&p.placement)))
+                .collect();
+            let numa_local = r.numa_local;
+            for (host, old) in on_pools {
+                let tasks = old.tasks.len() as u32;
+                let request = if numa_local { numa_request(tasks) } else { cores_request(tasks) };
+                let (mut occ, _) = self.view(host, job, false);
+                occ.held.difference_with(&old.cpus);
+                occ.fenced.difference_with(&old.fenced);
+                let model = &self.hosts[host as usize].model;
+                if let Ok(p) = start_on_host(model, &occ, &request, self.config.strategy) {
+                    self.move_parts(host, vec![(job, p)], MoveReason::PrimeWindow, actions);
+                }
+            }
+        }
     }
 }
 
@@ -2095,7 +3129,7 @@ pub(crate) mod tests {
                     running.get_mut(&job).unwrap().1 = true;
                     0
                 }
-                Action::Resize { .. } => unreachable!("no malleable jobs here"),
+                other => unreachable!("no malleable jobs, moves or blocks here: {other:?}"),
             }
         }
     }
@@ -2308,6 +3342,306 @@ pub(crate) mod tests {
             }
             assert_eq!(c.queue_len(), 0, "{order:?}");
             assert_eq!((c.free_procs(), c.busy_procs()), (c.total_procs(), 0), "{order:?}");
+        }
+    }
+
+    // ---- NUMA-local jobs, migration, reservations, prime time ----
+
+    fn spaced(
+        order: QueueOrder,
+        hosts: Vec<Arc<HostModel>>,
+        set: impl FnOnce(&mut PolicyConfig),
+    ) -> PolicyCore {
+        let mut config =
+            PolicyConfig { numa_local: true, ..PolicyConfig::plain(order, Strategy::BestFit) };
+        set(&mut config);
+        PolicyCore::new(hosts, config)
+    }
+
+    /// The NUMA node `cpus` lie in, when they lie in one.
+    fn node_of(model: &HostModel, cpus: &CpuSet) -> Option<usize> {
+        let touched = model.touched(Level::Numa, cpus);
+        (touched.len() == 1).then(|| touched[0])
+    }
+
+    #[test]
+    fn a_job_refused_on_shape_starts_after_the_fewest_moves_and_young_jobs_stay() {
+        for (min_run, migrate) in [(60, true), (200, false)] {
+            let hosts = two_socket(1);
+            let model = Arc::clone(&hosts[0]);
+            let mut c = spaced(QueueOrder::Fcfs, hosts, |cfg| {
+                cfg.defrag = Some(Defrag { min_run, ..Defrag::default() });
+            });
+            // Job 0 (4 cores) and job 2 (2) share node 0, job 1 (6) has node 1: two cores are
+            // free in each node.
+            let first = starts(
+                c.step(0, [submit(0, 4, 1000), submit(2, 2, 1000), submit(1, 6, 1000)]).unwrap(),
+            );
+            let mut held: BTreeMap<JobKey, CpuSet> =
+                first.iter().map(|(j, p)| (*j, p[0].placement.cpus.clone())).collect();
+            let node = |held: &BTreeMap<JobKey, CpuSet>, job| node_of(&model, &held[&job]);
+            assert_eq!(
+                (node(&held, 0), node(&held, 2), node(&held, 1)),
+                (Some(0), Some(0), Some(1))
+            );
+            // Job 3 asks for 4 cores in one node at 100: four are free, two in each.
+            let actions = c.step(100, [submit(3, 4, 10)]).unwrap();
+            if !migrate {
+                assert!(actions.is_empty(), "job 2 has run 100 s of the 200 it must: {actions:?}");
+                assert_eq!(c.counters().refused_on_shape, 1);
+                assert_eq!(c.queue_len(), 1);
+                continue;
+            }
+            for a in &actions {
+                match a {
+                    Action::Move { job, parts, why: MoveReason::Defrag, pause: 0 } => {
+                        held.insert(*job, parts[0].placement.cpus.clone());
+                    }
+                    Action::Start { job, parts } => {
+                        held.insert(*job, parts[0].placement.cpus.clone());
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            // One move: the small job goes to node 1, the new one gets node 0's four cores.
+            assert!(matches!(actions[0], Action::Move { job: 2, .. }), "{actions:?}");
+            assert!(matches!(actions[1], Action::Start { job: 3, .. }), "{actions:?}");
+            assert_eq!((node(&held, 2), node(&held, 3), held[&3].len()), (Some(1), Some(0), 8));
+            let k = c.counters();
+            assert_eq!((k.moves, k.moved_pus, k.defrag_starts, k.refused_on_shape), (1, 4, 1, 0));
+            let mut all = CpuSet::new();
+            for cpus in held.values() {
+                assert!(!all.intersects(cpus), "a CPU given twice");
+                all.union_with(cpus);
+            }
+            assert_eq!(all, c.occupancy(0).held);
+            assert_eq!(c.free_procs(), 0);
+        }
+    }
+
+    #[test]
+    fn a_block_keeps_a_long_backfilled_job_off_the_node_the_head_waits_for() {
+        let mut head_start = Vec::new();
+        for reserve in [None, Some(Reserve::Outlasting), Some(Reserve::Strict)] {
+            let hosts = two_socket(1);
+            let model = Arc::clone(&hosts[0]);
+            let mut c = spaced(QueueOrder::Easy, hosts, |cfg| cfg.reserve = reserve);
+            // Job 0 (5 cores, to 100) takes node 0, job 1 (4, to 1000) node 1: 3 and 4 free.
+            c.step(0, [submit(0, 5, 100), submit(1, 4, 1000)]).unwrap();
+            // The head, job 2 (7 in one node), fits nowhere now; job 0's end frees node 0 for
+            // it. Job 3 (3, to 1001) outlasts that but fits in EASY's extra processors.
+            let a = c.step(1, [submit(2, 7, 100), submit(3, 3, 1000)]).unwrap();
+            let started_3 = starts(a.clone());
+            assert_eq!(started_3.iter().map(|(j, _)| *j).collect::<Vec<_>>(), vec![3]);
+            let node_3 = node_of(&model, &started_3[0].1[0].placement.cpus);
+            if reserve.is_some() {
+                let (head, blocks) = c.blocks().expect("blocks for the head");
+                assert_eq!((head, blocks.len()), (2, 1));
+                assert_eq!(node_of(&model, &blocks[0].1), Some(0));
+                assert!(!blocks[0].1.intersects(&started_3[0].1[0].placement.cpus));
+                assert!(a.iter().any(|x| matches!(x, Action::Reserve { job: 2, .. })));
+                assert_eq!(node_3, Some(1), "job 3 kept off the head's node");
+            } else {
+                assert_eq!(node_3, Some(0), "best-fit takes the tighter node");
+            }
+            let b = c.step(100, [Event::End { job: 0 }]).unwrap();
+            if started(&b).contains(&2) {
+                head_start.push(100);
+                let k = c.counters();
+                assert_eq!((k.reserved_heads, k.heads_in_block), (1, 1));
+                assert!(c.blocks().is_none(), "spent");
+            } else {
+                let b = c.step(1000, [Event::End { job: 1 }]).unwrap();
+                assert_eq!(started(&b), vec![2]);
+                head_start.push(1000);
+            }
+        }
+        assert_eq!(head_start, vec![1000, 100, 100]);
+    }
+
+    #[test]
+    fn a_job_that_ends_before_the_head_may_use_its_block_unless_blocks_are_strict() {
+        for (reserve, expect) in [(Reserve::Outlasting, vec![3]), (Reserve::Strict, vec![])] {
+            let hosts = two_socket(1);
+            let mut c = spaced(QueueOrder::Easy, hosts, |cfg| cfg.reserve = Some(reserve));
+            c.step(0, [submit(0, 5, 100), submit(1, 4, 1000)]).unwrap();
+            // The head, job 2, gets a block of 7 cores in node 0, due at 100; job 4 (4 cores,
+            // outlasting that) fills node 1. Node 0's 3 free cores are then mostly in the block.
+            c.step(1, [submit(2, 7, 100), submit(4, 4, 5000)]).unwrap();
+            // Job 3 (3 cores for 50 s) is gone by 100: it may use the block, unless strict.
+            let a = c.step(2, [submit(3, 3, 50)]).unwrap();
+            assert_eq!(started(&a), expect, "{reserve:?}");
+        }
+    }
+
+    #[test]
+    fn prime_time_pools_keep_others_out_in_their_windows_and_migrate_at_the_opening() {
+        // 2026-11-23 00:00 UTC, a Monday.
+        let monday = 1_795_392_000;
+        let hour = 3600;
+        let prime = Prime {
+            size: PoolSize::Cores(4),
+            windows: vec!["Mon-Fri 08:00-18:00".parse().unwrap()],
+            max_estimate: 3600,
+            on_open: OnOpen::Migrate,
+            epoch_at_zero: monday,
+            utc_offset: 0,
+        };
+        assert_eq!(prime.next_change(0), Some(8 * hour));
+        assert_eq!(prime.next_change(8 * hour), Some(18 * hour));
+        assert_eq!(prime.next_change(4 * 24 * hour + 18 * hour), Some(7 * 24 * hour + 8 * hour));
+        let pacific = Prime { utc_offset: -8 * hour, ..prime.clone() };
+        assert_eq!(pacific.next_change(0), Some(16 * hour), "Monday 08:00 local is 16:00 UTC");
+        assert!(!pacific.open_at(9 * hour) && pacific.open_at(17 * hour));
+
+        let config = PolicyConfig {
+            prime: Some(prime),
+            ..PolicyConfig::plain(QueueOrder::Fcfs, Strategy::BestFit)
+        };
+        let mut c = PolicyCore::new(two_socket(1), config);
+        let pool = c.pool_cpus(0);
+        assert_eq!(pool.len(), 8, "4 cores of 2 threads");
+        // 07:00, the window closed: a long job of 4 cores lands on the pool's cores.
+        let a = starts(c.step(7 * hour, [submit(0, 4, 10 * hour)]).unwrap());
+        assert_eq!(a[0].1[0].placement.cpus, pool);
+        assert_eq!(c.next_wakeup(), Some(8 * hour), "woken at the opening, to move it");
+        // 08:00: the window opens and it is moved out.
+        match c.step(8 * hour, [Event::Tick]).unwrap().as_slice() {
+            [Action::Move { job: 0, parts, why: MoveReason::PrimeWindow, .. }] => {
+                assert!(!parts[0].placement.cpus.intersects(&pool));
+            }
+            other => panic!("{other:?}"),
+        }
+        // 09:00: a long job of 8 cores fits outside the pool; a short one (admitted) goes into
+        // the pool; a long one of 1 core finds only the pool's cores free, and waits.
+        let b = starts(
+            c.step(9 * hour, [submit(1, 8, 2 * hour), submit(2, 4, 600), submit(3, 1, 2 * hour)])
+                .unwrap(),
+        );
+        let cpus =
+            |job| b.iter().find(|(j, _)| *j == job).map(|(_, p)| p[0].placement.cpus.clone());
+        assert!(!cpus(1).unwrap().intersects(&pool));
+        assert_eq!(cpus(2), Some(pool.clone()));
+        assert_eq!((cpus(3), c.queue_len()), (None, 1));
+        assert_eq!(c.next_wakeup(), Some(18 * hour), "woken at the close, for the waiting job");
+        // The short job ends: its pool is free, but not for a long job while the window is open.
+        assert!(c.step(9 * hour + 600, [Event::End { job: 2 }]).unwrap().is_empty());
+        // 18:00: the window closes, and the waiting job takes a pool core.
+        let d = starts(c.step(18 * hour, [Event::Tick]).unwrap());
+        assert_eq!(d.len(), 1);
+        assert!(d[0].1[0].placement.cpus.is_subset(&pool));
+        let k = c.counters();
+        assert_eq!((k.prime_moves, k.admitted_starts), (1, 1));
+    }
+
+    #[test]
+    fn with_every_space_option_no_cpu_is_given_twice_and_the_occupancy_is_the_jobs() {
+        for order in [QueueOrder::Fcfs, QueueOrder::Easy] {
+            let hosts = two_socket(3);
+            let model = Arc::clone(&hosts[0]);
+            let prime = Prime {
+                size: PoolSize::Share(0.25),
+                windows: vec!["Mon-Fri 08:00-18:00".parse().unwrap()],
+                max_estimate: 30,
+                on_open: OnOpen::Migrate,
+                epoch_at_zero: 1_795_392_000,
+                utc_offset: 0,
+            };
+            let mut c = spaced(order, hosts, |cfg| {
+                cfg.malleable = Some(Malleability::default());
+                cfg.defrag = Some(Defrag { min_run: 5, gap: 10, ..Defrag::default() });
+                cfg.reserve = (order == QueueOrder::Easy).then_some(Reserve::Outlasting);
+                cfg.prime = Some(prime.clone());
+            });
+            let mut rng = crate::bench::SplitMix::new(41);
+            let mut held: Held = BTreeMap::new();
+            let mut specs: BTreeMap<JobKey, JobSpec> = BTreeMap::new();
+            let (mut t, mut moves) = (0, 0);
+            for job in 0..800u32 {
+                // Minutes apart, so that the windows open and close.
+                t += 60 * rng.below(30) as Time;
+                if let Some(w) = c.next_wakeup().filter(|w| *w <= t) {
+                    for a in c.step(w, [Event::Tick]).unwrap() {
+                        moves += apply(&mut held, &specs, a, w, &prime, &c);
+                    }
+                }
+                let spec = JobSpec {
+                    procs: 1 + rng.below(20) as u32,
+                    estimate: 1 + rng.below(60) as Time,
+                    malleable: rng.below(4) == 0,
+                };
+                specs.insert(job, spec);
+                let mut events = vec![Event::Submit { job, spec }];
+                if rng.below(2) == 0 {
+                    if let Some(&victim) =
+                        held.keys().nth(rng.below(held.len().max(1) as u64) as usize)
+                    {
+                        events.push(Event::End { job: victim });
+                        held.remove(&victim);
+                    }
+                }
+                for a in c.step(t, events).unwrap() {
+                    moves += apply(&mut held, &specs, a, t, &prime, &c);
+                }
+                let mut per_host: BTreeMap<HostId, CpuSet> = BTreeMap::new();
+                for (parts, _) in held.values() {
+                    for (h, cpus) in parts {
+                        let seen = per_host.entry(*h).or_default();
+                        assert!(!seen.intersects(cpus), "{order:?}: a CPU given twice on {h}");
+                        seen.union_with(cpus);
+                    }
+                }
+                for h in 0..3 {
+                    let mine = per_host.get(&h).cloned().unwrap_or_default();
+                    assert_eq!(mine, c.occupancy(h).held, "{order:?}: host {h} at {t}");
+                }
+                // NUMA-local jobs stay in one node, moved or not.
+                for (parts, spec) in held.values() {
+                    if !spec.malleable && spec.procs <= 8 {
+                        assert!(node_of(&model, &parts[0].1).is_some(), "{order:?}: {spec:?}");
+                    }
+                }
+            }
+            assert!(moves > 0, "{order:?}: the stream moves jobs");
+            let k = c.counters();
+            assert!(k.admitted_starts > 50 && k.refused_on_shape > 0, "{order:?}: {k:?}");
+            if order == QueueOrder::Easy {
+                assert!(k.blocks_made > 0 && k.heads_in_block > 0, "{k:?}");
+            }
+        }
+
+        /// Each running job's CPUs per host and what it asked for.
+        type Held = BTreeMap<JobKey, (Vec<(HostId, CpuSet)>, JobSpec)>;
+
+        /// Applies an action; checks that no job the pools do not admit is placed on them in a
+        /// window; returns 1 for a move.
+        fn apply(
+            held: &mut Held,
+            specs: &BTreeMap<JobKey, JobSpec>,
+            a: Action,
+            t: Time,
+            prime: &Prime,
+            c: &PolicyCore,
+        ) -> u32 {
+            let (job, parts, moved) = match a {
+                Action::Start { job, parts } | Action::Resize { job, parts } => (job, parts, 0),
+                Action::Move { job, parts, .. } => (job, parts, 1),
+                Action::Reserve { .. } => return 0,
+                other => panic!("{other:?}"),
+            };
+            let spec = specs[&job];
+            if prime.open_at(t) && !prime.admits(&spec) {
+                for p in &parts {
+                    let before = held.get(&job).and_then(|(old, _)| {
+                        old.iter().find(|(h, _)| *h == p.host).map(|(_, c)| c.clone())
+                    });
+                    // New CPUs on a pool in a window: none (a shrink keeps old ones).
+                    let new = p.placement.cpus.difference(&before.unwrap_or_default());
+                    assert!(!new.intersects(&c.pool_cpus(p.host)), "job {job} at {t}: {spec:?}");
+                }
+            }
+            held.insert(job, (cpus_by_host(&parts), spec));
+            moved
         }
     }
 }

@@ -30,7 +30,9 @@
 
 use crate::bench::SplitMix;
 use crate::place::HostModel;
-use crate::policy::{Action, Event, JobKey, JobSpec, PolicyConfig, PolicyCore, PolicyError, Time};
+use crate::policy::{
+    Action, Event, JobKey, JobSpec, PolicyConfig, PolicyCore, PolicyError, Reserve, Time,
+};
 use crate::swf::{Skip, Trace};
 use serde::Serialize;
 use std::cmp::Reverse;
@@ -153,6 +155,27 @@ pub struct SimReport {
     pub malleable_jobs: usize,
     /// Resizes of malleable jobs: each change of a job's size counts once.
     pub resizes: usize,
+    /// Whether jobs that fit one NUMA node asked for one ([`PolicyConfig::numa_local`]).
+    pub numa_local: bool,
+    /// Start attempts refused on shape on every host tried although cores were free there
+    /// (after migration, with it).
+    pub refused_on_shape: u64,
+    /// Jobs started after moves made room (with migration).
+    pub defrag_starts: u64,
+    /// Moves of running jobs for defragmentation.
+    pub moves: u64,
+    /// PUs of the jobs moved for defragmentation.
+    pub moved_pus: u64,
+    /// Moves out of prime-time pools as a window opened.
+    pub prime_moves: u64,
+    /// Blocks set aside for EASY's head (with reservations).
+    pub blocks: u64,
+    /// Queue heads that had blocks.
+    pub reserved_heads: u64,
+    /// Queue heads that started with every part inside their blocks.
+    pub heads_in_block: u64,
+    /// Jobs started that the prime-time pools admit (with prime time).
+    pub admitted_starts: u64,
     /// Trace lines not replayed, by reason.
     pub skipped: BTreeMap<String, usize>,
     /// Processor-seconds used ÷ (processors × makespan).
@@ -219,6 +242,17 @@ pub fn policy_name(config: &PolicyConfig) -> String {
     if config.malleable.is_some() {
         name.push_str("+malleable");
     }
+    if config.defrag.is_some() {
+        name.push_str("+defrag");
+    }
+    match config.reserve {
+        Some(Reserve::Outlasting) => name.push_str("+reserve"),
+        Some(Reserve::Strict) => name.push_str("+reserve-strict"),
+        None => {}
+    }
+    if config.prime.is_some() {
+        name.push_str("+prime");
+    }
     name
 }
 
@@ -235,8 +269,28 @@ pub fn replay(
     config: PolicyConfig,
     progress: &mut dyn FnMut(usize),
 ) -> Result<SimReport, SimError> {
+    replay_observed(hosts, jobs, config, progress, &mut |_, _| {})
+}
+
+/// [`replay`], showing `observe` every action the core decides, with its time, before the
+/// simulator applies it (for checks on the events of a replay).
+///
+/// A move ([`Action::Move`]) changes a job's CPUs, not its end, unless it has a pause
+/// ([`PolicyConfig::move_cost`]): then the job makes no progress for that long and its end
+/// moves later by as much. Reservations ([`Action::Reserve`]) are the core's own business.
+pub fn replay_observed(
+    hosts: Vec<Arc<HostModel>>,
+    jobs: &[SimJob],
+    config: PolicyConfig,
+    progress: &mut dyn FnMut(usize),
+    observe: &mut dyn FnMut(Time, &Action),
+) -> Result<SimReport, SimError> {
     let host_count = hosts.len();
     let strategy = config.strategy;
+    let policy = policy_name(&config);
+    let gang_slice_s = config.gang.map(|g| g.slice);
+    let numa_local = config.numa_local;
+    let gang = config.gang.is_some();
     let mut core = PolicyCore::new(hosts, config);
     let total = core.total_procs();
     let n = jobs.len();
@@ -255,7 +309,6 @@ pub fn replay(
     let mut resizes = 0usize;
     let mut suspensions = 0usize;
     let mut gang_freezes = 0usize;
-    let gang = config.gang.is_some();
     let mut numa_ok = 0usize;
     let mut l3_ok = 0usize;
     let mut ends: BinaryHeap<Reverse<(Time, JobKey)>> = BinaryHeap::new();
@@ -302,6 +355,7 @@ pub fn replay(
             progress(next);
         }
         for action in core.step(now, events.drain(..))? {
+            observe(now, &action);
             let (job, end) = match action {
                 Action::Start { job, parts } => {
                     start[job as usize] = Some(now);
@@ -323,7 +377,8 @@ pub fn replay(
                     let i = job as usize;
                     let ran = u128::try_from(now - marked[i]).unwrap_or(0);
                     work[i] = work[i].saturating_sub(ran * u128::from(rate[i]));
-                    marked[i] = now;
+                    // (Within a move's pause, its work starts again when the pause ends.)
+                    marked[i] = marked[i].max(now);
                     rate[i] = parts.iter().map(|p| p.placement.tasks.len() as u32).sum();
                     resizes += 1;
                     (job, now.saturating_add(seconds_for(work[i], rate[i])))
@@ -347,6 +402,18 @@ pub fn replay(
                     start[job as usize].get_or_insert(now);
                     (job, now.saturating_add(left[job as usize]))
                 }
+                Action::Move { job, pause, .. } => {
+                    let i = job as usize;
+                    if pause <= 0 {
+                        continue;
+                    }
+                    // Its work stops for the pause: what is left runs from then on.
+                    let ran = u128::try_from(now - marked[i]).unwrap_or(0);
+                    work[i] = work[i].saturating_sub(ran * u128::from(rate[i]));
+                    marked[i] = marked[i].max(now).saturating_add(pause);
+                    (job, marked[i].saturating_add(seconds_for(work[i], rate[i])))
+                }
+                Action::Reserve { .. } => continue,
             };
             due[job as usize] = Some(end);
             ends.push(Reverse((end, job)));
@@ -385,17 +452,28 @@ pub fn replay(
     let mut sorted = waits.clone();
     sorted.sort_unstable();
     let p95 = if n == 0 { 0 } else { sorted[(n * 95).div_ceil(100).max(1) - 1] };
+    let counters = core.counters();
     Ok(SimReport {
-        policy: policy_name(&config),
+        policy,
         placement: strategy.name(),
         hosts: host_count,
         processors: total,
         jobs: n,
         suspensions,
-        gang_slice_s: config.gang.map(|g| g.slice),
+        gang_slice_s,
         gang_freezes,
         malleable_jobs: usize::try_from(core.malleable_started()).unwrap_or(usize::MAX),
         resizes,
+        numa_local,
+        refused_on_shape: counters.refused_on_shape,
+        defrag_starts: counters.defrag_starts,
+        moves: counters.moves,
+        moved_pus: counters.moved_pus,
+        prime_moves: counters.prime_moves,
+        blocks: counters.blocks_made,
+        reserved_heads: counters.reserved_heads,
+        heads_in_block: counters.heads_in_block,
+        admitted_starts: counters.admitted_starts,
         skipped: BTreeMap::new(),
         utilization: if makespan > 0.0 { work / (total as f64 * makespan) } else { 0.0 },
         mean_wait_s: mean(waits.iter().map(|w| *w as f64).sum()),
@@ -513,7 +591,7 @@ mod tests {
             .collect();
         let work: f64 = jobs.iter().map(|j| (j.run * Time::from(j.procs)) as f64).sum();
         let easy = PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit);
-        let plain = replay(vec![model.clone(); 4], &jobs, easy, &mut |_| {}).unwrap();
+        let plain = replay(vec![model.clone(); 4], &jobs, easy.clone(), &mut |_| {}).unwrap();
         let config = PolicyConfig { gang: Some(Gang { slice: 30, rows: 2 }), ..easy };
         let r = replay(vec![model.clone(); 4], &jobs, config, &mut |_| {}).unwrap();
         assert_eq!(r.policy, "easy+gang");
@@ -558,9 +636,9 @@ mod tests {
         let mut jobs = rigid.clone();
         assert_eq!(mark_malleable(&mut jobs, 1.0), jobs.len());
         let easy = PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit);
-        let plain = replay(vec![model.clone(); 4], &rigid, easy, &mut |_| {}).unwrap();
+        let plain = replay(vec![model.clone(); 4], &rigid, easy.clone(), &mut |_| {}).unwrap();
         // Marks mean nothing while the configuration has no malleable jobs.
-        let marked = replay(vec![model.clone(); 4], &jobs, easy, &mut |_| {}).unwrap();
+        let marked = replay(vec![model.clone(); 4], &jobs, easy.clone(), &mut |_| {}).unwrap();
         assert_eq!((&marked.waits, marked.resizes, marked.malleable_jobs), (&plain.waits, 0, 0));
         let config = PolicyConfig { malleable: Some(Malleability::default()), ..easy };
         let r = replay(vec![model.clone(); 4], &jobs, config, &mut |_| {}).unwrap();
@@ -623,5 +701,186 @@ mod tests {
         let batch = TraceFilter { skip_queues: vec![0], ..TraceFilter::default() };
         let (jobs, _) = jobs_from_trace(&trace, &batch, 4);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![4]);
+    }
+
+    /// A stream of NUMA-local-sized jobs (1 to 8 cores) on hosts of two 8-core nodes, at about
+    /// `load` of `cores` cores' worth of work, with runs of minutes to hours.
+    fn small_jobs(seed: u64, n: i64, cores: u32, load: f64) -> Vec<SimJob> {
+        let mut rng = crate::bench::SplitMix::new(seed);
+        let mut t = 0;
+        let mean_work = 4.5 * 1800.0;
+        let gap = (mean_work / (f64::from(cores) * load)) as u64;
+        (0..n)
+            .map(|i| {
+                t += rng.below(2 * gap) as Time;
+                let run = 60 + rng.below(3540) as Time;
+                SimJob {
+                    id: i,
+                    submit: t,
+                    run,
+                    estimate: run * (1 + rng.below(2) as Time),
+                    procs: 1 + rng.below(8) as u32,
+                    malleable: false,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn migration_starts_jobs_refused_on_shape_and_does_exactly_their_work() {
+        use crate::policy::Defrag;
+        let model = crate::policy::tests::two_socket(1).remove(0);
+        let jobs = small_jobs(3, 3000, 32, 0.9);
+        let work: f64 = jobs.iter().map(|j| (j.run * Time::from(j.procs)) as f64).sum();
+        let local = PolicyConfig {
+            numa_local: true,
+            ..PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit)
+        };
+        let plain = replay(vec![model.clone(); 2], &jobs, local.clone(), &mut |_| {}).unwrap();
+        let config = PolicyConfig { defrag: Some(Defrag::default()), ..local.clone() };
+        let moved = replay(vec![model.clone(); 2], &jobs, config.clone(), &mut |_| {}).unwrap();
+        assert_eq!((plain.policy.as_str(), moved.policy.as_str()), ("easy", "easy+defrag"));
+        assert!(plain.refused_on_shape > 100, "the stream fragments: {}", plain.refused_on_shape);
+        assert!(moved.moves > 0 && moved.defrag_starts > 0, "{} moves", moved.moves);
+        assert!(
+            moved.refused_on_shape < plain.refused_on_shape,
+            "refused {} with moves, {} without",
+            moved.refused_on_shape,
+            plain.refused_on_shape
+        );
+        assert!(
+            moved.mean_wait_s < plain.mean_wait_s,
+            "mean wait {} s with moves, {} s without",
+            moved.mean_wait_s,
+            plain.mean_wait_s
+        );
+        // Free moves: processor-seconds held over time are the jobs' work.
+        for r in [&plain, &moved] {
+            let held = processor_seconds_busy(r);
+            assert!((held - work).abs() < 1e-6 * work, "{}: held {held}, work {work}", r.policy);
+            assert_eq!(r.series.last().map(|s| (s.busy, s.queue)), Some((0, 0)));
+        }
+        // A move that costs 120 s: each moved job holds its processors 120 s longer.
+        let costly = PolicyConfig { move_cost: 120, ..config };
+        let mut paused = 0f64;
+        let r = replay_observed(vec![model; 2], &jobs, costly, &mut |_| {}, &mut |_, a| {
+            if let Action::Move { parts, pause, .. } = a {
+                let procs: usize = parts.iter().map(|p| p.placement.tasks.len()).sum();
+                paused += (*pause * procs as Time) as f64;
+            }
+        })
+        .unwrap();
+        assert!(r.moves > 0);
+        let held = processor_seconds_busy(&r);
+        assert!((held - work - paused).abs() < 1e-6 * work, "held {held}, work {work} + {paused}");
+    }
+
+    #[test]
+    fn with_a_block_the_head_starts_no_later_when_backfill_would_fragment_its_node() {
+        use crate::policy::Reserve;
+        let model = crate::policy::tests::two_socket(1).remove(0);
+        // Job 1 (5 cores to 100) and job 2 (4 to 1000) leave 3 and 4 cores free in the two
+        // nodes; job 3 (7 in one node) is the head, due at 100 when job 1 ends; job 4 (3 cores
+        // until 1001) fits in EASY's extra processors and would take node 0's free cores.
+        let jobs = [job(1, 0, 100, 5), job(2, 0, 1000, 4), job(3, 1, 100, 7), job(4, 1, 1000, 3)];
+        let mut waits = Vec::new();
+        for reserve in [None, Some(Reserve::Outlasting)] {
+            let config = PolicyConfig {
+                numa_local: true,
+                reserve,
+                ..PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit)
+            };
+            let r = replay(vec![model.clone()], &jobs, config, &mut |_| {}).unwrap();
+            assert_eq!(r.waits[3], 0, "job 4 is backfilled at once");
+            waits.push(r.waits[2]);
+            if reserve.is_some() {
+                assert_eq!((r.blocks, r.reserved_heads, r.heads_in_block), (1, 1, 1));
+            }
+        }
+        assert_eq!(waits, vec![999, 99], "the head's wait without blocks and with");
+    }
+
+    #[test]
+    fn in_a_window_no_job_the_pools_do_not_admit_is_placed_on_them() {
+        use crate::policy::{PoolSize, Prime};
+        use crate::prime::OnOpen;
+        let model = crate::policy::tests::two_socket(1).remove(0);
+        // Two weeks of jobs, an hour or so apart on average, short and long.
+        let mut rng = crate::bench::SplitMix::new(29);
+        let mut t = 0;
+        let jobs: Vec<SimJob> = (0..1500)
+            .map(|i| {
+                t += rng.below(1600) as Time;
+                let run =
+                    if rng.below(2) == 0 { 60 + rng.below(3000) } else { 3600 + rng.below(20_000) };
+                SimJob {
+                    id: i,
+                    submit: t,
+                    run: run as Time,
+                    estimate: run as Time,
+                    procs: 1 + rng.below(16) as u32,
+                    malleable: false,
+                }
+            })
+            .collect();
+        let pool = crate::policy::start_on_host(
+            &model,
+            &crate::place::Occupancy::default(),
+            &crate::policy::cores_request(4),
+            Strategy::BestFit,
+        )
+        .unwrap()
+        .cpus;
+        for on_open in [OnOpen::Stay, OnOpen::Migrate] {
+            let prime = Prime {
+                size: PoolSize::Share(0.25),
+                windows: vec!["Mon-Fri 08:00-18:00".parse().unwrap()],
+                max_estimate: 3600,
+                on_open,
+                // 2026-11-23 00:00 in California (UTC-8), a Monday.
+                epoch_at_zero: 1_795_392_000 + 8 * 3600,
+                utc_offset: -8 * 3600,
+            };
+            let config = PolicyConfig {
+                prime: Some(prime.clone()),
+                ..PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit)
+            };
+            let (mut inside, mut outside_windows, mut admitted_in) = (0, 0, 0);
+            let mut running: BTreeMap<JobKey, Vec<crate::cpuset::CpuSet>> = BTreeMap::new();
+            let mut check = |now: Time, a: &Action| {
+                let (job, parts) = match a {
+                    Action::Start { job, parts } | Action::Move { job, parts, .. } => (job, parts),
+                    _ => return,
+                };
+                let admitted = prime.admits(&JobSpec::rigid(1, jobs[*job as usize].estimate));
+                // The parts placed now: all of a start's, the one a move moved.
+                let before =
+                    running.insert(*job, parts.iter().map(|p| p.placement.cpus.clone()).collect());
+                let placed = parts
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, p)| before.as_ref().is_none_or(|b| b[*i] != p.placement.cpus));
+                let on_pool = placed.into_iter().any(|(_, p)| p.placement.cpus.intersects(&pool));
+                match (prime.open_at(now), admitted) {
+                    (true, false) => {
+                        assert!(!on_pool, "job {job} placed on a pool at {now} in a window: {a:?}");
+                        inside += 1;
+                    }
+                    (true, true) => admitted_in += usize::from(on_pool),
+                    (false, _) => outside_windows += usize::from(on_pool),
+                }
+            };
+            let r = replay_observed(vec![model.clone(); 2], &jobs, config, &mut |_| {}, &mut check)
+                .unwrap();
+            // Not vacuous: others were placed in windows, admitted jobs used the pools then,
+            // and outside the windows the pools' cores went to anyone.
+            assert!(
+                inside > 100 && admitted_in > 50 && outside_windows > 50,
+                "{inside} {admitted_in} {outside_windows}"
+            );
+            assert!(r.admitted_starts > 300, "{}", r.admitted_starts);
+            assert_eq!(r.prime_moves > 0, on_open == OnOpen::Migrate, "{on_open:?}");
+            assert_eq!(r.policy, "easy+prime");
+        }
     }
 }

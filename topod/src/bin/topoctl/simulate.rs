@@ -12,8 +12,12 @@ use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+use topo_core::defrag::DefragLimits;
 use topo_core::place::{HostModel, Strategy};
-use topo_core::policy::{Gang, Malleability, PolicyConfig, Preempt, QueueOrder, Time};
+use topo_core::policy::{
+    Defrag, Gang, Malleability, PolicyConfig, PoolSize, Preempt, Prime, QueueOrder, Reserve, Time,
+};
+use topo_core::prime::{OnOpen, Window};
 use topo_core::sim::{self, SimReport, TraceFilter};
 use topo_core::swf;
 use topo_core::topology::Topology;
@@ -38,6 +42,25 @@ How a trace is replayed:
   rigid jobs leave equally (equipartition), rebalanced whenever a job starts or ends there; one starts
   as soon as its least size is free, and a rigid job takes back what they hold beyond their least
   sizes. Multi-host jobs stay rigid.
+  With --numa-local a rigid job that fits in one NUMA node of a host asks for one (MAX_RADIUS=0): it
+  starts on the host with the fewest free cores where they are free in one node, never split over
+  hosts; free cores in the wrong nodes refuse it (refused, in the table).
+  With +defrag (--defrag) a job refused on a host although enough cores are free there moves running
+  jobs there (the fewest moves, then the fewest PUs, each job placed again with its own request, as
+  topod's defrag) and starts; a job is not moved before it has run --migrate-min-run seconds, nor
+  within --migrate-gap of its last move or resize. Moves are free unless --migrate-cost S (the moved
+  job makes no progress for S seconds).
+  With easy+reserve (--reserve) the first waiting job also gets topology blocks: on each host it is
+  predicted to start on at its reservation, the CPUs its part will take are set aside; other jobs are
+  placed outside them, the job inside them (blocks, in block: how many were made, how many heads
+  started wholly inside theirs).
+  With +prime (--prime SPEC) a share of each host's cores is reserved in weekly windows of the
+  trace's local time for short jobs, those whose estimate (field 9) is at most max-runtime; others are
+  placed outside the pools while a window is open. SPEC: count=F (a share below 1, or whole cores),
+  windows=DAYS HH:MM-HH:MM[;...], max-runtime=S, on-open=stay|migrate (stay: jobs on a pool as its
+  window opens run on; migrate: they are moved out where they fit). The local time is the header's
+  UnixStartTime plus the offset its StartTime shows (one offset all year: daylight saving is not
+  followed), or --utc-offset.
 
 Examples:
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 400 --policy fcfs,easy --svg out.svg
@@ -45,7 +68,12 @@ Examples:
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 25 --topology 2socket.xml \\
       --placement best-fit,first-fit
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 22 --topology 2socket.xml \\
-      --skip-queues 0 --policy easy,easy+malleable --malleable 1";
+      --skip-queues 0 --policy easy,easy+malleable --malleable 1
+  topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 22 --topology 2socket.xml \\
+      --skip-queues 0 --numa-local --policy easy,easy+defrag,easy+reserve
+  topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 22 --topology 2socket.xml \\
+      --skip-queues 0 --policy easy,easy+prime \\
+      --prime 'count=0.25,windows=Mon-Fri 08:00-18:00,max-runtime=3600,on-open=migrate'";
 
 /// `topoctl simulate`'s options.
 #[derive(Args)]
@@ -118,6 +146,40 @@ pub(crate) struct SimulateOpts {
     /// A malleable job of p processors runs on ceil(p / D) to p.
     #[arg(long, value_name = "D", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     malleable_divisor: u32,
+    /// Jobs that fit in one NUMA node of a host ask for one (MAX_RADIUS=0, one task per core):
+    /// they wait for a host where their cores are free in one node, and are never split over
+    /// hosts (rigid jobs only; not with preemption or gang slicing).
+    #[arg(long)]
+    numa_local: bool,
+    /// Defragmenting migration for every policy listed when none says +defrag: a job refused on
+    /// a host although enough cores are free there moves running jobs there (topod's defrag).
+    #[arg(long)]
+    defrag: bool,
+    /// Seconds a job runs before migration may move it.
+    #[arg(long, value_name = "S", default_value_t = 60)]
+    migrate_min_run: u32,
+    /// Seconds after a move or resize before migration may move a job again.
+    #[arg(long, value_name = "S", default_value_t = 300)]
+    migrate_gap: u32,
+    /// Moves per start, at most [default: the planner's own, as topod's defrag_max_moves].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    defrag_max_moves: Option<u32>,
+    /// Seconds of progress a move costs the moved job (0: moves are free).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    migrate_cost: u32,
+    /// Topology reservations for every easy policy listed when none says +reserve: blocks of
+    /// CPUs set aside for the first waiting job where it will start (Paragon blocking).
+    #[arg(long)]
+    reserve: bool,
+    /// Prime-time pools for every policy listed when none says +prime: e.g. "count=0.25,
+    /// windows=Mon-Fri 08:00-18:00,max-runtime=3600[,on-open=stay|migrate]" (see below)
+    /// [default for +prime: count=0.25,windows=Mon-Fri 08:00-18:00,max-runtime=3600].
+    #[arg(long, value_name = "SPEC")]
+    prime: Option<String>,
+    /// The trace's local time for --prime, as an offset east of UTC: -08:00, +1, +05:30
+    /// [default: what the header's StartTime shows against its UnixStartTime, else 0].
+    #[arg(long, value_name = "OFFSET", allow_hyphen_values = true)]
+    utc_offset: Option<String>,
     /// Replay each combination this many times and report the median speed (jobs/s).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     repeat: u32,
@@ -156,27 +218,27 @@ where
         .collect()
 }
 
-/// One policy to replay: the cluster order, with preemption, gang slicing or malleable jobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One policy to replay: the cluster order, with preemption, gang slicing, malleable jobs,
+/// migration, reservations or prime time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct PolicyChoice {
-    order: QueueOrder,
+    order: Option<QueueOrder>,
     preempt: bool,
     gang: bool,
     malleable: bool,
+    defrag: bool,
+    reserve: bool,
+    strict: bool,
+    prime: bool,
 }
 
-/// A comma list of policies: `fcfs`, `easy`, each optionally `+preempt`, `+gang` or
-/// `+malleable`; `all_preempt` adds preemption to every one, `all_gang` gang slicing and
-/// `all_malleable` malleable jobs to every one when none names them.
-fn parse_policies(
-    text: &str,
-    all_preempt: bool,
-    all_gang: bool,
-    all_malleable: bool,
-) -> Result<Vec<PolicyChoice>, Failure> {
+/// A comma list of policies: `fcfs`, `easy`, each with options (`+preempt`, `+gang`,
+/// `+malleable`, `+defrag`, `+reserve`, `+prime`); `everywhere` holds the options the flags
+/// (`--preempt`, `--gang`, ...) add to every one: preemption always, the others to every
+/// policy when no policy names them.
+fn parse_policies(text: &str, everywhere: PolicyChoice) -> Result<Vec<PolicyChoice>, Failure> {
     let names: Vec<String> = parse_list("--policy", text)?;
-    let any_gang = names.iter().any(|n| n.split('+').skip(1).any(|x| x == "gang"));
-    let any_malleable = names.iter().any(|n| n.split('+').skip(1).any(|x| x == "malleable"));
+    let named = |option: &str| names.iter().any(|n| n.split('+').skip(1).any(|x| x == option));
     let mut all = Vec::new();
     for name in &names {
         let mut pieces = name.split('+');
@@ -186,22 +248,46 @@ fn parse_policies(
             .parse::<QueueOrder>()
             .map_err(|e| Failure::input(format!("--policy {text:?}: {e}")))?;
         let mut choice = PolicyChoice {
-            order,
-            preempt: all_preempt,
-            gang: all_gang && !any_gang,
-            malleable: all_malleable && !any_malleable,
+            order: Some(order),
+            preempt: everywhere.preempt,
+            gang: everywhere.gang && !named("gang"),
+            malleable: everywhere.malleable && !named("malleable"),
+            defrag: everywhere.defrag && !named("defrag"),
+            reserve: everywhere.reserve
+                && !named("reserve")
+                && !named("reserve-strict")
+                && order == QueueOrder::Easy,
+            strict: false,
+            prime: everywhere.prime && !named("prime"),
         };
         for option in pieces {
             match option {
                 "preempt" => choice.preempt = true,
                 "gang" => choice.gang = true,
                 "malleable" => choice.malleable = true,
+                "defrag" => choice.defrag = true,
+                "reserve" => choice.reserve = true,
+                "reserve-strict" => {
+                    choice.reserve = true;
+                    choice.strict = true;
+                }
+                "prime" => choice.prime = true,
                 other => {
                     return Err(Failure::input(format!(
-                        "--policy {text:?}: {name:?}: +{other} is not an option (they are +preempt, +gang and +malleable)"
+                        "--policy {text:?}: {name:?}: +{other} is not an option (they are +preempt, +gang, +malleable, +defrag, +reserve, +reserve-strict and +prime)"
                     )))
                 }
             }
+        }
+        if (choice.defrag || choice.reserve || choice.prime) && (choice.preempt || choice.gang) {
+            return Err(Failure::input(format!(
+                "--policy {text:?}: {name:?}: migration, reservations and prime time go with neither preemption nor gang slicing (they work on the CPUs of running jobs, which those suspend or share; --preempt, --gang, --defrag, --reserve and --prime apply to every policy listed)"
+            )));
+        }
+        if choice.reserve && order != QueueOrder::Easy {
+            return Err(Failure::input(format!(
+                "--policy {text:?}: {name:?}: +reserve goes with easy only (blocks are set aside at EASY's reservation for the queue's head; FCFS makes none)"
+            )));
         }
         if choice.preempt && choice.gang {
             return Err(Failure::input(format!(
@@ -240,6 +326,192 @@ fn parse_queues(flag: &str, text: &str) -> Result<Vec<i64>, Failure> {
     parse_list(flag, text)
 }
 
+/// `--prime` when a policy says +prime without it.
+const DEFAULT_PRIME: &str = "count=0.25,windows=Mon-Fri 08:00-18:00,max-runtime=3600";
+
+/// What `--prime` says: the pools' size, windows, admission and what a window's opening does.
+#[derive(Debug, Clone, PartialEq)]
+struct PrimeSpec {
+    size: PoolSize,
+    windows: Vec<Window>,
+    max_runtime: Time,
+    on_open: OnOpen,
+}
+
+/// `count=F,windows=W[;W...],max-runtime=S[,on-open=stay|migrate]`. A window's own commas
+/// (`Sat,Sun 10:00-16:00`) belong to it: a new key starts only at `name=`.
+fn parse_prime(text: &str) -> Result<PrimeSpec, Failure> {
+    let bad = |why: String| {
+        Failure::input(format!(
+            "--prime {text:?}: {why} (write e.g. \"{DEFAULT_PRIME},on-open=migrate\")"
+        ))
+    };
+    const KEYS: [&str; 4] = ["count", "windows", "max-runtime", "on-open"];
+    let mut items: Vec<(String, String)> = Vec::new();
+    for piece in text.split(',') {
+        match piece.split_once('=') {
+            Some((key, value)) if KEYS.contains(&key.trim()) => {
+                if items.iter().any(|(k, _)| k == key.trim()) {
+                    return Err(bad(format!("{} is given twice", key.trim())));
+                }
+                items.push((key.trim().to_string(), value.trim().to_string()));
+            }
+            _ => match items.last_mut() {
+                Some((key, value)) if key == "windows" => {
+                    value.push(',');
+                    value.push_str(piece.trim());
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "{:?} is not KEY=VALUE with a key of {}",
+                        piece.trim(),
+                        KEYS.join(", ")
+                    )))
+                }
+            },
+        }
+    }
+    let get = |key: &str| items.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    let count = get("count").ok_or_else(|| bad("count= is missing".into()))?;
+    let size = match count.parse::<f64>() {
+        Ok(f) if f > 0.0 && f < 1.0 => PoolSize::Share(f),
+        Ok(f) if f >= 1.0 && f.fract() == 0.0 && f <= 65_536.0 => PoolSize::Cores(f as u32),
+        _ => {
+            return Err(bad(format!(
+                "count={count}: a share of each host's cores below 1 (0.25), or a whole number of cores (4)"
+            )))
+        }
+    };
+    let windows = get("windows")
+        .ok_or_else(|| bad("windows= is missing".into()))?
+        .split(';')
+        .map(|w| w.parse::<Window>().map_err(|e| bad(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let runtime = get("max-runtime").ok_or_else(|| bad("max-runtime= is missing".into()))?;
+    let max_runtime = runtime
+        .parse::<u32>()
+        .ok()
+        .filter(|s| *s > 0)
+        .ok_or_else(|| bad(format!("max-runtime={runtime}: seconds, 1 or more")))?;
+    let on_open = match get("on-open").unwrap_or("stay") {
+        "stay" => OnOpen::Stay,
+        "migrate" => OnOpen::Migrate,
+        other => return Err(bad(format!("on-open={other}: stay or migrate"))),
+    };
+    Ok(PrimeSpec { size, windows, max_runtime: Time::from(max_runtime), on_open })
+}
+
+/// `[+-]H[H][:MM]` east of UTC, in seconds.
+fn parse_utc_offset(text: &str) -> Result<i64, Failure> {
+    let bad = || {
+        Failure::input(format!(
+            "--utc-offset {text}: an offset east of UTC from -14:00 to +14:00, as -08:00, +1 or +05:30"
+        ))
+    };
+    let t = text.trim();
+    let (sign, rest) = match t.as_bytes().first() {
+        Some(b'-') => (-1, &t[1..]),
+        Some(b'+') => (1, &t[1..]),
+        _ => (1, t),
+    };
+    let (h, m) = rest.split_once(':').unwrap_or((rest, "0"));
+    let h: i64 = h.parse().map_err(|_| bad())?;
+    let m: i64 = m.parse().map_err(|_| bad())?;
+    if !(0..60).contains(&m) || h < 0 || h * 60 + m > 14 * 60 {
+        return Err(bad());
+    }
+    Ok(sign * (h * 3600 + m * 60))
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar.
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (i64::from(month) + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The offset east of UTC a trace's header shows: its `StartTime` (`Wed Dec 27 10:53:57 PST
+/// 1995`, local) against its `UnixStartTime`, to the quarter hour; with the `TimeZoneString`.
+fn header_utc_offset(text: &str, unix_start: i64) -> Option<(i64, Option<String>)> {
+    const MONTHS: [&str; 12] =
+        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    let mut start = None;
+    let mut zone = None;
+    for line in text.lines().map(str::trim).take_while(|l| l.is_empty() || l.starts_with(';')) {
+        let line = line.trim_start_matches(';').trim();
+        if let Some(v) = line.strip_prefix("StartTime:") {
+            start = Some(v.trim().to_string());
+        } else if let Some(v) = line.strip_prefix("TimeZoneString:") {
+            zone = Some(v.trim().to_string()).filter(|z| !z.is_empty());
+        }
+    }
+    let start = start?;
+    let words: Vec<&str> = start.split_whitespace().collect();
+    let month = words.iter().find_map(|w| MONTHS.iter().position(|m| m == w))? as u32 + 1;
+    let day: u32 = words.iter().find_map(|w| w.parse().ok().filter(|d| (1..=31).contains(d)))?;
+    let year: i64 =
+        words.iter().find_map(|w| w.parse().ok().filter(|y| (1900..3000).contains(y)))?;
+    let clock = words.iter().find(|w| w.contains(':'))?;
+    let hms: Vec<i64> = clock.split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let seconds = match hms.as_slice() {
+        [h, m, s] => h * 3600 + m * 60 + s,
+        [h, m] => h * 3600 + m * 60,
+        _ => return None,
+    };
+    let local_as_utc = days_from_civil(year, month, day) * 86_400 + seconds;
+    let offset = ((local_as_utc - unix_start) as f64 / 900.0).round() as i64 * 900;
+    (offset.abs() <= 14 * 3600).then_some((offset, zone))
+}
+
+/// The trace's clock for prime time: the epoch second of its time 0, the offset east of UTC,
+/// and a sentence saying where they came from.
+fn trace_clock(
+    text: &str,
+    trace: &swf::Trace,
+    flag: Option<&str>,
+) -> Result<(i64, i64, String), Failure> {
+    let unix_start = trace.header.unix_start_time;
+    let epoch = unix_start.unwrap_or(0);
+    let start_note = match unix_start {
+        Some(t) => format!("time 0 is the header's UnixStartTime {t}"),
+        None => "no UnixStartTime in the header: time 0 is 1970-01-01 00:00 UTC, a Thursday".into(),
+    };
+    let show = |offset: i64| {
+        let sign = if offset < 0 { '-' } else { '+' };
+        format!("UTC{sign}{:02}:{:02}", offset.abs() / 3600, offset.abs() % 3600 / 60)
+    };
+    if let Some(flag) = flag {
+        let offset = parse_utc_offset(flag)?;
+        return Ok((
+            epoch,
+            offset,
+            format!("{start_note}; local time {} (--utc-offset)", show(offset)),
+        ));
+    }
+    match unix_start.and_then(|t| header_utc_offset(text, t)) {
+        Some((offset, zone)) => {
+            let zone = zone.map(|z| format!(", {z}")).unwrap_or_default();
+            Ok((
+                epoch,
+                offset,
+                format!(
+                    "{start_note}; local time {} as the header's StartTime shows{zone} (one offset all year: daylight saving is not followed)",
+                    show(offset)
+                ),
+            ))
+        }
+        None => Ok((
+            epoch,
+            0,
+            format!("{start_note}; local time UTC (no StartTime to tell; --utc-offset sets one)"),
+        )),
+    }
+}
+
 /// At most this many hosts, and processors in all.
 const MAX_HOSTS: usize = 1_000_000;
 const MAX_PROCESSORS: u64 = 1 << 24;
@@ -274,8 +546,32 @@ fn read_trace(path: &Path) -> Result<String, Failure> {
 }
 
 pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
-    let policies =
-        parse_policies(&args.policy, args.preempt, args.gang.is_some(), args.malleable.is_some())?;
+    let everywhere = PolicyChoice {
+        order: None,
+        preempt: args.preempt,
+        gang: args.gang.is_some(),
+        malleable: args.malleable.is_some(),
+        defrag: args.defrag,
+        reserve: args.reserve,
+        strict: false,
+        prime: args.prime.is_some(),
+    };
+    let policies = parse_policies(&args.policy, everywhere)?;
+    if args.numa_local && (args.preempt || policies.iter().any(|c| c.gang || c.preempt)) {
+        return Err(Failure::input(
+            "--numa-local goes with neither preemption nor gang slicing (the jobs would ask for one NUMA node only where those are off)",
+        ));
+    }
+    let defrag = Defrag {
+        min_run: Time::from(args.migrate_min_run),
+        gap: Time::from(args.migrate_gap),
+        limits: DefragLimits {
+            max_moves: args
+                .defrag_max_moves
+                .map_or(DefragLimits::default().max_moves, |n| n as usize),
+            ..DefragLimits::default()
+        },
+    };
     let malleable_share = args.malleable.unwrap_or(1.0);
     if !(0.0..=1.0).contains(&malleable_share) {
         return Err(Failure::input(format!(
@@ -306,6 +602,26 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     let text = read_trace(&args.trace)?;
     let trace =
         swf::parse(&text).map_err(|e| Failure::input(format!("{}: {e}", args.trace.display())))?;
+    let prime_spec = match (&args.prime, policies.iter().any(|c| c.prime)) {
+        (_, false) => None,
+        (Some(text), true) => Some(parse_prime(text)?),
+        (None, true) => Some(parse_prime(DEFAULT_PRIME)?),
+    };
+    let (prime, clock_note) = match &prime_spec {
+        Some(spec) => {
+            let (epoch, offset, note) = trace_clock(&text, &trace, args.utc_offset.as_deref())?;
+            let prime = Prime {
+                size: spec.size,
+                windows: spec.windows.clone(),
+                max_estimate: spec.max_runtime,
+                on_open: spec.on_open,
+                epoch_at_zero: epoch,
+                utc_offset: offset,
+            };
+            (Some(prime), Some(note))
+        }
+        None => (None, None),
+    };
     let topo = host_topology(&args.topology)?;
     let model = Arc::new(
         HostModel::new(&topo, &CpuSet::new())
@@ -373,11 +689,20 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     for &choice in &policies {
         for &placement in &placements {
             let config = PolicyConfig {
-                order: choice.order,
+                order: choice.order.unwrap_or(QueueOrder::Easy),
                 strategy: placement,
                 preempt: choice.preempt.then_some(rules),
                 gang: choice.gang.then_some(gang),
                 malleable: choice.malleable.then_some(malleability),
+                numa_local: args.numa_local,
+                defrag: choice.defrag.then_some(defrag),
+                reserve: choice.reserve.then_some(if choice.strict {
+                    Reserve::Strict
+                } else {
+                    Reserve::Outlasting
+                }),
+                prime: if choice.prime { prime.clone() } else { None },
+                move_cost: Time::from(args.migrate_cost),
             };
             // Each repetition replays the same jobs and decides the same; the speed reported is
             // the median over the repetitions.
@@ -390,7 +715,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
                 );
                 let hosts_vec = vec![Arc::clone(&model); hosts];
                 let began = Instant::now();
-                let report = sim::replay(hosts_vec, &jobs, config, &mut |done| {
+                let report = sim::replay(hosts_vec, &jobs, config.clone(), &mut |done| {
                     bar.set_position(done as u64)
                 })
                 .map_err(|e| Failure::runtime(format!("the replay stopped: {e}")))?;
@@ -436,6 +761,12 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
             &skipped,
             &reports,
             malleable.as_ref(),
+            &SpaceNote {
+                numa_local: args.numa_local,
+                defrag: policies.iter().any(|c| c.defrag).then_some(defrag),
+                move_cost: args.migrate_cost,
+                prime: prime_spec.as_ref().zip(clock_note.as_deref()),
+            },
         );
     }
     if let Some(path) = &args.svg {
@@ -494,6 +825,14 @@ struct MalleableNote {
     marked: usize,
 }
 
+/// What the table's notes say of NUMA-local jobs, migration, reservations and prime time.
+struct SpaceNote<'a> {
+    numa_local: bool,
+    defrag: Option<Defrag>,
+    move_cost: u32,
+    prime: Option<(&'a PrimeSpec, &'a str)>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn print_table(
     name: &str,
@@ -504,6 +843,7 @@ fn print_table(
     skipped: &std::collections::BTreeMap<swf::Skip, usize>,
     reports: &[SimReport],
     malleable: Option<&MalleableNote>,
+    space: &SpaceNote<'_>,
 ) {
     let computer = trace.header.computer.as_deref().map(|c| format!(" ({c})")).unwrap_or_default();
     let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
@@ -518,6 +858,8 @@ fn print_table(
     let pw = reports.iter().map(|r| r.policy.len()).max().unwrap_or(0).max(7);
     let preempting = reports.iter().any(|r| r.policy.contains("preempt"));
     let gang = reports.iter().find_map(|r| r.gang_slice_s);
+    let shapes = space.numa_local || space.defrag.is_some();
+    let reserving = reports.iter().any(|r| r.policy.contains("+reserve"));
     let suspensions = |r: &SimReport| {
         let mut cells = String::new();
         if preempting {
@@ -529,10 +871,33 @@ fn print_table(
         if malleable.is_some() {
             cells.push_str(&format!(" {:>9} {:>9}", r.malleable_jobs, r.resizes));
         }
+        if shapes {
+            cells.push_str(&format!(" {:>9} {:>9}", r.refused_on_shape, r.moves));
+        }
+        if reserving {
+            cells.push_str(&format!(
+                " {:>9} {:>9}",
+                r.blocks,
+                format!("{}/{}", r.heads_in_block, r.reserved_heads)
+            ));
+        }
+        if space.prime.is_some() {
+            cells.push_str(&format!(" {:>9} {:>9}", r.admitted_starts, r.prime_moves));
+        }
         cells
     };
+    let mut extra = String::new();
+    if shapes {
+        extra.push_str("   refused     moves");
+    }
+    if reserving {
+        extra.push_str("    blocks  in block");
+    }
+    if space.prime.is_some() {
+        extra.push_str("  admitted moved out");
+    }
     println!(
-        "{:<pw$} {:<12} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>10}{}{}{}",
+        "{:<pw$} {:<12} {:>6} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>10}{}{}{}{extra}",
         "policy",
         "placement",
         "util",
@@ -585,6 +950,43 @@ fn print_table(
         );
         println!("sharing each host's cores by equipartition, with linear speedup and no cost per resize (an optimistic bound); resized: size");
         println!("changes. The wait runs to a job's start at whatever size it got; the slowdown counts a job run shrunk.");
+    }
+    if space.numa_local {
+        println!("numa-local: rigid jobs that fit one NUMA node asked for one; refused: start attempts refused on shape on every host");
+        println!("tried although cores were free there.");
+    } else if shapes {
+        println!("refused: start attempts refused on shape although cores were free (without --numa-local, only a strategy that cannot");
+        println!("place a plain count refuses).");
+    }
+    if let Some(d) = space.defrag {
+        let cost = match space.move_cost {
+            0 => "free (work conserving)".to_string(),
+            s => format!("{s} s of the moved job's progress each"),
+        };
+        println!(
+            "defrag: moves: running jobs moved to make room, at most {} per start, none before {} s of running nor within {} s",
+            d.limits.max_moves, d.min_run, d.gap
+        );
+        println!("of its last move or resize; moves are {cost}.");
+    }
+    if reserving {
+        println!("reserve: blocks: CPU blocks set aside for the first waiting job where it is predicted to start; in block: heads that");
+        println!("started wholly inside their blocks / heads that had blocks. Other jobs are placed outside the blocks.");
+    }
+    if let Some((spec, clock)) = space.prime {
+        let size = match spec.size {
+            PoolSize::Share(f) => format!("{f} of each host's cores"),
+            PoolSize::Cores(n) => format!("{n} cores of each host"),
+        };
+        let on_open = match spec.on_open {
+            OnOpen::Stay => "stay",
+            OnOpen::Migrate => "are moved out where they fit",
+        };
+        println!(
+            "prime: {size} reserved in the windows for jobs with an estimate of at most {} s (admitted: how many started); others",
+            spec.max_runtime
+        );
+        println!("on a pool when its window opens {on_open} (moved out: how many); {clock}.");
     }
 }
 
@@ -823,6 +1225,16 @@ mod tests {
             gang_freezes: 0,
             malleable_jobs: 0,
             resizes: 0,
+            numa_local: false,
+            refused_on_shape: 0,
+            defrag_starts: 0,
+            moves: 0,
+            moved_pus: 0,
+            prime_moves: 0,
+            blocks: 0,
+            reserved_heads: 0,
+            heads_in_block: 0,
+            admitted_starts: 0,
             skipped: Default::default(),
             utilization: 1.0,
             mean_wait_s: 0.0,
@@ -866,5 +1278,103 @@ mod tests {
             (1u64 << 40) as f64,
         );
         assert!(binned(&far, 1.0, |s| s.busy as f64).len() <= 4_000);
+    }
+
+    /// The value, or a panic with the failure's message.
+    fn ok<T>(r: Result<T, Failure>) -> T {
+        r.unwrap_or_else(|f| panic!("{}", f.message))
+    }
+
+    /// The failure's message.
+    fn err<T>(r: Result<T, Failure>) -> String {
+        match r {
+            Ok(_) => panic!("no failure"),
+            Err(f) => f.message,
+        }
+    }
+
+    #[test]
+    fn prime_specs_read_with_windows_of_their_own_commas_and_bad_ones_say_why() {
+        let p = ok(parse_prime(
+            "count=0.25,windows=Mon-Fri 08:00-18:00;Sat,Sun 10:00-14:00,max-runtime=3600,on-open=migrate",
+        ));
+        assert_eq!(p.size, PoolSize::Share(0.25));
+        assert_eq!(p.windows.len(), 2);
+        assert_eq!(p.windows[1].days, [false, false, false, false, false, true, true]);
+        assert_eq!((p.max_runtime, p.on_open), (3600, OnOpen::Migrate));
+        let q = ok(parse_prime(DEFAULT_PRIME));
+        assert_eq!((q.size, q.on_open), (PoolSize::Share(0.25), OnOpen::Stay));
+        assert_eq!(
+            ok(parse_prime("count=4,windows=Mon 00:00-24:00,max-runtime=1")).size,
+            PoolSize::Cores(4)
+        );
+        for (bad, says) in [
+            ("windows=Mon 08:00-18:00,max-runtime=60", "count= is missing"),
+            ("count=0.25,max-runtime=60", "windows= is missing"),
+            ("count=0.25,windows=Mon 08:00-18:00", "max-runtime= is missing"),
+            ("count=1.5,windows=Mon 08:00-18:00,max-runtime=60", "whole number of cores"),
+            ("count=0.25,windows=Mo 08:00-18:00,max-runtime=60", "not a day"),
+            ("count=0.25,windows=Mon 08:00-18:00,max-runtime=0", "seconds, 1 or more"),
+            ("count=0.25,windows=Mon 08:00-18:00,max-runtime=60,on-open=move", "stay or migrate"),
+            ("count=0.25,count=0.5,windows=Mon 08:00-18:00,max-runtime=60", "twice"),
+            ("size=3,count=0.25", "KEY=VALUE"),
+        ] {
+            let e = err(parse_prime(bad));
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_trace_clock_comes_from_its_header_or_the_flag() {
+        assert_eq!(ok(parse_utc_offset("-08:00")), -28_800);
+        assert_eq!(ok(parse_utc_offset("+5:30")), 19_800);
+        assert_eq!(ok(parse_utc_offset("1")), 3600);
+        for bad in ["-15", "+01:60", "PST", ""] {
+            assert!(parse_utc_offset(bad).is_err(), "{bad}");
+        }
+        // The SDSC Paragon log's header: 10:53:57 PST is 18:53:57 UTC.
+        let header = "; UnixStartTime: 820090437\n; TimeZoneString: US/Pacific\n\
+; StartTime: Wed Dec 27 10:53:57 PST 1995\n1 0 -1 10 2 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1\n";
+        assert_eq!(
+            header_utc_offset(header, 820_090_437),
+            Some((-28_800, Some("US/Pacific".into())))
+        );
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(1995, 12, 27) * 86_400 + 18 * 3600 + 53 * 60 + 57, 820_090_437);
+        let trace = swf::parse(header).unwrap();
+        let (epoch, offset, note) = ok(trace_clock(header, &trace, None));
+        assert_eq!((epoch, offset), (820_090_437, -28_800));
+        assert!(note.contains("UTC-08:00") && note.contains("US/Pacific"), "{note}");
+        let (_, offset, note) = ok(trace_clock(header, &trace, Some("+01:00")));
+        assert_eq!(offset, 3600);
+        assert!(note.contains("--utc-offset"), "{note}");
+        let bare = swf::parse("1 0 -1 10 2 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1\n").unwrap();
+        let (epoch, offset, note) = ok(trace_clock("", &bare, None));
+        assert_eq!((epoch, offset), (0, 0));
+        assert!(note.contains("Thursday"), "{note}");
+    }
+
+    #[test]
+    fn policies_take_their_options_and_refuse_what_does_not_go_together() {
+        let none = PolicyChoice::default();
+        let p = ok(parse_policies("easy,easy+defrag+reserve,fcfs+prime", none));
+        assert_eq!(p.len(), 3);
+        assert!(p[1].defrag && p[1].reserve && !p[1].strict && p[2].prime);
+        let strict = ok(parse_policies("easy+reserve-strict", none));
+        assert!(strict[0].reserve && strict[0].strict);
+        // --defrag adds to every policy when none names it; --reserve only to easy ones.
+        let everywhere = PolicyChoice { defrag: true, reserve: true, ..none };
+        let p = ok(parse_policies("fcfs,easy", everywhere));
+        assert!(p.iter().all(|c| c.defrag));
+        assert_eq!(p.iter().map(|c| c.reserve).collect::<Vec<_>>(), vec![false, true]);
+        for (bad, says) in [
+            ("fcfs+reserve", "easy only"),
+            ("easy+preempt+defrag", "neither preemption nor gang"),
+            ("easy+gang+prime", "neither preemption nor gang"),
+            ("easy+defragment", "not an option"),
+        ] {
+            let e = err(parse_policies(bad, none));
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 }
