@@ -51,9 +51,9 @@ How a trace is replayed:
   within --migrate-gap of its last move or resize. Moves are free unless --migrate-cost S (the moved
   job makes no progress for S seconds).
   With easy+reserve (--reserve) the first waiting job also gets topology blocks: on each host it is
-  predicted to start on at its reservation, the CPUs its part will take are set aside; other jobs are
-  placed outside them, the job inside them (blocks, in block: how many were made, how many heads
-  started wholly inside theirs).
+  predicted to start on at its reservation, the CPUs its part will take are set aside; other jobs that
+  would still run when it is due are placed outside them (easy+reserve-strict: every other job), the
+  job inside them (blocks, in block: how many were made, how many heads started wholly inside theirs).
   With +prime (--prime SPEC) a share of each host's cores is reserved in weekly windows of the
   trace's local time for short jobs, those whose estimate (field 9) is at most max-runtime; others are
   placed outside the pools while a window is open. SPEC: count=F (a share below 1, or whole cores),
@@ -93,7 +93,10 @@ pub(crate) struct SimulateOpts {
     /// Cluster policies, comma-separated: fcfs, easy, and either with +preempt (fcfs+preempt,
     /// easy+preempt: suspending running jobs for one that has waited, see --preempt), +gang
     /// (easy+gang: time slicing, see --gang) or +malleable (easy+malleable: jobs resized by
-    /// equipartition, see --malleable). Each is replayed and compared.
+    /// equipartition, see --malleable), and +defrag (migration, see --defrag), +reserve or
+    /// +reserve-strict (easy only: topology blocks for the first waiting job, see --reserve),
+    /// +prime (prime-time pools, see --prime), which go together and with +malleable but not
+    /// with +preempt or +gang. Each is replayed and compared.
     #[arg(long, value_name = "LIST", default_value = "easy")]
     policy: String,
     /// Host strategies, comma-separated: best-fit, pack, balance, first-fit, buddy,
@@ -770,7 +773,13 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         );
     }
     if let Some(path) = &args.svg {
-        let title = format!("{trace_name} on {hosts} × {topology_name} ({total} processors)");
+        let mut title = format!("{trace_name} on {hosts} × {topology_name} ({total} processors)");
+        if args.numa_local {
+            title.push_str(", NUMA-local jobs");
+        }
+        if any_malleable && malleable_share < 1.0 {
+            title.push_str(&format!(", {malleable_share} of the jobs malleable"));
+        }
         draw(path, &title, &reports)
             .map_err(|e| Failure::runtime(format!("cannot write {}: {e}", path.display())))?;
         if !args.json {
@@ -971,7 +980,8 @@ fn print_table(
     }
     if reserving {
         println!("reserve: blocks: CPU blocks set aside for the first waiting job where it is predicted to start; in block: heads that");
-        println!("started wholly inside their blocks / heads that had blocks. Other jobs are placed outside the blocks.");
+        println!("started wholly inside their blocks / heads that had blocks. Other jobs still running when it is due are placed outside");
+        println!("the blocks (+reserve-strict: every other job).");
     }
     if let Some((spec, clock)) = space.prime {
         let size = match spec.size {
