@@ -730,6 +730,14 @@ struct HostState {
     numa_cores: u32,
 }
 
+/// Free cores per host as a class of jobs counts them (see `PolicyCore::free_for`).
+#[derive(Debug)]
+struct FreeView {
+    free: Vec<u32>,
+    total: u64,
+    by_free: BTreeMap<u32, BTreeSet<HostId>>,
+}
+
 /// The blocks set aside for the queue's head (see the module documentation).
 #[derive(Debug)]
 struct Blocks {
@@ -924,6 +932,11 @@ pub struct PolicyCore {
     waived: Option<JobKey>,
     /// The last head counted in [`Counters::reserved_heads`].
     last_reserved: Option<JobKey>,
+    /// Bumped at every change of an occupancy (unlike `generation`, also at a resize).
+    occupancy_changes: u64,
+    /// The last [`Self::free_for`] answer, with the (generation, occupancy changes, pools
+    /// fenced, blocks binding) it holds for.
+    free_views: Option<((u64, u64, bool, bool), Arc<FreeView>)>,
     counters: Counters,
 }
 
@@ -1029,6 +1042,8 @@ impl PolicyCore {
             strict_blocks: config_strict,
             waived: None,
             last_reserved: None,
+            occupancy_changes: 0,
+            free_views: None,
             counters: Counters::default(),
         }
     }
@@ -1807,6 +1822,7 @@ impl PolicyCore {
     /// [`Self::recount`] without telling the backfill pass (the caller does when it matters).
     /// With malleable jobs, the cores they hold beyond their least sizes count as free.
     fn recount_quietly(&mut self, row: u32, host: HostId) -> u32 {
+        self.occupancy_changes += 1;
         let reclaim = self.flex.get(host as usize).map_or(0, |f| f.reclaim);
         let h = &self.hosts[host as usize];
         let r = &mut self.rows[row as usize];
@@ -2208,13 +2224,6 @@ fn tightest_first(free: &[u32], procs: u32) -> Vec<HostId> {
     hosts.into_iter().map(|(_, h)| h).collect()
 }
 
-/// The allocatable cores of `model` that no job holds or fences, even in part.
-fn wholly_free_cores(model: &HostModel, occupancy: &Occupancy) -> u32 {
-    let busy = occupancy.held.union(&occupancy.fenced);
-    model.cores.iter().filter(|c| c.is_subset(&model.allocatable) && !c.intersects(&busy)).count()
-        as u32
-}
-
 /// The request of a NUMA-local job of `cores` cores: one task per core, all in one NUMA node.
 pub fn numa_request(cores: u32) -> Request {
     Request { max_radius: Some(0), ..cores_request(cores) }
@@ -2303,30 +2312,55 @@ impl PolicyCore {
         start_on_host(model, &occ, request, self.config.strategy)
     }
 
-    /// Free cores per host as `job` may count them (less the free cores of blocks and pools it
-    /// must avoid), or `None` when that is the row's own count.
-    fn free_for(&self, job: JobKey, admitted: bool) -> Option<Vec<u32>> {
+    /// Free cores per host as `job` may count them (less the wholly free cores of the blocks
+    /// and open pools it must avoid), or `None` when that is the row's own count. Jobs that
+    /// avoid the same things count alike: the answer is kept until the cluster changes.
+    fn free_for(&mut self, job: JobKey, admitted: bool) -> Option<Arc<FreeView>> {
         let pools = !admitted && self.prime.as_ref().is_some_and(|p| p.open_at(self.now));
-        let blocked: Vec<HostId> = match &self.blocks {
-            Some(b) if b.head != job && self.waived != Some(job) => {
-                b.on.iter().map(|(h, ..)| *h).collect()
-            }
-            _ => Vec::new(),
-        };
-        if !pools && blocked.is_empty() {
+        let blocks_bind = self
+            .blocks
+            .as_ref()
+            .is_some_and(|b| b.head != job && self.waived != Some(job) && !b.on.is_empty());
+        if !pools && !blocks_bind {
             return None;
         }
-        let hosts: Vec<HostId> =
-            if pools { (0..self.hosts.len() as HostId).collect() } else { blocked };
+        let key = (self.generation, self.occupancy_changes, pools, blocks_bind);
+        if let Some((k, view)) = &self.free_views {
+            if *k == key {
+                return Some(Arc::clone(view));
+            }
+        }
+        let mut fences: BTreeMap<HostId, CpuSet> = BTreeMap::new();
+        if pools {
+            for (h, pool) in self.pools.iter().enumerate() {
+                fences.insert(h as HostId, pool.cpus.clone());
+            }
+        }
+        if let Some(b) = self.blocks.as_ref().filter(|_| blocks_bind) {
+            for (h, _, r) in &b.on {
+                fences.entry(*h).or_default().union_with(&r.cpus);
+            }
+        }
         let mut free = self.rows[0].free.clone();
-        for host in hosts {
+        for (host, fence) in fences {
             let model = &self.hosts[host as usize].model;
-            let (view, _) = self.view(host, job, admitted);
-            let hidden = wholly_free_cores(model, &self.rows[0].occupancy[host as usize])
-                .saturating_sub(wholly_free_cores(model, &view));
+            let occ = &self.rows[0].occupancy[host as usize];
+            let busy = occ.held.union(&occ.fenced);
+            let hidden = model
+                .cores
+                .iter()
+                .filter(|c| c.is_subset(&model.allocatable))
+                .filter(|c| c.intersects(&fence) && !c.intersects(&busy))
+                .count() as u32;
             free[host as usize] = free[host as usize].saturating_sub(hidden);
         }
-        Some(free)
+        let view = Arc::new(FreeView {
+            total: free.iter().map(|&f| u64::from(f)).sum(),
+            by_free: buckets(&free),
+            free,
+        });
+        self.free_views = Some((key, Arc::clone(&view)));
+        Some(view)
     }
 
     /// Starts the rigid `job` now if hosts and CPUs can be found for it, in its view, moving
@@ -2342,10 +2376,7 @@ impl PolicyCore {
         if self.asks_numa_local(&spec) {
             return self.start_numa_local(job, spec, admitted, free.as_deref(), actions);
         }
-        let available = match &free {
-            Some(f) => f.iter().map(|&c| u64::from(c)).sum(),
-            None => self.rows[0].free_total,
-        };
+        let available = free.as_ref().map_or(self.rows[0].free_total, |f| f.total);
         if u64::from(spec.procs) > available {
             return false;
         }
@@ -2353,7 +2384,7 @@ impl PolicyCore {
             Some(choice) => Some(choice),
             None => match &free {
                 None => self.choose_hosts(0, spec.procs),
-                Some(f) => choose_hosts_in(&buckets(f), spec.procs),
+                Some(f) => choose_hosts_in(&f.by_free, spec.procs),
             },
         };
         let Some(choice) = choice else { return false };
@@ -2393,10 +2424,10 @@ impl PolicyCore {
         &self,
         job: JobKey,
         procs: u32,
-        free: Option<&[u32]>,
+        free: Option<&FreeView>,
     ) -> Option<Vec<(HostId, u32)>> {
         let b = self.blocks.as_ref().filter(|b| b.head == job && !b.on.is_empty())?;
-        let room = |h: HostId| free.map_or(self.rows[0].free[h as usize], |f| f[h as usize]);
+        let room = |h: HostId| free.map_or(self.rows[0].free[h as usize], |f| f.free[h as usize]);
         let total: u32 = b.on.iter().map(|(_, c, _)| *c).sum();
         (total == procs && b.on.iter().all(|(h, c, _)| room(*h) >= *c))
             .then(|| b.on.iter().map(|(h, c, _)| (*h, *c)).collect())
@@ -2410,18 +2441,13 @@ impl PolicyCore {
         job: JobKey,
         spec: JobSpec,
         admitted: bool,
-        free: Option<&[u32]>,
+        free: Option<&FreeView>,
         actions: &mut Vec<Action>,
     ) -> bool {
         let procs = spec.procs;
-        let mut candidates: Vec<HostId> = match free {
-            None => self.rows[0]
-                .by_free
-                .range(procs..)
-                .flat_map(|(_, hosts)| hosts.iter().copied())
-                .collect(),
-            Some(f) => tightest_first(f, procs),
-        };
+        let by_free = free.map_or(&self.rows[0].by_free, |f| &f.by_free);
+        let mut candidates: Vec<HostId> =
+            by_free.range(procs..).flat_map(|(_, hosts)| hosts.iter().copied()).collect();
         if let Some(&(h, ..)) =
             self.blocks.as_ref().filter(|b| b.head == job).and_then(|b| b.on.first())
         {
