@@ -730,6 +730,10 @@ struct HostState {
     numa_cores: u32,
 }
 
+/// What a [`FreeView`] holds for: the core's generation and occupancy changes, whether the
+/// pools are fenced and whether blocks bind.
+type FreeViewKey = (u64, u64, bool, bool);
+
 /// Free cores per host as a class of jobs counts them (see `PolicyCore::free_for`).
 #[derive(Debug)]
 struct FreeView {
@@ -936,7 +940,7 @@ pub struct PolicyCore {
     occupancy_changes: u64,
     /// The last [`Self::free_for`] answer, with the (generation, occupancy changes, pools
     /// fenced, blocks binding) it holds for.
-    free_views: Option<((u64, u64, bool, bool), Arc<FreeView>)>,
+    free_views: Option<(FreeViewKey, Arc<FreeView>)>,
     counters: Counters,
 }
 

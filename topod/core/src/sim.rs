@@ -27,6 +27,15 @@
 //! so it may hold its processors up to a second longer than its work needs. Utilization counts
 //! the work, `run × p`, whatever the sizes the job ran at; the bounded slowdown divides its
 //! time in the system by its logged run time, so a job run shrunk shows it.
+//!
+//! ## Moves, blocks and pools
+//!
+//! With [`PolicyConfig::defrag`] or prime-time pools that migrate, the core moves running jobs
+//! ([`Action::Move`]): a job's CPUs change and its end does not, unless the move has a pause
+//! ([`PolicyConfig::move_cost`]), during which its work stands still, so its end comes that much
+//! later (and it holds its processors that much longer: utilization, which counts the work,
+//! falls). Blocks ([`Action::Reserve`]) and pools are the core's own state; the report counts
+//! what the core did with them ([`crate::policy::Counters`]).
 
 use crate::bench::SplitMix;
 use crate::place::HostModel;
