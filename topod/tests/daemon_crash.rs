@@ -250,6 +250,31 @@ fn reserve_and_drop(socket: &Path, job: &str, failures: &Mutex<Vec<String>>) {
 /// two CPUs they slow every freeze and call beyond what either checks for.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// What is left once the workers are done: topod's job list and the job cgroups; then topod is
+/// stopped and the test's subtree removed.
+fn end_state(
+    socket: &Path,
+    daemon: &Mutex<Child>,
+    roots: &[std::path::PathBuf],
+) -> (serde_json::Value, Vec<String>) {
+    let list = call(socket, Op::List).unwrap();
+    let left: Vec<String> = std::fs::read_dir(&roots[0])
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    {
+        let mut d = daemon.lock().unwrap();
+        let _ = d.kill();
+        let _ = d.wait();
+    }
+    for root in roots {
+        let _ = std::fs::remove_dir(root);
+    }
+    (list, left)
+}
+
 /// The killer: SIGKILLs topod at random moments and starts it again, until `done`.
 struct Killer(std::thread::JoinHandle<()>);
 
@@ -484,21 +509,7 @@ fn sigkill_while_defragmenting() {
     }
     done.store(true, Ordering::SeqCst);
     killer.0.join().unwrap();
-    let list = call(&socket, Op::List).unwrap();
-    let left: Vec<String> = std::fs::read_dir(&roots[0])
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    {
-        let mut d = daemon.lock().unwrap();
-        let _ = d.kill();
-        let _ = d.wait();
-    }
-    for root in &roots {
-        let _ = std::fs::remove_dir(root);
-    }
+    let (list, left) = end_state(&socket, &daemon, &roots);
     let failures = failures.lock().unwrap();
     let (kills, placed, moved) =
         (kills.load(Ordering::SeqCst), placed.load(Ordering::SeqCst), moved.load(Ordering::SeqCst));
@@ -658,21 +669,7 @@ fn sigkill_at_random_points() {
     killer.0.join().unwrap();
 
     // The end state: nothing held, no job cgroup, no job process.
-    let list = call(&socket, Op::List).unwrap();
-    let left: Vec<String> = std::fs::read_dir(&roots[0])
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    {
-        let mut d = daemon.lock().unwrap();
-        let _ = d.kill();
-        let _ = d.wait();
-    }
-    for root in &roots {
-        let _ = std::fs::remove_dir(root);
-    }
+    let (list, left) = end_state(&socket, &daemon, &roots);
     let failures = failures.lock().unwrap();
     let kills = kills.load(Ordering::SeqCst);
     let (completed, allocated) =

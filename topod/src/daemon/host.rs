@@ -2108,6 +2108,17 @@ mod tests {
         Host::new(topo, CpuSet::new(), Box::new(fake), records, Strategy::BestFit).unwrap()
     }
 
+    /// Two packages, each one NUMA node of four single-thread cores.
+    fn two_nodes_of_four() -> Topology {
+        Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        })
+    }
+
     /// One package, one NUMA node and one L3 group of `cores` single-thread cores.
     fn small_topology(cores: u32) -> Topology {
         Topology::synthetic(SyntheticShape {
@@ -2338,13 +2349,7 @@ mod tests {
     #[test]
     fn a_reserved_block_keeps_others_out_drains_is_claimed_and_outlives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let topo = Topology::synthetic(SyntheticShape {
-            packages: 2,
-            numa_per_package: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 4,
-            threads_per_core: 1,
-        });
+        let topo = two_nodes_of_four();
         let kernel = kernel_for(&topo);
         let mut h = host_on(&topo, &kernel, Some(dir.path()));
         h.set_clock(Arc::new(|| at(1_000)));
@@ -2402,13 +2407,7 @@ mod tests {
 
     #[test]
     fn a_prime_pool_is_for_its_jobs_inside_its_windows_and_a_window_that_opens_moves_others_out() {
-        let topo = Topology::synthetic(SyntheticShape {
-            packages: 2,
-            numa_per_package: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 4,
-            threads_per_core: 1,
-        });
+        let topo = two_nodes_of_four();
         let kernel = kernel_for(&topo);
         let mut h = host_on(&topo, &kernel, None);
         let configs: Vec<PoolConfig> = toml::from_str::<toml::Table>(
@@ -2499,13 +2498,7 @@ mod tests {
 
     #[test]
     fn defrag_moves_the_fewest_jobs_to_make_room_and_keeps_its_delay_timers() {
-        let topo = Topology::synthetic(SyntheticShape {
-            packages: 2,
-            numa_per_package: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 4,
-            threads_per_core: 1,
-        });
+        let topo = two_nodes_of_four();
         let kernel = kernel_for(&topo);
         let mut h = host_on(&topo, &kernel, None);
         let clock = Arc::new(std::sync::atomic::AtomicI64::new(1_000));
@@ -2903,13 +2896,7 @@ mod tests {
         // Two packages of 4 cores: a (3 cores) and b (1 core) in package 0, c (4 cores) in
         // package 1, all preemptible, all running for an hour.
         let dir = tempfile::tempdir().unwrap();
-        let topo = Topology::synthetic(SyntheticShape {
-            packages: 2,
-            numa_per_package: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 4,
-            threads_per_core: 1,
-        });
+        let topo = two_nodes_of_four();
         let kernel = kernel_for(&topo);
         let mut h = host_on(&topo, &kernel, Some(dir.path()));
         let seconds = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
