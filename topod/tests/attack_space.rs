@@ -143,17 +143,17 @@ fn hostile_resize_and_reserve_requests_are_refused_and_change_nothing() {
         ),
         (
             r#"{"op":"reserve","job":"w","request":"affinity[numa]","expires_in_s":0}"#,
-            "bad_topology_request",
+            "bad_request",
             "1 s to 2592000 s",
         ),
         (
             r#"{"op":"reserve","job":"w","request":"affinity[numa]","expires_in_s":2592001}"#,
-            "bad_topology_request",
+            "bad_request",
             "1 s to 2592000 s",
         ),
         (
             r#"{"op":"reserve","job":"w","request":"affinity[numa]","expires_in_s":18446744073709551615}"#,
-            "bad_topology_request",
+            "bad_request",
             "1 s to 2592000 s",
         ),
         (

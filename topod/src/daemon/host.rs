@@ -110,6 +110,9 @@ pub enum HostError {
         /// The job running on them.
         holder: String,
     },
+    /// An argument out of its range (not the request).
+    #[error("{0}")]
+    BadArgument(String),
     /// An unreserve of a job that has no reservation.
     #[error("job {0} has no topology reservation on this host")]
     NoReservation(String),
@@ -1227,6 +1230,15 @@ impl Host {
         if self.releasing.contains(job) {
             return Err(HostError::Releasing(job.to_string()));
         }
+        if let Some(pool) = prepared.pool.as_ref().filter(|_| !self.pools.is_empty()) {
+            if !self.pools.iter().any(|p| &p.name == pool) {
+                let names: Vec<&str> = self.pools.iter().map(|p| p.name.as_str()).collect();
+                return Err(HostError::BadArgument(format!(
+                    "job {job}: pool {pool:?}: this host has no prime-time pool of that name (its pools: {})",
+                    names.join(", ")
+                )));
+            }
+        }
         let canonical = &prepared.canonical;
         if self.ledger.is_suspended(id.as_str()) {
             // Its CPUs may be lent: answering them would give a step CPUs another job runs on.
@@ -1291,20 +1303,29 @@ impl Host {
         }
         let rows = self.gang_rows_for(job, &prepared.gang)?;
         let mut first = self.place_and_create(&id, prepared, mem_limit, owner_uid, rows.as_deref());
-        if matches!(first, Err(HostError::DoesNotFit { .. })) && rows.is_none() {
-            // Room made by moving: malleable jobs shrunk to their least (equipartition shares
-            // the rest again below), or running jobs moved together (defrag).
-            let shrunk = self.equipartition && self.shrink_to_mins();
-            let moved = !shrunk
+        let could_fit = |r: &Result<(), HostError>| {
+            matches!(r, Err(HostError::DoesNotFit { source, .. })
+                if !matches!(source, place::PlaceError::Impossible(_)))
+        };
+        if could_fit(&first) && rows.is_none() {
+            // Room made by moving: malleable jobs shrunk to their least when that makes it fit
+            // (equipartition shares the rest again after), else running jobs moved (defrag).
+            if self.equipartition
+                && self.fits_with_mins(job, prepared, owner_uid)
+                && self.shrink_to_mins()
+            {
+                first = self.place_and_create(&id, prepared, mem_limit, owner_uid, None);
+                if first.is_err() {
+                    self.rebalance();
+                }
+            }
+            if could_fit(&first)
                 && self.defragment_for(job, prepared, owner_uid).unwrap_or_else(|e| {
                     tracing::warn!("job {job}: making room by moving jobs failed: {e}");
                     false
-                });
-            if shrunk || moved {
+                })
+            {
                 first = self.place_and_create(&id, prepared, mem_limit, owner_uid, None);
-                if first.is_err() && shrunk {
-                    self.rebalance();
-                }
             }
         }
         let first = match first {
@@ -2332,7 +2353,9 @@ mod tests {
             tasks: grown.tasks[..1].to_vec(),
             ..grown.clone()
         };
-        Records::open(dir.path()).unwrap().write_moves(std::slice::from_ref(&planned)).unwrap();
+        let run = h.hints.get("m").and_then(|h| h.allocated_at.clone());
+        let plan = crate::daemon::records::PlannedMove { to: planned.clone(), run };
+        Records::open(dir.path()).unwrap().write_moves(std::slice::from_ref(&plan)).unwrap();
         std::mem::forget(h);
         let mut again = host_on(&topo, &kernel, Some(dir.path()));
         again.set_notify_dir(Some(notify.clone())).unwrap();
@@ -2484,8 +2507,11 @@ mod tests {
         // A rigid arrival takes its CPUs from them; they share the rest.
         h.allocate("r", "affinity[thread*2]", None, None, None, None).unwrap();
         assert_eq!((size(&h, "m1"), size(&h, "m2"), size(&h, "r")), (3, 3, 2));
-        // A rigid job that cannot fit even with both at their least changes nothing for good.
+        // A rigid job that cannot fit even with both at their least resizes nobody (a retried
+        // refusal must not thrash the malleable jobs).
+        let g = h.ledger().generation();
         let e = h.allocate("big", "affinity[thread*7]", None, None, None, None).unwrap_err();
+        assert_eq!(h.ledger().generation(), g, "nothing was shrunk and grown back");
         assert!(e.to_string().contains("does not fit"), "{e}");
         assert_eq!((size(&h, "m1"), size(&h, "m2")), (3, 3));
         // A departure: they grow into what it leaves.
@@ -2642,6 +2668,84 @@ mod tests {
         fourth.set_notify_dir(Some(notify.clone())).unwrap();
         fourth.recover(BTreeMap::new()).unwrap();
         assert!(!notify.join("gone").exists() && notify.join("m").exists());
+    }
+
+    #[test]
+    fn a_plan_of_moves_for_an_earlier_run_or_onto_another_jobs_cpus_is_not_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = small_topology(4);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        let m = h.allocate("m", "affinity[thread*1-2]", None, None, None, None).unwrap();
+        let x = h.allocate("x", "affinity[thread*1]", None, None, None, None).unwrap();
+        let records = Records::open(dir.path()).unwrap();
+        let plan =
+            |to: Allocation, run: Option<String>| crate::daemon::records::PlannedMove { to, run };
+        // For an earlier run of m (a requeue since): dropped.
+        let shrunk =
+            Allocation { cpus: m.tasks[0].clone(), tasks: m.tasks[..1].to_vec(), ..m.clone() };
+        records.write_moves(&[plan(shrunk, Some("1999-01-01T00:00:00Z".into()))]).unwrap();
+        std::mem::forget(h);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.recover(BTreeMap::new()).unwrap();
+        assert_eq!(h.ledger().get("m").unwrap().cpus, m.cpus);
+        // Onto x's CPUs: dropped whole; both keep their CPUs.
+        let onto = Allocation { cpus: x.cpus.clone(), tasks: vec![x.cpus.clone()], ..m.clone() };
+        records.write_moves(&[plan(onto, None)]).unwrap();
+        std::mem::forget(h);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.recover(BTreeMap::new()).unwrap();
+        assert_eq!(
+            (h.ledger().get("m").unwrap().cpus.clone(), h.ledger().get("x").unwrap().cpus.clone()),
+            (m.cpus, x.cpus)
+        );
+        assert!(!dir.path().join("moves.json").exists());
+        h.ledger().check().unwrap();
+    }
+
+    #[test]
+    fn defrag_moves_no_job_into_an_open_prime_pool_that_does_not_admit_it() {
+        let topo = two_nodes_of_four();
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.set_defrag(Some(DefragConfig {
+            min_run_s: 0,
+            gap_s: 0,
+            limits: topo_core::defrag::DefragLimits::default(),
+        }));
+        let node0 = h.model().numa[0].clone();
+        let pool_cpus: CpuSet = node0.iter().take(2).collect();
+        let configs = vec![PoolConfig {
+            name: "day".into(),
+            cpus: Some(pool_cpus.clone()),
+            shape: None,
+            windows: vec!["Mon-Sun 00:00-24:00".into()],
+            queues: vec!["prime".into()],
+            users: vec![],
+            on_open: topo_core::prime::OnOpen::Stay,
+        }];
+        let pools = make_pools(h.model(), &configs).unwrap();
+        h.set_pools(pools, Arc::new(|_| 0));
+        let with_queue = |text: &str, queue: &str| {
+            let mut p = prepare(&topo, text, None, None).unwrap();
+            p.gang.queue = Some(queue.into());
+            p
+        };
+        let a = h
+            .allocate_prepared("a", &with_queue("affinity[thread*2]", "batch"), None, None)
+            .unwrap();
+        let b = h
+            .allocate_prepared("b", &with_queue("affinity[thread*2]", "batch"), None, None)
+            .unwrap();
+        assert!(!a.cpus.intersects(&pool_cpus) && !b.cpus.intersects(&pool_cpus));
+        // A prime job wanting a whole node: room is made, and no batch job lands in the pool.
+        h.allocate_prepared("p", &with_queue("affinity[thread(4,same=numa)]", "prime"), None, None)
+            .unwrap();
+        for j in ["a", "b"] {
+            let cpus = &h.ledger().get(j).unwrap().cpus;
+            assert!(!cpus.intersects(&pool_cpus), "job {j} moved into the pool: {cpus}");
+        }
+        h.ledger().check().unwrap();
     }
 
     fn gang_ask(row: Option<u32>, prime: bool) -> GangAsk {

@@ -76,6 +76,19 @@ fn write_atomically(tmp: &Path, path: &Path, bytes: &[u8]) -> Result<(), Records
     std::fs::rename(tmp, path).map_err(io("renaming into place", path))
 }
 
+/// One move of a plan: the job's new allocation, and which run of the job it is for (its
+/// record's `allocated_at` when the plan was made): a restart does not move a later run of the
+/// same job id (a requeue) by an old plan.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PlannedMove {
+    /// The job's allocation once moved.
+    #[serde(flatten)]
+    pub to: Allocation,
+    /// The run it was planned for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+}
+
 /// The records directory.
 #[derive(Debug, Clone)]
 pub struct Records {
@@ -160,7 +173,7 @@ impl Records {
     /// defragmentation, a rebalance). It is written whole before the first cgroup changes and
     /// removed after the last record is updated; a restart that finds it makes the moves again
     /// ([`super::host::Host::recover`]), so a crash never leaves half of a plan.
-    pub fn write_moves(&self, moves: &[Allocation]) -> Result<(), RecordsError> {
+    pub fn write_moves(&self, moves: &[PlannedMove]) -> Result<(), RecordsError> {
         let bytes = serde_json::to_vec(moves).unwrap_or_default();
         let path = self.moves_path();
         write_atomically(&path.with_extension("json.tmp"), &path, &bytes)
@@ -168,7 +181,7 @@ impl Records {
 
     /// The plan of moves a crash cut short, if any (an unreadable plan is an error: topod must
     /// not guess where jobs were going).
-    pub fn load_moves(&self) -> Result<Option<Vec<Allocation>>, RecordsError> {
+    pub fn load_moves(&self) -> Result<Option<Vec<PlannedMove>>, RecordsError> {
         let path = self.moves_path();
         match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| RecordsError::Io {
@@ -314,8 +327,9 @@ mod tests {
             request: "affinity[thread*1-2]".into(),
             gang_row: None,
         };
-        r.write_moves(std::slice::from_ref(&moved)).unwrap();
-        assert_eq!(r.load_moves().unwrap(), Some(vec![moved]));
+        let planned = PlannedMove { to: moved, run: Some("2025-06-01T12:00:00Z".into()) };
+        r.write_moves(std::slice::from_ref(&planned)).unwrap();
+        assert_eq!(r.load_moves().unwrap(), Some(vec![planned]));
         assert!(r.load().0.is_empty() && r.load().1.is_empty());
         std::fs::write(dir.path().join("moves.json"), "{").unwrap();
         assert!(r.load_moves().unwrap_err().to_string().contains("plan of moves"));

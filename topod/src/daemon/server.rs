@@ -759,6 +759,8 @@ pub fn error_reply(e: &HostError) -> Reply {
         HostError::NotMalleable { .. } | HostError::OutOfRange { .. } => ErrorCode::BadRequest,
         HostError::Notify(_) => ErrorCode::Internal,
         HostError::NoReservation(_) => ErrorCode::UnknownJob,
+        HostError::BadArgument(_)
+        | HostError::Ledger(topo_core::ledger::LedgerError::Moving(..)) => ErrorCode::BadRequest,
         HostError::BadRequest(_) => ErrorCode::BadTopologyRequest,
         HostError::DoesNotFit { .. } => ErrorCode::DoesNotFit,
         HostError::UnknownJob(_) => ErrorCode::UnknownJob,

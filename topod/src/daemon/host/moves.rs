@@ -16,6 +16,7 @@
 //! whole and checked before the first cgroup changed, so finishing it is always consistent.
 //! A cgroup the kernel refuses mid-plan is put back, with the moves made before it.
 
+use super::super::records::PlannedMove;
 use super::{Host, HostError, JobHint};
 use crate::cgroup::{CgroupError, CgroupSpec, JobId};
 use std::collections::BTreeMap;
@@ -100,7 +101,14 @@ impl Host {
         let mut next = self.ledger.clone();
         next.move_jobs(&moves)?;
         if let Some(records) = &self.records {
-            records.write_moves(&moves).map_err(HostError::Records)?;
+            let planned: Vec<PlannedMove> = moves
+                .iter()
+                .map(|m| PlannedMove {
+                    to: m.clone(),
+                    run: self.hints.get(&m.job).and_then(|h| h.allocated_at.clone()),
+                })
+                .collect();
+            records.write_moves(&planned).map_err(HostError::Records)?;
         }
         let old: BTreeMap<&str, &Allocation> = moves
             .iter()
@@ -147,7 +155,7 @@ impl Host {
                 .or_insert_with(|| JobHint { request: m.request.clone(), ..JobHint::default() });
             hint.tasks = m.tasks.clone();
             hint.moved_at = Some(now);
-            hint.notify_generation = hint.notify_generation.max(1) + 1;
+            hint.notify_generation = hint.notify_generation.max(1).saturating_add(1);
             let hint = hint.clone();
             if let (Ok(id), Some(records)) = (JobId::parse(&m.job), &self.records) {
                 if let Err(e) = records.write(&id, &hint) {
@@ -194,6 +202,40 @@ impl Host {
                 return Vec::new();
             }
         };
+        // Only moves of the run each was planned for (a job released and allocated again since,
+        // a requeue, is not moved by an old plan), and only when what they lead to holds no CPU
+        // another job's cgroup has: a plan that does not fit what is there is not trusted.
+        let moves: Vec<Allocation> = moves
+            .into_iter()
+            .filter(|m| {
+                let now_run = hints.get(&m.to.job).and_then(|h| h.allocated_at.as_ref());
+                let same = m.run.is_none() || m.run.as_ref() == now_run;
+                if !same {
+                    tracing::warn!(
+                        "job {}: a plan of moves for an earlier run of it is dropped",
+                        m.to.job
+                    );
+                }
+                same
+            })
+            .map(|m| m.to)
+            .collect();
+        let others = self.backend.list().unwrap_or_default();
+        let clash = moves.iter().enumerate().find_map(|(i, m)| {
+            let other_job = others
+                .iter()
+                .filter(|(j, _)| !moves.iter().any(|n| n.job == j.as_str()))
+                .find(|(_, e)| e.cpus.intersects(&m.cpus))
+                .map(|(j, _)| j.to_string());
+            let other_move =
+                moves[..i].iter().find(|n| n.cpus.intersects(&m.cpus)).map(|n| n.job.clone());
+            other_job.or(other_move).map(|o| (m.job.clone(), o))
+        });
+        if let Some((job, other)) = clash {
+            tracing::error!("the plan of moves would put job {job} on CPUs job {other} has; dropped, every job keeps the CPUs its cgroup has");
+            let _ = records.remove_moves();
+            return Vec::new();
+        }
         let mut moved = Vec::new();
         for m in moves {
             let Ok(id) = JobId::parse(&m.job) else { continue };
@@ -204,7 +246,7 @@ impl Host {
                     if let Some(hint) = hints.get_mut(&m.job) {
                         hint.tasks = m.tasks.clone();
                         hint.moved_at = Some(self.now_s());
-                        hint.notify_generation = hint.notify_generation.max(1) + 1;
+                        hint.notify_generation = hint.notify_generation.max(1).saturating_add(1);
                         self.record(&id, hint);
                     }
                     tracing::info!(
@@ -242,7 +284,7 @@ impl Host {
             let body = format!("cpus={}\nmems={}\n", alloc.cpus, alloc.mems);
             let mut generation = hint.notify_generation.max(1);
             if file_gen >= generation && !file_text.ends_with(&body) {
-                generation = file_gen + 1;
+                generation = file_gen.saturating_add(1);
             }
             generation = generation.max(file_gen);
             hint.notify_generation = generation;
@@ -260,7 +302,15 @@ impl Host {
         let Some(signal) = hint.resize_signal.filter(|_| signal) else { return };
         let Ok(id) = JobId::parse(job) else { return };
         let Ok(signal) = nix::sys::signal::Signal::try_from(signal) else { return };
+        let owner = hint.owner_uid;
         for pid in self.backend.pids(&id).unwrap_or_default() {
+            // Only to processes that catch it (a process that does not would die of it, or
+            // stop), and, when the job has an owner, that run as the owner: topod keeps
+            // CAP_KILL, and must not let an owner's resize reach anyone the owner could not
+            // signal (a batch system's root daemon inside the job, say).
+            if !wants_signal(pid, signal as i32, owner) {
+                continue;
+            }
             // A process of the job's cgroup; one that has just exited is no error.
             if let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal) {
                 tracing::debug!("job {job}: {signal} to process {pid}: {e}");
@@ -274,6 +324,23 @@ impl Host {
             let _ = std::fs::remove_file(dir.join(job));
         }
     }
+}
+
+/// Whether process `pid` catches `signal` (its `SigCgt` mask in /proc) and, when `owner` is
+/// given, runs as that uid (real and effective).
+fn wants_signal(pid: i32, signal: i32, owner: Option<u32>) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).unwrap_or_default()
+    };
+    let caught = u64::from_str_radix(field("SigCgt:"), 16)
+        .is_ok_and(|mask| (1..=64).contains(&signal) && mask & (1u64 << (signal - 1)) != 0);
+    let uids: Vec<u32> = field("Uid:").split_whitespace().filter_map(|u| u.parse().ok()).collect();
+    let as_owner = match owner {
+        Some(o) => uids.len() >= 2 && uids[0] == o && uids[1] == o,
+        None => true,
+    };
+    caught && as_owner
 }
 
 /// The generation and the whole text of a notify file (0 and empty when there is none).
@@ -293,7 +360,10 @@ pub(crate) fn sweep_notify_dir(dir: &Path, keep: &std::collections::BTreeSet<Str
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if !keep.contains(&name) && e.file_type().is_ok_and(|t| t.is_file()) {
+        // Only what topod writes there: notify files and their temporary files.
+        let ours = name.starts_with('.') && name.ends_with(".tmp")
+            || std::fs::read_to_string(e.path()).is_ok_and(|t| t.starts_with("generation="));
+        if !keep.contains(&name) && ours && e.file_type().is_ok_and(|t| t.is_file()) {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -324,7 +394,8 @@ fn write_world_readable(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result
 }
 
 /// The signal a job may choose to hear about its resizes by: a standard signal it can catch
-/// (1 to 31 on Linux, not SIGKILL or SIGSTOP; SIGUSR1 and SIGUSR2 are the usual choices).
+/// (1 to 31 on Linux, not SIGKILL or SIGSTOP; SIGUSR1 and SIGUSR2 are the usual choices). It
+/// goes only to the job's processes that catch it (see [`Host::tell`]).
 pub fn check_resize_signal(signal: i32) -> Result<i32, String> {
     use nix::sys::signal::Signal;
     match Signal::try_from(signal) {
@@ -334,5 +405,41 @@ pub fn check_resize_signal(signal: i32) -> Result<i32, String> {
             Signal::SIGUSR2 as i32
         )),
         Ok(_) => Ok(signal),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_signal;
+
+    #[test]
+    fn the_resize_signal_is_for_processes_that_catch_it_and_run_as_the_owner() {
+        struct Kill(std::process::Child);
+        impl Drop for Kill {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let me = nix::unistd::getuid().as_raw();
+        let deaf = Kill(std::process::Command::new("sleep").arg("30").spawn().unwrap());
+        let hearing = Kill(
+            std::process::Command::new("sh")
+                .args(["-c", "trap 'echo usr1' USR1; while :; do sleep 1; done"])
+                .spawn()
+                .unwrap(),
+        );
+        let pid = |k: &Kill| k.0.id() as i32;
+        // The shell installs its trap as it starts.
+        let start = std::time::Instant::now();
+        while !wants_signal(pid(&hearing), 10, None) && start.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(wants_signal(pid(&hearing), 10, None));
+        assert!(wants_signal(pid(&hearing), 10, Some(me)));
+        assert!(!wants_signal(pid(&hearing), 10, Some(me + 1)), "not the owner's");
+        assert!(!wants_signal(pid(&hearing), 12, None), "SIGUSR2 is not caught");
+        assert!(!wants_signal(pid(&deaf), 10, None), "sleep would die of it");
+        assert!(!wants_signal(i32::MAX, 10, None), "no such process");
     }
 }

@@ -48,9 +48,12 @@ pub fn make_pools(model: &place::HostModel, configs: &[PoolConfig]) -> Result<Ve
             return Err(format!("{what}: pools need distinct, non-empty names"));
         }
         let cpus = match (&c.cpus, &c.shape) {
+            (Some(list), None) if list.is_empty() => {
+                return Err(format!("{what}: cpus is empty; give a CPU list such as \"0-7\""));
+            }
             (Some(list), None) => {
                 let missing = list.difference(&model.allocatable);
-                if list.is_empty() || !missing.is_empty() {
+                if !missing.is_empty() {
                     return Err(format!(
                         "{what}: cpus {list} must be CPUs jobs may have here ({} are not)",
                         missing

@@ -22,7 +22,7 @@ impl Host {
     ) -> Result<(Reservation, CpuSet), HostError> {
         crate::cgroup::JobId::parse(job)?;
         if !(1..=MAX_RESERVATION_S).contains(&expires_in_s) {
-            return Err(HostError::BadRequest(format!(
+            return Err(HostError::BadArgument(format!(
                 "expires_in_s = {expires_in_s}: a reservation lasts from 1 s to {MAX_RESERVATION_S} s (30 days)"
             )));
         }
@@ -37,11 +37,35 @@ impl Host {
         let others: Vec<&Reservation> =
             self.reservations.values().filter(|r| r.job != job && r.live(now)).collect();
         let occupancy = self.ledger.occupancy_for(None);
+        // Not in an open prime pool: who the job is (its queue, owner) is not known before its
+        // allocate, and a block there would be for a job the pool may not admit.
+        let mut request = prepared.request.clone();
+        let open: CpuSet = CpuSet::union_all(
+            &self
+                .pools()
+                .into_iter()
+                .filter(|(_, open)| *open)
+                .map(|(p, _)| p.cpus)
+                .collect::<Vec<_>>(),
+        );
+        if !open.is_empty() {
+            let outside =
+                request.cpu_list.as_ref().unwrap_or(&self.model.allocatable).difference(&open);
+            if outside.is_empty() {
+                return Err(HostError::DoesNotFit {
+                    job: job.into(),
+                    source: topo_core::place::PlaceError::Impossible(format!(
+                        "every CPU it may use ({open}) is in an open prime-time pool"
+                    )),
+                });
+            }
+            request.cpu_list = Some(outside);
+        }
         let (block, busy) = reservation::choose_block(
             &self.model,
             &occupancy,
             &others,
-            &prepared.request,
+            &request,
             self.strategy,
             now,
         )

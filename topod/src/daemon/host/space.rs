@@ -9,6 +9,7 @@
 //! move (or resize).
 
 use super::{Host, HostError, Prepared};
+use topo_core::cpuset::CpuSet;
 use topo_core::defrag::{self, DefragLimits, Movable};
 use topo_core::ledger::{Allocation, JobState};
 use topo_core::malleable::{self, Malleable};
@@ -123,6 +124,31 @@ impl Host {
         changed
     }
 
+    /// Whether `prepared` would fit with every malleable job at its least size (their first
+    /// tasks kept, as a shrink keeps them): only then are they shrunk for it, so that a request
+    /// no shrink can help (or its retries) does not resize every malleable job twice.
+    pub(crate) fn fits_with_mins(
+        &self,
+        job: &str,
+        prepared: &Prepared,
+        owner_uid: Option<u32>,
+    ) -> bool {
+        let who = topo_core::prime::Asker {
+            queue: prepared.gang.queue.as_deref(),
+            owner: owner_uid,
+            pool: prepared.pool.as_deref(),
+        };
+        let (mut occupancy, _) = self.placement_occupancy_as(job, None, who);
+        for (a, r) in self.malleable_jobs() {
+            let (min, _) = r.task_range();
+            let kept = CpuSet::union_all(&a.tasks[..(min as usize).min(a.tasks.len())]);
+            occupancy.held.difference_with(&a.cpus.difference(&kept));
+        }
+        let request =
+            self.start_size(&prepared.request).unwrap_or_else(|| prepared.request.clone());
+        topo_core::place::place(&self.model, &occupancy, &request, self.strategy).is_ok()
+    }
+
     /// Shrinks every malleable job to its least size (to make room for an arrival); returns
     /// whether any shrank.
     pub(crate) fn shrink_to_mins(&mut self) -> bool {
@@ -178,18 +204,64 @@ impl Host {
             None => prepared.request.clone(),
         };
         let began = std::time::Instant::now();
-        let Some(plan) = defrag::plan_moves(
+        // First with every open prime pool and every reserved block kept out for all (a plan
+        // that moves no job where it may not go, the arriving job kept out of its own pool or
+        // block too); failing that, with the arriving job's view, the moves checked below.
+        let mut strict = occupancy.clone();
+        for (pool, open) in self.pools() {
+            if open {
+                strict.fenced.union_with(&pool.cpus);
+            }
+        }
+        for r in self.reservations() {
+            strict.fenced.union_with(&r.cpus);
+        }
+        strict.fenced.difference_with(&strict.held);
+        let plan = defrag::plan_moves(
             &self.model,
-            &occupancy,
+            &strict,
             &movables,
             &request,
             self.strategy,
             cfg.limits,
-        ) else {
+        )
+        .or_else(|| {
+            defrag::plan_moves(
+                &self.model,
+                &occupancy,
+                &movables,
+                &request,
+                self.strategy,
+                cfg.limits,
+            )
+        });
+        let Some(plan) = plan else {
             return Ok(false);
         };
         if plan.moves.is_empty() {
             return Ok(false);
+        }
+        // Each moved job must land where it may go itself: outside the open prime pools that
+        // do not admit it and the blocks reserved for other jobs (the plan was made with the
+        // arriving job's view of them).
+        for m in &plan.moves {
+            let mut own = self.placement_occupancy(&m.key, None);
+            if let Some(a) = self.ledger.get(&m.key) {
+                own.held.difference_with(&a.cpus);
+                own.fenced.difference_with(&a.fenced);
+            }
+            let mut barred = own.fenced.intersection(&m.placement.cpus);
+            barred.union_with(&own.held.intersection(&m.placement.cpus));
+            // What the arriving job and the other moved jobs take is the plan's own business.
+            for other in plan.moves.iter().filter(|o| o.key != m.key) {
+                if let Some(a) = self.ledger.get(&other.key) {
+                    barred.difference_with(&a.cpus);
+                }
+            }
+            if !barred.is_empty() {
+                tracing::info!("job {job}: no room made: moving job {} would put it on CPUs {barred} it may not use", m.key);
+                return Ok(false);
+            }
         }
         let moves: Vec<Allocation> = plan
             .moves
