@@ -84,7 +84,7 @@ check_job_output() {
     check "job $job: Cpus_allowed_list ($allowed) = topod's CPUs ($ledger)" test "$allowed" = "$ledger"
     check "job $job: TOPO_CPUS exported" grep -q "TOPO_JOB=slurm-$job TOPO_CPUS=$ledger " "$out"
     check "job $job: TOPO_NOTIFY_FILE names topod's notify file, which says its CPUs" \
-        test "$(field TOPO_NOTIFY_FILE "$out"):$(field NOTIFIED_CPUS "$out")" = "$(dirname "$SOCK")/notify/slurm-$job:$ledger"
+        test "$(field TOPO_NOTIFY_FILE "$out"):$(field NOTIFIED_CPUS "$out")" = "$(dirname "$SOCK")/job-notify/slurm-$job:$ledger"
     if [ "$mode" = affinity ]; then
         check "job $job: task is in topod's cgroup /$CGROUP_SUBTREE/slurm-$job" test "$cg" = "/$CGROUP_SUBTREE/slurm-$job"
         check "job $job: that cgroup's cpuset.cpus = ledger" test "$cgcpus" = "$ledger"

@@ -51,7 +51,7 @@ int topo_release(const char *socket, const char *job, char *err, size_t err_len)
  * Malleable jobs: the job's own side of a resize. When topod grows or shrinks a running job's
  * CPUs it first changes the job's cpuset, then atomically rewrites (writes beside it, renames
  * over it) the job's notify file, whose path the job's processes find in $TOPO_NOTIFY_FILE
- * (topod's notify_dir, default /run/topo/notify, then the job id), one key=value per line:
+ * (job-notify/ beside topod's socket, /run/topo/job-notify/ by default, then the job id), one key=value per line:
  *
  *     generation=3
  *     cpus=0-3,8-11

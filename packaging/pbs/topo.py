@@ -1054,7 +1054,7 @@ def on_launch(event, config):
     event.env["TOPO_CPUS"] = allocation["cpus"]
     event.env["TOPO_MEMS"] = allocation["mems"]
     # Where topod tells a malleable job its CPUs after a resize (libtopo's topo_resize_wait).
-    event.env["TOPO_NOTIFY_FILE"] = os.path.join(os.path.dirname(config["socket"]), "notify", jid)
+    event.env["TOPO_NOTIFY_FILE"] = os.path.join(os.path.dirname(config["socket"]), "job-notify", jid)
 
 
 def on_topod_down_rerun(job, call):

@@ -51,7 +51,9 @@ pub struct TopoExecArgs {
     /// none]. Either way the job finds its CPUs in the file $TOPO_NOTIFY_FILE names.
     #[arg(long, value_name = "SIGNAL")]
     pub resize_signal: Option<i32>,
-    /// topod's socket.
+    /// topod's socket. When topo-exec allocates the job, it also gives topod the job's queue
+    /// ($LSB_QUEUE, $SLURM_JOB_PARTITION or $PBS_QUEUE) and $TOPO_POOL, which prime-time pools
+    /// admit jobs by.
     #[arg(long, default_value = topo_core::proto::DEFAULT_SOCKET)]
     pub socket: PathBuf,
     /// The command and its arguments.

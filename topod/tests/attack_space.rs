@@ -253,7 +253,7 @@ fn an_unsafe_notify_directory_stops_topod_and_says_which() {
     for (what, plant, says) in cases {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("run")).unwrap();
-        let notify = dir.path().join("run/notify");
+        let notify = topo_core::proto::notify_dir_for(&dir.path().join("run/topod.sock"));
         plant(&notify);
         let err = topod_that_stops(dir.path(), "");
         assert!(err.contains(notify.to_str().unwrap()) && err.contains(says), "{what}: {err}");

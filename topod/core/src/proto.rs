@@ -52,16 +52,17 @@ pub fn admin_socket_for(socket: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// The file through which topod tells a job its CPUs (`generation=N`, `cpus=LIST`, `mems=LIST`,
-/// one per line, rewritten whole at every change): `notify/<job>` beside the socket, world-
+/// one per line, rewritten whole at every change): `job-notify/<job>` beside the socket, world-
 /// readable. `topo-exec` gives its path to the job as `TOPO_NOTIFY_FILE`; libtopo's
 /// `topo_resize_wait` blocks on it. `job` must be a valid job id (one path component).
 pub fn notify_file_for(socket: &std::path::Path, job: &str) -> std::path::PathBuf {
     notify_dir_for(socket).join(job)
 }
 
-/// The directory of the jobs' notify files: `notify` beside the socket.
+/// The directory of the jobs' notify files: `job-notify` beside the socket (not `notify`, the
+/// name systemd-style notify sockets often take).
 pub fn notify_dir_for(socket: &std::path::Path) -> std::path::PathBuf {
-    socket.with_file_name("notify")
+    socket.with_file_name("job-notify")
 }
 
 /// The operations, as they appear in `op`.

@@ -66,6 +66,11 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
                 resize_signal: args
                     .resize_signal
                     .or_else(|| env("TOPO_RESIZE_SIGNAL").and_then(|v| v.parse().ok())),
+                // The prime-time pools admit by queue (the batch system's), owner, or name.
+                queue: env("LSB_QUEUE")
+                    .or_else(|| env("SLURM_JOB_PARTITION"))
+                    .or_else(|| env("PBS_QUEUE")),
+                pool: env("TOPO_POOL"),
                 ..topo_core::proto::AllocateArgs::new(job.clone(), request)
             }))
             .map_err(|e| e.to_string())?,

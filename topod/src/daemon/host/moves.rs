@@ -28,7 +28,7 @@ use topo_core::place;
 use topo_core::request;
 
 impl Host {
-    /// Where the jobs' notify files go (`notify/` beside the socket; see
+    /// Where the jobs' notify files go (`job-notify/` beside the socket; see
     /// `topo_core::proto::notify_file_for`), created mode 0755 if missing; `None`: no files.
     pub fn set_notify_dir(&mut self, dir: Option<PathBuf>) -> Result<(), HostError> {
         if let Some(dir) = &dir {
