@@ -141,6 +141,10 @@ impl Host {
 
     /// `occupancy` with the open pools `who` may not use fenced, and the CPUs of those it may.
     pub(crate) fn with_pools(&self, occupancy: &Occupancy, who: Asker<'_>) -> (Occupancy, CpuSet) {
+        // Most hosts have no pool: no look at the time zone on every placement then.
+        if self.pools.is_empty() {
+            return (occupancy.clone(), CpuSet::new());
+        }
         topo_core::prime::pools_for(occupancy, &self.pools, who, self.local_time())
     }
 
