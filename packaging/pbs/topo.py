@@ -529,7 +529,7 @@ class Topod(object):
         self.schema_path = config["protocol_schema"]
         self.schema = None
         self.sock = None
-        self.buffer = b""
+        self.buffer = bytearray()
 
     def _reachable_path(self):
         """The hooks run as root: topod's administrators' socket beside the public one
@@ -573,19 +573,34 @@ class Topod(object):
         return ok
 
     def _read_line(self):
-        while b"\n" not in self.buffer:
+        searched = 0
+        while True:
+            end = self.buffer.find(b"\n", searched)
+            if end >= 0:
+                break
+            searched = len(self.buffer)
+            if searched > MAX_REPLY_BYTES:
+                # A broken or hostile peer: the hook runs inside PBS's daemons and must not
+                # grow without bound (topod's own replies are well under a MiB).
+                self.close()
+                raise HookError("topod at %s sent a reply longer than %d MiB without ending it; not read further"
+                                % (self.path, MAX_REPLY_BYTES >> 20))
             chunk = self.sock.recv(65536)
             if not chunk:
                 raise OSError("topod closed the connection without answering")
             self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end + 1]
         return line
 
     def close(self):
         if self.sock is not None:
             self.sock.close()
-        self.sock, self.buffer = None, b""
+        self.sock, self.buffer = None, bytearray()
 
+
+# The longest reply read from topod (topo_core::proto::MAX_REPLY_BYTES).
+MAX_REPLY_BYTES = 16 * 1024 * 1024
 
 # How much of a request a message quotes; topoctl's message names the fragment and its byte.
 REQUEST_SHOWN = 60

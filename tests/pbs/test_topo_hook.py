@@ -811,6 +811,41 @@ class PureFunctionsTest(unittest.TestCase):
         reply = {"v": 1, "error": {"code": "no_such_code", "message": "x"}}
         self.assertIsNotNone(schema.problem(reply, {"$ref": "#/$defs/Reply"}, "the reply"))
 
+    def test_an_endless_reply_is_refused_at_the_limit(self):
+        """A broken or hostile peer on topod's socket that never ends its reply: the hook,
+        running inside PBS's daemons, stops reading at the limit with a message."""
+        import threading
+        directory = tempfile.mkdtemp(prefix="topo-pbs-test-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        path = os.path.join(directory, "topod.sock")
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(path)
+        listener.listen(1)
+        sent = []
+
+        def peer():
+            conn, _ = listener.accept()
+            conn.recv(4096)
+            chunk, total = b"x" * 65536, 0
+            try:
+                while True:
+                    conn.sendall(chunk)
+                    total += len(chunk)
+            except OSError:
+                sent.append(total)
+            conn.close()
+
+        thread = threading.Thread(target=peer)
+        thread.start()
+        topod = self.hook.Topod({"socket": path, "timeout_seconds": 10, "protocol_schema": SCHEMA})
+        with self.assertRaises(self.hook.HookError) as caught:
+            topod.call("version")
+        topod.close()
+        thread.join(10)
+        listener.close()
+        self.assertIn("longer than 16 MiB", str(caught.exception))
+        self.assertLess(sent[0], self.hook.MAX_REPLY_BYTES + 8 * 1024 * 1024)
+
     def test_a_schema_the_hook_cannot_check_is_refused(self):
         directory = tempfile.mkdtemp(prefix="topo-pbs-test-")
         self.addCleanup(shutil.rmtree, directory, True)

@@ -224,7 +224,17 @@ impl Client {
         let io = |source| ClientError::Io { peer: self.peer.clone(), source };
         self.writer.write_all(Request::new(op).to_line().as_bytes()).map_err(io)?;
         let mut line = Vec::new();
-        self.reader.read_until(b'\n', &mut line).map_err(io)?;
+        let limit = proto::MAX_REPLY_BYTES as u64 + 1;
+        (&mut self.reader).take(limit).read_until(b'\n', &mut line).map_err(io)?;
+        if line.len() > proto::MAX_REPLY_BYTES {
+            return Err(ClientError::Reply {
+                peer: self.peer.clone(),
+                what: format!(
+                    "a reply longer than {} MiB (the limit): not read further",
+                    proto::MAX_REPLY_BYTES >> 20
+                ),
+            });
+        }
         if line.is_empty() {
             return Err(io(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
@@ -737,6 +747,34 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn an_endless_reply_is_refused_at_the_limit_not_read_for_ever() {
+        let scratch = Scratch::new("endless");
+        let socket = scratch.0.join("topod.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        // A broken peer: reads the request, then sends bytes without a newline until the
+        // client hangs up.
+        let peer = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = [0u8; 256];
+            let _ = conn.read(&mut request);
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut sent = 0usize;
+            while conn.write_all(&chunk).is_ok() {
+                sent += chunk.len();
+            }
+            sent
+        });
+        let mut client = Client::connect(&socket).unwrap();
+        match client.call(Op::Version) {
+            Err(ClientError::Reply { what, .. }) => assert!(what.contains("16 MiB"), "{what}"),
+            other => panic!("expected a refused reply, got {other:?}"),
+        }
+        drop(client);
+        let sent = peer.join().unwrap();
+        assert!(sent <= proto::MAX_REPLY_BYTES + 8 * 1024 * 1024, "the client read {sent} bytes");
     }
 
     #[test]

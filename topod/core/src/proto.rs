@@ -35,6 +35,11 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The longest request line accepted, newline excluded.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
+/// The longest reply a client reads (the topology and list of the largest hosts are well under
+/// a MiB): a peer that sends more is broken or hostile, and a client inside a batch system's
+/// daemon must not grow without bound reading it.
+pub const MAX_REPLY_BYTES: usize = 16 * 1024 * 1024;
+
 /// Where topod listens unless configured otherwise; every client's default.
 pub const DEFAULT_SOCKET: &str = "/run/topo/topod.sock";
 
