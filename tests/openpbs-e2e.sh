@@ -251,6 +251,7 @@ out=$1
 grep Cpus_allowed_list /proc/self/status | awk '{ print $2 }' > "$out.cpus.tmp"
 grep ':cpuset:' /proc/self/cgroup > "$out.cgroup"
 echo "$TOPO_JOB $TOPO_CPUS" > "$out.env"
+echo "$TOPO_NOTIFY_FILE" > "$out.notify"
 mv "$out.cpus.tmp" "$out.cpus"
 # A double-forked daemon that outlives the job shell unless its cgroup is torn down.
 setsid sh -c 'sleep 1000 & echo $! > '"$out"'.daemon' < /dev/null > /dev/null 2>&1 &
@@ -267,6 +268,12 @@ l1=$(ledger | awk -v j="$(topod_id "$j1")" '$1 == j { print $2 }')
 check "job one runs on the CPUs topod's ledger holds for it (${l1:-none})" test -n "$l1" -a "$(cat "$OUT/one.cpus")" = "$l1"
 check "job one's processes are in its cgroup" grep -q "/$SUBTREE/$(topod_id "$j1")\$" "$OUT/one.cgroup"
 check "job one's environment names its allocation" test "$(cat "$OUT/one.env")" = "$(topod_id "$j1") $l1"
+queue_of() { topoctl jobs --json | python3 -c '
+import json, sys
+print(" ".join(j.get("queue", "-") for j in json.load(sys.stdin) if j["job"] == sys.argv[1]))' "$1"; }
+check "topod was given job one's queue ($(queue_of "$(topod_id "$j1")"))" test "$(queue_of "$(topod_id "$j1")")" = workq
+check "job one's environment names its notify file ($(cat "$OUT/one.notify"))" \
+    test "$(cat "$OUT/one.notify")" = "$BASE/topod/job-notify/$(topod_id "$j1")"
 
 # --- 3. a second job at once: disjoint ---------------------------------------------------------
 j2=$(submit two -l select=1:ncpus=1)

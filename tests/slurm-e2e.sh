@@ -54,6 +54,7 @@ echo "TOPO_JOB=\$TOPO_JOB TOPO_CPUS=\$TOPO_CPUS TOPO_TASK_CPUS=\$TOPO_TASK_CPUS 
 echo "TOPO_NOTIFY_FILE=\$TOPO_NOTIFY_FILE"
 echo "NOTIFIED_CPUS=\$(sed -n 's/^cpus=//p' "\$TOPO_NOTIFY_FILE" 2>/dev/null)"
 $BASE/bin/topoctl jobs --socket $SOCK | awk -v j="slurm-\$SLURM_JOB_ID" '\$1 == j { print "LEDGER_CPUS=" \$3; print "LEDGER_MEMS=" \$4 }'
+$BASE/bin/topoctl jobs --json --socket $SOCK | python3 -c 'import json, sys; j = [x for x in json.load(sys.stdin) if x["job"] == sys.argv[1]]; print("LEDGER_QUEUE=%s" % (j[0].get("queue", "") if j else ""))' "slurm-\$SLURM_JOB_ID"
 sleep "\${PROBE_SLEEP:-0}"
 EOT
 chmod 755 "$BASE/bin/probe"
@@ -85,6 +86,7 @@ check_job_output() {
     check "job $job: TOPO_CPUS exported" grep -q "TOPO_JOB=slurm-$job TOPO_CPUS=$ledger " "$out"
     check "job $job: TOPO_NOTIFY_FILE names topod's notify file, which says its CPUs" \
         test "$(field TOPO_NOTIFY_FILE "$out"):$(field NOTIFIED_CPUS "$out")" = "$(dirname "$SOCK")/job-notify/slurm-$job:$ledger"
+    check "job $job: topod was given its partition as its queue ($(field LEDGER_QUEUE "$out"))" test "$(field LEDGER_QUEUE "$out")" = debug
     if [ "$mode" = affinity ]; then
         check "job $job: task is in topod's cgroup /$CGROUP_SUBTREE/slurm-$job" test "$cg" = "/$CGROUP_SUBTREE/slurm-$job"
         check "job $job: that cgroup's cpuset.cpus = ledger" test "$cgcpus" = "$ledger"

@@ -1016,6 +1016,14 @@ def allocate(topod, event, job, jid, share, request, tasks):
     uid = owner_uid(job)
     if uid is not None:
         fields["owner_uid"] = uid
+    # Prime-time pools and gang_prime_queues admit by queue; a job may name a pool with
+    # qsub -v TOPO_POOL=NAME.
+    queue = queue_name(job)
+    if queue:
+        fields["queue"] = queue
+    pool = job_variable(job, "TOPO_POOL")
+    if pool:
+        fields["pool"] = pool
     try:
         return topod.call("allocate", **fields)
     except TopodRefused as e:
@@ -1030,6 +1038,27 @@ def owner_uid(job):
         return pwd.getpwnam(str(job.euser)).pw_uid
     except (KeyError, TypeError):
         return None
+
+
+def queue_name(job):
+    """The name of the job's queue, or None (job.queue is a pbs.queue, or its name)."""
+    queue = getattr(job, "queue", None)
+    if queue is None:
+        return None
+    name = getattr(queue, "name", None) or str(queue)
+    return name or None
+
+
+def job_variable(job, name):
+    """A variable of the job's environment as qsub -v / -V gave it (Variable_List), or None."""
+    variables = getattr(job, "Variable_List", None)
+    if variables is None:
+        return None
+    try:
+        value = variables[name]
+    except (KeyError, TypeError):
+        return None
+    return str(value) if value else None
 
 
 def find_allocation(topod, jid):

@@ -7,7 +7,7 @@ shared/reference/pbs-hooks-observed.md) and to how pbs_python runs a hook:
 - each event runs the hook in a fresh interpreter (tests/pbs/run_hook.py), the script executed
   in globals without a `__name__` of their own, so `__name__` is 'builtins' (observed);
 - pbs.event() is the one event of that run: type, hook_name, job (id, Resource_List,
-  schedselect, exec_vnode, euser, session_id, rerun()), job_o (modifyjob), pid (attach),
+  schedselect, exec_vnode, euser, session_id, queue, Variable_List, rerun()), job_o (modifyjob), pid (attach),
   progname / argv / env (launch; env is dict-like and a missing key raises KeyError),
   vnode_list (MoM events), job_list (exechost_periodic);
 - event.accept() and event.reject(msg) end the hook by raising SystemExit; a hook that ends
@@ -106,12 +106,24 @@ class job(object):
         self.schedselect = fields.get("schedselect")
         self.exec_vnode = fields.get("exec_vnode")
         self.euser = fields.get("euser")
+        self.queue = queue(fields["queue"]) if fields.get("queue") else None
+        self.Variable_List = dict(fields.get("Variable_List", {}))
         self.session_id = fields.get("session_id")
         self.comment = fields.get("comment")
         self.rerun_requested = False
 
     def rerun(self):
         self.rerun_requested = True
+
+
+class queue(object):
+    """pbs.queue: its name (str() gives it too)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return self.name
 
 
 class vnode(object):

@@ -420,6 +420,22 @@ class JobLifeTest(HookTestCase):
             for task in tasks:
                 self.assertEqual(task.wait(10), -signal.SIGKILL, "release killed the task")
 
+    def test_begin_gives_topod_the_queue_and_the_pool_the_job_names(self):
+        # Prime-time pools admit by queue, and a job may name one with qsub -v TOPO_POOL=...
+        job = dict(mom_job("124.pbs-server.example", ncpus=1, topology="affinity[thread*1]"),
+                   queue="workq", Variable_List={"TOPO_POOL": "day", "PATH": "/bin"})
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        plain = mom_job("125.pbs-server.example", ncpus=1)
+        self.assert_accepted(self.run_event("execjob_begin", job=plain, vnode_list={HOST: {}}))
+        listed = {a["job"]: a for a in self.topod.call("list")["ok"]}
+        named = listed["pbs-124.pbs-server.example"]
+        self.assertEqual((named.get("queue"), named.get("pool")), ("workq", "day"))
+        unnamed = listed["pbs-125.pbs-server.example"]
+        self.assertEqual((unnamed.get("queue"), unnamed.get("pool")), (None, None))
+        for j in (job, plain):
+            self.assert_accepted(self.run_event("execjob_end", job=j, vnode_list={HOST: {}}))
+        self.assertEqual(self.topod.jobs(), [])
+
     def test_end_alone_or_epilogue_alone_releases(self):
         for only in ("execjob_end", "execjob_epilogue"):
             job = mom_job("55.server", ncpus=1)

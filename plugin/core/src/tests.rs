@@ -342,6 +342,15 @@ fn reads_the_protocols_free_map() {
         gang: None,
         reservations: vec![block("lsf-2", "8-11", "affinity[core(4)]", 1_000)],
         defrag: true,
+        // Read by people and topoctl; the plug-ins do not use them (a job's queue is not
+        // known to the LSF module's matchFn) and skip the field.
+        pools: vec![topo_core::proto::reply::PoolStatus {
+            name: "day".into(),
+            cpus: CpuSet::parse_list("12-15").unwrap(),
+            open: true,
+            queues: vec!["interactive".into()],
+            users: Vec::new(),
+        }],
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
     assert_eq!(

@@ -55,6 +55,7 @@ extern "C" {
     fn spank_option_getopt(sp: Spank, opt: *mut SpankOption, optarg: *mut *mut c_char) -> c_int;
     fn spank_get_item(sp: Spank, item: c_int, ...) -> c_int;
     fn spank_setenv(sp: Spank, var: *const c_char, val: *const c_char, overwrite: c_int) -> c_int;
+    fn spank_getenv(sp: Spank, var: *const c_char, buf: *mut c_char, len: c_int) -> c_int;
     fn spank_job_control_setenv(
         sp: Spank,
         var: *const c_char,
@@ -269,6 +270,21 @@ fn requested(sp: Spank) -> Option<String> {
     Some(text).filter(|t| !t.is_empty())
 }
 
+/// A variable of the job's environment (remote context only), if set and shorter than 4 KiB.
+fn job_env(sp: Spank, name: &str) -> Option<String> {
+    let n = CString::new(name).ok()?;
+    let mut buf = vec![0 as c_char; 4096];
+    // SAFETY: a valid C string and a writable buffer of the length given; spank_getenv writes
+    // a NUL-terminated value into it or fails (ESPANK_ENV_NOEXIST, ESPANK_NOSPACE).
+    let rc = unsafe { spank_getenv(sp, n.as_ptr(), buf.as_mut_ptr(), buf.len() as c_int) };
+    if rc != ESPANK_SUCCESS {
+        return None;
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated string.
+    let value = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+    Some(value).filter(|v| !v.is_empty())
+}
+
 fn set_task_env(sp: Spank, name: &str, value: &str) -> Result<(), String> {
     let (n, v) = (CString::new(name).unwrap_or_default(), CString::new(value).unwrap_or_default());
     // SAFETY: two valid C strings; spank_setenv copies them.
@@ -410,6 +426,9 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         cpus: Some(job_cpus.to_string()),
         mem_limit_bytes: (mem_mb > 0).then_some(mem_mb << 20),
         owner_uid: Some(uid),
+        // Prime-time pools and gang_prime_queues admit by queue: Slurm's is the partition.
+        queue: job_env(sp, "SLURM_JOB_PARTITION"),
+        pool: job_env(sp, "TOPO_POOL"),
         ..topo_core::proto::AllocateArgs::new(job.clone(), request.to_string())
     });
     let alloc: Allocation = match topod.allocate(allocate) {

@@ -103,6 +103,13 @@ pub struct JobView {
     /// has ended and its CPUs are free.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempted_by: Option<String>,
+    /// The batch queue its allocate gave (Slurm's partition, LSF's and PBS's queue): prime-time
+    /// pools and `gang_prime_queues` admit by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// The prime-time pool its allocate named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 /// A job that does not use what it was given, as topod's sampler judged it.

@@ -159,6 +159,21 @@ impl Pool {
         self.windows.iter().any(|w| w.open_at(t))
     }
 
+    /// Whom the pool admits, for a message: "jobs of queues a, b, users 1001, and jobs that
+    /// name it".
+    pub fn admission(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.queues.is_empty() {
+            parts.push(format!("jobs of queue {}", self.queues.join(", ")));
+        }
+        if !self.users.is_empty() {
+            let users: Vec<String> = self.users.iter().map(u32::to_string).collect();
+            parts.push(format!("jobs of uid {}", users.join(", ")));
+        }
+        parts.push(format!("jobs that name it (pool {:?})", self.name));
+        parts.join(", ")
+    }
+
     /// Whether `who` may use the pool.
     pub fn admits(&self, who: Asker<'_>) -> bool {
         who.pool == Some(self.name.as_str())

@@ -406,6 +406,28 @@ pub mod reply {
         /// those where the job fits as things are.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         pub defrag: bool,
+        /// The host's prime-time pools (topod.toml `prime_pools`), open or not as of topod's
+        /// last look (at every change, and on its 5 s tick).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub pools: Vec<PoolStatus>,
+    }
+
+    /// A prime-time pool as `free_map` shows it.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct PoolStatus {
+        /// Its name (an allocate's `pool` names it).
+        pub name: String,
+        /// Its CPUs.
+        pub cpus: CpuSet,
+        /// Inside one of its windows now: only the jobs it admits may use its CPUs.
+        pub open: bool,
+        /// The queues whose jobs it admits.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub queues: Vec<String>,
+        /// The uids whose jobs it admits.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub users: Vec<u32>,
     }
 
     /// `reserve`.

@@ -43,13 +43,17 @@ pub enum HostError {
     #[error("bad request: {0}")]
     BadRequest(String),
     /// The job does not fit now.
-    #[error("{} does not fit: {source}", fit_subject(job))]
+    #[error("{} does not fit: {source}{held_back}", fit_subject(job))]
     DoesNotFit {
         /// The job (empty for a `fit`, which names none).
         job: String,
         /// Why.
         #[source]
         source: PlaceError,
+        /// When only other jobs' reservations or open prime-time pools keep it out: `; it
+        /// would fit without ...` naming them (else empty), so that a user who sees free CPUs
+        /// in the host's picture learns why they are not theirs.
+        held_back: String,
     },
     /// The job already holds CPUs for another request.
     #[error("job {job} already holds CPUs {cpus} for {request}")]
@@ -429,6 +433,8 @@ pub struct Snapshot {
     pub reservations: Vec<topo_core::reservation::Reservation>,
     /// Whether the host moves jobs to make room (`defrag`).
     pub defrag: bool,
+    /// The prime-time pools, open or not as of this snapshot.
+    pub pools: Vec<topo_core::proto::reply::PoolStatus>,
 }
 
 /// What a "does not fit" message is about: the job, or for `fit` the request.
@@ -444,8 +450,9 @@ impl Snapshot {
     /// Would `prepared` fit, and how well, for a job that has no reservation here (other jobs'
     /// reserved blocks are not free to it).
     pub fn fit(&self, prepared: &Prepared) -> Result<place::Fit, HostError> {
-        place::fit_and_score(&self.model, &self.usable(), &prepared.request)
-            .map_err(|source| HostError::DoesNotFit { job: String::new(), source })
+        place::fit_and_score(&self.model, &self.usable(), &prepared.request).map_err(|source| {
+            HostError::DoesNotFit { job: String::new(), source, held_back: String::new() }
+        })
     }
 
     /// What is free, by shape, for a job that has no reservation here (what Slurm's features
@@ -770,12 +777,19 @@ impl Host {
         row: Option<u32>,
         who: topo_core::prime::Asker<'_>,
     ) -> (place::Occupancy, CpuSet) {
-        let mut occ = topo_core::reservation::blocked_for(
-            &self.ledger.occupancy_for(row),
+        let occ = topo_core::reservation::blocked_for(
+            &self.jobs_occupancy(job, row),
             self.reservations.values(),
             job,
             self.now_s(),
         );
+        self.with_pools(&occ, who)
+    }
+
+    /// What jobs hold for `job`'s placement in gang row `row`: running jobs, and suspended jobs
+    /// held for a preemptor other than `job`; reservations and pools left out.
+    fn jobs_occupancy(&self, job: &str, row: Option<u32>) -> place::Occupancy {
+        let mut occ = self.ledger.occupancy_for(row);
         for a in self.ledger.suspended_jobs() {
             let held_for = self.hints.get(&a.job).and_then(|h| h.preempted_by.as_deref());
             if held_for.is_some_and(|p| p != job) {
@@ -783,7 +797,55 @@ impl Host {
                 occ.fenced.union_with(&a.fenced);
             }
         }
-        self.with_pools(&occ, who)
+        occ
+    }
+
+    /// For a refusal: when `request` would fit if other jobs' reservations and the open
+    /// prime-time pools that do not admit `who` were not there, `; it would fit without ...`
+    /// naming them; else empty.
+    fn held_back_by(
+        &self,
+        job: &str,
+        request: &Request,
+        who: topo_core::prime::Asker<'_>,
+    ) -> String {
+        if self.reservations.is_empty() && self.pools.is_empty() {
+            return String::new();
+        }
+        let occ = self.jobs_occupancy(job, None);
+        let fits = |occ: &place::Occupancy| {
+            topo_core::policy::start_on_host(&self.model, occ, request, self.strategy).is_ok()
+        };
+        if !fits(&occ) {
+            return String::new();
+        }
+        let now = self.now_s();
+        let mut by: Vec<String> = self
+            .reservations
+            .values()
+            .filter(|r| r.job != job && r.live(now))
+            .map(|r| {
+                format!(
+                    "job {}'s reservation (CPUs {}, for {} s more)",
+                    r.job,
+                    r.cpus,
+                    (r.expires_at - now).max(0)
+                )
+            })
+            .collect();
+        let open = self.open_pools();
+        for (pool, _) in self.pools.iter().zip(open).filter(|(p, open)| *open && !p.admits(who)) {
+            by.push(format!(
+                "prime-time pool {} (CPUs {}, open now; it admits {})",
+                pool.name,
+                pool.cpus,
+                pool.admission()
+            ));
+        }
+        if by.is_empty() {
+            return String::new();
+        }
+        format!("; it would fit without {}", by.join(" and "))
     }
 
     /// Resumes the jobs topod's preemption suspended whose CPUs are all free again, highest
@@ -1464,7 +1526,11 @@ impl Host {
         let Some((placement, row)) = found else {
             let source =
                 refused.unwrap_or_else(|| place::PlaceError::Impossible("no row to try".into()));
-            return Err(HostError::DoesNotFit { job: id.to_string(), source });
+            let held_back = match gang_rows {
+                None => self.held_back_by(id.as_str(), &prepared.request, who),
+                Some(_) => String::new(),
+            };
+            return Err(HostError::DoesNotFit { job: id.to_string(), source, held_back });
         };
         let spec = CgroupSpec {
             cpus: placement.cpus.clone(),
@@ -1946,6 +2012,7 @@ impl Host {
             reservations: self.reservations(),
             defrag: self.defrag.is_some(),
             gang: self.gang_status.clone(),
+            pools: self.pool_status(),
         }
     }
 
@@ -1970,6 +2037,8 @@ impl Host {
             preempted_by: (state == JobState::Suspended)
                 .then(|| self.hints.get(&a.job).and_then(|h| h.preempted_by.clone()))
                 .flatten(),
+            queue: self.hints.get(&a.job).and_then(|h| h.queue.clone()),
+            pool: self.hints.get(&a.job).and_then(|h| h.pool.clone()),
         };
         let mut jobs: Vec<JobView> = self
             .ledger
@@ -2393,6 +2462,13 @@ mod tests {
         assert!(!c.cpus.intersects(&r.cpus), "{} in the block {}", c.cpus, r.cpus);
         let e = h.allocate("d", "affinity[thread*2]", None, None, None, None).unwrap_err();
         assert!(e.to_string().contains("does not fit"), "{e}");
+        assert!(
+            e.to_string().contains(&format!(
+                "; it would fit without job big's reservation (CPUs {}, for 600 s more)",
+                r.cpus
+            )),
+            "{e}"
+        );
         // Refusals: bad ids, durations, an allocated job, an unknown reservation.
         for (job, secs, says) in [
             ("../x", 60, "job id"),
@@ -2465,6 +2541,14 @@ mod tests {
         // Open: batch jobs stay out; there is no room outside for one more.
         let e = batch(&mut h, "b", 1).unwrap_err().to_string();
         assert!(e.contains("does not fit"), "{e}");
+        // The refusal says why CPUs that look free are not the job's, and who may use them.
+        assert!(
+            e.contains(&format!("; it would fit without prime-time pool day (CPUs {pool}, open now; it admits jobs of queue interactive, jobs that name it (pool \"day\"))")),
+            "{e}"
+        );
+        // A job that would not fit even without the pool is not told about it.
+        let e = batch(&mut h, "b", 5).unwrap_err().to_string();
+        assert!(e.contains("does not fit") && !e.contains("would fit without"), "{e}");
         // A job of its queue goes inside, as does one whose allocate names it.
         let mut p = prepare(&topo, "affinity[thread*2]", None, None).unwrap();
         p.gang.queue = Some("interactive".into());

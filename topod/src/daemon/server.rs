@@ -447,6 +447,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 gang: snap.gang.clone(),
                 reservations: snap.reservations.clone(),
                 defrag: snap.defrag,
+                pools: snap.pools.clone(),
             })
         }
         Op::Fit(proto::FitArgs { request, tasks, cpus }) => {

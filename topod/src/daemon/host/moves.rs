@@ -71,7 +71,11 @@ impl Host {
         let occupancy = self.placement_occupancy(job, None);
         let placement =
             place::resize(&self.model, &occupancy, &req, &alloc.tasks, tasks, self.strategy)
-                .map_err(|source| HostError::DoesNotFit { job: job.into(), source })?;
+                .map_err(|source| HostError::DoesNotFit {
+                    job: job.into(),
+                    source,
+                    held_back: String::new(),
+                })?;
         let resized = Allocation {
             cpus: placement.cpus,
             tasks: placement.tasks,

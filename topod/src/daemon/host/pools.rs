@@ -126,9 +126,27 @@ impl Host {
         LocalTime::at(now, (self.utc_offset)(now))
     }
 
-    fn open_pools(&self) -> Vec<bool> {
+    pub(crate) fn open_pools(&self) -> Vec<bool> {
         let t = self.local_time();
         self.pools.iter().map(|p| p.open_at(t)).collect()
+    }
+
+    /// The pools as `free_map` shows them (nothing looked up on a host without pools).
+    pub(crate) fn pool_status(&self) -> Vec<topo_core::proto::reply::PoolStatus> {
+        if self.pools.is_empty() {
+            return Vec::new();
+        }
+        self.pools
+            .iter()
+            .zip(self.open_pools())
+            .map(|(p, open)| topo_core::proto::reply::PoolStatus {
+                name: p.name.clone(),
+                cpus: p.cpus.clone(),
+                open,
+                queues: p.queues.clone(),
+                users: p.users.clone(),
+            })
+            .collect()
     }
 
     /// Who `job` is for the pools, from its record.

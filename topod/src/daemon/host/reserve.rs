@@ -57,6 +57,7 @@ impl Host {
                     source: topo_core::place::PlaceError::Impossible(format!(
                         "every CPU it may use ({open}) is in an open prime-time pool"
                     )),
+                    held_back: String::new(),
                 });
             }
             request.cpu_list = Some(outside);
@@ -69,7 +70,11 @@ impl Host {
             self.strategy,
             now,
         )
-        .map_err(|source| HostError::DoesNotFit { job: job.into(), source })?;
+        .map_err(|source| HostError::DoesNotFit {
+            job: job.into(),
+            source,
+            held_back: String::new(),
+        })?;
         let r = Reservation {
             job: job.into(),
             cpus: block.cpus,
