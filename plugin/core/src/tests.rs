@@ -495,8 +495,9 @@ fn name_lookups_do_not_scan() {
         }
     }
     let took = start.elapsed();
-    // A scan per name costs seconds here (36,000 lookups over 10,000 hosts); hash lookups, ms.
-    assert!(took < Duration::from_millis(300), "36,000 lookups took {took:?}");
+    // A scan per name costs seconds here (36,000 lookups over 10,000 hosts, 3.6e8 name
+    // comparisons); hash lookups, tens of ms. The limit leaves room for a loaded machine.
+    assert!(took < Duration::from_secs(1), "36,000 lookups took {took:?}");
 }
 
 #[test]
