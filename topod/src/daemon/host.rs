@@ -800,6 +800,19 @@ impl Host {
         occ
     }
 
+    /// `occupancy` with the CPUs of every suspended job held, when there is one (`None`
+    /// otherwise): where a job goes without borrowing.
+    fn without_lending(&self, occupancy: &place::Occupancy) -> Option<place::Occupancy> {
+        let mut suspended = self.ledger.suspended_jobs().peekable();
+        suspended.peek()?;
+        let mut occ = occupancy.clone();
+        for a in suspended {
+            occ.held.union_with(&a.cpus);
+            occ.fenced.union_with(&a.fenced);
+        }
+        Some(occ)
+    }
+
     /// For a refusal: when `request` would fit if other jobs' reservations and the open
     /// prime-time pools that do not admit `who` were not there, `; it would fit without ...`
     /// naming them; else empty.
@@ -1503,23 +1516,28 @@ impl Host {
         let mut found = None;
         'rows: for row in rows {
             let (occupancy, pool_cpus) = self.placement_occupancy_as(id.as_str(), row, who);
+            // A suspended job's CPUs are lent only when the job fits nowhere else: a borrower
+            // keeps the suspended job from resuming until it ends.
+            let without_lending = self.without_lending(&occupancy);
             let inside_pool = inside(&pool_cpus);
             for request in inside_block.iter().chain(&inside_pool).chain([&prepared.request]) {
-                let placed = match self.start_malleable(&occupancy, request) {
-                    Some(p) => Ok(p),
-                    None => topo_core::policy::start_on_host(
-                        &self.model,
-                        &occupancy,
-                        request,
-                        self.strategy,
-                    ),
-                };
-                match placed {
-                    Ok(p) => {
-                        found = Some((p, row));
-                        break 'rows;
+                for occupancy in without_lending.iter().chain([&occupancy]) {
+                    let placed = match self.start_malleable(occupancy, request) {
+                        Some(p) => Ok(p),
+                        None => topo_core::policy::start_on_host(
+                            &self.model,
+                            occupancy,
+                            request,
+                            self.strategy,
+                        ),
+                    };
+                    match placed {
+                        Ok(p) => {
+                            found = Some((p, row));
+                            break 'rows;
+                        }
+                        Err(e) => refused = Some(e),
                     }
-                    Err(e) => refused = Some(e),
                 }
             }
         }
@@ -3220,6 +3238,26 @@ mod tests {
         assert!(report.suspended.is_empty(), "{report:?}");
         assert!(!third.ledger().is_suspended("d") && !kernel.is_frozen(&d_id).unwrap());
         assert_eq!(third.ledger().occupancy().held, d.cpus);
+    }
+
+    #[test]
+    fn a_suspended_jobs_cpus_are_lent_only_when_a_job_fits_nowhere_else() {
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        let a = h.allocate("a", "affinity[thread*2]", None, None, None, None).unwrap();
+        h.suspend("a").unwrap();
+        // Six CPUs are free without a's: b and c go there, and a can resume at once.
+        let b = h.allocate("b", "affinity[thread*4]", None, None, None, None).unwrap();
+        let c = h.allocate("c", "affinity[thread*2]", None, None, None, None).unwrap();
+        assert!(!b.cpus.intersects(&a.cpus) && !c.cpus.intersects(&a.cpus), "{b:?} {c:?}");
+        // Only a's are left: d borrows one, and a waits for it.
+        let d = h.allocate("d", "affinity[thread]", None, None, None, None).unwrap();
+        assert!(d.cpus.is_subset(&a.cpus), "{}", d.cpus);
+        assert!(h.resume("a").unwrap_err().to_string().contains("lent to job d"));
+        h.release("d").unwrap();
+        assert_eq!(h.resume("a").unwrap().cpus, a.cpus);
+        h.ledger().check().unwrap();
     }
 
     #[test]
