@@ -599,8 +599,22 @@ fn suspend_lend_and_resume_through_topoctl() {
             && text.contains("may be lent"),
         "{text}"
     );
-    // The tightest free place for the same shape is the suspended job's L3 group.
-    let (code, text) = topoctl(&["alloc", "--job", "201", "affinity[core(8,same=l3)]"]);
+    // Another L3 group is free: a job of the same shape goes there, not on 200's CPUs.
+    let held_by = |job: &str| {
+        let (_, json) = topoctl(&["jobs", "--json"]);
+        let list: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let found = list.as_array().unwrap().iter().find(|j| j["job"] == job).cloned();
+        found.map(|j| j["cpus"].as_str().unwrap().to_string()).unwrap()
+    };
+    let suspended_cpus = held_by("200");
+    let (code, text) = topoctl(&["alloc", "--job", "199", "affinity[core(8,same=l3)]"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert_ne!(held_by("199"), suspended_cpus);
+    let (code, text) = topoctl(&["release", "199"]);
+    assert_eq!(code, Some(0), "{text}");
+    // Placed inside 200's CPUs (as a batch system that chose them would): they are lent.
+    let (code, text) =
+        topoctl(&["alloc", "--job", "201", "--cpus", &suspended_cpus, "affinity[core(8,same=l3)]"]);
     assert_eq!(code, Some(0), "{text}");
     let (_, jobs) = topoctl(&["jobs"]);
     assert!(
