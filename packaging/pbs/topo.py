@@ -602,6 +602,13 @@ class Topod(object):
 # The longest reply read from topod (topo_core::proto::MAX_REPLY_BYTES).
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 
+# The longest queue or pool name topod takes (topo_core::proto::MAX_NAME_BYTES).
+MAX_NAME_BYTES = 128
+
+# What topod adds to a refusal when only other jobs' reservations or open prime-time pools keep
+# the job out (topod/src/daemon/host.rs, held_back_by).
+HELD_BACK = "; it would fit without "
+
 # How much of a request a message quotes; topoctl's message names the fragment and its byte.
 REQUEST_SHOWN = 60
 
@@ -971,6 +978,10 @@ def on_begin(event, config):
         raise HookError("%s; job %s goes back to the queue" % (e, job.id))
     except DoesNotFitHere as e:
         job.rerun()
+        if HELD_BACK in str(e):
+            # topod named the reservation or open prime-time pool that keeps the job out: the
+            # CPUs are free and in one piece, PBS just cannot see those.
+            raise HookError("%s; job %s goes back to the queue" % (e, job.id))
         outside = held_outside_pbs(topod, config)
         if not outside:
             # Enough CPUs by PBS's count and topod's, but not in the shape the request asks
@@ -1023,6 +1034,10 @@ def allocate(topod, event, job, jid, share, request, tasks):
         fields["queue"] = queue
     pool = job_variable(job, "TOPO_POOL")
     if pool:
+        problem = name_problem(pool)
+        if problem:
+            raise HookError("job %s: TOPO_POOL (qsub -v) %s; it names a prime-time pool of this host's topod"
+                            % (job.id, problem))
         fields["pool"] = pool
     try:
         return topod.call("allocate", **fields)
@@ -1038,6 +1053,18 @@ def owner_uid(job):
         return pwd.getpwnam(str(job.euser)).pw_uid
     except (KeyError, TypeError):
         return None
+
+
+def name_problem(name):
+    """What is wrong with a queue or pool name topod would refuse (topo_core::proto::check_name:
+    at most MAX_NAME_BYTES bytes, no control characters), or None."""
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        return "is %d bytes long; at most %d bytes" % (size, MAX_NAME_BYTES)
+    for at, c in enumerate(name):
+        if ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0:
+            return "%r has a control character at character %d" % (shortened(name), at)
+    return None
 
 
 def queue_name(job):

@@ -2,20 +2,12 @@
 prime-time pool its Variable_List names) and of the refusals topod now explains, through the
 stand-in `pbs` module and a real topod (see test_topo_hook.py, whose harness this reuses).
 
-Each test checks what a PBS user or administrator must be told; a test marked as a known bug
-fails today and is skipped until the hook is fixed.
+Each test checks what a PBS user or administrator must be told.
 """
 
-import os
 import unittest
 
 from test_topo_hook import HOST, HookTestCase, mom_job
-
-
-def known_bug(why):
-    """A test that fails today (a finding): skipped unless TOPO_RUN_KNOWN_BUGS is set, so that
-    the suite stays green until the hook is fixed."""
-    return unittest.skipUnless(os.environ.get("TOPO_RUN_KNOWN_BUGS"), "bug: " + why)
 
 
 def cpu_ids(text):
@@ -28,14 +20,14 @@ def cpu_ids(text):
 
 
 class PoolRefusalTest(HookTestCase):
-    def restart_with_pool(self, queues=("interactive",)):
-        """topod again, with an always-open prime-time pool "day" on its lowest CPU; returns
-        how many CPUs are left outside the pool."""
+    def restart_with_pool(self, queues=("interactive",), named=False):
+        """topod again, with an always-open prime-time pool "day" on its lowest CPU (that jobs
+        naming it may use with `named`); returns how many CPUs are left outside the pool."""
         allocatable = cpu_ids(self.topod.call("free_map")["ok"]["allocatable"])
         self.topod.stop()
         # Inline: the harness writes its own keys after ours, which a [[table]] would swallow.
-        self.topod.start('prime_pools = [{name = "day", cpus = "%d", windows = ["Mon-Sun 00:00-24:00"], queues = %s}]\n'
-                         % (allocatable[0], "[%s]" % ", ".join('"%s"' % q for q in queues)))
+        self.topod.start('prime_pools = [{name = "day", cpus = "%d", windows = ["Mon-Sun 00:00-24:00"], queues = %s, named = %s}]\n'
+                         % (allocatable[0], "[%s]" % ", ".join('"%s"' % q for q in queues), "true" if named else "false"))
         return len(allocatable) - 1
 
     def fill_outside_the_pool(self, outside):
@@ -43,7 +35,6 @@ class PoolRefusalTest(HookTestCase):
         fill = mom_job("1.pbs-server.example", ncpus=outside, topology="affinity[thread*%d]" % outside)
         self.assert_accepted(self.run_event("execjob_begin", job=fill, vnode_list={HOST: {}}))
 
-    @known_bug("the hook calls a job kept out by an open prime-time pool 'too scattered for the request's shape'")
     def test_a_job_kept_out_by_an_open_pool_is_not_told_the_cpus_are_too_scattered(self):
         self.fill_outside_the_pool(self.restart_with_pool())
         late = mom_job("2.pbs-server.example", ncpus=1, topology="affinity[thread*1]")
@@ -55,7 +46,6 @@ class PoolRefusalTest(HookTestCase):
         # while the window is open, as it counts the pool's CPUs).
         self.assertNotIn("too scattered", refused["message"])
 
-    @known_bug("the hook calls a job kept out by another job's reservation 'too scattered for the request's shape'")
     def test_a_job_kept_out_by_a_reservation_is_not_told_the_cpus_are_too_scattered(self):
         allocatable = cpu_ids(self.topod.call("free_map")["ok"]["allocatable"])
         outside = len(allocatable) - 1
@@ -71,7 +61,6 @@ class PoolRefusalTest(HookTestCase):
         self.assert_rejected(refused, "it would fit without job pbs-9.pbs-server.example's reservation")
         self.assertNotIn("too scattered", refused["message"])
 
-    @known_bug("a TOPO_POOL longer than topod's request line is refused as 'request of N bytes', not blamed on TOPO_POOL")
     def test_a_pool_variable_too_long_for_topod_is_named_in_the_rejection(self):
         self.restart_with_pool()
         job = dict(mom_job("3.pbs-server.example", ncpus=1, topology="affinity[thread*1]"),
@@ -83,17 +72,23 @@ class PoolRefusalTest(HookTestCase):
 
     def test_an_unknown_or_hostile_pool_name_is_refused_naming_it_and_the_hosts_pools(self):
         self.restart_with_pool()
-        for pool in ("dya", "a\nb\x00c", "../day", "day "):
+        for pool in ("dya", "../day", "day "):
             job = dict(mom_job("4.pbs-server.example", ncpus=1, topology="affinity[thread*1]"),
                        Variable_List={"TOPO_POOL": pool})
             refused = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
             self.assert_rejected(refused, "no prime-time pool of that name", "its pools: day")
             self.assertIn(json_quoted(pool), refused["message"])
+        # A name topod would refuse is refused by the hook, naming TOPO_POOL.
+        for pool, says in (("a\nb\x00c", "control character"), ("x" * 129, "129 bytes long")):
+            job = dict(mom_job("4.pbs-server.example", ncpus=1, topology="affinity[thread*1]"),
+                       Variable_List={"TOPO_POOL": pool})
+            refused = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+            self.assert_rejected(refused, "TOPO_POOL (qsub -v)", says)
         self.assertEqual(self.topod.jobs(), [])
 
     def test_a_hostile_queue_name_reaches_topods_list_as_it_is(self):
-        self.restart_with_pool()
-        queue = "work\nq\x1b[31m\u202e\"}{"
+        self.restart_with_pool(named=True)
+        queue = "workq\u202e\"}{"
         job = dict(mom_job("5.pbs-server.example", ncpus=1, topology="affinity[thread*1]"), queue=queue,
                    Variable_List={"TOPO_POOL": "day"})
         self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))

@@ -350,6 +350,7 @@ fn reads_the_protocols_free_map() {
             open: true,
             queues: vec!["interactive".into()],
             users: Vec::new(),
+            named: false,
         }],
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();

@@ -270,10 +270,11 @@ fn requested(sp: Spank) -> Option<String> {
     Some(text).filter(|t| !t.is_empty())
 }
 
-/// A variable of the job's environment (remote context only), if set and shorter than 4 KiB.
+/// A variable of the job's environment (remote context only), if set and shorter than 64 KiB
+/// (the longest line topod reads).
 fn job_env(sp: Spank, name: &str) -> Option<String> {
     let n = CString::new(name).ok()?;
-    let mut buf = vec![0 as c_char; 4096];
+    let mut buf = vec![0 as c_char; topo_core::proto::MAX_LINE_BYTES];
     // SAFETY: a valid C string and a writable buffer of the length given; spank_getenv writes
     // a NUL-terminated value into it or fails (ESPANK_ENV_NOEXIST, ESPANK_NOSPACE).
     let rc = unsafe { spank_getenv(sp, n.as_ptr(), buf.as_mut_ptr(), buf.len() as c_int) };
@@ -421,14 +422,22 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         order.iter().filter(|c| c.is_subset(&job_cpus)).count(),
         job_cpus.len(),
     );
+    // Prime-time pools and gang_prime_queues admit by queue: Slurm's is the partition.
+    let mut names = [("SLURM_JOB_PARTITION", None), ("TOPO_POOL", None)];
+    for (variable, value) in &mut names {
+        *value = job_env(sp, variable);
+        if let Some(Err(e)) = value.as_deref().map(|v| topo_core::proto::check_name(variable, v)) {
+            return Err(format!("job {job_id}: the job's environment: {e}"));
+        }
+    }
+    let [(_, queue), (_, pool)] = names;
     let allocate = Op::Allocate(topo_core::proto::AllocateArgs {
         tasks: Some(tasks),
         cpus: Some(job_cpus.to_string()),
         mem_limit_bytes: (mem_mb > 0).then_some(mem_mb << 20),
         owner_uid: Some(uid),
-        // Prime-time pools and gang_prime_queues admit by queue: Slurm's is the partition.
-        queue: job_env(sp, "SLURM_JOB_PARTITION"),
-        pool: job_env(sp, "TOPO_POOL"),
+        queue,
+        pool,
         ..topo_core::proto::AllocateArgs::new(job.clone(), request.to_string())
     });
     let alloc: Allocation = match topod.allocate(allocate) {

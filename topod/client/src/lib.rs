@@ -224,9 +224,10 @@ impl Client {
         let io = |source| ClientError::Io { peer: self.peer.clone(), source };
         self.writer.write_all(Request::new(op).to_line().as_bytes()).map_err(io)?;
         let mut line = Vec::new();
+        // The limit counts the reply, not its newline (as MAX_LINE_BYTES does).
         let limit = proto::MAX_REPLY_BYTES as u64 + 1;
         (&mut self.reader).take(limit).read_until(b'\n', &mut line).map_err(io)?;
-        if line.len() > proto::MAX_REPLY_BYTES {
+        if line.len() as u64 == limit && line.last() != Some(&b'\n') {
             return Err(ClientError::Reply {
                 peer: self.peer.clone(),
                 what: format!(

@@ -1078,6 +1078,7 @@ impl PolicyCore {
                     windows: prime.windows.clone(),
                     queues: Vec::new(),
                     users: Vec::new(),
+                    named: true,
                     on_open: prime.on_open,
                 }
             })

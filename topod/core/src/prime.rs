@@ -138,6 +138,9 @@ pub struct Pool {
     pub queues: Vec<String>,
     /// Users (uids) whose jobs may use it.
     pub users: Vec<u32>,
+    /// Jobs whose allocate names it may use it (the request flag): any job, then, since a
+    /// user sets the name (`TOPO_POOL`).
+    pub named: bool,
     /// What happens to other jobs on it when a window opens.
     pub on_open: OnOpen,
 }
@@ -170,13 +173,15 @@ impl Pool {
             let users: Vec<String> = self.users.iter().map(u32::to_string).collect();
             parts.push(format!("jobs of uid {}", users.join(", ")));
         }
-        parts.push(format!("jobs that name it (pool {:?})", self.name));
+        if self.named {
+            parts.push(format!("jobs that name it (pool {:?})", self.name));
+        }
         parts.join(", ")
     }
 
     /// Whether `who` may use the pool.
     pub fn admits(&self, who: Asker<'_>) -> bool {
-        who.pool == Some(self.name.as_str())
+        (self.named && who.pool == Some(self.name.as_str()))
             || who.queue.is_some_and(|q| self.queues.iter().any(|p| p == q))
             || who.owner.is_some_and(|u| self.users.contains(&u))
     }
@@ -254,6 +259,7 @@ mod tests {
             windows: vec![w("Mon-Fri 08:00-18:00")],
             queues: vec!["interactive".into()],
             users: vec![1000],
+            named: true,
             on_open: OnOpen::Stay,
         };
         let monday_noon = LocalTime { weekday: 0, minute: 720 };
@@ -273,5 +279,10 @@ mod tests {
             assert!(o.fenced.is_empty() && mine == pool.cpus, "{who:?}");
         }
         assert!(!pool.admits(Asker { pool: Some("night"), ..batch }));
+        // Without the request flag, naming it is not enough: only its queues and users.
+        let listed_only = Pool { named: false, ..pool.clone() };
+        assert!(!listed_only.admits(Asker { pool: Some("day"), ..batch }));
+        assert!(listed_only.admits(Asker { queue: Some("interactive"), ..batch }));
+        assert!(!listed_only.admission().contains("name it"), "{}", listed_only.admission());
     }
 }

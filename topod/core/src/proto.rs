@@ -35,6 +35,31 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The longest request line accepted, newline excluded.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
+/// The longest batch queue or prime-time pool name an `allocate` may give (Slurm's partition,
+/// PBS's and LSF's queues are well under it): each is kept in the job's record and shown by
+/// `list`, so one user's long names must not make every client's `list` of the host too long.
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// Checks an `allocate`'s `queue` or `pool` (`field`): at most [`MAX_NAME_BYTES`] bytes, no
+/// control characters (no batch system names a queue with a newline, and one would garble
+/// `topoctl jobs`). The error names the field and says what is wrong.
+pub fn check_name(field: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("{field} is empty (leave it out when there is none)"));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(format!(
+            "{field} is {} bytes long; at most {MAX_NAME_BYTES} bytes (it starts {:?})",
+            value.len(),
+            value.chars().take(40).collect::<String>()
+        ));
+    }
+    if let Some((at, c)) = value.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(format!("{field} {value:?} has a control character ({c:?}) at byte {at}"));
+    }
+    Ok(())
+}
+
 /// The longest reply a client reads (the topology and list of the largest hosts are well under
 /// a MiB): a peer that sends more is broken or hostile, and a client inside a batch system's
 /// daemon must not grow without bound reading it.
@@ -428,6 +453,9 @@ pub mod reply {
         /// The uids whose jobs it admits.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub users: Vec<u32>,
+        /// It admits jobs whose allocate names it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub named: bool,
     }
 
     /// `reserve`.
@@ -831,6 +859,30 @@ pub mod schema {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn queue_and_pool_names_are_short_and_printable() {
+        for good in [
+            "interactive",
+            "workq",
+            "gpu-long.q",
+            "../x",
+            "\u{e9}t\u{e9}",
+            "x".repeat(128).as_str(),
+        ] {
+            assert_eq!(check_name("queue", good), Ok(()), "{good}");
+        }
+        for (bad, says) in [
+            ("", "queue is empty"),
+            (&*"x".repeat(129), "129 bytes long; at most 128"),
+            ("a\nb", "control character ('\\n') at byte 1"),
+            ("nul\u{0}", "at byte 3"),
+            ("\u{1b}[31mred", "at byte 0"),
+        ] {
+            let e = check_name("queue", bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
 
     #[test]
     fn every_operation_round_trips() {

@@ -813,52 +813,66 @@ impl Host {
         Some(occ)
     }
 
-    /// For a refusal: when `request` would fit if other jobs' reservations and the open
-    /// prime-time pools that do not admit `who` were not there, `; it would fit without ...`
-    /// naming them; else empty.
+    /// For a refusal: `; it would fit without ...` naming the other jobs' reservations and the
+    /// open prime-time pools that do not admit `who` which keep `request` out, in the first of
+    /// `rows` where it fits without them; else empty. Named are only those holding CPUs the job
+    /// may use (its `cpus`) that no job holds: removing any other would not help.
     fn held_back_by(
         &self,
         job: &str,
         request: &Request,
+        rows: &[Option<u32>],
         who: topo_core::prime::Asker<'_>,
     ) -> String {
         if self.reservations.is_empty() && self.pools.is_empty() {
             return String::new();
         }
-        let occ = self.jobs_occupancy(job, None);
-        let fits = |occ: &place::Occupancy| {
-            topo_core::policy::start_on_host(&self.model, occ, request, self.strategy).is_ok()
-        };
-        if !fits(&occ) {
-            return String::new();
-        }
         let now = self.now_s();
-        let mut by: Vec<String> = self
+        let may_use = request.cpu_list.as_ref().unwrap_or(&self.model.allocatable);
+        let open = self.open_pools();
+        // (what keeps CPUs out, its CPUs, how a message names it)
+        let mut blockers: Vec<(&CpuSet, String)> = self
             .reservations
             .values()
             .filter(|r| r.job != job && r.live(now))
             .map(|r| {
-                format!(
+                let text = format!(
                     "job {}'s reservation (CPUs {}, for {} s more)",
                     r.job,
                     r.cpus,
                     (r.expires_at - now).max(0)
-                )
+                );
+                (&r.cpus, text)
             })
             .collect();
-        let open = self.open_pools();
         for (pool, _) in self.pools.iter().zip(open).filter(|(p, open)| *open && !p.admits(who)) {
-            by.push(format!(
+            let text = format!(
                 "prime-time pool {} (CPUs {}, open now; it admits {})",
                 pool.name,
                 pool.cpus,
                 pool.admission()
-            ));
+            );
+            blockers.push((&pool.cpus, text));
         }
-        if by.is_empty() {
-            return String::new();
+        for &row in rows {
+            let jobs = self.jobs_occupancy(job, row);
+            let mut free = may_use.difference(&jobs.held);
+            free.difference_with(&jobs.fenced);
+            let (named, kept): (Vec<_>, Vec<_>) =
+                blockers.iter().partition(|(cpus, _)| cpus.intersects(&free));
+            if named.is_empty() {
+                continue;
+            }
+            let mut occ = jobs;
+            for (cpus, _) in kept {
+                occ.fenced.union_with(cpus);
+            }
+            if topo_core::policy::start_on_host(&self.model, &occ, request, self.strategy).is_ok() {
+                let by: Vec<&str> = named.iter().map(|(_, text)| text.as_str()).collect();
+                return format!("; it would fit without {}", by.join(" and "));
+            }
         }
-        format!("; it would fit without {}", by.join(" and "))
+        String::new()
     }
 
     /// Resumes the jobs topod's preemption suspended whose CPUs are all free again, highest
@@ -1352,6 +1366,14 @@ impl Host {
                     suspended,
                     suspended_by: None,
                     gang_row: adopted.gang_row,
+                    // What this allocate says of the job, as a new one's record would keep it.
+                    preemptible: prepared.preempt.preemptible,
+                    submitted_at: prepared.preempt.submitted_at,
+                    estimate_s: prepared.preempt.estimate_s,
+                    running_since: (!suspended).then(|| self.now_s()),
+                    resize_signal: prepared.resize_signal,
+                    queue: prepared.gang.queue.clone(),
+                    pool: prepared.pool.clone(),
                     ..JobHint::default()
                 };
                 self.write_record(&id, &hint)?;
@@ -1544,10 +1566,11 @@ impl Host {
         let Some((placement, row)) = found else {
             let source =
                 refused.unwrap_or_else(|| place::PlaceError::Impossible("no row to try".into()));
-            let held_back = match gang_rows {
-                None => self.held_back_by(id.as_str(), &prepared.request, who),
-                Some(_) => String::new(),
+            let rows: Vec<Option<u32>> = match gang_rows {
+                Some(rows) => rows.iter().map(|r| Some(*r)).collect(),
+                None => vec![None],
             };
+            let held_back = self.held_back_by(id.as_str(), &prepared.request, &rows, who);
             return Err(HostError::DoesNotFit { job: id.to_string(), source, held_back });
         };
         let spec = CgroupSpec {
@@ -2528,7 +2551,7 @@ mod tests {
         let kernel = kernel_for(&topo);
         let mut h = host_on(&topo, &kernel, None);
         let configs: Vec<PoolConfig> = toml::from_str::<toml::Table>(
-            r#"p = [{ name = "day", shape = "affinity[numa]", windows = ["Mon-Fri 08:00-18:00"], queues = ["interactive"], on_open = "migrate" }]"#,
+            r#"p = [{ name = "day", shape = "affinity[numa]", windows = ["Mon-Fri 08:00-18:00"], queues = ["interactive"], named = true, on_open = "migrate" }]"#,
         )
         .unwrap()["p"]
             .clone()
@@ -2582,6 +2605,10 @@ mod tests {
             (r#"{ name = "x", windows = ["Mon 08:00-09:00"] }"#, "one of the two"),
             (r#"{ name = "x", cpus = "0-99", windows = ["Mon 08:00-09:00"] }"#, "are not"),
             (r#"{ name = "x", cpus = "0", windows = [] }"#, "no windows"),
+            (
+                r#"{ name = "x", cpus = "0", windows = ["Mon 08:00-09:00"], named = false }"#,
+                "admits no job",
+            ),
             (r#"{ name = "x", cpus = "0", windows = ["Mon 9-10"] }"#, "HH:MM"),
         ] {
             let c: PoolConfig = toml::from_str::<toml::Table>(&format!("p = {bad}")).unwrap()["p"]
@@ -2824,6 +2851,7 @@ mod tests {
             windows: vec!["Mon-Sun 00:00-24:00".into()],
             queues: vec!["prime".into()],
             users: vec![],
+            named: None,
             on_open: topo_core::prime::OnOpen::Stay,
         }];
         let pools = make_pools(h.model(), &configs).unwrap();

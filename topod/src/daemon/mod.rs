@@ -121,9 +121,10 @@ pub struct Config {
     /// Prime-time pools: CPUs set aside in weekly windows of the host's local time for the jobs
     /// of some queues or users, or whose allocate names the pool. Each pool: `name`, its CPUs as
     /// `cpus` (a list) or `shape` (a request placed on the empty host), `windows`
-    /// (`"Mon-Fri 08:00-18:00"`), `queues`, `users` (uids), and `on_open`: `stay` (jobs it does
-    /// not admit that run on it when a window opens run on) or `migrate` (they are moved out
-    /// where they fit).
+    /// (`"Mon-Fri 08:00-18:00"`), `queues`, `users` (uids), `named` (jobs that name it are
+    /// admitted; by default only when it lists no queues and no users), and `on_open`: `stay`
+    /// (jobs it does not admit that run on it when a window opens run on) or `migrate` (they
+    /// are moved out where they fit).
     #[serde(default)]
     pub prime_pools: Vec<host::PoolConfig>,
     /// Malleable jobs (requests `*min-max`) share the CPUs rigid jobs leave equally within

@@ -496,6 +496,11 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                     Ok(p) => p,
                     Err(e) => return error_reply(&e),
                 };
+            for (field, value) in [("queue", &queue), ("pool", &pool)] {
+                if let Some(Err(why)) = value.as_deref().map(|v| proto::check_name(field, v)) {
+                    return Reply::error(ErrorCode::BadRequest, why);
+                }
+            }
             prepared.gang = host::GangAsk { gang, row: gang_row, prime, queue };
             if (preempt || preemptible) && (submitted_at.is_none() || estimate_s.is_none()) {
                 return Reply::error(

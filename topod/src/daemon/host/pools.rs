@@ -32,6 +32,11 @@ pub struct PoolConfig {
     /// Users (uids) whose jobs may use it.
     #[serde(default)]
     pub users: Vec<u32>,
+    /// Whether a job whose allocate names the pool may use it (`TOPO_POOL`, `topoctl alloc
+    /// --pool`): by default only a pool without `queues` and `users` admits that way, since any
+    /// user can name a pool, and a pool for some queues or users would be for anyone then.
+    #[serde(default)]
+    pub named: Option<bool>,
     /// What happens to other jobs on it when a window opens: `stay` or `migrate`.
     #[serde(default)]
     pub on_open: OnOpen,
@@ -89,6 +94,12 @@ pub fn make_pools(model: &place::HostModel, configs: &[PoolConfig]) -> Result<Ve
             .iter()
             .map(|w| w.parse::<Window>().map_err(|e| format!("{what}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
+        let named = c.named.unwrap_or(c.queues.is_empty() && c.users.is_empty());
+        if !named && c.queues.is_empty() && c.users.is_empty() {
+            return Err(format!(
+                "{what}: admits no job: give queues, users, or named = true (jobs that name it)"
+            ));
+        }
         taken.held.union_with(&cpus);
         pools.push(Pool {
             name: c.name.clone(),
@@ -96,6 +107,7 @@ pub fn make_pools(model: &place::HostModel, configs: &[PoolConfig]) -> Result<Ve
             windows,
             queues: c.queues.clone(),
             users: c.users.clone(),
+            named,
             on_open: c.on_open,
         });
     }
@@ -145,6 +157,7 @@ impl Host {
                 open,
                 queues: p.queues.clone(),
                 users: p.users.clone(),
+                named: p.named,
             })
             .collect()
     }
