@@ -110,6 +110,9 @@ pub struct JobView {
     /// The prime-time pool its allocate named.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// A malleable job's ceiling from its last `resize`: equipartition grows it no further.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_cap: Option<u32>,
 }
 
 /// A job that does not use what it was given, as topod's sampler judged it.

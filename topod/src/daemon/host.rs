@@ -224,6 +224,11 @@ pub struct JobHint {
     /// The prime-time pool its allocate named.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// A malleable job's size its last `resize` asked for: equipartition grows it no further
+    /// (an owner who gave CPUs back does not get them pushed on it again), until a resize asks
+    /// for more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_cap: Option<u32>,
 }
 
 fn is_zero_u64(n: &u64) -> bool {
@@ -1471,6 +1476,7 @@ impl Host {
             moved_at: None,
             queue: prepared.gang.queue.clone(),
             pool: prepared.pool.clone(),
+            tasks_cap: None,
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -2080,6 +2086,7 @@ impl Host {
                 .flatten(),
             queue: self.hints.get(&a.job).and_then(|h| h.queue.clone()),
             pool: self.hints.get(&a.job).and_then(|h| h.pool.clone()),
+            tasks_cap: self.hints.get(&a.job).and_then(|h| h.tasks_cap),
         };
         let mut jobs: Vec<JobView> = self
             .ledger
@@ -2648,6 +2655,42 @@ mod tests {
         assert_eq!((size(&h, "m1"), size(&h, "m2")), (4, 4));
         h.release("m1").unwrap();
         assert_eq!(size(&h, "m2"), 8);
+        h.ledger().check().unwrap();
+    }
+
+    #[test]
+    fn a_resize_is_a_ceiling_equipartition_keeps_across_restarts_until_the_next_resize() {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.set_equipartition(true);
+        let size = |h: &Host, job: &str| h.ledger().get(job).unwrap().tasks.len();
+        h.allocate("m1", "affinity[thread*1-8]", None, None, None, None).unwrap();
+        h.allocate("m2", "affinity[thread*1-8]", None, None, None, None).unwrap();
+        assert_eq!((size(&h, "m1"), size(&h, "m2")), (4, 4));
+        // m1's owner gives CPUs back: m2 takes them at the next rebalance, m1 is not regrown.
+        assert_eq!(h.resize("m1", 2).unwrap().tasks.len(), 2);
+        h.allocate("r", "affinity[thread*1]", None, None, None, None).unwrap();
+        h.release("r").unwrap();
+        assert_eq!((size(&h, "m1"), size(&h, "m2")), (2, 6));
+        // Still so after a restart: the ceiling is in m1's record.
+        std::mem::forget(h);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.set_equipartition(true);
+        h.recover(BTreeMap::new()).unwrap();
+        assert_eq!(h.hints["m1"].tasks_cap, Some(2));
+        h.release("m2").unwrap();
+        assert_eq!(size(&h, "m1"), 2, "alone, and still no more than its resize asked");
+        // A resize to more lifts it; equipartition may then grow the job that far, no further.
+        assert_eq!(h.resize("m1", 3).unwrap().tasks.len(), 3);
+        assert_eq!(h.resize("m1", 3).unwrap().tasks.len(), 3, "again: nothing changes");
+        h.allocate("m3", "affinity[thread*1-8]", None, None, None, None).unwrap();
+        h.release("m3").unwrap();
+        assert_eq!(size(&h, "m1"), 3);
+        // A resize that fails leaves the ceiling as it was.
+        assert!(h.resize("m1", 9).is_err());
+        assert_eq!(h.hints["m1"].tasks_cap, Some(3));
         h.ledger().check().unwrap();
     }
 

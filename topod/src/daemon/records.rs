@@ -307,6 +307,7 @@ mod tests {
             moved_at: Some(1_700_000_100),
             queue: Some("batch".into()),
             pool: Some("day".into()),
+            tasks_cap: Some(2),
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();

@@ -46,10 +46,37 @@ impl Host {
         Ok(())
     }
 
+    /// The protocol's `resize`: [`Host::resize_to`], and `tasks` becomes the job's ceiling for
+    /// equipartition ([`JobHint::tasks_cap`]), kept in its record, until the next `resize`.
+    pub fn resize(&mut self, job: &str, tasks: u32) -> Result<Allocation, HostError> {
+        let before = self.hints.get(job).and_then(|h| h.tasks_cap);
+        if let Some(hint) = self.hints.get_mut(job) {
+            hint.tasks_cap = Some(tasks);
+        }
+        let resized = self.resize_to(job, tasks);
+        let Some(hint) = self.hints.get(job).cloned() else { return resized };
+        match &resized {
+            // Recorded (again: a move's record has it already; a resize to the size the job
+            // has moved nothing).
+            Ok(_) if before != Some(tasks) => {
+                if let Ok(id) = JobId::parse(job) {
+                    self.record(&id, &hint);
+                }
+            }
+            Ok(_) => {}
+            Err(_) => {
+                if let Some(hint) = self.hints.get_mut(job) {
+                    hint.tasks_cap = before;
+                }
+            }
+        }
+        resized
+    }
+
     /// Grows or shrinks the running malleable job `job` to `tasks` tasks within its request's
     /// range (`*min-max`), keeping its tasks where they are (see `topo_core::place::resize`),
     /// and tells it. Returns its new allocation.
-    pub fn resize(&mut self, job: &str, tasks: u32) -> Result<Allocation, HostError> {
+    pub(crate) fn resize_to(&mut self, job: &str, tasks: u32) -> Result<Allocation, HostError> {
         self.check_changeable(job)?;
         let alloc =
             self.ledger.get(job).cloned().ok_or_else(|| HostError::UnknownJob(job.into()))?;

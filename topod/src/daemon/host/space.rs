@@ -71,6 +71,9 @@ impl Host {
             .iter()
             .map(|(a, r)| {
                 let (min, max) = r.task_range();
+                // No further than its last resize asked for.
+                let cap = self.hints.get(&a.job).and_then(|h| h.tasks_cap);
+                let max = cap.map_or(max, |c| c.clamp(min, max));
                 let per_task = (a.cpus.len() / a.tasks.len().max(1)).max(1);
                 free += a.cpus.len() as u64;
                 Malleable { min, max, pus_per_task: per_task as u32 }
@@ -115,7 +118,7 @@ impl Host {
             let now = a.tasks.len() as u32;
             // As large as fits, from the target down.
             for n in (now + 1..=t).rev() {
-                if self.resize(&a.job, n).is_ok() {
+                if self.resize_to(&a.job, n).is_ok() {
                     changed.push(a.job.clone());
                     break;
                 }
@@ -155,7 +158,7 @@ impl Host {
         let mut any = false;
         for (a, r) in self.malleable_jobs() {
             let (min, _) = r.task_range();
-            if a.tasks.len() > min as usize && self.resize(&a.job, min).is_ok() {
+            if a.tasks.len() > min as usize && self.resize_to(&a.job, min).is_ok() {
                 any = true;
             }
         }
