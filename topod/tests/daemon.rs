@@ -574,6 +574,36 @@ fn a_jobs_owner_may_suspend_and_resume_it_and_nobody_else_may() {
 }
 
 #[test]
+fn topoctl_alloc_gives_the_owner_by_name_or_uid() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let socket = d.socket.to_str().unwrap().to_string();
+    let topoctl = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args(args)
+            .args(["--socket", &socket])
+            .output()
+            .unwrap()
+    };
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap().uid.as_raw();
+    for (job, owner) in [("o1", "nobody".to_string()), ("o2", nobody.to_string())] {
+        let out = topoctl(&["alloc", "--job", job, "--owner", &owner, "affinity[thread]"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = topoctl(&["jobs", "--json"]);
+    let jobs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let owners: Vec<&serde_json::Value> =
+        jobs.as_array().unwrap().iter().map(|j| &j["owner_uid"]).collect();
+    assert_eq!(owners, [&serde_json::json!(nobody), &serde_json::json!(nobody)]);
+    let out = topoctl(&["alloc", "--job", "o3", "--owner", "no-such-user-x", "affinity[thread]"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("no user \"no-such-user-x\" on this host"),
+        "{said}"
+    );
+}
+
+#[test]
 fn suspend_lend_and_resume_through_topoctl() {
     let dir = tempfile::tempdir().unwrap();
     let d = start(dir.path(), &["--cgroup", "fake"], true);

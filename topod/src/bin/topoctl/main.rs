@@ -181,6 +181,10 @@ enum Command {
         /// A prime-time pool (topod.toml prime_pools) the job may use inside its windows.
         #[arg(long, value_name = "NAME")]
         pool: Option<String>,
+        /// The user the job runs as (a name or a uid): that user may then move its own
+        /// processes in (topo-exec), shrink the job, and suspend and resume it.
+        #[arg(long, value_name = "USER", value_parser = parse_owner)]
+        owner: Option<u32>,
         /// The request.
         request: String,
         /// Print JSON.
@@ -562,6 +566,7 @@ fn main() -> ExitCode {
             estimate,
             resize_signal,
             pool,
+            owner,
             request,
             json,
         } => alloc_and_print(
@@ -585,6 +590,7 @@ fn main() -> ExitCode {
                 estimate_s: estimate,
                 resize_signal,
                 pool,
+                owner_uid: owner,
                 ..topo_core::proto::AllocateArgs::new(job, request)
             }),
             json,
@@ -1393,5 +1399,17 @@ fn run_job(
             message: format!("{} exited with {status}", command[0]),
             code: status.code().map_or(1, |c| c.clamp(1, 255) as u8),
         })
+    }
+}
+
+/// `--owner`: a uid, or a user name looked up on this host.
+fn parse_owner(text: &str) -> Result<u32, String> {
+    if let Ok(uid) = text.parse::<u32>() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(text) {
+        Ok(Some(user)) => Ok(user.uid.as_raw()),
+        Ok(None) => Err(format!("no user {text:?} on this host (give a name it knows, or a uid)")),
+        Err(e) => Err(format!("cannot look up user {text:?}: {e}")),
     }
 }
