@@ -1410,13 +1410,22 @@ impl Host {
                 if !matches!(source, place::PlaceError::Impossible(_)))
         };
         if could_fit(&first) && rows.is_none() {
-            // Room made by moving: malleable jobs shrunk to their least when that makes it fit
-            // (equipartition shares the rest again after), else running jobs moved (defrag).
-            if self.equipartition
-                && self.fits_with_mins(job, prepared, owner_uid)
-                && self.shrink_to_mins()
-            {
-                first = self.place_and_create(&id, prepared, mem_limit, owner_uid, None);
+            // Room made by moving: malleable jobs shrunk to the shares equipartition gives them
+            // beside the arrival, or failing that (its shape did not fit in what they left)
+            // to their least, when that makes it fit (equipartition shares the rest again
+            // after); else running jobs moved (defrag).
+            let arrival = if self.equipartition {
+                self.fits_with_mins(job, prepared, owner_uid)
+            } else {
+                None
+            };
+            if let Some(pus) = arrival {
+                if self.shrink_for_arrival(pus) {
+                    first = self.place_and_create(&id, prepared, mem_limit, owner_uid, None);
+                }
+                if first.is_err() && self.shrink_to_mins() {
+                    first = self.place_and_create(&id, prepared, mem_limit, owner_uid, None);
+                }
                 if first.is_err() {
                     self.rebalance();
                 }
@@ -2640,9 +2649,13 @@ mod tests {
         let m2 = h.allocate("m2", "affinity[thread*1-8]", None, None, None, None).unwrap();
         assert_eq!((size(&h, "m1"), size(&h, "m2")), (4, 4));
         assert_eq!(m2.tasks.len(), 4, "the answer is the job's allocation after the rebalance");
-        // A rigid arrival takes its CPUs from them; they share the rest.
+        // A rigid arrival takes its CPUs from them; they share the rest. Each is resized once,
+        // straight to its share beside the arrival (not to its least and back up).
+        let resizes = |h: &Host| (h.hints["m1"].notify_generation, h.hints["m2"].notify_generation);
+        let before = resizes(&h);
         h.allocate("r", "affinity[thread*2]", None, None, None, None).unwrap();
         assert_eq!((size(&h, "m1"), size(&h, "m2"), size(&h, "r")), (3, 3, 2));
+        assert_eq!(resizes(&h), (before.0 + 1, before.1 + 1));
         // A rigid job that cannot fit even with both at their least resizes nobody (a retried
         // refusal must not thrash the malleable jobs).
         let g = h.ledger().generation();

@@ -55,16 +55,13 @@ impl Host {
         jobs.into_iter().map(|(_, a, r)| (a, r)).collect()
     }
 
-    /// Shares the CPUs that rigid jobs leave among the malleable jobs by equipartition: shrinks
-    /// first, then grows, each job told. A grow that does not fit in the job's shape is made as
-    /// large as fits. Returns the jobs resized. Nothing without `equipartition`.
-    pub fn rebalance(&mut self) -> Vec<String> {
-        if !self.equipartition {
-            return Vec::new();
-        }
+    /// The malleable jobs with the sizes equipartition gives them when `set_aside` of the CPUs
+    /// they and the free CPUs make are kept for an arrival; `None` when there is no such share
+    /// (none malleable, or their least sizes do not fit).
+    fn equipartition_targets(&self, set_aside: u64) -> Option<Vec<(Allocation, Request, u32)>> {
         let jobs = self.malleable_jobs();
         if jobs.is_empty() {
-            return Vec::new();
+            return None;
         }
         let mut free = self.placement_occupancy("", None).free(&self.model).len() as u64;
         let shapes: Vec<Malleable> = jobs
@@ -79,22 +76,31 @@ impl Host {
                 Malleable { min, max, pus_per_task: per_task as u32 }
             })
             .collect();
-        let free = u32::try_from(free).unwrap_or(u32::MAX);
-        let targets = match malleable::equipartition(free, &shapes) {
-            Ok(t) => t,
+        let free = u32::try_from(free.saturating_sub(set_aside)).unwrap_or(u32::MAX);
+        match malleable::equipartition(free, &shapes) {
+            Ok(t) => Some(jobs.into_iter().zip(t).map(|((a, r), t)| (a, r, t)).collect()),
             Err(e) => {
-                tracing::warn!("equipartition: {e}; the malleable jobs keep their sizes");
-                return Vec::new();
+                if set_aside == 0 {
+                    tracing::warn!("equipartition: {e}; the malleable jobs keep their sizes");
+                }
+                None
             }
-        };
-        let mut changed = Vec::new();
-        // Shrinks first, all at once: what they leave is what the grows take.
+        }
+    }
+
+    /// Shrinks, all at once, the jobs of `targets` that are above their target (each keeps its
+    /// first tasks); returns the jobs shrunk, or `None` when the shrinks failed.
+    fn shrink_to_targets(
+        &mut self,
+        targets: &[(Allocation, Request, u32)],
+        why: &'static str,
+    ) -> Option<Vec<String>> {
         let mut shrinks = Vec::new();
-        for ((a, r), &t) in jobs.iter().zip(&targets) {
-            if (t as usize) < a.tasks.len() {
+        for (a, r, t) in targets {
+            if (*t as usize) < a.tasks.len() {
                 let occ = self.placement_occupancy(&a.job, None);
                 if let Ok(p) =
-                    topo_core::place::resize(&self.model, &occ, r, &a.tasks, t, self.strategy)
+                    topo_core::place::resize(&self.model, &occ, r, &a.tasks, *t, self.strategy)
                 {
                     shrinks.push(Allocation {
                         cpus: p.cpus,
@@ -107,17 +113,31 @@ impl Host {
             }
         }
         let shrunk: Vec<String> = shrinks.iter().map(|a| a.job.clone()).collect();
-        match self.apply_moves(shrinks, "shrunk by equipartition") {
-            Ok(()) => changed.extend(shrunk),
+        match self.apply_moves(shrinks, why) {
+            Ok(()) => Some(shrunk),
             Err(e) => {
                 tracing::warn!("equipartition: the shrinks failed: {e}");
-                return changed;
+                None
             }
         }
-        for ((a, _), &t) in jobs.iter().zip(&targets) {
+    }
+
+    /// Shares the CPUs that rigid jobs leave among the malleable jobs by equipartition: shrinks
+    /// first, then grows, each job told. A grow that does not fit in the job's shape is made as
+    /// large as fits. Returns the jobs resized. Nothing without `equipartition`.
+    pub fn rebalance(&mut self) -> Vec<String> {
+        if !self.equipartition {
+            return Vec::new();
+        }
+        let Some(targets) = self.equipartition_targets(0) else { return Vec::new() };
+        // Shrinks first, all at once: what they leave is what the grows take.
+        let Some(mut changed) = self.shrink_to_targets(&targets, "shrunk by equipartition") else {
+            return Vec::new();
+        };
+        for (a, _, t) in &targets {
             let now = a.tasks.len() as u32;
             // As large as fits, from the target down.
-            for n in (now + 1..=t).rev() {
+            for n in (now + 1..=*t).rev() {
                 if self.resize_to(&a.job, n).is_ok() {
                     changed.push(a.job.clone());
                     break;
@@ -127,15 +147,25 @@ impl Host {
         changed
     }
 
-    /// Whether `prepared` would fit with every malleable job at its least size (their first
-    /// tasks kept, as a shrink keeps them): only then are they shrunk for it, so that a request
-    /// no shrink can help (or its retries) does not resize every malleable job twice.
+    /// Makes room for an arrival of `pus` CPUs by shrinking the malleable jobs to the shares
+    /// equipartition gives them with those CPUs set aside (each job resized once, to where the
+    /// rebalance after the arrival leaves it); returns whether any shrank.
+    pub(crate) fn shrink_for_arrival(&mut self, pus: u64) -> bool {
+        let Some(targets) = self.equipartition_targets(pus) else { return false };
+        self.shrink_to_targets(&targets, "shrunk by equipartition for an arrival")
+            .is_some_and(|shrunk| !shrunk.is_empty())
+    }
+
+    /// How many CPUs `prepared` would take (its own and those its exclusivity fences) with every
+    /// malleable job at its least size (their first tasks kept, as a shrink keeps them), if it
+    /// fits so: only then are they shrunk for it, so that a request no shrink can help (or its
+    /// retries) does not resize every malleable job twice.
     pub(crate) fn fits_with_mins(
         &self,
         job: &str,
         prepared: &Prepared,
         owner_uid: Option<u32>,
-    ) -> bool {
+    ) -> Option<u64> {
         let who = topo_core::prime::Asker {
             queue: prepared.gang.queue.as_deref(),
             owner: owner_uid,
@@ -149,7 +179,9 @@ impl Host {
         }
         let request =
             self.start_size(&prepared.request).unwrap_or_else(|| prepared.request.clone());
-        topo_core::place::place(&self.model, &occupancy, &request, self.strategy).is_ok()
+        let placed =
+            topo_core::place::place(&self.model, &occupancy, &request, self.strategy).ok()?;
+        Some((placed.cpus.len() + placed.fenced.len()) as u64)
     }
 
     /// Shrinks every malleable job to its least size (to make room for an arrival); returns
