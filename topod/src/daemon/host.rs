@@ -835,7 +835,7 @@ impl Host {
         let now = self.now_s();
         let may_use = request.cpu_list.as_ref().unwrap_or(&self.model.allocatable);
         let open = self.open_pools();
-        // (what keeps CPUs out, its CPUs, how a message names it)
+        // What keeps CPUs out: its CPUs, and how the message names it.
         let mut blockers: Vec<(&CpuSet, String)> = self
             .reservations
             .values()

@@ -1193,6 +1193,22 @@ fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
         if let Some(m) = &j.missized {
             println!("{:<16} mis-sized ({}): {}", "", m.kind.as_str(), m.reason);
         }
+        let mut from = Vec::new();
+        if let Some(queue) = &j.queue {
+            from.push(format!("queue {queue}"));
+        }
+        if let Some(pool) = &j.pool {
+            from.push(format!("asks for prime-time pool {pool}"));
+        }
+        if !from.is_empty() {
+            println!("{:<16} {}", "", from.join(", "));
+        }
+        if let Some(cap) = j.tasks_cap {
+            println!(
+                "{:<16} its last resize asked for {cap} tasks: equipartition grows it no further",
+                ""
+            );
+        }
     }
     Ok(())
 }
