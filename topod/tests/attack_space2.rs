@@ -3,7 +3,8 @@
 //! equipartition, equipartition's shrinks for an arrival, `topoctl alloc --owner`, and prime-time
 //! pools' `named` with the queue/pool name checks. Each topod runs on the fake backend and the
 //! 64-PU `64amd64-4s2n4ca2co` machine (8 L3 groups of 8 PUs), so no cgroup is left behind.
-//! Tests marked `#[ignore = "bug: ..."]` fail today and show a bug; the others hold.
+//! Four of them found bugs (equipartition grew jobs onto suspended jobs' CPUs, a malleable arrival
+//! resized the others twice, pool names no allocate can send passed the config check), fixed since.
 
 mod common;
 
@@ -101,7 +102,7 @@ fn generation(socket: &Path, name: &str) -> u64 {
 /// suspended job then cannot resume until the malleable job ends. Lending is for a job that
 /// fits nowhere else; a grow is not such a job.
 #[test]
-#[ignore = "bug: equipartition grows malleable jobs onto a suspended job's CPUs (rebalance lends them)"]
+
 fn equipartition_does_not_grow_a_malleable_job_onto_a_suspended_jobs_cpus() {
     let dir = common::open_dir();
     let d = start_with(dir.path(), "equipartition = true\n");
@@ -119,7 +120,7 @@ fn equipartition_does_not_grow_a_malleable_job_onto_a_suspended_jobs_cpus() {
 /// The same, when the suspend comes after the malleable job started: the next allocate or
 /// release anywhere makes equipartition grow it onto the suspended job's CPUs.
 #[test]
-#[ignore = "bug: any later rebalance grows malleable jobs onto a suspended job's CPUs"]
+
 fn a_later_rebalance_does_not_take_a_suspended_jobs_cpus() {
     let dir = common::open_dir();
     let d = start_with(dir.path(), "equipartition = true\n");
@@ -283,7 +284,7 @@ fn a_rigid_arrival_resizes_each_malleable_job_once() {
 /// arrival. m2 goes 32 -> 31 -> 21 (two resizes, two signals, two moves); on m2's own arrival
 /// m1 went 64 -> 63 -> 32. Each should be resized once, to its share beside the arrival.
 #[test]
-#[ignore = "bug: a malleable arrival resizes the running malleable jobs twice (to a share beside its least, then again)"]
+
 fn a_malleable_arrival_resizes_each_malleable_job_once() {
     let dir = common::open_dir();
     let d = start_with(dir.path(), "equipartition = true\n");
@@ -391,7 +392,7 @@ fn queue_and_pool_names_are_checked_at_allocate() {
 /// character). Such a pool admits no one, which the same commit made a configuration error,
 /// and inside its windows its CPUs go to nobody.
 #[test]
-#[ignore = "bug: prime_pools names and queues are not checked like allocate's; a pool no allocate can reach starts"]
+
 fn a_pool_no_allocate_can_reach_is_a_configuration_error() {
     let long = "p".repeat(200);
     let pools = [

@@ -1419,8 +1419,8 @@ impl Host {
             } else {
                 None
             };
-            if let Some(pus) = arrival {
-                if self.shrink_for_arrival(pus) {
+            if let Some(arrival) = arrival {
+                if self.shrink_for_arrival(arrival) {
                     first = self.place_and_create(&id, prepared, mem_limit, owner_uid, None);
                 }
                 if first.is_err() && self.shrink_to_mins() {

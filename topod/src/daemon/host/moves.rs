@@ -95,7 +95,14 @@ impl Host {
         if tasks as usize == alloc.tasks.len() {
             return Ok(alloc);
         }
-        let occupancy = self.placement_occupancy(job, None);
+        // A grow never borrows a suspended job's CPUs (it is no job that fits nowhere else);
+        // CPUs it borrows already it keeps.
+        let mut occupancy = self.placement_occupancy(job, None);
+        if let Some(mut held) = self.without_lending(&occupancy) {
+            held.held.difference_with(&alloc.cpus);
+            held.fenced.difference_with(&alloc.cpus);
+            occupancy = held;
+        }
         let placement =
             place::resize(&self.model, &occupancy, &req, &alloc.tasks, tasks, self.strategy)
                 .map_err(|source| HostError::DoesNotFit {

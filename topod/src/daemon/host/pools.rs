@@ -52,6 +52,11 @@ pub fn make_pools(model: &place::HostModel, configs: &[PoolConfig]) -> Result<Ve
         if c.name.is_empty() || pools.iter().any(|p: &Pool| p.name == c.name) {
             return Err(format!("{what}: pools need distinct, non-empty names"));
         }
+        // Names an allocate could not send would make a pool no job can reach.
+        topo_core::proto::check_name("name", &c.name).map_err(|e| format!("{what}: {e}"))?;
+        for q in &c.queues {
+            topo_core::proto::check_name("a queue", q).map_err(|e| format!("{what}: {e}"))?;
+        }
         let cpus = match (&c.cpus, &c.shape) {
             (Some(list), None) if list.is_empty() => {
                 return Err(format!("{what}: cpus is empty; give a CPU list such as \"0-7\""));

@@ -26,6 +26,15 @@ pub struct DefragConfig {
     pub limits: DefragLimits,
 }
 
+/// A job arriving on the host, for equipartition's shares beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// A rigid job that takes this many CPUs (its own and those it fences).
+    Rigid(u64),
+    /// A malleable job, which takes its share with the others.
+    Malleable(Malleable),
+}
+
 impl Host {
     /// Turns equipartition of the malleable jobs on or off.
     pub fn set_equipartition(&mut self, on: bool) {
@@ -55,16 +64,22 @@ impl Host {
         jobs.into_iter().map(|(_, a, r)| (a, r)).collect()
     }
 
-    /// The malleable jobs with the sizes equipartition gives them when `set_aside` of the CPUs
-    /// they and the free CPUs make are kept for an arrival; `None` when there is no such share
-    /// (none malleable, or their least sizes do not fit).
-    fn equipartition_targets(&self, set_aside: u64) -> Option<Vec<(Allocation, Request, u32)>> {
+    /// The malleable jobs with the sizes equipartition gives them beside `arrival` (see
+    /// [`Arrival`]; `None`: the jobs alone); `None` when there is no such share (none
+    /// malleable, or their least sizes do not fit). A suspended job's CPUs are not shared out:
+    /// a malleable job grown onto them would keep it from resuming.
+    fn equipartition_targets(
+        &self,
+        arrival: Option<Arrival>,
+    ) -> Option<Vec<(Allocation, Request, u32)>> {
         let jobs = self.malleable_jobs();
         if jobs.is_empty() {
             return None;
         }
-        let mut free = self.placement_occupancy("", None).free(&self.model).len() as u64;
-        let shapes: Vec<Malleable> = jobs
+        let occupancy = self.placement_occupancy("", None);
+        let occupancy = self.without_lending(&occupancy).unwrap_or(occupancy);
+        let mut free = occupancy.free(&self.model).len() as u64;
+        let mut shapes: Vec<Malleable> = jobs
             .iter()
             .map(|(a, r)| {
                 let (min, max) = r.task_range();
@@ -76,11 +91,20 @@ impl Host {
                 Malleable { min, max, pus_per_task: per_task as u32 }
             })
             .collect();
+        // A rigid arrival's CPUs are set aside; a malleable one takes its share with the others.
+        let set_aside = match arrival {
+            Some(Arrival::Rigid(pus)) => pus,
+            Some(Arrival::Malleable(m)) => {
+                shapes.push(m);
+                0
+            }
+            None => 0,
+        };
         let free = u32::try_from(free.saturating_sub(set_aside)).unwrap_or(u32::MAX);
         match malleable::equipartition(free, &shapes) {
             Ok(t) => Some(jobs.into_iter().zip(t).map(|((a, r), t)| (a, r, t)).collect()),
             Err(e) => {
-                if set_aside == 0 {
+                if arrival.is_none() {
                     tracing::warn!("equipartition: {e}; the malleable jobs keep their sizes");
                 }
                 None
@@ -129,7 +153,7 @@ impl Host {
         if !self.equipartition {
             return Vec::new();
         }
-        let Some(targets) = self.equipartition_targets(0) else { return Vec::new() };
+        let Some(targets) = self.equipartition_targets(None) else { return Vec::new() };
         // Shrinks first, all at once: what they leave is what the grows take.
         let Some(mut changed) = self.shrink_to_targets(&targets, "shrunk by equipartition") else {
             return Vec::new();
@@ -147,25 +171,25 @@ impl Host {
         changed
     }
 
-    /// Makes room for an arrival of `pus` CPUs by shrinking the malleable jobs to the shares
-    /// equipartition gives them with those CPUs set aside (each job resized once, to where the
-    /// rebalance after the arrival leaves it); returns whether any shrank.
-    pub(crate) fn shrink_for_arrival(&mut self, pus: u64) -> bool {
-        let Some(targets) = self.equipartition_targets(pus) else { return false };
+    /// Makes room for `arrival` by shrinking the malleable jobs to the shares equipartition
+    /// gives them beside it (each job resized once, to where the rebalance after the arrival
+    /// leaves it); returns whether any shrank.
+    pub(crate) fn shrink_for_arrival(&mut self, arrival: Arrival) -> bool {
+        let Some(targets) = self.equipartition_targets(Some(arrival)) else { return false };
         self.shrink_to_targets(&targets, "shrunk by equipartition for an arrival")
             .is_some_and(|shrunk| !shrunk.is_empty())
     }
 
-    /// How many CPUs `prepared` would take (its own and those its exclusivity fences) with every
-    /// malleable job at its least size (their first tasks kept, as a shrink keeps them), if it
-    /// fits so: only then are they shrunk for it, so that a request no shrink can help (or its
-    /// retries) does not resize every malleable job twice.
+    /// What `prepared` would take (see [`Arrival`]) with every malleable job at its least size
+    /// (their first tasks kept, as a shrink keeps them), if it fits so: only then are they
+    /// shrunk for it, so that a request no shrink can help (or its retries) does not resize
+    /// every malleable job twice.
     pub(crate) fn fits_with_mins(
         &self,
         job: &str,
         prepared: &Prepared,
         owner_uid: Option<u32>,
-    ) -> Option<u64> {
+    ) -> Option<Arrival> {
         let who = topo_core::prime::Asker {
             queue: prepared.gang.queue.as_deref(),
             owner: owner_uid,
@@ -181,7 +205,12 @@ impl Host {
             self.start_size(&prepared.request).unwrap_or_else(|| prepared.request.clone());
         let placed =
             topo_core::place::place(&self.model, &occupancy, &request, self.strategy).ok()?;
-        Some((placed.cpus.len() + placed.fenced.len()) as u64)
+        if prepared.request.is_malleable() {
+            let (min, max) = prepared.request.task_range();
+            let per_task = (placed.cpus.len() / placed.tasks.len().max(1)).max(1);
+            return Some(Arrival::Malleable(Malleable { min, max, pus_per_task: per_task as u32 }));
+        }
+        Some(Arrival::Rigid((placed.cpus.len() + placed.fenced.len()) as u64))
     }
 
     /// Shrinks every malleable job to its least size (to make room for an arrival); returns
