@@ -8,22 +8,10 @@
 
 mod common;
 
-use common::{error_of, raw, start};
+use common::{ask, error_of, ok, start};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
-
-/// One raw request line (a JSON object without `v`) and its reply.
-fn ask(socket: &Path, request: &str) -> Value {
-    let line = format!("{{\"v\":1,{}", request.trim_start_matches('{'));
-    raw(socket, line.as_bytes())
-}
-
-fn ok(socket: &Path, request: &str) -> Value {
-    let reply = ask(socket, request);
-    assert!(reply.get("ok").is_some(), "{request} should succeed: {reply}");
-    reply["ok"].clone()
-}
 
 fn refused(socket: &Path, request: &str, says: &str) -> String {
     let reply = ask(socket, request);

@@ -200,6 +200,19 @@ pub fn raw(socket: &Path, bytes: &[u8]) -> Value {
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("reply {line:?}: {e}"))
 }
 
+/// One request line (a JSON object without `v`, as the attack tests write it) and its reply.
+pub fn ask(socket: &Path, request: &str) -> Value {
+    let line = format!("{{\"v\":1,{}", request.trim_start_matches('{'));
+    raw(socket, line.as_bytes())
+}
+
+/// [`ask`], which must succeed: its `ok` value.
+pub fn ok(socket: &Path, request: &str) -> Value {
+    let reply = ask(socket, request);
+    assert!(reply.get("ok").is_some(), "{request} should succeed: {reply}");
+    reply["ok"].clone()
+}
+
 pub fn error_of(v: &Value) -> (String, String) {
     (
         v["error"]["code"].as_str().unwrap_or("").to_string(),
