@@ -182,6 +182,9 @@ impl GenerationWatch {
                 seen.push(notify_generation(&file));
                 std::thread::sleep(Duration::from_millis(2));
             }
+            // And once after the stop: on a loaded machine the thread may not have run since
+            // the last change its caller waited for.
+            seen.push(notify_generation(&file));
             seen
         });
         GenerationWatch { stop, thread: Some(thread) }
