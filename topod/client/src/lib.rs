@@ -214,6 +214,12 @@ impl Client {
         self.call_as(Op::Resume { job: job.to_string() })
     }
 
+    /// `follow`: tells topod what the batch system has done with the jobs on this host (see
+    /// [`proto::BatchView`]); root or an administrator.
+    pub fn follow(&mut self, view: proto::BatchView) -> Result<proto::reply::Follow, ClientError> {
+        self.call_as(Op::Follow(view))
+    }
+
     /// Moves the calling process into `job`'s cgroup: see [`join_self`].
     pub fn join_self(&mut self, job: &str) -> Result<Joined, JoinSelfError<ClientError>> {
         join_self(job, |op| self.call(op), |e| matches!(e, ClientError::Refused(_)))

@@ -113,6 +113,11 @@ pub struct JobView {
     /// A malleable job's ceiling from its last `resize`: equipartition grows it no further.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_cap: Option<u32>,
+    /// Suspended by the batch system itself (Slurm's suspend preemption or gang scheduling),
+    /// which stopped it: topod did not freeze it, and lends its CPUs only to the job the batch
+    /// system starts on them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch_suspended: bool,
 }
 
 /// A job that does not use what it was given, as topod's sampler judged it.

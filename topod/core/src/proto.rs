@@ -111,6 +111,7 @@ pub const OPERATIONS: &[&str] = &[
     "resize",
     "reserve",
     "unreserve",
+    "follow",
 ];
 
 /// What a client asks.
@@ -179,6 +180,55 @@ pub enum Op {
         /// The job id.
         job: String,
     },
+    /// What the batch system has done with the jobs on this host, for topod to follow (root or
+    /// administrators; the Slurm plug-in asks slurmctld and sends it before each allocate and
+    /// after each release). Jobs it has suspended itself (Slurm's suspend preemption and gang
+    /// scheduling stop them with SIGSTOP or Slurm's own freezer) lend their CPUs, which the
+    /// batch system then gives to another job; topod does not freeze them. Jobs it runs again
+    /// take their CPUs back once no running job holds them. Jobs topod suspended itself are
+    /// not touched.
+    Follow(BatchView),
+}
+
+/// The batch system's own view of the jobs on this host: which it has suspended, which it runs.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchView {
+    /// Jobs the batch system has suspended now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspended: Vec<String>,
+    /// Jobs it runs now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub running: Vec<String>,
+}
+
+/// The most jobs one [`BatchView`] may name (a host holds far fewer).
+pub const MAX_BATCH_VIEW_JOBS: usize = 4096;
+
+impl BatchView {
+    /// Checks the view: every job id valid, none named twice, at most
+    /// [`MAX_BATCH_VIEW_JOBS`]; the error names the field and the job.
+    pub fn check(&self) -> Result<(), String> {
+        let total = self.suspended.len() + self.running.len();
+        if total > MAX_BATCH_VIEW_JOBS {
+            return Err(format!(
+                "the batch system's view names {total} jobs; at most {MAX_BATCH_VIEW_JOBS}"
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (field, jobs) in [("suspended", &self.suspended), ("running", &self.running)] {
+            for job in jobs {
+                crate::JobId::parse(job).map_err(|e| format!("{field}: {e}"))?;
+                if !seen.insert(job.as_str()) {
+                    return Err(format!(
+                        "{field}: job {job} is named twice in the batch system's view"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The fields of `reserve`.
@@ -283,6 +333,15 @@ pub struct AllocateArgs {
     /// and owner give it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// What the batch system has done with the other jobs on this host, applied first as
+    /// [`Op::Follow`] does: a job it suspended lends this one its CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchView>,
+    /// The batch system starts this job suspended (Slurm's gang scheduling started it in a row
+    /// that is not running): it is placed inside `cpus` (needed) as if the jobs running there
+    /// had lent them, and held suspended by the batch system until it runs it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub starts_suspended: bool,
 }
 
 impl AllocateArgs {
@@ -331,6 +390,7 @@ impl Op {
             Op::Resize { .. } => "resize",
             Op::Reserve(_) => "reserve",
             Op::Unreserve { .. } => "unreserve",
+            Op::Follow(_) => "follow",
         }
     }
 
@@ -348,6 +408,7 @@ impl Op {
                 | Op::Resize { .. }
                 | Op::Reserve(_)
                 | Op::Unreserve { .. }
+                | Op::Follow(_)
         )
     }
 }
@@ -509,6 +570,20 @@ pub mod reply {
         pub cpus: CpuSet,
         /// Microseconds from the request to the kernel reporting the job frozen.
         pub frozen_after_us: u64,
+    }
+
+    /// `follow`: what changed in topod's ledger.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Follow {
+        /// Jobs now held as suspended by the batch system (their CPUs may be lent).
+        pub suspended: Vec<String>,
+        /// Jobs the batch system runs again, running again in the ledger.
+        pub resumed: Vec<String>,
+        /// Jobs it runs again whose CPUs a job topod holds as running still has: left
+        /// suspended in the ledger until that job is released or suspended (the log says so).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub still_lent: Vec<String>,
     }
 
     /// `resume`.
@@ -781,7 +856,10 @@ fn fields_of(op: &str) -> &'static [&'static str] {
             "estimate_s",
             "resize_signal",
             "pool",
+            "batch",
+            "starts_suspended",
         ],
+        "follow" => &["suspended", "running"],
         "resize" => &["job", "tasks"],
         "reserve" => &["job", "request", "tasks", "cpus", "expires_in_s"],
         "unreserve" => &["job"],
@@ -838,6 +916,7 @@ pub mod schema {
             ("resize", generator.subschema_for::<crate::ledger::Allocation>()),
             ("reserve", generator.subschema_for::<reply::Reserve>()),
             ("unreserve", generator.subschema_for::<crate::reservation::Reservation>()),
+            ("follow", generator.subschema_for::<reply::Follow>()),
         ];
         debug_assert!(ok.iter().map(|(op, _)| *op).eq(OPERATIONS.iter().copied()));
         let mut defs = generator.take_definitions(true);
@@ -885,6 +964,39 @@ mod tests {
     }
 
     #[test]
+    fn follow_is_strict_and_the_view_is_checked() {
+        let r = parse_request(
+            br#"{"v":1,"op":"follow","suspended":["slurm-1"],"running":["slurm-2"]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.op,
+            Op::Follow(BatchView {
+                suspended: vec!["slurm-1".into()],
+                running: vec!["slurm-2".into()]
+            })
+        );
+        assert_eq!(
+            parse_request(br#"{"v":1,"op":"follow"}"#).unwrap().op,
+            Op::Follow(BatchView::default())
+        );
+        for bad in [
+            &br#"{"v":1,"op":"follow","suspend":["slurm-1"]}"#[..],
+            br#"{"v":1,"op":"follow","suspended":"slurm-1"}"#,
+            br#"{"v":1,"op":"allocate","job":"j","request":"affinity[core]","batch":{"bogus":[]}}"#,
+        ] {
+            assert!(parse_request(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        let many = BatchView {
+            suspended: (0..MAX_BATCH_VIEW_JOBS + 1).map(|n| format!("slurm-{n}")).collect(),
+            running: vec![],
+        };
+        assert!(many.check().unwrap_err().contains("at most 4096"));
+        let bad = BatchView { suspended: vec![], running: vec!["a/b".into()] };
+        assert!(bad.check().unwrap_err().starts_with("running: "));
+    }
+
+    #[test]
     fn every_operation_round_trips() {
         let ops = vec![
             Op::Version,
@@ -918,6 +1030,10 @@ mod tests {
                 expires_in_s: 3600,
             }),
             Op::Unreserve { job: "1240".into() },
+            Op::Follow(BatchView {
+                suspended: vec!["slurm-1".into()],
+                running: vec!["slurm-2".into()],
+            }),
         ];
         assert_eq!(ops.len(), OPERATIONS.len());
         for op in ops {

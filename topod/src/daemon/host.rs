@@ -11,6 +11,7 @@
 //! ([`prepare`]); reads copy a [`Snapshot`] and work without it; a release kills and waits
 //! without it ([`Host::begin_release`], [`ReleaseTicket::run`], [`Host::finish_release`]).
 
+mod follow;
 mod moves;
 mod pools;
 mod reserve;
@@ -229,6 +230,11 @@ pub struct JobHint {
     /// for more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_cap: Option<u32>,
+    /// Suspended by the batch system, not by topod (Slurm stopped it and gave its CPUs to
+    /// another job, see `host/follow.rs`): topod neither froze it nor thaws it, and a restart
+    /// keeps it suspended beside the job that borrows its CPUs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch_suspended: bool,
 }
 
 fn is_zero_u64(n: &u64) -> bool {
@@ -282,6 +288,8 @@ pub struct Prepared {
     pub resize_signal: Option<i32>,
     /// The prime-time pool the allocate names.
     pub pool: Option<String>,
+    /// The batch system starts the job suspended (see `host/follow.rs`).
+    pub starts_suspended: bool,
 }
 
 /// What an `allocate` says about preemption (see [`Host::set_preempt`]).
@@ -393,6 +401,7 @@ pub fn prepare(
             preempt: PreemptAsk::default(),
             resize_signal: None,
             pool: None,
+            starts_suspended: false,
         }),
         Ok(again) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
@@ -1124,8 +1133,11 @@ impl Host {
             .filter(|(job, _)| self.backend.pids(job).map(|p| !p.is_empty()).unwrap_or(false))
             .map(|(job, _)| job.to_string())
             .collect();
-        let recorded_suspended: BTreeSet<String> =
-            hints.iter().filter(|(_, h)| h.suspended).map(|(j, _)| j.clone()).collect();
+        let recorded_suspended: BTreeSet<String> = hints
+            .iter()
+            .filter(|(_, h)| h.suspended || h.batch_suspended)
+            .map(|(j, _)| j.clone())
+            .collect();
         // Running jobs first, those with processes before empty ones; then thawed jobs whose
         // record says suspended (a resume a crash cut short, or a thaw behind topod's back);
         // frozen jobs last. So a job that may have lent its CPUs never displaces their borrower.
@@ -1180,6 +1192,13 @@ impl Host {
                 hint.gang_row.is_some() && frozen.contains(job.as_str()) && !hint.suspended;
             let suspended = match (frozen.contains(job.as_str()), hint.suspended) {
                 _ if gang_frozen => false,
+                // Stopped by the batch system, not frozen by topod: still lending its CPUs
+                // when a running job holds them; else running again, as the batch system
+                // resumes it once the job on its CPUs is gone.
+                (false, false) if hint.batch_suspended => {
+                    hint.batch_suspended = in_way;
+                    in_way
+                }
                 (true, true) => true,
                 (true, false) if in_way => {
                     // Frozen without a record that says suspended (the adopt of an older topod,
@@ -1300,6 +1319,11 @@ impl Host {
         // The time goes into the job's record (written before the answer, the same allocation
         // asked again too), so that it outlives a restart.
         let asked = topo_core::pending::format_utc_nanos(std::time::SystemTime::now());
+        if prepared.starts_suspended {
+            return self.allocate_suspended(job, prepared, |host| {
+                host.allocate_inner(job, prepared, mem_limit, owner_uid, asked)
+            });
+        }
         self.allocate_inner(job, prepared, mem_limit, owner_uid, asked)
     }
 
@@ -1334,8 +1358,9 @@ impl Host {
             }
         }
         let canonical = &prepared.canonical;
-        if self.ledger.is_suspended(id.as_str()) {
+        if self.ledger.is_suspended(id.as_str()) && !self.batch_suspended(id.as_str()) {
             // Its CPUs may be lent: answering them would give a step CPUs another job runs on.
+            // (A job the batch system suspended shares them by the batch system's turns.)
             return Err(HostError::Suspended(job.to_string()));
         }
         if let Some(existing) = self.ledger.get(id.as_str()) {
@@ -1486,6 +1511,7 @@ impl Host {
             queue: prepared.gang.queue.clone(),
             pool: prepared.pool.clone(),
             tasks_cap: None,
+            batch_suspended: false,
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -1672,9 +1698,13 @@ impl Host {
         if self.releasing.contains(job) {
             return Err(HostError::Releasing(job.to_string()));
         }
-        if self.ledger.is_suspended(id.as_str()) || self.changing.contains_key(job) {
+        let topod_suspended =
+            self.ledger.is_suspended(id.as_str()) && !self.batch_suspended(id.as_str());
+        if topod_suspended || self.changing.contains_key(job) {
             // A process moved in would freeze at once (or, where its freezer directory is
-            // gone, run on CPUs lent to another job).
+            // gone, run on CPUs lent to another job). A job the batch system suspended is not
+            // frozen: its processes start as the batch system lets them (the Slurm plug-in's
+            // tasks wait until slurmctld runs the job).
             return Err(HostError::Suspended(job.to_string()));
         }
         if let Some((pending, _)) = self.self_join_offered.get_mut(job) {
@@ -1792,8 +1822,10 @@ impl Host {
                 tracing::warn!("job {job}: {e}");
             }
         }
-        // Its CPUs may be what a preempted job waits for, or what another row's gang job could
-        // run on, or what malleable jobs grow into.
+        // Its CPUs may be what a job the batch system suspended for it runs on again, what a
+        // preempted job waits for, or what another row's gang job could run on, or what
+        // malleable jobs grow into.
+        self.resume_batch_lenders();
         self.resume_preempted();
         self.rebalance();
         self.gang_switch(self.now());
@@ -1812,7 +1844,10 @@ impl Host {
     /// lock) and calls [`Host::finish_suspend`].
     pub fn begin_suspend(&mut self, job: &str, by: Option<u32>) -> Result<FreezeTicket, HostError> {
         let id = self.check_changeable(job)?;
-        let preempted = self.hints.get(job).is_some_and(|h| h.preempted_by.is_some());
+        // Suspended by topod's preemption or by the batch system: now it is this suspension,
+        // which freezes it.
+        let preempted =
+            self.hints.get(job).is_some_and(|h| h.preempted_by.is_some() || h.batch_suspended);
         if self.ledger.is_suspended(job) && !preempted {
             return Err(HostError::Ledger(LedgerError::WrongState {
                 job: job.to_string(),
@@ -1825,6 +1860,7 @@ impl Host {
         hint.suspended_by = by;
         // Suspended by preemption already: now it is this suspension, which topod does not undo.
         hint.preempted_by = None;
+        hint.batch_suspended = false;
         self.write_record(&id, &hint)?;
         self.hints.insert(job.to_string(), hint);
         self.changing.insert(job.to_string(), "being suspended");
@@ -1915,6 +1951,7 @@ impl Host {
             hint.suspended = false;
             hint.suspended_by = None;
             hint.preempted_by = None;
+            hint.batch_suspended = false;
             hint.running_since = Some(self.now_s());
             self.record(&ticket.id, &hint);
             self.hints.insert(job.clone(), hint);
@@ -1940,6 +1977,8 @@ impl Host {
             .chain(self.ledger.gang_frozen_jobs())
             .map(|a| a.job.clone())
             .filter(|job| !self.releasing.contains(job) && !self.changing.contains_key(job))
+            // The batch system stopped it, not topod's freezer.
+            .filter(|job| !self.hints.get(job).is_some_and(|h| h.batch_suspended))
             .filter(|job| {
                 JobId::parse(job).is_ok_and(|id| matches!(self.backend.is_frozen(&id), Ok(false)))
             })
@@ -2096,6 +2135,8 @@ impl Host {
             queue: self.hints.get(&a.job).and_then(|h| h.queue.clone()),
             pool: self.hints.get(&a.job).and_then(|h| h.pool.clone()),
             tasks_cap: self.hints.get(&a.job).and_then(|h| h.tasks_cap),
+            batch_suspended: state == JobState::Suspended
+                && self.hints.get(&a.job).is_some_and(|h| h.batch_suspended),
         };
         let mut jobs: Vec<JobView> = self
             .ledger
@@ -3322,6 +3363,128 @@ mod tests {
         assert!(report.suspended.is_empty(), "{report:?}");
         assert!(!third.ledger().is_suspended("d") && !kernel.is_frozen(&d_id).unwrap());
         assert_eq!(third.ledger().occupancy().held, d.cpus);
+    }
+
+    fn view(suspended: &[&str], running: &[&str]) -> topo_core::proto::BatchView {
+        let owned = |jobs: &[&str]| jobs.iter().map(|j| j.to_string()).collect();
+        topo_core::proto::BatchView { suspended: owned(suspended), running: owned(running) }
+    }
+
+    #[test]
+    fn a_job_the_batch_system_suspended_lends_its_cpus_unfrozen_and_runs_again_after_its_borrower()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        let low =
+            h.allocate("slurm-1", "affinity[thread*4]", None, Some("0-3"), None, None).unwrap();
+        // Slurm starts the high job on the low job's cores: without being told, topod refuses.
+        let e = h.allocate("slurm-2", "affinity[thread*4]", None, Some("0-3"), None, None);
+        assert!(matches!(e, Err(HostError::DoesNotFit { .. })), "{e:?}");
+        let done = h.follow_batch(&view(&["slurm-1", "slurm-9"], &[])).unwrap();
+        assert_eq!(done.suspended, vec!["slurm-1"], "a job topod does not hold is ignored");
+        let high =
+            h.allocate("slurm-2", "affinity[thread*4]", None, Some("0-3"), None, None).unwrap();
+        assert_eq!(high.cpus, low.cpus);
+        let low_id = JobId::parse("slurm-1").unwrap();
+        assert!(!kernel.is_frozen(&low_id).unwrap(), "Slurm stopped it; topod does not freeze it");
+        let views = h.jobs();
+        assert_eq!(views[0].state, JobState::Suspended);
+        assert!(views[0].batch_suspended);
+        assert_eq!(views[1].borrowed_from.get("slurm-1"), Some(&low.cpus));
+        // Its freezer is not topod's: the refreeze of thawed suspended jobs leaves it alone.
+        assert!(h.begin_refreeze().is_empty());
+        // Said again (the next job's allocate): nothing changes.
+        assert!(h.follow_batch(&view(&["slurm-1"], &[])).unwrap().suspended.is_empty());
+        // Slurm says it runs while the high job still holds its CPUs: not yet.
+        let done = h.follow_batch(&view(&[], &["slurm-1"])).unwrap();
+        assert_eq!(done.still_lent, vec!["slurm-1"]);
+        assert!(h.ledger().is_suspended("slurm-1"));
+        // topod dies here: both come back, the lender still lending.
+        std::mem::forget(h);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        let report = h.recover(BTreeMap::new()).unwrap();
+        assert!(report.conflicts.is_empty(), "{report:?}");
+        assert_eq!(report.suspended, vec!["slurm-1"]);
+        assert!(h.batch_suspended("slurm-1"));
+        assert!(!kernel.is_frozen(&low_id).unwrap());
+        // The high job ends: the low one runs again on its own CPUs, as Slurm resumes it.
+        h.release("slurm-2").unwrap();
+        assert!(!h.ledger().is_suspended("slurm-1"));
+        assert_eq!(h.ledger().get("slurm-1").unwrap().cpus, low.cpus);
+        assert!(!h.jobs()[0].batch_suspended);
+        h.ledger().check().unwrap();
+        // And a restart now finds it running.
+        std::mem::forget(h);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        let report = h.recover(BTreeMap::new()).unwrap();
+        assert!(report.suspended.is_empty(), "{report:?}");
+        assert!(!h.ledger().is_suspended("slurm-1"));
+    }
+
+    #[test]
+    fn a_job_the_batch_system_starts_suspended_takes_turns_on_the_running_jobs_cpus() {
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        let first =
+            h.allocate("slurm-1", "affinity[thread*4]", None, Some("0-3"), None, None).unwrap();
+        let other =
+            h.allocate("slurm-5", "affinity[thread*2]", None, Some("4-5"), None, None).unwrap();
+        let mut prepared = prepare(&topo, "affinity[thread*4]", None, Some("0-3")).unwrap();
+        prepared.starts_suspended = true;
+        let second = h.allocate_prepared("slurm-2", &prepared, None, None).unwrap();
+        assert_eq!(second.cpus, first.cpus);
+        assert!(h.batch_suspended("slurm-2"));
+        assert!(!h.ledger().is_suspended("slurm-1") && !h.ledger().is_suspended("slurm-5"));
+        assert_eq!(h.ledger().get("slurm-5").unwrap().cpus, other.cpus);
+        h.ledger().check().unwrap();
+        // Slurm's next slice: the second runs, the first is stopped.
+        let done = h.follow_batch(&view(&["slurm-1"], &["slurm-2", "slurm-5"])).unwrap();
+        assert_eq!(
+            (done.suspended, done.resumed),
+            (vec!["slurm-1".to_string()], vec!["slurm-2".to_string()])
+        );
+        assert!(h.batch_suspended("slurm-1") && !h.ledger().is_suspended("slurm-2"));
+        // Neither is ever frozen by topod.
+        for j in ["slurm-1", "slurm-2"] {
+            assert!(!kernel.is_frozen(&JobId::parse(j).unwrap()).unwrap());
+        }
+        h.release("slurm-2").unwrap();
+        assert!(!h.ledger().is_suspended("slurm-1"));
+        // Without the CPUs Slurm gave, there is nothing to bound the sharing: refused.
+        let mut loose = prepare(&topo, "affinity[thread*2]", None, None).unwrap();
+        loose.starts_suspended = true;
+        let e = h.allocate_prepared("slurm-3", &loose, None, None).unwrap_err();
+        assert!(e.to_string().contains("starts_suspended needs the CPUs"), "{e}");
+        assert!(h.ledger().get("slurm-3").is_none());
+        h.ledger().check().unwrap();
+    }
+
+    #[test]
+    fn the_batch_systems_view_never_touches_a_job_topod_suspended() {
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.allocate("slurm-1", "affinity[thread*2]", None, None, None, None).unwrap();
+        h.suspend("slurm-1").unwrap();
+        let id = JobId::parse("slurm-1").unwrap();
+        let done = h.follow_batch(&view(&[], &["slurm-1"])).unwrap();
+        assert_eq!(done, topo_core::proto::reply::Follow::default());
+        assert!(h.ledger().is_suspended("slurm-1") && kernel.is_frozen(&id).unwrap());
+        // A batch-suspended job that topod is then asked to suspend is frozen: now topod's.
+        h.allocate("slurm-2", "affinity[thread*2]", None, None, None, None).unwrap();
+        h.follow_batch(&view(&["slurm-2"], &[])).unwrap();
+        h.suspend("slurm-2").unwrap();
+        assert!(kernel.is_frozen(&JobId::parse("slurm-2").unwrap()).unwrap());
+        assert!(!h.batch_suspended("slurm-2"));
+        assert!(h.follow_batch(&view(&[], &["slurm-2"])).unwrap().resumed.is_empty());
+        // Garbage is refused whole, naming the job.
+        let e = h.follow_batch(&view(&["../x"], &[])).unwrap_err().to_string();
+        assert!(e.contains("suspended") && e.contains("../x"), "{e}");
+        let e = h.follow_batch(&view(&["slurm-2"], &["slurm-2"])).unwrap_err().to_string();
+        assert!(e.contains("named twice"), "{e}");
     }
 
     #[test]

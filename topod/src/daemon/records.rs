@@ -308,6 +308,7 @@ mod tests {
             queue: Some("batch".into()),
             pool: Some("day".into()),
             tasks_cap: Some(2),
+            batch_suspended: true,
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();

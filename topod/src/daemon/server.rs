@@ -483,6 +483,8 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             estimate_s,
             resize_signal,
             pool,
+            batch,
+            starts_suspended,
         }) => {
             if !admin {
                 return forbidden("allocate");
@@ -517,12 +519,23 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             prepared.preempt = host::PreemptAsk { preempt, preemptible, submitted_at, estimate_s };
             prepared.resize_signal = resize_signal;
             prepared.pool = pool;
+            prepared.starts_suspended = starts_suspended;
+            if let Some(Err(why)) = batch.as_ref().map(proto::BatchView::check) {
+                return Reply::error(ErrorCode::BadRequest, why);
+            }
             // An administrator may move any process in, as with `join`, but never topod's own.
             let target = match join_pid.map(|pid| join_target(pid, peer, true)).transpose() {
                 Ok(t) => t,
                 Err(reply) => return reply,
             };
             let mut host = server.lock();
+            // What the batch system did to the other jobs here first: a job it suspended
+            // lends this one its CPUs.
+            if let Some(view) = &batch {
+                if let Err(e) = host.follow_batch(view) {
+                    return error_reply(&e);
+                }
+            }
             let existed = host.ledger().get(&job).is_some();
             let alloc = match host.allocate_prepared(&job, &prepared, mem_limit_bytes, owner_uid) {
                 Ok(a) => a,
@@ -673,6 +686,17 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             };
             match server.lock().reserve(&job, &prepared, expires_in_s) {
                 Ok((reservation, busy)) => ok(proto::reply::Reserve { reservation, busy }),
+                Err(e) => error_reply(&e),
+            }
+        }
+        Op::Follow(view) => {
+            // The batch system's word: only root or an administrator may speak for it (a user
+            // who could mark jobs suspended could take their CPUs).
+            if !admin {
+                return forbidden("follow");
+            }
+            match server.lock().follow_batch(&view) {
+                Ok(done) => ok(done),
                 Err(e) => error_reply(&e),
             }
         }
