@@ -109,6 +109,20 @@ fn main() {
     }
     let dest = out_dir.join("slurm_steps.rs");
     std::fs::write(&dest, out).unwrap_or_else(|e| panic!("cannot write {}: {e}", dest.display()));
+
+    // The job-state query (slurm_load_job) reads Slurm's job record, whose layout only the
+    // installed slurm.h knows: compiled from C against it. Without headers the module asks
+    // slurmctld nothing (and Slurm refuses to load it anyway, see above).
+    println!("cargo:rustc-check-cfg=cfg(slurm_api)");
+    println!("cargo:rerun-if-changed=src/slurm_jobs.c");
+    if version != 0 {
+        cc::Build::new()
+            .file("src/slurm_jobs.c")
+            .include(&include)
+            .warnings(true)
+            .compile("topo_slurm_jobs");
+        println!("cargo:rustc-cfg=slurm_api");
+    }
 }
 
 /// `0xfffffffb` from `#define SLURM_BATCH_SCRIPT (0xfffffffb)` (with or without parentheses).

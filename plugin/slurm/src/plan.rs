@@ -31,6 +31,58 @@ pub fn topod_job_id(slurm_job_id: u32) -> String {
     topo_core::batch::slurm_job_id(slurm_job_id)
 }
 
+/// The Slurm job number of a job id topod holds (`slurm-42` -> 42); `None` for other batch
+/// systems' jobs and anything else.
+pub fn slurm_job_number(topod_job: &str) -> Option<u32> {
+    let n = topod_job.strip_prefix("slurm-")?;
+    // Only the exact form topod_job_id makes (no sign, no leading zeros).
+    (!n.starts_with(['+', '0'])).then(|| n.parse().ok()).flatten()
+}
+
+/// What slurmctld says of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlurmState {
+    /// `JobState=RUNNING`.
+    Running,
+    /// `JobState=SUSPENDED`: Slurm stopped it (suspend preemption, gang scheduling, `scontrol
+    /// suspend`).
+    Suspended,
+    /// Anything else (completing, ended, pending again).
+    Other,
+}
+
+/// The other Slurm jobs topod holds on CPUs that Slurm gave this job: Slurm gives a job cores
+/// another job holds only when it time-shares them (it suspended that job, or gang-schedules
+/// the two), so these are the jobs whose state slurmctld is asked before the allocate.
+pub fn sharing_jobs<'a>(
+    held: impl IntoIterator<Item = (&'a str, &'a CpuSet)>,
+    this_job: u32,
+    job_cpus: &CpuSet,
+) -> Vec<u32> {
+    let mut jobs: Vec<u32> = held
+        .into_iter()
+        .filter(|(_, cpus)| cpus.intersects(job_cpus))
+        .filter_map(|(job, _)| slurm_job_number(job))
+        .filter(|&n| n != this_job)
+        .collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    jobs
+}
+
+/// topod's view of what Slurm did, from slurmctld's states of the sharing jobs: the ones it
+/// suspended and the ones it runs (jobs in other states, and jobs slurmctld could not be asked
+/// about, are left out: topod keeps them as they are).
+pub fn batch_view(states: &[(u32, SlurmState)]) -> topo_core::proto::BatchView {
+    let of = |want: SlurmState| {
+        states.iter().filter(|(_, s)| *s == want).map(|(n, _)| topod_job_id(*n)).collect()
+    };
+    topo_core::proto::BatchView {
+        suspended: of(SlurmState::Suspended),
+        running: of(SlurmState::Running),
+    }
+}
+
 /// The task count to place for when the request gives none (`affinity[core]`): the step's
 /// tasks on this host, or for the batch step, as many units as the cores (or CPUs, for thread
 /// units) Slurm gave the job here, so the script's allocation covers what later steps use.
@@ -75,6 +127,45 @@ mod tests {
 
     fn set(text: &str) -> CpuSet {
         CpuSet::parse_list(text).unwrap()
+    }
+
+    #[test]
+    fn slurm_job_numbers_read_back_only_from_topods_own_form() {
+        assert_eq!(slurm_job_number("slurm-42"), Some(42));
+        assert_eq!(slurm_job_number(&topod_job_id(4_294_967_000)), Some(4_294_967_000));
+        for other in [
+            "pbs-42.server",
+            "42",
+            "slurm-",
+            "slurm-042",
+            "slurm-+4",
+            "slurm-4x",
+            "slurm-99999999999",
+        ] {
+            assert_eq!(slurm_job_number(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn only_jobs_on_this_jobs_cpus_are_asked_about() {
+        let (a, b, c, d) = (set("0-1"), set("2-3"), set("1"), set("0"));
+        let held = [("slurm-7", &a), ("slurm-8", &b), ("pbs-9.x", &c), ("slurm-5", &d)];
+        assert_eq!(sharing_jobs(held, 10, &set("0-1")), vec![5, 7]);
+        assert_eq!(sharing_jobs(held, 7, &set("0-1")), vec![5], "never the job itself");
+        assert!(sharing_jobs(held, 10, &set("4-7")).is_empty());
+    }
+
+    #[test]
+    fn the_view_says_what_slurm_suspended_and_runs() {
+        let v = batch_view(&[
+            (1, SlurmState::Suspended),
+            (2, SlurmState::Running),
+            (3, SlurmState::Other),
+            (4, SlurmState::Suspended),
+        ]);
+        assert_eq!(v.suspended, vec!["slurm-1", "slurm-4"]);
+        assert_eq!(v.running, vec!["slurm-2"]);
+        assert_eq!(v.check(), Ok(()));
     }
 
     #[test]

@@ -67,6 +67,78 @@ extern "C" {
     fn slurm_verbose(fmt: *const c_char, ...);
 }
 
+#[cfg(slurm_api)]
+extern "C" {
+    // src/slurm_jobs.c, built against the installed slurm.h.
+    fn topo_slurm_job_state(job_id: u32, state: *mut u32) -> c_int;
+    fn topo_slurm_strerror(e: c_int) -> *const c_char;
+}
+
+/// slurmctld's state of Slurm job `job_id` (one `slurm_load_job` RPC).
+#[cfg(slurm_api)]
+fn slurm_job_state(job_id: u32) -> Result<plan::SlurmState, String> {
+    let mut state: u32 = 0;
+    // SAFETY: a valid out-pointer; the C function writes it only on success.
+    let rc = unsafe { topo_slurm_job_state(job_id, &mut state) };
+    if rc != 0 {
+        // SAFETY: slurm_strerror returns a static NUL-terminated string for any errno.
+        let text = unsafe { topo_slurm_strerror(rc).as_ref().map(|p| CStr::from_ptr(p)) }
+            .map(|t| t.to_string_lossy().into_owned())
+            .unwrap_or_else(|| format!("Slurm error {rc}"));
+        return Err(format!("cannot ask slurmctld for job {job_id}'s state: {text}"));
+    }
+    Ok(match state {
+        1 => plan::SlurmState::Running,
+        2 => plan::SlurmState::Suspended,
+        _ => plan::SlurmState::Other,
+    })
+}
+
+#[cfg(not(slurm_api))]
+fn slurm_job_state(job_id: u32) -> Result<plan::SlurmState, String> {
+    Err(format!("cannot ask slurmctld for job {job_id}'s state: built without Slurm's headers"))
+}
+
+/// When Slurm gave this job cores that topod holds for other Slurm jobs, Slurm time-shares
+/// them (it suspended those jobs, or gang-schedules them with this one): slurmctld's states of
+/// those jobs and of this one, for topod to follow. `None` when no other job holds them (no
+/// question asked of slurmctld). A job slurmctld cannot tell about is left out, said in the log.
+fn what_slurm_did(
+    topod: &mut Client,
+    job_id: u32,
+    job_cpus: &CpuSet,
+) -> Result<Option<(topo_core::proto::BatchView, bool)>, ClientError> {
+    let held = topod.list()?;
+    let sharing = plan::sharing_jobs(
+        held.iter().map(|v| (v.allocation.job.as_str(), &v.allocation.cpus)),
+        job_id,
+        job_cpus,
+    );
+    if sharing.is_empty() {
+        return Ok(None);
+    }
+    let mut states = Vec::new();
+    for n in sharing {
+        match slurm_job_state(n) {
+            Ok(s) => states.push((n, s)),
+            Err(e) => log_error(&format!("job {job_id}: {e}; topod keeps it as it is")),
+        }
+    }
+    // This job too: a later step of a job topod holds as suspended by Slurm runs only once
+    // Slurm runs the job again, which topod then follows.
+    let this_suspended = match slurm_job_state(job_id) {
+        Ok(s) => {
+            states.push((job_id, s));
+            s == plan::SlurmState::Suspended
+        }
+        Err(e) => {
+            log_error(&format!("job {job_id}: {e}; taken as running"));
+            false
+        }
+    };
+    Ok(Some((plan::batch_view(&states), this_suspended)))
+}
+
 // The symbols Slurm's plugin loader checks (`plugin_version`'s major.minor must match Slurm's).
 #[no_mangle]
 #[used]
@@ -112,6 +184,9 @@ static TASK: OnceLock<(CpuSet, Mode)> = OnceLock::new();
 struct Grant {
     alloc: Allocation,
     step_cpus: CpuSet,
+    /// slurmctld had the job suspended when it started here (gang scheduling put it in a row
+    /// that is not running): its tasks wait until slurmctld runs it ([`wait_until_running`]).
+    started_suspended: bool,
 }
 
 fn log_error(msg: &str) {
@@ -431,6 +506,20 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         }
     }
     let [(_, queue), (_, pool)] = names;
+    let (batch, starts_suspended) = match what_slurm_did(&mut topod, job_id, &job_cpus)
+        .map_err(fail)?
+    {
+        Some((view, suspended)) => {
+            log_verbose(&format!(
+                "job {job_id}: Slurm shares its cores with jobs it suspended ({}) and runs ({}); this job {}",
+                view.suspended.join(" "),
+                view.running.join(" "),
+                if suspended { "starts suspended" } else { "runs" }
+            ));
+            (Some(view), suspended)
+        }
+        None => (None, false),
+    };
     let allocate = Op::Allocate(topo_core::proto::AllocateArgs {
         tasks: Some(tasks),
         cpus: Some(job_cpus.to_string()),
@@ -438,6 +527,8 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         owner_uid: Some(uid),
         queue,
         pool,
+        batch,
+        starts_suspended,
         ..topo_core::proto::AllocateArgs::new(job.clone(), request.to_string())
     });
     let alloc: Allocation = match topod.allocate(allocate) {
@@ -465,7 +556,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         alloc.mems,
         started.elapsed().as_secs_f64() * 1e3
     ));
-    let _ = GRANT.set(Grant { alloc, step_cpus });
+    let _ = GRANT.set(Grant { alloc, step_cpus, started_suspended: starts_suspended });
     GRANT.get().ok_or_else(|| "allocation lost".to_string())
 }
 
@@ -537,6 +628,9 @@ pub extern "C" fn slurm_spank_task_init(sp: Spank, ac: c_int, av: *mut *mut c_ch
     guarded("slurm_spank_task_init", || {
         let a = load_args(ac, av)?;
         let (Some(g), Some((cpus, mode))) = (GRANT.get(), TASK.get()) else { return Ok(()) };
+        if g.started_suspended {
+            wait_until_running(item_u32(sp, S_JOB_ID, "the job id")?);
+        }
         set_affinity(cpus)?;
         set_task_env(sp, "TOPO_JOB", &g.alloc.job)?;
         // Where topod tells a malleable job its CPUs after a resize (libtopo's
@@ -549,6 +643,48 @@ pub extern "C" fn slurm_spank_task_init(sp: Spank, ac: c_int, av: *mut *mut c_ch
         set_task_env(sp, "TOPO_CGROUP", if *mode == Mode::Join { "topod" } else { "slurm" })?;
         Ok(())
     })
+}
+
+/// How often a task of a job Slurm started suspended asks slurmctld whether it runs yet.
+const RUNNING_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long it keeps asking while slurmctld cannot answer before it runs anyway (said in the
+/// log): a slurmctld that is down must not hold a job's tasks for ever.
+const RUNNING_UNANSWERED: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// In a task of a job slurmctld had suspended when it started here (Slurm's gang scheduling
+/// starts a job in a row that is not running, and its suspend can reach slurmd before the task
+/// exists, which then runs beside the job whose turn it is): waits, before the user's program
+/// runs, until slurmctld says the job runs. Slurm's later suspensions stop the task as usual.
+fn wait_until_running(job_id: u32) {
+    // Slurm may stop the task in the middle of a question (its freezer, SIGSTOP); slurmctld
+    // closes the connection meanwhile, and the write after the thaw would kill the task with
+    // SIGPIPE. Ignored while waiting (the failed question is asked again), as it was after.
+    // SAFETY: the task's own process, one thread, before exec; the old disposition is put back.
+    let before = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    wait_for_slurm(job_id);
+    // SAFETY: as above; `before` came from signal() itself.
+    unsafe { libc::signal(libc::SIGPIPE, before) };
+}
+
+fn wait_for_slurm(job_id: u32) {
+    let mut unanswered = std::time::Duration::ZERO;
+    let started = std::time::Instant::now();
+    loop {
+        match slurm_job_state(job_id) {
+            Ok(plan::SlurmState::Suspended) => unanswered = std::time::Duration::ZERO,
+            Ok(_) => break,
+            Err(e) if unanswered >= RUNNING_UNANSWERED => {
+                log_error(&format!("job {job_id}: started suspended by Slurm, and {e} for {} s; running the task anyway", unanswered.as_secs()));
+                break;
+            }
+            Err(_) => unanswered += RUNNING_POLL,
+        }
+        std::thread::sleep(RUNNING_POLL);
+    }
+    log_verbose(&format!(
+        "job {job_id}: started suspended by Slurm; its task ran {:.1} s later, when slurmctld ran the job",
+        started.elapsed().as_secs_f64()
+    ));
 }
 
 /// The least time the epilog waits for topod's answer to a release: topod's own wait for a
