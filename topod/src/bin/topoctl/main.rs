@@ -104,20 +104,22 @@ enum Command {
         json: bool,
     },
     /// Publish this host's free topology to Slurm as node features (topo_free_N, topo_numa_N)
-    /// with `scontrol update`, whenever it changes; see packaging/slurm/README.md.
+    /// with `scontrol update`, whenever they change or slurmctld lost them (`scontrol
+    /// reconfigure` and a slurmctld restart reset features to slurm.conf's); see
+    /// packaging/slurm/README.md.
     SlurmFeatures {
         #[command(flatten)]
         daemon: Daemon,
         /// The Slurm node name [default: `hostname -s`].
         #[arg(long)]
         node: Option<String>,
-        /// Seconds between looks at topod's free map.
+        /// Seconds between looks at topod's free map and slurmctld's node features.
         #[arg(long, default_value_t = 30)]
         interval: u64,
         /// Publish once and exit.
         #[arg(long)]
         once: bool,
-        /// Print the features instead of publishing them.
+        /// Print the features once, without publishing them, and exit.
         #[arg(long)]
         dry_run: bool,
         /// The scontrol to run.
@@ -489,6 +491,12 @@ impl Failure {
     }
     pub(crate) fn runtime(message: impl Into<String>) -> Self {
         Failure { message: message.into(), code: 1 }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
     }
 }
 

@@ -16,8 +16,11 @@
 //! accounting anyway (cons_tres): on a Slurm node topod only holds CPUs of Slurm jobs.
 //!
 //! `AvailableFeatures` gets every feature the host could have, `ActiveFeatures` what it has now;
-//! features not starting with `topo_` (the site's own) are kept in both. `scontrol update` runs
-//! only when something changes (checked every `--interval` seconds).
+//! features not starting with `topo_` (the site's own) are kept in both. Every `--interval`
+//! seconds the node's features are read back from slurmctld and `scontrol update` runs when they
+//! differ from topod's: a change on the host, or slurmctld having reset them (`scontrol
+//! reconfigure` and a slurmctld restart go back to slurm.conf's features, Slurm 22.05). A
+//! failed round (slurmctld restarting) is said on stderr and tried again.
 
 use crate::{call, connect, Daemon, Failure};
 use std::process::Command;
@@ -129,37 +132,63 @@ pub fn run(
         .cloned()
         .chain(free_features(allocatable.len() as u64, largest_numa as u64))
         .collect();
-    let mut last: Option<Vec<String>> = None;
     loop {
-        let free = call::<FreeMap>(&mut connect(daemon)?, Op::FreeMap)?.free;
-        let ours: Vec<String> = capability
-            .iter()
-            .cloned()
-            .chain(free_features(free.free_cpus as u64, free.largest_in_one_numa as u64))
-            .collect();
-        if last.as_ref() != Some(&ours) {
-            if dry_run {
-                println!(
-                    "node {node}: available {}; active {}",
-                    possible.join(","),
-                    ours.join(",")
-                );
-            } else {
-                let (available_now, active_now) = current_features(scontrol, &node)?;
-                let (available, active) =
-                    (merged(&available_now, &possible), merged(&active_now, &ours));
-                publish(scontrol, &node, &available, &active)?;
-                println!(
-                    "node {node}: published AvailableFeatures={available} ActiveFeatures={active}"
-                );
+        match publish_round(daemon, &node, &capability, &possible, dry_run, scontrol) {
+            Ok(()) => {}
+            // Once (and a dry run): the caller is told. As a service: slurmctld restarting or
+            // topod away for a moment must not end it; said, and tried again next round.
+            Err(e) if once || dry_run => return Err(e),
+            Err(e) => {
+                eprintln!("topoctl slurm-features: {e}; trying again in {}s", interval.max(1))
             }
-            last = Some(ours);
         }
-        if once {
+        if once || dry_run {
             return Ok(());
         }
         std::thread::sleep(std::time::Duration::from_secs(interval.max(1)));
     }
+}
+
+/// One look: topod's free map and slurmctld's features of the node; `scontrol update` when
+/// they differ from what topod says (a change here, or slurmctld reset them).
+fn publish_round(
+    daemon: &Daemon,
+    node: &str,
+    capability: &[String],
+    possible: &[String],
+    dry_run: bool,
+    scontrol: &str,
+) -> Result<(), Failure> {
+    let free = call::<FreeMap>(&mut connect(daemon)?, Op::FreeMap)?.free;
+    let ours: Vec<String> = capability
+        .iter()
+        .cloned()
+        .chain(free_features(free.free_cpus as u64, free.largest_in_one_numa as u64))
+        .collect();
+    if dry_run {
+        println!("node {node}: available {}; active {}", possible.join(","), ours.join(","));
+        return Ok(());
+    }
+    let (available_now, active_now) = current_features(scontrol, node)?;
+    let (available, active) = (merged(&available_now, possible), merged(&active_now, &ours));
+    if same_features(&available_now, &available) && same_features(&active_now, &active) {
+        return Ok(());
+    }
+    publish(scontrol, node, &available, &active)?;
+    println!("node {node}: published AvailableFeatures={available} ActiveFeatures={active}");
+    Ok(())
+}
+
+/// Whether two feature lists name the same features, in any order (slurmctld keeps its own).
+fn same_features(a: &str, b: &str) -> bool {
+    let set = |s: &str| -> std::collections::BTreeSet<String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|f| !f.is_empty() && *f != "(null)")
+            .map(str::to_string)
+            .collect()
+    };
+    set(a) == set(b)
 }
 
 #[cfg(test)]
@@ -190,6 +219,13 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn features_compare_as_sets() {
+        assert!(same_features("b,a", "a,b"));
+        assert!(same_features("(null)", ""));
+        assert!(!same_features("a", "a,topo_cpus_1"));
     }
 
     #[test]
