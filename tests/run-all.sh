@@ -89,6 +89,10 @@ tests/openpbs-e2e.sh || [ $? -eq 77 ]
 # The Slurm plug-in against a real Slurm (slurmctld, slurmd, munged), a real topod and real
 # cgroups, under task/affinity and task/cgroup; skips, saying so, when not root.
 tests/slurm-e2e.sh
+# Slurm's own time sharing with --topology jobs: suspend preemption and gang scheduling under
+# both task set-ups (topod follows slurmctld; /proc sampled for two jobs on one CPU), scontrol
+# suspend/resume, and node features after scontrol reconfigure and a slurmctld restart.
+tests/slurm-timeshare.sh
 
 # The placement benchmark runs too, briefly, so that a change that breaks it fails here; the
 # figures that matter come from the full run in README ("Benchmarks").

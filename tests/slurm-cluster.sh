@@ -7,9 +7,12 @@
 #                                after `cluster_stop topod`: a restart; its log is appended)
 #   cluster_start_slurm MODE [PLUGSTACK_LINE]
 #                                MODE: affinity (task/affinity + proctrack/linuxproc) or
-#                                cgroup (task/cgroup,task/affinity + proctrack/cgroup, cgroup/v1)
+#                                cgroup (task/cgroup,task/affinity + proctrack/cgroup, cgroup/v1);
+#                                SLURM_EXTRA_CONF: more slurm.conf lines; SLURM_PARTITIONS: the
+#                                partition lines (default: one partition, debug)
 #   cluster_stop NAME...         the named daemons (slurmd, slurmctld, topod, munged), by pid
 #   cluster_stop_slurm           slurmd and slurmctld, by pid
+#   cluster_restart_slurmctld    slurmctld stopped and started again (its saved state kept)
 #   cluster_stop_all             everything this file started (the callers' EXIT trap)
 #
 # Only pids recorded here are ever signalled. The cgroup subtree is topo-slurm-test, apart from
@@ -120,7 +123,7 @@ ReturnToService=2
 PlugStackConfig=$BASE/etc/plugstack.conf
 ${SLURM_EXTRA_CONF:-}
 NodeName=$NODE NodeAddr=127.0.0.1 $hw RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+${SLURM_PARTITIONS:-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP}
 EOT
     cat > "$BASE/etc/cgroup.conf" <<'EOT'
 CgroupPlugin=cgroup/v1
@@ -156,6 +159,15 @@ cluster_stop() {
 }
 
 cluster_stop_slurm() { cluster_stop slurmd slurmctld; }
+
+# slurmctld alone, stopped and started again with the same configuration (its state kept).
+cluster_restart_slurmctld() {
+    cluster_stop slurmctld
+    slurmctld -D > "$BASE/log/slurmctld.out" 2>&1 &
+    CTLD_PID=$!; STARTED_PIDS+=("slurmctld:$CTLD_PID")
+    for _ in $(seq 100); do scontrol ping >/dev/null 2>&1 && return 0; sleep 0.2; done
+    tail -20 "$BASE/log/slurmctld.log"; echo "slurmctld did not come back" >&2; return 1
+}
 
 cluster_stop_all() {
     cluster_stop slurmd slurmctld topod munged

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# Slurm's own time sharing with topo: a real Slurm (Debian's 22.05) suspends and gang-schedules
+# `--topology` jobs, and topod follows (tests/slurm-e2e.sh covers plain jobs). Under
+# TaskPlugin=task/affinity (SIGSTOP) and task/cgroup (Slurm's freezer):
+#   - suspend preemption (PreemptType=preempt/partition_prio, PreemptMode=SUSPEND,GANG, a low and
+#     a high partition): the high --topology job starts on the low job's cores and completes;
+#     the low job resumes on its own CPUs and completes; topod lists it as suspended by the batch
+#     system meanwhile, never frozen by topod;
+#   - gang scheduling (PreemptMode=GANG, OverSubscribe=FORCE:2): two --topology jobs on the same
+#     cores both complete;
+#   - in both, /proc sampled every 20 ms (tests/slurm/sample.py): no two jobs runnable at once
+#     on a common CPU, and each seen running;
+#   - scontrol suspend/resume of a --topology job;
+#   - `topoctl slurm-features --interval 1` republishes the node features that `scontrol
+#     reconfigure` and a slurmctld restart reset, and a --topology job is accepted after each.
+# Prints, for the suspend preemption, the time from the high job's submission to its first
+# instruction with and without --topology (the same run; README, "Slurm"). Needs root; skips
+# without. Usage: tests/slurm-timeshare.sh [ROUNDS]   (preemption rounds per mode for the figure,
+# default 3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "tests/slurm-timeshare.sh: SKIPPED: needs root (starts slurmctld, slurmd, munged, topod; makes cgroups)"
+    exit 0
+fi
+if [ ! -d /sys/fs/cgroup/cpuset ] || [ ! -d /sys/fs/cgroup/freezer ]; then
+    echo "tests/slurm-timeshare.sh: SKIPPED: needs cgroup v1 cpuset and freezer hierarchies (Slurm 22.05's task/cgroup refuses hybrid v2)"
+    exit 0
+fi
+source tests/slurm-cluster.sh
+cluster_build
+cluster_init
+FEATURES_PID=""
+trap 'rc=$?; [ -n "$FEATURES_PID" ] && kill "$FEATURES_PID" 2>/dev/null; cluster_stop_all; if [ $rc -ne 0 ]; then echo "tests/slurm-timeshare.sh: FAILED (logs in $BASE/log, job files in $BASE/out)"; else rm -rf "$BASE"; fi; exit $rc' EXIT
+cluster_start_munge
+cluster_start_topod
+install -m 0755 tests/slurm/burn.py tests/slurm/sample.py "$BASE/bin/"
+PLUGSTACK="required $BASE/bin/spank_topo.so socket=$SOCK"
+USER_NAME=nobody
+failures=0
+check() {
+    local what=$1; shift
+    if "$@"; then echo "  ok: $what"; else echo "  FAIL: $what"; failures=$((failures + 1)); fi
+}
+as_user() { runuser -u "$USER_NAME" -- env SLURM_CONF="$SLURM_CONF" "$@"; }
+field() { sed -n "s/^$1=\(.*\)$/\1/p" "$2" 2>/dev/null | tail -1; }
+ledger_cpus() { "$BASE/bin/topoctl" jobs --socket "$SOCK" | awk -v j="slurm-$1" '$1 == j { print $3 }'; }
+job_state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+wait_for() {          # wait_for SECONDS command...: until the command succeeds
+    local limit=$1; shift
+    for _ in $(seq $((limit * 10))); do "$@" && return 0; sleep 0.1; done
+    return 1
+}
+all_done() { [ -z "$(squeue -h 2>/dev/null)" ]; }
+
+# A batch job NAME in DIR: its first instruction writes the time, then burn.py spins CPU_S
+# seconds of CPU. Extra sbatch options follow.
+submit() {
+    local dir=$1 name=$2 cpu_s=$3; shift 3
+    cat > "$dir/$name.sh" <<EOT
+#!/bin/sh
+date +%s.%N > $dir/$name.first
+exec python3 $BASE/bin/burn.py $dir/$name.out $cpu_s
+EOT
+    chmod 755 "$dir/$name.sh"
+    date +%s.%N > "$dir/$name.submitted"
+    as_user sbatch --parsable -n1 -c2 -o "$dir/$name.log" "$@" "$dir/$name.sh"
+}
+start_sampler() {
+    rm -f "$1/stop"
+    python3 "$BASE/bin/sample.py" "$1" "$1/stop" > "$1/samples.json" &
+    SAMPLER_PID=$!
+}
+stop_sampler() { touch "$1/stop"; wait "$SAMPLER_PID" || true; }
+# No clash in the samples, and every named job seen runnable.
+check_samples() {
+    local dir=$1; shift
+    local summary
+    summary=$(python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); print("%d samples; %s; %d clashes %s" % (s["samples"], ", ".join("%s runnable %d stopped %d" % (j, c.get("runnable", 0), c.get("stopped", 0)) for j, c in sorted(s["jobs"].items())), len(s["clashes"]), s["clashes"][:3]))' "$dir/samples.json")
+    echo "  /proc every 20 ms: $summary"
+    check "no two jobs runnable at once on a common CPU" python3 -c 'import json, sys; sys.exit(len(json.load(open(sys.argv[1]))["clashes"]) != 0)' "$dir/samples.json"
+    local job
+    for job in "$@"; do
+        check "$job was seen running" python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["jobs"].get(sys.argv[2], {}).get("runnable", 0) == 0)' "$dir/samples.json" "$job"
+    done
+}
+latency_ms() {        # from submission to first instruction
+    python3 -c 'import sys; print("%.0f" % ((float(open(sys.argv[2]).read()) - float(open(sys.argv[1]).read())) * 1000))' "$1.submitted" "$1.first"
+}
+
+PREEMPT_CONF="PreemptType=preempt/partition_prio
+PreemptMode=SUSPEND,GANG
+SchedulerTimeSlice=5"
+PREEMPT_PARTITIONS="PartitionName=low Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=FORCE:1
+PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 OverSubscribe=FORCE:1"
+GANG_CONF="PreemptType=preempt/none
+PreemptMode=GANG
+SchedulerTimeSlice=5"
+GANG_PARTITIONS="PartitionName=shared Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2"
+
+declare -A LATENCY PLUGIN_MS
+for mode in affinity cgroup; do
+    echo "== TaskPlugin mode: $mode"
+    SLURM_EXTRA_CONF="$PREEMPT_CONF" SLURM_PARTITIONS="$PREEMPT_PARTITIONS" cluster_start_slurm "$mode" "$PLUGSTACK"
+
+    # One preemption with the sampler, then more rounds for the figure: with --topology on both
+    # jobs, and without on both, alternating.
+    for round in $(seq 0 "$ROUNDS"); do
+        for topo in with without; do
+            [ "$round" -eq 0 ] && [ "$topo" = without ] && continue
+            dir="$BASE/out/preempt-$mode-$round-$topo"; mkdir -p "$dir"; chmod 1777 "$dir"
+            opt=(); [ "$topo" = with ] && opt=(--topology='affinity[core(2)]')
+            [ "$round" -eq 0 ] && start_sampler "$dir"
+            low=$(submit "$dir" low 4 -p low "${opt[@]}")
+            wait_for 30 test -s "$dir/low.out" || true
+            low_ledger=$(ledger_cpus "$low")
+            high=$(submit "$dir" high 1 -p high "${opt[@]}")
+            if [ "$round" -eq 0 ]; then
+                echo "-- suspend preemption: low job $low ($(field allowed_start "$dir/low.out"), ledger ${low_ledger:-none}), high job $high"
+                wait_for 30 test -s "$dir/high.out" || true
+                "$BASE/bin/topoctl" jobs --socket "$SOCK" | sed 's/^/  while the high job runs: /'
+                check "topod lists the low job as suspended by the batch system" bash -c "'$BASE/bin/topoctl' jobs --json --socket '$SOCK' | python3 -c 'import json, sys; j = [x for x in json.load(sys.stdin) if x[\"job\"] == \"slurm-$low\"]; sys.exit(not (j and j[0][\"state\"] == \"suspended\" and j[0].get(\"batch_suspended\")))'"
+                check "topod did not freeze it" bash -c "! grep -q FROZEN /sys/fs/cgroup/freezer/$CGROUP_SUBTREE/slurm-$low/freezer.state 2>/dev/null"
+            fi
+            wait_for 60 all_done || { squeue; echo "  jobs still queued after 60 s"; }
+            [ "$round" -eq 0 ] && stop_sampler "$dir"
+            if [ "$round" -eq 0 ]; then
+                check "the high job completed ($(job_state "$high"))" test "$(job_state "$high")" = COMPLETED
+                check "the low job completed ($(job_state "$low"))" test "$(job_state "$low")" = COMPLETED
+                check "the high job ran on the low job's CPUs ($(field allowed_start "$dir/high.out"))" test "$(field allowed_start "$dir/high.out")" = "$low_ledger"
+                check "the low job ended on its own CPUs ($(field allowed_start "$dir/low.out") -> $(field allowed_end "$dir/low.out"), ledger $low_ledger)" \
+                    test "$(field allowed_end "$dir/low.out")" = "$low_ledger" -a "$(field allowed_start "$dir/low.out")" = "$low_ledger"
+                check "the low job ended after the high one (it was stopped meanwhile)" python3 -c "import sys; sys.exit(not float('$(field end "$dir/low.out")') > float('$(field end "$dir/high.out")'))"
+                check_samples "$dir" low high
+                check "topod's log: the low job suspended by the batch system, then running again" \
+                    bash -c "grep -q 'job slurm-$low: suspended by the batch system' '$BASE/log/topod.log' && grep -q 'job slurm-$low: running again' '$BASE/log/topod.log'"
+            elif [ "$(job_state "$high")" = COMPLETED ] && [ -s "$dir/high.first" ]; then
+                LATENCY[$mode-$topo]+="$(latency_ms "$dir/high") "
+                # The plug-in's own part: slurmctld's states, topod's list and allocate.
+                [ "$topo" = with ] && PLUGIN_MS[$mode]+="$(sed -n "s/.*topo: job $high step batch: .* in \([0-9.]*\) ms$/\1/p" "$BASE/log/slurmd.log" | tail -1) "
+            fi
+        done
+    done
+    echo "  high job, submission to first instruction (ms): with --topology: ${LATENCY[$mode-with]:-none}; without: ${LATENCY[$mode-without]:-none}"
+    echo "  of which the plug-in's allocation in slurmstepd (slurmctld's job states, topod's list and allocate; ms): ${PLUGIN_MS[$mode]:-none}"
+
+    echo "-- scontrol suspend / resume of a --topology job"
+    dir="$BASE/out/suspend-$mode"; mkdir -p "$dir"; chmod 1777 "$dir"
+    job=$(submit "$dir" job 3 --topology='affinity[core]')
+    wait_for 30 test -s "$dir/job.out" || true
+    pid=$(field pid "$dir/job.out")
+    scontrol suspend "$job"
+    sleep 1
+    stat=$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null || echo gone)
+    check "suspended by Slurm: its process is stopped (state $stat)" bash -c "[[ '$stat' == [TtD] ]]"
+    check "topod still holds it ($(ledger_cpus "$job"))" test -n "$(ledger_cpus "$job")"
+    scontrol resume "$job"
+    wait_for 30 all_done || squeue
+    check "it completed after the resume ($(job_state "$job"))" test "$(job_state "$job")" = COMPLETED
+    cluster_stop_slurm
+
+    echo "-- Slurm gang scheduling (OverSubscribe=FORCE:2), two --topology jobs on the same cores"
+    SLURM_EXTRA_CONF="$GANG_CONF" SLURM_PARTITIONS="$GANG_PARTITIONS" cluster_start_slurm "$mode" "$PLUGSTACK"
+    dir="$BASE/out/gang-$mode"; mkdir -p "$dir"; chmod 1777 "$dir"
+    start_sampler "$dir"
+    a=$(submit "$dir" a 10 --topology='affinity[core(2)]')
+    wait_for 30 test -s "$dir/a.out" || true
+    b=$(submit "$dir" b 10 --topology='affinity[core(2)]')
+    wait_for 20 bash -c "'$BASE/bin/topoctl' jobs --socket '$SOCK' | grep -q '^slurm-$b '" || true
+    "$BASE/bin/topoctl" jobs --socket "$SOCK" | sed 's/^/  both started: /'
+    wait_for 90 all_done || { squeue; echo "  jobs still queued after 90 s"; }
+    stop_sampler "$dir"
+    check "job $a completed ($(job_state "$a"))" test "$(job_state "$a")" = COMPLETED
+    check "job $b completed ($(job_state "$b"))" test "$(job_state "$b")" = COMPLETED
+    check "they shared the cores ($(field allowed_start "$dir/a.out") / $(field allowed_start "$dir/b.out"))" \
+        test "$(field allowed_start "$dir/a.out")" = "$(field allowed_start "$dir/b.out")"
+    check_samples "$dir" a b
+    check "Slurm took turns: the first job was stopped for the second" python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["jobs"].get("a", {}).get("stopped", 0) == 0)' "$dir/samples.json"
+    check "topod's ledger is empty after them" wait_for 10 bash -c "[ \"\$('$BASE/bin/topoctl' jobs --socket '$SOCK')\" = 'no jobs' ]"
+    cluster_stop_slurm
+done
+
+echo "== node features after scontrol reconfigure and a slurmctld restart"
+cp packaging/slurm/job_submit.lua "$BASE/etc/job_submit.lua"
+SLURM_EXTRA_CONF="JobSubmitPlugins=lua" cluster_start_slurm affinity "$PLUGSTACK"
+"$BASE/bin/topoctl" slurm-features --socket "$SOCK" --node "$NODE" --interval 1 > "$BASE/log/features.log" 2>&1 &
+FEATURES_PID=$!
+has_features() { scontrol show node "$NODE" | grep -q 'ActiveFeatures=.*topo_cpus_2'; }
+check "features published" wait_for 10 has_features
+for how in reconfigure restart; do
+    if [ "$how" = reconfigure ]; then scontrol reconfigure; else cluster_restart_slurmctld; fi
+    sleep 0.5
+    check "after $how: features back within 5 s" wait_for 5 has_features
+    scontrol show node "$NODE" | grep -o "ActiveFeatures=[^ ]*" | sed "s/^/  /"
+    dir="$BASE/out/features-$how"; mkdir -p "$dir"; chmod 1777 "$dir"
+    job=$(submit "$dir" job 0.2 --topology='affinity[core]' 2> "$dir/sbatch.err" || true)
+    check "after $how: a --topology job is accepted (${job:-$(cat "$dir/sbatch.err")})" test -n "$job"
+    wait_for 30 all_done || squeue
+    check "and completes ($(job_state "$job"))" test "$(job_state "$job")" = COMPLETED
+done
+kill "$FEATURES_PID" 2>/dev/null; FEATURES_PID=""
+sed 's/^/  slurm-features: /' "$BASE/log/features.log"
+cluster_stop_slurm
+
+if [ "$failures" -ne 0 ]; then
+    echo "tests/slurm-timeshare.sh: $failures check(s) failed"
+    exit 1
+fi
+echo "tests/slurm-timeshare.sh: all checks passed"
