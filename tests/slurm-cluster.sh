@@ -4,7 +4,8 @@
 #   cluster_init                 temp dir, binaries copied where job users can run them
 #   cluster_start_munge          munged, unless one already answers
 #   cluster_start_topod          topod on real cgroup v1, own socket/state dir/subtree (again
-#                                after `cluster_stop topod`: a restart; its log is appended)
+#                                after `cluster_stop topod`: a restart; its log is appended);
+#                                TOPOD_EXTRA_CONF: more topod.toml lines
 #   cluster_start_slurm MODE [PLUGSTACK_LINE]
 #                                MODE: affinity (task/affinity + proctrack/linuxproc) or
 #                                cgroup (task/cgroup,task/affinity + proctrack/cgroup, cgroup/v1);
@@ -77,6 +78,7 @@ socket = "$SOCK"
 state_dir = "$BASE/topod"
 cgroup = "v1"
 cgroup_subtree = "$CGROUP_SUBTREE"
+${TOPOD_EXTRA_CONF:-}
 EOT
     "$BASE/bin/topod" --config "$BASE/topod/topod.toml" >> "$BASE/log/topod.log" 2>&1 &
     STARTED_PIDS+=("topod:$!")

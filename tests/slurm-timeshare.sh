@@ -11,6 +11,8 @@
 #   - in both, /proc sampled every 20 ms (tests/slurm/sample.py): no two jobs runnable at once
 #     on a common CPU, and each seen running;
 #   - scontrol suspend/resume of a --topology job;
+#   - Slurm oversubscribing cores without gang scheduling: topod, even with gang rows for all
+#     jobs, slices no Slurm job; the second job is refused, saying why;
 #   - `topoctl slurm-features --interval 1` republishes the node features that `scontrol
 #     reconfigure` and a slurmctld restart reset, and a --topology job is accepted after each.
 # Prints, for the suspend preemption, the time from the high job's submission to its first
@@ -181,6 +183,35 @@ for mode in affinity cgroup; do
     check "topod's ledger is empty after them" wait_for 10 bash -c "[ \"\$('$BASE/bin/topoctl' jobs --socket '$SOCK')\" = 'no jobs' ]"
     cluster_stop_slurm
 done
+
+echo "== Slurm oversubscribing cores without its gang scheduling, topod with gang rows for all jobs"
+# topod's own slicing would freeze Slurm jobs behind slurmctld's back (their time limit counts
+# the frozen time): the plug-in asks gang = false, and the second job, which Slurm runs on the
+# first one's cores at the same time, is refused with the reason.
+cluster_stop topod
+TOPOD_EXTRA_CONF="gang_rows = 2
+gang_slice_s = 1
+gang_all_jobs = true" cluster_start_topod
+SLURM_EXTRA_CONF="PreemptMode=OFF" SLURM_PARTITIONS="PartitionName=over Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2" \
+    cluster_start_slurm affinity "$PLUGSTACK"
+dir="$BASE/out/oversubscribed"; mkdir -p "$dir"; chmod 1777 "$dir"
+a=$(submit "$dir" a 3 --time=1 --topology='affinity[core(2)]')
+wait_for 30 test -s "$dir/a.out" || true
+b=$(submit "$dir" b 1 --time=1 --topology='affinity[core(2)]')
+frozen=0
+for _ in $(seq 20); do
+    grep -qs FROZEN "/sys/fs/cgroup/freezer/$CGROUP_SUBTREE/slurm-$a/freezer.state" && frozen=$((frozen + 1))
+    sleep 0.1
+done
+check "no gang row in topod's ledger" bash -c "'$BASE/bin/topoctl' jobs --json --socket '$SOCK' | python3 -c 'import json, sys; sys.exit(any(\"gang_row\" in j for j in json.load(sys.stdin)))'"
+check "topod never froze the first job (frozen in $frozen of 20 looks)" test "$frozen" -eq 0
+wait_for 60 all_done || squeue
+sed 's/^/  second job says: /' "$dir/b.log"
+check "the first job completed ($(job_state "$a"))" test "$(job_state "$a")" = COMPLETED
+check "the second was refused, saying why" grep -q "Slurm runs slurm-$a on these cores at the same time (OverSubscribe without gang scheduling)" "$dir/b.log"
+cluster_stop_slurm
+cluster_stop topod
+cluster_start_topod
 
 echo "== node features after scontrol reconfigure and a slurmctld restart"
 cp packaging/slurm/job_submit.lua "$BASE/etc/job_submit.lua"

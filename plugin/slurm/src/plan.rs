@@ -83,6 +83,16 @@ pub fn batch_view(states: &[(u32, SlurmState)]) -> topo_core::proto::BatchView {
     }
 }
 
+/// Why a job Slurm runs on cores that other running jobs hold is refused: Slurm oversubscribes
+/// them (`OverSubscribe=FORCE` or `YES` without `PreemptMode=GANG`), and topo gives a CPU to
+/// one job at a time. Appended to topod's refusal.
+pub fn oversubscribed(beside: &[String]) -> String {
+    format!(
+        "; Slurm runs {} on these cores at the same time (OverSubscribe without gang scheduling), and topo gives a CPU to one job at a time: use PreemptMode=GANG (Slurm then takes turns, which topo follows) or OverSubscribe=NO for --topology jobs",
+        beside.join(", ")
+    )
+}
+
 /// The task count to place for when the request gives none (`affinity[core]`): the step's
 /// tasks on this host, or for the batch step, as many units as the cores (or CPUs, for thread
 /// units) Slurm gave the job here, so the script's allocation covers what later steps use.
