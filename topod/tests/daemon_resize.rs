@@ -435,3 +435,62 @@ fn the_owner_may_shrink_a_malleable_job_but_not_grow_it_and_others_may_not_resiz
     assert_eq!(cgroup_cpus(&cpuset_root, "owned"), grown.cpus);
     c.call(Op::Release { job: "owned".into() }).unwrap();
 }
+
+/// The CPUs `pid` may run on (`Cpus_allowed_list` in `/proc/PID/status`).
+fn allowed(pid: u32) -> CpuSet {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap();
+    CpuSet::parse_list(list.trim()).unwrap()
+}
+
+/// A task pinned to one CPU by its batch system (Slurm's task/affinity binds each task with
+/// sched_setaffinity, and the plug-in narrows it to the task's CPUs) follows a resize of its
+/// job: since Linux 6.2 a cpuset change keeps a thread's own mask, so topod sets it.
+#[test]
+fn a_pinned_task_of_a_malleable_job_reaches_the_cpus_a_grow_adds() {
+    let dir = common::open_dir();
+    let Some((d, _cgroups, _subtree, _cleanup, _config)) =
+        common::real_daemon(dir.path(), "topo-pinned-test", "")
+    else {
+        return;
+    };
+    let mut c = Client::connect(&d.socket).unwrap();
+    let pus = c.free_map().unwrap().allocatable.len();
+    if pus < 2 {
+        common::skip(&format!("a resize needs two CPUs topod may give; it has {pus}"));
+        return;
+    }
+    let start: Allocation =
+        c.allocate(Op::Allocate(AllocateArgs::new("p1", "affinity[thread*1-2]"))).unwrap();
+    assert_eq!(start.tasks.len(), 2, "{start:?}");
+    let first = start.tasks[0].first().unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let task = Kill(
+        Command::new("taskset").args(["-c", &first.to_string(), "sleep", "60"]).spawn().unwrap(),
+    );
+    let pid = task.0.id();
+    let deadline = Instant::now() + PATIENCE;
+    while allowed(pid) != CpuSet::parse_list(&first.to_string()).unwrap() {
+        assert!(Instant::now() < deadline, "taskset did not pin {pid}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    c.call_as::<topo_core::proto::reply::Join>(Op::Join { job: "p1".into(), pid: pid as i32 })
+        .unwrap();
+    let small = resize(&mut c, "p1", 1);
+    assert_eq!(allowed(pid), small.cpus, "after the shrink");
+    let grown = resize(&mut c, "p1", 2);
+    assert_eq!(grown.cpus, start.cpus);
+    assert_eq!(
+        allowed(pid),
+        grown.cpus,
+        "after the grow: the task may run on every CPU of its job"
+    );
+    drop(task);
+    c.release("p1").unwrap();
+}

@@ -46,6 +46,7 @@ pub(crate) struct FakeCgroupFs {
 struct State {
     unkillable: BTreeSet<i32>,
     own_cgroups: Option<String>,
+    affinity: std::collections::BTreeMap<i32, topo_core::cpuset::CpuSet>,
 }
 
 fn errno(e: nix::errno::Errno) -> Error {
@@ -135,6 +136,11 @@ impl FakeCgroupFs {
     /// `pid` survives SIGKILL (a process in uninterruptible sleep, say).
     pub fn unkillable(&self, pid: i32) {
         self.state().unkillable.insert(pid);
+    }
+
+    /// The CPU affinity the backend last gave thread `tid`, if any.
+    pub fn affinity(&self, tid: i32) -> Option<topo_core::cpuset::CpuSet> {
+        self.state().affinity.get(&tid).cloned()
     }
 
     /// What `/proc/self/cgroup` reads.
@@ -482,6 +488,14 @@ impl CgroupFs for FakeCgroupFs {
 
     fn own_cgroups(&self) -> Option<String> {
         self.state().own_cgroups.clone()
+    }
+
+    fn set_affinity(&self, tid: i32, cpus: &topo_core::cpuset::CpuSet) -> bool {
+        if !self.alive(tid) {
+            return false;
+        }
+        self.state().affinity.insert(tid, cpus.clone());
+        true
     }
 
     fn watch(

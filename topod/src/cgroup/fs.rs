@@ -36,6 +36,8 @@ pub trait CgroupFs: Send + Sync + std::fmt::Debug {
     fn threads(&self, pid: i32) -> Option<Vec<i32>>;
     /// This process's cgroups (`/proc/self/cgroup`), if they can be read.
     fn own_cgroups(&self) -> Option<String>;
+    /// Sets thread `tid`'s CPU affinity to `cpus` (`sched_setaffinity(2)`); whether it took.
+    fn set_affinity(&self, tid: i32, cpus: &CpuSet) -> bool;
     /// Reads `path` until `done` accepts its text or `timeout` passes, and says which. Between
     /// reads it waits for the kernel's "file modified" notification (`poll(2)` `POLLPRI` on a
     /// kernfs file such as v2's `cgroup.events`), not for a fixed sleep.
@@ -120,6 +122,16 @@ impl CgroupFs for Kernel {
 
     fn own_cgroups(&self) -> Option<String> {
         std::fs::read_to_string("/proc/self/cgroup").ok()
+    }
+
+    fn set_affinity(&self, tid: i32, cpus: &CpuSet) -> bool {
+        let mut mask = nix::sched::CpuSet::new();
+        // A CPU beyond what the kernel's mask type holds (1024) cannot be set; none is lost
+        // silently: the set fails.
+        if cpus.iter().any(|c| mask.set(c as usize).is_err()) {
+            return false;
+        }
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), &mask).is_ok()
     }
 
     fn watch(
@@ -304,6 +316,24 @@ impl Files {
     /// SIGKILL to each pid (again, if it was signalled before and is still listed while it
     /// dies); a pid that is already gone is not an error. `signalled` collects every pid
     /// signalled, so that a release reports each process once.
+    /// Gives every thread of `pids` the CPU affinity `cpus` (a job's new CPUs after its cpuset
+    /// changed). Since Linux 6.2 a cpuset change keeps a thread's own `sched_setaffinity` mask
+    /// (intersected with the new CPUs), so a task the batch system pinned to one CPU would
+    /// never reach the CPUs a grow adds, and a shrink could leave it on fewer than it has.
+    /// Threads that exit meanwhile are no error; returns how many were set.
+    pub(crate) fn set_affinity_all(&self, pids: &[i32], cpus: &CpuSet) -> usize {
+        let me = std::process::id() as i32;
+        let mut set = 0;
+        for &pid in pids.iter().filter(|&&p| p > 0 && p != me) {
+            for tid in self.0.threads(pid).unwrap_or_default() {
+                if self.0.set_affinity(tid, cpus) {
+                    set += 1;
+                }
+            }
+        }
+        set
+    }
+
     pub(crate) fn kill_all(&self, pids: &[i32], signalled: &mut std::collections::BTreeSet<i32>) {
         let me = std::process::id() as i32;
         for &pid in pids {

@@ -357,7 +357,10 @@ impl CgroupBackend for V1 {
             self.files.write(&mems, &spec.mems.to_string())?;
         }
         self.files.write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
-        self.effective(&dir)
+        let effective = self.effective(&dir)?;
+        // Every thread's own affinity follows the change (see Files::set_affinity_all).
+        self.files.set_affinity_all(&self.all_pids(job)?, &effective.cpus);
+        Ok(effective)
     }
 
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
@@ -524,6 +527,23 @@ mod tests {
 
     fn job(id: &str) -> JobId {
         JobId::parse(id).unwrap()
+    }
+
+    #[test]
+    fn a_cpuset_change_gives_every_thread_the_new_cpus() {
+        let fs = Arc::new(FakeCgroupFs::v1("0-7", "0-1"));
+        let v1 = open(&fs);
+        v1.create(&job("1"), &spec("2-3", "0")).unwrap();
+        fs.start_process(100);
+        fs.start_process(101);
+        v1.join(&job("1"), 100).unwrap();
+        // Shrunk, then grown: each time every process of the job gets the job's new CPUs,
+        // and no process outside it is touched.
+        v1.update(&job("1"), &spec("2", "0")).unwrap();
+        assert_eq!(fs.affinity(100), Some(set("2")));
+        v1.update(&job("1"), &spec("2-5", "0")).unwrap();
+        assert_eq!(fs.affinity(100), Some(set("2-5")));
+        assert_eq!(fs.affinity(101), None);
     }
 
     #[test]

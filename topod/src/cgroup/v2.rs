@@ -164,7 +164,11 @@ impl CgroupBackend for V2 {
             self.files.write(&mems, &spec.mems.to_string())?;
         }
         self.files.write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
-        self.effective(&dir)
+        let effective = self.effective(&dir)?;
+        // Every thread's own affinity follows the change (see Files::set_affinity_all).
+        self.files
+            .set_affinity_all(&self.files.read_pids(&dir.join("cgroup.procs"))?, &effective.cpus);
+        Ok(effective)
     }
 
     fn join(&self, job: &JobId, pid: i32) -> Result<(), CgroupError> {
