@@ -11,6 +11,8 @@
 #   - in both, /proc sampled every 20 ms (tests/slurm/sample.py): no two jobs runnable at once
 #     on a common CPU, and each seen running;
 #   - scontrol suspend/resume of a --topology job;
+#   - a malleable --topology job (affinity[core*1-2]) under task/affinity: its task follows
+#     topoctl resize to one CPU and back to two, and then runs on both (its CPU time says so);
 #   - Slurm oversubscribing cores without gang scheduling: topod, even with gang rows for all
 #     jobs, slices no Slurm job; the second job is refused, saying why;
 #   - `topoctl slurm-features --interval 1` republishes the node features that `scontrol
@@ -183,6 +185,46 @@ for mode in affinity cgroup; do
     check "topod's ledger is empty after them" wait_for 10 bash -c "[ \"\$('$BASE/bin/topoctl' jobs --socket '$SOCK')\" = 'no jobs' ]"
     cluster_stop_slurm
 done
+
+echo "== a malleable --topology job under task/affinity: topoctl resize reaches its task"
+SLURM_EXTRA_CONF="" cluster_start_slurm affinity "$PLUGSTACK"
+dir="$BASE/out/malleable"; mkdir -p "$dir"; chmod 1777 "$dir"
+cat > "$dir/job.sh" <<EOT
+#!/bin/sh
+( while :; do :; done ) & a=\$!
+( while :; do :; done ) & b=\$!
+echo "pids=\$a \$b" > $dir/pids
+sleep 60
+kill \$a \$b
+EOT
+chmod 755 "$dir/job.sh"
+job=$(as_user sbatch --parsable -n1 -c2 -o "$dir/job.log" --topology='affinity[core*1-2]' "$dir/job.sh")
+wait_for 30 test -s "$dir/pids" || true
+read -r p1 p2 <<< "$(field pids "$dir/pids")"
+allowed_of() { sed -n 's/^Cpus_allowed_list:\s*//p' "/proc/$1/status" 2>/dev/null; }
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# CPU seconds the job's two spinners got over 2 s of wall clock.
+cpu_in_2s() {
+    local t0 t1
+    t0=$(( $(cpu_ticks "$p1") + $(cpu_ticks "$p2") )); sleep 2
+    t1=$(( $(cpu_ticks "$p1") + $(cpu_ticks "$p2") ))
+    python3 -c "print('%.2f' % (($t1 - $t0) / $(getconf CLK_TCK)))"
+}
+full=$(ledger_cpus "$job")
+echo "  job $job: topod gave $full; its spinners may run on $(allowed_of "$p1") and $(allowed_of "$p2")"
+check "its one task is bound to all the job's CPUs, not to its first task's" test "$(allowed_of "$p1")" = "$full"
+"$BASE/bin/topoctl" resize --socket "$SOCK" "slurm-$job" 1 > /dev/null
+small=$(ledger_cpus "$job")
+check "shrunk to $small: the spinners follow ($(allowed_of "$p1"), $(allowed_of "$p2"))" test "$(allowed_of "$p1"):$(allowed_of "$p2")" = "$small:$small"
+shrunk_cpu=$(cpu_in_2s)
+"$BASE/bin/topoctl" resize --socket "$SOCK" "slurm-$job" 2 > /dev/null
+check "grown back to $full: the spinners may run on both ($(allowed_of "$p1"), $(allowed_of "$p2"))" test "$(allowed_of "$p1"):$(allowed_of "$p2")" = "$full:$full"
+grown_cpu=$(cpu_in_2s)
+echo "  CPU seconds in 2 s: $shrunk_cpu on one CPU, $grown_cpu on two"
+check "on two CPUs they got more than 1.5 CPU-seconds in 2 s ($grown_cpu; $shrunk_cpu on one)" python3 -c "import sys; sys.exit(not $grown_cpu > 1.5)"
+scancel "$job"
+wait_for 30 all_done || squeue
+cluster_stop_slurm
 
 echo "== Slurm oversubscribing cores without its gang scheduling, topod with gang rows for all jobs"
 # topod's own slicing would freeze Slurm jobs behind slurmctld's back (their time limit counts

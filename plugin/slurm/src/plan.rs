@@ -114,6 +114,13 @@ pub fn tasks_if_unsaid(
     u32::try_from(units / req.units_per_task.max(1) as usize).unwrap_or(u32::MAX).max(1)
 }
 
+/// Whether each task is bound to its own CPUs of the allocation (`true`), or to all the job's
+/// CPUs: a malleable request (`*min-max`) run as one process per host grows and shrinks as a
+/// whole, and its one task must reach every CPU its job gets.
+pub fn binds_per_task(req: &Request, local_tasks: u32) -> bool {
+    !(req.is_malleable() && local_tasks <= 1)
+}
+
 /// The CPUs of local task `task` of a step that runs on `step_cpus` (OS ids): its own CPUs from
 /// topod when the allocation has one set per task, inside the step's CPUs; else the job's CPUs
 /// inside the step's; never empty while the allocation is not.
@@ -205,6 +212,15 @@ mod tests {
         let pairs = topo_core::request::parse("affinity[thread(2)]").unwrap();
         assert_eq!(tasks_if_unsaid(&pairs, BATCH_STEP, 1, 8, 16), 8);
         assert_eq!(tasks_if_unsaid(&pairs, BATCH_STEP, 1, 1, 1), 1);
+    }
+
+    #[test]
+    fn one_task_of_a_malleable_job_is_bound_to_all_its_cpus() {
+        let malleable = topo_core::request::parse("affinity[core*1-2]").unwrap();
+        let rigid = topo_core::request::parse("affinity[core*2]").unwrap();
+        assert!(!binds_per_task(&malleable, 1));
+        assert!(binds_per_task(&malleable, 2));
+        assert!(binds_per_task(&rigid, 1));
     }
 
     #[test]

@@ -625,9 +625,14 @@ pub extern "C" fn slurm_spank_task_init_privileged(
                 started.elapsed().as_secs_f64() * 1e3
             ));
         }
+        let local_tasks = item_u32(sp, S_JOB_LOCAL_TASK_COUNT, "the step's tasks on this host")
+            .unwrap_or(1);
+        let per_task = topo_core::request::parse(&request)
+            .map(|r| plan::binds_per_task(&r, local_tasks))
+            .unwrap_or(true);
         let cpus = plan::task_cpus(
             &g.alloc.cpus,
-            &g.alloc.tasks,
+            if per_task { &g.alloc.tasks } else { &[] },
             usize::try_from(task).unwrap_or(0),
             &g.step_cpus,
         );
