@@ -625,8 +625,8 @@ pub extern "C" fn slurm_spank_task_init_privileged(
                 started.elapsed().as_secs_f64() * 1e3
             ));
         }
-        let local_tasks = item_u32(sp, S_JOB_LOCAL_TASK_COUNT, "the step's tasks on this host")
-            .unwrap_or(1);
+        let local_tasks =
+            item_u32(sp, S_JOB_LOCAL_TASK_COUNT, "the step's tasks on this host").unwrap_or(1);
         let per_task = topo_core::request::parse(&request)
             .map(|r| plan::binds_per_task(&r, local_tasks))
             .unwrap_or(true);
