@@ -5,6 +5,7 @@
 # v1 cpusets, and real jobs submitted by an ordinary user.
 #
 # Checks, each printed as "  ok: ..." or "  FAIL: ...":
+#   a malleable request (*1-2) with ncpus=1 starts, shrunk to one CPU;
 #   a bad request is refused at qsub with topoctl's message (and a split one says to quote it);
 #   a job's CPUs and cgroup are the ones topod's ledger holds for it; two jobs at once are
 #   disjoint; a double-forked daemon is killed at job end; qdel releases; an array job and a
@@ -311,6 +312,16 @@ qdel "$j2"
 wait_state "$j2" F 30 || fail "job two did not end after qdel"
 for _ in $(seq 50); do ledger | grep -q "$(topod_id "$j2")" || break; sleep 0.2; done
 check "qdel releases the job's allocation" test -z "$(ledger | grep "$(topod_id "$j2")")"
+
+# --- 5b. a malleable request with ncpus of its least starts, shrunk to what PBS gave ------------
+jmal=$(submit mal -l select=1:ncpus=1 -l topology='affinity[thread*1-2]')
+wait_file "$OUT/mal.cpus" 30 || fail "the malleable job did not start: $(job_attr "$jmal" comment)"
+lmal=$(ledger | awk -v j="$(topod_id "$jmal")" '$1 == j { print $2 }')
+check "a *1-2 job with ncpus=1 runs on one CPU, the one topod holds (${lmal:-none}, ran on $(cat "$OUT/mal.cpus" 2>/dev/null))" \
+    test -n "$lmal" -a "$(cat "$OUT/mal.cpus" 2>/dev/null)" = "$lmal" -a "${lmal//[0-9]/}" = ""
+check "  ... on its first run (run_count $(job_attr "$jmal" run_count))" test "$(job_attr "$jmal" run_count)" = 1
+touch "$OUT/mal.stop"
+wait_state "$jmal" F 30 || fail "the malleable job did not finish"
 
 # --- 6. an array job and a multi-chunk job -------------------------------------------------------
 ja=$(as_user qsub -N arr -J 1-2 -l select=1:ncpus=1 -- /bin/sh -c "grep Cpus_allowed_list /proc/self/status > $OUT/arr.\$PBS_ARRAY_INDEX; cat /proc/self/cgroup | grep :cpuset: >> $OUT/arr.\$PBS_ARRAY_INDEX")

@@ -1002,6 +1002,14 @@ def on_begin(event, config):
                         "the queue until they are free" % (e, ", ".join(outside[:5]), job.id))
     got = cpu_set(allocation["cpus"])
     if config["enforce_ncpus"] and share.ncpus and len(got) > share.ncpus:
+        # A malleable request (*min-max) starts with the most tasks that fit the host: it is
+        # shrunk to what PBS gave it here, when its least fits.
+        shrunk = fit_malleable(topod, jid, allocation, share.ncpus)
+        if shrunk is not None:
+            allocation, got = shrunk, cpu_set(shrunk["cpus"])
+            pbs.logjobmsg(job.id, "%s: %s: malleable, %d task(s) on %d CPU(s) to fit ncpus=%d on %s"
+                          % (HOOK, jid, len(shrunk["tasks"]), len(got), share.ncpus, host))
+    if config["enforce_ncpus"] and share.ncpus and len(got) > share.ncpus:
         release(topod, jid)
         raise HookError(
             "%s=%s takes %d CPUs on %s but the job asked PBS for ncpus=%d there; ask for more "
@@ -1009,6 +1017,29 @@ def on_begin(event, config):
         )
     pbs.logjobmsg(job.id, "%s: %s on %s: CPUs %s, memory nodes %s (%s)"
                   % (HOOK, jid, host, allocation["cpus"], allocation["mems"], allocation["request"]))
+
+
+MALLEABLE = re.compile(r"\*\d+-\d+")
+
+
+def fit_malleable(topod, jid, allocation, ncpus):
+    """A malleable job's allocation shrunk (topod's resize, which keeps its first tasks) to the
+    most tasks whose CPUs add up to at most `ncpus`; None when the request is not malleable or
+    its least does not fit (topod refuses a size below it)."""
+    if not MALLEABLE.search(allocation.get("request", "")):
+        return None
+    total, fit = 0, 0
+    for task in allocation.get("tasks", []):
+        total += len(cpu_set(task))
+        if total > ncpus:
+            break
+        fit += 1
+    if fit < 1 or fit >= len(allocation.get("tasks", [])):
+        return None
+    try:
+        return topod.call("resize", job=jid, tasks=fit)
+    except TopodRefused:
+        return None
 
 
 def allocate(topod, event, job, jid, share, request, tasks):

@@ -501,6 +501,21 @@ class JobLifeTest(HookTestCase):
             self.assert_rejected(result, "cannot name a topod job")
         self.assertEqual(self.topod.jobs(), [])
 
+    def test_a_malleable_request_starts_shrunk_to_its_ncpus(self):
+        job = mom_job("58.server", ncpus=1, topology="affinity[thread*1-2]")
+        result = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+        self.assert_accepted(result)
+        got = {a["job"]: a for a in self.topod.call("list")["ok"]}["pbs-58.server"]
+        self.assertEqual((len(got["tasks"]), got["cpus"]), (1, got["tasks"][0]), got)
+        self.assertTrue(any("malleable, 1 task(s) on 1 CPU(s) to fit ncpus=1" in line for _, line in result["log"]),
+                        result["log"])
+        self.topod.call("release", job="pbs-58.server")
+        # Its least does not fit ncpus: refused as any request that takes more, nothing held.
+        too_big = mom_job("59.server", ncpus=1, topology="affinity[thread*2-3]")
+        self.assert_rejected(self.run_event("execjob_begin", job=too_big, vnode_list={HOST: {}}),
+                             "takes", "asked PBS for ncpus=")
+        self.assertEqual(self.topod.jobs(), [])
+
     def test_an_unexpected_error_is_a_sentence_and_the_traceback_goes_to_the_log(self):
         # A value PBS would not give: handled, with the value named.
         job = dict(mom_job("63.server"), exec_vnode="(node1:ncpus=two:mem=1gb)")
