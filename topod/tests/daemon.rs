@@ -121,6 +121,36 @@ fn protocol_and_bad_input() {
     assert!(matches!(c.call(Op::Release { job: "100".into() }), Err(ClientError::Refused(_))));
 }
 
+/// Under the systemd unit's `UMask=0077` the jobs' notify files must still be readable by the
+/// jobs' users (`TOPO_NOTIFY_FILE`), and no one else may write them.
+#[test]
+fn notify_files_are_readable_by_jobs_whatever_topods_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("topod.sock");
+    let zen4 = common::topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml");
+    let child = Command::new("sh")
+        .args(["-c", "umask 077; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_topod"))
+        .args(["--socket", socket.to_str().unwrap(), "--state-dir", dir.path().to_str().unwrap()])
+        .args(["--topology", zen4.to_str().unwrap(), "--cgroup", "fake"])
+        .stderr(std::fs::File::create(dir.path().join("topod.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _d = common::Daemon { child, socket: socket.clone() };
+    let start = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(20), "topod did not open its socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut c = Client::connect(&socket).unwrap();
+    c.allocate(Op::allocate("n1", "affinity[core]")).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let notify_dir = topo_core::proto::notify_dir_for(&socket);
+    assert_eq!(mode(&notify_dir), 0o755, "{}", notify_dir.display());
+    assert_eq!(mode(&notify_dir.join("n1")), 0o644);
+}
+
 #[test]
 fn fit_within_the_cpus_the_batch_system_gave() {
     let dir = tempfile::tempdir().unwrap();

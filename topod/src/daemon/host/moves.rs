@@ -21,7 +21,7 @@ use super::{Host, HostError, JobHint};
 use crate::cgroup::{CgroupError, CgroupSpec, JobId};
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use topo_core::ledger::{Allocation, JobState, LedgerError};
 use topo_core::place;
@@ -41,6 +41,11 @@ impl Host {
             }
             super::super::records::check_private_dir(dir)
                 .map_err(|e| HostError::Notify(e.to_string()))?;
+            // topod's own directory (checked above): readable by every job's user whatever
+            // umask topod runs with (the systemd unit's UMask=0077 made it 0700).
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(|e| {
+                HostError::Notify(format!("making {} readable: {e}", dir.display()))
+            })?;
         }
         self.notify_dir = dir;
         Ok(())
@@ -426,6 +431,8 @@ fn write_world_readable(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result
         }
         other => other,
     }?;
+    // 0644 whatever the umask: the job's user reads it.
+    f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
     f.write_all(bytes)?;
     drop(f);
     std::fs::rename(&tmp, dir.join(name))
