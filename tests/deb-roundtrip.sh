@@ -198,7 +198,8 @@ check "the installed unit runs the installed topod (ExecStart=$exec_start)" test
 if [ -d /run/systemd/system ] && [ "$(ps -p 1 -o comm=)" = systemd ]; then
     log "systemd runs here: systemctl start topod (a runtime drop-in adds --config)"
     mkdir -p /run/systemd/system/topod.service.d
-    printf '[Service]\nExecStart=\nExecStart=%s --config %s\n' "$exec_start" "$RUNDIR/topod.toml" \
+    printf '[Service]\nExecStartPre=\nExecStartPre=+%s --prepare-cgroups --config %s\nExecStart=\nExecStart=%s --config %s\n' \
+        "$exec_start" "$RUNDIR/topod.toml" "$exec_start" "$RUNDIR/topod.toml" \
         > /run/systemd/system/topod.service.d/zz-roundtrip.conf
     systemctl daemon-reload
     SYSTEMD_STARTED=1
@@ -215,18 +216,15 @@ else
     [ "$(unit_value NoNewPrivileges)" = yes ] && no_new_privs=(--no-new-privs)
     [ "$(unit_value Type)" = notify ] || fail "the unit is Type=notify"
     [ -n "$runtime_dir" ] && mkdir -p -m 0755 "/run/$runtime_dir"
-    # topod makes its subtree at the top of each hierarchy as root without CAP_DAC_OVERRIDE,
-    # which a host's root-owned 0755 cgroup directories allow. Some sandboxes mount them 0555:
-    # there the test makes the subtree (as the administrator would for a nested one) and says so.
-    probe=/sys/fs/cgroup/cpuset
-    [ -d "$probe" ] || probe=/sys/fs/cgroup
-    if ! setpriv --bounding-set="-all${bounding:+,$bounding}" mkdir "$probe/$SUBTREE.probe" 2>/dev/null; then
-        log "this host's $probe is mode $(stat -c %a "$probe"): without CAP_DAC_OVERRIDE root cannot make topod's subtree there; the test makes it"
-        for h in cpuset freezer memory; do
-            [ -d "/sys/fs/cgroup/$h" ] && mkdir -p "/sys/fs/cgroup/$h/$SUBTREE"
-        done
-    fi
-    rmdir "$probe/$SUBTREE.probe" 2>/dev/null || true
+    # The unit's ExecStartPre=+ makes the subtree with root's full privileges (systemd's "+"):
+    # the daemon keeps only CAP_KILL and CAP_SYS_NICE, and a cgroup v1 hierarchy root of mode
+    # 0555 (this host's cpuset is $(stat -c %a /sys/fs/cgroup/cpuset 2>/dev/null)) is writable
+    # only with CAP_DAC_OVERRIDE.
+    exec_start_pre=$(unit_value ExecStartPre)
+    check "the unit prepares the cgroup subtree with full privileges (ExecStartPre=$exec_start_pre)" \
+        test "$exec_start_pre" = "+/usr/sbin/topod --prepare-cgroups"
+    ${exec_start_pre#+} --config "$RUNDIR/topod.toml" >> "$BASE/topod.log" 2>&1 \
+        || fail "ExecStartPre failed: $(tail -1 "$BASE/topod.log")"
     # Type=notify: a datagram socket that topod must say READY=1 on.
     python3 - "$BASE/notify.sock" "$BASE/notify.out" <<'EOT' &
 import socket, sys

@@ -27,6 +27,12 @@ pub struct TopodArgs {
     /// Emulate the machine of this hwloc XML file instead of reading /sys.
     #[arg(long, value_name = "FILE")]
     pub topology: Option<PathBuf>,
+    /// Create topod's cgroup subtree in each hierarchy (with the host's CPUs and memory nodes)
+    /// and exit: the systemd unit's `ExecStartPre=+`, which runs with root's full privileges,
+    /// because the daemon keeps only CAP_KILL and CAP_SYS_NICE and cgroup v1's hierarchy roots
+    /// are writable only with CAP_DAC_OVERRIDE.
+    #[arg(long)]
+    pub prepare_cgroups: bool,
 }
 
 /// `topo-exec`'s command line.

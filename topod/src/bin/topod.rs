@@ -60,8 +60,11 @@ fn run(args: TopodArgs) -> Result<(), String> {
     let subtree = config.cgroup_subtree.clone().unwrap_or_else(|| "topo".to_string());
     // A second topod stops before it reads or changes any cgroup: recovery would remove job
     // cgroups the running one is still configuring. The socket answering tells the common case;
-    // the lock on the cgroup subtree tells a second topod with another socket.
-    refuse_if_running(&socket)?;
+    // the lock on the cgroup subtree tells a second topod with another socket. (Preparing the
+    // subtree touches no job.)
+    if !args.prepare_cgroups {
+        refuse_if_running(&socket)?;
+    }
     let fds = match raise_fd_limit() {
         Ok(n) => n.to_string(),
         Err(e) => {
@@ -78,6 +81,9 @@ fn run(args: TopodArgs) -> Result<(), String> {
         CgroupKind::V2 => Kind::V2,
         CgroupKind::Auto => Kind::auto(&files, &mounts),
     };
+    if args.prepare_cgroups {
+        return prepare_cgroups(kind, files, &mounts, &subtree, args.topology.or(config.topology));
+    }
     let _subtree_lock = lock_subtree(kind.subtree_dir(&mounts, &subtree))?;
     let topo = match args.topology.or(config.topology.clone()) {
         Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
@@ -336,6 +342,45 @@ fn read_key(key_file: &Path) -> Result<String, String> {
         ));
     }
     Ok(key)
+}
+
+/// `--prepare-cgroups`: the subtree made in each hierarchy, as the backend makes it at start,
+/// by a process that may (the unit's `ExecStartPre=+`); nothing else is read or changed.
+fn prepare_cgroups(
+    kind: Kind,
+    files: Files,
+    mounts: &str,
+    subtree: &str,
+    topology: Option<PathBuf>,
+) -> Result<(), String> {
+    if let Some(dir) = kind.subtree_dir(mounts, subtree) {
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(format!("cannot create topod's cgroup subtree {}: {e}", dir.display()))
+            }
+        }
+    }
+    let topo = match topology {
+        Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
+        None => {
+            sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
+        }
+    };
+    kind.open(files, mounts, subtree, &topo.allowed, &topo.allowed_mems)
+        .map_err(|e| e.to_string())?;
+    let dirs = kind.subtree_dir(mounts, subtree).map(|d| d.display().to_string());
+    let layout = match kind {
+        Kind::V1 => "cgroup v1",
+        Kind::V2 => "cgroup v2",
+        _ => "no kernel cgroups",
+    };
+    println!(
+        "topod: cgroup subtree {} ready ({layout})",
+        dirs.unwrap_or_else(|| subtree.to_string())
+    );
+    Ok(())
 }
 
 /// Takes an exclusive lock (`flock(2)`) on topod's subtree in the cpuset hierarchy, held for
