@@ -10,6 +10,11 @@
 #     cores both complete;
 #   - in both, /proc sampled every 20 ms (tests/slurm/sample.py): no two jobs runnable at once
 #     on a common CPU, and each seen running;
+#   - a high job that topod refuses on the low job's cores gives them back: topod holds the low
+#     job running again, as Slurm resumes it;
+#   - preemption in three tiers: when the top job ends, the middle one runs again in topod's
+#     ledger and the low one stays suspended, as in Slurm;
+#   - an allocation of a Slurm job slurmctld knows no more is released by the next job;
 #   - scontrol suspend/resume of a --topology job;
 #   - a malleable --topology job (affinity[core*1-2]) under task/affinity: its task follows
 #     topoctl resize to one CPU and back to two, and then runs on both (its CPU time says so);
@@ -150,6 +155,19 @@ for mode in affinity cgroup; do
     echo "  high job, submission to first instruction (ms): with --topology: ${LATENCY[$mode-with]:-none}; without: ${LATENCY[$mode-without]:-none}"
     echo "  of which the plug-in's allocation in slurmstepd (slurmctld's job states, topod's list and allocate; ms): ${PLUGIN_MS[$mode]:-none}"
 
+    echo "-- a high job refused on the low job's cores gives them back (topod follows Slurm's resume)"
+    dir="$BASE/out/refused-$mode"; mkdir -p "$dir"; chmod 1777 "$dir"
+    low=$(submit "$dir" low 3 -p low --topology='affinity[core(2)]')
+    wait_for 30 test -s "$dir/low.out" || true
+    high=$(submit "$dir" high 1 -p high --topology='affinity[core(2)*2]')
+    wait_for 30 bash -c "[ \"\$(scontrol show job $high 2>/dev/null | grep -o 'JobState=[A-Z]*')\" = JobState=FAILED ]" || true
+    sleep 1
+    check "the impossible high job failed ($(job_state "$high"))" test "$(job_state "$high")" = FAILED
+    check "topod holds the low job running again, lending nothing ($("$BASE/bin/topoctl" jobs --socket "$SOCK" | awk -v j="slurm-$low" '$1 == j { print $5 }'))" \
+        test "$("$BASE/bin/topoctl" jobs --socket "$SOCK" | awk -v j="slurm-$low" '$1 == j { print $5 }')" = running
+    wait_for 60 all_done || squeue
+    check "the low job completed ($(job_state "$low"))" test "$(job_state "$low")" = COMPLETED
+
     echo "-- scontrol suspend / resume of a --topology job"
     dir="$BASE/out/suspend-$mode"; mkdir -p "$dir"; chmod 1777 "$dir"
     job=$(submit "$dir" job 3 --topology='affinity[core]')
@@ -185,6 +203,40 @@ for mode in affinity cgroup; do
     check "topod's ledger is empty after them" wait_for 10 bash -c "[ \"\$('$BASE/bin/topoctl' jobs --socket '$SOCK')\" = 'no jobs' ]"
     cluster_stop_slurm
 done
+
+echo "== preemption in three tiers: when the top job ends, the middle one runs again, the low one waits"
+SLURM_EXTRA_CONF="$PREEMPT_CONF" SLURM_PARTITIONS="PartitionName=low Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=FORCE:1
+PartitionName=mid Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 OverSubscribe=FORCE:1
+PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=3 OverSubscribe=FORCE:1" cluster_start_slurm affinity "$PLUGSTACK"
+dir="$BASE/out/tiers"; mkdir -p "$dir"; chmod 1777 "$dir"
+start_sampler "$dir"
+low=$(submit "$dir" low 4 -p low --topology='affinity[core(2)]')
+wait_for 30 test -s "$dir/low.out" || true
+mid=$(submit "$dir" mid 3 -p mid --topology='affinity[core(2)]')
+wait_for 30 test -s "$dir/mid.out" || true
+high=$(submit "$dir" high 1 -p high --topology='affinity[core(2)]')
+wait_for 30 bash -c "grep -q '^end=' '$dir/high.out'" || true
+wait_for 10 bash -c "[ \"\$(scontrol show job $mid | grep -o 'JobState=[A-Z]*')\" = JobState=RUNNING ]" || true
+sleep 0.5
+state_of_job() { "$BASE/bin/topoctl" jobs --socket "$SOCK" | awk -v j="slurm-$1" '$1 == j { print $5 }'; }
+check "after the high job: Slurm runs mid ($(job_state "$mid")), topod too ($(state_of_job "$mid"))" test "$(job_state "$mid"):$(state_of_job "$mid")" = RUNNING:running
+check "low is still suspended for mid, in Slurm ($(job_state "$low")) and topod ($(state_of_job "$low"))" test "$(job_state "$low"):$(state_of_job "$low")" = SUSPENDED:suspended
+wait_for 90 all_done || squeue
+stop_sampler "$dir"
+check "all three completed ($(job_state "$low") $(job_state "$mid") $(job_state "$high"))" test "$(job_state "$low"):$(job_state "$mid"):$(job_state "$high")" = COMPLETED:COMPLETED:COMPLETED
+check_samples "$dir" low mid high
+cluster_stop_slurm
+
+echo "== an allocation of a Slurm job slurmctld knows no more is released by the next job on its cores"
+SLURM_EXTRA_CONF="" cluster_start_slurm affinity "$PLUGSTACK"
+"$BASE/bin/topoctl" alloc --socket "$SOCK" --job slurm-999999 'affinity[core(2)]' > /dev/null
+dir="$BASE/out/orphan"; mkdir -p "$dir"; chmod 1777 "$dir"
+job=$(submit "$dir" job 0.2 --topology='affinity[core(2)]')
+wait_for 30 all_done || squeue
+check "the job ran ($(job_state "$job"))" test "$(job_state "$job")" = COMPLETED
+check "the orphan slurm-999999 is gone from topod" bash -c "! '$BASE/bin/topoctl' jobs --socket '$SOCK' | grep -q '^slurm-999999 '"
+check "slurmd's log says so" grep -q "topo: job $job: released slurm-999999, which topod held on this job's cores and slurmctld knows no more" "$BASE/log/slurmd.log"
+cluster_stop_slurm
 
 echo "== a malleable --topology job under task/affinity: topoctl resize reaches its task"
 SLURM_EXTRA_CONF="" cluster_start_slurm affinity "$PLUGSTACK"

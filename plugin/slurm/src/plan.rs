@@ -49,6 +49,37 @@ pub enum SlurmState {
     Suspended,
     /// Anything else (completing, ended, pending again).
     Other,
+    /// slurmctld knows no such job: it ended and was purged (or never was). topod's allocation
+    /// for it is an orphan.
+    Gone,
+}
+
+/// What a task of a job Slurm started suspended does next (see the SPANK plug-in's
+/// `wait_until_running`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitStep {
+    /// Ask again after a while.
+    Again,
+    /// Run the user's program: slurmctld runs the job (or no longer holds it suspended).
+    Run,
+    /// Run it anyway: slurmctld has not answered for `limit`.
+    GiveUp,
+}
+
+/// The next step of that wait, from slurmctld's answer (`None`: it did not answer) and how
+/// long, by the wall clock, it has not answered in a row (a failed question can take many
+/// seconds by itself while slurmctld is down).
+pub fn wait_step(
+    answer: Option<SlurmState>,
+    unanswered_for: std::time::Duration,
+    limit: std::time::Duration,
+) -> WaitStep {
+    match answer {
+        Some(SlurmState::Suspended) => WaitStep::Again,
+        Some(_) => WaitStep::Run,
+        None if unanswered_for >= limit => WaitStep::GiveUp,
+        None => WaitStep::Again,
+    }
 }
 
 /// The other Slurm jobs topod holds on CPUs that Slurm gave this job: Slurm gives a job cores
@@ -170,6 +201,19 @@ mod tests {
         assert_eq!(sharing_jobs(held, 10, &set("0-1")), vec![5, 7]);
         assert_eq!(sharing_jobs(held, 7, &set("0-1")), vec![5], "never the job itself");
         assert!(sharing_jobs(held, 10, &set("4-7")).is_empty());
+    }
+
+    #[test]
+    fn a_task_waits_while_suspended_and_at_most_the_limit_without_answers() {
+        use std::time::Duration;
+        let limit = Duration::from_secs(60);
+        let s = |n| Duration::from_secs(n);
+        assert_eq!(wait_step(Some(SlurmState::Suspended), s(600), limit), WaitStep::Again);
+        assert_eq!(wait_step(Some(SlurmState::Running), s(0), limit), WaitStep::Run);
+        assert_eq!(wait_step(Some(SlurmState::Gone), s(0), limit), WaitStep::Run);
+        assert_eq!(wait_step(None, s(59), limit), WaitStep::Again);
+        // Counted by the clock: four unanswered questions of 18 s each are 72 s, not 0.4 s.
+        assert_eq!(wait_step(None, s(72), limit), WaitStep::GiveUp);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 #define TOPO_SLURM_OTHER 0
 #define TOPO_SLURM_RUNNING 1
 #define TOPO_SLURM_SUSPENDED 2
+#define TOPO_SLURM_GONE 3 /* slurmctld knows no such job (ended and purged, or never was) */
 
 /* 0, with *state one of the TOPO_SLURM_* values; else Slurm's errno for the failure (never 0). */
 int topo_slurm_job_state(uint32_t job_id, uint32_t *state)
@@ -20,6 +21,10 @@ int topo_slurm_job_state(uint32_t job_id, uint32_t *state)
 
 	if (slurm_load_job(&msg, job_id, SHOW_ALL) != SLURM_SUCCESS) {
 		int e = slurm_get_errno();
+		if (e == ESLURM_INVALID_JOB_ID) {
+			*state = TOPO_SLURM_GONE;
+			return 0;
+		}
 		return e ? e : SLURM_ERROR;
 	}
 	if (!msg || msg->record_count < 1) {

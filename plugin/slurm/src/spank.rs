@@ -90,6 +90,7 @@ fn slurm_job_state(job_id: u32) -> Result<plan::SlurmState, String> {
     Ok(match state {
         1 => plan::SlurmState::Running,
         2 => plan::SlurmState::Suspended,
+        3 => plan::SlurmState::Gone,
         _ => plan::SlurmState::Other,
     })
 }
@@ -120,6 +121,15 @@ fn what_slurm_did(
     let mut states = Vec::new();
     for n in sharing {
         match slurm_job_state(n) {
+            // Ended and purged by slurmctld, yet topod holds its CPUs (its epilog never
+            // reached topod, or an allocation made by hand): an orphan on this job's cores.
+            Ok(plan::SlurmState::Gone) => {
+                let orphan = plan::topod_job_id(n);
+                match topod.release(&orphan) {
+                    Ok(_) => log_info(&format!("job {job_id}: released {orphan}, which topod held on this job's cores and slurmctld knows no more")),
+                    Err(e) => log_error(&format!("job {job_id}: cannot release {orphan}, which slurmctld knows no more: {e}")),
+                }
+            }
             Ok(s) => states.push((n, s)),
             Err(e) => log_error(&format!("job {job_id}: {e}; topod keeps it as it is")),
         }
@@ -462,6 +472,24 @@ pub extern "C" fn slurm_spank_init_post_opt(sp: Spank, ac: c_int, av: *mut *mut 
     })
 }
 
+/// topod's socket, tried again every 200 ms for up to `timeout` while topod cannot be reached:
+/// a job that starts while topod restarts (an upgrade, `systemctl restart`, a crash and
+/// systemd's restart) waits for it instead of failing.
+fn connect_patiently(
+    socket: &std::path::Path,
+    timeout: std::time::Duration,
+) -> Result<Client, ClientError> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match Client::connect_with_timeout(socket, timeout) {
+            Err(e) if e.is_unreachable() && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The job's allocation on this host, asked of topod once per process (idempotent in topod).
 fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     if let Some(g) = GRANT.get() {
@@ -481,7 +509,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let a = args();
     let started = std::time::Instant::now();
     let fail = |e: ClientError| format!("job {job_id} step {step}: {e}");
-    let mut topod = Client::connect_with_timeout(&a.socket, a.timeout).map_err(fail)?;
+    let mut topod = connect_patiently(&a.socket, a.timeout).map_err(fail)?;
     let topo: Topology = topod.topology().map_err(fail)?;
     let order = cores::slurm_core_order(&topo);
     let job_cpus =
@@ -687,19 +715,26 @@ fn wait_until_running(job_id: u32) {
 }
 
 fn wait_for_slurm(job_id: u32) {
-    let mut unanswered = std::time::Duration::ZERO;
     let started = std::time::Instant::now();
+    // Since when slurmctld has not answered, by the clock: one failed question can take
+    // many seconds while slurmctld is down.
+    let mut unanswered_since: Option<std::time::Instant> = None;
     loop {
-        match slurm_job_state(job_id) {
-            Ok(plan::SlurmState::Suspended) => unanswered = std::time::Duration::ZERO,
-            Ok(_) => break,
-            Err(e) if unanswered >= RUNNING_UNANSWERED => {
-                log_error(&format!("job {job_id}: started suspended by Slurm, and {e} for {} s; running the task anyway", unanswered.as_secs()));
+        let answer = slurm_job_state(job_id);
+        let answered = answer.as_ref().ok().copied();
+        if answered.is_some() {
+            unanswered_since = None;
+        }
+        let since = *unanswered_since.get_or_insert_with(std::time::Instant::now);
+        match plan::wait_step(answered, since.elapsed(), RUNNING_UNANSWERED) {
+            plan::WaitStep::Again => std::thread::sleep(RUNNING_POLL),
+            plan::WaitStep::Run => break,
+            plan::WaitStep::GiveUp => {
+                let e = answer.err().unwrap_or_default();
+                log_error(&format!("job {job_id}: started suspended by Slurm, and {e} for {} s; running the task anyway", since.elapsed().as_secs()));
                 break;
             }
-            Err(_) => unanswered += RUNNING_POLL,
         }
-        std::thread::sleep(RUNNING_POLL);
     }
     log_verbose(&format!(
         "job {job_id}: started suspended by Slurm; its task ran {:.1} s later, when slurmctld ran the job",

@@ -235,6 +235,10 @@ pub struct JobHint {
     /// keeps it suspended beside the job that borrows its CPUs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub batch_suspended: bool,
+    /// When the batch system suspended it (nanoseconds since the epoch, unique on the host):
+    /// the last suspended runs first again.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub batch_suspended_ns: u64,
 }
 
 fn is_zero_u64(n: &u64) -> bool {
@@ -290,6 +294,10 @@ pub struct Prepared {
     pub pool: Option<String>,
     /// The batch system starts the job suspended (see `host/follow.rs`).
     pub starts_suspended: bool,
+    /// The allocate came with the batch system's view of the host (`batch`, or
+    /// `starts_suspended`): only such a job may borrow the CPUs of a job the batch system
+    /// suspended (see `host/follow.rs`).
+    pub follows_batch: bool,
 }
 
 /// What an `allocate` says about preemption (see [`Host::set_preempt`]).
@@ -402,6 +410,7 @@ pub fn prepare(
             resize_signal: None,
             pool: None,
             starts_suspended: false,
+            follows_batch: false,
         }),
         Ok(again) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
@@ -1512,6 +1521,7 @@ impl Host {
             pool: prepared.pool.clone(),
             tasks_cap: None,
             batch_suspended: false,
+            batch_suspended_ns: 0,
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -1579,6 +1589,10 @@ impl Host {
         let mut found = None;
         'rows: for row in rows {
             let (occupancy, pool_cpus) = self.placement_occupancy_as(id.as_str(), row, who);
+            // The CPUs of a job the batch system suspended go only to the job it starts on
+            // them, whose allocate says what it did: topod's view of its suspension may be old.
+            let occupancy =
+                if prepared.follows_batch { occupancy } else { self.batch_lenders_held(occupancy) };
             // A suspended job's CPUs are lent only when the job fits nowhere else: a borrower
             // keeps the suspended job from resuming until it ends.
             let without_lending = self.without_lending(&occupancy);
@@ -3365,6 +3379,54 @@ mod tests {
         assert_eq!(third.ledger().occupancy().held, d.cpus);
     }
 
+    /// An allocate that comes with the batch system's view, as the Slurm plug-in sends it.
+    fn following(
+        h: &mut Host,
+        suspended: &[&str],
+        job: &str,
+        request: &str,
+        cpus: Option<&str>,
+    ) -> Result<Allocation, HostError> {
+        let mut prepared = prepare(&h.topo.clone(), request, None, cpus).unwrap();
+        prepared.follows_batch = true;
+        h.allocate_following(Some(&view(suspended, &[])), job, &prepared, None, None)
+    }
+
+    #[test]
+    fn a_job_refused_on_the_cpus_of_a_job_the_batch_system_suspended_gives_them_back() {
+        let topo = small_topology(2);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.allocate("slurm-1", "affinity[thread*2]", None, Some("0-1"), None, None).unwrap();
+        // Slurm suspended slurm-1 for slurm-2, whose request can never fit this host.
+        let e = following(&mut h, &["slurm-1"], "slurm-2", "affinity[thread*4]", Some("0-1"));
+        assert!(matches!(e, Err(HostError::DoesNotFit { .. })), "{e:?}");
+        // Slurm resumes slurm-1 (its preemptor failed): topod holds it running, its CPUs
+        // lent to nobody, and a job without the batch system's view cannot take them.
+        assert!(!h.ledger().is_suspended("slurm-1") && !h.batch_suspended("slurm-1"));
+        let e = h.allocate("other", "affinity[thread*2]", None, None, None, None);
+        assert!(matches!(e, Err(HostError::DoesNotFit { .. })), "{e:?}");
+        h.ledger().check().unwrap();
+    }
+
+    #[test]
+    fn with_preemption_in_tiers_the_last_suspended_runs_again_first() {
+        let topo = small_topology(2);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.allocate("slurm-1", "affinity[thread*2]", None, Some("0-1"), None, None).unwrap();
+        following(&mut h, &["slurm-1"], "slurm-2", "affinity[thread*2]", Some("0-1")).unwrap();
+        following(&mut h, &["slurm-2"], "slurm-3", "affinity[thread*2]", Some("0-1")).unwrap();
+        assert!(h.batch_suspended("slurm-1") && h.batch_suspended("slurm-2"));
+        // high ends: Slurm resumes mid; low stays suspended for mid.
+        h.release("slurm-3").unwrap();
+        assert!(!h.ledger().is_suspended("slurm-2"), "mid runs again");
+        assert!(h.batch_suspended("slurm-1"), "low still lends to mid");
+        h.release("slurm-2").unwrap();
+        assert!(!h.ledger().is_suspended("slurm-1"));
+        h.ledger().check().unwrap();
+    }
+
     fn view(suspended: &[&str], running: &[&str]) -> topo_core::proto::BatchView {
         let owned = |jobs: &[&str]| jobs.iter().map(|j| j.to_string()).collect();
         topo_core::proto::BatchView { suspended: owned(suspended), running: owned(running) }
@@ -3384,8 +3446,11 @@ mod tests {
         assert!(matches!(e, Err(HostError::DoesNotFit { .. })), "{e:?}");
         let done = h.follow_batch(&view(&["slurm-1", "slurm-9"], &[])).unwrap();
         assert_eq!(done.suspended, vec!["slurm-1"], "a job topod does not hold is ignored");
-        let high =
-            h.allocate("slurm-2", "affinity[thread*4]", None, Some("0-3"), None, None).unwrap();
+        // A job that did not come with the batch system's view never gets them (topod's idea
+        // of the suspension may be old: the batch system may have resumed it since).
+        let e = h.allocate("other", "affinity[thread*4]", None, Some("0-3"), None, None);
+        assert!(matches!(e, Err(HostError::DoesNotFit { .. })), "{e:?}");
+        let high = following(&mut h, &[], "slurm-2", "affinity[thread*4]", Some("0-3")).unwrap();
         assert_eq!(high.cpus, low.cpus);
         let low_id = JobId::parse("slurm-1").unwrap();
         assert!(!kernel.is_frozen(&low_id).unwrap(), "Slurm stopped it; topod does not freeze it");

@@ -309,6 +309,7 @@ mod tests {
             pool: Some("day".into()),
             tasks_cap: Some(2),
             batch_suspended: true,
+            batch_suspended_ns: 1_700_000_000_000_000_000,
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();

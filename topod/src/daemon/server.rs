@@ -520,6 +520,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             prepared.resize_signal = resize_signal;
             prepared.pool = pool;
             prepared.starts_suspended = starts_suspended;
+            prepared.follows_batch = starts_suspended || batch.is_some();
             if let Some(Err(why)) = batch.as_ref().map(proto::BatchView::check) {
                 return Reply::error(ErrorCode::BadRequest, why);
             }
@@ -529,15 +530,16 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 Err(reply) => return reply,
             };
             let mut host = server.lock();
+            let existed = host.ledger().get(&job).is_some();
             // What the batch system did to the other jobs here first: a job it suspended
             // lends this one its CPUs.
-            if let Some(view) = &batch {
-                if let Err(e) = host.follow_batch(view) {
-                    return error_reply(&e);
-                }
-            }
-            let existed = host.ledger().get(&job).is_some();
-            let alloc = match host.allocate_prepared(&job, &prepared, mem_limit_bytes, owner_uid) {
+            let alloc = match host.allocate_following(
+                batch.as_ref(),
+                &job,
+                &prepared,
+                mem_limit_bytes,
+                owner_uid,
+            ) {
                 Ok(a) => a,
                 Err(e) => return error_reply(&e),
             };

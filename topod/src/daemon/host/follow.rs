@@ -21,6 +21,7 @@
 use super::{Host, HostError, Prepared};
 use crate::cgroup::JobId;
 use topo_core::ledger::{Allocation, LedgerError};
+use topo_core::place;
 use topo_core::proto::{reply, BatchView};
 
 impl Host {
@@ -45,6 +46,47 @@ impl Host {
         Ok(done)
     }
 
+    /// An allocate that came with the batch system's view: the view first, then the job; when
+    /// the job is refused, the jobs this view suspended run again in the ledger (the batch
+    /// system resumes them: nothing took their CPUs).
+    pub fn allocate_following(
+        &mut self,
+        view: Option<&BatchView>,
+        job: &str,
+        prepared: &Prepared,
+        mem_limit: Option<u64>,
+        owner_uid: Option<u32>,
+    ) -> Result<Allocation, HostError> {
+        let followed = match view {
+            Some(v) => self.follow_batch(v)?,
+            None => reply::Follow::default(),
+        };
+        let allocated = self.allocate_prepared(job, prepared, mem_limit, owner_uid);
+        if allocated.is_err() {
+            for lender in &followed.suspended {
+                if self.batch_suspended(lender) && self.ledger.resume(lender, None).is_ok() {
+                    self.mark_batch_resumed(
+                        lender,
+                        &format!("job {job}, started on its CPUs, was refused"),
+                    );
+                }
+            }
+        }
+        allocated
+    }
+
+    /// `occupancy` with the CPUs of the jobs the batch system suspended held: where a job that
+    /// did not come with the batch system's view may go.
+    pub(super) fn batch_lenders_held(&self, mut occupancy: place::Occupancy) -> place::Occupancy {
+        for a in self.ledger.suspended_jobs() {
+            if self.hints.get(&a.job).is_some_and(|h| h.batch_suspended) {
+                occupancy.held.union_with(&a.cpus);
+                occupancy.fenced.union_with(&a.fenced);
+            }
+        }
+        occupancy
+    }
+
     /// Whether the ledger holds `job` as suspended by the batch system.
     pub fn batch_suspended(&self, job: &str) -> bool {
         self.ledger.is_suspended(job) && self.hints.get(job).is_some_and(|h| h.batch_suspended)
@@ -61,6 +103,10 @@ impl Host {
         let id = JobId::parse(job)?;
         let mut hint = self.hints.get(job).cloned().unwrap_or_default();
         hint.batch_suspended = true;
+        // Never the same as another's, so that the last suspended is known (see
+        // resume_batch_lenders); nanoseconds since the epoch, from the wall clock.
+        let newest = self.hints.values().map(|h| h.batch_suspended_ns).max().unwrap_or(0);
+        hint.batch_suspended_ns = now_ns().max(newest + 1);
         let now = self.now_s();
         hint.ran_s += hint.running_since.take().map_or(0, |t| (now - t).max(0) as u64);
         // The record first: a restart must find a lender that overlaps its borrower.
@@ -98,13 +144,19 @@ impl Host {
     /// started on its CPUs is gone). A job the batch system still holds suspended is said so
     /// again by the next view, before any job is placed on its CPUs.
     pub(super) fn resume_batch_lenders(&mut self) -> Vec<String> {
-        let lenders: Vec<String> = self
+        // The last suspended first: with preemption in tiers (low suspended for mid, mid for
+        // high), the batch system resumes mid when high ends, and low stays suspended for mid.
+        let mut lenders: Vec<(u64, String)> = self
             .ledger
             .suspended_jobs()
-            .map(|a| a.job.clone())
-            .filter(|j| self.hints.get(j).is_some_and(|h| h.batch_suspended))
-            .filter(|j| !self.releasing.contains(j) && !self.changing.contains_key(j))
+            .filter_map(|a| {
+                let hint = self.hints.get(&a.job).filter(|h| h.batch_suspended)?;
+                Some((hint.batch_suspended_ns, a.job.clone()))
+            })
+            .filter(|(_, j)| !self.releasing.contains(j) && !self.changing.contains_key(j))
             .collect();
+        lenders.sort_by(|a, b| b.cmp(a));
+        let lenders: Vec<String> = lenders.into_iter().map(|(_, j)| j).collect();
         let mut resumed = Vec::new();
         for job in lenders {
             if self.ledger.resume(&job, None).is_ok() {
@@ -173,4 +225,11 @@ impl Host {
         }
         placed.map(|a| self.ledger.get(job).cloned().unwrap_or(a))
     }
+}
+
+/// Nanoseconds since the epoch (0 before it).
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
