@@ -199,7 +199,6 @@ for mode in affinity cgroup; do
     check "they shared the cores ($(field allowed_start "$dir/a.out") / $(field allowed_start "$dir/b.out"))" \
         test "$(field allowed_start "$dir/a.out")" = "$(field allowed_start "$dir/b.out")"
     check_samples "$dir" a b
-    check "Slurm took turns: the first job was stopped for the second" python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["jobs"].get("a", {}).get("stopped", 0) == 0)' "$dir/samples.json"
     check "topod's ledger is empty after them" wait_for 10 bash -c "[ \"\$('$BASE/bin/topoctl' jobs --socket '$SOCK')\" = 'no jobs' ]"
     cluster_stop_slurm
 done
@@ -215,7 +214,7 @@ wait_for 30 test -s "$dir/low.out" || true
 mid=$(submit "$dir" mid 3 -p mid --topology='affinity[core(2)]')
 wait_for 30 test -s "$dir/mid.out" || true
 high=$(submit "$dir" high 1 -p high --topology='affinity[core(2)]')
-wait_for 30 bash -c "grep -q '^end=' '$dir/high.out'" || true
+wait_for 30 bash -c "grep -qs '^end=' '$dir/high.out'" || true
 wait_for 10 bash -c "[ \"\$(scontrol show job $mid | grep -o 'JobState=[A-Z]*')\" = JobState=RUNNING ]" || true
 sleep 0.5
 state_of_job() { "$BASE/bin/topoctl" jobs --socket "$SOCK" | awk -v j="slurm-$1" '$1 == j { print $5 }'; }
@@ -273,7 +272,7 @@ shrunk_cpu=$(cpu_in_2s)
 check "grown back to $full: the spinners may run on both ($(allowed_of "$p1"), $(allowed_of "$p2"))" test "$(allowed_of "$p1"):$(allowed_of "$p2")" = "$full:$full"
 grown_cpu=$(cpu_in_2s)
 echo "  CPU seconds in 2 s: $shrunk_cpu on one CPU, $grown_cpu on two"
-check "on two CPUs they got more than 1.5 CPU-seconds in 2 s ($grown_cpu; $shrunk_cpu on one)" python3 -c "import sys; sys.exit(not $grown_cpu > 1.5)"
+check "on two CPUs they got more than one CPU's 2 s ($grown_cpu CPU-seconds; $shrunk_cpu on one)" python3 -c "import sys; sys.exit(not $grown_cpu > 3.0)"
 scancel "$job"
 wait_for 30 all_done || squeue
 cluster_stop_slurm
