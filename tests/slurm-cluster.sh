@@ -1,6 +1,7 @@
 # A single-host Slurm (Debian's packages) and a topod, started for a test and stopped by pid.
 # Sourced by tests/slurm-e2e.sh and tests/slurm-bench.sh; not a test by itself.
 #
+#   cluster_cannot_run           why this host cannot run a Slurm test (empty: it can)
 #   cluster_init                 temp dir, binaries copied where job users can run them
 #   cluster_start_munge          munged, unless one already answers
 #   cluster_start_topod          topod on real cgroup v1, own socket/state dir/subtree (again
@@ -24,6 +25,16 @@ CGROUP_SUBTREE=topo-slurm-test
 STARTED_PIDS=()          # "name:pid"
 
 cluster_log() { echo "[$(date +%T)] $*"; }
+
+# Why a Slurm test cannot run on this host (empty when it can): it needs root and cgroup v1's
+# cpuset and freezer hierarchies (Slurm 22.05's task/cgroup refuses hybrid v2).
+cluster_cannot_run() {
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "needs root (starts slurmctld, slurmd, munged, topod; makes cgroups)"
+    elif [ ! -d /sys/fs/cgroup/cpuset ] || [ ! -d /sys/fs/cgroup/freezer ]; then
+        echo "needs cgroup v1 cpuset and freezer hierarchies (Slurm 22.05's task/cgroup refuses hybrid v2)"
+    fi
+}
 
 # The Debian packages, then the two builds: the plug-in links topod without its default
 # features (no daemon code inside Slurm); topod and topoctl are built whole.

@@ -16,15 +16,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ "$(id -u)" -ne 0 ]; then
-    echo "tests/slurm-e2e.sh: SKIPPED: needs root (starts slurmctld, slurmd, munged, topod; makes cgroups)"
-    exit 0
-fi
-if [ ! -d /sys/fs/cgroup/cpuset ] || [ ! -d /sys/fs/cgroup/freezer ]; then
-    echo "tests/slurm-e2e.sh: SKIPPED: needs cgroup v1 cpuset and freezer hierarchies (Slurm 22.05's task/cgroup refuses hybrid v2)"
-    exit 0
-fi
 source tests/slurm-cluster.sh
+why=$(cluster_cannot_run)
+if [ -n "$why" ]; then
+    echo "tests/slurm-e2e.sh: SKIPPED: $why"
+    exit 0
+fi
 cluster_build
 cluster_init
 # Logs are kept when something failed, removed when all passed.

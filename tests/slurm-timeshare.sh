@@ -30,15 +30,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 
-if [ "$(id -u)" -ne 0 ]; then
-    echo "tests/slurm-timeshare.sh: SKIPPED: needs root (starts slurmctld, slurmd, munged, topod; makes cgroups)"
-    exit 0
-fi
-if [ ! -d /sys/fs/cgroup/cpuset ] || [ ! -d /sys/fs/cgroup/freezer ]; then
-    echo "tests/slurm-timeshare.sh: SKIPPED: needs cgroup v1 cpuset and freezer hierarchies (Slurm 22.05's task/cgroup refuses hybrid v2)"
-    exit 0
-fi
 source tests/slurm-cluster.sh
+why=$(cluster_cannot_run)
+if [ -n "$why" ]; then
+    echo "tests/slurm-timeshare.sh: SKIPPED: $why"
+    exit 0
+fi
 cluster_build
 cluster_init
 FEATURES_PID=""

@@ -369,20 +369,30 @@ fn a_real_malleable_program_follows_its_resizes_and_a_restart_keeps_them() {
     assert!(!cpuset_root.join("m1").exists());
 }
 
-#[test]
-fn the_owner_may_shrink_a_malleable_job_but_not_grow_it_and_others_may_not_resize_it() {
-    let dir = common::open_dir();
-    let Some((d, cgroups, subtree, _cleanup, _config)) =
-        common::real_daemon(dir.path(), "topo-resize-owner-test", "")
-    else {
-        return;
-    };
+/// topod on real cgroups (see `common::real_daemon`) with a client, where it may give two CPUs
+/// (a resize needs them); `None`, having said SKIPPED, elsewhere.
+fn two_cpu_daemon(
+    dir: &Path,
+    name: &str,
+) -> Option<(common::Daemon, common::RealCgroups, String, common::SubtreeCleanup, Client)> {
+    let (d, cgroups, subtree, cleanup, _config) = common::real_daemon(dir, name, "")?;
     let mut c = Client::connect(&d.socket).unwrap();
     let pus = c.free_map().unwrap().allocatable.len();
     if pus < 2 {
         common::skip(&format!("a resize needs two CPUs topod may give; it has {pus}"));
-        return;
+        return None;
     }
+    Some((d, cgroups, subtree, cleanup, c))
+}
+
+#[test]
+fn the_owner_may_shrink_a_malleable_job_but_not_grow_it_and_others_may_not_resize_it() {
+    let dir = common::open_dir();
+    let Some((d, cgroups, subtree, _cleanup, mut c)) =
+        two_cpu_daemon(dir.path(), "topo-resize-owner-test")
+    else {
+        return;
+    };
     let cpuset_root = cgroups.roots(&subtree)[0].clone();
     let start: Allocation = c
         .call_as(Op::Allocate(AllocateArgs {
@@ -449,17 +459,11 @@ fn allowed(pid: u32) -> CpuSet {
 #[test]
 fn a_pinned_task_of_a_malleable_job_reaches_the_cpus_a_grow_adds() {
     let dir = common::open_dir();
-    let Some((d, _cgroups, _subtree, _cleanup, _config)) =
-        common::real_daemon(dir.path(), "topo-pinned-test", "")
+    let Some((_d, _cgroups, _subtree, _cleanup, mut c)) =
+        two_cpu_daemon(dir.path(), "topo-pinned-test")
     else {
         return;
     };
-    let mut c = Client::connect(&d.socket).unwrap();
-    let pus = c.free_map().unwrap().allocatable.len();
-    if pus < 2 {
-        common::skip(&format!("a resize needs two CPUs topod may give; it has {pus}"));
-        return;
-    }
     let start: Allocation =
         c.allocate(Op::Allocate(AllocateArgs::new("p1", "affinity[thread*1-2]"))).unwrap();
     assert_eq!(start.tasks.len(), 2, "{start:?}");
