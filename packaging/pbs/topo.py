@@ -1070,6 +1070,10 @@ def allocate(topod, event, job, jid, share, request, tasks):
             raise HookError("job %s: TOPO_POOL (qsub -v) %s; it names a prime-time pool of this host's topod"
                             % (job.id, problem))
         fields["pool"] = pool
+    # Never sliced by topod's gang rows: PBS would not know the time the job spent frozen and
+    # would end it at its walltime. PBS's own preemption (suspend) is followed instead, through
+    # execjob_postsuspend and execjob_preresume.
+    fields["gang"] = False
     try:
         return topod.call("allocate", **fields)
     except TopodRefused as e:

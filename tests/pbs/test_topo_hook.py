@@ -501,6 +501,16 @@ class JobLifeTest(HookTestCase):
             self.assert_rejected(result, "cannot name a topod job")
         self.assertEqual(self.topod.jobs(), [])
 
+    def test_topods_gang_rows_never_slice_a_pbs_job(self):
+        # PBS would count the frozen time against the job's walltime.
+        self.topod.stop()
+        self.topod.start("gang_rows = 2\ngang_slice_s = 1\ngang_all_jobs = true\n")
+        job = mom_job("60.server", ncpus=1, topology="affinity[thread*1]")
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        got = {a["job"]: a for a in self.topod.call("list")["ok"]}["pbs-60.server"]
+        self.assertNotIn("gang_row", got)
+        self.topod.call("release", job="pbs-60.server")
+
     def test_a_malleable_request_starts_shrunk_to_its_ncpus(self):
         job = mom_job("58.server", ncpus=1, topology="affinity[thread*1-2]")
         result = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
