@@ -54,32 +54,24 @@ pub enum SlurmState {
     Gone,
 }
 
-/// What a task of a job Slurm started suspended does next (see the SPANK plug-in's
-/// `wait_until_running`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaitStep {
-    /// Ask again after a while.
-    Again,
-    /// Run the user's program: slurmctld runs the job (or no longer holds it suspended).
-    Run,
-    /// Run it anyway: slurmctld has not answered for `limit`.
-    GiveUp,
+/// Whether a task of a job Slurm started suspended may run its program, from slurmctld's
+/// answer about the job (`None`: slurmctld did not answer). Only slurmctld's word that the
+/// job is no longer suspended lets it run: while slurmctld is down its gang scheduling stops,
+/// and the job whose turn it was keeps the CPUs (an attack saw two jobs on one CPU when the
+/// task stopped waiting after a minute without answers).
+pub fn may_run(answer: Option<SlurmState>) -> bool {
+    matches!(answer, Some(s) if s != SlurmState::Suspended)
 }
 
-/// The next step of that wait, from slurmctld's answer (`None`: it did not answer) and how
-/// long, by the wall clock, it has not answered in a row (a failed question can take many
-/// seconds by itself while slurmctld is down).
-pub fn wait_step(
-    answer: Option<SlurmState>,
-    unanswered_for: std::time::Duration,
-    limit: std::time::Duration,
-) -> WaitStep {
-    match answer {
-        Some(SlurmState::Suspended) => WaitStep::Again,
-        Some(_) => WaitStep::Run,
-        None if unanswered_for >= limit => WaitStep::GiveUp,
-        None => WaitStep::Again,
-    }
+/// Appended to topod's refusal when it holds this job's cores for Slurm jobs slurmctld does
+/// not know: most likely orphans (their end never reached topod, or they were made by hand),
+/// which the administrator frees; the plug-in never kills them itself (the same id may be
+/// another cluster's job, or one started by hand, still running).
+pub fn unknown_to_slurm(jobs: &[String]) -> String {
+    format!(
+        "; topod holds these cores for {}, which slurmctld does not know (an orphan whose end never reached topod, or a job started by hand): if nothing of it runs, `topoctl release JOB` frees them",
+        jobs.join(", ")
+    )
 }
 
 /// The other Slurm jobs topod holds on CPUs that Slurm gave this job: Slurm gives a job cores
@@ -204,16 +196,14 @@ mod tests {
     }
 
     #[test]
-    fn a_task_waits_while_suspended_and_at_most_the_limit_without_answers() {
-        use std::time::Duration;
-        let limit = Duration::from_secs(60);
-        let s = |n| Duration::from_secs(n);
-        assert_eq!(wait_step(Some(SlurmState::Suspended), s(600), limit), WaitStep::Again);
-        assert_eq!(wait_step(Some(SlurmState::Running), s(0), limit), WaitStep::Run);
-        assert_eq!(wait_step(Some(SlurmState::Gone), s(0), limit), WaitStep::Run);
-        assert_eq!(wait_step(None, s(59), limit), WaitStep::Again);
-        // Counted by the clock: four unanswered questions of 18 s each are 72 s, not 0.4 s.
-        assert_eq!(wait_step(None, s(72), limit), WaitStep::GiveUp);
+    fn a_task_waits_until_slurmctld_says_its_job_runs() {
+        assert!(!may_run(Some(SlurmState::Suspended)));
+        assert!(!may_run(None), "slurmctld down: its gang scheduling stopped, keep waiting");
+        assert!(may_run(Some(SlurmState::Running)));
+        assert!(may_run(Some(SlurmState::Other)), "ending: nothing to wait for");
+        assert!(may_run(Some(SlurmState::Gone)));
+        assert!(unknown_to_slurm(&["slurm-7".into()])
+            .contains("slurm-7, which slurmctld does not know"));
     }
 
     #[test]

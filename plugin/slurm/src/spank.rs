@@ -100,15 +100,27 @@ fn slurm_job_state(job_id: u32) -> Result<plan::SlurmState, String> {
     Err(format!("cannot ask slurmctld for job {job_id}'s state: built without Slurm's headers"))
 }
 
+/// What slurmctld says of the Slurm jobs topod holds on this job's cores.
+#[derive(Default)]
+struct SlurmSide {
+    /// Their states and this job's, for topod to follow (`None`: no other job holds them, and
+    /// slurmctld was not asked).
+    view: Option<topo_core::proto::BatchView>,
+    /// slurmctld has this job suspended as it starts (gang scheduling).
+    starts_suspended: bool,
+    /// Jobs slurmctld does not know (named if topod refuses).
+    unknown: Vec<String>,
+}
+
 /// When Slurm gave this job cores that topod holds for other Slurm jobs, Slurm time-shares
 /// them (it suspended those jobs, or gang-schedules them with this one): slurmctld's states of
-/// those jobs and of this one, for topod to follow. `None` when no other job holds them (no
-/// question asked of slurmctld). A job slurmctld cannot tell about is left out, said in the log.
+/// those jobs and of this one, for topod to follow. A job slurmctld cannot tell about is left
+/// out, said in the log.
 fn what_slurm_did(
     topod: &mut Client,
     job_id: u32,
     job_cpus: &CpuSet,
-) -> Result<Option<(topo_core::proto::BatchView, bool)>, ClientError> {
+) -> Result<SlurmSide, ClientError> {
     let held = topod.list()?;
     let sharing = plan::sharing_jobs(
         held.iter().map(|v| (v.allocation.job.as_str(), &v.allocation.cpus)),
@@ -116,37 +128,28 @@ fn what_slurm_did(
         job_cpus,
     );
     if sharing.is_empty() {
-        return Ok(None);
+        return Ok(SlurmSide::default());
     }
+    let mut side = SlurmSide::default();
     let mut states = Vec::new();
     for n in sharing {
         match slurm_job_state(n) {
-            // Ended and purged by slurmctld, yet topod holds its CPUs (its epilog never
-            // reached topod, or an allocation made by hand): an orphan on this job's cores.
-            Ok(plan::SlurmState::Gone) => {
-                let orphan = plan::topod_job_id(n);
-                match topod.release(&orphan) {
-                    Ok(_) => log_info(&format!("job {job_id}: released {orphan}, which topod held on this job's cores and slurmctld knows no more")),
-                    Err(e) => log_error(&format!("job {job_id}: cannot release {orphan}, which slurmctld knows no more: {e}")),
-                }
-            }
+            Ok(plan::SlurmState::Gone) => side.unknown.push(plan::topod_job_id(n)),
             Ok(s) => states.push((n, s)),
             Err(e) => log_error(&format!("job {job_id}: {e}; topod keeps it as it is")),
         }
     }
     // This job too: a later step of a job topod holds as suspended by Slurm runs only once
     // Slurm runs the job again, which topod then follows.
-    let this_suspended = match slurm_job_state(job_id) {
+    match slurm_job_state(job_id) {
         Ok(s) => {
             states.push((job_id, s));
-            s == plan::SlurmState::Suspended
+            side.starts_suspended = s == plan::SlurmState::Suspended;
         }
-        Err(e) => {
-            log_error(&format!("job {job_id}: {e}; taken as running"));
-            false
-        }
-    };
-    Ok(Some((plan::batch_view(&states), this_suspended)))
+        Err(e) => log_error(&format!("job {job_id}: {e}; taken as running")),
+    }
+    side.view = Some(plan::batch_view(&states));
+    Ok(side)
 }
 
 // The symbols Slurm's plugin loader checks (`plugin_version`'s major.minor must match Slurm's).
@@ -472,6 +475,12 @@ pub extern "C" fn slurm_spank_init_post_opt(sp: Spank, ac: c_int, av: *mut *mut 
     })
 }
 
+/// One try at the allocation failed: topod went away (tried again), or anything else (final).
+enum Attempt {
+    Unreachable(ClientError),
+    Failed(String),
+}
+
 /// topod's socket, tried again every 200 ms for up to `timeout` while topod cannot be reached:
 /// a job that starts while topod restarts (an upgrade, `systemctl restart`, a crash and
 /// systemd's restart) waits for it instead of failing.
@@ -509,22 +518,13 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let a = args();
     let started = std::time::Instant::now();
     let fail = |e: ClientError| format!("job {job_id} step {step}: {e}");
-    let mut topod = connect_patiently(&a.socket, a.timeout).map_err(fail)?;
-    let topo: Topology = topod.topology().map_err(fail)?;
-    let order = cores::slurm_core_order(&topo);
-    let job_cpus =
-        cores::translate(&order, &job_cores).map_err(|e| format!("job {job_id}: {e}"))?;
-    let step_cpus = cores::translate(&order, &step_cores)
-        .map_err(|e| format!("job {job_id} step {step}: {e}"))?;
-    let req =
-        topo_core::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
-    let tasks = plan::tasks_if_unsaid(
-        &req,
-        step_id,
-        local_tasks,
-        order.iter().filter(|c| c.is_subset(&job_cpus)).count(),
-        job_cpus.len(),
-    );
+    let client = |e: ClientError| {
+        if e.is_unreachable() {
+            Attempt::Unreachable(e)
+        } else {
+            Attempt::Failed(fail(e))
+        }
+    };
     // Prime-time pools and gang_prime_queues admit by queue: Slurm's is the partition.
     let mut names = [("SLURM_JOB_PARTITION", None), ("TOPO_POOL", None)];
     for (variable, value) in &mut names {
@@ -534,63 +534,99 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
         }
     }
     let [(_, queue), (_, pool)] = names;
-    let (batch, starts_suspended) = match what_slurm_did(&mut topod, job_id, &job_cpus)
-        .map_err(fail)?
-    {
-        Some((view, suspended)) => {
+    let req =
+        topo_core::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
+    // One try: topod's topology, what Slurm did, the allocate. A topod that goes away in the
+    // middle (restarted: an upgrade, a crash) is tried again until the timeout; the allocate is
+    // idempotent in topod.
+    let once = |topod: &mut Client| -> Result<(Allocation, CpuSet, CpuSet, bool), Attempt> {
+        let topo: Topology = topod.topology().map_err(client)?;
+        let order = cores::slurm_core_order(&topo);
+        let job_cpus = cores::translate(&order, &job_cores)
+            .map_err(|e| Attempt::Failed(format!("job {job_id}: {e}")))?;
+        let step_cpus = cores::translate(&order, &step_cores)
+            .map_err(|e| Attempt::Failed(format!("job {job_id} step {step}: {e}")))?;
+        let tasks = plan::tasks_if_unsaid(
+            &req,
+            step_id,
+            local_tasks,
+            order.iter().filter(|c| c.is_subset(&job_cpus)).count(),
+            job_cpus.len(),
+        );
+        let side = what_slurm_did(topod, job_id, &job_cpus).map_err(client)?;
+        if let Some(view) = &side.view {
             log_verbose(&format!(
                 "job {job_id}: Slurm shares its cores with jobs it suspended ({}) and runs ({}); this job {}",
                 view.suspended.join(" "),
                 view.running.join(" "),
-                if suspended { "starts suspended" } else { "runs" }
+                if side.starts_suspended { "starts suspended" } else { "runs" }
             ));
-            (Some(view), suspended)
         }
-        None => (None, false),
+        // Jobs Slurm runs on this job's cores at the same time as this one (oversubscription
+        // without its gang scheduling): named if topod refuses.
+        let beside: Vec<String> = match (&side.view, side.starts_suspended) {
+            (Some(view), false) => view.running.iter().filter(|j| **j != job).cloned().collect(),
+            _ => Vec::new(),
+        };
+        let allocate = Op::Allocate(topo_core::proto::AllocateArgs {
+            tasks: Some(tasks),
+            cpus: Some(job_cpus.to_string()),
+            mem_limit_bytes: (mem_mb > 0).then_some(mem_mb << 20),
+            owner_uid: Some(uid),
+            queue: queue.clone(),
+            pool: pool.clone(),
+            batch: side.view.clone(),
+            starts_suspended: side.starts_suspended,
+            // Never sliced by topod's gang rows: slurmctld would not know the time the job
+            // spent frozen and would kill it at its time limit (observed: two --time=1 jobs
+            // killed at 1:27 with 20 s of CPU each). Slurm's own gang scheduling is followed.
+            gang: Some(false),
+            ..topo_core::proto::AllocateArgs::new(job.clone(), request.to_string())
+        });
+        let alloc = match topod.allocate(allocate) {
+            Ok(a) => a,
+            // Another step of the job (the batch script, a concurrent srun) placed it already
+            // with its own task count: every step shares that allocation.
+            Err(ClientError::Refused(e))
+                if e.code == ErrorCode::BadRequest && e.message.contains("already holds") =>
+            {
+                let all = topod.list().map_err(client)?;
+                let found = all.into_iter().find(|a| a.allocation.job == job);
+                found
+                    .map(|v| v.allocation)
+                    .ok_or_else(|| Attempt::Failed(format!("job {job_id}: topod: {}", e.message)))?
+            }
+            Err(e) if e.is_unreachable() => return Err(Attempt::Unreachable(e)),
+            Err(e) => {
+                let mut why = String::new();
+                if e.code() == Some(ErrorCode::DoesNotFit) {
+                    if !beside.is_empty() {
+                        why.push_str(&plan::oversubscribed(&beside));
+                    }
+                    if !side.unknown.is_empty() {
+                        why.push_str(&plan::unknown_to_slurm(&side.unknown));
+                    }
+                }
+                return Err(Attempt::Failed(format!(
+                    "job {job_id} step {step}: cores {job_cores} (CPUs {job_cpus}): {e}{why}"
+                )));
+            }
+        };
+        Ok((alloc, job_cpus, step_cpus, side.starts_suspended))
     };
-    // Jobs Slurm runs on this job's cores at the same time as this one (oversubscription
-    // without its gang scheduling): named if topod refuses.
-    let beside: Vec<String> = match (&batch, starts_suspended) {
-        (Some(view), false) => view.running.iter().filter(|j| **j != job).cloned().collect(),
-        _ => Vec::new(),
-    };
-    let allocate = Op::Allocate(topo_core::proto::AllocateArgs {
-        tasks: Some(tasks),
-        cpus: Some(job_cpus.to_string()),
-        mem_limit_bytes: (mem_mb > 0).then_some(mem_mb << 20),
-        owner_uid: Some(uid),
-        queue,
-        pool,
-        batch,
-        starts_suspended,
-        // Never sliced by topod's gang rows: slurmctld would not know the time the job spent
-        // frozen and would kill it at its time limit (observed: two --time=1 jobs killed at
-        // 1:27 with 20 s of CPU each). Slurm's own gang scheduling is followed instead.
-        gang: Some(false),
-        ..topo_core::proto::AllocateArgs::new(job.clone(), request.to_string())
-    });
-    let alloc: Allocation = match topod.allocate(allocate) {
-        Ok(a) => a,
-        // Another step of the job (the batch script, a concurrent srun) placed it already with
-        // its own task count: every step shares that allocation.
-        Err(ClientError::Refused(e))
-            if e.code == ErrorCode::BadRequest && e.message.contains("already holds") =>
-        {
-            let all = topod.list().map_err(fail)?;
-            let found = all.into_iter().find(|a| a.allocation.job == job);
-            found
-                .map(|v| v.allocation)
-                .ok_or_else(|| format!("job {job_id}: topod: {}", e.message))?
-        }
-        Err(e) => {
-            let why = if beside.is_empty() || e.code() != Some(ErrorCode::DoesNotFit) {
-                String::new()
-            } else {
-                plan::oversubscribed(&beside)
-            };
-            return Err(format!(
-                "job {job_id} step {step}: cores {job_cores} (CPUs {job_cpus}): {e}{why}"
-            ));
+    let deadline = started + a.timeout;
+    let (alloc, job_cpus, step_cpus, starts_suspended) = loop {
+        let mut topod = connect_patiently(&a.socket, a.timeout).map_err(fail)?;
+        match once(&mut topod) {
+            Ok(done) => break done,
+            Err(Attempt::Unreachable(e)) if std::time::Instant::now() < deadline => {
+                log_verbose(&format!(
+                    "job {job_id} step {step}: topod went away ({e}); trying again"
+                ));
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            Err(Attempt::Unreachable(e)) => return Err(fail(e)),
+            Err(Attempt::Failed(message)) => return Err(message),
         }
     };
     log_verbose(&format!(
@@ -695,8 +731,7 @@ pub extern "C" fn slurm_spank_task_init(sp: Spank, ac: c_int, av: *mut *mut c_ch
 
 /// How often a task of a job Slurm started suspended asks slurmctld whether it runs yet.
 const RUNNING_POLL: std::time::Duration = std::time::Duration::from_millis(100);
-/// How long it keeps asking while slurmctld cannot answer before it runs anyway (said in the
-/// log): a slurmctld that is down must not hold a job's tasks for ever.
+/// How often a task that waits while slurmctld does not answer says so in the log.
 const RUNNING_UNANSWERED: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// In a task of a job slurmctld had suspended when it started here (Slurm's gang scheduling
@@ -716,25 +751,20 @@ fn wait_until_running(job_id: u32) {
 
 fn wait_for_slurm(job_id: u32) {
     let started = std::time::Instant::now();
-    // Since when slurmctld has not answered, by the clock: one failed question can take
-    // many seconds while slurmctld is down.
-    let mut unanswered_since: Option<std::time::Instant> = None;
+    let mut said = std::time::Instant::now();
     loop {
         let answer = slurm_job_state(job_id);
-        let answered = answer.as_ref().ok().copied();
-        if answered.is_some() {
-            unanswered_since = None;
+        if plan::may_run(answer.as_ref().ok().copied()) {
+            break;
         }
-        let since = *unanswered_since.get_or_insert_with(std::time::Instant::now);
-        match plan::wait_step(answered, since.elapsed(), RUNNING_UNANSWERED) {
-            plan::WaitStep::Again => std::thread::sleep(RUNNING_POLL),
-            plan::WaitStep::Run => break,
-            plan::WaitStep::GiveUp => {
-                let e = answer.err().unwrap_or_default();
-                log_error(&format!("job {job_id}: started suspended by Slurm, and {e} for {} s; running the task anyway", since.elapsed().as_secs()));
-                break;
+        if let Err(e) = &answer {
+            // Said once a minute: the task keeps waiting, as slurmctld last said.
+            if said.elapsed() >= RUNNING_UNANSWERED {
+                log_error(&format!("job {job_id}: started suspended by Slurm, its task waits for slurmctld to run the job, and {e} (waiting {} s)", started.elapsed().as_secs()));
+                said = std::time::Instant::now();
             }
         }
+        std::thread::sleep(RUNNING_POLL);
     }
     log_verbose(&format!(
         "job {job_id}: started suspended by Slurm; its task ran {:.1} s later, when slurmctld ran the job",
