@@ -233,7 +233,7 @@ dir="$BASE/out/orphan"; mkdir -p "$dir"; chmod 1777 "$dir"
 job=$(submit "$dir" job 0.2 --topology='affinity[core(2)]')
 wait_for 30 all_done || squeue
 sed 's/^/  the job says: /' "$dir/job.log"
-check "the job failed, naming slurm-999999 and how to free it" grep -q "topod holds these cores for slurm-999999, which slurmctld does not know .*topoctl release JOB" "$dir/job.log"
+check "the job failed, naming slurm-999999 and how to free it" grep -q "topod holds these cores for slurm-999999, which slurmctld does not know .*topoctl release slurm-999999. frees them" "$dir/job.log"
 check "slurm-999999 is still held (never killed by the plug-in)" bash -c "'$BASE/bin/topoctl' jobs --socket '$SOCK' | grep -q '^slurm-999999 '"
 "$BASE/bin/topoctl" release --socket "$SOCK" slurm-999999 > /dev/null
 job=$(submit "$dir" again 0.2 --topology='affinity[core(2)]')

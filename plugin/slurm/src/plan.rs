@@ -69,8 +69,9 @@ pub fn may_run(answer: Option<SlurmState>) -> bool {
 /// another cluster's job, or one started by hand, still running).
 pub fn unknown_to_slurm(jobs: &[String]) -> String {
     format!(
-        "; topod holds these cores for {}, which slurmctld does not know (an orphan whose end never reached topod, or a job started by hand): if nothing of it runs, `topoctl release JOB` frees them",
-        jobs.join(", ")
+        "; topod holds these cores for {}, which slurmctld does not know (an orphan whose end never reached topod, or a job started by hand): if nothing of it runs, `topoctl release {}` frees them",
+        jobs.join(", "),
+        jobs.first().map_or("JOB", String::as_str)
     )
 }
 
