@@ -278,7 +278,10 @@ shrunk_cpu=$(cpu_in_2s)
 check "grown back to $full: the spinners may run on both ($(allowed_of "$p1"), $(allowed_of "$p2"))" test "$(allowed_of "$p1"):$(allowed_of "$p2")" = "$full:$full"
 grown_cpu=$(cpu_in_2s)
 echo "  CPU seconds in 2 s: $shrunk_cpu on one CPU, $grown_cpu on two"
-check "on two CPUs they got more than one CPU's 2 s ($grown_cpu CPU-seconds; $shrunk_cpu on one)" python3 -c "import sys; sys.exit(not $grown_cpu > 3.0)"
+# Judged against the same spinners on one CPU in the same run, not against a fixed figure, so
+# that other load on the machine lowers both.
+check "on two CPUs they got at least 1.4 times the CPU time they got on one ($grown_cpu against $shrunk_cpu CPU-seconds in 2 s)" \
+    python3 -c "import sys; sys.exit(not $grown_cpu >= 1.4 * $shrunk_cpu > 0)"
 scancel "$job"
 wait_for 30 all_done || squeue
 cluster_stop_slurm
@@ -322,7 +325,8 @@ check "features published" wait_for 10 has_features
 for how in reconfigure restart; do
     if [ "$how" = reconfigure ]; then scontrol reconfigure; else cluster_restart_slurmctld; fi
     sleep 0.5
-    check "after $how: features back within 5 s" wait_for 5 has_features
+    # It republishes within its 1 s interval on a quiet host; 30 s only bounds a busy one.
+    check "after $how: features back" wait_for 30 has_features
     scontrol show node "$NODE" | grep -o "ActiveFeatures=[^ ]*" | sed "s/^/  /"
     dir="$BASE/out/features-$how"; mkdir -p "$dir"; chmod 1777 "$dir"
     job=$(submit "$dir" job 0.2 --topology='affinity[core]' 2> "$dir/sbatch.err" || true)
