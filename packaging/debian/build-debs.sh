@@ -13,6 +13,8 @@
 #               programs), install-hooks.sh made of packaging/pbs/README's qmgr commands
 #
 # Usage: packaging/debian/build-debs.sh [OUTDIR]     (default: target/debian; prints the .debs)
+# TOPO_DEB_VERSION=V gives the packages version V (with its revision, e.g. 0.1.0+up1-1) instead of
+# the crates' version: tests/site-lifecycle.sh builds an upgrade that way from the same tree.
 # Needs cargo-deb (`cargo install --locked cargo-deb`; installed here when missing), dpkg-dev and
 # libslurm-dev (tests/install-deps.sh).
 set -euo pipefail
@@ -110,7 +112,7 @@ for crate in topod topo-lsf spank-topo topo-plugin-core; do
     # install-hooks.sh).
     strip=()
     [ "$crate" = topo-plugin-core ] && strip=(--no-strip)
-    debs+=("$(cargo deb --quiet --no-build "${strip[@]}" --locked -p "$crate" -o "$out")")
+    debs+=("$(cargo deb --quiet --no-build "${strip[@]}" ${TOPO_DEB_VERSION:+--deb-version "$TOPO_DEB_VERSION"} --locked -p "$crate" -o "$out")")
 done
 
 # What cargo-deb cannot say: a Description with a synopsis of its own (cargo-deb takes the
@@ -164,6 +166,7 @@ done
 dpkg-deb -f "${debs[2]}" Depends | grep -qF "slurm-wlm-basic-plugins (>= $slurm_version)"
 
 version=$(cargo metadata --format-version 1 --no-deps --locked | python3 -c 'import json, sys; print([p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "topod"][0])')
+version=${TOPO_DEB_VERSION:-$version-}
 for name in topod topo-lsf topo-slurm topo-pbs; do
-    ls "$out/${name}_${version}-"*.deb
+    ls "$out/${name}_${version}"*.deb
 done
