@@ -28,6 +28,10 @@ packages=(
     # installs cargo-deb itself from crates.io), lintian on them, `man topod` once installed, and
     # the unit's capability bounding set applied with setpriv.
     dpkg-dev lintian man-db util-linux
+    # tests/site-lifecycle.sh: a Debian 12 root made with debootstrap, booted with systemd as
+    # PID 1 by systemd-nspawn (systemd-container may bring this host's systemd package to the
+    # same point release; systemd is not this host's PID 1).
+    systemd-container debootstrap
     # topod/tests/metrics_missized.rs: a topod scrape parsed by Prometheus's own Python parser.
     python3-prometheus-client
 )

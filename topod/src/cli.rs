@@ -31,8 +31,13 @@ pub struct TopodArgs {
     /// and exit: the systemd unit's `ExecStartPre=+`, which runs with root's full privileges,
     /// because the daemon keeps only CAP_KILL and CAP_SYS_NICE and cgroup v1's hierarchy roots
     /// are writable only with CAP_DAC_OVERRIDE.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "remove_cgroups")]
     pub prepare_cgroups: bool,
+    /// Remove topod's empty cgroup subtree from each hierarchy and exit (the Debian package's
+    /// removal, after topod has stopped). A job cgroup still there is left with its processes,
+    /// and named; refused while a topod answers on the socket.
+    #[arg(long)]
+    pub remove_cgroups: bool,
 }
 
 /// `topo-exec`'s command line.

@@ -62,6 +62,12 @@ fn run(args: TopodArgs) -> Result<(), String> {
     // cgroups the running one is still configuring. The socket answering tells the common case;
     // the lock on the cgroup subtree tells a second topod with another socket. (Preparing the
     // subtree touches no job.)
+    if args.remove_cgroups && UnixStream::connect(&socket).is_ok() {
+        return Err(format!(
+            "topod is running (it answers on {}): stop it before removing its cgroup subtree",
+            socket.display()
+        ));
+    }
     if !args.prepare_cgroups {
         refuse_if_running(&socket)?;
     }
@@ -83,6 +89,9 @@ fn run(args: TopodArgs) -> Result<(), String> {
     };
     if args.prepare_cgroups {
         return prepare_cgroups(kind, files, &mounts, &subtree, args.topology.or(config.topology));
+    }
+    if args.remove_cgroups {
+        return remove_cgroups(kind, &mounts, &subtree);
     }
     let _subtree_lock = lock_subtree(kind.subtree_dir(&mounts, &subtree))?;
     let topo = match args.topology.or(config.topology.clone()) {
@@ -380,6 +389,55 @@ fn prepare_cgroups(
         "topod: cgroup subtree {} ready ({layout})",
         dirs.unwrap_or_else(|| subtree.to_string())
     );
+    Ok(())
+}
+
+/// `--remove-cgroups`: topod's subtree removed from every hierarchy where it holds no job
+/// cgroup (refused before this while a topod answers: see `refuse_if_running`). A job cgroup
+/// left is a job still running (a stopped topod leaves its jobs running); it and its subtree
+/// stay, named, and the removal still succeeds, so that a package removal never fails on it.
+fn remove_cgroups(kind: Kind, mounts: &str, subtree: &str) -> Result<(), String> {
+    let dirs: Vec<PathBuf> = match kind {
+        Kind::Fake => Vec::new(),
+        Kind::V1 => {
+            let (cpuset, freezer, memory) = cgroup::v1::v1_mounts(mounts);
+            [cpuset, freezer, memory].into_iter().flatten().map(|m| m.join(subtree)).collect()
+        }
+        Kind::V2 => kind.subtree_dir(mounts, subtree).into_iter().collect(),
+    };
+    // A topod on another socket holds the subtree's lock for its lifetime.
+    if let Some(dir) = kind.subtree_dir(mounts, subtree).filter(|d| d.exists()) {
+        let file =
+            std::fs::File::open(&dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+        if let Err((_, nix::errno::Errno::EWOULDBLOCK)) =
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        {
+            return Err(format!(
+                "a running topod manages {} (it holds its lock): stop it first",
+                dir.display()
+            ));
+        }
+    }
+    for dir in dirs.iter().filter(|d| d.exists()) {
+        let jobs: Vec<String> = std::fs::read_dir(dir)
+            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        if !jobs.is_empty() {
+            println!(
+                "topod: {} kept: it holds the cgroups of jobs still running ({}); remove it once they have ended",
+                dir.display(),
+                jobs.join(", ")
+            );
+            continue;
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => println!("topod: removed {}", dir.display()),
+            Err(e) => println!("topod: {} kept: {e}", dir.display()),
+        }
+    }
     Ok(())
 }
 

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# A site's life with topo's Debian packages, under a real systemd as PID 1: a Debian 12 system
+# (debootstrap, tests/site/make-root.sh, built once per machine) booted with `systemd-nspawn -b`,
+# with Debian's Slurm in it. Inside, as a service of that systemd, tests/site/lifecycle-inner.sh
+# installs the packages built from this tree (version N), starts topod with `systemctl enable
+# --now`, runs a job by hand and a Slurm --topology job that reads its notify file, lets the
+# watchdog restart a stalled topod, stops and starts topod with jobs running, upgrades to version
+# N+1 (built from the same tree with another version and a changed conffile) with jobs running,
+# removes the packages (a plain Slurm job still runs) and purges them (no file, unit or cgroup of
+# topo's left). Checks print "  ok: ..." or "  FAIL: ...".
+#
+# The container shares this host's kernel and its cgroup v1 hierarchies (topod takes its v1
+# backend there); the pure cgroup v2 layout is tested without systemd (tests/cgroup-v2-vm.sh).
+# Needs root; exit 77 (a visible skip) when it cannot run here. TOPO_SITE_KEEP=1 keeps the
+# container's root under /var/tmp.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+me=tests/site-lifecycle.sh
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "$me: SKIPPED: boots a container and installs packages in it: needs root"
+    exit 77
+fi
+if ! command -v systemd-nspawn >/dev/null || ! command -v debootstrap >/dev/null; then
+    tests/install-deps.sh >/dev/null
+fi
+started=$(date +%s)
+base=$(tests/site/make-root.sh)
+WORK=$(mktemp -d /var/tmp/topo-site.XXXXXX)
+NSPAWN_PID=""
+cleanup() {
+    local rc=$?
+    set +e
+    if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
+        kill -TERM "$NSPAWN_PID"; sleep 5; kill -KILL "$NSPAWN_PID" 2>/dev/null
+    fi
+    # A job cgroup the container left behind (it shares this host's hierarchies).
+    for d in /sys/fs/cgroup/*/topo-site-test; do
+        [ -d "$d" ] || continue
+        find "$d" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null
+        rmdir "$d" 2>/dev/null
+    done
+    if [ "${TOPO_SITE_KEEP:-0}" = 1 ]; then
+        echo "$me: kept $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+
+# Versions N and N+1 of the four packages, from this tree. N+1's topod.toml differs from N's, as
+# a new release's conffile would: dpkg must keep the admin's edited one and put N+1's beside it.
+echo "$me: building the packages (version N and N+1)"
+packaging/debian/build-debs.sh "$WORK/N" > "$WORK/N.list"
+version=$(dpkg-deb -f "$(grep '/topod_' "$WORK/N.list")" Version)
+next="${version%-*}+up1-1"
+TOPO_DEB_VERSION=$next packaging/debian/build-debs.sh "$WORK/N1" > "$WORK/N1.list"
+topod_n1=$(grep '/topod_' "$WORK/N1.list")
+dpkg-deb -R "$topod_n1" "$WORK/unpacked"
+echo "# topo N+1: this line is new in version $next" >> "$WORK/unpacked/etc/topo/topod.toml"
+dpkg-deb --root-owner-group -Zxz -b "$WORK/unpacked" "$topod_n1" >/dev/null
+rm -rf "$WORK/unpacked"
+
+# The container's root: a copy of the cached one, with the packages, the inner script and the
+# service that runs it at boot.
+echo "$me: preparing the container (systemd $(chroot "$base" dpkg-query -W -f='${Version}' systemd), Slurm $(chroot "$base" dpkg-query -W -f='${Version}' slurmd))"
+root=$WORK/root
+cp -a "$base" "$root"
+mkdir -p "$root/root/debs/N" "$root/root/debs/N1"
+cp $(cat "$WORK/N.list") "$root/root/debs/N/"
+cp $(cat "$WORK/N1.list") "$root/root/debs/N1/"
+echo "$next" > "$root/root/debs/N1/version"
+install -m 755 tests/site/lifecycle-inner.sh "$root/root/lifecycle.sh"
+cat > "$root/etc/systemd/system/topo-lifecycle.service" <<'EOF'
+[Unit]
+Description=topo's site lifecycle test (tests/site-lifecycle.sh)
+After=multi-user.target
+[Service]
+Type=oneshot
+ExecStart=/root/lifecycle.sh
+EOF
+mkdir -p "$root/etc/systemd/system/default.target.wants"
+ln -sf /etc/systemd/system/topo-lifecycle.service "$root/etc/systemd/system/default.target.wants/topo-lifecycle.service"
+echo "topo-site" > "$root/etc/hostname"
+printf '127.0.0.1 localhost\n127.0.1.1 topo-site\n' > "$root/etc/hosts"
+
+# Boot: systemd as PID 1 in its own network namespace, joined to this host by a veth pair whose
+# host end stays down (so that its Slurm never meets this host's);
+# the test's service runs at boot and powers the system off at its end.
+echo "$me: booting the container with systemd as PID 1"
+timeout 1500 systemd-nspawn -b -D "$root" --register=no --keep-unit --network-veth \
+    --machine=topo-site --console=passive > "$WORK/console.log" 2>&1 &
+NSPAWN_PID=$!
+rc=0
+wait "$NSPAWN_PID" || rc=$?
+NSPAWN_PID=""
+cat "$root/root/result/log" 2>/dev/null
+if [ ! -f "$root/root/result/rc" ]; then
+    echo "$me: FAIL: the test inside the container did not finish (systemd-nspawn exited with $rc); its console:"
+    tail -n 30 "$WORK/console.log"
+    exit 1
+fi
+failed=$(cat "$root/root/result/rc")
+case $failed in ""|*[!0-9]*) failed=1 ;; esac
+# The container shares this host's cgroup hierarchies: nothing of its topod may be left here.
+if ls -d /sys/fs/cgroup/*/topo-site-test >/dev/null 2>&1; then
+    echo "  FAIL: the container's topod left cgroups on this host: $(ls -d /sys/fs/cgroup/*/topo-site-test)"
+    failed=$((failed + 1))
+fi
+echo "$me: ${failed:-?} failure(s), $(( $(date +%s) - started )) s (packages built, container booted, the whole lifecycle)"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# The inside of tests/site-lifecycle.sh: runs in a Debian 12 system booted with systemd as PID 1
+# (systemd-nspawn -b), as the service topo-lifecycle.service, and does what a site does with topo's
+# packages: install, start by systemd, jobs (one by hand, one through Slurm reading its notify
+# file), the watchdog, a stop and start with a job running, an upgrade with jobs running, removal
+# (Slurm still runs plain jobs) and purge (nothing of topo's left). Writes its checks to
+# /root/result/log ("  ok: ..." / "  FAIL: ...") and the number of failures to /root/result/rc,
+# then powers the system off.
+set -uo pipefail
+mkdir -p /root/result
+exec > /root/result/log 2>&1
+FAILED=0
+SUBTREE=topo-site-test
+ok() { echo "  ok: $*"; }
+fail() { echo "  FAIL: $*"; FAILED=$((FAILED + 1)); }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else fail "$what"; fi; }
+log() { echo "[$(date +%T)] $*"; }
+finish() {
+    echo "$FAILED" > /root/result/rc
+    log "done: $FAILED failure(s)"
+    systemctl poweroff --no-block
+    exit 0
+}
+# Waits up to $1 seconds for the command after it to succeed (polled every 0.2 s).
+wait_for() {
+    local limit=$1; shift
+    local deadline=$(( $(date +%s) + limit ))
+    until "$@"; do
+        [ "$(date +%s)" -ge "$deadline" ] && return 1
+        sleep 0.2
+    done
+}
+topod_pid() { systemctl show -p MainPID --value topod.service; }
+job_cpus() { topoctl jobs --json | python3 -c 'import json, sys; j = [x for x in json.load(sys.stdin) if x["job"] == sys.argv[1]]; print(j[0]["cpus"] if j else "")' "$1"; }
+slurm_running() { [ "$(slurm_state "$1")" = RUNNING ] && grep -q '^ALLOWED=' "$2" 2>/dev/null; }
+slurmd_idle() { sinfo -h -n "$(hostname)" -o %T | grep -qE '^(idle|mixed)'; }
+topod_restarted_since() { [ "$(systemctl show -p NRestarts --value topod.service)" -gt "$1" ] && systemctl is-active --quiet topod.service && topoctl jobs >/dev/null 2>&1; }
+topod_gone() { ! systemctl is-active --quiet topod.service && ! pgrep -x topod >/dev/null; }
+not_held() { ! topoctl jobs --json | grep -q "\"$1\""; }
+process_gone() { ! kill -0 "$1" 2>/dev/null; }
+journal_has() { journalctl -u topod.service -o cat --no-pager | grep -q -- "$1"; }
+slurm_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+slurm_done() { case $(slurm_state "$1") in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|"") return 0 ;; *) return 1 ;; esac; }
+
+log "systemd $(systemctl --version | head -1 | cut -d' ' -f2) is PID 1: $(ps -o comm= -p 1); system state $(systemctl is-system-running)"
+
+# A container's cgroup v1 hierarchies are mounted read-only by systemd-nspawn; on a host they are
+# read-write (mode 0555 roots, which is why the unit's ExecStartPre=+ makes topod's subtree).
+for h in cpuset freezer memory; do
+    mount -o remount,bind,rw "/sys/fs/cgroup/$h" || { fail "remount /sys/fs/cgroup/$h read-write"; finish; }
+done
+
+# --- install (version N) ---------------------------------------------------------------------
+log "install version N"
+check "dpkg -i of topod, topo-slurm, topo-pbs, topo-lsf (version N)" \
+    dpkg -i /root/debs/N/topod_*.deb /root/debs/N/topo-slurm_*.deb /root/debs/N/topo-pbs_*.deb /root/debs/N/topo-lsf_*.deb
+check "the package neither enables nor starts topod" \
+    test "$(systemctl is-enabled topod.service 2>&1):$(systemctl is-active topod.service 2>&1)" = "disabled:inactive"
+# The site's own setting: a subtree of its own (this test's; a real site keeps the default).
+sed -i "s|^# cgroup_subtree = \"topo\"|cgroup_subtree = \"$SUBTREE\"|" /etc/topo/topod.toml
+check "the admin's edit of the conffile /etc/topo/topod.toml" grep -qx "cgroup_subtree = \"$SUBTREE\"" /etc/topo/topod.toml
+# This test's watchdog: 5 s, and SIGKILL 5 s after the watchdog's SIGABRT (the unit's 30 s and
+# systemd's 90 s default would only make the wait longer).
+mkdir -p /etc/systemd/system/topod.service.d
+printf '[Service]\nWatchdogSec=5s\nTimeoutAbortSec=5s\n' > /etc/systemd/system/topod.service.d/zz-test-watchdog.conf
+systemctl daemon-reload
+
+# --- start by systemd ------------------------------------------------------------------------
+log "systemctl enable --now topod"
+check "systemctl enable --now topod" systemctl enable --now topod.service
+check "topod is active (Type=notify: it said READY)" test "$(systemctl is-active topod.service)" = active
+systemctl status topod.service --no-pager | head -12
+check "systemctl status shows topod running from /usr/sbin/topod" sh -c 'systemctl status topod.service --no-pager | grep -q "/usr/sbin/topod"'
+check "ExecStartPre=+ made the cgroup subtree /sys/fs/cgroup/cpuset/$SUBTREE" test -d "/sys/fs/cgroup/cpuset/$SUBTREE"
+check "topod runs with only CAP_KILL and CAP_SYS_NICE" \
+    sh -c "grep '^CapBnd' /proc/$(topod_pid)/status | grep -q 0000000000800020"  # bits 5 (KILL) and 23 (SYS_NICE)
+check "/run/topo/topod.sock answers" topoctl jobs
+
+# --- a job by hand: allocate, a process in it, release ----------------------------------------
+log "job site-a (by hand)"
+# On the host's last CPU: Slurm, which does not know of this job, gives its first job core 0.
+last_cpu=$(( $(nproc) - 1 ))
+check "topoctl alloc site-a 'affinity[core]' inside CPU $last_cpu" topoctl alloc --job site-a --cpus "$last_cpu" 'affinity[core]'
+systemd-run --quiet --unit=site-a-job topo-exec --job site-a -- sleep 100000
+wait_for 10 pgrep -f "sleep 100000" >/dev/null
+job_a_pid=$(pgrep -f "sleep 100000" | head -1)
+cpus_a=$(job_cpus site-a)
+check "job site-a's process runs on its CPUs ($cpus_a)" \
+    test "$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "/proc/$job_a_pid/status")" = "$cpus_a"
+check "the journal has the allocation as one line with its fields" \
+    journal_has 'job site-a: allocated CPUs .*event="allocated" job=site-a cpus='
+check "the journal has the join as one line" journal_has 'job site-a: process .* joined'
+check "the notify file /run/topo/job-notify/site-a is readable by every user" \
+    setpriv --reuid=nobody --regid=nogroup --clear-groups cat /run/topo/job-notify/site-a
+
+# --- Slurm, configured from the installed topo-slurm ------------------------------------------
+log "Slurm with topo-slurm's plug-in"
+# The container has its own network namespace, and Slurm resolves names with AF_INET and
+# AI_ADDRCONFIG, which find nothing while loopback has the only IPv4 address: an address on the
+# container's end of its veth pair (host0).
+ip addr add 10.253.0.1/24 dev host0 && ip link set host0 up || fail "an address on host0 for Slurm"
+host=$(hostname)
+sed -i "/ $host\$/d" /etc/hosts
+echo "10.253.0.1 $host" >> /etc/hosts
+cpus=$(nproc)
+cat > /etc/slurm/slurm.conf <<EOF
+ClusterName=site
+SlurmctldHost=$host
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/affinity
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+ReturnToService=2
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+JobAcctGatherType=jobacct_gather/none
+NodeName=$host CPUs=$cpus State=UNKNOWN
+PartitionName=main Nodes=$host Default=YES MaxTime=INFINITE State=UP
+EOF
+mkdir -p /var/lib/slurm/slurmd /var/lib/slurm/slurmctld /var/log/slurm
+chown slurm: /var/lib/slurm/slurmctld /var/log/slurm 2>/dev/null || true
+# The line of /usr/share/doc/topo-slurm/examples/plugstack.conf, in plugstack.conf.d (which
+# Debian's /etc/slurm/plugstack.conf includes), as packaging/slurm/README.md says.
+grep -v '^#' /usr/share/doc/topo-slurm/examples/plugstack.conf | grep . > /etc/slurm/plugstack.conf.d/topo.conf
+check "the plugstack line names the installed plug-in" \
+    sh -c 'test -f "$(awk "{print \$2}" /etc/slurm/plugstack.conf.d/topo.conf)"'
+[ -f /etc/munge/munge.key ] || mungekey --create >/dev/null 2>&1 || dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null
+chown munge: /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key
+check "systemctl start munge slurmctld slurmd" systemctl start munge.service slurmctld.service slurmd.service
+wait_for 60 slurmd_idle || { fail "slurmd registered as idle"; sinfo; tail -20 /var/log/slurm/slurmd.log; }
+id alice >/dev/null 2>&1 || useradd -m alice
+cat > /home/alice/job.sh <<'EOF'
+#!/bin/sh
+echo "TOPO_NOTIFY_FILE=$TOPO_NOTIFY_FILE"
+echo "NOTIFIED_CPUS=$(sed -n 's/^cpus=//p' "$TOPO_NOTIFY_FILE")"
+echo "ALLOWED=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)"
+sleep "${1:-0}"
+EOF
+chmod 755 /home/alice/job.sh
+slurm_job() {  # sbatch as alice; prints the job id
+    su alice -c "cd /home/alice && sbatch --parsable $*" 2>&1 | tail -1
+}
+field() { sed -n "s/^$1=//p" "$2" | head -1; }
+job_b=$(slurm_job "--topology='affinity[core]' -o /home/alice/b.out /home/alice/job.sh 100000")
+wait_for 60 slurm_running "$job_b" /home/alice/b.out || fail "Slurm job $job_b running ($(slurm_state "$job_b"); $(cat /home/alice/b.out 2>&1))"
+cpus_b=$(job_cpus "slurm-$job_b")
+check "Slurm job $job_b: topod holds it (CPUs $cpus_b)" test -n "$cpus_b" -a -n "$job_b"
+check "Slurm job $job_b read its notify file, which says its CPUs" \
+    test "$(field TOPO_NOTIFY_FILE /home/alice/b.out):$(field NOTIFIED_CPUS /home/alice/b.out)" = "/run/topo/job-notify/slurm-$job_b:$cpus_b"
+check "Slurm job $job_b runs on them" test -n "$cpus_b" -a "$(field ALLOWED /home/alice/b.out)" = "$cpus_b"
+
+# --- the watchdog: a topod that stops answering is restarted, and its jobs kept ---------------
+log "watchdog"
+pid_before=$(topod_pid)
+restarts_before=$(systemctl show -p NRestarts --value topod.service)
+kill -STOP "$pid_before"
+wait_for 60 topod_restarted_since "$restarts_before" || fail "topod restarted after its watchdog expired"
+check "the watchdog restarted topod (a new process)" test "$(topod_pid)" != "$pid_before"
+check "the journal says why" sh -c 'journalctl -u topod.service --no-pager | grep -qi "watchdog timeout"'
+check "after the watchdog's restart job site-a keeps CPUs $cpus_a" test "$(job_cpus site-a)" = "$cpus_a"
+check "and Slurm job $job_b keeps CPUs $cpus_b" test -n "$cpus_b" -a "$(job_cpus "slurm-$job_b")" = "$cpus_b"
+check "job site-a's process lived through it" kill -0 "$job_a_pid"
+
+# --- systemctl stop with jobs running; start adopts them --------------------------------------
+log "systemctl stop and start with jobs running"
+check "systemctl stop topod" systemctl stop topod.service
+check "job site-a's process keeps running while topod is stopped (KillMode=process)" kill -0 "$job_a_pid"
+check "its cgroup stays" test -d "/sys/fs/cgroup/cpuset/$SUBTREE/site-a"
+check "systemctl start topod" systemctl start topod.service
+check "the restarted topod adopted site-a on CPUs $cpus_a" test "$(job_cpus site-a)" = "$cpus_a"
+check "and slurm-$job_b on CPUs $cpus_b" test -n "$cpus_b" -a "$(job_cpus "slurm-$job_b")" = "$cpus_b"
+
+# --- upgrade to version N+1 with jobs running --------------------------------------------------
+log "upgrade to N+1 with jobs running"
+pid_before=$(topod_pid)
+check "dpkg -i of version N+1 (conffiles: the admin's kept, as with --force-confold)" \
+    dpkg -i --force-confold /root/debs/N1/topod_*.deb /root/debs/N1/topo-slurm_*.deb /root/debs/N1/topo-pbs_*.deb /root/debs/N1/topo-lsf_*.deb
+check "topod is version N+1" test "$(dpkg-query -W -f='${Version}' topod)" = "$(cat /root/debs/N1/version)"
+check "the upgrade restarted topod" sh -c "systemctl is-active --quiet topod.service && test \"\$(systemctl show -p MainPID --value topod.service)\" != $pid_before"
+check "the admin's topod.toml is kept" grep -qx "cgroup_subtree = \"$SUBTREE\"" /etc/topo/topod.toml
+check "the new package's topod.toml is beside it as topod.toml.dpkg-dist" grep -q "topo N+1" /etc/topo/topod.toml.dpkg-dist
+check "after the upgrade job site-a keeps CPUs $cpus_a" test "$(job_cpus site-a)" = "$cpus_a"
+check "and Slurm job $job_b keeps CPUs $cpus_b" test -n "$cpus_b" -a "$(job_cpus "slurm-$job_b")" = "$cpus_b"
+check "job site-a's process lived through it" kill -0 "$job_a_pid"
+scancel "$job_b"
+wait_for 60 slurm_done "$job_b"
+check "scancel released Slurm job $job_b in topod" wait_for 30 not_held "slurm-$job_b"
+job_c=$(slurm_job "--topology='affinity[core]' -o /home/alice/c.out /home/alice/job.sh 0")
+wait_for 60 slurm_done "$job_c"
+check "a --topology job after the upgrade completes and read its notify file" \
+    sh -c "test \"$(slurm_state "$job_c")\" = COMPLETED && grep -q '^NOTIFIED_CPUS=[0-9]' /home/alice/c.out"
+
+# --- jobs end; removal ------------------------------------------------------------------------
+log "jobs end; the packages are removed"
+check "topoctl release site-a" topoctl release site-a
+check "the release ended job site-a's process" wait_for 10 process_gone "$job_a_pid"
+check "the journal has the release as one line" journal_has 'job site-a: released.*event="released" job=site-a'
+# Removing topo-slurm: first its plugstack line (packaging/slurm/README.md, "Removal").
+rm -f /etc/slurm/plugstack.conf.d/topo.conf
+systemctl restart slurmd.service
+check "dpkg -r topo-slurm topo-pbs topo-lsf topod" dpkg -r topo-slurm topo-pbs topo-lsf topod
+check "removal stopped topod" topod_gone
+check "removal removed topod's cgroup subtree" sh -c "! ls -d /sys/fs/cgroup/*/$SUBTREE 2>/dev/null"
+# topod and topo-pbs have conffiles (topod.toml, topo.json); topo-slurm and topo-lsf have none.
+check "only conffiles stay (topod and topo-pbs; topo-slurm and topo-lsf are gone)" \
+    test "$(dpkg-query -W -f='${db:Status-Status} ' topod topo-pbs 2>&1):$(dpkg-query -W topo-slurm topo-lsf 2>/dev/null)" = "config-files config-files :"
+wait_for 30 slurmd_idle
+job_d=$(slurm_job "-o /home/alice/d.out /home/alice/job.sh 0")
+wait_for 60 slurm_done "$job_d"
+check "a plain Slurm job runs after the removal" test "$(slurm_state "$job_d")" = COMPLETED
+# A site that left the line in but as `optional`: Slurm logs the missing plug-in and runs jobs.
+sed 's/^required /optional /' /usr/share/doc/topo-slurm/examples/plugstack.conf 2>/dev/null | grep -v '^#' | grep . > /etc/slurm/plugstack.conf.d/topo.conf \
+    || echo "optional /usr/lib/x86_64-linux-gnu/slurm-wlm/spank_topo.so" > /etc/slurm/plugstack.conf.d/topo.conf
+systemctl restart slurmd.service
+wait_for 30 slurmd_idle
+job_e=$(slurm_job "-o /home/alice/e.out /home/alice/job.sh 0")
+wait_for 60 slurm_done "$job_e"
+check "with the plug-in gone and its line left as optional, a plain Slurm job runs" test "$(slurm_state "$job_e")" = COMPLETED
+[ "$(slurm_state "$job_e")" = COMPLETED ] || { scontrol show job "$job_e" | grep -E 'JobState|Reason'; cat /home/alice/e.out; tail -n 5 /var/log/slurm/slurmd.log; }
+rm -f /etc/slurm/plugstack.conf.d/topo.conf
+
+# --- purge ------------------------------------------------------------------------------------
+log "purge"
+rm -rf /etc/systemd/system/topod.service.d   # this test's own drop-in, not the package's
+check "dpkg -P topod topo-slurm topo-pbs topo-lsf" dpkg -P topo-slurm topo-pbs topo-lsf topod
+check "dpkg knows none of them" sh -c '! dpkg-query -W topod topo-slurm topo-pbs topo-lsf 2>/dev/null | grep -q .'
+left=$(find /etc /usr /var /run /opt /srv /home /root /tmp -xdev \( -name 'topo' -o -name 'topo-*' -o -name 'topo_*' -o -name 'topo.*' -o -name 'topod*' -o -name 'topoctl*' -o -name '_topoctl' -o -name '*spank_topo*' -o -name 'schmod_topo*' -o -name 'libtopo*' \) \
+    -not -path '/root/*' -not -name 'topo-lifecycle.service' 2>/dev/null)
+check "nothing of topo's is left on disk${left:+: $left}" test -z "$left"
+check "no cgroup of topo's is left" sh -c "! ls -d /sys/fs/cgroup/*/$SUBTREE /sys/fs/cgroup/*/topo 2>/dev/null"
+check "systemd no longer knows topod.service" sh -c '! systemctl cat topod.service >/dev/null 2>&1'
+finish
