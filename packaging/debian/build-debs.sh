@@ -3,7 +3,7 @@
 # crate's Cargo.toml, [package.metadata.deb]):
 #
 #   topod       topod, topoctl, topo-exec, the systemd unit (packaging/systemd/topod.service as
-#               it is, with a drop-in for ExecStart=/usr/sbin/topod), /etc/topo/topod.toml (a
+#               it is, with a drop-in naming the manual pages), /etc/topo/topod.toml (a
 #               conffile: packaging/topod.toml), the manual pages and shell completions (made
 #               here by `topoctl man` and `topoctl completions`), the protocol schema
 #   topo-lsf    /usr/lib/topo/schmod_topo.so, /usr/lib/topo/libtopo.so, topo.h, LSF examples
