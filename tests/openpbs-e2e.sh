@@ -164,6 +164,9 @@ delete_hooks() {
     server_log=$PBS_HOME/server_logs/$(date +%Y%m%d)
     acks=$(grep -c 'successfully deleted hook file topo.HK' "$server_log" 2>/dev/null || true)
     qmgr -c "delete hook topo_submit" >/dev/null 2>&1 || true
+    # The server's stray periodic task for the hook cancelled first (packaging/pbs/README, Notes).
+    qmgr -c "set hook topo event += periodic" >/dev/null 2>&1 || true
+    qmgr -c "set hook topo event -= periodic" >/dev/null 2>&1 && sleep 5
     qmgr -c "delete hook topo" >/dev/null 2>&1 || return 0
     for _ in $(seq 300); do
         [ "$(grep -c 'successfully deleted hook file topo.HK' "$server_log" 2>/dev/null || true)" -gt "$acks" ] && return 0
@@ -200,12 +203,25 @@ cat > "$BASE/topo.json" <<EOT
 }
 EOT
 cp packaging/pbs/topo.py "$BASE/topo.py"
-# The README's block, run as it stands, in the directory holding topo.py and topo.json (taken
-# from the README by the same script the topo-pbs package's install-hooks.sh is made with);
-# "freq" is then lowered so that the periodic checks take seconds, not minutes.
-(cd "$BASE" && "$REPO/packaging/pbs/qmgr-commands.sh" > qmgr-commands.sh && bash -e qmgr-commands.sh > qmgr.log)
-check "the README's qmgr commands install both hooks" grep -q 'enabled = true' <(qmgr -c "list hook topo")
-qmgr -c "set hook topo freq = 3"
+# The README's blocks, as the topo-pbs package's install-hooks.sh runs them (made by the same
+# script, packaging/pbs/make-install-hooks.sh), with this run's topo.py and topo.json. Twice: a
+# second installation (an upgrade, a changed topo.json) must succeed over the first.
+packaging/pbs/make-install-hooks.sh packaging/pbs/README > "$BASE/install-hooks.sh"
+install_hooks() { TOPO_PBS_HOOK=$BASE/topo.py TOPO_PBS_CONFIG=$BASE/topo.json sh "$BASE/install-hooks.sh" "$@"; }
+rc=0; install_hooks > "$BASE/install-1.log" 2>&1 || rc=$?
+check "install-hooks.sh installs both hooks (exit status $rc)" sh -c "[ $rc = 0 ] && qmgr -c 'list hook topo' | grep -q 'enabled = true' && qmgr -c 'list hook topo_submit' | grep -q 'enabled = true'"
+rc=0; install_hooks > "$BASE/install-2.log" 2>&1 || rc=$?
+check "install-hooks.sh run a second time succeeds (exit status $rc)" test "$rc" = 0
+check "  ... keeps the resources and imports the hooks again" sh -c "grep -q 'resource topology exists (type=string,flag=m): kept' '$BASE/install-2.log' && grep -q 'hook topo exists: configured and imported again' '$BASE/install-2.log'"
+[ "$FAILED" -eq 0 ] || { cat "$BASE"/install-*.log; exit 1; }
+# "freq" is lowered so that the periodic checks take seconds, not minutes; and the server's stray
+# "periodic" task for it cancelled as the README says (Notes and troubleshooting).
+set_freq() {
+    qmgr -c "set hook topo freq = $1"
+    qmgr -c "set hook topo event += periodic"
+    qmgr -c "set hook topo event -= periodic"
+}
+set_freq 3
 qmgr -c "set hook pbs_cgroups enabled = false" 2>/dev/null || true
 for _ in $(seq 100); do [ -f "$PBS_HOME/mom_priv/hooks/topo.PY" ] && break; sleep 0.2; done
 sleep 2
@@ -378,7 +394,7 @@ wait_state "$jw" F 30 || fail "the waiting job did not finish"
 # b) the MoM refuses the job because topod holds a CPU that PBS has not been told about yet: the
 #    periodic hook runs every 60 s (the README's freq) and the CPU is taken right after one of
 #    its runs, so that execjob_begin finds it first. Not held after 21 tries: sent back once.
-qmgr -c "set hook topo freq = 60"
+set_freq 60
 sleep 4
 runs=$(grep -c 'on_periodic done' "$mom_log")
 for _ in $(seq 400); do [ "$(grep -c 'on_periodic done' "$mom_log")" -gt "$runs" ] && break; sleep 0.2; done
@@ -410,7 +426,7 @@ check "no success is logged as an error" sh -c "! grep ';0001;.*topo hook.*\(rel
 # --- 11. what the hooks cost a job's start -----------------------------------------------------------
 # qsub to the first instruction of the job, one job at a time, with the topo hooks enabled and
 # disabled (the same PBS, the same minute). Figures, not a pass/fail check: they are printed.
-qmgr -c "set hook topo freq = 60"
+set_freq 60
 bench_jobs=${TOPO_PBS_BENCH_JOBS:-15}
 median_ms() { sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.0f", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 median1() { sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.1f", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
@@ -440,6 +456,29 @@ for h in topo topo_submit; do qmgr -c "set hook $h enabled = true"; done
 echo "$me: qsub to job start, median of $bench_jobs jobs: ${with:-?} ms with the topo hooks, ${without:-?} ms without"
 echo "$me: time spent in topo.py per event (median): $own"
 check "every benchmark job started" test -n "$with" -a -n "$without"
+
+# --- 12. install-hooks.sh --remove ---------------------------------------------------------------
+# A job that still has a topology request (a held one here, and the ended ones in the job history)
+# keeps PBS from deleting the resource: said, the rest removed, exit status 1; once the jobs are
+# gone a second removal finishes.
+jheld=$(as_user qsub -h -l select=1:ncpus=1 -l topology='affinity[thread*1]' -- /bin/true)
+rc=0; install_hooks --remove > "$BASE/remove-1.log" 2>&1 || rc=$?
+check "--remove with a job still asking for topology ends with exit status 1 ($rc)" test "$rc" = 1
+check "  ... and says what it could not delete and why" grep -q 'could not delete resource topology: .*Resource busy on job' "$BASE/remove-1.log"
+check "  ... and removed both hooks all the same" sh -c "! qmgr -c 'list hook' | grep -E '^Hook topo(_submit)?\$'"
+qdel -x -W force $(qselect -x) >/dev/null 2>&1 || true
+for _ in $(seq 50); do [ -z "$(qselect -x)" ] && break; sleep 0.2; done
+rc=0; install_hooks --remove > "$BASE/remove-2.log" 2>&1 || rc=$?
+check "--remove again once the job is gone: exit status 0 ($rc)" test "$rc" = 0
+for r in topology topo_free_numa topo_free_l3 topo_free_cores; do
+    check "  ... resource $r is gone" sh -c "! qmgr -c 'list resource $r' >/dev/null 2>&1"
+done
+check "  ... no hook is left pending in the MoM" sh -c "for _ in \$(seq 100); do ls $PBS_HOME/mom_priv/hooks/ | grep -q '^topo' || exit 0; sleep 0.2; done; exit 1"
+jplain=$(as_user qsub -l select=1:ncpus=1 -- /bin/sh -c "grep Cpus_allowed_list /proc/self/status > $OUT/plain.cpus")
+wait_state "$jplain" F 60 || true
+check "a plain job runs after the removal (exit status $(job_attr "$jplain" Exit_status))" \
+    sh -c "[ '$(job_attr "$jplain" Exit_status)' = 0 ] && [ -s $OUT/plain.cpus ]"
+check "  ... without asking topod" test -z "$(ledger | grep "$(topod_id "$jplain")")"
 
 echo "$me: $FAILED failed"
 [ "$FAILED" -eq 0 ]

@@ -75,33 +75,9 @@ sed -e 's|"/usr/local/sbin/topoctl"|"/usr/bin/topoctl"|' -e 's|"/usr/local/sbin/
     packaging/pbs/topo.json > "$assets/pbs/topo.json"
 grep -q '"/usr/bin/topoctl"' "$assets/pbs/topo.json" && grep -q '"/usr/bin/topo-exec"' "$assets/pbs/topo.json" \
     || { echo "$me: packaging/pbs/topo.json no longer names /usr/local/sbin/topoctl and topo-exec; update this script" >&2; exit 1; }
-commands=$(packaging/pbs/qmgr-commands.sh packaging/pbs/README)
-[ "$(echo "$commands" | grep -c '^qmgr -c ')" -ge 10 ] || { echo "$me: packaging/pbs/README's qmgr block not found" >&2; exit 1; }
-{
-    cat <<'EOT'
-#!/bin/sh
-# topo-pbs: installs topo's PBS hooks (topo_submit on the server, topo on every MoM) with
-# qmgr. Run it once, as root, on the PBS server host, after editing /etc/topo/pbs/topo.json.
-# The commands below are the "Installation with qmgr" block of
-# /usr/share/doc/topo-pbs/README, taken from it when the package was built; they stop at the
-# first that fails (a hook or resource that already exists: see the README to remove them).
-# Usage: /usr/share/topo-pbs/install-hooks.sh  (TOPO_PBS_CONFIG=FILE for another topo.json)
-set -e
-config=${TOPO_PBS_CONFIG:-/etc/topo/pbs/topo.json}
-hook=/usr/share/topo-pbs/topo.py
-if ! command -v qmgr >/dev/null 2>&1; then
-    echo "$0: qmgr not found: run this on the PBS server host with PBS's bin directory in PATH" >&2
-    exit 1
-fi
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-# qmgr imports topo.py and topo.json from the current directory.
-cp "$hook" "$dir/topo.py"
-cp "$config" "$dir/topo.json"
-cd "$dir"
-EOT
-    echo "$commands"
-} > "$assets/pbs/install-hooks.sh"
+# install-hooks.sh: README's installation and removal blocks, made by the script the real-PBS test
+# (tests/openpbs-e2e.sh) runs its copy from.
+packaging/pbs/make-install-hooks.sh packaging/pbs/README > "$assets/pbs/install-hooks.sh"
 sh -n "$assets/pbs/install-hooks.sh"
 
 gzip -9n "$assets"/man/*
