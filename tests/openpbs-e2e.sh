@@ -457,6 +457,28 @@ echo "$me: qsub to job start, median of $bench_jobs jobs: ${with:-?} ms with the
 echo "$me: time spent in topo.py per event (median): $own"
 check "every benchmark job started" test -n "$with" -a -n "$without"
 
+# --- 11b. topo removed from the host while the hooks stay: fail open --------------------------------
+# topod's protocol schema gone first, then topod with its socket: what a removed topod package
+# leaves. A plain job runs without topo; a job asking for a topology is refused with the reason.
+mv "$BASE/protocol.schema.json" "$BASE/protocol.schema.json.away"
+stop_topod
+rm -f "$SOCK" "${SOCK%.sock}-admin.sock"
+mom_from=$(wc -l < "$mom_log")
+jopen=$(as_user qsub -l select=1:ncpus=1 -- /bin/sh -c "grep Cpus_allowed_list /proc/self/status > $OUT/open.cpus")
+wait_state "$jopen" F 60 || true
+check "without topo on the host a job without a request runs (exit status $(job_attr "$jopen" Exit_status), run_count $(job_attr "$jopen" run_count))" \
+    sh -c "[ '$(job_attr "$jopen" Exit_status)' = 0 ] && [ '$(job_attr "$jopen" run_count)' = 1 ] && [ -s $OUT/open.cpus ]"
+check "  ... and the MoM logs it once" test "$(tail -n +"$((mom_from + 1))" "$mom_log" | grep -c "$jopen.*topo is not installed on this host (.*): job runs without topo's placement")" = 1
+jneeds=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[thread*1]' -- /bin/true)
+for _ in $(seq 100); do [ "$(job_attr "$jneeds" run_count)" -ge 1 ] 2>/dev/null && break; sleep 0.2; done
+sleep 1
+check "  ... a job asking for a topology is refused with the reason (run_count $(job_attr "$jneeds" run_count))" \
+    sh -c "tail -n +$((mom_from + 1)) '$mom_log' | grep -q '$jneeds.*topo is not installed on $NODE (.*): the job asks for topology=affinity\[thread\*1\], which only topo can place'"
+qdel "$jneeds" >/dev/null 2>&1 || true
+wait_state "$jneeds" F 30 || true
+mv "$BASE/protocol.schema.json.away" "$BASE/protocol.schema.json"
+start_topod
+
 # --- 12. install-hooks.sh --remove, and topo-pbs's prerm ---------------------------------------------
 # The prerm on upgrade leaves the hooks alone.
 prerm() { TOPO_PBS_INSTALL_HOOKS=$BASE/install-hooks.sh PATH=$PATH sh packaging/pbs/debian/prerm "$@"; }

@@ -1362,6 +1362,69 @@ def write_orphan_counts(config, counts):
 
 
 # ---------------------------------------------------------------------------------------------
+# A host whose topo has been removed
+
+
+def not_installed(config):
+    """Why topo counts as removed from this host, or None: topod's socket (and its
+    administrators' socket) and topod's protocol schema are all missing. A topod that is merely
+    down leaves the schema (a file of the topod package) in place, and is handled as down."""
+    base, ext = os.path.splitext(config["socket"])
+    paths = [config["socket"], base + "-admin" + ext, config["protocol_schema"]]
+    if any(os.path.exists(p) for p in paths):
+        return None
+    return "no topod socket at %s and no protocol schema at %s" % (config["socket"], config["protocol_schema"])
+
+
+def explicit_request(job, config):
+    """The topology request the job itself asked for on this host (job-wide, or in a chunk placed
+    here), or None: default_request does not count."""
+    wide = job_wide_request(job, config["resource"])
+    if wide is not None:
+        return wide
+    share = share_on_host(job, pbs.get_local_nodename(), config["resource"])
+    return share.requests[0] if share.requests else None
+
+
+def on_not_installed(event, config, reason):
+    """A MoM event on a host whose topo has been removed while the hooks were still installed
+    (the server hands every MoM the hook): fail open. A job without a topology request runs
+    without topo's placement (one log line at execjob_begin); one that asks for a topology is
+    refused, since nothing here can place it. exechost_* bring back online the vnodes this hook
+    had offlined (its comments start with "topo: "; the marker may have gone with state_dir)."""
+    host = pbs.get_local_nodename()
+    if event.type in (pbs.EXECHOST_STARTUP, pbs.EXECHOST_PERIODIC):
+        back = []
+        for name in local_vnodes(event, host):
+            vnode = event.vnode_list[name]
+            comment = getattr(vnode, "comment", None) or ""
+            if os.path.exists(marker_path(config)) or comment.startswith("topo: "):
+                vnode.state = pbs.ND_FREE
+                vnode.comment = None
+                back.append(name)
+        try:
+            os.remove(marker_path(config))
+        except OSError:
+            pass
+        if back:
+            log_info("topo is not installed on this host (%s): vnodes %s back online, without topo" % (reason, ", ".join(back)))
+        return
+    job = getattr(event, "job", None)
+    if job is None:
+        return
+    request = explicit_request(job, config)
+    if request is not None:
+        if event.type in (pbs.EXECJOB_BEGIN, pbs.EXECJOB_LAUNCH, pbs.EXECJOB_ATTACH):
+            raise HookError("topo is not installed on %s (%s): the job asks for %s=%s, which only topo "
+                            "can place; submit it without -l %s, or to hosts that run topod"
+                            % (host, reason, config["resource"], shortened(request), config["resource"]))
+        return
+    if event.type == pbs.EXECJOB_BEGIN:
+        pbs.logjobmsg(job.id, "%s: topo is not installed on this host (%s): job runs without topo's placement"
+                      % (HOOK, reason))
+
+
+# ---------------------------------------------------------------------------------------------
 # Dispatch
 
 
@@ -1383,6 +1446,13 @@ def handlers():
     }
 
 
+def mom_events():
+    """The event types that run at a MoM (where topod is asked), as far as this PBS has them."""
+    names = ("EXECJOB_BEGIN", "EXECJOB_LAUNCH", "EXECJOB_ATTACH", "EXECJOB_EPILOGUE", "EXECJOB_END",
+             "EXECHOST_STARTUP", "EXECHOST_PERIODIC", "EXECJOB_POSTSUSPEND", "EXECJOB_PRERESUME")
+    return set(getattr(pbs, n) for n in names if hasattr(pbs, n))
+
+
 def main():
     event = pbs.event()
     handler, rejects = handlers().get(event.type, (None, False))
@@ -1390,7 +1460,13 @@ def main():
         event.accept()
     started = time.time()
     try:
-        handler(event, load_config(pbs.hook_config_filename))
+        config = load_config(pbs.hook_config_filename)
+        reason = not_installed(config) if event.type in mom_events() else None
+        if reason is not None:
+            handler = on_not_installed
+            on_not_installed(event, config, reason)
+        else:
+            handler(event, config)
     except HookError as e:
         fail(event, rejects, str(e))
     except Exception as e:   # a bug here: say so in words, the traceback goes to the log

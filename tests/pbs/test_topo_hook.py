@@ -727,6 +727,69 @@ class HostTest(HookTestCase):
         self.assertEqual(self.topod.jobs(), [])
 
 
+class NotInstalledTest(HookTestCase):
+    """A host whose topo has been removed (topod's socket and its protocol schema both gone)
+    while the server still hands its MoM the hook: jobs without a request run, the others are
+    refused with the reason; a topod that is merely down is still handled as down."""
+
+    def remove_topo(self):
+        self.topod.stop()
+        self.write_config(socket=os.path.join(self.dir, "gone", "topod.sock"),
+                          protocol_schema=os.path.join(self.dir, "gone", "protocol.schema.json"))
+
+    def test_a_job_without_a_request_runs_without_topo_and_one_with_a_request_is_refused(self):
+        self.remove_topo()
+        plain = mom_job("90.server", ncpus=1)
+        begun = self.run_event("execjob_begin", job=plain, vnode_list={HOST: {}})
+        self.assert_accepted(begun)
+        said = [line for _, line in begun["log"] if "not installed" in line]
+        self.assertEqual(len(said), 1, begun["log"])
+        self.assertIn("topo is not installed on this host (no topod socket at %s" % os.path.join(self.dir, "gone", "topod.sock"), said[0])
+        self.assertIn("job runs without topo's placement", said[0])
+        self.assertFalse(begun["rerun"])
+        self.assertEqual(begun["vnode_list"][HOST]["state"], 0, "not offlined")
+        shell, launched = self.launch(plain, "true")
+        self.assert_accepted(launched)
+        self.assertNotIn("TOPO_JOB", launched["env"])
+        self.assertEqual(shell.wait(20), 0)
+        self.assert_accepted(self.run_event("execjob_attach", job=plain, pid=os.getpid(), vnode_list={HOST: {}}))
+        for name in ("execjob_epilogue", "execjob_end"):
+            ended = self.run_event(name, job=plain, vnode_list={HOST: {}})
+            self.assert_accepted(ended)
+            self.assertFalse([line for level, line in ended["log"] if level == 1], ended["log"])
+        for job in (mom_job("91.server", topology="affinity[core(1)]"),
+                    mom_job("92.server", topology="affinity[core(1)]", in_select=True)):
+            refused = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+            self.assert_rejected(refused, "topo is not installed on %s" % HOST, "topology=affinity[core(1)]",
+                                 "only topo can place")
+            self.assertNotIn("cannot reach topod", refused["message"])
+
+    def test_a_topod_that_is_only_down_still_holds_jobs_back(self):
+        self.topod.stop()
+        self.write_config(socket=os.path.join(self.dir, "gone", "topod.sock"))   # the schema is there
+        begun = self.run_event("execjob_begin", job=mom_job("93.server", ncpus=1), vnode_list={HOST: {}})
+        self.assert_rejected(begun, "cannot reach topod")
+        self.assertTrue(begun["rerun"])
+
+    def test_periodic_brings_back_the_vnodes_this_hook_offlined_and_leaves_an_admins(self):
+        self.topod.stop()
+        down = self.periodic()
+        self.assertEqual(down["vnode_list"][HOST]["state"], 1)
+        self.remove_topo()
+        back = self.periodic(vnodes={HOST: {"state": 1, "comment": down["vnode_list"][HOST]["comment"]}})
+        self.assertEqual((back["vnode_list"][HOST]["state"], back["vnode_list"][HOST]["comment"]), (0, None))
+        self.assertTrue(any("back online, without topo" in line for _, line in back["log"]), back["log"])
+        # The marker gone with a purged state_dir: the hook's comment is enough.
+        shutil.rmtree(os.path.join(self.dir, "hook-state"), ignore_errors=True)
+        again = self.periodic(vnodes={HOST: {"state": 1, "comment": "topo: cannot reach topod at /x"}})
+        self.assertEqual(again["vnode_list"][HOST]["state"], 0)
+        admin = self.periodic(vnodes={HOST: {"state": 1, "comment": "disk replaced, do not use"}})
+        self.assertEqual((admin["vnode_list"][HOST]["state"], admin["vnode_list"][HOST]["comment"]), (1, "disk replaced, do not use"))
+        started = self.run_event("exechost_startup", vnode_list={HOST: {}})
+        self.assert_accepted(started)
+        self.assertFalse([line for level, line in started["log"] if level == 1], started["log"])
+
+
 class PureFunctionsTest(unittest.TestCase):
     """The hook's reading of PBS values, without topod."""
 
