@@ -260,6 +260,9 @@ check "a 10 KB bad request is quoted around its error only ($(wc -c <<<"$said") 
 check "  ... and its reason is there" grep -q 'at byte' <<<"$said"
 said=$(as_user qsub -l select=1:ncpus=1 -l topology=affinity[core\(1,same=numa\)] -- /bin/true 2>&1) && fail "a request split at its comma was accepted: $said" || true
 check "a request PBS split at a comma says to quote it" grep -qi 'quote' <<<"$said"
+said=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[thread*2]' -- /bin/true 2>&1) && fail "a request larger than the job's ncpus was accepted: $said" || true
+check "a request needing more CPUs than the job's ncpus is refused at qsub, saying what to ask ($said)" \
+    grep -qF 'topology=affinity[thread*2] needs at least 2 CPUs but the job asks ncpus=1: ask -l select=1:ncpus=2' <<<"$said"
 
 # --- 2. one job: its CPUs and cgroup are topod's ----------------------------------------------
 cat > "$BASE/job.sh" <<'EOT'

@@ -627,9 +627,9 @@ def cut_at_comma(request):
 
 
 def check_request(request, config):
-    """The canonical form of `request`, checked by `topoctl check --json`: the placement core's
-    own parser, so that qsub refuses exactly what topod would. A bad request raises HookError
-    with topoctl's one-line message (the last line `topoctl check` prints)."""
+    """`topoctl check --json`'s answer for `request` ({"canonical": ..., "request": {...}}): the
+    placement core's own parser, so that qsub refuses exactly what topod would. A bad request
+    raises HookError with topoctl's one-line message (the last line `topoctl check` prints)."""
     command = [config["topoctl"], "check", "--json", "--", request]
     cannot = "cannot check the %s request: " % config["resource"]
     if "\0" in request:
@@ -650,7 +650,7 @@ def check_request(request, config):
     except ValueError:
         answer = {}
     if done.returncode == 0 and "canonical" in answer:
-        return answer["canonical"]
+        return answer
     if done.returncode == 2 and isinstance(answer.get("error"), dict):
         message = "%s=%s refused: %s" % (config["resource"], shortened(request), answer["error"]["message"])
         if cut_at_comma(request):
@@ -940,18 +940,82 @@ def publish(event, host, topod, config, make_numa_vnodes, running=None, lower_on
 
 def on_submit(event, config):
     """queuejob, modifyjob: every topology request of the job (job-wide, and in select chunks)
-    must parse; qsub/qalter print the rejection message as it is."""
-    job = event.job
+    must parse, and with enforce_ncpus must not need more CPUs than the job asks PBS for where
+    it is to run (qalter: the job as it will be); qsub/qalter print the rejection message as it is."""
     resource = config["resource"]
-    requests = []
-    wide = job_wide_request(job, resource)
+    requests = []   # (request, the select chunks it applies to; None: job-wide)
+    value = submitted(event, resource)
+    wide = unquote(str(value)) if value is not None and str(value).strip() else None
     if wide is not None:
-        requests.append(wide)
-    for chunk in select_chunks(job.Resource_List["select"]):
-        if chunk.get(resource) and chunk[resource] not in requests:
-            requests.append(chunk[resource])
-    for request in requests:
-        check_request(request, config)
+        requests.append((wide, None))
+    select = submitted(event, "select")
+    chunks = list(chunk_counts(select))
+    for chunk, count in chunks:
+        if chunk.get(resource) and chunk[resource] not in [r for r, _ in requests]:
+            requests.append((chunk[resource], [(c, n) for c, n in chunks if c.get(resource) == chunk[resource]]))
+    for request, applies_to in requests:
+        answer = check_request(request, config)
+        if config["enforce_ncpus"]:
+            check_ncpus(request, answer, applies_to if applies_to is not None else chunks,
+                        submitted(event, "ncpus") if not chunks else None, config)
+
+
+def submitted(event, name):
+    """A resource of the job as it is to be (modifyjob: the change if there is one, else the job
+    as it was), or None."""
+    value = event.job.Resource_List[name]
+    if value is None and getattr(event, "job_o", None) is not None:
+        value = event.job_o.Resource_List[name]
+    return value
+
+
+def chunk_counts(select):
+    """-l select's chunks as (resources, count) pairs: "2:ncpus=4+1:ncpus=1" ->
+    [({"ncpus": "4"}, 2), ({"ncpus": "1"}, 1)]."""
+    for chunk in split_top_level(str(select or ""), "+"):
+        words = split_top_level(chunk, ":")
+        count = 1
+        if words and words[0].strip().isdigit():
+            count = int(words.pop(0))
+        if any(w.strip() for w in words):
+            yield resources_of(words), count
+
+
+def least_cpus(answer):
+    """The fewest CPUs a checked request takes on a host: its tasks (the least of a malleable
+    request; 1 without a count, whose count is the chunks' mpiprocs) times the units per task,
+    a unit being at least one CPU (a core is one CPU per hardware thread, more with SMT)."""
+    parsed = answer.get("request") if isinstance(answer, dict) else None
+    if not isinstance(parsed, dict):
+        return None
+    tasks, units = parsed.get("tasks") or 1, parsed.get("units_per_task") or 1
+    if not isinstance(tasks, int) or not isinstance(units, int):
+        return None
+    return tasks * units
+
+
+def check_ncpus(request, answer, chunks, job_ncpus, config):
+    """Refuses at qsub a request that needs more CPUs than the job asks for: execjob_begin would
+    refuse it on every host, and PBS would try it ~20 times before holding it. The most CPUs
+    the job can have on one host is the ncpus of all the chunks the request applies to (or -l
+    ncpus without select); a chunk without ncpus, or no ncpus at all (PBS's defaults come after
+    this hook), is not judged."""
+    need = least_cpus(answer)
+    if need is None:
+        return
+    if chunks:
+        if any(chunk.get("ncpus") is None for chunk, _ in chunks):
+            return
+        have = sum(whole(chunk["ncpus"], "ncpus in -l select") * count for chunk, count in chunks)
+        asked = "+".join("%s%s" % ("%d:" % count if count > 1 else "", "ncpus=%s" % chunk["ncpus"]) for chunk, count in chunks)
+    elif job_ncpus is not None:
+        have = whole(job_ncpus, "-l ncpus")
+        asked = "ncpus=%d" % have
+    else:
+        return
+    if need > have:
+        raise HookError("%s=%s needs at least %d CPUs but the job asks %s: ask -l select=1:ncpus=%d "
+                        "or a smaller request" % (config["resource"], shortened(request), need, asked, need))
 
 
 def on_begin(event, config):

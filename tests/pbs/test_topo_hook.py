@@ -327,6 +327,38 @@ class SubmitTest(HookTestCase):
         self.assert_rejected(refused, "at byte %d" % long.index("x]"))
         self.assertLess(len(refused["message"]), 400, refused["message"])
 
+    def test_a_request_needing_more_cpus_than_the_job_asks_for_is_refused_at_qsub(self):
+        def queued(**resources):
+            return self.run_event("queuejob", job={"id": "", "Resource_List": resources})
+        refused = queued(topology="affinity[core*4]", select="1:ncpus=2")
+        self.assert_rejected(refused, "topology=affinity[core*4] needs at least 4 CPUs but the job asks ncpus=2",
+                             "ask -l select=1:ncpus=4 or a smaller request")
+        self.assert_rejected(queued(topology="affinity[core(2)*2]", ncpus=3), "needs at least 4 CPUs", "asks ncpus=3")
+        self.assert_rejected(queued(select="1:ncpus=1:topology=affinity[thread*2]+1:ncpus=8"), "needs at least 2 CPUs",
+                             "asks ncpus=1")
+        self.assert_rejected(queued(topology="affinity[thread*3-4]", select="1:ncpus=2"), "needs at least 3 CPUs")
+        # Enough on one host, or can be: the chunks the request applies to together, a
+        # malleable request's least, no count (PBS's task count), no ncpus said (PBS's defaults
+        # come later), a chunk without ncpus.
+        for fits in [dict(topology="affinity[core*4]", select="2:ncpus=2"), dict(topology="affinity[thread*2-4]", select="1:ncpus=2"),
+                     dict(topology="affinity[core]", select="1:ncpus=1"), dict(topology="affinity[core*4]"),
+                     dict(topology="affinity[core*4]", select="1:mem=1gb"), dict(select="2:ncpus=1:topology=affinity[thread*2]"),
+                     dict(topology="affinity[numa*2]", ncpus=2)]:
+            self.assert_accepted(queued(**fits))
+        self.write_config(enforce_ncpus=False)
+        self.assert_accepted(queued(topology="affinity[core*4]", select="1:ncpus=2"))
+        self.write_config()
+        # qalter of the request alone is judged against the job's select as it was.
+        altered = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"topology": "affinity[thread*2]"}},
+                                 job_o={"id": "7.server", "Resource_List": {"select": "1:ncpus=1", "ncpus": 1}})
+        self.assert_rejected(altered, "needs at least 2 CPUs but the job asks ncpus=1")
+        grown = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"select": "1:ncpus=2"}},
+                               job_o={"id": "7.server", "Resource_List": {"select": "1:ncpus=1", "topology": "affinity[thread*2]"}})
+        self.assert_accepted(grown)
+        shrunk = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"select": "1:ncpus=1"}},
+                                job_o={"id": "7.server", "Resource_List": {"select": "1:ncpus=2", "topology": "affinity[thread*2]"}})
+        self.assert_rejected(shrunk, "topology=affinity[thread*2] needs at least 2 CPUs but the job asks ncpus=1")
+
     def test_without_topoctl_the_admin_is_told_what_to_install(self):
         self.write_config(topoctl="/nonexistent/topoctl")
         result = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[thread]"}})
