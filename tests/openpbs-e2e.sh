@@ -472,11 +472,21 @@ wait_state "$jopen" F 60 || true
 check "without topo on the host a job without a request runs (exit status $(job_attr "$jopen" Exit_status), run_count $(job_attr "$jopen" run_count))" \
     sh -c "[ '$(job_attr "$jopen" Exit_status)' = 0 ] && [ '$(job_attr "$jopen" run_count)' = 1 ] && [ -s $OUT/open.cpus ]"
 check "  ... and the MoM logs it once" test "$(tail -n +"$((mom_from + 1))" "$mom_log" | grep -c "$jopen.*topo is not installed on this host (.*): job runs without topo's placement")" = 1
+# With job_run_wait = execjob_hook the scheduler waits for execjob_begin and writes its refusal
+# into the job's comment (packaging/pbs/README, Notes); PBS's default (runjob_hook) does not.
+qmgr -c "set sched job_run_wait = execjob_hook"
 jneeds=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[thread*1]' -- /bin/true)
 for _ in $(seq 100); do [ "$(job_attr "$jneeds" run_count)" -ge 1 ] 2>/dev/null && break; sleep 0.2; done
 sleep 1
 check "  ... a job asking for a topology is refused with the reason (run_count $(job_attr "$jneeds" run_count))" \
     sh -c "tail -n +$((mom_from + 1)) '$mom_log' | grep -q '$jneeds.*topo is not installed on $NODE (.*): the job asks for topology=affinity\[thread\*1\], which only topo can place'"
+for _ in $(seq 300); do [ "$(job_state "$jneeds")" = H ] && break; sleep 0.2; done
+held_comment=$(job_attr "$jneeds" comment)
+check "  ... and once PBS holds it ($(job_state "$jneeds") after $(job_attr "$jneeds" run_count) tries), with job_run_wait = execjob_hook its comment says why ($held_comment)" \
+    sh -c "[ '$(job_state "$jneeds")' = H ] && grep -q 'Not Running: PBS Error: topo hook: topo is not installed on' <<EOT
+$held_comment
+EOT"
+qmgr -c "set sched job_run_wait = runjob_hook"
 qdel "$jneeds" >/dev/null 2>&1 || true
 wait_state "$jneeds" F 30 || true
 mv "$BASE/protocol.schema.json.away" "$BASE/protocol.schema.json"

@@ -1350,10 +1350,13 @@ def on_periodic(event, config):
 
 
 def comment_missized(event, topod):
-    """Sets the comment of each job of this MoM that topod found mis-sized (its sampler: more
-    threads runnable than CPUs, or most CPUs idle) to topod's one-line reason, once: a job whose
-    comment says it already is left alone. PBS lets exechost_periodic set attributes of the jobs
-    in event.job_list."""
+    """Says of each job of this MoM that topod found mis-sized (its sampler: more threads
+    runnable than CPUs, or most CPUs idle) topod's one-line reason, once: in the job's MoM log
+    lines (tracejob JOBID shows them) and in its comment at the MoM. A job whose comment says it
+    already is left alone. The comment never reaches the server on Linux (OpenPBS sends a MoM's
+    job comment to the server only in its Windows build, src/resmom/mom_updates_bundle.c; see the
+    README's "Notes and troubleshooting"), so qstat -f does not show it; the MoM's view of the
+    job keeps it, which is what "once" is judged by."""
     for allocation in topod.call("list") or []:
         flag = allocation.get("missized")
         pbs_id = pbs_job_id(allocation.get("job", ""))
@@ -1364,7 +1367,7 @@ def comment_missized(event, topod):
         if getattr(job, "comment", None) == comment:
             continue
         job.comment = comment
-        log_info("job %s: %s" % (pbs_id, comment))
+        pbs.logjobmsg(pbs_id, "%s: %s" % (HOOK, comment))
 
 
 def running_jobs(event, host, config):

@@ -602,7 +602,7 @@ class HostTest(HookTestCase):
         self.assert_accepted(first)
         comment = first["job_list"]["80.server"]["comment"]
         self.assertTrue(comment.startswith("topo: mis-sized (idle): idle: 0.0 threads runnable"), comment)
-        self.assertTrue(any("job 80.server: topo: mis-sized" in line for _, line in first["log"]), first["log"])
+        self.assertTrue(any("80.server;topo hook: topo: mis-sized" in line for _, line in first["log"]), first["log"])
         # Already said: not again.
         again = self.run_event("exechost_periodic", job_list={"80.server": {"comment": comment}}, vnode_list={HOST: {}})
         self.assertFalse(any("mis-sized" in line for _, line in again["log"]), again["log"])
