@@ -954,3 +954,89 @@ fn an_allocate_that_may_preempt_freezes_a_preemptible_job_and_topod_resumes_it_a
     c.call(Op::Release { job: "low".into() }).unwrap();
     let _ = sleeper.wait();
 }
+
+/// A stop (SIGTERM: `systemctl stop`, an upgrade's restart, a package removal) that comes while a
+/// release is under way waits for it: the release answers, the job's processes are gone and its
+/// cgroup removed, and topod exits 0. (Found by an attack: a stop between the release's freeze
+/// and its thaw left the job frozen, 3,000 processes in D state, and after a package removal
+/// nothing ever thawed it.)
+#[test]
+fn a_stop_during_a_release_finishes_the_release_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut d, cgroups, subtree, _cleanup, _config)) =
+        common::real_daemon(dir.path(), "topo-stop-release", "")
+    else {
+        return;
+    };
+    // A job of many processes, so that its release (freeze, kill, wait) takes a while.
+    let ready = dir.path().join("ready");
+    let mut job = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
+        .args(["--socket", d.socket.to_str().unwrap(), "--job", "stop1"])
+        .args(["--request", "affinity[thread*1]", "--", "sh", "-c"])
+        .arg(format!("for i in $(seq 1500); do sleep 1000 & done; touch {}; wait", ready.display()))
+        // Not the test's output: a job left frozen must not hold the test harness's pipes.
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start_t = Instant::now();
+    while !ready.exists() {
+        assert!(
+            start_t.elapsed() < Duration::from_secs(120),
+            "the job did not start its processes"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let socket = d.socket.clone();
+    let releaser = std::thread::spawn(move || {
+        Client::connect(&socket).unwrap().call(Op::Release { job: "stop1".into() })
+    });
+    // SIGTERM as soon as the job shows as releasing (or right away if that was missed).
+    let mut c = Client::connect(&d.socket).unwrap();
+    let seen = Instant::now();
+    loop {
+        let jobs = c.call(Op::List).unwrap();
+        let releasing = jobs
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|j| j["job"] == "stop1" && j["state"] == "releasing");
+        if releasing || seen.elapsed() > Duration::from_secs(10) || releaser.is_finished() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let reply = releaser.join().unwrap();
+    let status = d.child.wait().unwrap();
+    let left: Vec<_> = cgroups
+        .roots(&subtree)
+        .into_iter()
+        .map(|r| r.join("stop1"))
+        .filter(|d| d.exists())
+        .collect();
+    // A job left behind (the bug) is thawed and killed before the checks, so that a failure
+    // leaves no frozen processes on the machine.
+    for dir in &left {
+        let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+        let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        for pid in std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default().lines() {
+            if let Ok(pid) = pid.trim().parse::<i32>() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+    let _ = job.wait();
+    assert!(status.success(), "topod's exit after SIGTERM: {status:?}");
+    assert!(reply.is_ok(), "the release under way was answered: {reply:?}");
+    assert!(left.is_empty(), "the job's cgroups were left: {left:?}");
+}

@@ -43,6 +43,12 @@ fn main() -> ExitCode {
 }
 
 fn run(args: TopodArgs) -> Result<(), String> {
+    // SIGTERM and SIGINT are taken by one thread (stop_on_signal), never by the others: blocked
+    // here, before any thread starts, so that every thread inherits the mask.
+    let mut stop_signals = nix::sys::signal::SigSet::empty();
+    stop_signals.add(nix::sys::signal::Signal::SIGTERM);
+    stop_signals.add(nix::sys::signal::Signal::SIGINT);
+    stop_signals.thread_block().map_err(|e| format!("cannot block SIGTERM and SIGINT: {e}"))?;
     let config = match &args.config {
         Some(path) => Config::load(path).map_err(|e| e.to_string())?,
         None if Path::new(DEFAULT_CONFIG).exists() => {
@@ -224,6 +230,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
         limits.max_connections_per_user
     );
     let server = Server::new(host, admins, Gate::new(limits));
+    stop_on_signal(server.clone());
     let mut pending = PendingReleases::new(
         Kernel,
         topo_core::pending::pending_dir_for(&socket),
@@ -321,6 +328,48 @@ fn run(args: TopodArgs) -> Result<(), String> {
     }
     server::serve(listener, server, Listener::Public);
     Err("the socket stopped accepting connections".into())
+}
+
+/// How long a stop waits for releases, suspensions and resumptions under way (a release waits
+/// up to its own kill timeout); systemd's stop timeout (90 s by default) is longer.
+const STOP_DRAIN: Duration = Duration::from_secs(60);
+
+/// A stop (`systemctl stop`, an upgrade's restart, a package removal: SIGTERM; Ctrl-C: SIGINT)
+/// waits for the releases, suspensions and resumptions under way and for the host lock, then
+/// exits: none is cut in half (a release stopped between its freeze and its thaw left the job
+/// frozen, its processes in D state, until the next start). Jobs keep running, as ever.
+fn stop_on_signal(server: Arc<Server>) {
+    std::thread::spawn(move || {
+        let mut signals = nix::sys::signal::SigSet::empty();
+        signals.add(nix::sys::signal::Signal::SIGTERM);
+        signals.add(nix::sys::signal::Signal::SIGINT);
+        let signal = match signals.wait() {
+            Ok(signal) => signal,
+            Err(e) => {
+                tracing::error!("waiting for a stop signal failed: {e}; topod stops at once");
+                std::process::exit(1);
+            }
+        };
+        if let Ok(path) = std::env::var("NOTIFY_SOCKET") {
+            let _ = UnixDatagram::unbound().and_then(|s| s.send_to(b"STOPPING=1", path));
+        }
+        let under_way = server.in_flight();
+        if under_way > 0 {
+            tracing::info!(
+                "{signal}: stopping once {under_way} release(s), suspension(s) or resumption(s) under way are done"
+            );
+        }
+        let (_host, left) = server.drain(STOP_DRAIN);
+        if left > 0 {
+            tracing::warn!(
+                "{signal}: stopping with {left} release(s), suspension(s) or resumption(s) still under way after {} s; the next start finishes them",
+                STOP_DRAIN.as_secs()
+            );
+        } else {
+            tracing::info!("{signal}: stopped; jobs keep running and the next start adopts them");
+        }
+        std::process::exit(0);
+    });
 }
 
 /// The shared key of the TCP listener: a file holding at least 16 characters that no one but

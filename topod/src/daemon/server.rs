@@ -104,6 +104,25 @@ pub struct Server {
     backend_kind: &'static str,
     /// What topod counts for its metrics (shared with the host).
     pub metrics: Arc<super::metrics::Metrics>,
+    /// Releases, suspensions and resumptions under way (their waits take no lock): a stop waits
+    /// for them, so that no job is left frozen halfway through (see [`Server::drain`]).
+    in_flight: std::sync::atomic::AtomicUsize,
+}
+
+/// One release, suspension or resumption under way, counted while it lives.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The host, locked; when it was changed through this guard, the snapshot readers see is
@@ -153,7 +172,25 @@ impl Server {
             admins,
             gate,
             backend_kind,
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// How many releases, suspensions and resumptions are under way.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// For a stop: waits (up to `limit`) until no release, suspension or resumption is under
+    /// way, then takes the host lock, so that no change is cut in half, and returns it held
+    /// (the caller exits with it). Returns how many were still under way when `limit` ran out.
+    pub fn drain(&self, limit: std::time::Duration) -> (HostGuard<'_>, usize) {
+        let deadline = std::time::Instant::now() + limit;
+        while self.in_flight() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let host = self.lock();
+        (host, self.in_flight())
     }
 
     /// The host, locked, for a change.
@@ -187,6 +224,7 @@ impl Server {
 
     /// Releases `job` (the protocol's `release`): returns how many processes were killed.
     pub fn release(&self, job: &str) -> Result<usize, HostError> {
+        let _counted = InFlight::new(&self.in_flight);
         let ticket = self.lock().begin_release(job)?;
         self.finish_release(ticket)
     }
@@ -194,6 +232,7 @@ impl Server {
     /// Suspends `job` (the protocol's `suspend`); waiting for the kernel to report it frozen
     /// takes no lock.
     pub fn suspend(&self, job: &str, by: Option<u32>) -> Result<proto::reply::Suspend, HostError> {
+        let _counted = InFlight::new(&self.in_flight);
         let ticket = self.lock().begin_suspend(job, by)?;
         let outcome = ticket.run();
         self.lock().finish_suspend(ticket, outcome)
@@ -202,6 +241,7 @@ impl Server {
     /// Freezes again the suspended jobs someone thawed (topod's periodic tick); the waiting takes
     /// no lock.
     pub fn refreeze_suspended(&self) {
+        let _counted = InFlight::new(&self.in_flight);
         let tickets = self.lock().begin_refreeze();
         for ticket in tickets {
             let outcome = ticket.run();
@@ -211,6 +251,7 @@ impl Server {
 
     /// Resumes `job` (the protocol's `resume`); its CPUs are taken back before it thaws.
     pub fn resume(&self, job: &str) -> Result<proto::reply::Resume, HostError> {
+        let _counted = InFlight::new(&self.in_flight);
         let ticket = self.lock().begin_resume(job)?;
         let outcome = ticket.run();
         self.lock().finish_resume(ticket, outcome)
@@ -219,6 +260,7 @@ impl Server {
     /// Killing the job's processes and waiting for them to go takes no lock: the job shows as
     /// "releasing" meanwhile, and its CPUs stay held until its cgroup is gone.
     fn finish_release(&self, ticket: host::ReleaseTicket) -> Result<usize, HostError> {
+        let _counted = InFlight::new(&self.in_flight);
         let outcome = ticket.run();
         self.lock().finish_release(ticket, outcome)
     }
