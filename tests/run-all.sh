@@ -37,6 +37,9 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
     rustup component add rustfmt clippy
 fi
 cargo fmt --all -- --check
+# One set of paths: every path to topo's programs and libraries that a guide, the unit, an
+# example or a hook names is where the packages install them.
+tests/installed-paths.sh
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # Unit, property and integration tests (placement, request language, topology readers against

@@ -65,8 +65,8 @@ JOB_ID_MAX_BYTES = 128
 # Every key topo.json may set, with its default. Unknown keys are refused.
 DEFAULTS = {
     "socket": "/run/topo/topod.sock",   # topod's Unix socket on the execution hosts
-    "topoctl": "/usr/local/sbin/topoctl",   # on the PBS server host, for queuejob/modifyjob
-    "topo_exec": "/usr/local/sbin/topo-exec",   # only with "launch": "topo-exec"
+    "topoctl": "/usr/bin/topoctl",   # on the PBS server host, for queuejob/modifyjob
+    "topo_exec": "/usr/bin/topo-exec",   # only with "launch": "topo-exec"
     "timeout_seconds": 20,              # per topod or topoctl call; keep below the hook's alarm
     "resource": "topology",             # the job's request: -l topology=... or in a select chunk
     "default_request": "affinity[thread]",   # jobs without a request: one PU per ncpus; "" = not confined
