@@ -35,8 +35,12 @@ fn main() -> ExitCode {
     match run(TopodArgs::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            tracing::error!("{message}");
-            eprintln!("topod: {message}");
+            // Once: plainly on a terminal, as a log line elsewhere (the journal).
+            if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                eprintln!("topod: {message}");
+            } else {
+                tracing::error!("{message}");
+            }
             ExitCode::from(1)
         }
     }
@@ -468,17 +472,29 @@ fn remove_cgroups(kind: Kind, mounts: &str, subtree: &str) -> Result<(), String>
         }
     }
     for dir in dirs.iter().filter(|d| d.exists()) {
-        let jobs: Vec<String> = std::fs::read_dir(dir)
-            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
-            .filter_map(Result::ok)
-            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .collect();
-        if !jobs.is_empty() {
+        let mut running = Vec::new();
+        let entries =
+            std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        for entry in entries.filter_map(Result::ok) {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let job = entry.path();
+            let procs = std::fs::read_to_string(job.join("cgroup.procs")).unwrap_or_default();
+            // A job cgroup without a process is one whose job has ended: it goes too.
+            if procs.trim().is_empty() && std::fs::remove_dir(&job).is_ok() {
+                println!("topod: removed {} (its job has ended)", job.display());
+                continue;
+            }
+            running.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        if !running.is_empty() {
             println!(
-                "topod: {} kept: it holds the cgroups of jobs still running ({}); remove it once they have ended",
+                "topod: {} kept: it holds the cgroups of jobs still running ({}); once they have ended: rmdir {}/* {}",
                 dir.display(),
-                jobs.join(", ")
+                running.join(", "),
+                dir.display(),
+                dir.display()
             );
             continue;
         }
