@@ -19,6 +19,9 @@
 # TOPO_VM_CGROUP_V1=1 boots the same guest without cgroup_no_v1=all and mounts cgroup v1 cpuset,
 # freezer and memory hierarchies under /sys/fs/cgroup, with cgroup2 at /sys/fs/cgroup/unified (a
 # hybrid host like this machine, where topod takes the v1 backend), for what only v1 has.
+# TOPO_VM_SYSTEMD_ROOT=DIR boots DIR instead (read-write over 9p) with systemd as the guest's
+# PID 1, which then mounts the cgroup hierarchy itself; no command is run from here (DIR's own
+# services do the work: tests/site-lifecycle.sh), and the script returns once the guest powers off.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -93,7 +96,9 @@ else
     layout="cgroup v2 only"
 fi
 
-if [ "${1:-}" = "--" ]; then
+if [ -n "${TOPO_VM_SYSTEMD_ROOT:-}" ]; then
+    command=(systemd)
+elif [ "${1:-}" = "--" ]; then
     shift
     command=("$@")
 else
@@ -126,7 +131,11 @@ mkdir -p "$work/initramfs"/{bin,dev,proc,sys,newroot,out,modules} "$work/out"
 # The guest's first process: busybox mounts this machine's root (9p, read-only), a fresh /tmp,
 # /run and the cgroup2 hierarchy, then runs the command there and powers off.
 cp /bin/busybox "$work/initramfs/bin/busybox"
-for m in virtio_pci 9pnet_virtio 9p; do
+extra_modules=""
+# A systemd guest has no network card: a dummy interface gives Slurm an address that is not
+# loopback (it resolves names with AI_ADDRCONFIG).
+[ -n "${TOPO_VM_SYSTEMD_ROOT:-}" ] && extra_modules=dummy
+for m in virtio_pci 9pnet_virtio 9p $extra_modules; do
     modprobe -d "$guest_kernel_dir" -S "$kver" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
 done | awk '!seen[$0]++' > "$work/modules.order"
 touch "$work/initramfs/load-modules"
@@ -159,6 +168,21 @@ $cgroup_mounts
 /bin/busybox sync
 /bin/busybox poweroff -f
 EOF
+if [ -n "${TOPO_VM_SYSTEMD_ROOT:-}" ]; then
+    cat > "$work/initramfs/init" <<EOF
+#!/bin/busybox sh
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t sysfs sys /sys
+/bin/busybox mount -t devtmpfs dev /dev
+. /load-modules
+/bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L out /out
+/bin/busybox touch /out/booted
+/bin/busybox umount /out
+/bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 sysroot /newroot
+/bin/busybox umount /proc /sys /dev
+exec /bin/busybox switch_root /newroot /lib/systemd/systemd
+EOF
+fi
 chmod +x "$work/initramfs/init"
 (cd "$work/initramfs" && /bin/busybox find . | /bin/busybox cpio -o -H newc 2>/dev/null | gzip -1) > "$work/initramfs.cpio.gz"
 
@@ -174,9 +198,19 @@ timeout --foreground -k 30 "${TOPO_VM_TIMEOUT:-1800}" qemu-system-x86_64 -accel 
     -kernel "$kernel" -initrd "$work/initramfs.cpio.gz" \
     -append "console=ttyS0 loglevel=4 panic=-1 $no_v1 psi=1" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    ${TOPO_VM_SYSTEMD_ROOT:+-virtfs local,path=$TOPO_VM_SYSTEMD_ROOT,mount_tag=sysroot,security_model=passthrough,multidevs=remap} \
     -virtfs local,path="$work/out",mount_tag=out,security_model=none \
     < /dev/null > "$work/qemu.log" 2>&1 || true
 echo "$me: the guest ran for $((SECONDS - started)) s"
+if [ -n "${TOPO_VM_SYSTEMD_ROOT:-}" ]; then
+    if [ ! -f "$work/out/booted" ]; then
+        echo "$me: SKIPPED: the guest did not boot; QEMU and the console said:" >&2
+        tail -n 40 "$work/qemu.log" "$work/console" >&2
+        exit 77
+    fi
+    cp "$work/console" "$TOPO_VM_SYSTEMD_ROOT/../console.log" 2>/dev/null || true
+    exit 0
+fi
 if [ -f "$work/out/log" ]; then
     cat "$work/out/log"
 fi

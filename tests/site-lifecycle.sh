@@ -63,17 +63,18 @@ echo "# topo N+1: this line is new in version $next" >> "$WORK/unpacked/etc/topo
 dpkg-deb --root-owner-group -Zxz -b "$WORK/unpacked" "$topod_n1" >/dev/null
 rm -rf "$WORK/unpacked"
 
-# The container's root: a copy of the cached one, with the packages, the inner script and the
+# A root for one boot: a copy of the cached one, with the packages, the inner script and the
 # service that runs it at boot.
-echo "$me: preparing the container (systemd $(chroot "$base" dpkg-query -W -f='${Version}' systemd), Slurm $(chroot "$base" dpkg-query -W -f='${Version}' slurmd))"
-root=$WORK/root
-cp -a "$base" "$root"
-mkdir -p "$root/root/debs/N" "$root/root/debs/N1"
-cp $(cat "$WORK/N.list") "$root/root/debs/N/"
-cp $(cat "$WORK/N1.list") "$root/root/debs/N1/"
-echo "$next" > "$root/root/debs/N1/version"
-install -m 755 tests/site/lifecycle-inner.sh "$root/root/lifecycle.sh"
-cat > "$root/etc/systemd/system/topo-lifecycle.service" <<'EOF'
+prepare_root() {
+    local root=$1
+    rm -rf "$root"
+    cp -a "$base" "$root"
+    mkdir -p "$root/root/debs/N" "$root/root/debs/N1"
+    cp $(cat "$WORK/N.list") "$root/root/debs/N/"
+    cp $(cat "$WORK/N1.list") "$root/root/debs/N1/"
+    echo "$next" > "$root/root/debs/N1/version"
+    install -m 755 tests/site/lifecycle-inner.sh "$root/root/lifecycle.sh"
+    cat > "$root/etc/systemd/system/topo-lifecycle.service" <<'EOF'
 [Unit]
 Description=topo's site lifecycle test (tests/site-lifecycle.sh)
 After=multi-user.target
@@ -81,33 +82,65 @@ After=multi-user.target
 Type=oneshot
 ExecStart=/root/lifecycle.sh
 EOF
-mkdir -p "$root/etc/systemd/system/default.target.wants"
-ln -sf /etc/systemd/system/topo-lifecycle.service "$root/etc/systemd/system/default.target.wants/topo-lifecycle.service"
-echo "topo-site" > "$root/etc/hostname"
-printf '127.0.0.1 localhost\n127.0.1.1 topo-site\n' > "$root/etc/hosts"
+    mkdir -p "$root/etc/systemd/system/default.target.wants"
+    ln -sf /etc/systemd/system/topo-lifecycle.service "$root/etc/systemd/system/default.target.wants/topo-lifecycle.service"
+    echo "topo-site" > "$root/etc/hostname"
+    printf '127.0.0.1 localhost\n127.0.1.1 topo-site\n' > "$root/etc/hosts"
+}
+# The checks of one boot: prints its log; returns its number of failures.
+FAILED=0
+collect() {
+    local root=$1 what=$2 rc=$3
+    cat "$root/root/result/log" 2>/dev/null
+    if [ ! -f "$root/root/result/rc" ]; then
+        echo "  FAIL: $what: the test inside did not finish (exit $rc); the console's last lines:"
+        tail -n 30 "$(dirname "$root")/console.log" 2>/dev/null
+        FAILED=$((FAILED + 1))
+        return
+    fi
+    local n
+    n=$(cat "$root/root/result/rc")
+    case $n in ""|*[!0-9]*) n=1 ;; esac
+    echo "$me: $what: $n failure(s)"
+    FAILED=$((FAILED + n))
+}
+echo "$me: systemd $(chroot "$base" dpkg-query -W -f='${Version}' systemd), Slurm $(chroot "$base" dpkg-query -W -f='${Version}' slurmd) in the root"
 
-# Boot: systemd as PID 1 in its own network namespace, joined to this host by a veth pair whose
-# host end stays down (so that its Slurm never meets this host's);
-# the test's service runs at boot and powers the system off at its end.
-echo "$me: booting the container with systemd as PID 1"
-timeout 1500 systemd-nspawn -b -D "$root" --register=no --keep-unit --network-veth \
-    --machine=topo-site --console=passive > "$WORK/console.log" 2>&1 &
+# 1. cgroup v1: a container on this host, booted by systemd-nspawn, in its own network namespace
+# joined to this host by a veth pair whose host end stays down (its Slurm never meets this
+# host's). The test's service runs at boot and powers the system off at its end.
+mkdir -p "$WORK/nspawn"
+prepare_root "$WORK/nspawn/root"
+echo "$me: booting a container with systemd as PID 1 (this host's cgroup v1 hierarchies)"
+boot_started=$(date +%s)
+timeout 1500 systemd-nspawn -b -D "$WORK/nspawn/root" --register=no --keep-unit --network-veth \
+    --machine=topo-site --console=passive > "$WORK/nspawn/console.log" 2>&1 &
 NSPAWN_PID=$!
 rc=0
 wait "$NSPAWN_PID" || rc=$?
 NSPAWN_PID=""
-cat "$root/root/result/log" 2>/dev/null
-if [ ! -f "$root/root/result/rc" ]; then
-    echo "$me: FAIL: the test inside the container did not finish (systemd-nspawn exited with $rc); its console:"
-    tail -n 30 "$WORK/console.log"
-    exit 1
-fi
-failed=$(cat "$root/root/result/rc")
-case $failed in ""|*[!0-9]*) failed=1 ;; esac
+collect "$WORK/nspawn/root" "systemd-nspawn, cgroup v1 ($(( $(date +%s) - boot_started )) s)" "$rc"
 # The container shares this host's cgroup hierarchies: nothing of its topod may be left here.
 if ls -d /sys/fs/cgroup/*/topo-site-test >/dev/null 2>&1; then
     echo "  FAIL: the container's topod left cgroups on this host: $(ls -d /sys/fs/cgroup/*/topo-site-test)"
-    failed=$((failed + 1))
+    FAILED=$((FAILED + 1))
 fi
-echo "$me: ${failed:-?} failure(s), $(( $(date +%s) - started )) s (packages built, container booted, the whole lifecycle)"
-[ "$failed" -eq 0 ]
+rm -rf "$WORK/nspawn/root"
+
+# 2. cgroup v2 only: the same root booted as a QEMU guest (tests/cgroup-v2-vm.sh: Debian's kernel,
+# cgroup_no_v1=all, emulated CPUs, the root read-write over 9p) with systemd as PID 1.
+if [ "${TOPO_SITE_V2:-1}" = 1 ]; then
+    mkdir -p "$WORK/vm"
+    prepare_root "$WORK/vm/root"
+    echo "$me: booting a QEMU guest with systemd as PID 1 (cgroup v2 only)"
+    boot_started=$(date +%s)
+    rc=0
+    TOPO_VM_SYSTEMD_ROOT="$WORK/vm/root" TOPO_VM_TIMEOUT=1500 tests/cgroup-v2-vm.sh || rc=$?
+    if [ "$rc" -eq 77 ]; then
+        echo "$me: SKIPPED: the cgroup v2 guest could not boot here (above); only the container ran"
+    else
+        collect "$WORK/vm/root" "QEMU guest, cgroup v2 ($(( $(date +%s) - boot_started )) s)" "$rc"
+    fi
+fi
+echo "$me: $FAILED failure(s), $(( $(date +%s) - started )) s (packages built, both boots, the whole lifecycle in each)"
+[ "$FAILED" -eq 0 ]

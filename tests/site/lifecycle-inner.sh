@@ -44,11 +44,20 @@ slurm_done() { case $(slurm_state "$1") in COMPLETED|FAILED|CANCELLED|TIMEOUT|NO
 
 log "systemd $(systemctl --version | head -1 | cut -d' ' -f2) is PID 1: $(ps -o comm= -p 1); system state $(systemctl is-system-running)"
 
-# A container's cgroup v1 hierarchies are mounted read-only by systemd-nspawn; on a host they are
-# read-write (mode 0555 roots, which is why the unit's ExecStartPre=+ makes topod's subtree).
-for h in cpuset freezer memory; do
-    mount -o remount,bind,rw "/sys/fs/cgroup/$h" || { fail "remount /sys/fs/cgroup/$h read-write"; finish; }
-done
+# The cgroup layout systemd set up: v1 hierarchies (the container on a hybrid host) or v2 only
+# (the QEMU guest). A container's v1 hierarchies are mounted read-only by systemd-nspawn; on a
+# host they are read-write (mode 0555 roots: why the unit's ExecStartPre=+ makes topod's subtree).
+if mountpoint -q /sys/fs/cgroup/cpuset; then
+    LAYOUT="cgroup v1"
+    CG_DIR=/sys/fs/cgroup/cpuset/$SUBTREE
+    for h in cpuset freezer memory; do
+        mount -o remount,bind,rw "/sys/fs/cgroup/$h" || { fail "remount /sys/fs/cgroup/$h read-write"; finish; }
+    done
+else
+    LAYOUT="cgroup v2 only"
+    CG_DIR=/sys/fs/cgroup/$SUBTREE.slice
+fi
+log "cgroup layout: $LAYOUT (topod's subtree: $CG_DIR)"
 
 # --- install (version N) ---------------------------------------------------------------------
 log "install version N"
@@ -59,10 +68,10 @@ check "the package neither enables nor starts topod" \
 # The site's own setting: a subtree of its own (this test's; a real site keeps the default).
 sed -i "s|^# cgroup_subtree = \"topo\"|cgroup_subtree = \"$SUBTREE\"|" /etc/topo/topod.toml
 check "the admin's edit of the conffile /etc/topo/topod.toml" grep -qx "cgroup_subtree = \"$SUBTREE\"" /etc/topo/topod.toml
-# This test's watchdog: 5 s, and SIGKILL 5 s after the watchdog's SIGABRT (the unit's 30 s and
+# This test's watchdog: 10 s, and SIGKILL 5 s after the watchdog's SIGABRT (the unit's 30 s and
 # systemd's 90 s default would only make the wait longer).
 mkdir -p /etc/systemd/system/topod.service.d
-printf '[Service]\nWatchdogSec=5s\nTimeoutAbortSec=5s\n' > /etc/systemd/system/topod.service.d/zz-test-watchdog.conf
+printf '[Service]\nWatchdogSec=10s\nTimeoutAbortSec=5s\n' > /etc/systemd/system/topod.service.d/zz-test-watchdog.conf
 systemctl daemon-reload
 
 # --- start by systemd ------------------------------------------------------------------------
@@ -71,7 +80,7 @@ check "systemctl enable --now topod" systemctl enable --now topod.service
 check "topod is active (Type=notify: it said READY)" test "$(systemctl is-active topod.service)" = active
 systemctl status topod.service --no-pager | head -12
 check "systemctl status shows topod running from /usr/sbin/topod" sh -c 'systemctl status topod.service --no-pager | grep -q "/usr/sbin/topod"'
-check "ExecStartPre=+ made the cgroup subtree /sys/fs/cgroup/cpuset/$SUBTREE" test -d "/sys/fs/cgroup/cpuset/$SUBTREE"
+check "ExecStartPre=+ made the cgroup subtree $CG_DIR" test -d "$CG_DIR"
 check "topod runs with only CAP_KILL and CAP_SYS_NICE" \
     sh -c "grep '^CapBnd' /proc/$(topod_pid)/status | grep -q 0000000000800020"  # bits 5 (KILL) and 23 (SYS_NICE)
 check "/run/topo/topod.sock answers" topoctl jobs
@@ -92,13 +101,19 @@ check "the journal has the allocation as one line with its fields" \
 check "the journal has the join as one line" journal_has 'job site-a: process .* joined'
 check "the notify file /run/topo/job-notify/site-a is readable by every user" \
     setpriv --reuid=nobody --regid=nogroup --clear-groups cat /run/topo/job-notify/site-a
+check "and writable by nobody but root" \
+    sh -c '! setpriv --reuid=nobody --regid=nogroup --clear-groups sh -c "echo x >> /run/topo/job-notify/site-a" 2>/dev/null'
 
 # --- Slurm, configured from the installed topo-slurm ------------------------------------------
 log "Slurm with topo-slurm's plug-in"
-# The container has its own network namespace, and Slurm resolves names with AF_INET and
-# AI_ADDRCONFIG, which find nothing while loopback has the only IPv4 address: an address on the
-# container's end of its veth pair (host0).
-ip addr add 10.253.0.1/24 dev host0 && ip link set host0 up || fail "an address on host0 for Slurm"
+# Slurm resolves names with AF_INET and AI_ADDRCONFIG, which find nothing while loopback has the
+# only IPv4 address: an address on the container's end of its veth pair (host0), or in the QEMU
+# guest, which has no network card, on a dummy interface.
+if ip link show host0 >/dev/null 2>&1; then
+    ip addr add 10.253.0.1/24 dev host0 && ip link set host0 up || fail "an address on host0 for Slurm"
+else
+    ip link add topo0 type dummy && ip addr add 10.253.0.1/24 dev topo0 && ip link set topo0 up || fail "an address on a dummy interface for Slurm"
+fi
 host=$(hostname)
 sed -i "/ $host\$/d" /etc/hosts
 echo "10.253.0.1 $host" >> /etc/hosts
@@ -124,6 +139,9 @@ NodeName=$host CPUs=$cpus State=UNKNOWN
 PartitionName=main Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
 mkdir -p /var/lib/slurm/slurmd /var/lib/slurm/slurmctld /var/log/slurm
+# slurmd's spool on a tmpfs: in the QEMU guest the root is 9p, where slurmstepd cannot mmap the
+# batch script ("_make_batch_script: mmap failed"); on a real host /var/lib is a disk.
+mount -t tmpfs -o mode=0755 slurmd-spool /var/lib/slurm/slurmd || fail "a tmpfs for slurmd's spool"
 chown slurm: /var/lib/slurm/slurmctld /var/log/slurm 2>/dev/null || true
 # The line of /usr/share/doc/topo-slurm/examples/plugstack.conf, in plugstack.conf.d (which
 # Debian's /etc/slurm/plugstack.conf includes), as packaging/slurm/README.md says.
@@ -133,7 +151,7 @@ check "the plugstack line names the installed plug-in" \
 [ -f /etc/munge/munge.key ] || mungekey --create >/dev/null 2>&1 || dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null
 chown munge: /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key
 check "systemctl start munge slurmctld slurmd" systemctl start munge.service slurmctld.service slurmd.service
-wait_for 60 slurmd_idle || { fail "slurmd registered as idle"; sinfo; tail -20 /var/log/slurm/slurmd.log; }
+wait_for 180 slurmd_idle || { fail "slurmd registered as idle"; sinfo; tail -20 /var/log/slurm/slurmd.log; }
 id alice >/dev/null 2>&1 || useradd -m alice
 cat > /home/alice/job.sh <<'EOF'
 #!/bin/sh
@@ -148,7 +166,7 @@ slurm_job() {  # sbatch as alice; prints the job id
 }
 field() { sed -n "s/^$1=//p" "$2" | head -1; }
 job_b=$(slurm_job "--topology='affinity[core]' -o /home/alice/b.out /home/alice/job.sh 100000")
-wait_for 60 slurm_running "$job_b" /home/alice/b.out || fail "Slurm job $job_b running ($(slurm_state "$job_b"); $(cat /home/alice/b.out 2>&1))"
+wait_for 180 slurm_running "$job_b" /home/alice/b.out || fail "Slurm job $job_b running ($(slurm_state "$job_b"); $(cat /home/alice/b.out 2>&1))"
 cpus_b=$(job_cpus "slurm-$job_b")
 check "Slurm job $job_b: topod holds it (CPUs $cpus_b)" test -n "$cpus_b" -a -n "$job_b"
 check "Slurm job $job_b read its notify file, which says its CPUs" \
@@ -160,7 +178,7 @@ log "watchdog"
 pid_before=$(topod_pid)
 restarts_before=$(systemctl show -p NRestarts --value topod.service)
 kill -STOP "$pid_before"
-wait_for 60 topod_restarted_since "$restarts_before" || fail "topod restarted after its watchdog expired"
+wait_for 180 topod_restarted_since "$restarts_before" || fail "topod restarted after its watchdog expired"
 check "the watchdog restarted topod (a new process)" test "$(topod_pid)" != "$pid_before"
 check "the journal says why" sh -c 'journalctl -u topod.service --no-pager | grep -qi "watchdog timeout"'
 check "after the watchdog's restart job site-a keeps CPUs $cpus_a" test "$(job_cpus site-a)" = "$cpus_a"
@@ -171,7 +189,7 @@ check "job site-a's process lived through it" kill -0 "$job_a_pid"
 log "systemctl stop and start with jobs running"
 check "systemctl stop topod" systemctl stop topod.service
 check "job site-a's process keeps running while topod is stopped (KillMode=process)" kill -0 "$job_a_pid"
-check "its cgroup stays" test -d "/sys/fs/cgroup/cpuset/$SUBTREE/site-a"
+check "its cgroup stays" test -d "$CG_DIR/site-a"
 check "systemctl start topod" systemctl start topod.service
 check "the restarted topod adopted site-a on CPUs $cpus_a" test "$(job_cpus site-a)" = "$cpus_a"
 check "and slurm-$job_b on CPUs $cpus_b" test -n "$cpus_b" -a "$(job_cpus "slurm-$job_b")" = "$cpus_b"
@@ -189,10 +207,10 @@ check "after the upgrade job site-a keeps CPUs $cpus_a" test "$(job_cpus site-a)
 check "and Slurm job $job_b keeps CPUs $cpus_b" test -n "$cpus_b" -a "$(job_cpus "slurm-$job_b")" = "$cpus_b"
 check "job site-a's process lived through it" kill -0 "$job_a_pid"
 scancel "$job_b"
-wait_for 60 slurm_done "$job_b"
+wait_for 180 slurm_done "$job_b"
 check "scancel released Slurm job $job_b in topod" wait_for 30 not_held "slurm-$job_b"
 job_c=$(slurm_job "--topology='affinity[core]' -o /home/alice/c.out /home/alice/job.sh 0")
-wait_for 60 slurm_done "$job_c"
+wait_for 180 slurm_done "$job_c"
 check "a --topology job after the upgrade completes and read its notify file" \
     sh -c "test \"$(slurm_state "$job_c")\" = COMPLETED && grep -q '^NOTIFIED_CPUS=[0-9]' /home/alice/c.out"
 
@@ -206,13 +224,13 @@ rm -f /etc/slurm/plugstack.conf.d/topo.conf
 systemctl restart slurmd.service
 check "dpkg -r topo-slurm topo-pbs topo-lsf topod" dpkg -r topo-slurm topo-pbs topo-lsf topod
 check "removal stopped topod" topod_gone
-check "removal removed topod's cgroup subtree" sh -c "! ls -d /sys/fs/cgroup/*/$SUBTREE 2>/dev/null"
+check "removal removed topod's cgroup subtree" sh -c "! ls -d /sys/fs/cgroup/*/$SUBTREE $CG_DIR 2>/dev/null"
 # topod and topo-pbs have conffiles (topod.toml, topo.json); topo-slurm and topo-lsf have none.
 check "only conffiles stay (topod and topo-pbs; topo-slurm and topo-lsf are gone)" \
     test "$(dpkg-query -W -f='${db:Status-Status} ' topod topo-pbs 2>&1):$(dpkg-query -W topo-slurm topo-lsf 2>/dev/null)" = "config-files config-files :"
 wait_for 30 slurmd_idle
 job_d=$(slurm_job "-o /home/alice/d.out /home/alice/job.sh 0")
-wait_for 60 slurm_done "$job_d"
+wait_for 180 slurm_done "$job_d"
 check "a plain Slurm job runs after the removal" test "$(slurm_state "$job_d")" = COMPLETED
 # A site that left the line in but as `optional`: Slurm logs the missing plug-in and runs jobs.
 sed 's/^required /optional /' /usr/share/doc/topo-slurm/examples/plugstack.conf 2>/dev/null | grep -v '^#' | grep . > /etc/slurm/plugstack.conf.d/topo.conf \
@@ -220,7 +238,7 @@ sed 's/^required /optional /' /usr/share/doc/topo-slurm/examples/plugstack.conf 
 systemctl restart slurmd.service
 wait_for 30 slurmd_idle
 job_e=$(slurm_job "-o /home/alice/e.out /home/alice/job.sh 0")
-wait_for 60 slurm_done "$job_e"
+wait_for 180 slurm_done "$job_e"
 check "with the plug-in gone and its line left as optional, a plain Slurm job runs" test "$(slurm_state "$job_e")" = COMPLETED
 [ "$(slurm_state "$job_e")" = COMPLETED ] || { scontrol show job "$job_e" | grep -E 'JobState|Reason'; cat /home/alice/e.out; tail -n 5 /var/log/slurm/slurmd.log; }
 rm -f /etc/slurm/plugstack.conf.d/topo.conf
@@ -233,6 +251,6 @@ check "dpkg knows none of them" sh -c '! dpkg-query -W topod topo-slurm topo-pbs
 left=$(find /etc /usr /var /run /opt /srv /home /root /tmp -xdev \( -name 'topo' -o -name 'topo-*' -o -name 'topo_*' -o -name 'topo.*' -o -name 'topod*' -o -name 'topoctl*' -o -name '_topoctl' -o -name '*spank_topo*' -o -name 'schmod_topo*' -o -name 'libtopo*' \) \
     -not -path '/root/*' -not -name 'topo-lifecycle.service' 2>/dev/null)
 check "nothing of topo's is left on disk${left:+: $left}" test -z "$left"
-check "no cgroup of topo's is left" sh -c "! ls -d /sys/fs/cgroup/*/$SUBTREE /sys/fs/cgroup/*/topo 2>/dev/null"
+check "no cgroup of topo's is left" sh -c "! ls -d /sys/fs/cgroup/*/$SUBTREE /sys/fs/cgroup/*/topo $CG_DIR /sys/fs/cgroup/topo.slice 2>/dev/null"
 check "systemd no longer knows topod.service" sh -c '! systemctl cat topod.service >/dev/null 2>&1'
 finish
