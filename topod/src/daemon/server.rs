@@ -107,6 +107,8 @@ pub struct Server {
     /// Releases, suspensions and resumptions under way (their waits take no lock): a stop waits
     /// for them, so that no job is left frozen halfway through (see [`Server::drain`]).
     in_flight: std::sync::atomic::AtomicUsize,
+    /// Set by a stop: no release, suspension or resumption starts after it.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// One release, suspension or resumption under way, counted while it lives.
@@ -173,7 +175,21 @@ impl Server {
             gate,
             backend_kind,
             in_flight: std::sync::atomic::AtomicUsize::new(0),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Counts a release, suspension or resumption of `job` as under way, or refuses it once a
+    /// stop has begun (a retryable refusal: the batch system's epilog queues a release).
+    fn start_change(&self, job: &str) -> Result<InFlight<'_>, HostError> {
+        let counted = InFlight::new(&self.in_flight);
+        if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(HostError::Changing {
+                job: job.to_string(),
+                what: "not changed: topod is stopping (systemd starts it again)",
+            });
+        }
+        Ok(counted)
     }
 
     /// How many releases, suspensions and resumptions are under way.
@@ -185,6 +201,9 @@ impl Server {
     /// way, then takes the host lock, so that no change is cut in half, and returns it held
     /// (the caller exits with it). Returns how many were still under way when `limit` ran out.
     pub fn drain(&self, limit: std::time::Duration) -> (HostGuard<'_>, usize) {
+        // Counted first, refused after: one that counted itself before this either sees the
+        // flag and gives up or is waited for (both SeqCst).
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         let deadline = std::time::Instant::now() + limit;
         while self.in_flight() > 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -224,7 +243,7 @@ impl Server {
 
     /// Releases `job` (the protocol's `release`): returns how many processes were killed.
     pub fn release(&self, job: &str) -> Result<usize, HostError> {
-        let _counted = InFlight::new(&self.in_flight);
+        let _counted = self.start_change(job)?;
         let ticket = self.lock().begin_release(job)?;
         self.finish_release(ticket)
     }
@@ -232,7 +251,7 @@ impl Server {
     /// Suspends `job` (the protocol's `suspend`); waiting for the kernel to report it frozen
     /// takes no lock.
     pub fn suspend(&self, job: &str, by: Option<u32>) -> Result<proto::reply::Suspend, HostError> {
-        let _counted = InFlight::new(&self.in_flight);
+        let _counted = self.start_change(job)?;
         let ticket = self.lock().begin_suspend(job, by)?;
         let outcome = ticket.run();
         self.lock().finish_suspend(ticket, outcome)
@@ -241,7 +260,7 @@ impl Server {
     /// Freezes again the suspended jobs someone thawed (topod's periodic tick); the waiting takes
     /// no lock.
     pub fn refreeze_suspended(&self) {
-        let _counted = InFlight::new(&self.in_flight);
+        let Ok(_counted) = self.start_change("(suspended jobs)") else { return };
         let tickets = self.lock().begin_refreeze();
         for ticket in tickets {
             let outcome = ticket.run();
@@ -251,7 +270,7 @@ impl Server {
 
     /// Resumes `job` (the protocol's `resume`); its CPUs are taken back before it thaws.
     pub fn resume(&self, job: &str) -> Result<proto::reply::Resume, HostError> {
-        let _counted = InFlight::new(&self.in_flight);
+        let _counted = self.start_change(job)?;
         let ticket = self.lock().begin_resume(job)?;
         let outcome = ticket.run();
         self.lock().finish_resume(ticket, outcome)
