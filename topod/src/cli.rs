@@ -38,6 +38,11 @@ pub struct TopodArgs {
     /// and named; refused while a topod answers on the socket.
     #[arg(long)]
     pub remove_cgroups: bool,
+    /// Check the configuration (and the topology file, prime pools and TCP key it names) as a
+    /// start would, say what is wrong, and exit: 0 when topod would start with it. The Debian
+    /// package runs it before restarting topod on an upgrade.
+    #[arg(long, conflicts_with_all = ["prepare_cgroups", "remove_cgroups"])]
+    pub check_config: bool,
 }
 
 /// `topo-exec`'s command line.

@@ -32,11 +32,14 @@ fn main() -> ExitCode {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(TopodArgs::parse()) {
+    let args = TopodArgs::parse();
+    // A check's answer is for a person or a script (the package's postinst), never the journal.
+    let plain = args.check_config || std::io::IsTerminal::is_terminal(&std::io::stderr());
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             // Once: plainly on a terminal, as a log line elsewhere (the journal).
-            if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            if plain {
                 eprintln!("topod: {message}");
             } else {
                 tracing::error!("{message}");
@@ -53,13 +56,18 @@ fn run(args: TopodArgs) -> Result<(), String> {
     stop_signals.add(nix::sys::signal::Signal::SIGTERM);
     stop_signals.add(nix::sys::signal::Signal::SIGINT);
     stop_signals.thread_block().map_err(|e| format!("cannot block SIGTERM and SIGINT: {e}"))?;
-    let config = match &args.config {
+    let config_file = match &args.config {
+        Some(path) => Some(path.clone()),
+        None if Path::new(DEFAULT_CONFIG).exists() => Some(PathBuf::from(DEFAULT_CONFIG)),
+        None => None,
+    };
+    let config = match &config_file {
         Some(path) => Config::load(path).map_err(|e| e.to_string())?,
-        None if Path::new(DEFAULT_CONFIG).exists() => {
-            Config::load(Path::new(DEFAULT_CONFIG)).map_err(|e| e.to_string())?
-        }
         None => Config::default(),
     };
+    if args.check_config {
+        return check_config(config_file.as_deref(), &config, args.topology);
+    }
     let socket =
         args.socket.or(config.socket.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
     let state_dir = args
@@ -379,6 +387,35 @@ fn stop_on_signal(server: Arc<Server>) {
 /// The shared key of the TCP listener: a file holding at least 16 characters that no one but
 /// its owner and group may read, and only its owner may change. Group read is allowed (the LSF
 /// master's module reads the same key as the LSF administrator) and logged, with the group.
+/// `--check-config`: what a start reads before it touches cgroups, checked the same way (the
+/// configuration was read by the caller): the topology, the reserved CPUs against it, the prime
+/// pools, the TCP key. Prints one line on success.
+fn check_config(
+    file: Option<&Path>,
+    config: &Config,
+    topology: Option<PathBuf>,
+) -> Result<(), String> {
+    let topo = match topology.or(config.topology.clone()) {
+        Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
+        None => {
+            sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
+        }
+    };
+    let reserved = config.reserved_cpus.clone().unwrap_or_default();
+    let model = topo_core::place::HostModel::new(&topo, &reserved)
+        .map_err(|e| format!("reserved_cpus {reserved}: {e}"))?;
+    topod::daemon::host::make_pools(&model, &config.prime_pools)
+        .map_err(|e| format!("topod.toml prime_pools: {e}"))?;
+    if config.tcp_listen.is_some() {
+        read_key(&config.tcp_key_file.clone().unwrap_or_default())?;
+    }
+    match file {
+        Some(file) => println!("{}: valid: topod would start with it", file.display()),
+        None => println!("no configuration file ({DEFAULT_CONFIG} does not exist): topod would start with its defaults"),
+    }
+    Ok(())
+}
+
 fn read_key(key_file: &Path) -> Result<String, String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(key_file)
