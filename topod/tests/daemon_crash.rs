@@ -16,7 +16,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -376,9 +376,20 @@ fn agree(socket: &Path, job: &str, pid: u32, cpuset_root: &Path) -> Result<Strin
         if start.elapsed() > AGREE_WITHIN && samples_taken >= AGREE_SAMPLES {
             let samples: Vec<String> =
                 seen_samples.iter().map(|(s, ms)| format!("from {ms} ms: {s}")).collect();
+            // What the kernel says of the process and the cgroup, to tell a process outside
+            // the job's cgroup from one inside it on other CPUs.
+            let read = |p: PathBuf| {
+                std::fs::read_to_string(&p).unwrap_or_else(|e| format!("{}: {e}", p.display()))
+            };
+            let effective = read(cpuset_root.join(job).join("cpuset.cpus.effective"));
+            let procs = read(cpuset_root.join(job).join("cgroup.procs"));
+            let own = read(PathBuf::from(format!("/proc/{pid}/cgroup")));
             return Err(format!(
-                "no sample agreed in {AGREE_WITHIN:?}; the samples: {}",
-                samples.join("; ")
+                "no sample agreed in {AGREE_WITHIN:?}; the samples: {}; process {pid} is in {:?}; the job's cgroup has effective CPUs {:?} and processes {:?}",
+                samples.join("; "),
+                own.trim(),
+                effective.trim(),
+                procs.split_whitespace().collect::<Vec<_>>().join(" ")
             ));
         }
         std::thread::sleep(Duration::from_millis(2));
