@@ -166,6 +166,16 @@ if [ -f "$sched_config" ] && grep -q '^resources:.*topo_free_' "$sched_config"; 
 fi
 if [ -n "$failed" ]; then
     say "not removed:$failed" >&2
+    # Said as commands: when this runs from the package's prerm, this script is gone afterwards.
+    case "$failed" in
+        *resource:*)
+            history=$(qmgr -c "list server job_history_duration" 2>/dev/null | awk -F' = ' '/job_history_duration/ { print $2 }')
+            say "PBS keeps ended jobs in its history for job_history_duration (${history:-its default, 336:00:00}); once no job in qstat -x has the resource, delete what is left as root on this host with:" >&2 ;;
+        *) say "delete what is left as root on this host with:" >&2 ;;
+    esac
+    for item in $failed; do
+        say "  qmgr -c \"delete ${item%%:*} ${item#*:}\"" >&2
+    done
     exit 1
 fi
 say "removed"
