@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # A site's life with topo's Debian packages, under a real systemd as PID 1: a Debian 12 system
-# (debootstrap, tests/site/make-root.sh, built once per machine) booted with `systemd-nspawn -b`,
-# with Debian's Slurm in it. Inside, as a service of that systemd, tests/site/lifecycle-inner.sh
-# installs the packages built from this tree (version N), starts topod with `systemctl enable
-# --now`, runs a job by hand and a Slurm --topology job that reads its notify file, lets the
-# watchdog restart a stalled topod, stops and starts topod with jobs running, upgrades to version
-# N+1 (built from the same tree with another version and a changed conffile) with jobs running,
-# removes the packages (a plain Slurm job still runs) and purges them (no file, unit or cgroup of
-# topo's left). Checks print "  ok: ..." or "  FAIL: ...".
+# (debootstrap, tests/site/make-root.sh, built once per machine) with Debian's Slurm and an OpenPBS
+# built from the shared source snapshot (tests/openpbs-build.sh), booted twice with systemd as
+# PID 1. Inside, as a service of that systemd, tests/site/lifecycle-inner.sh installs the packages
+# built from this tree (version N), starts topod with `systemctl enable --now`, runs a job by
+# hand, a PBS and a Slurm topology job that read their notify files, lets the watchdog restart a
+# stalled topod, stops and starts topod with jobs running, upgrades to version N+1 (built from the
+# same tree with another version and a changed conffile) with jobs running, removes the packages
+# (plain PBS and Slurm jobs still run) and purges them (no file, unit, hook or cgroup of topo's
+# left). Checks print "  ok: ..." or "  FAIL: ...".
 #
-# The container shares this host's kernel and its cgroup v1 hierarchies (topod takes its v1
-# backend there); the pure cgroup v2 layout is tested without systemd (tests/cgroup-v2-vm.sh).
+# Boot 1, `systemd-nspawn -b`, shares this host's kernel and its cgroup v1 hierarchies (topod takes
+# its v1 backend there); boot 2 is a QEMU guest with cgroup v2 only (TOPO_SITE_V2=0: boot 1 only),
+# without PBS unless TOPO_SITE_GUEST_PBS=1.
 # Needs root; exit 77 (a visible skip) when it cannot run here. TOPO_SITE_KEEP=1 keeps the
-# container's root under /var/tmp.
+# roots under /var/tmp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -27,6 +29,16 @@ if ! command -v systemd-nspawn >/dev/null || ! command -v debootstrap >/dev/null
 fi
 started=$(date +%s)
 base=$(tests/site/make-root.sh)
+# OpenPBS as a site installs it: built from the shared source snapshot into /opt/pbs (once per
+# machine; tests/openpbs-e2e.sh uses the same build), copied into the root, with upstream's
+# systemd unit made from that snapshot as `make install` makes it, and upstream's post-install
+# (what its package runs) run in the root.
+PBS_TARBALL="${TOPO_SHARED_DIR:-../shared}/pbs/openpbs-cd7ab5eda.tar.xz"
+pbs_rc=0
+tests/openpbs-build.sh >&2 || pbs_rc=$?
+if [ "$pbs_rc" -ne 0 ]; then
+    echo "$me: OpenPBS could not be built here (exit $pbs_rc, above): the site runs Slurm only; PBS is SKIPPED"
+fi
 WORK=$(mktemp -d /var/tmp/topo-site.XXXXXX)
 NSPAWN_PID=""
 cleanup() {
@@ -66,7 +78,7 @@ rm -rf "$WORK/unpacked"
 # A root for one boot: a copy of the cached one, with the packages, the inner script and the
 # service that runs it at boot.
 prepare_root() {
-    local root=$1
+    local root=$1 with_pbs=$2
     rm -rf "$root"
     cp -a "$base" "$root"
     mkdir -p "$root/root/debs/N" "$root/root/debs/N1"
@@ -88,6 +100,20 @@ EOF
     # looks for every file named topo*.
     echo "sitenode" > "$root/etc/hostname"
     printf '127.0.0.1 localhost\n127.0.1.1 sitenode\n' > "$root/etc/hosts"
+    if [ "$pbs_rc" -ne 0 ]; then
+        echo "tests/site-lifecycle.sh could not build OpenPBS" > "$root/root/no-pbs"
+    elif [ "$with_pbs" != 1 ]; then
+        echo "$with_pbs" > "$root/root/no-pbs"
+    else
+        cp -a /opt/pbs "$root/opt/pbs"
+        mkdir -p "$root/lib/systemd/system"
+        tar -xJOf "$PBS_TARBALL" openpbs/src/cmds/scripts/pbs.service.in | sed 's|@prefix@|/opt/pbs|g' > "$root/lib/systemd/system/pbs.service"
+        chroot "$root" /opt/pbs/libexec/pbs_postinstall server > "$WORK/pbs-postinstall.log" 2>&1 \
+            || { cat "$WORK/pbs-postinstall.log"; echo "$me: OpenPBS's post-install failed in the root" >&2; exit 1; }
+        # Started by the test once the host has its address, not at boot.
+        chroot "$root" systemctl disable pbs.service >/dev/null 2>&1
+        rm -f "$root/lib/systemd/system-preset/95-pbs.preset"
+    fi
 }
 # The checks of one boot: prints its log; returns its number of failures.
 FAILED=0
@@ -106,13 +132,13 @@ collect() {
     echo "$me: $what: $n failure(s)"
     FAILED=$((FAILED + n))
 }
-echo "$me: systemd $(chroot "$base" dpkg-query -W -f='${Version}' systemd), Slurm $(chroot "$base" dpkg-query -W -f='${Version}' slurmd) in the root"
+echo "$me: systemd $(chroot "$base" dpkg-query -W -f='${Version}' systemd), Slurm $(chroot "$base" dpkg-query -W -f='${Version}' slurmd)$([ "$pbs_rc" -ne 0 ] || echo ", OpenPBS $(/opt/pbs/bin/qstat --version 2>&1 | sed 's/.*= //')") in the root"
 
 # 1. cgroup v1: a container on this host, booted by systemd-nspawn, in its own network namespace
 # joined to this host by a veth pair whose host end stays down (its Slurm never meets this
 # host's). The test's service runs at boot and powers the system off at its end.
 mkdir -p "$WORK/nspawn"
-prepare_root "$WORK/nspawn/root"
+prepare_root "$WORK/nspawn/root" 1
 echo "$me: booting a container with systemd as PID 1 (this host's cgroup v1 hierarchies)"
 boot_started=$(date +%s)
 timeout 1500 systemd-nspawn -b -D "$WORK/nspawn/root" --register=no --keep-unit --network-veth \
@@ -133,7 +159,9 @@ rm -rf "$WORK/nspawn/root"
 # cgroup_no_v1=all, emulated CPUs, the root read-write over 9p) with systemd as PID 1.
 if [ "${TOPO_SITE_V2:-1}" = 1 ]; then
     mkdir -p "$WORK/vm"
-    prepare_root "$WORK/vm/root"
+    # PBS in the guest only when asked: under emulated CPUs its PostgreSQL and hooks took 7 of
+    # the guest's 16 minutes (passed, 2026-11-28); the container runs it on every run.
+    prepare_root "$WORK/vm/root" "${TOPO_SITE_GUEST_PBS:-not in the QEMU guest unless TOPO_SITE_GUEST_PBS=1 (7 minutes under emulation; the container boot runs it)}"
     echo "$me: booting a QEMU guest with systemd as PID 1 (cgroup v2 only)"
     boot_started=$(date +%s)
     rc=0

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The inside of tests/site-lifecycle.sh: runs in a Debian 12 system booted with systemd as PID 1
-# (systemd-nspawn -b), as the service topo-lifecycle.service, and does what a site does with topo's
-# packages: install, start by systemd, jobs (one by hand, one through Slurm reading its notify
-# file), the watchdog, a stop and start with a job running, an upgrade with jobs running, removal
-# (Slurm still runs plain jobs) and purge (nothing of topo's left). Writes its checks to
+# (systemd-nspawn -b, or the QEMU guest), as the service topo-lifecycle.service, and does what a
+# site does with topo's packages: install, start by systemd, jobs (one by hand, one through PBS
+# and one through Slurm, each reading its notify file), the watchdog, a stop and start with jobs
+# running, an upgrade with jobs running, removal (PBS and Slurm still run plain jobs) and purge
+# (nothing of topo's left). Writes its checks to
 # /root/result/log ("  ok: ..." / "  FAIL: ...") and the number of failures to /root/result/rc,
 # then powers the system off.
 set -uo pipefail
@@ -85,6 +86,30 @@ check "topod runs with only CAP_KILL and CAP_SYS_NICE" \
     sh -c "grep '^CapBnd' /proc/$(topod_pid)/status | grep -q 0000000000800020"  # bits 5 (KILL) and 23 (SYS_NICE)
 check "/run/topo/topod.sock answers" topoctl jobs
 
+# --- the host's address, for Slurm and PBS ----------------------------------------------------
+# Slurm resolves names with AF_INET and AI_ADDRCONFIG, which find nothing while loopback has the
+# only IPv4 address, and PBS refuses a host name that resolves only to loopback: an address on the
+# container's end of its veth pair (host0), or in the QEMU guest, which has no network card, on a
+# dummy interface.
+if ip link show host0 >/dev/null 2>&1; then
+    ip addr add 10.253.0.1/24 dev host0 && ip link set host0 up || fail "an address on host0"
+else
+    ip link add site0 type dummy && ip addr add 10.253.0.1/24 dev site0 && ip link set site0 up || fail "an address on a dummy interface"
+fi
+host=$(hostname)
+sed -i "/ $host\$/d" /etc/hosts
+echo "10.253.0.1 $host" >> /etc/hosts
+id alice >/dev/null 2>&1 || useradd -m alice
+cat > /home/alice/job.sh <<'EOF'
+#!/bin/sh
+echo "TOPO_NOTIFY_FILE=$TOPO_NOTIFY_FILE"
+echo "NOTIFIED_CPUS=$(sed -n 's/^cpus=//p' "$TOPO_NOTIFY_FILE")"
+echo "ALLOWED=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)"
+sleep "${1:-0}"
+EOF
+chmod 755 /home/alice/job.sh
+field() { sed -n "s/^$1=//p" "$2" | head -1; }
+
 # --- a job by hand: allocate, a process in it, release ----------------------------------------
 log "job site-a (by hand)"
 # On the host's last CPU: Slurm, which does not know of this job, gives its first job core 0.
@@ -104,19 +129,52 @@ check "the notify file /run/topo/job-notify/site-a is readable by every user" \
 check "and writable by nobody but root" \
     sh -c '! setpriv --reuid=nobody --regid=nogroup --clear-groups sh -c "echo x >> /run/topo/job-notify/site-a" 2>/dev/null'
 
+# --- PBS, configured from the installed topo-pbs ----------------------------------------------
+# OpenPBS as the site installed it (tests/site-lifecycle.sh: /opt/pbs, upstream's unit and
+# post-install), started by systemd; topo's hooks registered by the package's install-hooks.sh.
+HAVE_PBS=0
+if [ -x /opt/pbs/bin/qsub ] && [ ! -f /root/no-pbs ]; then
+    HAVE_PBS=1
+    log "PBS with topo-pbs's hooks"
+    export PATH="$PATH:/opt/pbs/bin:/opt/pbs/sbin"
+    PBS_HOME=/var/spool/pbs
+    sed -i "s/^PBS_SERVER=.*/PBS_SERVER=$host/; s/^PBS_START_MOM=.*/PBS_START_MOM=1/" /etc/pbs.conf
+    # Job output copied locally (no scp between the MoM and itself).
+    printf '$clienthost %s\n$usecp *:/ /\n' "$host" > "$PBS_HOME/mom_priv/config"
+    # In the QEMU guest the root is 9p, where PostgreSQL's data directory (the PBS server's
+    # datastore, under PBS_HOME) would not work as on a disk: PBS_HOME on a tmpfs there.
+    if [ "$(stat -f -c %T /)" = v9fs ]; then
+        cp -a "$PBS_HOME" /run/pbs-home && mount -t tmpfs -o mode=0755 pbs-home "$PBS_HOME" \
+            && cp -a /run/pbs-home/. "$PBS_HOME/" && rm -rf /run/pbs-home || fail "PBS_HOME on a tmpfs"
+    fi
+    check "systemctl start pbs (OpenPBS's own unit)" systemctl start pbs.service
+    pbs_node_free() { pbsnodes "$host" 2>/dev/null | grep -q "state = free"; }
+    wait_for 180 pbs_node_free || { fail "the PBS MoM came up free"; pbsnodes -a; systemctl status pbs.service --no-pager | tail -5; }
+    qmgr -c "set server job_history_enable = true"
+    check "topo-pbs's install-hooks.sh registers topo's hooks" /usr/share/topo-pbs/install-hooks.sh
+    check "  ... both enabled" sh -c "qmgr -c 'list hook topo' | grep -q 'enabled = true' && qmgr -c 'list hook topo_submit' | grep -q 'enabled = true'"
+    pbs_state() { qstat -xf "$1" 2>/dev/null | awk -F' = ' '/ job_state = /{ print $2 }'; }
+    pbs_attr() { qstat -xf "$1" 2>/dev/null | awk -v k="    $2" -F' = ' '$1 == k { print $2 }'; }
+    pbs_finished() { [ "$(pbs_state "$1")" = F ]; }
+    pbs_job() {  # qsub as alice: NAME QSUB-ARGS...; prints the job id
+        local name=$1; shift
+        (cd /home/alice && runuser -u alice -- qsub -N "$name" -j oe -o "/home/alice/$name.out" "$@" -- /home/alice/job.sh 3) 2>&1 | tail -1
+    }
+    job_p=$(pbs_job pj -l select=1:ncpus=1 -l topology='affinity[core]')
+    wait_for 180 pbs_finished "$job_p" || fail "PBS job $job_p finished ($(pbs_state "$job_p"): $(pbs_attr "$job_p" comment))"
+    cpus_p=$(field NOTIFIED_CPUS /home/alice/pj.out)
+    check "PBS job $job_p ran and exited 0 ($(pbs_attr "$job_p" Exit_status))" test "$(pbs_attr "$job_p" Exit_status)" = 0
+    check "PBS job $job_p read its notify file /run/topo/job-notify/pbs-$job_p, which says its CPUs ($cpus_p)" \
+        test "$(field TOPO_NOTIFY_FILE /home/alice/pj.out)" = "/run/topo/job-notify/pbs-$job_p" -a -n "$cpus_p"
+    check "PBS job $job_p ran on them, not on site-a's CPU $last_cpu" \
+        test "$(field ALLOWED /home/alice/pj.out)" = "$cpus_p" -a "$cpus_p" != "$last_cpu"
+    check "topod released PBS job $job_p when it ended" wait_for 30 not_held "pbs-$job_p"
+else
+    log "PBS: SKIPPED ($(cat /root/no-pbs 2>/dev/null || echo "no OpenPBS in this root"))"
+fi
+
 # --- Slurm, configured from the installed topo-slurm ------------------------------------------
 log "Slurm with topo-slurm's plug-in"
-# Slurm resolves names with AF_INET and AI_ADDRCONFIG, which find nothing while loopback has the
-# only IPv4 address: an address on the container's end of its veth pair (host0), or in the QEMU
-# guest, which has no network card, on a dummy interface.
-if ip link show host0 >/dev/null 2>&1; then
-    ip addr add 10.253.0.1/24 dev host0 && ip link set host0 up || fail "an address on host0 for Slurm"
-else
-    ip link add topo0 type dummy && ip addr add 10.253.0.1/24 dev topo0 && ip link set topo0 up || fail "an address on a dummy interface for Slurm"
-fi
-host=$(hostname)
-sed -i "/ $host\$/d" /etc/hosts
-echo "10.253.0.1 $host" >> /etc/hosts
 cpus=$(nproc)
 cat > /etc/slurm/slurm.conf <<EOF
 ClusterName=site
@@ -152,19 +210,9 @@ check "the plugstack line names the installed plug-in" \
 chown munge: /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key
 check "systemctl start munge slurmctld slurmd" systemctl start munge.service slurmctld.service slurmd.service
 wait_for 180 slurmd_idle || { fail "slurmd registered as idle"; sinfo; tail -20 /var/log/slurm/slurmd.log; }
-id alice >/dev/null 2>&1 || useradd -m alice
-cat > /home/alice/job.sh <<'EOF'
-#!/bin/sh
-echo "TOPO_NOTIFY_FILE=$TOPO_NOTIFY_FILE"
-echo "NOTIFIED_CPUS=$(sed -n 's/^cpus=//p' "$TOPO_NOTIFY_FILE")"
-echo "ALLOWED=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)"
-sleep "${1:-0}"
-EOF
-chmod 755 /home/alice/job.sh
 slurm_job() {  # sbatch as alice; prints the job id
     su alice -c "cd /home/alice && sbatch --parsable $*" 2>&1 | tail -1
 }
-field() { sed -n "s/^$1=//p" "$2" | head -1; }
 job_b=$(slurm_job "--topology='affinity[core]' -o /home/alice/b.out /home/alice/job.sh 100000")
 wait_for 180 slurm_running "$job_b" /home/alice/b.out || fail "Slurm job $job_b running ($(slurm_state "$job_b"); $(cat /home/alice/b.out 2>&1))"
 cpus_b=$(job_cpus "slurm-$job_b")
@@ -197,8 +245,21 @@ check "and slurm-$job_b on CPUs $cpus_b" test -n "$cpus_b" -a "$(job_cpus "slurm
 # --- upgrade to version N+1 with jobs running --------------------------------------------------
 log "upgrade to N+1 with jobs running"
 pid_before=$(topod_pid)
-check "dpkg -i of version N+1 (conffiles: the admin's kept, as with --force-confold)" \
-    dpkg -i --force-confold /root/debs/N1/topod_*.deb /root/debs/N1/topo-slurm_*.deb /root/debs/N1/topo-pbs_*.deb /root/debs/N1/topo-lsf_*.deb
+# First with a mistake in the admin's topod.toml: the new topod would not start with it, so the
+# upgrade stops before the restart, with the old topod still running, and says why.
+cp /etc/topo/topod.toml /root/topod.toml.good
+echo "gang_rows = 1" >> /etc/topo/topod.toml
+said=$(dpkg -i --force-confold /root/debs/N1/topod_*.deb /root/debs/N1/topo-slurm_*.deb /root/debs/N1/topo-pbs_*.deb /root/debs/N1/topo-lsf_*.deb 2>&1) \
+    && fail "the upgrade with an invalid topod.toml succeeded"
+echo "$said" | grep -v '^\(Preparing\|Unpacking\|Setting up\|Selecting\|(Reading\)'
+check "an upgrade with an invalid topod.toml stops, saying what is wrong and what to do" \
+    sh -c 'echo "$1" | grep -q "gang_rows must be 2 to 64" && echo "$1" | grep -q "dpkg --configure -a"' - "$said"
+check "  ... with the old topod still running, not restarted" \
+    test "$(topod_pid)" = "$pid_before" -a "$(systemctl is-active topod.service)" = active
+check "  ... and its jobs kept" test "$(job_cpus site-a)" = "$cpus_a"
+cp /root/topod.toml.good /etc/topo/topod.toml
+check "once topod.toml is fixed, dpkg --configure -a finishes the upgrade (conffiles: the admin's kept)" \
+    dpkg --configure -a --force-confold
 check "topod is version N+1" test "$(dpkg-query -W -f='${Version}' topod)" = "$(cat /root/debs/N1/version)"
 check "the upgrade restarted topod" sh -c "systemctl is-active --quiet topod.service && test \"\$(systemctl show -p MainPID --value topod.service)\" != $pid_before"
 check "the admin's topod.toml is kept" grep -qx "cgroup_subtree = \"$SUBTREE\"" /etc/topo/topod.toml
@@ -228,6 +289,33 @@ check "removal removed topod's cgroup subtree" sh -c "! ls -d /sys/fs/cgroup/*/$
 # topod and topo-pbs have conffiles (topod.toml, topo.json); topo-slurm and topo-lsf have none.
 check "only conffiles stay (topod and topo-pbs; topo-slurm and topo-lsf are gone)" \
     test "$(dpkg-query -W -f='${db:Status-Status} ' topod topo-pbs 2>&1):$(dpkg-query -W topo-slurm topo-lsf 2>/dev/null)" = "config-files config-files :"
+if [ "$HAVE_PBS" = 1 ]; then
+    # topo-pbs's prerm, on the server host, deleted what install-hooks.sh registered.
+    check "removing topo-pbs took topo's hooks off the PBS server" sh -c "! qmgr -c 'list hook' | grep -Eq '^Hook topo(_submit)?\$'"
+    # PBS job $job_p, which asked for a topology, is still in PBS's job history (qstat -x): PBS
+    # refuses to delete that resource, and the prerm says what to run once the history is gone.
+    left=$(sed -n 's/^install-hooks.sh:   \(qmgr -c .*\)$/\1/p' /root/result/log)
+    check "the removal names what PBS kept, and the command to delete it later ($left)" test "$left" = 'qmgr -c "delete resource topology"'
+    check "  ... and deleted topo's other resources" \
+        test "$(qmgr -c 'list resource' | grep -o '^Resource topo[a-z_]*' | tr '\n' ' ')" = "Resource topology "
+    mom_has_no_topo_hook() { ! ls "$PBS_HOME/mom_priv/hooks" | grep -q '^topo'; }
+    check "the MoM deleted its copies of topo's hooks" wait_for 60 mom_has_no_topo_hook
+    job_q=$(pbs_job plain -l select=1:ncpus=1)
+    wait_for 180 pbs_finished "$job_q"
+    check "a plain PBS job runs after the removal ($(pbs_state "$job_q"), exit $(pbs_attr "$job_q" Exit_status))" \
+        test "$(pbs_attr "$job_q" Exit_status)" = 0
+    # The history ends (here at once: job history turned off drops it; at a site, after
+    # job_history_duration), and the admin runs the command the removal named.
+    qmgr -c "set server job_history_enable = false"
+    check "once no job has it, that command deletes it" sh -c "$left"
+    check "no hook or resource of topo's is left in PBS" \
+        sh -c "! qmgr -c 'list hook' | grep -q '^Hook topo' && ! qmgr -c 'list resource' | grep -q '^Resource topo'"
+fi
+# A reinstallation: the topod.service that ran at removal runs again (the prerm noted it).
+check "dpkg -i of topod again after its removal" dpkg -i /root/debs/N1/topod_*.deb
+check "  ... starts the topod.service that ran when it was removed" wait_for 30 systemctl is-active --quiet topod.service
+check "dpkg -r topod (again)" dpkg -r topod
+check "  ... stopped it" topod_gone
 wait_for 30 slurmd_idle
 job_d=$(slurm_job "-o /home/alice/d.out /home/alice/job.sh 0")
 wait_for 180 slurm_done "$job_d"

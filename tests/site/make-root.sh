@@ -10,8 +10,11 @@ me=tests/site/make-root.sh
 cache=${TOPO_SITE_ROOT_CACHE:-/var/cache/topo-tests/site-root}
 mirror=${TOPO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # systemd as PID 1 and journalctl; Slurm from Debian (the version topo-slurm is built against on
-# this host, both from bookworm); python3 and procps for the test's own checks; man-db for `man`.
+# this host, both from bookworm); python3 and procps for the test's own checks; man-db for `man`;
+# PostgreSQL and the libraries OpenPBS (built on this host by tests/openpbs-build.sh into /opt/pbs,
+# and copied in by the test) runs with: the site's PBS server keeps its data in PostgreSQL.
 include=systemd,systemd-sysv,dbus,procps,iproute2,python3,slurmctld,slurmd,slurm-client,munge,man-db,util-linux
+include=$include,postgresql,libical3,libcjson1,libedit2,libhwloc15,libpython3.11,libtcl8.6,libtk8.6,libxft2,libxss1,libx11-6,libxext6,libssl3,libpq5
 stamp="bookworm $include"
 if [ -f "$cache/.topo-root-stamp" ] && [ "$(cat "$cache/.topo-root-stamp")" = "$stamp" ]; then
     echo "$cache"
@@ -25,8 +28,12 @@ if ! debootstrap --variant=minbase --include="$include" bookworm "$cache.new" "$
     tail -n 15 "$cache.log" >&2
     exit 1
 fi
+# A package's post-install may have started its daemon inside the chroot (PostgreSQL's does).
+for proc in /proc/[0-9]*; do
+    [ "$(readlink "$proc/root" 2>/dev/null)" = "$(realpath "$cache.new")" ] && { kill -KILL "${proc#/proc/}" 2>/dev/null || true; }
+done
 # No service of the image starts by itself at boot but systemd's own: the test starts each one.
-chroot "$cache.new" systemctl disable slurmctld.service slurmd.service munge.service >/dev/null 2>&1 || true
+chroot "$cache.new" systemctl disable slurmctld.service slurmd.service munge.service postgresql.service >/dev/null 2>&1 || true
 echo "$stamp" > "$cache.new/.topo-root-stamp"
 rm -rf "$cache"
 mv "$cache.new" "$cache"
