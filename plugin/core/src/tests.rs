@@ -485,7 +485,8 @@ fn name_lookups_do_not_scan() {
         let name = format!("node{i:05}.cluster.example");
         cache.add(&name, Address::Tcp(format!("{name}:7979")));
     }
-    let start = Instant::now();
+    let checked = || crate::cache::NAMES_CHECKED.with(std::cell::Cell::get);
+    let before = checked();
     for round in 0..3 {
         for i in 0..10_000 {
             // Configured by FQDN, offered by the scheduler under the short name.
@@ -495,10 +496,12 @@ fn name_lookups_do_not_scan() {
             assert_eq!(cache.lookup(&format!("other{i}")), None);
         }
     }
-    let took = start.elapsed();
-    // A scan per name costs seconds here (36,000 lookups over 10,000 hosts, 3.6e8 name
-    // comparisons); hash lookups, tens of ms. The limit leaves room for a loaded machine.
-    assert!(took < Duration::from_secs(1), "36,000 lookups took {took:?}");
+    // Counted, not timed: a hash probe checks the one host it finds against the name, and a
+    // lookup probes at most three names (as given, lower-case, short). A scan per name would
+    // check 10,000 hosts per lookup, 3.6e8 in all. What lookups cost is
+    // `cargo bench -p topo-plugin-core --bench names`.
+    let per_lookup = (checked() - before) as f64 / 36_000.0;
+    assert!(per_lookup <= 3.0, "{per_lookup} host names checked per lookup");
 }
 
 #[test]
@@ -738,17 +741,18 @@ fn aliases_follow_the_configured_domain_and_unknown_names_are_remembered() {
 }
 
 #[test]
-fn many_pending_dispatches_cost_no_scan_each() {
+fn many_pending_dispatches_are_kept_once_each() {
     // One job dispatched to 40,000 hosts not known yet: each dispatch is a map insert.
     let cache = crate::HostCache::new();
     let mut resv = crate::Reservations::new();
     let req = with_tasks("affinity[core(1)]", 1);
-    let started = Instant::now();
+    // What the 40,000 cost (a scan of the pending ones per dispatch made it quadratic) is
+    // `cargo bench -p topo-plugin-core --bench names`; here, that each is kept once, by host.
     for i in 0..40_000 {
         resv.dispatch(&cache, "lsf-1", &format!("h{i}"), &req, Instant::now());
     }
+    resv.dispatch(&cache, "lsf-1", "h7", &req, Instant::now());
     assert_eq!(resv.pending().len(), 40_000);
-    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
     assert!(resv.release("lsf-1"));
     assert!(resv.pending().is_empty());
 }
@@ -772,13 +776,13 @@ fn refresh_threads_run_below_the_schedulers_priority() {
     let config = CacheConfig { address_template: String::new(), ..CacheConfig::default() };
     let refresher = crate::fetch::Refresher::start(shared.clone(), probe.clone(), config).unwrap();
     let start = Instant::now();
-    while probe.0.lock().unwrap().is_empty() && start.elapsed() < Duration::from_secs(5) {
+    while probe.0.lock().unwrap().is_empty() && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(10));
     }
     drop(refresher);
     let mine = crate::fetch::thread_nice();
     let seen = probe.0.lock().unwrap().clone();
-    assert!(!seen.is_empty(), "no fetch within 5 s");
+    assert!(!seen.is_empty(), "no fetch within a minute");
     let want = (mine + CacheConfig::default().refresh_nice as i32).min(19);
     assert!(seen.iter().all(|&n| n == want), "fetch threads at nice {seen:?}, this one {mine}");
     // The caller's thread keeps its own priority.
