@@ -788,7 +788,9 @@ mod tests {
         let scratch = Scratch::new("queue");
         let socket = scratch.0.join("run/topod.sock");
         std::fs::create_dir(scratch.0.join("run")).unwrap();
+        let before = std::time::SystemTime::now();
         let file = queue_release(&socket, "slurm-42", "the test (pid 1)").unwrap();
+        let after = std::time::SystemTime::now();
         let dir = scratch.0.join("run/release-pending");
         assert_eq!(file, dir.join("slurm-42"));
         assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777, 0o700);
@@ -797,7 +799,9 @@ mod tests {
             topo_core::pending::QueuedRelease::parse(&std::fs::read(&file).unwrap())
                 .expect("a request topod can read");
         assert_eq!(request.asked_by, "the test (pid 1)");
-        assert!(at.elapsed().unwrap_or_default() < Duration::from_secs(60));
+        // The time of the call (written to the millisecond, cut, not rounded).
+        let ms = Duration::from_millis(1);
+        assert!(before - ms < at && at <= after, "{at:?} not within {before:?} ..= {after:?}");
         // Again: replaced, and no temporary file is left.
         queue_release(&socket, "slurm-42", "again").unwrap();
         queue_release(&socket, "slurm-43", "another").unwrap();
