@@ -21,7 +21,7 @@ use topod::cli::{TopodArgs, DEFAULT_CONFIG};
 use topod::daemon::conn::{raise_fd_limit, Gate};
 use topod::daemon::host::{Host, JobHint};
 use topod::daemon::metrics;
-use topod::daemon::pending::{Kernel, PendingReleases};
+use topod::daemon::pending::{Kernel, PendingFs, PendingReleases};
 use topod::daemon::records::Records;
 use topod::daemon::server::{self, Admins, Listener, Server};
 use topod::daemon::{CgroupKind, Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
@@ -260,25 +260,14 @@ fn run(args: TopodArgs) -> Result<(), String> {
         });
     }
     {
-        // Releases an epilog queued while topod could not be reached are done at once, as
-        // topod starts, and then every 5 s (an epilog that timed out while topod was busy). Not
-        // before serving: a release whose processes will not die takes its timeout, and systemd
-        // must hear that topod is up. A job allocated again meanwhile is not released (see
-        // daemon::pending).
-        // Exclusive cpusets beside topod's come and go: look again on the same tick, so that
-        // topod takes back the CPUs of one that went away (an allocate the kernel refuses looks
-        // too). A suspended job someone thawed is frozen again on it, as its CPUs may be lent.
-        // Topology reservations that have expired go on it too.
+        // Not before serving: a release whose processes will not die takes its timeout, and
+        // systemd must hear that topod is up.
         let server = server.clone();
-        std::thread::spawn(move || loop {
-            pending.process(&*server);
-            std::thread::sleep(Duration::from_secs(5));
-            server.lock().reconcile_foreign();
-            server.refreeze_suspended();
-            let mut host = server.lock();
-            host.resume_preempted();
-            host.expire_reservations();
-            host.pool_windows();
+        std::thread::spawn(move || {
+            tick(&server, &mut pending, || {
+                std::thread::sleep(TICK);
+                true
+            })
         });
     }
     {
@@ -622,6 +611,37 @@ fn bind(path: &Path, mode: u32) -> Result<UnixListener, String> {
     Ok(listener)
 }
 
+/// How often [`tick`] comes round.
+const TICK: Duration = Duration::from_secs(5);
+
+/// topod's tick, for as long as `wait` (a sleep of [`TICK`]) says to go on. Releases an epilog
+/// queued while topod could not be reached are done at once, before the first wait (as topod
+/// starts), and then on every tick (an epilog that timed out while topod was busy). A job
+/// allocated again meanwhile is not released (see daemon::pending).
+///
+/// Exclusive cpusets beside topod's come and go: look again on each tick, so that topod takes
+/// back the CPUs of one that went away (an allocate the kernel refuses looks too). A suspended
+/// job someone thawed is frozen again on it, as its CPUs may be lent. Topology reservations that
+/// have expired go on it too.
+fn tick<F: PendingFs>(
+    server: &Server,
+    pending: &mut PendingReleases<F>,
+    mut wait: impl FnMut() -> bool,
+) {
+    loop {
+        pending.process(server);
+        if !wait() {
+            return;
+        }
+        server.lock().reconcile_foreign();
+        server.refreeze_suspended();
+        let mut host = server.lock();
+        host.resume_preempted();
+        host.expire_reservations();
+        host.pool_windows();
+    }
+}
+
 /// `Type=notify`: tells systemd we are ready, and feeds its watchdog only while topod serves:
 /// each period a request through its own socket is answered (the accept loop and a connection
 /// thread work) and the host lock can be taken (no change is stuck holding it). A stalled lock
@@ -701,4 +721,45 @@ fn drop_capabilities() -> Result<(), String> {
         .map_err(|e| format!("setting permitted capabilities: {e}"))?;
     tracing::info!("capabilities kept: {}", names.join(" "));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tick_does_the_queued_releases_before_its_first_wait() {
+        // As topod starts, not a tick later: an epilog that could not reach topod has waited
+        // long enough. Whatever the machine's speed, the queue is empty when the first wait
+        // begins.
+        use topo_core::topology::{SyntheticShape, Topology};
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("topod.sock");
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 1,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        let fake = cgroup::fake::Fake::new(topo.allowed.clone(), topo.allowed_mems.clone());
+        let host = Host::new(
+            topo,
+            topo_core::cpuset::CpuSet::new(),
+            Box::new(fake),
+            None,
+            Strategy::BestFit,
+        )
+        .unwrap();
+        let server = Server::new(host, Admins::default(), Gate::new(Default::default()));
+        let queued = topo_client::queue_release(&socket, "slurm-99", "the test's epilog").unwrap();
+        let dir_of = topo_core::pending::pending_dir_for(&socket);
+        let mut pending = PendingReleases::new(Kernel, dir_of, nix::unistd::geteuid().as_raw());
+        let mut at_waits = Vec::new();
+        tick(&server, &mut pending, || {
+            at_waits.push(queued.exists());
+            at_waits.len() < 2
+        });
+        assert_eq!(at_waits, [false, false], "the queue was not done before the first wait");
+    }
 }

@@ -468,18 +468,19 @@ mod tests {
         }
         let me = nix::unistd::getuid().as_raw();
         let deaf = Kill(std::process::Command::new("sleep").arg("30").spawn().unwrap());
-        let hearing = Kill(
+        let mut hearing = Kill(
             std::process::Command::new("sh")
-                .args(["-c", "trap 'echo usr1' USR1; while :; do sleep 1; done"])
+                .args(["-c", "trap 'echo usr1' USR1; echo trapped; while :; do sleep 1; done"])
+                .stdout(std::process::Stdio::piped())
                 .spawn()
                 .unwrap(),
         );
         let pid = |k: &Kill| k.0.id() as i32;
-        // The shell installs its trap as it starts.
-        let start = std::time::Instant::now();
-        while !wants_signal(pid(&hearing), 10, None) && start.elapsed().as_secs() < 5 {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        // The shell says so once its trap is installed (however long it takes to start).
+        let mut said = String::new();
+        let out = hearing.0.stdout.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut said).unwrap();
+        assert_eq!(said, "trapped\n");
         assert!(wants_signal(pid(&hearing), 10, None));
         assert!(wants_signal(pid(&hearing), 10, Some(me)));
         assert!(!wants_signal(pid(&hearing), 10, Some(me + 1)), "not the owner's");
