@@ -394,20 +394,24 @@ fn a_pool_no_allocate_can_reach_is_a_configuration_error() {
     for pool in pools {
         let dir = tempfile::tempdir().unwrap();
         let config = common::config(dir.path(), &format!("prime_pools = [{pool}]\n"));
+        let socket = dir.path().join("topod.sock");
         let mut child = Command::new(env!("CARGO_BIN_EXE_topod"))
             .args(["--cgroup", "fake", "--topology", machine().to_str().unwrap()])
-            .args(["--socket", dir.path().join("topod.sock").to_str().unwrap()])
+            .args(["--socket", socket.to_str().unwrap()])
             .args(["--state-dir", dir.path().to_str().unwrap()])
             .args(["--config", config.to_str().unwrap()])
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        // Refused or started, by what topod does rather than how soon: it exits, or it opens
+        // its socket (which it does only once its configuration has been accepted). A minute
+        // for either is a liveness wait.
         let started = std::time::Instant::now();
         let status = loop {
             if let Some(status) = child.try_wait().unwrap() {
                 break Some(status);
             }
-            if started.elapsed() > std::time::Duration::from_secs(3) {
+            if socket.exists() || started.elapsed() > std::time::Duration::from_secs(60) {
                 let _ = child.kill();
                 let _ = child.wait();
                 break None;

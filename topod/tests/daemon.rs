@@ -514,17 +514,19 @@ fn lsf_pre_exec_job_starter_and_post_exec() {
         "{}",
         String::from_utf8_lossy(&sus.stderr)
     );
+    // The kernel stops and continues the process as it runs next: waits of up to a minute, for
+    // the state and not for a speed.
     let start = Instant::now();
-    while stat(other.id()) != "T" && start.elapsed() < Duration::from_secs(5) {
+    while stat(other.id()) != "T" && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(stat(other.id()), "T");
+    assert_eq!(stat(other.id()), "T", "SIGSTOP did not stop the job's process group");
     assert!(topoctl("lsf-resume", &unheld).status.success());
     let start = Instant::now();
-    while stat(other.id()) == "T" && start.elapsed() < Duration::from_secs(5) {
+    while stat(other.id()) == "T" && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_ne!(stat(other.id()), "T");
+    assert_ne!(stat(other.id()), "T", "SIGCONT did not continue the job's process group");
     let _ = other.kill();
     let _ = other.wait();
     let none = topoctl("lsf-suspend", &[("LSB_JOBID", "4713")]);

@@ -120,56 +120,69 @@ fn a_connection_handed_to_a_child_cannot_join_once_its_opener_has_exited() {
     );
 }
 
-/// Python: opens 20 connections, reports how many topod refused as busy, then waits past the
-/// idle time and reports how many of the admitted ones topod closed.
+/// Python: opens 20 connections and asks on each for topod's version; reports how many topod
+/// refused as busy and how many it answered (every connection gets one or the other, however
+/// slowly: no clock), then how many of the answered ones topod closed once idle. Each wait for
+/// topod is up to a minute, and one that runs out counts for nothing.
 const MANY_CONNECTIONS: &str = r#"
-import json, socket, sys, time
+import json, socket, sys
 conns = []
 for _ in range(20):
     s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); conns.append(s)
-time.sleep(0.3)
 busy, admitted = 0, []
 for s in conns:
-    s.setblocking(False)
+    s.settimeout(60)
     try:
-        data = s.recv(4096)
-    except BlockingIOError:
-        admitted.append(s); continue
+        s.sendall(b'{"v":1,"op":"version"}\n')
+    except OSError:
+        pass  # refused and closed already: the reason waits to be read
+    data = b""
+    try:
+        while b"\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
     if b'"busy"' in data and b"max_connections_per_user" in data:
         busy += 1
+    elif b'"ok"' in data:
+        admitted.append(s)
 print(json.dumps({"busy": busy, "admitted": len(admitted)}))
 sys.stdout.flush()
-time.sleep(3)
 closed = 0
 for s in admitted:
     try:
         if s.recv(4096) == b"":
             closed += 1
-    except BlockingIOError:
+    except OSError:
         pass
 print(json.dumps({"closed_after_idle": closed}))
 "#;
 
-/// Python: a request line sent one byte every 50 ms.
+/// Python: a request line (760 bytes, no newline) sent one byte every 50 ms or slower, so at
+/// least 38 s in all; stops at topod's answer and reports how many bytes it had sent by then.
 const SLOW_LINE: &str = r#"
 import json, socket, sys, time
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
-line = b'{"v":1,"op":"list"}' * 10
-start = time.time(); reply = b""
+line = b'{"v":1,"op":"list"}' * 40
+sent, reply, closed = 0, b"", False
 s.setblocking(False)
 for b in line:
     try:
         s.send(bytes([b]))
+        sent += 1
     except OSError:
-        break
+        closed = True  # topod has closed: its reason waits to be read
     time.sleep(0.05)
     try:
         reply += s.recv(4096)
-    except BlockingIOError:
+    except OSError:
         pass
-    if reply:
+    if reply or closed:
         break
-print(json.dumps({"after_s": time.time() - start, "reply": reply.decode()}))
+print(json.dumps({"sent": sent, "of": len(line), "reply": reply.decode()}))
 "#;
 
 #[test]
@@ -204,15 +217,46 @@ fn one_user_cannot_hold_the_connections_or_dribble_a_line() {
         "idle connections are closed"
     );
     assert_eq!(root_meanwhile.join().unwrap(), 0);
-    // A line that dribbles in is cut off at the line limit, with a reason.
+    // A line that dribbles in is cut off at the line limit, with a reason, while it still
+    // dribbles: in bytes, not seconds (a limit that each byte pushed back would let it all in).
     let r = &as_nobody(&d.socket, SLOW_LINE)[0];
     assert!(r["reply"].as_str().unwrap().contains("did not arrive whole within 0.4 s"), "{r}");
-    assert!(r["after_s"].as_f64().unwrap() < 2.0, "{r}");
+    assert!(r["sent"].as_u64().unwrap() < r["of"].as_u64().unwrap(), "{r}");
 }
 
-/// The number of threads of a process.
-fn threads(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0)
+/// How many of a process's threads are called `name`.
+fn threads_called(pid: u32, name: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .count()
+}
+
+/// Waits (up to a minute: a liveness wait, not a speed limit) until topod has closed `s`,
+/// without reading from it.
+fn closed_by_peer(s: &UnixStream) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    // POLLHUP needs no asking: the kernel reports it once both directions are shut, as a
+    // close by the peer does, whatever is still unread.
+    let mut fds = [PollFd::new(s.as_fd(), PollFlags::empty())];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        match poll(&mut fds, PollTimeout::from(1000u16)) {
+            Ok(_) => {
+                let seen = fds[0].revents().unwrap_or(PollFlags::empty());
+                if seen.contains(PollFlags::POLLHUP) {
+                    return true;
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => panic!("poll: {e}"),
+        }
+    }
+    false
 }
 
 #[test]
@@ -226,27 +270,26 @@ fn a_client_that_never_reads_its_replies_is_closed() {
         ),
     );
     let d = start(dir.path(), &["--config", conf.to_str().unwrap()], true);
-    // topod starts its timer threads just after its socket opens: count once they run.
-    Client::connect(&d.socket).unwrap().call(Op::Version).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let idle_threads = threads(d.child.id());
     let mut s = UnixStream::connect(&d.socket).unwrap();
     s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
     // Each topology reply of the emulated EPYC is about 100 KB: the socket buffers fill at once.
     let line = b"{\"v\":1,\"op\":\"topology\"}\n".repeat(200);
     let _ = s.write_all(&line);
-    std::thread::sleep(Duration::from_millis(1500));
+    // Nothing is read before topod closes the connection, however long that takes: what it
+    // wrote is then only what the socket buffers held.
+    assert!(closed_by_peer(&s), "topod kept the connection of a client that never reads");
     let mut got = Vec::new();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let _ = s.read_to_end(&mut got);
     let replies = got.iter().filter(|&&b| b == b'\n').count();
     assert!(replies < 200, "topod gave up on the reader: {replies} replies of 200");
+    // And no thread is left serving it (topod names each connection's thread).
     let t = Instant::now();
-    while threads(d.child.id()) > idle_threads {
+    while threads_called(d.child.id(), "topod-conn") > 0 {
         assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "the connection's thread stays: {} > {idle_threads}",
-            threads(d.child.id())
+            t.elapsed() < Duration::from_secs(60),
+            "the connection's thread stays: {} topod-conn thread(s)",
+            threads_called(d.child.id(), "topod-conn")
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -314,8 +357,13 @@ fn out_of_descriptors_topod_waits_instead_of_spinning() {
     }
 }
 
+/// The cost is not timed here: that a fit takes no host lock is the server's unit test
+/// `a_fit_is_answered_while_the_host_lock_is_held`; what root's allocate and release cost while
+/// such fits loop is `topoctl bench daemon --hostile` (before the fix: 3.6 s per fit under the
+/// lock, 10 s for root's allocate and release), and one fit's refusal is
+/// `cargo bench -p topod --bench requests`.
 #[test]
-fn a_64_kib_fit_neither_stalls_other_clients_nor_costs_seconds() {
+fn a_64_kib_fit_leaves_other_clients_served() {
     let dir = open_dir();
     let conf = config(
         dir.path(),
@@ -344,22 +392,14 @@ fn a_64_kib_fit_neither_stalls_other_clients_nor_costs_seconds() {
         })
         .collect();
     let mut c = Client::connect(&d.socket).unwrap();
-    let mut slowest = Duration::ZERO;
     for i in 0..50 {
-        let t = Instant::now();
         allocate(&mut c, &format!("j{i}"), None);
         c.call(Op::Release { job: format!("j{i}") }).unwrap();
-        slowest = slowest.max(t.elapsed());
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let fits: usize = loopers.into_iter().map(|t| t.join().unwrap()).sum();
     assert!(fits >= 2, "the attackers got answers too: {fits}");
-    // Before: 3.6 s per fit under the lock, 10 s for root's allocate and release.
-    // (Generous: the suite also runs this in an emulated guest.)
-    assert!(
-        slowest < Duration::from_secs(2),
-        "root's allocate+release took {slowest:?} while 64 KiB fits looped"
-    );
+    assert!(c.call(Op::List).unwrap().as_array().is_some_and(Vec::is_empty), "all released");
 }
 
 #[test]
@@ -574,45 +614,77 @@ fn the_watchdog_is_fed_only_while_topod_serves() {
     // A few dozen connections leave topod no descriptor for its watchdog's probe.
     let env =
         [("NOTIFY_SOCKET", notify.as_os_str()), ("WATCHDOG_USEC", std::ffi::OsStr::new("300000"))];
-    let d = topod_with_40_files(dir.path(), &env, Stdio::null());
+    let log = dir.path().join("topod.log");
+    let d =
+        topod_with_40_files(dir.path(), &env, Stdio::from(std::fs::File::create(&log).unwrap()));
     let socket = d.socket.clone();
-    // What systemd hears in `window`.
-    let hear = |window: Duration| -> Vec<String> {
+    // Counted in events, not seconds: topod's watchdog is one thread that probes, then feeds
+    // systemd or logs the failure, one probe after the other. Each wait is up to a minute (a
+    // liveness wait: on an idle machine each takes a few probe periods of 100 ms).
+    let failed_probes = || {
+        std::fs::read_to_string(&log).unwrap_or_default().matches("the watchdog's probe").count()
+    };
+    // What systemd hears until `enough` says so (or the minute runs out).
+    let hear_until = |enough: &dyn Fn(&[String]) -> bool| -> Vec<String> {
         let t = Instant::now();
         let mut got = Vec::new();
         let mut buf = [0u8; 256];
-        while t.elapsed() < window {
+        while !enough(&got) && t.elapsed() < Duration::from_secs(60) {
             if let Ok(n) = systemd.recv(&mut buf) {
                 got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
             }
         }
         got
     };
-    let first = hear(Duration::from_secs(2));
+    let fed = |got: &[String]| got.iter().filter(|m| *m == "WATCHDOG=1").count();
+    let first = hear_until(&|got| fed(got) >= 3);
     assert_eq!(first.first().map(String::as_str), Some("READY=1"), "{first:?}");
-    assert!(
-        first.iter().filter(|m| *m == "WATCHDOG=1").count() >= 3,
-        "fed while serving: {first:?}"
-    );
+    assert!(fed(&first) >= 3, "fed while serving: {first:?}");
     let held: Vec<UnixStream> = (0..60).filter_map(|_| UnixStream::connect(&socket).ok()).collect();
-    // Starved once a new client gets no answer; what a probe sent before then is drained.
+    // Starved once topod says it cannot accept (out of descriptors; the held connections stay
+    // open and keep it so). Any probe that began before then is over once one after it failed,
+    // and what it sent is queued here: drained. The next two probes fail too, and systemd
+    // hears nothing from them.
+    let said = |what: &str| std::fs::read_to_string(&log).unwrap_or_default().contains(what);
     let t = Instant::now();
-    while Client::connect_with_timeout(&socket, Duration::from_millis(300))
-        .and_then(|mut c| c.call(Op::Version))
-        .is_ok()
-    {
+    while !said("accepting a connection on the socket failed") {
         assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "topod still answers with 60 connections open and 40 descriptors"
+            t.elapsed() < Duration::from_secs(60),
+            "topod was not starved with 60 connections open and 40 descriptors:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
         );
+        std::thread::sleep(Duration::from_millis(20));
     }
-    hear(Duration::from_millis(300));
-    let starved = hear(Duration::from_millis(1500));
+    let wait_for_failures = |n: usize| {
+        let t = Instant::now();
+        while failed_probes() < n {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "{} failed probes logged, not {n}, while topod could not serve:\n{}",
+                failed_probes(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for_failures(failed_probes() + 1);
+    systemd.set_nonblocking(true).unwrap();
+    while systemd.recv(&mut [0u8; 256]).is_ok() {}
+    systemd.set_nonblocking(false).unwrap();
+    let before = failed_probes();
+    wait_for_failures(before + 2);
+    let mut starved = Vec::new();
+    systemd.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = systemd.recv(&mut buf) {
+        starved.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    systemd.set_nonblocking(false).unwrap();
     assert!(
         !starved.iter().any(|m| m == "WATCHDOG=1"),
         "fed while topod could not serve: {starved:?}"
     );
     drop(held);
-    let again = hear(Duration::from_secs(2));
-    assert!(again.iter().any(|m| m == "WATCHDOG=1"), "fed again once it serves: {again:?}");
+    let again = hear_until(&|got| fed(got) >= 1);
+    assert!(fed(&again) >= 1, "fed again once it serves: {again:?}");
 }

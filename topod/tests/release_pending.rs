@@ -129,14 +129,15 @@ fn a_job_that_ended_while_topod_was_down_is_released_when_it_starts() {
     assert!(e.is_unreachable(), "{e}");
     let queued = topo_client::queue_release(&d.socket, "slurm-42", "the test's epilog").unwrap();
     assert!(queued.exists() && job_dir.is_dir(), "nothing is done while topod is down");
-    // Started again: the job is released at once (not on the first 5 s tick), and the request
-    // is gone.
+    // Started again: the job is released and the request is gone. (That this is done as topod
+    // starts, before the tick's first 5 s wait, is topod's unit test
+    // `the_tick_does_the_queued_releases_before_its_first_wait`: no clock here.)
     let d = restart(dir.path(), &config);
     let start = Instant::now();
     while !jobs(&d.socket).is_empty() || queued.exists() {
         assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "not released as topod started\n{}",
+            start.elapsed() < Duration::from_secs(60),
+            "not released after topod started\n{}",
             log(dir.path())
         );
         std::thread::sleep(Duration::from_millis(20));
