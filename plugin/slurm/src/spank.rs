@@ -781,9 +781,7 @@ const RELEASE_REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(3
 /// - topod holds nothing for the job (it never got its allocation): done.
 /// - topod cannot be reached (stopped, restarting, not answering in time): the release is
 ///   queued for it ([`topo_client::queue_release`]) and done when it is back, and the epilog
-///   succeeds: a short topod outage must not drain the node. Where no topod has run since boot
-///   (its socket's directory is missing: never started, or removed), nothing is queued and the
-///   epilog succeeds.
+///   succeeds: a short topod outage must not drain the node.
 /// - topod refused or failed (processes that would not die, a cgroup it cannot remove): the
 ///   epilog fails and Slurm drains the node, as it does for unkillable steps.
 #[no_mangle]
@@ -811,11 +809,6 @@ pub extern "C" fn slurm_spank_job_epilog(sp: Spank, ac: c_int, av: *mut *mut c_c
                         log_info(&format!(
                             "job {job_id}: topod unreachable; release of {job} queued in {dir}, done when topod is back ({e})"
                         ));
-                        Ok(())
-                    }
-                    // No topod has run here since boot (or it was removed): it holds nothing.
-                    Err(q @ topo_client::QueueError::NeverRan { .. }) => {
-                        log_info(&format!("job {job_id}: topod unreachable ({e}); {q}"));
                         Ok(())
                     }
                     Err(q) => Err(format!(

@@ -284,16 +284,13 @@ pub enum QueueError {
         /// What is wrong, and what fixes it.
         why: String,
     },
-    /// The socket's directory, which topod makes when it starts (and keeps when it stops), does
-    /// not exist: topod has not run with this socket since the host started, so it holds no job
-    /// whose release could wait for it. Nothing is made (after topod's purge, a batch system's
-    /// epilog must not bring its directory back).
-    #[error("{missing} does not exist, so topod has not run with socket {socket} since this host started (it makes that directory when it starts) and holds no job to release; nothing was queued")]
+    /// The directory the socket's directory would be made in does not exist.
+    #[error("{parent} does not exist, so topod has never run here (it makes {socket_dir} when it starts); the release was not queued")]
     NeverRan {
-        /// The missing directory: the socket's, or one above it.
-        missing: PathBuf,
-        /// The socket.
-        socket: PathBuf,
+        /// The missing directory.
+        parent: PathBuf,
+        /// The socket's directory.
+        socket_dir: PathBuf,
     },
 }
 
@@ -318,11 +315,10 @@ fn open_dir_at(
 
 /// Opens topod's socket directory `dir` for a writer running as `me`, and checks it as the
 /// place of the queue: a directory, not a link, of root's (or `me`'s), that neither its group nor
-/// others can write ([`topo_core::pending::socket_dir_problem`]), inside a parent that is root's
-/// (or `me`'s) and that others cannot write without the sticky bit (which keeps them from
-/// replacing what root made there). Never made: missing, topod has not run with `socket`
-/// ([`QueueError::NeverRan`]).
-fn open_socket_dir(dir: &Path, socket: &Path, me: u32) -> Result<std::fs::File, QueueError> {
+/// others can write ([`topo_core::pending::socket_dir_problem`]). Made (mode 0755) when missing,
+/// only inside a parent that is root's (or `me`'s) and that others cannot write without the
+/// sticky bit (which keeps them from replacing what root made there); nothing above it is made.
+fn open_socket_dir(dir: &Path, me: u32) -> Result<std::fs::File, QueueError> {
     use nix::fcntl::OFlag;
     use std::os::unix::fs::MetadataExt;
     let unsafe_dir = |path: &Path, why: String| QueueError::Unsafe { path: path.into(), why };
@@ -338,7 +334,7 @@ fn open_socket_dir(dir: &Path, socket: &Path, me: u32) -> Result<std::fs::File, 
     let parent_dir = match open_dir_at(None, parent, OFlag::empty()) {
         Ok(d) => d,
         Err(nix::errno::Errno::ENOENT) => {
-            return Err(QueueError::NeverRan { missing: parent.into(), socket: socket.into() })
+            return Err(QueueError::NeverRan { parent: parent.into(), socket_dir: dir.into() })
         }
         Err(e) => return Err(io("opening", parent)(e)),
     };
@@ -374,7 +370,13 @@ fn open_socket_dir(dir: &Path, socket: &Path, me: u32) -> Result<std::fs::File, 
     let open = || open_dir_at(Some(&parent_dir), Path::new(name), OFlag::O_NOFOLLOW);
     let opened = match open() {
         Err(nix::errno::Errno::ENOENT) => {
-            return Err(QueueError::NeverRan { missing: dir.into(), socket: socket.into() })
+            // topod makes it when it starts; the first epilog may come first.
+            use std::os::fd::AsRawFd;
+            let mode = nix::sys::stat::Mode::from_bits_truncate(0o755);
+            match nix::sys::stat::mkdirat(Some(parent_dir.as_raw_fd()), name, mode) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => open(),
+                Err(e) => return Err(io("creating", dir)(e)),
+            }
         }
         other => other,
     };
@@ -426,9 +428,8 @@ fn open_socket_dir(dir: &Path, socket: &Path, me: u32) -> Result<std::fs::File, 
 /// (topod logs it). Returns the file.
 ///
 /// Run as root (the batch system's epilog). The socket's directory must be root's (or the
-/// caller's) and writable by no one else, not a link, and is never made: topod makes it when it
-/// starts and keeps it, so a missing one means a topod that holds no job
-/// ([`QueueError::NeverRan`]; the epilog has nothing to release). The queue directory
+/// caller's) and writable by no one else, not a link; it is made (mode 0755) when missing, if its
+/// parent is safe, and nothing above it is made ([`QueueError::NeverRan`]). The queue directory
 /// in it is made mode 0700 if missing, and must belong to the caller and be writable by no one
 /// else, as topod checks too. Every step is relative to the directory opened and checked before
 /// it: no link planted on the way is followed. The file is written beside, under a temporary
@@ -448,7 +449,7 @@ pub fn queue_release(socket: &Path, job: &str, asked_by: &str) -> Result<PathBuf
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let parent = open_socket_dir(socket_dir, socket, me)?;
+    let parent = open_socket_dir(socket_dir, me)?;
     let name = Path::new(topo_core::pending::PENDING_DIR_NAME);
     let mode = nix::sys::stat::Mode::from_bits_truncate(0o700);
     match nix::sys::stat::mkdirat(Some(parent.as_raw_fd()), name, mode) {
@@ -787,7 +788,6 @@ mod tests {
     fn a_queued_release_is_one_whole_private_file_beside_the_socket() {
         let scratch = Scratch::new("queue");
         let socket = scratch.0.join("run/topod.sock");
-        std::fs::create_dir(scratch.0.join("run")).unwrap();
         let before = std::time::SystemTime::now();
         let file = queue_release(&socket, "slurm-42", "the test (pid 1)").unwrap();
         let after = std::time::SystemTime::now();
@@ -878,19 +878,13 @@ mod tests {
         assert!(names(&target).is_empty(), "nothing made through the link");
         // Missing directories above the socket's are not made.
         let socket = scratch.0.join("a/b/topo/topod.sock");
-        let e = queue_release(&socket, "slurm-5", "x").unwrap_err();
-        assert!(matches!(e, QueueError::NeverRan { .. }), "{e}");
-        assert!(e.to_string().contains(&format!("{}/a/b does not exist, so topod has not run with socket {} since this host started", scratch.0.display(), socket.display())), "{e}");
+        let e = queue_release(&socket, "slurm-5", "x").unwrap_err().to_string();
+        assert!(e.contains("does not exist, so topod has never run here"), "{e}");
         assert!(!scratch.0.join("a").exists());
-        // Nor the socket's own (after topod's purge, an epilog must not bring it back), even
-        // inside a parent that is safe (sticky is enough).
-        let e = queue_release(&shared.join("mine/topod.sock"), "slurm-5", "x").unwrap_err();
-        assert!(matches!(e, QueueError::NeverRan { .. }), "{e}");
-        assert!(e.to_string().contains("holds no job to release; nothing was queued"), "{e}");
-        assert!(!shared.join("mine").exists());
-        std::fs::create_dir(shared.join("mine")).unwrap();
+        // The socket's own directory is made, inside a parent that is safe (sticky is enough).
         let file = queue_release(&shared.join("mine/topod.sock"), "slurm-5", "x").unwrap();
         assert_eq!(file, shared.join("mine/release-pending/slurm-5"));
+        assert_eq!(std::fs::metadata(shared.join("mine")).unwrap().mode() & 0o7777, 0o755);
         // Not inside a parent others may write without the sticky bit.
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
         let e = queue_release(&shared.join("other/topod.sock"), "slurm-5", "x").unwrap_err();
