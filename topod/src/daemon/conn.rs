@@ -252,6 +252,12 @@ impl LineReader {
         LineReader { pending: Vec::new(), max, idle: limits.idle, line: limits.line }
     }
 
+    /// The same reader (and what it has read ahead) under other timeouts: the TCP listener's
+    /// key line has a shorter deadline than the requests after it.
+    pub fn with_limits(self, limits: &Limits) -> Self {
+        LineReader { idle: limits.idle, line: limits.line, ..self }
+    }
+
     /// The next line from `stream`.
     pub fn next(&mut self, stream: &mut impl Timed) -> io::Result<Line> {
         let mut started = (!self.pending.is_empty()).then(Instant::now);

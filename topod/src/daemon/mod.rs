@@ -57,13 +57,15 @@ pub struct Config {
     /// Addresses or networks (`"10.1.0.0/16"`, `"192.0.2.7"`) allowed to connect over TCP.
     #[serde(default)]
     pub tcp_allow: Vec<tcp::Allow>,
-    /// A file holding the shared key a TCP client must send first (one line); readable by its
-    /// owner only.
+    /// A file holding the shared key a TCP client must send first (one line, within 2 s);
+    /// readable by its owner only. TCP connections have a budget of their own, 64 open and 8
+    /// per address, apart from the socket's: nothing that arrives over the network takes a
+    /// local user's place.
     pub tcp_key_file: Option<PathBuf>,
-    /// Open connections allowed from users who are not administrators, all together (socket
-    /// and TCP); default 512. Administrators are never refused.
+    /// Open connections on the socket allowed from users who are not administrators, all
+    /// together; default 512. Administrators are never refused.
     pub max_connections: Option<usize>,
-    /// Open connections allowed from one user (socket) or one address (TCP); default 64.
+    /// Open connections on the socket allowed from one user; default 64.
     pub max_connections_per_user: Option<usize>,
     /// Milliseconds a connection may wait between requests before topod closes it (30000).
     pub idle_timeout_ms: Option<u64>,

@@ -2,13 +2,36 @@
 //! from it. Off by default. A connection is accepted only from an allowed address, and serves
 //! nothing until its first line is the shared key; after that, the read operations of the
 //! socket protocol (version, topology, free map, fit, list). Changes are refused.
+//!
+//! TCP connections have a budget of their own ([`TCP_MAX_CONNECTIONS`], and
+//! [`TCP_MAX_PER_ADDRESS`] per address), never the Unix socket's: whatever arrives over the
+//! network, with or without the key, takes no place a local user or a job's `topo-exec` needs.
+//! A connection must send its key within [`KEY_DEADLINE`].
 
-use super::conn::{AcceptErrors, Admitted, Holder, Line, LineReader};
+use super::conn::{AcceptErrors, Admitted, Gate, Holder, Limits, Line, LineReader};
 use super::server::{Peer, Server};
 use std::io::Write;
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::Arc;
+use std::time::Duration;
 use topo_core::proto::{ErrorCode, Reply};
+
+/// Open TCP connections, all addresses together (the scheduler's plug-in keeps one or two per
+/// host it reads).
+pub const TCP_MAX_CONNECTIONS: usize = 64;
+/// Open TCP connections from one address.
+pub const TCP_MAX_PER_ADDRESS: usize = 8;
+/// How long a new TCP connection has to send its key line (at most the line limit).
+pub const KEY_DEADLINE: Duration = Duration::from_secs(2);
+
+/// The TCP listener's own limits: its budget, and the socket's timeouts (the key's shorter).
+pub fn tcp_limits(socket: Limits) -> Limits {
+    Limits {
+        max_connections: TCP_MAX_CONNECTIONS,
+        max_connections_per_user: TCP_MAX_PER_ADDRESS,
+        ..socket
+    }
+}
 
 /// One allow-list entry: an address, or a network in CIDR form.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,9 +88,10 @@ impl<'de> serde::Deserialize<'de> for Allow {
     }
 }
 
-/// Serves the read-only listener until it fails. Connections count against the same limits as
-/// the socket's, per address.
+/// Serves the read-only listener until it fails. Connections count against the listener's own
+/// budget ([`tcp_limits`]), per address.
 pub fn serve(listener: TcpListener, server: Arc<Server>, allow: Arc<Vec<Allow>>, key: Arc<String>) {
+    let gate = Gate::new(tcp_limits(server.gate.limits()));
     let mut errors = AcceptErrors::new();
     loop {
         let (stream, addr) = match listener.accept() {
@@ -82,7 +106,7 @@ pub fn serve(listener: TcpListener, server: Arc<Server>, allow: Arc<Vec<Allow>>,
             tracing::warn!("TCP connection from {ip} refused: not in tcp_allow");
             continue;
         }
-        let admitted = match server.gate.admit(Holder::Ip(ip), false) {
+        let admitted = match gate.admit(Holder::Ip(ip), false) {
             Ok(a) => a,
             Err(why) => {
                 super::server::refuse(stream, &server, &why);
@@ -110,12 +134,19 @@ fn connection(
     super::server::lower_priority();
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(server.gate.limits().write))?;
-    // The key must come first, whole, within the line limit.
-    let mut lines = LineReader::new(topo_core::proto::MAX_LINE_BYTES, &server.gate.limits());
+    // The key must come first, whole, within its deadline; then the socket's limits apply.
+    let limits = server.gate.limits();
+    let key_limits = Limits {
+        idle: limits.idle.min(KEY_DEADLINE),
+        line: limits.line.min(KEY_DEADLINE),
+        ..limits
+    };
+    let mut lines = LineReader::new(topo_core::proto::MAX_LINE_BYTES, &key_limits);
     let given = match lines.next(&mut stream)? {
         Line::Complete(line) => line,
         _ => Vec::new(),
     };
+    let lines = lines.with_limits(&limits);
     let given = String::from_utf8_lossy(&given);
     if !same(given.trim_end_matches('\r').as_bytes(), key.as_bytes()) {
         stream.write_all(

@@ -1,0 +1,140 @@
+//! The TCP listener against a network flood (issue 29's HIGH finding): keyless TCP connections
+//! used to count against the Unix socket's connection total, so one user with a shell on an
+//! allowed address locked every local user out. A real topod (fake cgroups, emulated machine),
+//! real TCP from several loopback addresses, and a local user (`nobody`) on the Unix socket.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+const KEY: &str = "0123456789abcdef-admission-key";
+
+/// topod with a TCP listener on 127.0.0.1:`port` open to all of 127.0.0.0/8, and a small Unix
+/// socket budget, so that a flood would fill it many times over.
+fn daemon(dir: &std::path::Path) -> (common::Daemon, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let key_file = dir.join("tcp.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .unwrap();
+    let config = common::config(
+        dir,
+        &format!(
+            "tcp_listen = \"127.0.0.1:{port}\"\ntcp_allow = [\"127.0.0.0/8\"]\ntcp_key_file = \"{}\"\nmax_connections = 4\nmax_connections_per_user = 4\n",
+            key_file.display()
+        ),
+    );
+    let d = common::start(dir, &["--cgroup", "fake", "--config", config.to_str().unwrap()], true);
+    (d, port)
+}
+
+/// A TCP connection to `port` from the loopback address `from` that sends nothing.
+fn silent(from: [u8; 4], port: u16) -> Option<TcpStream> {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).ok()?;
+    bind(fd.as_raw_fd(), &SockaddrIn::new(from[0], from[1], from[2], from[3], 0)).ok()?;
+    connect(fd.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, port)).ok()?;
+    Some(TcpStream::from(fd))
+}
+
+/// `topoctl status` on the Unix socket as the user nobody: its exit status and output.
+fn status_as_nobody(socket: &std::path::Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["status", "--socket", socket.to_str().unwrap()])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), said)
+}
+
+/// One keyed request over TCP: the reply line.
+fn keyed(port: u16, from: [u8; 4]) -> String {
+    let Some(mut s) = silent(from, port) else { return "no connection".into() };
+    s.write_all(format!("{KEY}\n{{\"v\":1,\"op\":\"version\"}}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    let _ = BufReader::new(s).read_line(&mut line);
+    line
+}
+
+#[test]
+fn keyless_tcp_connections_take_no_place_of_local_users() {
+    if !common::is_root() {
+        return common::skip("needs root (the local user of the test is nobody)");
+    }
+    let dir = common::open_dir();
+    let (d, port) = daemon(dir.path());
+    // Eight addresses, twelve silent connections each: 96, far over the socket's budget of 4
+    // and the listener's own.
+    let mut flood = Vec::new();
+    for last in 1..=8u8 {
+        for _ in 0..12 {
+            flood.extend(silent([127, 0, 0, last], port));
+        }
+    }
+    assert!(flood.len() >= 64, "only {} connections were made", flood.len());
+    // Some were refused at once by the listener's own limits (a reply line), the rest wait for
+    // their key.
+    let mut refused = 0;
+    for s in &mut flood {
+        s.set_read_timeout(Some(std::time::Duration::from_millis(50))).unwrap();
+        let mut buf = [0u8; 512];
+        if let Ok(n) = s.read(&mut buf) {
+            if n > 0 && String::from_utf8_lossy(&buf[..n]).contains("too many connections") {
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        refused >= flood.len() - topod::daemon::tcp::TCP_MAX_CONNECTIONS,
+        "{refused} of {} refused",
+        flood.len()
+    );
+    // While the flood holds its places: a local user is served, up to the socket's own budget.
+    let (ok, said) = status_as_nobody(&d.socket);
+    assert!(ok, "a local user was refused while TCP peers held connections: {said}");
+    drop(flood);
+}
+
+#[test]
+fn a_connection_without_its_key_in_time_is_closed_and_its_place_given_back() {
+    if !common::is_root() {
+        return common::skip("needs root (binds loopback source addresses)");
+    }
+    let dir = common::open_dir();
+    let (_d, port) = daemon(dir.path());
+    // One address fills its share with silent connections.
+    let mut mine: Vec<TcpStream> = (0..topod::daemon::tcp::TCP_MAX_PER_ADDRESS)
+        .filter_map(|_| silent([127, 0, 0, 9], port))
+        .collect();
+    assert_eq!(mine.len(), topod::daemon::tcp::TCP_MAX_PER_ADDRESS);
+    // The next one from it is refused, saying why.
+    let over = keyed(port, [127, 0, 0, 9]);
+    assert!(over.contains("too many connections") && over.contains("127.0.0.9"), "{over}");
+    // Another address is served meanwhile.
+    assert!(keyed(port, [127, 0, 0, 10]).contains("\"ok\""));
+    // Each silent one is closed by topod (its key never came): a read ends, with the reason.
+    for s in &mut mine {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+        let mut said = String::new();
+        let _ = s.read_to_string(&mut said);
+        assert!(said.contains("key"), "closed without the reason: {said:?}");
+    }
+    drop(mine);
+    // Their places are free again.
+    let mut served = String::new();
+    for _ in 0..100 {
+        served = keyed(port, [127, 0, 0, 9]);
+        if served.contains("\"ok\"") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(served.contains("\"ok\""), "{served}");
+}
