@@ -65,9 +65,6 @@ fn run(args: TopodArgs) -> Result<(), String> {
         Some(path) => Config::load(path).map_err(|e| e.to_string())?,
         None => Config::default(),
     };
-    if args.check_config {
-        return check_config(config_file.as_deref(), &config, args.topology);
-    }
     let socket =
         args.socket.or(config.socket.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
     let state_dir = args
@@ -86,8 +83,22 @@ fn run(args: TopodArgs) -> Result<(), String> {
             socket.display()
         ));
     }
-    if !args.prepare_cgroups {
+    if !args.prepare_cgroups && !args.check_config {
         refuse_if_running(&socket)?;
+    }
+    if args.check_config {
+        let files = Files::default();
+        let mounts = std::fs::read_to_string(cgroup::MOUNTS)
+            .map_err(|e| format!("reading {}: {e}", cgroup::MOUNTS))?;
+        let kind = match kind {
+            CgroupKind::Fake => Kind::Fake,
+            CgroupKind::V1 => Kind::V1,
+            CgroupKind::V2 => Kind::V2,
+            CgroupKind::Auto => Kind::auto(&files, &mounts),
+        };
+        require_cpuset(kind, &mounts)?;
+        let topology = args.topology.or(config.topology.clone());
+        return check_config(config_file.as_deref(), &config, &socket, &state_dir, topology);
     }
     let fds = match raise_fd_limit() {
         Ok(n) => n.to_string(),
@@ -105,6 +116,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
         CgroupKind::V2 => Kind::V2,
         CgroupKind::Auto => Kind::auto(&files, &mounts),
     };
+    require_cpuset(kind, &mounts)?;
     if args.prepare_cgroups {
         return prepare_cgroups(kind, files, &mounts, &subtree, args.topology.or(config.topology));
     }
@@ -376,15 +388,81 @@ fn stop_on_signal(server: Arc<Server>) {
 /// The shared key of the TCP listener: a file holding at least 16 characters that no one but
 /// its owner and group may read, and only its owner may change. Group read is allowed (the LSF
 /// master's module reads the same key as the LSF administrator) and logged, with the group.
+/// topod places CPUs: a v2 hierarchy without the cpuset controller (a hybrid host, where cpuset
+/// is bound to v1) would start a topod that refuses every job.
+fn require_cpuset(kind: Kind, mounts: &str) -> Result<(), String> {
+    if kind != Kind::V2 {
+        return Ok(());
+    }
+    let mount = cgroup::v2::v2_mount(mounts)
+        .ok_or_else(|| "cgroup = \"v2\", but no cgroup v2 hierarchy is mounted".to_string())?;
+    let offered = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+    if offered.split_whitespace().any(|c| c == "cpuset") {
+        return Ok(());
+    }
+    Err(format!(
+        "cgroup v2 was asked for (cgroup = \"v2\" or --cgroup v2), but the cgroup v2 hierarchy at {} offers no cpuset controller (on this host it is bound to cgroup v1): leave cgroup out (auto) or set it to \"v1\"",
+        mount.display()
+    ))
+}
+
+/// Paths the systemd unit (packaging/systemd/topod.service) hides from topod: ProtectHome=yes
+/// and PrivateTmp=yes.
+const HIDDEN_BY_THE_UNIT: [&str; 5] = ["/root", "/home", "/run/user", "/tmp", "/var/tmp"];
+
 /// `--check-config`: what a start reads before it touches cgroups, checked the same way (the
 /// configuration was read by the caller): the topology, the reserved CPUs against it, the prime
-/// pools, the TCP key. Prints one line on success.
+/// pools, the TCP key, the listening addresses, and the files the unit's sandbox would hide or
+/// topod could not create. Prints one line on success. Not checked: whether a port is free (the
+/// running topod holds its own), and writes the unit forbids outside /run/topo.
 fn check_config(
     file: Option<&Path>,
     config: &Config,
+    socket: &Path,
+    state_dir: &Path,
     topology: Option<PathBuf>,
 ) -> Result<(), String> {
-    let topo = match topology.or(config.topology.clone()) {
+    let read_files =
+        [("topology", topology.as_deref()), ("tcp_key_file", config.tcp_key_file.as_deref())];
+    for (key, path) in read_files {
+        let Some(path) = path else { continue };
+        if let Some(hidden) = HIDDEN_BY_THE_UNIT.iter().find(|h| path.starts_with(h)) {
+            return Err(format!(
+                "{key} {}: topod's systemd unit hides {hidden} from it (ProtectHome, PrivateTmp): put the file under /etc/topo",
+                path.display()
+            ));
+        }
+    }
+    for (key, dir) in [("socket", socket.parent()), ("state_dir", Some(state_dir))] {
+        let Some(dir) = dir else { continue };
+        // The unit's RuntimeDirectory makes /run/topo, and lets topod write there (and in the
+        // cgroup tree) only: ProtectSystem=strict.
+        if dir.starts_with(DEFAULT_STATE_DIR) {
+            continue;
+        }
+        if !dir.is_dir() {
+            return Err(format!(
+                "{key}: {} does not exist, and topod does not create it",
+                dir.display()
+            ));
+        }
+        eprintln!(
+            "topod: note: {key} is in {}, which topod's systemd unit keeps read-only unless a drop-in adds it to ReadWritePaths (ProtectSystem=strict)",
+            dir.display()
+        );
+    }
+    for (key, addr) in
+        [("tcp_listen", &config.tcp_listen), ("metrics_listen", &config.metrics_listen)]
+    {
+        let Some(addr) = addr else { continue };
+        let parsed: std::net::SocketAddr =
+            addr.parse().map_err(|e| format!("{key} {addr:?}: {e}"))?;
+        // The address must be this host's (its port may be the running topod's: not tried).
+        std::net::TcpListener::bind((parsed.ip(), 0)).map_err(|e| {
+            format!("{key} {addr}: {} is not an address of this host: {e}", parsed.ip())
+        })?;
+    }
+    let topo = match topology {
         Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
         None => {
             sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
@@ -399,8 +477,8 @@ fn check_config(
         read_key(&config.tcp_key_file.clone().unwrap_or_default())?;
     }
     match file {
-        Some(file) => println!("{}: valid: topod would start with it", file.display()),
-        None => println!("no configuration file ({DEFAULT_CONFIG} does not exist): topod would start with its defaults"),
+        Some(file) => println!("{}: valid (not checked: whether its ports are free)", file.display()),
+        None => println!("no configuration file ({DEFAULT_CONFIG} does not exist): topod starts with its defaults"),
     }
     Ok(())
 }
@@ -419,6 +497,17 @@ fn read_key(key_file: &Path) -> Result<String, String> {
     }
     if mode & 0o040 != 0 {
         tracing::info!("tcp_key_file {} is readable by group {} (mode {mode:o}): its members can read the free map over TCP", key_file.display(), meta.gid());
+    }
+    // topod runs as root without CAP_DAC_OVERRIDE (the unit's bounding set): only the owner's
+    // or root group's read bit lets it in, whatever root could read outside the unit.
+    let readable_by_root =
+        (meta.uid() == 0 && mode & 0o400 != 0) || (meta.gid() == 0 && mode & 0o040 != 0);
+    if nix::unistd::geteuid().is_root() && !readable_by_root {
+        return Err(format!(
+            "tcp_key_file {}: owned by uid {} (mode {mode:o}), so topod, root without CAP_DAC_OVERRIDE, cannot read it: chown root:root {0}; chmod 600 {0}",
+            key_file.display(),
+            meta.uid()
+        ));
     }
     let key = std::fs::read_to_string(key_file)
         .map_err(|e| format!("tcp_key_file {}: {e}", key_file.display()))?;
