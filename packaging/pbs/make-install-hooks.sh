@@ -48,7 +48,14 @@ say() { echo "$me: $*"; }
 listed() { # TYPE NAME ATTRIBUTE
     qmgr -c "list $1 $2" 2>/dev/null | awk -v k="$3" -F' = ' '{ sub(/^[ \t]+/, "", $1) } $1 == k { print $2; exit }'
 }
-exists() { qmgr -c "list $1 $2" >/dev/null 2>&1; }
+# Whether TYPE NAME exists. A failed "list" means "not there" only while the server answers:
+# a server gone meanwhile stops the script, saying that nothing after this point was checked.
+exists() {
+    qmgr -c "list $1 $2" >/dev/null 2>&1 && return 0
+    qmgr -c "list server" >/dev/null 2>&1 && return 1
+    say "the PBS server stopped answering (qmgr -c \"list server\" fails) while checking $1 $2: stopped here; what is installed from here on was not checked. Run this again (--remove to remove) once the server answers" >&2
+    exit 2
+}
 # One command of the installation block; "create" of what exists becomes a check or an update.
 install_step() {
     command=$1
@@ -120,7 +127,7 @@ remove_step() {
     else
         out=$(echo "$out" | tr '\n' ' ')
         case "$out" in
-            *busy*) why="jobs still have it: queued, running, or ended and kept in the job history (qstat -x); run --remove again once they are gone" ;;
+            *busy*) why="jobs still have it: queued, running, or ended and kept in the job history (qstat -x); delete it once they are gone" ;;
             *) why="" ;;
         esac
         say "could not delete $kind $name: $out${why:+($why)}" >&2
@@ -170,7 +177,7 @@ if [ -n "$failed" ]; then
     case "$failed" in
         *resource:*)
             history=$(qmgr -c "list server job_history_duration" 2>/dev/null | awk -F' = ' '/job_history_duration/ { print $2 }')
-            say "PBS keeps ended jobs in its history for job_history_duration (${history:-its default, 336:00:00}); once no job in qstat -x has the resource, delete what is left as root on this host with:" >&2 ;;
+            say "jobs queued or running (their CPUs stay held by topod on their hosts until 'topoctl release pbs-<job id>' there, as topo's hooks are gone), or ended and kept in PBS's job history (job_history_duration: ${history:-336:00:00, the default}) still have it; once no job in qstat -x has it, delete what is left as root on this host with:" >&2 ;;
         *) say "delete what is left as root on this host with:" >&2 ;;
     esac
     for item in $failed; do
