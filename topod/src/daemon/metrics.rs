@@ -25,6 +25,7 @@ use super::host::Snapshot;
 use crate::cgroup::{CgroupBackend, JobId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -624,10 +625,58 @@ pub fn write_textfile(path: &Path, text: &str) -> std::io::Result<()> {
     written
 }
 
+/// Scrapes served at once, all addresses together, and from one address. A scrape costs a
+/// thread for at most its 2 s head and 5 s reply: silent connections take places only up to
+/// these, and a Prometheus from another address is served meanwhile.
+pub const SCRAPES_AT_ONCE: usize = 64;
+/// See [`SCRAPES_AT_ONCE`].
+pub const SCRAPES_PER_ADDRESS: usize = 16;
+
+/// Refusals of one address said in the log at most once a minute, with how many there were.
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    by_address: std::collections::HashMap<IpAddr, (Instant, u64)>,
+}
+
+impl RefusalLog {
+    /// Counts a refusal of `ip` at `now`; returns the line to log, if one is due: the first
+    /// refusal of an address, then one a minute with the number since the last line.
+    pub fn refused(&mut self, ip: IpAddr, now: Instant) -> Option<String> {
+        const EVERY: Duration = Duration::from_secs(60);
+        // Addresses not seen for a minute are forgotten (a flood of addresses stays bounded).
+        if self.by_address.len() >= 4096 {
+            self.by_address.retain(|_, (at, _)| now.duration_since(*at) < EVERY);
+        }
+        let full = self.by_address.len() >= 4096;
+        match self.by_address.get_mut(&ip) {
+            Some((at, count)) if now.duration_since(*at) < EVERY => {
+                *count += 1;
+                None
+            }
+            Some((at, count)) => {
+                let line = format!(
+                    "metrics connections from {ip} refused: not in metrics_allow ({} since the last line)",
+                    *count + 1
+                );
+                *at = now;
+                *count = 0;
+                Some(line)
+            }
+            None if full => None,
+            None => {
+                self.by_address.insert(ip, (now, 0));
+                Some(format!("metrics connection from {ip} refused: not in metrics_allow (said once a minute per address)"))
+            }
+        }
+    }
+}
+
 /// Serves scrapes on `listener` until it fails: an address in `allow` (loopback when it is
 /// empty) gets the scrape for any `GET`; nothing else is read from the client, and no key is
-/// asked (Prometheus sends none), so the allow-list is the only gate. One connection at a time,
-/// each bounded: its request head (8 KiB at most) within 2 s, the reply within 5 s.
+/// asked (Prometheus sends none), so the allow-list is the only gate; another address gets
+/// `403 Forbidden`, logged once a minute per address ([`RefusalLog`]). Each connection on a
+/// thread of its own, [`SCRAPES_AT_ONCE`] at most ([`SCRAPES_PER_ADDRESS`] per address; beyond,
+/// `503`), each bounded: its request head (8 KiB at most) within 2 s, the reply within 5 s.
 pub fn serve(
     listener: std::net::TcpListener,
     server: Arc<super::server::Server>,
@@ -638,6 +687,12 @@ pub fn serve(
         super::tcp::Allow::parse("::1").expect("an address"),
     ];
     let allow = if allow.is_empty() { loopback.to_vec() } else { allow };
+    let gate = super::conn::Gate::new(super::conn::Limits {
+        max_connections: SCRAPES_AT_ONCE,
+        max_connections_per_user: SCRAPES_PER_ADDRESS,
+        ..super::conn::Limits::default()
+    });
+    let mut refusals = RefusalLog::default();
     let mut errors = super::conn::AcceptErrors::new();
     loop {
         let (stream, addr) = match listener.accept() {
@@ -649,13 +704,47 @@ pub fn serve(
         };
         let ip = addr.ip().to_canonical();
         if !allow.iter().any(|a| a.contains(ip)) {
-            tracing::warn!("metrics connection from {ip} refused: not in metrics_allow");
+            if let Some(line) = refusals.refused(ip, Instant::now()) {
+                tracing::warn!("{line}");
+            }
+            answer_at_once(
+                stream,
+                "403 Forbidden",
+                "this address is not in topod's metrics_allow\n",
+            );
             continue;
         }
-        if let Err(e) = scrape(stream, &server) {
-            tracing::debug!("metrics connection from {ip} ended: {e}");
+        let admitted = match gate.admit(super::conn::Holder::Ip(ip), false) {
+            Ok(a) => a,
+            Err(_) => {
+                answer_at_once(stream, "503 Service Unavailable", "too many scrapes at once\n");
+                continue;
+            }
+        };
+        let server = server.clone();
+        let spawned = std::thread::Builder::new().name("topod-metrics".into()).spawn(move || {
+            let _place = admitted;
+            if let Err(e) = scrape(stream, &server) {
+                tracing::debug!("metrics connection from {ip} ended: {e}");
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a thread for a metrics connection: {e}");
         }
     }
+}
+
+/// A short reply written without waiting for the client (100 ms at most), then closed.
+fn answer_at_once(mut stream: std::net::TcpStream, status: &str, body: &str) {
+    use std::io::Write;
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = stream.write_all(
+        format!(
+            "HTTP/1.0 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
 }
 
 fn scrape(mut stream: std::net::TcpStream, server: &super::server::Server) -> std::io::Result<()> {
@@ -665,7 +754,7 @@ fn scrape(mut stream: std::net::TcpStream, server: &super::server::Server) -> st
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     // The whole head within 2 s, not 2 s per read: a client that trickles bytes cannot hold
-    // the (single) accept loop longer.
+    // its place longer.
     let deadline = Instant::now() + Duration::from_secs(2);
     while !complete(&head) {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -790,9 +879,92 @@ mod tests {
             assert_eq!(reply, "", "no complete request: no scrape");
         }
         assert!(get(addr, b"GET / HTTP/1.0\n\n").starts_with("HTTP/1.0 200"));
-        // An address not on the list is closed without a word.
+        // An address not on the list is told so, and gets nothing else.
         let addr = open(vec![super::super::tcp::Allow::parse("192.0.2.7").unwrap()]);
-        assert_eq!(get(addr, b"GET /metrics HTTP/1.1\r\n\r\n"), "");
+        let refused = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(refused.starts_with("HTTP/1.0 403 Forbidden\r\n"), "{refused}");
+        assert!(!refused.contains("topod_cpus"), "{refused}");
+    }
+
+    /// A connection to `addr` from the loopback address `from` that sends nothing.
+    fn silent(from: [u8; 4], addr: std::net::SocketAddr) -> std::net::TcpStream {
+        use nix::sys::socket::{
+            bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn,
+        };
+        use std::os::fd::AsRawFd;
+        let fd =
+            socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+        bind(fd.as_raw_fd(), &SockaddrIn::new(from[0], from[1], from[2], from[3], 0)).unwrap();
+        connect(
+            fd.as_raw_fd(),
+            &SockaddrIn::from(match addr {
+                std::net::SocketAddr::V4(a) => a,
+                _ => unreachable!(),
+            }),
+        )
+        .unwrap();
+        std::net::TcpStream::from(fd)
+    }
+
+    /// Whether topod has closed `s` (a read finds its end), without waiting.
+    fn closed_by_topod(s: &std::net::TcpStream) -> bool {
+        use std::io::Read;
+        s.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 64];
+        let closed = (&*s).read(&mut buf).is_ok();
+        s.set_nonblocking(false).unwrap();
+        closed
+    }
+
+    #[test]
+    fn silent_connections_do_not_hold_up_a_scrape() {
+        // Issue 29: one scrape at a time, eight silent connections delayed a scrape 9-10 s. Now
+        // the scrape is answered while every silent one is still open: with one connection at a
+        // time, each would have had its 2 s head deadline and been closed first.
+        let server = fake_server();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || serve(l, server, Vec::new()));
+        let quiet: Vec<_> = (0..8).map(|_| silent([127, 0, 0, 1], addr)).collect();
+        let reply = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(reply.starts_with("HTTP/1.0 200 OK\r\n"), "{reply}");
+        let closed = quiet.iter().filter(|s| closed_by_topod(s)).count();
+        assert_eq!(closed, 0, "the scrape waited for {closed} silent connection(s) to be closed");
+        // One address holds at most its share: beyond it, 503 at once; another address is served.
+        let more: Vec<_> = (8..SCRAPES_PER_ADDRESS).map(|_| silent([127, 0, 0, 1], addr)).collect();
+        let over = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(over.starts_with("HTTP/1.0 503"), "{over}");
+        let other = silent([127, 0, 0, 2], addr);
+        {
+            use std::io::{Read, Write};
+            let mut other = other;
+            other.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut reply = String::new();
+            other.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            let _ = other.read_to_string(&mut reply);
+            assert!(reply.starts_with("HTTP/1.0 200 OK\r\n"), "{reply}");
+        }
+        drop((quiet, more));
+    }
+
+    #[test]
+    fn refusals_are_logged_once_a_minute_per_address_with_their_count() {
+        let mut log = RefusalLog::default();
+        let t0 = Instant::now();
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let mut lines = Vec::new();
+        for i in 0..5_000u64 {
+            // 5,000 refusals over 10 s (the attack's rate), from two addresses.
+            let now = t0 + Duration::from_millis(i * 2);
+            lines.extend(log.refused(if i % 2 == 0 { a } else { b }, now));
+        }
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("192.0.2.1") && lines[1].contains("192.0.2.2"), "{lines:?}");
+        // A minute after its last line, an address's next refusal says how many there were.
+        let later = log.refused(a, t0 + Duration::from_secs(61)).expect("a line a minute later");
+        assert!(later.contains("(2500 since the last line)"), "{later}");
+        assert_eq!(log.refused(a, t0 + Duration::from_secs(62)), None);
     }
 
     #[test]

@@ -98,7 +98,8 @@ pub struct Config {
     pub preempt_min_xf: Option<f64>,
     /// Address for the metrics listener (`"127.0.0.1:9879"`): the Prometheus text format over
     /// HTTP, for any GET; off when unset. Prometheus sends no key, so `metrics_allow` is its
-    /// only gate, and it serves nothing but the scrape.
+    /// only gate, and it serves nothing but the scrape (another address gets 403); scrapes
+    /// are served at once, 64 at most (16 from one address).
     pub metrics_listen: Option<String>,
     /// Addresses or networks (as `tcp_allow`) allowed to scrape; loopback only when empty.
     #[serde(default)]
