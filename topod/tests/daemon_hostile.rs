@@ -688,3 +688,43 @@ fn the_watchdog_is_fed_only_while_topod_serves() {
     let again = hear_until(&|got| fed(got) >= 1);
     assert!(fed(&again) >= 1, "fed again once it serves: {again:?}");
 }
+
+/// Python: as a job's owner, suspend a job holding a process of root's, then join a process
+/// of one's own to another job and suspend and resume that.
+const SUSPEND_MIXED: &str = r#"
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rw")
+def ask(request):
+    f.write(json.dumps(dict(v=1, **request)) + "\n"); f.flush()
+    print(f.readline().strip())
+ask({"op": "suspend", "job": "mixed"})
+ask({"op": "join", "job": "mine", "pid": os.getpid()})
+ask({"op": "suspend", "job": "mine"})
+ask({"op": "resume", "job": "mine"})
+"#;
+
+#[test]
+fn an_owner_cannot_suspend_a_job_holding_someone_elses_process() {
+    // Issue 29: an owner's suspend froze a root process and another user's that were inside
+    // the job's cgroup. Now refused, naming the process; the owner's own job still suspends.
+    if skip_unless_root() {
+        return;
+    }
+    let dir = open_dir();
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let mut c = Client::connect(&d.socket).unwrap();
+    allocate(&mut c, "mixed", Some(NOBODY));
+    allocate(&mut c, "mine", Some(NOBODY));
+    let mut roots = Command::new("sleep").arg("60").spawn().unwrap();
+    c.call(Op::Join { job: "mixed".into(), pid: roots.id() as i32 }).unwrap();
+    let replies = as_nobody(&d.socket, SUSPEND_MIXED);
+    let _ = roots.kill();
+    let _ = roots.wait();
+    assert_eq!(replies.len(), 4, "{replies:?}");
+    assert_eq!(replies[0]["error"]["code"], "forbidden", "{}", replies[0]);
+    let m = replies[0]["error"]["message"].as_str().unwrap();
+    assert!(m.contains(&format!("process {} in it runs as uid 0", roots.id())), "{m}");
+    for (i, r) in replies.iter().enumerate().skip(1) {
+        assert!(r["ok"].is_object(), "reply {i}: {r}");
+    }
+}

@@ -115,6 +115,16 @@ pub enum HostError {
         /// The job running on them.
         holder: String,
     },
+    /// An owner's suspend or resume of a job with a process in it that is not the owner's.
+    #[error("job {job}: process {pid} in it runs as uid {uid}, not as the job's owner: only root, an administrator or the batch system may suspend or resume it")]
+    ForeignProcess {
+        /// The job.
+        job: String,
+        /// The process.
+        pid: i32,
+        /// Its real or effective uid that is not the owner's.
+        uid: u32,
+    },
     /// An argument out of its range (not the request).
     #[error("{0}")]
     BadArgument(String),
@@ -2091,6 +2101,24 @@ impl Host {
                 None
             }
         }
+    }
+
+    /// The first process in `job`'s cgroup whose real or effective uid is not `owner`, with
+    /// that uid: its owner may stop and start only what is theirs (as the resize signal goes
+    /// only to the owner's processes). A process gone meanwhile is not counted.
+    pub fn foreign_process(&self, job: &str, owner: u32) -> Option<(i32, u32)> {
+        let id = JobId::parse(job).ok()?;
+        let pids = self.backend.pids(&id).ok()?;
+        pids.into_iter().find_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let uids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+            let foreign = uids
+                .split_whitespace()
+                .take(2)
+                .filter_map(|u| u.parse::<u32>().ok())
+                .find(|&u| u != owner)?;
+            Some((pid, foreign))
+        })
     }
 
     /// Who suspended `job`, when it was its owner (see [`JobHint::suspended_by`]).

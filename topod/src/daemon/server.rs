@@ -686,6 +686,11 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             if !admin && owner != Some(peer.uid) {
                 return forbidden("suspending a job that is not yours");
             }
+            if !admin {
+                if let Some((pid, uid)) = server.lock().foreign_process(&job, peer.uid) {
+                    return error_reply(&HostError::ForeignProcess { job, pid, uid });
+                }
+            }
             match server.suspend(&job, (!admin).then_some(peer.uid)) {
                 Ok(reply) => ok(reply),
                 Err(e) => error_reply(&e),
@@ -710,6 +715,11 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                     ErrorCode::Forbidden,
                     format!("job {job} was suspended by root, an administrator or the batch system; only they may resume it (you are uid {})", peer.uid),
                 );
+            }
+            if !admin {
+                if let Some((pid, uid)) = server.lock().foreign_process(&job, peer.uid) {
+                    return error_reply(&HostError::ForeignProcess { job, pid, uid });
+                }
             }
             match server.resume(&job) {
                 Ok(reply) => ok(reply),
@@ -838,6 +848,7 @@ fn ok(value: impl serde::Serialize) -> Reply {
 /// The reply for a refused or failed host operation.
 pub fn error_reply(e: &HostError) -> Reply {
     let code = match e {
+        HostError::ForeignProcess { .. } => ErrorCode::Forbidden,
         HostError::BadJob(_)
         | HostError::AlreadyAllocated { .. }
         | HostError::BadPid(_)
