@@ -86,27 +86,6 @@ fn run(args: TopodArgs) -> Result<(), String> {
     if !args.prepare_cgroups && !args.check_config {
         refuse_if_running(&socket)?;
     }
-    if args.check_config {
-        let files = Files::default();
-        let mounts = std::fs::read_to_string(cgroup::MOUNTS)
-            .map_err(|e| format!("reading {}: {e}", cgroup::MOUNTS))?;
-        let kind = match kind {
-            CgroupKind::Fake => Kind::Fake,
-            CgroupKind::V1 => Kind::V1,
-            CgroupKind::V2 => Kind::V2,
-            CgroupKind::Auto => Kind::auto(&files, &mounts),
-        };
-        require_cpuset(kind, &mounts)?;
-        let topology = args.topology.or(config.topology.clone());
-        return check_config(config_file.as_deref(), &config, &socket, &state_dir, topology);
-    }
-    let fds = match raise_fd_limit() {
-        Ok(n) => n.to_string(),
-        Err(e) => {
-            tracing::warn!("cannot raise the open-file limit: {e}");
-            "unknown".to_string()
-        }
-    };
     let files = Files::default();
     let mounts = std::fs::read_to_string(cgroup::MOUNTS)
         .map_err(|e| format!("reading {}: {e}", cgroup::MOUNTS))?;
@@ -117,6 +96,17 @@ fn run(args: TopodArgs) -> Result<(), String> {
         CgroupKind::Auto => Kind::auto(&files, &mounts),
     };
     require_cpuset(kind, &mounts)?;
+    if args.check_config {
+        let topology = args.topology.or(config.topology.clone());
+        return check_config(config_file.as_deref(), &config, &socket, &state_dir, topology);
+    }
+    let fds = match raise_fd_limit() {
+        Ok(n) => n.to_string(),
+        Err(e) => {
+            tracing::warn!("cannot raise the open-file limit: {e}");
+            "unknown".to_string()
+        }
+    };
     if args.prepare_cgroups {
         return prepare_cgroups(kind, files, &mounts, &subtree, args.topology.or(config.topology));
     }
