@@ -728,3 +728,46 @@ fn an_owner_cannot_suspend_a_job_holding_someone_elses_process() {
         assert!(r["ok"].is_object(), "reply {i}: {r}");
     }
 }
+
+#[test]
+fn a_notify_directory_a_user_made_first_is_named_and_never_used() {
+    // Issue 29: in a socket directory everyone can write, a user who made job-notify/ first
+    // kept topod from starting, and the error told root to chown the user's directory. Now it
+    // says to remove it and to move the socket, and topod changes nothing in it.
+    if skip_unless_root() {
+        return;
+    }
+    let dir = open_dir();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
+        .unwrap();
+    let theirs = shared.join("job-notify");
+    std::fs::create_dir(&theirs).unwrap();
+    nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(NOBODY)), None).unwrap();
+    std::fs::set_permissions(&theirs, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_topod"))
+        .args(["--cgroup", "fake", "--socket"])
+        .arg(shared.join("topod.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--topology")
+        .arg(common::topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "topod started with a user's notify directory: {err}");
+    assert!(
+        err.contains(&format!("remove {}, which uid {NOBODY} created", theirs.display()))
+            && err.contains("move the socket to a directory only root can write"),
+        "{err}"
+    );
+    assert!(!err.contains("chown root"), "{err}");
+    let meta = std::fs::metadata(&theirs).unwrap();
+    assert_eq!(
+        (std::os::unix::fs::MetadataExt::uid(&meta), meta.permissions().mode() & 0o7777),
+        (NOBODY, 0o777),
+        "topod changed the user's directory"
+    );
+}

@@ -32,6 +32,23 @@ impl Host {
     /// `topo_core::proto::notify_file_for`), created mode 0755 if missing; `None`: no files.
     pub fn set_notify_dir(&mut self, dir: Option<PathBuf>) -> Result<(), HostError> {
         if let Some(dir) = &dir {
+            // Made by a user before topod (the socket's directory let them): never ours to use,
+            // fix or chown; what root should do is said without trusting it.
+            if let Ok(seen) = std::fs::symlink_metadata(dir) {
+                use std::os::unix::fs::MetadataExt;
+                let me = nix::unistd::geteuid().as_raw();
+                if seen.uid() != 0 && seen.uid() != me {
+                    let open =
+                        dir.parent().and_then(|p| std::fs::metadata(p).ok()).is_some_and(|p| {
+                            p.permissions().mode() & 0o022 != 0 || (p.uid() != 0 && p.uid() != me)
+                        });
+                    return Err(HostError::Notify(format!(
+                        "{} is not topod's: {}",
+                        dir.display(),
+                        topo_core::pending::remove_foreign(dir, seen.uid(), open)
+                    )));
+                }
+            }
             match std::fs::DirBuilder::new().mode(0o755).create(dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
