@@ -1042,3 +1042,32 @@ fn a_stop_during_a_release_finishes_the_release_first() {
     assert!(reply.is_ok(), "the release under way was answered: {reply:?}");
     assert!(left.is_empty(), "the job's cgroups were left: {left:?}");
 }
+
+#[test]
+fn topo_exec_into_a_suspended_job_is_refused_saying_why() {
+    // Issue 29 saw root's topo-exec into a suspended job hang silently (a process joined to a
+    // frozen job stops at once). The join is refused, with the reason, and the command never
+    // runs; once the job is resumed it does.
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let mut c = Client::connect(&d.socket).unwrap();
+    c.call(Op::allocate("frozen-1", "affinity[core]")).unwrap();
+    c.call(Op::Suspend { job: "frozen-1".into() }).unwrap();
+    let marker = dir.path().join("ran");
+    let exec = || {
+        Command::new(env!("CARGO_BIN_EXE_topo-exec"))
+            .args(["--socket", d.socket.to_str().unwrap(), "--job", "frozen-1", "--", "touch"])
+            .arg(&marker)
+            .output()
+            .unwrap()
+    };
+    let out = exec();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("job frozen-1 is suspended") && err.contains("resume it first"), "{err}");
+    assert!(!marker.exists(), "the command ran in a suspended job");
+    c.call(Op::Resume { job: "frozen-1".into() }).unwrap();
+    let out = exec();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(marker.exists());
+}
