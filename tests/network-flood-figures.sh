@@ -2,7 +2,8 @@
 # The figures of issue 29's network findings, on the topod built in target/debug (or $TOPOD):
 #  1. keyless TCP connections (512, from 8 loopback addresses) against a local user's
 #     `topoctl status` on the socket (needs root: the user is nobody);
-#  2. a scrape's latency while 8 silent connections hold the metrics listener;
+#  2. a scrape's latency while silent connections (8, or TOPO_FLOOD_SILENT) hold the metrics
+#     listener;
 #  3. the log lines of 10 s of connections refused by metrics_allow.
 # Not part of the suite (it measures, it does not judge); prints one line per figure.
 # Usage: sudo tests/network-flood-figures.sh
@@ -34,6 +35,7 @@ for _ in $(seq 100); do [ -S "$dir/a/topod.sock" ] && [ -S "$dir/b/topod.sock" ]
 python3 - "$tcp" "$metrics" "$refused" "$dir/a/topod.sock" "$TOPOCTL" <<'EOF'
 import os, socket, subprocess, sys, time
 tcp, metrics, refused = (int(x) for x in sys.argv[1:4])
+SILENT = int(os.environ.get("TOPO_FLOOD_SILENT", "8"))
 sock, topoctl = sys.argv[4], sys.argv[5]
 
 def status_as_nobody():
@@ -52,12 +54,17 @@ for i in range(512):
         s.close()
 time.sleep(0.5)
 ok, said = status_as_nobody()
-print("1. %d keyless TCP connections made; a local user's topoctl status: %s%s" % (
-    len(held), "served" if ok else "REFUSED", "" if ok else " (" + said[0] + ")"))
+k = socket.socket(); k.bind(("127.0.0.20", 0)); k.connect(("127.0.0.1", tcp))
+k.sendall(b"0123456789abcdef-flood-key\n{\"v\":1,\"op\":\"version\"}\n")
+k.settimeout(30)
+answer = k.makefile().readline()
+print("1. %d keyless TCP connections made; a local user's topoctl status: %s%s; a key holder: %s" % (
+    len(held), "served" if ok else "REFUSED", "" if ok else " (" + said[0] + ")",
+    "served" if '"ok"' in answer else "REFUSED (" + answer.strip()[:120] + ")"))
 for s in held:
     s.close()
 
-silent = [socket.create_connection(("127.0.0.1", metrics)) for _ in range(8)]
+silent = [socket.create_connection(("127.0.0.1", metrics)) for _ in range(SILENT)]
 times = []
 for _ in range(5):
     t = time.monotonic()
@@ -69,7 +76,7 @@ for _ in range(5):
             break
         data += d
     times.append((time.monotonic() - t) * 1000)
-print("2. a scrape with 8 silent connections open: %s ms (%s)" % (
+print("2. a scrape with %d silent connections open from its own address: %s ms (%s)" % (SILENT,
     ", ".join("%.1f" % x for x in times), data.split(b"\r\n")[0].decode()))
 for s in silent:
     s.close()

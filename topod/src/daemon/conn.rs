@@ -302,6 +302,121 @@ impl LineReader {
     }
 }
 
+/// Refusals of one address said in the log at most once a minute, with how many there were:
+/// a client that is not allowed costs one line a minute, however fast it reconnects. At most
+/// 4,096 addresses are remembered (looked over at most once a second when full).
+#[derive(Debug)]
+pub struct RefusalLog {
+    /// What listener (`metrics`, `TCP`).
+    what: &'static str,
+    /// The allow-list's key (`metrics_allow`).
+    list: &'static str,
+    by_address: HashMap<IpAddr, (Instant, u64)>,
+    pruned_at: Option<Instant>,
+}
+
+impl RefusalLog {
+    /// The log of refusals by `what`'s `list`.
+    pub fn new(what: &'static str, list: &'static str) -> RefusalLog {
+        RefusalLog { what, list, by_address: HashMap::new(), pruned_at: None }
+    }
+
+    /// Counts a refusal of `ip` at `now`; returns the line to log, if one is due: the first
+    /// refusal of an address, then one a minute with the number since the last line.
+    pub fn refused(&mut self, ip: IpAddr, now: Instant) -> Option<String> {
+        const EVERY: Duration = Duration::from_secs(60);
+        const MOST: usize = 4096;
+        if self.by_address.len() >= MOST
+            && self.pruned_at.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            // Addresses not seen for a minute are forgotten.
+            self.by_address.retain(|_, (at, _)| now.duration_since(*at) < EVERY);
+            self.pruned_at = Some(now);
+        }
+        let full = self.by_address.len() >= MOST;
+        let (what, list) = (self.what, self.list);
+        match self.by_address.get_mut(&ip) {
+            Some((at, count)) if now.duration_since(*at) < EVERY => {
+                *count += 1;
+                None
+            }
+            Some((at, count)) => {
+                let line = format!(
+                    "{what} connections from {ip} refused: not in {list} ({} since the last line)",
+                    *count + 1
+                );
+                *at = now;
+                *count = 0;
+                Some(line)
+            }
+            None if full => None,
+            None => {
+                self.by_address.insert(ip, (now, 0));
+                Some(format!("{what} connection from {ip} refused: not in {list} (said once a minute per address)"))
+            }
+        }
+    }
+}
+
+/// Network connections that have not proved themselves yet (sent their key, or their request
+/// head), oldest first, at most `limit`. A new one past the limit takes the place of the oldest,
+/// which is shut down: a flood of silent connections, from however many addresses, then never
+/// keeps out a client that speaks at once (a key holder, Prometheus), and costs at most `limit`
+/// threads, each for at most its deadline.
+#[derive(Debug)]
+pub struct Unproven {
+    limit: usize,
+    waiting: Mutex<(u64, std::collections::VecDeque<(u64, TcpStream)>)>,
+}
+
+/// A connection's place among the [`Unproven`]; dropping it (once it has proved itself, or
+/// ended) gives the place back.
+#[derive(Debug)]
+pub struct UnprovenPlace {
+    of: Arc<Unproven>,
+    id: u64,
+}
+
+impl Unproven {
+    /// At most `limit` waiting at once.
+    pub fn new(limit: usize) -> Arc<Unproven> {
+        Arc::new(Unproven { limit: limit.max(1), waiting: Mutex::default() })
+    }
+
+    /// Takes a place for `stream`, shutting the oldest waiting connection down when all are
+    /// taken. `None` when `stream` cannot be kept (no descriptor for its copy).
+    pub fn enter(self: &Arc<Self>, stream: &TcpStream) -> Option<UnprovenPlace> {
+        let copy = stream.try_clone().ok()?;
+        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        while w.1.len() >= self.limit {
+            if let Some((_, oldest)) = w.1.pop_front() {
+                let _ = oldest.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        w.0 += 1;
+        let id = w.0;
+        w.1.push_back((id, copy));
+        Some(UnprovenPlace { of: self.clone(), id })
+    }
+
+    /// How many wait now.
+    pub fn len(&self) -> usize {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).1.len()
+    }
+
+    /// Whether none waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for UnprovenPlace {
+    fn drop(&mut self) {
+        let mut w = self.of.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        w.1.retain(|(id, _)| *id != self.id);
+    }
+}
+
 /// Logs a failed `accept(2)` at most once every ten seconds (with how many were not logged), and
 /// pauses after one that says topod is out of descriptors or memory, so the accept loop waits for
 /// a connection to close instead of spinning on the same error.

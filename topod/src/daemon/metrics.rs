@@ -625,58 +625,22 @@ pub fn write_textfile(path: &Path, text: &str) -> std::io::Result<()> {
     written
 }
 
-/// Scrapes served at once, all addresses together, and from one address. A scrape costs a
-/// thread for at most its 2 s head and 5 s reply: silent connections take places only up to
-/// these, and a Prometheus from another address is served meanwhile.
-pub const SCRAPES_AT_ONCE: usize = 64;
-/// See [`SCRAPES_AT_ONCE`].
-pub const SCRAPES_PER_ADDRESS: usize = 16;
-
-/// Refusals of one address said in the log at most once a minute, with how many there were.
-#[derive(Debug, Default)]
-pub struct RefusalLog {
-    by_address: std::collections::HashMap<IpAddr, (Instant, u64)>,
-}
-
-impl RefusalLog {
-    /// Counts a refusal of `ip` at `now`; returns the line to log, if one is due: the first
-    /// refusal of an address, then one a minute with the number since the last line.
-    pub fn refused(&mut self, ip: IpAddr, now: Instant) -> Option<String> {
-        const EVERY: Duration = Duration::from_secs(60);
-        // Addresses not seen for a minute are forgotten (a flood of addresses stays bounded).
-        if self.by_address.len() >= 4096 {
-            self.by_address.retain(|_, (at, _)| now.duration_since(*at) < EVERY);
-        }
-        let full = self.by_address.len() >= 4096;
-        match self.by_address.get_mut(&ip) {
-            Some((at, count)) if now.duration_since(*at) < EVERY => {
-                *count += 1;
-                None
-            }
-            Some((at, count)) => {
-                let line = format!(
-                    "metrics connections from {ip} refused: not in metrics_allow ({} since the last line)",
-                    *count + 1
-                );
-                *at = now;
-                *count = 0;
-                Some(line)
-            }
-            None if full => None,
-            None => {
-                self.by_address.insert(ip, (now, 0));
-                Some(format!("metrics connection from {ip} refused: not in metrics_allow (said once a minute per address)"))
-            }
-        }
-    }
-}
+/// Connections waiting for their request head, at most; past it a new one takes the place of
+/// the oldest ([`super::conn::Unproven`]), so silent connections never keep a scrape out.
+pub const WAITING_FOR_HEAD: usize = 64;
+/// Replies being written at once, all addresses together, and to one address (a reply takes
+/// at most 5 s however slowly its client reads); beyond, `503`.
+pub const REPLIES_AT_ONCE: usize = 64;
+/// See [`REPLIES_AT_ONCE`].
+pub const REPLIES_PER_ADDRESS: usize = 16;
 
 /// Serves scrapes on `listener` until it fails: an address in `allow` (loopback when it is
 /// empty) gets the scrape for any `GET`; nothing else is read from the client, and no key is
 /// asked (Prometheus sends none), so the allow-list is the only gate; another address gets
-/// `403 Forbidden`, logged once a minute per address ([`RefusalLog`]). Each connection on a
-/// thread of its own, [`SCRAPES_AT_ONCE`] at most ([`SCRAPES_PER_ADDRESS`] per address; beyond,
-/// `503`), each bounded: its request head (8 KiB at most) within 2 s, the reply within 5 s.
+/// `403 Forbidden`, logged once a minute per address ([`super::conn::RefusalLog`]). Each
+/// connection on a thread of its own: its request head (8 KiB at most) within 2 s, among
+/// [`WAITING_FOR_HEAD`] at most (the oldest gives way), then its reply within 5 s, among
+/// [`REPLIES_AT_ONCE`] at most.
 pub fn serve(
     listener: std::net::TcpListener,
     server: Arc<super::server::Server>,
@@ -687,12 +651,13 @@ pub fn serve(
         super::tcp::Allow::parse("::1").expect("an address"),
     ];
     let allow = if allow.is_empty() { loopback.to_vec() } else { allow };
-    let gate = super::conn::Gate::new(super::conn::Limits {
-        max_connections: SCRAPES_AT_ONCE,
-        max_connections_per_user: SCRAPES_PER_ADDRESS,
+    let waiting = super::conn::Unproven::new(WAITING_FOR_HEAD);
+    let replying = super::conn::Gate::new(super::conn::Limits {
+        max_connections: REPLIES_AT_ONCE,
+        max_connections_per_user: REPLIES_PER_ADDRESS,
         ..super::conn::Limits::default()
     });
-    let mut refusals = RefusalLog::default();
+    let mut refusals = super::conn::RefusalLog::new("metrics", "metrics_allow");
     let mut errors = super::conn::AcceptErrors::new();
     loop {
         let (stream, addr) = match listener.accept() {
@@ -714,17 +679,10 @@ pub fn serve(
             );
             continue;
         }
-        let admitted = match gate.admit(super::conn::Holder::Ip(ip), false) {
-            Ok(a) => a,
-            Err(_) => {
-                answer_at_once(stream, "503 Service Unavailable", "too many scrapes at once\n");
-                continue;
-            }
-        };
-        let server = server.clone();
+        let Some(place) = waiting.enter(&stream) else { continue };
+        let (server, replying) = (server.clone(), replying.clone());
         let spawned = std::thread::Builder::new().name("topod-metrics".into()).spawn(move || {
-            let _place = admitted;
-            if let Err(e) = scrape(stream, &server) {
+            if let Err(e) = scrape(stream, &server, place, &replying, ip) {
                 tracing::debug!("metrics connection from {ip} ended: {e}");
             }
         });
@@ -747,7 +705,13 @@ fn answer_at_once(mut stream: std::net::TcpStream, status: &str, body: &str) {
     );
 }
 
-fn scrape(mut stream: std::net::TcpStream, server: &super::server::Server) -> std::io::Result<()> {
+fn scrape(
+    mut stream: std::net::TcpStream,
+    server: &super::server::Server,
+    place: super::conn::UnprovenPlace,
+    replying: &Arc<super::conn::Gate>,
+    ip: IpAddr,
+) -> std::io::Result<()> {
     use std::io::{Read, Write};
     let complete =
         |h: &[u8]| h.windows(4).any(|w| w == b"\r\n\r\n") || h.windows(2).any(|w| w == b"\n\n");
@@ -769,9 +733,14 @@ fn scrape(mut stream: std::net::TcpStream, server: &super::server::Server) -> st
         head.extend_from_slice(&buf[..n]);
     }
     if !complete(&head) {
-        // Too slow, too long, or gone: no answer.
+        // Too slow, too long, gone, or made way for a newer connection: no answer.
         return Ok(());
     }
+    drop(place);
+    let Ok(_replying) = replying.admit(super::conn::Holder::Ip(ip), false) else {
+        answer_at_once(stream, "503 Service Unavailable", "too many scrapes at once\n");
+        return Ok(());
+    };
     let (status, body) = if head.starts_with(b"GET ") {
         ("200 OK", render(&server.snapshot(), &server.metrics))
     } else {
@@ -930,26 +899,21 @@ mod tests {
         assert!(reply.starts_with("HTTP/1.0 200 OK\r\n"), "{reply}");
         let closed = quiet.iter().filter(|s| closed_by_topod(s)).count();
         assert_eq!(closed, 0, "the scrape waited for {closed} silent connection(s) to be closed");
-        // One address holds at most its share: beyond it, 503 at once; another address is served.
-        let more: Vec<_> = (8..SCRAPES_PER_ADDRESS).map(|_| silent([127, 0, 0, 1], addr)).collect();
-        let over = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
-        assert!(over.starts_with("HTTP/1.0 503"), "{over}");
-        let other = silent([127, 0, 0, 2], addr);
-        {
-            use std::io::{Read, Write};
-            let mut other = other;
-            other.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-            let mut reply = String::new();
-            other.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-            let _ = other.read_to_string(&mut reply);
-            assert!(reply.starts_with("HTTP/1.0 200 OK\r\n"), "{reply}");
-        }
+        // More silent connections than there are places, all from the scraper's own address
+        // (a local user beside a local Prometheus): the oldest give way, and the scrape is
+        // served.
+        let more: Vec<_> =
+            (0..WAITING_FOR_HEAD + 16).map(|_| silent([127, 0, 0, 1], addr)).collect();
+        let reply = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
+        assert!(reply.starts_with("HTTP/1.0 200 OK\r\n"), "{reply}");
+        let closed = quiet.iter().chain(&more).filter(|s| closed_by_topod(s)).count();
+        assert!(closed > 16, "only {closed} silent connection(s) gave way");
         drop((quiet, more));
     }
 
     #[test]
     fn refusals_are_logged_once_a_minute_per_address_with_their_count() {
-        let mut log = RefusalLog::default();
+        let mut log = super::super::conn::RefusalLog::new("metrics", "metrics_allow");
         let t0 = Instant::now();
         let a: IpAddr = "192.0.2.1".parse().unwrap();
         let b: IpAddr = "192.0.2.2".parse().unwrap();

@@ -58,9 +58,9 @@ pub struct Config {
     #[serde(default)]
     pub tcp_allow: Vec<tcp::Allow>,
     /// A file holding the shared key a TCP client must send first (one line, within 2 s);
-    /// readable by its owner only. TCP connections have a budget of their own, 64 open and 8
-    /// per address, apart from the socket's: nothing that arrives over the network takes a
-    /// local user's place.
+    /// readable by its owner only. Of the TCP connections waiting for their key, the oldest
+    /// gives way past 64; keyed ones are 64 at most, 8 per address. None takes the socket's
+    /// places: nothing that arrives over the network keeps a local user out.
     pub tcp_key_file: Option<PathBuf>,
     /// Open connections on the socket allowed from users who are not administrators, all
     /// together; default 512. Administrators are never refused.
@@ -98,8 +98,9 @@ pub struct Config {
     pub preempt_min_xf: Option<f64>,
     /// Address for the metrics listener (`"127.0.0.1:9879"`): the Prometheus text format over
     /// HTTP, for any GET; off when unset. Prometheus sends no key, so `metrics_allow` is its
-    /// only gate, and it serves nothing but the scrape (another address gets 403); scrapes
-    /// are served at once, 64 at most (16 from one address).
+    /// only gate, and it serves nothing but the scrape (another address gets 403). Of the
+    /// connections waiting for their request, the oldest gives way past 64; 64 replies at once
+    /// at most, 16 to one address.
     pub metrics_listen: Option<String>,
     /// Addresses or networks (as `tcp_allow`) allowed to scrape; loopback only when empty.
     #[serde(default)]

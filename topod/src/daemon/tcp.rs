@@ -3,28 +3,37 @@
 //! nothing until its first line is the shared key; after that, the read operations of the
 //! socket protocol (version, topology, free map, fit, list). Changes are refused.
 //!
-//! TCP connections have a budget of their own ([`TCP_MAX_CONNECTIONS`], and
-//! [`TCP_MAX_PER_ADDRESS`] per address), never the Unix socket's: whatever arrives over the
-//! network, with or without the key, takes no place a local user or a job's `topo-exec` needs.
-//! A connection must send its key within [`KEY_DEADLINE`].
+//! TCP connections never take the Unix socket's places: whatever arrives over the network, with
+//! or without the key, takes no place a local user or a job's `topo-exec` needs. Until it has
+//! sent its key (within [`KEY_DEADLINE`]) a connection is one of at most [`KEY_WAITING`], the
+//! oldest giving way to a new one ([`Unproven`]), so silent connections from however many
+//! addresses never keep a key holder out; once keyed, it counts against the listener's own
+//! budget ([`TCP_MAX_CONNECTIONS`], [`TCP_MAX_PER_ADDRESS`] per address). Refused addresses are
+//! logged once a minute each ([`RefusalLog`]).
 
-use super::conn::{AcceptErrors, Admitted, Gate, Holder, Limits, Line, LineReader};
+use super::conn::{
+    AcceptErrors, Admitted, Gate, Holder, Limits, Line, LineReader, RefusalLog, Unproven,
+    UnprovenPlace,
+};
 use super::server::{Peer, Server};
 use std::io::Write;
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use topo_core::proto::{ErrorCode, Reply};
 
-/// Open TCP connections, all addresses together (the scheduler's plug-in keeps one or two per
-/// host it reads).
+/// Keyed TCP connections open at once, all addresses together (the scheduler's plug-in opens
+/// one per fetch of a host).
 pub const TCP_MAX_CONNECTIONS: usize = 64;
-/// Open TCP connections from one address.
+/// Keyed TCP connections open at once from one address.
 pub const TCP_MAX_PER_ADDRESS: usize = 8;
-/// How long a new TCP connection has to send its key line (at most the line limit).
+/// Connections waiting for their key, at most (past it, the oldest gives way).
+pub const KEY_WAITING: usize = 64;
+/// How long a new TCP connection has, at most, to send its whole key line: half of it before
+/// the first byte, half from there to the newline.
 pub const KEY_DEADLINE: Duration = Duration::from_secs(2);
 
-/// The TCP listener's own limits: its budget, and the socket's timeouts (the key's shorter).
+/// The TCP listener's own limits for keyed connections: its budget, and the socket's timeouts.
 pub fn tcp_limits(socket: Limits) -> Limits {
     Limits {
         max_connections: TCP_MAX_CONNECTIONS,
@@ -88,10 +97,11 @@ impl<'de> serde::Deserialize<'de> for Allow {
     }
 }
 
-/// Serves the read-only listener until it fails. Connections count against the listener's own
-/// budget ([`tcp_limits`]), per address.
+/// Serves the read-only listener until it fails (see the module documentation).
 pub fn serve(listener: TcpListener, server: Arc<Server>, allow: Arc<Vec<Allow>>, key: Arc<String>) {
-    let gate = Gate::new(tcp_limits(server.gate.limits()));
+    let keyed = Gate::new(tcp_limits(server.gate.limits()));
+    let waiting = Unproven::new(KEY_WAITING);
+    let mut refusals = RefusalLog::new("TCP", "tcp_allow");
     let mut errors = AcceptErrors::new();
     loop {
         let (stream, addr) = match listener.accept() {
@@ -103,19 +113,15 @@ pub fn serve(listener: TcpListener, server: Arc<Server>, allow: Arc<Vec<Allow>>,
         };
         let ip = addr.ip().to_canonical();
         if !allow.iter().any(|a| a.contains(ip)) {
-            tracing::warn!("TCP connection from {ip} refused: not in tcp_allow");
+            if let Some(line) = refusals.refused(ip, Instant::now()) {
+                tracing::warn!("{line}");
+            }
             continue;
         }
-        let admitted = match gate.admit(Holder::Ip(ip), false) {
-            Ok(a) => a,
-            Err(why) => {
-                super::server::refuse(stream, &server, &why);
-                continue;
-            }
-        };
-        let (server, key) = (server.clone(), key.clone());
+        let Some(place) = waiting.enter(&stream) else { continue };
+        let (server, key, keyed) = (server.clone(), key.clone(), keyed.clone());
         let spawned = std::thread::Builder::new().name("topod-tcp".into()).spawn(move || {
-            if let Err(e) = connection(stream, &server, &key, admitted) {
+            if let Err(e) = connection(stream, &server, &key, place, &keyed, ip) {
                 tracing::debug!("TCP connection from {ip} ended: {e}");
             }
         });
@@ -129,22 +135,23 @@ fn connection(
     mut stream: TcpStream,
     server: &Server,
     key: &str,
-    admitted: Admitted,
+    place: UnprovenPlace,
+    keyed: &Arc<Gate>,
+    ip: IpAddr,
 ) -> std::io::Result<()> {
     super::server::lower_priority();
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(server.gate.limits().write))?;
     // The key must come first, whole, within its deadline; then the socket's limits apply.
     let limits = server.gate.limits();
-    let key_limits = Limits {
-        idle: limits.idle.min(KEY_DEADLINE),
-        line: limits.line.min(KEY_DEADLINE),
-        ..limits
-    };
+    let half = KEY_DEADLINE / 2;
+    let key_limits = Limits { idle: limits.idle.min(half), line: limits.line.min(half), ..limits };
     let mut lines = LineReader::new(topo_core::proto::MAX_LINE_BYTES, &key_limits);
-    let given = match lines.next(&mut stream)? {
-        Line::Complete(line) => line,
-        _ => Vec::new(),
+    let given = match lines.next(&mut stream) {
+        Ok(Line::Complete(line)) => line,
+        // Gone, or shut down to make way for a newer connection: nothing to say.
+        Ok(Line::Closed) | Err(_) => return Ok(()),
+        Ok(_) => Vec::new(),
     };
     let lines = lines.with_limits(&limits);
     let given = String::from_utf8_lossy(&given);
@@ -159,6 +166,14 @@ fn connection(
         )?;
         return Ok(());
     }
+    drop(place);
+    let admitted: Admitted = match keyed.admit(Holder::Ip(ip), false) {
+        Ok(a) => a,
+        Err(why) => {
+            super::server::refuse(stream, server, &why);
+            return Ok(());
+        }
+    };
     // No kernel credentials over TCP: the peer is nobody, and nobody may only read.
     super::server::connection(stream, lines, server, &Peer::nobody(), true, admitted)
 }
