@@ -1868,6 +1868,13 @@ impl Host {
     /// lock) and calls [`Host::finish_suspend`].
     pub fn begin_suspend(&mut self, job: &str, by: Option<u32>) -> Result<FreezeTicket, HostError> {
         let id = self.check_changeable(job)?;
+        // Its owner stops only what is theirs: checked under the lock that marks the job
+        // "being suspended", which no join passes until the freeze is done.
+        if let Some(owner) = by {
+            if let Some((pid, uid)) = self.foreign_process(job, owner) {
+                return Err(HostError::ForeignProcess { job: job.to_string(), pid, uid });
+            }
+        }
         // Suspended by topod's preemption or by the batch system: now it is this suspension,
         // which freezes it.
         let preempted =
