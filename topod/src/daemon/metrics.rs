@@ -888,8 +888,9 @@ mod tests {
     #[test]
     fn silent_connections_do_not_hold_up_a_scrape() {
         // Issue 29: one scrape at a time, eight silent connections delayed a scrape 9-10 s. Now
-        // the scrape is answered while every silent one is still open: with one connection at a
-        // time, each would have had its 2 s head deadline and been closed first.
+        // the scrape is answered while silent ones are still open: with one connection at a
+        // time, each would have had its 2 s head deadline and been closed first. (Only a test
+        // stalled for all of 2 s, on a very loaded machine, could see every one closed too.)
         let server = fake_server();
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -898,7 +899,10 @@ mod tests {
         let reply = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
         assert!(reply.starts_with("HTTP/1.0 200 OK\r\n"), "{reply}");
         let closed = quiet.iter().filter(|s| closed_by_topod(s)).count();
-        assert_eq!(closed, 0, "the scrape waited for {closed} silent connection(s) to be closed");
+        assert!(
+            closed < quiet.len(),
+            "the scrape waited for all {closed} silent connections to be closed"
+        );
         // More silent connections than there are places, all from the scraper's own address
         // (a local user beside a local Prometheus): the oldest give way, and the scrape is
         // served.
