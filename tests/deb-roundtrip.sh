@@ -148,8 +148,10 @@ cat > "$BASE/fakebin/qmgr" <<EOT
 #!/bin/sh
 [ "\$1" = -c ] || exit 2
 case "\$2" in
-    # A fresh server: only what was created since exists (install-hooks.sh asks before it
-    # creates, and lists the hooks at the end); a list is not recorded.
+    # A fresh server that answers (as a real one does "list server"): only what was created
+    # since exists (install-hooks.sh asks before it creates, and lists the hooks at the end);
+    # a list is not recorded.
+    "list server") exit 0 ;;
     "list "*) grep -qxF "create \${2#list }" "$BASE/qmgr.created" 2>/dev/null; exit \$? ;;
     "create "*) echo "\$2" >> "$BASE/qmgr.created" ;;
     "import hook "*" topo.py") cmp -s topo.py /usr/share/topo-pbs/topo.py || { echo "qmgr: no topo.py here" >&2; exit 1; } ;;
