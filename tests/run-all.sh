@@ -90,10 +90,11 @@ fi
 # (only conffiles stay) and purged (nothing stays, no cgroup left); skips, saying so, when not
 # root or when the packages are already installed here.
 tests/deb-roundtrip.sh || [ $? -eq 77 ]
-# A site's life under a real systemd as PID 1 (a Debian 12 container booted by systemd-nspawn,
-# with Debian's Slurm): install, systemctl start, a job by hand and a Slurm job reading its notify
-# file, the watchdog, stop/start and an upgrade with jobs running (kept), removal (Slurm still
-# runs jobs) and purge (nothing left). Exit 77: skipped, which it says.
+# A site's life under a real systemd as PID 1 (a Debian 12 root booted by systemd-nspawn, cgroup
+# v1, and as a QEMU guest, cgroup v2 only, with Debian's Slurm and, in the container, OpenPBS):
+# install, systemctl start, a job by hand, a PBS and a Slurm job reading their notify files, the
+# watchdog, stop/start and an upgrade with jobs running (kept), removal (PBS and Slurm still run
+# plain jobs) and purge (nothing left). Exit 77: skipped, which it says.
 tests/site-lifecycle.sh || [ $? -eq 77 ]
 
 # The PBS hooks through whole job lives against a real topod (python3, standard library only),
