@@ -764,7 +764,7 @@ fn scrape(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn usage(runnable: u32, cpu_seconds: f64) -> JobUsage {
@@ -777,8 +777,8 @@ mod tests {
         }
     }
 
-    /// A server on a fake 4-core host.
-    fn fake_server() -> Arc<super::super::server::Server> {
+    /// A server on a fake 4-core host (the daemon's unit tests share it).
+    pub(crate) fn fake_server() -> Arc<super::super::server::Server> {
         use crate::cgroup::fake::Fake;
         use topo_core::cpuset::CpuSet;
         use topo_core::topology::{SyntheticShape, Topology};

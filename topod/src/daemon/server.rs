@@ -886,24 +886,7 @@ mod tests {
         // and a request it refuses is refused before that. So both are answered while a change
         // holds the lock (here the test, for as long as it waits). A fit that took the lock
         // would not answer until the wait below gave up.
-        use topo_core::topology::{SyntheticShape, Topology};
-        let topo = Topology::synthetic(SyntheticShape {
-            packages: 1,
-            numa_per_package: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 4,
-            threads_per_core: 1,
-        });
-        let fake = crate::cgroup::fake::Fake::new(topo.allowed.clone(), topo.allowed_mems.clone());
-        let host = Host::new(
-            topo,
-            topo_core::cpuset::CpuSet::new(),
-            Box::new(fake),
-            None,
-            topo_core::place::Strategy::BestFit,
-        )
-        .unwrap();
-        let server = Server::new(host, Admins::default(), Gate::new(Default::default()));
+        let server = super::super::metrics::tests::fake_server();
         let held = server.lock();
         let huge = format!("CPUSET[CPU_LIST={}]", vec!["0-65535"; 64 * 1024 / 8 - 10].join(","));
         let (tx, rx) = std::sync::mpsc::channel();
