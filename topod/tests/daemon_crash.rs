@@ -64,8 +64,15 @@ fn call(socket: &Path, op: Op) -> Result<serde_json::Value, topo_core::proto::Er
     }
 }
 
+/// The CPUs a process may run on, or "exited" for a process that has ended: the kernel no
+/// longer moves an exited process (a zombie) with its cgroup's CPUs, so its mask says nothing
+/// of the job (a `sleep` that ended before a slow guest checked it once failed this way).
 fn cpus_allowed(pid: u32) -> Option<String> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let state = status.lines().find_map(|l| l.strip_prefix("State:")).unwrap_or("").trim();
+    if state.starts_with('Z') || state.starts_with('X') {
+        return Some(format!("exited ({state})"));
+    }
     status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).map(|s| s.trim().to_string())
 }
 
@@ -436,7 +443,7 @@ fn defrag_round(
                 return None;
             }
         };
-        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        let child = Command::new("sleep").arg("infinity").spawn().unwrap();
         if let Err(e) = call(socket, Op::Join { job: job.clone(), pid: child.id() as i32 }) {
             fail(format!("{job}: join: {}", e.message));
         }
@@ -652,7 +659,7 @@ fn sigkill_at_random_points() {
                 };
                 allocated.fetch_add(1, Ordering::SeqCst);
                 let cpus = alloc["cpus"].as_str().unwrap_or("").to_string();
-                let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+                let mut child = Command::new("sleep").arg("infinity").spawn().unwrap();
                 if let Err(e) = call(&socket, Op::Join { job: job.clone(), pid: child.id() as i32 })
                 {
                     failures
@@ -669,6 +676,7 @@ fn sigkill_at_random_points() {
                             failures.lock().unwrap().push(format!("{job}: release: {}", e.message))
                         }
                     }
+                    let _ = child.kill();
                     let _ = child.wait();
                     completed.fetch_add(1, Ordering::SeqCst);
                     continue;
@@ -705,6 +713,7 @@ fn sigkill_at_random_points() {
                         failures.lock().unwrap().push(format!("{job}: release: {}", e.message))
                     }
                 }
+                let _ = child.kill();
                 let _ = child.wait();
                 completed.fetch_add(1, Ordering::SeqCst);
             })
