@@ -1071,3 +1071,103 @@ fn topo_exec_into_a_suspended_job_is_refused_saying_why() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(marker.exists());
 }
+
+/// Field `n` (1-based, as proc(5) numbers them) of a thread's `/proc/.../stat`.
+fn stat_field(stat: &str, n: usize) -> Option<String> {
+    // The command name (field 2) may hold spaces; the fields after it follow its last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(n - 3).map(str::to_string)
+}
+
+/// topod's own threads keep clear of jobs (issue 29: a job owner's 400 spinning threads delayed
+/// root's requests): with `reserved_cpus`, every thread of topod's, including a connection's,
+/// runs only on those CPUs, and at nice -10; a thread serving a user who is not an
+/// administrator at nice 10.
+#[test]
+fn topods_threads_run_on_the_reserved_cpus_ahead_of_jobs() {
+    if !common::is_root() {
+        return common::skip("raising topod's priority needs root");
+    }
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    if online.trim() == "0" {
+        return common::skip("one CPU: none to keep for the system");
+    }
+    let dir = common::open_dir();
+    let config = common::config(dir.path(), "cgroup = \"fake\"\nreserved_cpus = \"0\"\n");
+    let d = common::start(dir.path(), &["--config", config.to_str().unwrap()], false);
+    // A root connection and a connection of nobody's, both open (each has its thread); nobody's
+    // is the idle attacker of `topoctl bench daemon --hostile`, holding one connection.
+    let mut root = Client::connect(&d.socket).unwrap();
+    root.call(Op::List).unwrap();
+    let stats_dir = dir.path().join("stats");
+    std::fs::create_dir(&stats_dir).unwrap();
+    std::fs::set_permissions(&stats_dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .unwrap();
+    let stats = stats_dir.join("ops");
+    // Killed when the test ends, pass or fail (it would hold cargo's output pipe open).
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _nobody = Killed(
+        Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args(["bench", "attack", "--mode", "idle", "--count", "1", "--socket"])
+            .arg(&d.socket)
+            .arg("--stats")
+            .arg(&stats)
+            .uid(65534)
+            .gid(65534)
+            .spawn()
+            .unwrap(),
+    );
+    let waited = Instant::now();
+    while std::fs::read_to_string(&stats).map_or(true, |s| s.trim() != "1") {
+        // A bound for a hang only, not a measure.
+        assert!(waited.elapsed() < Duration::from_secs(120), "nobody's connection never opened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    root.call(Op::List).unwrap();
+    let topod = d.child.id();
+    // Every thread's CPUs and nice value, once nobody's connection thread (which lowers itself
+    // as it starts) is seen at nice 10.
+    let threads = || {
+        let tasks = std::fs::read_dir(format!("/proc/{topod}/task")).unwrap().flatten();
+        tasks
+            .map(|task| {
+                let status =
+                    std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+                let cpus = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|c| c.trim().to_string());
+                let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+                (task.file_name().to_string_lossy().to_string(), cpus, stat_field(&stat, 19))
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut seen = threads();
+    while seen.iter().filter(|t| t.2.as_deref() == Some("10")).count() < 2 {
+        assert!(waited.elapsed() < Duration::from_secs(120), "no thread at nice 10: {seen:?}");
+        std::thread::sleep(Duration::from_millis(20));
+        seen = threads();
+    }
+    let (mut at_minus_10, mut at_10, mut others) = (0, 0, Vec::new());
+    for (tid, cpus, nice) in &seen {
+        assert_eq!(cpus.as_deref(), Some("0"), "thread {tid} of topod runs on {cpus:?}");
+        match nice.as_deref() {
+            Some("-10") => at_minus_10 += 1,
+            Some("10") => at_10 += 1,
+            other => others.push(format!("{tid}: {other:?}")),
+        }
+    }
+    assert!(others.is_empty(), "threads at another nice value: {others:?}");
+    // The main thread, the administrators' listener, root's connection; the public listener
+    // and nobody's connection.
+    assert!(at_minus_10 >= 3, "{at_minus_10} threads at nice -10");
+    assert_eq!(at_10, 2, "the public listener and nobody's connection at nice 10");
+    let log = std::fs::read_to_string(dir.path().join("topod.log")).unwrap();
+    assert!(log.contains("topod's threads run on the reserved CPUs 0"), "{log}");
+}

@@ -130,8 +130,10 @@ fn run(args: TopodArgs) -> Result<(), String> {
             }
         })?;
     let records = Records::open(&state_dir).map_err(|e| e.to_string())?;
-    let mut host =
-        Host::new(topo, reserved, backend, Some(records), strategy).map_err(|e| e.to_string())?;
+    let mut host = Host::new(topo, reserved.clone(), backend, Some(records), strategy)
+        .map_err(|e| e.to_string())?;
+    // Before any thread starts: every thread of topod's inherits where and how it runs.
+    keep_clear_of_jobs(&reserved);
     host.set_gang(config.gang());
     if config.gang_rows.is_none()
         && (config.gang_slice_s.is_some()
@@ -753,6 +755,36 @@ fn notify_systemd(socket: &Path, server: Arc<Server>) {
                 Ok(_) => send("WATCHDOG=1"),
             }
         });
+    }
+}
+
+/// topod's own threads keep clear of the load jobs put on their CPUs: on the CPUs the
+/// configuration reserves for the system (`reserved_cpus`, which no job is given) when it
+/// reserves some, and at nice -10 (`process::DAEMON_NICE`) in any case (on CPUs shared with jobs, a job's
+/// runnable threads, however many, then delay topod's answers by scheduler slices, not by
+/// their number). Threads serving users who are not administrators go down to nice 10 as they
+/// start (`server::lower_priority`). Called on the main thread before any other starts: the
+/// others inherit both.
+fn keep_clear_of_jobs(reserved: &topo_core::cpuset::CpuSet) {
+    use topod::daemon::process::{pin_this_thread, set_this_thread_nice, DAEMON_NICE};
+    let root = nix::unistd::geteuid().is_root();
+    if !reserved.is_empty() {
+        match pin_this_thread(reserved) {
+            Ok(()) => tracing::info!("topod's threads run on the reserved CPUs {reserved}"),
+            // An emulated topology's CPUs that this machine lacks, or a cpuset topod was
+            // started in without them.
+            Err(e) => tracing::warn!(
+                "cannot keep topod's threads on the reserved CPUs {reserved} ({e}); they run wherever the kernel puts them"
+            ),
+        }
+    }
+    match set_this_thread_nice(DAEMON_NICE) {
+        Ok(()) => tracing::info!("topod's threads run at nice {DAEMON_NICE}, ahead of jobs' threads on a shared CPU"),
+        Err(e) if root => tracing::warn!(
+            "cannot raise topod's priority to nice {DAEMON_NICE} ({e}; it needs CAP_SYS_NICE): a job with many busy threads on the CPUs topod runs on can delay its answers"
+        ),
+        // An unprivileged demo (the fake backend) needs no priority.
+        Err(_) => {}
     }
 }
 

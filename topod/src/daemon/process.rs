@@ -147,11 +147,19 @@ impl ProcessHandle {
     }
 }
 
-/// Lowers the calling thread's CPU priority to nice `nice` (a thread serving a user who is not
-/// an administrator), so that on a saturated host the work topod does for such users yields to
-/// the work it does for root and the batch system. Lowering needs no privilege. An error (a
-/// system call filter without `setpriority`) leaves the thread as it was.
-pub fn lower_this_thread(nice: i32) -> std::io::Result<()> {
+/// The nice value of topod's own threads (those serving root, administrators and the batch
+/// system, and its timers): on a CPU shared with a job, a thread at nice -10 weighs as much as
+/// nine at nice 0 in the kernel's fair scheduler (`sched_prio_to_weight`, kernel/sched/core.c:
+/// 9548 against 1024), and a waking one is run ahead of them, so however many threads a job
+/// runs, topod's answers wait for a few scheduler slices, not for the job.
+pub const DAEMON_NICE: i32 = -10;
+
+/// Sets the calling thread's nice value (Linux keeps one per thread; threads it starts later
+/// inherit it). Lowering the priority (a thread serving a user who is not an administrator)
+/// needs no privilege; raising it ([`DAEMON_NICE`]) needs CAP_SYS_NICE, which the systemd unit
+/// keeps. An error (no such capability, a system call filter without `setpriority`) leaves the
+/// thread as it was.
+pub fn set_this_thread_nice(nice: i32) -> std::io::Result<()> {
     let tid = nix::unistd::gettid().as_raw();
     // SAFETY: setpriority takes plain integers (which, who, value) and touches no memory of ours.
     let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
@@ -159,6 +167,17 @@ pub fn lower_this_thread(nice: i32) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Restricts the calling thread (and the threads it starts later) to `cpus`
+/// (`sched_setaffinity(2)`): topod's own threads on the CPUs reserved for the system.
+pub fn pin_this_thread(cpus: &topo_core::cpuset::CpuSet) -> std::io::Result<()> {
+    let mut mask = nix::sched::CpuSet::new();
+    for cpu in cpus.iter() {
+        mask.set(cpu as usize).map_err(std::io::Error::from)?;
+    }
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &mask)
+        .map_err(std::io::Error::from)
 }
 
 /// Reads `Tgid:` and `Uid:` from `/proc/<pid>/status` text.

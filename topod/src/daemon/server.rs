@@ -384,7 +384,7 @@ const UNPRIVILEGED_NICE: i32 = 10;
 /// does not allow it.
 pub(crate) fn lower_priority() {
     static WARNED: std::sync::Once = std::sync::Once::new();
-    if let Err(e) = super::process::lower_this_thread(UNPRIVILEGED_NICE) {
+    if let Err(e) = super::process::set_this_thread_nice(UNPRIVILEGED_NICE) {
         WARNED.call_once(|| {
             tracing::warn!("cannot lower the priority of threads serving other users: {e}")
         });

@@ -356,9 +356,17 @@ enum BenchCommand {
         clients: usize,
         /// Instead: root's job start and release, and `topoctl status`, while unprivileged
         /// clients attack (two loop 64 KiB fit requests; then one user holds N idle
-        /// connections). Needs root.
+        /// connections; then a job of that user's spins --spinners threads on all the CPUs
+        /// but one). Needs root.
         #[arg(long, value_name = "N")]
         hostile: Option<usize>,
+        /// With --hostile: the spinning job's threads (0: no such phase).
+        #[arg(long, value_name = "N", default_value_t = 400, requires = "hostile")]
+        spinners: usize,
+        /// With --hostile: the spinning job takes every free CPU (a full host); root's cycles
+        /// are then `fit` and `list`, and this program runs at topod's priority (nice -10).
+        #[arg(long, requires = "hostile")]
+        spin_everywhere: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -515,10 +523,19 @@ fn main() -> ExitCode {
             place_cmd(&source, strategy, tasks, reserve.unwrap_or_default(), &requests, json)
         }
         Command::Bench {
-            what: BenchCommand::Daemon { daemon, cycles, hostile: Some(n), json, .. },
-        } => bench_hostile::run(&daemon.socket, cycles, n, json),
+            what:
+                BenchCommand::Daemon {
+                    daemon,
+                    cycles,
+                    hostile: Some(n),
+                    spinners,
+                    spin_everywhere,
+                    json,
+                    ..
+                },
+        } => bench_hostile::run(&daemon.socket, cycles, n, spinners, spin_everywhere, json),
         Command::Bench {
-            what: BenchCommand::Daemon { daemon, cycles, clients, hostile: None, json },
+            what: BenchCommand::Daemon { daemon, cycles, clients, hostile: None, json, .. },
         } => bench_daemon::run(&daemon.socket, cycles, clients, json),
         Command::Bench { what: BenchCommand::Freeze { processes, rounds, v2_freezer, json } } => {
             bench_freeze::run(processes as usize, rounds as usize, v2_freezer, json)
