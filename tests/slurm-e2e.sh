@@ -4,7 +4,8 @@
 #   - srun --topology and sbatch --topology jobs run; inside the job, Cpus_allowed_list and the
 #     cgroup match topod's ledger (topod's cgroup under task/affinity; Slurm's own cgroup, narrowed,
 #     under task/cgroup);
-#   - two jobs at once get disjoint CPUs;
+#   - two jobs at once get disjoint CPUs; each job's queue in topod is its partition, confirmed
+#     with slurmctld (a prime-time pool admits that partition);
 #   - a bad --topology makes sbatch fail with the parse error, and no job appears in the queue;
 #   - a step that cannot get its allocation fails with one line (a batch step is named "batch");
 #   - topod stopped while a job runs: the job epilog queues the release, the node is not drained,
@@ -27,6 +28,11 @@ cluster_init
 # Logs are kept when something failed, removed when all passed.
 trap 'rc=$?; cluster_stop_all; if [ $rc -ne 0 ]; then echo "tests/slurm-e2e.sh: FAILED (logs in $BASE/log)"; else rm -rf "$BASE"; fi; exit $rc' EXIT
 cluster_start_munge
+# A prime-time pool, always open, that admits the partition debug (every job's here): the
+# partition a job's environment names then decides something, so the plug-in confirms it with
+# slurmctld (slurm_load_job) before giving it to topod as the queue, and the checks that topod
+# was given "debug" cover that question's real path.
+TOPOD_EXTRA_CONF='prime_pools = [{ name = "prime", cpus = "0", windows = ["Mon-Sun 00:00-24:00"], queues = ["debug"] }]'
 cluster_start_topod
 USER_NAME=nobody      # jobs run as an ordinary user
 PLUGSTACK="required $BASE/bin/spank_topo.so socket=$SOCK"
@@ -83,7 +89,7 @@ check_job_output() {
     check "job $job: TOPO_CPUS exported" grep -q "TOPO_JOB=slurm-$job TOPO_CPUS=$ledger " "$out"
     check "job $job: TOPO_NOTIFY_FILE names topod's notify file, which says its CPUs" \
         test "$(field TOPO_NOTIFY_FILE "$out"):$(field NOTIFIED_CPUS "$out")" = "$(dirname "$SOCK")/job-notify/slurm-$job:$ledger"
-    check "job $job: topod was given its partition as its queue ($(field LEDGER_QUEUE "$out"))" test "$(field LEDGER_QUEUE "$out")" = debug
+    check "job $job: topod was given its partition, as slurmctld's record says, as its queue ($(field LEDGER_QUEUE "$out"))" test "$(field LEDGER_QUEUE "$out")" = debug
     if [ "$mode" = affinity ]; then
         check "job $job: task is in topod's cgroup /$CGROUP_SUBTREE/slurm-$job" test "$cg" = "/$CGROUP_SUBTREE/slurm-$job"
         check "job $job: that cgroup's cpuset.cpus = ledger" test "$cgcpus" = "$ledger"

@@ -107,6 +107,40 @@ pub fn batch_view(states: &[(u32, SlurmState)]) -> topo_core::proto::BatchView {
     }
 }
 
+/// The queue to give topod for a job whose environment says partition `claimed`: the job's
+/// environment is the user's to set (`SLURM_JOB_PARTITION=prime srun ...`), and a prime-time
+/// pool admits jobs by queue. A claim that names no queue any of this host's pools admits
+/// (`pool_queues`) gains nothing and is passed on as it is (topod shows it); one that does is
+/// checked against slurmctld's record (`ask`, one RPC, made only then): slurmctld's answer is
+/// the queue, and without one no queue is given (the job is then admitted by its user or its
+/// named pool only). Returns the queue and, when it differs from the claim, why, for the log.
+pub fn trusted_queue(
+    claimed: Option<&str>,
+    pool_queues: &[&str],
+    ask: impl FnOnce() -> Result<Option<String>, String>,
+) -> (Option<String>, Option<String>) {
+    let Some(claimed) = claimed else { return (None, None) };
+    if !pool_queues.contains(&claimed) {
+        return (Some(claimed.to_string()), None);
+    }
+    match ask() {
+        Ok(Some(record)) if record == claimed => (Some(record), None),
+        Ok(record) => {
+            let why = format!(
+                "its environment says partition {claimed}, slurmctld's record says {}: the record's is given to topod",
+                record.as_deref().unwrap_or("none")
+            );
+            (record, Some(why))
+        }
+        Err(e) => (
+            None,
+            Some(format!(
+                "{e}; its partition {claimed} (from its environment, which the user may set) admits it to no prime-time pool"
+            )),
+        ),
+    }
+}
+
 /// Why a job Slurm runs on cores that other running jobs hold is refused: Slurm oversubscribes
 /// them (`OverSubscribe=FORCE` or `YES` without `PreemptMode=GANG`), and topo gives a CPU to
 /// one job at a time. Appended to topod's refusal.
@@ -164,6 +198,30 @@ pub fn task_cpus(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_partition_from_the_environment_admits_to_a_pool_only_as_slurmctld_confirms() {
+        let never = || -> Result<Option<String>, String> { panic!("slurmctld asked") };
+        // No claim, or one no pool admits: slurmctld is not asked.
+        assert_eq!(trusted_queue(None, &["prime"], never), (None, None));
+        assert_eq!(trusted_queue(Some("debug"), &["prime"], never), (Some("debug".into()), None));
+        // A claim a pool admits: slurmctld's record decides.
+        let said = |p: &str| {
+            let p = p.to_string();
+            move || Ok(Some(p))
+        };
+        assert_eq!(
+            trusted_queue(Some("prime"), &["prime"], said("prime")),
+            (Some("prime".into()), None)
+        );
+        let (queue, why) = trusted_queue(Some("prime"), &["prime"], said("debug"));
+        assert_eq!(queue.as_deref(), Some("debug"));
+        assert!(why.unwrap().contains("slurmctld's record says debug"));
+        let (queue, why) =
+            trusted_queue(Some("prime"), &["prime"], || Err("slurmctld is down".into()));
+        assert_eq!(queue, None);
+        assert!(why.unwrap().contains("slurmctld is down; its partition prime"));
+    }
+
     use super::*;
 
     fn set(text: &str) -> CpuSet {

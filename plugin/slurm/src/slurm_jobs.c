@@ -1,9 +1,11 @@
-/* spank_topo.so's one question to slurmctld: the state of a Slurm job, through Slurm's own C API
+/* spank_topo.so's questions to slurmctld: a Slurm job's state and partition, through Slurm's own C API
  * (slurm_load_job, slurm.h). Compiled by build.rs against the installed <slurm/slurm.h>, so the
  * job record's layout is this Slurm's; the functions resolve, as the SPANK ones do, from the
  * Slurm process that loads the plug-in (slurmstepd, slurmd, srun, sbatch and salloc all link
  * libslurmfull). */
+#include <errno.h>
 #include <stdint.h>
+#include <string.h>
 #include <slurm/slurm.h>
 #include <slurm/slurm_errno.h>
 
@@ -47,4 +49,40 @@ int topo_slurm_job_state(uint32_t job_id, uint32_t *state)
 const char *topo_slurm_strerror(int e)
 {
 	return slurm_strerror(e);
+}
+
+/* 0, with the partition slurmctld runs job_id in written into buf (NUL-terminated; empty when the
+ * record names none); ESLURM_INVALID_JOB_ID for no such job; ENAMETOOLONG when the name does not
+ * fit in len bytes; else Slurm's errno for the failure. The job's environment can say any
+ * partition (a user may set SLURM_JOB_PARTITION before srun); slurmctld's record is the one
+ * that counts when the partition decides what a job may use. */
+int topo_slurm_job_partition(uint32_t job_id, char *buf, size_t len)
+{
+	job_info_msg_t *msg = NULL;
+	const char *name;
+	size_t n;
+
+	if (!buf || len == 0)
+		return EINVAL;
+	buf[0] = '\0';
+	if (slurm_load_job(&msg, job_id, SHOW_ALL) != SLURM_SUCCESS) {
+		int e = slurm_get_errno();
+		return e ? e : SLURM_ERROR;
+	}
+	if (!msg || msg->record_count < 1) {
+		if (msg)
+			slurm_free_job_info_msg(msg);
+		return ESLURM_INVALID_JOB_ID;
+	}
+	name = msg->job_array[0].partition;
+	n = name ? strlen(name) : 0;
+	if (n >= len) {
+		slurm_free_job_info_msg(msg);
+		return ENAMETOOLONG;
+	}
+	if (n)
+		memcpy(buf, name, n);
+	buf[n] = '\0';
+	slurm_free_job_info_msg(msg);
+	return 0;
 }

@@ -71,7 +71,41 @@ extern "C" {
 extern "C" {
     // src/slurm_jobs.c, built against the installed slurm.h.
     fn topo_slurm_job_state(job_id: u32, state: *mut u32) -> c_int;
+    fn topo_slurm_job_partition(job_id: u32, buf: *mut c_char, len: usize) -> c_int;
     fn topo_slurm_strerror(e: c_int) -> *const c_char;
+}
+
+/// Slurm's text for one of its errnos.
+#[cfg(slurm_api)]
+fn slurm_error_text(rc: c_int) -> String {
+    // SAFETY: slurm_strerror returns a static NUL-terminated string for any errno.
+    unsafe { topo_slurm_strerror(rc).as_ref().map(|p| CStr::from_ptr(p)) }
+        .map(|t| t.to_string_lossy().into_owned())
+        .unwrap_or_else(|| format!("Slurm error {rc}"))
+}
+
+/// The partition slurmctld runs job `job_id` in (one `slurm_load_job` RPC); `None` when its
+/// record names none.
+#[cfg(slurm_api)]
+fn slurm_job_partition(job_id: u32) -> Result<Option<String>, String> {
+    let mut buf = vec![0 as c_char; topo_core::proto::MAX_NAME_BYTES + 1];
+    // SAFETY: a writable buffer of the length given; the C function writes a NUL-terminated
+    // string into it, within that length, or returns an error.
+    let rc = unsafe { topo_slurm_job_partition(job_id, buf.as_mut_ptr(), buf.len()) };
+    if rc != 0 {
+        return Err(format!(
+            "cannot ask slurmctld for job {job_id}'s partition: {}",
+            slurm_error_text(rc)
+        ));
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+    Ok(Some(name).filter(|n| !n.is_empty()))
+}
+
+#[cfg(not(slurm_api))]
+fn slurm_job_partition(job_id: u32) -> Result<Option<String>, String> {
+    Err(format!("cannot ask slurmctld for job {job_id}'s partition: built without Slurm's headers"))
 }
 
 /// slurmctld's state of Slurm job `job_id` (one `slurm_load_job` RPC).
@@ -81,11 +115,10 @@ fn slurm_job_state(job_id: u32) -> Result<plan::SlurmState, String> {
     // SAFETY: a valid out-pointer; the C function writes it only on success.
     let rc = unsafe { topo_slurm_job_state(job_id, &mut state) };
     if rc != 0 {
-        // SAFETY: slurm_strerror returns a static NUL-terminated string for any errno.
-        let text = unsafe { topo_slurm_strerror(rc).as_ref().map(|p| CStr::from_ptr(p)) }
-            .map(|t| t.to_string_lossy().into_owned())
-            .unwrap_or_else(|| format!("Slurm error {rc}"));
-        return Err(format!("cannot ask slurmctld for job {job_id}'s state: {text}"));
+        return Err(format!(
+            "cannot ask slurmctld for job {job_id}'s state: {}",
+            slurm_error_text(rc)
+        ));
     }
     Ok(match state {
         1 => plan::SlurmState::Running,
@@ -525,7 +558,8 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
             Attempt::Failed(fail(e))
         }
     };
-    // Prime-time pools and gang_prime_queues admit by queue: Slurm's is the partition.
+    // Prime-time pools admit by queue: Slurm's is the partition. The environment's is only a
+    // claim (see plan::trusted_queue), checked against slurmctld's record where it matters.
     let mut names = [("SLURM_JOB_PARTITION", None), ("TOPO_POOL", None)];
     for (variable, value) in &mut names {
         *value = job_env(sp, variable);
@@ -533,7 +567,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
             return Err(format!("job {job_id}: the job's environment: {e}"));
         }
     }
-    let [(_, queue), (_, pool)] = names;
+    let [(_, claimed_queue), (_, pool)] = names;
     let req =
         topo_core::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
     // One try: topod's topology, what Slurm did, the allocate. A topod that goes away in the
@@ -541,6 +575,15 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     // idempotent in topod.
     let once = |topod: &mut Client| -> Result<(Allocation, CpuSet, CpuSet, bool), Attempt> {
         let topo: Topology = topod.topology().map_err(client)?;
+        let pools = topod.free_map().map_err(client)?.pools;
+        let pool_queues: Vec<&str> =
+            pools.iter().flat_map(|p| p.queues.iter().map(String::as_str)).collect();
+        let (queue, why) = plan::trusted_queue(claimed_queue.as_deref(), &pool_queues, || {
+            slurm_job_partition(job_id)
+        });
+        if let Some(why) = why {
+            log_error(&format!("job {job_id}: {why}"));
+        }
         let order = cores::slurm_core_order(&topo);
         let job_cpus = cores::translate(&order, &job_cores)
             .map_err(|e| Attempt::Failed(format!("job {job_id}: {e}")))?;
@@ -573,7 +616,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
             cpus: Some(job_cpus.to_string()),
             mem_limit_bytes: (mem_mb > 0).then_some(mem_mb << 20),
             owner_uid: Some(uid),
-            queue: queue.clone(),
+            queue,
             pool: pool.clone(),
             batch: side.view.clone(),
             starts_suspended: side.starts_suspended,
