@@ -139,6 +139,17 @@ pub enum HostError {
         /// Its request.
         request: String,
     },
+    /// A resize of a job whose tasks are not known: recovered from its cgroup without its
+    /// record, its CPUs do not divide into its request's tasks.
+    #[error("job {job}: its tasks are not known (topod recovered it from its cgroup without its record, and its CPUs {cpus} do not divide into tasks of {request}); it is not resized, and runs on as it is until it ends")]
+    TasksUnknown {
+        /// The job.
+        job: String,
+        /// Its CPUs.
+        cpus: String,
+        /// Its request.
+        request: String,
+    },
     /// A resize outside the job's range.
     #[error("job {job} runs with {min} to {max} tasks; {tasks} is outside that range")]
     OutOfRange {
@@ -1401,6 +1412,15 @@ impl Host {
                 // the batch system asking again tells us what it was.
                 let mut adopted = existing.clone();
                 adopted.request = canonical.clone();
+                // Its tasks were not recorded either: as the request shapes them, where its
+                // CPUs divide so (else resizes are refused, see resize_to).
+                if prepared.request.is_malleable() {
+                    if let Some(tasks) =
+                        place::split_into_tasks(&self.model, &prepared.request, &adopted.cpus)
+                    {
+                        adopted.tasks = tasks;
+                    }
+                }
                 if let Some(level) = prepared.request.exclusive_level() {
                     adopted.fenced =
                         self.model.closure(level, &adopted.cpus).difference(&adopted.cpus);
@@ -2386,6 +2406,37 @@ mod tests {
         });
         let records = records.map(|dir| Records::open(dir).unwrap());
         Host::new(topo.clone(), CpuSet::new(), backend, records, Strategy::BestFit).unwrap()
+    }
+
+    /// A malleable job recovered from its cgroup without its record (issue 29): asked again by
+    /// the batch system, its tasks are taken from its CPUs as its request shapes them, and a
+    /// resize works; where its CPUs do not divide into tasks of the request, a resize is
+    /// refused saying why, instead of answering ok and changing nothing.
+    #[test]
+    fn a_malleable_job_recovered_without_its_record_keeps_its_tasks_or_refuses_resizes() {
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let mut first = host_on(&topo, &kernel, None);
+        let a = first.allocate("7", "affinity[core*2-4]", Some(4), None, None, None).unwrap();
+        assert_eq!(a.tasks.len(), 4);
+        let b = first.allocate("8", "affinity[core*3]", None, None, None, None).unwrap();
+        assert_eq!(b.cpus.len(), 3);
+        drop(first);
+        // No records: both come back as one task over their CPUs, request unknown.
+        let mut h = host_on(&topo, &kernel, None);
+        h.recover(BTreeMap::new()).unwrap();
+        assert!(matches!(h.resize("7", 2), Err(HostError::NotMalleable { .. })));
+        let again = h.allocate("7", "affinity[core*2-4]", Some(4), None, None, None).unwrap();
+        assert_eq!(again.cpus, a.cpus);
+        assert_eq!(again.tasks.len(), 4, "{:?}", again.tasks);
+        let shrunk = h.resize("7", 2).unwrap();
+        assert_eq!((shrunk.tasks.len(), shrunk.cpus.len()), (2, 2));
+        // Three cores do not divide into tasks of two cores each.
+        h.allocate("8", "affinity[core(2)*1-2]", Some(1), None, None, None).unwrap();
+        let e = h.resize("8", 1).unwrap_err();
+        assert!(matches!(e, HostError::TasksUnknown { .. }), "{e}");
+        assert!(e.to_string().contains("its tasks are not known"), "{e}");
+        assert_eq!(h.ledger.get("8").unwrap().cpus, b.cpus, "nothing changed");
     }
 
     #[test]

@@ -855,7 +855,9 @@ pub fn error_reply(e: &HostError) -> Reply {
         HostError::Lent { .. } => ErrorCode::DoesNotFit,
         HostError::Suspended(_) => ErrorCode::BadRequest,
         HostError::NoGang(_) | HostError::GangRow { .. } => ErrorCode::BadRequest,
-        HostError::NotMalleable { .. } | HostError::OutOfRange { .. } => ErrorCode::BadRequest,
+        HostError::NotMalleable { .. }
+        | HostError::OutOfRange { .. }
+        | HostError::TasksUnknown { .. } => ErrorCode::BadRequest,
         HostError::Notify(_) => ErrorCode::Internal,
         HostError::NoReservation(_) => ErrorCode::UnknownJob,
         HostError::BadArgument(_)

@@ -257,6 +257,71 @@ pub fn fit_and_score(
     Ok(Fit { score: score(&p.metrics), cpus: p.cpus })
 }
 
+/// A job's CPUs split into its tasks as its request shapes them (each task `units_per_task`
+/// whole units of the request's level, in CPU order, inside one domain of its `same=` level),
+/// for a job whose tasks were not recorded (recovered from its cgroup alone). `None` when the
+/// CPUs do not divide so: a unit cut short, units left over, or a task count outside the
+/// request's range; such a job cannot be resized, since its tasks are not known.
+pub fn split_into_tasks(
+    model: &HostModel,
+    request: &Request,
+    cpus: &CpuSet,
+) -> Option<Vec<CpuSet>> {
+    let mut units: Vec<CpuSet> = Vec::new();
+    // Threads are units of their own (the model keeps no domain list for them).
+    let threads: Vec<CpuSet>;
+    let domains = if request.unit == Level::Thread {
+        threads = cpus.iter().map(|c| CpuSet::from_iter([c])).collect();
+        &threads[..]
+    } else {
+        model.domains(request.unit)
+    };
+    for domain in domains {
+        let inside = domain.intersection(cpus);
+        if inside.is_empty() {
+            continue;
+        }
+        if inside != *domain {
+            return None;
+        }
+        units.push(inside);
+    }
+    if units.is_empty() || CpuSet::union_all(&units) != *cpus {
+        return None;
+    }
+    let per_task = request.units_per_task.max(1) as usize;
+    if units.len() % per_task != 0 {
+        return None;
+    }
+    let tasks: Vec<CpuSet> = units.chunks(per_task).map(CpuSet::union_all).collect();
+    let (min, max) = request.task_range();
+    if !(min as usize..=max as usize).contains(&tasks.len()) {
+        return None;
+    }
+    if let Some(level) = request.same {
+        if tasks.iter().any(|t| model.single_domain(level, t).is_none()) {
+            return None;
+        }
+    }
+    Some(tasks)
+}
+
+/// Whether `tasks` are shaped as `request` asks: disjoint, each of `units_per_task` whole units
+/// of the request's level (in any order: placement interleaves them as the request says).
+pub fn tasks_match(model: &HostModel, request: &Request, tasks: &[CpuSet]) -> bool {
+    let per_task = request.units_per_task.max(1) as usize;
+    let whole_units = |task: &CpuSet| -> Option<usize> {
+        if request.unit == Level::Thread {
+            return Some(task.len());
+        }
+        let touched = model.touched(request.unit, task);
+        let domains = model.domains(request.unit);
+        touched.iter().all(|&d| domains[d].is_subset(task)).then_some(touched.len())
+    };
+    let disjoint = CpuSet::union_all(tasks).len() == tasks.iter().map(CpuSet::len).sum::<usize>();
+    disjoint && tasks.iter().all(|t| !t.is_empty() && whole_units(t) == Some(per_task))
+}
+
 /// Where a running malleable job goes when it is resized to `new_tasks` tasks.
 ///
 /// `occupancy` is the host's, *including* the job; `current` is the job's tasks. A shrink keeps

@@ -456,3 +456,37 @@ fn a_resize_keeps_the_tasks_it_can_and_places_new_ones_near_and_in_shape() {
     assert!(resize(&m, ledger.occupancy(), &req, &first.tasks, 40, Strategy::BestFit).is_err());
     assert!(resize(&m, ledger.occupancy(), &req, &first.tasks, 0, Strategy::BestFit).is_err());
 }
+
+#[test]
+fn a_jobs_cpus_split_into_tasks_as_its_request_shapes_them() {
+    use crate::topology::{SyntheticShape, Topology};
+    let topo = Topology::synthetic(SyntheticShape {
+        packages: 1,
+        numa_per_package: 1,
+        l3_per_numa: 1,
+        cores_per_l3: 4,
+        threads_per_core: 2,
+    });
+    let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
+    let req = |r: &str| crate::request::parse(r).unwrap();
+    let core0 = model.domains(Level::Core)[0].clone();
+    let core1 = model.domains(Level::Core)[1].clone();
+    let two_cores = core0.union(&core1);
+    // Two whole cores: two tasks of a core, one of two cores, four of a thread.
+    let split = split_into_tasks(&model, &req("affinity[core*1-4]"), &two_cores).unwrap();
+    assert_eq!(split, vec![core0.clone(), core1.clone()]);
+    assert!(tasks_match(&model, &req("affinity[core*1-4]"), &[core1.clone(), core0.clone()]));
+    let pairs = split_into_tasks(&model, &req("affinity[core(2)*1-2]"), &two_cores).unwrap();
+    assert_eq!(pairs.len(), 1);
+    let threads = split_into_tasks(&model, &req("affinity[thread*1-8]"), &two_cores).unwrap();
+    assert_eq!(threads.len(), 4);
+    // A core cut short, units left over, or a count out of range: not known.
+    let first = core0.iter().next().unwrap();
+    let cut = two_cores.difference(&CpuSet::from_iter([first]));
+    assert_eq!(split_into_tasks(&model, &req("affinity[core*1-4]"), &cut), None);
+    let three = CpuSet::union_all(&model.domains(Level::Core)[..3]);
+    assert_eq!(split_into_tasks(&model, &req("affinity[core(2)*1-2]"), &three), None);
+    assert_eq!(split_into_tasks(&model, &req("affinity[core*3-4]"), &two_cores), None);
+    // One task over all of them, as a job recovered without its record has.
+    assert!(!tasks_match(&model, &req("affinity[core*1-4]"), std::slice::from_ref(&two_cores)));
+}
