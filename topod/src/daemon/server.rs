@@ -642,6 +642,13 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             if !admin && host.owner_of(&job) != Some(peer.uid) {
                 return Reply::error(ErrorCode::Forbidden, format!("job {job} is not yours (uid {}): only its owner or an administrator may move processes into it", peer.uid));
             }
+            // Checked again under the lock, just before the write, through the same pidfd: the
+            // process may have exec'd a set-uid program while this request waited for the lock.
+            if !admin {
+                if let Err(reply) = runs_as(&target, peer.uid) {
+                    return reply;
+                }
+            }
             match host.join(&job, pid) {
                 Ok(()) => {
                     moved_check(&target, &job);
@@ -804,7 +811,6 @@ fn join_target(pid: i32, peer: &Peer, admin: bool) -> Result<ProcessHandle, Repl
     if admin {
         return Ok(target);
     }
-    let status = target.status().map_err(refused)?;
     let forbidden = |why: String| Err(Reply::error(ErrorCode::Forbidden, why));
     let Some(own) = &peer.process else {
         return forbidden("topod could not identify the process that opened this connection, so it moves none for a user who is not an administrator".into());
@@ -818,13 +824,26 @@ fn join_target(pid: i32, peer: &Peer, admin: bool) -> Result<ProcessHandle, Repl
     if !own.alive() {
         return forbidden(format!("the process that opened this connection (pid {}) has exited; a connection cannot move another process in its place", peer.pid));
     }
-    if status.uids[0] != peer.uid || status.uids[1] != peer.uid {
-        return forbidden(format!(
-            "process {pid} does not run as uid {} (real uid {}, effective uid {})",
-            peer.uid, status.uids[0], status.uids[1]
+    runs_as(&target, peer.uid)?;
+    Ok(target)
+}
+
+/// The process `target` names is alive and runs as `uid` (real and effective); else the refusal.
+fn runs_as(target: &ProcessHandle, uid: u32) -> Result<(), Reply> {
+    let pid = target.pid();
+    let status = target.status().map_err(|e| {
+        Reply::error(ErrorCode::BadRequest, format!("cannot move process {pid}: {e}"))
+    })?;
+    if status.uids[0] != uid || status.uids[1] != uid {
+        return Err(Reply::error(
+            ErrorCode::Forbidden,
+            format!(
+                "process {pid} does not run as uid {uid} (real uid {}, effective uid {})",
+                status.uids[0], status.uids[1]
+            ),
         ));
     }
-    Ok(target)
+    Ok(())
 }
 
 /// After a move: a target that exited meanwhile may have let its pid number go to another
@@ -909,6 +928,31 @@ mod tests {
         assert!(fit.ok.is_some(), "{:?}", fit.error);
         drop(held);
         asker.join().unwrap();
+    }
+
+    #[test]
+    fn a_join_checks_the_processs_uid_through_its_pidfd_each_time() {
+        // The check a join makes before the host lock and again under it, just before the
+        // write: a process that changed uid meanwhile (a set-uid exec) is refused the second time.
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: starting a process as another uid needs root");
+            return;
+        }
+        use std::os::unix::process::CommandExt;
+        let mut other = std::process::Command::new("sleep").arg("30").uid(65534).spawn().unwrap();
+        let handle = ProcessHandle::open(other.id() as i32).unwrap();
+        assert!(runs_as(&handle, 65534).is_ok());
+        let err = runs_as(&handle, 0).unwrap_err().error.unwrap();
+        assert_eq!(err.code, ErrorCode::Forbidden);
+        assert!(
+            err.message.contains("does not run as uid 0 (real uid 65534, effective uid 65534)"),
+            "{}",
+            err.message
+        );
+        other.kill().unwrap();
+        other.wait().unwrap();
+        let err = runs_as(&handle, 65534).unwrap_err().error.unwrap();
+        assert_eq!(err.code, ErrorCode::BadRequest, "{}", err.message);
     }
 
     #[test]
