@@ -760,9 +760,9 @@ fn notify_systemd(socket: &Path, server: Arc<Server>) {
 
 /// topod's own threads keep clear of the load jobs put on their CPUs: on the CPUs the
 /// configuration reserves for the system (`reserved_cpus`, which no job is given) when it
-/// reserves some, and at nice -10 (`process::DAEMON_NICE`) in any case (on CPUs shared with jobs, a job's
-/// runnable threads, however many, then delay topod's answers by scheduler slices, not by
-/// their number). Threads serving users who are not administrators go down to nice 10 as they
+/// reserves some, and at nice -10 (`process::DAEMON_NICE`) in any case (on CPUs shared with
+/// jobs, a job's busy threads then delay topod's answers far less, though not at all only with
+/// CPUs reserved). Threads serving users who are not administrators go down to nice 10 as they
 /// start (`server::lower_priority`). Called on the main thread before any other starts: the
 /// others inherit both.
 fn keep_clear_of_jobs(reserved: &topo_core::cpuset::CpuSet) {

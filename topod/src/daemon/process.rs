@@ -150,8 +150,9 @@ impl ProcessHandle {
 /// The nice value of topod's own threads (those serving root, administrators and the batch
 /// system, and its timers): on a CPU shared with a job, a thread at nice -10 weighs as much as
 /// nine at nice 0 in the kernel's fair scheduler (`sched_prio_to_weight`, kernel/sched/core.c:
-/// 9548 against 1024), and a waking one is run ahead of them, so however many threads a job
-/// runs, topod's answers wait for a few scheduler slices, not for the job.
+/// 9548 against 1024). Measured with 400 busy threads of a job on both CPUs of a 2-CPU host,
+/// root's fit + list p99 went from 2.1 s to 0.26 s: far less delay, not none. Only
+/// `reserved_cpus` keeps jobs off topod's CPUs altogether.
 pub const DAEMON_NICE: i32 = -10;
 
 /// Sets the calling thread's nice value (Linux keeps one per thread; threads it starts later
