@@ -141,7 +141,7 @@ pub enum HostError {
     },
     /// A resize of a job whose tasks are not known: recovered from its cgroup without its
     /// record, its CPUs do not divide into its request's tasks.
-    #[error("job {job}: its tasks are not known (topod recovered it from its cgroup without its record, and its CPUs {cpus} do not divide into tasks of {request}); it is not resized, and runs on as it is until it ends")]
+    #[error("job {job}: its tasks are not known (topod recovered it from its cgroup without a record of its tasks, or with one its cgroup no longer matches, and its CPUs {cpus} do not divide into tasks of {request}); it is not resized, and runs on as it is until it ends")]
     TasksUnknown {
         /// The job.
         job: String,
@@ -580,6 +580,10 @@ pub struct Host {
     freeze_timeout: Duration,
     /// Jobs that have had a process: only those are released when they become empty.
     joined: BTreeSet<String>,
+    /// Jobs whose tasks are not known: recovered from their cgroups without a record of their
+    /// tasks (or with one their cgroup no longer matches) and not since divided into tasks of
+    /// their request. They are never resized, by `resize` or by equipartition.
+    tasks_unknown: BTreeSet<String>,
     /// Jobs with processes that were told how to move themselves in and have not yet confirmed
     /// with `join`: how many, and the last offer. Their joins check before writing, and
     /// [`Host::release_empty`] leaves them alone for [`SELF_JOIN_WINDOW`] after the last offer.
@@ -644,6 +648,7 @@ impl Host {
             changing: Default::default(),
             freeze_timeout: Duration::from_secs(5),
             joined: Default::default(),
+            tasks_unknown: Default::default(),
             self_join_offered: Default::default(),
             gang: None,
             gang_status: None,
@@ -1196,6 +1201,9 @@ impl Host {
                 hint.request.clear();
             }
             let tasks = tasks_for(&job, &hint.tasks, &eff.cpus);
+            if tasks.is_empty() || tasks != hint.tasks {
+                self.tasks_unknown.insert(job.to_string());
+            }
             hint.tasks = tasks.clone();
             let fenced = match parsed.as_ref().and_then(|r| r.exclusive_level()) {
                 Some(level) => self.model.closure(level, &eff.cpus).difference(&eff.cpus),
@@ -1419,6 +1427,7 @@ impl Host {
                         place::split_into_tasks(&self.model, &prepared.request, &adopted.cpus)
                     {
                         adopted.tasks = tasks;
+                        self.tasks_unknown.remove(job);
                     }
                 }
                 if let Some(level) = prepared.request.exclusive_level() {
@@ -1856,6 +1865,7 @@ impl Host {
         }
         self.hints.remove(&job);
         self.joined.remove(&job);
+        self.tasks_unknown.remove(&job);
         self.self_join_offered.remove(&job);
         self.missized.remove(&job);
         self.forget_notify(&job);
@@ -2437,6 +2447,20 @@ mod tests {
         assert!(matches!(e, HostError::TasksUnknown { .. }), "{e}");
         assert!(e.to_string().contains("its tasks are not known"), "{e}");
         assert_eq!(h.ledger.get("8").unwrap().cpus, b.cpus, "nothing changed");
+        // Nor does equipartition resize it (it would share the free CPUs out to it).
+        h.set_equipartition(true);
+        let resized = h.rebalance();
+        assert!(!resized.contains(&"8".to_string()), "{resized:?}");
+        assert_eq!(h.ledger.get("8").unwrap().cpus, b.cpus, "nothing changed");
+        // A restart with its record (written at the allocate that adopted it): its tasks are known.
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = host_on(&topo, &kernel, Some(dir.path()));
+        first.recover(BTreeMap::new()).unwrap();
+        first.allocate("9", "affinity[core*1-2]", Some(2), None, None, None).unwrap();
+        drop(first);
+        let mut again = host_on(&topo, &kernel, Some(dir.path()));
+        again.recover(BTreeMap::new()).unwrap();
+        assert_eq!(again.resize("9", 1).unwrap().tasks.len(), 1);
     }
 
     #[test]

@@ -289,6 +289,15 @@ pub fn split_into_tasks(
     if units.is_empty() || CpuSet::union_all(&units) != *cpus {
         return None;
     }
+    // Nearest first (socket, NUMA node, L3 group, core, then CPU number), so that a task's units
+    // are neighbours however the machine numbers its CPUs (SMT siblings are often numbered
+    // far apart, sockets alternately).
+    let key = |unit: &CpuSet| {
+        let cpu = unit.iter().next().unwrap_or(0);
+        let at = |level| model.domain_of(level, cpu);
+        (at(Level::Socket), at(Level::Numa), at(Level::L3), at(Level::Core), cpu)
+    };
+    units.sort_by_key(key);
     let per_task = request.units_per_task.max(1) as usize;
     if units.len() % per_task != 0 {
         return None;
@@ -304,22 +313,6 @@ pub fn split_into_tasks(
         }
     }
     Some(tasks)
-}
-
-/// Whether `tasks` are shaped as `request` asks: disjoint, each of `units_per_task` whole units
-/// of the request's level (in any order: placement interleaves them as the request says).
-pub fn tasks_match(model: &HostModel, request: &Request, tasks: &[CpuSet]) -> bool {
-    let per_task = request.units_per_task.max(1) as usize;
-    let whole_units = |task: &CpuSet| -> Option<usize> {
-        if request.unit == Level::Thread {
-            return Some(task.len());
-        }
-        let touched = model.touched(request.unit, task);
-        let domains = model.domains(request.unit);
-        touched.iter().all(|&d| domains[d].is_subset(task)).then_some(touched.len())
-    };
-    let disjoint = CpuSet::union_all(tasks).len() == tasks.iter().map(CpuSet::len).sum::<usize>();
-    disjoint && tasks.iter().all(|t| !t.is_empty() && whole_units(t) == Some(per_task))
 }
 
 /// Where a running malleable job goes when it is resized to `new_tasks` tasks.

@@ -114,9 +114,9 @@ impl Host {
         if !(min..=max).contains(&tasks) {
             return Err(HostError::OutOfRange { job: job.into(), tasks, min, max });
         }
-        // A job recovered without its record whose CPUs do not divide into its tasks: a shrink
-        // would keep the wrong CPUs, a grow place tasks beside ones that are not its.
-        if !place::tasks_match(&self.model, &req, &alloc.tasks) {
+        // A job recovered without its tasks' record whose CPUs do not divide into its tasks: a
+        // shrink would keep the wrong CPUs, a grow place tasks beside ones that are not its.
+        if self.tasks_unknown.contains(job) {
             return Err(HostError::TasksUnknown {
                 job: job.into(),
                 cpus: alloc.cpus.to_string(),
