@@ -774,7 +774,7 @@ fn keep_clear_of_jobs(reserved: &topo_core::cpuset::CpuSet) {
             // An emulated topology's CPUs that this machine lacks, or a cpuset topod was
             // started in without them.
             Err(e) => tracing::warn!(
-                "cannot keep topod's threads on the reserved CPUs {reserved} ({e}); they run wherever the kernel puts them"
+                "cannot keep topod's threads on the reserved CPUs {reserved} ({e}: not CPUs of this machine, or not in the cpuset or CPU affinity topod was started with); they run wherever the kernel puts them"
             ),
         }
     }

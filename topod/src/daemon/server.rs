@@ -363,6 +363,11 @@ pub fn serve(listener: UnixListener, server: Arc<Server>, kind: Listener) {
         let spawned = std::thread::Builder::new().name("topod-conn".into()).spawn(move || {
             if !privileged {
                 lower_priority();
+            } else if kind == Listener::Public {
+                // Root or an administrator on the public socket (an administrator who is not
+                // root cannot open the admins' one, mode 0600): back up from the listener's
+                // nice 10 to topod's own.
+                let _ = super::process::set_this_thread_nice(super::process::DAEMON_NICE);
             }
             let lines = LineReader::new(proto::MAX_LINE_BYTES, &server.gate.limits());
             if let Err(e) = connection(stream, lines, &server, &peer, false, admitted) {
