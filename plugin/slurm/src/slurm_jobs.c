@@ -15,10 +15,23 @@
 #define TOPO_SLURM_SUSPENDED 2
 #define TOPO_SLURM_GONE 3 /* slurmctld knows no such job (ended and purged, or never was) */
 
+/* The record of job_id itself in msg: loading a job array's first task by its id (the array's
+ * own id) also returns the array's other tasks, each with its own state and partition. */
+static slurm_job_info_t *own_record(job_info_msg_t *msg, uint32_t job_id)
+{
+	uint32_t i;
+
+	for (i = 0; msg && i < msg->record_count; i++)
+		if (msg->job_array[i].job_id == job_id)
+			return &msg->job_array[i];
+	return NULL;
+}
+
 /* 0, with *state one of the TOPO_SLURM_* values; else Slurm's errno for the failure (never 0). */
 int topo_slurm_job_state(uint32_t job_id, uint32_t *state)
 {
 	job_info_msg_t *msg = NULL;
+	slurm_job_info_t *job;
 	uint32_t base;
 
 	if (slurm_load_job(&msg, job_id, SHOW_ALL) != SLURM_SUCCESS) {
@@ -29,12 +42,13 @@ int topo_slurm_job_state(uint32_t job_id, uint32_t *state)
 		}
 		return e ? e : SLURM_ERROR;
 	}
-	if (!msg || msg->record_count < 1) {
+	job = own_record(msg, job_id);
+	if (!job) {
 		if (msg)
 			slurm_free_job_info_msg(msg);
 		return ESLURM_INVALID_JOB_ID;
 	}
-	base = msg->job_array[0].job_state & JOB_STATE_BASE;
+	base = job->job_state & JOB_STATE_BASE;
 	slurm_free_job_info_msg(msg);
 	if (base == JOB_RUNNING)
 		*state = TOPO_SLURM_RUNNING;
@@ -59,6 +73,7 @@ const char *topo_slurm_strerror(int e)
 int topo_slurm_job_partition(uint32_t job_id, char *buf, size_t len)
 {
 	job_info_msg_t *msg = NULL;
+	slurm_job_info_t *job;
 	const char *name;
 	size_t n;
 
@@ -69,12 +84,13 @@ int topo_slurm_job_partition(uint32_t job_id, char *buf, size_t len)
 		int e = slurm_get_errno();
 		return e ? e : SLURM_ERROR;
 	}
-	if (!msg || msg->record_count < 1) {
+	job = own_record(msg, job_id);
+	if (!job) {
 		if (msg)
 			slurm_free_job_info_msg(msg);
 		return ESLURM_INVALID_JOB_ID;
 	}
-	name = msg->job_array[0].partition;
+	name = job->partition;
 	n = name ? strlen(name) : 0;
 	if (n >= len) {
 		slurm_free_job_info_msg(msg);
