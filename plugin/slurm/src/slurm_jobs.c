@@ -15,39 +15,47 @@
 #define TOPO_SLURM_SUSPENDED 2
 #define TOPO_SLURM_GONE 3 /* slurmctld knows no such job (ended and purged, or never was) */
 
-/* The record of job_id itself in msg: loading a job array's first task by its id (the array's
- * own id) also returns the array's other tasks, each with its own state and partition. */
-static slurm_job_info_t *own_record(job_info_msg_t *msg, uint32_t job_id)
+/* Loads job_id's record from slurmctld: 0 with *msg (to free with slurm_free_job_info_msg) and
+ * *job, the record of job_id itself (loading a job array's first task by its id, the array's
+ * own id, also returns the array's other tasks, each with its own state and partition); else
+ * Slurm's errno for the failure (never 0), ESLURM_INVALID_JOB_ID for no such job. */
+static int load_own_record(uint32_t job_id, job_info_msg_t **msg, slurm_job_info_t **job)
 {
 	uint32_t i;
 
-	for (i = 0; msg && i < msg->record_count; i++)
-		if (msg->job_array[i].job_id == job_id)
-			return &msg->job_array[i];
-	return NULL;
+	*msg = NULL;
+	*job = NULL;
+	if (slurm_load_job(msg, job_id, SHOW_ALL) != SLURM_SUCCESS) {
+		int e = slurm_get_errno();
+		*msg = NULL;
+		return e ? e : SLURM_ERROR;
+	}
+	for (i = 0; *msg && i < (*msg)->record_count; i++)
+		if ((*msg)->job_array[i].job_id == job_id)
+			*job = &(*msg)->job_array[i];
+	if (!*job) {
+		if (*msg)
+			slurm_free_job_info_msg(*msg);
+		*msg = NULL;
+		return ESLURM_INVALID_JOB_ID;
+	}
+	return 0;
 }
 
 /* 0, with *state one of the TOPO_SLURM_* values; else Slurm's errno for the failure (never 0). */
 int topo_slurm_job_state(uint32_t job_id, uint32_t *state)
 {
-	job_info_msg_t *msg = NULL;
+	job_info_msg_t *msg;
 	slurm_job_info_t *job;
 	uint32_t base;
+	int e = load_own_record(job_id, &msg, &job);
 
-	if (slurm_load_job(&msg, job_id, SHOW_ALL) != SLURM_SUCCESS) {
-		int e = slurm_get_errno();
-		if (e == ESLURM_INVALID_JOB_ID) {
-			*state = TOPO_SLURM_GONE;
-			return 0;
-		}
-		return e ? e : SLURM_ERROR;
+	if (e == ESLURM_INVALID_JOB_ID) {
+		*state = TOPO_SLURM_GONE;
+		return 0;
 	}
-	job = own_record(msg, job_id);
-	if (!job) {
-		if (msg)
-			slurm_free_job_info_msg(msg);
-		return ESLURM_INVALID_JOB_ID;
-	}
+	if (e)
+		return e;
 	base = job->job_state & JOB_STATE_BASE;
 	slurm_free_job_info_msg(msg);
 	if (base == JOB_RUNNING)
@@ -72,24 +80,18 @@ const char *topo_slurm_strerror(int e)
  * that counts when the partition decides what a job may use. */
 int topo_slurm_job_partition(uint32_t job_id, char *buf, size_t len)
 {
-	job_info_msg_t *msg = NULL;
+	job_info_msg_t *msg;
 	slurm_job_info_t *job;
 	const char *name;
 	size_t n;
+	int e;
 
 	if (!buf || len == 0)
 		return EINVAL;
 	buf[0] = '\0';
-	if (slurm_load_job(&msg, job_id, SHOW_ALL) != SLURM_SUCCESS) {
-		int e = slurm_get_errno();
-		return e ? e : SLURM_ERROR;
-	}
-	job = own_record(msg, job_id);
-	if (!job) {
-		if (msg)
-			slurm_free_job_info_msg(msg);
-		return ESLURM_INVALID_JOB_ID;
-	}
+	e = load_own_record(job_id, &msg, &job);
+	if (e)
+		return e;
 	name = job->partition;
 	n = name ? strlen(name) : 0;
 	if (n >= len) {
