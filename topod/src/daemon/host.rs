@@ -251,6 +251,13 @@ pub struct JobHint {
     /// for more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_cap: Option<u32>,
+    /// Its tasks are not known: recovered from its cgroup without a record of its tasks (or with
+    /// one its cgroup no longer matches), and not since divided into tasks of its request by an
+    /// allocate. Kept in the record, so that the next restart does not take the tasks made up
+    /// for it (one over all its CPUs) as known. Such a job is never resized, by `resize` or by
+    /// equipartition.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tasks_unknown: bool,
     /// Suspended by the batch system, not by topod (Slurm stopped it and gave its CPUs to
     /// another job, see `host/follow.rs`): topod neither froze it nor thaws it, and a restart
     /// keeps it suspended beside the job that borrows its CPUs.
@@ -580,10 +587,6 @@ pub struct Host {
     freeze_timeout: Duration,
     /// Jobs that have had a process: only those are released when they become empty.
     joined: BTreeSet<String>,
-    /// Jobs whose tasks are not known: recovered from their cgroups without a record of their
-    /// tasks (or with one their cgroup no longer matches) and not since divided into tasks of
-    /// their request. They are never resized, by `resize` or by equipartition.
-    tasks_unknown: BTreeSet<String>,
     /// Jobs with processes that were told how to move themselves in and have not yet confirmed
     /// with `join`: how many, and the last offer. Their joins check before writing, and
     /// [`Host::release_empty`] leaves them alone for [`SELF_JOIN_WINDOW`] after the last offer.
@@ -648,7 +651,6 @@ impl Host {
             changing: Default::default(),
             freeze_timeout: Duration::from_secs(5),
             joined: Default::default(),
-            tasks_unknown: Default::default(),
             self_join_offered: Default::default(),
             gang: None,
             gang_status: None,
@@ -1201,8 +1203,8 @@ impl Host {
                 hint.request.clear();
             }
             let tasks = tasks_for(&job, &hint.tasks, &eff.cpus);
-            if tasks.is_empty() || tasks != hint.tasks {
-                self.tasks_unknown.insert(job.to_string());
+            if tasks != hint.tasks {
+                hint.tasks_unknown = true;
             }
             hint.tasks = tasks.clone();
             let fenced = match parsed.as_ref().and_then(|r| r.exclusive_level()) {
@@ -1422,12 +1424,13 @@ impl Host {
                 adopted.request = canonical.clone();
                 // Its tasks were not recorded either: as the request shapes them, where its
                 // CPUs divide so (else resizes are refused, see resize_to).
+                let mut tasks_unknown = self.hints.get(job).is_some_and(|h| h.tasks_unknown);
                 if prepared.request.is_malleable() {
                     if let Some(tasks) =
                         place::split_into_tasks(&self.model, &prepared.request, &adopted.cpus)
                     {
                         adopted.tasks = tasks;
-                        self.tasks_unknown.remove(job);
+                        tasks_unknown = false;
                     }
                 }
                 if let Some(level) = prepared.request.exclusive_level() {
@@ -1452,6 +1455,7 @@ impl Host {
                     resize_signal: prepared.resize_signal,
                     queue: prepared.gang.queue.clone(),
                     pool: prepared.pool.clone(),
+                    tasks_unknown,
                     ..JobHint::default()
                 };
                 self.write_record(&id, &hint)?;
@@ -1559,6 +1563,7 @@ impl Host {
             queue: prepared.gang.queue.clone(),
             pool: prepared.pool.clone(),
             tasks_cap: None,
+            tasks_unknown: false,
             batch_suspended: false,
             batch_suspended_ns: 0,
         };
@@ -1865,7 +1870,6 @@ impl Host {
         }
         self.hints.remove(&job);
         self.joined.remove(&job);
-        self.tasks_unknown.remove(&job);
         self.self_join_offered.remove(&job);
         self.missized.remove(&job);
         self.forget_notify(&job);
@@ -2432,8 +2436,9 @@ mod tests {
         let b = first.allocate("8", "affinity[core*3]", None, None, None, None).unwrap();
         assert_eq!(b.cpus.len(), 3);
         drop(first);
-        // No records: both come back as one task over their CPUs, request unknown.
-        let mut h = host_on(&topo, &kernel, None);
+        // Their records lost: both come back as one task over their CPUs, request unknown.
+        let records = tempfile::tempdir().unwrap();
+        let mut h = host_on(&topo, &kernel, Some(records.path()));
         h.recover(BTreeMap::new()).unwrap();
         assert!(matches!(h.resize("7", 2), Err(HostError::NotMalleable { .. })));
         let again = h.allocate("7", "affinity[core*2-4]", Some(4), None, None, None).unwrap();
@@ -2443,24 +2448,27 @@ mod tests {
         assert_eq!((shrunk.tasks.len(), shrunk.cpus.len()), (2, 2));
         // Three cores do not divide into tasks of two cores each.
         h.allocate("8", "affinity[core(2)*1-2]", Some(1), None, None, None).unwrap();
-        let e = h.resize("8", 1).unwrap_err();
-        assert!(matches!(e, HostError::TasksUnknown { .. }), "{e}");
-        assert!(e.to_string().contains("its tasks are not known"), "{e}");
-        assert_eq!(h.ledger.get("8").unwrap().cpus, b.cpus, "nothing changed");
+        let refused = |h: &mut Host| {
+            let e = h.resize("8", 1).unwrap_err();
+            assert!(matches!(e, HostError::TasksUnknown { .. }), "{e}");
+            assert!(e.to_string().contains("its tasks are not known"), "{e}");
+            assert_eq!(h.ledger.get("8").unwrap().cpus, b.cpus, "nothing changed");
+        };
+        refused(&mut h);
         // Nor does equipartition resize it (it would share the free CPUs out to it).
         h.set_equipartition(true);
         let resized = h.rebalance();
         assert!(!resized.contains(&"8".to_string()), "{resized:?}");
         assert_eq!(h.ledger.get("8").unwrap().cpus, b.cpus, "nothing changed");
-        // A restart with its record (written at the allocate that adopted it): its tasks are known.
-        let dir = tempfile::tempdir().unwrap();
-        let mut first = host_on(&topo, &kernel, Some(dir.path()));
-        first.recover(BTreeMap::new()).unwrap();
-        first.allocate("9", "affinity[core*1-2]", Some(2), None, None, None).unwrap();
-        drop(first);
-        let mut again = host_on(&topo, &kernel, Some(dir.path()));
-        again.recover(BTreeMap::new()).unwrap();
-        assert_eq!(again.resize("9", 1).unwrap().tasks.len(), 1);
+        h.allocate("9", "affinity[core*1-2]", Some(2), None, None, None).unwrap();
+        drop(h);
+        // Restarted with the records written since: job 8's tasks are still not known (its
+        // record keeps it, not the one task made up for it); job 7's and 9's are.
+        let mut after = host_on(&topo, &kernel, Some(records.path()));
+        after.recover(BTreeMap::new()).unwrap();
+        refused(&mut after);
+        assert_eq!(after.resize("7", 3).unwrap().tasks.len(), 3);
+        assert_eq!(after.resize("9", 1).unwrap().tasks.len(), 1);
     }
 
     #[test]

@@ -308,6 +308,7 @@ mod tests {
             queue: Some("batch".into()),
             pool: Some("day".into()),
             tasks_cap: Some(2),
+            tasks_unknown: true,
             batch_suspended: true,
             batch_suspended_ns: 1_700_000_000_000_000_000,
         };

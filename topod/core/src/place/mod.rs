@@ -258,7 +258,7 @@ pub fn fit_and_score(
 }
 
 /// A job's CPUs split into its tasks as its request shapes them (each task `units_per_task`
-/// whole units of the request's level, in CPU order, inside one domain of its `same=` level),
+/// whole units of the request's level, nearest first, inside one domain of its `same=` level),
 /// for a job whose tasks were not recorded (recovered from its cgroup alone). `None` when the
 /// CPUs do not divide so: a unit cut short, units left over, or a task count outside the
 /// request's range; such a job cannot be resized, since its tasks are not known.

@@ -116,7 +116,7 @@ impl Host {
         }
         // A job recovered without its tasks' record whose CPUs do not divide into its tasks: a
         // shrink would keep the wrong CPUs, a grow place tasks beside ones that are not its.
-        if self.tasks_unknown.contains(job) {
+        if self.hints.get(job).is_some_and(|h| h.tasks_unknown) {
             return Err(HostError::TasksUnknown {
                 job: job.into(),
                 cpus: alloc.cpus.to_string(),

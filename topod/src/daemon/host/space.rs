@@ -54,8 +54,8 @@ impl Host {
             .jobs()
             .filter(|a| a.gang_row.is_none() && !self.releasing.contains(&a.job))
             .filter(|a| !self.changing.contains_key(&a.job))
-            // Tasks not known (see Host::tasks_unknown): as rigid as it is.
-            .filter(|a| !self.tasks_unknown.contains(&a.job))
+            // Tasks not known (see JobHint::tasks_unknown): as rigid as it is.
+            .filter(|a| !self.hints.get(&a.job).is_some_and(|h| h.tasks_unknown))
             .filter_map(|a| {
                 let req = request::parse(&a.request).ok().filter(Request::is_malleable)?;
                 let at = self.hints.get(&a.job).and_then(|h| h.allocated_at.clone());
