@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use topo_client::Client;
 use topo_core::proto::Op;
+use topod::daemon::process;
 
 /// The uid and gid the attackers run as.
 const NOBODY: u32 = 65534;
@@ -86,8 +87,6 @@ fn attacker(socket: &Path, mode: &str, count: usize, stats: &Path) -> Result<Rea
     Ok(Reaped(child))
 }
 
-/// Times `cycles` root job starts and releases while a watcher times `topoctl status` and
-/// samples topod's memory.
 /// What root's timed cycle is: a job started and released, or (on a host with no CPU free) a
 /// `fit` and a `list`, each through the host lock as an allocate is.
 #[derive(Clone, Copy, PartialEq)]
@@ -96,10 +95,13 @@ enum Cycle {
     FitList,
 }
 
+/// Times `cycles` root job starts and releases while a watcher times `topoctl status` and
+/// samples topod's memory.
 fn phase(socket: &Path, name: &str, cycles: usize, topod_pid: u64) -> Result<Phase, Failure> {
     phase_of(socket, name, cycles, topod_pid, Cycle::StartRelease)
 }
 
+/// [`phase`], with root's cycle `cycle`.
 fn phase_of(
     socket: &Path,
     name: &str,
@@ -336,7 +338,8 @@ fn spin_phase(
 ) -> Result<Option<(Option<Phase>, Phase)>, Failure> {
     let mut c = Client::connect(socket).map_err(|e| Failure::runtime(e.to_string()))?;
     let job = format!("hostile-spin-{}", std::process::id());
-    let pus = c.topology().map_err(|e| Failure::runtime(e.to_string()))?.pus.len();
+    let all_pus = c.topology().map_err(|e| Failure::runtime(e.to_string()))?.pus;
+    let pus = all_pus.len();
     let mut held = None;
     for k in (1..=pus).rev() {
         if c.call(Op::allocate(&job, format!("affinity[thread*{k}]"))).is_err() {
@@ -366,7 +369,10 @@ fn spin_phase(
     let cycle = if everywhere { Cycle::FitList } else { Cycle::StartRelease };
     let outcome = (|| {
         let quiet = if everywhere {
-            at_topods_priority();
+            // This thread only; the watcher it starts inherits it.
+            if let Err(e) = process::set_this_thread_nice(process::DAEMON_NICE) {
+                eprintln!("topoctl: cannot run at topod's nice {}: {e}", process::DAEMON_NICE);
+            }
             Some(phase_of(socket, "quiet (fit + list)", cycles, topod_pid, cycle)?)
         } else {
             None
@@ -380,7 +386,8 @@ fn spin_phase(
             Failure::runtime(format!("moving the spinning threads into {job}: {e}"))
         })?;
         if !everywhere {
-            move_off(&spin_cpus);
+            // Off the job's CPUs: this thread, and the watcher it starts next.
+            let _ = process::pin_this_thread(&all_pus.difference(&spin_cpus));
         }
         let mut p = phase_of(
             socket,
@@ -402,35 +409,6 @@ fn spin_phase(
         eprintln!("topoctl: releasing {job} after the benchmark: {e} (topoctl release {job})");
     }
     outcome.map(Some)
-}
-
-/// This thread (and the ones it starts next) at nice -10, as topod's own threads run.
-fn at_topods_priority() {
-    // SAFETY: setpriority takes plain integers and touches no memory of ours.
-    let rc = unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, nix::unistd::gettid().as_raw() as libc::id_t, -10)
-    };
-    if rc != 0 {
-        eprintln!("topoctl: cannot run at nice -10: {}", std::io::Error::last_os_error());
-    }
-}
-
-/// Moves this process's threads (the timing loop, and the watcher it starts next) off `cpus`.
-fn move_off(cpus: &topo_core::cpuset::CpuSet) {
-    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
-    use nix::unistd::Pid;
-    let Ok(now) = sched_getaffinity(Pid::from_raw(0)) else { return };
-    let mut rest = CpuSet::new();
-    let mut any = false;
-    for cpu in 0..CpuSet::count() {
-        if now.is_set(cpu).unwrap_or(false) && !cpus.contains(cpu as u32) {
-            let _ = rest.set(cpu);
-            any = true;
-        }
-    }
-    if any {
-        let _ = sched_setaffinity(Pid::from_raw(0), &rest);
-    }
 }
 
 fn tempfile_dir() -> Result<std::path::PathBuf, Failure> {
