@@ -11,6 +11,9 @@
 #   - topod stopped while a job runs: the job epilog queues the release, the node is not drained,
 #     and topod releases the job when it starts again; a job started while topod is down fails
 #     with a clear message and does not drain the node either;
+#   - topod restarting as a batch job starts: the plug-in waits for it and the job runs on topod's
+#     CPUs; topod down longer than the plug-in's timeout: the batch job fails, its output naming
+#     topod's socket, and the node is not drained;
 #   - after the jobs end, topod's ledger is empty and no job cgroup is left.
 # The daemons it starts are stopped by pid at the end, pass or fail. Needs root; skips without.
 # Usage: tests/slurm-e2e.sh   (also run by tests/run-all.sh)
@@ -253,6 +256,45 @@ for mode in affinity cgroup; do
     cluster_start_topod
     for _ in $(seq 50); do [ -z "$(ls -A "$(dirname "$SOCK")/release-pending" 2>/dev/null)" ] && break; sleep 0.1; done
     check "the queued release of a job topod never had is done and gone" test -z "$(ls -A "$(dirname "$SOCK")/release-pending" 2>/dev/null)"
+
+    echo "-- topod restarts as a batch job starts: the plug-in waits for it (within its timeout, 10 s), and the job runs"
+    wait_gone
+    cluster_stop topod
+    jid=$(as_user sbatch --parsable --topology='affinity[core]' -n1 -o "$BASE/out/restart-$mode-%j.out" "$BASE/bin/probe")
+    for _ in $(seq 50); do [ "$(squeue -h -j "$jid" -o %T 2>/dev/null)" = RUNNING ] && break; sleep 0.1; done
+    state=$(squeue -h -j "$jid" -o %T 2>/dev/null)
+    sleep 2
+    cluster_start_topod
+    check "job $jid was started by Slurm while topod was down ($state)" test "$state" = RUNNING
+    wait_gone
+    sed 's/^/  job output: /' "$BASE/out/restart-$mode-$jid.out" || true
+    check "job $jid completed with exit 0 ($(scontrol show job "$jid" | grep -o 'JobState=[^ ]*\|ExitCode=[^ ]*' | xargs))" \
+        bash -c "scontrol show job $jid | grep -q 'JobState=COMPLETED ' && scontrol show job $jid | grep -Eq '(^| )ExitCode=0:0( |\$)'"
+    check_job_output "$BASE/out/restart-$mode-$jid.out" "$mode"
+    # The plug-in logs how long the allocation took, topod's wait included.
+    gave=$(grep "topo: job $jid step batch: Slurm cores .* topod gave " "$BASE/log/slurmd.log" | head -1 || true)
+    echo "  slurmd log: ${gave#*topo: }"
+    waited=$(echo "$gave" | sed -n 's/.* in \([0-9]*\)\.[0-9]* ms$/\1/p')
+    check "slurmd's log shows the plug-in waited for topod (${waited:-?} ms)" test "${waited:-0}" -ge 1000
+    check "and the allocation was not refused or failed" bash -c "! grep -q 'topo: job $jid step batch: .*cannot reach topod' '$BASE/log/slurmd.log'"
+    check_not_drained
+
+    echo "-- topod down longer than the plug-in's timeout: the batch job fails, naming topod's socket; the node is not drained"
+    wait_gone
+    cluster_stop topod
+    jid=$(as_user sbatch --parsable --topology='affinity[core]' -n1 -o "$BASE/out/gone-$mode-%j.out" "$BASE/bin/probe")
+    wait_gone
+    sed 's/^/  job output: /' "$BASE/out/gone-$mode-$jid.out" || true
+    grep "topo: job $jid " "$BASE/log/slurmd.log" | sed 's/^/  slurmd log: /' || true
+    check "job $jid failed ($(scontrol show job "$jid" | grep -o 'JobState=[^ ]*\|ExitCode=[^ ]*' | xargs))" \
+        bash -c "scontrol show job $jid | grep -q 'JobState=FAILED ' && ! scontrol show job $jid | grep -Eq '(^| )ExitCode=0:0( |\$)'"
+    check "its output says topod cannot be reached at $SOCK" grep -q "topo: job $jid step batch: cannot reach topod at $SOCK: .*is topod running" "$BASE/out/gone-$mode-$jid.out"
+    check "slurmd's log says so" grep -q "topo: job $jid step batch: cannot reach topod at $SOCK" "$BASE/log/slurmd.log"
+    check "its probe never ran" bash -c "! grep -q '^JOB=' '$BASE/out/gone-$mode-$jid.out'"
+    check_not_drained
+    cluster_start_topod
+    for _ in $(seq 50); do [ -z "$(ls -A "$(dirname "$SOCK")/release-pending" 2>/dev/null)" ] && break; sleep 0.1; done
+    check "its queued release is done and gone" test -z "$(ls -A "$(dirname "$SOCK")/release-pending" 2>/dev/null)"
 
     echo "-- a request no host can hold is refused by job_submit.lua's constraint"
     wait_gone
