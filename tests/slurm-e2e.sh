@@ -250,7 +250,7 @@ for mode in affinity cgroup; do
     set -e
     sed 's/^/  srun says: /' "$BASE/out/down-start-$mode.err"
     check "srun failed (exit $rc)" test "$rc" -ne 0
-    check "the user is told topod cannot be reached" grep -q "topo: job [0-9]* step 0: cannot reach topod at $SOCK" "$BASE/out/down-start-$mode.err"
+    check "the user is told topod cannot be reached" grep -q "topo: job [0-9]* step 0: waited [0-9.]* s, and still cannot reach topod at $SOCK" "$BASE/out/down-start-$mode.err"
     wait_gone
     check_not_drained
     cluster_start_topod
@@ -276,7 +276,8 @@ for mode in affinity cgroup; do
     echo "  slurmd log: ${gave#*topo: }"
     waited=$(echo "$gave" | sed -n 's/.* in \([0-9]*\)\.[0-9]* ms$/\1/p')
     check "slurmd's log shows the plug-in waited for topod (${waited:-?} ms)" test "${waited:-0}" -ge 1000
-    check "and the allocation was not refused or failed" bash -c "! grep -q 'topo: job $jid step batch: .*cannot reach topod' '$BASE/log/slurmd.log'"
+    check "  ... and says so as it starts waiting" grep -q "topo: job $jid step batch: cannot reach topod at $SOCK: .*; waiting up to 10 s for topod (a restart?)" "$BASE/log/slurmd.log"
+    check "and the allocation was not refused or failed" bash -c "! grep -q 'topo: job $jid step batch: waited .* still cannot reach topod' '$BASE/log/slurmd.log'"
     check_not_drained
 
     echo "-- topod down longer than the plug-in's timeout: the batch job fails, naming topod's socket; the node is not drained"
@@ -288,8 +289,8 @@ for mode in affinity cgroup; do
     grep "topo: job $jid " "$BASE/log/slurmd.log" | sed 's/^/  slurmd log: /' || true
     check "job $jid failed ($(scontrol show job "$jid" | grep -o 'JobState=[^ ]*\|ExitCode=[^ ]*' | xargs))" \
         bash -c "scontrol show job $jid | grep -q 'JobState=FAILED ' && ! scontrol show job $jid | grep -Eq '(^| )ExitCode=0:0( |\$)'"
-    check "its output says topod cannot be reached at $SOCK" grep -q "topo: job $jid step batch: cannot reach topod at $SOCK: .*is topod running" "$BASE/out/gone-$mode-$jid.out"
-    check "slurmd's log says so" grep -q "topo: job $jid step batch: cannot reach topod at $SOCK" "$BASE/log/slurmd.log"
+    check "its output says topod cannot be reached at $SOCK" grep -q "topo: job $jid step batch: waited [0-9.]* s, and still cannot reach topod at $SOCK: .*is topod running" "$BASE/out/gone-$mode-$jid.out"
+    check "slurmd's log says so" grep -q "topo: job $jid step batch: waited [0-9.]* s, and still cannot reach topod at $SOCK" "$BASE/log/slurmd.log"
     check "its probe never ran" bash -c "! grep -q '^JOB=' '$BASE/out/gone-$mode-$jid.out'"
     check_not_drained
     cluster_start_topod

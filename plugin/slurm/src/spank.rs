@@ -517,14 +517,20 @@ enum Attempt {
 /// topod's socket, tried again every 200 ms for up to `timeout` while topod cannot be reached:
 /// a job that starts while topod restarts (an upgrade, `systemctl restart`, a crash and
 /// systemd's restart) waits for it instead of failing.
+/// `waiting` is called once, at the first failure, to say that it waits.
 fn connect_patiently(
     socket: &std::path::Path,
     timeout: std::time::Duration,
+    waiting: impl Fn(&ClientError),
 ) -> Result<Client, ClientError> {
     let deadline = std::time::Instant::now() + timeout;
+    let mut said = false;
     loop {
         match Client::connect_with_timeout(socket, timeout) {
             Err(e) if e.is_unreachable() && std::time::Instant::now() < deadline => {
+                if !std::mem::replace(&mut said, true) {
+                    waiting(&e);
+                }
                 std::thread::sleep(std::time::Duration::from_millis(200));
             }
             other => return other,
@@ -659,7 +665,19 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     };
     let deadline = started + a.timeout;
     let (alloc, job_cpus, step_cpus, starts_suspended) = loop {
-        let mut topod = connect_patiently(&a.socket, a.timeout).map_err(fail)?;
+        let waiting = |e: &ClientError| {
+            log_info(&format!(
+                "job {job_id} step {step}: {e}; waiting up to {} s for topod (a restart?)",
+                a.timeout.as_secs()
+            ))
+        };
+        let mut topod = connect_patiently(&a.socket, a.timeout, waiting).map_err(|e| {
+            if !e.is_unreachable() {
+                return fail(e);
+            }
+            let waited = started.elapsed().as_secs_f64();
+            format!("job {job_id} step {step}: waited {waited:.1} s, and still {e}")
+        })?;
         match once(&mut topod) {
             Ok(done) => break done,
             Err(Attempt::Unreachable(e)) if std::time::Instant::now() < deadline => {
