@@ -225,10 +225,32 @@ impl Client {
         join_self(job, |op| self.call(op), |e| matches!(e, ClientError::Refused(_)))
     }
 
+    /// A refusal topod sent before it closed the connection, if one is there to read.
+    fn refusal_waiting(&mut self) -> Option<ClientError> {
+        let mut line = Vec::new();
+        (&mut self.reader).take(64 * 1024).read_until(b'\n', &mut line).ok()?;
+        match proto::parse_reply(&line).ok()?.error {
+            Some(e) => Some(ClientError::Refused(e)),
+            None => None,
+        }
+    }
+
     /// Sends one operation and returns the result, untyped (the typed calls above decode it).
     pub fn call(&mut self, op: Op) -> Result<serde_json::Value, ClientError> {
+        if let Err(e) = self.writer.write_all(Request::new(op).to_line().as_bytes()) {
+            // topod refuses a connection it has no room for (too many connections) before
+            // reading anything: its reason waits to be read, better than "Broken pipe".
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) {
+                if let Some(refused) = self.refusal_waiting() {
+                    return Err(refused);
+                }
+            }
+            return Err(ClientError::Io { peer: self.peer.clone(), source: e });
+        }
         let io = |source| ClientError::Io { peer: self.peer.clone(), source };
-        self.writer.write_all(Request::new(op).to_line().as_bytes()).map_err(io)?;
         let mut line = Vec::new();
         // The limit counts the reply, not its newline (as MAX_LINE_BYTES does).
         let limit = proto::MAX_REPLY_BYTES as u64 + 1;
@@ -782,6 +804,27 @@ mod tests {
         drop(client);
         let sent = peer.join().unwrap();
         assert!(sent <= proto::MAX_REPLY_BYTES + 8 * 1024 * 1024, "the client read {sent} bytes");
+    }
+
+    /// topod refuses a connection it has no room for before reading the request: the client
+    /// that writes into the closed connection says topod's reason, not "Broken pipe".
+    #[test]
+    fn a_connection_refused_before_its_request_says_topods_reason() {
+        let scratch = Scratch::new("busy");
+        let socket = scratch.0.join("topod.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let mut client = Client::connect(&socket).unwrap();
+        let (mut conn, _) = listener.accept().unwrap();
+        let refusal =
+            proto::Reply::error(proto::ErrorCode::Busy, "too many connections from uid 1000 (64)");
+        conn.write_all(refusal.to_line().as_bytes()).unwrap();
+        drop(conn);
+        match client.call(Op::Version) {
+            Err(ClientError::Refused(e)) => {
+                assert!(e.message.contains("too many connections from uid 1000"), "{e:?}")
+            }
+            other => panic!("expected topod's refusal, got {other:?}"),
+        }
     }
 
     #[test]
