@@ -223,7 +223,7 @@ else
     [ "$(unit_value Type)" = notify ] || fail "the unit is Type=notify"
     [ -n "$runtime_dir" ] && mkdir -p -m 0755 "/run/$runtime_dir"
     # The unit's ExecStartPre=+ makes the subtree with root's full privileges (systemd's "+"):
-    # the daemon keeps only CAP_KILL and CAP_SYS_NICE, and a cgroup v1 hierarchy root of mode
+    # the daemon keeps only CAP_KILL, CAP_SYS_NICE and CAP_NET_BIND_SERVICE, and a cgroup v1 hierarchy root of mode
     # 0555 (this host's cpuset is $(stat -c %a /sys/fs/cgroup/cpuset 2>/dev/null)) is writable
     # only with CAP_DAC_OVERRIDE.
     exec_start_pre=$(unit_value ExecStartPre)
@@ -262,7 +262,7 @@ EOT
     NOTIFY_PID=""
     check "topod told its notify socket READY=1 (Type=notify)" grep -qx READY=1 "$BASE/notify.out"
     check "topod kept only the unit's capabilities ($(unit_value CapabilityBoundingSet))" \
-        grep -qi "capabilities.*: cap_kill cap_sys_nice$" "$BASE/topod.log"
+        grep -qi "capabilities.*: cap_kill cap_net_bind_service cap_sys_nice$" "$BASE/topod.log"
 fi
 for _ in $(seq 100); do /usr/bin/topoctl status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
 check "the installed topoctl reaches the installed topod" bash -c "/usr/bin/topoctl status --socket '$SOCK' >/dev/null"

@@ -5,7 +5,7 @@
 # v1 cpusets, and real jobs submitted by an ordinary user.
 #
 # Checks, each printed as "  ok: ..." or "  FAIL: ...":
-#   a malleable request (*1-2) with ncpus=1 starts, shrunk to one CPU;
+#   a malleable request (*1-2) with ncpus=1 starts, shrunk to one CPU, and its comment says so;
 #   a bad request is refused at qsub with topoctl's message (and a split one says to quote it);
 #   a job's CPUs and cgroup are the ones topod's ledger holds for it; two jobs at once are
 #   disjoint; a double-forked daemon is killed at job end; qdel releases; an array job and a
@@ -339,6 +339,22 @@ lmal=$(ledger | awk -v j="$(topod_id "$jmal")" '$1 == j { print $2 }')
 check "a *1-2 job with ncpus=1 runs on one CPU, the one topod holds (${lmal:-none}, ran on $(cat "$OUT/mal.cpus" 2>/dev/null))" \
     test -n "$lmal" -a "$(cat "$OUT/mal.cpus" 2>/dev/null)" = "$lmal" -a "${lmal//[0-9]/}" = ""
 check "  ... on its first run (run_count $(job_attr "$jmal" run_count))" test "$(job_attr "$jmal" run_count)" = 1
+# PBS cannot change a running job's ncpus: topod says in the job's comment what it runs on
+# (qalter -W comment as root, a manager on the server's host), 10 s after the change, once PBS's
+# scheduler has written its own "Job run at". JSON: qstat -f folds long lines.
+comment_of() { qstat -xf -F json "$1" 2>/dev/null | python3 -c '
+import json, sys
+print(next(iter(json.load(sys.stdin)["Jobs"].values())).get("comment", ""))'; }
+says_resized() { comment_of "$1" | grep -q "^topo on $(hostname -s): resized at .* UTC: runs on 1 CPU ($2)\$"; }
+# topod runs qalter as root within its systemd unit's capabilities only: PBS's default
+# authentication (resvport: pbs_iff binds a reserved port) needs CAP_NET_BIND_SERVICE there.
+unit_caps=$(sed -n 's/^CapabilityBoundingSet=//p' packaging/systemd/topod.service | tr 'A-Z ' 'a-z,' | sed 's/cap_/+/g')
+probe_rc=0
+probe=$(setpriv --bounding-set "-all,$unit_caps" --inh-caps -all --no-new-privs qalter -W "comment=topo: probe" "$jmal" 2>&1) || probe_rc=$?
+check "  ... qalter -W comment works within the unit's capabilities ($unit_caps) and NoNewPrivileges (exit $probe_rc${probe:+: $probe})" \
+    test "$probe_rc" = 0
+for _ in $(seq 300); do says_resized "$jmal" "$lmal" && break; sleep 0.2; done
+check "  ... and PBS shows the shrink in the job's comment ($(comment_of "$jmal"))" says_resized "$jmal" "$lmal"
 touch "$OUT/mal.stop"
 wait_state "$jmal" F 30 || fail "the malleable job did not finish"
 

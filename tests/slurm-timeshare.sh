@@ -251,7 +251,7 @@ cat > "$dir/job.sh" <<EOT
 ( while :; do :; done ) & a=\$!
 ( while :; do :; done ) & b=\$!
 echo "pids=\$a \$b" > $dir/pids
-sleep 60
+sleep 150
 kill \$a \$b
 EOT
 chmod 755 "$dir/job.sh"
@@ -273,9 +273,16 @@ check "its one task is bound to all the job's CPUs, not to its first task's" tes
 "$BASE/bin/topoctl" resize --socket "$SOCK" "slurm-$job" 1 > /dev/null
 small=$(ledger_cpus "$job")
 check "shrunk to $small: the spinners follow ($(allowed_of "$p1"), $(allowed_of "$p2"))" test "$(allowed_of "$p1"):$(allowed_of "$p2")" = "$small:$small"
+# Slurm cannot change a running job's CPUs: topod says what it did in the job's AdminComment.
+admin_comment() { scontrol show job "$1" | sed -n 's/.*AdminComment=\(.*[^ ]\) *$/\1/p'; }
+says_it_runs_on() { admin_comment "$1" | grep -q "^topo on $(hostname -s): resized at .* UTC: runs on $2 ($3)\$"; }
+wait_for 30 says_it_runs_on "$job" "1 CPU" "$small" || true
+check "Slurm shows the shrink: AdminComment=$(admin_comment "$job")" says_it_runs_on "$job" "1 CPU" "$small"
 shrunk_cpu=$(cpu_in_2s)
 "$BASE/bin/topoctl" resize --socket "$SOCK" "slurm-$job" 2 > /dev/null
 check "grown back to $full: the spinners may run on both ($(allowed_of "$p1"), $(allowed_of "$p2"))" test "$(allowed_of "$p1"):$(allowed_of "$p2")" = "$full:$full"
+wait_for 30 says_it_runs_on "$job" "2 CPUs" "$full" || true
+check "and the grow: AdminComment=$(admin_comment "$job")" says_it_runs_on "$job" "2 CPUs" "$full"
 grown_cpu=$(cpu_in_2s)
 echo "  CPU seconds in 2 s: $shrunk_cpu on one CPU, $grown_cpu on two"
 # Judged against the same spinners on one CPU in the same run, not against a fixed figure, so

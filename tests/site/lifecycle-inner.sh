@@ -82,8 +82,8 @@ check "topod is active (Type=notify: it said READY)" test "$(systemctl is-active
 systemctl status topod.service --no-pager | head -12
 check "systemctl status shows topod running from /usr/sbin/topod" sh -c 'systemctl status topod.service --no-pager | grep -q "/usr/sbin/topod"'
 check "ExecStartPre=+ made the cgroup subtree $CG_DIR" test -d "$CG_DIR"
-check "topod runs with only CAP_KILL and CAP_SYS_NICE" \
-    sh -c "grep '^CapBnd' /proc/$(topod_pid)/status | grep -q 0000000000800020"  # bits 5 (KILL) and 23 (SYS_NICE)
+check "topod runs with only CAP_KILL, CAP_SYS_NICE and CAP_NET_BIND_SERVICE" \
+    sh -c "grep '^CapBnd' /proc/$(topod_pid)/status | grep -q 0000000000800420"  # bits 5 (KILL), 10 (NET_BIND_SERVICE), 23 (SYS_NICE)
 check "/run/topo/topod.sock answers" topoctl jobs
 
 # --- the host's address, for Slurm and PBS ----------------------------------------------------
@@ -158,7 +158,7 @@ if [ -x /opt/pbs/bin/qsub ] && [ ! -f /root/no-pbs ]; then
     pbs_finished() { [ "$(pbs_state "$1")" = F ]; }
     pbs_job() {  # qsub as alice: NAME QSUB-ARGS...; prints the job id
         local name=$1; shift
-        (cd /home/alice && runuser -u alice -- qsub -N "$name" -j oe -o "/home/alice/$name.out" "$@" -- /home/alice/job.sh 3) 2>&1 | tail -1
+        (cd /home/alice && runuser -u alice -- qsub -N "$name" -j oe -o "/home/alice/$name.out" "$@" -- /home/alice/job.sh "${PBS_JOB_SECONDS:-3}") 2>&1 | tail -1
     }
     job_p=$(pbs_job pj -l select=1:ncpus=1 -l topology='affinity[core]')
     wait_for 180 pbs_finished "$job_p" || fail "PBS job $job_p finished ($(pbs_state "$job_p"): $(pbs_attr "$job_p" comment))"
@@ -280,6 +280,31 @@ log "jobs end; the packages are removed"
 check "topoctl release site-a" topoctl release site-a
 check "the release ended job site-a's process" wait_for 10 process_gone "$job_a_pid"
 check "the journal has the release as one line" journal_has 'job site-a: released.*event="released" job=site-a'
+
+# --- topod tells the batch systems of a resize: scontrol and qalter run within the unit's sandbox
+log "topod tells Slurm and PBS of a resize"
+told_text="^topo on $(hostname -s): resized at .* UTC: runs on 1 CPU ([0-9]*)\$"
+admin_comment() { scontrol show job "$1" | sed -n 's/.*AdminComment=\(.*[^ ]\) *$/\1/p'; }
+slurm_told() { admin_comment "$1" | grep -q "$told_text"; }
+job_m=$(slurm_job "--topology='affinity[core*1-2]' -c2 -o /home/alice/m.out /home/alice/job.sh 100000")
+wait_for 180 slurm_running "$job_m" /home/alice/m.out || fail "Slurm job $job_m running ($(slurm_state "$job_m"))"
+check "topoctl resize slurm-$job_m 1" topoctl resize "slurm-$job_m" 1
+wait_for 60 slurm_told "$job_m" || true
+check "Slurm shows it: AdminComment=$(admin_comment "$job_m")" slurm_told "$job_m"
+scancel "$job_m"
+wait_for 180 slurm_done "$job_m"
+if [ "$HAVE_PBS" = 1 ]; then
+    pbs_comment() { qstat -f -F json "$1" 2>/dev/null | python3 -c '
+import json, sys
+print(next(iter(json.load(sys.stdin)["Jobs"].values())).get("comment", ""))'; }
+    pbs_told() { pbs_comment "$1" | grep -q "$told_text"; }
+    # A *1-2 job PBS gives one CPU: the start hook shrinks it through topod, which tells PBS.
+    job_q=$(PBS_JOB_SECONDS=100000 pbs_job pq -l select=1:ncpus=1 -l topology='affinity[thread*1-2]')
+    wait_for 90 pbs_told "$job_q" || true
+    check "PBS shows the start's shrink in the job's comment ($(pbs_comment "$job_q"))" pbs_told "$job_q"
+    qdel "$job_q"
+    wait_for 60 pbs_finished "$job_q" || fail "PBS job $job_q ended after qdel"
+fi
 # Removing topo-slurm: first its plugstack line (packaging/slurm/README.md, "Removal").
 rm -f /etc/slurm/plugstack.conf.d/topo.conf
 systemctl restart slurmd.service

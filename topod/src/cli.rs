@@ -29,8 +29,8 @@ pub struct TopodArgs {
     pub topology: Option<PathBuf>,
     /// Create topod's cgroup subtree in each hierarchy (with the host's CPUs and memory nodes)
     /// and exit: the systemd unit's `ExecStartPre=+`, which runs with root's full privileges,
-    /// because the daemon keeps only CAP_KILL and CAP_SYS_NICE and cgroup v1's hierarchy roots
-    /// are writable only with CAP_DAC_OVERRIDE.
+    /// because the daemon keeps only CAP_KILL, CAP_SYS_NICE and CAP_NET_BIND_SERVICE and cgroup
+    /// v1's hierarchy roots are writable only with CAP_DAC_OVERRIDE.
     #[arg(long, conflicts_with = "remove_cgroups")]
     pub prepare_cgroups: bool,
     /// Remove topod's empty cgroup subtree from each hierarchy and exit (the Debian package's

@@ -155,3 +155,25 @@ fn cgroup_v2_without_its_cpuset_controller_is_refused() {
         }
     }
 }
+
+/// Issue 27: a site that turns on topod's own gang slicing or preemption is told, by the check
+/// its package runs, that Slurm's and PBS's jobs never get them, and what to use instead.
+#[test]
+fn gang_rows_and_preempt_are_said_not_to_apply_to_slurm_and_pbs_jobs() {
+    let (out, _file, _dir) = check("gang_rows = 2\ngang_all_jobs = true\npreempt = true\n");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains(
+            "gang_rows: Slurm's plug-in and PBS's hook never let topod gang-slice their jobs"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("Use Slurm's PreemptMode=GANG"), "{said}");
+    assert!(
+        said.contains("preempt: Slurm's plug-in and PBS's hook never mark a job preemptible"),
+        "{said}"
+    );
+    let (out, _file, _dir) = check("equipartition = true\n");
+    assert_eq!(stderr(&out), "", "nothing to say without them");
+}

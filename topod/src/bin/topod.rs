@@ -18,6 +18,7 @@ use topo_core::proto::Op;
 use topo_core::topology::{hwloc_xml, sysfs};
 use topod::cgroup::{self, fs::Files, Kind};
 use topod::cli::{TopodArgs, DEFAULT_CONFIG};
+use topod::daemon::batch_report::{BatchReporter, RealCommands, COMMAND_TIMEOUT, SETTLE};
 use topod::daemon::conn::{raise_fd_limit, Gate};
 use topod::daemon::host::{Host, JobHint};
 use topod::daemon::metrics;
@@ -237,6 +238,13 @@ fn run(args: TopodArgs) -> Result<(), String> {
     let admin_socket = topo_core::proto::admin_socket_for(&socket);
     let admin_listener = bind(&admin_socket, 0o600)?;
     drop_capabilities()?;
+    // Capabilities are each thread's own: the reporting thread starts only now, with what
+    // topod kept (it runs scontrol and qalter as root within them).
+    let reporter = config
+        .tell_batch_system
+        .unwrap_or(true)
+        .then(|| BatchReporter::start(Arc::new(RealCommands::default()), COMMAND_TIMEOUT, SETTLE));
+    host.set_batch_reporter(reporter.clone());
     let admins = Admins { uids: config.admin_uids.clone(), gids: config.admin_gids.clone() };
     let limits = config.limits();
     tracing::info!(
@@ -246,7 +254,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
         limits.max_connections_per_user
     );
     let server = Server::new(host, admins, Gate::new(limits));
-    stop_on_signal(server.clone());
+    stop_on_signal(server.clone(), reporter);
     let mut pending = PendingReleases::new(
         Kernel,
         topo_core::pending::pending_dir_for(&socket),
@@ -339,11 +347,16 @@ fn run(args: TopodArgs) -> Result<(), String> {
 /// up to its own kill timeout); systemd's stop timeout (90 s by default) is longer.
 const STOP_DRAIN: Duration = Duration::from_secs(60);
 
+/// How long a stop waits for the reports to batch systems still settling.
+const REPORT_DRAIN: Duration = Duration::from_secs(10);
+
 /// A stop (`systemctl stop`, an upgrade's restart, a package removal: SIGTERM; Ctrl-C: SIGINT)
 /// waits for the releases, suspensions and resumptions under way and for the host lock, then
 /// exits: none is cut in half (a release stopped between its freeze and its thaw left the job
 /// frozen, its processes in D state, until the next start). Jobs keep running, as ever.
-fn stop_on_signal(server: Arc<Server>) {
+/// Reports to the batch system still settling are sent first (see
+/// `topod::daemon::batch_report`).
+fn stop_on_signal(server: Arc<Server>, reporter: Option<BatchReporter>) {
     std::thread::spawn(move || {
         let mut signals = nix::sys::signal::SigSet::empty();
         signals.add(nix::sys::signal::Signal::SIGTERM);
@@ -372,6 +385,15 @@ fn stop_on_signal(server: Arc<Server>) {
             );
         } else {
             tracing::info!("{signal}: stopped; jobs keep running and the next start adopts them");
+        }
+        // Under the host lock: no report comes after these.
+        if let Some(reporter) = reporter {
+            if !reporter.flush(REPORT_DRAIN) {
+                tracing::warn!(
+                    "{signal}: some changes to jobs' CPUs were not told to their batch system within {} s",
+                    REPORT_DRAIN.as_secs()
+                );
+            }
         }
         std::process::exit(0);
     });
@@ -468,11 +490,26 @@ fn check_config(
     if config.tcp_listen.is_some() {
         read_key(&config.tcp_key_file.clone().unwrap_or_default())?;
     }
+    for note in batch_system_notes(config) {
+        eprintln!("topod: note: {note}");
+    }
     match file {
         Some(file) => println!("{}: valid (not checked: whether its ports are free)", file.display()),
         None => println!("no configuration file ({DEFAULT_CONFIG} does not exist): topod starts with its defaults"),
     }
     Ok(())
+}
+
+/// What `--check-config` says of the time policies Slurm's and PBS's jobs never get from topod.
+fn batch_system_notes(config: &Config) -> Vec<&'static str> {
+    let mut notes = Vec::new();
+    if config.gang_rows.is_some() {
+        notes.push("gang_rows: Slurm's plug-in and PBS's hook never let topod gang-slice their jobs (they ask gang = false, whatever gang_all_jobs says): the batch system would not know the time a job spent frozen and would end it at its time limit. Use Slurm's PreemptMode=GANG, which topod follows; slicing applies to jobs allocated with topoctl alloc --gang or topo-exec");
+    }
+    if config.preempt {
+        notes.push("preempt: Slurm's plug-in and PBS's hook never mark a job preemptible, for the same reason: their own preemption (Slurm's PreemptMode=SUSPEND, PBS's express queues) suspends jobs, and topod follows it");
+    }
+    notes
 }
 
 fn read_key(key_file: &Path) -> Result<String, String> {
@@ -792,9 +829,16 @@ fn keep_clear_of_jobs(reserved: &topo_core::cpuset::CpuSet) {
 /// of other users, and moving into a cpuset a process whose capabilities are not a subset of
 /// topod's (a job started as root: the kernel's cpuset attach check, `cap_safe_nice`, wants
 /// `CAP_SYS_NICE`). Every file it writes (the cgroup tree, /run/topo) is root's, and moving
-/// another user's process on cgroup v1 needs euid 0, which stays. The same list is the unit's
-/// `CapabilityBoundingSet`.
-const KEEP: [caps::Capability; 2] = [caps::Capability::CAP_KILL, caps::Capability::CAP_SYS_NICE];
+/// another user's process on cgroup v1 needs euid 0, which stays. And binding a reserved port:
+/// not for topod's own listeners, but for the `qalter` it runs to tell PBS of a job's new CPUs
+/// (`topod::daemon::batch_report`), whose `pbs_iff` proves it is root that way (PBS's default
+/// `resvport` authentication; observed: without it, "pbs_iff: cannot connect to host"). The
+/// same list is the unit's `CapabilityBoundingSet`.
+const KEEP: [caps::Capability; 3] = [
+    caps::Capability::CAP_KILL,
+    caps::Capability::CAP_SYS_NICE,
+    caps::Capability::CAP_NET_BIND_SERVICE,
+];
 
 fn drop_capabilities() -> Result<(), String> {
     use caps::{CapSet, Capability};

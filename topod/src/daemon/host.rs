@@ -617,6 +617,8 @@ pub struct Host {
     equipartition: bool,
     /// Defragmenting migration, when on (see [`space`]).
     defrag: Option<DefragConfig>,
+    /// Tells Slurm and PBS of the CPUs topod changed in their running jobs, when set.
+    batch_reporter: Option<super::batch_report::BatchReporter>,
 }
 
 /// How long after a process was told how to move itself into a job the job is not released for
@@ -666,6 +668,7 @@ impl Host {
             pools_open: Vec::new(),
             equipartition: false,
             defrag: None,
+            batch_reporter: None,
         })
     }
 
@@ -674,6 +677,12 @@ impl Host {
     /// with `None`.
     pub fn set_preempt(&mut self, rules: Option<topo_core::policy::Preempt>) {
         self.preempt = rules;
+    }
+
+    /// Where the changes topod makes to running batch jobs' CPUs are told (see
+    /// [`super::batch_report`]); nowhere with `None`.
+    pub fn set_batch_reporter(&mut self, reporter: Option<super::batch_report::BatchReporter>) {
+        self.batch_reporter = reporter;
     }
 
     fn now_s(&self) -> i64 {
@@ -2878,6 +2887,62 @@ mod tests {
         assert!(h.resize("m1", 9).is_err());
         assert_eq!(h.hints["m1"].tasks_cap, Some(3));
         h.ledger().check().unwrap();
+    }
+
+    /// Issue 27: the batch system is told of every change topod makes to its jobs' CPUs (in
+    /// Slurm's AdminComment, PBS's comment), and of nothing else: not an allocate, not a
+    /// resize to the size a job has, not a job of no batch system.
+    #[test]
+    fn a_batch_jobs_resize_and_equipartitions_shrink_are_told_to_its_batch_system() {
+        use crate::daemon::batch_report::{BatchReporter, FakeCommands, COMMAND_TIMEOUT};
+        let topo = small_topology(4);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.set_clock(Arc::new(|| at(1_795_000_000)));
+        let fake = Arc::new(FakeCommands::default());
+        let reporter = BatchReporter::start(fake.clone(), COMMAND_TIMEOUT, Duration::ZERO);
+        h.set_batch_reporter(Some(reporter.clone()));
+        let told = || {
+            assert!(reporter.wait_idle(Duration::from_secs(600)));
+            std::mem::take(&mut *fake.ran.lock().unwrap())
+        };
+        h.allocate("slurm-41", "affinity[thread*1-2]", None, None, None, None).unwrap();
+        h.allocate("mine", "affinity[thread*1-2]", None, None, None, None).unwrap();
+        assert!(told().is_empty(), "an allocate is the batch system's own decision");
+        h.resize("slurm-41", 1).unwrap();
+        h.resize("mine", 1).unwrap();
+        h.resize("slurm-41", 1).unwrap();
+        let cpus = h.ledger().get("slurm-41").unwrap().cpus.to_string();
+        assert_eq!(
+            told(),
+            [vec![
+                "scontrol".to_string(),
+                "update".into(),
+                "JobId=41".into(),
+                format!(
+                    "AdminComment=topo on {}: resized at 2026-11-18 11:06:40 UTC: runs on 1 CPU ({cpus})",
+                    reporter.host()
+                ),
+            ]]
+        );
+        // Equipartition shrinks a PBS job for an arrival: PBS hears of it too.
+        h.release("slurm-41").unwrap();
+        h.release("mine").unwrap();
+        h.set_equipartition(true);
+        h.allocate("pbs-7.server", "affinity[thread*1-4]", None, None, None, None).unwrap();
+        assert_eq!(h.ledger().get("pbs-7.server").unwrap().tasks.len(), 4);
+        told();
+        h.allocate("rigid", "affinity[thread*2]", None, None, None, None).unwrap();
+        let cpus = h.ledger().get("pbs-7.server").unwrap().cpus.clone();
+        assert_eq!(cpus.len(), 2);
+        let ran = told();
+        assert_eq!(ran.len(), 1, "{ran:?}");
+        assert_eq!(ran[0][..2], ["qalter".to_string(), "-W".into()]);
+        let said = format!("comment=topo on {}: shrunk by equipartition", reporter.host());
+        assert!(ran[0][2].starts_with(&said), "{:?}", ran[0]);
+        assert!(ran[0][2]
+            .ends_with(&format!("runs on 2 CPUs ({})", cpus.to_string().replace(',', " "))));
+        assert_eq!(ran[0][3], "7.server");
     }
 
     #[test]

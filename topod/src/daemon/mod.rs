@@ -3,6 +3,7 @@
 //! topod runs with no configuration file; `/etc/topo/topod.toml` (or `--config`) may set any of
 //! the [`Config`] fields. Command-line options override the file.
 
+pub mod batch_report;
 pub mod conn;
 pub mod host;
 pub mod metrics;
@@ -144,6 +145,10 @@ pub struct Config {
     pub migrate_min_run_s: Option<u64>,
     /// Nor again within this many seconds of its last move or resize (default 300).
     pub migrate_gap_s: Option<u64>,
+    /// When topod gives a running Slurm or PBS job other CPUs (a resize, a move), it says so in
+    /// the job's Slurm `AdminComment` or PBS `comment` (`scontrol`, `qalter`; see
+    /// [`batch_report`]); on by default.
+    pub tell_batch_system: Option<bool>,
     /// Jobs moved to make room for one allocate, at most (default 8).
     pub defrag_max_moves: Option<usize>,
 }

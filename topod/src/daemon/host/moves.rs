@@ -246,6 +246,9 @@ impl Host {
                 m.tasks.len()
             );
             self.tell(&m.job, true);
+            if let Some(reporter) = &self.batch_reporter {
+                reporter.report_change(&m.job, why, &m.cpus, now);
+            }
         }
         // Only now: a crash before this makes the moves again at the restart, and the jobs are
         // told again (file and signal), so none misses its signal.
@@ -387,10 +390,14 @@ impl Host {
         }
     }
 
-    /// Removes `job`'s notify file (its release).
+    /// Removes `job`'s notify file and drops a report to its batch system not yet sent (its
+    /// release: the batch system ended the job, and alters a finished job no more).
     pub(crate) fn forget_notify(&self, job: &str) {
         if let Some(dir) = &self.notify_dir {
             let _ = std::fs::remove_file(dir.join(job));
+        }
+        if let Some(reporter) = &self.batch_reporter {
+            reporter.forget(job);
         }
     }
 }
