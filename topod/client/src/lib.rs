@@ -229,10 +229,7 @@ impl Client {
     fn refusal_waiting(&mut self) -> Option<ClientError> {
         let mut line = Vec::new();
         (&mut self.reader).take(64 * 1024).read_until(b'\n', &mut line).ok()?;
-        match proto::parse_reply(&line).ok()?.error {
-            Some(e) => Some(ClientError::Refused(e)),
-            None => None,
-        }
+        proto::parse_reply(&line).ok()?.error.map(ClientError::Refused)
     }
 
     /// Sends one operation and returns the result, untyped (the typed calls above decode it).
