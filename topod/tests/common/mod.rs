@@ -193,8 +193,10 @@ pub fn start(dir: &Path, extra: &[&str], emulate: bool) -> Daemon {
 /// Sends raw bytes as one request and returns the reply object.
 pub fn raw(socket: &Path, bytes: &[u8]) -> Value {
     let mut s = UnixStream::connect(socket).unwrap();
-    s.write_all(bytes).unwrap();
-    s.write_all(b"\n").unwrap();
+    // topod answers a line longer than its limit and closes before reading the rest: a write
+    // that then finds the connection closed ("Broken pipe", seen on a busy machine) is no
+    // failure, the answer waits to be read.
+    let _ = s.write_all(&[bytes, b"\n"].concat());
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).unwrap();
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("reply {line:?}: {e}"))
