@@ -1211,9 +1211,23 @@ impl Host {
                 report.bad_requests.push(job.to_string());
                 hint.request.clear();
             }
-            let tasks = tasks_for(&job, &hint.tasks, &eff.cpus);
+            let mut tasks = tasks_for(&job, &hint.tasks, &eff.cpus);
             if tasks != hint.tasks {
                 hint.tasks_unknown = true;
+            }
+            // A malleable request known from the record: its CPUs, divided as the request
+            // shapes them, are its tasks, as when the batch system asks again for a job
+            // recovered without a record (see allocate). Only CPUs that do not divide so leave
+            // its tasks unknown, and its resizes refused.
+            if hint.tasks_unknown {
+                let split = parsed
+                    .as_ref()
+                    .filter(|r| r.is_malleable())
+                    .and_then(|r| place::split_into_tasks(&self.model, r, &eff.cpus));
+                if let Some(split) = split {
+                    tasks = split;
+                    hint.tasks_unknown = false;
+                }
             }
             hint.tasks = tasks.clone();
             let fenced = match parsed.as_ref().and_then(|r| r.exclusive_level()) {
@@ -2478,6 +2492,33 @@ mod tests {
         refused(&mut after);
         assert_eq!(after.resize("7", 3).unwrap().tasks.len(), 3);
         assert_eq!(after.resize("9", 1).unwrap().tasks.len(), 1);
+    }
+
+    /// Seen once in the suite's crash test on cgroup v2 (SIGKILLs at random points, with
+    /// equipartition): a malleable job came back with a record whose tasks its cgroup no
+    /// longer matched, and every later resize was refused. Its request is in the record, so
+    /// its CPUs are divided as the request shapes them, as when the batch system asks again.
+    #[test]
+    fn a_malleable_job_whose_record_its_cgroup_no_longer_matches_is_divided_again() {
+        use crate::cgroup::CgroupBackend;
+        let topo = small_topology(8);
+        let kernel = kernel_for(&topo);
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = host_on(&topo, &kernel, Some(dir.path()));
+        let a = first.allocate("7", "affinity[thread*1-4]", Some(4), None, None, None).unwrap();
+        assert_eq!(a.tasks.len(), 4);
+        drop(first);
+        // Two of its CPUs taken from its cgroup behind the record's back.
+        let two = CpuSet::union_all(&a.tasks[..2]);
+        let spec = CgroupSpec { cpus: two.clone(), mems: a.mems.clone(), memory_limit: None };
+        kernel.update(&JobId::parse("7").unwrap(), &spec).unwrap();
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.recover(BTreeMap::new()).unwrap();
+        assert_eq!(h.ledger().get("7").unwrap().tasks.len(), 2);
+        assert!(!h.hints["7"].tasks_unknown);
+        assert_eq!(h.resize("7", 1).unwrap().tasks.len(), 1);
+        assert_eq!(h.resize("7", 3).unwrap().tasks.len(), 3);
+        h.ledger().check().unwrap();
     }
 
     #[test]
