@@ -429,6 +429,10 @@ pub(crate) fn connection(
             }
             thread_cpu_time()
         });
+        // A release, suspension or resumption counts as under way until its reply is written:
+        // a stop waits for it (Server::drain), so its caller is answered, not cut off (seen
+        // on the cgroup v2 guest: the release was done, the reply never sent).
+        let mut answering = None;
         let (reply, close) = match lines.next(&mut stream)? {
             Line::Closed => return Ok(()),
             Line::TimedOut { partial: false } => return Ok(()),
@@ -456,6 +460,10 @@ pub(crate) fn connection(
                     false,
                 ),
                 Ok(req) => {
+                    if matches!(req.op, Op::Release { .. } | Op::Suspend { .. } | Op::Resume { .. })
+                    {
+                        answering = Some(InFlight::new(&server.in_flight));
+                    }
                     let (op, started) = (req.op.name(), std::time::Instant::now());
                     let reply = handle(server, peer, req.op);
                     let refused = reply.error.as_ref().map(|e| {
@@ -471,6 +479,7 @@ pub(crate) fn connection(
             },
         };
         stream.write_all(reply.to_line().as_bytes())?;
+        drop(answering);
         if let (Some(holder), Some(before)) = (charged, cpu_before) {
             server.gate.charge(holder, thread_cpu_time().saturating_sub(before));
         }
