@@ -123,7 +123,7 @@ cleanup() {
     declare -F delete_hooks >/dev/null && delete_hooks
     pbs_stop
     stop_topod
-    for c in cpuset memory freezer; do
+    for c in cpuset memory freezer cpu; do
         d=/sys/fs/cgroup/$c/$SUBTREE
         [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
     done

@@ -127,7 +127,7 @@ check_clean() {
     done
     check "topod's ledger is empty after the jobs ($left)" test "$left" = "no jobs"
     local dirs
-    dirs=$(find /sys/fs/cgroup/{cpuset,memory,freezer}/$CGROUP_SUBTREE -mindepth 1 -type d 2>/dev/null || true)
+    dirs=$(find /sys/fs/cgroup/{cpuset,memory,freezer,cpu}/$CGROUP_SUBTREE -mindepth 1 -type d 2>/dev/null || true)
     check "no job cgroup left under $CGROUP_SUBTREE ($dirs)" test -z "$dirs"
 }
 

@@ -186,6 +186,62 @@ fn create_join_release() {
     assert!(matches!(cg.release(&id, Duration::from_secs(1)), Err(CgroupError::NoSuchJob(_))));
 }
 
+/// Each job is one entity for the CPU scheduler (issue 29: a job's hundreds of threads must not
+/// outweigh topod's): v1 puts the job's processes in a directory of its own in the `cpu`
+/// hierarchy, v2 enables the `cpu` controller for the job cgroups.
+#[test]
+fn a_job_is_one_entity_for_the_cpu_scheduler() {
+    let Some(Real { cgroups, cg, subtree, cpus, mems, _cleanup }) = real() else { return };
+    let id = job("1003");
+    cg.create(&id, &CgroupSpec { cpus, mems, memory_limit: None }).unwrap();
+    let mut child = Command::new("sleep").arg("100").spawn().unwrap();
+    let pid = child.id() as i32;
+    cg.join(&id, pid).unwrap();
+    let membership = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    match &cgroups {
+        common::RealCgroups::V1 { cpu: Some(_), .. } => {
+            let line = membership
+                .lines()
+                .find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "cpu")))
+                .expect("a cpu hierarchy line in /proc/PID/cgroup");
+            assert!(line.ends_with(&format!("/{subtree}/1003")), "{membership}");
+            // A realtime process still joins (the kernel refuses it in a cpu cgroup without
+            // realtime runtime, under CONFIG_RT_GROUP_SCHED): confined, only not grouped.
+            if let Ok(mut rt) = Command::new("chrt").args(["-f", "1", "sleep", "100"]).spawn() {
+                let rt_pid = rt.id() as i32;
+                // chrt sets the policy, then runs sleep.
+                let comm = format!("/proc/{rt_pid}/comm");
+                for _ in 0..1000 {
+                    if std::fs::read_to_string(&comm).is_ok_and(|c| c.trim() == "sleep") {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                cg.join(&id, rt_pid).expect("a realtime process joins");
+                assert!(cg.pids(&id).unwrap().contains(&rt_pid));
+                let _ = rt.kill();
+                let _ = rt.wait();
+            }
+        }
+        common::RealCgroups::V1 { cpu: None, .. } => {
+            common::skip("no v1 cpu hierarchy is mounted here")
+        }
+        common::RealCgroups::V2 { mount } => {
+            let offered =
+                std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+            if offered.split_whitespace().any(|c| c == "cpu") {
+                let job_dir = mount.join(format!("{subtree}.slice/1003"));
+                let weight = std::fs::read_to_string(job_dir.join("cpu.weight"));
+                assert_eq!(weight.map(|w| w.trim().to_string()).ok().as_deref(), Some("100"));
+            } else {
+                common::skip("the unified hierarchy offers no cpu controller here")
+            }
+        }
+    }
+    cg.release(&id, Duration::from_secs(10)).unwrap();
+    child.wait().unwrap();
+}
+
 #[test]
 fn nothing_escapes() {
     let Some(Real { cg, cpus, mems, _cleanup, .. }) = real() else { return };

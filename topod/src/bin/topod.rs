@@ -109,7 +109,15 @@ fn run(args: TopodArgs) -> Result<(), String> {
         }
     };
     if args.prepare_cgroups {
-        return prepare_cgroups(kind, files, &mounts, &subtree, args.topology.or(config.topology));
+        let cpu_groups = config.cpu_groups.unwrap_or(true);
+        return prepare_cgroups(
+            kind,
+            files,
+            &mounts,
+            &subtree,
+            args.topology.or(config.topology),
+            cpu_groups,
+        );
     }
     if args.remove_cgroups {
         return remove_cgroups(kind, &mounts, &subtree);
@@ -123,12 +131,12 @@ fn run(args: TopodArgs) -> Result<(), String> {
     };
     let reserved = config.reserved_cpus.clone().unwrap_or_default();
     let strategy = config.strategy.unwrap_or(Strategy::BestFit);
-    let backend =
-        kind.open(files, &mounts, &subtree, &topo.allowed, &topo.allowed_mems).map_err(|e| {
-            match kind {
-                Kind::V1 => format!("{e} (use --cgroup fake to try topod without cgroups)"),
-                _ => e.to_string(),
-            }
+    let cpu_groups = config.cpu_groups.unwrap_or(true);
+    let backend = kind
+        .open(files, &mounts, &subtree, &topo.allowed, &topo.allowed_mems, cpu_groups)
+        .map_err(|e| match kind {
+            Kind::V1 => format!("{e} (use --cgroup fake to try topod without cgroups)"),
+            _ => e.to_string(),
         })?;
     let records = Records::open(&state_dir).map_err(|e| e.to_string())?;
     let mut host = Host::new(topo, reserved.clone(), backend, Some(records), strategy)
@@ -558,6 +566,7 @@ fn prepare_cgroups(
     mounts: &str,
     subtree: &str,
     topology: Option<PathBuf>,
+    cpu_groups: bool,
 ) -> Result<(), String> {
     if let Some(dir) = kind.subtree_dir(mounts, subtree) {
         match std::fs::create_dir(&dir) {
@@ -574,7 +583,7 @@ fn prepare_cgroups(
             sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
         }
     };
-    kind.open(files, mounts, subtree, &topo.allowed, &topo.allowed_mems)
+    kind.open(files, mounts, subtree, &topo.allowed, &topo.allowed_mems, cpu_groups)
         .map_err(|e| e.to_string())?;
     let dirs = kind.subtree_dir(mounts, subtree).map(|d| d.display().to_string());
     let layout = match kind {
@@ -598,7 +607,8 @@ fn remove_cgroups(kind: Kind, mounts: &str, subtree: &str) -> Result<(), String>
         Kind::Fake => Vec::new(),
         Kind::V1 => {
             let (cpuset, freezer, memory) = cgroup::v1::v1_mounts(mounts);
-            [cpuset, freezer, memory].into_iter().flatten().map(|m| m.join(subtree)).collect()
+            let cpu = cgroup::v1::v1_cpu_mount(mounts);
+            [cpuset, freezer, memory, cpu].into_iter().flatten().map(|m| m.join(subtree)).collect()
         }
         Kind::V2 => kind.subtree_dir(mounts, subtree).into_iter().collect(),
     };

@@ -53,11 +53,14 @@ fn errno(e: nix::errno::Errno) -> Error {
     Error::from_raw_os_error(e as i32)
 }
 
+/// The v1 hierarchies the fake mounts.
+const V1_HIERARCHIES: [&str; 4] = ["cpuset", "freezer", "memory", "cpu"];
+
 impl FakeCgroupFs {
-    /// v1: `cpuset`, `freezer` and `memory` mounted, the root cpuset holding `cpus` and `mems`.
+    /// v1: `cpuset`, `freezer`, `memory` and `cpu` mounted, the root cpuset holding `cpus` and `mems`.
     pub fn v1(cpus: &str, mems: &str) -> Self {
         let fs = Self::empty(Layout::V1);
-        for h in ["cpuset", "freezer", "memory"] {
+        for h in V1_HIERARCHIES {
             std::fs::create_dir(fs.root(h)).unwrap();
             fs.populate(&fs.root(h)).unwrap();
         }
@@ -74,14 +77,14 @@ impl FakeCgroupFs {
         fs
     }
 
-    /// v2: the unified hierarchy, its root offering `cpuset` and `memory` over `cpus`, `mems`.
+    /// v2: the unified hierarchy, its root offering `cpuset`, `cpu` and `memory` over `cpus`, `mems`.
     pub fn v2(cpus: &str, mems: &str) -> Self {
         let fs = Self::empty(Layout::V2);
         let root = fs.root("unified");
         std::fs::create_dir(&root).unwrap();
         fs.populate(&root).unwrap();
         for (file, value) in [
-            ("cgroup.controllers", "cpuset memory"),
+            ("cgroup.controllers", "cpuset cpu memory"),
             ("cpuset.cpus.effective", cpus),
             ("cpuset.mems.effective", mems),
         ] {
@@ -109,7 +112,7 @@ impl FakeCgroupFs {
         let mut text = String::from("proc /proc proc rw,nosuid 0 0\n");
         match self.layout {
             Layout::V1 => {
-                for h in ["cpuset", "freezer", "memory"] {
+                for h in V1_HIERARCHIES {
                     text +=
                         &format!("cgroup {} cgroup rw,nosuid,{h} 0 0\n", self.root(h).display());
                 }
@@ -125,7 +128,7 @@ impl FakeCgroupFs {
     /// A new process `pid`, in the root cgroup of every hierarchy.
     pub fn start_process(&self, pid: i32) {
         let roots: Vec<PathBuf> = match self.layout {
-            Layout::V1 => ["cpuset", "freezer", "memory"].iter().map(|h| self.root(h)).collect(),
+            Layout::V1 => V1_HIERARCHIES.iter().map(|h| self.root(h)).collect(),
             Layout::V2 => vec![self.root("unified")],
         };
         for root in roots {
@@ -182,6 +185,9 @@ impl FakeCgroupFs {
             Some("freezer") => {
                 files.extend([("tasks", String::new()), ("freezer.state", "THAWED\n".into())])
             }
+            Some("cpu") => {
+                files.extend([("tasks", String::new()), ("cpu.shares", "1024\n".into())])
+            }
             Some("memory") => files.extend([
                 ("tasks", String::new()),
                 ("memory.limit_in_bytes", "9223372036854771712\n".into()),
@@ -218,6 +224,7 @@ impl FakeCgroupFs {
                 ("cpuset.cpus.partition", "member\n".into()),
             ],
             "memory" => vec![("memory.max", "max\n".into())],
+            "cpu" => vec![("cpu.weight", "100\n".into())],
             _ => Vec::new(),
         }
     }
@@ -290,7 +297,7 @@ impl FakeCgroupFs {
         if !alive || self.state().unkillable.contains(&pid) {
             return alive;
         }
-        for h in ["cpuset", "freezer", "memory", "unified"] {
+        for h in ["cpuset", "freezer", "memory", "cpu", "unified"] {
             for cgroup in self.cgroups(&self.root(h)) {
                 let mut pids = Self::pids_of(&cgroup);
                 pids.retain(|&p| p != pid);

@@ -1,6 +1,6 @@
 //! Job cgroups: the one OS boundary topod crosses to confine a job.
 //!
-//! One trait, [`CgroupBackend`], with three implementations: [`v1::V1`] (separate `cpuset`,
+//! One trait, [`CgroupBackend`], with three implementations: [`v1::V1`] (separate `cpuset`, `cpu`,
 //! `freezer` and `memory` hierarchies, as on most hybrid hosts), [`v2::V2`] (the unified
 //! hierarchy: `cpuset.cpus`/`cpuset.mems`, `memory.max`, `cgroup.freeze`, `cgroup.kill`,
 //! `cgroup.events`), and [`fake::Fake`] (in memory, for tests of the callers).
@@ -63,7 +63,9 @@ impl Kind {
     }
 
     /// The backend, on `subtree` of the hierarchies `mounts` names (v2: `<subtree>.slice`),
-    /// through `files`; the fake's parent holds `cpus` and `mems`.
+    /// through `files`; the fake's parent holds `cpus` and `mems`. With `cpu_groups`, each job
+    /// is also a group of the CPU scheduler (v1: a directory in the `cpu` hierarchy, where
+    /// mounted; v2: the `cpu` controller, where offered).
     pub fn open(
         self,
         files: Files,
@@ -71,11 +73,19 @@ impl Kind {
         subtree: &str,
         cpus: &CpuSet,
         mems: &CpuSet,
+        cpu_groups: bool,
     ) -> Result<Box<dyn CgroupBackend>, CgroupError> {
         Ok(match self {
             Kind::Fake => Box::new(fake::Fake::new(cpus.clone(), mems.clone())),
-            Kind::V1 => Box::new(v1::V1::detect_in(files, mounts, subtree)?),
-            Kind::V2 => Box::new(v2::V2::detect_in(files, mounts, &format!("{subtree}.slice"))?),
+            Kind::V1 => {
+                let v1 = v1::V1::detect_in(files, mounts, subtree)?;
+                let cpu = v1::v1_cpu_mount(mounts).filter(|_| cpu_groups);
+                Box::new(v1.with_cpu_groups(cpu.map(|c| c.join(subtree))))
+            }
+            Kind::V2 => {
+                let v2 = v2::V2::detect_in(files, mounts, &format!("{subtree}.slice"))?;
+                Box::new(if cpu_groups { v2.with_cpu_groups() } else { v2 })
+            }
         })
     }
 }

@@ -1,5 +1,9 @@
-//! cgroup v1: a `cpuset` hierarchy (required), and `freezer` and `memory` hierarchies when
-//! mounted. Each job gets a directory named by its id under our subtree in each of them.
+//! cgroup v1: a `cpuset` hierarchy (required), and `freezer`, `memory` and `cpu` hierarchies
+//! when mounted. Each job gets a directory named by its id under our subtree in each of them.
+//!
+//! The `cpu` directory sets no limit: it makes each job one entity for the CPU scheduler (its
+//! `cpu.shares` default, 1024), so that a job's hundreds of threads weigh as one against topod's
+//! and other jobs' threads on a CPU they share, as Kubernetes groups a pod's containers.
 //!
 //! v1 rules kept here: `cpuset.cpus` and `cpuset.mems` are written before any task joins (the
 //! kernel refuses tasks in an empty cpuset); our subtree's own cpuset directory is given its
@@ -20,6 +24,17 @@ pub struct V1 {
     cpuset: PathBuf,
     freezer: Option<PathBuf>,
     memory: Option<PathBuf>,
+    cpu: Option<PathBuf>,
+}
+
+/// The mount point of the v1 hierarchy with the `cpu` controller (often `cpu,cpuacct`), from
+/// `/proc/mounts`-format text.
+pub fn v1_cpu_mount(mounts: &str) -> Option<PathBuf> {
+    mounts.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.len() >= 4 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "cpu"))
+            .then(|| PathBuf::from(f[1]))
+    })
 }
 
 /// Where the v1 hierarchies are mounted, from `/proc/self/mountinfo`-style text (`/proc/mounts`
@@ -109,29 +124,28 @@ impl V1 {
             widen_subtree(&files, &cpuset)?;
         }
         for root in freezer.iter().chain(memory.iter()) {
-            // A nested subtree (`batch/topo`) needs its parents here too; in the cpuset
-            // hierarchy they must exist already, with the CPUs the subtree may use.
-            if let Some(parent) = root.parent() {
-                files.mkdir_all(parent)?;
-            }
-            files.mkdir(root)?;
-            // Leftovers of a release cut short: a job directory with no cpuset directory and no
-            // process is provably dead.
-            for dir in files.subdirs(root) {
-                let Some(name) = dir.file_name() else { continue };
-                let orphan = JobId::parse(&name.to_string_lossy()).is_ok()
-                    && !files.exists(&cpuset.join(name));
-                if orphan
-                    && files
-                        .read_pids(&dir.join("cgroup.procs"))
-                        .map(|p| p.is_empty())
-                        .unwrap_or(false)
-                {
-                    let _ = files.rmdir(&dir);
-                }
-            }
+            prepare_beside(&files, &cpuset, root)?;
         }
-        Ok(V1 { files, cpuset, freezer, memory })
+        Ok(V1 { files, cpuset, freezer, memory, cpu: None })
+    }
+
+    /// Job cgroups in the `cpu` hierarchy too, under `root` (created if missing): each job then
+    /// weighs as one entity for the CPU scheduler. None leaves the jobs where they were in it.
+    /// Best effort: a subtree that cannot be made there (a read-only mount in a container) is
+    /// logged, and the jobs are confined without it.
+    pub fn with_cpu_groups(mut self, root: Option<PathBuf>) -> Self {
+        self.cpu = root.filter(|root| match prepare_beside(&self.files, &self.cpuset, root) {
+            Ok(()) => true,
+            Err(_e) => {
+                #[cfg(feature = "daemon")]
+                tracing::warn!(
+                    "jobs are not grouped for the CPU scheduler ({_e}): a job's threads then \
+                     weigh one by one against topod's on a CPU they share"
+                );
+                false
+            }
+        });
+        self
     }
 
     fn dirs(&self, job: &JobId) -> impl Iterator<Item = PathBuf> + '_ {
@@ -139,6 +153,7 @@ impl V1 {
         std::iter::once(&self.cpuset)
             .chain(self.freezer.iter())
             .chain(self.memory.iter())
+            .chain(self.cpu.iter())
             .map(move |root| root.join(&name))
     }
 
@@ -166,9 +181,15 @@ impl V1 {
                 }
                 Err(_) => {
                     // A create cut short (topod killed) may have made the cpuset but not the
-                    // freezer or memory directory: make it and try again.
+                    // freezer, memory or cpu directory: make it and try again.
                     self.files.mkdir(&d)?;
-                    self.files.write(&procs, &pid.to_string())?;
+                    match self.files.write(&procs, &pid.to_string()) {
+                        // The cpu directory only groups the job for the scheduler; the kernel
+                        // refuses a realtime process there (its cpu.rt_runtime_us is 0 under
+                        // CONFIG_RT_GROUP_SCHED), and the job is confined without it.
+                        Err(_) if self.cpu.as_ref().is_some_and(|c| d.starts_with(c)) => {}
+                        other => other?,
+                    }
                 }
             }
         }
@@ -228,7 +249,7 @@ impl V1 {
         Ok(dir.join("freezer.state"))
     }
 
-    /// The processes in the job's freezer and memory directories (the cpuset's left out).
+    /// The processes in the job's freezer, memory and cpu directories (the cpuset's left out).
     fn pids_beside_cpuset(&self, job: &JobId) -> Result<Vec<i32>, CgroupError> {
         self.pids_in(self.dirs(job).skip(1))
     }
@@ -247,6 +268,28 @@ impl V1 {
         pids.dedup();
         Ok(pids)
     }
+}
+
+/// Makes `root`, the subtree in a hierarchy beside the cpuset one, and removes what a release
+/// cut short left in it: a job directory with no cpuset directory and no process.
+fn prepare_beside(files: &Files, cpuset: &Path, root: &Path) -> Result<(), CgroupError> {
+    // A nested subtree (`batch/topo`) needs its parents here too; in the cpuset hierarchy they
+    // must exist already, with the CPUs the subtree may use.
+    if let Some(parent) = root.parent() {
+        files.mkdir_all(parent)?;
+    }
+    files.mkdir(root)?;
+    for dir in files.subdirs(root) {
+        let Some(name) = dir.file_name() else { continue };
+        let orphan =
+            JobId::parse(&name.to_string_lossy()).is_ok() && !files.exists(&cpuset.join(name));
+        if orphan
+            && files.read_pids(&dir.join("cgroup.procs")).map(|p| p.is_empty()).unwrap_or(false)
+        {
+            let _ = files.rmdir(&dir);
+        }
+    }
+    Ok(())
 }
 
 /// The CPUs of the cpusets beside `root` (same parent) that are marked `cpuset.cpu_exclusive`.
@@ -332,8 +375,8 @@ impl CgroupBackend for V1 {
         // Memory nodes first: some kernels check the pair when CPUs are written.
         self.files.write(&dir.join("cpuset.mems"), &spec.mems.to_string())?;
         self.files.write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
-        if let Some(freezer) = &self.freezer {
-            self.files.mkdir(&freezer.join(job.as_str()))?;
+        for beside in self.freezer.iter().chain(self.cpu.iter()) {
+            self.files.mkdir(&beside.join(job.as_str()))?;
         }
         if let Some(memory) = &self.memory {
             let m = memory.join(job.as_str());
@@ -375,7 +418,7 @@ impl CgroupBackend for V1 {
         self.ready_for_processes(job)?;
         let mut tasks_files = Vec::new();
         for d in self.dirs(job) {
-            // As in join: a create cut short may have left out the freezer or memory directory.
+            // As in join: a create cut short may have left out the freezer, memory or cpu directory.
             self.files.mkdir(&d)?;
             tasks_files.push(d.join("tasks"));
         }
@@ -445,7 +488,7 @@ impl CgroupBackend for V1 {
         let empty = wait_until(timeout, || {
             // Every process topod or a self-join moved in is in the cpuset, so that one file is
             // watched while processes die; the other hierarchies are read once it is empty (a
-            // process can be in the freezer or memory directory alone when something else
+            // process can be in the freezer, memory or cpu directory alone when something else
             // moved it out of the cpuset).
             let pids = if look_everywhere {
                 self.all_pids(job)?
@@ -475,7 +518,7 @@ impl CgroupBackend for V1 {
         }
         let killed = signalled.len();
         // The cpuset directory goes last: it is what `list` finds, so a release cut short leaves
-        // the job findable, never a nameless freezer or memory directory.
+        // the job findable, never a nameless freezer, memory or cpu directory.
         let mut dirs: Vec<PathBuf> = self.dirs(job).collect();
         dirs.rotate_left(1);
         for d in dirs {
@@ -508,7 +551,8 @@ mod tests {
 
     use super::super::fake_fs::FakeCgroupFs;
     use super::super::{CgroupBackend, CgroupError, CgroupSpec, Files, JobId, Kind};
-    use super::V1;
+    use super::{v1_cpu_mount, V1};
+    use std::path::PathBuf;
     use std::sync::Arc;
     use std::time::Duration;
     use topo_core::cpuset::CpuSet;
@@ -522,7 +566,9 @@ mod tests {
     }
 
     fn open(fs: &Arc<FakeCgroupFs>) -> V1 {
-        V1::detect_in(Files::new(fs.clone()), &fs.mounts(), "topo").unwrap()
+        V1::detect_in(Files::new(fs.clone()), &fs.mounts(), "topo")
+            .unwrap()
+            .with_cpu_groups(v1_cpu_mount(&fs.mounts()).map(|c| c.join("topo")))
     }
 
     fn job(id: &str) -> JobId {
@@ -558,7 +604,8 @@ mod tests {
         assert_eq!((effective.cpus, effective.mems), (set("2-3"), set("0")));
         fs.start_process(100);
         v1.join(&job("1"), 100).unwrap();
-        for h in ["cpuset", "freezer", "memory"] {
+        // In the cpu hierarchy too: the job weighs as one entity for the CPU scheduler.
+        for h in ["cpuset", "freezer", "memory", "cpu"] {
             let procs = fs.root(h).join("topo/1/cgroup.procs");
             assert_eq!(std::fs::read_to_string(procs).unwrap().trim(), "100", "{h}");
         }
@@ -566,7 +613,7 @@ mod tests {
         assert_eq!(v1.list().unwrap().len(), 1);
         let report = v1.release(&job("1"), Duration::from_secs(1)).unwrap();
         assert_eq!((report.killed, report.survivors.len()), (1, 0));
-        for h in ["cpuset", "freezer", "memory"] {
+        for h in ["cpuset", "freezer", "memory", "cpu"] {
             assert!(!fs.root(h).join("topo/1").exists(), "{h}");
         }
         assert!(matches!(v1.pids(&job("1")), Err(CgroupError::NoSuchJob(_))));
@@ -647,5 +694,37 @@ mod tests {
         fs.set_own_cgroups("12:cpuset:/topo/8\n11:freezer:/\n");
         let e = again.release(&job("8"), Duration::from_secs(1)).unwrap_err().to_string();
         assert!(e.contains("topod itself is in job 8's cgroup"), "{e}");
+    }
+
+    #[test]
+    fn the_cpu_hierarchy_is_found_alone_or_beside_cpuacct_and_never_as_cpuset() {
+        let mounts = "cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\n\
+                      cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0\n";
+        assert_eq!(v1_cpu_mount(mounts), Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")));
+        let alone = "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n";
+        assert_eq!(v1_cpu_mount(alone), Some(PathBuf::from("/sys/fs/cgroup/cpu")));
+        let none = "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n\
+                    cgroup /sys/fs/cgroup/cpuacct cgroup rw,cpuacct 0 0\n\
+                    cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n";
+        assert_eq!(v1_cpu_mount(none), None);
+    }
+
+    #[test]
+    fn a_job_cut_short_in_the_cpu_hierarchy_is_completed_or_cleaned_up() {
+        let fs = Arc::new(FakeCgroupFs::v1("0-7", "0-1"));
+        let v1 = open(&fs);
+        v1.create(&job("9"), &spec("0-1", "0")).unwrap();
+        // A create cut short before the cpu directory: join makes it.
+        std::fs::remove_dir_all(fs.root("cpu").join("topo/9")).unwrap();
+        fs.start_process(900);
+        v1.join(&job("9"), 900).unwrap();
+        let procs = fs.root("cpu").join("topo/9/cgroup.procs");
+        assert_eq!(std::fs::read_to_string(procs).unwrap().trim(), "900");
+        // A release cut short after the cpuset went: the empty cpu directory goes at start.
+        use super::super::fs::CgroupFs;
+        fs.create_dir(&fs.root("cpu").join("topo/10")).unwrap();
+        open(&fs);
+        assert!(!fs.root("cpu").join("topo/10").exists());
+        assert!(fs.root("cpu").join("topo/9").exists(), "a live job's cpu directory stays");
     }
 }

@@ -1,7 +1,8 @@
 //! cgroup v2: job cgroups under our subtree of the unified hierarchy.
 //!
 //! v2 rules kept here: controllers reach a child only through the parent's
-//! `cgroup.subtree_control` (`+cpuset +memory`), and a cgroup with controllers enabled for its
+//! `cgroup.subtree_control` (`+cpuset +memory`, and `+cpu` where offered so that each job is one
+//! entity for the CPU scheduler), and a cgroup with controllers enabled for its
 //! children holds no processes, so our subtree root holds none; `cpuset.cpus`/`cpuset.mems` are
 //! written before a process joins (a new v2 cpuset is not empty but inherits its parent's CPUs,
 //! so readiness is read from these files, not from `.effective`) and `cpuset.*.effective` is
@@ -75,6 +76,36 @@ impl V2 {
             }
         }
         Ok(V2 { files, root, cpuset, memory })
+    }
+
+    /// Enables the `cpu` controller for the job cgroups where the parent offers it, so that each
+    /// job is one entity for the CPU scheduler (cpu.weight 100) and our subtree one beside the
+    /// system's: a job's hundreds of threads weigh as one against topod's. Best effort: the
+    /// kernel refuses `+cpu` while a realtime thread sits in a cgroup below (under
+    /// CONFIG_RT_GROUP_SCHED), and jobs are confined without it; a refusal is logged.
+    pub fn with_cpu_groups(self) -> Self {
+        let files = &self.files;
+        let Some(parent) = self.root.parent() else { return self };
+        let offered = files.read(&parent.join("cgroup.controllers")).unwrap_or_default();
+        if !offered.split_whitespace().any(|x| x == "cpu") {
+            return self;
+        }
+        for dir in [parent, self.root.as_path()] {
+            let control = dir.join("cgroup.subtree_control");
+            let enabled = files.read(&control).unwrap_or_default();
+            if enabled.split_whitespace().any(|x| x == "cpu") {
+                continue;
+            }
+            if let Err(_e) = files.write(&control, "+cpu") {
+                #[cfg(feature = "daemon")]
+                tracing::warn!(
+                    "the cpu controller could not be enabled for jobs ({_e}): a job's threads \
+                     then weigh one by one against topod's on a CPU they share"
+                );
+                break;
+            }
+        }
+        self
     }
 
     fn dir(&self, job: &JobId) -> PathBuf {
@@ -309,7 +340,7 @@ mod tests {
     }
 
     fn open(fs: &Arc<FakeCgroupFs>) -> V2 {
-        V2::detect_in(Files::new(fs.clone()), &fs.mounts(), "topo.slice").unwrap()
+        V2::detect_in(Files::new(fs.clone()), &fs.mounts(), "topo.slice").unwrap().with_cpu_groups()
     }
 
     fn job(id: &str) -> JobId {
@@ -324,7 +355,7 @@ mod tests {
         // Controllers reach the jobs through both subtree_control files.
         for dir in [fs.root("unified"), fs.root("unified").join("topo.slice")] {
             let enabled = std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap();
-            assert_eq!(enabled, "cpuset memory", "{}", dir.display());
+            assert_eq!(enabled, "cpu cpuset memory", "{}", dir.display());
         }
         let mut limited = spec("2-3", "0");
         limited.memory_limit = Some(1 << 30);

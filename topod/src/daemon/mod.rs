@@ -151,6 +151,10 @@ pub struct Config {
     pub tell_batch_system: Option<bool>,
     /// Jobs moved to make room for one allocate, at most (default 8).
     pub defrag_max_moves: Option<usize>,
+    /// Each job is also a group of the CPU scheduler (v1: its directory in the `cpu`
+    /// hierarchy; v2: the `cpu` controller enabled for job cgroups), so that a job's many
+    /// threads weigh as one against topod's and other jobs'; on by default.
+    pub cpu_groups: Option<bool>,
 }
 
 impl Config {

@@ -50,7 +50,7 @@ pub fn remove_cgroup_tree(root: &std::path::Path) {
 /// it is in the unified hierarchy (a pure v2 host, such as the guest of tests/cgroup-v2-vm.sh).
 #[derive(Debug, Clone)]
 pub enum RealCgroups {
-    V1 { cpuset: PathBuf, freezer: Option<PathBuf>, memory: Option<PathBuf> },
+    V1 { cpuset: PathBuf, freezer: Option<PathBuf>, memory: Option<PathBuf>, cpu: Option<PathBuf> },
     V2 { mount: PathBuf },
 }
 
@@ -73,7 +73,8 @@ impl RealCgroups {
         let mounts = std::fs::read_to_string("/proc/mounts")
             .map_err(|e| format!("reading /proc/mounts: {e}"))?;
         if let (Some(cpuset), freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts) {
-            return Ok(RealCgroups::V1 { cpuset, freezer, memory });
+            let cpu = topod::cgroup::v1::v1_cpu_mount(&mounts);
+            return Ok(RealCgroups::V1 { cpuset, freezer, memory, cpu });
         }
         if let Some(mount) = topod::cgroup::v2::v2_mount(&mounts) {
             let offered =
@@ -98,8 +99,8 @@ impl RealCgroups {
     /// the first is the one whose job directories hold the cpusets.
     pub fn roots(&self, subtree: &str) -> Vec<PathBuf> {
         match self {
-            RealCgroups::V1 { cpuset, freezer, memory } => {
-                [Some(cpuset), freezer.as_ref(), memory.as_ref()]
+            RealCgroups::V1 { cpuset, freezer, memory, cpu } => {
+                [Some(cpuset), freezer.as_ref(), memory.as_ref(), cpu.as_ref()]
                     .into_iter()
                     .flatten()
                     .map(|m| m.join(subtree))
@@ -112,17 +113,19 @@ impl RealCgroups {
     /// A backend on `subtree` (created if missing), as topod would make it.
     pub fn backend(&self, subtree: &str) -> Box<dyn topod::cgroup::CgroupBackend> {
         match self {
-            RealCgroups::V1 { cpuset, freezer, memory } => Box::new(
+            RealCgroups::V1 { cpuset, freezer, memory, cpu } => Box::new(
                 topod::cgroup::v1::V1::new(
                     cpuset.join(subtree),
                     freezer.as_ref().map(|f| f.join(subtree)),
                     memory.as_ref().map(|m| m.join(subtree)),
                 )
-                .expect("v1 subtree"),
+                .expect("v1 subtree")
+                .with_cpu_groups(cpu.as_ref().map(|c| c.join(subtree))),
             ),
             RealCgroups::V2 { mount } => Box::new(
                 topod::cgroup::v2::V2::new(mount.join(format!("{subtree}.slice")))
-                    .expect("v2 subtree"),
+                    .expect("v2 subtree")
+                    .with_cpu_groups(),
             ),
         }
     }

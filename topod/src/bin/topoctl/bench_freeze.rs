@@ -142,7 +142,7 @@ pub(crate) fn run(
     } else {
         let kind = Kind::auto(&Files::default(), &mounts);
         let backend = kind
-            .open(Files::default(), &mounts, &subtree, &CpuSet::new(), &CpuSet::new())
+            .open(Files::default(), &mounts, &subtree, &CpuSet::new(), &CpuSet::new(), false)
             .map_err(|e| Failure::runtime(format!("the {kind:?} cgroup backend: {e}")))?;
         let root = kind.subtree_dir(&mounts, &subtree);
         let all = std::fs::read_to_string(

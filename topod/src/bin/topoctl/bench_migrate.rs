@@ -595,7 +595,7 @@ pub(crate) fn run(opts: MigrateOpts) -> Result<(), Failure> {
     let kind = Kind::auto(&Files::default(), &mounts);
     let subtree = format!("topo-bench-migrate-{}", std::process::id());
     let backend = kind
-        .open(Files::default(), &mounts, &subtree, &CpuSet::new(), &CpuSet::new())
+        .open(Files::default(), &mounts, &subtree, &CpuSet::new(), &CpuSet::new(), false)
         .map_err(|e| Failure::runtime(format!("the {kind:?} cgroup backend: {e}")))?;
     let id = JobId::parse("bench-migrate").map_err(|e| Failure::runtime(e.to_string()))?;
     let mut job = Job { backend, id, subtree_dirs: subtree_dirs(&mounts, &subtree), process: None };
