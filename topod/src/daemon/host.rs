@@ -196,7 +196,9 @@ pub struct JobHint {
     /// existed take their file's time ([`super::records::Records::load`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_at: Option<String>,
-    /// How many times the job has been suspended.
+    /// How many times topod's preemption has suspended the job (`preempt_max_suspensions`).
+    /// Suspensions by its owner, an administrator or the batch system are not the policy's and
+    /// do not count: an owner's own would otherwise use up the job's turns and shield it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub suspensions: u32,
     /// Written before topod freezes the job and cleared after it thaws it: a frozen cgroup
@@ -227,6 +229,12 @@ pub struct JobHint {
     /// When it last started or resumed, seconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running_since: Option<i64>,
+    /// When it started, or was last resumed after topod's preemption, seconds since the epoch:
+    /// it may not be preempted before `preempt_min_run_s` from then. Another suspension and
+    /// resume (its owner's, say) does not restart that time, or an owner could keep the job
+    /// out of reach by suspending and resuming it. Records without it take `running_since`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protected_since: Option<i64>,
     /// The job it was suspended for, while topod's preemption holds it: topod resumes it
     /// itself once its CPUs are free.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -725,11 +733,13 @@ impl Host {
         let mut candidates = Vec::new();
         for a in self.ledger.jobs() {
             let Some(hint) = self.hints.get(&a.job) else { continue };
-            let ran = hint.running_since.map_or(0, |t| now - t);
+            let ran = hint.protected_since.or(hint.running_since).map_or(0, |t| now - t);
             // A job outside the CPUs the request may use frees nothing for it.
             let within = prepared.request.cpu_list.as_ref().is_none_or(|l| a.cpus.intersects(l));
+            // A suspended job runs on nothing to free (and its suspension is somebody else's).
             let eligible = hint.preemptible
                 && within
+                && !self.ledger.is_suspended(&a.job)
                 && a.gang_row.is_none()
                 && !self.releasing.contains(&a.job)
                 && !self.changing.contains_key(&a.job)
@@ -971,6 +981,7 @@ impl Host {
                 hint.suspended = false;
                 hint.preempted_by = None;
                 hint.running_since = Some(now);
+                hint.protected_since = Some(now);
                 self.record(&id, &hint);
                 self.hints.insert(job.clone(), hint);
             }
@@ -1475,6 +1486,7 @@ impl Host {
                     submitted_at: prepared.preempt.submitted_at,
                     estimate_s: prepared.preempt.estimate_s,
                     running_since: (!suspended).then(|| self.now_s()),
+                    protected_since: (!suspended).then(|| self.now_s()),
                     resize_signal: prepared.resize_signal,
                     queue: prepared.gang.queue.clone(),
                     pool: prepared.pool.clone(),
@@ -1579,6 +1591,7 @@ impl Host {
             estimate_s: prepared.preempt.estimate_s,
             ran_s: 0,
             running_since: Some(self.now_s()),
+            protected_since: Some(self.now_s()),
             preempted_by: None,
             resize_signal: prepared.resize_signal,
             notify_generation: 1,
@@ -1976,7 +1989,7 @@ impl Host {
             self.ledger.suspend(&job)?;
         }
         let cpus = self.ledger.get(&job).map(|a| a.cpus.clone()).unwrap_or_default();
-        hint.suspensions += 1;
+        // Not counted in `suspensions`: this suspension is not the policy's.
         let now = self.now_s();
         hint.ran_s += hint.running_since.take().map_or(0, |t| (now - t).max(0) as u64);
         if self.ledger.get(&job).is_some_and(|a| a.gang_row.is_some()) {
@@ -2038,7 +2051,10 @@ impl Host {
         if let Some(mut hint) = self.hints.get(&job).cloned() {
             hint.suspended = false;
             hint.suspended_by = None;
-            hint.preempted_by = None;
+            if hint.preempted_by.take().is_some() {
+                // Preemption's suspension, undone by hand: as topod's own resume would.
+                hint.protected_since = Some(self.now_s());
+            }
             hint.batch_suspended = false;
             hint.running_since = Some(self.now_s());
             self.record(&ticket.id, &hint);
@@ -3391,6 +3407,72 @@ mod tests {
         assert_eq!(here.map(|r| r.len()), Some(1));
     }
 
+    /// Issue 30: `topoctl suspend; topoctl resume` twice by a job's owner used up its
+    /// `preempt_max_suspensions` and restarted its `preempt_min_run_s`, so that an urgent job
+    /// was refused. Only the policy's suspensions count, and only its resumes protect.
+    #[test]
+    fn an_owner_suspending_and_resuming_a_job_does_not_shield_it_from_preemption() {
+        let topo = small_topology(2);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        let seconds = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+        {
+            let seconds = seconds.clone();
+            h.set_clock(Arc::new(move || at(seconds.load(std::sync::atomic::Ordering::SeqCst))));
+        }
+        h.set_preempt(Some(topo_core::policy::Preempt {
+            min_run: 600,
+            max_suspensions: 2,
+            min_xf: 2.0,
+        }));
+        let alloc = |h: &mut Host, job: &str, p: PreemptAsk| {
+            let mut prepared = prepare(&h.topo, "affinity[thread*2]", None, None).unwrap();
+            prepared.preempt = p;
+            h.allocate_prepared(job, &prepared, None, None)
+        };
+        let victim = PreemptAsk {
+            preempt: false,
+            preemptible: true,
+            submitted_at: Some(999_990),
+            estimate_s: Some(100_000),
+        };
+        alloc(&mut h, "v", victim).unwrap();
+        // An hour later its owner suspends and resumes it, twice.
+        seconds.store(1_003_600, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..2 {
+            let ticket = h.begin_suspend("v", Some(1000)).unwrap();
+            let outcome = ticket.run();
+            h.finish_suspend(ticket, outcome).unwrap();
+            h.resume("v").unwrap();
+        }
+        assert_eq!(h.hints["v"].suspensions, 0, "the owner's suspensions are not the policy's");
+        // An urgent job (waited 3.6 h for an hour's work: expansion factor 4.6) takes its CPUs.
+        let urgent = PreemptAsk {
+            preempt: true,
+            preemptible: false,
+            submitted_at: Some(990_000),
+            estimate_s: Some(3_600),
+        };
+        alloc(&mut h, "p", urgent.clone()).unwrap();
+        assert!(kernel.is_frozen(&JobId::parse("v").unwrap()).unwrap());
+        assert_eq!(h.hints["v"].preempted_by.as_deref(), Some("p"));
+        assert_eq!(h.hints["v"].suspensions, 1);
+        // Resumed by topod after p: protected for preempt_min_run_s again.
+        h.release("p").unwrap();
+        assert!(!kernel.is_frozen(&JobId::parse("v").unwrap()).unwrap());
+        seconds.store(1_003_900, std::sync::atomic::Ordering::SeqCst);
+        assert!(matches!(alloc(&mut h, "q", urgent.clone()), Err(HostError::DoesNotFit { .. })));
+        // A job its owner keeps suspended is no victim: topod would otherwise resume it later.
+        seconds.store(1_010_000, std::sync::atomic::Ordering::SeqCst);
+        let ticket = h.begin_suspend("v", Some(1000)).unwrap();
+        let outcome = ticket.run();
+        h.finish_suspend(ticket, outcome).unwrap();
+        let _ = alloc(&mut h, "r", urgent);
+        assert_eq!(h.hints["v"].suspended_by, Some(1000));
+        assert_eq!(h.hints["v"].preempted_by, None);
+        h.ledger().check().unwrap();
+    }
+
     #[test]
     fn preemption_regressions_from_an_attack() {
         let topo = small_topology(2);
@@ -3585,8 +3667,9 @@ mod tests {
         assert_eq!(r.cpus, a.cpus);
         assert!(!kernel.is_frozen(&JobId::parse("a").unwrap()).unwrap());
         assert!(again.allocate("c", "affinity[thread*3]", None, None, None, None).is_err());
-        // The record counts the suspensions; a suspended job can be released.
-        assert_eq!(again.hints["a"].suspensions, 1);
+        // An explicit suspension is not preemption's: not counted toward
+        // preempt_max_suspensions. A suspended job can be released.
+        assert_eq!(again.hints["a"].suspensions, 0);
         again.suspend("a").unwrap();
         again.release("a").unwrap();
         assert!(again.ledger().is_empty());

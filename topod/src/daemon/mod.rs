@@ -91,9 +91,10 @@ pub struct Config {
     /// first; they resume when their CPUs are free.
     #[serde(default)]
     pub preempt: bool,
-    /// Seconds a job runs after its start or resume before it may be suspended (300).
+    /// Seconds a job runs after its start, or its resume after preemption, before it may be
+    /// suspended (300).
     pub preempt_min_run_s: Option<u64>,
-    /// Suspensions per job at most (2).
+    /// Suspensions by preemption per job at most (2); other suspensions do not count.
     pub preempt_max_suspensions: Option<u32>,
     /// The expansion factor ((wait + estimate) / estimate) from which a job may preempt (2.0).
     pub preempt_min_xf: Option<f64>,

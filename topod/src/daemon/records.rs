@@ -301,6 +301,7 @@ mod tests {
             estimate_s: Some(3600),
             ran_s: 120,
             running_since: None,
+            protected_since: Some(1_700_000_050),
             preempted_by: Some("9".into()),
             resize_signal: Some(10),
             notify_generation: 3,
