@@ -497,6 +497,28 @@ pub struct Snapshot {
 }
 
 /// What a "does not fit" message is about: the job, or for `fit` the request.
+/// `refused` (a [`HostError::DoesNotFit`]) with why preemption did not make room added to its
+/// message, so that a user who asked to preempt learns which rule kept it out.
+fn not_preempted(refused: HostError, why: &str) -> HostError {
+    match refused {
+        HostError::DoesNotFit { job, source, held_back } => HostError::DoesNotFit {
+            job,
+            source,
+            held_back: format!("{held_back}; preemption did not make room: {why}"),
+        },
+        other => other,
+    }
+}
+
+/// The first `most` of `items` joined with "; ", and how many more there are.
+fn summarize(items: &[String], most: usize) -> String {
+    let mut text = items.iter().take(most).cloned().collect::<Vec<_>>().join("; ");
+    if items.len() > most {
+        text += &format!("; and {} more", items.len() - most);
+    }
+    text
+}
+
 fn fit_subject(job: &str) -> String {
     if job.is_empty() {
         "the request".to_string()
@@ -725,12 +747,25 @@ impl Host {
             estimate_s: ask.estimate_s,
             ..JobHint::default()
         };
-        let Some(my_xf) = self.expansion_factor(&me, now) else { return Err(refused) };
+        let Some(my_xf) = self.expansion_factor(&me, now) else {
+            return Err(not_preempted(
+                refused,
+                "it gave no submission time and time limit (submitted_at, estimate_s), so it has no expansion factor",
+            ));
+        };
         if my_xf < rules.min_xf {
             tracing::info!("job {id}: does not fit, and its expansion factor {my_xf:.2} is below {} to preempt", rules.min_xf);
-            return Err(refused);
+            return Err(not_preempted(
+                refused,
+                &format!(
+                    "its expansion factor {my_xf:.2} is below preempt_min_xf {}",
+                    rules.min_xf
+                ),
+            ));
         }
         let mut candidates = Vec::new();
+        // Why each job in its way may not be suspended for it, for the refusal.
+        let mut spared: Vec<String> = Vec::new();
         for a in self.ledger.jobs() {
             let Some(hint) = self.hints.get(&a.job) else { continue };
             let ran = hint.protected_since.or(hint.running_since).map_or(0, |t| now - t);
@@ -745,8 +780,9 @@ impl Host {
                 && !self.changing.contains_key(&a.job)
                 && ran >= rules.min_run
                 && hint.suspensions < rules.max_suspensions;
-            if let (true, Some(xf)) = (eligible, self.expansion_factor(hint, now)) {
-                if xf < my_xf {
+            let xf = self.expansion_factor(hint, now);
+            match (eligible, xf) {
+                (true, Some(xf)) if xf < my_xf => {
                     candidates.push(topo_core::policy::Candidate {
                         job: a.job.clone(),
                         xf,
@@ -755,10 +791,25 @@ impl Host {
                         procs: a.cpus.len() as u32,
                     });
                 }
+                _ if !within => {}
+                (true, Some(xf)) => spared.push(format!(
+                    "job {}'s expansion factor {xf:.2} is not below its {my_xf:.2}",
+                    a.job
+                )),
+                (true, None) => spared.push(format!(
+                    "job {} gave no submission time and time limit (no expansion factor)",
+                    a.job
+                )),
+                (false, _) => spared.push(self.why_not_suspendable(&a.job, hint, ran, &rules)),
             }
         }
         if candidates.is_empty() {
-            return Err(refused);
+            let why = if spared.is_empty() {
+                "no job runs on the CPUs it may use".to_string()
+            } else {
+                format!("no job may be suspended for it: {}", summarize(&spared, 4))
+            };
+            return Err(not_preempted(refused, &why));
         }
         let (model, strategy) = (self.model.clone(), self.strategy);
         let mut fits_in = |domain: &CpuSet, occ: &place::Occupancy| {
@@ -773,7 +824,14 @@ impl Host {
         let Some((_, victims)) =
             topo_core::policy::victims_on_host(&model, &occupancy, &candidates, &mut fits_in)
         else {
-            return Err(refused);
+            let names: Vec<String> = candidates.iter().map(|c| c.job.clone()).collect();
+            return Err(not_preempted(
+                refused,
+                &format!(
+                    "suspending the jobs that may be suspended for it ({}) frees no place its request fits",
+                    summarize(&names, 8)
+                ),
+            ));
         };
         let mut suspended = Vec::new();
         for victim in &victims {
@@ -826,7 +884,41 @@ impl Host {
             self.record(&vid, &before);
             self.hints.insert(victim, before);
         }
-        Err(refused)
+        Err(not_preempted(
+            refused,
+            &format!("it did not fit even with job(s) {} suspended", victims.join(", ")),
+        ))
+    }
+
+    /// Why a running job in a preemptor's way may not be suspended for it (the first rule
+    /// that keeps it).
+    fn why_not_suspendable(
+        &self,
+        job: &str,
+        hint: &JobHint,
+        ran: i64,
+        rules: &topo_core::policy::Preempt,
+    ) -> String {
+        let gang = self.ledger.get(job).is_some_and(|a| a.gang_row.is_some());
+        if !hint.preemptible {
+            format!("job {job} did not say it may be suspended (preemptible)")
+        } else if self.ledger.is_suspended(job) {
+            format!("job {job} is suspended already")
+        } else if gang {
+            format!("job {job} is gang-scheduled")
+        } else if self.releasing.contains(job) || self.changing.contains_key(job) {
+            format!("job {job} is being changed")
+        } else if ran < rules.min_run {
+            format!(
+                "job {job} has run {ran} s since its start or its resume after preemption, less than preempt_min_run_s {}",
+                rules.min_run
+            )
+        } else {
+            format!(
+                "job {job} was suspended {} time(s) by preemption already (preempt_max_suspensions {})",
+                hint.suspensions, rules.max_suspensions
+            )
+        }
     }
 
     /// What placing `job` in `row` must avoid: the ledger's answer, the blocks other jobs have
@@ -1556,6 +1648,17 @@ impl Host {
                 if prepared.preempt.preempt && rows.is_none() && self.preempt.is_some() =>
             {
                 self.preempt_and_place(&id, prepared, mem_limit, owner_uid, refused)
+            }
+            // It asked to preempt: say why that was not tried.
+            Err(refused @ HostError::DoesNotFit { .. }) if prepared.preempt.preempt => {
+                Err(not_preempted(
+                    refused,
+                    if self.preempt.is_none() {
+                        "preemption is off on this host (preempt = false in topod.toml)"
+                    } else {
+                        "a gang-scheduled job does not preempt (it waits for its row)"
+                    },
+                ))
             }
             other => other,
         };
@@ -3474,6 +3577,27 @@ mod tests {
     }
 
     #[test]
+    fn an_allocate_that_asks_to_preempt_where_it_cannot_is_told_why() {
+        let topo = small_topology(2);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.allocate("a", "affinity[thread*2]", None, None, None, None).unwrap();
+        let mut prepared = prepare(&h.topo, "affinity[thread*1]", None, None).unwrap();
+        prepared.preempt = PreemptAsk {
+            preempt: true,
+            preemptible: false,
+            submitted_at: Some(h.now_s() - 86_400),
+            estimate_s: Some(60),
+        };
+        let e = h.allocate_prepared("b", &prepared, None, None).unwrap_err().to_string();
+        assert!(e.contains("preemption is off on this host (preempt = false"), "{e}");
+        h.set_preempt(Some(topo_core::policy::Preempt::default()));
+        prepared.preempt.submitted_at = None;
+        let e = h.allocate_prepared("b", &prepared, None, None).unwrap_err().to_string();
+        assert!(e.contains("it gave no submission time and time limit"), "{e}");
+    }
+
+    #[test]
     fn preemption_regressions_from_an_attack() {
         let topo = small_topology(2);
         let kernel = kernel_for(&topo);
@@ -3576,13 +3700,18 @@ mod tests {
         // c waited longer: a higher expansion factor than a's and b's together.
         let c = alloc(&mut h, "c", "affinity[core(4)]", ask(false, 800_000, 100_000)).unwrap();
         assert!(!a.cpus.union(&b.cpus).intersects(&c.cpus));
-        // Too early: they have not run 600 s.
+        // Too early: they have not run 600 s, and the refusal says so.
         seconds.store(1_000_300, std::sync::atomic::Ordering::SeqCst);
         let head = ask(true, 990_000, 3_600);
-        assert!(matches!(
-            alloc(&mut h, "d", "affinity[core(4,same=numa)]", head.clone()),
-            Err(HostError::DoesNotFit { .. })
-        ));
+        let e = alloc(&mut h, "d", "affinity[core(4,same=numa)]", head.clone()).unwrap_err();
+        assert!(matches!(e, HostError::DoesNotFit { .. }));
+        let text = e.to_string();
+        assert!(
+            text.contains("preemption did not make room: no job may be suspended for it")
+                && text.contains("job a has run 300 s")
+                && text.contains("preempt_min_run_s 600"),
+            "{text}"
+        );
         // After an hour: d (waited 10,300 s for 3,600: xf 3.9) takes package 0 by suspending a
         // and b (4 cores, lower expansion factors), not c.
         seconds.store(1_003_600, std::sync::atomic::Ordering::SeqCst);
@@ -3595,7 +3724,8 @@ mod tests {
         // Asking without the right to preempt, or below the expansion factor: refused, nobody
         // suspended.
         let low = ask(true, 1_003_000, 3_600);
-        assert!(alloc(&mut h, "e", "affinity[core(4)]", low).is_err());
+        let e = alloc(&mut h, "e", "affinity[core(4)]", low).unwrap_err().to_string();
+        assert!(e.contains("expansion factor 1.17 is below preempt_min_xf 2"), "{e}");
         assert!(!frozen("c"));
         // d ends: a and b resume by themselves on their own CPUs.
         h.release("d").unwrap();
@@ -3607,6 +3737,14 @@ mod tests {
             alloc(&mut h, "f", "affinity[core(4,same=numa)]", ask(true, 990_000, 3_600)).unwrap();
         assert_eq!(f.cpus, c.cpus);
         assert!(frozen("c") && !frozen("a"));
+        let e = alloc(&mut h, "g", "affinity[core(4)]", ask(true, 900_000, 3_600)).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains(
+                "job a was suspended 1 time(s) by preemption already (preempt_max_suspensions 1)"
+            ) && e.contains("job f did not say it may be suspended"),
+            "{e}"
+        );
         // A crash: the preempted job stays suspended, and is resumed once f ends.
         drop(h);
         let mut h = host_on(&topo, &kernel, Some(dir.path()));
