@@ -500,12 +500,15 @@ pub struct Snapshot {
 /// `refused` (a [`HostError::DoesNotFit`]) with why preemption did not make room added to its
 /// message, so that a user who asked to preempt learns which rule kept it out.
 fn not_preempted(refused: HostError, why: &str) -> HostError {
+    refused_because(refused, "preemption did not make room", why)
+}
+
+/// `refused` (a [`HostError::DoesNotFit`]) with `; what: why` added to its message.
+fn refused_because(refused: HostError, what: &str, why: &str) -> HostError {
     match refused {
-        HostError::DoesNotFit { job, source, held_back } => HostError::DoesNotFit {
-            job,
-            source,
-            held_back: format!("{held_back}; preemption did not make room: {why}"),
-        },
+        HostError::DoesNotFit { job, source, held_back } => {
+            HostError::DoesNotFit { job, source, held_back: format!("{held_back}; {what}: {why}") }
+        }
         other => other,
     }
 }
@@ -1634,13 +1637,21 @@ impl Host {
                     self.rebalance();
                 }
             }
-            if could_fit(&first)
-                && self.defragment_for(job, prepared, owner_uid).unwrap_or_else(|e| {
-                    tracing::warn!("job {job}: making room by moving jobs failed: {e}");
-                    false
-                })
-            {
-                first = self.place_and_create(&id, prepared, mem_limit, owner_uid, None);
+            if could_fit(&first) {
+                match self.defragment_for(job, prepared, owner_uid) {
+                    Ok(space::Defragged::Moved) => {
+                        first = self.place_and_create(&id, prepared, mem_limit, owner_uid, None);
+                    }
+                    Ok(space::Defragged::NoRoom(Some(why))) => {
+                        first = first.map_err(|e| {
+                            refused_because(e, "moving running jobs did not make room", &why)
+                        });
+                    }
+                    Ok(space::Defragged::NoRoom(None)) => {}
+                    Err(e) => {
+                        tracing::warn!("job {job}: making room by moving jobs failed: {e}")
+                    }
+                }
             }
         }
         let first = match first {
@@ -1808,7 +1819,16 @@ impl Host {
                 Some(rows) => rows.iter().map(|r| Some(*r)).collect(),
                 None => vec![None],
             };
-            let held_back = self.held_back_by(id.as_str(), &prepared.request, &rows, who);
+            let mut held_back = self.held_back_by(id.as_str(), &prepared.request, &rows, who);
+            if let (Some(tried), Some(cfg)) = (gang_rows, &self.gang) {
+                // A gang job tries only its own row: say which, and that the row is what is full.
+                let tried: Vec<String> = tried.iter().map(u32::to_string).collect();
+                held_back += &format!(
+                    "; gang time slicing: it runs only in row {} of {}, and the jobs of that row leave it no room",
+                    tried.join(", "),
+                    cfg.gang.rows
+                );
+            }
             return Err(HostError::DoesNotFit { job: id.to_string(), source, held_back });
         };
         let spec = CgroupSpec {
@@ -3133,9 +3153,14 @@ mod tests {
         };
         assert_ne!(numa_of(&h, &a0), numa_of(&h, &b0), "{a0} {b0}");
         let node = "affinity[thread(4,same=numa)]";
-        // Too young to move: refused.
-        let e = h.allocate("n", node, None, None, None, None).unwrap_err();
-        assert!(e.to_string().contains("does not fit"), "{e}");
+        // Too young to move: refused, and told why.
+        let e = h.allocate("n", node, None, None, None, None).unwrap_err().to_string();
+        assert!(
+            e.contains("does not fit")
+                && e.contains("moving running jobs did not make room: it would fit after moving jobs that may not move yet: job ")
+                && e.contains("has run 0 s, less than migrate_min_run_s 60"),
+            "{e}"
+        );
         clock.store(1_060, std::sync::atomic::Ordering::SeqCst);
         let n = h.allocate("n", node, None, None, None, None).unwrap();
         let (a, b) = (h.ledger().get("a").unwrap().clone(), h.ledger().get("b").unwrap().clone());
@@ -3168,8 +3193,14 @@ mod tests {
         h.allocate("o", "affinity[thread*2]", None, Some(&pin.to_string()), None, None).unwrap();
         // Within the moved job's gap: refused; after it: moved again.
         clock.store(1_200, std::sync::atomic::Ordering::SeqCst);
-        let e = h.allocate("q", node, None, None, None, None).unwrap_err();
-        assert!(e.to_string().contains("does not fit"), "{e}");
+        let e = h.allocate("q", node, None, None, None, None).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "job {} was moved or resized 140 s ago, less than migrate_gap_s 300",
+                went.job
+            )),
+            "{e}"
+        );
         clock.store(1_360, std::sync::atomic::Ordering::SeqCst);
         h.allocate("q", node, None, None, None, None).unwrap();
         assert_ne!(h.ledger().get(&went.job).unwrap().cpus, went.cpus);
@@ -3394,6 +3425,9 @@ mod tests {
         ] {
             let err = gang_allocate(&mut first, job, "affinity[thread*1]", ask).unwrap_err();
             assert!(matches!(err, HostError::DoesNotFit { .. }), "{job}: {err}");
+            // The gang job is told its row is what is full.
+            let row_full = err.to_string().contains("it runs only in row 0 of 2");
+            assert_eq!(row_full, job == "c", "{job}: {err}");
         }
         // Slice 0 (t = 0..30) is row 0's; slice 1 row 1's: freezes first, then thaws.
         tick(&mut first, 60);

@@ -35,6 +35,16 @@ pub(crate) enum Arrival {
     Malleable(Malleable),
 }
 
+/// What [`Host::defragment_for`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Defragged {
+    /// Running jobs were moved: the arrival fits now.
+    Moved,
+    /// Nothing moved; with why, when only topod's timers kept the jobs that would make room
+    /// in place (`migrate_min_run_s`, `migrate_gap_s`), for the refusal.
+    NoRoom(Option<String>),
+}
+
 impl Host {
     /// Turns equipartition of the malleable jobs on or off.
     pub fn set_equipartition(&mut self, on: bool) {
@@ -235,8 +245,8 @@ impl Host {
         job: &str,
         prepared: &Prepared,
         owner_uid: Option<u32>,
-    ) -> Result<bool, HostError> {
-        let Some(cfg) = self.defrag else { return Ok(false) };
+    ) -> Result<Defragged, HostError> {
+        let Some(cfg) = self.defrag else { return Ok(Defragged::NoRoom(None)) };
         let now = self.now_s();
         let who = topo_core::prime::Asker {
             queue: prepared.gang.queue.as_deref(),
@@ -254,7 +264,9 @@ impl Host {
             .filter_map(|a| {
                 let req = request::parse(&a.request).ok()?;
                 let hint = self.hints.get(&a.job);
-                let started = hint.and_then(|h| h.running_since).unwrap_or(now);
+                // As for preemption: its owner's suspend and resume do not restart the time.
+                let started =
+                    hint.and_then(|h| h.protected_since.or(h.running_since)).unwrap_or(now);
                 let last_move = hint.and_then(|h| h.moved_at);
                 let may = now - started >= cfg.min_run_s
                     && last_move.is_none_or(|t| now - t >= cfg.gap_s);
@@ -301,12 +313,56 @@ impl Host {
                 cfg.limits,
             )
         });
-        let Some(plan) = plan else {
-            return Ok(false);
+        let Some(plan) = plan.filter(|p| !p.moves.is_empty()) else {
+            // Would moving the jobs the timers keep in place have made room? Then say so.
+            let held: Vec<&(Allocation, Request, bool)> =
+                running.iter().filter(|(_, _, may)| !may).collect();
+            if held.is_empty() {
+                return Ok(Defragged::NoRoom(None));
+            }
+            let unlocked: Vec<Movable<'_, String>> = running
+                .iter()
+                .map(|(a, r, _)| Movable::from_allocation(a.job.clone(), r, a, true))
+                .collect();
+            let plan = defrag::plan_moves(
+                &self.model,
+                &occupancy,
+                &unlocked,
+                &request,
+                self.strategy,
+                cfg.limits,
+            );
+            let Some(plan) = plan.filter(|p| !p.moves.is_empty()) else {
+                return Ok(Defragged::NoRoom(None));
+            };
+            let why: Vec<String> = plan
+                .moves
+                .iter()
+                .filter_map(|m| held.iter().find(|(a, _, _)| a.job == m.key))
+                .map(|(a, _, _)| {
+                    let hint = self.hints.get(&a.job);
+                    let started =
+                        hint.and_then(|h| h.protected_since.or(h.running_since)).unwrap_or(now);
+                    match hint.and_then(|h| h.moved_at) {
+                        Some(t) if now - t < cfg.gap_s => format!(
+                            "job {} was moved or resized {} s ago, less than migrate_gap_s {}",
+                            a.job,
+                            now - t,
+                            cfg.gap_s
+                        ),
+                        _ => format!(
+                            "job {} has run {} s, less than migrate_min_run_s {}",
+                            a.job,
+                            now - started,
+                            cfg.min_run_s
+                        ),
+                    }
+                })
+                .collect();
+            return Ok(Defragged::NoRoom((!why.is_empty()).then(|| {
+                format!("it would fit after moving jobs that may not move yet: {}", why.join("; "))
+            })));
         };
-        if plan.moves.is_empty() {
-            return Ok(false);
-        }
         // Each moved job must land where it may go itself: outside the open prime pools that
         // do not admit it and the blocks reserved for other jobs (the plan was made with the
         // arriving job's view of them).
@@ -326,7 +382,7 @@ impl Host {
             }
             if !barred.is_empty() {
                 tracing::info!("job {job}: no room made: moving job {} would put it on CPUs {barred} it may not use", m.key);
-                return Ok(false);
+                return Ok(Defragged::NoRoom(None));
             }
         }
         let moves: Vec<Allocation> = plan
@@ -354,7 +410,7 @@ impl Host {
             plan.moved_pus()
         );
         self.apply_moves(moves, "moved to make room")?;
-        Ok(true)
+        Ok(Defragged::Moved)
     }
 
     /// The request a malleable job is placed with at the least (its `min` tasks, rigid); `None`
