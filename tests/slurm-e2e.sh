@@ -88,14 +88,14 @@ check_job_output() {
     ledger=$(field LEDGER_CPUS "$out"); cg=$(field CPUSET_CGROUP "$out"); cgcpus=$(field CPUSET_CGROUP_CPUS "$out")
     echo "  job $job: Cpus_allowed_list=$allowed ledger=$ledger cpuset cgroup=$cg ($cgcpus); $(grep ^TOPO_JOB "$out")"
     check "job $job is in topod's ledger as slurm-$job" test -n "$ledger"
-    check "job $job: Cpus_allowed_list ($allowed) = topod's CPUs ($ledger)" test "$allowed" = "$ledger"
+    check "job $job: Cpus_allowed_list ($allowed) = topod's CPUs ($ledger)" test -n "$allowed" -a "$allowed" = "$ledger"
     check "job $job: TOPO_CPUS exported" grep -q "TOPO_JOB=slurm-$job TOPO_CPUS=$ledger " "$out"
     check "job $job: TOPO_NOTIFY_FILE names topod's notify file, which says its CPUs" \
         test "$(field TOPO_NOTIFY_FILE "$out"):$(field NOTIFIED_CPUS "$out")" = "$(dirname "$SOCK")/job-notify/slurm-$job:$ledger"
     check "job $job: topod was given its partition, as slurmctld's record says, as its queue ($(field LEDGER_QUEUE "$out"))" test "$(field LEDGER_QUEUE "$out")" = debug
     if [ "$mode" = affinity ]; then
         check "job $job: task is in topod's cgroup /$CGROUP_SUBTREE/slurm-$job" test "$cg" = "/$CGROUP_SUBTREE/slurm-$job"
-        check "job $job: that cgroup's cpuset.cpus = ledger" test "$cgcpus" = "$ledger"
+        check "job $job: that cgroup's cpuset.cpus = ledger" test -n "$cgcpus" -a "$cgcpus" = "$ledger"
     else
         check "job $job: task stays in Slurm's own job cgroup ($cg)" bash -c "[[ '$cg' == */job_$job/* ]]"
         check "job $job: not moved into topod's cgroup" grep -q "IN_TOPOD_CGROUP=no" "$out"
