@@ -358,7 +358,8 @@ fn auto_release_frees_a_finished_job() {
     let mut c = Client::connect(&d.socket).unwrap();
     let start_t = Instant::now();
     while c.call(Op::List).unwrap() != serde_json::json!([]) {
-        assert!(start_t.elapsed() < Duration::from_secs(10), "the finished job was not released");
+        // A hang guard, not a speed check: a busy machine may take a while (issue 29).
+        assert!(start_t.elapsed() < Duration::from_secs(120), "the finished job was not released");
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(cgroups.roots(&subtree).iter().all(|root| !root.join("300").exists()));
