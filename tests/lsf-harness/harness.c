@@ -665,8 +665,15 @@ int main(int argc, char **argv) {
           "all six handler callbacks are set");
     for (int i = 2; i < 6; i++)
         check(fn[i](NULL) == 0, "%s returns 0", entry[i]);
-    if (!scale)
+    if (!scale) {
+        /* sched_init again without sched_finalize (issue 31): the running module is kept, and
+         * the handler registered again, so that the scheduler has it whatever it did between. */
+        rc = fn[1](NULL);
+        check(rc == 0 && handler_registered == 2,
+              "sched_init again without sched_finalize returns 0 (%d) and registers the handler again (%d)", rc,
+              handler_registered);
         wait_refresh(); /* the module fetches host states in the background */
+    }
 
     if (strcmp(argv[2], "session") == 0)
         scenario_session();

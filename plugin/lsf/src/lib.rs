@@ -130,8 +130,21 @@ fn init() -> Result<c_int, String> {
     let _one_at_a_time = INIT.lock().unwrap_or_else(|e| e.into_inner());
     if let Ok(m) = module() {
         if m.refresher.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            // The running module (its cache, reservations, refresher) is kept; the handler is
+            // registered again, so that the scheduler has it whatever it did between the two
+            // calls. A refusal now fails loudly: returning 0 would leave topo silently out.
+            let handler_id = m.config.lsf.handler_id;
+            let handler = HANDLER.get_or_init(handler::table);
+            // SAFETY: as below: a valid table of six callbacks in the ABI order, never freed.
+            let rc = unsafe {
+                (m.api.register_handler)(handler_id, std::ptr::from_ref(handler).cast_mut())
+            };
+            if rc < 0 {
+                return Err(format!("sched_init called again without sched_finalize: the scheduler refused handler id {handler_id} (returned {rc})"));
+            }
             tracing::info!(
-                "sched_init called again without sched_finalize; keeping the running module"
+                handler_id,
+                "sched_init called again without sched_finalize; the running module kept and its handler registered again"
             );
             return Ok(0);
         }
