@@ -105,6 +105,53 @@ pub struct Shared {
     /// Host names the scheduler asked about that the cache did not know; the refresher adds
     /// them (with the address template) at once.
     pub discovered: Mutex<BTreeSet<String>>,
+    /// How many per-host lines this minute (see [`HostLines`]).
+    pub host_lines: Mutex<HostLines>,
+}
+
+/// Lines about one host (its first failure, its arrival among the scheduler's candidates) a
+/// minute at most; past them each is logged at debug level only and counted.
+pub const HOST_LINES_PER_MINUTE: u32 = 20;
+
+/// The budget of per-host lines: at 100,000 hosts that all fail, or arrive, at once, the log
+/// gets 20 of them and one line a minute with how many more there were, not 100,000.
+#[derive(Debug, Default)]
+pub struct HostLines {
+    window: Option<Instant>,
+    said: u32,
+    left_out: u64,
+}
+
+impl HostLines {
+    /// Whether a host's line may be logged at `now`; if not, it is counted.
+    pub fn admit(&mut self, now: Instant) -> bool {
+        self.roll(now);
+        if self.said < HOST_LINES_PER_MINUTE {
+            self.said += 1;
+            true
+        } else {
+            self.left_out += 1;
+            false
+        }
+    }
+
+    /// Starts a new minute once one has passed, saying how many lines the last one left out;
+    /// returns that count.
+    pub fn roll(&mut self, now: Instant) -> u64 {
+        if self.window.is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(60)) {
+            return 0;
+        }
+        let left_out = std::mem::take(&mut self.left_out);
+        if left_out > 0 {
+            tracing::warn!(
+                left_out,
+                "{left_out} more hosts were new or began failing in the last minute; their lines were logged at debug level only"
+            );
+        }
+        self.window = Some(now);
+        self.said = 0;
+        left_out
+    }
 }
 
 /// One host's fetch: which host, what came back, and when.
@@ -147,8 +194,11 @@ fn apply_batch(
                 }
                 Err(e) => {
                     let text = e.to_string();
-                    // Said once when a host starts failing (or fails differently), not every time.
-                    if cache.host(id).last_error.as_deref() != Some(text.as_str()) {
+                    // Said once when a host starts failing (or fails differently), not every time,
+                    // and for a few hosts a minute (HostLines).
+                    if cache.host(id).last_error.as_deref() != Some(text.as_str())
+                        && shared.host_lines.lock().unwrap_or_else(|e| e.into_inner()).admit(at)
+                    {
                         tracing::warn!(host = %cache.host(id).name, "cannot fetch the free map: {e}");
                     } else {
                         tracing::debug!(host = %cache.host(id).name, "still cannot fetch the free map");
@@ -163,6 +213,8 @@ fn apply_batch(
             }
         }
     }
+    // The count of the lines the last minute left out, once it has passed.
+    shared.host_lines.lock().unwrap_or_else(|e| e.into_inner()).roll(Instant::now());
     let cache = shared.cache.load();
     let now = Instant::now();
     let ttl = Duration::from_secs(config.reservation_ttl_s);
@@ -239,12 +291,18 @@ fn add_discovered(shared: &Shared, config: &CacheConfig) {
         if cache.lookup(&name).is_some() {
             continue;
         }
+        let say = shared.host_lines.lock().unwrap_or_else(|e| e.into_inner()).admit(Instant::now());
         match crate::address::Address::from_template(&config.address_template, &name) {
             Ok(a) => {
-                tracing::info!(host = %name, address = %a, "new host from the scheduler's candidates");
+                if say {
+                    tracing::info!(host = %name, address = %a, "new host from the scheduler's candidates");
+                } else {
+                    tracing::debug!(host = %name, address = %a, "new host from the scheduler's candidates");
+                }
                 cache.add(&name, a);
             }
-            Err(e) => tracing::warn!(host = %name, "cannot make its topod address: {e}"),
+            Err(e) if say => tracing::warn!(host = %name, "cannot make its topod address: {e}"),
+            Err(e) => tracing::debug!(host = %name, "cannot make its topod address: {e}"),
         }
     }
 }

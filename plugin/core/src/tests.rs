@@ -1161,3 +1161,17 @@ fn a_dispatch_goes_into_the_jobs_own_block_and_never_into_anothers() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Issue 31: 100,000 unknown candidates gave 200,000 log lines. Per-host lines are 20 a
+/// minute; the rest are counted and said in one line once the minute has passed.
+#[test]
+fn per_host_lines_are_twenty_a_minute_and_the_rest_one_count() {
+    let mut lines = crate::fetch::HostLines::default();
+    let t0 = Instant::now();
+    let admitted = (0..100_000).filter(|_| lines.admit(t0)).count();
+    assert_eq!(admitted, crate::fetch::HOST_LINES_PER_MINUTE as usize);
+    assert_eq!(lines.roll(t0 + Duration::from_secs(59)), 0, "not before the minute has passed");
+    assert_eq!(lines.roll(t0 + Duration::from_secs(60)), 100_000 - 20);
+    assert!(lines.admit(t0 + Duration::from_secs(61)), "a new minute, a new budget");
+    assert_eq!(lines.roll(t0 + Duration::from_secs(200)), 0);
+}
