@@ -771,3 +771,71 @@ fn a_notify_directory_a_user_made_first_is_named_and_never_used() {
         "topod changed the user's directory"
     );
 }
+
+/// The pids controller's directory for a test cgroup (v1 hierarchy, or the unified one with
+/// `pids` enabled for its children), or why there is none.
+fn pids_cgroup(name: &str) -> Result<PathBuf, String> {
+    let mounts = std::fs::read_to_string("/proc/mounts").map_err(|e| e.to_string())?;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 4 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "pids") {
+            return Ok(Path::new(f[1]).join(name));
+        }
+    }
+    let v2 = topod::cgroup::v2::v2_mount(&mounts).ok_or("no pids controller is mounted")?;
+    let offered = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+    if !offered.split_whitespace().any(|c| c == "pids") {
+        return Err("the unified hierarchy offers no pids controller".into());
+    }
+    std::fs::write(v2.join("cgroup.subtree_control"), "+pids").map_err(|e| e.to_string())?;
+    Ok(v2.join(name))
+}
+
+/// Attack, issue 29: a job that took every process id of the host (32,437 threads) left topod
+/// unable to start a thread for a connection, and root's requests on the administrators'
+/// socket failed with EPIPE. Here topod is held to the threads it has by a pids cgroup: root is
+/// still answered (on the accept thread), a connection to the public socket is told why not.
+#[test]
+fn root_is_answered_when_topod_cannot_start_a_thread() {
+    if skip_unless_root() {
+        return;
+    }
+    let dir = open_dir();
+    let d = start(dir.path(), &["--cgroup", "fake"], true);
+    let cg = match pids_cgroup(&format!("topo-test-threads-{}", std::process::id())) {
+        Ok(cg) => cg,
+        Err(why) => return common::skip(&why),
+    };
+    std::fs::create_dir(&cg).unwrap();
+    struct Out(PathBuf, u32);
+    impl Drop for Out {
+        fn drop(&mut self) {
+            // topod back to the root of the hierarchy, then the test cgroup goes.
+            let root = self.0.parent().unwrap().join("cgroup.procs");
+            let _ = std::fs::write(root, self.1.to_string());
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let pid = d.child.id();
+    let _out = Out(cg.clone(), pid);
+    std::fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let threads = status.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim();
+    std::fs::write(cg.join("pids.max"), threads).unwrap();
+    for round in 0..3 {
+        let mut c = Client::connect(&d.socket).expect("root connects");
+        let v = c.version().unwrap_or_else(|e| panic!("round {round}: root's version: {e}"));
+        assert_eq!(u64::from(v.pid), u64::from(pid));
+        assert!(c.call(Op::List).is_ok(), "round {round}: root's list");
+    }
+    let reply = common::ask(&d.socket, r#"{"op":"version"}"#);
+    assert!(
+        reply["error"].to_string().contains("cannot start a thread for this connection"),
+        "{reply}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("topod.log")).unwrap();
+    assert!(
+        log.contains("starting a thread for a connection on the administrators' socket"),
+        "{log}"
+    );
+}

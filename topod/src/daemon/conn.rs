@@ -423,6 +423,8 @@ impl Drop for UnprovenPlace {
 pub struct AcceptErrors {
     last_logged: Option<Instant>,
     unlogged: u64,
+    /// What failed: accepting, or starting a connection's thread.
+    doing: &'static str,
 }
 
 impl Default for AcceptErrors {
@@ -434,7 +436,12 @@ impl Default for AcceptErrors {
 impl AcceptErrors {
     /// No errors yet.
     pub fn new() -> Self {
-        AcceptErrors { last_logged: None, unlogged: 0 }
+        AcceptErrors { last_logged: None, unlogged: 0, doing: "accepting" }
+    }
+
+    /// No failures yet to start a thread for a connection (logged as accept failures are).
+    pub fn thread_failures() -> Self {
+        AcceptErrors { doing: "starting a thread for", ..Self::new() }
     }
 
     /// Handles one failed accept on `what` (a listener's name).
@@ -442,9 +449,9 @@ impl AcceptErrors {
         let now = Instant::now();
         if self.last_logged.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
             if self.unlogged > 0 {
-                tracing::warn!("accepting a connection on {what} failed: {e} ({} more failures since the last message)", self.unlogged);
+                tracing::warn!("{} a connection on {what} failed: {e} ({} more failures since the last message)", self.doing, self.unlogged);
             } else {
-                tracing::warn!("accepting a connection on {what} failed: {e}");
+                tracing::warn!("{} a connection on {what} failed: {e}", self.doing);
             }
             self.last_logged = Some(now);
             self.unlogged = 0;

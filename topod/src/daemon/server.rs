@@ -318,6 +318,7 @@ pub enum Listener {
 /// Serves connections until the listener fails.
 pub fn serve(listener: UnixListener, server: Arc<Server>, kind: Listener) {
     let mut errors = AcceptErrors::new();
+    let mut spawn_failures = AcceptErrors::thread_failures();
     if kind == Listener::Public {
         // A flood of users' connections costs this thread; root's come through the
         // administrators' socket, whose thread keeps its priority.
@@ -359,8 +360,13 @@ pub fn serve(listener: UnixListener, server: Arc<Server>, kind: Listener) {
             }
         };
         peer.name_process(&stream);
-        let server = server.clone();
+        // Handed to the connection's thread; taken back here if no thread can be started.
+        let work = Arc::new(std::sync::Mutex::new(Some((stream, peer, admitted))));
+        let handed = work.clone();
+        let for_thread = server.clone();
         let spawned = std::thread::Builder::new().name("topod-conn".into()).spawn(move || {
+            let taken = handed.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let Some((stream, peer, admitted)) = taken else { return };
             if !privileged {
                 lower_priority();
             } else if kind == Listener::Public {
@@ -369,13 +375,32 @@ pub fn serve(listener: UnixListener, server: Arc<Server>, kind: Listener) {
                 // nice 10 to topod's own.
                 let _ = super::process::set_this_thread_nice(super::process::DAEMON_NICE);
             }
+            let lines = LineReader::new(proto::MAX_LINE_BYTES, &for_thread.gate.limits());
+            if let Err(e) = connection(stream, lines, &for_thread, &peer, false, admitted) {
+                tracing::debug!("connection ended: {e}");
+            }
+        });
+        let Err(e) = spawned else { continue };
+        let left = work.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some((stream, peer, admitted)) = left else { continue };
+        if kind == Listener::Admins {
+            // Out of threads (a job holding every process id of the host, say): root and the
+            // batch system are still answered, one connection at a time on this thread.
+            spawn_failures.failed(
+                &format!("{what} (its connections are served one at a time meanwhile)"),
+                &e,
+            );
             let lines = LineReader::new(proto::MAX_LINE_BYTES, &server.gate.limits());
             if let Err(e) = connection(stream, lines, &server, &peer, false, admitted) {
                 tracing::debug!("connection ended: {e}");
             }
-        });
-        if let Err(e) = spawned {
-            tracing::warn!("cannot start a thread for a connection: {e}");
+        } else {
+            spawn_failures.failed(what, &e);
+            refuse(
+                stream,
+                &server,
+                "topod cannot start a thread for this connection now (the host is out of processes or memory); try again",
+            );
         }
     }
 }
@@ -694,7 +719,7 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
             // As bstop: root, an administrator, or the job's owner (LSF runs a queue's
             // JOB_CONTROLS actions as the job's user). A job topod does not hold is said so
             // first, so that an LSF action can fall back to signals.
-            let owner = {
+            let (owner, by_policy) = {
                 if let Err(e) = crate::cgroup::JobId::parse(&job) {
                     return error_reply(&HostError::BadJob(e));
                 }
@@ -702,10 +727,17 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 if host.ledger().get(&job).is_none() {
                     return error_reply(&HostError::UnknownJob(job));
                 }
-                host.owner_of(&job)
+                (host.owner_of(&job), host.suspended_by_policy(&job))
             };
             if !admin && owner != Some(peer.uid) {
                 return forbidden("suspending a job that is not yours");
+            }
+            if !admin && by_policy {
+                // Taken over, the suspension would be the owner's to resume (attack, issue 29).
+                return Reply::error(
+                    ErrorCode::Forbidden,
+                    format!("job {job} is suspended already, by the batch system or for another job; that suspension is not yours to take over (you are uid {})", peer.uid),
+                );
             }
             match server.suspend(&job, (!admin).then_some(peer.uid)) {
                 Ok(reply) => ok(reply),
