@@ -2072,7 +2072,9 @@ impl Host {
         // which freezes it.
         let preempted =
             self.hints.get(job).is_some_and(|h| h.preempted_by.is_some() || h.batch_suspended);
-        if self.ledger.is_suspended(job) && !preempted {
+        // Not by its owner, though: the suspension is not the owner's to take over (and then
+        // resume, which the owner may do with a suspension of their own).
+        if self.ledger.is_suspended(job) && (!preempted || by.is_some()) {
             return Err(HostError::Ledger(LedgerError::WrongState {
                 job: job.to_string(),
                 state: JobState::Suspended,
@@ -2322,6 +2324,13 @@ impl Host {
                 .find(|&u| u != owner)?;
             Some((pid, foreign))
         })
+    }
+
+    /// Whether `job` is suspended by the batch system or by topod's preemption (for another
+    /// job), not by a person.
+    pub fn suspended_by_policy(&self, job: &str) -> bool {
+        self.ledger.is_suspended(job)
+            && self.hints.get(job).is_some_and(|h| h.preempted_by.is_some() || h.batch_suspended)
     }
 
     /// Who suspended `job`, when it was its owner (see [`JobHint::suspended_by`]).
@@ -3594,6 +3603,11 @@ mod tests {
         assert!(kernel.is_frozen(&JobId::parse("v").unwrap()).unwrap());
         assert_eq!(h.hints["v"].preempted_by.as_deref(), Some("p"));
         assert_eq!(h.hints["v"].suspensions, 1);
+        // Nor can its owner take preemption's suspension over (to resume it as their own):
+        // attack, issue 29.
+        assert!(h.suspended_by_policy("v"));
+        assert!(h.begin_suspend("v", Some(1000)).is_err());
+        assert_eq!(h.hints["v"].preempted_by.as_deref(), Some("p"));
         // Resumed by topod after p: protected for preempt_min_run_s again.
         h.release("p").unwrap();
         assert!(!kernel.is_frozen(&JobId::parse("v").unwrap()).unwrap());
@@ -3608,6 +3622,17 @@ mod tests {
         assert_eq!(h.hints["v"].suspended_by, Some(1000));
         assert_eq!(h.hints["v"].preempted_by, None);
         h.ledger().check().unwrap();
+        // A suspension by the batch system is not the owner's to take over either.
+        let _ = h.release("r");
+        h.resume("v").unwrap();
+        let view = topo_core::proto::BatchView { suspended: vec!["v".into()], running: vec![] };
+        h.follow_batch(&view).unwrap();
+        assert!(h.suspended_by_policy("v"));
+        assert!(h.begin_suspend("v", Some(1000)).is_err());
+        assert!(h.hints["v"].batch_suspended);
+        // Root's (or an administrator's) suspension does take it over, as before.
+        h.suspend("v").unwrap();
+        assert!(!h.hints["v"].batch_suspended);
     }
 
     #[test]
