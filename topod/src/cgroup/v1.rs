@@ -135,7 +135,22 @@ impl V1 {
     /// logged, and the jobs are confined without it.
     pub fn with_cpu_groups(mut self, root: Option<PathBuf>) -> Self {
         self.cpu = root.filter(|root| match prepare_beside(&self.files, &self.cpuset, root) {
-            Ok(()) => true,
+            Ok(()) => {
+                // Under CONFIG_RT_GROUP_SCHED a new cpu cgroup gets no realtime time.
+                let rt_by_group = root
+                    .parent()
+                    .is_some_and(|p| self.files.read(&p.join("cpu.rt_runtime_us")).is_ok());
+                #[cfg(feature = "daemon")]
+                if rt_by_group {
+                    tracing::warn!(
+                        "this kernel schedules realtime threads by cgroup (CONFIG_RT_GROUP_SCHED): \
+                         with cpu_groups, a job's processes cannot switch to SCHED_FIFO or \
+                         SCHED_RR (set cpu_groups = false in topod.toml where jobs need that)"
+                    );
+                }
+                let _ = rt_by_group;
+                true
+            }
             Err(_e) => {
                 #[cfg(feature = "daemon")]
                 tracing::warn!(
