@@ -79,8 +79,12 @@ impl Kind {
             Kind::Fake => Box::new(fake::Fake::new(cpus.clone(), mems.clone())),
             Kind::V1 => {
                 let v1 = v1::V1::detect_in(files, mounts, subtree)?;
-                let cpu = v1::v1_cpu_mount(mounts).filter(|_| cpu_groups);
-                Box::new(v1.with_cpu_groups(cpu.map(|c| c.join(subtree))))
+                let cpu = v1::v1_cpu_mount(mounts).map(|c| c.join(subtree));
+                Box::new(if cpu_groups {
+                    v1.with_cpu_groups(cpu)
+                } else {
+                    v1.without_cpu_groups(cpu)
+                })
             }
             Kind::V2 => {
                 let v2 = v2::V2::detect_in(files, mounts, &format!("{subtree}.slice"))?;

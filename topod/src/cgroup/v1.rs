@@ -129,6 +129,29 @@ impl V1 {
         Ok(V1 { files, cpuset, freezer, memory, cpu: None })
     }
 
+    /// With the grouping turned off: what an earlier start with it on left under `root` in the
+    /// cpu hierarchy goes, its jobs' processes back to that hierarchy's root cgroup (ungrouped,
+    /// as the setting says). Best effort, like the grouping.
+    pub fn without_cpu_groups(self, root: Option<PathBuf>) -> Self {
+        let Some(root) = root.filter(|r| self.files.is_dir(r)) else { return self };
+        let Some(top) = root.ancestors().nth(1).map(Path::to_path_buf) else { return self };
+        // The hierarchy's root cgroup: the one whose parent holds no cgroup.procs.
+        let hierarchy_root = top
+            .ancestors()
+            .take_while(|d| self.files.exists(&d.join("cgroup.procs")))
+            .last()
+            .map(Path::to_path_buf)
+            .unwrap_or(top);
+        for dir in self.files.subdirs(&root) {
+            for pid in self.files.read_pids(&dir.join("cgroup.procs")).unwrap_or_default() {
+                let _ = self.files.write(&hierarchy_root.join("cgroup.procs"), &pid.to_string());
+            }
+            let _ = self.files.rmdir(&dir);
+        }
+        let _ = self.files.rmdir(&root);
+        self
+    }
+
     /// Job cgroups in the `cpu` hierarchy too, under `root` (created if missing): each job then
     /// weighs as one entity for the CPU scheduler. None leaves the jobs where they were in it.
     /// Best effort: a subtree that cannot be made there (a read-only mount in a container) is
@@ -149,6 +172,17 @@ impl V1 {
                     );
                 }
                 let _ = rt_by_group;
+                // Jobs that ran while the grouping was off (a restart with cpu_groups turned
+                // on): their processes into their own cpu directory now.
+                for (job, dir) in self.files.job_dirs(&self.cpuset).unwrap_or_default() {
+                    let grouped = root.join(job.as_str());
+                    if self.files.is_dir(&grouped) || self.files.mkdir(&grouped).is_err() {
+                        continue;
+                    }
+                    for pid in self.files.read_pids(&dir.join("cgroup.procs")).unwrap_or_default() {
+                        let _ = self.files.write(&grouped.join("cgroup.procs"), &pid.to_string());
+                    }
+                }
                 true
             }
             Err(_e) => {
@@ -741,5 +775,34 @@ mod tests {
         open(&fs);
         assert!(!fs.root("cpu").join("topo/10").exists());
         assert!(fs.root("cpu").join("topo/9").exists(), "a live job's cpu directory stays");
+    }
+
+    #[test]
+    fn turning_the_cpu_grouping_on_groups_running_jobs_and_off_ungroups_them() {
+        let fs = Arc::new(FakeCgroupFs::v1("0-7", "0-1"));
+        let cpu_root = || v1_cpu_mount(&fs.mounts()).map(|c| c.join("topo"));
+        let without = || {
+            V1::detect_in(Files::new(fs.clone()), &fs.mounts(), "topo")
+                .unwrap()
+                .without_cpu_groups(cpu_root())
+        };
+        // A job started with the grouping off: not in the cpu hierarchy.
+        let off = without();
+        off.create(&job("11"), &spec("0-1", "0")).unwrap();
+        fs.start_process(1100);
+        off.join(&job("11"), 1100).unwrap();
+        assert!(!fs.root("cpu").join("topo/11").exists());
+        // A restart with it on: the running job's process goes into its own cpu directory.
+        open(&fs);
+        let procs = fs.root("cpu").join("topo/11/cgroup.procs");
+        assert_eq!(std::fs::read_to_string(&procs).unwrap().trim(), "1100");
+        // Off again: back to the hierarchy's root, and nothing of topo's left there.
+        let off = without();
+        assert!(!fs.root("cpu").join("topo").exists());
+        let root_procs = std::fs::read_to_string(fs.root("cpu").join("cgroup.procs")).unwrap();
+        assert!(root_procs.lines().any(|l| l.trim() == "1100"), "{root_procs}");
+        // The job itself is untouched, and is released as before.
+        assert_eq!(off.pids(&job("11")).unwrap(), vec![1100]);
+        off.release(&job("11"), Duration::from_secs(1)).unwrap();
     }
 }
