@@ -242,9 +242,11 @@ fn run(args: TopodArgs) -> Result<(), String> {
             Some(l)
         }
     };
-    let listener = bind(&socket, 0o666)?;
+    // The administrators' socket first: once the public one answers, root's is there too, with
+    // its mode (a client, or a test, that waits for the public socket then finds both).
     let admin_socket = topo_core::proto::admin_socket_for(&socket);
     let admin_listener = bind(&admin_socket, 0o600)?;
+    let listener = bind(&socket, 0o666)?;
     drop_capabilities()?;
     // Capabilities are each thread's own: the reporting thread starts only now, with what
     // topod kept (it runs scontrol and qalter as root within them).
