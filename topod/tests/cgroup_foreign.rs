@@ -85,7 +85,7 @@ impl Drop for ExclusiveParent {
             common::remove_cgroup_tree(&e.path());
         }
         common::remove_cgroup_tree(&self.0);
-        for hierarchy in ["freezer", "memory"] {
+        for hierarchy in ["freezer", "memory", "cpu"] {
             let p = Path::new("/sys/fs/cgroup").join(hierarchy).join(self.0.file_name().unwrap());
             common::remove_cgroup_tree(&p.join("topo"));
             common::remove_cgroup_tree(&p);
