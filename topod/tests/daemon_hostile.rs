@@ -97,8 +97,14 @@ fn a_connection_handed_to_a_child_cannot_join_once_its_opener_has_exited() {
     // The opener's pid is free now (no wrap-around here, so nothing has it yet): refused as no
     // process. Had it been reused, the peer's pidfd says the opener exited: refused as that
     // (the server's unit test `a_reused_peer_pid_is_not_the_peer` covers it).
+    // On a kernel without SO_PEERPIDFD an opener that exited before topod's accept is not named
+    // at all (below): refused too, saying so (seen in the slow cgroup v2 guest, kernel 6.1).
     let m = replies[0]["error"]["message"].as_str().unwrap();
-    assert!(m.contains("is running") || m.contains("has exited"), "{}", replies[0]);
+    assert!(
+        m.contains("is running") || m.contains("has exited") || m.contains("could not identify"),
+        "{}",
+        replies[0]
+    );
     // The child's own pid is not the peer's. (On a kernel without SO_PEERPIDFD, topod names the
     // peer by pidfd_open at accept; an opener that exited before that is not named at all, and
     // its connection moves nothing for anyone: refused too, saying so.)
@@ -817,22 +823,39 @@ fn root_is_answered_when_topod_cannot_start_a_thread() {
         }
     }
     let pid = d.child.id();
+    // Up to its last thread first: the public socket is served last, by topod's main thread
+    // after every other is started (start() returns once it is bound; a slow guest held to
+    // fewer threads there made topod's start-up fail).
+    let answered = common::ask(&d.socket, r#"{"op":"version"}"#);
+    assert!(answered["ok"].is_object(), "{answered}");
     let _out = Out(cg.clone(), pid);
     std::fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let threads = status.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim();
-    std::fs::write(cg.join("pids.max"), threads).unwrap();
+    // topod held to the threads it has now. A thread still ending (start-up's, a connection's
+    // just served) would leave room for one more, so the limit is set again until a
+    // connection to the public socket finds none (seen in the slow v2 guest). The connection
+    // sends nothing: topod's refusal is then read whole (a request topod never read would make
+    // its close a reset), and a thread that did start waits silently until the read times out.
+    let mut refused = None;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(50));
+        let current = std::fs::read_to_string(cg.join("pids.current")).unwrap();
+        std::fs::write(cg.join("pids.max"), current.trim()).unwrap();
+        let s = UnixStream::connect(&d.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let mut line = String::new();
+        let _ = BufReader::new(s).read_line(&mut line);
+        if line.contains("cannot start a thread for this connection") {
+            refused = Some(line);
+            break;
+        }
+    }
+    assert!(refused.is_some(), "topod always found a thread for a public connection");
     for round in 0..3 {
         let mut c = Client::connect(&d.socket).expect("root connects");
         let v = c.version().unwrap_or_else(|e| panic!("round {round}: root's version: {e}"));
         assert_eq!(u64::from(v.pid), u64::from(pid));
         assert!(c.call(Op::List).is_ok(), "round {round}: root's list");
     }
-    let reply = common::ask(&d.socket, r#"{"op":"version"}"#);
-    assert!(
-        reply["error"].to_string().contains("cannot start a thread for this connection"),
-        "{reply}"
-    );
     let log = std::fs::read_to_string(dir.path().join("topod.log")).unwrap();
     assert!(
         log.contains("starting a thread for a connection on the administrators' socket"),
