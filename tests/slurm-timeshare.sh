@@ -304,7 +304,9 @@ gang_all_jobs = true" cluster_start_topod
 SLURM_EXTRA_CONF="PreemptMode=OFF" SLURM_PARTITIONS="PartitionName=over Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2" \
     cluster_start_slurm affinity "$PLUGSTACK"
 dir="$BASE/out/oversubscribed"; mkdir -p "$dir"; chmod 1777 "$dir"
-a=$(submit "$dir" a 3 --time=1 --topology='affinity[core(2)]')
+# The first burns 12 CPU-seconds, so that it still runs when Slurm starts the second (with 3,
+# a busy clean-clone run saw it end just as the second started: no job beside it to name).
+a=$(submit "$dir" a 12 --time=1 --topology='affinity[core(2)]')
 wait_for 30 test -s "$dir/a.out" || true
 b=$(submit "$dir" b 1 --time=1 --topology='affinity[core(2)]')
 frozen=0
