@@ -49,7 +49,7 @@ def v1_mounts():
         for line in f:
             fields = line.split()
             if len(fields) >= 4 and fields[2] == "cgroup":
-                for controller in ("cpuset", "memory", "freezer"):
+                for controller in ("cpuset", "memory", "freezer", "cpu"):
                     if controller in fields[3].split(","):
                         found.setdefault(controller, fields[1])
     return found

@@ -59,11 +59,13 @@ impl Drop for Topod {
 fn remove_subtree(subtree: &str) {
     let Ok(mounts) = std::fs::read_to_string(topod::cgroup::MOUNTS) else { return };
     let (cpuset, freezer, memory) = topod::cgroup::v1::v1_mounts(&mounts);
+    let cpu = topod::cgroup::v1::v1_cpu_mount(&mounts);
     let v2 = topod::cgroup::v2::v2_mount(&mounts).map(|m| m.join(format!("{subtree}.slice")));
     for dir in [
         cpuset.map(|m| m.join(subtree)),
         freezer.map(|m| m.join(subtree)),
         memory.map(|m| m.join(subtree)),
+        cpu.map(|m| m.join(subtree)),
         v2,
     ]
     .into_iter()
