@@ -497,6 +497,14 @@ pub struct Snapshot {
 }
 
 /// What a "does not fit" message is about: the job, or for `fit` the request.
+impl JobHint {
+    /// Since when the job counts as running for preemption's and defrag's minimum run times:
+    /// [`JobHint::protected_since`], or for a record written before it, `running_since`.
+    pub fn protected_from(&self) -> Option<i64> {
+        self.protected_since.or(self.running_since)
+    }
+}
+
 /// `refused` (a [`HostError::DoesNotFit`]) with why preemption did not make room added to its
 /// message, so that a user who asked to preempt learns which rule kept it out.
 fn not_preempted(refused: HostError, why: &str) -> HostError {
@@ -771,18 +779,11 @@ impl Host {
         let mut spared: Vec<String> = Vec::new();
         for a in self.ledger.jobs() {
             let Some(hint) = self.hints.get(&a.job) else { continue };
-            let ran = hint.protected_since.or(hint.running_since).map_or(0, |t| now - t);
+            let ran = hint.protected_from().map_or(0, |t| now - t);
             // A job outside the CPUs the request may use frees nothing for it.
             let within = prepared.request.cpu_list.as_ref().is_none_or(|l| a.cpus.intersects(l));
-            // A suspended job runs on nothing to free (and its suspension is somebody else's).
-            let eligible = hint.preemptible
-                && within
-                && !self.ledger.is_suspended(&a.job)
-                && a.gang_row.is_none()
-                && !self.releasing.contains(&a.job)
-                && !self.changing.contains_key(&a.job)
-                && ran >= rules.min_run
-                && hint.suspensions < rules.max_suspensions;
+            let spare = self.why_not_suspendable(&a.job, hint, ran, &rules);
+            let eligible = within && spare.is_none();
             let xf = self.expansion_factor(hint, now);
             match (eligible, xf) {
                 (true, Some(xf)) if xf < my_xf => {
@@ -803,7 +804,7 @@ impl Host {
                     "job {} gave no submission time and time limit (no expansion factor)",
                     a.job
                 )),
-                (false, _) => spared.push(self.why_not_suspendable(&a.job, hint, ran, &rules)),
+                (false, _) => spared.extend(spare),
             }
         }
         if candidates.is_empty() {
@@ -893,19 +894,21 @@ impl Host {
         ))
     }
 
-    /// Why a running job in a preemptor's way may not be suspended for it (the first rule
-    /// that keeps it).
+    /// The rule that keeps a running job from being suspended for a preemptor (the first that
+    /// does), or `None` when it may be: the one place both the choice of victims and the
+    /// refusal's text come from.
     fn why_not_suspendable(
         &self,
         job: &str,
         hint: &JobHint,
         ran: i64,
         rules: &topo_core::policy::Preempt,
-    ) -> String {
+    ) -> Option<String> {
         let gang = self.ledger.get(job).is_some_and(|a| a.gang_row.is_some());
-        if !hint.preemptible {
+        Some(if !hint.preemptible {
             format!("job {job} did not say it may be suspended (preemptible)")
         } else if self.ledger.is_suspended(job) {
+            // It runs on nothing to free, and its suspension is somebody else's.
             format!("job {job} is suspended already")
         } else if gang {
             format!("job {job} is gang-scheduled")
@@ -916,12 +919,14 @@ impl Host {
                 "job {job} has run {ran} s since its start or its resume after preemption, less than preempt_min_run_s {}",
                 rules.min_run
             )
-        } else {
+        } else if hint.suspensions >= rules.max_suspensions {
             format!(
                 "job {job} was suspended {} time(s) by preemption already (preempt_max_suspensions {})",
                 hint.suspensions, rules.max_suspensions
             )
-        }
+        } else {
+            return None;
+        })
     }
 
     /// What placing `job` in `row` must avoid: the ledger's answer, the blocks other jobs have
@@ -2070,11 +2075,9 @@ impl Host {
         }
         // Suspended by topod's preemption or by the batch system: now it is this suspension,
         // which freezes it.
-        let preempted =
-            self.hints.get(job).is_some_and(|h| h.preempted_by.is_some() || h.batch_suspended);
         // Not by its owner, though: the suspension is not the owner's to take over (and then
         // resume, which the owner may do with a suspension of their own).
-        if self.ledger.is_suspended(job) && (!preempted || by.is_some()) {
+        if self.ledger.is_suspended(job) && (!self.suspended_by_policy(job) || by.is_some()) {
             return Err(HostError::Ledger(LedgerError::WrongState {
                 job: job.to_string(),
                 state: JobState::Suspended,

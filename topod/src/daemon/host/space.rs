@@ -8,7 +8,7 @@
 //! moved before it has run `migrate_min_run_s`, nor again within `migrate_gap_s` of its last
 //! move (or resize).
 
-use super::{Host, HostError, Prepared};
+use super::{Host, HostError, JobHint, Prepared};
 use topo_core::cpuset::CpuSet;
 use topo_core::defrag::{self, DefragLimits, Movable};
 use topo_core::ledger::{Allocation, JobState};
@@ -265,8 +265,7 @@ impl Host {
                 let req = request::parse(&a.request).ok()?;
                 let hint = self.hints.get(&a.job);
                 // As for preemption: its owner's suspend and resume do not restart the time.
-                let started =
-                    hint.and_then(|h| h.protected_since.or(h.running_since)).unwrap_or(now);
+                let started = hint.and_then(JobHint::protected_from).unwrap_or(now);
                 let last_move = hint.and_then(|h| h.moved_at);
                 let may = now - started >= cfg.min_run_s
                     && last_move.is_none_or(|t| now - t >= cfg.gap_s);
@@ -341,8 +340,7 @@ impl Host {
                 .filter_map(|m| held.iter().find(|(a, _, _)| a.job == m.key))
                 .map(|(a, _, _)| {
                     let hint = self.hints.get(&a.job);
-                    let started =
-                        hint.and_then(|h| h.protected_since.or(h.running_since)).unwrap_or(now);
+                    let started = hint.and_then(JobHint::protected_from).unwrap_or(now);
                     match hint.and_then(|h| h.moved_at) {
                         Some(t) if now - t < cfg.gap_s => format!(
                             "job {} was moved or resized {} s ago, less than migrate_gap_s {}",
