@@ -108,8 +108,8 @@ fn run(args: TopodArgs) -> Result<(), String> {
             "unknown".to_string()
         }
     };
+    let cpu_groups = config.cpu_groups.unwrap_or(true);
     if args.prepare_cgroups {
-        let cpu_groups = config.cpu_groups.unwrap_or(true);
         return prepare_cgroups(
             kind,
             files,
@@ -131,7 +131,6 @@ fn run(args: TopodArgs) -> Result<(), String> {
     };
     let reserved = config.reserved_cpus.clone().unwrap_or_default();
     let strategy = config.strategy.unwrap_or(Strategy::BestFit);
-    let cpu_groups = config.cpu_groups.unwrap_or(true);
     let backend = kind
         .open(files, &mounts, &subtree, &topo.allowed, &topo.allowed_mems, cpu_groups)
         .map_err(|e| match kind {
