@@ -236,7 +236,7 @@ fn the_crlf_fragment_without_header_replays_with_hosts_given() {
 }
 
 #[test]
-fn preemption_by_expansion_factor_shortens_the_longest_slowdowns_on_the_paragon_batch_jobs() {
+fn preemption_on_the_paragon_batch_jobs_drains_with_easy_and_cuts_the_bounded_slowdown() {
     let t = trace("SDSC-Par-1996-3.1-cln.swf");
     let runs = simulate(&[
         "--trace",
@@ -247,6 +247,8 @@ fn preemption_by_expansion_factor_shortens_the_longest_slowdowns_on_the_paragon_
         "0",
         "--policy",
         "easy,easy+preempt",
+        "--preempt-cost",
+        "60",
     ]);
     let (easy, preempt) = (&runs[0], &runs[1]);
     assert_eq!(
@@ -255,12 +257,20 @@ fn preemption_by_expansion_factor_shortens_the_longest_slowdowns_on_the_paragon_
     );
     assert_eq!(easy["suspensions"], 0);
     assert!(preempt["suspensions"].as_u64().unwrap() > 0, "{preempt}");
+    assert_eq!(preempt["suspend_cost_s"], 60);
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap();
+    // Victims' CPUs are held for them: the machine drains as EASY's does (a version that lent
+    // them to anyone ran 39 days longer at 0.758).
     assert!(
-        f(preempt, "mean_bounded_slowdown") < f(easy, "mean_bounded_slowdown") / 2.0,
+        (f(preempt, "makespan_s") - f(easy, "makespan_s")).abs() <= 86_400.0,
         "{easy} {preempt}"
     );
-    assert!(f(preempt, "max_wait_s") < f(easy, "max_wait_s"));
+    assert!((f(preempt, "utilization") - f(easy, "utilization")).abs() <= 0.01, "{easy} {preempt}");
+    // Suspended time counts as waiting and slows the job down; the longest slowdowns still fall.
+    assert!(
+        f(preempt, "mean_bounded_slowdown") < f(easy, "mean_bounded_slowdown") * 0.75,
+        "{easy} {preempt}"
+    );
     assert_eq!(preempt["jobs"], easy["jobs"]);
 }
 

@@ -197,6 +197,11 @@ pub struct PolicyConfig {
     /// What a move costs the moved job, seconds: it makes no progress for this long (0, the
     /// default: moves are free and the model is work conserving).
     pub move_cost: Time,
+    /// What a suspension by preemption costs the suspended job, seconds of progress (0, the
+    /// default: free): the time to write its memory out and read it back, and its caches lost.
+    /// The core plans with it (the job's estimated end moves later by as much at each
+    /// suspension) and a driver charges it.
+    pub suspend_cost: Time,
 }
 
 impl PolicyConfig {
@@ -214,6 +219,7 @@ impl PolicyConfig {
             reserve: None,
             prime: None,
             move_cost: 0,
+            suspend_cost: 0,
         }
     }
 }
@@ -554,6 +560,12 @@ pub fn gang_runs(active: u32, rows: u32, members: &[GangMember<'_>]) -> Vec<bool
 /// package before a whole host), then the fewest processors, then the lowest expansion factors.
 /// Suspended jobs resume on their own CPUs as soon as those are free, highest expansion factor
 /// first, before any waiting job starts.
+///
+/// A suspended job's CPUs are held for it: its *resume-by* time is the estimated end of the job
+/// it was suspended for ([`may_borrow`]). Another job may start on those CPUs only if it ends,
+/// by its estimate, no later than that; and a job running on a suspended job's CPUs is not
+/// suspended itself ([`holds_for_suspended`]), so that no chain of preemptions or stream of small
+/// jobs keeps a victim frozen past the end of its preemptor's estimate.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Preempt {
     /// Seconds a job runs after a start or resume before it may be suspended.
@@ -568,6 +580,30 @@ impl Default for Preempt {
     fn default() -> Self {
         Preempt { min_run: 300, max_suspensions: 2, min_xf: 2.0 }
     }
+}
+
+/// Whether a job that ends (by its estimate) at `ends_by` may start on the CPUs held for a job
+/// suspended by preemption that may resume at `resume_by` (its preemptor's estimated end; see
+/// [`Preempt`]). A job without an estimate (`None`), or a suspended job whose preemptor has none,
+/// lends nothing. topod and the policy core both decide by this.
+pub fn may_borrow(ends_by: Option<Time>, resume_by: Option<Time>) -> bool {
+    matches!((ends_by, resume_by), (Some(end), Some(by)) if end <= by)
+}
+
+/// Why a running job may not be suspended because it holds CPUs a suspended job waits for, or
+/// `None`: `suspended` lists (job, CPUs) of the jobs suspended by preemption on the host, `cpus`
+/// the running job's. Suspending it would push the suspended job's resume past its resume-by
+/// time ([`Preempt`]). topod and the policy core both decide by this.
+pub fn holds_for_suspended<'a, K: std::fmt::Display + 'a>(
+    cpus: &CpuSet,
+    suspended: impl IntoIterator<Item = (K, &'a CpuSet)>,
+) -> Option<String> {
+    suspended.into_iter().find(|(_, held)| held.intersects(cpus)).map(|(job, held)| {
+        format!(
+            "it runs on CPUs {} held for job {job}, suspended by preemption",
+            held.intersection(cpus)
+        )
+    })
 }
 
 /// What a job asks of the cluster.
@@ -862,11 +898,13 @@ struct FlexHost {
     reclaim: u32,
 }
 
-/// A suspended job: what it had, and how much of its estimate was left.
+/// A suspended job: what it had, how much of its estimate was left, and until when other jobs
+/// may borrow its CPUs ([`may_borrow`]).
 #[derive(Debug)]
 struct Suspended {
     run: Running,
     remaining: Time,
+    resume_by: Time,
 }
 
 #[derive(Debug)]
@@ -941,8 +979,18 @@ pub struct PolicyCore {
     /// The last [`Self::free_for`] answer, with the (generation, occupancy changes, pools
     /// fenced, blocks binding) it holds for.
     free_views: Option<(FreeViewKey, Arc<FreeView>)>,
+    /// The last [`Self::held_view`] answer: for the (generation, occupancy changes, suspended
+    /// jobs whose CPUs are held from the asker) it holds for, the free counts and the CPUs held.
+    held_views: Option<(HeldViewKey, Arc<HeldView>)>,
     counters: Counters,
 }
+
+/// (generation, occupancy changes, the suspended jobs whose CPUs a job may not borrow).
+type HeldViewKey = (u64, u64, Vec<JobKey>);
+
+/// The free counts a job starts by when it may not borrow some suspended jobs' CPUs, and those
+/// CPUs per host.
+type HeldView = (FreeView, BTreeMap<HostId, CpuSet>);
 
 impl PolicyCore {
     /// A core over `hosts` (models may be shared between hosts of one kind).
@@ -1048,6 +1096,7 @@ impl PolicyCore {
             last_reserved: None,
             occupancy_changes: 0,
             free_views: None,
+            held_views: None,
             counters: Counters::default(),
         }
     }
@@ -1115,6 +1164,11 @@ impl PolicyCore {
     /// When the core wants a [`Event::Tick`] next although nothing else happens: the next gang
     /// slice boundary, while jobs of more than one row are running.
     ///
+    /// With preemption: while jobs wait, the next instant at which the first of them could
+    /// preempt where it could not before (its expansion factor reaching the threshold or passing
+    /// a running job's, a running job reaching the least run), so that preemption is re-checked
+    /// as time passes and not only when a job is submitted or ends.
+    ///
     /// With prime-time pools: the next window change while it can matter, that is while a
     /// window is open and jobs wait (its close lets them onto the pools), or while none is open,
     /// jobs run and an opening moves them ([`OnOpen::Migrate`]).
@@ -1122,6 +1176,12 @@ impl PolicyCore {
         if let Some(gang) = self.config.gang {
             let rows_in_use = self.rows.iter().filter(|r| r.jobs > 0).count();
             return (rows_in_use > 1).then(|| gang.next_boundary(self.now));
+        }
+        if let Some(rules) = &self.config.preempt {
+            if self.now == Time::MIN {
+                return None;
+            }
+            return self.next_preempt_check(rules);
         }
         let prime = self.prime.as_ref()?;
         if self.now == Time::MIN {
@@ -1525,7 +1585,13 @@ impl PolicyCore {
         if u64::from(spec.procs) > self.rows[row as usize].free_total {
             return false;
         }
-        let Some(choice) = self.choose_hosts(row, spec.procs) else { return false };
+        let held = self.held_view(job, spec, row);
+        let choice = match &held {
+            None => self.choose_hosts(row, spec.procs),
+            Some(view) if u64::from(spec.procs) > view.0.total => return false,
+            Some(view) => choose_hosts_in(&view.0.by_free, spec.procs),
+        };
+        let Some(choice) = choice else { return false };
         let mut parts = Vec::with_capacity(choice.len());
         for (host, cores) in choice {
             if self.flex.get(host as usize).is_some_and(|f| !f.jobs.is_empty()) {
@@ -1536,11 +1602,22 @@ impl PolicyCore {
             let h = &self.hosts[host as usize];
             let r = &self.rows[row as usize];
             let empty = r.free[host as usize] == h.cores;
-            let placement = match (&h.whole, cores == h.cores && empty) {
+            let fence = held.as_ref().and_then(|v| v.1.get(&host));
+            let fenced;
+            let occupancy = match fence {
+                None => &r.occupancy[host as usize],
+                Some(cpus) => {
+                    let mut occ = r.occupancy[host as usize].clone();
+                    occ.fenced.union_with(cpus);
+                    fenced = occ;
+                    &fenced
+                }
+            };
+            let placement = match (&h.whole, cores == h.cores && empty && fence.is_none()) {
                 (Some(whole), true) => Arc::clone(whole),
                 _ => match start_on_host(
                     &h.model,
-                    &r.occupancy[host as usize],
+                    occupancy,
                     &cores_request(cores),
                     self.config.strategy,
                 ) {
@@ -1558,6 +1635,63 @@ impl PolicyCore {
         }
         self.record_start(job, spec, row, parts, false, actions);
         true
+    }
+
+    /// The free counts `job` may start by, and the CPUs per host it must stay off, when jobs
+    /// suspended by preemption hold CPUs it may not borrow ([`may_borrow`]: it would end after
+    /// they may resume); `None` when there are none. Kept until the cluster changes.
+    fn held_view(&mut self, job: JobKey, spec: JobSpec, row: u32) -> Option<Arc<HeldView>> {
+        if self.suspended.is_empty() || row != 0 {
+            return None;
+        }
+        let ends_by = self.now.saturating_add(spec.estimate.saturating_mul(self.stretch()));
+        let binding: Vec<JobKey> = self
+            .suspended
+            .iter()
+            .copied()
+            .filter(|&v| match &self.jobs[v as usize] {
+                Slot::Suspended(s) => v != job && !may_borrow(Some(ends_by), Some(s.resume_by)),
+                _ => false,
+            })
+            .collect();
+        if binding.is_empty() {
+            return None;
+        }
+        let key = (self.generation, self.occupancy_changes, binding);
+        if let Some((k, view)) = &self.held_views {
+            if *k == key {
+                return Some(Arc::clone(view));
+            }
+        }
+        let mut fences: BTreeMap<HostId, CpuSet> = BTreeMap::new();
+        for v in &key.2 {
+            if let Slot::Suspended(s) = &self.jobs[*v as usize] {
+                for p in &s.run.parts {
+                    fences.entry(p.host).or_default().union_with(&p.placement.cpus);
+                }
+            }
+        }
+        let mut free = self.rows[0].free.clone();
+        for (host, fence) in &fences {
+            let model = &self.hosts[*host as usize].model;
+            let occ = &self.rows[0].occupancy[*host as usize];
+            let busy = occ.held.union(&occ.fenced);
+            let hidden = model
+                .cores
+                .iter()
+                .filter(|c| c.is_subset(&model.allocatable))
+                .filter(|c| c.intersects(fence) && !c.intersects(&busy))
+                .count() as u32;
+            free[*host as usize] = free[*host as usize].saturating_sub(hidden);
+        }
+        let view = FreeView {
+            total: free.iter().map(|&f| u64::from(f)).sum(),
+            by_free: buckets(&free),
+            free,
+        };
+        let answer = Arc::new((view, fences));
+        self.held_views = Some((key, Arc::clone(&answer)));
+        Some(answer)
     }
 
     /// Records the start of the rigid `job` with `parts` (taken already) and tells the driver.
@@ -1670,7 +1804,8 @@ impl PolicyCore {
                 Slot::Running(r)
                     if now - r.since >= rules.min_run
                         && r.suspensions < rules.max_suspensions
-                        && r.xf(now) < head_xf =>
+                        && r.xf(now) < head_xf
+                        && !self.holds_for_suspended(r) =>
                 {
                     Some((job, r.xf(now)))
                 }
@@ -1691,15 +1826,37 @@ impl PolicyCore {
                 self.give_back(0, &r.parts);
                 let remaining = (r.estimated_end - now).max(0);
                 suspended.push(*job);
-                self.jobs[*job as usize] = Slot::Suspended(Suspended { run: r, remaining });
+                // Lent to the head without condition while it is placed.
+                let resume_by = Time::MAX;
+                self.jobs[*job as usize] =
+                    Slot::Suspended(Suspended { run: r, remaining, resume_by });
                 self.suspended.insert(*job);
             }
         }
         let mut started = Vec::new();
         if self.try_start(head, spec, 0, &mut started) {
+            // Each victim may resume once the head ends by its estimate (at once if the head
+            // took none of its CPUs); until then, only jobs that end by that borrow its CPUs.
+            let head_end = match &self.jobs[head as usize] {
+                Slot::Running(r) => Some((r.estimated_end, r.parts.clone())),
+                _ => None,
+            };
+            let cost = self.config.suspend_cost.max(0);
             for job in suspended {
                 if let Slot::Suspended(s) = &mut self.jobs[job as usize] {
                     s.run.suspensions += 1;
+                    s.remaining = s.remaining.saturating_add(cost);
+                    let overlaps = head_end.as_ref().is_some_and(|(_, parts)| {
+                        parts.iter().any(|h| {
+                            s.run.parts.iter().any(|v| {
+                                v.host == h.host && v.placement.cpus.intersects(&h.placement.cpus)
+                            })
+                        })
+                    });
+                    s.resume_by = match &head_end {
+                        Some((end, _)) if overlaps => *end,
+                        _ => now,
+                    };
                 }
                 actions.push(Action::Suspend { job });
             }
@@ -1720,6 +1877,63 @@ impl PolicyCore {
             }
         }
         false
+    }
+
+    /// Whether the running job holds CPUs a suspended job waits for ([`holds_for_suspended`]).
+    fn holds_for_suspended(&self, run: &Running) -> bool {
+        if self.suspended.is_empty() {
+            return false;
+        }
+        run.parts.iter().any(|p| {
+            let held = self.suspended.iter().flat_map(|&v| match &self.jobs[v as usize] {
+                Slot::Suspended(s) => s
+                    .run
+                    .parts
+                    .iter()
+                    .filter(|q| q.host == p.host)
+                    .map(|q| (v, &q.placement.cpus))
+                    .collect::<Vec<_>>(),
+                _ => Vec::new(),
+            });
+            holds_for_suspended(&p.placement.cpus, held).is_some()
+        })
+    }
+
+    /// The next instant after now at which preemption could decide otherwise with no event
+    /// between: the first waiting job's expansion factor reaching the threshold or passing a
+    /// running job's (a running job's stays constant: its time in the system and its time to
+    /// run trade second for second), or a running job reaching `min_run`.
+    fn next_preempt_check(&self, rules: &Preempt) -> Option<Time> {
+        let &head = self.queue.front()?;
+        let Slot::Waiting(spec, submitted) = self.jobs[head as usize] else { return None };
+        let now = self.now;
+        let estimate = spec.estimate.max(1);
+        // The first second at which (t - submitted + estimate) / estimate > xf (or >= for the
+        // threshold).
+        let reaches = |xf: f64, strictly: bool| -> Option<Time> {
+            let at = submitted as f64 + (xf - 1.0) * estimate as f64;
+            if !at.is_finite() {
+                return None;
+            }
+            let t = if strictly { at.floor() as Time + 1 } else { at.ceil() as Time };
+            (t > now).then_some(t)
+        };
+        let threshold = reaches(rules.min_xf, false);
+        if threshold.is_some() {
+            // Below the threshold nothing else matters yet.
+            return threshold;
+        }
+        self.ends
+            .iter()
+            .filter_map(|&(_, job)| match &self.jobs[job as usize] {
+                Slot::Running(r) => {
+                    let ripe = r.since.saturating_add(rules.min_run);
+                    let ripe = (ripe > now).then_some(ripe);
+                    [ripe, reaches(r.xf(now), true)].into_iter().flatten().min()
+                }
+                _ => None,
+            })
+            .min()
     }
 
     /// The victims whose suspension frees room for `procs` (see [`Preempt`]): for a job that
@@ -3017,6 +3231,76 @@ pub(crate) mod tests {
         let a = c.step(10_010, [Event::End { job: 1 }]).unwrap();
         assert_eq!(a, vec![Action::Resume { job: 0 }]);
         assert_eq!(c.free_procs(), 0);
+    }
+
+    #[test]
+    fn preemption_is_rechecked_as_time_passes_not_only_at_submits_and_ends() {
+        let rules = Preempt { min_run: 300, max_suspensions: 2, min_xf: 2.0 };
+        let mut c = preempting(flat(1, 4), rules);
+        c.step(0, [submit(0, 4, 100_000)]).unwrap();
+        // Job 1 reaches expansion factor 2 at 100 + 1,000: the core asks to be woken then.
+        assert!(c.step(100, [submit(1, 2, 1_000)]).unwrap().is_empty());
+        assert_eq!(c.next_wakeup(), Some(1_100));
+        let a = c.step(1_100, [Event::Tick]).unwrap();
+        assert_eq!(a.first(), Some(&Action::Suspend { job: 0 }), "{a:?}");
+        assert_eq!(started(&a), vec![1]);
+        // Nobody waits: nothing to wake for.
+        assert_eq!(c.next_wakeup(), None);
+
+        // A head past the threshold waits for a running job to reach min_run.
+        let mut c = preempting(flat(1, 2), rules);
+        c.step(0, [submit(0, 2, 100_000)]).unwrap();
+        c.step(10, [submit(1, 2, 1)]).unwrap();
+        assert_eq!(c.next_wakeup(), Some(11), "expansion factor 2 at 10 + 1");
+        assert!(c.step(11, [Event::Tick]).unwrap().is_empty());
+        assert_eq!(c.next_wakeup(), Some(300), "job 0 may be suspended from 300 on");
+        let a = c.step(300, [Event::Tick]).unwrap();
+        assert_eq!(started(&a), vec![1], "{a:?}");
+    }
+
+    #[test]
+    fn a_suspended_jobs_cpus_are_lent_only_to_jobs_that_end_before_it_may_resume() {
+        let rules = Preempt { min_run: 300, max_suspensions: 2, min_xf: 2.0 };
+        let mut c = preempting(flat(1, 4), rules);
+        c.step(0, [submit(0, 4, 10_000)]).unwrap();
+        c.step(0, [submit(1, 2, 1_000)]).unwrap();
+        // Job 1 suspends job 0 at 1,000 and takes 2 of its 4 processors until 2,000.
+        let a = c.step(1_000, [Event::Tick]).unwrap();
+        assert_eq!(a.first(), Some(&Action::Suspend { job: 0 }), "{a:?}");
+        assert_eq!(c.free_procs(), 2);
+        // Job 2 would end at 7,100, after job 0 may resume: it is kept off job 0's CPUs.
+        let a = c.step(1_100, [submit(2, 2, 6_000)]).unwrap();
+        assert!(started(&a).is_empty(), "{a:?}");
+        // Job 3 ends at 1,600, before 2,000: it borrows them (EASY behind the waiting job 2).
+        let mut c2 = PolicyCore::new(
+            flat(1, 4),
+            PolicyConfig {
+                preempt: Some(rules),
+                ..PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit)
+            },
+        );
+        c2.step(0, [submit(0, 4, 10_000)]).unwrap();
+        c2.step(0, [submit(1, 2, 1_000)]).unwrap();
+        c2.step(1_000, [Event::Tick]).unwrap();
+        assert!(started(&c2.step(1_100, [submit(2, 2, 6_000)]).unwrap()).is_empty());
+        let a = c2.step(1_100, [submit(3, 2, 500)]).unwrap();
+        assert_eq!(started(&a), vec![3], "{a:?}");
+        // Job 3 holds CPUs job 0 waits for: it is never a victim, whoever waits.
+        c2.step(1_200, [submit(4, 4, 10)]).unwrap();
+        let a = c2.step(1_500, [Event::Tick]).unwrap();
+        assert!(!a.contains(&Action::Suspend { job: 3 }), "{a:?}");
+        // Both borrowers gone by 2,000: job 0 resumes on its own CPUs before anyone starts.
+        c2.step(1_600, [Event::End { job: 3 }]).unwrap();
+        let a = c2.step(2_000, [Event::End { job: 1 }]).unwrap();
+        assert_eq!(a.first(), Some(&Action::Resume { job: 0 }), "{a:?}");
+        let set = |l: &str| CpuSet::parse_list(l).unwrap();
+        assert_eq!(
+            holds_for_suspended(&set("1-2"), [(7u32, &set("2-3"))]).as_deref(),
+            Some("it runs on CPUs 2 held for job 7, suspended by preemption")
+        );
+        assert!(holds_for_suspended(&set("0-1"), [(7u32, &set("2-3"))]).is_none());
+        assert!(may_borrow(Some(10), Some(10)) && !may_borrow(Some(11), Some(10)));
+        assert!(!may_borrow(None, Some(10)) && !may_borrow(Some(1), None));
     }
 
     #[test]

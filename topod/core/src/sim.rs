@@ -10,7 +10,8 @@
 //! Figures (as the scheduling literature uses them):
 //! - **utilization**: processor-seconds used ÷ (processors × makespan), where the makespan runs
 //!   from the first submit to the last end;
-//! - **wait**: start − submit; **p95 wait**: the nearest-rank 95th percentile;
+//! - **wait**: start − submit, plus any time the job spent suspended by preemption (a suspended
+//!   job waits as a queued one does); **p95 wait**: the nearest-rank 95th percentile;
 //! - **bounded slowdown** (τ = 10 s): max(1, (wait + run) ÷ max(run, τ)), averaged over jobs.
 //!
 //! ## Malleable jobs
@@ -36,6 +37,13 @@
 //! later (and it holds its processors that much longer: utilization, which counts the work,
 //! falls). Blocks ([`Action::Reserve`]) and pools are the core's own state; the report counts
 //! what the core did with them ([`crate::policy::Counters`]).
+//!
+//! ## Suspensions
+//!
+//! With preemption a suspended job stops running and its end moves later by as long as it stays
+//! suspended, plus [`PolicyConfig::suspend_cost`] per suspension: its memory written out and
+//! read back, its caches lost (0: free). Utilization counts the trace's work, so a cost that
+//! keeps processors busy longer shows as lower utilization.
 
 use crate::bench::SplitMix;
 use crate::place::HostModel;
@@ -155,6 +163,9 @@ pub struct SimReport {
     pub jobs: usize,
     /// Suspensions (with preemption).
     pub suspensions: usize,
+    /// Seconds of progress each suspension cost the suspended job (with preemption).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suspend_cost_s: Option<Time>,
     /// Gang slice length, seconds (with gang slicing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gang_slice_s: Option<Time>,
@@ -300,6 +311,8 @@ pub fn replay_observed(
     let gang_slice_s = config.gang.map(|g| g.slice);
     let numa_local = config.numa_local;
     let gang = config.gang.is_some();
+    let suspend_cost = config.suspend_cost.max(0);
+    let preempting = config.preempt.is_some() && !gang;
     let mut core = PolicyCore::new(hosts, config);
     let total = core.total_procs();
     let n = jobs.len();
@@ -310,6 +323,9 @@ pub fn replay_observed(
     // what a suspended job still has to run. An end event that no longer matches is stale.
     let mut due: Vec<Option<Time>> = vec![None; n];
     let mut left: Vec<Time> = vec![0; n];
+    // When a job was suspended by preemption, and how long it has been so far: its wait.
+    let mut suspended_at: Vec<Option<Time>> = vec![None; n];
+    let mut suspended_for: Vec<Time> = vec![0; n];
     // A job's processors now, and its processor-seconds still to run as of `marked`: a resize
     // changes the rate its work drains at.
     let mut rate: Vec<u32> = vec![0; n];
@@ -404,12 +420,19 @@ pub fn replay_observed(
                         gang_freezes += 1;
                     } else {
                         suspensions += 1;
+                        // Its memory is written out and read back, its caches are lost.
+                        left[i] = left[i].saturating_add(suspend_cost);
+                        suspended_at[i] = Some(now);
                     }
                     continue;
                 }
                 Action::Resume { job } => {
-                    start[job as usize].get_or_insert(now);
-                    (job, now.saturating_add(left[job as usize]))
+                    let i = job as usize;
+                    start[i].get_or_insert(now);
+                    if let Some(at) = suspended_at[i].take() {
+                        suspended_for[i] += now - at;
+                    }
+                    (job, now.saturating_add(left[i]))
                 }
                 Action::Move { job, pause, .. } => {
                     let i = job as usize;
@@ -444,8 +467,8 @@ pub fn replay_observed(
     let mut slowdowns = Vec::with_capacity(n);
     let mut work = 0f64;
     for (i, (j, s)) in jobs.iter().zip(&start).enumerate() {
-        // Every job started (checked above).
-        let wait = s.unwrap_or(j.submit) - j.submit;
+        // Every job started (checked above). Time suspended by preemption is waiting too.
+        let wait = s.unwrap_or(j.submit) - j.submit + suspended_for[i];
         waits.push(wait);
         let run = j.run as f64;
         // From submission to completion: the wait, the run, and any time spent suspended.
@@ -469,6 +492,7 @@ pub fn replay_observed(
         processors: total,
         jobs: n,
         suspensions,
+        suspend_cost_s: preempting.then_some(suspend_cost),
         gang_slice_s,
         gang_freezes,
         malleable_jobs: usize::try_from(core.malleable_started()).unwrap_or(usize::MAX),
@@ -562,18 +586,123 @@ mod tests {
             })
             .collect();
         let work: f64 = jobs.iter().map(|j| (j.run * Time::from(j.procs)) as f64).sum();
-        for order in [QueueOrder::Fcfs, QueueOrder::Easy] {
+        for (order, cost) in [(QueueOrder::Fcfs, 0), (QueueOrder::Easy, 0), (QueueOrder::Easy, 30)]
+        {
             let preempt = Some(Preempt { min_run: 60, max_suspensions: 3, min_xf: 1.5 });
-            let config = PolicyConfig { preempt, ..PolicyConfig::plain(order, Strategy::BestFit) };
+            let config = PolicyConfig {
+                preempt,
+                suspend_cost: cost,
+                ..PolicyConfig::plain(order, Strategy::BestFit)
+            };
             let hosts = vec![model.clone(); 4];
-            let r = replay(hosts, &jobs, config, &mut |_| {}).unwrap();
+            let mut charged = 0.0;
+            let r = replay_observed(hosts, &jobs, config, &mut |_| {}, &mut |_, a| {
+                if let Action::Suspend { job } = a {
+                    charged += (cost * Time::from(jobs[*job as usize].procs)) as f64;
+                }
+            })
+            .unwrap();
             assert!(r.suspensions > 0, "{order:?}: the stream makes jobs wait long enough");
-            // Processor-seconds held over time equal the jobs' work: no job ran while
-            // suspended, none ran twice, none was lost.
+            // Processor-seconds held over time equal the jobs' work and what their suspensions
+            // cost: no job ran while suspended, none ran twice, none was lost.
             let held = processor_seconds_busy(&r);
-            assert!((held - work).abs() < 1e-6 * work, "{order:?}: held {held}, work {work}");
+            let want = work + charged;
+            assert!((held - want).abs() < 1e-6 * want, "{order:?}: held {held}, want {want}");
             assert_eq!(r.series.last().map(|s| (s.busy, s.queue)), Some((0, 0)));
             assert!(r.slowdowns.iter().all(|s| *s >= 1.0));
+        }
+    }
+
+    #[test]
+    fn a_waiting_job_preempts_when_its_time_comes_and_suspended_time_is_waiting() {
+        use crate::policy::Preempt;
+        // Job 1 (1 processor, 1,000 s) reaches expansion factor 2 at 1,100, long before job 0
+        // (both processors, 100,000 s) ends: it preempts then, with no event at that instant.
+        let jobs = [job(1, 0, 100_000, 2), job(2, 100, 1_000, 1)];
+        let config = PolicyConfig {
+            preempt: Some(Preempt::default()),
+            suspend_cost: 50,
+            ..PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit)
+        };
+        let r = replay(flat(2), &jobs, config, &mut |_| {}).unwrap();
+        assert_eq!(r.suspensions, 1);
+        assert_eq!(r.suspend_cost_s, Some(50));
+        // Job 0 was suspended from 1,100 to 2,100: 1,000 s of waiting; job 1 waited 1,000 s.
+        assert_eq!(r.waits, vec![1_000, 1_000]);
+        // Job 0 ends its 100,000 s, plus 1,000 s suspended, plus the suspension's 50 s.
+        assert_eq!(r.makespan_s, 101_050.0);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Over random streams (estimates exact): every job does its work plus what its
+        /// suspensions cost, and no victim stays suspended past its preemptor's estimated end
+        /// (the CPUs held for it are lent only to jobs that end by then, and none of those is
+        /// suspended).
+        #[test]
+        fn preemption_holds_a_victims_cpus_until_its_preemptor_ends(
+            seed in 0u64..1_000_000,
+            cost in 0i64..200,
+            easy in proptest::bool::ANY,
+        ) {
+            use crate::policy::Preempt;
+            let mut rng = crate::bench::SplitMix::new(seed);
+            let mut t = 0;
+            let jobs: Vec<SimJob> = (0..150)
+                .map(|i| {
+                    t += rng.below(60) as Time;
+                    let run = 1 + rng.below(2_000) as Time;
+                    SimJob {
+                        id: i,
+                        submit: t,
+                        run,
+                        estimate: run,
+                        procs: 1 + rng.below(24) as u32,
+                        malleable: false,
+                    }
+                })
+                .collect();
+            let order = if easy { QueueOrder::Easy } else { QueueOrder::Fcfs };
+            let config = PolicyConfig {
+                preempt: Some(Preempt { min_run: 30, max_suspensions: 3, min_xf: 1.5 }),
+                suspend_cost: cost,
+                ..PolicyConfig::plain(order, Strategy::BestFit)
+            };
+            let hosts = vec![crate::policy::tests::two_socket(1).remove(0); 2];
+            // The victims of the instant's preemption (the next start is their preemptor), and
+            // when each suspended victim's preemptor ends by its estimate.
+            let mut victims_now: Vec<JobKey> = Vec::new();
+            let mut waits_until: BTreeMap<JobKey, Time> = BTreeMap::new();
+            let mut charged = 0i64;
+            let mut failure: Option<String> = None;
+            let r = replay_observed(hosts, &jobs, config, &mut |_| {}, &mut |now, a| match a {
+                Action::Start { job, .. } => {
+                    for v in victims_now.drain(..) {
+                        waits_until.insert(v, now + jobs[*job as usize].estimate);
+                    }
+                }
+                Action::Suspend { job } => {
+                    charged += cost * Time::from(jobs[*job as usize].procs);
+                    victims_now.push(*job);
+                }
+                Action::Resume { job } => {
+                    if let Some(by) = waits_until.remove(job) {
+                        if now > by {
+                            failure.get_or_insert(format!(
+                                "job {job} resumed at {now}, after its preemptor's end {by}"
+                            ));
+                        }
+                    }
+                }
+                _ => {}
+            })
+            .unwrap();
+            proptest::prop_assert!(failure.is_none(), "{:?}", failure);
+            let work: f64 = jobs.iter().map(|j| (j.run * Time::from(j.procs)) as f64).sum();
+            let held = processor_seconds_busy(&r);
+            let want = work + charged as f64;
+            proptest::prop_assert!((held - want).abs() < 1e-6 * want, "held {} want {}", held, want);
+            proptest::prop_assert!(waits_until.is_empty(), "never resumed: {:?}", waits_until);
         }
     }
 

@@ -503,6 +503,14 @@ impl JobHint {
     pub fn protected_from(&self) -> Option<i64> {
         self.protected_since.or(self.running_since)
     }
+
+    /// When the job ends by its estimate if it runs on from now without a stop, seconds since
+    /// the epoch; `None` without an estimate, or while it is not running.
+    pub fn estimated_end(&self) -> Option<i64> {
+        let since = self.running_since?;
+        let left = self.estimate_s?.saturating_sub(self.ran_s);
+        Some(since.saturating_add(i64::try_from(left).unwrap_or(i64::MAX)))
+    }
 }
 
 /// `refused` (a [`HostError::DoesNotFit`]) with why preemption did not make room added to its
@@ -924,19 +932,47 @@ impl Host {
                 "job {job} was suspended {} time(s) by preemption already (preempt_max_suspensions {})",
                 hint.suspensions, rules.max_suspensions
             )
+        } else if let Some(why) = self.holds_for_preempted(job) {
+            format!("job {job} may not be suspended: {why}")
         } else {
             return None;
         })
     }
 
+    /// Why `job` holds CPUs a job suspended by preemption waits for (it is that job's preemptor,
+    /// or borrowed them; see `topo_core::policy::holds_for_suspended`), or `None`.
+    fn holds_for_preempted(&self, job: &str) -> Option<String> {
+        let cpus = &self.ledger.get(job)?.cpus;
+        let waiting = self
+            .ledger
+            .suspended_jobs()
+            .filter(|a| self.hints.get(&a.job).is_some_and(|h| h.preempted_by.is_some()));
+        topo_core::policy::holds_for_suspended(cpus, waiting.map(|a| (&a.job, &a.cpus)))
+    }
+
+    /// When a job starting now ends by its time limit: it may borrow the CPUs of a job suspended
+    /// by preemption that will not resume before then (`topo_core::policy::may_borrow`).
+    pub(crate) fn ends_by(&self, prepared: &Prepared) -> Option<i64> {
+        let estimate = prepared.preempt.estimate_s?;
+        Some(self.now_s().saturating_add(i64::try_from(estimate).unwrap_or(i64::MAX)))
+    }
+
+    /// When the job suspended by preemption `hint` describes may resume by its preemptor's
+    /// estimate (see `topo_core::policy::may_borrow`); `None` when that is not known.
+    fn resume_by(&self, hint: &JobHint) -> Option<i64> {
+        let preemptor = hint.preempted_by.as_deref()?;
+        self.hints.get(preemptor)?.estimated_end()
+    }
+
     /// What placing `job` in `row` must avoid: the ledger's answer, the blocks other jobs have
     /// reserved, the open prime-time pools that do not admit it, and the CPUs of jobs suspended
-    /// by preemption for another job (lent to nobody else, or a stream of small jobs
-    /// could keep them frozen for good).
+    /// by preemption for another job (lent only to a job that ends before they may resume, or a
+    /// stream of small jobs could keep them frozen for good).
     fn placement_occupancy(&self, job: &str, row: Option<u32>) -> place::Occupancy {
         let (queue, owner, pool) = self.asker_of(job);
         let who = topo_core::prime::Asker { queue: queue.as_deref(), owner, pool: pool.as_deref() };
-        self.placement_occupancy_as(job, row, who).0
+        let ends_by = self.hints.get(job).and_then(JobHint::estimated_end);
+        self.placement_occupancy_as(job, row, who, ends_by).0
     }
 
     /// [`Host::placement_occupancy`] for a job that is `who` for the prime-time pools; also
@@ -946,9 +982,10 @@ impl Host {
         job: &str,
         row: Option<u32>,
         who: topo_core::prime::Asker<'_>,
+        ends_by: Option<i64>,
     ) -> (place::Occupancy, CpuSet) {
         let occ = topo_core::reservation::blocked_for(
-            &self.jobs_occupancy(job, row),
+            &self.jobs_occupancy(job, row, ends_by),
             self.reservations.values(),
             job,
             self.now_s(),
@@ -957,12 +994,20 @@ impl Host {
     }
 
     /// What jobs hold for `job`'s placement in gang row `row`: running jobs, and suspended jobs
-    /// held for a preemptor other than `job`; reservations and pools left out.
-    fn jobs_occupancy(&self, job: &str, row: Option<u32>) -> place::Occupancy {
+    /// held for a preemptor other than `job`, unless `job` ends (by its estimate, at `ends_by`)
+    /// before they may resume (`topo_core::policy::may_borrow`); reservations and pools left out.
+    fn jobs_occupancy(
+        &self,
+        job: &str,
+        row: Option<u32>,
+        ends_by: Option<i64>,
+    ) -> place::Occupancy {
         let mut occ = self.ledger.occupancy_for(row);
         for a in self.ledger.suspended_jobs() {
-            let held_for = self.hints.get(&a.job).and_then(|h| h.preempted_by.as_deref());
-            if held_for.is_some_and(|p| p != job) {
+            let Some(hint) = self.hints.get(&a.job) else { continue };
+            let held = hint.preempted_by.as_deref().is_some_and(|p| p != job)
+                && !topo_core::policy::may_borrow(ends_by, self.resume_by(hint));
+            if held {
                 occ.held.union_with(&a.cpus);
                 occ.fenced.union_with(&a.fenced);
             }
@@ -993,6 +1038,7 @@ impl Host {
         request: &Request,
         rows: &[Option<u32>],
         who: topo_core::prime::Asker<'_>,
+        ends_by: Option<i64>,
     ) -> String {
         if self.reservations.is_empty() && self.pools.is_empty() {
             return String::new();
@@ -1025,7 +1071,7 @@ impl Host {
             blockers.push((&pool.cpus, text));
         }
         for &row in rows {
-            let jobs = self.jobs_occupancy(job, row);
+            let jobs = self.jobs_occupancy(job, row, ends_by);
             let mut free = may_use.difference(&jobs.held);
             free.difference_with(&jobs.fenced);
             let (named, kept): (Vec<_>, Vec<_>) =
@@ -1784,10 +1830,12 @@ impl Host {
             (!list.is_empty()).then(|| Request { cpu_list: Some(list), ..prepared.request.clone() })
         };
         let inside_block = self.block_of(id.as_str()).and_then(inside);
+        let ends_by = self.ends_by(prepared);
         let mut refused = None;
         let mut found = None;
         'rows: for row in rows {
-            let (occupancy, pool_cpus) = self.placement_occupancy_as(id.as_str(), row, who);
+            let (occupancy, pool_cpus) =
+                self.placement_occupancy_as(id.as_str(), row, who, ends_by);
             // The CPUs of a job the batch system suspended go only to the job it starts on
             // them, whose allocate says what it did: topod's view of its suspension may be old.
             let occupancy =
@@ -1824,7 +1872,8 @@ impl Host {
                 Some(rows) => rows.iter().map(|r| Some(*r)).collect(),
                 None => vec![None],
             };
-            let mut held_back = self.held_back_by(id.as_str(), &prepared.request, &rows, who);
+            let mut held_back =
+                self.held_back_by(id.as_str(), &prepared.request, &rows, who, ends_by);
             if let (Some(tried), Some(cfg)) = (gang_rows, &self.gang) {
                 // A gang job tries only its own row: say which, and that the row is what is full.
                 let tried: Vec<String> = tried.iter().map(u32::to_string).collect();
@@ -3699,7 +3748,8 @@ mod tests {
         h.release("e").unwrap();
         h.release("b").unwrap();
         h.release("d").unwrap();
-        // A victim's idle CPUs are lent to nobody but its preemptor.
+        // A victim's idle CPUs are lent to nobody but its preemptor, unless a job ends before
+        // the preemptor (this one has no time limit).
         alloc(&mut h, "v", "affinity[thread*2]", "0-1", Some(false)).unwrap();
         alloc(&mut h, "p", "affinity[thread*1]", "0", Some(true)).unwrap();
         assert!(frozen("v"));
@@ -3725,6 +3775,60 @@ mod tests {
         );
         h.resume("v").unwrap();
         assert!(!frozen("v"));
+        h.ledger().check().unwrap();
+    }
+
+    #[test]
+    fn a_preempted_jobs_idle_cpus_go_only_to_jobs_that_end_before_it_may_resume() {
+        let topo = small_topology(2);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        h.set_preempt(Some(topo_core::policy::Preempt {
+            min_run: 0,
+            max_suspensions: 5,
+            min_xf: 2.0,
+        }));
+        let now = h.now_s();
+        let alloc = |h: &mut Host, job: &str, cpus: &str, ask: PreemptAsk| {
+            let req = format!("affinity[thread*{}]", CpuSet::parse_list(cpus).unwrap().len());
+            let mut prepared = prepare(&h.topo, &req, None, Some(cpus)).unwrap();
+            prepared.preempt = ask;
+            h.allocate_prepared(job, &prepared, None, None)
+        };
+        // Preemptible jobs that just came, with these time limits.
+        let victim = |estimate: u64| PreemptAsk {
+            preempt: false,
+            preemptible: true,
+            submitted_at: Some(now - 10),
+            estimate_s: Some(estimate),
+        };
+        // A job that waited a day for an hour.
+        let urgent = PreemptAsk {
+            preempt: true,
+            preemptible: false,
+            submitted_at: Some(now - 86_400),
+            estimate_s: Some(3_600),
+        };
+        let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
+        alloc(&mut h, "v", "0-1", victim(100_000)).unwrap();
+        alloc(&mut h, "p", "0", urgent.clone()).unwrap();
+        assert!(frozen("v"));
+        // v may resume when p ends, in an hour: CPU 1 goes to a job of 10 minutes, not of 2 hours.
+        let e = alloc(&mut h, "long", "1", victim(7_200)).unwrap_err();
+        assert!(matches!(e, HostError::DoesNotFit { .. }), "{e}");
+        alloc(&mut h, "short", "1", victim(600)).unwrap();
+        // The borrower holds what v waits for: no preemption takes it.
+        let e = alloc(&mut h, "q", "1", urgent).unwrap_err().to_string();
+        assert!(
+            e.contains("job short may not be suspended: it runs on CPUs 1 held for job v"),
+            "{e}"
+        );
+        assert!(!frozen("short"));
+        // p ends first: v waits for the borrower too, then runs again on its own CPUs.
+        h.release("p").unwrap();
+        assert!(frozen("v") && h.ledger().is_suspended("v"));
+        h.release("short").unwrap();
+        assert!(!frozen("v") && !h.ledger().is_suspended("v"));
         h.ledger().check().unwrap();
     }
 

@@ -118,7 +118,9 @@ pub(crate) struct SimulateOpts {
     svg: Option<PathBuf>,
     /// Preemption for every policy listed: a waiting job whose expansion factor ((wait +
     /// estimate) / estimate) reached --preempt-xf suspends running jobs with lower ones, chosen
-    /// to free the tightest domain; they resume on their own CPUs first when those are free.
+    /// to free the tightest domain (checked as time passes, not only at submits and ends); their
+    /// CPUs go meanwhile only to jobs that end before the preemptor, and they resume on them
+    /// first when those are free.
     #[arg(long)]
     preempt: bool,
     /// Seconds a job runs before it may be suspended.
@@ -130,6 +132,10 @@ pub(crate) struct SimulateOpts {
     /// The expansion factor from which a waiting job may preempt.
     #[arg(long, value_name = "X", default_value_t = 2.0)]
     preempt_xf: f64,
+    /// Seconds of progress each suspension costs the suspended job: its memory written out and
+    /// read back, its caches lost (0: suspensions are free).
+    #[arg(long, value_name = "S", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=86_400))]
+    preempt_cost: u32,
     /// Gang time slicing with slices of T seconds (Slurm's default slice is 30): every host has
     /// --gang-rows rows, a job starts in the first row with room on all its hosts, and in slice
     /// k the jobs of row k mod rows run, with any job of another row whose CPUs they leave idle;
@@ -706,6 +712,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
                 }),
                 prime: if choice.prime { prime.clone() } else { None },
                 move_cost: Time::from(args.migrate_cost),
+                suspend_cost: Time::from(args.preempt_cost),
             };
             // Each repetition replays the same jobs and decides the same; the speed reported is
             // the median over the repetitions.
@@ -943,7 +950,13 @@ fn print_table(
     println!("util: processor-seconds used / (processors x first submit to last end); bnd sldn: mean bounded slowdown, tau = 10 s;");
     println!("NUMA, L3: jobs within the fewest NUMA nodes / L3 groups that hold their size on every host they use.");
     if preempting {
-        println!("With preemption the wait runs to a job's first start, and the slowdown counts the time it spent suspended.");
+        println!("With preemption the wait and the slowdown count the time a job spent suspended; suspended: how many suspensions.");
+        println!("A suspended job's CPUs are lent only to jobs that end, by their estimates, before the job it was suspended for does.");
+        if let Some(cost) = reports.iter().find_map(|r| r.suspend_cost_s) {
+            println!(
+                "Each suspension cost the suspended job {cost} s of progress (--preempt-cost)."
+            );
+        }
     }
     if let Some(slice) = gang {
         println!("gang: {slice} s slices; frozen: times a job was stopped at a slice boundary for another row. The wait runs to a job's");
@@ -1231,6 +1244,7 @@ mod tests {
             processors: 1,
             jobs: 1,
             suspensions: 0,
+            suspend_cost_s: None,
             gang_slice_s: None,
             gang_freezes: 0,
             malleable_jobs: 0,

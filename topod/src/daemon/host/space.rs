@@ -207,7 +207,8 @@ impl Host {
             owner: owner_uid,
             pool: prepared.pool.as_deref(),
         };
-        let (mut occupancy, _) = self.placement_occupancy_as(job, None, who);
+        let (mut occupancy, _) =
+            self.placement_occupancy_as(job, None, who, self.ends_by(prepared));
         for (a, r) in self.malleable_jobs() {
             let (min, _) = r.task_range();
             let kept = CpuSet::union_all(&a.tasks[..(min as usize).min(a.tasks.len())]);
@@ -253,7 +254,7 @@ impl Host {
             owner: owner_uid,
             pool: prepared.pool.as_deref(),
         };
-        let (occupancy, _) = self.placement_occupancy_as(job, None, who);
+        let (occupancy, _) = self.placement_occupancy_as(job, None, who, self.ends_by(prepared));
         let running: Vec<(Allocation, Request, bool)> = self
             .ledger
             .jobs()
