@@ -115,7 +115,7 @@ tests/slurm-timeshare.sh
 # figures that matter come from the full run in README ("Benchmarks").
 cargo run --quiet --release --locked -p topod --bin topoctl -- bench placement --jobs 300 >/dev/null
 cargo build --quiet --release --locked -p topod --bin topod
-cargo run --quiet --release --locked -p topo-plugin-core --bin topo-plugin-bench -- --hosts 300 --jobs 20 --baseline-jobs 1 >/dev/null
+cargo run --quiet --release --locked -p topo-plugin-core --features bench --bin topo-plugin-bench -- --hosts 300 --jobs 20 --baseline-jobs 1 >/dev/null
 # The simulator's speed (README, "What-if replays"): the SDSC Paragon year on 400 plain hosts,
 # and on 25 hosts of a 16-core two-socket machine with topology placement. Its figures print.
 echo "--- topoctl simulate speed (jobs/s is the last column)"

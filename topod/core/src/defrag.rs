@@ -804,7 +804,8 @@ fn whole_domains(model: &HostModel, level: Level, touched: &CpuSet, pool: &CpuSe
     out
 }
 
-#[cfg(test)]
+// The tests draw their streams from the benchmark's generator (the `sim` feature, on by default).
+#[cfg(all(test, feature = "sim"))]
 mod tests {
     use super::*;
     use crate::bench::{self, SplitMix};

@@ -29,6 +29,7 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+#[cfg(feature = "sim")]
 pub mod bench;
 pub mod cpuset;
 pub mod defrag;
@@ -42,7 +43,9 @@ pub mod prime;
 pub mod proto;
 pub mod request;
 pub mod reservation;
+#[cfg(feature = "sim")]
 pub mod sim;
+#[cfg(feature = "sim")]
 pub mod swf;
 pub mod topology;
 

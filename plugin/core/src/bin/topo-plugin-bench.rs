@@ -9,7 +9,7 @@
 //!
 //! ```sh
 //! cargo build --release -p topod --bin topod
-//! cargo run --release -p topo-plugin-core --bin topo-plugin-bench -- --hosts 10000
+//! cargo run --release -p topo-plugin-core --features bench --bin topo-plugin-bench -- --hosts 10000
 //! ```
 //!
 //! `--baseline-jobs 0` leaves out the live topod. The run also prints the memo's bytes per host

@@ -1,4 +1,5 @@
-//! The policy core: the decisions topo makes over time, as a pure function of state and events.
+//! The cluster policy core: the decisions topo makes over time for a whole cluster, as a pure
+//! function of state and events (the per-host rules it applies are in [`super`]).
 //!
 //! ## The model
 //!
@@ -121,24 +122,16 @@
 //!   window changes that can matter: a close while jobs wait, an open while jobs run with
 //!   `Migrate`. EASY's shadow time does not see the pools.
 
+use super::*;
 use crate::cpuset::CpuSet;
 use crate::defrag::{self, DefragLimits, Movable};
 use crate::malleable::{self, EquipartitionError, Malleable};
 use crate::place::{self, HostModel, Occupancy, PlaceError, Placement, Strategy};
 use crate::prime::{self, Asker, LocalTime, OnOpen, Window};
-use crate::request::{Level, Request};
+use crate::request::Request;
 use crate::reservation::{self, Reservation};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
-
-/// Time in seconds, from the driver's origin.
-pub type Time = i64;
-
-/// A job, as the driver numbers it: a small dense integer (an index into the driver's table).
-pub type JobKey = u32;
-
-/// A host, by its index in the core's host list.
-pub type HostId = u32;
 
 /// The cluster-level order jobs start in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -400,212 +393,6 @@ impl Malleability {
     }
 }
 
-/// Gang time slicing (the T3E's psched; Ousterhout's matrix): every host has `rows` rows, and a
-/// job is started in one row, on every host it spans. Jobs of one row never share a CPU; jobs
-/// of different rows may. Time is cut into slices of `slice` seconds, slice k starting at
-/// k·`slice` from the origin of the caller's clock (the epoch, for topod), so hosts whose clocks
-/// agree switch together without talking. In slice k the jobs of row k mod `rows` run, and so
-/// does every job of another row whose CPUs none of those use (alternative scheduling,
-/// Feitelson's term), the nearest rows first; the rest are frozen. See [`gang_runs`].
-///
-/// A job in a row runs at least one slice in every `rows`: backfilling plans with its estimate
-/// times `rows`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gang {
-    /// Slice length, seconds (at least 1).
-    pub slice: Time,
-    /// Rows per host: how many jobs may share a CPU (at least 1).
-    pub rows: u32,
-}
-
-impl Gang {
-    /// The slice `now` falls in.
-    pub fn slice_at(&self, now: Time) -> i64 {
-        now.div_euclid(self.slice.max(1))
-    }
-
-    /// The row whose slice `now` falls in.
-    pub fn active_row(&self, now: Time) -> u32 {
-        self.slice_at(now).rem_euclid(i64::from(self.rows.max(1))) as u32
-    }
-
-    /// When the slice after the one `now` falls in starts.
-    pub fn next_boundary(&self, now: Time) -> Time {
-        self.slice_at(now).saturating_add(1).saturating_mul(self.slice.max(1))
-    }
-}
-
-/// A running job that may be suspended for another, on one host (see [`victims_on_host`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Candidate<K> {
-    /// The job.
-    pub job: K,
-    /// Its expansion factor now.
-    pub xf: f64,
-    /// Its CPUs on the host.
-    pub cpus: CpuSet,
-    /// What it fences there.
-    pub fenced: CpuSet,
-    /// What suspending it costs (its processors).
-    pub procs: u32,
-}
-
-/// The running jobs to suspend on one host so that a job fits, by the rules of [`Preempt`]:
-/// for each domain (every L3 group, then every NUMA node, package, the whole host), the
-/// candidates that have CPUs in it, lowest expansion factor first, until `fits_in(domain,
-/// occupancy without them)` says the job fits inside that domain; of all domains where that
-/// happens, the tightest level, then the fewest processors suspended, then the lowest sum of
-/// expansion factors. Returns that key and the victims, or `None` when no set does. Both
-/// drivers call it: the cluster steps with a count of free cores, topod with a real placement.
-pub fn victims_on_host<K: Clone>(
-    model: &HostModel,
-    occupancy: &Occupancy,
-    candidates: &[Candidate<K>],
-    fits_in: &mut dyn FnMut(&CpuSet, &Occupancy) -> bool,
-) -> Option<((u8, u64, f64), Vec<K>)> {
-    let mut by_xf: Vec<&Candidate<K>> = candidates.iter().collect();
-    by_xf.sort_by(|a, b| a.xf.total_cmp(&b.xf));
-    let whole = [model.allocatable.clone()];
-    let levels: [(u8, &[CpuSet]); 4] = [
-        (0, model.l3.as_slice()),
-        (1, model.numa.as_slice()),
-        (2, model.sockets.as_slice()),
-        (3, &whole),
-    ];
-    let mut best: Option<((u8, u64, f64), Vec<K>)> = None;
-    for (rank, domains) in levels {
-        for domain in domains {
-            let mut occ = occupancy.clone();
-            if fits_in(domain, &occ) {
-                // It fits there already: nobody need be suspended for it there.
-                continue;
-            }
-            let mut victims = Vec::new();
-            let (mut cost, mut xf_sum) = (0u64, 0f64);
-            let mut fits = false;
-            for c in &by_xf {
-                if !c.cpus.intersects(domain) {
-                    continue;
-                }
-                occ.held.difference_with(&c.cpus);
-                occ.fenced.difference_with(&c.fenced);
-                victims.push(c.job.clone());
-                cost += u64::from(c.procs);
-                xf_sum += c.xf;
-                if fits_in(domain, &occ) {
-                    fits = true;
-                    break;
-                }
-            }
-            if !fits {
-                continue;
-            }
-            let key = (rank, cost, xf_sum);
-            let better = best.as_ref().is_none_or(|(k, _)| {
-                (key.0, key.1).cmp(&(k.0, k.1)).then(key.2.total_cmp(&k.2)).is_lt()
-            });
-            if better {
-                best = Some((key, victims));
-            }
-        }
-    }
-    best
-}
-
-/// A job in gang time slicing, for [`gang_runs`]: its row and its CPUs on each host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GangMember<'a> {
-    /// Its row.
-    pub row: u32,
-    /// Its CPUs, per host.
-    pub parts: Vec<(HostId, &'a CpuSet)>,
-}
-
-/// Which of `members` run while row `active` of `rows` has the slice: every job of that row,
-/// then each job of the rows after it in turn (`active`+1, `active`+2, ... modulo `rows`; in
-/// the order given within a row) whose CPUs on every host it spans are used by no job chosen
-/// before it. A multi-host job runs on all its hosts or none. No two jobs chosen share a CPU
-/// when no two jobs of one row do. Both drivers call this: topod for one host at each slice
-/// boundary, the simulator for the cluster.
-pub fn gang_runs(active: u32, rows: u32, members: &[GangMember<'_>]) -> Vec<bool> {
-    let rows = rows.max(1);
-    let mut order: Vec<usize> = (0..members.len()).collect();
-    order.sort_by_key(|&i| ((members[i].row % rows + rows - active % rows) % rows, i));
-    let mut busy: BTreeMap<HostId, CpuSet> = BTreeMap::new();
-    let mut runs = vec![false; members.len()];
-    for i in order {
-        let m = &members[i];
-        let own_row = m.row % rows == active % rows;
-        let clear = own_row
-            || m.parts.iter().all(|(h, cpus)| busy.get(h).is_none_or(|b| !b.intersects(cpus)));
-        if clear {
-            runs[i] = true;
-            for (h, cpus) in &m.parts {
-                busy.entry(*h).or_default().union_with(cpus);
-            }
-        }
-    }
-    runs
-}
-
-/// When the core may suspend running jobs to start a waiting one (after NCI's PBS: whom to
-/// suspend is chosen by expansion factor, and by where their CPUs are).
-///
-/// The expansion factor of a job is what its slowdown will be if nothing more happens to it:
-/// (time since submission + estimated time still to run) ÷ estimate. The first waiting job may
-/// preempt once its own is at least `min_xf`; the jobs suspended for it must each have a lower
-/// one, have run `min_run` seconds since they last started, and have been suspended fewer than
-/// `max_suspensions` times. Among the sets of such jobs whose suspension lets it start, the core
-/// takes the one that frees the tightest domain (an L3 group before a NUMA node before a
-/// package before a whole host), then the fewest processors, then the lowest expansion factors.
-/// Suspended jobs resume on their own CPUs as soon as those are free, highest expansion factor
-/// first, before any waiting job starts.
-///
-/// A suspended job's CPUs are held for it: its *resume-by* time is the estimated end of the job
-/// it was suspended for ([`may_borrow`]). Another job may start on those CPUs only if it ends,
-/// by its estimate, no later than that; and a job running on a suspended job's CPUs is not
-/// suspended itself ([`holds_for_suspended`]), so that no chain of preemptions or stream of small
-/// jobs keeps a victim frozen past the end of its preemptor's estimate.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Preempt {
-    /// Seconds a job runs after a start or resume before it may be suspended.
-    pub min_run: Time,
-    /// Suspensions per job at most.
-    pub max_suspensions: u32,
-    /// The expansion factor from which the first waiting job may preempt.
-    pub min_xf: f64,
-}
-
-impl Default for Preempt {
-    fn default() -> Self {
-        Preempt { min_run: 300, max_suspensions: 2, min_xf: 2.0 }
-    }
-}
-
-/// Whether a job that ends (by its estimate) at `ends_by` may start on the CPUs held for a job
-/// suspended by preemption that may resume at `resume_by` (its preemptor's estimated end; see
-/// [`Preempt`]). A job without an estimate (`None`), or a suspended job whose preemptor has none,
-/// lends nothing. topod and the policy core both decide by this.
-pub fn may_borrow(ends_by: Option<Time>, resume_by: Option<Time>) -> bool {
-    matches!((ends_by, resume_by), (Some(end), Some(by)) if end <= by)
-}
-
-/// Why a running job may not be suspended because it holds CPUs a suspended job waits for, or
-/// `None`: `suspended` lists (job, CPUs) of the jobs suspended by preemption on the host, `cpus`
-/// the running job's. Suspending it would push the suspended job's resume past its resume-by
-/// time ([`Preempt`]). topod and the policy core both decide by this.
-pub fn holds_for_suspended<'a, K: std::fmt::Display + 'a>(
-    cpus: &CpuSet,
-    suspended: impl IntoIterator<Item = (K, &'a CpuSet)>,
-) -> Option<String> {
-    suspended.into_iter().find(|(_, held)| held.intersects(cpus)).map(|(job, held)| {
-        format!(
-            "it runs on CPUs {} held for job {job}, suspended by preemption",
-            held.intersection(cpus)
-        )
-    })
-}
-
 /// What a job asks of the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobSpec {
@@ -737,22 +524,6 @@ pub enum PolicyError {
         /// The job.
         job: JobKey,
     },
-}
-
-/// The host decision: where `request` goes on one host, by `strategy`. `topod` allocates
-/// through this; the cluster steps place every part of every job through it.
-pub fn start_on_host(
-    model: &HostModel,
-    occupancy: &Occupancy,
-    request: &Request,
-    strategy: Strategy,
-) -> Result<Placement, PlaceError> {
-    place::place(model, occupancy, request, strategy)
-}
-
-/// The request for `cores` whole cores on one host, one task each (an MPI rank per processor).
-pub fn cores_request(cores: u32) -> Request {
-    Request { tasks: Some(cores), unit: Level::Core, ..Request::default() }
 }
 
 #[derive(Debug)]
