@@ -411,7 +411,7 @@ pub fn replay_observed(
                 Action::Suspend { job } => {
                     let i = job as usize;
                     left[i] = due[i].take().map_or(0, |d| d - now);
-                    if start[i] == Some(now) && left[i] == jobs[i].run {
+                    if gang && start[i] == Some(now) && left[i] == jobs[i].run {
                         // Started frozen (its row's slice is not now): it has not run yet, and
                         // its wait goes on until it does.
                         start[i] = None;
@@ -631,6 +631,45 @@ mod tests {
         assert_eq!(r.waits, vec![1_000, 1_000]);
         // Job 0 ends its 100,000 s, plus 1,000 s suspended, plus the suspension's 50 s.
         assert_eq!(r.makespan_s, 101_050.0);
+    }
+
+    #[test]
+    fn preemption_regressions_from_an_attack() {
+        use crate::policy::Preempt;
+        let est = |mut j: SimJob, estimate: Time| {
+            j.estimate = estimate;
+            j
+        };
+        let preempting = |min_run: Time, min_xf: f64| PolicyConfig {
+            preempt: Some(Preempt { min_run, max_suspensions: 2, min_xf }),
+            ..PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit)
+        };
+        // A job with no time to run (estimate 0) reaches expansion factor 2 at 10 + 2 s: it is
+        // woken then, with min_run 0 as with 300 (it was woken a second early, then never).
+        let jobs = [job(1, 0, 100_000, 4), est(job(2, 10, 0, 4), 0)];
+        let four = || crate::policy::tests::flat(1, 4);
+        let r = replay(four(), &jobs, preempting(0, 2.0), &mut |_| {}).unwrap();
+        assert_eq!((r.suspensions, r.waits[1]), (1, 2), "{:?}", r.waits);
+        // A job over several hosts is placed where the counts say: a victim whose CPUs it did not
+        // take is never suspended (one was, and sat frozen on a free CPU until an unrelated end).
+        let jobs = [
+            job(1, 0, 1_000, 6),
+            job(2, 0, 100_000, 2),
+            job(3, 0, 100_000, 2),
+            job(4, 0, 90_000, 1),
+            job(5, 1_000, 100_000, 1),
+            job(6, 1_001, 50_000, 4),
+        ];
+        let hosts = crate::policy::tests::flat(3, 2);
+        let r = replay(hosts, &jobs, preempting(300, 2.0), &mut |_| {}).unwrap();
+        assert_eq!(r.suspensions, 2, "{:?}", r.waits);
+        assert_eq!(r.waits[4], 0, "job 5 never stopped");
+        // Suspended at the instant it started: its wait is its time before the start and while
+        // suspended, once (it was counted twice).
+        let jobs = [job(1, 0, 1_000, 2), job(2, 0, 100_000, 2), job(3, 10, 100, 2)];
+        let two = || crate::policy::tests::flat(1, 2);
+        let r = replay(two(), &jobs, preempting(0, 10.9), &mut |_| {}).unwrap();
+        assert_eq!(r.waits, vec![0, 1_100, 990]);
     }
 
     proptest::proptest! {

@@ -11,6 +11,8 @@
 //! ([`prepare`]); reads copy a [`Snapshot`] and work without it; a release kills and waits
 //! without it ([`Host::begin_release`], [`ReleaseTicket::run`], [`Host::finish_release`]).
 
+#[cfg(test)]
+mod agrees;
 mod follow;
 mod moves;
 mod pools;
@@ -124,6 +126,14 @@ pub enum HostError {
         pid: i32,
         /// Its real or effective uid that is not the owner's.
         uid: u32,
+    },
+    /// An owner's suspend of a job that holds CPUs a job suspended by preemption waits for.
+    #[error("job {job} may not be suspended by its owner: {why}; it would keep that job frozen (only root, an administrator or the batch system may suspend it)")]
+    HoldsForPreempted {
+        /// The job.
+        job: String,
+        /// Which CPUs, held for which job.
+        why: String,
     },
     /// An argument out of its range (not the request).
     #[error("{0}")]
@@ -832,7 +842,15 @@ impl Host {
             });
             topo_core::policy::start_on_host(&model, occ, &request, strategy).is_ok()
         };
-        let occupancy = self.placement_occupancy(id.as_str(), None);
+        // Where it would go: with the CPUs of suspended jobs it may borrow (it ends before they
+        // may resume), as its placement will see them.
+        let who = topo_core::prime::Asker {
+            queue: prepared.gang.queue.as_deref(),
+            owner: owner_uid,
+            pool: prepared.pool.as_deref(),
+        };
+        let ends_by = self.ends_by(prepared);
+        let (occupancy, _) = self.placement_occupancy_as(id.as_str(), None, who, ends_by);
         let Some((_, victims)) =
             topo_core::policy::victims_on_host(&model, &occupancy, &candidates, &mut fits_in)
         else {
@@ -1092,8 +1110,8 @@ impl Host {
     }
 
     /// Resumes the jobs topod's preemption suspended whose CPUs are all free again, highest
-    /// expansion factor first, once the job they were suspended for has ended (not while it is
-    /// only suspended: it would find its CPUs taken back). Returns them.
+    /// expansion factor first: free of running jobs, and of the job they were suspended for
+    /// even while it is suspended itself (it would find its CPUs taken back). Returns them.
     pub fn resume_preempted(&mut self) -> Vec<String> {
         let now = self.now_s();
         let mut waiting: Vec<(f64, String)> = self
@@ -1102,7 +1120,9 @@ impl Host {
             .filter_map(|a| {
                 let hint = self.hints.get(&a.job)?;
                 let preemptor = hint.preempted_by.as_ref()?;
-                if self.ledger.get(preemptor).is_some() {
+                // Not onto CPUs its preemptor holds, running or suspended itself (it would find
+                // them taken on its resume); free CPUs it took none of are its own again.
+                if self.ledger.get(preemptor).is_some_and(|p| p.cpus.intersects(&a.cpus)) {
                     return None;
                 }
                 if self.releasing.contains(&a.job) || self.changing.contains_key(&a.job) {
@@ -2120,6 +2140,10 @@ impl Host {
         if let Some(owner) = by {
             if let Some((pid, uid)) = self.foreign_process(job, owner) {
                 return Err(HostError::ForeignProcess { job: job.to_string(), pid, uid });
+            }
+            // A job a preempted one waits for would keep it frozen as long as its owner liked.
+            if let Some(why) = self.holds_for_preempted(job) {
+                return Err(HostError::HoldsForPreempted { job: job.to_string(), why });
             }
         }
         // Suspended by topod's preemption or by the batch system: now it is this suspension,
@@ -3817,6 +3841,12 @@ mod tests {
         let e = alloc(&mut h, "long", "1", victim(7_200)).unwrap_err();
         assert!(matches!(e, HostError::DoesNotFit { .. }), "{e}");
         alloc(&mut h, "short", "1", victim(600)).unwrap();
+        // Neither the preemptor's owner nor the borrower's may freeze what v waits for.
+        for job in ["p", "short"] {
+            let e = h.begin_suspend(job, Some(1000)).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(&format!("job {job} may not be suspended by its owner")), "{e}");
+            assert!(e.contains("held for job v"), "{e}");
+        }
         // The borrower holds what v waits for: no preemption takes it.
         let e = alloc(&mut h, "q", "1", urgent).unwrap_err().to_string();
         assert!(

@@ -908,7 +908,9 @@ fn ok(value: impl serde::Serialize) -> Reply {
 /// The reply for a refused or failed host operation.
 pub fn error_reply(e: &HostError) -> Reply {
     let code = match e {
-        HostError::ForeignProcess { .. } => ErrorCode::Forbidden,
+        HostError::ForeignProcess { .. } | HostError::HoldsForPreempted { .. } => {
+            ErrorCode::Forbidden
+        }
         HostError::BadJob(_)
         | HostError::AlreadyAllocated { .. }
         | HostError::BadPid(_)

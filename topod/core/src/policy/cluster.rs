@@ -1356,8 +1356,8 @@ impl PolicyCore {
         if u64::from(spec.procs) > self.rows[row as usize].free_total {
             return false;
         }
-        let held = self.held_view(job, spec, row);
-        let choice = match &held {
+        let held_view = self.held_view(job, spec, row);
+        let choice = match &held_view {
             None => self.choose_hosts(row, spec.procs),
             Some(view) if u64::from(spec.procs) > view.0.total => return false,
             Some(view) => choose_hosts_in(&view.0.by_free, spec.procs),
@@ -1373,7 +1373,7 @@ impl PolicyCore {
             let h = &self.hosts[host as usize];
             let r = &self.rows[row as usize];
             let empty = r.free[host as usize] == h.cores;
-            let fence = held.as_ref().and_then(|v| v.1.get(&host));
+            let fence = held_view.as_ref().and_then(|v| v.1.get(&host));
             let fenced;
             let occupancy = match fence {
                 None => &r.occupancy[host as usize],
@@ -1384,14 +1384,23 @@ impl PolicyCore {
                     &fenced
                 }
             };
+            // A suspended job's CPUs are borrowed only where the job fits nowhere else (as
+            // topod does): a borrower keeps it from resuming until it ends.
+            let request = cores_request(cores);
+            let unlent = self.suspended_cpus_on(host).map(|cpus| {
+                let mut occ = occupancy.clone();
+                occ.fenced.union_with(&cpus);
+                occ
+            });
+            let strategy = self.config.strategy;
+            let place = |occ: &Occupancy| start_on_host(&h.model, occ, &request, strategy);
+            let placed = match unlent.as_ref().map(place) {
+                Some(Ok(p)) => Ok(p),
+                _ => place(occupancy),
+            };
             let placement = match (&h.whole, cores == h.cores && empty && fence.is_none()) {
                 (Some(whole), true) => Arc::clone(whole),
-                _ => match start_on_host(
-                    &h.model,
-                    occupancy,
-                    &cores_request(cores),
-                    self.config.strategy,
-                ) {
+                _ => match placed {
                     Ok(p) => Arc::new(p),
                     Err(_) => {
                         // Counts said yes, the host said no (a strategy that cannot place a
@@ -1406,6 +1415,19 @@ impl PolicyCore {
         }
         self.record_start(job, spec, row, parts, false, actions);
         true
+    }
+
+    /// The CPUs of the jobs suspended by preemption on `host`, when there are any.
+    fn suspended_cpus_on(&self, host: HostId) -> Option<CpuSet> {
+        let mut cpus = CpuSet::new();
+        for &v in &self.suspended {
+            if let Slot::Suspended(s) = &self.jobs[v as usize] {
+                for p in s.run.parts.iter().filter(|p| p.host == host) {
+                    cpus.union_with(&p.placement.cpus);
+                }
+            }
+        }
+        (!cpus.is_empty()).then_some(cpus)
     }
 
     /// The free counts `job` may start by, and the CPUs per host it must stay off, when jobs
@@ -1586,7 +1608,12 @@ impl PolicyCore {
         if eligible.is_empty() {
             return false;
         }
-        let Some(victims) = self.choose_victims(spec.procs, &eligible) else { return false };
+        // The head sees the CPUs held for suspended jobs it may not borrow as taken.
+        let held = self.held_view(head, spec, 0);
+        let fences = held.as_ref().map(|v| &v.1);
+        let Some(victims) = self.choose_victims(spec.procs, &eligible, fences) else {
+            return false;
+        };
         // Suspend them, then start the head; if it still cannot start, resume them at once.
         let mut suspended = Vec::with_capacity(victims.len());
         for job in &victims {
@@ -1614,20 +1641,24 @@ impl PolicyCore {
             };
             let cost = self.config.suspend_cost.max(0);
             for job in suspended {
+                let Slot::Suspended(s) = &self.jobs[job as usize] else { continue };
+                let overlaps = head_end.as_ref().is_some_and(|(_, parts)| {
+                    parts.iter().any(|h| {
+                        s.run.parts.iter().any(|v| {
+                            v.host == h.host && v.placement.cpus.intersects(&h.placement.cpus)
+                        })
+                    })
+                });
+                if !overlaps {
+                    // The head took none of its CPUs (a job over several hosts goes where the
+                    // counts say): it runs on, never stopped.
+                    self.unsuspend(job);
+                    continue;
+                }
                 if let Slot::Suspended(s) = &mut self.jobs[job as usize] {
                     s.run.suspensions += 1;
                     s.remaining = s.remaining.saturating_add(cost);
-                    let overlaps = head_end.as_ref().is_some_and(|(_, parts)| {
-                        parts.iter().any(|h| {
-                            s.run.parts.iter().any(|v| {
-                                v.host == h.host && v.placement.cpus.intersects(&h.placement.cpus)
-                            })
-                        })
-                    });
-                    s.resume_by = match &head_end {
-                        Some((end, _)) if overlaps => *end,
-                        _ => now,
-                    };
+                    s.resume_by = head_end.as_ref().map_or(now, |(end, _)| *end);
                 }
                 actions.push(Action::Suspend { job });
             }
@@ -1636,18 +1667,22 @@ impl PolicyCore {
         }
         // Undo exactly what was done: nothing was told to the driver yet.
         for job in suspended {
-            if let Slot::Suspended(s) =
-                std::mem::replace(&mut self.jobs[job as usize], Slot::Unknown)
-            {
-                for p in &s.run.parts {
-                    self.take(0, p.host, &p.placement);
-                }
-                self.ends.insert((s.run.estimated_end, job));
-                self.suspended.remove(&job);
-                self.jobs[job as usize] = Slot::Running(s.run);
-            }
+            self.unsuspend(job);
         }
         false
+    }
+
+    /// Puts a job `preempt_for` took off its CPUs back on them, as if it had never been:
+    /// nothing was told to the driver.
+    fn unsuspend(&mut self, job: JobKey) {
+        if let Slot::Suspended(s) = std::mem::replace(&mut self.jobs[job as usize], Slot::Unknown) {
+            for p in &s.run.parts {
+                self.take(0, p.host, &p.placement);
+            }
+            self.ends.insert((s.run.estimated_end, job));
+            self.suspended.remove(&job);
+            self.jobs[job as usize] = Slot::Running(s.run);
+        }
     }
 
     /// Whether the running job holds CPUs a suspended job waits for ([`holds_for_suspended`]).
@@ -1678,11 +1713,11 @@ impl PolicyCore {
         let &head = self.queue.front()?;
         let Slot::Waiting(spec, submitted) = self.jobs[head as usize] else { return None };
         let now = self.now;
-        let estimate = spec.estimate.max(1);
-        // The first second at which (t - submitted + estimate) / estimate > xf (or >= for the
-        // threshold).
+        // The first second at which its expansion factor, (t - submitted + estimate) /
+        // max(estimate, 1), is above xf (or at it, for the threshold).
         let reaches = |xf: f64, strictly: bool| -> Option<Time> {
-            let at = submitted as f64 + (xf - 1.0) * estimate as f64;
+            let at =
+                submitted as f64 + xf * spec.estimate.max(1) as f64 - spec.estimate.max(0) as f64;
             if !at.is_finite() {
                 return None;
             }
@@ -1710,7 +1745,12 @@ impl PolicyCore {
     /// The victims whose suspension frees room for `procs` (see [`Preempt`]): for a job that
     /// fits one host, the tightest domain on any host; for a larger one, the lowest expansion
     /// factors anywhere.
-    fn choose_victims(&self, procs: u32, eligible: &[(JobKey, f64)]) -> Option<Vec<JobKey>> {
+    fn choose_victims(
+        &self,
+        procs: u32,
+        eligible: &[(JobKey, f64)],
+        fences: Option<&BTreeMap<HostId, CpuSet>>,
+    ) -> Option<Vec<JobKey>> {
         let max_host = self.hosts.iter().map(|h| h.cores).max().unwrap_or(0);
         if procs > max_host {
             let mut by_xf = eligible.to_vec();
@@ -1754,6 +1794,10 @@ impl PolicyCore {
             }
             // Equal expansion factors go by job number.
             here.sort_by(|a, b| a.xf.total_cmp(&b.xf).then(a.job.cmp(&b.job)));
+            let mut occupancy = self.rows[0].occupancy[h].clone();
+            if let Some(fence) = fences.and_then(|f| f.get(&(h as HostId))) {
+                occupancy.fenced.union_with(fence);
+            }
             let model = &host.model;
             let mut fits_in = |domain: &CpuSet, occ: &Occupancy| {
                 let busy = occ.held.union(&occ.fenced);
@@ -1768,9 +1812,7 @@ impl PolicyCore {
                     .count() as u32;
                 free >= procs
             };
-            if let Some((key, victims)) =
-                victims_on_host(model, &self.rows[0].occupancy[h], &here, &mut fits_in)
-            {
+            if let Some((key, victims)) = victims_on_host(model, &occupancy, &here, &mut fits_in) {
                 let better = best.as_ref().is_none_or(|(k, _)| {
                     (key.0, key.1).cmp(&(k.0, k.1)).then(key.2.total_cmp(&k.2)).is_lt()
                 });

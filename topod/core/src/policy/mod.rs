@@ -81,8 +81,8 @@ pub struct Candidate<K> {
 /// The running jobs to suspend on one host so that a job fits, by the rules of [`Preempt`]:
 /// for each domain (every L3 group, then every NUMA node, package, the whole host), the
 /// candidates that have CPUs in it, lowest expansion factor first, until `fits_in(domain,
-/// occupancy without them)` says the job fits inside that domain; of all domains where that
-/// happens, the tightest level, then the fewest processors suspended, then the lowest sum of
+/// occupancy without them)` says the job fits inside that domain, less any of them it fits
+/// without; of all domains where that happens, the tightest level, then the fewest processors suspended, then the lowest sum of
 /// expansion factors. Returns that key and the victims, or `None` when no set does. Both
 /// drivers call it: the cluster steps with a count of free cores, topod with a real placement.
 pub fn victims_on_host<K: Clone>(
@@ -108,8 +108,7 @@ pub fn victims_on_host<K: Clone>(
                 // It fits there already: nobody need be suspended for it there.
                 continue;
             }
-            let mut victims = Vec::new();
-            let (mut cost, mut xf_sum) = (0u64, 0f64);
+            let mut chosen: Vec<&Candidate<K>> = Vec::new();
             let mut fits = false;
             for c in &by_xf {
                 if !c.cpus.intersects(domain) {
@@ -117,9 +116,7 @@ pub fn victims_on_host<K: Clone>(
                 }
                 occ.held.difference_with(&c.cpus);
                 occ.fenced.difference_with(&c.fenced);
-                victims.push(c.job.clone());
-                cost += u64::from(c.procs);
-                xf_sum += c.xf;
+                chosen.push(c);
                 if fits_in(domain, &occ) {
                     fits = true;
                     break;
@@ -128,6 +125,23 @@ pub fn victims_on_host<K: Clone>(
             if !fits {
                 continue;
             }
+            // Keep none that is not needed: a job taken early for its low expansion factor may
+            // free too little to matter once the later ones are taken (highest first goes back).
+            for i in (0..chosen.len().saturating_sub(1)).rev() {
+                let mut without = occupancy.clone();
+                for (j, c) in chosen.iter().enumerate() {
+                    if j != i {
+                        without.held.difference_with(&c.cpus);
+                        without.fenced.difference_with(&c.fenced);
+                    }
+                }
+                if fits_in(domain, &without) {
+                    chosen.remove(i);
+                }
+            }
+            let cost = chosen.iter().map(|c| u64::from(c.procs)).sum::<u64>();
+            let xf_sum = chosen.iter().map(|c| c.xf).sum::<f64>();
+            let victims: Vec<K> = chosen.iter().map(|c| c.job.clone()).collect();
             let key = (rank, cost, xf_sum);
             let better = best.as_ref().is_none_or(|(k, _)| {
                 (key.0, key.1).cmp(&(k.0, k.1)).then(key.2.total_cmp(&k.2)).is_lt()
