@@ -1,0 +1,292 @@
+//! topod's preemption at allocate (after NCI's PBS), by the per-host rules in
+//! `topo_core::policy` that the simulator's cluster core applies too: who may be suspended for
+//! whom ([`Host::why_not_suspendable`], `victims_on_host`), the CPUs held for a suspended job and
+//! who may borrow them (`may_borrow`, `holds_for_suspended`), and when a victim runs again
+//! ([`Host::resume_preempted`]). The differential test `super::agrees` checks that topod and the
+//! cluster core decide alike.
+
+use super::*;
+
+impl Host {
+    /// A job's expansion factor now: (time since submission + estimated time still to run) ÷
+    /// estimate; `None` without a submission time and estimate.
+    pub(super) fn expansion_factor(&self, hint: &JobHint, now: i64) -> Option<f64> {
+        let (submitted, estimate) = (hint.submitted_at?, hint.estimate_s?);
+        let running = hint.running_since.map_or(0, |t| (now - t).max(0) as u64);
+        let left = estimate.saturating_sub(hint.ran_s + running);
+        Some((now.saturating_sub(submitted).max(0) as f64 + left as f64) / estimate.max(1) as f64)
+    }
+
+    /// Suspends the running jobs that free the tightest domain for `prepared` (see
+    /// `topo_core::policy::victims_on_host`) and places it; when it still does not fit, they
+    /// run again and `refused` is returned.
+    pub(super) fn preempt_and_place(
+        &mut self,
+        id: &JobId,
+        prepared: &Prepared,
+        mem_limit: Option<u64>,
+        owner_uid: Option<u32>,
+        refused: HostError,
+    ) -> Result<(), HostError> {
+        let Some(rules) = self.preempt else { return Err(refused) };
+        let ask = &prepared.preempt;
+        let now = self.now_s();
+        let me = JobHint {
+            submitted_at: ask.submitted_at,
+            estimate_s: ask.estimate_s,
+            ..JobHint::default()
+        };
+        let Some(my_xf) = self.expansion_factor(&me, now) else {
+            return Err(not_preempted(
+                refused,
+                "it gave no submission time and time limit (submitted_at, estimate_s), so it has no expansion factor",
+            ));
+        };
+        if my_xf < rules.min_xf {
+            tracing::info!("job {id}: does not fit, and its expansion factor {my_xf:.2} is below {} to preempt", rules.min_xf);
+            return Err(not_preempted(
+                refused,
+                &format!(
+                    "its expansion factor {my_xf:.2} is below preempt_min_xf {}",
+                    rules.min_xf
+                ),
+            ));
+        }
+        let mut candidates = Vec::new();
+        // Why each job in its way may not be suspended for it, for the refusal.
+        let mut spared: Vec<String> = Vec::new();
+        for a in self.ledger.jobs() {
+            let Some(hint) = self.hints.get(&a.job) else { continue };
+            let ran = hint.protected_from().map_or(0, |t| now - t);
+            // A job outside the CPUs the request may use frees nothing for it.
+            let within = prepared.request.cpu_list.as_ref().is_none_or(|l| a.cpus.intersects(l));
+            let spare = self.why_not_suspendable(&a.job, hint, ran, &rules);
+            let eligible = within && spare.is_none();
+            let xf = self.expansion_factor(hint, now);
+            match (eligible, xf) {
+                (true, Some(xf)) if xf < my_xf => {
+                    candidates.push(topo_core::policy::Candidate {
+                        job: a.job.clone(),
+                        xf,
+                        cpus: a.cpus.clone(),
+                        fenced: a.fenced.clone(),
+                        procs: a.cpus.len() as u32,
+                    });
+                }
+                _ if !within => {}
+                (true, Some(xf)) => spared.push(format!(
+                    "job {}'s expansion factor {xf:.2} is not below its {my_xf:.2}",
+                    a.job
+                )),
+                (true, None) => spared.push(format!(
+                    "job {} gave no submission time and time limit (no expansion factor)",
+                    a.job
+                )),
+                (false, _) => spared.extend(spare),
+            }
+        }
+        if candidates.is_empty() {
+            let why = if spared.is_empty() {
+                "no job runs on the CPUs it may use".to_string()
+            } else {
+                format!("no job may be suspended for it: {}", summarize(&spared, 4))
+            };
+            return Err(not_preempted(refused, &why));
+        }
+        let (model, strategy) = (self.model.clone(), self.strategy);
+        let mut fits_in = |domain: &CpuSet, occ: &place::Occupancy| {
+            let mut request = prepared.request.clone();
+            request.cpu_list = Some(match &request.cpu_list {
+                Some(list) => list.intersection(domain),
+                None => domain.clone(),
+            });
+            topo_core::policy::start_on_host(&model, occ, &request, strategy).is_ok()
+        };
+        // Where it would go: with the CPUs of suspended jobs it may borrow (it ends before they
+        // may resume), as its placement will see them.
+        let who = topo_core::prime::Asker {
+            queue: prepared.gang.queue.as_deref(),
+            owner: owner_uid,
+            pool: prepared.pool.as_deref(),
+        };
+        let ends_by = self.ends_by(prepared);
+        let (occupancy, _) = self.placement_occupancy_as(id.as_str(), None, who, ends_by);
+        let Some((_, victims)) =
+            topo_core::policy::victims_on_host(&model, &occupancy, &candidates, &mut fits_in)
+        else {
+            let names: Vec<String> = candidates.iter().map(|c| c.job.clone()).collect();
+            return Err(not_preempted(
+                refused,
+                &format!(
+                    "suspending the jobs that may be suspended for it ({}) frees no place its request fits",
+                    summarize(&names, 8)
+                ),
+            ));
+        };
+        let mut suspended = Vec::new();
+        for victim in &victims {
+            let Ok(vid) = JobId::parse(victim) else { continue };
+            let before = self.hints.get(victim).cloned().unwrap_or_default();
+            let mut hint = before.clone();
+            hint.suspended = true;
+            hint.suspended_by = None;
+            hint.preempted_by = Some(id.to_string());
+            hint.suspensions += 1;
+            hint.ran_s += hint.running_since.map_or(0, |t| (now - t).max(0) as u64);
+            hint.running_since = None;
+            // The record first, as for every suspend: a crash after the freeze finds it suspended.
+            if self.write_record(&vid, &hint).is_err() {
+                continue;
+            }
+            match self.backend.freeze(&vid, self.freeze_timeout) {
+                Ok(()) => {
+                    let _ = self.ledger.suspend(victim);
+                    self.hints.insert(victim.clone(), hint);
+                    suspended.push((vid, before));
+                }
+                Err(e) => {
+                    tracing::warn!("job {victim}: suspending it for job {id} failed: {e}");
+                    self.record(&vid, &before);
+                }
+            }
+        }
+        let placed = self.place_and_create(id, prepared, mem_limit, owner_uid, None);
+        if placed.is_ok() {
+            let names: Vec<&str> = suspended.iter().map(|(v, _)| v.as_str()).collect();
+            for victim in &names {
+                tracing::info!(event = "suspended", job = %victim, by = %id, "job {victim}: suspended for job {id}");
+            }
+            tracing::info!(
+                "job {id}: suspended job(s) {names:?} to start it (expansion factor {my_xf:.2}); they resume when their CPUs are free"
+            );
+            return Ok(());
+        }
+        // Undo: every victim runs again, as its record said before.
+        for (vid, before) in suspended {
+            let victim = vid.as_str().to_string();
+            if self.ledger.resume(&victim, None).is_ok() {
+                if let Err(e) = self.backend.thaw(&vid, self.freeze_timeout) {
+                    tracing::warn!("job {victim}: thawing it again failed: {e}");
+                    let _ = self.ledger.suspend(&victim);
+                    continue;
+                }
+            }
+            self.record(&vid, &before);
+            self.hints.insert(victim, before);
+        }
+        Err(not_preempted(
+            refused,
+            &format!("it did not fit even with job(s) {} suspended", victims.join(", ")),
+        ))
+    }
+
+    /// The rule that keeps a running job from being suspended for a preemptor (the first that
+    /// does), or `None` when it may be: the one place both the choice of victims and the
+    /// refusal's text come from.
+    pub(super) fn why_not_suspendable(
+        &self,
+        job: &str,
+        hint: &JobHint,
+        ran: i64,
+        rules: &topo_core::policy::Preempt,
+    ) -> Option<String> {
+        let gang = self.ledger.get(job).is_some_and(|a| a.gang_row.is_some());
+        Some(if !hint.preemptible {
+            format!("job {job} did not say it may be suspended (preemptible)")
+        } else if self.ledger.is_suspended(job) {
+            // It runs on nothing to free, and its suspension is somebody else's.
+            format!("job {job} is suspended already")
+        } else if gang {
+            format!("job {job} is gang-scheduled")
+        } else if self.releasing.contains(job) || self.changing.contains_key(job) {
+            format!("job {job} is being changed")
+        } else if ran < rules.min_run {
+            format!(
+                "job {job} has run {ran} s since its start or its resume after preemption, less than preempt_min_run_s {}",
+                rules.min_run
+            )
+        } else if hint.suspensions >= rules.max_suspensions {
+            format!(
+                "job {job} was suspended {} time(s) by preemption already (preempt_max_suspensions {})",
+                hint.suspensions, rules.max_suspensions
+            )
+        } else if let Some(why) = self.holds_for_preempted(job) {
+            format!("job {job} may not be suspended: {why}")
+        } else {
+            return None;
+        })
+    }
+
+    /// Why `job` holds CPUs a job suspended by preemption waits for (it is that job's preemptor,
+    /// or borrowed them; see `topo_core::policy::holds_for_suspended`), or `None`.
+    pub(super) fn holds_for_preempted(&self, job: &str) -> Option<String> {
+        let cpus = &self.ledger.get(job)?.cpus;
+        let waiting = self
+            .ledger
+            .suspended_jobs()
+            .filter(|a| self.hints.get(&a.job).is_some_and(|h| h.preempted_by.is_some()));
+        topo_core::policy::holds_for_suspended(cpus, waiting.map(|a| (&a.job, &a.cpus)))
+    }
+
+    /// When a job starting now ends by its time limit: it may borrow the CPUs of a job suspended
+    /// by preemption that will not resume before then (`topo_core::policy::may_borrow`).
+    pub(crate) fn ends_by(&self, prepared: &Prepared) -> Option<i64> {
+        let estimate = prepared.preempt.estimate_s?;
+        Some(self.now_s().saturating_add(i64::try_from(estimate).unwrap_or(i64::MAX)))
+    }
+
+    /// When the job suspended by preemption `hint` describes may resume by its preemptor's
+    /// estimate (see `topo_core::policy::may_borrow`); `None` when that is not known.
+    pub(super) fn resume_by(&self, hint: &JobHint) -> Option<i64> {
+        let preemptor = hint.preempted_by.as_deref()?;
+        self.hints.get(preemptor)?.estimated_end()
+    }
+
+    /// Resumes the jobs topod's preemption suspended whose CPUs are all free again, highest
+    /// expansion factor first: free of running jobs, and of the job they were suspended for
+    /// even while it is suspended itself (it would find its CPUs taken back). Returns them.
+    pub fn resume_preempted(&mut self) -> Vec<String> {
+        let now = self.now_s();
+        let mut waiting: Vec<(f64, String)> = self
+            .ledger
+            .suspended_jobs()
+            .filter_map(|a| {
+                let hint = self.hints.get(&a.job)?;
+                let preemptor = hint.preempted_by.as_ref()?;
+                // Not onto CPUs its preemptor holds, running or suspended itself (it would find
+                // them taken on its resume); free CPUs it took none of are its own again.
+                if self.ledger.get(preemptor).is_some_and(|p| p.cpus.intersects(&a.cpus)) {
+                    return None;
+                }
+                if self.releasing.contains(&a.job) || self.changing.contains_key(&a.job) {
+                    return None;
+                }
+                Some((self.expansion_factor(hint, now).unwrap_or(0.0), a.job.clone()))
+            })
+            .collect();
+        waiting.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut resumed = Vec::new();
+        for (_, job) in waiting {
+            let Ok(id) = JobId::parse(&job) else { continue };
+            if self.ledger.resume(&job, None).is_err() {
+                continue;
+            }
+            if let Err(e) = self.backend.thaw(&id, self.freeze_timeout) {
+                tracing::warn!("job {job}: resuming it after preemption failed: {e}");
+                let _ = self.ledger.suspend(&job);
+                continue;
+            }
+            if let Some(mut hint) = self.hints.get(&job).cloned() {
+                hint.suspended = false;
+                hint.preempted_by = None;
+                hint.running_since = Some(now);
+                hint.protected_since = Some(now);
+                self.record(&id, &hint);
+                self.hints.insert(job.clone(), hint);
+            }
+            tracing::info!(event = "resumed", job = %job, "job {job}: resumed on its CPUs after preemption");
+            resumed.push(job);
+        }
+        resumed
+    }
+}
