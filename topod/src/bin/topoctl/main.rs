@@ -4,12 +4,7 @@
 //! `show` (the host picture), `check` (parse and merge a request), `place` (what-if placement),
 //! `bench placement` (the placement-quality benchmark) and `demo`.
 
-mod bench_daemon;
-mod bench_freeze;
-mod bench_gang;
-mod bench_hostile;
-mod bench_migrate;
-mod bench_resize;
+mod bench;
 mod docs;
 mod lsf;
 mod simulate;
@@ -21,7 +16,6 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use topo_client::Client;
-use topo_core::bench;
 use topo_core::ledger::Ledger;
 use topo_core::ledger::{Allocation, JobState, JobView};
 use topo_core::place::{self, HostMetrics, HostModel, Placement, Strategy};
@@ -408,12 +402,12 @@ enum BenchCommand {
     /// in a running topod) shrunk and expanded: the time from the resize request to topod's
     /// reply, to every thread on the new CPUs, and to the program's own line for the change.
     /// Needs root and real cgroups.
-    Resize(bench_resize::ResizeOpts),
+    Resize(bench::resize::ResizeOpts),
     /// One move of a running job on real cgroups (the cgroup rewrite of a defragmenting
     /// migration): the job's CPUs alone (to every thread on the new CPUs), and, where the host
     /// has two NUMA nodes, its CPUs and its memory (1 GiB by default) to the other node (to 99%
     /// of its pages there). Needs root; makes and removes its own cgroups.
-    Migrate(bench_migrate::MigrateOpts),
+    Migrate(bench::migrate::MigrateOpts),
     /// An attacker for `bench daemon --hostile` (runs until killed).
     #[command(hide = true)]
     Attack {
@@ -533,12 +527,12 @@ fn main() -> ExitCode {
                     json,
                     ..
                 },
-        } => bench_hostile::run(&daemon.socket, cycles, n, spinners, spin_everywhere, json),
+        } => bench::hostile::run(&daemon.socket, cycles, n, spinners, spin_everywhere, json),
         Command::Bench {
             what: BenchCommand::Daemon { daemon, cycles, clients, hostile: None, json, .. },
-        } => bench_daemon::run(&daemon.socket, cycles, clients, json),
+        } => bench::daemon::run(&daemon.socket, cycles, clients, json),
         Command::Bench { what: BenchCommand::Freeze { processes, rounds, v2_freezer, json } } => {
-            bench_freeze::run(processes as usize, rounds as usize, v2_freezer, json)
+            bench::freeze::run(processes as usize, rounds as usize, v2_freezer, json)
         }
         Command::Bench { what: BenchCommand::Gang { slices, per_run, json } } => slices
             .split(',')
@@ -550,11 +544,11 @@ fn main() -> ExitCode {
                 })
             })
             .collect::<Result<Vec<u64>, Failure>>()
-            .and_then(|list| bench_gang::run(&list, per_run, json)),
-        Command::Bench { what: BenchCommand::Resize(opts) } => bench_resize::run(opts),
-        Command::Bench { what: BenchCommand::Migrate(opts) } => bench_migrate::run(opts),
+            .and_then(|list| bench::gang::run(&list, per_run, json)),
+        Command::Bench { what: BenchCommand::Resize(opts) } => bench::resize::run(opts),
+        Command::Bench { what: BenchCommand::Migrate(opts) } => bench::migrate::run(opts),
         Command::Bench { what: BenchCommand::Attack { daemon, mode, count, stats } } => {
-            bench_hostile::attack(&daemon.socket, &mode, count, &stats)
+            bench::hostile::attack(&daemon.socket, &mode, count, &stats)
         }
         Command::Bench {
             what:
@@ -564,7 +558,7 @@ fn main() -> ExitCode {
                 max_moves,
                 ..topo_core::defrag::DefragLimits::default()
             });
-            bench_placement(&topologies, &strategies, seed, jobs as usize, json, migrate)
+            bench::placement::run(&topologies, &strategies, seed, jobs as usize, json, migrate)
         }
         Command::Demo { source, json } => demo(&source, json),
         Command::Simulate(opts) => simulate::run(opts),
@@ -909,164 +903,6 @@ fn shared_topologies() -> Option<PathBuf> {
         }
     }
     None
-}
-
-fn default_bench_topologies() -> Result<Vec<PathBuf>, Failure> {
-    let root = shared_topologies().ok_or_else(|| {
-        Failure::input(
-            "no --topology given and no shared/topologies folder found (set TOPO_SHARED_DIR to the shared folder)",
-        )
-    })?;
-    let mut files = Vec::new();
-    for sub in ["xml", "converted-hwloc2.9"] {
-        let dir = root.join(sub);
-        let entries = std::fs::read_dir(&dir)
-            .map_err(|e| Failure::input(format!("cannot list {}: {e}", dir.display())))?;
-        for entry in entries.flatten() {
-            let p = entry.path();
-            if p.extension().is_some_and(|x| x == "xml") {
-                files.push(p);
-            }
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
-fn bench_placement(
-    topologies: &[PathBuf],
-    strategies: &[Strategy],
-    seed: u64,
-    jobs: usize,
-    json: bool,
-    migrate: Option<topo_core::defrag::DefragLimits>,
-) -> Result<(), Failure> {
-    let files =
-        if topologies.is_empty() { default_bench_topologies()? } else { topologies.to_vec() };
-    let strategies: Vec<Strategy> =
-        if strategies.is_empty() { Strategy::ALL.to_vec() } else { strategies.to_vec() };
-    if !json {
-        println!(
-            "seed {seed}, {jobs} jobs per stream, host kept at most {:.0}% busy before each arrival\n\
-             NUMA-ok / L3-ok: share of placed jobs within the fewest NUMA nodes / L3 groups their size allows\n\
-             radius: mean largest SLIT distance inside a job (10 = one node); SMT: cores shared by two jobs\n\
-             rej-free: jobs rejected while at least as many PUs were free; load: mean share of PUs held\n{}",
-            bench::TARGET_LOAD * 100.0,
-            if migrate.is_some() {
-                "with migration: +migr: rejections while free left; plans: refused jobs placed by moving others;\n\
-                 moves, PUs: jobs and PUs moved; worse: moves after which a job spans more NUMA nodes or L3 groups;\n\
-                 plan p50/p99/max: planner time per call, microseconds\n"
-            } else {
-                ""
-            }
-        );
-    }
-    for file in files {
-        let topo = load_path(&file)?;
-        let model =
-            HostModel::new(&topo, &CpuSet::new()).map_err(|e| Failure::input(e.to_string()))?;
-        let stream = bench::job_stream(&model, seed, jobs);
-        let results: Vec<bench::BenchResult> =
-            strategies.iter().map(|&s| bench::replay(&model, &stream, s)).collect();
-        let migrated: Vec<bench::MigrationResult> = match migrate {
-            Some(limits) => strategies
-                .iter()
-                .map(|&s| bench::replay_migrating(&model, &stream, s, limits))
-                .collect(),
-            None => Vec::new(),
-        };
-        if json {
-            for r in &results {
-                let line = serde_json::to_string(r).map_err(|e| Failure::runtime(e.to_string()))?;
-                println!("{line}");
-            }
-            for r in &migrated {
-                let line = serde_json::to_string(r).map_err(|e| Failure::runtime(e.to_string()))?;
-                println!("{line}");
-            }
-            continue;
-        }
-        let c = topo.counts();
-        println!(
-            "{} ({} PUs, {} cores, {} L3, {} NUMA, {} packages)",
-            topo.short_name(),
-            c.pus,
-            c.cores,
-            c.l3_groups,
-            c.numa_nodes,
-            c.packages
-        );
-        println!(
-            "  {:<12} {:>6} {:>7} {:>7} {:>7} {:>7} {:>8} {:>5} {:>8} {:>8}",
-            "strategy",
-            "placed",
-            "NUMA-ok",
-            "L3-ok",
-            "radius",
-            "SMT",
-            "rej-free",
-            "load",
-            "p50 us",
-            "p99 us"
-        );
-        for r in &results {
-            println!(
-                "  {:<12} {:>6} {:>7.3} {:>7.3} {:>7.2} {:>7} {:>8} {:>4.0}% {:>8.2} {:>8.2}",
-                r.strategy,
-                r.placed,
-                r.numa_optimal_share,
-                r.l3_optimal_share,
-                r.mean_radius,
-                r.smt_shared,
-                r.rejected_while_free,
-                r.mean_load * 100.0,
-                r.decision_p50_us,
-                r.decision_p99_us
-            );
-        }
-        if !migrated.is_empty() {
-            println!(
-                "  with migration (up to {} moves per plan; NUMA-ok, L3-ok: where jobs end up)",
-                migrate.map_or(0, |l| l.max_moves)
-            );
-            println!(
-                "  {:<12} {:>8} {:>8} {:>6} {:>7} {:>7} {:>6} {:>6} {:>7} {:>6} {:>8} {:>8} {:>8}",
-                "strategy",
-                "rej-free",
-                "+migr",
-                "placed",
-                "NUMA-ok",
-                "L3-ok",
-                "plans",
-                "moves",
-                "PUs",
-                "worse",
-                "plan p50",
-                "p99 us",
-                "max us"
-            );
-            for r in &migrated {
-                println!(
-                    "  {:<12} {:>8} {:>8} {:>6} {:>7.3} {:>7.3} {:>6} {:>6} {:>7} {:>6} {:>8.1} {:>8.1} {:>8.1}",
-                    r.strategy,
-                    r.rejected_while_free_without,
-                    r.rejected_while_free,
-                    r.placed,
-                    r.numa_optimal_share,
-                    r.l3_optimal_share,
-                    r.plans,
-                    r.moves,
-                    r.moved_pus,
-                    r.moves_less_local,
-                    r.planner_p50_us,
-                    r.planner_p99_us,
-                    r.planner_max_us
-                );
-            }
-        }
-        println!();
-    }
-    Ok(())
 }
 
 /// The demo's job mix: every syntax, the shapes of the benchmark, and one that cannot fit.

@@ -10,7 +10,7 @@
 //! 3. Allocate/release pairs per second from concurrent clients (no processes).
 //! 4. topod's resident memory, before and after filling the host with one-thread jobs.
 
-use super::{print_json, Failure};
+use crate::{print_json, Failure};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

@@ -15,8 +15,8 @@
 //! The attackers are this program again (`topoctl bench attack ...`, hidden), run as uid and gid
 //! 65534 (nobody), so topod sees them as the ordinary user they are. Needs root.
 
-use super::bench_daemon::{pct, rss_kib};
-use super::{print_json, Failure};
+use super::daemon::{pct, rss_kib};
+use crate::{print_json, Failure};
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

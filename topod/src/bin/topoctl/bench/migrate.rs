@@ -30,7 +30,7 @@
 //! ends when the bench closes its stdin; it is also killed, its cgroup released and the subtree
 //! removed when the bench ends, on a failure too.
 
-use super::{print_json, Failure};
+use crate::{print_json, Failure};
 use clap::Args;
 use nix::unistd::Pid;
 use serde::Serialize;

@@ -14,7 +14,7 @@
 //! each process's affinity): otherwise the 64 busy processes thawed a moment ago would starve
 //! the very thread that times them, and the figure would be the scheduler's, not the freezer's.
 
-use super::{print_json, Failure};
+use crate::{print_json, Failure};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::Serialize;

@@ -28,7 +28,7 @@
 //! workers for a CPU. The job is released (topod kills the program) and the program killed
 //! when the bench ends, also on a failure.
 
-use super::{print_json, Failure};
+use crate::{print_json, Failure};
 use clap::Args;
 use nix::unistd::Pid;
 use serde::Serialize;
