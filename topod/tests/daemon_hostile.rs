@@ -862,3 +862,42 @@ fn root_is_answered_when_topod_cannot_start_a_thread() {
         "{log}"
     );
 }
+
+/// topod started where it may not start a thread (its cgroup's pids limit) stops with a message
+/// naming the thread, not a panic (it panicked before, at its first `thread::spawn`).
+#[test]
+fn topod_that_cannot_start_its_threads_says_which_and_stops() {
+    if skip_unless_root() {
+        return;
+    }
+    let dir = open_dir();
+    let cg = match pids_cgroup(&format!("topo-test-start-{}", std::process::id())) {
+        Ok(cg) => cg,
+        Err(why) => return common::skip(&why),
+    };
+    std::fs::create_dir(&cg).unwrap();
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let _gone = Gone(cg.clone());
+    // One task: topod's main thread, and no other.
+    std::fs::write(cg.join("pids.max"), "1").unwrap();
+    let procs = cg.join("cgroup.procs");
+    let socket = dir.path().join("topod.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_topod"));
+    cmd.args(["--cgroup", "fake", "--socket", socket.to_str().unwrap()]);
+    cmd.args(["--state-dir", dir.path().to_str().unwrap()]);
+    // SAFETY: the closure runs in the child between fork and exec and only writes a file
+    // (open, write, close: async-signal-safe system calls through std's thin wrappers).
+    unsafe {
+        cmd.pre_exec(move || std::fs::write(&procs, b"0"));
+    }
+    let out = cmd.stdin(Stdio::null()).output().expect("topod runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot start topod's") && err.contains("thread"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -263,40 +263,40 @@ fn run(args: TopodArgs) -> Result<(), String> {
         limits.max_connections_per_user
     );
     let server = Server::new(host, admins, Gate::new(limits));
-    stop_on_signal(server.clone(), reporter);
+    stop_on_signal(server.clone(), reporter)?;
     let mut pending = PendingReleases::new(
         Kernel,
         topo_core::pending::pending_dir_for(&socket),
         nix::unistd::geteuid().as_raw(),
     );
-    notify_systemd(&socket, server.clone());
+    notify_systemd(&socket, server.clone())?;
     if config.auto_release {
         let server = server.clone();
-        std::thread::spawn(move || loop {
+        start_thread("auto-release", move || loop {
             std::thread::sleep(Duration::from_secs(1));
             let released = server.lock().release_empty();
             for job in released {
                 tracing::info!("job {job}: its cgroup is empty; released");
             }
-        });
+        })?;
     }
     {
         // Not before serving: a release whose processes will not die takes its timeout, and
         // systemd must hear that topod is up.
         let server = server.clone();
-        std::thread::spawn(move || {
+        start_thread("tick", move || {
             tick(&server, &mut pending, || {
                 std::thread::sleep(TICK);
                 true
             })
-        });
+        })?;
     }
     {
         // Gang slices: freeze and thaw at every slice boundary (k times the slice since the
         // epoch, by the wall clock), at once after a restart, and for gang jobs a configuration
         // without gang_rows left behind.
         let server = server.clone();
-        std::thread::spawn(move || loop {
+        start_thread("gang-slices", move || loop {
             let now = std::time::SystemTime::now();
             let slice = server.lock().gang().map_or(30, |g| g.gang.slice.max(1)) as u128;
             server.lock().gang_switch(now);
@@ -304,7 +304,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
             let period = slice * 1_000_000_000;
             let wait = period - since % period;
             std::thread::sleep(Duration::from_nanos(wait.min(u128::from(u64::MAX)) as u64));
-        });
+        })?;
     }
     if let Some((every, rules)) = config.sampling() {
         // Every running job's CPU time, threads and pressure, the mis-sized ones flagged, and the
@@ -338,15 +338,17 @@ fn run(args: TopodArgs) -> Result<(), String> {
     if let Some(l) = metrics_listener {
         let server = server.clone();
         let allow = config.metrics_allow.clone();
-        std::thread::spawn(move || metrics::serve(l, server, allow));
+        start_thread("metrics-listener", move || metrics::serve(l, server, allow))?;
     }
     if let Some((tcp, allow, key)) = tcp {
         let (server, allow, key) = (server.clone(), Arc::new(allow), Arc::new(key));
-        std::thread::spawn(move || topod::daemon::tcp::serve(tcp, server, allow, key));
+        start_thread("tcp-listener", move || topod::daemon::tcp::serve(tcp, server, allow, key))?;
     }
     {
         let server = server.clone();
-        std::thread::spawn(move || server::serve(admin_listener, server, Listener::Admins));
+        start_thread("admin-listener", move || {
+            server::serve(admin_listener, server, Listener::Admins)
+        })?;
     }
     server::serve(listener, server, Listener::Public);
     Err("the socket stopped accepting connections".into())
@@ -365,8 +367,8 @@ const REPORT_DRAIN: Duration = Duration::from_secs(10);
 /// frozen, its processes in D state, until the next start). Jobs keep running, as ever.
 /// Reports to the batch system still settling are sent first (see
 /// `topod::daemon::batch_report`).
-fn stop_on_signal(server: Arc<Server>, reporter: Option<BatchReporter>) {
-    std::thread::spawn(move || {
+fn stop_on_signal(server: Arc<Server>, reporter: Option<BatchReporter>) -> Result<(), String> {
+    start_thread("stop-on-signal", move || {
         let mut signals = nix::sys::signal::SigSet::empty();
         signals.add(nix::sys::signal::Signal::SIGTERM);
         signals.add(nix::sys::signal::Signal::SIGINT);
@@ -405,7 +407,20 @@ fn stop_on_signal(server: Arc<Server>, reporter: Option<BatchReporter>) {
             }
         }
         std::process::exit(0);
-    });
+    })
+}
+
+/// Starts one of topod's own threads, named (`ps -L` shows it), or says which could not start
+/// (the pids limit of its cgroup, say) instead of panicking.
+fn start_thread<F>(name: &str, body: F) -> Result<(), String>
+where
+    F: FnOnce() + Send + 'static,
+{
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(body)
+        .map(drop)
+        .map_err(|e| format!("cannot start topod's {name} thread: {e}"))
 }
 
 /// The shared key of the TCP listener: a file holding at least 16 characters that no one but
@@ -776,8 +791,8 @@ fn tick<F: PendingFs>(
 /// thread work) and the host lock can be taken (no change is stuck holding it). A stalled lock
 /// or a dead accept loop stops the feeding, and systemd restarts topod (jobs are kept:
 /// `KillMode=process`, and the restart rebuilds the ledger).
-fn notify_systemd(socket: &Path, server: Arc<Server>) {
-    let Some(notify) = std::env::var_os("NOTIFY_SOCKET") else { return };
+fn notify_systemd(socket: &Path, server: Arc<Server>) -> Result<(), String> {
+    let Some(notify) = std::env::var_os("NOTIFY_SOCKET") else { return Ok(()) };
     let send = move |msg: &str| {
         if let Ok(sock) = UnixDatagram::unbound() {
             let _ = sock.send_to(msg.as_bytes(), &notify);
@@ -787,7 +802,7 @@ fn notify_systemd(socket: &Path, server: Arc<Server>) {
     if let Some(usec) = std::env::var("WATCHDOG_USEC").ok().and_then(|v| v.parse::<u64>().ok()) {
         let period = Duration::from_micros(usec / 3).max(Duration::from_millis(100));
         let socket = socket.to_path_buf();
-        std::thread::spawn(move || loop {
+        start_thread("watchdog", move || loop {
             std::thread::sleep(period);
             let answered =
                 Client::connect_with_timeout(&socket, period).and_then(|mut c| c.call(Op::Version));
@@ -802,8 +817,9 @@ fn notify_systemd(socket: &Path, server: Arc<Server>) {
                 ),
                 Ok(_) => send("WATCHDOG=1"),
             }
-        });
+        })?;
     }
+    Ok(())
 }
 
 /// topod's own threads keep clear of the load jobs put on their CPUs: on the CPUs the
