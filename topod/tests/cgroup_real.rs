@@ -193,7 +193,8 @@ fn create_join_release() {
 fn a_job_is_one_entity_for_the_cpu_scheduler() {
     let Some(Real { cgroups, cg, subtree, cpus, mems, _cleanup }) = real() else { return };
     let id = job("1003");
-    cg.create(&id, &CgroupSpec { cpus, mems, memory_limit: None }).unwrap();
+    cg.create(&id, &CgroupSpec { cpus: cpus.clone(), mems: mems.clone(), memory_limit: None })
+        .unwrap();
     let mut child = Command::new("sleep").arg("100").spawn().unwrap();
     let pid = child.id() as i32;
     cg.join(&id, pid).unwrap();
@@ -233,6 +234,21 @@ fn a_job_is_one_entity_for_the_cpu_scheduler() {
                 let job_dir = mount.join(format!("{subtree}.slice/1003"));
                 let weight = std::fs::read_to_string(job_dir.join("cpu.weight"));
                 assert_eq!(weight.map(|w| w.trim().to_string()).ok().as_deref(), Some("100"));
+                // Started again with cpu_groups = false, while that job runs: the kernel takes
+                // the cpu controller from the subtree's jobs, the new one's and the old one's.
+                let slice = mount.join(format!("{subtree}.slice"));
+                let off = topod::cgroup::v2::V2::new(slice.clone()).unwrap().without_cpu_groups();
+                let control = std::fs::read_to_string(slice.join("cgroup.subtree_control"));
+                assert!(!control.unwrap().split_whitespace().any(|c| c == "cpu"));
+                assert!(!job_dir.join("cpu.weight").exists());
+                let other = job("1004");
+                off.create(
+                    &other,
+                    &CgroupSpec { cpus: cpus.clone(), mems: mems.clone(), memory_limit: None },
+                )
+                .unwrap();
+                assert!(!slice.join("1004/cpu.weight").exists());
+                off.release(&other, Duration::from_secs(10)).unwrap();
             } else {
                 common::skip("the unified hierarchy offers no cpu controller here")
             }

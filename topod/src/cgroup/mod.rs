@@ -88,7 +88,7 @@ impl Kind {
             }
             Kind::V2 => {
                 let v2 = v2::V2::detect_in(files, mounts, &format!("{subtree}.slice"))?;
-                Box::new(if cpu_groups { v2.with_cpu_groups() } else { v2 })
+                Box::new(if cpu_groups { v2.with_cpu_groups() } else { v2.without_cpu_groups() })
             }
         })
     }

@@ -108,6 +108,23 @@ impl V2 {
         self
     }
 
+    /// Undoes [`V2::with_cpu_groups`] for our subtree (`cpu_groups = false` after a start with
+    /// it): `-cpu` in our own `cgroup.subtree_control`, so that no job is a group of the CPU
+    /// scheduler. The parent's is left as it is: others use it. Best effort, logged.
+    pub fn without_cpu_groups(self) -> Self {
+        let control = self.root.join("cgroup.subtree_control");
+        let enabled = self.files.read(&control).unwrap_or_default();
+        if enabled.split_whitespace().any(|x| x == "cpu") {
+            if let Err(_e) = self.files.write(&control, "-cpu") {
+                #[cfg(feature = "daemon")]
+                tracing::warn!(
+                    "cpu_groups = false, but the cpu controller stays enabled for jobs: {_e}"
+                );
+            }
+        }
+        self
+    }
+
     fn dir(&self, job: &JobId) -> PathBuf {
         self.root.join(job.as_str())
     }
@@ -371,6 +388,29 @@ mod tests {
         let report = v2.release(&job("1"), Duration::from_secs(1)).unwrap();
         assert_eq!((report.killed, report.survivors.len()), (2, 0));
         assert!(!dir.exists());
+    }
+
+    #[test]
+    fn turning_cpu_groups_off_takes_the_cpu_controller_from_the_jobs() {
+        let fs = Arc::new(FakeCgroupFs::v2("0-7", "0-1"));
+        let v2 = open(&fs);
+        v2.create(&job("1"), &spec("0-1", "0")).unwrap();
+        let slice = fs.root("unified").join("topo.slice");
+        assert!(slice.join("1/cpu.weight").exists());
+        // A restart with cpu_groups = false: the jobs are no longer the scheduler's groups; the
+        // parent keeps what others enabled there.
+        let off = V2::detect_in(Files::new(fs.clone()), &fs.mounts(), "topo.slice")
+            .unwrap()
+            .without_cpu_groups();
+        let read = |dir: &std::path::Path| {
+            std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap()
+        };
+        assert_eq!(read(&slice), "cpuset memory");
+        assert_eq!(read(&fs.root("unified")), "cpu cpuset memory");
+        off.create(&job("2"), &spec("2-3", "0")).unwrap();
+        assert!(!slice.join("2/cpu.weight").exists());
+        off.release(&job("1"), Duration::from_secs(1)).unwrap();
+        off.release(&job("2"), Duration::from_secs(1)).unwrap();
     }
 
     #[test]
