@@ -1193,3 +1193,53 @@ fn topods_threads_run_on_the_reserved_cpus_ahead_of_jobs() {
     let log = std::fs::read_to_string(dir.path().join("topod.log")).unwrap();
     assert!(log.contains("topod's threads run on the reserved CPUs 0"), "{log}");
 }
+
+/// `reserved_cpus` narrows the CPUs topod was started on (a `taskset`, the unit's
+/// `CPUAffinity=`) and never widens them; reserved CPUs outside them leave topod where it was
+/// put, saying so (it replaced an administrator's taskset before).
+#[test]
+fn reserved_cpus_keep_within_the_affinity_topod_was_started_with() {
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    if online.trim() == "0" {
+        return common::skip("one CPU: no affinity to narrow");
+    }
+    if Command::new("taskset").arg("--version").output().is_err() {
+        return common::skip("no taskset here");
+    }
+    for (reserved, want, said) in [
+        ("0-1", "1", "within those it was started on (1)"),
+        ("0", "1", "lie outside the CPUs topod was started on (1"),
+    ] {
+        let dir = common::open_dir();
+        let socket = dir.path().join("topod.sock");
+        let config = common::config(
+            dir.path(),
+            &format!("cgroup = \"fake\"\nreserved_cpus = \"{reserved}\"\n"),
+        );
+        let log = std::fs::File::create(dir.path().join("topod.log")).unwrap();
+        let child = Command::new("taskset")
+            .args(["-c", "1", env!("CARGO_BIN_EXE_topod"), "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(dir.path())
+            // A machine of its own: the fake backend takes this one's CPUs from topod's affinity.
+            .arg("--topology")
+            .arg(common::topologies().join("converted-hwloc2.9/AMD-19h-Zen4-2xEpyc-9654.xml"))
+            .stderr(std::process::Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let d = common::Daemon { child, socket };
+        let started = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(20), "topod did not open its socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+        let cpus = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap();
+        assert_eq!(cpus.trim(), want, "reserved_cpus {reserved} under taskset -c 1");
+        let text = std::fs::read_to_string(dir.path().join("topod.log")).unwrap();
+        assert!(text.contains(said), "{text}");
+    }
+}

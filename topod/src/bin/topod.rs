@@ -830,11 +830,28 @@ fn notify_systemd(socket: &Path, server: Arc<Server>) -> Result<(), String> {
 /// start (`server::lower_priority`). Called on the main thread before any other starts: the
 /// others inherit both.
 fn keep_clear_of_jobs(reserved: &topo_core::cpuset::CpuSet) {
-    use topod::daemon::process::{pin_this_thread, set_this_thread_nice, DAEMON_NICE};
+    use topod::daemon::process::{
+        daemon_cpus, pin_this_thread, set_this_thread_nice, this_thread_cpus, DAEMON_NICE,
+    };
     let root = nix::unistd::geteuid().is_root();
     if !reserved.is_empty() {
-        match pin_this_thread(reserved) {
-            Ok(()) => tracing::info!("topod's threads run on the reserved CPUs {reserved}"),
+        // Within the affinity it was started with (taskset, CPUAffinity=): an administrator's
+        // choice, which the reserved CPUs narrow and never widen.
+        let started_on = this_thread_cpus().unwrap_or_else(|_| reserved.clone());
+        let cpus = match daemon_cpus(reserved, &started_on) {
+            Ok(cpus) => cpus,
+            Err(kept) => {
+                tracing::warn!("reserved_cpus {reserved} lie outside the CPUs topod was started on ({kept}, by taskset or CPUAffinity=): its threads stay there");
+                kept
+            }
+        };
+        match pin_this_thread(&cpus) {
+            Ok(()) if cpus == *reserved => {
+                tracing::info!("topod's threads run on the reserved CPUs {reserved}")
+            }
+            Ok(()) => tracing::info!(
+                "topod's threads run on CPUs {cpus}: the reserved CPUs {reserved} within those it was started on ({started_on})"
+            ),
             // An emulated topology's CPUs that this machine lacks, or a cpuset topod was
             // started in without them.
             Err(e) => tracing::warn!(

@@ -181,6 +181,34 @@ pub fn pin_this_thread(cpus: &topo_core::cpuset::CpuSet) -> std::io::Result<()> 
         .map_err(std::io::Error::from)
 }
 
+/// The CPUs the calling thread may run on (its affinity).
+pub fn this_thread_cpus() -> std::io::Result<topo_core::cpuset::CpuSet> {
+    let mask = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .map_err(std::io::Error::from)?;
+    let mut cpus = topo_core::cpuset::CpuSet::new();
+    for cpu in 0..nix::sched::CpuSet::count() {
+        if mask.is_set(cpu).unwrap_or(false) {
+            cpus.insert(cpu as u32);
+        }
+    }
+    Ok(cpus)
+}
+
+/// Where topod's threads run, given the `reserved` CPUs and the affinity it was `started_on`
+/// (a `taskset`, the unit's `CPUAffinity=`): the reserved CPUs within that affinity, which an
+/// administrator chose; `Err` with the affinity kept when it holds none of them.
+pub fn daemon_cpus(
+    reserved: &topo_core::cpuset::CpuSet,
+    started_on: &topo_core::cpuset::CpuSet,
+) -> Result<topo_core::cpuset::CpuSet, topo_core::cpuset::CpuSet> {
+    let both = reserved.intersection(started_on);
+    if both.is_empty() {
+        Err(started_on.clone())
+    } else {
+        Ok(both)
+    }
+}
+
 /// Reads `Tgid:` and `Uid:` from `/proc/<pid>/status` text.
 pub fn parse_status(text: &str) -> Option<ProcStatus> {
     let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
@@ -198,6 +226,16 @@ pub fn is_own(tid: i32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn topod_runs_on_the_reserved_cpus_within_the_affinity_it_was_started_with() {
+        let set = |l: &str| topo_core::cpuset::CpuSet::parse_list(l).unwrap();
+        assert_eq!(super::daemon_cpus(&set("0-1"), &set("0-63")), Ok(set("0-1")));
+        assert_eq!(super::daemon_cpus(&set("0-1"), &set("1-3")), Ok(set("1")));
+        assert_eq!(super::daemon_cpus(&set("0-1"), &set("4")), Err(set("4")));
+        let here = super::this_thread_cpus().unwrap();
+        assert!(!here.is_empty());
+    }
+
     use super::*;
 
     #[test]
