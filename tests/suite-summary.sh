@@ -12,10 +12,22 @@
 set -uo pipefail
 log=$1 skips=$2 seconds=${3:-0} rc=${4:-0}
 
-sum() { awk -v re="$1" -v field="$2" '{ if (match($0, re)) { split(substr($0, RSTART, RLENGTH), w, " "); n += w[field] } } END { print n + 0 }' "$log"; }
+# sum RE FIELD [WHERE]: the FIELD-th word of every match of RE, added up; WHERE is "loaded"
+# for the lines tests/under-load.sh printed (tests run a second time, under load), "unloaded"
+# (the default) for the rest, or "all".
+sum() {
+    awk -v re="$1" -v field="$2" -v where="${3:-unloaded}" '
+        /^tests\/under-load\.sh: [0-9]+ spinning/ { loaded = 1; next }
+        /^tests\/under-load\.sh: done/ { loaded = 0; next }
+        { if ((where == "all" || (where == "loaded") == loaded) && match($0, re)) { split(substr($0, RSTART, RLENGTH), w, " "); n += w[field] } }
+        END { print n + 0 }' "$log"
+}
 rust_passed=$(sum '[0-9]+ passed; [0-9]+ failed' 1)
-rust_failed=$(sum '[0-9]+ passed; [0-9]+ failed' 3)
-host_skips=$(grep -c . "$skips" 2>/dev/null || true)
+# A test that fails only under load fails the suite as any other.
+rust_failed=$(sum '[0-9]+ passed; [0-9]+ failed' 3 all)
+rerun_passed=$(sum '[0-9]+ passed; [0-9]+ failed' 1 loaded)
+# A test skipped again in its rerun under load is one skip.
+host_skips=$(sort -u "$skips" 2>/dev/null | grep -c . || true)
 guest_skips=$(grep -v '^tests/' "$log" | grep -c 'SKIPPED: ' || true)
 lsf_ok=$(grep -c '^  ok    ' "$log" || true)
 lsf_fail=$(grep -c '^  FAIL  ' "$log" || true)
@@ -32,7 +44,7 @@ passed=$((rust_passed - host_skips - guest_skips + lsf_ok + pbs_ran - pbs_skippe
 
 if [ "$skipped" -gt 0 ]; then
     echo "tests/run-all.sh: skipped, and why:"
-    { sed 's/^/  /' "$skips" 2>/dev/null
+    { sort -u "$skips" 2>/dev/null | sed 's/^/  /'
       grep -v '^tests/' "$log" | grep -o 'SKIPPED: .*' | sed 's/^SKIPPED: /  (cgroup v2 guest) /'
       grep -E '^tests/[a-z0-9-]+\.sh: SKIPPED' "$log" | sed 's/^/  /'
       [ "$pbs_skipped" -gt 0 ] && echo "  $pbs_skipped PBS hook test(s): see unittest's output above"
@@ -43,4 +55,4 @@ if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
     failed=1
 fi
 echo "tests/run-all.sh: took $((seconds / 60)) min $((seconds % 60)) s"
-echo "tests/run-all.sh: $passed passed, $failed failed, $skipped skipped"
+echo "tests/run-all.sh: $passed passed, $failed failed, $skipped skipped (and $rerun_passed passed again under load)"
