@@ -1613,6 +1613,7 @@ impl Host {
             };
             let mut held_back =
                 self.held_back_by(id.as_str(), &prepared.request, &rows, who, ends_by);
+            held_back += &self.held_for_preempted_note(id.as_str(), ends_by);
             if let (Some(tried), Some(cfg)) = (gang_rows, &self.gang) {
                 // A gang job tries only its own row: say which, and that the row is what is full.
                 let tried: Vec<String> = tried.iter().map(u32::to_string).collect();
@@ -2126,6 +2127,21 @@ impl Host {
     pub fn suspended_by_policy(&self, job: &str) -> bool {
         self.ledger.is_suspended(job)
             && self.hints.get(job).is_some_and(|h| h.preempted_by.is_some() || h.batch_suspended)
+    }
+
+    /// Why `job`'s owner (`uid`) may not resume it: who suspended it, and who may resume it.
+    pub fn not_the_owners_to_resume(&self, job: &str, uid: u32) -> String {
+        match self.hints.get(job) {
+            Some(JobHint { preempted_by: Some(p), .. }) => format!(
+                "job {job} was suspended by topod's preemption for job {p}; topod resumes it once its CPUs are free of running jobs and of {p} (you are uid {uid})"
+            ),
+            Some(h) if h.batch_suspended => format!(
+                "job {job} was suspended by the batch system; it resumes it (you are uid {uid})"
+            ),
+            _ => format!(
+                "job {job} was suspended by root, an administrator or the batch system; only they may resume it (you are uid {uid})"
+            ),
+        }
     }
 
     /// Who suspended `job`, when it was its owner (see [`JobHint::suspended_by`]).
@@ -3559,6 +3575,14 @@ mod tests {
         // v may resume when p ends, in an hour: CPU 1 goes to a job of 10 minutes, not of 2 hours.
         let e = alloc(&mut h, "long", "1", victim(7_200)).unwrap_err();
         assert!(matches!(e, HostError::DoesNotFit { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(
+                "CPUs 1 are held for job v, suspended by preemption for job p, until about "
+            ) && text.contains("s from now, its preemptor's time limit")
+                && text.contains("its estimate_s ends later"),
+            "{text}"
+        );
         alloc(&mut h, "short", "1", victim(600)).unwrap();
         // Neither the preemptor's owner nor the borrower's may freeze what v waits for.
         for job in ["p", "short"] {
@@ -3573,9 +3597,13 @@ mod tests {
             "{e}"
         );
         assert!(!frozen("short"));
-        // p ends first: v waits for the borrower too, then runs again on its own CPUs.
+        // p ends first: v waits for the borrower too, then runs again on its own CPUs; not onto
+        // the CPU of a borrower root suspended either (it would find it taken on its resume).
         h.release("p").unwrap();
         assert!(frozen("v") && h.ledger().is_suspended("v"));
+        h.suspend("short").unwrap();
+        assert!(h.resume_preempted().is_empty() && frozen("v"));
+        h.resume("short").unwrap();
         h.release("short").unwrap();
         assert!(!frozen("v") && !h.ledger().is_suspended("v"));
         h.ledger().check().unwrap();

@@ -759,10 +759,8 @@ pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
                 return forbidden("resuming a job that is not yours");
             }
             if !admin && suspended && host_suspended_by_other(suspender, peer.uid) {
-                return Reply::error(
-                    ErrorCode::Forbidden,
-                    format!("job {job} was suspended by root, an administrator or the batch system; only they may resume it (you are uid {})", peer.uid),
-                );
+                let why = server.lock().not_the_owners_to_resume(&job, peer.uid);
+                return Reply::error(ErrorCode::Forbidden, why);
             }
             if !admin {
                 if let Some((pid, uid)) = server.lock().foreign_process(&job, peer.uid) {

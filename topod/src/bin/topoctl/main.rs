@@ -1041,7 +1041,7 @@ fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
         );
         if let Some(preemptor) = &j.preempted_by {
             println!(
-                "{:<16} suspended by topod for job {preemptor}; resumed by topod once {preemptor} has ended",
+                "{:<16} suspended by topod for job {preemptor}; resumed by topod once its CPUs are free of running jobs and of {preemptor}",
                 ""
             );
         }

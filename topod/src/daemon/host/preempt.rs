@@ -8,6 +8,45 @@
 use super::*;
 
 impl Host {
+    /// For a refusal: `; CPUs ... are held for job V, suspended by preemption for job P ...`
+    /// for each job suspended by preemption whose free CPUs `job` (ending at `ends_by`) may not
+    /// borrow; else empty.
+    pub(super) fn held_for_preempted_note(&self, job: &str, ends_by: Option<i64>) -> String {
+        let running = self.ledger.occupancy_for(None);
+        let mut note = String::new();
+        for a in self.ledger.suspended_jobs() {
+            let Some(hint) = self.hints.get(&a.job) else { continue };
+            let Some(preemptor) = hint.preempted_by.as_deref().filter(|p| *p != job) else {
+                continue;
+            };
+            let resume_by = self.resume_by(hint);
+            if topo_core::policy::may_borrow(ends_by, resume_by) {
+                continue;
+            }
+            let idle = a.cpus.difference(&running.held);
+            if idle.is_empty() {
+                continue;
+            }
+            let until = match resume_by {
+                Some(t) => format!(
+                    "until about {} s from now, its preemptor's time limit",
+                    (t - self.now_s()).max(0)
+                ),
+                None => format!("while job {preemptor} is suspended or has no time limit"),
+            };
+            let asked = if ends_by.is_some() {
+                "its estimate_s ends later"
+            } else {
+                "it gave no estimate_s"
+            };
+            note += &format!(
+                "; CPUs {idle} are held for job {}, suspended by preemption for job {preemptor}, {until} (only a job that ends by then may use them; {asked})",
+                a.job
+            );
+        }
+        note
+    }
+
     /// A job's expansion factor now: (time since submission + estimated time still to run) ÷
     /// estimate; `None` without a submission time and estimate.
     pub(super) fn expansion_factor(&self, hint: &JobHint, now: i64) -> Option<f64> {
@@ -252,10 +291,17 @@ impl Host {
             .suspended_jobs()
             .filter_map(|a| {
                 let hint = self.hints.get(&a.job)?;
-                let preemptor = hint.preempted_by.as_ref()?;
-                // Not onto CPUs its preemptor holds, running or suspended itself (it would find
-                // them taken on its resume); free CPUs it took none of are its own again.
-                if self.ledger.get(preemptor).is_some_and(|p| p.cpus.intersects(&a.cpus)) {
+                hint.preempted_by.as_ref()?;
+                // Not onto CPUs a suspended job holds (its preemptor, or a borrower, suspended
+                // by root: it would find them taken on its resume); running jobs' CPUs the
+                // ledger's resume refuses. Free CPUs are its own again, even before its preemptor
+                // ends.
+                let held = self
+                    .ledger
+                    .suspended_jobs()
+                    .chain(self.ledger.gang_frozen_jobs())
+                    .any(|o| o.job != a.job && o.cpus.intersects(&a.cpus));
+                if held {
                     return None;
                 }
                 if self.releasing.contains(&a.job) || self.changing.contains_key(&a.job) {
