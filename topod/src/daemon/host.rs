@@ -2362,7 +2362,7 @@ mod tests {
     }
 
     /// Two packages, each one NUMA node of four single-thread cores.
-    fn two_nodes_of_four() -> Topology {
+    pub(super) fn two_nodes_of_four() -> Topology {
         Topology::synthetic(SyntheticShape {
             packages: 2,
             numa_per_package: 1,
@@ -2373,7 +2373,7 @@ mod tests {
     }
 
     /// One package, one NUMA node and one L3 group of `cores` single-thread cores.
-    fn small_topology(cores: u32) -> Topology {
+    pub(super) fn small_topology(cores: u32) -> Topology {
         Topology::synthetic(SyntheticShape {
             packages: 1,
             numa_per_package: 1,
@@ -3467,16 +3467,22 @@ mod tests {
         assert!(e.contains("it gave no submission time and time limit"), "{e}");
     }
 
-    #[test]
-    fn preemption_regressions_from_an_attack() {
-        let topo = small_topology(2);
-        let kernel = kernel_for(&topo);
-        let mut h = host_on(&topo, &kernel, None);
+    /// A host on `kernel` whose preemption lets a job be suspended at once, up to 5 times.
+    fn preempting_on(topo: &Topology, kernel: &std::sync::Arc<Fake>) -> Host {
+        let mut h = host_on(topo, kernel, None);
         h.set_preempt(Some(topo_core::policy::Preempt {
             min_run: 0,
             max_suspensions: 5,
             min_xf: 2.0,
         }));
+        h
+    }
+
+    #[test]
+    fn preemption_regressions_from_an_attack() {
+        let topo = small_topology(2);
+        let kernel = kernel_for(&topo);
+        let mut h = preempting_on(&topo, &kernel);
         let now = h.now_s();
         let alloc = |h: &mut Host, job: &str, req: &str, cpus: &str, preempt: Option<bool>| {
             let mut prepared = prepare(&h.topo, req, None, Some(cpus)).unwrap();
@@ -3541,12 +3547,7 @@ mod tests {
     fn a_preempted_jobs_idle_cpus_go_only_to_jobs_that_end_before_it_may_resume() {
         let topo = small_topology(2);
         let kernel = kernel_for(&topo);
-        let mut h = host_on(&topo, &kernel, None);
-        h.set_preempt(Some(topo_core::policy::Preempt {
-            min_run: 0,
-            max_suspensions: 5,
-            min_xf: 2.0,
-        }));
+        let mut h = preempting_on(&topo, &kernel);
         let now = h.now_s();
         let alloc = |h: &mut Host, job: &str, cpus: &str, ask: PreemptAsk| {
             let req = format!("affinity[thread*{}]", CpuSet::parse_list(cpus).unwrap().len());

@@ -15,6 +15,7 @@
 //! and borrowed them where other CPUs were free; topod chose victims without the CPUs the job
 //! may borrow, and kept a victim frozen on free CPUs its running preemptor never took.
 
+use super::tests::{small_topology, two_nodes_of_four};
 use super::*;
 use crate::cgroup::fake::Fake;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -23,7 +24,6 @@ use topo_core::bench::SplitMix;
 use topo_core::policy::{
     self, Action, Event, JobKey, JobSpec, PolicyConfig, PolicyCore, QueueOrder,
 };
-use topo_core::topology::SyntheticShape;
 
 /// One job of a script.
 #[derive(Debug, Clone, Copy)]
@@ -209,16 +209,6 @@ fn agree(topo: &Topology, rules: policy::Preempt, jobs: &[ScriptJob], tick: i64)
     suspensions
 }
 
-fn eight_cores() -> Topology {
-    Topology::synthetic(SyntheticShape {
-        packages: 2,
-        numa_per_package: 1,
-        l3_per_numa: 1,
-        cores_per_l3: 4,
-        threads_per_core: 1,
-    })
-}
-
 fn random_jobs(seed: u64, n: usize, cores: u32) -> Vec<ScriptJob> {
     let mut rng = SplitMix::new(seed);
     let mut t = 0;
@@ -245,7 +235,7 @@ fn policy_agrees_on_preemption_and_the_cpus_held_for_suspended_jobs() {
         ScriptJob { submit: 700, cores: 2, estimate: 200 },
         ScriptJob { submit: 700, cores: 2, estimate: 5_000 },
     ];
-    assert!(agree(&eight_cores(), rules, &jobs, 50) > 0);
+    assert!(agree(&two_nodes_of_four(), rules, &jobs, 50) > 0);
 }
 
 #[test]
@@ -256,14 +246,7 @@ fn policy_agrees_over_random_scripts() {
         policy::Preempt { min_run: 0, max_suspensions: 1, min_xf: 1.1 },
         policy::Preempt { min_run: 300, max_suspensions: 3, min_xf: 3.0 },
     ];
-    let one_l3 = Topology::synthetic(SyntheticShape {
-        packages: 1,
-        numa_per_package: 1,
-        l3_per_numa: 1,
-        cores_per_l3: 6,
-        threads_per_core: 1,
-    });
-    for (topo, tick) in [(eight_cores(), 100), (one_l3, 37)] {
+    for (topo, tick) in [(two_nodes_of_four(), 100), (small_topology(6), 37)] {
         let mut suspensions = 0;
         for rules in rule_sets {
             for seed in 0..seeds {
