@@ -1464,25 +1464,7 @@ impl PolicyCore {
                 }
             }
         }
-        let mut free = self.rows[0].free.clone();
-        for (host, fence) in &fences {
-            let model = &self.hosts[*host as usize].model;
-            let occ = &self.rows[0].occupancy[*host as usize];
-            let busy = occ.held.union(&occ.fenced);
-            let hidden = model
-                .cores
-                .iter()
-                .filter(|c| c.is_subset(&model.allocatable))
-                .filter(|c| c.intersects(fence) && !c.intersects(&busy))
-                .count() as u32;
-            free[*host as usize] = free[*host as usize].saturating_sub(hidden);
-        }
-        let view = FreeView {
-            total: free.iter().map(|&f| u64::from(f)).sum(),
-            by_free: buckets(&free),
-            free,
-        };
-        let answer = Arc::new((view, fences));
+        let answer = Arc::new((self.fenced_view(&fences), fences));
         self.held_views = Some((key, Arc::clone(&answer)));
         Some(answer)
     }
@@ -1691,16 +1673,17 @@ impl PolicyCore {
             return false;
         }
         run.parts.iter().any(|p| {
-            let held = self.suspended.iter().flat_map(|&v| match &self.jobs[v as usize] {
-                Slot::Suspended(s) => s
-                    .run
-                    .parts
-                    .iter()
-                    .filter(|q| q.host == p.host)
-                    .map(|q| (v, &q.placement.cpus))
-                    .collect::<Vec<_>>(),
-                _ => Vec::new(),
-            });
+            let held = self
+                .suspended
+                .iter()
+                .filter_map(|&v| match &self.jobs[v as usize] {
+                    Slot::Suspended(s) => Some((v, s)),
+                    _ => None,
+                })
+                .flat_map(|(v, s)| {
+                    let on_host = s.run.parts.iter().filter(|q| q.host == p.host);
+                    on_host.map(move |q| (v, &q.placement.cpus))
+                });
             holds_for_suspended(&p.placement.cpus, held).is_some()
         })
     }
@@ -2373,26 +2356,27 @@ impl PolicyCore {
                 fences.entry(*h).or_default().union_with(&r.cpus);
             }
         }
+        let view = Arc::new(self.fenced_view(&fences));
+        self.free_views = Some((key, Arc::clone(&view)));
+        Some(view)
+    }
+
+    /// The row's free cores per host less the wholly free cores inside `fences` (per host).
+    fn fenced_view(&self, fences: &BTreeMap<HostId, CpuSet>) -> FreeView {
         let mut free = self.rows[0].free.clone();
         for (host, fence) in fences {
-            let model = &self.hosts[host as usize].model;
-            let occ = &self.rows[0].occupancy[host as usize];
+            let model = &self.hosts[*host as usize].model;
+            let occ = &self.rows[0].occupancy[*host as usize];
             let busy = occ.held.union(&occ.fenced);
             let hidden = model
                 .cores
                 .iter()
                 .filter(|c| c.is_subset(&model.allocatable))
-                .filter(|c| c.intersects(&fence) && !c.intersects(&busy))
+                .filter(|c| c.intersects(fence) && !c.intersects(&busy))
                 .count() as u32;
-            free[host as usize] = free[host as usize].saturating_sub(hidden);
+            free[*host as usize] = free[*host as usize].saturating_sub(hidden);
         }
-        let view = Arc::new(FreeView {
-            total: free.iter().map(|&f| u64::from(f)).sum(),
-            by_free: buckets(&free),
-            free,
-        });
-        self.free_views = Some((key, Arc::clone(&view)));
-        Some(view)
+        FreeView { total: free.iter().map(|&f| u64::from(f)).sum(), by_free: buckets(&free), free }
     }
 
     /// Starts the rigid `job` now if hosts and CPUs can be found for it, in its view, moving

@@ -82,8 +82,9 @@ pub struct Candidate<K> {
 /// for each domain (every L3 group, then every NUMA node, package, the whole host), the
 /// candidates that have CPUs in it, lowest expansion factor first, until `fits_in(domain,
 /// occupancy without them)` says the job fits inside that domain, less any of them it fits
-/// without; of all domains where that happens, the tightest level, then the fewest processors suspended, then the lowest sum of
-/// expansion factors. Returns that key and the victims, or `None` when no set does. Both
+/// without; of all domains where that happens, the tightest level, then the fewest processors
+/// suspended, then the lowest sum of expansion factors. Returns that key and the victims, or
+/// `None` when no set does. Both
 /// drivers call it: the cluster steps with a count of free cores, topod with a real placement.
 pub fn victims_on_host<K: Clone>(
     model: &HostModel,
