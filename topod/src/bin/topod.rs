@@ -300,6 +300,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
             let now = std::time::SystemTime::now();
             let slice = server.lock().gang().map_or(30, |g| g.gang.slice.max(1)) as u128;
             server.lock().gang_switch(now);
+            server.settle();
             let since = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
             let period = slice * 1_000_000_000;
             let wait = period - since % period;
@@ -779,10 +780,13 @@ fn tick<F: PendingFs>(
         }
         server.lock().reconcile_foreign();
         server.refreeze_suspended();
-        let mut host = server.lock();
-        host.resume_preempted();
-        host.expire_reservations();
-        host.pool_windows();
+        {
+            let mut host = server.lock();
+            host.resume_preempted();
+            host.expire_reservations();
+            host.pool_windows();
+        }
+        server.settle();
     }
 }
 

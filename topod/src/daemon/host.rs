@@ -9,7 +9,9 @@
 //! Locking: the server holds one lock over a `Host`, and nothing done under it waits on a
 //! client or on a job's processes. Requests are parsed and checked before the lock
 //! ([`prepare`]); reads copy a [`Snapshot`] and work without it; a release kills and waits
-//! without it ([`Host::begin_release`], [`ReleaseTicket::run`], [`Host::finish_release`]).
+//! without it ([`Host::begin_release`], [`ReleaseTicket::run`], [`Host::finish_release`]), as
+//! do a suspend and a resume ([`FreezeTicket`]) and the freezes and thaws that follow a change:
+//! gang slices and resumes after preemption, queued for the server ([`KernelWork`]).
 
 #[cfg(test)]
 mod agrees;
@@ -18,10 +20,12 @@ mod moves;
 mod pools;
 mod preempt;
 mod reserve;
+mod settle;
 mod space;
 pub use moves::check_resize_signal;
 pub use pools::{make_pools, PoolConfig};
 pub use reserve::MAX_RESERVATION_S;
+pub use settle::KernelWork;
 pub use space::DefragConfig;
 
 use super::records::{Records, RecordsError};
@@ -643,6 +647,14 @@ pub struct Host {
     releasing: BTreeSet<String>,
     /// Jobs being suspended or resumed, and which.
     changing: BTreeMap<String, &'static str>,
+    /// Jobs a gang switch or a resume after preemption is freezing or thawing (see [`settle`]).
+    switching: BTreeMap<String, settle::WorkKind>,
+    /// Whether those freezes and thaws are queued for the server to run without the lock.
+    defer_waits: bool,
+    /// The freezes and thaws queued, not yet taken.
+    queued_work: Vec<KernelWork>,
+    /// The gang switch under way, with what it has done.
+    gang_cycle: Option<settle::GangCycle>,
     /// How long a freeze or thaw may take before it is given up.
     freeze_timeout: Duration,
     /// Jobs that have had a process: only those are released when they become empty.
@@ -686,6 +698,11 @@ pub struct Host {
 /// cannot see the process coming.
 const SELF_JOIN_WINDOW: Duration = Duration::from_secs(10);
 
+/// What a job being frozen or thawed for its gang slice, or resumed after preemption, is doing
+/// (the server finishes that before it begins a release, suspend or resume, so clients do not
+/// see it).
+const SWITCHING: &str = "being frozen or thawed for its gang slice or its resume after preemption";
+
 impl Host {
     /// A host with an empty ledger; call [`Host::recover`] next. `reserved` are the CPUs that
     /// configuration keeps from jobs; the CPUs of other exclusive cpusets are added by
@@ -711,6 +728,10 @@ impl Host {
             release_timeout: Duration::from_secs(10),
             releasing: Default::default(),
             changing: Default::default(),
+            switching: Default::default(),
+            defer_waits: false,
+            queued_work: Vec::new(),
+            gang_cycle: None,
             freeze_timeout: Duration::from_secs(5),
             joined: Default::default(),
             self_join_offered: Default::default(),
@@ -953,101 +974,6 @@ impl Host {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         });
         Ok(Some(vec![(hash % u64::from(rows)) as u32]))
-    }
-
-    /// Freezes and thaws the gang jobs for the slice `now` falls in (see
-    /// `topo_core::policy::gang_runs`): the freezes first, so that no CPU runs two jobs at once;
-    /// a job whose freeze fails keeps running, and the ledger then refuses to thaw a job onto
-    /// its CPUs. Jobs being released, suspended or resumed are left alone.
-    pub fn gang_switch(&mut self, now: std::time::SystemTime) -> Option<GangSwitch> {
-        let cfg = self.gang.clone().or_else(|| self.gang_leftover())?;
-        let began = std::time::Instant::now();
-        let since_epoch = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let active = cfg.gang.active_row(since_epoch.as_secs() as i64);
-        let mut report = GangSwitch { active_row: active, ..GangSwitch::default() };
-        let busy = |job: &str| self.releasing.contains(job) || self.changing.contains_key(job);
-        let members: Vec<(String, u32, CpuSet, bool)> = self
-            .ledger
-            .gang_jobs()
-            .into_iter()
-            .filter(|a| !busy(&a.job))
-            .map(|a| {
-                (
-                    a.job.clone(),
-                    a.gang_row.unwrap_or(0),
-                    a.cpus.clone(),
-                    !self.ledger.is_gang_frozen(&a.job),
-                )
-            })
-            .collect();
-        let views: Vec<topo_core::policy::GangMember<'_>> = members
-            .iter()
-            .map(|(_, row, cpus, _)| topo_core::policy::GangMember {
-                row: *row,
-                parts: vec![(0, cpus)],
-            })
-            .collect();
-        // Rows beyond the configured ones (gang_rows lowered while their jobs live) keep turns
-        // of their own: folded onto the configured rows they would collide with them.
-        let rows =
-            members.iter().map(|(_, row, _, _)| row + 1).max().unwrap_or(0).max(cfg.gang.rows);
-        let active =
-            topo_core::policy::Gang { rows, ..cfg.gang }.active_row(since_epoch.as_secs() as i64);
-        report.active_row = active;
-        let runs = topo_core::policy::gang_runs(active, rows, &views);
-        let mut thaw = Vec::new();
-        for ((job, _, _, running), should_run) in members.iter().zip(runs) {
-            let Ok(id) = JobId::parse(job) else { continue };
-            match (*running, should_run) {
-                (true, false) => match self.backend.freeze(&id, self.freeze_timeout) {
-                    Ok(()) => {
-                        let _ = self.ledger.gang_freeze(job);
-                        report.frozen.push(job.clone());
-                    }
-                    Err(e) => {
-                        tracing::warn!("job {job}: freezing it for row {active}'s slice failed; it keeps running: {e}");
-                        report.failed.push(job.clone());
-                    }
-                },
-                (false, true) => thaw.push((job.clone(), id)),
-                _ => {}
-            }
-        }
-        for (job, id) in thaw {
-            if let Err(e) = self.ledger.gang_thaw(&job) {
-                tracing::warn!("job {job}: stays frozen in row {active}'s slice: {e}");
-                report.failed.push(job);
-                continue;
-            }
-            match self.backend.thaw(&id, self.freeze_timeout) {
-                Ok(()) => report.thawed.push(job),
-                Err(e) => {
-                    let _ = self.ledger.gang_freeze(&job);
-                    tracing::warn!("job {job}: thawing it for its slice failed: {e}");
-                    report.failed.push(job);
-                }
-            }
-        }
-        if let Some(status) = &mut self.gang_status {
-            status.active_row = active;
-            status.slice = cfg.gang.slice_at(since_epoch.as_secs() as i64);
-            if !report.frozen.is_empty() || !report.thawed.is_empty() {
-                status.switches += 1;
-                status.last_switch_at = Some(topo_core::pending::format_utc_nanos(now));
-                status.last_switch_us = began.elapsed().as_micros() as u64;
-                status.frozen += report.frozen.len() as u64;
-            }
-            status.failed += report.failed.len() as u64;
-        }
-        if !report.frozen.is_empty() || !report.thawed.is_empty() {
-            tracing::debug!(
-                "gang slice of row {active}: froze {:?}, thawed {:?} in {} us",
-                report.frozen,
-                report.thawed,
-                began.elapsed().as_micros()
-            );
-        }
-        Some(report)
     }
 
     /// Rebuilds the ledger from the job cgroups that exist; the records add their requests,
@@ -1789,6 +1715,9 @@ impl Host {
         if let Some(what) = self.changing.get(job) {
             return Err(HostError::Changing { job: job.to_string(), what });
         }
+        if self.is_switching(job) {
+            return Err(HostError::Changing { job: job.to_string(), what: SWITCHING });
+        }
         if !self.releasing.insert(job.to_string()) {
             return Err(HostError::Releasing(job.to_string()));
         }
@@ -2001,7 +1930,11 @@ impl Host {
             .suspended_jobs()
             .chain(self.ledger.gang_frozen_jobs())
             .map(|a| a.job.clone())
-            .filter(|job| !self.releasing.contains(job) && !self.changing.contains_key(job))
+            .filter(|job| {
+                !self.releasing.contains(job)
+                    && !self.changing.contains_key(job)
+                    && !self.is_switching(job)
+            })
             // The batch system stopped it, not topod's freezer.
             .filter(|job| !self.hints.get(job).is_some_and(|h| h.batch_suspended))
             .filter(|job| {
@@ -2037,6 +1970,9 @@ impl Host {
         }
         if let Some(what) = self.changing.get(job) {
             return Err(HostError::Changing { job: job.to_string(), what });
+        }
+        if self.is_switching(job) {
+            return Err(HostError::Changing { job: job.to_string(), what: SWITCHING });
         }
         if self.ledger.get(job).is_none() {
             return Err(HostError::UnknownJob(job.to_string()));

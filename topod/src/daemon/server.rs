@@ -109,6 +109,10 @@ pub struct Server {
     in_flight: std::sync::atomic::AtomicUsize,
     /// Set by a stop: no release, suspension or resumption starts after it.
     stopping: std::sync::atomic::AtomicBool,
+    /// Held while the host's queued freezes and thaws run without its lock (gang switches,
+    /// resumes after preemption; see [`Server::settle`]), and by a release, suspension or
+    /// resumption as it begins, which so never finds a job halfway through one.
+    settling: Mutex<()>,
 }
 
 /// One release, suspension or resumption under way, counted while it lives.
@@ -159,7 +163,9 @@ impl Drop for HostGuard<'_> {
 
 impl Server {
     /// A server for `host`.
-    pub fn new(host: Host, admins: Admins, gate: Arc<Gate>) -> Arc<Server> {
+    pub fn new(mut host: Host, admins: Admins, gate: Arc<Gate>) -> Arc<Server> {
+        // Freezes and thaws that follow a change wait on the kernel: not under the lock.
+        host.defer_kernel_waits();
         let topology = host.topology().clone();
         let topology_json = serde_json::to_value(&*topology).unwrap_or_default();
         let backend_kind = host.backend_kind();
@@ -176,7 +182,64 @@ impl Server {
             backend_kind,
             in_flight: std::sync::atomic::AtomicUsize::new(0),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            settling: Mutex::new(()),
         })
+    }
+
+    /// Runs the freezes and thaws the host queued (gang switches and the thaws onto the CPUs
+    /// they freed, resumes after preemption) without its lock, after a change that may have
+    /// queued some. Waits while another thread runs them (as a change once waited for the lock);
+    /// reads never do.
+    pub fn settle(&self) {
+        if !self.lock_quiet().has_queued_kernel_work() {
+            return;
+        }
+        let _settling = self.settling.lock().unwrap_or_else(|e| e.into_inner());
+        self.run_kernel_work();
+    }
+
+    /// Runs the queued freezes and thaws to the end, `settling` held: the freezes, then the
+    /// thaws onto the CPUs they freed.
+    fn run_kernel_work(&self) {
+        // Freezes, thaws after them, and the thaws' own follow-ups: a few rounds at most.
+        for _ in 0..8 {
+            let work = self.lock().take_kernel_work();
+            if work.is_empty() {
+                return;
+            }
+            let _counted = InFlight::new(&self.in_flight);
+            let outcomes: Vec<_> = work.iter().map(host::KernelWork::run).collect();
+            let freed = work.iter().any(host::KernelWork::frees_cpus);
+            let mut host = self.lock();
+            for (work, outcome) in work.into_iter().zip(outcomes) {
+                host.finish_kernel_work(work, outcome);
+            }
+            if freed {
+                host.gang_thaws();
+            }
+        }
+    }
+
+    /// Runs `begin` under the host lock once no freeze or thaw of the host's is queued or
+    /// under way (it runs them first), holding off new ones until it returns: a release,
+    /// suspension or resumption so never meets a job a gang switch is freezing.
+    fn begin_settled<T>(
+        &self,
+        begin: impl FnOnce(&mut Host) -> Result<T, HostError>,
+    ) -> Result<T, HostError> {
+        let _settling = self.settling.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            self.run_kernel_work();
+            let mut host = self.lock();
+            if !host.kernel_work_pending() {
+                return begin(&mut host);
+            }
+        }
+    }
+
+    /// The host, locked, for a look that changes nothing (the snapshot is not made again).
+    fn lock_quiet(&self) -> MutexGuard<'_, Host> {
+        self.host.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts a release, suspension or resumption of `job` as under way, or refuses it once a
@@ -244,7 +307,7 @@ impl Server {
     /// Releases `job` (the protocol's `release`): returns how many processes were killed.
     pub fn release(&self, job: &str) -> Result<usize, HostError> {
         let _counted = self.start_change(job)?;
-        let ticket = self.lock().begin_release(job)?;
+        let ticket = self.begin_settled(|host| host.begin_release(job))?;
         self.finish_release(ticket)
     }
 
@@ -252,16 +315,21 @@ impl Server {
     /// takes no lock.
     pub fn suspend(&self, job: &str, by: Option<u32>) -> Result<proto::reply::Suspend, HostError> {
         let _counted = self.start_change(job)?;
-        let ticket = self.lock().begin_suspend(job, by)?;
+        let ticket = self.begin_settled(|host| host.begin_suspend(job, by))?;
         let outcome = ticket.run();
-        self.lock().finish_suspend(ticket, outcome)
+        let done = self.lock().finish_suspend(ticket, outcome);
+        self.settle();
+        done
     }
 
     /// Freezes again the suspended jobs someone thawed (topod's periodic tick); the waiting takes
     /// no lock.
     pub fn refreeze_suspended(&self) {
         let Ok(_counted) = self.start_change("(suspended jobs)") else { return };
-        let tickets = self.lock().begin_refreeze();
+        let tickets = match self.begin_settled(|host| Ok(host.begin_refreeze())) {
+            Ok(tickets) => tickets,
+            Err(_) => return,
+        };
         for ticket in tickets {
             let outcome = ticket.run();
             self.lock().finish_refreeze(ticket, outcome);
@@ -271,9 +339,11 @@ impl Server {
     /// Resumes `job` (the protocol's `resume`); its CPUs are taken back before it thaws.
     pub fn resume(&self, job: &str) -> Result<proto::reply::Resume, HostError> {
         let _counted = self.start_change(job)?;
-        let ticket = self.lock().begin_resume(job)?;
+        let ticket = self.begin_settled(|host| host.begin_resume(job))?;
         let outcome = ticket.run();
-        self.lock().finish_resume(ticket, outcome)
+        let done = self.lock().finish_resume(ticket, outcome);
+        self.settle();
+        done
     }
 
     /// Killing the job's processes and waiting for them to go takes no lock: the job shows as
@@ -281,7 +351,9 @@ impl Server {
     fn finish_release(&self, ticket: host::ReleaseTicket) -> Result<usize, HostError> {
         let _counted = InFlight::new(&self.in_flight);
         let outcome = ticket.run();
-        self.lock().finish_release(ticket, outcome)
+        let done = self.lock().finish_release(ticket, outcome);
+        self.settle();
+        done
     }
 }
 
@@ -293,12 +365,15 @@ impl super::pending::Releaser for Server {
         job: &crate::cgroup::JobId,
         asked_at: std::time::SystemTime,
     ) -> Result<super::pending::Queued, HostError> {
-        let ticket = {
-            let mut host = self.lock();
+        let ticket = self.begin_settled(|host| {
             if let Some(at) = host.allocated_after(job.as_str(), asked_at) {
-                return Ok(super::pending::Queued::AllocatedSince(at));
+                return Ok(Err(super::pending::Queued::AllocatedSince(at)));
             }
-            host.begin_release(job.as_str())?
+            host.begin_release(job.as_str()).map(Ok)
+        })?;
+        let ticket = match ticket {
+            Ok(ticket) => ticket,
+            Err(allocated_since) => return Ok(allocated_since),
         };
         let killed = self.finish_release(ticket)?;
         Ok(super::pending::Queued::Released { killed })
@@ -516,6 +591,21 @@ pub(crate) fn connection(
 
 /// Answers one request from `peer`.
 pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
+    // A change may queue freezes and thaws (a gang job that runs now, a job preemption
+    // suspended that may resume): run before the answer, without the host lock.
+    let settles = matches!(
+        op,
+        Op::Allocate(_) | Op::Resize { .. } | Op::Follow(_) | Op::Reserve(_) | Op::Unreserve { .. }
+    );
+    let reply = handle_op(server, peer, op);
+    if settles {
+        server.settle();
+    }
+    reply
+}
+
+/// [`handle`], before the kernel's queued waits.
+fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
     let admin = server.admins.allows(peer);
     let forbidden = |what: &str| {
         Reply::error(
@@ -974,6 +1064,157 @@ mod tests {
         assert!(fit.ok.is_some(), "{:?}", fit.error);
         drop(held);
         asker.join().unwrap();
+    }
+
+    /// A kernel whose freezes wait until the test opens the gate (a freezer that takes its
+    /// time: a busy job, a slow machine), saying when one has begun.
+    struct SlowFreezer {
+        kernel: Arc<crate::cgroup::fake::Fake>,
+        began: Mutex<std::sync::mpsc::Sender<String>>,
+        gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    }
+
+    impl crate::cgroup::CgroupBackend for SlowFreezer {
+        fn kind(&self) -> &'static str {
+            "fake"
+        }
+        fn create(
+            &self,
+            j: &crate::cgroup::JobId,
+            s: &crate::cgroup::CgroupSpec,
+        ) -> Result<crate::cgroup::Effective, crate::cgroup::CgroupError> {
+            self.kernel.create(j, s)
+        }
+        fn join(&self, j: &crate::cgroup::JobId, p: i32) -> Result<(), crate::cgroup::CgroupError> {
+            self.kernel.join(j, p)
+        }
+        fn pids(&self, j: &crate::cgroup::JobId) -> Result<Vec<i32>, crate::cgroup::CgroupError> {
+            self.kernel.pids(j)
+        }
+        fn release(
+            &self,
+            j: &crate::cgroup::JobId,
+            t: std::time::Duration,
+        ) -> Result<crate::cgroup::ReleaseReport, crate::cgroup::CgroupError> {
+            self.kernel.release(j, t)
+        }
+        fn list(
+            &self,
+        ) -> Result<Vec<(crate::cgroup::JobId, crate::cgroup::Effective)>, crate::cgroup::CgroupError>
+        {
+            self.kernel.list()
+        }
+        fn freeze(
+            &self,
+            j: &crate::cgroup::JobId,
+            t: std::time::Duration,
+        ) -> Result<(), crate::cgroup::CgroupError> {
+            let _ = self.began.lock().unwrap().send(j.to_string());
+            let (open, opened) = &*self.gate;
+            let mut open = open.lock().unwrap();
+            while !*open {
+                open = opened.wait(open).unwrap();
+            }
+            self.kernel.freeze(j, t)
+        }
+        fn thaw(
+            &self,
+            j: &crate::cgroup::JobId,
+            t: std::time::Duration,
+        ) -> Result<(), crate::cgroup::CgroupError> {
+            self.kernel.thaw(j, t)
+        }
+        fn is_frozen(&self, j: &crate::cgroup::JobId) -> Result<bool, crate::cgroup::CgroupError> {
+            self.kernel.is_frozen(j)
+        }
+    }
+
+    #[test]
+    fn a_gang_switch_freezes_without_the_host_lock_and_no_cpu_runs_two_jobs_meanwhile() {
+        use crate::cgroup::CgroupBackend;
+        use topo_core::topology::{SyntheticShape, Topology};
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 1,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        let kernel = Arc::new(crate::cgroup::fake::Fake::new(
+            topo.allowed.clone(),
+            topo.allowed_mems.clone(),
+        ));
+        let (began_tx, began) = std::sync::mpsc::channel();
+        let gate = Arc::new((Mutex::new(true), std::sync::Condvar::new()));
+        let backend =
+            SlowFreezer { kernel: kernel.clone(), began: Mutex::new(began_tx), gate: gate.clone() };
+        let mut host = Host::new(
+            topo.clone(),
+            topo_core::cpuset::CpuSet::new(),
+            Box::new(backend),
+            None,
+            topo_core::place::Strategy::BestFit,
+        )
+        .unwrap();
+        let seconds = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let clock = seconds.clone();
+        host.set_clock(Arc::new(move || {
+            std::time::UNIX_EPOCH
+                + std::time::Duration::from_secs(clock.load(std::sync::atomic::Ordering::SeqCst))
+        }));
+        host.set_gang(Some(host::GangConfig {
+            gang: topo_core::policy::Gang { slice: 30, rows: 2 },
+            all_jobs: false,
+            prime_queues: Vec::new(),
+        }));
+        for (job, row) in [("a", 0), ("b", 1)] {
+            let mut prepared = host::prepare(&topo, "affinity[core*4]", None, None).unwrap();
+            prepared.gang =
+                host::GangAsk { gang: Some(true), row: Some(row), ..Default::default() };
+            host.allocate_prepared(job, &prepared, None, None).unwrap();
+        }
+        let frozen = |job: &str| kernel.is_frozen(&crate::cgroup::JobId::parse(job).unwrap());
+        assert_eq!((frozen("a").unwrap(), frozen("b").unwrap()), (false, true), "row 0's slice");
+        let server = Server::new(
+            host,
+            Default::default(),
+            super::super::conn::Gate::new(Default::default()),
+        );
+        // Row 1's slice: a is frozen, slowly. (Not the freezes that created a and b frozen.)
+        while began.try_recv().is_ok() {}
+        *gate.0.lock().unwrap() = false;
+        seconds.store(30, std::sync::atomic::Ordering::SeqCst);
+        let switcher = {
+            let server = server.clone();
+            std::thread::spawn(move || {
+                let now = server.lock().now();
+                server.lock().gang_switch(now);
+                server.settle();
+            })
+        };
+        assert_eq!(began.recv().unwrap(), "a");
+        // The freeze waits on the kernel: the host lock is free, b is not thawed onto a's CPUs
+        // (a still runs), and a release of a waits for the freeze instead of being refused.
+        {
+            let host = server.host.try_lock().expect("the host lock was held during a freeze");
+            assert!(!host.ledger().is_gang_frozen("a") && host.ledger().is_gang_frozen("b"));
+            host.ledger().check().unwrap();
+        }
+        assert!(frozen("b").unwrap(), "b thawed while a may still run on its CPUs");
+        let releaser = {
+            let server = server.clone();
+            std::thread::spawn(move || server.release("a"))
+        };
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        switcher.join().unwrap();
+        assert_eq!(releaser.join().unwrap().unwrap(), 0, "the release of a, after its freeze");
+        // The freeze done, b runs in its slice; a is gone.
+        assert!(!frozen("b").unwrap());
+        let host = server.lock();
+        assert!(host.ledger().get("a").is_none() && !host.ledger().is_gang_frozen("b"));
+        host.ledger().check().unwrap();
+        assert!(!host.kernel_work_pending());
     }
 
     #[test]

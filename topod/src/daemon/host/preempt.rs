@@ -2,7 +2,7 @@
 //! `topo_core::policy` that the simulator's cluster core applies too: who may be suspended for
 //! whom ([`Host::why_not_suspendable`], `victims_on_host`), the CPUs held for a suspended job and
 //! who may borrow them (`may_borrow`, `holds_for_suspended`), and when a victim runs again
-//! ([`Host::resume_preempted`]). The differential test `super::agrees` checks that topod and the
+//! ([`Host::resume_preempted`], in `super::settle`). The differential test `super::agrees` checks that topod and the
 //! cluster core decide alike.
 
 use super::*;
@@ -237,7 +237,10 @@ impl Host {
             format!("job {job} is suspended already")
         } else if gang {
             format!("job {job} is gang-scheduled")
-        } else if self.releasing.contains(job) || self.changing.contains_key(job) {
+        } else if self.releasing.contains(job)
+            || self.changing.contains_key(job)
+            || self.is_switching(job)
+        {
             format!("job {job} is being changed")
         } else if ran < rules.min_run {
             format!(
@@ -279,60 +282,5 @@ impl Host {
     pub(super) fn resume_by(&self, hint: &JobHint) -> Option<i64> {
         let preemptor = hint.preempted_by.as_deref()?;
         self.hints.get(preemptor)?.estimated_end()
-    }
-
-    /// Resumes the jobs topod's preemption suspended whose CPUs are all free again, highest
-    /// expansion factor first: free of running jobs, and of the job they were suspended for
-    /// even while it is suspended itself (it would find its CPUs taken back). Returns them.
-    pub fn resume_preempted(&mut self) -> Vec<String> {
-        let now = self.now_s();
-        let mut waiting: Vec<(f64, String)> = self
-            .ledger
-            .suspended_jobs()
-            .filter_map(|a| {
-                let hint = self.hints.get(&a.job)?;
-                hint.preempted_by.as_ref()?;
-                // Not onto CPUs a suspended job holds (its preemptor, or a borrower, suspended
-                // by root: it would find them taken on its resume); running jobs' CPUs the
-                // ledger's resume refuses. Free CPUs are its own again, even before its preemptor
-                // ends.
-                let held = self
-                    .ledger
-                    .suspended_jobs()
-                    .chain(self.ledger.gang_frozen_jobs())
-                    .any(|o| o.job != a.job && o.cpus.intersects(&a.cpus));
-                if held {
-                    return None;
-                }
-                if self.releasing.contains(&a.job) || self.changing.contains_key(&a.job) {
-                    return None;
-                }
-                Some((self.expansion_factor(hint, now).unwrap_or(0.0), a.job.clone()))
-            })
-            .collect();
-        waiting.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut resumed = Vec::new();
-        for (_, job) in waiting {
-            let Ok(id) = JobId::parse(&job) else { continue };
-            if self.ledger.resume(&job, None).is_err() {
-                continue;
-            }
-            if let Err(e) = self.backend.thaw(&id, self.freeze_timeout) {
-                tracing::warn!("job {job}: resuming it after preemption failed: {e}");
-                let _ = self.ledger.suspend(&job);
-                continue;
-            }
-            if let Some(mut hint) = self.hints.get(&job).cloned() {
-                hint.suspended = false;
-                hint.preempted_by = None;
-                hint.running_since = Some(now);
-                hint.protected_since = Some(now);
-                self.record(&id, &hint);
-                self.hints.insert(job.clone(), hint);
-            }
-            tracing::info!(event = "resumed", job = %job, "job {job}: resumed on its CPUs after preemption");
-            resumed.push(job);
-        }
-        resumed
     }
 }

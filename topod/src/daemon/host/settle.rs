@@ -1,0 +1,361 @@
+//! The freezes and thaws that follow a change: gang slices (freezes first, then thaws onto the
+//! CPUs they freed) and the jobs preemption suspended running again.
+//!
+//! The host decides them under its lock ([`Host::gang_switch`], [`Host::resume_preempted`]);
+//! each job concerned is marked `switching`, so nothing else plans for it meanwhile. A thaw
+//! takes the job's CPUs in the ledger before the kernel runs it, a freeze gives them up only
+//! once the kernel reports it frozen: no CPU runs two jobs at once, whoever holds the lock in
+//! between.
+//!
+//! Where the kernel's waits run depends on who drives the host. The server defers them
+//! ([`Host::defer_kernel_waits`]): the work is queued, and [`Host::take_kernel_work`],
+//! [`KernelWork::run`] (without the lock) and [`Host::finish_kernel_work`] do it, the way a
+//! release's kill runs through its ticket. Driven directly (tests, the differential test, start-up)
+//! each runs at once, under the caller's borrow.
+
+use super::*;
+
+/// A freeze or thaw the host decided on, to be run without its lock.
+#[must_use]
+pub struct KernelWork {
+    ticket: FreezeTicket,
+    kind: WorkKind,
+}
+
+/// What a [`KernelWork`] is for, and so how its outcome is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WorkKind {
+    /// A gang job whose row lost the slice: frozen, then its CPUs are free in the ledger.
+    GangFreeze,
+    /// A gang job whose row has the slice: its CPUs were taken in the ledger, then thawed.
+    GangThaw,
+    /// A job suspended by preemption whose CPUs are free again: taken back, then thawed.
+    ResumePreempted,
+}
+
+impl KernelWork {
+    /// Runs the freeze or thaw and waits for the kernel to report it. Takes no lock.
+    pub fn run(&self) -> Result<(), CgroupError> {
+        self.ticket.run()
+    }
+
+    /// Whether it is a gang freeze, after which other rows' jobs may be thawed onto its CPUs.
+    pub fn frees_cpus(&self) -> bool {
+        self.kind == WorkKind::GangFreeze
+    }
+}
+
+/// What the gang slicing of one switch has done so far, and since when.
+pub(super) struct GangCycle {
+    began: std::time::Instant,
+    at: std::time::SystemTime,
+    report: GangSwitch,
+}
+
+impl Host {
+    /// Queues the kernel's freezes and thaws for [`Host::take_kernel_work`] instead of running
+    /// them at once (the server, which runs them without the host lock).
+    pub fn defer_kernel_waits(&mut self) {
+        self.defer_waits = true;
+    }
+
+    /// Whether freezes or thaws are queued for [`Host::take_kernel_work`].
+    pub fn has_queued_kernel_work(&self) -> bool {
+        !self.queued_work.is_empty()
+    }
+
+    /// The freezes and thaws decided and not yet run (see [`Host::defer_kernel_waits`]).
+    pub fn take_kernel_work(&mut self) -> Vec<KernelWork> {
+        std::mem::take(&mut self.queued_work)
+    }
+
+    /// Whether freezes or thaws are queued or under way: while they are, the jobs concerned are
+    /// marked and only the server's settling may change them.
+    pub fn kernel_work_pending(&self) -> bool {
+        !self.switching.is_empty()
+    }
+
+    /// Whether `job` is being frozen or thawed by a gang switch or a resume after preemption.
+    pub(super) fn is_switching(&self, job: &str) -> bool {
+        self.switching.contains_key(job)
+    }
+
+    /// Records what the kernel did with one [`KernelWork`].
+    pub fn finish_kernel_work(&mut self, work: KernelWork, outcome: Result<(), CgroupError>) {
+        self.finish_work(work, outcome);
+        self.end_gang_cycle_when_done();
+    }
+
+    /// [`Host::finish_kernel_work`] within a switch that goes on (its report still filling).
+    fn finish_work(&mut self, work: KernelWork, outcome: Result<(), CgroupError>) {
+        let job = work.ticket.id.as_str().to_string();
+        self.switching.remove(&job);
+        match work.kind {
+            WorkKind::GangFreeze => self.finish_gang_freeze(&job, outcome),
+            WorkKind::GangThaw => self.finish_gang_thaw(&job, outcome),
+            WorkKind::ResumePreempted => self.finish_resume_preempted(&work.ticket.id, outcome),
+        }
+    }
+
+    /// After queued gang freezes have run: thaws the jobs whose row has the slice onto the CPUs
+    /// they freed (queued in turn). Freezes nothing.
+    pub fn gang_thaws(&mut self) {
+        let Some((active, members)) = self.gang_members(self.now()) else { return };
+        self.thaw_members(active, &members);
+        self.end_gang_cycle_when_done();
+    }
+
+    /// Runs `work` at once when nobody defers the kernel's waits, else queues it.
+    fn kernel(&mut self, work: KernelWork) {
+        self.switching.insert(work.ticket.id.as_str().to_string(), work.kind);
+        if self.defer_waits {
+            self.queued_work.push(work);
+        } else {
+            let outcome = work.run();
+            self.finish_work(work, outcome);
+        }
+    }
+
+    /// Freezes and thaws the gang jobs for the slice `now` falls in (see
+    /// `topo_core::policy::gang_runs`): the freezes first, so that no CPU runs two jobs at once;
+    /// a job whose freeze fails keeps running, and the ledger then refuses to thaw a job onto
+    /// its CPUs. Jobs being released, suspended, resumed or switched are left alone. Where the
+    /// kernel's waits are deferred, the thaws that wait for freezes come with
+    /// [`Host::gang_thaws`]; the report then says what was done by the time it returns.
+    pub fn gang_switch(&mut self, now: std::time::SystemTime) -> Option<GangSwitch> {
+        let (active, members) = self.gang_members(now)?;
+        let freezes: Vec<JobId> = members
+            .iter()
+            .filter(|m| m.running && !m.should_run)
+            .filter_map(|m| JobId::parse(&m.job).ok())
+            .collect();
+        self.gang_cycle.get_or_insert_with(|| GangCycle {
+            began: std::time::Instant::now(),
+            at: now,
+            report: GangSwitch { active_row: active, ..GangSwitch::default() },
+        });
+        for id in freezes {
+            let ticket = self.freeze_ticket(id, true);
+            self.kernel(KernelWork { ticket, kind: WorkKind::GangFreeze });
+        }
+        // Deferred freezes still hold their CPUs: the thaws onto them come after
+        // (`gang_thaws`); those onto CPUs that are free now need not wait.
+        self.thaw_members(active, &members);
+        let report = self.gang_cycle.as_ref().map(|c| c.report.clone());
+        self.end_gang_cycle_when_done();
+        report
+    }
+
+    /// The gang jobs not being changed otherwise, with whether each runs now and should run in
+    /// the slice `now` falls in; `None` without slicing.
+    fn gang_members(&mut self, now: std::time::SystemTime) -> Option<(u32, Vec<GangMemberNow>)> {
+        let cfg = self.gang.clone().or_else(|| self.gang_leftover())?;
+        let since_epoch = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let busy = |job: &str| {
+            self.releasing.contains(job)
+                || self.changing.contains_key(job)
+                || self.switching.contains_key(job)
+        };
+        let mut members: Vec<GangMemberNow> = self
+            .ledger
+            .gang_jobs()
+            .into_iter()
+            .filter(|a| !busy(&a.job))
+            .map(|a| GangMemberNow {
+                job: a.job.clone(),
+                row: a.gang_row.unwrap_or(0),
+                cpus: a.cpus.clone(),
+                running: !self.ledger.is_gang_frozen(&a.job),
+                should_run: false,
+            })
+            .collect();
+        let views: Vec<topo_core::policy::GangMember<'_>> = members
+            .iter()
+            .map(|m| topo_core::policy::GangMember { row: m.row, parts: vec![(0, &m.cpus)] })
+            .collect();
+        // Rows beyond the configured ones (gang_rows lowered while their jobs live) keep turns
+        // of their own: folded onto the configured rows they would collide with them.
+        let rows = members.iter().map(|m| m.row + 1).max().unwrap_or(0).max(cfg.gang.rows);
+        let active =
+            topo_core::policy::Gang { rows, ..cfg.gang }.active_row(since_epoch.as_secs() as i64);
+        let runs = topo_core::policy::gang_runs(active, rows, &views);
+        for (m, should_run) in members.iter_mut().zip(runs) {
+            m.should_run = should_run;
+        }
+        if let Some(status) = &mut self.gang_status {
+            status.active_row = active;
+            status.slice = cfg.gang.slice_at(since_epoch.as_secs() as i64);
+        }
+        Some((active, members))
+    }
+
+    /// Thaws the frozen `members` that should run, each taking its CPUs in the ledger first
+    /// (refused while a job still runs on any of them: a freeze not yet done, or one that
+    /// failed).
+    fn thaw_members(&mut self, active: u32, members: &[GangMemberNow]) {
+        for m in members.iter().filter(|m| !m.running && m.should_run) {
+            let Ok(id) = JobId::parse(&m.job) else { continue };
+            let being_frozen = self.switching.iter().any(|(job, kind)| {
+                *kind == WorkKind::GangFreeze
+                    && self.ledger.get(job).is_some_and(|a| a.cpus.intersects(&m.cpus))
+            });
+            if being_frozen {
+                // Its CPUs are still being frozen: `gang_thaws` comes back for it.
+                continue;
+            }
+            if let Err(e) = self.ledger.gang_thaw(&m.job) {
+                tracing::warn!("job {}: stays frozen in row {active}'s slice: {e}", m.job);
+                self.gang_cycle_report(|r| r.failed.push(m.job.clone()));
+                continue;
+            }
+            let ticket = self.freeze_ticket(id, false);
+            self.kernel(KernelWork { ticket, kind: WorkKind::GangThaw });
+        }
+    }
+
+    fn finish_gang_freeze(&mut self, job: &str, outcome: Result<(), CgroupError>) {
+        match outcome {
+            Ok(()) => {
+                if self.ledger.get(job).is_some() && !self.ledger.is_suspended(job) {
+                    let _ = self.ledger.gang_freeze(job);
+                }
+                if let Some(status) = &mut self.gang_status {
+                    status.frozen += 1;
+                }
+                self.gang_cycle_report(|r| r.frozen.push(job.to_string()));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "job {job}: freezing it for its row's turn failed; it keeps running: {e}"
+                );
+                self.gang_cycle_report(|r| r.failed.push(job.to_string()));
+            }
+        }
+    }
+
+    fn finish_gang_thaw(&mut self, job: &str, outcome: Result<(), CgroupError>) {
+        match outcome {
+            Ok(()) => self.gang_cycle_report(|r| r.thawed.push(job.to_string())),
+            Err(e) => {
+                if self.ledger.get(job).is_some() {
+                    let _ = self.ledger.gang_freeze(job);
+                }
+                tracing::warn!("job {job}: thawing it for its slice failed: {e}");
+                self.gang_cycle_report(|r| r.failed.push(job.to_string()));
+            }
+        }
+    }
+
+    fn gang_cycle_report(&mut self, f: impl FnOnce(&mut GangSwitch)) {
+        if let Some(cycle) = &mut self.gang_cycle {
+            f(&mut cycle.report);
+        }
+    }
+
+    /// Once no gang freeze or thaw is queued or under way: counts the switch in the gang status
+    /// (when it changed anything) and logs it.
+    fn end_gang_cycle_when_done(&mut self) {
+        if self.switching.values().any(|kind| *kind != WorkKind::ResumePreempted) {
+            return;
+        }
+        let Some(cycle) = self.gang_cycle.take() else { return };
+        let report = cycle.report;
+        if let Some(status) = &mut self.gang_status {
+            if !report.frozen.is_empty() || !report.thawed.is_empty() {
+                status.switches += 1;
+                status.last_switch_at = Some(topo_core::pending::format_utc_nanos(cycle.at));
+                status.last_switch_us = cycle.began.elapsed().as_micros() as u64;
+            }
+            status.failed += report.failed.len() as u64;
+        }
+        if !report.frozen.is_empty() || !report.thawed.is_empty() {
+            tracing::debug!(
+                "gang slice of row {}: froze {:?}, thawed {:?} in {} us",
+                report.active_row,
+                report.frozen,
+                report.thawed,
+                cycle.began.elapsed().as_micros()
+            );
+        }
+    }
+
+    /// Resumes the jobs topod's preemption suspended whose CPUs are all free again, highest
+    /// expansion factor first: free of running jobs, and of the job they were suspended for
+    /// even while it is suspended itself (it would find its CPUs taken back). Each takes its
+    /// CPUs back in the ledger now; the thaw follows (at once, or queued where deferred).
+    /// Returns them.
+    pub fn resume_preempted(&mut self) -> Vec<String> {
+        let now = self.now_s();
+        let mut waiting: Vec<(f64, String)> = self
+            .ledger
+            .suspended_jobs()
+            .filter_map(|a| {
+                let hint = self.hints.get(&a.job)?;
+                hint.preempted_by.as_ref()?;
+                // Not onto CPUs a suspended job holds (its preemptor, or a borrower, suspended
+                // by root: it would find them taken on its resume); running jobs' CPUs the
+                // ledger's resume refuses. Free CPUs are its own again, even before its preemptor
+                // ends.
+                let held = self
+                    .ledger
+                    .suspended_jobs()
+                    .chain(self.ledger.gang_frozen_jobs())
+                    .any(|o| o.job != a.job && o.cpus.intersects(&a.cpus));
+                if held {
+                    return None;
+                }
+                if self.releasing.contains(&a.job)
+                    || self.changing.contains_key(&a.job)
+                    || self.switching.contains_key(&a.job)
+                {
+                    return None;
+                }
+                Some((self.expansion_factor(hint, now).unwrap_or(0.0), a.job.clone()))
+            })
+            .collect();
+        waiting.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut resumed = Vec::new();
+        for (_, job) in waiting {
+            let Ok(id) = JobId::parse(&job) else { continue };
+            if self.ledger.resume(&job, None).is_err() {
+                continue;
+            }
+            resumed.push(job);
+            let ticket = self.freeze_ticket(id, false);
+            self.kernel(KernelWork { ticket, kind: WorkKind::ResumePreempted });
+        }
+        resumed
+    }
+
+    fn finish_resume_preempted(&mut self, id: &JobId, outcome: Result<(), CgroupError>) {
+        let job = id.as_str().to_string();
+        if self.ledger.get(&job).is_none() {
+            // Released meanwhile.
+            return;
+        }
+        if let Err(e) = outcome {
+            tracing::warn!("job {job}: resuming it after preemption failed: {e}");
+            let _ = self.ledger.suspend(&job);
+            return;
+        }
+        if let Some(mut hint) = self.hints.get(&job).cloned() {
+            let now = self.now_s();
+            hint.suspended = false;
+            hint.preempted_by = None;
+            hint.running_since = Some(now);
+            hint.protected_since = Some(now);
+            self.record(id, &hint);
+            self.hints.insert(job.clone(), hint);
+        }
+        tracing::info!(event = "resumed", job = %job, "job {job}: resumed on its CPUs after preemption");
+    }
+}
+
+/// One gang job as a switch sees it.
+struct GangMemberNow {
+    job: String,
+    row: u32,
+    cpus: CpuSet,
+    running: bool,
+    should_run: bool,
+}
