@@ -63,6 +63,10 @@ pub enum HostError {
         /// in the host's picture learns why they are not theirs.
         held_back: String,
     },
+    /// The jobs an allocate preempts are being frozen, without the host lock: the server asks
+    /// again once they are (never an answer to a client).
+    #[error("job {0}: the jobs it preempts are being suspended")]
+    PreemptionUnderWay(String),
     /// The job already holds CPUs for another request.
     #[error("job {job} already holds CPUs {cpus} for {request}")]
     AlreadyAllocated {
@@ -655,6 +659,8 @@ pub struct Host {
     queued_work: Vec<KernelWork>,
     /// The gang switch under way, with what it has done.
     gang_cycle: Option<settle::GangCycle>,
+    /// Preemptors whose victims are being frozen, by job (see [`preempt`]).
+    preempting: BTreeMap<String, preempt::Preempting>,
     /// How long a freeze or thaw may take before it is given up.
     freeze_timeout: Duration,
     /// Jobs that have had a process: only those are released when they become empty.
@@ -732,6 +738,7 @@ impl Host {
             defer_waits: false,
             queued_work: Vec::new(),
             gang_cycle: None,
+            preempting: BTreeMap::new(),
             freeze_timeout: Duration::from_secs(5),
             joined: Default::default(),
             self_join_offered: Default::default(),
@@ -1326,6 +1333,18 @@ impl Host {
                 request: existing.request.clone(),
             });
         }
+        if let Some(under_way) = self.preempting.remove(job) {
+            if under_way.freezing(self) {
+                // Asked again by someone else while its victims freeze: not twice.
+                self.preempting.insert(job.to_string(), under_way);
+                return Err(HostError::Changing {
+                    job: job.to_string(),
+                    what: "being started: the jobs it preempts are being suspended",
+                });
+            }
+            let placed = self.place_preemptor(&id, prepared, mem_limit, owner_uid, under_way);
+            return self.allocated(&id, prepared, (mem_limit, owner_uid), None, asked, placed);
+        }
         let rows = self.gang_rows_for(job, &prepared.gang)?;
         let mut first = self.place_and_create(&id, prepared, mem_limit, owner_uid, rows.as_deref());
         let could_fit = |r: &Result<(), HostError>| {
@@ -1389,13 +1408,29 @@ impl Host {
             }
             other => other,
         };
+        self.allocated(&id, prepared, (mem_limit, owner_uid), rows.as_deref(), asked, first)
+    }
+
+    /// The end of a new job's allocate, given how its placement went: tried again where the
+    /// kernel refused the cpuset, then recorded.
+    fn allocated(
+        &mut self,
+        id: &JobId,
+        prepared: &Prepared,
+        (mem_limit, owner_uid): (Option<u64>, Option<u32>),
+        rows: Option<&[u32]>,
+        asked: String,
+        first: Result<(), HostError>,
+    ) -> Result<Allocation, HostError> {
+        let job = id.as_str();
+        let canonical = &prepared.canonical;
         match first {
             Err(HostError::Cgroup(e)) => {
                 // The kernel refused the cpuset: an exclusive cpuset beside ours may have come or
                 // gone since the model was made. Look again, and try once more if it changed.
                 if self.reconcile_foreign().is_some() {
                     tracing::info!("job {job}: the cgroup was refused ({e}); placing again inside the CPUs topod may now use");
-                    self.place_and_create(&id, prepared, mem_limit, owner_uid, rows.as_deref())?;
+                    self.place_and_create(id, prepared, mem_limit, owner_uid, rows)?;
                 } else {
                     return Err(HostError::Cgroup(e));
                 }
@@ -1435,8 +1470,8 @@ impl Host {
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
-        if let Err(e) = self.write_record(&id, &hint) {
-            let _ = self.backend.release(&id, self.release_timeout);
+        if let Err(e) = self.write_record(id, &hint) {
+            let _ = self.backend.release(id, self.release_timeout);
             let _ = self.ledger.release(id.as_str());
             return Err(e);
         }
@@ -3633,6 +3668,88 @@ mod tests {
         assert!(h.ledger().is_suspended("c"));
         h.release("f").unwrap();
         assert!(!frozen("c") && !h.ledger().is_suspended("c"));
+    }
+
+    /// Runs what a deferring host queued, as the server does without the lock.
+    fn run_queued(h: &mut Host) {
+        loop {
+            let work = h.take_kernel_work();
+            if work.is_empty() {
+                return;
+            }
+            for w in work {
+                let outcome = w.run();
+                h.finish_kernel_work(w, outcome);
+            }
+            h.gang_thaws();
+        }
+    }
+
+    #[test]
+    fn a_deferred_preemption_places_its_job_when_asked_again_and_an_abandoned_one_is_undone() {
+        // The server's way: the victims' freezes are queued (run without the lock), and the
+        // allocate asked again places the job; one that never comes back (refused on the way)
+        // leaves its victims running again, records and all, also after a crash meanwhile.
+        let dir = tempfile::tempdir().unwrap();
+        let topo = small_topology(4);
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.defer_kernel_waits();
+        h.set_clock(Arc::new(|| at(1_000_000)));
+        h.set_preempt(Some(topo_core::policy::Preempt { min_run: 0, ..Default::default() }));
+        let alloc = |h: &mut Host, job: &str, req: &str, preempt: bool| {
+            let mut prepared = prepare(&h.topo, req, None, None).unwrap();
+            prepared.preempt = PreemptAsk {
+                preempt,
+                preemptible: !preempt,
+                submitted_at: Some(if preempt { 990_000 } else { 999_000 }),
+                estimate_s: Some(3_600),
+            };
+            h.allocate_prepared(job, &prepared, None, None)
+        };
+        let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
+        alloc(&mut h, "v", "affinity[core*4]", false).unwrap();
+        let e = alloc(&mut h, "p", "affinity[core*2]", true).unwrap_err();
+        assert!(matches!(e, HostError::PreemptionUnderWay(_)), "{e}");
+        // Queued, not run: v runs and holds its CPUs; its record already says suspended.
+        assert!(!frozen("v") && !h.ledger().is_suspended("v") && h.kernel_work_pending());
+        let e = alloc(&mut h, "p", "affinity[core*2]", true).unwrap_err();
+        assert!(matches!(e, HostError::Changing { .. }), "asked again while freezing: {e}");
+        assert!(h.resume_preempted().is_empty());
+        run_queued(&mut h);
+        assert!(frozen("v") && h.ledger().is_suspended("v") && !h.kernel_work_pending());
+        // Not resumed while its preemptor is being placed on its CPUs.
+        assert!(h.resume_preempted().is_empty());
+        let p = alloc(&mut h, "p", "affinity[core*2]", true).unwrap();
+        assert_eq!(h.hints["v"].preempted_by.as_deref(), Some("p"));
+        h.ledger().check().unwrap();
+        h.release("p").unwrap();
+        run_queued(&mut h);
+        assert!(!frozen("v") && !h.ledger().is_suspended("v"));
+        assert!(!p.cpus.is_empty());
+        // Abandoned: its victims run again once the thaw has run.
+        let e = alloc(&mut h, "q", "affinity[core*2]", true).unwrap_err();
+        assert!(matches!(e, HostError::PreemptionUnderWay(_)), "{e}");
+        run_queued(&mut h);
+        assert!(frozen("v"));
+        h.abandon_preemption("q");
+        assert!(!h.ledger().is_suspended("v"), "its CPUs are taken back before the thaw");
+        run_queued(&mut h);
+        assert!(!frozen("v") && h.hints["v"].preempted_by.is_none() && !h.hints["v"].suspended);
+        h.ledger().check().unwrap();
+        // A crash while a preemptor's victims are frozen and it is not yet placed: the restarted
+        // topod resumes them (nothing holds their CPUs).
+        let e = alloc(&mut h, "r", "affinity[core*2]", true).unwrap_err();
+        assert!(matches!(e, HostError::PreemptionUnderWay(_)), "{e}");
+        run_queued(&mut h);
+        assert!(frozen("v"));
+        drop(h);
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        h.set_preempt(Some(topo_core::policy::Preempt::default()));
+        h.recover(BTreeMap::new()).unwrap();
+        assert!(h.ledger().is_suspended("v"));
+        h.resume_preempted();
+        assert!(!frozen("v") && !h.ledger().is_suspended("v"));
     }
 
     #[test]

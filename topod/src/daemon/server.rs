@@ -188,10 +188,21 @@ impl Server {
 
     /// Runs the freezes and thaws the host queued (gang switches and the thaws onto the CPUs
     /// they freed, resumes after preemption) without its lock, after a change that may have
-    /// queued some. Waits while another thread runs them (as a change once waited for the lock);
-    /// reads never do.
+    /// queued some. Waits while another thread runs them (as a change once waited for the lock),
+    /// so that all are done when it returns; reads never wait.
     pub fn settle(&self) {
+        // Only when some are queued: a change that queued none does not wait for another's
+        // (which that one's thread runs).
         if !self.lock_quiet().has_queued_kernel_work() {
+            return;
+        }
+        self.settle_all();
+    }
+
+    /// [`Server::settle`], and waits for those under way in another thread too: all are done
+    /// when it returns.
+    fn settle_all(&self) {
+        if !self.lock_quiet().kernel_work_pending() {
             return;
         }
         let _settling = self.settling.lock().unwrap_or_else(|e| e.into_inner());
@@ -723,13 +734,29 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
             let existed = host.ledger().get(&job).is_some();
             // What the batch system did to the other jobs here first: a job it suspended
             // lends this one its CPUs.
-            let alloc = match host.allocate_following(
+            let mut allocated = host.allocate_following(
                 batch.as_ref(),
                 &job,
                 &prepared,
                 mem_limit_bytes,
                 owner_uid,
-            ) {
+            );
+            if let Err(HostError::PreemptionUnderWay(_)) = allocated {
+                // Its victims freeze without the lock; then the same allocate places it.
+                drop(host);
+                server.settle_all();
+                host = server.lock();
+                allocated = host.allocate_following(
+                    batch.as_ref(),
+                    &job,
+                    &prepared,
+                    mem_limit_bytes,
+                    owner_uid,
+                );
+                // Refused before it came to place the job: its victims run again.
+                host.abandon_preemption(&job);
+            }
+            let alloc = match allocated {
                 Ok(a) => a,
                 Err(e) => return error_reply(&e),
             };
@@ -1013,7 +1040,7 @@ pub fn error_reply(e: &HostError) -> Reply {
         HostError::NotMalleable { .. }
         | HostError::OutOfRange { .. }
         | HostError::TasksUnknown { .. } => ErrorCode::BadRequest,
-        HostError::Notify(_) => ErrorCode::Internal,
+        HostError::Notify(_) | HostError::PreemptionUnderWay(_) => ErrorCode::Internal,
         HostError::NoReservation(_) => ErrorCode::UnknownJob,
         HostError::BadArgument(_)
         | HostError::Ledger(topo_core::ledger::LedgerError::Moving(..)) => ErrorCode::BadRequest,
@@ -1071,7 +1098,7 @@ mod tests {
     struct SlowFreezer {
         kernel: Arc<crate::cgroup::fake::Fake>,
         began: Mutex<std::sync::mpsc::Sender<String>>,
-        gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
+        gate: Gate,
     }
 
     impl crate::cgroup::CgroupBackend for SlowFreezer {
@@ -1129,9 +1156,13 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_gang_switch_freezes_without_the_host_lock_and_no_cpu_runs_two_jobs_meanwhile() {
-        use crate::cgroup::CgroupBackend;
+    /// Open or not, and the condition a freeze waits on.
+    type Gate = Arc<(Mutex<bool>, std::sync::Condvar)>;
+
+    /// A 4-core host on a [`SlowFreezer`] kernel (its gate open), that kernel, and the
+    /// freezes' starts.
+    fn slow_host() -> (Host, Arc<crate::cgroup::fake::Fake>, std::sync::mpsc::Receiver<String>, Gate)
+    {
         use topo_core::topology::{SyntheticShape, Topology};
         let topo = Topology::synthetic(SyntheticShape {
             packages: 1,
@@ -1148,14 +1179,27 @@ mod tests {
         let gate = Arc::new((Mutex::new(true), std::sync::Condvar::new()));
         let backend =
             SlowFreezer { kernel: kernel.clone(), began: Mutex::new(began_tx), gate: gate.clone() };
-        let mut host = Host::new(
-            topo.clone(),
+        let host = Host::new(
+            topo,
             topo_core::cpuset::CpuSet::new(),
             Box::new(backend),
             None,
             topo_core::place::Strategy::BestFit,
         )
         .unwrap();
+        (host, kernel, began, gate)
+    }
+
+    fn open(gate: &(Mutex<bool>, std::sync::Condvar), open: bool) {
+        *gate.0.lock().unwrap() = open;
+        gate.1.notify_all();
+    }
+
+    #[test]
+    fn a_gang_switch_freezes_without_the_host_lock_and_no_cpu_runs_two_jobs_meanwhile() {
+        use crate::cgroup::CgroupBackend;
+        let (mut host, kernel, began, gate) = slow_host();
+        let topo = host.topology().clone();
         let seconds = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let clock = seconds.clone();
         host.set_clock(Arc::new(move || {
@@ -1182,7 +1226,7 @@ mod tests {
         );
         // Row 1's slice: a is frozen, slowly. (Not the freezes that created a and b frozen.)
         while began.try_recv().is_ok() {}
-        *gate.0.lock().unwrap() = false;
+        open(&gate, false);
         seconds.store(30, std::sync::atomic::Ordering::SeqCst);
         let switcher = {
             let server = server.clone();
@@ -1205,14 +1249,73 @@ mod tests {
             let server = server.clone();
             std::thread::spawn(move || server.release("a"))
         };
-        *gate.0.lock().unwrap() = true;
-        gate.1.notify_all();
+        open(&gate, true);
         switcher.join().unwrap();
         assert_eq!(releaser.join().unwrap().unwrap(), 0, "the release of a, after its freeze");
         // The freeze done, b runs in its slice; a is gone.
         assert!(!frozen("b").unwrap());
         let host = server.lock();
         assert!(host.ledger().get("a").is_none() && !host.ledger().is_gang_frozen("b"));
+        host.ledger().check().unwrap();
+        assert!(!host.kernel_work_pending());
+    }
+
+    #[test]
+    fn a_preemptor_waits_for_its_victims_freeze_without_the_host_lock() {
+        use crate::cgroup::CgroupBackend;
+        let (mut host, kernel, began, gate) = slow_host();
+        let topo = host.topology().clone();
+        host.set_preempt(Some(topo_core::policy::Preempt {
+            min_run: 0,
+            ..topo_core::policy::Preempt::default()
+        }));
+        let now = host.now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        let mut victim = host::prepare(&topo, "affinity[core*4]", None, None).unwrap();
+        victim.preempt = host::PreemptAsk {
+            preemptible: true,
+            submitted_at: Some(now),
+            estimate_s: Some(36_000),
+            ..Default::default()
+        };
+        host.allocate_prepared("v", &victim, None, None).unwrap();
+        let server = Server::new(
+            host,
+            Default::default(),
+            super::super::conn::Gate::new(Default::default()),
+        );
+        let root = Peer { pid: 0, uid: 0, gid: 0, process: None };
+        let ask = |job: &str| {
+            let mut args =
+                proto::AllocateArgs::new(job.to_string(), "affinity[core*2]".to_string());
+            args.preempt = true;
+            // Waiting for 3 of its 1-hour estimates: expansion factor 4.
+            args.submitted_at = Some(now - 3 * 3600);
+            args.estimate_s = Some(3600);
+            Op::Allocate(args)
+        };
+        open(&gate, false);
+        let asker = {
+            let (server, root, op) = (server.clone(), root.clone(), ask("p"));
+            std::thread::spawn(move || handle(&server, &root, op))
+        };
+        assert_eq!(began.recv().unwrap(), "v");
+        {
+            let host = server.host.try_lock().expect("the host lock was held during a freeze");
+            // v runs on its CPUs until the kernel says it is frozen: p is not placed yet.
+            assert!(host.ledger().get("p").is_none() && !host.ledger().is_suspended("v"));
+            host.ledger().check().unwrap();
+        }
+        // The same job asked again meanwhile (a second connection) is told to wait, and
+        // preempts nothing more.
+        let again = handle(&server, &root, ask("p"));
+        let e = again.error.expect("refused").message;
+        assert!(e.contains("being started"), "{e}");
+        open(&gate, true);
+        let reply = asker.join().unwrap();
+        assert!(reply.ok.is_some(), "{:?}", reply.error);
+        let host = server.lock();
+        assert!(host.ledger().is_suspended("v") && host.ledger().get("p").is_some());
+        assert!(kernel.is_frozen(&crate::cgroup::JobId::parse("v").unwrap()).unwrap());
         host.ledger().check().unwrap();
         assert!(!host.kernel_work_pending());
     }

@@ -7,6 +7,22 @@
 
 use super::*;
 
+/// A preemption whose victims are being frozen (without the host lock): the allocate asked
+/// again places the job.
+pub(crate) struct Preempting {
+    /// The jobs chosen for it, with their records as they were before.
+    victims: Vec<(JobId, JobHint)>,
+    /// Its expansion factor, for the log.
+    xf: f64,
+}
+
+impl Preempting {
+    /// Whether a victim's freeze is still queued or under way.
+    pub(crate) fn freezing(&self, host: &Host) -> bool {
+        self.victims.iter().any(|(v, _)| host.is_switching(v.as_str()))
+    }
+}
+
 impl Host {
     /// For a refusal: `; CPUs ... are held for job V, suspended by preemption for job P ...`
     /// for each job suspended by preemption whose free CPUs `job` (ending at `ends_by`) may not
@@ -166,57 +182,94 @@ impl Host {
         for victim in &victims {
             let Ok(vid) = JobId::parse(victim) else { continue };
             let before = self.hints.get(victim).cloned().unwrap_or_default();
-            let mut hint = before.clone();
-            hint.suspended = true;
-            hint.suspended_by = None;
-            hint.preempted_by = Some(id.to_string());
-            hint.suspensions += 1;
-            hint.ran_s += hint.running_since.map_or(0, |t| (now - t).max(0) as u64);
-            hint.running_since = None;
+            let mut after = before.clone();
+            after.suspended = true;
+            after.suspended_by = None;
+            after.preempted_by = Some(id.to_string());
+            after.suspensions += 1;
+            after.ran_s += after.running_since.map_or(0, |t| (now - t).max(0) as u64);
+            after.running_since = None;
             // The record first, as for every suspend: a crash after the freeze finds it suspended.
-            if self.write_record(&vid, &hint).is_err() {
+            if self.write_record(&vid, &after).is_err() {
                 continue;
             }
-            match self.backend.freeze(&vid, self.freeze_timeout) {
-                Ok(()) => {
-                    let _ = self.ledger.suspend(victim);
-                    self.hints.insert(victim.clone(), hint);
-                    suspended.push((vid, before));
-                }
-                Err(e) => {
-                    tracing::warn!("job {victim}: suspending it for job {id} failed: {e}");
-                    self.record(&vid, &before);
-                }
-            }
+            suspended.push((vid.clone(), before.clone()));
+            self.change_victim(vid, true, settle::VictimHints { before, after });
         }
+        let under_way = Preempting { victims: suspended, xf: my_xf };
+        if self.defer_waits {
+            // The freezes run without the lock; the same allocate, asked again once they are
+            // done, places the job (`place_preemptor`).
+            self.preempting.insert(id.to_string(), under_way);
+            return Err(HostError::PreemptionUnderWay(id.to_string()));
+        }
+        self.place_preemptor(id, prepared, mem_limit, owner_uid, under_way)
+    }
+
+    /// Places a preemptor once its victims are frozen (those whose freeze failed run on); when
+    /// it does not fit even so, they run again.
+    pub(super) fn place_preemptor(
+        &mut self,
+        id: &JobId,
+        prepared: &Prepared,
+        mem_limit: Option<u64>,
+        owner_uid: Option<u32>,
+        under_way: Preempting,
+    ) -> Result<(), HostError> {
+        let mine = |host: &Host, victim: &JobId| {
+            host.ledger.is_suspended(victim.as_str())
+                && host.hints.get(victim.as_str()).and_then(|h| h.preempted_by.as_deref())
+                    == Some(id.as_str())
+        };
+        let victims: Vec<(JobId, JobHint)> =
+            under_way.victims.into_iter().filter(|(v, _)| mine(self, v)).collect();
+        let names: Vec<&str> = victims.iter().map(|(v, _)| v.as_str()).collect();
         let placed = self.place_and_create(id, prepared, mem_limit, owner_uid, None);
-        if placed.is_ok() {
-            let names: Vec<&str> = suspended.iter().map(|(v, _)| v.as_str()).collect();
-            for victim in &names {
-                tracing::info!(event = "suspended", job = %victim, by = %id, "job {victim}: suspended for job {id}");
-            }
-            tracing::info!(
-                "job {id}: suspended job(s) {names:?} to start it (expansion factor {my_xf:.2}); they resume when their CPUs are free"
-            );
-            return Ok(());
-        }
-        // Undo: every victim runs again, as its record said before.
-        for (vid, before) in suspended {
-            let victim = vid.as_str().to_string();
-            if self.ledger.resume(&victim, None).is_ok() {
-                if let Err(e) = self.backend.thaw(&vid, self.freeze_timeout) {
-                    tracing::warn!("job {victim}: thawing it again failed: {e}");
-                    let _ = self.ledger.suspend(&victim);
-                    continue;
+        match placed {
+            Ok(()) => {
+                for victim in &names {
+                    tracing::info!(event = "suspended", job = %victim, by = %id, "job {victim}: suspended for job {id}");
                 }
+                tracing::info!(
+                    "job {id}: suspended job(s) {names:?} to start it (expansion factor {:.2}); they resume when their CPUs are free",
+                    under_way.xf
+                );
+                Ok(())
             }
-            self.record(&vid, &before);
-            self.hints.insert(victim, before);
+            Err(refused) => {
+                let why = if names.is_empty() {
+                    "suspending the jobs chosen for it failed (the log says why)".to_string()
+                } else {
+                    format!("it did not fit even with job(s) {} suspended", names.join(", "))
+                };
+                self.undo_preemption(id.as_str(), victims);
+                Err(not_preempted(refused, &why))
+            }
         }
-        Err(not_preempted(
-            refused,
-            &format!("it did not fit even with job(s) {} suspended", victims.join(", ")),
-        ))
+    }
+
+    /// A preemption whose allocate did not come back to place its job (it was refused on the
+    /// way, e.g. released meanwhile): its victims run again. Nothing when there is none.
+    pub fn abandon_preemption(&mut self, job: &str) {
+        if let Some(under_way) = self.preempting.remove(job) {
+            tracing::info!("job {job}: not started; the jobs suspended for it run again");
+            self.undo_preemption(job, under_way.victims);
+        }
+    }
+
+    /// Every victim still suspended for `preemptor` runs again, as its record said before.
+    fn undo_preemption(&mut self, preemptor: &str, victims: Vec<(JobId, JobHint)>) {
+        for (vid, before) in victims {
+            let Some(after) = self.hints.get(vid.as_str()).cloned() else { continue };
+            if !self.ledger.is_suspended(vid.as_str())
+                || after.preempted_by.as_deref() != Some(preemptor)
+            {
+                continue;
+            }
+            if self.ledger.resume(vid.as_str(), None).is_ok() {
+                self.change_victim(vid, false, settle::VictimHints { before, after });
+            }
+        }
     }
 
     /// The rule that keeps a running job from being suspended for a preemptor (the first that

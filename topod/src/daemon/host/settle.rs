@@ -20,6 +20,14 @@ use super::*;
 pub struct KernelWork {
     ticket: FreezeTicket,
     kind: WorkKind,
+    /// A preemption victim's record before and after its suspension.
+    victim: Option<Box<VictimHints>>,
+}
+
+/// A preemption victim's record as it was, and as its suspension makes it.
+pub(super) struct VictimHints {
+    pub(super) before: JobHint,
+    pub(super) after: JobHint,
 }
 
 /// What a [`KernelWork`] is for, and so how its outcome is recorded.
@@ -31,6 +39,10 @@ pub(super) enum WorkKind {
     GangThaw,
     /// A job suspended by preemption whose CPUs are free again: taken back, then thawed.
     ResumePreempted,
+    /// A running job suspended for a preemptor: frozen, then suspended in the ledger.
+    VictimFreeze,
+    /// A victim whose preemptor did not fit after all: taken back, then thawed.
+    VictimThaw,
 }
 
 impl KernelWork {
@@ -94,6 +106,51 @@ impl Host {
             WorkKind::GangFreeze => self.finish_gang_freeze(&job, outcome),
             WorkKind::GangThaw => self.finish_gang_thaw(&job, outcome),
             WorkKind::ResumePreempted => self.finish_resume_preempted(&work.ticket.id, outcome),
+            WorkKind::VictimFreeze | WorkKind::VictimThaw => {
+                if let Some(hints) = work.victim {
+                    self.finish_victim(&work.ticket.id, work.kind, *hints, outcome);
+                }
+            }
+        }
+    }
+
+    /// Freezes `victim` for a preemptor (its record says so already), or thaws it again when
+    /// the preemptor did not fit (it holds its CPUs again in the ledger already).
+    pub(super) fn change_victim(&mut self, victim: JobId, freeze: bool, hints: VictimHints) {
+        let ticket = self.freeze_ticket(victim, freeze);
+        let kind = if freeze { WorkKind::VictimFreeze } else { WorkKind::VictimThaw };
+        self.kernel(KernelWork { ticket, kind, victim: Some(Box::new(hints)) });
+    }
+
+    fn finish_victim(
+        &mut self,
+        id: &JobId,
+        kind: WorkKind,
+        hints: VictimHints,
+        outcome: Result<(), CgroupError>,
+    ) {
+        let job = id.as_str().to_string();
+        if self.ledger.get(&job).is_none() {
+            return;
+        }
+        match (kind, outcome) {
+            (WorkKind::VictimFreeze, Ok(())) => {
+                let _ = self.ledger.suspend(&job);
+                self.hints.insert(job, hints.after);
+            }
+            (WorkKind::VictimFreeze, Err(e)) => {
+                let preemptor = hints.after.preempted_by.unwrap_or_default();
+                tracing::warn!("job {job}: suspending it for job {preemptor} failed: {e}");
+                self.record(id, &hints.before);
+            }
+            (_, Ok(())) => {
+                self.record(id, &hints.before);
+                self.hints.insert(job, hints.before);
+            }
+            (_, Err(e)) => {
+                tracing::warn!("job {job}: thawing it again failed: {e}");
+                let _ = self.ledger.suspend(&job);
+            }
         }
     }
 
@@ -136,7 +193,7 @@ impl Host {
         });
         for id in freezes {
             let ticket = self.freeze_ticket(id, true);
-            self.kernel(KernelWork { ticket, kind: WorkKind::GangFreeze });
+            self.kernel(KernelWork { ticket, kind: WorkKind::GangFreeze, victim: None });
         }
         // Deferred freezes still hold their CPUs: the thaws onto them come after
         // (`gang_thaws`); those onto CPUs that are free now need not wait.
@@ -209,7 +266,7 @@ impl Host {
                 continue;
             }
             let ticket = self.freeze_ticket(id, false);
-            self.kernel(KernelWork { ticket, kind: WorkKind::GangThaw });
+            self.kernel(KernelWork { ticket, kind: WorkKind::GangThaw, victim: None });
         }
     }
 
@@ -255,7 +312,11 @@ impl Host {
     /// Once no gang freeze or thaw is queued or under way: counts the switch in the gang status
     /// (when it changed anything) and logs it.
     fn end_gang_cycle_when_done(&mut self) {
-        if self.switching.values().any(|kind| *kind != WorkKind::ResumePreempted) {
+        if self
+            .switching
+            .values()
+            .any(|kind| matches!(kind, WorkKind::GangFreeze | WorkKind::GangThaw))
+        {
             return;
         }
         let Some(cycle) = self.gang_cycle.take() else { return };
@@ -291,7 +352,10 @@ impl Host {
             .suspended_jobs()
             .filter_map(|a| {
                 let hint = self.hints.get(&a.job)?;
-                hint.preempted_by.as_ref()?;
+                // Not while its preemptor is being placed on its CPUs.
+                if self.preempting.contains_key(hint.preempted_by.as_ref()?) {
+                    return None;
+                }
                 // Not onto CPUs a suspended job holds (its preemptor, or a borrower, suspended
                 // by root: it would find them taken on its resume); running jobs' CPUs the
                 // ledger's resume refuses. Free CPUs are its own again, even before its preemptor
@@ -322,7 +386,7 @@ impl Host {
             }
             resumed.push(job);
             let ticket = self.freeze_ticket(id, false);
-            self.kernel(KernelWork { ticket, kind: WorkKind::ResumePreempted });
+            self.kernel(KernelWork { ticket, kind: WorkKind::ResumePreempted, victim: None });
         }
         resumed
     }
