@@ -11,7 +11,9 @@
 //! ([`prepare`]); reads copy a [`Snapshot`] and work without it; a release kills and waits
 //! without it ([`Host::begin_release`], [`ReleaseTicket::run`], [`Host::finish_release`]), as
 //! do a suspend and a resume ([`FreezeTicket`]) and the freezes and thaws that follow a change:
-//! gang slices and resumes after preemption, queued for the server ([`KernelWork`]).
+//! gang slices, a preemption's victims and their resumes, queued for the server
+//! ([`KernelWork`]). Under the lock the kernel is only asked about cgroups no process is in
+//! yet (a new job's, made frozen for its gang row, or undone) and, at start, before serving.
 
 #[cfg(test)]
 mod agrees;
