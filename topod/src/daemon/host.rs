@@ -3673,7 +3673,7 @@ mod tests {
     }
 
     /// Runs what a deferring host queued, as the server does without the lock.
-    fn run_queued(h: &mut Host) {
+    pub(super) fn run_queued(h: &mut Host) {
         loop {
             let work = h.take_kernel_work();
             if work.is_empty() {

@@ -7,6 +7,8 @@
 //!
 //! The scripts cover submits, ends (a job ends when its estimate has run, counting from its
 //! start and resumes), and the passing of time; preemption is on with every job preemptible.
+//! topod's side runs its freezes and thaws at once, or queues them and runs them after, as the
+//! server does without the host lock (asking a preempting allocate again).
 //! `AGREE_SEEDS=N` runs N random scripts per rule set and host (15 by default; 100 passed when
 //! this was written), `AGREE_DEBUG=1` prints both drivers' views at every instant.
 //!
@@ -15,7 +17,7 @@
 //! and borrowed them where other CPUs were free; topod chose victims without the CPUs the job
 //! may borrow, and kept a victim frozen on free CPUs its running preemptor never took.
 
-use super::tests::{small_topology, two_nodes_of_four};
+use super::tests::{run_queued, small_topology, two_nodes_of_four};
 use super::*;
 use crate::cgroup::fake::Fake;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -57,21 +59,27 @@ struct TopodDriver {
     clock: Arc<AtomicI64>,
     queue: VecDeque<JobKey>,
     jobs: Vec<ScriptJob>,
+    /// Whether the host queues its freezes and thaws, as under the server (which runs them
+    /// without the lock, then asks a preempting allocate again), or runs them at once.
+    deferred: bool,
 }
 
 impl TopodDriver {
-    fn new(topo: &Topology, rules: policy::Preempt, jobs: &[ScriptJob]) -> Self {
+    fn new(topo: &Topology, rules: policy::Preempt, jobs: &[ScriptJob], deferred: bool) -> Self {
         let fake = Fake::new(topo.allowed.clone(), topo.allowed_mems.clone());
         let mut host =
             Host::new(topo.clone(), CpuSet::new(), Box::new(fake), None, Strategy::BestFit)
                 .unwrap();
         host.set_preempt(Some(rules));
+        if deferred {
+            host.defer_kernel_waits();
+        }
         let clock = Arc::new(AtomicI64::new(EPOCH));
         let c = clock.clone();
         host.set_clock(Arc::new(move || {
             std::time::UNIX_EPOCH + Duration::from_secs(c.load(Ordering::SeqCst) as u64)
         }));
-        TopodDriver { host, clock, queue: VecDeque::new(), jobs: jobs.to_vec() }
+        TopodDriver { host, clock, queue: VecDeque::new(), jobs: jobs.to_vec(), deferred }
     }
 
     fn step(&mut self, now: i64, events: &[Event]) {
@@ -83,6 +91,7 @@ impl TopodDriver {
                         self.queue.retain(|j| *j != job);
                     } else {
                         self.host.release(&name(job)).unwrap();
+                        run_queued(&mut self.host);
                     }
                 }
                 Event::Submit { job, .. } => self.queue.push_back(job),
@@ -93,6 +102,7 @@ impl TopodDriver {
         // right to preempt, until one does not fit or one preempted (the core preempts once
         // per instant).
         self.host.resume_preempted();
+        run_queued(&mut self.host);
         while let Some(&head) = self.queue.front() {
             let j = self.jobs[head as usize];
             let text = policy::cores_request(j.cores).to_string();
@@ -104,7 +114,15 @@ impl TopodDriver {
                 estimate_s: Some(j.estimate as u64),
             };
             let suspended_before = self.host.ledger().suspended_jobs().count();
-            match self.host.allocate_prepared(&name(head), &prepared, None, None) {
+            let mut allocated = self.host.allocate_prepared(&name(head), &prepared, None, None);
+            if let Err(HostError::PreemptionUnderWay(_)) = allocated {
+                assert!(self.deferred, "only a deferring host answers so");
+                run_queued(&mut self.host);
+                allocated = self.host.allocate_prepared(&name(head), &prepared, None, None);
+                self.host.abandon_preemption(&name(head));
+                run_queued(&mut self.host);
+            }
+            match allocated {
                 Ok(_) => {
                     self.queue.pop_front();
                     if self.host.ledger().suspended_jobs().count() > suspended_before {
@@ -128,14 +146,20 @@ impl TopodDriver {
 /// Runs `jobs` through both drivers, ending each job when its estimate has run, with a tick
 /// every `tick` seconds; panics at the first instant they differ. Returns how many
 /// suspensions there were.
-fn agree(topo: &Topology, rules: policy::Preempt, jobs: &[ScriptJob], tick: i64) -> usize {
+fn agree(
+    topo: &Topology,
+    rules: policy::Preempt,
+    jobs: &[ScriptJob],
+    tick: i64,
+    deferred: bool,
+) -> usize {
     let model = Arc::new(place::HostModel::new(topo, &CpuSet::new()).unwrap());
     let config = PolicyConfig {
         preempt: Some(rules),
         ..PolicyConfig::plain(QueueOrder::Fcfs, Strategy::BestFit)
     };
     let mut core = PolicyCore::new(vec![model], config);
-    let mut topod = TopodDriver::new(topo, rules, jobs);
+    let mut topod = TopodDriver::new(topo, rules, jobs, deferred);
     let mut seen = View::default();
     // Per job: when its estimate will have run (while it runs), what is left (while suspended).
     let mut due: BTreeMap<JobKey, i64> = BTreeMap::new();
@@ -235,7 +259,9 @@ fn policy_agrees_on_preemption_and_the_cpus_held_for_suspended_jobs() {
         ScriptJob { submit: 700, cores: 2, estimate: 200 },
         ScriptJob { submit: 700, cores: 2, estimate: 5_000 },
     ];
-    assert!(agree(&two_nodes_of_four(), rules, &jobs, 50) > 0);
+    for deferred in [false, true] {
+        assert!(agree(&two_nodes_of_four(), rules, &jobs, 50, deferred) > 0);
+    }
 }
 
 #[test]
@@ -250,8 +276,10 @@ fn policy_agrees_over_random_scripts() {
         let mut suspensions = 0;
         for rules in rule_sets {
             for seed in 0..seeds {
-                suspensions +=
-                    agree(&topo, rules, &random_jobs(seed, 40, topo.pus.len() as u32), tick);
+                let jobs = random_jobs(seed, 40, topo.pus.len() as u32);
+                // The freezes queued and run without the lock as under the server, on odd
+                // seeds; at once, as driven directly, on even ones.
+                suspensions += agree(&topo, rules, &jobs, tick, seed % 2 == 1);
             }
         }
         assert!(suspensions > 0, "the scripts preempt on {}", topo.source);
