@@ -8,7 +8,9 @@
 //! holds is frozen and thawed by the kernel's freezer; one it does not hold (no topology
 //! request) gets what LSF would have sent, SIGSTOP and SIGCONT to its process groups.
 
-use crate::{call, connect, Daemon, Failure};
+use crate::cli::Daemon;
+use crate::live::{call, connect};
+use crate::Failure;
 use topo_core::batch;
 use topo_core::proto::Op;
 use topo_core::request::merge_extsched;

@@ -4,7 +4,8 @@
 //! The replay itself is `topo_core::sim` over `topo_core::policy`; this file reads the inputs,
 //! times the replays, and writes the table, the JSON and the SVG.
 
-use super::{load_path, print_json, Failure};
+use crate::offline::load_path;
+use crate::{print_json, Failure};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::coord::Shift;

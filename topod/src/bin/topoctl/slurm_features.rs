@@ -22,7 +22,9 @@
 //! reconfigure` and a slurmctld restart go back to slurm.conf's features, Slurm 22.05). A
 //! failed round (slurmctld restarting) is said on stderr and tried again.
 
-use crate::{call, connect, Daemon, Failure};
+use crate::cli::Daemon;
+use crate::live::{call, connect};
+use crate::Failure;
 use std::process::Command;
 use topo_core::proto::reply::FreeMap;
 use topo_core::proto::Op;

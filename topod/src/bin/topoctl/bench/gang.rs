@@ -16,7 +16,8 @@
 //!
 //! The measuring thread runs on another CPU than the jobs. Needs root and two CPUs.
 
-use crate::{call, print_json, Failure};
+use crate::live::call;
+use crate::{print_json, Failure};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::Serialize;

@@ -1,7 +1,8 @@
 //! `topoctl bench placement`: every strategy on one seeded job stream per machine
 //! (`topo_core::bench`), for locality, rejections and the time of each decision.
 
-use crate::{load_path, shared_topologies, Failure};
+use crate::offline::{load_path, shared_topologies};
+use crate::Failure;
 use std::path::PathBuf;
 use topo_core::bench;
 use topo_core::place::{HostModel, Strategy};

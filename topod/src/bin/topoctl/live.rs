@@ -1,0 +1,318 @@
+//! The commands that talk to this host's topod through its socket: `status`, `jobs`, `alloc`,
+//! `release`, `suspend`, `resume`, `resize`, reservations and `run`.
+
+use crate::cli::Daemon;
+use crate::{print_json, Failure};
+use nix::sys::signal::{SigHandler, Signal};
+use std::path::PathBuf;
+use topo_client::Client;
+use topo_core::ledger::Ledger;
+use topo_core::ledger::{Allocation, JobState, JobView};
+use topo_core::proto::reply::{FreeMap, Release};
+use topo_core::proto::Op;
+use topo_core::topology::Topology;
+use topod::picture::{self, Marks};
+
+pub(crate) fn connect(daemon: &Daemon) -> Result<Client, Failure> {
+    Client::connect(&daemon.socket).map_err(|e| Failure::runtime(e.to_string()))
+}
+
+/// Sends `op` and reads its reply as `T` (see `topo_core::proto::reply`).
+pub(crate) fn call<T: serde::de::DeserializeOwned>(
+    client: &mut Client,
+    op: Op,
+) -> Result<T, Failure> {
+    client.call_as(op).map_err(|e| Failure::runtime(e.to_string()))
+}
+
+fn live_state(daemon: &Daemon) -> Result<(Topology, Vec<JobView>, FreeMap), Failure> {
+    let mut c = connect(daemon)?;
+    Ok((call(&mut c, Op::Topology)?, call(&mut c, Op::List)?, call(&mut c, Op::FreeMap)?))
+}
+
+pub(crate) fn status(daemon: &Daemon, json: bool) -> Result<(), Failure> {
+    let (topo, jobs, free) = live_state(daemon)?;
+    if json {
+        return print_json(
+            &serde_json::json!({ "topology": topo, "jobs": jobs, "free_map": free }),
+        );
+    }
+    let mut ledger = Ledger::new();
+    // Running jobs first: a suspended job's CPUs may be lent to one of them.
+    let (frozen, jobs): (Vec<JobView>, Vec<JobView>) =
+        jobs.into_iter().partition(|j| j.state == JobState::Frozen);
+    let (suspended, running): (Vec<JobView>, Vec<JobView>) =
+        jobs.into_iter().partition(|j| j.state == JobState::Suspended || !j.lent_to.is_empty());
+    for j in running {
+        ledger
+            .insert(j.allocation)
+            .map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
+    }
+    for j in suspended {
+        ledger
+            .insert_suspended(j.allocation)
+            .map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
+    }
+    for j in frozen {
+        ledger
+            .insert_gang_frozen(j.allocation)
+            .map_err(|e| Failure::runtime(format!("topod's job list is inconsistent: {e}")))?;
+    }
+    let reserved = topo.allowed.difference(&free.allocatable);
+    print!("{}", picture::render(&topo, &ledger, &Marks { reserved }));
+    println!("\ngeneration {}, {} job(s)", free.generation, free.jobs);
+    Ok(())
+}
+
+pub(crate) fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
+    let (_, jobs, _) = live_state(daemon)?;
+    if json {
+        return print_json(&jobs);
+    }
+    if jobs.is_empty() {
+        println!("no jobs");
+        return Ok(());
+    }
+    // The first four columns stay where scripts read them (job, PUs, CPUs, mems).
+    println!(
+        "{:<16} {:>4}  {:<24} {:<8} {:<9} {:>6}  request",
+        "job", "PUs", "CPUs", "mems", "state", "owner"
+    );
+    for j in jobs {
+        let a = &j.allocation;
+        let owner = j.owner_uid.map(|u| u.to_string()).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<16} {:>4}  {:<24} {:<8} {:<9} {:>6}  {}",
+            a.job,
+            a.cpus.len(),
+            a.cpus.to_string(),
+            a.mems.to_string(),
+            j.state.to_string(),
+            owner,
+            match a.gang_row {
+                Some(row) => format!("{} (gang row {row})", a.request),
+                None => a.request.clone(),
+            }
+        );
+        if let Some(preemptor) = &j.preempted_by {
+            println!(
+                "{:<16} suspended by topod for job {preemptor}; resumed by topod once its CPUs are free of running jobs and of {preemptor}",
+                ""
+            );
+        }
+        for (holder, cpus) in &j.lent_to {
+            println!("{:<16} CPUs {cpus} lent to job {holder}", "");
+        }
+        for (owner, cpus) in &j.borrowed_from {
+            println!("{:<16} CPUs {cpus} borrowed from suspended job {owner}", "");
+        }
+        if let Some(m) = &j.missized {
+            println!("{:<16} mis-sized ({}): {}", "", m.kind.as_str(), m.reason);
+        }
+        let mut from = Vec::new();
+        if let Some(queue) = &j.queue {
+            from.push(format!("queue {queue}"));
+        }
+        if let Some(pool) = &j.pool {
+            from.push(format!("asks for prime-time pool {pool}"));
+        }
+        if !from.is_empty() {
+            println!("{:<16} {}", "", from.join(", "));
+        }
+        if let Some(cap) = j.tasks_cap {
+            println!(
+                "{:<16} its last resize asked for {cap} tasks: equipartition grows it no further",
+                ""
+            );
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn alloc_and_print(daemon: &Daemon, op: Op, json: bool) -> Result<(), Failure> {
+    let a: Allocation = call(&mut connect(daemon)?, op)?;
+    if json {
+        return print_json(&a);
+    }
+    match a.gang_row {
+        Some(row) => println!(
+            "job {}: CPUs {}, memory nodes {}, gang row {row} (shares its CPUs with other rows' jobs, taking turns)",
+            a.job, a.cpus, a.mems
+        ),
+        None => println!("job {}: CPUs {}, memory nodes {}", a.job, a.cpus, a.mems),
+    }
+    Ok(())
+}
+
+pub(crate) fn release_and_print(daemon: &Daemon, job: String, json: bool) -> Result<(), Failure> {
+    let r: Release = call(&mut connect(daemon)?, Op::Release { job })?;
+    if json {
+        return print_json(&r);
+    }
+    println!("job {} released ({} process(es) killed)", r.job, r.killed);
+    Ok(())
+}
+
+pub(crate) fn suspend_and_print(daemon: &Daemon, job: String, json: bool) -> Result<(), Failure> {
+    let r: topo_core::proto::reply::Suspend = call(&mut connect(daemon)?, Op::Suspend { job })?;
+    if json {
+        return print_json(&r);
+    }
+    println!(
+        "job {} suspended: frozen in {:.1} ms; its CPUs {} may be lent until it is resumed",
+        r.job,
+        r.frozen_after_us as f64 / 1000.0,
+        r.cpus
+    );
+    Ok(())
+}
+
+pub(crate) fn reserve_and_print(
+    daemon: &Daemon,
+    args: topo_core::proto::ReserveArgs,
+    json: bool,
+) -> Result<(), Failure> {
+    let r: topo_core::proto::reply::Reserve = call(&mut connect(daemon)?, Op::Reserve(args))?;
+    if json {
+        return print_json(&r);
+    }
+    let until = r.reservation.expires_at - r.reservation.made_at;
+    if r.busy.is_empty() {
+        println!(
+            "job {}: CPUs {} reserved for {until} s; all free now",
+            r.reservation.job, r.reservation.cpus
+        );
+    } else {
+        println!(
+            "job {}: CPUs {} reserved for {until} s; {} of them ({}) are busy until their jobs end",
+            r.reservation.job,
+            r.reservation.cpus,
+            r.busy.len(),
+            r.busy
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn unreserve_and_print(daemon: &Daemon, job: String) -> Result<(), Failure> {
+    let r: topo_core::reservation::Reservation =
+        call(&mut connect(daemon)?, Op::Unreserve { job })?;
+    println!("job {}: reservation of CPUs {} dropped", r.job, r.cpus);
+    Ok(())
+}
+
+pub(crate) fn reservations(daemon: &Daemon, json: bool) -> Result<(), Failure> {
+    let free: topo_core::proto::reply::FreeMap = call(&mut connect(daemon)?, Op::FreeMap)?;
+    if json {
+        return print_json(&free.reservations);
+    }
+    if free.reservations.is_empty() {
+        println!("no topology reservations");
+        return Ok(());
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    println!("{:<16} {:>4}  {:<24} {:>10}  request", "job", "PUs", "CPUs", "expires in");
+    for r in &free.reservations {
+        println!(
+            "{:<16} {:>4}  {:<24} {:>9}s  {}",
+            r.job,
+            r.cpus.len(),
+            r.cpus.to_string(),
+            (r.expires_at - now).max(0),
+            r.request
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn resize_and_print(
+    daemon: &Daemon,
+    job: String,
+    tasks: u32,
+    json: bool,
+) -> Result<(), Failure> {
+    let a: topo_core::ledger::Allocation =
+        call(&mut connect(daemon)?, Op::Resize { job: job.clone(), tasks })?;
+    if json {
+        return print_json(&a);
+    }
+    println!(
+        "job {job} now runs {} tasks on CPUs {} (memory nodes {})",
+        a.tasks.len(),
+        a.cpus,
+        a.mems
+    );
+    Ok(())
+}
+
+pub(crate) fn resume_and_print(daemon: &Daemon, job: String, json: bool) -> Result<(), Failure> {
+    let r: topo_core::proto::reply::Resume = call(&mut connect(daemon)?, Op::Resume { job })?;
+    if json {
+        return print_json(&r);
+    }
+    println!(
+        "job {} resumed on CPUs {} (thawed in {:.1} ms)",
+        r.job,
+        r.cpus,
+        r.thawed_after_us as f64 / 1000.0
+    );
+    Ok(())
+}
+
+pub(crate) fn run_job(
+    daemon: &Daemon,
+    request: String,
+    job: Option<String>,
+    command: &[String],
+) -> Result<(), Failure> {
+    let job = job.unwrap_or_else(|| format!("topoctl-run-{}", std::process::id()));
+    let mut c = connect(daemon)?;
+    let alloc: Allocation =
+        call(&mut c, Op::Allocate(topo_core::proto::AllocateArgs::new(job.clone(), request)))?;
+    eprintln!("topoctl: job {job} on CPUs {}", alloc.cpus);
+    // topo-exec moves itself into the job's cgroup before it execs the command, so nothing the
+    // command forks can start outside.
+    let topo_exec = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("topo-exec")))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("topo-exec"));
+    drop(c);
+    // Like a shell waiting for its foreground job: a Ctrl-C or Ctrl-\\ at the terminal reaches the
+    // command (same process group) and ends it, and topoctl stays to release the job.
+    let ignored = [Signal::SIGINT, Signal::SIGQUIT].map(|sig| {
+        // SAFETY: SIG_IGN installs no handler of ours; the previous disposition is put back below.
+        unsafe { nix::sys::signal::signal(sig, SigHandler::SigIgn) }.ok().map(|old| (sig, old))
+    });
+    let status = std::process::Command::new(&topo_exec)
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["--job", &job, "--"])
+        .args(command)
+        .status();
+    for (sig, old) in ignored.into_iter().flatten() {
+        // SAFETY: puts back the disposition `signal` returned above.
+        let _ = unsafe { nix::sys::signal::signal(sig, old) };
+    }
+    // A new connection: topod closes idle ones, and the command may have run for hours.
+    let released =
+        connect(daemon).and_then(|mut c| call::<Release>(&mut c, Op::Release { job: job.clone() }));
+    let status =
+        status.map_err(|e| Failure::runtime(format!("running {}: {e}", topo_exec.display())))?;
+    released.map_err(|e| {
+        Failure::runtime(format!(
+            "releasing job {job}: {}; release it with: topoctl release {job}",
+            e.message
+        ))
+    })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Failure {
+            message: format!("{} exited with {status}", command[0]),
+            code: status.code().map_or(1, |c| c.clamp(1, 255) as u8),
+        })
+    }
+}
