@@ -1,5 +1,5 @@
 //! The file system and processes under the cgroup backends, behind one trait: [`Kernel`] is the
-//! real one, [`fake_fs::FakeCgroupFs`](super::fake_fs::FakeCgroupFs) a cgroup file system
+//! real one, `fake_fs::FakeCgroupFs` a cgroup file system
 //! emulated in a temporary directory, so the backends' own code runs in unit tests.
 //!
 //! [`Files`] wraps either with the helpers both backends share, each error carrying the path

@@ -210,7 +210,7 @@ pub(crate) enum Command {
         /// Choose the block only inside these CPUs.
         #[arg(long, value_name = "LIST")]
         cpus: Option<String>,
-        /// The block's shape, as a request: affinity[numa], affinity[core(8,same=l3)].
+        /// The block's shape, as a request: `affinity[numa]`, `affinity[core(8,same=l3)]`.
         request: String,
         /// Print JSON.
         #[arg(long)]

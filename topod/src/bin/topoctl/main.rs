@@ -2,7 +2,7 @@
 //!
 //! [`cli`] is the command line (clap); [`offline`] the commands that work on any machine's
 //! topology file with no daemon and no root (`show`, `check`, `place`, `demo`); [`live`] those
-//! that ask this host's topod; [`simulate`] replays workload traces; [`bench`] holds the
+//! that ask this host's topod; [`simulate`] replays workload traces; [`bench`](mod@bench) holds the
 //! benchmarks (`topoctl bench ...`); [`lsf`] and [`slurm_features`] are the batch systems'
 //! helpers; [`docs`] writes the man pages and completions. This file dispatches.
 

@@ -68,7 +68,7 @@ impl Host {
         Ok(())
     }
 
-    /// The protocol's `resize`: [`Host::resize_to`], and `tasks` becomes the job's ceiling for
+    /// The protocol's `resize`: `Host::resize_to`, and `tasks` becomes the job's ceiling for
     /// equipartition ([`JobHint::tasks_cap`]), kept in its record, until the next `resize`.
     pub fn resize(&mut self, job: &str, tasks: u32) -> Result<Allocation, HostError> {
         let before = self.hints.get(job).and_then(|h| h.tasks_cap);
@@ -473,7 +473,7 @@ fn write_world_readable(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result
 
 /// The signal a job may choose to hear about its resizes by: a standard signal it can catch
 /// (1 to 31 on Linux, not SIGKILL or SIGSTOP; SIGUSR1 and SIGUSR2 are the usual choices). It
-/// goes only to the job's processes that catch it (see [`Host::tell`]).
+/// goes only to the job's processes that catch it (see `Host::tell`).
 pub fn check_resize_signal(signal: i32) -> Result<i32, String> {
     use nix::sys::signal::Signal;
     match Signal::try_from(signal) {
