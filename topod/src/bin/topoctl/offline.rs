@@ -181,11 +181,7 @@ pub(crate) fn place_cmd(
     Ok(())
 }
 
-fn place_all(
-    model: &HostModel,
-    requests: &[Request],
-    strategy: Strategy,
-) -> (Ledger, Vec<Placed>) {
+fn place_all(model: &HostModel, requests: &[Request], strategy: Strategy) -> (Ledger, Vec<Placed>) {
     let mut ledger = Ledger::new();
     let mut out = Vec::new();
     for (i, req) in requests.iter().enumerate() {

@@ -1,0 +1,103 @@
+//! What reads need: a [`Snapshot`] copied out under the host lock in a moment and published
+//! after every change, so that the free map, `fit`, the job list and the host picture are
+//! answered without the lock; and the jobs as clients see them ([`Host::jobs`]).
+
+use super::*;
+
+/// What reads need of the host, copied out under the lock in a moment and used without it.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The placement model (shared, replaced when foreign cpusets change).
+    pub model: Arc<HostModel>,
+    /// Held and fenced CPUs.
+    pub occupancy: place::Occupancy,
+    /// The ledger's generation.
+    pub generation: u64,
+    /// The jobs, with their state and owner.
+    pub jobs: Vec<JobView>,
+    /// Gang time slicing, when configured.
+    pub gang: Option<topo_core::proto::reply::GangStatus>,
+    /// The live topology reservations.
+    pub reservations: Vec<topo_core::reservation::Reservation>,
+    /// Whether the host moves jobs to make room (`defrag`).
+    pub defrag: bool,
+    /// The prime-time pools, open or not as of this snapshot.
+    pub pools: Vec<topo_core::proto::reply::PoolStatus>,
+}
+
+impl Snapshot {
+    /// Would `prepared` fit, and how well, for a job that has no reservation here (other jobs'
+    /// reserved blocks are not free to it).
+    pub fn fit(&self, prepared: &Prepared) -> Result<place::Fit, HostError> {
+        place::fit_and_score(&self.model, &self.usable(), &prepared.request).map_err(|source| {
+            HostError::DoesNotFit { job: String::new(), source, held_back: String::new() }
+        })
+    }
+
+    /// What is free, by shape, for a job that has no reservation here (what Slurm's features
+    /// and PBS's counts are made from).
+    pub fn host_metrics(&self) -> HostMetrics {
+        HostMetrics::measure(&self.model, &self.usable())
+    }
+
+    /// The occupancy with every reserved block fenced (the snapshot holds live ones only).
+    fn usable(&self) -> place::Occupancy {
+        topo_core::reservation::blocked_for(&self.occupancy, &self.reservations, "", i64::MIN)
+    }
+}
+
+impl Host {
+    /// What reads need, copied for use without the lock.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            model: self.model.clone(),
+            // With gang rows, what a job that runs through every slice must avoid.
+            occupancy: self.ledger.occupancy_for(None),
+            // Reservations change what placement may use, so they count as changes too.
+            generation: self.ledger.generation() + self.reservation_changes,
+            jobs: self.jobs(),
+            reservations: self.reservations(),
+            defrag: self.defrag.is_some(),
+            gang: self.gang_status.clone(),
+            pools: self.pool_status(),
+        }
+    }
+
+    /// Every job with its state, owner, and the CPUs lent between suspended and running jobs.
+    pub fn jobs(&self) -> Vec<JobView> {
+        let loans = self.ledger.lent();
+        let view = |a: &Allocation, state: JobState| JobView {
+            allocation: a.clone(),
+            state: if self.releasing.contains(&a.job) { JobState::Releasing } else { state },
+            owner_uid: self.owner_of(&a.job),
+            lent_to: loans
+                .iter()
+                .filter(|l| l.owner == a.job)
+                .map(|l| (l.holder.clone(), l.cpus.clone()))
+                .collect(),
+            borrowed_from: loans
+                .iter()
+                .filter(|l| l.holder == a.job)
+                .map(|l| (l.owner.clone(), l.cpus.clone()))
+                .collect(),
+            missized: self.missized.get(&a.job).cloned(),
+            preempted_by: (state == JobState::Suspended)
+                .then(|| self.hints.get(&a.job).and_then(|h| h.preempted_by.clone()))
+                .flatten(),
+            queue: self.hints.get(&a.job).and_then(|h| h.queue.clone()),
+            pool: self.hints.get(&a.job).and_then(|h| h.pool.clone()),
+            tasks_cap: self.hints.get(&a.job).and_then(|h| h.tasks_cap),
+            batch_suspended: state == JobState::Suspended
+                && self.hints.get(&a.job).is_some_and(|h| h.batch_suspended),
+        };
+        let mut jobs: Vec<JobView> = self
+            .ledger
+            .jobs()
+            .map(|a| view(a, JobState::Running))
+            .chain(self.ledger.suspended_jobs().map(|a| view(a, JobState::Suspended)))
+            .chain(self.ledger.gang_frozen_jobs().map(|a| view(a, JobState::Frozen)))
+            .collect();
+        jobs.sort_by(|a, b| a.allocation.job.cmp(&b.allocation.job));
+        jobs
+    }
+}
