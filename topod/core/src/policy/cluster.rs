@@ -686,12 +686,6 @@ enum Slot {
     Suspended(Suspended),
 }
 
-/// (time in the system + estimated time to run) ÷ estimate; the estimate counts as at least a
-/// second.
-fn expansion_factor(in_system: Time, to_run: Time, estimate: Time) -> f64 {
-    (in_system.max(0) + to_run.max(0)) as f64 / estimate.max(1) as f64
-}
-
 /// The policy core's state and its decisions. See the module documentation.
 #[derive(Debug)]
 pub struct PolicyCore {
@@ -1521,19 +1515,15 @@ impl PolicyCore {
             return;
         }
         let now = self.now;
-        let mut order: Vec<(f64, JobKey)> = self
-            .suspended
-            .iter()
-            .filter_map(|&job| match &self.jobs[job as usize] {
+        let order =
+            resume_order(self.suspended.iter().filter_map(|&job| match &self.jobs[job as usize] {
                 Slot::Suspended(s) => Some((
-                    expansion_factor(now - s.run.submitted, s.remaining, s.run.spec.estimate),
                     job,
+                    expansion_factor(now - s.run.submitted, s.remaining, s.run.spec.estimate),
                 )),
                 _ => None,
-            })
-            .collect();
-        order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        for (_, job) in order {
+            }));
+        for job in order {
             let Slot::Suspended(s) = &self.jobs[job as usize] else { continue };
             let free_again = s.run.parts.iter().all(|p| {
                 let occ = &self.rows[0].occupancy[p.host as usize];

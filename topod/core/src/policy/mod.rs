@@ -225,6 +225,23 @@ impl Default for Preempt {
     }
 }
 
+/// A job's expansion factor: (time in the system + estimated time still to run) ÷ estimate, the
+/// estimate counting as at least a second. Time suspended counts as time in the system. Who may
+/// preempt whom, and the order suspended jobs resume in, go by it; topod and the policy core both
+/// compute it here.
+pub fn expansion_factor(in_system: Time, to_run: Time, estimate: Time) -> f64 {
+    (in_system.max(0) + to_run.max(0)) as f64 / estimate.max(1) as f64
+}
+
+/// The order in which jobs suspended by preemption try to resume on their own CPUs, given each
+/// with its expansion factor: highest first, ties by job (so both drivers resume alike). Each
+/// resumes only if its CPUs are free by then, after those before it took theirs.
+pub fn resume_order<K: Ord>(waiting: impl IntoIterator<Item = (K, f64)>) -> Vec<K> {
+    let mut order: Vec<(K, f64)> = waiting.into_iter().collect();
+    order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    order.into_iter().map(|(job, _)| job).collect()
+}
+
 /// Whether a job that ends (by its estimate) at `ends_by` may start on the CPUs held for a job
 /// suspended by preemption that may resume at `resume_by` (its preemptor's estimated end; see
 /// [`Preempt`]). A job without an estimate (`None`), or a suspended job whose preemptor has none,

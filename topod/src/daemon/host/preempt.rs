@@ -63,13 +63,19 @@ impl Host {
         note
     }
 
-    /// A job's expansion factor now: (time since submission + estimated time still to run) ÷
-    /// estimate; `None` without a submission time and estimate.
+    /// A job's expansion factor now (`topo_core::policy::expansion_factor`): its time since
+    /// submission and its estimate less what it has run; `None` without a submission time and
+    /// estimate.
     pub(super) fn expansion_factor(&self, hint: &JobHint, now: i64) -> Option<f64> {
         let (submitted, estimate) = (hint.submitted_at?, hint.estimate_s?);
         let running = hint.running_since.map_or(0, |t| (now - t).max(0) as u64);
         let left = estimate.saturating_sub(hint.ran_s + running);
-        Some((now.saturating_sub(submitted).max(0) as f64 + left as f64) / estimate.max(1) as f64)
+        let as_time = |s: u64| i64::try_from(s).unwrap_or(i64::MAX);
+        Some(topo_core::policy::expansion_factor(
+            now.saturating_sub(submitted),
+            as_time(left),
+            as_time(estimate),
+        ))
     }
 
     /// Suspends the running jobs that free the tightest domain for `prepared` (see

@@ -347,7 +347,7 @@ impl Host {
     /// Returns them.
     pub fn resume_preempted(&mut self) -> Vec<String> {
         let now = self.now_s();
-        let mut waiting: Vec<(f64, String)> = self
+        let waiting: Vec<(String, f64)> = self
             .ledger
             .suspended_jobs()
             .filter_map(|a| {
@@ -374,12 +374,11 @@ impl Host {
                 {
                     return None;
                 }
-                Some((self.expansion_factor(hint, now).unwrap_or(0.0), a.job.clone()))
+                Some((a.job.clone(), self.expansion_factor(hint, now).unwrap_or(0.0)))
             })
             .collect();
-        waiting.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         let mut resumed = Vec::new();
-        for (_, job) in waiting {
+        for job in topo_core::policy::resume_order(waiting) {
             let Ok(id) = JobId::parse(&job) else { continue };
             if self.ledger.resume(&job, None).is_err() {
                 continue;
