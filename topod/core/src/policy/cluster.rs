@@ -1566,13 +1566,12 @@ impl PolicyCore {
             .ends
             .iter()
             .filter_map(|&(_, job)| match &self.jobs[job as usize] {
-                Slot::Running(r)
-                    if now - r.since >= rules.min_run
-                        && r.suspensions < rules.max_suspensions
-                        && r.xf(now) < head_xf
-                        && !self.holds_for_suspended(r) =>
-                {
-                    Some((job, r.xf(now)))
+                Slot::Running(r) => {
+                    let xf = r.xf(now);
+                    let holds = || self.holds_for_suspended(r).then(String::new);
+                    spared(&rules, now - r.since, r.suspensions, Some(xf), head_xf, holds)
+                        .is_none()
+                        .then_some((job, xf))
                 }
                 _ => None,
             })

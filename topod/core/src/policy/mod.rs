@@ -242,6 +242,65 @@ pub fn resume_order<K: Ord>(waiting: impl IntoIterator<Item = (K, f64)>) -> Vec<
     order.into_iter().map(|(job, _)| job).collect()
 }
 
+/// Why a running job may not be suspended for a waiting job (the rules of [`Preempt`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spared {
+    /// It has run `ran` seconds since its start or its resume after preemption, fewer than
+    /// `min_run`.
+    TooEarly {
+        /// Seconds it has run.
+        ran: Time,
+        /// [`Preempt::min_run`].
+        min_run: Time,
+    },
+    /// Preemption has suspended it `times` times already, `max` at most.
+    SuspendedEnough {
+        /// Suspensions by preemption so far.
+        times: u32,
+        /// [`Preempt::max_suspensions`].
+        max: u32,
+    },
+    /// It holds CPUs a job suspended by preemption waits for ([`holds_for_suspended`]).
+    HoldsForSuspended(String),
+    /// It has no expansion factor (no submission time or no estimate).
+    NoExpansionFactor,
+    /// Its expansion factor is not below the waiting job's.
+    NotLower {
+        /// Its expansion factor.
+        xf: f64,
+        /// The waiting job's.
+        for_xf: f64,
+    },
+}
+
+/// Whether a running job may be suspended for a waiting job whose expansion factor is
+/// `for_xf`: `None` when it may, else the first rule that spares it. `ran` is the time since
+/// its start or its last resume after preemption, `suspensions` how often preemption suspended
+/// it, `xf` its expansion factor; `holds` says whether it holds CPUs a suspended job waits for
+/// (asked last: the costliest). topod and the policy core both decide by this; topod adds what
+/// only a host knows (a job that did not say it is preemptible, a gang job, one being changed).
+pub fn spared(
+    rules: &Preempt,
+    ran: Time,
+    suspensions: u32,
+    xf: Option<f64>,
+    for_xf: f64,
+    holds: impl FnOnce() -> Option<String>,
+) -> Option<Spared> {
+    if ran < rules.min_run {
+        return Some(Spared::TooEarly { ran, min_run: rules.min_run });
+    }
+    if suspensions >= rules.max_suspensions {
+        return Some(Spared::SuspendedEnough { times: suspensions, max: rules.max_suspensions });
+    }
+    match xf {
+        None => return Some(Spared::NoExpansionFactor),
+        Some(xf) if xf >= for_xf => return Some(Spared::NotLower { xf, for_xf }),
+        Some(_) => {}
+    }
+    holds().map(Spared::HoldsForSuspended)
+}
+
 /// Whether a job that ends (by its estimate) at `ends_by` may start on the CPUs held for a job
 /// suspended by preemption that may resume at `resume_by` (its preemptor's estimated end; see
 /// [`Preempt`]). A job without an estimate (`None`), or a suspended job whose preemptor has none,

@@ -118,32 +118,19 @@ impl Host {
         let mut spared: Vec<String> = Vec::new();
         for a in self.ledger.jobs() {
             let Some(hint) = self.hints.get(&a.job) else { continue };
-            let ran = hint.protected_from().map_or(0, |t| now - t);
             // A job outside the CPUs the request may use frees nothing for it.
-            let within = prepared.request.cpu_list.as_ref().is_none_or(|l| a.cpus.intersects(l));
-            let spare = self.why_not_suspendable(&a.job, hint, ran, &rules);
-            let eligible = within && spare.is_none();
-            let xf = self.expansion_factor(hint, now);
-            match (eligible, xf) {
-                (true, Some(xf)) if xf < my_xf => {
-                    candidates.push(topo_core::policy::Candidate {
-                        job: a.job.clone(),
-                        xf,
-                        cpus: a.cpus.clone(),
-                        fenced: a.fenced.clone(),
-                        procs: a.cpus.len() as u32,
-                    });
-                }
-                _ if !within => {}
-                (true, Some(xf)) => spared.push(format!(
-                    "job {}'s expansion factor {xf:.2} is not below its {my_xf:.2}",
-                    a.job
-                )),
-                (true, None) => spared.push(format!(
-                    "job {} gave no submission time and time limit (no expansion factor)",
-                    a.job
-                )),
-                (false, _) => spared.extend(spare),
+            if prepared.request.cpu_list.as_ref().is_some_and(|l| !a.cpus.intersects(l)) {
+                continue;
+            }
+            match self.why_not_suspendable(&a.job, hint, now, my_xf, &rules) {
+                Some(why) => spared.push(why),
+                None => candidates.push(topo_core::policy::Candidate {
+                    job: a.job.clone(),
+                    xf: self.expansion_factor(hint, now).unwrap_or(0.0),
+                    cpus: a.cpus.clone(),
+                    fenced: a.fenced.clone(),
+                    procs: a.cpus.len() as u32,
+                }),
             }
         }
         if candidates.is_empty() {
@@ -278,43 +265,50 @@ impl Host {
         }
     }
 
-    /// The rule that keeps a running job from being suspended for a preemptor (the first that
-    /// does), or `None` when it may be: the one place both the choice of victims and the
-    /// refusal's text come from.
+    /// The rule that keeps a running job from being suspended for a preemptor whose expansion
+    /// factor is `for_xf` (the first that does), or `None` when it may be: the one place both
+    /// the choice of victims and the refusal's text come from. What only a host knows first,
+    /// then the rules topod shares with the policy core (`topo_core::policy::spared`).
     pub(super) fn why_not_suspendable(
         &self,
         job: &str,
         hint: &JobHint,
-        ran: i64,
+        now: i64,
+        for_xf: f64,
         rules: &topo_core::policy::Preempt,
     ) -> Option<String> {
+        use topo_core::policy::Spared;
         let gang = self.ledger.get(job).is_some_and(|a| a.gang_row.is_some());
-        Some(if !hint.preemptible {
-            format!("job {job} did not say it may be suspended (preemptible)")
+        if !hint.preemptible {
+            return Some(format!("job {job} did not say it may be suspended (preemptible)"));
         } else if self.ledger.is_suspended(job) {
             // It runs on nothing to free, and its suspension is somebody else's.
-            format!("job {job} is suspended already")
+            return Some(format!("job {job} is suspended already"));
         } else if gang {
-            format!("job {job} is gang-scheduled")
+            return Some(format!("job {job} is gang-scheduled"));
         } else if self.releasing.contains(job)
             || self.changing.contains_key(job)
             || self.is_switching(job)
         {
-            format!("job {job} is being changed")
-        } else if ran < rules.min_run {
-            format!(
-                "job {job} has run {ran} s since its start or its resume after preemption, less than preempt_min_run_s {}",
-                rules.min_run
-            )
-        } else if hint.suspensions >= rules.max_suspensions {
-            format!(
-                "job {job} was suspended {} time(s) by preemption already (preempt_max_suspensions {})",
-                hint.suspensions, rules.max_suspensions
-            )
-        } else if let Some(why) = self.holds_for_preempted(job) {
-            format!("job {job} may not be suspended: {why}")
-        } else {
-            return None;
+            return Some(format!("job {job} is being changed"));
+        }
+        let ran = hint.protected_from().map_or(0, |t| now - t);
+        let xf = self.expansion_factor(hint, now);
+        let holds = || self.holds_for_preempted(job);
+        Some(match topo_core::policy::spared(rules, ran, hint.suspensions, xf, for_xf, holds)? {
+            Spared::TooEarly { ran, min_run } => format!(
+                "job {job} has run {ran} s since its start or its resume after preemption, less than preempt_min_run_s {min_run}"
+            ),
+            Spared::SuspendedEnough { times, max } => format!(
+                "job {job} was suspended {times} time(s) by preemption already (preempt_max_suspensions {max})"
+            ),
+            Spared::NoExpansionFactor => format!(
+                "job {job} gave no submission time and time limit (no expansion factor)"
+            ),
+            Spared::NotLower { xf, for_xf } => {
+                format!("job {job}'s expansion factor {xf:.2} is not below its {for_xf:.2}")
+            }
+            Spared::HoldsForSuspended(why) => format!("job {job} may not be suspended: {why}"),
         })
     }
 
