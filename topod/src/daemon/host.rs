@@ -32,7 +32,9 @@ pub use recover::Recovery;
 pub use reserve::MAX_RESERVATION_S;
 pub use settle::KernelWork;
 pub use snapshot::Snapshot;
-pub use space::DefragConfig;
+/// Defragmenting migration's settings (topod.toml `defrag`, `migrate_min_run_s`,
+/// `migrate_gap_s`): the policy core's, whose rule for when a job may be moved both apply.
+pub use topo_core::policy::Defrag;
 
 use super::records::{Records, RecordsError};
 use crate::cgroup::{CgroupBackend, CgroupError, CgroupSpec, JobId, JobIdError, ReleaseReport};
@@ -638,7 +640,7 @@ pub struct Host {
     /// Malleable jobs share what rigid jobs leave equally (see [`space`]).
     equipartition: bool,
     /// Defragmenting migration, when on (see [`space`]).
-    defrag: Option<DefragConfig>,
+    defrag: Option<Defrag>,
     /// Tells Slurm and PBS of the CPUs topod changed in their running jobs, when set.
     batch_reporter: Option<super::batch_report::BatchReporter>,
 }

@@ -190,15 +190,15 @@ impl Config {
     }
 
     /// Defragmenting migration's settings, when `defrag` is on.
-    pub fn defrag(&self) -> Option<host::DefragConfig> {
+    pub fn defrag(&self) -> Option<host::Defrag> {
         let d = topo_core::defrag::DefragLimits::default();
         let limits = topo_core::defrag::DefragLimits {
             max_moves: self.defrag_max_moves.unwrap_or(d.max_moves),
             ..d
         };
-        self.defrag.then(|| host::DefragConfig {
-            min_run_s: self.migrate_min_run_s.unwrap_or(60) as i64,
-            gap_s: self.migrate_gap_s.unwrap_or(300) as i64,
+        self.defrag.then(|| host::Defrag {
+            min_run: self.migrate_min_run_s.unwrap_or(60) as i64,
+            gap: self.migrate_gap_s.unwrap_or(300) as i64,
             limits,
         })
     }

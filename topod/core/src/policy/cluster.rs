@@ -124,7 +124,7 @@
 
 use super::*;
 use crate::cpuset::CpuSet;
-use crate::defrag::{self, DefragLimits, Movable};
+use crate::defrag::{self, Movable};
 use crate::malleable::{self, EquipartitionError, Malleable};
 use crate::place::{self, HostModel, Occupancy, PlaceError, Placement, Strategy};
 use crate::prime::{self, Asker, LocalTime, OnOpen, Window};
@@ -214,27 +214,6 @@ impl PolicyConfig {
             move_cost: 0,
             suspend_cost: 0,
         }
-    }
-}
-
-/// Defragmenting migration (see the module documentation): when a job is refused on shape
-/// although enough cores are free, running jobs are moved by [`defrag::plan_moves`] within
-/// `limits`, but not a job that has run less than `min_run` seconds, nor one moved or resized
-/// within the last `gap` seconds (topod's `migrate_min_run_s` and `migrate_gap_s`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Defrag {
-    /// Seconds a job runs before it may be moved.
-    pub min_run: Time,
-    /// Seconds after a move or resize before the job may be moved again.
-    pub gap: Time,
-    /// How far the planner may go.
-    pub limits: DefragLimits,
-}
-
-impl Default for Defrag {
-    /// 60 s, 300 s and the planner's own limits (up to 4 moves), as topod's defaults.
-    fn default() -> Self {
-        Defrag { min_run: 60, gap: 300, limits: DefragLimits::default() }
     }
 }
 
@@ -2527,8 +2506,7 @@ impl PolicyCore {
                 let part = r.parts.iter().find(|p| p.host == host)?;
                 let tasks = part.placement.tasks.len() as u32;
                 let request = if r.numa_local { numa_request(tasks) } else { cores_request(tasks) };
-                let may_move = now - r.since >= rules.min_run
-                    && r.moved_at.is_none_or(|t| now - t >= rules.gap);
+                let may_move = rules.may_move(now, r.since, r.moved_at);
                 Some((other, Arc::clone(&part.placement), request, may_move))
             })
             .collect();

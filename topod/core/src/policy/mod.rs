@@ -15,6 +15,7 @@
 //! Nothing here reads a clock, sleeps or does I/O: times are the caller's (seconds, any origin).
 
 use crate::cpuset::CpuSet;
+use crate::defrag::DefragLimits;
 use crate::place::{self, HostModel, Occupancy, PlaceError, Placement, Strategy};
 use crate::request::{Level, Request};
 use std::collections::BTreeMap;
@@ -222,6 +223,36 @@ pub struct Preempt {
 impl Default for Preempt {
     fn default() -> Self {
         Preempt { min_run: 300, max_suspensions: 2, min_xf: 2.0 }
+    }
+}
+
+/// Defragmenting migration (see the cluster core's documentation): when a job is refused on shape
+/// although enough cores are free, running jobs are moved by [`crate::defrag::plan_moves`] within
+/// `limits`, but not a job that has run less than `min_run` seconds, nor one moved or resized
+/// within the last `gap` seconds (topod's `migrate_min_run_s` and `migrate_gap_s`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Defrag {
+    /// Seconds a job runs before it may be moved.
+    pub min_run: Time,
+    /// Seconds after a move or resize before the job may be moved again.
+    pub gap: Time,
+    /// How far the planner may go.
+    pub limits: DefragLimits,
+}
+
+impl Default for Defrag {
+    /// 60 s, 300 s and the planner's own limits (up to 4 moves), as topod's defaults.
+    fn default() -> Self {
+        Defrag { min_run: 60, gap: 300, limits: DefragLimits::default() }
+    }
+}
+
+impl Defrag {
+    /// Whether a job running since `since` (its start, or its resume after preemption), last
+    /// moved or resized at `moved_at`, may be moved at `now`. topod and the policy core both
+    /// decide by this.
+    pub fn may_move(&self, now: Time, since: Time, moved_at: Option<Time>) -> bool {
+        now - since >= self.min_run && moved_at.is_none_or(|t| now - t >= self.gap)
     }
 }
 

@@ -10,21 +10,11 @@
 
 use super::{Host, HostError, JobHint, Prepared};
 use topo_core::cpuset::CpuSet;
-use topo_core::defrag::{self, DefragLimits, Movable};
+use topo_core::defrag::{self, Movable};
 use topo_core::ledger::{Allocation, JobState};
 use topo_core::malleable::{self, Malleable};
+use topo_core::policy::Defrag;
 use topo_core::request::{self, Request};
-
-/// Defragmenting migration's settings (topod.toml `defrag`, `migrate_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DefragConfig {
-    /// A job is not moved before it has run this long, seconds.
-    pub min_run_s: i64,
-    /// Nor within this long of its last move, seconds.
-    pub gap_s: i64,
-    /// How far the planner may go.
-    pub limits: DefragLimits,
-}
 
 /// A job arriving on the host, for equipartition's shares beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +42,7 @@ impl Host {
     }
 
     /// Turns defragmenting migration on (`Some`) or off.
-    pub fn set_defrag(&mut self, defrag: Option<DefragConfig>) {
+    pub fn set_defrag(&mut self, defrag: Option<Defrag>) {
         self.defrag = defrag;
     }
 
@@ -268,8 +258,7 @@ impl Host {
                 // As for preemption: its owner's suspend and resume do not restart the time.
                 let started = hint.and_then(JobHint::protected_from).unwrap_or(now);
                 let last_move = hint.and_then(|h| h.moved_at);
-                let may = now - started >= cfg.min_run_s
-                    && last_move.is_none_or(|t| now - t >= cfg.gap_s);
+                let may = cfg.may_move(now, started, last_move);
                 Some((a.clone(), req, may))
             })
             .collect();
@@ -343,17 +332,17 @@ impl Host {
                     let hint = self.hints.get(&a.job);
                     let started = hint.and_then(JobHint::protected_from).unwrap_or(now);
                     match hint.and_then(|h| h.moved_at) {
-                        Some(t) if now - t < cfg.gap_s => format!(
+                        Some(t) if now - t < cfg.gap => format!(
                             "job {} was moved or resized {} s ago, less than migrate_gap_s {}",
                             a.job,
                             now - t,
-                            cfg.gap_s
+                            cfg.gap
                         ),
                         _ => format!(
                             "job {} has run {} s, less than migrate_min_run_s {}",
                             a.job,
                             now - started,
-                            cfg.min_run_s
+                            cfg.min_run
                         ),
                     }
                 })

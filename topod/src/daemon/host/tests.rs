@@ -657,9 +657,9 @@ fn defrag_moves_the_fewest_jobs_to_make_room_and_keeps_its_delay_timers() {
     let clock = Arc::new(std::sync::atomic::AtomicI64::new(1_000));
     let c = clock.clone();
     h.set_clock(Arc::new(move || at(c.load(std::sync::atomic::Ordering::SeqCst) as u64)));
-    h.set_defrag(Some(DefragConfig {
-        min_run_s: 60,
-        gap_s: 300,
+    h.set_defrag(Some(Defrag {
+        min_run: 60,
+        gap: 300,
         limits: topo_core::defrag::DefragLimits::default(),
     }));
     // Two CPUs taken on each node: four free, but not four in one node. (Not with a CPU
@@ -742,9 +742,9 @@ fn defrag_round_as_the_crash_test_plays_it() {
     });
     let kernel = kernel_for(&topo);
     let mut h = host_on(&topo, &kernel, None);
-    h.set_defrag(Some(DefragConfig {
-        min_run_s: 0,
-        gap_s: 0,
+    h.set_defrag(Some(Defrag {
+        min_run: 0,
+        gap: 0,
         limits: topo_core::defrag::DefragLimits::default(),
     }));
     for j in ["a", "b", "c"] {
@@ -843,9 +843,9 @@ fn defrag_moves_no_job_into_an_open_prime_pool_that_does_not_admit_it() {
     let topo = two_nodes_of_four();
     let kernel = kernel_for(&topo);
     let mut h = host_on(&topo, &kernel, None);
-    h.set_defrag(Some(DefragConfig {
-        min_run_s: 0,
-        gap_s: 0,
+    h.set_defrag(Some(Defrag {
+        min_run: 0,
+        gap: 0,
         limits: topo_core::defrag::DefragLimits::default(),
     }));
     let node0 = h.model().numa[0].clone();
