@@ -44,6 +44,12 @@ fn a_valid_configuration_is_said_valid() {
 fn each_mistake_is_named_plainly_with_its_file() {
     for (text, expected) in [
         ("gang_rows = 1\n", "gang_rows must be 2 to 64"),
+        // The policies that do not combine, as the simulator refuses them too.
+        ("equipartition = true\npreempt = true\n", "equipartition does not go with preempt"),
+        (
+            "equipartition = true\ngang_rows = 2\n",
+            "equipartition does not go with preempt or gang_rows",
+        ),
         ("bogus = 1\n", "unknown field `bogus`"),
         ("cgroup_subtree = \"../x\"\n", "cgroup_subtree"),
         // Checked against the machine, as a start does: these CPUs leave none to allocate.

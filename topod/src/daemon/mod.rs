@@ -135,7 +135,7 @@ pub struct Config {
     pub prime_pools: Vec<host::PoolConfig>,
     /// Malleable jobs (requests `*min-max`) share the CPUs rigid jobs leave equally within
     /// their ranges, rebalanced at every allocate and release; an arrival that does not fit
-    /// shrinks them toward their least first.
+    /// shrinks them toward their least first. Not with `preempt` or `gang_rows`.
     #[serde(default)]
     pub equipartition: bool,
     /// Defragmenting migration: an allocate that does not fit although enough CPUs are free
@@ -345,6 +345,11 @@ impl Config {
             } else {
                 None
             });
+        let bad_gang = bad_gang.or((config.equipartition
+            && (config.preempt || config.gang_rows.is_some()))
+        .then_some(
+            "equipartition does not go with preempt or gang_rows: it would resize malleable jobs while jobs are suspended or frozen on CPUs held for their resume (the simulator refuses +malleable with +preempt or +gang for the same reason); turn one off",
+        ));
         let bad_gang = bad_gang.or(
             if config.metrics_interval_s.is_some_and(|s| !(1..=3600).contains(&s)) {
                 Some("metrics_interval_s must be 1 to 3600 (seconds)")
