@@ -467,6 +467,53 @@ static void scenario_restart(void) {
 #endif
 }
 
+/* A request whose canonical form is longer than a handler key (265 bytes): keyed by a hash. */
+#define LONG_REQUEST                                                                                                   \
+    "CPUSET[CPU_LIST=0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32,34,36,38,40,42,44,46,48,50,52,54,56,58,60,62,64,"  \
+    "66,68,70,72,74,76,78,80,82,84,86,88,90,92,94] affinity[thread(1,same=numa,exclusive=(core,alljobs))*24:"          \
+    "cpubind=thread:membind=localonly:distribute=balance]"
+
+/* A restarted scheduler replays a running job keyed by a hash (issue 31): "save" (one process)
+ * makes the key and writes it to $HARNESS_KEY_FILE; "replay" (a new process, which never saw the
+ * request) replays the job with that key at NOTIFY_STARTUP. Before, the new process did not
+ * know the hash: notifyAllocFn returned -1 and the job's CPUs were offered to the next job. */
+static void scenario_longkey(const char *mode) {
+    const char *file = getenv("HARNESS_KEY_FILE");
+    if (!file) {
+        check(0, "HARNESS_KEY_FILE is set");
+        return;
+    }
+    if (strcmp(mode, "save") == 0) {
+        fprintf(stderr, "a request longer than a handler key is keyed by a hash\n");
+        struct resreq *r = new_resreq(LONG_REQUEST, NULL, NULL);
+        check(r->key && strlen(r->key) <= 256 && strncmp(r->key, "topo#h#", 7) == 0, "its key is a hash (%s)",
+              r->key ? r->key : "none");
+        FILE *f = fopen(file, "w");
+        if (f && r->key) {
+            fputs(r->key, f);
+            fclose(f);
+        }
+        free_resreq(r);
+        return;
+    }
+    fprintf(stderr, "a new scheduler process replays a job keyed by a hash it never made\n");
+    char key[300] = {0};
+    FILE *f = fopen(file, "r");
+    check(f && fgets(key, sizeof key, f), "the first process's key is read");
+    if (f)
+        fclose(f);
+    struct job j = {301, 0, key};
+    struct alloc a = {"h2", 24};
+    int rc = handler.notifyAllocFn(NULL, &j, &a, NULL, NOTIFY_STARTUP);
+    check(rc == 0, "notifyAllocFn(job 301 on h2, NOTIFY_STARTUP) with the hashed key returns 0 (got %d)", rc);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "grep -q 'lsf-301.*startup=true' '%s'", getenv("HARNESS_LOG"));
+    check(system(cmd) == 0, "the module reserved the replayed job's CPUs on h2 (its log says so)");
+    j.res_key = key;
+    rc = handler.notifyAllocFn(NULL, &j, &a, NULL, NOTIFY_DEALLOC);
+    check(rc == 0, "and deallocates it (%d)", rc);
+}
+
 /* The module as the scheduler holds it: the library and its seven entry points. */
 static void *module_so;
 static int (*entry_fn[7])(void *);
@@ -685,6 +732,10 @@ int main(int argc, char **argv) {
         scenario_reinit(argv[1]);
     else if (strcmp(argv[2], "blocks") == 0)
         scenario_blocks();
+    else if (strcmp(argv[2], "longkey-save") == 0)
+        scenario_longkey("save");
+    else if (strcmp(argv[2], "longkey-replay") == 0)
+        scenario_longkey("replay");
     else if (strcmp(argv[2], "refuse") == 0) {
         struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
         check(big->set, "and the next sched_init works: newFn attaches data");

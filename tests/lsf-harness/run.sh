@@ -88,6 +88,10 @@ run "$work/harness" "$work/schmod_topo.so" restart || status=1
 run "$work/harness-lsb" "$work/schmod_topo.so" restart || status=1
 run "$work/harness" "$work/schmod_topo.so" reinit || status=1
 run "$work/harness" "$work/schmod_topo.so" refuse || status=1
+# A request longer than a handler key, made in one scheduler process and replayed in a new one
+# (the key is kept in key_dir, by default beside the log file).
+HARNESS_KEY_FILE="$work/longkey" run "$work/harness" "$work/schmod_topo.so" longkey-save || status=1
+HARNESS_KEY_FILE="$work/longkey" HARNESS_LOG="$work/schmod_topo.log" run "$work/harness" "$work/schmod_topo.so" longkey-replay || status=1
 TOPO_LSF_PANIC_IN=matchFn run "$work/harness" "$work/schmod_topo_panic.so" panic || status=1
 # The whole session again under memcheck: no error, nothing definitely lost. (Job 101 is held
 # by h1's topod by now; the session's expectations hold either way.)

@@ -30,6 +30,11 @@ pub struct LsfConfig {
     /// `-extsched` element it receives, so that a site can see which element holds the job's
     /// string.
     pub log_level: String,
+    /// Where requests longer than a handler key may be are kept for a new scheduler process
+    /// (its replays of running jobs name them by a hash): a directory of the scheduler user's
+    /// own, mode 0700. Default: `schmod_topo.keys` beside the log file; if that cannot be
+    /// used, the module warns and keeps them in memory only.
+    pub key_dir: Option<PathBuf>,
 }
 
 impl Default for LsfConfig {
@@ -42,6 +47,7 @@ impl Default for LsfConfig {
             reason_base: 20001,
             log_file: dir.join("schmod_topo.log"),
             log_level: "info".into(),
+            key_dir: None,
         }
     }
 }

@@ -1,10 +1,11 @@
 //! The pure part of the module: which `-extsched` strings are topo's, the handler key that
 //! makes jobs with equal requests peers, and the job ids shared with `topo-exec`.
 
+use crate::keys::KeyStore;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use topo_core::request::{merge_extsched, MergeError, Request};
 
 /// Marks topo's handler keys; what follows is the canonical request, or (for a request whose
@@ -93,8 +94,9 @@ pub fn topo_part(text: &str) -> Option<String> {
 
 /// Requests keyed by a hash ([`KEY_MAX`]), so that `notifyAllocFn` finds the request of a job
 /// whose key is one. Bounded: past [`LONG_KEYS_MAX`] distinct long requests the one used least
-/// recently is forgotten (a job keyed by it then gets no tentative reservation; its host's
-/// topod still places it), so a key is never longer than [`KEY_MAX`].
+/// recently is forgotten here, and read back from the key store ([`crate::keys`]) when a job
+/// keyed by it is notified; so a key is never longer than [`KEY_MAX`], and a running job's
+/// request is never lost, also to a new scheduler process.
 static LONG_KEYS: Mutex<Option<LongKeys>> = Mutex::new(None);
 const LONG_KEYS_MAX: usize = 16_384;
 
@@ -116,29 +118,84 @@ fn hash_of(parts: &[&str]) -> String {
     format!("{:016x}{:016x}", half(1), half(2))
 }
 
-/// The handler key of `request`: its canonical form, or its hash when that is too long.
-pub fn key_of(request: &Request) -> String {
-    let canonical = format!("{KEY_PREFIX}{request}");
-    if canonical.len() <= KEY_MAX {
-        return canonical;
-    }
-    let mut keys = LONG_KEYS.lock().unwrap_or_else(|e| e.into_inner());
-    let keys = keys.get_or_insert_with(LongKeys::default);
-    keys.tick += 1;
-    let tick = keys.tick;
-    let mut key = format!("{KEY_PREFIX}h#{}", hash_of(&[&canonical]));
-    if keys.by_key.get(&key).is_some_and(|(r, _)| r != request) {
-        // Another request has this hash: salt it with the tick, unique from here on.
-        key = format!("{KEY_PREFIX}h#{}", hash_of(&[&canonical, &tick.to_string()]));
-    }
-    if keys.by_key.len() >= LONG_KEYS_MAX && !keys.by_key.contains_key(&key) {
+/// Where long requests outlive the process ([`crate::keys`]), once `sched_init` has set it.
+static KEY_STORE: Mutex<Option<Arc<dyn KeyStore>>> = Mutex::new(None);
+
+/// Sets where long requests are kept for a new scheduler process (`None`: memory only).
+pub fn set_key_store(store: Option<Arc<dyn KeyStore>>) {
+    *KEY_STORE.lock().unwrap_or_else(|e| e.into_inner()) = store;
+}
+
+fn key_store() -> Option<Arc<dyn KeyStore>> {
+    KEY_STORE.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Keeps `request` under `key` in memory, the one used least recently forgotten past
+/// [`LONG_KEYS_MAX`] (the key store still has it).
+fn remember(keys: &mut LongKeys, key: &str, request: &Request, tick: u64) {
+    if keys.by_key.len() >= LONG_KEYS_MAX && !keys.by_key.contains_key(key) {
         let oldest = keys.by_key.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone());
         if let Some(oldest) = oldest {
             keys.by_key.remove(&oldest);
         }
     }
-    keys.by_key.insert(key.clone(), (request.clone(), tick));
+    keys.by_key.insert(key.to_string(), (request.clone(), tick));
+}
+
+/// The handler key of `request`: its canonical form, or its hash when that is too long (the
+/// request then kept in memory and in the key store, so that a new process finds it too).
+pub fn key_of(request: &Request) -> String {
+    let canonical = format!("{KEY_PREFIX}{request}");
+    if canonical.len() <= KEY_MAX {
+        return canonical;
+    }
+    let (key, new) = {
+        let mut keys = LONG_KEYS.lock().unwrap_or_else(|e| e.into_inner());
+        let keys = keys.get_or_insert_with(LongKeys::default);
+        keys.tick += 1;
+        let tick = keys.tick;
+        let mut key = format!("{KEY_PREFIX}h#{}", hash_of(&[&canonical]));
+        if keys.by_key.get(&key).is_some_and(|(r, _)| r != request) {
+            // Another request has this hash: salt it with the tick, unique from here on.
+            key = format!("{KEY_PREFIX}h#{}", hash_of(&[&canonical, &tick.to_string()]));
+        }
+        let new = !keys.by_key.contains_key(&key);
+        remember(keys, &key, request, tick);
+        (key, new)
+    };
+    if new {
+        // Written outside the lock: a file write must not hold up other requirements' keys.
+        if let Some(store) = key_store() {
+            store.save(&key[KEY_PREFIX.len() + 2..], &canonical[KEY_PREFIX.len()..]);
+        }
+    }
     key
+}
+
+/// The request kept under a hashed key: in memory, else in the key store (a key a previous
+/// scheduler process made, replayed at `NOTIFY_STARTUP`), then remembered.
+fn long_request(key: &str) -> Option<Request> {
+    {
+        let keys = LONG_KEYS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((r, _)) = keys.as_ref().and_then(|k| k.by_key.get(key)) {
+            return Some(r.clone());
+        }
+    }
+    let hash = key.strip_prefix(KEY_PREFIX)?.strip_prefix("h#")?;
+    let text = key_store()?.load(hash)?;
+    let request = match topo_core::request::parse(&text) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(key, "the key store's request for this key does not parse: {e}");
+            return None;
+        }
+    };
+    let mut keys = LONG_KEYS.lock().unwrap_or_else(|e| e.into_inner());
+    let keys = keys.get_or_insert_with(LongKeys::default);
+    keys.tick += 1;
+    let tick = keys.tick;
+    remember(keys, key, &request, tick);
+    Some(request)
 }
 
 /// The job's own topology string among the elements `getextresreq` returned.
@@ -243,10 +300,9 @@ pub fn request_from_key(key: &str) -> Option<Result<Request, String>> {
         return Some(Err("the job's topology request does not parse".into()));
     }
     if text.starts_with("h#") {
-        let keys = LONG_KEYS.lock().unwrap_or_else(|e| e.into_inner());
-        let found = keys.as_ref().and_then(|k| k.by_key.get(&key[at..])).map(|(r, _)| r.clone());
-        return Some(found.ok_or_else(|| {
-            "the job's topology request is keyed by a hash this module no longer has".to_string()
+        return Some(long_request(&key[at..]).ok_or_else(|| {
+            "the job's topology request is keyed by a hash neither this module nor its key_dir has"
+                .to_string()
         }));
     }
     Some(topo_core::request::parse(text).map_err(|e| e.to_string()))
@@ -359,8 +415,50 @@ mod tests {
         assert_eq!(decide(Some("filer[affinity[x]]"), None, None), Decision::NotOurs);
     }
 
+    /// The tests that use hashed keys, one at a time: they share the process's registry.
+    static LONG_KEY_TESTS: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn a_long_request_is_found_by_a_new_process_and_after_memory_forgot_it() {
+        let _one = LONG_KEY_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let store = Arc::new(crate::keys::MemKeyStore::default());
+        set_key_store(Some(store.clone()));
+        let long = |odd: u32| {
+            let list: String = (0..200).step_by(2).map(|c| format!("{c},")).collect();
+            format!("CPUSET[CPU_LIST={list}{}]", 201 + 2 * odd)
+        };
+        let Decision::Request { key, request } = decide(Some(&long(0)), None, None) else {
+            panic!("a request")
+        };
+        assert!(key.len() <= KEY_MAX);
+        assert_eq!(key_of(&request), key);
+        assert_eq!(store.0.lock().unwrap().len(), 1, "written once");
+        // A new scheduler process: nothing in memory, the key store kept. Its replay of the
+        // running job (NOTIFY_STARTUP) finds the request.
+        *LONG_KEYS.lock().unwrap() = None;
+        assert_eq!(request_from_key(&key).unwrap().unwrap(), request);
+        // Without a key store, it could not.
+        *LONG_KEYS.lock().unwrap() = None;
+        set_key_store(None);
+        let e = request_from_key(&key).unwrap().unwrap_err();
+        assert!(e.contains("neither this module nor its key_dir"), "{e}");
+        // Memory forgets the oldest past LONG_KEYS_MAX distinct long requests; the store does
+        // not, so a running job's request is never lost.
+        set_key_store(Some(store.clone()));
+        assert_eq!(key_of(&request), key);
+        for odd in 1..=LONG_KEYS_MAX as u32 {
+            let Ok(r) = topo_core::request::parse(&long(odd)) else { panic!("parses") };
+            key_of(&r);
+        }
+        assert!(LONG_KEYS.lock().unwrap().as_ref().unwrap().by_key.get(&key).is_none());
+        assert_eq!(request_from_key(&key).unwrap().unwrap(), request);
+        *LONG_KEYS.lock().unwrap() = None;
+        set_key_store(None);
+    }
+
     #[test]
     fn keys_and_reasons_are_bounded() {
+        let _one = LONG_KEY_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let list: String = (0..20000).step_by(2).map(|c| format!("{c},")).collect();
         let long = format!("CPUSET[CPU_LIST={list}0]");
         match decide(Some(&long), None, None) {

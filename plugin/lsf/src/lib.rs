@@ -37,6 +37,7 @@ pub mod config;
 pub mod extsched;
 mod handler;
 mod hosts;
+pub mod keys;
 
 use api::Api;
 use config::ModuleConfig;
@@ -158,6 +159,7 @@ fn init() -> Result<c_int, String> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %path.display(), header = topo_lsf_sys::HEADER_USED, "schmod_topo starting");
     let api = Api::resolve()?;
     tracing::info!(flavour = ?api.flavour, "scheduler interface resolved");
+    open_key_store(&config.lsf)?;
     let hosts = config.cache.validate().map_err(|e| e.to_string())?;
     // From here the cache holds the hosts; the configuration's own copy (and the refresher's
     // copy of the configuration) would be two more of ten thousand names and addresses.
@@ -203,6 +205,28 @@ fn init() -> Result<c_int, String> {
     *MODULE.write().unwrap_or_else(|e| e.into_inner()) = Some(module);
     tracing::info!(handler_id, hosts = hosts.len(), ?unreachable, "handler registered");
     Ok(0)
+}
+
+/// Where long requests are kept for a new scheduler process ([`keys`]): `[lsf] key_dir`, which
+/// must be usable, or beside the log file, where a failure only costs replays after a restart.
+fn open_key_store(lsf: &config::LsfConfig) -> Result<(), String> {
+    let (dir, chosen) = match &lsf.key_dir {
+        Some(dir) => (dir.clone(), true),
+        None => (lsf.log_file.with_file_name("schmod_topo.keys"), false),
+    };
+    match keys::DirKeyStore::open(&dir) {
+        Ok(store) => {
+            tracing::info!(dir = %dir.display(), "long requests kept in key_dir");
+            extsched::set_key_store(Some(Arc::new(store)));
+            Ok(())
+        }
+        Err(e) if chosen => Err(e),
+        Err(e) => {
+            tracing::warn!("{e}; long requests are kept in memory only, so a restarted scheduler cannot replay jobs that have one (set [lsf] key_dir)");
+            extsched::set_key_store(None);
+            Ok(())
+        }
+    }
 }
 
 /// Entry point (phase 1); the module works through its handler.
