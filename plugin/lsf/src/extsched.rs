@@ -450,7 +450,7 @@ mod tests {
             let Ok(r) = topo_core::request::parse(&long(odd)) else { panic!("parses") };
             key_of(&r);
         }
-        assert!(LONG_KEYS.lock().unwrap().as_ref().unwrap().by_key.get(&key).is_none());
+        assert!(!LONG_KEYS.lock().unwrap().as_ref().unwrap().by_key.contains_key(&key));
         assert_eq!(request_from_key(&key).unwrap().unwrap(), request);
         *LONG_KEYS.lock().unwrap() = None;
         set_key_store(None);

@@ -85,10 +85,10 @@ impl DirKeyStore {
             let Ok(meta) = entry.metadata() else { continue };
             let age = meta.modified().ok().and_then(|t| t.elapsed().ok()).unwrap_or_default();
             let stale_tmp = name.ends_with(".tmp") && age > std::time::Duration::from_secs(3600);
-            if (is_hash(name) && age > keep) || stale_tmp {
-                if std::fs::remove_file(entry.path()).is_ok() {
-                    removed += 1;
-                }
+            if ((is_hash(name) && age > keep) || stale_tmp)
+                && std::fs::remove_file(entry.path()).is_ok()
+            {
+                removed += 1;
             }
         }
         if removed > 0 {
