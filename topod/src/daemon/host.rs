@@ -605,6 +605,8 @@ pub struct Host {
     queued_work: Vec<KernelWork>,
     /// The gang switch under way, with what it has done.
     gang_cycle: Option<settle::GangCycle>,
+    /// A gang switch met a job being frozen or thawed: made again once that is done.
+    gang_recheck: bool,
     /// Preemptors whose victims are being frozen, by job (see [`preempt`]).
     preempting: BTreeMap<String, preempt::Preempting>,
     /// How long a freeze or thaw may take before it is given up.
@@ -684,6 +686,7 @@ impl Host {
             defer_waits: false,
             queued_work: Vec::new(),
             gang_cycle: None,
+            gang_recheck: false,
             preempting: BTreeMap::new(),
             freeze_timeout: Duration::from_secs(5),
             joined: Default::default(),

@@ -228,6 +228,11 @@ impl Server {
             if freed {
                 host.gang_thaws();
             }
+            if host.take_gang_recheck() {
+                // A switch met one of these jobs halfway: made again now that they are done.
+                let now = host.now();
+                host.gang_switch(now);
+            }
         }
     }
 
@@ -734,28 +739,41 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
             let existed = host.ledger().get(&job).is_some();
             // What the batch system did to the other jobs here first: a job it suspended
             // lends this one its CPUs.
-            let mut allocated = host.allocate_following(
-                batch.as_ref(),
-                &job,
-                &prepared,
-                mem_limit_bytes,
-                owner_uid,
-            );
-            if let Err(HostError::PreemptionUnderWay(_)) = allocated {
-                // Its victims freeze without the lock; then the same allocate places it.
-                drop(host);
-                server.settle_all();
-                host = server.lock();
-                allocated = host.allocate_following(
+            // A preempting allocate's victims freeze without the lock, then the same allocate
+            // places it; one refused while freezes or thaws are under way (a victim being
+            // resumed counts as being changed) asks again once they are done. A few rounds at
+            // most: each waits for the kernel, and another client may take what it freed.
+            let mut rounds = 0;
+            let allocated = loop {
+                let allocated = host.allocate_following(
                     batch.as_ref(),
                     &job,
                     &prepared,
                     mem_limit_bytes,
                     owner_uid,
                 );
-                // Refused before it came to place the job: its victims run again.
-                host.abandon_preemption(&job);
-            }
+                let again = match &allocated {
+                    Err(HostError::PreemptionUnderWay(_)) => true,
+                    Err(HostError::DoesNotFit { .. }) => preempt && host.kernel_work_pending(),
+                    _ => false,
+                };
+                if !again || rounds == 4 {
+                    // Refused before it came to place the job: its victims run again.
+                    host.abandon_preemption(&job);
+                    break allocated;
+                }
+                rounds += 1;
+                drop(host);
+                server.settle_all();
+                host = server.lock();
+            };
+            let allocated = match allocated {
+                Err(HostError::PreemptionUnderWay(_)) => Err(HostError::Changing {
+                    job: job.clone(),
+                    what: "not started: the CPUs its preemption freed were taken by other jobs meanwhile; try again",
+                }),
+                other => other,
+            };
             let alloc = match allocated {
                 Ok(a) => a,
                 Err(e) => return error_reply(&e),
@@ -1101,6 +1119,15 @@ mod tests {
         gate: Gate,
     }
 
+    impl SlowFreezer {
+        fn wait(&self) {
+            let mut open = self.gate.open.lock().unwrap();
+            while !*open {
+                open = self.gate.opened.wait(open).unwrap();
+            }
+        }
+    }
+
     impl crate::cgroup::CgroupBackend for SlowFreezer {
         fn kind(&self) -> &'static str {
             "fake"
@@ -1137,11 +1164,7 @@ mod tests {
             t: std::time::Duration,
         ) -> Result<(), crate::cgroup::CgroupError> {
             let _ = self.began.lock().unwrap().send(j.to_string());
-            let (open, opened) = &*self.gate;
-            let mut open = open.lock().unwrap();
-            while !*open {
-                open = opened.wait(open).unwrap();
-            }
+            self.wait();
             self.kernel.freeze(j, t)
         }
         fn thaw(
@@ -1149,6 +1172,10 @@ mod tests {
             j: &crate::cgroup::JobId,
             t: std::time::Duration,
         ) -> Result<(), crate::cgroup::CgroupError> {
+            if self.gate.thaws_too.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = self.began.lock().unwrap().send(format!("thaw {j}"));
+                self.wait();
+            }
             self.kernel.thaw(j, t)
         }
         fn is_frozen(&self, j: &crate::cgroup::JobId) -> Result<bool, crate::cgroup::CgroupError> {
@@ -1156,8 +1183,14 @@ mod tests {
         }
     }
 
-    /// Open or not, and the condition a freeze waits on.
-    type Gate = Arc<(Mutex<bool>, std::sync::Condvar)>;
+    /// Where a [`SlowFreezer`]'s freezes (and, when asked, thaws) wait until the test opens it.
+    #[derive(Default)]
+    struct GateState {
+        open: Mutex<bool>,
+        opened: std::sync::Condvar,
+        thaws_too: std::sync::atomic::AtomicBool,
+    }
+    type Gate = Arc<GateState>;
 
     /// A 4-core host on a [`SlowFreezer`] kernel (its gate open), that kernel, and the
     /// freezes' starts.
@@ -1176,7 +1209,7 @@ mod tests {
             topo.allowed_mems.clone(),
         ));
         let (began_tx, began) = std::sync::mpsc::channel();
-        let gate = Arc::new((Mutex::new(true), std::sync::Condvar::new()));
+        let gate = Arc::new(GateState { open: Mutex::new(true), ..Default::default() });
         let backend =
             SlowFreezer { kernel: kernel.clone(), began: Mutex::new(began_tx), gate: gate.clone() };
         let host = Host::new(
@@ -1190,9 +1223,9 @@ mod tests {
         (host, kernel, began, gate)
     }
 
-    fn open(gate: &(Mutex<bool>, std::sync::Condvar), open: bool) {
-        *gate.0.lock().unwrap() = open;
-        gate.1.notify_all();
+    fn open(gate: &GateState, open: bool) {
+        *gate.open.lock().unwrap() = open;
+        gate.opened.notify_all();
     }
 
     #[test]
@@ -1318,6 +1351,72 @@ mod tests {
         assert!(kernel.is_frozen(&crate::cgroup::JobId::parse("v").unwrap()).unwrap());
         host.ledger().check().unwrap();
         assert!(!host.kernel_work_pending());
+    }
+
+    #[test]
+    fn a_preemptor_refused_while_its_victim_is_being_resumed_asks_again_once_it_is() {
+        use crate::cgroup::CgroupBackend;
+        // Found by an attack: p2 asked to preempt while v, preempted by p1 (just released), was
+        // being thawed; v counted as "being changed" and p2 was refused, a state the lock never
+        // showed before. It now waits for the thaw and preempts v again.
+        let (mut host, kernel, began, gate) = slow_host();
+        let topo = host.topology().clone();
+        host.set_preempt(Some(topo_core::policy::Preempt {
+            min_run: 0,
+            max_suspensions: 10,
+            ..topo_core::policy::Preempt::default()
+        }));
+        let now = host.now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        let mut victim = host::prepare(&topo, "affinity[core*4]", None, None).unwrap();
+        victim.preempt = host::PreemptAsk {
+            preemptible: true,
+            submitted_at: Some(now),
+            estimate_s: Some(36_000),
+            ..Default::default()
+        };
+        host.allocate_prepared("v", &victim, None, None).unwrap();
+        let server = Server::new(
+            host,
+            Default::default(),
+            super::super::conn::Gate::new(Default::default()),
+        );
+        let root = Peer { pid: 0, uid: 0, gid: 0, process: None };
+        let ask = |job: &str| {
+            let mut args =
+                proto::AllocateArgs::new(job.to_string(), "affinity[core*2]".to_string());
+            args.preempt = true;
+            args.submitted_at = Some(now - 3 * 3600);
+            args.estimate_s = Some(3600);
+            Op::Allocate(args)
+        };
+        let reply = handle(&server, &root, ask("p1"));
+        assert!(reply.ok.is_some(), "{:?}", reply.error);
+        while began.try_recv().is_ok() {}
+        // p1 ends; v's resume is slow.
+        gate.thaws_too.store(true, std::sync::atomic::Ordering::SeqCst);
+        open(&gate, false);
+        let releaser = {
+            let server = server.clone();
+            std::thread::spawn(move || server.release("p1"))
+        };
+        assert_eq!(began.recv().unwrap(), "thaw v");
+        let opener = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                // Long enough for p2's first try to meet v being thawed (if it comes later, it
+                // finds v running and preempts it at once: it passes either way).
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                open(&gate, true);
+            })
+        };
+        let reply = handle(&server, &root, ask("p2"));
+        assert!(reply.ok.is_some(), "p2: {:?}", reply.error);
+        releaser.join().unwrap().unwrap();
+        opener.join().unwrap();
+        let host = server.lock();
+        assert!(host.ledger().is_suspended("v") && host.ledger().get("p2").is_some());
+        assert!(kernel.is_frozen(&crate::cgroup::JobId::parse("v").unwrap()).unwrap());
+        host.ledger().check().unwrap();
     }
 
     #[test]

@@ -171,7 +171,9 @@ impl Host {
                 ),
             ));
         };
-        let mut suspended = Vec::new();
+        // Under way from the first freeze: a victim whose freeze ends after the job gave up
+        // runs again (`finish_victim`).
+        self.preempting.insert(id.to_string(), Preempting { victims: Vec::new(), xf: my_xf });
         for victim in &victims {
             let Ok(vid) = JobId::parse(victim) else { continue };
             let before = self.hints.get(victim).cloned().unwrap_or_default();
@@ -186,16 +188,19 @@ impl Host {
             if self.write_record(&vid, &after).is_err() {
                 continue;
             }
-            suspended.push((vid.clone(), before.clone()));
+            if let Some(p) = self.preempting.get_mut(id.as_str()) {
+                p.victims.push((vid.clone(), before.clone()));
+            }
             self.change_victim(vid, true, settle::VictimHints { before, after });
         }
-        let under_way = Preempting { victims: suspended, xf: my_xf };
         if self.defer_waits {
             // The freezes run without the lock; the same allocate, asked again once they are
             // done, places the job (`place_preemptor`).
-            self.preempting.insert(id.to_string(), under_way);
             return Err(HostError::PreemptionUnderWay(id.to_string()));
         }
+        let Some(under_way) = self.preempting.remove(id.as_str()) else {
+            return Err(not_preempted(refused, "its preemption was given up"));
+        };
         self.place_preemptor(id, prepared, mem_limit, owner_uid, under_way)
     }
 

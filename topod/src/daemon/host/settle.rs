@@ -136,6 +136,21 @@ impl Host {
         match (kind, outcome) {
             (WorkKind::VictimFreeze, Ok(())) => {
                 let _ = self.ledger.suspend(&job);
+                let preemptor = hints.after.preempted_by.clone().unwrap_or_default();
+                if !self.preempting.contains_key(&preemptor)
+                    && self.ledger.get(&preemptor).is_none()
+                {
+                    // Its preemptor gave up while it froze: it runs again at once.
+                    tracing::info!("job {job}: frozen for job {preemptor}, which was not started; it runs again");
+                    let after = hints.after;
+                    if self.ledger.resume(&job, None).is_ok() {
+                        let hints = VictimHints { before: hints.before, after };
+                        self.change_victim(id.clone(), false, hints);
+                    } else {
+                        self.hints.insert(job, after);
+                    }
+                    return;
+                }
                 self.hints.insert(job, hints.after);
             }
             (WorkKind::VictimFreeze, Err(e)) => {
@@ -160,6 +175,12 @@ impl Host {
         let Some((active, members)) = self.gang_members(self.now()) else { return };
         self.thaw_members(active, &members);
         self.end_gang_cycle_when_done();
+    }
+
+    /// Whether a gang switch met a job being frozen or thawed and must be made again once the
+    /// kernel's work is done (the server does, [`Host::gang_switch`]). Cleared.
+    pub fn take_gang_recheck(&mut self) -> bool {
+        std::mem::take(&mut self.gang_recheck)
     }
 
     /// Runs `work` at once when nobody defers the kernel's waits, else queues it.
@@ -208,16 +229,15 @@ impl Host {
     fn gang_members(&mut self, now: std::time::SystemTime) -> Option<(u32, Vec<GangMemberNow>)> {
         let cfg = self.gang.clone().or_else(|| self.gang_leftover())?;
         let since_epoch = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let busy = |job: &str| {
-            self.releasing.contains(job)
-                || self.changing.contains_key(job)
-                || self.switching.contains_key(job)
-        };
-        let mut members: Vec<GangMemberNow> = self
-            .ledger
-            .gang_jobs()
+        let busy = |job: &str| self.releasing.contains(job) || self.changing.contains_key(job);
+        let gang_jobs = self.ledger.gang_jobs();
+        if gang_jobs.iter().any(|a| self.switching.contains_key(&a.job)) {
+            // One is being frozen or thawed: once it is, the switch is made again with it.
+            self.gang_recheck = true;
+        }
+        let mut members: Vec<GangMemberNow> = gang_jobs
             .into_iter()
-            .filter(|a| !busy(&a.job))
+            .filter(|a| !busy(&a.job) && !self.switching.contains_key(&a.job))
             .map(|a| GangMemberNow {
                 job: a.job.clone(),
                 row: a.gang_row.unwrap_or(0),
@@ -252,12 +272,14 @@ impl Host {
     fn thaw_members(&mut self, active: u32, members: &[GangMemberNow]) {
         for m in members.iter().filter(|m| !m.running && m.should_run) {
             let Ok(id) = JobId::parse(&m.job) else { continue };
-            let being_frozen = self.switching.iter().any(|(job, kind)| {
-                *kind == WorkKind::GangFreeze
-                    && self.ledger.get(job).is_some_and(|a| a.cpus.intersects(&m.cpus))
-            });
-            if being_frozen {
-                // Its CPUs are still being frozen: `gang_thaws` comes back for it.
+            let being_switched = self
+                .switching
+                .keys()
+                .any(|job| self.ledger.jobs().any(|a| &a.job == job && a.cpus.intersects(&m.cpus)));
+            if being_switched {
+                // A job on its CPUs is still being frozen (`gang_thaws` comes back for it) or
+                // thawed (the switch is made again once it is).
+                self.gang_recheck = true;
                 continue;
             }
             if let Err(e) = self.ledger.gang_thaw(&m.job) {

@@ -1388,12 +1388,71 @@ pub(super) fn run_queued(h: &mut Host) {
         if work.is_empty() {
             return;
         }
-        for w in work {
-            let outcome = w.run();
-            h.finish_kernel_work(w, outcome);
-        }
+        run_work(h, work);
+    }
+}
+
+/// Runs `work` as the server does without the lock, and what follows it (thaws onto CPUs freezes
+/// freed; a gang switch made again when it met one of these jobs halfway).
+fn run_work(h: &mut Host, work: Vec<KernelWork>) {
+    let freed = work.iter().any(KernelWork::frees_cpus);
+    for w in work {
+        let outcome = w.run();
+        h.finish_kernel_work(w, outcome);
+    }
+    if freed {
         h.gang_thaws();
     }
+    if h.take_gang_recheck() {
+        h.gang_switch(h.now());
+    }
+}
+
+#[test]
+fn a_gang_switch_that_meets_a_job_being_thawed_is_made_again_once_it_is() {
+    // Found by an attack: a row-0 job resumed just before row 1's slice is being thawed when
+    // the slice begins; the switch left it out, judged row 1's job runnable on CPUs that looked
+    // idle (the ledger refused), and nothing switched again: row 0 ran through row 1's slice.
+    let topo = small_topology(4);
+    let kernel = kernel_for(&topo);
+    let mut h = host_on(&topo, &kernel, None);
+    h.defer_kernel_waits();
+    let seconds = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let seconds = seconds.clone();
+        h.set_clock(Arc::new(move || at(seconds.load(std::sync::atomic::Ordering::SeqCst))));
+    }
+    gang_on(&mut h, 2, 30);
+    for (job, row) in [("g0", 0), ("g1", 1)] {
+        gang_allocate(&mut h, job, "affinity[thread*4]", gang_ask(Some(row), false)).unwrap();
+        run_queued(&mut h);
+    }
+    let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
+    assert!(!frozen("g0") && frozen("g1"), "row 0's slice");
+    h.suspend("g0").unwrap();
+    run_queued(&mut h);
+    assert!(frozen("g0") && !frozen("g1"), "g1 runs on the CPUs g0 left idle");
+    // Resumed at 29 s: back in its row, whose slice it is: g1 is frozen, then g0 is to be
+    // thawed...
+    seconds.store(29, std::sync::atomic::Ordering::SeqCst);
+    let ticket = h.begin_resume("g0").unwrap();
+    let outcome = ticket.run();
+    h.finish_resume(ticket, outcome).unwrap();
+    let freeze = h.take_kernel_work();
+    run_work(&mut h, freeze);
+    let thaw = h.take_kernel_work();
+    assert_eq!(thaw.len(), 1, "g0's thaw, queued");
+    assert!(frozen("g0") && frozen("g1"));
+    // ... and row 1's slice begins while that thaw runs.
+    seconds.store(30, std::sync::atomic::Ordering::SeqCst);
+    h.gang_switch(h.now());
+    run_queued(&mut h);
+    run_work(&mut h, thaw);
+    run_queued(&mut h);
+    assert!(frozen("g0") && !frozen("g1"), "row 1's slice: g1 runs, g0 waits");
+    assert!(h.ledger().is_gang_frozen("g0") && !h.ledger().is_gang_frozen("g1"));
+    h.ledger().check().unwrap();
+    assert_eq!(h.snapshot().gang.unwrap().failed, 0, "no switch failed");
 }
 
 #[test]
@@ -1438,6 +1497,14 @@ fn a_deferred_preemption_places_its_job_when_asked_again_and_an_abandoned_one_is
     run_queued(&mut h);
     assert!(!frozen("v") && !h.ledger().is_suspended("v"));
     assert!(!p.cpus.is_empty());
+    // Given up before its victim's freeze ran (another client placed and released it
+    // meanwhile): the victim runs again as soon as the freeze ends.
+    let e = alloc(&mut h, "s", "affinity[core*2]", true).unwrap_err();
+    assert!(matches!(e, HostError::PreemptionUnderWay(_)), "{e}");
+    h.abandon_preemption("s");
+    run_queued(&mut h);
+    assert!(!frozen("v") && !h.ledger().is_suspended("v") && h.hints["v"].preempted_by.is_none());
+    h.ledger().check().unwrap();
     // Abandoned: its victims run again once the thaw has run.
     let e = alloc(&mut h, "q", "affinity[core*2]", true).unwrap_err();
     assert!(matches!(e, HostError::PreemptionUnderWay(_)), "{e}");
