@@ -605,6 +605,10 @@ pub(crate) fn connection(
     }
 }
 
+/// How long a preempting allocate waits for the suspensions and resumptions under way (a victim
+/// being changed is spared) before it takes the refusal: the freezer's default time limit.
+const CHANGE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Answers one request from `peer`.
 pub fn handle(server: &Server, peer: &Peer, op: Op) -> Reply {
     // A change may queue freezes and thaws (a gang job that runs now, a job preemption
@@ -740,10 +744,13 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
             // What the batch system did to the other jobs here first: a job it suspended
             // lends this one its CPUs.
             // A preempting allocate's victims freeze without the lock, then the same allocate
-            // places it; one refused while freezes or thaws are under way (a victim being
-            // resumed counts as being changed) asks again once they are done. A few rounds at
-            // most: each waits for the kernel, and another client may take what it freed.
+            // places it; one refused while freezes or thaws are under way, or while a job is
+            // being suspended or resumed (a victim being changed is spared), asks again once
+            // they are done. A few rounds of preemption at most: each waits for the kernel, and
+            // another request may take what it freed; the wait for suspensions and resumptions
+            // is bounded by the freezer's own time limit.
             let mut rounds = 0;
+            let waiting_since = std::time::Instant::now();
             let allocated = loop {
                 let allocated = host.allocate_following(
                     batch.as_ref(),
@@ -752,25 +759,30 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
                     mem_limit_bytes,
                     owner_uid,
                 );
-                let again = match &allocated {
-                    Err(HostError::PreemptionUnderWay(_)) => true,
-                    Err(HostError::DoesNotFit { .. }) => preempt && host.kernel_work_pending(),
-                    _ => false,
-                };
-                if !again || rounds == 4 {
-                    // Refused before it came to place the job: its victims run again.
-                    host.abandon_preemption(&job);
-                    break allocated;
+                let refused = matches!(allocated, Err(HostError::DoesNotFit { .. })) && preempt;
+                let under_way = matches!(allocated, Err(HostError::PreemptionUnderWay(_)));
+                if (under_way || refused && host.kernel_work_pending()) && rounds < 4 {
+                    rounds += 1;
+                    drop(host);
+                    server.settle_all();
+                    host = server.lock();
+                    continue;
                 }
-                rounds += 1;
-                drop(host);
-                server.settle_all();
-                host = server.lock();
+                if refused && host.changes_under_way() && waiting_since.elapsed() < CHANGE_WAIT_MAX
+                {
+                    drop(host);
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    host = server.lock();
+                    continue;
+                }
+                // Refused before it came to place the job: its victims run again.
+                host.abandon_preemption(&job);
+                break allocated;
             };
             let allocated = match allocated {
                 Err(HostError::PreemptionUnderWay(_)) => Err(HostError::Changing {
                     job: job.clone(),
-                    what: "not started: the CPUs its preemption freed were taken by other jobs meanwhile; try again",
+                    what: "not started: each time its preemption had freed CPUs, other requests (for this job or others) changed the host first",
                 }),
                 other => other,
             };
@@ -1416,6 +1428,61 @@ mod tests {
         let host = server.lock();
         assert!(host.ledger().is_suspended("v") && host.ledger().get("p2").is_some());
         assert!(kernel.is_frozen(&crate::cgroup::JobId::parse("v").unwrap()).unwrap());
+        host.ledger().check().unwrap();
+    }
+
+    #[test]
+    fn a_preemptor_that_meets_its_victim_being_suspended_by_root_waits_for_that() {
+        // Found by the second attack: root suspends v while p2 asks to preempt it; v, being
+        // suspended, was spared ("being changed") and p2 refused, though v's suspension lends p2
+        // its CPUs a moment later.
+        let (mut host, _kernel, began, gate) = slow_host();
+        let topo = host.topology().clone();
+        host.set_preempt(Some(topo_core::policy::Preempt {
+            min_run: 0,
+            ..topo_core::policy::Preempt::default()
+        }));
+        let now = host.now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        let mut victim = host::prepare(&topo, "affinity[core*4]", None, None).unwrap();
+        victim.preempt = host::PreemptAsk {
+            preemptible: true,
+            submitted_at: Some(now),
+            estimate_s: Some(36_000),
+            ..Default::default()
+        };
+        host.allocate_prepared("v", &victim, None, None).unwrap();
+        let server = Server::new(
+            host,
+            Default::default(),
+            super::super::conn::Gate::new(Default::default()),
+        );
+        while began.try_recv().is_ok() {}
+        open(&gate, false);
+        let suspender = {
+            let server = server.clone();
+            std::thread::spawn(move || server.suspend("v", None))
+        };
+        assert_eq!(began.recv().unwrap(), "v");
+        let opener = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                // Long enough for p2's first try to meet v being suspended (if it comes later,
+                // it borrows v's CPUs at once: it passes either way).
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                open(&gate, true);
+            })
+        };
+        let mut args = proto::AllocateArgs::new("p2".to_string(), "affinity[core*2]".to_string());
+        args.preempt = true;
+        args.submitted_at = Some(now - 3 * 3600);
+        args.estimate_s = Some(3600);
+        let root = Peer { pid: 0, uid: 0, gid: 0, process: None };
+        let reply = handle(&server, &root, Op::Allocate(args));
+        assert!(reply.ok.is_some(), "p2: {:?}", reply.error);
+        suspender.join().unwrap().unwrap();
+        opener.join().unwrap();
+        let host = server.lock();
+        assert!(host.ledger().is_suspended("v") && host.ledger().get("p2").is_some());
         host.ledger().check().unwrap();
     }
 

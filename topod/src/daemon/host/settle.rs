@@ -87,6 +87,11 @@ impl Host {
         !self.switching.is_empty()
     }
 
+    /// Whether a job is being suspended or resumed (its ticket's freeze or thaw under way).
+    pub fn changes_under_way(&self) -> bool {
+        !self.changing.is_empty()
+    }
+
     /// Whether `job` is being frozen or thawed by a gang switch or a resume after preemption.
     pub(super) fn is_switching(&self, job: &str) -> bool {
         self.switching.contains_key(job)
