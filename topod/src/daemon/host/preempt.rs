@@ -48,6 +48,9 @@ impl Host {
                     "until about {} s from now, its preemptor's time limit",
                     (t - self.now_s()).max(0)
                 ),
+                None if self.preempting.contains_key(preemptor) => {
+                    format!("while job {preemptor} is being started on them")
+                }
                 None => format!("while job {preemptor} is suspended or has no time limit"),
             };
             let asked = if ends_by.is_some() {
