@@ -1305,13 +1305,17 @@ mod tests {
         assert!(!host.kernel_work_pending());
     }
 
-    #[test]
-    fn a_preemptor_waits_for_its_victims_freeze_without_the_host_lock() {
-        use crate::cgroup::CgroupBackend;
+    /// A server on a [`SlowFreezer`] host with preemption on and job v, preemptible, on all 4
+    /// cores; the kernel, the freezes' starts, the gate, and the time (seconds since the epoch).
+    fn preemption_server(
+        max_suspensions: u32,
+    ) -> (Arc<Server>, Arc<crate::cgroup::fake::Fake>, std::sync::mpsc::Receiver<String>, Gate, i64)
+    {
         let (mut host, kernel, began, gate) = slow_host();
         let topo = host.topology().clone();
         host.set_preempt(Some(topo_core::policy::Preempt {
             min_run: 0,
+            max_suspensions,
             ..topo_core::policy::Preempt::default()
         }));
         let now = host.now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
@@ -1328,16 +1332,29 @@ mod tests {
             Default::default(),
             super::super::conn::Gate::new(Default::default()),
         );
-        let root = Peer { pid: 0, uid: 0, gid: 0, process: None };
-        let ask = |job: &str| {
-            let mut args =
-                proto::AllocateArgs::new(job.to_string(), "affinity[core*2]".to_string());
-            args.preempt = true;
-            // Waiting for 3 of its 1-hour estimates: expansion factor 4.
-            args.submitted_at = Some(now - 3 * 3600);
-            args.estimate_s = Some(3600);
-            Op::Allocate(args)
-        };
+        while began.try_recv().is_ok() {}
+        (server, kernel, began, gate, now)
+    }
+
+    /// An allocate of 2 cores that may preempt, by a job that has waited 3 of its 1-hour
+    /// estimates (expansion factor 4).
+    fn preempting(job: &str, now: i64) -> Op {
+        let mut args = proto::AllocateArgs::new(job.to_string(), "affinity[core*2]".to_string());
+        args.preempt = true;
+        args.submitted_at = Some(now - 3 * 3600);
+        args.estimate_s = Some(3600);
+        Op::Allocate(args)
+    }
+
+    fn root() -> Peer {
+        Peer { pid: 0, uid: 0, gid: 0, process: None }
+    }
+
+    #[test]
+    fn a_preemptor_waits_for_its_victims_freeze_without_the_host_lock() {
+        use crate::cgroup::CgroupBackend;
+        let (server, kernel, began, gate, now) = preemption_server(2);
+        let (root, ask) = (root(), |job: &str| preempting(job, now));
         open(&gate, false);
         let asker = {
             let (server, root, op) = (server.clone(), root.clone(), ask("p"));
@@ -1371,36 +1388,8 @@ mod tests {
         // Found by an attack: p2 asked to preempt while v, preempted by p1 (just released), was
         // being thawed; v counted as "being changed" and p2 was refused, a state the lock never
         // showed before. It now waits for the thaw and preempts v again.
-        let (mut host, kernel, began, gate) = slow_host();
-        let topo = host.topology().clone();
-        host.set_preempt(Some(topo_core::policy::Preempt {
-            min_run: 0,
-            max_suspensions: 10,
-            ..topo_core::policy::Preempt::default()
-        }));
-        let now = host.now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-        let mut victim = host::prepare(&topo, "affinity[core*4]", None, None).unwrap();
-        victim.preempt = host::PreemptAsk {
-            preemptible: true,
-            submitted_at: Some(now),
-            estimate_s: Some(36_000),
-            ..Default::default()
-        };
-        host.allocate_prepared("v", &victim, None, None).unwrap();
-        let server = Server::new(
-            host,
-            Default::default(),
-            super::super::conn::Gate::new(Default::default()),
-        );
-        let root = Peer { pid: 0, uid: 0, gid: 0, process: None };
-        let ask = |job: &str| {
-            let mut args =
-                proto::AllocateArgs::new(job.to_string(), "affinity[core*2]".to_string());
-            args.preempt = true;
-            args.submitted_at = Some(now - 3 * 3600);
-            args.estimate_s = Some(3600);
-            Op::Allocate(args)
-        };
+        let (server, kernel, began, gate, now) = preemption_server(10);
+        let (root, ask) = (root(), |job: &str| preempting(job, now));
         let reply = handle(&server, &root, ask("p1"));
         assert!(reply.ok.is_some(), "{:?}", reply.error);
         while began.try_recv().is_ok() {}
@@ -1436,27 +1425,7 @@ mod tests {
         // Found by the second attack: root suspends v while p2 asks to preempt it; v, being
         // suspended, was spared ("being changed") and p2 refused, though v's suspension lends p2
         // its CPUs a moment later.
-        let (mut host, _kernel, began, gate) = slow_host();
-        let topo = host.topology().clone();
-        host.set_preempt(Some(topo_core::policy::Preempt {
-            min_run: 0,
-            ..topo_core::policy::Preempt::default()
-        }));
-        let now = host.now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-        let mut victim = host::prepare(&topo, "affinity[core*4]", None, None).unwrap();
-        victim.preempt = host::PreemptAsk {
-            preemptible: true,
-            submitted_at: Some(now),
-            estimate_s: Some(36_000),
-            ..Default::default()
-        };
-        host.allocate_prepared("v", &victim, None, None).unwrap();
-        let server = Server::new(
-            host,
-            Default::default(),
-            super::super::conn::Gate::new(Default::default()),
-        );
-        while began.try_recv().is_ok() {}
+        let (server, _kernel, began, gate, now) = preemption_server(2);
         open(&gate, false);
         let suspender = {
             let server = server.clone();
@@ -1472,12 +1441,7 @@ mod tests {
                 open(&gate, true);
             })
         };
-        let mut args = proto::AllocateArgs::new("p2".to_string(), "affinity[core*2]".to_string());
-        args.preempt = true;
-        args.submitted_at = Some(now - 3 * 3600);
-        args.estimate_s = Some(3600);
-        let root = Peer { pid: 0, uid: 0, gid: 0, process: None };
-        let reply = handle(&server, &root, Op::Allocate(args));
+        let reply = handle(&server, &root(), preempting("p2", now));
         assert!(reply.ok.is_some(), "p2: {:?}", reply.error);
         suspender.join().unwrap().unwrap();
         opener.join().unwrap();
