@@ -40,7 +40,8 @@ pub struct CacheConfig {
     pub refresh_interval_ms: u64,
     /// Connect, read and write time-out per host, in milliseconds.
     pub timeout_ms: u64,
-    /// A host not refreshed for this long counts as unknown, in milliseconds.
+    /// A host not refreshed for this long counts as unknown, in milliseconds. A failing host is
+    /// tried again after 1, 2, 4, then 8 intervals, never later than half of this.
     pub stale_after_ms: u64,
     /// Hosts fetched at once.
     pub workers: usize,

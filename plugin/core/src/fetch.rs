@@ -381,8 +381,17 @@ impl Schedule {
     }
 
     /// A fetch of `id` ended at `ended` and was applied at `now`: it is due again after the
-    /// interval (from when it started), or after a back-off when it failed.
-    fn finished(&mut self, id: HostId, ok: bool, ended: Instant, now: Instant, interval: Duration) {
+    /// interval (from when it started), or after a back-off when it failed: doubling up to 8
+    /// intervals, but never past half of `stale_after`, so that a host whose topod is back (a
+    /// restart) is known again well within the time a state stays usable.
+    fn finished(
+        &mut self,
+        id: HostId,
+        ok: bool,
+        (ended, now): (Instant, Instant),
+        interval: Duration,
+        stale_after: Duration,
+    ) {
         let started = self.running.remove(&id).map_or(now, |(t, _)| t);
         if ok {
             let took = ended.saturating_duration_since(started);
@@ -397,7 +406,8 @@ impl Schedule {
             started + interval
         } else {
             self.failures[i] = self.failures[i].saturating_add(1);
-            now + interval * (1u32 << self.failures[i].min(4).saturating_sub(1)).min(8)
+            let backoff = interval * (1u32 << self.failures[i].min(4).saturating_sub(1)).min(8);
+            now + backoff.min((stale_after / 2).max(interval))
         };
         self.due.push(Reverse((due.max(now), id)));
     }
@@ -556,7 +566,7 @@ fn run(
         let applied = apply_batch(shared, config, first, next);
         let now = Instant::now();
         for (id, ok, ended) in applied {
-            schedule.finished(id, ok, ended, now, interval);
+            schedule.finished(id, ok, (ended, now), interval, config.stale_after());
         }
         if stop {
             break;
@@ -619,5 +629,40 @@ fn fetch_thread(queue: &Mutex<Receiver<Task>>, results: &Sender<Msg>, source: &d
         if results.send(Msg::Done(Box::new((task.id, r, Instant::now())))).is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_host_is_tried_again_within_half_the_stale_limit() {
+        // Issue 31: with the defaults (5 s, 30 s) the back-off reached 40 s, so a restarted
+        // topod stayed unknown past the 30 s its state may be used.
+        let (interval, stale) = (Duration::from_secs(5), Duration::from_secs(30));
+        let mut schedule = Schedule::default();
+        let start = Instant::now();
+        schedule.grow(1, start);
+        let mut now = start;
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            let id = schedule.take_due(now).expect("due");
+            schedule.finished(id, false, (now, now), interval, stale);
+            let Reverse((due, _)) = *schedule.due.peek().unwrap();
+            waits.push(due.duration_since(now).as_secs());
+            now = due;
+        }
+        assert_eq!(waits, [5, 10, 15, 15, 15, 15]);
+        // A short stale limit never makes it retry faster than the interval.
+        let id = schedule.take_due(now).unwrap();
+        schedule.finished(id, false, (now, now), interval, Duration::from_secs(6));
+        let Reverse((due, _)) = *schedule.due.peek().unwrap();
+        assert_eq!(due.duration_since(now), interval);
+        // Back: the interval again.
+        let id = schedule.take_due(due).unwrap();
+        schedule.finished(id, true, (due, due), interval, stale);
+        let Reverse((next, _)) = *schedule.due.peek().unwrap();
+        assert_eq!(next.duration_since(due), interval);
     }
 }
