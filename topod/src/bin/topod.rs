@@ -275,8 +275,13 @@ fn run(args: TopodArgs) -> Result<(), String> {
         start_thread("auto-release", move || loop {
             std::thread::sleep(Duration::from_secs(1));
             let released = server.lock().release_empty();
-            for job in released {
+            for job in &released {
                 tracing::info!("job {job}: its cgroup is empty; released");
+            }
+            if !released.is_empty() {
+                // What the releases queued (a preempted job resumes, a gang row runs on the
+                // CPUs they left), without the lock, now rather than at the next tick.
+                server.settle();
             }
         })?;
     }
