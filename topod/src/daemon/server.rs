@@ -770,9 +770,15 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
                 }
                 if refused && host.changes_under_way() && waiting_since.elapsed() < CHANGE_WAIT_MAX
                 {
-                    drop(host);
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                    host = server.lock();
+                    // Asked again once they are done, not at every look (a placement each time).
+                    loop {
+                        drop(host);
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                        host = server.lock();
+                        if !host.changes_under_way() || waiting_since.elapsed() >= CHANGE_WAIT_MAX {
+                            break;
+                        }
+                    }
                     continue;
                 }
                 // Refused before it came to place the job: its victims run again.
