@@ -37,6 +37,8 @@ trap cleanup EXIT
 cc -std=c11 -Wall -Wextra -Werror -g -O1 -rdynamic -o "$work/harness" tests/lsf-harness/harness.c -ldl
 # A 6.x-generation scheduler: only the lsb_* names, and lsb_get_jobinfo's 6.x struct jobInfo.
 cc -std=c11 -Wall -Wextra -Werror -g -O1 -rdynamic -DLSB_ONLY -DTOPO_LSF6_JOBINFO -o "$work/harness-lsb" tests/lsf-harness/harness.c -ldl
+# The scale scenario's baseline: a module that accepts every host (the cost of the ABI itself).
+cc -std=c11 -Wall -Wextra -Werror -O2 -fPIC -shared -o "$work/dummy_module.so" tests/lsf-harness/dummy_module.c
 cc -std=c11 -D_DEFAULT_SOURCE -Wall -Wextra -Werror -g -o "$work/capi_test" tests/lsf-harness/capi_test.c -Ltarget/debug -ltopo -Wl,-rpath,"$PWD/target/debug"
 
 topod_bin=target/debug/topod
@@ -137,7 +139,9 @@ CAPI_SOCKET="$work/h3/topod.sock" run valgrind --quiet --error-exitcode=99 --lea
 # shares the topod). The check "no job on a replayed job's CPUs" is therefore per LSF host.
 cargo build --quiet --locked --release -p topo-lsf
 cargo build --quiet --locked --release -p topod --bin topod
-cp target/release/libschmod_topo.so "$work/schmod_topo_release.so"
+# HARNESS_SCALE_MODULE: another build of the module to measure instead (e.g. an earlier
+# commit's, for figures side by side).
+cp "${HARNESS_SCALE_MODULE:-target/release/libschmod_topo.so}" "$work/schmod_topo_release.so"
 topod_bin=target/release/topod
 scale_hosts=${HARNESS_SCALE_HOSTS:-10000} scale_hung=${HARNESS_SCALE_HUNG:-500}
 scale_topo=(AMD-17h-Zen-2xEpyc-7451.xml AMD-17h-Zen-2xEpyc-7451.xml AMD-17h-Zen-2xEpyc-7451.xml 32intel64-2p8co2t+8ve.xml 32intel64-2p8co2t+8ve.xml)
@@ -185,9 +189,12 @@ TOML
         for (i = 1; i <= n; i++) printf "n%05d = \"unix:%s/t%d/topod.sock\"\n", i, w, (i - 1) % 5
         for (i = 1; i <= h; i++) printf "hung%03d = \"unix:%s/hung.sock\"\n", i, w }'
 } > "$work/scale.toml"
-# The issue's thresholds are enforced: match+sort per job p50 <= 1 ms and p99 <= 5 ms, the first
-# match of each shape <= 20 ms, on this 2-core machine (November 2026, quiet machine: p50
-# 0.35-0.38 ms, p99 1.8-2.9 ms, first matches under 2.5 ms). They are wall-clock figures: while
+# The issue's thresholds are enforced: match+sort and end to end per job p50 <= 1 ms, match+sort
+# p99 <= 5 ms, the first match of each shape <= 20 ms, at most 2 KB kept per pending requirement,
+# on this 2-core machine. The ratio to the dummy module (1.3x asked) prints but is not enforced:
+# this harness's own work per job is 22 us (the candidate list of 10,500), so 1.3x would leave
+# the module 0.7 ns per candidate; topo's is 15-17x (end to end p50 0.34-0.39 ms). November
+# 2026, quiet machine: match+sort p50 0.32-0.38 ms, p99 1.5-2.9 ms, first matches under 2.5 ms. They are wall-clock figures: while
 # another job kept the CPUs busy (a QEMU guest taking 1.4 of the 2 CPUs) p99 reached 4.6-6.1 ms
 # and one run failed, though matchFn's own CPU time stayed under 0.7 ms at p99 (its "figure"
 # line); run the suite on a machine nothing else loads.
@@ -195,7 +202,7 @@ TOML
 # machine shared with other load. Correctness (replays, no CPU given twice, every host
 # refreshed, every job placed, host names read once per sched_init) always counts.
 TOPO_LSF_CONF="$work/scale.toml" HARNESS_LOG="$work/scale.log" HARNESS_SCALE_HOSTS=$scale_hosts HARNESS_SCALE_HUNG=$scale_hung \
-    HARNESS_SCALE_ENFORCE="${HARNESS_SCALE_ENFORCE-p50,p99,first}" \
+    HARNESS_SCALE_ENFORCE="${HARNESS_SCALE_ENFORCE-p50,p99,first,pending}" HARNESS_DUMMY_MODULE="$work/dummy_module.so" \
     run "$work/harness" "$work/schmod_topo_release.so" scale || status=1
 
 if [ "$status" -ne 0 ]; then

@@ -17,9 +17,17 @@
  *      ... cpus=", and "pending dispatch placed ... CpuSet(...)" for a replay that waited for
  *      its host's state): no job dispatched after the restart may have CPUs a replayed job holds.
  *
- * Figures, one per line: match+sort per job (p50, p99, the first match of each shape), the
- * longest single callback, bytes per host. HARNESS_SCALE_ENFORCE lists the thresholds that fail
- * the run (p50, p99, first; default all three); the others print as "figures" lines only.
+ *   5. with HARNESS_DUMMY_MODULE (dummy_module.c, a module that accepts every host: the cost of
+ *      the ABI itself), each job also goes through the dummy, interleaved, and both are timed
+ *      end to end (newFn, the candidate list, matchFn, sortFn, notifyAllocFn, checkAllocFn,
+ *      freeFn) so that the ratio prints;
+ *   6. HARNESS_SCALE_PENDING (10,000) requirements made, matched and sorted and left pending:
+ *      the live heap the module keeps per requirement.
+ *
+ * Figures, one per line: match+sort per job (p50, p99, the first match of each shape), end to
+ * end per job beside the dummy's, the longest single callback, bytes per host and per pending
+ * requirement. HARNESS_SCALE_ENFORCE lists the thresholds that fail the run (p50, p99, first,
+ * pending, ratio; run.sh's default all but ratio); the others print as "figures" lines only.
  * HARNESS_SCALE_TRACE=1 also prints every job whose match+sort took over 2 ms, with matchFn's
  * wall time and its time on the harness thread's CPU (a gap between the two is time the thread
  * waited for a CPU, e.g. while a refresh parses thousands of host states).
@@ -31,6 +39,13 @@ static double now_ms(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* The live heap: malloc's bytes in use in every arena, and its chunks too big for an arena
+ * (over the mmap threshold, 128 KiB and up: a vector of 10,000 scores is one). */
+static size_t live_heap(void) {
+    struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;
 }
 
 static long rss_kib(void) {
@@ -100,6 +115,7 @@ static struct cand_list scale_list;
 static struct reasons scale_rs;
 static int scale_order[MAXHOSTS];
 static double last_match_ms, last_sort_ms; /* the two parts of scale_match's figure */
+static double last_fill_ms;                 /* the scheduler's part: the candidate list made */
 static double last_match_cpu_ms;            /* matchFn's time on the CPU (this thread's) */
 static double cpu_ms(void) {
     struct timespec t;
@@ -110,9 +126,11 @@ static double cpu_ms(void) {
 /* matchFn then sortFn over every candidate; returns the milliseconds from matchFn's call to
  * sortFn's return, with the hosts kept and the first of them (-1: none). */
 static double scale_match(struct resreq *r, int *kept, int *first, int timed) {
+    double tf = now_ms();
     fill_list(&scale_list, scale_order, n_hosts);
     memset(&scale_rs, 0, sizeof scale_rs);
     double t0 = now_ms(), c0 = cpu_ms();
+    last_fill_ms = t0 - tf;
     int rc = handler.matchFn(r->data, &scale_list, &scale_rs);
     double t1 = now_ms();
     last_match_cpu_ms = cpu_ms() - c0;
@@ -153,19 +171,51 @@ static double wait_known(int want, double limit_ms) {
     return waited;
 }
 
+/* One job end to end through the dummy module, as the scale loop drives the module under test:
+ * newFn, the candidate list made, matchFn, the list compacted, sortFn, notifyAllocFn and
+ * checkAllocFn on the first host, freeFn. Returns the milliseconds. */
+static double dummy_job(const char *shape, long id) {
+    double t0 = now_ms();
+    struct resreq *r = new_resreq_for(&dummy_handler, shape, NULL, NULL);
+    fill_list(&scale_list, scale_order, n_hosts);
+    memset(&scale_rs, 0, sizeof scale_rs);
+    int rc = dummy_handler.matchFn(r->data, &scale_list, &scale_rs);
+    compact_list(&scale_list.group);
+    current_list = NULL;
+    int rs = dummy_handler.sortFn(r->data, &scale_list, &scale_rs);
+    current_list = NULL;
+    int first = scale_list.group.numOfMembers > 0 ? scale_list.group.candHost[0].hostIdx : -1;
+    if (first >= 0) {
+        struct job j = {(int)id, 0, r->key};
+        struct alloc a = {host_names[first], 1};
+        rc |= dummy_handler.notifyAllocFn(r->data, &j, &a, NULL, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
+        rc |= dummy_handler.checkAllocFn(r->data, &j, &a, NULL);
+    }
+    dummy_handler.freeFn(r->data);
+    r->set = 0;
+    double t1 = now_ms();
+    free_resreq_for(&dummy_handler, r);
+    if (rc != 0 || rs != 0 || first < 0)
+        check(0, "the dummy module keeps every host (callbacks %d %d, first %d)", rc, rs, first);
+    return t1 - t0;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
 /* A threshold: enforced ones are checks; the others a "figures" line that fails nothing. */
-static void threshold(const char *what, const char *key, double value, double limit) {
+static void threshold_in(const char *what, const char *key, double value, double limit, const char *unit) {
     const char *enforce = getenv("HARNESS_SCALE_ENFORCE");
     if (!enforce || strstr(enforce, key))
-        check(value <= limit, "%s %.3f ms <= %.0f ms", what, value, limit);
+        check(value <= limit, "%s %.3f%s <= %.1f%s", what, value, unit, limit, unit);
     else
-        fprintf(stderr, "  figures %s  %s %.3f ms <= %.0f ms (not enforced on this machine)\n", value <= limit ? "ok  " : "FAIL",
-                what, value, limit);
+        fprintf(stderr, "  figures %s  %s %.3f%s <= %.1f%s (not enforced on this machine)\n", value <= limit ? "ok  " : "FAIL",
+                what, value, unit, limit, unit);
+}
+static void threshold(const char *what, const char *key, double value, double limit) {
+    threshold_in(what, key, value, limit, " ms");
 }
 
 /* One reservation the module's log tells. */
@@ -252,6 +302,9 @@ struct scale_job {
 
 static void scenario_scale(const char *path, long rss_before, size_t heap_before) {
     int jobs = env_int("HARNESS_SCALE_JOBS", 400), half = jobs / 2;
+    const char *dummy = getenv("HARNESS_DUMMY_MODULE");
+    if (dummy && *dummy && load_dummy(dummy) != 0)
+        return;
     const char *log = getenv("HARNESS_LOG");
     for (int i = 0; i < n_hosts; i++)
         scale_order[i] = i;
@@ -260,7 +313,7 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
 
     double refresh_ms = wait_known(scale_n, 120000);
     long rss_after = rss_kib();
-    size_t heap_after = mallinfo2().uordblks;
+    size_t heap_after = live_heap();
     check(refresh_ms >= 0, "the first refresh brings every host behind a topod (%d), the hung ones cost only their time-outs", scale_n);
     if (refresh_ms < 0)
         return;
@@ -268,6 +321,9 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
 
     double *ms = calloc((size_t)jobs, sizeof *ms), *ms_match = calloc((size_t)jobs, sizeof *ms), *ms_sort = calloc((size_t)jobs, sizeof *ms);
     double *ms_cpu = calloc((size_t)jobs, sizeof *ms);
+    /* End to end per job: the module under test and the dummy, interleaved (which goes first
+     * alternates), so that both meet the same machine. */
+    double *e2e = calloc((size_t)jobs, sizeof *ms), *e2e_dummy = calloc((size_t)jobs, sizeof *ms);
     struct scale_job *job = calloc((size_t)jobs, sizeof *job);
     double first_ms[2][NSHAPES] = {{0}};
     int seen[2][NSHAPES] = {{0}};
@@ -304,9 +360,12 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
         }
         int s = (k * 5 + k / 8) % NSHAPES;
         cb_job = k;
+        if (dummy_id >= 0 && k % 2 == 1)
+            e2e_dummy[k] = dummy_job(SHAPES[s], 900000 + k);
         double t0 = now_ms();
         struct resreq *r = new_resreq(SHAPES[s], NULL, NULL);
-        note_cb("newFn", now_ms() - t0);
+        double job_ms = now_ms() - t0; /* its callbacks' times and its candidate list's */
+        note_cb("newFn", job_ms);
         int kept, first;
         ms[k] = scale_match(r, &kept, &first, 1);
         /* Right after the restart no host's state is known yet: the job pends, and the next
@@ -322,6 +381,7 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
             first_ms[era][s] = ms[k];
         }
         ms_match[k] = last_match_ms, ms_sort[k] = last_sort_ms, ms_cpu[k] = last_match_cpu_ms;
+        job_ms += last_fill_ms + ms[k]; /* the session that found hosts */
         if (getenv("HARNESS_SCALE_TRACE") && ms[k] > 2)
             fprintf(stderr, "        job %d (shape %d, era %d, kept %d): %.3f ms (match %.3f, on the CPU %.3f)\n", k, s, era, kept, ms[k],
                     last_match_ms, last_match_cpu_ms);
@@ -335,18 +395,23 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
             struct alloc a = {host_names[first], 1};
             t0 = now_ms();
             int rc = handler.notifyAllocFn(r->data, &j, &a, NULL, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
-            note_cb("notifyAllocFn", now_ms() - t0);
+            double t1 = now_ms();
+            note_cb("notifyAllocFn", t1 - t0);
             if (rc != 0)
                 check(0, "notifyAllocFn(job %d on %s) returns 0 (got %d)", JOB_BASE + k, a.host, rc);
-            t0 = now_ms();
             handler.checkAllocFn(r->data, &j, &a, (void *)&last_limit);
-            note_cb("checkAllocFn", now_ms() - t0);
+            note_cb("checkAllocFn", now_ms() - t1);
+            job_ms += now_ms() - t0;
         }
         t0 = now_ms();
         handler.freeFn(r->data);
         note_cb("freeFn", now_ms() - t0);
+        job_ms += now_ms() - t0;
+        e2e[k] = job_ms;
         r->set = 0;
         free_resreq(r);
+        if (dummy_id >= 0 && k % 2 == 0)
+            e2e_dummy[k] = dummy_job(SHAPES[s], 900000 + k);
     }
 
     /* Every replay has been placed once its host's state came (the full refresh after the
@@ -428,7 +493,42 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
         scale_match(r, &kept, &first, 0);
         free_resreq(r);
     }
-    double heap64 = (double)(mallinfo2().uordblks - heap_before) / n_hosts;
+    double heap64 = (double)(live_heap() - heap_before) / n_hosts;
+
+    /* Pending requirements, as a scheduler holds every pending job's between sessions: each
+     * made, matched and sorted over every candidate, and not freed. The live heap's growth per
+     * requirement, less the scheduler's own (its resreq and its copy of the key), is what the
+     * module keeps for one. */
+    int pending_n = env_int("HARNESS_SCALE_PENDING", 10000);
+    struct resreq **pending = calloc((size_t)pending_n, sizeof *pending);
+    for (int p = 0; p < pending_n; p++) {
+        struct resreq *r = calloc(1, sizeof *r);
+        r->msgs[0] = strdup("");
+        r->msgs[1] = strdup(SHAPES[p % NSHAPES]);
+        pending[p] = r;
+    }
+    size_t heap_p0 = live_heap(), scheduler_bytes = 0;
+    double pending_t0 = now_ms();
+    long pending_kept = 0;
+    for (int p = 0; p < pending_n; p++) {
+        if (handler.newFn(pending[p]) != 0)
+            check(0, "newFn of pending requirement %d returns 0", p);
+        scale_match(pending[p], &kept, &first, 0);
+        pending_kept += kept;
+        if (pending[p]->key)
+            scheduler_bytes += malloc_usable_size(pending[p]->key) + sizeof(size_t);
+    }
+    double pending_ms = now_ms() - pending_t0;
+    double per_pending = ((double)(live_heap() - heap_p0) - (double)scheduler_bytes) / (pending_n ? pending_n : 1);
+    for (int p = 0; p < pending_n; p++)
+        free_resreq(pending[p]);
+    free(pending);
+    fprintf(stderr,
+            "  figure  %d pending requirements, each matched and sorted over %d candidates (%.0f ms, %.0f kept on average): the module "
+            "keeps %.0f bytes per requirement\n",
+            pending_n, n_hosts, pending_ms, (double)pending_kept / (pending_n ? pending_n : 1), per_pending);
+    threshold_in("bytes the module keeps per pending requirement (not per host: 10,000 hosts would be 40,000 at 4 bytes each)",
+                 "pending", per_pending, 2048, " B");
 
     qsort(ms, (size_t)jobs, sizeof *ms, cmp_double);
     qsort(ms_match, (size_t)jobs, sizeof *ms, cmp_double);
@@ -479,6 +579,20 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
     check(hostid_calls <= 2L * n_hosts && availslot_calls == 0, "each host's name read once per sched_init (%ld calls, %d hosts)",
           hostid_calls, n_hosts);
     threshold("match+sort per job p50", "p50", p50, 1);
+    if (dummy_id >= 0) {
+        qsort(e2e, (size_t)jobs, sizeof *ms, cmp_double);
+        qsort(e2e_dummy, (size_t)jobs, sizeof *ms, cmp_double);
+        double e50 = e2e[(jobs - 1) / 2], e99 = e2e[(jobs * 99 + 99) / 100 - 1];
+        double d50 = e2e_dummy[(jobs - 1) / 2], d99 = e2e_dummy[(jobs * 99 + 99) / 100 - 1];
+        fprintf(stderr,
+                "  figure  end to end per job (newFn, candidate list, matchFn, sortFn, notifyAllocFn, checkAllocFn, freeFn) over %d "
+                "candidates: topo p50 %.3f ms, p99 %.3f ms; dummy module p50 %.3f ms, p99 %.3f ms; ratio p50 %.2fx, p99 %.2fx\n",
+                n_hosts, e50, e99, d50, d99, e50 / d50, e99 / d99);
+        threshold("end to end per job p50", "p50", e50, 1);
+        threshold_in("end to end per job p50, topo over the dummy module", "ratio", e50 / d50, 1.3, "x");
+    }
+    free(e2e);
+    free(e2e_dummy);
     threshold("match+sort per job p99", "p99", p99, 5);
     threshold("first match of a new shape (worst of each shape, before the restart)", "first", first_max, 20);
     threshold("first match of a new shape (worst, after the restart, during its refresh)", "first", first_max2, 20);

@@ -4,10 +4,11 @@ use crate::api::Api;
 use crate::extsched::{self, Decision};
 use crate::hosts::Resolved;
 use crate::{guarded, module, Module};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 use topo_core::request::Request;
@@ -29,12 +30,44 @@ pub fn table() -> sys::RsrcReqHandlerType {
     }
 }
 
-/// What `newFn` attaches to a resource requirement (and its peers).
+/// What `newFn` attaches to a resource requirement (and its peers). It holds no scores: a
+/// scheduler keeps every pending job's requirement between sessions, and scores per candidate
+/// per requirement would be O(hosts) each (160 KB at 10,000 hosts; issue 31). `sortFn` finds
+/// its match's scores in [`RECENT`], or asks the memo again.
 struct HandlerData {
+    /// Unique for the process (a freed requirement's address may be reused).
+    id: u64,
     what: What,
-    /// Scores from the last match, for `sortFn`: the kept candidates' host pointers and scores,
-    /// in the candidates' order.
-    scores: Mutex<Vec<(usize, u64)>>,
+}
+
+static NEXT_DATA_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The scores of the last few matches, for their `sortFn`, newest first: per match, the
+/// requirement's [`HandlerData::id`] and the kept candidates' host pointers and scores in the
+/// candidates' order. A scheduler that sorts right after each match finds them here; one that
+/// matches many requirements before sorting has them asked of the memo again (which remembers
+/// the verdicts per shape and host, so that costs a lookup per candidate, not a placement).
+static RECENT: Mutex<VecDeque<(u64, Scores)>> = Mutex::new(VecDeque::new());
+/// Kept candidates' host pointers and scores, in the candidates' order.
+type Scores = Vec<(usize, u64)>;
+/// How many matches' scores [`RECENT`] keeps: at most this many times 16 bytes per kept
+/// candidate, however many requirements are pending.
+const RECENT_MATCHES: usize = 4;
+
+/// Keeps the scores of requirement `id`'s match, forgetting the oldest beyond [`RECENT_MATCHES`].
+fn remember_scores(id: u64, fill: impl FnOnce(&mut Scores)) {
+    let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut scores = match recent.iter().position(|r| r.0 == id) {
+        Some(i) => recent.remove(i).map(|r| r.1).unwrap_or_default(),
+        // The oldest one's buffer is reused.
+        None if recent.len() >= RECENT_MATCHES => {
+            recent.pop_back().map(|r| r.1).unwrap_or_default()
+        }
+        None => Vec::new(),
+    };
+    scores.clear();
+    fill(&mut scores);
+    recent.push_front((id, scores));
 }
 
 enum What {
@@ -98,7 +131,8 @@ unsafe extern "C" fn new_fn(resreq: *mut c_void) -> c_int {
             }
         };
         let key = CString::new(key.replace('\0', "")).map_err(|e| e.to_string())?;
-        let data = Box::into_raw(Box::new(HandlerData { what, scores: Mutex::new(Vec::new()) }));
+        let id = NEXT_DATA_ID.fetch_add(1, Ordering::Relaxed);
+        let data = Box::into_raw(Box::new(HandlerData { id, what }));
         // SAFETY: the scheduler copies the key; `data` stays valid until it calls freeFn.
         unsafe {
             (m.api.set_object)(
@@ -116,7 +150,8 @@ unsafe extern "C" fn free_fn(data: *mut c_void) {
     guarded("freeFn", (), || {
         if !data.is_null() {
             // SAFETY: `data` came from Box::into_raw in newFn and the scheduler frees it once.
-            drop(unsafe { Box::from_raw(data as *mut HandlerData) });
+            let data = unsafe { Box::from_raw(data as *mut HandlerData) };
+            RECENT.lock().unwrap_or_else(|e| e.into_inner()).retain(|r| r.0 != data.id);
         }
         Ok(())
     })
@@ -172,30 +207,7 @@ unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut
         let groups = unsafe { groups(&m.api, list) };
         // A snapshot: never waits for the refresher.
         let cache = m.shared.cache.load();
-        let mut candidates = Vec::new();
-        let mut unknown = Vec::new();
-        {
-            let mut index = m.hosts.lock().unwrap_or_else(|e| e.into_inner());
-            for &g in &groups {
-                // SAFETY: a live group from the scheduler.
-                for (i, c) in unsafe { members(g) }.iter().enumerate() {
-                    // SAFETY: `c` is a live candidate of this call.
-                    let host = match unsafe { index.resolve(&m.api, &cache, c) } {
-                        Resolved::Host(h) => h,
-                        Resolved::Unknown(name) => {
-                            unknown.extend(name);
-                            None
-                        }
-                    };
-                    candidates.push(Candidate {
-                        group: g,
-                        index: i,
-                        host_ptr: c.hostPtr as usize,
-                        host,
-                    });
-                }
-            }
-        }
+        let (candidates, unknown) = candidates_of(m, &cache, &groups);
         if !unknown.is_empty() && !m.config.cache.address_template.is_empty() {
             let mut discovered = m.shared.discovered.lock().unwrap_or_else(|e| e.into_inner());
             let before = discovered.len();
@@ -224,19 +236,46 @@ unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut
         req.tasks.get_or_insert(1);
         let verdicts = decide_all(m, &cache, &req, memo_key, &candidates);
         drop(cache);
-        let mut scores = data.scores.lock().unwrap_or_else(|e| e.into_inner());
-        scores.clear();
         let mut removed = 0;
-        for (c, v) in candidates.iter().zip(&verdicts) {
-            match v {
-                Ok(score) => scores.push((c.host_ptr, *score)),
-                Err(_) => removed += 1,
+        remember_scores(data.id, |scores| {
+            for (c, v) in candidates.iter().zip(&verdicts) {
+                match v {
+                    Ok(score) => scores.push((c.host_ptr, *score)),
+                    Err(_) => removed += 1,
+                }
             }
-        }
+        });
         tracing::debug!(request = %req, candidates = candidates.len(), removed, "match");
         remove(m, reason, &candidates, |i| verdicts[i].as_ref().err().map(|&r| base + r));
         Ok(0)
     })
+}
+
+/// The candidates of `groups`, in order, each with its cache host; and the names just found to
+/// have none (to fetch, when a template allows).
+fn candidates_of(
+    m: &Module,
+    cache: &topo_plugin_core::HostCache,
+    groups: &[*mut sys::candHostGroup],
+) -> (Vec<Candidate>, Vec<String>) {
+    let mut candidates = Vec::new();
+    let mut unknown = Vec::new();
+    let mut index = m.hosts.lock().unwrap_or_else(|e| e.into_inner());
+    for &g in groups {
+        // SAFETY: a live group from the scheduler.
+        for (i, c) in unsafe { members(g) }.iter().enumerate() {
+            // SAFETY: `c` is a live candidate of this call.
+            let host = match unsafe { index.resolve(&m.api, cache, c) } {
+                Resolved::Host(h) => h,
+                Resolved::Unknown(name) => {
+                    unknown.extend(name);
+                    None
+                }
+            };
+            candidates.push(Candidate { group: g, index: i, host_ptr: c.hostPtr as usize, host });
+        }
+    }
+    (candidates, unknown)
 }
 
 /// Per candidate: its rank ([`Verdict::rank`]: a block for this request's shape first, then
@@ -327,12 +366,22 @@ unsafe extern "C" fn sort_fn(data: *mut c_void, list: *mut c_void, _reason: *mut
         }
         // SAFETY: `data` is the HandlerData newFn attached.
         let data = unsafe { &*(data as *const HandlerData) };
-        let scores = data.scores.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the scheduler's live candidate list.
+        let groups = unsafe { groups(&m.api, list) };
+        let kept = {
+            let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
+            recent.iter().position(|r| r.0 == data.id).and_then(|i| recent.remove(i))
+        };
+        let scores = match (kept, &data.what) {
+            // Taken: a requirement's scores live from its match to its sort.
+            (Some((_, scores)), _) => scores,
+            (None, What::Bad { .. }) => return Ok(0),
+            (None, What::Request { request, memo_key }) => rescore(m, request, memo_key, &groups),
+        };
         // Built only when the list is not the kept candidates in matchFn's order.
         let mut by_ptr: Option<HashMap<usize, u64>> = None;
         let mut offset = 0;
-        // SAFETY: the scheduler's live candidate list.
-        for g in unsafe { groups(&m.api, list) } {
+        for g in groups {
             // SAFETY: a live group; its members are reordered in place, none added or lost.
             let members = unsafe { members(g) };
             let same = scores
@@ -360,6 +409,22 @@ unsafe extern "C" fn sort_fn(data: *mut c_void, list: *mut c_void, _reason: *mut
         }
         Ok(0)
     })
+}
+
+/// The scores of the candidates in `groups` asked of the memo again, for a sort whose match's
+/// scores [`RECENT`] no longer has; a candidate that no longer fits goes last.
+fn rescore(
+    m: &Module,
+    request: &Request,
+    memo_key: &str,
+    groups: &[*mut sys::candHostGroup],
+) -> Scores {
+    let cache = m.shared.cache.load();
+    let (candidates, _) = candidates_of(m, &cache, groups);
+    let mut req = request.clone();
+    req.tasks.get_or_insert(1);
+    let verdicts = decide_all(m, &cache, &req, memo_key, &candidates);
+    candidates.iter().zip(verdicts).map(|(c, v)| (c.host_ptr, v.unwrap_or(u64::MAX))).collect()
 }
 
 /// The first fields of `struct jobInfo` as LSF 6.x lays it out (its `lsb_get_jobinfo`);
