@@ -33,6 +33,7 @@ use crate::cache::{job_hash, shape_hash, Block, HostCache, HostId, HostState, Un
 use crate::config::Unreachable;
 use crate::reserve::Reservations;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use topo_core::cpuset::CpuSet;
 use topo_core::place::{self, Occupancy, PlaceError};
@@ -362,9 +363,16 @@ fn evaluate_each(
     hosts: &[HostId],
 ) -> Vec<u64> {
     let one = |&h: &HostId| evaluate(ctx, h, request, who).rank().unwrap_or(NO_FIT);
-    let threads =
-        std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_MATCH_THREADS);
-    if hosts.len() < PARALLEL_FROM || threads < 2 {
+    if hosts.len() < PARALLEL_FROM {
+        return hosts.iter().map(one).collect();
+    }
+    // Asked once per process: the standard library reads the cgroup's CPU limit from files at
+    // each call (an open and a read per match, seen in a profile of the LSF module).
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    let threads = *THREADS.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_MATCH_THREADS)
+    });
+    if threads < 2 {
         return hosts.iter().map(one).collect();
     }
     let chunk = hosts.len().div_ceil(threads);
@@ -504,12 +512,13 @@ impl Memo {
         // is computed after.
         let mut out: Vec<u64> = Vec::with_capacity(hosts.len());
         let mut misses: Vec<(usize, HostId)> = Vec::new();
+        // Fresh: fetched at or after this (none: the process is younger than `stale_after`).
+        // One comparison per host instead of a subtraction.
+        let fresh_from = ctx.now.checked_sub(ctx.stale_after);
         for (pos, &h) in hosts.iter().enumerate() {
             let i = h as usize;
             let status = ctx.cache.status(h);
-            let fresh = status
-                .fetched_at
-                .is_some_and(|at| ctx.now.saturating_duration_since(at) <= ctx.stale_after);
+            let fresh = status.fetched_at.is_some_and(|at| fresh_from.is_none_or(|f| at >= f));
             if !fresh {
                 // What `evaluate` answers for a host whose state is unknown or stale, without a
                 // call per host: after a restart every host is unknown until its state comes.

@@ -238,6 +238,7 @@ unsafe extern "C" fn match_fn(data: *mut c_void, list: *mut c_void, reason: *mut
         drop(cache);
         let mut removed = 0;
         remember_scores(data.id, |scores| {
+            scores.reserve(candidates.len());
             for (c, v) in candidates.iter().zip(&verdicts) {
                 match v {
                     Ok(score) => scores.push((c.host_ptr, *score)),
@@ -258,7 +259,9 @@ fn candidates_of(
     cache: &topo_plugin_core::HostCache,
     groups: &[*mut sys::candHostGroup],
 ) -> (Vec<Candidate>, Vec<String>) {
-    let mut candidates = Vec::new();
+    // SAFETY: live groups from the scheduler.
+    let total = groups.iter().map(|&g| unsafe { members(g) }.len()).sum();
+    let mut candidates = Vec::with_capacity(total);
     let mut unknown = Vec::new();
     let mut index = m.hosts.lock().unwrap_or_else(|e| e.into_inner());
     for &g in groups {
