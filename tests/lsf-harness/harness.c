@@ -688,17 +688,33 @@ static void scenario_blocks(void) {
     wait_refresh();
     expect_h3_kept(twelve, "without the block, 12 cores fit h3 again");
 
-    fprintf(stderr, "h3 defragments (topod.toml defrag = true)\n");
+    fprintf(stderr, "h3 defragments (topod.toml defrag = true, migrate_min_run_s = 0)\n");
     check(topoctl("alloc --socket \"$HARNESS_H3_SOCKET\" --job frag-1 'CPUSET[CPU_LIST=0-3,16-19] affinity[core(4)]'") == 0 &&
               topoctl("alloc --socket \"$HARNESS_H3_SOCKET\" --job frag-2 'CPUSET[CPU_LIST=8-11,24-27] affinity[core(4)]'") == 0,
-          "two jobs hold half of each package of h3");
+          "two jobs pinned by their CPU_LIST hold half of each package of h3");
     wait_refresh();
     struct resreq *pkg = new_resreq("affinity[core(8,same=socket)]", NULL, NULL);
     rc = match_sort(pkg, DEFAULT_ORDER, &rs, got, sizeof got);
+    /* Issue 31: kept before, though topod moves no pinned job; dispatched there, it was refused. */
+    check(rc == 0 && !strstr(got, "h3") && rs.id[2] == reason_base + 1,
+          "8 cores in one package: h3 has 8 free, none in one package, and topod would move neither pinned job: removed "
+          "([%s], reason %d)",
+          got, rs.id[2]);
+    free(rs.main_text);
+    check(topoctl("release --socket \"$HARNESS_H3_SOCKET\" frag-1") == 0 && topoctl("release --socket \"$HARNESS_H3_SOCKET\" frag-2") == 0,
+          "and releases them");
+    /* The same halves held by jobs topod placed itself (f1 on 0-3,16-19 and f3 on 8-11,24-27). */
+    check(topoctl("alloc --socket \"$HARNESS_H3_SOCKET\" --job f1 'affinity[core(4)]'") == 0 &&
+              topoctl("alloc --socket \"$HARNESS_H3_SOCKET\" --job f2 'affinity[core(4)]'") == 0 &&
+              topoctl("alloc --socket \"$HARNESS_H3_SOCKET\" --job f3 'affinity[core(4)]'") == 0 &&
+              topoctl("alloc --socket \"$HARNESS_H3_SOCKET\" --job f4 'affinity[core(4)]'") == 0 &&
+              topoctl("release --socket \"$HARNESS_H3_SOCKET\" f2") == 0 && topoctl("release --socket \"$HARNESS_H3_SOCKET\" f4") == 0,
+          "two movable jobs hold half of each package of h3");
+    wait_refresh();
+    rc = match_sort(pkg, DEFAULT_ORDER, &rs, got, sizeof got);
     size_t n = strlen(got);
     check(rc == 0 && n > 3 && strcmp(got + n - 3, ",h3") == 0 && strstr(got, "h1") && strstr(got, "h2"),
-          "8 cores in one package: h3 has 8 free, none in one package; kept, after h1 and h2 where it fits as they are, "
-          "though offered first: [%s]",
+          "8 cores in one package, the jobs movable: h3 kept, after h1 and h2 where it fits as they are, though offered first: [%s]",
           got);
     free(rs.main_text);
     struct job j203 = {203, 0, pkg->key};
@@ -706,12 +722,16 @@ static void scenario_blocks(void) {
     memset(&last_limit, 0, sizeof last_limit);
     rc = handler.checkAllocFn(pkg->data, &j203, &one_on_h3, (void *)&last_limit);
     check(rc == 0 && last_limit.calls == 0, "an allocation there is left to topod, which moves the jobs (no limit: %d)", last_limit.calls);
+    /* What the module kept, topod accepts: the job starts there, after a move. */
+    check(topoctl("alloc --socket \"$HARNESS_H3_SOCKET\" --job lsf-203 'affinity[core(8,same=socket)]'") == 0,
+          "dispatched to h3, topod places the job (moving one of the two)");
     struct resreq *nine = new_resreq("affinity[core(9)]", NULL, NULL);
     rc = match_sort(nine, DEFAULT_ORDER, &rs, got, sizeof got);
     check(rc == 0 && !strstr(got, "h3") && rs.id[2] == reason_base + 1,
           "9 cores, more than h3 has free: removed as before, moves make no CPUs ([%s], reason %d)", got, rs.id[2]);
     free(rs.main_text);
-    check(topoctl("release --socket \"$HARNESS_H3_SOCKET\" frag-1") == 0 && topoctl("release --socket \"$HARNESS_H3_SOCKET\" frag-2") == 0,
+    check(topoctl("release --socket \"$HARNESS_H3_SOCKET\" f1") == 0 && topoctl("release --socket \"$HARNESS_H3_SOCKET\" f3") == 0 &&
+              topoctl("release --socket \"$HARNESS_H3_SOCKET\" lsf-203") == 0,
           "and releases them");
     wait_refresh();
     free_resreq(six);

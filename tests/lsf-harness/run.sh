@@ -5,8 +5,8 @@
 #
 #   h1  AMD EPYC 7451, 2 packages x 24 cores, served over topod's TCP listener (shared key)
 #   h2  the same machine on a Unix socket, one package already held by a job
-#   h3  2 x 8-core Intel (32 PUs), Unix socket, with defrag = true (the blocks scenario gives it a
-#       topology reservation, then fragments it)
+#   h3  2 x 8-core Intel (32 PUs), Unix socket, with defrag = true and migrate_min_run_s = 0 (the
+#       blocks scenario gives it a topology reservation, then fragments it)
 #   h4  no topod at all (the module is configured fail-closed)
 #
 # and the scale scenario (its own config): 10,000 hosts over five topods, 500 hung hosts, 400
@@ -55,7 +55,7 @@ head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/tcp.key"
 chmod 600 "$work/tcp.key"   # topod refuses a key every user can read
 start_topod h1 AMD-17h-Zen-2xEpyc-7451.xml "tcp_listen = \"127.0.0.1:$port\"" 'tcp_allow = ["127.0.0.1/32"]' "tcp_key_file = \"$work/tcp.key\""
 start_topod h2 AMD-17h-Zen-2xEpyc-7451.xml
-start_topod h3 32intel64-2p8co2t+8ve.xml 'defrag = true'
+start_topod h3 32intel64-2p8co2t+8ve.xml 'defrag = true' 'migrate_min_run_s = 0'
 for h in h1 h2 h3; do
     for _ in $(seq 100); do [ -S "$work/$h/topod.sock" ] && break; sleep 0.05; done
 done

@@ -24,8 +24,9 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LockResult, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use topo_core::cpuset::CpuSet;
+use topo_core::defrag::DefragLimits;
 use topo_core::place::model::HostModel;
-use topo_core::place::Occupancy;
+use topo_core::place::{Occupancy, Strategy};
 use topo_core::request::{self, Request};
 use topo_core::reservation::Reservation;
 use topo_core::topology::Topology;
@@ -57,6 +58,11 @@ pub struct FreeMap {
     /// enough CPUs are free (topod.toml `defrag`).
     #[serde(default)]
     pub defrag: bool,
+    /// With `defrag`: the running jobs topod's planner may move and its bounds (a topod
+    /// older than this field sends none: such a host counts as fitting after moves whenever
+    /// enough CPUs are free, as before).
+    #[serde(default)]
+    pub moves: Option<topo_core::proto::reply::DefragView>,
 }
 
 /// What the cache knows of a host's state: what a placement depends on and the jobs topod
@@ -80,6 +86,96 @@ pub struct HostState {
     /// costs no allocation). Whether each still holds is decided when a job is evaluated, by
     /// the time then ([`Block::live`]).
     pub blocks: Box<[Block]>,
+    /// With `defrag`, what topod's planner would work with ([`Moves`]); `None` on most hosts.
+    pub moves: Option<Arc<Moves>>,
+}
+
+/// What topod's planner works with at an allocate on a host with `defrag` (its free map's
+/// `moves`), each job's request parsed: [`crate::eval::evaluate`] runs the same plan
+/// (`defrag::plan_moves`) to tell whether moves would make room, with the jobs whose
+/// [`MovableJob::movable_from`] has come by the scheduler's clock.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Moves {
+    /// The host's placement strategy.
+    pub strategy: Strategy,
+    /// The planner's bounds.
+    pub limits: DefragLimits,
+    /// The running jobs it considers (those whose request does not parse are left out, as
+    /// topod leaves them).
+    pub jobs: Box<[MovableJob]>,
+}
+
+/// A running job topod's planner considers.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MovableJob {
+    /// The request it was placed for, as topod sent it.
+    pub text: Box<str>,
+    /// The same, parsed.
+    pub request: Request,
+    /// Its CPUs.
+    pub cpus: CpuSet,
+    /// The CPUs it fences.
+    pub fenced: CpuSet,
+    /// Its CPUs per task.
+    pub tasks: Box<[CpuSet]>,
+    /// Seconds since the epoch from which topod may move it.
+    pub movable_from: i64,
+}
+
+impl Hash for MovableJob {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        // The request is the text's parse.
+        (&self.text, &self.cpus, &self.fenced, &self.tasks, self.movable_from).hash(h);
+    }
+}
+
+impl Moves {
+    /// From topod's view; jobs whose request does not parse are left out.
+    pub fn from_view(view: &topo_core::proto::reply::DefragView) -> Self {
+        Moves {
+            strategy: view.strategy,
+            limits: view.limits,
+            jobs: view
+                .jobs
+                .iter()
+                .filter_map(|j| {
+                    Some(MovableJob {
+                        request: request::parse(&j.request).ok()?,
+                        text: j.request.as_str().into(),
+                        cpus: j.cpus.clone(),
+                        fenced: j.fenced.clone(),
+                        tasks: j.tasks.clone().into(),
+                        movable_from: j.movable_from,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether `view` is what these were made from.
+    fn is_view(&self, view: &topo_core::proto::reply::DefragView) -> bool {
+        self.strategy == view.strategy
+            && self.limits == view.limits
+            && self.jobs.len() == view.jobs.len()
+            && self.jobs.iter().zip(&view.jobs).all(|(a, b)| {
+                *a.text == *b.request
+                    && a.cpus == b.cpus
+                    && a.fenced == b.fenced
+                    && *a.tasks == *b.tasks
+                    && a.movable_from == b.movable_from
+            })
+    }
+
+    /// The first time after `now_s` at which a job becomes movable ([`NO_BLOCKS`]: none).
+    fn next_movable_after(&self, now_s: i64) -> u32 {
+        self.jobs
+            .iter()
+            .map(|j| j.movable_from)
+            .filter(|&t| t > now_s && t < i64::MAX)
+            .map(|t| t.clamp(0, i64::from(NO_BLOCKS - 1)) as u32)
+            .min()
+            .unwrap_or(NO_BLOCKS)
+    }
 }
 
 /// One topology reservation as the cache keeps it (from topod's
@@ -234,6 +330,7 @@ pub fn state_fingerprint(state: &HostState) -> [u64; 2] {
         state.fenced.hash(&mut h);
         state.defrag.hash(&mut h);
         state.blocks.hash(&mut h);
+        state.moves.hash(&mut h);
         h.finish()
     };
     [pass(0x5a), pass(0xa5)]
@@ -703,6 +800,12 @@ impl HostCache {
             .collect();
         // In one order whatever topod's, so that equal reservations are an equal state.
         blocks.sort_unstable_by_key(|b| (b.job, b.expires_at));
+        // The jobs' requests parsed only when what topod sent differs from the last state's.
+        let before_moves = self.hosts[id as usize].state.as_ref().and_then(|s| s.moves.clone());
+        let moves = free.moves.as_ref().map(|view| match before_moves {
+            Some(m) if m.is_view(view) => m,
+            _ => Arc::new(Moves::from_view(view)),
+        });
         let state = HostState {
             model,
             defrag: free.defrag,
@@ -710,16 +813,25 @@ impl HostCache {
             fenced: Packed::pack(&unusable),
             jobs: jobs.into(),
             blocks: blocks.into(),
+            moves,
         };
         let before = self.status[id as usize];
         let entry = &self.hosts[id as usize];
-        let changed = entry.state.as_ref() != Some(&state);
+        let mut changed = entry.state.as_ref() != Some(&state);
         // Computed when the state changes (or comes first), not at every refresh.
-        let (fingerprint, blocks_until) = if changed || before.fetched_at.is_none() {
+        let (fingerprint, mut blocks_until) = if changed || before.fetched_at.is_none() {
             (state_fingerprint(&state), earliest_expiry(&state))
         } else {
             (before.fingerprint, before.blocks_until)
         };
+        if let Some(m) = &state.moves {
+            // The next time a job becomes movable: verdicts on the host change then, without
+            // its state changing. Its passing counts as a change (the memo forgets what it
+            // remembered before), and the next one is looked for at every refresh.
+            let next = earliest_expiry(&state).min(m.next_movable_after(crate::eval::epoch_now()));
+            changed |= next != before.blocks_until && before.fetched_at.is_some();
+            blocks_until = next;
+        }
         if changed || entry.last_error.is_some() {
             // Cloned (when another snapshot shares it) only when something changes.
             let h = Arc::make_mut(&mut self.hosts[id as usize]);

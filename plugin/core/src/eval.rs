@@ -21,21 +21,27 @@
 //! clock (a host whose clock is ahead drops it sooner; the next refresh shows it gone).
 //!
 //! **Fits after moves.** A host whose topod has `defrag` moves running jobs to make room for an
-//! allocate that does not fit although enough CPUs are free. The plug-in cannot know whether
-//! such moves exist: it knows the host's free CPUs, not the running jobs' requests, so it
-//! cannot run the policy core's `plan_moves`. A request that fails on such a host only on
-//! shape ([`PlaceError::rejected_while_free`]: enough CPUs free) is therefore an optimistic
-//! guess, [`Verdict::AfterMoves`]: the host stays a candidate, ranked below every host where
-//! the job fits as it is, and topod decides at the allocate (refusing it when no moves make
-//! room, as it would without `defrag`). On a host without `defrag` it does not fit, as before.
+//! allocate that does not fit although enough CPUs are free. Its free map says what its planner
+//! would work with ([`crate::cache::Moves`]: the running jobs it considers, with the time from
+//! which each may move, and its strategy and limits), and the evaluation runs the same plan
+//! (`defrag::plan_moves`) with the jobs movable by the scheduler's clock: a request that fails
+//! only on shape ([`PlaceError::rejected_while_free`]) is [`Verdict::AfterMoves`] (a candidate,
+//! ranked below every host where the job fits as it is) when moves make room, and
+//! [`NoFit::NoMoves`] when none would (jobs too young, moved too recently, pinned by a
+//! `CPU_LIST`). A topod too old to say keeps the optimistic guess: any such host is
+//! [`Verdict::AfterMoves`] and topod decides at the allocate. On a host without `defrag` it does
+//! not fit, as before. (topod plans first with its open prime-time pools kept out, which the
+//! plug-ins do not know; the evaluation is its second try.)
 
-use crate::cache::{job_hash, shape_hash, Block, HostCache, HostId, HostState, Unknown};
+use crate::cache::{job_hash, shape_hash, Block, HostCache, HostId, HostState, Moves, Unknown};
 use crate::config::Unreachable;
 use crate::reserve::Reservations;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use topo_core::cpuset::CpuSet;
+use topo_core::defrag;
+use topo_core::place::model::HostModel;
 use topo_core::place::{self, Occupancy, PlaceError};
 use topo_core::request::Request;
 
@@ -65,6 +71,9 @@ pub enum NoFit {
     },
     /// The placement core found no placement.
     Placement(PlaceError),
+    /// No placement, though enough CPUs are free, and the host's `defrag` would move no job to
+    /// make room (none may move yet, a `CPU_LIST` keeps them, or no plan within its limits).
+    NoMoves(PlaceError),
     /// The host's state is unknown and the policy is fail-closed.
     Unknown(Unknown),
 }
@@ -76,6 +85,12 @@ impl std::fmt::Display for NoFit {
                 write!(f, "needs at least {needed} CPUs but only {free} are free")
             }
             NoFit::Placement(e) => write!(f, "{e}"),
+            NoFit::NoMoves(e) => write!(
+                f,
+                "{e}; the host's defrag would move no running job to make room now (too young \
+                 for migrate_min_run_s, moved within migrate_gap_s, pinned by CPU_LIST, or no \
+                 plan within its limits)"
+            ),
             NoFit::Unknown(u) => write!(f, "host state unknown and the policy is fail-closed: {u}"),
         }
     }
@@ -95,9 +110,9 @@ pub enum Verdict {
         /// The host holds a live block for the claimant, which the job spends there.
         claims_block: bool,
     },
-    /// It does not fit as the host is now, though enough CPUs are free, and the host moves
-    /// running jobs to make room (`defrag`): a candidate, after every host where it fits. An
-    /// optimistic guess (see the module docs); topod decides.
+    /// It does not fit as the host is now, though enough CPUs are free, and the host's topod
+    /// would move running jobs to make room (`defrag`, the same plan; see the module docs): a
+    /// candidate, after every host where it fits.
     AfterMoves(PlaceError),
     /// It does not.
     NoFit(NoFit),
@@ -248,9 +263,46 @@ pub fn evaluate(ctx: &Context<'_>, host: HostId, request: &Request, who: Claiman
     }
     match place::fit_and_score(model, &occupancy, request) {
         Ok(fit) => Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block },
-        Err(e) if state.defrag && e.rejected_while_free() => Verdict::AfterMoves(e),
+        Err(e) if state.defrag && e.rejected_while_free() => match &state.moves {
+            Some(moves) if !moves_make_room(ctx, model, &occupancy, moves, request) => {
+                Verdict::NoFit(NoFit::NoMoves(e))
+            }
+            // A topod that does not say what it would move: an optimistic guess, as before.
+            _ => Verdict::AfterMoves(e),
+        },
         Err(e) => Verdict::NoFit(NoFit::Placement(e)),
     }
+}
+
+/// Whether topod's planner, given what it reported ([`Moves`]), finds moves that make room for
+/// `request`: the same plan ([`defrag::plan_moves`]) with the jobs movable by the scheduler's
+/// clock. (topod plans first with its open prime-time pools kept out, which the plug-in does
+/// not know; its second try is this one.)
+fn moves_make_room(
+    ctx: &Context<'_>,
+    model: &HostModel,
+    occupancy: &Occupancy,
+    moves: &Moves,
+    request: &Request,
+) -> bool {
+    let jobs: Vec<defrag::Movable<'_, usize>> = moves
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| defrag::Movable {
+            key: i,
+            request: &j.request,
+            cpus: &j.cpus,
+            fenced: &j.fenced,
+            tasks: &j.tasks,
+            may_move: j.movable_from <= ctx.epoch_s,
+        })
+        .collect();
+    if !jobs.iter().any(|j| j.may_move) {
+        return false;
+    }
+    defrag::plan_moves(model, occupancy, &jobs, request, moves.strategy, moves.limits)
+        .is_some_and(|plan| !plan.moves.is_empty())
 }
 
 /// The most tasks of `request` (at most `limit`) that `host` takes for `who` (where they fit,
@@ -314,7 +366,14 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
     let state_of = |h: HostId| {
         ctx.cache.usable(h, ctx.now, ctx.stale_after).ok().map(|state| {
             (
-                (state.model, state.defrag, &state.held, &state.fenced, &state.blocks),
+                (
+                    state.model,
+                    state.defrag,
+                    &state.held,
+                    &state.fenced,
+                    &state.blocks,
+                    &state.moves,
+                ),
                 ctx.reservations.on_host(h),
             )
         })

@@ -55,6 +55,7 @@ impl FakeSource {
             job_ids: jobs.iter().map(|j| j.to_string()).collect(),
             reservations: Vec::new(),
             defrag: false,
+            moves: None,
         };
         self.hosts.lock().unwrap().insert(address.to_string(), (topo.clone(), free));
     }
@@ -352,8 +353,10 @@ fn reads_the_protocols_free_map() {
             users: Vec::new(),
             named: false,
         }],
+        moves: Some(halves_moves([EXPIRES, i64::MAX], true)),
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
+    assert_eq!(kept.moves, sent.moves);
     assert_eq!(
         (kept.generation, kept.held, kept.fenced, kept.job_ids),
         (7, sent.held.clone(), sent.fenced.clone(), sent.job_ids.clone())
@@ -364,12 +367,18 @@ fn reads_the_protocols_free_map() {
     let none = topo_core::proto::reply::FreeMap {
         reservations: Vec::new(),
         defrag: false,
+        moves: None,
         ..sent.clone()
     };
     let text = serde_json::to_value(&none).unwrap();
-    assert!(text.get("reservations").is_none() && text.get("defrag").is_none(), "{text}");
+    assert!(
+        text.get("reservations").is_none()
+            && text.get("defrag").is_none()
+            && text.get("moves").is_none(),
+        "{text}"
+    );
     let kept: FreeMap = serde_json::from_value(text).unwrap();
-    assert!(kept.reservations.is_empty() && !kept.defrag);
+    assert!(kept.reservations.is_empty() && !kept.defrag && kept.moves.is_none());
 }
 
 // ---- The stand-in's defects (issues 2, 3, 4): each of these failed before the fix. ----
@@ -406,6 +415,7 @@ fn idle_free_map(topo: &Topology) -> FreeMap {
         job_ids: Vec::new(),
         reservations: Vec::new(),
         defrag: false,
+        moves: None,
     }
 }
 
@@ -1127,6 +1137,120 @@ fn a_defragmenting_host_where_the_job_fits_only_after_moves_ranks_after_those_wh
     let cache = shared.cache.load();
     let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Open);
     assert!(matches!(eval::evaluate(&ctx, x, &socket, peers), Verdict::NoFit(_)));
+}
+
+/// What topod's free map says its planner would move on the Zen with half of each package
+/// held by two 12-core jobs, each movable from `from` (seconds since the epoch), `pinned` by a
+/// `CPU_LIST` of its own CPUs or not.
+fn halves_moves(from: [i64; 2], pinned: bool) -> topo_core::proto::reply::DefragView {
+    let job = |name: &str, cpus: &str, from: i64| topo_core::proto::reply::MovableJob {
+        job: name.into(),
+        request: if pinned {
+            format!("CPUSET[CPU_LIST={cpus}] affinity[core(12)]")
+        } else {
+            "affinity[core(12)]".into()
+        },
+        cpus: CpuSet::parse_list(cpus).unwrap(),
+        fenced: CpuSet::new(),
+        tasks: Vec::new(),
+        movable_from: from,
+    };
+    topo_core::proto::reply::DefragView {
+        strategy: topo_core::place::Strategy::BestFit,
+        limits: topo_core::defrag::DefragLimits::default(),
+        jobs: vec![job("lsf-1", "0-11,48-59", from[0]), job("lsf-2", "24-35,72-83", from[1])],
+    }
+}
+
+#[test]
+fn a_host_fits_after_moves_only_when_its_topod_would_move_a_job_now() {
+    // Issue 31: the module kept a defragmenting host for any request that failed on shape
+    // alone, though topod moves no job pinned by CPU_LIST or younger than migrate_min_run_s;
+    // the only candidate was dispatched there and refused.
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let halves = "0-11,48-59,24-35,72-83";
+    let with = |moves| FreeMap { moves: Some(moves), ..free_map(&zen, halves, vec![], true) };
+    let socket = with_tasks("affinity[core(24,same=socket)]", 1);
+    let peers = Claimant::peers_of(&socket);
+    let verdict = |x: FreeMap, y: FreeMap, epoch_s: i64| {
+        let (shared, _source) = setup_with(&config, x, y);
+        let cache = shared.cache.load();
+        let resv = crate::Reservations::new();
+        let mut ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
+        ctx.epoch_s = epoch_s;
+        let (x, y) = (cache.lookup("x").unwrap(), cache.lookup("y").unwrap());
+        let until = cache.status(x).blocks_until;
+        (eval::evaluate(&ctx, x, &socket, peers), eval::evaluate(&ctx, y, &socket, peers), until)
+    };
+    let no_moves =
+        |v: &Verdict| matches!(v, Verdict::NoFit(NoFit::NoMoves(e)) if e.rejected_while_free());
+    // Both jobs movable by the scheduler's clock: moving one makes a package free.
+    let (x, _, _) = verdict(
+        with(halves_moves([EXPIRES - 100; 2], false)),
+        with(halves_moves([EXPIRES; 2], false)),
+        EXPIRES - 60,
+    );
+    assert!(matches!(x, Verdict::AfterMoves(_)), "{x:?}");
+    // Neither yet (migrate_min_run_s): refused, with the reason; and the time one becomes
+    // movable is when the host's verdicts change (the memo keeps none past it).
+    let (x, _, until) = verdict(
+        with(halves_moves([EXPIRES; 2], false)),
+        with(halves_moves([EXPIRES; 2], false)),
+        EXPIRES - 60,
+    );
+    assert!(no_moves(&x), "{x:?}");
+    match &x {
+        Verdict::NoFit(why) => assert!(why.to_string().contains("migrate_min_run_s"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(until, EXPIRES as u32);
+    // One of them movable is enough.
+    let (x, y, _) = verdict(
+        with(halves_moves([EXPIRES - 100, EXPIRES], false)),
+        with(halves_moves([EXPIRES - 100, i64::MAX], false)),
+        EXPIRES - 60,
+    );
+    assert!(
+        matches!(x, Verdict::AfterMoves(_)) && matches!(y, Verdict::AfterMoves(_)),
+        "{x:?} {y:?}"
+    );
+    // Pinned by their CPU_LIST, old enough: no move makes room.
+    let (x, _, _) =
+        verdict(with(halves_moves([0; 2], true)), with(halves_moves([0; 2], true)), EXPIRES - 60);
+    assert!(no_moves(&x), "{x:?}");
+    // A topod that does not say what it would move: the guess, as before.
+    let (x, _, _) = verdict(
+        free_map(&zen, halves, vec![], true),
+        free_map(&zen, halves, vec![], true),
+        EXPIRES - 60,
+    );
+    assert!(matches!(x, Verdict::AfterMoves(_)), "{x:?}");
+}
+
+#[test]
+fn the_memo_forgets_a_defragmenting_hosts_verdict_when_a_job_there_becomes_movable() {
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let halves = "0-11,48-59,24-35,72-83";
+    let x = FreeMap {
+        moves: Some(halves_moves([EXPIRES; 2], false)),
+        ..free_map(&zen, halves, vec![], true)
+    };
+    let (shared, _source) = setup_with(&config, x, free_map(&zen, halves, vec![], false));
+    let cache = shared.cache.load();
+    let resv = crate::Reservations::new();
+    let socket = with_tasks("affinity[core(24,same=socket)]", 1);
+    let x = cache.lookup("x").unwrap();
+    let mut memo = eval::Memo::new();
+    let mut ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
+    for (epoch_s, fits) in
+        [(EXPIRES - 60, false), (EXPIRES - 1, false), (EXPIRES, true), (EXPIRES + 60, true)]
+    {
+        ctx.epoch_s = epoch_s;
+        let rank = memo.scores(&ctx, "socket#1", &socket, &[x])[0];
+        assert_eq!(rank.is_some(), fits, "at {epoch_s}: {rank:?}");
+    }
 }
 
 #[test]

@@ -138,7 +138,8 @@ impl<'a, K> Movable<'a, K> {
 }
 
 /// How far the search may go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct DefragLimits {
     /// Jobs moved by one plan, at most (0: never move anything).
     pub max_moves: usize,

@@ -496,6 +496,46 @@ pub mod reply {
         /// last look (at every change, and on its 5 s tick).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub pools: Vec<PoolStatus>,
+        /// With `defrag`: what topod's planner would work with at an allocate, so that a
+        /// scheduler runs the same plan (`defrag::plan_moves`) and counts the host as fitting
+        /// after moves only when moves would make room.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub moves: Option<DefragView>,
+    }
+
+    /// The running jobs topod's `defrag` may move, and the planner's bounds.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct DefragView {
+        /// The host's placement strategy (topod.toml `strategy`).
+        pub strategy: crate::place::Strategy,
+        /// How far the planner may go (topod.toml `migrate_*`).
+        pub limits: crate::defrag::DefragLimits,
+        /// The running jobs it considers (not gang-scheduled, not being released or changed).
+        pub jobs: Vec<MovableJob>,
+    }
+
+    /// A running job as topod's planner sees it.
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct MovableJob {
+        /// Its id.
+        pub job: String,
+        /// The request it was placed for (a move places it again with it: a `CPU_LIST` keeps
+        /// it where it is).
+        pub request: String,
+        /// Its CPUs.
+        pub cpus: CpuSet,
+        /// The CPUs it fences.
+        #[serde(default, skip_serializing_if = "CpuSet::is_empty")]
+        pub fenced: CpuSet,
+        /// Its CPUs per task.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub tasks: Vec<CpuSet>,
+        /// Seconds since the epoch from which it may be moved (topod.toml
+        /// `migrate_min_run_s` after its start, `migrate_gap_s` after its last move);
+        /// `i64::MAX`: not while it runs.
+        pub movable_from: i64,
     }
 
     /// A prime-time pool as `free_map` shows it.

@@ -658,6 +658,7 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
                 reservations: snap.reservations.clone(),
                 defrag: snap.defrag,
                 pools: snap.pools.clone(),
+                moves: snap.moves.clone(),
             })
         }
         Op::Fit(proto::FitArgs { request, tasks, cpus }) => {

@@ -58,6 +58,7 @@ impl Occupancy {
 }
 
 /// A placement strategy.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Strategy {

@@ -254,6 +254,20 @@ impl Defrag {
     pub fn may_move(&self, now: Time, since: Time, moved_at: Option<Time>) -> bool {
         now - since >= self.min_run && moved_at.is_none_or(|t| now - t >= self.gap)
     }
+
+    /// The time from which [`may_move`](Self::may_move) holds for a job running since `since`
+    /// (`None`: not known, as for a job whose start topod did not see: it counts as starting at
+    /// every look, so it never may while `min_run` is above 0), last moved or resized at
+    /// `moved_at`; [`Time::MAX`] for never. What topod tells schedulers (its `free_map`'s
+    /// `moves`), so that they decide as it will.
+    pub fn movable_from(&self, since: Option<Time>, moved_at: Option<Time>) -> Time {
+        let run = match since {
+            Some(since) => since.saturating_add(self.min_run),
+            None if self.min_run > 0 => return Time::MAX,
+            None => Time::MIN,
+        };
+        run.max(moved_at.map_or(Time::MIN, |t| t.saturating_add(self.gap)))
+    }
 }
 
 /// A job's expansion factor: (time in the system + estimated time still to run) ÷ estimate, the
@@ -376,3 +390,29 @@ pub fn cores_request(cores: u32) -> Request {
 pub(crate) mod cluster;
 #[cfg(feature = "sim")]
 pub use cluster::*;
+
+#[cfg(test)]
+mod timer_tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_movable_from_exactly_the_time_may_move_says() {
+        for (min_run, gap) in [(60, 300), (0, 300), (60, 0), (0, 0)] {
+            let d = Defrag { min_run, gap, limits: DefragLimits::default() };
+            for since in [None, Some(1_000)] {
+                for moved_at in [None, Some(900), Some(1_020), Some(1_500)] {
+                    let from = d.movable_from(since, moved_at);
+                    for now in (900..2_000).step_by(10) {
+                        // topod counts a job whose start it did not see as starting now.
+                        let may = d.may_move(now, since.unwrap_or(now), moved_at);
+                        assert_eq!(
+                            now >= from,
+                            may,
+                            "min_run {min_run} gap {gap} since {since:?} moved {moved_at:?} now {now}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -23,6 +23,8 @@ pub struct Snapshot {
     pub defrag: bool,
     /// The prime-time pools, open or not as of this snapshot.
     pub pools: Vec<topo_core::proto::reply::PoolStatus>,
+    /// With `defrag`, what the planner would work with ([`Host::defrag_view`]).
+    pub moves: Option<topo_core::proto::reply::DefragView>,
 }
 
 impl Snapshot {
@@ -60,6 +62,7 @@ impl Host {
             defrag: self.defrag.is_some(),
             gang: self.gang_status.clone(),
             pools: self.pool_status(),
+            moves: self.defrag_view(),
         }
     }
 

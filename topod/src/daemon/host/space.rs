@@ -229,6 +229,50 @@ impl Host {
         any
     }
 
+    /// The running jobs the planner considers (not gang-scheduled, not being released or
+    /// changed), each with the time from which it may be moved ([`Defrag::movable_from`]: as
+    /// for preemption, its owner's suspend and resume do not restart the time).
+    fn defrag_candidates<'a>(
+        &'a self,
+        cfg: &'a Defrag,
+    ) -> impl Iterator<Item = (&'a Allocation, topo_core::policy::Time)> + 'a {
+        self.ledger
+            .jobs()
+            .filter(|a| {
+                a.gang_row.is_none() && self.ledger.state_of(&a.job) == Some(JobState::Running)
+            })
+            .filter(|a| !self.releasing.contains(&a.job) && !self.changing.contains_key(&a.job))
+            .map(|a| {
+                let hint = self.hints.get(&a.job);
+                let from = cfg.movable_from(
+                    hint.and_then(JobHint::protected_from),
+                    hint.and_then(|h| h.moved_at),
+                );
+                (a, from)
+            })
+    }
+
+    /// What the planner would work with at an allocate, for the free map (schedulers run the
+    /// same plan); `None` without `defrag`.
+    pub(crate) fn defrag_view(&self) -> Option<topo_core::proto::reply::DefragView> {
+        let cfg = self.defrag.as_ref()?;
+        Some(topo_core::proto::reply::DefragView {
+            strategy: self.strategy,
+            limits: cfg.limits,
+            jobs: self
+                .defrag_candidates(cfg)
+                .map(|(a, movable_from)| topo_core::proto::reply::MovableJob {
+                    job: a.job.clone(),
+                    request: a.request.clone(),
+                    cpus: a.cpus.clone(),
+                    fenced: a.fenced.clone(),
+                    tasks: a.tasks.clone(),
+                    movable_from,
+                })
+                .collect(),
+        })
+    }
+
     /// Moves running jobs so that `prepared` fits, when defragmentation is on and the planner
     /// finds moves within its limits and the delay timers; returns whether it moved any.
     pub(crate) fn defragment_for(
@@ -246,20 +290,10 @@ impl Host {
         };
         let (occupancy, _) = self.placement_occupancy_as(job, None, who, self.ends_by(prepared));
         let running: Vec<(Allocation, Request, bool)> = self
-            .ledger
-            .jobs()
-            .filter(|a| {
-                a.gang_row.is_none() && self.ledger.state_of(&a.job) == Some(JobState::Running)
-            })
-            .filter(|a| !self.releasing.contains(&a.job) && !self.changing.contains_key(&a.job))
-            .filter_map(|a| {
+            .defrag_candidates(&cfg)
+            .filter_map(|(a, movable_from)| {
                 let req = request::parse(&a.request).ok()?;
-                let hint = self.hints.get(&a.job);
-                // As for preemption: its owner's suspend and resume do not restart the time.
-                let started = hint.and_then(JobHint::protected_from).unwrap_or(now);
-                let last_move = hint.and_then(|h| h.moved_at);
-                let may = cfg.may_move(now, started, last_move);
-                Some((a.clone(), req, may))
+                Some((a.clone(), req, movable_from <= now))
             })
             .collect();
         let movables: Vec<Movable<'_, String>> = running

@@ -676,6 +676,17 @@ fn defrag_moves_the_fewest_jobs_to_make_room_and_keeps_its_delay_timers() {
         h.model().domain_of(topo_core::request::Level::Numa, cpus.first().unwrap())
     };
     assert_ne!(numa_of(&h, &a0), numa_of(&h, &b0), "{a0} {b0}");
+    // The free map tells schedulers what the planner works with, so that they decide as it
+    // will (issue 31): each job movable from its start plus migrate_min_run_s.
+    let movable_from = |h: &Host| -> BTreeMap<String, i64> {
+        let view = h.snapshot().moves.expect("defrag is on");
+        assert_eq!(
+            (view.strategy, view.limits),
+            (h.strategy, topo_core::defrag::DefragLimits::default())
+        );
+        view.jobs.into_iter().map(|j| (j.job, j.movable_from)).collect()
+    };
+    assert_eq!(movable_from(&h), [("a".to_string(), 1_060), ("b".into(), 1_060)].into());
     let node = "affinity[thread(4,same=numa)]";
     // Too young to move: refused, and told why.
     let e = h.allocate("n", node, None, None, None, None).unwrap_err().to_string();
@@ -706,6 +717,12 @@ fn defrag_moves_the_fewest_jobs_to_make_room_and_keeps_its_delay_timers() {
         .collect()
     );
     h.ledger().check().unwrap();
+    // The moved one from its move plus migrate_gap_s.
+    let (went_job, stay_job) = if a.cpus == a0 { ("b", "a") } else { ("a", "b") };
+    assert_eq!(
+        movable_from(&h),
+        [(went_job.to_string(), 1_360), (stay_job.into(), 1_060), ("n".into(), 1_120)].into()
+    );
     // The moved job may not move again within the gap.
     h.release("n").unwrap();
     let (stay, went) = if a.cpus == a0 { (&a, &b) } else { (&b, &a) };
@@ -715,6 +732,8 @@ fn defrag_moves_the_fewest_jobs_to_make_room_and_keeps_its_delay_timers() {
     let other = h.model().numa[1 - numa_of(&h, &went.cpus).unwrap()].clone();
     let pin: CpuSet = other.iter().take(2).collect();
     h.allocate("o", "affinity[thread*2]", None, Some(&pin.to_string()), None, None).unwrap();
+    let pinned = h.snapshot().moves.unwrap().jobs.into_iter().find(|j| j.job == "o").unwrap();
+    assert!(pinned.request.contains(&format!("CPU_LIST={pin}")), "{}", pinned.request);
     // Within the moved job's gap: refused; after it: moved again.
     clock.store(1_200, std::sync::atomic::Ordering::SeqCst);
     let e = h.allocate("q", node, None, None, None, None).unwrap_err().to_string();
