@@ -89,6 +89,8 @@ run "$work/harness" "$work/schmod_topo.so" session || status=1
 run "$work/harness" "$work/schmod_topo.so" restart || status=1
 run "$work/harness-lsb" "$work/schmod_topo.so" restart || status=1
 run "$work/harness" "$work/schmod_topo.so" reinit || status=1
+sed 's/^unreachable = "closed"$/unreachable = "open"/' "$work/topo-lsf.toml" > "$work/topo-lsf-open.toml"
+TOPO_LSF_CONF="$work/topo-lsf-open.toml" run "$work/harness" "$work/schmod_topo.so" open || status=1
 run "$work/harness" "$work/schmod_topo.so" refuse || status=1
 # A request longer than a handler key, made in one scheduler process and replayed in a new one
 # (the key is kept in key_dir, by default beside the log file).

@@ -296,6 +296,20 @@ pub struct HostStatus {
     /// places each distinct state once without reading every host's state (computed by the
     /// refresher, when it changes).
     pub fingerprint: [u64; 2],
+    /// Its last fetch failed, or one did before the first success: its topod was asked and did
+    /// not answer. A host never fetched and never failed has not been asked yet (the first
+    /// refresh after a start is under way): it is offered to no job, whatever the `unreachable`
+    /// policy, which is for topods that do not answer, not for answers still coming ([`Self::asked`]).
+    pub failed: bool,
+}
+
+impl HostStatus {
+    /// Whether its topod has answered or failed to at least once; a host not asked yet is
+    /// offered to no job, even with `unreachable = "open"` (after a scheduler's restart the
+    /// jobs it replays may have filled it: issue 31).
+    pub fn asked(&self) -> bool {
+        self.fetched_at.is_some() || self.failed
+    }
 }
 
 /// [`HostStatus::blocks_until`] of a host without blocks.
@@ -303,7 +317,13 @@ pub const NO_BLOCKS: u32 = u32::MAX;
 
 impl Default for HostStatus {
     fn default() -> Self {
-        Self { fetched_at: None, version: 0, blocks_until: NO_BLOCKS, fingerprint: [0; 2] }
+        Self {
+            fetched_at: None,
+            version: 0,
+            blocks_until: NO_BLOCKS,
+            fingerprint: [0; 2],
+            failed: false,
+        }
     }
 }
 
@@ -843,12 +863,13 @@ impl HostCache {
         }
         let version = self.hosts[id as usize].version;
         self.status[id as usize] =
-            HostStatus { fetched_at: Some(at), version, blocks_until, fingerprint };
+            HostStatus { fetched_at: Some(at), version, blocks_until, fingerprint, failed: false };
         Ok(())
     }
 
     /// Records a failed fetch; the last good state stays until it goes stale.
     pub fn failed(&mut self, id: HostId, error: &str) {
+        self.status[id as usize].failed = true;
         if self.hosts[id as usize].last_error.as_deref() != Some(error) {
             Arc::make_mut(&mut self.hosts[id as usize]).last_error = Some(error.into());
         }

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// What to do with a host whose topology state is unknown: never fetched, unreachable, or
-/// stale.
+/// What to do with a host whose topology state is unknown: its topod did not answer, or its
+/// state went stale. (A host whose topod has not been asked yet, in the first refresh after a
+/// start, is offered to no job either way: [`crate::cache::HostStatus::asked`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Unreachable {

@@ -230,12 +230,13 @@ pub fn evaluate(ctx: &Context<'_>, host: HostId, request: &Request, who: Claiman
     let state = match ctx.cache.usable(host, ctx.now, ctx.stale_after) {
         Ok(s) => s,
         Err(unknown) => {
+            // Fail-open is for a topod that does not answer, not for one not asked yet.
             return match ctx.unreachable {
-                Unreachable::Open => {
+                Unreachable::Open if ctx.cache.status(host).asked() => {
                     Verdict::Fits { score: UNKNOWN_SCORE, cpus: CpuSet::new(), claims_block: false }
                 }
-                Unreachable::Closed => Verdict::NoFit(NoFit::Unknown(unknown)),
-            }
+                _ => Verdict::NoFit(NoFit::Unknown(unknown)),
+            };
         }
     };
     let model = ctx.cache.model(state);
@@ -582,8 +583,8 @@ impl Memo {
                 // What `evaluate` answers for a host whose state is unknown or stale, without a
                 // call per host: after a restart every host is unknown until its state comes.
                 out.push(match ctx.unreachable {
-                    Unreachable::Open => UNKNOWN_SCORE,
-                    Unreachable::Closed => NO_FIT,
+                    Unreachable::Open if status.asked() => UNKNOWN_SCORE,
+                    _ => NO_FIT,
                 });
                 continue;
             }

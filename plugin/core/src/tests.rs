@@ -1299,3 +1299,52 @@ fn per_host_lines_are_twenty_a_minute_and_the_rest_one_count() {
     assert!(lines.admit(t0 + Duration::from_secs(61)), "a new minute, a new budget");
     assert_eq!(lines.roll(t0 + Duration::from_secs(200)), 0);
 }
+
+#[test]
+fn fail_open_offers_a_host_whose_topod_did_not_answer_but_never_one_not_asked_yet() {
+    // Issue 31: right after a scheduler's restart every host is unknown until the first
+    // refresh brings it; with fail-open each was offered (an impossible request kept 9,997 of
+    // 10,000 hosts, and a job landed on a host the replayed jobs had filled).
+    let config = CacheConfig::default();
+    let (shared, source) = setup(&config);
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    source.set("unix:/new.sock", &zen, "", &[], 1);
+    shared.cache.write().unwrap().add("new", Address::Unix("/new.sock".into()));
+    let resv = crate::Reservations::new();
+    let huge = with_tasks("affinity[core(4096)]", 1);
+    let who = Claimant::peers_of(&huge);
+    let look = |shared: &Shared| {
+        let cache = shared.cache.load();
+        let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Open);
+        let (new, down) = (cache.lookup("new").unwrap(), cache.lookup("down").unwrap());
+        let memo = eval::Memo::new().scores(&ctx, "huge#1", &huge, &[new, down]);
+        (eval::evaluate(&ctx, new, &huge, who), eval::evaluate(&ctx, down, &huge, who), memo)
+    };
+    // "new" has not been asked yet: not offered, with the reason; "down" failed: offered.
+    let (new, down, memo) = look(&shared);
+    match new {
+        Verdict::NoFit(NoFit::Unknown(why)) => {
+            assert!(why.to_string().contains("has not answered yet"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(down, Verdict::Fits { score: eval::UNKNOWN_SCORE, .. }), "{down:?}");
+    assert_eq!(memo, [None, Some(eval::UNKNOWN_SCORE)]);
+    // Once it has answered, its state decides (the request does not fit it).
+    refresh_once(&shared, &source, &config);
+    let (new, _, memo) = look(&shared);
+    assert!(matches!(new, Verdict::NoFit(NoFit::TooFewCpus { .. })), "{new:?}");
+    assert_eq!(memo[0], None);
+    // Once it has failed to answer (its state gone stale or never come), fail-open offers it.
+    source.hosts.lock().unwrap().remove("unix:/new.sock");
+    let later = Instant::now() + config.stale_after() + Duration::from_secs(1);
+    refresh_once(&shared, &source, &config);
+    let cache = shared.cache.load();
+    let ctx = context(&cache, &resv, &config, later, Unreachable::Open);
+    let new = cache.lookup("new").unwrap();
+    assert!(cache.status(new).asked());
+    assert!(matches!(
+        eval::evaluate(&ctx, new, &huge, who),
+        Verdict::Fits { score: eval::UNKNOWN_SCORE, .. }
+    ));
+}

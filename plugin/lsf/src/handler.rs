@@ -649,7 +649,10 @@ unsafe extern "C" fn check_alloc_fn(
             // only after moves is left to topod, as matchFn kept it.
             let who = Claimant::job(&job_id);
             let Verdict::NoFit(why) = eval::evaluate(&ctx, h, &req, who) else { continue };
-            if matches!(why, NoFit::Unknown(_)) && m.config.cache.unreachable == Unreachable::Open {
+            if matches!(why, NoFit::Unknown(_))
+                && m.config.cache.unreachable == Unreachable::Open
+                && cache.status(h).asked()
+            {
                 continue;
             }
             let max = eval::max_tasks(&ctx, h, &request, who, slots.saturating_sub(1));
