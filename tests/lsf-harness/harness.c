@@ -9,7 +9,7 @@
  * reason text of a bad request, tentative reservations across dispatches, checkAlloc limits,
  * the replay after a scheduler restart, and topod's topology reservations and defrag on h3.
  *
- * Usage: harness MODULE.so SCENARIO    (session | restart | reinit | open | refuse | panic | blocks | scale)
+ * Usage: harness MODULE.so SCENARIO    (session | restart | reinit | open | pools | refuse | panic | blocks | scale)
  * Environment: TOPO_LSF_CONF (the module's config, written by run.sh), HARNESS_TOPOCTL,
  * HARNESS_H1_SOCKET and HARNESS_H3_SOCKET (to change topod's state between sessions),
  * HARNESS_REFRESH_MS.
@@ -64,6 +64,7 @@ struct reasons {
 struct job {
     int id, index;
     char *res_key;
+    const char *queue, *user; /* NULL: not told (most scenarios) */
 };
 
 struct alloc {
@@ -172,6 +173,8 @@ static struct jobInfo *fill_jobinfo(struct job *j, struct jobInfo *info) {
     info->jobId = j->id;
     info->jobIndex = j->index;
     info->resKey = j->res_key ? strdup(j->res_key) : NULL;
+    info->queue = j->queue ? strdup(j->queue) : NULL;
+    info->user = j->user ? strdup(j->user) : NULL;
     return info;
 }
 
@@ -208,7 +211,9 @@ API int extsched_getJobInfo(INT_Job *job, struct jobInfo *info) {
 }
 API void extsched_freeJobInfo(struct jobInfo *info) {
     free(info->resKey);
-    info->resKey = NULL;
+    free(info->queue);
+    free(info->user);
+    info->resKey = info->queue = info->user = NULL;
 }
 API int extsched_getAlloc(INT_Alloc *a, extsched_Alloc **out) {
     struct alloc *al = a;
@@ -257,6 +262,8 @@ static struct jobInfo static_jobinfo; /* 6.x returns a static buffer */
 API struct jobInfo *lsb_get_jobinfo(void *job, int phase) {
     (void)phase;
     free(static_jobinfo.resKey);
+    free(static_jobinfo.queue);
+    free(static_jobinfo.user);
     return fill_jobinfo(job, &static_jobinfo);
 }
 static struct hostSlot alloc_slot;
@@ -335,7 +342,7 @@ static int match_sort(struct resreq *r, const int *order, struct reasons *rs, ch
 static const int DEFAULT_ORDER[NHOSTS] = {2, 3, 1, 0}; /* h3, h4, h2, h1 */
 
 static void dispatch(struct resreq *r, int id, const char *host, int slots, int flag) {
-    struct job j = {id, 0, r->key};
+    struct job j = {id, 0, r->key, NULL, NULL};
     struct alloc a = {host, slots};
     int rc = handler.notifyAllocFn(r->data, &j, &a, NULL, flag);
     check(rc == 0, "notifyAllocFn(job %d on %s, flag 0x%x) returns 0 (got %d)", id, host, flag, rc);
@@ -450,7 +457,7 @@ static void scenario_session(void) {
     expect(big, "h2", "after job 102 took the other, h1 is full: the same CPUs are never counted twice");
 
     fprintf(stderr, "checkAllocFn\n");
-    struct job j104 = {104, 0, big->key};
+    struct job j104 = {104, 0, big->key, NULL, NULL};
     struct alloc a104 = {"h1", 1};
     memset(&last_limit, 0, sizeof last_limit);
     rc = handler.checkAllocFn(big->data, &j104, &a104, (void *)&last_limit);
@@ -550,7 +557,7 @@ static void scenario_longkey(const char *mode) {
     check(f && fgets(key, sizeof key, f), "the first process's key is read");
     if (f)
         fclose(f);
-    struct job j = {301, 0, key};
+    struct job j = {301, 0, key, NULL, NULL};
     struct alloc a = {"h2", 24};
     int rc = handler.notifyAllocFn(NULL, &j, &a, NULL, NOTIFY_STARTUP);
     check(rc == 0, "notifyAllocFn(job 301 on h2, NOTIFY_STARTUP) with the hashed key returns 0 (got %d)", rc);
@@ -631,6 +638,45 @@ static void scenario_open(const char *path) {
     free_resreq(huge);
 }
 
+/* The "pools" scenario (run.sh points h1 at a topod of its own, "hp": an EPYC whose second
+ * package is a prime-time pool open all week for queue interactive, its first package held).
+ * matchFn is not told the job; checkAllocFn and topod are (issue 31: a normal-queue job kept
+ * the pool's host, and topod refused it). */
+static void scenario_pools(void) {
+    fprintf(stderr, "prime-time pools: h1's free package is a pool open now for queue interactive\n");
+    struct resreq *r = new_resreq("affinity[core(12)]", NULL, NULL);
+    struct reasons rs;
+    char got[128];
+    int rc = match_sort(r, DEFAULT_ORDER, &rs, got, sizeof got);
+    check(rc == 0 && strcmp(got, "h1") == 0, "matchFn (the job's queue not known) keeps h1, where 12 cores fit only in the pool: [%s]", got);
+    free(rs.main_text);
+    struct job normal = {301, 0, r->key, "normal", NULL}, interactive = {302, 0, r->key, "interactive", NULL};
+    struct alloc on_h1 = {"h1", 1};
+    memset(&last_limit, 0, sizeof last_limit);
+    rc = handler.checkAllocFn(r->data, &normal, &on_h1, (void *)&last_limit);
+    check(rc == 0 && last_limit.calls == 1 && last_limit.max_tasks == 0 && strstr(last_limit.detail, "do not admit it: day"),
+          "checkAllocFn: a job of queue normal may not have h1 (max %d: %s)", last_limit.max_tasks, last_limit.detail);
+    memset(&last_limit, 0, sizeof last_limit);
+    rc = handler.checkAllocFn(r->data, &interactive, &on_h1, (void *)&last_limit);
+    check(rc == 0 && last_limit.calls == 0, "a job of queue interactive may (no limit: %d)", last_limit.calls);
+    /* topod decides the same, both ways. */
+    check(topoctl("alloc --socket \"$HARNESS_H1_SOCKET\" --job lsf-301 --queue normal 'affinity[core(12)]' 2>/dev/null") != 0,
+          "topod refuses the normal-queue job there");
+    rc = handler.notifyAllocFn(r->data, &interactive, &on_h1, NULL, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
+    check(rc == 0, "notifyAllocFn(job 302 on h1) returns 0");
+    check(topoctl("alloc --socket \"$HARNESS_H1_SOCKET\" --job lsf-302 --queue interactive 'affinity[core(12)]'") == 0,
+          "and places the interactive one in the pool");
+    /* Its tentative reservation was in the pool: 12 of the pool's cores are left, for the
+     * interactive queue only. */
+    struct job another = {303, 0, r->key, "interactive", NULL};
+    memset(&last_limit, 0, sizeof last_limit);
+    rc = handler.checkAllocFn(r->data, &another, &on_h1, (void *)&last_limit);
+    check(rc == 0 && last_limit.calls == 0, "another interactive job may still have h1 (no limit: %d)", last_limit.calls);
+    handler.notifyAllocFn(r->data, &interactive, &on_h1, NULL, NOTIFY_DEALLOC);
+    check(topoctl("release --socket \"$HARNESS_H1_SOCKET\" lsf-302") == 0, "and releases it");
+    free_resreq(r);
+}
+
 static void scenario_reinit(const char *path) {
     fprintf(stderr, "the scheduler finalizes the module, closes it, opens it and initializes it again\n");
     struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
@@ -695,7 +741,7 @@ static void scenario_blocks(void) {
     expect(six, "h3,h2,h1", "6 cores, the block's own request (LSF matches peer jobs without naming them): h3 first");
 
     /* checkAllocFn knows the job: only the job the block is for may use it. */
-    struct job j202 = {202, 0, six->key}, j201 = {201, 0, six->key};
+    struct job j202 = {202, 0, six->key, NULL, NULL}, j201 = {201, 0, six->key, NULL, NULL};
     struct alloc two_on_h3 = {"h3", 2};
     memset(&last_limit, 0, sizeof last_limit);
     rc = handler.checkAllocFn(six->data, &j202, &two_on_h3, (void *)&last_limit);
@@ -743,7 +789,7 @@ static void scenario_blocks(void) {
           "8 cores in one package, the jobs movable: h3 kept, after h1 and h2 where it fits as they are, though offered first: [%s]",
           got);
     free(rs.main_text);
-    struct job j203 = {203, 0, pkg->key};
+    struct job j203 = {203, 0, pkg->key, NULL, NULL};
     struct alloc one_on_h3 = {"h3", 1};
     memset(&last_limit, 0, sizeof last_limit);
     rc = handler.checkAllocFn(pkg->data, &j203, &one_on_h3, (void *)&last_limit);
@@ -847,6 +893,8 @@ int main(int argc, char **argv) {
         scenario_reinit(argv[1]);
     else if (strcmp(argv[2], "open") == 0)
         scenario_open(argv[1]);
+    else if (strcmp(argv[2], "pools") == 0)
+        scenario_pools();
     else if (strcmp(argv[2], "blocks") == 0)
         scenario_blocks();
     else if (strcmp(argv[2], "longkey-save") == 0)

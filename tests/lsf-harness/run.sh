@@ -56,9 +56,13 @@ chmod 600 "$work/tcp.key"   # topod refuses a key every user can read
 start_topod h1 AMD-17h-Zen-2xEpyc-7451.xml "tcp_listen = \"127.0.0.1:$port\"" 'tcp_allow = ["127.0.0.1/32"]' "tcp_key_file = \"$work/tcp.key\""
 start_topod h2 AMD-17h-Zen-2xEpyc-7451.xml
 start_topod h3 32intel64-2p8co2t+8ve.xml 'defrag = true' 'migrate_min_run_s = 0'
-for h in h1 h2 h3; do
+# hp: the pools scenario's EPYC, one package a prime-time pool open all week for queue interactive.
+start_topod hp AMD-17h-Zen-2xEpyc-7451.xml \
+    'prime_pools = [{ name = "day", shape = "affinity[socket]", windows = ["Mon-Sun 00:00-24:00"], queues = ["interactive"] }]'
+for h in h1 h2 h3 hp; do
     for _ in $(seq 100); do [ -S "$work/$h/topod.sock" ] && break; sleep 0.05; done
 done
+target/debug/topoctl alloc --socket "$work/hp/topod.sock" --job pre-p --queue normal 'affinity[core(24,same=socket)]' >/dev/null
 target/debug/topoctl alloc --socket "$work/h2/topod.sock" --job pre-1 'affinity[core(24,same=socket)]' >/dev/null
 
 cat > "$work/topo-lsf.toml" <<TOML
@@ -91,6 +95,10 @@ run "$work/harness-lsb" "$work/schmod_topo.so" restart || status=1
 run "$work/harness" "$work/schmod_topo.so" reinit || status=1
 sed 's/^unreachable = "closed"$/unreachable = "open"/' "$work/topo-lsf.toml" > "$work/topo-lsf-open.toml"
 TOPO_LSF_CONF="$work/topo-lsf-open.toml" run "$work/harness" "$work/schmod_topo.so" open || status=1
+# h1 is hp here, h2-h4 unknown (removed: fail-closed).
+sed -e '/^\[cache.hosts\]/,$d' "$work/topo-lsf.toml" > "$work/topo-lsf-pools.toml"
+printf '[cache.hosts]\nh1 = "unix:%s"\n' "$work/hp/topod.sock" >> "$work/topo-lsf-pools.toml"
+TOPO_LSF_CONF="$work/topo-lsf-pools.toml" HARNESS_H1_SOCKET="$work/hp/topod.sock" run "$work/harness" "$work/schmod_topo.so" pools || status=1
 run "$work/harness" "$work/schmod_topo.so" refuse || status=1
 # A request longer than a handler key, made in one scheduler process and replayed in a new one
 # (the key is kept in key_dir, by default beside the log file).

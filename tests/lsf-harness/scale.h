@@ -186,7 +186,7 @@ static double dummy_job(const char *shape, long id) {
     current_list = NULL;
     int first = scale_list.group.numOfMembers > 0 ? scale_list.group.candHost[0].hostIdx : -1;
     if (first >= 0) {
-        struct job j = {(int)id, 0, r->key};
+        struct job j = {(int)id, 0, r->key, NULL, NULL};
         struct alloc a = {host_names[first], 1};
         rc |= dummy_handler.notifyAllocFn(r->data, &j, &a, NULL, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
         rc |= dummy_handler.checkAllocFn(r->data, &j, &a, NULL);
@@ -348,7 +348,7 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
             for (int p = 0; p < half; p++) {
                 if (job[p].host < 0)
                     continue;
-                struct job j = {JOB_BASE + p, 0, job[p].key};
+                struct job j = {JOB_BASE + p, 0, job[p].key, NULL, NULL};
                 struct alloc a = {host_names[job[p].host], 1};
                 double t0 = now_ms();
                 rc = handler.notifyAllocFn(NULL, &j, &a, NULL, NOTIFY_STARTUP);
@@ -391,7 +391,7 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
             unplaced++;
         } else {
             used[first] = 1;
-            struct job j = {JOB_BASE + k, 0, r->key};
+            struct job j = {JOB_BASE + k, 0, r->key, NULL, NULL};
             struct alloc a = {host_names[first], 1};
             t0 = now_ms();
             int rc = handler.notifyAllocFn(r->data, &j, &a, NULL, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
@@ -473,7 +473,7 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
     for (int k = 0; k < jobs; k++) {
         if (job[k].host < 0)
             continue;
-        struct job j = {JOB_BASE + k, 0, job[k].key};
+        struct job j = {JOB_BASE + k, 0, job[k].key, NULL, NULL};
         struct alloc a = {host_names[job[k].host], 1};
         double t0 = now_ms();
         handler.notifyAllocFn(NULL, &j, &a, NULL, NOTIFY_DEALLOC);

@@ -63,6 +63,9 @@ pub struct FreeMap {
     /// enough CPUs are free, as before).
     #[serde(default)]
     pub moves: Option<topo_core::proto::reply::DefragView>,
+    /// The host's prime-time pools, open or not as of topod's last look.
+    #[serde(default)]
+    pub pools: Vec<topo_core::proto::reply::PoolStatus>,
 }
 
 /// What the cache knows of a host's state: what a placement depends on and the jobs topod
@@ -88,6 +91,24 @@ pub struct HostState {
     pub blocks: Box<[Block]>,
     /// With `defrag`, what topod's planner would work with ([`Moves`]); `None` on most hosts.
     pub moves: Option<Arc<Moves>>,
+    /// The prime-time pools open as of topod's last look (empty on most hosts): their CPUs are
+    /// for the jobs they admit only ([`crate::eval`], "Prime-time pools").
+    pub pools: Box<[OpenPool]>,
+}
+
+/// A prime-time pool open on a host as topod last reported it (topod.toml `prime_pools`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OpenPool {
+    /// Its name, for messages.
+    pub name: Box<str>,
+    /// Its CPUs.
+    pub cpus: Packed,
+    /// The hashes ([`job_hash`]) of the queues whose jobs it admits.
+    pub queues: Box<[u64]>,
+    /// The uids whose jobs it admits.
+    pub users: Box<[u32]>,
+    /// It admits jobs whose allocate names it (`TOPO_POOL`, which a scheduler does not see).
+    pub named: bool,
 }
 
 /// What topod's planner works with at an allocate on a host with `defrag` (its free map's
@@ -351,6 +372,7 @@ pub fn state_fingerprint(state: &HostState) -> [u64; 2] {
         state.defrag.hash(&mut h);
         state.blocks.hash(&mut h);
         state.moves.hash(&mut h);
+        state.pools.hash(&mut h);
         h.finish()
     };
     [pass(0x5a), pass(0xa5)]
@@ -826,6 +848,18 @@ impl HostCache {
             Some(m) if m.is_view(view) => m,
             _ => Arc::new(Moves::from_view(view)),
         });
+        let pools: Vec<OpenPool> = free
+            .pools
+            .iter()
+            .filter(|p| p.open)
+            .map(|p| OpenPool {
+                name: p.name.as_str().into(),
+                cpus: Packed::pack(&p.cpus),
+                queues: p.queues.iter().map(|q| job_hash(q)).collect(),
+                users: p.users.clone().into(),
+                named: p.named,
+            })
+            .collect();
         let state = HostState {
             model,
             defrag: free.defrag,
@@ -834,6 +868,7 @@ impl HostCache {
             jobs: jobs.into(),
             blocks: blocks.into(),
             moves,
+            pools: pools.into(),
         };
         let before = self.status[id as usize];
         let entry = &self.hosts[id as usize];

@@ -10,6 +10,8 @@
 //! 2. it fits as the host is now ([`FITS_RANK`] + the placement score);
 //! 3. it fits only after the host moves running jobs ([`Verdict::AfterMoves`],
 //!    [`AFTER_MOVES_RANK`]);
+//!    or only in an open prime-time pool that may admit the job ([`Verdict::InPool`],
+//!    [`IN_POOL_RANK`], just after);
 //! 4. the host's state is unknown and the policy is fail-open ([`UNKNOWN_SCORE`]), as before
 //!    after every host whose state is known.
 //!
@@ -33,7 +35,9 @@
 //! not fit, as before. (topod plans first with its open prime-time pools kept out, which the
 //! plug-ins do not know; the evaluation is its second try.)
 
-use crate::cache::{job_hash, shape_hash, Block, HostCache, HostId, HostState, Moves, Unknown};
+use crate::cache::{
+    job_hash, shape_hash, Block, HostCache, HostId, HostState, Moves, OpenPool, Unknown,
+};
 use crate::config::Unreachable;
 use crate::reserve::Reservations;
 use std::collections::HashMap;
@@ -58,6 +62,9 @@ pub const CLAIMS_BLOCK_RANK: u64 = 0;
 pub const FITS_RANK: u64 = RANK_BAND;
 /// Rank of a host where the job fits only after moves: after every host where it fits.
 pub const AFTER_MOVES_RANK: u64 = 2 * RANK_BAND;
+/// Rank of a host where the job fits only in an open prime-time pool that may admit it: after
+/// every host where it fits, as it is or after moves.
+pub const IN_POOL_RANK: u64 = AFTER_MOVES_RANK + 1;
 
 /// Why a request does not fit a host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +81,9 @@ pub enum NoFit {
     /// No placement, though enough CPUs are free, and the host's `defrag` would move no job to
     /// make room (none may move yet, a `CPU_LIST` keeps them, or no plan within its limits).
     NoMoves(PlaceError),
+    /// It would fit on CPUs of prime-time pools open now that do not admit the job: their
+    /// names and whom they admit.
+    ClosedPools(String),
     /// The host's state is unknown and the policy is fail-closed.
     Unknown(Unknown),
 }
@@ -90,6 +100,10 @@ impl std::fmt::Display for NoFit {
                 "{e}; the host's defrag would move no running job to make room now (too young \
                  for migrate_min_run_s, moved within migrate_gap_s, pinned by CPU_LIST, or no \
                  plan within its limits)"
+            ),
+            NoFit::ClosedPools(pools) => write!(
+                f,
+                "it fits only on CPUs of prime-time pools open now that do not admit it: {pools}"
             ),
             NoFit::Unknown(u) => write!(f, "host state unknown and the policy is fail-closed: {u}"),
         }
@@ -114,6 +128,11 @@ pub enum Verdict {
     /// would move running jobs to make room (`defrag`, the same plan; see the module docs): a
     /// candidate, after every host where it fits.
     AfterMoves(PlaceError),
+    /// It fits only on CPUs of prime-time pools open now that may admit the job, for all the
+    /// batch system tells (peers of any queue, or a job that may name the pool): a candidate,
+    /// ranked after every other ([`IN_POOL_RANK`]); the per-job check and topod decide. The
+    /// pools' names.
+    InPool(String),
     /// It does not.
     NoFit(NoFit),
 }
@@ -131,32 +150,61 @@ impl Verdict {
                 Some(FITS_RANK + score.min(RANK_BAND - 1))
             }
             Verdict::AfterMoves(_) => Some(AFTER_MOVES_RANK),
+            Verdict::InPool(_) => Some(IN_POOL_RANK),
             Verdict::NoFit(_) => None,
         }
     }
 }
 
-/// Whose blocks a placement may use: topod places a job inside its own block and every other
-/// job outside it.
+/// Whose blocks and pools a placement may use: topod places a job inside its own block and
+/// every other job outside it, and keeps every job out of the prime-time pools open now that do
+/// not admit it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claimant {
-    /// A job without a block: every live block is in its way.
+    /// A job without a block, admitted to no pool: every live block and every open pool is in
+    /// its way.
     Anyone,
     /// One job, by the hash of its topod job id ([`Claimant::job`]): its own blocks are
-    /// usable, every other live block is in its way.
-    Job(u64),
+    /// usable, every other live block is in its way; and its queue and owner, when known
+    /// ([`Claimant::job_of`]), for the pools that admit them.
+    Job(u64, Admission),
     /// One of a group of jobs with the same request that the batch system matches together
     /// without saying which job it is placing (LSF's "peer jobs": matchFn gets no job). A block
     /// made for a request of the same shape ([`shape_hash`]) may be one of theirs, so it counts
-    /// as theirs. Optimistic: the per-job check (LSF's checkAllocFn, with [`Claimant::Job`])
-    /// and topod decide for the job itself.
+    /// as theirs; a pool may admit them, so a host where they fit only in an open pool is a
+    /// candidate ranked after every other ([`Verdict::InPool`]). Optimistic: the per-job check
+    /// (LSF's checkAllocFn, with [`Claimant::Job`]) and topod decide for the job itself.
     Peers(u64),
 }
 
+/// What a prime-time pool admits a job by, as far as the batch system tells: its queue (as
+/// [`job_hash`] of the name) and its owner's uid. (A job may also name a pool in its
+/// environment, `TOPO_POOL`, which the scheduler does not see: a pool that admits jobs by name
+/// is taken as possibly the job's.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Admission {
+    /// The hash of its queue's name.
+    pub queue: Option<u64>,
+    /// Its owner's uid.
+    pub uid: Option<u32>,
+}
+
+impl Admission {
+    /// A job of `queue` owned by `uid`.
+    pub fn new(queue: Option<&str>, uid: Option<u32>) -> Self {
+        Admission { queue: queue.map(job_hash), uid }
+    }
+}
+
 impl Claimant {
-    /// The job with topod job id `id` (e.g. `lsf-1234`).
+    /// The job with topod job id `id` (e.g. `lsf-1234`), its queue and owner not known.
     pub fn job(id: &str) -> Self {
-        Claimant::Job(job_hash(id))
+        Claimant::Job(job_hash(id), Admission::default())
+    }
+
+    /// The job with topod job id `id`, of the queue and owner in `admission`.
+    pub fn job_of(id: &str, admission: Admission) -> Self {
+        Claimant::Job(job_hash(id), admission)
     }
 
     /// The group of jobs whose request is `request` (its task count aside).
@@ -168,8 +216,29 @@ impl Claimant {
     pub fn owns(&self, block: &Block) -> bool {
         match *self {
             Claimant::Anyone => false,
-            Claimant::Job(job) => block.job == job,
+            Claimant::Job(job, _) => block.job == job,
             Claimant::Peers(shape) => block.shape == shape,
+        }
+    }
+
+    /// Whether `pool` surely admits the claimant (by its queue or owner).
+    fn admitted_to(&self, pool: &OpenPool) -> bool {
+        match *self {
+            Claimant::Job(_, a) => {
+                a.queue.is_some_and(|q| pool.queues.contains(&q))
+                    || a.uid.is_some_and(|u| pool.users.contains(&u))
+            }
+            Claimant::Anyone | Claimant::Peers(_) => false,
+        }
+    }
+
+    /// Whether `pool` may admit the claimant for all the batch system tells: peers may be of
+    /// any queue; a job may name a pool that admits by name.
+    fn maybe_admitted_to(&self, pool: &OpenPool) -> bool {
+        match self {
+            Claimant::Anyone => false,
+            Claimant::Job(..) => self.admitted_to(pool) || pool.named,
+            Claimant::Peers(_) => true,
         }
     }
 }
@@ -202,7 +271,8 @@ pub fn min_cpus(request: &Request) -> usize {
 }
 
 /// What `who` may not use on `host` in `state`: held, fenced, not allocatable, tentatively
-/// reserved, or in another job's live block; and the CPUs of its own live blocks there.
+/// reserved, in another job's live block, or in an open prime-time pool that does not surely
+/// admit it; and the CPUs of its own live blocks there.
 pub fn occupancy_for(
     ctx: &Context<'_>,
     host: HostId,
@@ -210,6 +280,9 @@ pub fn occupancy_for(
     who: Claimant,
 ) -> (Occupancy, CpuSet) {
     let mut occupancy = state.occupancy();
+    for pool in state.pools.iter().filter(|p| !who.admitted_to(p)) {
+        occupancy.fenced.union_with(&pool.cpus.unpack());
+    }
     if let Some(reserved) = ctx.reservations.on_host(host) {
         occupancy.held.union_with(reserved);
     }
@@ -226,7 +299,54 @@ pub fn occupancy_for(
 }
 
 /// Fit-and-score of `request` (its task count set) on `host`, for `who`.
+///
+/// **Prime-time pools.** An open pool's CPUs are for the jobs it admits (topod.toml
+/// `prime_pools`). The placement keeps out of every open pool that does not surely admit `who`
+/// ([`occupancy_for`]); where that finds no room, a host where the job would fit in pools that
+/// may admit it ([`Claimant`]: peers of unknown queue, a pool admitting jobs by name) is
+/// [`Verdict::InPool`], and one where it would fit only in pools that cannot admit it is
+/// [`NoFit::ClosedPools`].
 pub fn evaluate(ctx: &Context<'_>, host: HostId, request: &Request, who: Claimant) -> Verdict {
+    let verdict = evaluate_outside_pools(ctx, host, request, who);
+    let Verdict::NoFit(NoFit::TooFewCpus { .. } | NoFit::Placement(_) | NoFit::NoMoves(_)) =
+        verdict
+    else {
+        return verdict;
+    };
+    let Ok(state) = ctx.cache.usable(host, ctx.now, ctx.stale_after) else { return verdict };
+    let closed: Vec<&OpenPool> = state.pools.iter().filter(|p| !who.admitted_to(p)).collect();
+    if closed.is_empty() {
+        return verdict;
+    }
+    // Placed again with the pools that may admit it open to it, then with every pool, as if
+    // each admitted it: which of the two finds room says why.
+    let fits_with = |usable: &dyn Fn(&OpenPool) -> bool| {
+        let mut lifted = state.clone();
+        lifted.pools = state.pools.iter().filter(|p| !usable(p)).cloned().collect();
+        let (occupancy, _) = occupancy_for(ctx, host, &lifted, Claimant::Anyone);
+        place::fit_and_score(ctx.cache.model(state), &occupancy, request).is_ok()
+    };
+    let names = |pools: &[&OpenPool]| {
+        pools.iter().map(|p| p.name.to_string()).collect::<Vec<_>>().join(", ")
+    };
+    let maybe: Vec<&OpenPool> =
+        closed.iter().copied().filter(|p| who.maybe_admitted_to(p)).collect();
+    if !maybe.is_empty() && fits_with(&|p| who.admitted_to(p) || who.maybe_admitted_to(p)) {
+        return Verdict::InPool(names(&maybe));
+    }
+    if fits_with(&|_| true) {
+        return Verdict::NoFit(NoFit::ClosedPools(names(&closed)));
+    }
+    verdict
+}
+
+/// [`evaluate`] without the pools that do not surely admit `who`.
+fn evaluate_outside_pools(
+    ctx: &Context<'_>,
+    host: HostId,
+    request: &Request,
+    who: Claimant,
+) -> Verdict {
     let state = match ctx.cache.usable(host, ctx.now, ctx.stale_after) {
         Ok(s) => s,
         Err(unknown) => {

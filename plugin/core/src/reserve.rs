@@ -14,7 +14,7 @@
 
 use crate::cache::{HostCache, HostId};
 use crate::config::Unreachable;
-use crate::eval::{self, Claimant, Context, NoFit, Verdict};
+use crate::eval::{self, Admission, Claimant, Context, NoFit, Verdict};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use topo_core::cpuset::CpuSet;
@@ -42,6 +42,8 @@ pub struct Pending {
     pub request: Request,
     /// When the scheduler dispatched it.
     pub made: Instant,
+    /// Its queue and owner, for the prime-time pools.
+    pub admission: Admission,
 }
 
 /// What a dispatch did.
@@ -55,9 +57,10 @@ pub enum Dispatched {
     /// are topod's choice when it starts; a few wrong CPUs held for one refresh cost less than
     /// a second job sent to CPUs that are gone.
     Squeezed(CpuSet, NoFit),
-    /// The job fits only after the host moves running jobs ([`Verdict::AfterMoves`]): these
-    /// CPUs, the first free ones up to its least count, are reserved so that the next job does
-    /// not count them; topod chooses the real ones when it moves the others.
+    /// The job fits only after the host moves running jobs ([`Verdict::AfterMoves`]), or only in
+    /// a prime-time pool that may admit it by name ([`Verdict::InPool`]): these CPUs, the first
+    /// free ones up to its least count, are reserved so that the next job does not count them;
+    /// topod chooses the real ones when it places it.
     AfterMoves(CpuSet),
     /// topod already reports the job: nothing to reserve.
     Held,
@@ -116,20 +119,41 @@ impl Reservations {
         request: &Request,
         made: Instant,
     ) -> Dispatched {
+        self.dispatch_as(cache, job, Admission::default(), host, request, made)
+    }
+
+    /// [`dispatch`](Self::dispatch) of a job whose queue and owner are known: it is placed
+    /// outside the open prime-time pools that do not admit it, as topod will place it.
+    pub fn dispatch_as(
+        &mut self,
+        cache: &HostCache,
+        job: &str,
+        admission: Admission,
+        host: &str,
+        request: &Request,
+        made: Instant,
+    ) -> Dispatched {
         let Some(id) = cache.lookup(host).filter(|&id| cache.host(id).state.is_some()) else {
             self.pending.insert(
                 (job.to_string(), host.into()),
-                Pending { job: job.to_string(), host: host.into(), request: request.clone(), made },
+                Pending {
+                    job: job.to_string(),
+                    host: host.into(),
+                    request: request.clone(),
+                    made,
+                    admission,
+                },
             );
             return Dispatched::Pending;
         };
-        self.place(cache, job, id, request, made)
+        self.place(cache, job, admission, id, request, made)
     }
 
     fn place(
         &mut self,
         cache: &HostCache,
         job: &str,
+        admission: Admission,
         id: HostId,
         request: &Request,
         made: Instant,
@@ -151,7 +175,7 @@ impl Reservations {
             stale_after: Duration::MAX,
             unreachable: Unreachable::Closed,
         };
-        let who = Claimant::job(job);
+        let who = Claimant::job_of(job, admission);
         // The first free CPUs (its own block's included, others' left out) up to the least
         // the request can use. A request larger than the whole host can never start there
         // (topod refuses it), so it holds nothing; otherwise its least CPU count, as the job
@@ -167,7 +191,8 @@ impl Reservations {
         };
         let outcome = match eval::evaluate(&ctx, id, request, who) {
             Verdict::Fits { cpus, .. } => Dispatched::Reserved(cpus),
-            Verdict::AfterMoves(_) => Dispatched::AfterMoves(least_free()),
+            // topod chooses (it moves jobs, or the job names a pool that admits it by name).
+            Verdict::AfterMoves(_) | Verdict::InPool(_) => Dispatched::AfterMoves(least_free()),
             Verdict::NoFit(why) => Dispatched::Squeezed(least_free(), why),
         };
         let cpus = match &outcome {
@@ -196,7 +221,7 @@ impl Reservations {
             }
             match cache.lookup(&p.host).filter(|&id| cache.host(id).state.is_some()) {
                 Some(id) => {
-                    let outcome = self.place(cache, &p.job, id, &p.request, p.made);
+                    let outcome = self.place(cache, &p.job, p.admission, id, &p.request, p.made);
                     tracing::info!(job = %p.job, host = %p.host, ?outcome, "pending dispatch placed now that the host's state is known");
                     placed += 1;
                 }

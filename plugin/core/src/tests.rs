@@ -56,6 +56,7 @@ impl FakeSource {
             reservations: Vec::new(),
             defrag: false,
             moves: None,
+            pools: Vec::new(),
         };
         self.hosts.lock().unwrap().insert(address.to_string(), (topo.clone(), free));
     }
@@ -343,8 +344,7 @@ fn reads_the_protocols_free_map() {
         gang: None,
         reservations: vec![block("lsf-2", "8-11", "affinity[core(4)]", 1_000)],
         defrag: true,
-        // Read by people and topoctl; the plug-ins do not use them (a job's queue is not
-        // known to the LSF module's matchFn) and skip the field.
+        // Their CPUs are for the jobs they admit (eval: "Prime-time pools").
         pools: vec![topo_core::proto::reply::PoolStatus {
             name: "day".into(),
             cpus: CpuSet::parse_list("12-15").unwrap(),
@@ -357,6 +357,7 @@ fn reads_the_protocols_free_map() {
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
     assert_eq!(kept.moves, sent.moves);
+    assert_eq!(kept.pools, sent.pools);
     assert_eq!(
         (kept.generation, kept.held, kept.fenced, kept.job_ids),
         (7, sent.held.clone(), sent.fenced.clone(), sent.job_ids.clone())
@@ -416,6 +417,7 @@ fn idle_free_map(topo: &Topology) -> FreeMap {
         reservations: Vec::new(),
         defrag: false,
         moves: None,
+        pools: Vec::new(),
     }
 }
 
@@ -1347,4 +1349,96 @@ fn fail_open_offers_a_host_whose_topod_did_not_answer_but_never_one_not_asked_ye
         eval::evaluate(&ctx, new, &huge, who),
         Verdict::Fits { score: eval::UNKNOWN_SCORE, .. }
     ));
+}
+
+#[test]
+fn an_open_prime_time_pool_is_for_the_jobs_it_admits_at_match_check_and_dispatch() {
+    // Issue 31: the module ignored prime-time pools: a normal-queue job kept the pool's host,
+    // its tentative reservation landed on the pool's CPUs, and topod refused the allocation.
+    use crate::reserve::Dispatched;
+    use eval::{Admission, IN_POOL_RANK};
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let pool = |open: bool, named: bool| topo_core::proto::reply::PoolStatus {
+        name: "day".into(),
+        cpus: CpuSet::parse_list(PACKAGE_1).unwrap(),
+        open,
+        queues: vec!["interactive".into()],
+        users: vec![1001],
+        named,
+    };
+    // x: package 0 held, package 1 an open pool; y: the same pool closed.
+    let (shared, source) = setup_with(
+        &config,
+        FreeMap { pools: vec![pool(true, false)], ..free_map(&zen, PACKAGE_0, vec![], false) },
+        FreeMap { pools: vec![pool(false, false)], ..free_map(&zen, PACKAGE_0, vec![], false) },
+    );
+    let twelve = with_tasks("affinity[core(12)]", 1);
+    let in_pool = CpuSet::parse_list(PACKAGE_1).unwrap();
+    let normal = Claimant::job_of("lsf-1", Admission::new(Some("normal"), Some(1000)));
+    let interactive = Claimant::job_of("lsf-2", Admission::new(Some("interactive"), Some(1000)));
+    let by_user = Claimant::job_of("lsf-3", Admission::new(Some("normal"), Some(1001)));
+    {
+        let cache = shared.cache.load();
+        let resv = crate::Reservations::new();
+        let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
+        let (x, y) = (cache.lookup("x").unwrap(), cache.lookup("y").unwrap());
+        // matchFn (peers, queue unknown): x is a candidate ranked after every other.
+        let peers = eval::evaluate(&ctx, x, &twelve, Claimant::peers_of(&twelve));
+        assert_eq!(peers, Verdict::InPool("day".into()));
+        assert_eq!(peers.rank(), Some(IN_POOL_RANK));
+        assert!(matches!(
+            eval::evaluate(&ctx, y, &twelve, Claimant::peers_of(&twelve)),
+            Verdict::Fits { .. }
+        ));
+        // checkAllocFn: a normal-queue job may not have it, with the reason; the pool's queue
+        // and its user may, inside the pool.
+        match eval::evaluate(&ctx, x, &twelve, normal) {
+            Verdict::NoFit(why) => assert!(
+                why.to_string().contains("prime-time pools open now that do not admit it: day"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(eval::max_tasks(&ctx, x, &twelve, normal, 4), 0);
+        for who in [interactive, by_user] {
+            match eval::evaluate(&ctx, x, &twelve, who) {
+                Verdict::Fits { cpus, .. } => assert!(cpus.is_subset(&in_pool), "{cpus}"),
+                other => panic!("{who:?}: {other:?}"),
+            }
+        }
+        // Where there is room outside the pool, peers are placed outside it.
+        let two = with_tasks("affinity[core(2)]", 1);
+        match eval::evaluate(&ctx, y, &two, Claimant::peers_of(&two)) {
+            Verdict::Fits { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    // Dispatches: the normal-queue job is squeezed (its least count, never the pool's CPUs:
+    // none are left outside it), the interactive one reserved inside the pool.
+    let mut resv = crate::Reservations::new();
+    let cache = shared.cache.load();
+    let admission = |q: &str| Admission::new(Some(q), None);
+    match resv.dispatch_as(&cache, "lsf-1", admission("normal"), "x", &twelve, Instant::now()) {
+        Dispatched::Squeezed(cpus, _) => assert!(!cpus.intersects(&in_pool), "{cpus}"),
+        other => panic!("{other:?}"),
+    }
+    match resv.dispatch_as(&cache, "lsf-2", admission("interactive"), "x", &twelve, Instant::now())
+    {
+        Dispatched::Reserved(cpus) => assert!(cpus.is_subset(&in_pool), "{cpus}"),
+        other => panic!("{other:?}"),
+    }
+    // A pool that admits jobs by name may be the job's (TOPO_POOL is not the scheduler's to
+    // see): left to topod.
+    source.set_map(
+        "unix:/x.sock",
+        &zen,
+        FreeMap { pools: vec![pool(true, true)], ..free_map(&zen, PACKAGE_0, vec![], false) },
+    );
+    refresh_once(&shared, &source, &config);
+    let cache = shared.cache.load();
+    let resv = crate::Reservations::new();
+    let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
+    let x = cache.lookup("x").unwrap();
+    assert_eq!(eval::evaluate(&ctx, x, &twelve, normal), Verdict::InPool("day".into()));
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 use topo_core::request::Request;
 use topo_lsf_sys as sys;
 use topo_plugin_core::cache::HostId;
-use topo_plugin_core::eval::{self, Claimant, Context, NoFit, Verdict, UNKNOWN_SCORE};
+use topo_plugin_core::eval::{self, Admission, Claimant, Context, NoFit, Verdict, UNKNOWN_SCORE};
 use topo_plugin_core::reserve::Dispatched;
 use topo_plugin_core::Unreachable;
 
@@ -458,52 +458,118 @@ struct JobInfo10 {
     res_key: *mut c_char,
 }
 
-/// The job behind a notify or check call: its topod job id and its request.
-fn job_of(api: &Api, job: *mut c_void) -> Result<Option<(String, Request)>, String> {
+/// The job behind a notify or check call.
+struct JobOf {
+    /// Its topod job id.
+    id: String,
+    /// Its request.
+    request: Request,
+    /// Its queue and owner, for the prime-time pools that admit them.
+    admission: Admission,
+}
+
+/// The job behind a notify or check call: its topod job id, request, queue and owner.
+fn job_of(api: &Api, job: *mut c_void) -> Result<Option<JobOf>, String> {
     if job.is_null() {
         return Err("called without a job".into());
     }
-    let (id, index, key) = if let (Some(get), Some(free)) = (api.get_job_info, api.free_job_info) {
-        let mut info = sys::jobInfo::default();
-        // SAFETY: `job` is the scheduler's job; `info` is a zeroed struct of the header's layout.
-        if unsafe { get(job, &mut info) } != 0 {
-            return Err("extsched_getJobInfo failed".into());
-        }
-        // SAFETY: filled by the scheduler; freed right after.
-        let key = unsafe { text(info.resKey) };
-        let r = (info.jobId, info.jobIndex, key);
-        // SAFETY: what extsched_getJobInfo filled.
-        unsafe { free(&mut info) };
-        r
-    } else if let Some(get) = api.get_job_info6 {
-        // SAFETY: `job` is the scheduler's job; the result is its static buffer.
-        let info = unsafe { get(job, sys::phase_PHASE_NOTIFY as c_int) };
-        if info.is_null() {
-            return Err("lsb_get_jobinfo returned nothing".into());
-        }
-        // A scheduler without extsched_getJobInfo is of the LSF 6.x generation, whose
-        // lsb_get_jobinfo fills the 6.x struct jobInfo; one that has it (but not
-        // extsched_freeJobInfo, so the module cannot use it) fills the 9/10 one. Each is read
-        // with its own layout, whatever header the module was built with: 9/10 inserts four
-        // index-range fields before `cluster`, which shifts `resKey`.
-        if api.get_job_info.is_none() {
-            let info = info.cast::<JobInfo6>();
-            // SAFETY: the scheduler's buffer of at least the 6.x prefix read here, read before
-            // any other call.
-            unsafe { ((*info).job_id, (*info).job_index, text((*info).res_key)) }
+    // (id, index, resKey, queue, user)
+    let (id, index, key, queue, user) =
+        if let (Some(get), Some(free)) = (api.get_job_info, api.free_job_info) {
+            let mut info = sys::jobInfo::default();
+            // SAFETY: `job` is the scheduler's job; `info` is a zeroed struct of the header's layout.
+            if unsafe { get(job, &mut info) } != 0 {
+                return Err("extsched_getJobInfo failed".into());
+            }
+            // SAFETY: filled by the scheduler (each null or a C string); freed right after.
+            let r = unsafe {
+                (info.jobId, info.jobIndex, text(info.resKey), text(info.queue), text(info.user))
+            };
+            // SAFETY: what extsched_getJobInfo filled.
+            unsafe { free(&mut info) };
+            r
+        } else if let Some(get) = api.get_job_info6 {
+            // SAFETY: `job` is the scheduler's job; the result is its static buffer.
+            let info = unsafe { get(job, sys::phase_PHASE_NOTIFY as c_int) };
+            if info.is_null() {
+                return Err("lsb_get_jobinfo returned nothing".into());
+            }
+            // A scheduler without extsched_getJobInfo is of the LSF 6.x generation, whose
+            // lsb_get_jobinfo fills the 6.x struct jobInfo; one that has it (but not
+            // extsched_freeJobInfo, so the module cannot use it) fills the 9/10 one. Each is read
+            // with its own layout, whatever header the module was built with: 9/10 inserts four
+            // index-range fields before `cluster`, which shifts `resKey`.
+            if api.get_job_info.is_none() {
+                let i = info.cast::<JobInfo6>();
+                // SAFETY: the scheduler's buffer of at least the 6.x prefix read here, read before
+                // any other call; each string null or a C string.
+                unsafe {
+                    let i = &*i;
+                    (i.job_id, i.job_index, text(i.res_key), text(i.queue), text(i.user))
+                }
+            } else {
+                let i = info.cast::<JobInfo10>();
+                // SAFETY: as above, with the 9/10 prefix.
+                unsafe {
+                    let i = &*i;
+                    (i.job_id, i.job_index, text(i.res_key), text(i.queue), text(i.user))
+                }
+            }
         } else {
-            let info = info.cast::<JobInfo10>();
-            // SAFETY: as above, with the 9/10 prefix.
-            unsafe { ((*info).job_id, (*info).job_index, text((*info).res_key)) }
-        }
-    } else {
-        return Err("the scheduler has neither extsched_getJobInfo nor lsb_get_jobinfo".into());
-    };
+            return Err("the scheduler has neither extsched_getJobInfo nor lsb_get_jobinfo".into());
+        };
     let Some(key) = key else { return Ok(None) };
     match extsched::request_from_key(&key) {
         None => Ok(None),
-        Some(Ok(r)) => Ok(Some((extsched::job_id(id, index), r))),
+        Some(Ok(request)) => Ok(Some(JobOf {
+            id: extsched::job_id(id, index),
+            request,
+            admission: Admission::new(queue.as_deref(), user.as_deref().and_then(uid_of)),
+        })),
         Some(Err(e)) => Err(format!("job {id}: {e}")),
+    }
+}
+
+/// The uid of user `name` on the scheduler's host (the job's owner, as topod will see it on the
+/// execution host when the site's users are the same everywhere); remembered, since a lookup
+/// may go to a directory service. `None` when unknown.
+fn uid_of(name: &str) -> Option<u32> {
+    static KNOWN: Mutex<Option<HashMap<String, Option<u32>>>> = Mutex::new(None);
+    /// Names remembered at most; then forgotten all at once.
+    const MAX_USERS: usize = 4096;
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    let known = known.get_or_insert_with(HashMap::new);
+    if let Some(&uid) = known.get(name) {
+        return uid;
+    }
+    let uid = lookup_uid(name);
+    if known.len() >= MAX_USERS {
+        known.clear();
+    }
+    known.insert(name.to_string(), uid);
+    uid
+}
+
+/// `getpwnam_r(3)`: the uid of user `name`, `None` when there is no such user or the lookup
+/// fails.
+fn lookup_uid(name: &str) -> Option<u32> {
+    let name = CString::new(name).ok()?;
+    let mut size = 16 * 1024;
+    loop {
+        let mut buf: Vec<c_char> = vec![0; size];
+        // SAFETY: a struct of plain fields and pointers, all-zero is a valid value.
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = ptr::null_mut();
+        // SAFETY: a NUL-terminated name, the struct, the buffer with its length and the result
+        // pointer, all live for the call; the strings it sets point into `buf`, unread here.
+        let rc = unsafe {
+            libc::getpwnam_r(name.as_ptr(), &mut pwd, buf.as_mut_ptr(), buf.len(), &mut found)
+        };
+        if rc == libc::ERANGE && size < 1024 * 1024 {
+            size *= 4;
+            continue;
+        }
+        return (rc == 0 && !found.is_null()).then_some(pwd.pw_uid);
     }
 }
 
@@ -574,7 +640,9 @@ unsafe extern "C" fn notify_alloc_fn(
 ) -> c_int {
     guarded("notifyAllocFn", -1, || {
         let m = module()?;
-        let Some((job_id, request)) = job_of(&m.api, job)? else { return Ok(0) };
+        let Some(JobOf { id: job_id, request, admission }) = job_of(&m.api, job)? else {
+            return Ok(0);
+        };
         let flag = flag as u32;
         let mut reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
         if flag & sys::NOTIFY_DEALLOC != 0 {
@@ -594,7 +662,8 @@ unsafe extern "C" fn notify_alloc_fn(
             // Never dropped: a host whose state is not known yet (NOTIFY_STARTUP replayed before
             // the first refresh, or a host not in the cache yet) keeps the dispatch pending until
             // the refresher brings its state; a job that does not fit still reserves CPUs.
-            match reservations.dispatch(&cache, &job_id, &host, &req, Instant::now()) {
+            match reservations.dispatch_as(&cache, &job_id, admission, &host, &req, Instant::now())
+            {
                 Dispatched::Reserved(cpus) => {
                     tracing::info!(job = %job_id, %host, %cpus, startup, "reserved")
                 }
@@ -632,7 +701,9 @@ unsafe extern "C" fn check_alloc_fn(
 ) -> c_int {
     guarded("checkAllocFn", -1, || {
         let m = module()?;
-        let Some((job_id, request)) = job_of(&m.api, job)? else { return Ok(0) };
+        let Some(JobOf { id: job_id, request, admission }) = job_of(&m.api, job)? else {
+            return Ok(0);
+        };
         let hosts = hosts_of(&m.api, alloc)?;
         let cache = m.shared.cache.load();
         let reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
@@ -645,9 +716,11 @@ unsafe extern "C" fn check_alloc_fn(
             let mut req = request.clone();
             req.tasks.get_or_insert(slots.max(1));
             // This job's own blocks only: matchFn counted a block for the request's shape as the
-            // peers', and this may be another peer than the one it is for. A host where it fits
-            // only after moves is left to topod, as matchFn kept it.
-            let who = Claimant::job(&job_id);
+            // peers', and this may be another peer than the one it is for; and the pools that
+            // admit its queue or owner only (matchFn kept a host where the peers fit only in an
+            // open pool). A host where it fits only after moves, or in a pool that may admit it
+            // by name, is left to topod, as matchFn kept it.
+            let who = Claimant::job_of(&job_id, admission);
             let Verdict::NoFit(why) = eval::evaluate(&ctx, h, &req, who) else { continue };
             if matches!(why, NoFit::Unknown(_))
                 && m.config.cache.unreachable == Unreachable::Open
