@@ -148,8 +148,27 @@ impl Client {
     /// Sends one operation and reads its result as `T` (one of [`proto::reply`], or the types
     /// the reply documentation names): a reply of another shape is an error that says which.
     pub fn call_as<T: serde::de::DeserializeOwned>(&mut self, op: Op) -> Result<T, ClientError> {
+        /// A reply line with its result read straight into `T`.
+        #[derive(serde::Deserialize)]
+        struct Typed<T> {
+            v: u32,
+            #[serde(default = "Option::default")]
+            ok: Option<T>,
+            #[serde(default)]
+            error: Option<serde::de::IgnoredAny>,
+        }
         let name = op.name();
-        let value = self.call(op)?;
+        let line = self.exchange(op)?;
+        // Straight into `T`, without a JSON tree between (a free map is read from every host at
+        // every refresh); any other reply (an error, another version, another shape) goes the
+        // general way, which says what it is.
+        let text = std::str::from_utf8(line.strip_suffix(b"\n").unwrap_or(&line));
+        if let Ok(Typed { v: proto::PROTOCOL_VERSION, ok: Some(ok), error: None }) =
+            text.map_err(drop).and_then(|t| serde_json::from_str::<Typed<T>>(t).map_err(drop))
+        {
+            return Ok(ok);
+        }
+        let value = self.interpret(&line)?;
         serde_json::from_value(value).map_err(|e| ClientError::Reply {
             peer: self.peer.clone(),
             what: format!("the reply to {name}: {e}"),
@@ -234,6 +253,12 @@ impl Client {
 
     /// Sends one operation and returns the result, untyped (the typed calls above decode it).
     pub fn call(&mut self, op: Op) -> Result<serde_json::Value, ClientError> {
+        let line = self.exchange(op)?;
+        self.interpret(&line)
+    }
+
+    /// Sends one operation and reads its reply line.
+    fn exchange(&mut self, op: Op) -> Result<Vec<u8>, ClientError> {
         if let Err(e) = self.writer.write_all(Request::new(op).to_line().as_bytes()) {
             // topod refuses a connection it has no room for (too many connections) before
             // reading anything: its reason waits to be read, better than "Broken pipe".
@@ -267,7 +292,12 @@ impl Client {
                 "topod closed the connection without a reply",
             )));
         }
-        let reply = proto::parse_reply(&line)
+        Ok(line)
+    }
+
+    /// A reply line's result, or the error it carries or is.
+    fn interpret(&self, line: &[u8]) -> Result<serde_json::Value, ClientError> {
+        let reply = proto::parse_reply(line)
             .map_err(|e| ClientError::Reply { peer: self.peer.clone(), what: e.to_string() })?;
         match (reply.ok, reply.error) {
             (_, Some(e)) => Err(ClientError::Refused(e)),
