@@ -854,6 +854,51 @@ mod tests {
         }
     }
 
+    /// `call_as` reads a result straight into its type; an error, another protocol version or a
+    /// result of another shape is told as the general path tells it.
+    #[test]
+    fn a_typed_call_reads_its_result_and_tells_every_other_reply() {
+        let scratch = Scratch::new("typed");
+        let socket = scratch.0.join("topod.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let replies = [
+            format!(
+                r#"{{"v":{},"ok":{{"topod":"9.9","protocol":{0},"cgroup":"fake","pid":7}}}}"#,
+                proto::PROTOCOL_VERSION
+            ),
+            proto::Reply::error(proto::ErrorCode::Forbidden, "not yours")
+                .to_line()
+                .trim_end()
+                .to_string(),
+            format!(r#"{{"v":{},"ok":{{"topod":"9.9"}}}}"#, proto::PROTOCOL_VERSION + 1),
+            format!(r#"{{"v":{},"ok":{{"topod":7}}}}"#, proto::PROTOCOL_VERSION),
+        ];
+        let peer = std::thread::spawn(move || {
+            for reply in replies {
+                let (conn, _) = listener.accept().unwrap();
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut request = String::new();
+                reader.read_line(&mut request).unwrap();
+                (&conn).write_all(format!("{reply}\n").as_bytes()).unwrap();
+            }
+        });
+        let mut ask = || Client::connect(&socket).unwrap().version();
+        let v = ask().unwrap();
+        assert_eq!((v.topod.as_str(), v.pid), ("9.9", 7));
+        assert!(matches!(ask(), Err(ClientError::Refused(e)) if e.message == "not yours"));
+        match ask() {
+            Err(ClientError::Reply { what, .. }) => assert!(what.contains("version"), "{what}"),
+            other => panic!("{other:?}"),
+        }
+        match ask() {
+            Err(ClientError::Reply { what, .. }) => {
+                assert!(what.starts_with("the reply to version: "), "{what}")
+            }
+            other => panic!("{other:?}"),
+        }
+        peer.join().unwrap();
+    }
+
     #[test]
     fn a_queued_release_is_one_whole_private_file_beside_the_socket() {
         let scratch = Scratch::new("queue");
