@@ -882,7 +882,7 @@ mod tests {
                 (&conn).write_all(format!("{reply}\n").as_bytes()).unwrap();
             }
         });
-        let mut ask = || Client::connect(&socket).unwrap().version();
+        let ask = || Client::connect(&socket).unwrap().version();
         let v = ask().unwrap();
         assert_eq!((v.topod.as_str(), v.pid), ("9.9", 7));
         assert!(matches!(ask(), Err(ClientError::Refused(e)) if e.message == "not yours"));
