@@ -166,7 +166,7 @@ impl Moves {
                         cpus: j.cpus.clone(),
                         fenced: j.fenced.clone(),
                         tasks: j.tasks.clone().into(),
-                        movable_from: j.movable_from,
+                        movable_from: j.movable_from.unwrap_or(i64::MAX),
                     })
                 })
                 .collect(),
@@ -183,7 +183,7 @@ impl Moves {
                     && a.cpus == b.cpus
                     && a.fenced == b.fenced
                     && *a.tasks == *b.tasks
-                    && a.movable_from == b.movable_from
+                    && a.movable_from == b.movable_from.unwrap_or(i64::MAX)
             })
     }
 

@@ -78,9 +78,9 @@ pub enum NoFit {
     },
     /// The placement core found no placement.
     Placement(PlaceError),
-    /// No placement, though enough CPUs are free, and the host's `defrag` would move no job to
-    /// make room (none may move yet, a `CPU_LIST` keeps them, or no plan within its limits).
-    NoMoves(PlaceError),
+    /// No placement, and the host's `defrag` would move no job to make room (none may move yet,
+    /// a `CPU_LIST` keeps them, or no plan within its limits); with what its jobs' timers say.
+    NoMoves(PlaceError, MoveTimers),
     /// It would fit on CPUs of prime-time pools open now that do not admit the job: their
     /// names and whom they admit.
     ClosedPools(String),
@@ -95,17 +95,57 @@ impl std::fmt::Display for NoFit {
                 write!(f, "needs at least {needed} CPUs but only {free} are free")
             }
             NoFit::Placement(e) => write!(f, "{e}"),
-            NoFit::NoMoves(e) => write!(
-                f,
-                "{e}; the host's defrag would move no running job to make room now (too young \
-                 for migrate_min_run_s, moved within migrate_gap_s, pinned by CPU_LIST, or no \
-                 plan within its limits)"
-            ),
+            NoFit::NoMoves(e, timers) => {
+                write!(f, "{e}; the host's defrag would move no running job to make room now")?;
+                match (timers.movable_now, timers.next_in_s) {
+                    (0, Some(s)) => write!(
+                        f,
+                        " (none has run migrate_min_run_s since its start, or migrate_gap_s \
+                         since its last move, yet; the first may move in {s} s)"
+                    ),
+                    (0, None) => write!(f, " (none of its jobs may move)"),
+                    (n, next) => {
+                        write!(
+                            f,
+                            " (moving the {n} job(s) that may move makes no room within its \
+                             limits; a job's CPU_LIST keeps it where it is)"
+                        )?;
+                        match next {
+                            Some(s) => write!(f, "; another may move in {s} s"),
+                            None => Ok(()),
+                        }
+                    }
+                }
+            }
             NoFit::ClosedPools(pools) => write!(
                 f,
                 "it fits only on CPUs of prime-time pools open now that do not admit it: {pools}"
             ),
             NoFit::Unknown(u) => write!(f, "host state unknown and the policy is fail-closed: {u}"),
+        }
+    }
+}
+
+/// What the timers of a defragmenting host's jobs say at the scheduler's clock, for a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoveTimers {
+    /// Jobs that may move now.
+    pub movable_now: usize,
+    /// Seconds until the next job may move (none: no job will while it runs).
+    pub next_in_s: Option<i64>,
+}
+
+impl MoveTimers {
+    fn of(moves: &Moves, now_s: i64) -> Self {
+        MoveTimers {
+            movable_now: moves.jobs.iter().filter(|j| j.movable_from <= now_s).count(),
+            next_in_s: moves
+                .jobs
+                .iter()
+                .map(|j| j.movable_from)
+                .filter(|&t| t > now_s && t < i64::MAX)
+                .min()
+                .map(|t| t - now_s),
         }
     }
 }
@@ -308,7 +348,7 @@ pub fn occupancy_for(
 /// [`NoFit::ClosedPools`].
 pub fn evaluate(ctx: &Context<'_>, host: HostId, request: &Request, who: Claimant) -> Verdict {
     let verdict = evaluate_outside_pools(ctx, host, request, who);
-    let Verdict::NoFit(NoFit::TooFewCpus { .. } | NoFit::Placement(_) | NoFit::NoMoves(_)) =
+    let Verdict::NoFit(NoFit::TooFewCpus { .. } | NoFit::Placement(_) | NoFit::NoMoves(..)) =
         verdict
     else {
         return verdict;
@@ -384,12 +424,16 @@ fn evaluate_outside_pools(
     }
     match place::fit_and_score(model, &occupancy, request) {
         Ok(fit) => Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block },
-        Err(e) if state.defrag && e.rejected_while_free() => match &state.moves {
-            Some(moves) if !moves_make_room(ctx, model, &occupancy, moves, request) => {
-                Verdict::NoFit(NoFit::NoMoves(e))
+        // topod tries moves on every refusal but one that can never fit (its `could_fit`):
+        // whole cores, L3 groups or NUMA nodes that the running jobs' CPUs break up too.
+        Err(e) if state.defrag && !matches!(e, PlaceError::Impossible(_)) => match &state.moves {
+            Some(moves) if moves_make_room(ctx, model, &occupancy, moves, request) => {
+                Verdict::AfterMoves(e)
             }
+            Some(moves) => Verdict::NoFit(NoFit::NoMoves(e, MoveTimers::of(moves, ctx.epoch_s))),
             // A topod that does not say what it would move: an optimistic guess, as before.
-            _ => Verdict::AfterMoves(e),
+            None if e.rejected_while_free() => Verdict::AfterMoves(e),
+            None => Verdict::NoFit(NoFit::Placement(e)),
         },
         Err(e) => Verdict::NoFit(NoFit::Placement(e)),
     }

@@ -1155,7 +1155,7 @@ fn halves_moves(from: [i64; 2], pinned: bool) -> topo_core::proto::reply::Defrag
         cpus: CpuSet::parse_list(cpus).unwrap(),
         fenced: CpuSet::new(),
         tasks: Vec::new(),
-        movable_from: from,
+        movable_from: (from < i64::MAX).then_some(from),
     };
     topo_core::proto::reply::DefragView {
         strategy: topo_core::place::Strategy::BestFit,
@@ -1186,7 +1186,7 @@ fn a_host_fits_after_moves_only_when_its_topod_would_move_a_job_now() {
         (eval::evaluate(&ctx, x, &socket, peers), eval::evaluate(&ctx, y, &socket, peers), until)
     };
     let no_moves =
-        |v: &Verdict| matches!(v, Verdict::NoFit(NoFit::NoMoves(e)) if e.rejected_while_free());
+        |v: &Verdict| matches!(v, Verdict::NoFit(NoFit::NoMoves(e, _)) if e.rejected_while_free());
     // Both jobs movable by the scheduler's clock: moving one makes a package free.
     let (x, _, _) = verdict(
         with(halves_moves([EXPIRES - 100; 2], false)),
@@ -1203,7 +1203,11 @@ fn a_host_fits_after_moves_only_when_its_topod_would_move_a_job_now() {
     );
     assert!(no_moves(&x), "{x:?}");
     match &x {
-        Verdict::NoFit(why) => assert!(why.to_string().contains("migrate_min_run_s"), "{why}"),
+        Verdict::NoFit(why) => assert!(
+            why.to_string().contains("none has run migrate_min_run_s")
+                && why.to_string().ends_with("the first may move in 60 s)"),
+            "{why}"
+        ),
         other => panic!("{other:?}"),
     }
     assert_eq!(until, EXPIRES as u32);
@@ -1441,4 +1445,58 @@ fn an_open_prime_time_pool_is_for_the_jobs_it_admits_at_match_check_and_dispatch
     let ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
     let x = cache.lookup("x").unwrap();
     assert_eq!(eval::evaluate(&ctx, x, &twelve, normal), Verdict::InPool("day".into()));
+}
+
+#[test]
+fn a_request_for_whole_domains_that_moves_would_free_fits_after_moves_as_topod_tries_them() {
+    // Found from outside: topod tries moves on every refusal but one that can never fit, not
+    // only on one refused for its shape; the module removed a host where a job of one core in
+    // each L3 group kept `affinity[l3(1)]` out, and topod placed it after a move.
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let model = topo_core::place::model::HostModel::new(&zen, &CpuSet::new()).unwrap();
+    // One core (both threads) of each L3 group held, each by its own movable job.
+    let jobs: Vec<topo_core::proto::reply::MovableJob> = model
+        .l3
+        .iter()
+        .enumerate()
+        .map(|(i, l3)| {
+            let core = model.cores.iter().find(|c| c.is_subset(l3)).unwrap();
+            topo_core::proto::reply::MovableJob {
+                job: format!("lsf-{i}"),
+                request: "affinity[core(1)]".into(),
+                cpus: core.clone(),
+                fenced: CpuSet::new(),
+                tasks: Vec::new(),
+                movable_from: Some(EXPIRES - 100),
+            }
+        })
+        .collect();
+    let held = CpuSet::union_all(jobs.iter().map(|j| &j.cpus));
+    let moves = |from: i64| topo_core::proto::reply::DefragView {
+        strategy: topo_core::place::Strategy::BestFit,
+        limits: topo_core::defrag::DefragLimits::default(),
+        jobs: jobs
+            .iter()
+            .map(|j| topo_core::proto::reply::MovableJob { movable_from: Some(from), ..j.clone() })
+            .collect(),
+    };
+    let map = |from: i64| FreeMap {
+        held: held.clone(),
+        defrag: true,
+        moves: Some(moves(from)),
+        ..idle_free_map(&zen)
+    };
+    let (shared, _source) = setup_with(&config, map(EXPIRES - 100), map(EXPIRES));
+    let cache = shared.cache.load();
+    let resv = crate::Reservations::new();
+    let mut ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
+    ctx.epoch_s = EXPIRES - 60;
+    let l3 = with_tasks("affinity[l3(1)]", 1);
+    let peers = Claimant::peers_of(&l3);
+    let (x, y) = (cache.lookup("x").unwrap(), cache.lookup("y").unwrap());
+    let on_x = eval::evaluate(&ctx, x, &l3, peers);
+    assert!(matches!(on_x, Verdict::AfterMoves(ref e) if !e.rejected_while_free()), "{on_x:?}");
+    // Not before they may move.
+    assert!(matches!(eval::evaluate(&ctx, y, &l3, peers), Verdict::NoFit(NoFit::NoMoves(..))));
 }

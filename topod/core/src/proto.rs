@@ -533,9 +533,10 @@ pub mod reply {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub tasks: Vec<CpuSet>,
         /// Seconds since the epoch from which it may be moved (topod.toml
-        /// `migrate_min_run_s` after its start, `migrate_gap_s` after its last move);
-        /// `i64::MAX`: not while it runs.
-        pub movable_from: i64,
+        /// `migrate_min_run_s` after its start, `migrate_gap_s` after its last move); none:
+        /// not while it runs (a job whose start topod did not see).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub movable_from: Option<i64>,
     }
 
     /// A prime-time pool as `free_map` shows it.

@@ -61,7 +61,37 @@ pub(crate) fn status(daemon: &Daemon, json: bool) -> Result<(), Failure> {
     let reserved = topo.allowed.difference(&free.allocatable);
     print!("{}", picture::render(&topo, &ledger, &Marks { reserved }));
     println!("\ngeneration {}, {} job(s)", free.generation, free.jobs);
+    if let Some(moves) = &free.moves {
+        println!("{}", defrag_line(moves, now_s()));
+    }
     Ok(())
+}
+
+/// Seconds since the epoch.
+fn now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// What `defrag` may move now, and when the others may: what a scheduler's plug-in counts on.
+fn defrag_line(moves: &topo_core::proto::reply::DefragView, now: i64) -> String {
+    let movable = moves.jobs.iter().filter(|j| j.movable_from.is_some_and(|t| t <= now)).count();
+    let mut later: Vec<String> = moves
+        .jobs
+        .iter()
+        .filter(|j| j.movable_from.is_none_or(|t| t > now))
+        .map(|j| match j.movable_from {
+            Some(t) => format!("{} in {} s", j.job, t - now),
+            None => format!("{} not while it runs", j.job),
+        })
+        .collect();
+    later.sort();
+    let mut line = format!("defrag: {movable} running job(s) may be moved now to make room");
+    if !later.is_empty() {
+        line.push_str(&format!("; not yet: {}", later.join(", ")));
+    }
+    line
 }
 
 pub(crate) fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
@@ -314,5 +344,33 @@ pub(crate) fn run_job(
             message: format!("{} exited with {status}", command[0]),
             code: status.code().map_or(1, |c| c.clamp(1, 255) as u8),
         })
+    }
+}
+
+#[cfg(test)]
+mod defrag_line_tests {
+    use super::defrag_line;
+    use topo_core::proto::reply::{DefragView, MovableJob};
+
+    #[test]
+    fn the_status_says_which_jobs_defrag_may_move_and_when_the_others_may() {
+        let job = |name: &str, from: Option<i64>| MovableJob {
+            job: name.into(),
+            request: "affinity[core(1)]".into(),
+            cpus: topo_core::CpuSet::parse_list("0").unwrap(),
+            fenced: Default::default(),
+            tasks: Vec::new(),
+            movable_from: from,
+        };
+        let view = DefragView {
+            strategy: topo_core::place::Strategy::BestFit,
+            limits: Default::default(),
+            jobs: vec![job("a", Some(900)), job("b", Some(1_030)), job("c", None)],
+        };
+        assert_eq!(
+            defrag_line(&view, 1_000),
+            "defrag: 1 running job(s) may be moved now to make room; not yet: b in 30 s, c not \
+             while it runs"
+        );
     }
 }

@@ -267,7 +267,9 @@ impl Host {
                     cpus: a.cpus.clone(),
                     fenced: a.fenced.clone(),
                     tasks: a.tasks.clone(),
-                    movable_from,
+                    // Plain seconds for JSON readers that hold numbers as doubles.
+                    movable_from: (movable_from < topo_core::policy::Time::MAX)
+                        .then_some(movable_from.max(0)),
                 })
                 .collect(),
         })

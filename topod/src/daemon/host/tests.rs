@@ -684,7 +684,7 @@ fn defrag_moves_the_fewest_jobs_to_make_room_and_keeps_its_delay_timers() {
             (view.strategy, view.limits),
             (h.strategy, topo_core::defrag::DefragLimits::default())
         );
-        view.jobs.into_iter().map(|j| (j.job, j.movable_from)).collect()
+        view.jobs.into_iter().map(|j| (j.job, j.movable_from.unwrap())).collect()
     };
     assert_eq!(movable_from(&h), [("a".to_string(), 1_060), ("b".into(), 1_060)].into());
     let node = "affinity[thread(4,same=numa)]";
