@@ -644,23 +644,7 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
             pid: std::process::id(),
         }),
         Op::Topology => Reply::ok(server.topology_json.clone()),
-        Op::FreeMap => {
-            let snap = server.snapshot();
-            ok(proto::reply::FreeMap {
-                generation: snap.generation,
-                allocatable: snap.model.allocatable.clone(),
-                held: snap.occupancy.held.clone(),
-                fenced: snap.occupancy.fenced.clone(),
-                jobs: snap.jobs.len(),
-                job_ids: snap.jobs.iter().map(|j| j.allocation.job.clone()).collect(),
-                free: snap.host_metrics(),
-                gang: snap.gang.clone(),
-                reservations: snap.reservations.clone(),
-                defrag: snap.defrag,
-                pools: snap.pools.clone(),
-                moves: snap.moves.clone(),
-            })
-        }
+        Op::FreeMap => ok(server.snapshot().free_map()),
         Op::Fit(proto::FitArgs { request, tasks, cpus }) => {
             let prepared = match host::prepare(&server.topology, &request, tasks, cpus.as_deref()) {
                 Ok(p) => p,

@@ -36,6 +36,24 @@ impl Snapshot {
         })
     }
 
+    /// The `free_map` reply: what schedulers' plug-ins read of the host.
+    pub fn free_map(&self) -> topo_core::proto::reply::FreeMap {
+        topo_core::proto::reply::FreeMap {
+            generation: self.generation,
+            allocatable: self.model.allocatable.clone(),
+            held: self.occupancy.held.clone(),
+            fenced: self.occupancy.fenced.clone(),
+            jobs: self.jobs.len(),
+            job_ids: self.jobs.iter().map(|j| j.allocation.job.clone()).collect(),
+            free: self.host_metrics(),
+            gang: self.gang.clone(),
+            reservations: self.reservations.clone(),
+            defrag: self.defrag,
+            pools: self.pools.clone(),
+            moves: self.moves.clone(),
+        }
+    }
+
     /// What is free, by shape, for a job that has no reservation here (what Slurm's features
     /// and PBS's counts are made from).
     pub fn host_metrics(&self) -> HostMetrics {

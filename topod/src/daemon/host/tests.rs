@@ -2020,3 +2020,116 @@ fn a_foreign_cpuset_that_goes_away_gives_its_cpus_back() {
     h.allocate("a", "affinity[thread*4]", None, None, None, None).unwrap();
     assert!(h.reconcile_foreign().is_none(), "nothing changed");
 }
+
+/// What the schedulers' plug-ins (the LSF module) decide for `request` on this host from its
+/// free map, as a scheduler would read it over the wire: kept (fits, or fits after moves) or
+/// removed, with the reason.
+fn plugin_verdict(h: &Host, topo: &Topology, request: &str, epoch_s: i64) -> (bool, String) {
+    use topo_plugin_core::{eval, Address, Claimant, HostCache, Reservations, Unreachable};
+    let wire = serde_json::to_value(h.snapshot().free_map()).unwrap();
+    let free: topo_plugin_core::cache::FreeMap = serde_json::from_value(wire).unwrap();
+    let mut cache = HostCache::new();
+    let id = cache.add("h", Address::Unix("/nowhere".into()));
+    let now = std::time::Instant::now();
+    cache.update(id, Some(topo), free, now).unwrap();
+    let reservations = Reservations::new();
+    let ctx = eval::Context {
+        cache: &cache,
+        reservations: &reservations,
+        now,
+        epoch_s,
+        stale_after: Duration::from_secs(3600),
+        unreachable: Unreachable::Closed,
+    };
+    let mut req = topo_core::request::parse(request).unwrap();
+    req.tasks.get_or_insert(1);
+    let verdict = eval::evaluate(&ctx, id, &req, Claimant::peers_of(&req));
+    (verdict.rank().is_some(), format!("{verdict:?}"))
+}
+
+#[test]
+fn the_plugins_keep_a_defragmenting_host_exactly_when_its_allocate_places_the_job() {
+    // Issue 31's rule, "a job the module keeps on a host is one topod accepts there", both
+    // ways, on random fragmentations of a host that moves jobs, with its timers running.
+    let topo = Topology::synthetic(SyntheticShape {
+        packages: 2,
+        numa_per_package: 1,
+        l3_per_numa: 2,
+        cores_per_l3: 4,
+        threads_per_core: 2,
+    });
+    let shapes = [
+        "affinity[core(1)]",
+        "affinity[core(2)]",
+        "affinity[core(3,same=l3)]",
+        "affinity[core(4,same=l3)]",
+        "affinity[thread(3)]",
+        "affinity[core(2)*2]",
+        "affinity[l3(1)]",
+        "affinity[numa(1)]",
+        "affinity[core(6,same=numa)]",
+        "CPUSET[CPU_LIST=0-7] affinity[core(2)]",
+    ];
+    let (mut kept_accepted, mut removed_refused, mut disagreements) = (0, 0, Vec::new());
+    let (mut after_moves, mut no_moves) = (0, 0);
+    for (seed, (min_run, gap)) in [(1u64, (0, 0)), (2, (30, 0)), (3, (0, 100)), (4, (20, 40))] {
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        let clock = Arc::new(std::sync::atomic::AtomicI64::new(1_000_000));
+        let c = clock.clone();
+        h.set_clock(Arc::new(move || at(c.load(std::sync::atomic::Ordering::SeqCst) as u64)));
+        h.set_defrag(Some(Defrag {
+            min_run,
+            gap,
+            limits: topo_core::defrag::DefragLimits::default(),
+        }));
+        let mut rng = topo_core::bench::SplitMix::new(seed);
+        let mut running: Vec<String> = Vec::new();
+        for trial in 0..150 {
+            clock.fetch_add((rng.next_u64() % 15) as i64, std::sync::atomic::Ordering::SeqCst);
+            // Fragment: start some jobs, end some.
+            for _ in 0..(rng.next_u64() % 3) {
+                let job = format!("j{seed}-{trial}-{}", rng.next_u64() % 1000);
+                let shape = shapes[(rng.next_u64() as usize) % 6];
+                if h.allocate(&job, shape, None, None, None, None).is_ok() {
+                    running.push(job);
+                }
+            }
+            while running.len() > 2 && rng.next_u64() % 3 == 0 {
+                let job = running.remove((rng.next_u64() as usize) % running.len());
+                h.release(&job).unwrap();
+            }
+            let probe = shapes[(rng.next_u64() as usize) % shapes.len()];
+            let now = clock.load(std::sync::atomic::Ordering::SeqCst);
+            let (kept, verdict) = plugin_verdict(&h, &topo, probe, now);
+            let job = format!("p{seed}-{trial}");
+            let placed = h.allocate(&job, probe, None, None, None, None);
+            after_moves += usize::from(verdict.starts_with("AfterMoves"));
+            no_moves += usize::from(verdict.contains("NoMoves"));
+            match (kept, &placed) {
+                (true, Ok(_)) => kept_accepted += 1,
+                (false, Err(_)) => removed_refused += 1,
+                _ => disagreements.push(format!(
+                    "seed {seed} trial {trial} {probe}: plug-in {verdict}; allocate {:?}",
+                    placed.as_ref().map(|a| a.cpus.to_string()).map_err(|e| e.to_string())
+                )),
+            }
+            if placed.is_ok() {
+                running.push(job);
+            }
+            h.ledger().check().unwrap();
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "{} disagreements:\n{}",
+        disagreements.len(),
+        disagreements.join("\n")
+    );
+    // Both answers were common, so the agreement means something.
+    assert!(
+        kept_accepted > 100 && removed_refused > 100 && after_moves > 10 && no_moves > 10,
+        "{kept_accepted} kept, {removed_refused} removed, {after_moves} after moves, {no_moves} \
+         with no moves"
+    );
+}
