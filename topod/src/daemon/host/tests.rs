@@ -56,14 +56,19 @@ impl CgroupBackend for SharedFake {
     }
 }
 
-fn host(records: Option<Records>) -> Host {
-    let topo = Topology::synthetic(SyntheticShape {
+/// Two packages of one NUMA node each, two L3 groups of four two-thread cores per node.
+fn two_packages() -> Topology {
+    Topology::synthetic(SyntheticShape {
         packages: 2,
         numa_per_package: 1,
         l3_per_numa: 2,
         cores_per_l3: 4,
         threads_per_core: 2,
-    });
+    })
+}
+
+fn host(records: Option<Records>) -> Host {
+    let topo = two_packages();
     let fake = Fake::new(topo.allowed.clone(), topo.allowed_mems.clone());
     Host::new(topo, CpuSet::new(), Box::new(fake), records, Strategy::BestFit).unwrap()
 }
@@ -2051,13 +2056,7 @@ fn plugin_verdict(h: &Host, topo: &Topology, request: &str, epoch_s: i64) -> (bo
 fn the_plugins_keep_a_defragmenting_host_exactly_when_its_allocate_places_the_job() {
     // Issue 31's rule, "a job the module keeps on a host is one topod accepts there", both
     // ways, on random fragmentations of a host that moves jobs, with its timers running.
-    let topo = Topology::synthetic(SyntheticShape {
-        packages: 2,
-        numa_per_package: 1,
-        l3_per_numa: 2,
-        cores_per_l3: 4,
-        threads_per_core: 2,
-    });
+    let topo = two_packages();
     let shapes = [
         "affinity[core(1)]",
         "affinity[core(2)]",
