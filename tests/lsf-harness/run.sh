@@ -203,11 +203,11 @@ TOML
 # p99 <= 5 ms, the first match of each shape <= 20 ms, at most 2 KB kept per pending requirement,
 # on this 2-core machine. The ratio to the dummy module (1.3x asked) prints but is not enforced:
 # this harness's own work per job is 22 us (the candidate list of 10,500), so 1.3x would leave
-# the module 0.7 ns per candidate; topo's is 15-17x (end to end p50 0.34-0.39 ms). November
-# 2026, quiet machine: match+sort p50 0.32-0.38 ms, p99 1.5-2.9 ms, first matches under 2.5 ms. They are wall-clock figures: while
-# another job kept the CPUs busy (a QEMU guest taking 1.4 of the 2 CPUs) p99 reached 4.6-6.1 ms
-# and one run failed, though matchFn's own CPU time stayed under 0.7 ms at p99 (its "figure"
-# line); run the suite on a machine nothing else loads.
+# the module 0.7 ns per candidate; topo's is 12.4-12.9x (end to end p50 0.27-0.28 ms, three runs,
+# November 2026, quiet machine: match+sort p50 0.25-0.26 ms, p99 1.5-3.6 ms, first matches under
+# 2.5 ms). They are wall-clock figures: while another job kept the CPUs busy (a QEMU guest taking
+# 1.4 of the 2 CPUs) p99 reached 4.6-6.1 ms and one run failed, though matchFn's own CPU time
+# stayed under 0.7 ms at p99 (its "figure" line); run the suite on a machine nothing else loads.
 # HARNESS_SCALE_ENFORCE= (empty) prints them as "figures ok/FAIL" lines that fail nothing, for a
 # machine shared with other load. Correctness (replays, no CPU given twice, every host
 # refreshed, every job placed, host names read once per sched_init) always counts.
