@@ -166,6 +166,8 @@ fn loaded_free_map(topo: &Topology, model: &HostModel, seed: u64) -> FreeMap {
         job_ids: ledger.jobs().map(|a| a.job.clone()).collect(),
         reservations: Vec::new(),
         defrag: false,
+        moves: None,
+        pools: Vec::new(),
     }
 }
 
@@ -337,7 +339,7 @@ fn run() -> Result<(), String> {
         let dispatch = kept.first().and_then(|&(_, h)| {
             match eval::evaluate(&ctx, h, r, Claimant::peers_of(r)) {
                 Verdict::Fits { cpus, .. } => Some((h, cpus)),
-                Verdict::AfterMoves(_) | Verdict::NoFit(_) => None,
+                Verdict::AfterMoves(_) | Verdict::InPool(_) | Verdict::NoFit(_) => None,
             }
         });
         if let Some((h, cpus)) = dispatch {
