@@ -153,9 +153,19 @@ impl Hash for MovableJob {
 impl Moves {
     /// From topod's view; jobs whose request does not parse are left out.
     pub fn from_view(view: &topo_core::proto::reply::DefragView) -> Self {
+        // The search's bounds other than `max_moves` are not topod settings: any topod sends
+        // the defaults. Larger ones from the wire are cut to them, so that no reply makes a
+        // match search without end inside the scheduler.
+        let d = DefragLimits::default();
+        let limits = DefragLimits {
+            max_candidates: view.limits.max_candidates.min(d.max_candidates),
+            greedy_seeds: view.limits.greedy_seeds.min(d.greedy_seeds),
+            max_evaluations: view.limits.max_evaluations.min(d.max_evaluations),
+            ..view.limits
+        };
         Moves {
             strategy: view.strategy,
-            limits: view.limits,
+            limits,
             jobs: view
                 .jobs
                 .iter()

@@ -1500,3 +1500,22 @@ fn a_request_for_whole_domains_that_moves_would_free_fits_after_moves_as_topod_t
     // Not before they may move.
     assert!(matches!(eval::evaluate(&ctx, y, &l3, peers), Verdict::NoFit(NoFit::NoMoves(..))));
 }
+
+#[test]
+fn a_free_maps_planner_bounds_above_topods_own_are_cut_to_them() {
+    // A topod cannot set these (only defrag_max_moves); a reply that claims more would make
+    // every match search longer inside the scheduler.
+    let mut view = halves_moves([0; 2], false);
+    view.limits.max_evaluations = usize::MAX;
+    view.limits.max_candidates = usize::MAX;
+    view.limits.greedy_seeds = usize::MAX;
+    view.limits.max_moves = 3;
+    let moves = crate::cache::Moves::from_view(&view);
+    let d = topo_core::defrag::DefragLimits::default();
+    assert_eq!(
+        (moves.limits.max_evaluations, moves.limits.max_candidates, moves.limits.greedy_seeds),
+        (d.max_evaluations, d.max_candidates, d.greedy_seeds)
+    );
+    assert_eq!(moves.limits.max_moves, 3, "topod's own setting is kept");
+    assert_eq!(moves.jobs.len(), 2);
+}
