@@ -445,7 +445,8 @@ pub fn replay_observed(
                     marked[i] = marked[i].max(now).saturating_add(pause);
                     (job, marked[i].saturating_add(seconds_for(work[i], rate[i])))
                 }
-                Action::Reserve { .. } => continue,
+                // A trace carries no owner's suspend or resume, so nothing is refused.
+                Action::Reserve { .. } | Action::Refused { .. } => continue,
             };
             due[job as usize] = Some(end);
             ends.push(Reverse((end, job)));

@@ -121,6 +121,19 @@
 //!   fit ([`Action::Move`]). The core asks to be woken ([`PolicyCore::next_wakeup`]) at the
 //!   window changes that can matter: a close while jobs wait, an open while jobs run with
 //!   `Migrate`. EASY's shadow time does not see the pools.
+//!
+//! ## Suspensions that are not the policy's
+//!
+//! A job's owner (or an administrator) may stop a running job and start it again
+//! ([`Event::OwnerSuspend`], [`Event::OwnerResume`]), as `topoctl suspend` and `bstop` do on a
+//! live host. Its CPUs may then go to any job; its resume waits until no running job holds
+//! them. Such a suspension is not counted toward [`Preempt::max_suspensions`] and its resume does
+//! not restart [`Preempt::min_run`], so that it never shields a job from preemption; a job that
+//! runs on CPUs a job suspended by preemption waits for may not be stopped so (it would keep
+//! that job suspended as long as its owner liked), and a job suspended by preemption resumes
+//! neither by its owner's word nor onto CPUs another suspended job holds. topod decides each of
+//! these the same way (the differential test in `topod::daemon::host::agrees`). Gang-scheduled
+//! and malleable jobs' owners' suspensions are not modelled (refused with an error).
 
 use super::*;
 use crate::cpuset::CpuSet;
@@ -408,6 +421,45 @@ pub enum Event {
     },
     /// Time passed; nothing else happened.
     Tick,
+    /// The running job's owner (or an administrator, outside the policy) suspends it: its CPUs
+    /// may go to other jobs until it is resumed. This suspension is not the policy's: it does
+    /// not count toward [`Preempt::max_suspensions`], its resume does not restart
+    /// [`Preempt::min_run`], and the policy never resumes it. Refused ([`Action::Refused`]) when
+    /// the job is not running, or runs on CPUs a job suspended by preemption waits for (it would
+    /// keep that job suspended as long as its owner liked).
+    OwnerSuspend {
+        /// The job.
+        job: JobKey,
+    },
+    /// The owner resumes the job they suspended, on its own CPUs. Refused ([`Action::Refused`])
+    /// while a running job holds any of them, and for a job the owner did not suspend.
+    OwnerResume {
+        /// The job.
+        job: JobKey,
+    },
+}
+
+/// Why the core did not do what a job's owner asked ([`Event::OwnerSuspend`],
+/// [`Event::OwnerResume`]). topod refuses the same requests for the same reasons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// A suspend for a job that is not running (it waits, or is suspended already).
+    #[error("the job is not running")]
+    NotRunning,
+    /// A resume for a job that is not suspended.
+    #[error("the job is not suspended")]
+    NotSuspended,
+    /// A resume for a job suspended by preemption: the policy resumes it when its CPUs are free.
+    #[error(
+        "the job was suspended by preemption, not by its owner; it resumes when its CPUs are free"
+    )]
+    SuspendedByPolicy,
+    /// A suspend for a job that runs on CPUs a job suspended by preemption waits for.
+    #[error("the job runs on CPUs a job suspended by preemption waits for")]
+    HoldsForSuspended,
+    /// A resume while a running job holds some of its CPUs.
+    #[error("some of the job's CPUs are lent to a running job")]
+    Lent,
 }
 
 /// One host's share of a started job.
@@ -470,6 +522,15 @@ pub enum Action {
         /// Its blocks, per host.
         blocks: Vec<(HostId, CpuSet)>,
     },
+    /// The owner's suspend or resume of the job ([`Event::OwnerSuspend`],
+    /// [`Event::OwnerResume`]) was refused: nothing changed. An owner's request carried out
+    /// comes out as [`Action::Suspend`] or [`Action::Resume`], before the instant's decisions.
+    Refused {
+        /// The job.
+        job: JobKey,
+        /// Why.
+        why: Refusal,
+    },
 }
 
 /// Why the core cannot take an event.
@@ -502,6 +563,21 @@ pub enum PolicyError {
     UnknownJob {
         /// The job.
         job: JobKey,
+    },
+    /// An owner's suspend or resume of a job the core does not know.
+    #[error("job {job}'s owner asked to suspend or resume it, but it is neither running, waiting nor suspended")]
+    OwnerOfUnknownJob {
+        /// The job.
+        job: JobKey,
+    },
+    /// An owner's suspension of a job the core does not model it for: a gang-scheduled job
+    /// (its row's slices) or a malleable one (equipartition would grow others into its CPUs).
+    #[error("job {job} is {kind}: the policy core does not model its owner's suspension")]
+    OwnerSuspensionNotModelled {
+        /// The job.
+        job: JobKey,
+        /// "gang-scheduled" or "malleable".
+        kind: &'static str,
     },
 }
 
@@ -655,6 +731,9 @@ struct Suspended {
     run: Running,
     remaining: Time,
     resume_by: Time,
+    /// Suspended by its owner ([`Event::OwnerSuspend`]), not by preemption: any job may use its
+    /// CPUs, nothing is held for it, and only its owner resumes it.
+    by_owner: bool,
 }
 
 #[derive(Debug)]
@@ -1021,14 +1100,16 @@ impl PolicyCore {
         events: impl IntoIterator<Item = Event>,
     ) -> Result<Vec<Action>, PolicyError> {
         self.now = self.now.max(now);
+        let mut actions = Vec::new();
         for event in events {
             match event {
                 Event::Submit { job, spec } => self.submit(job, spec)?,
                 Event::End { job } => self.end(job)?,
                 Event::Tick => {}
+                Event::OwnerSuspend { job } => self.owner_suspend(job, &mut actions)?,
+                Event::OwnerResume { job } => self.owner_resume(job, &mut actions)?,
             }
         }
-        let mut actions = Vec::new();
         self.schedule(&mut actions);
         Ok(actions)
     }
@@ -1089,6 +1170,111 @@ impl PolicyCore {
             }
             Slot::Unknown => Err(PolicyError::UnknownJob { job }),
         }
+    }
+
+    /// [`Event::OwnerSuspend`]: the job leaves its CPUs (any job may use them) and keeps what is
+    /// left of its estimate; its suspension count and its protection from preemption are its
+    /// own and stay.
+    fn owner_suspend(&mut self, job: JobKey, actions: &mut Vec<Action>) -> Result<(), PolicyError> {
+        let why = match self.jobs.get(job as usize) {
+            None | Some(Slot::Unknown) => return Err(PolicyError::OwnerOfUnknownJob { job }),
+            Some(Slot::Waiting(..) | Slot::Suspended(_)) => Some(Refusal::NotRunning),
+            Some(Slot::Running(r)) => {
+                if self.config.gang.is_some() || r.row != 0 || r.frozen {
+                    return Err(PolicyError::OwnerSuspensionNotModelled {
+                        job,
+                        kind: "gang-scheduled",
+                    });
+                }
+                if r.flex.is_some() {
+                    return Err(PolicyError::OwnerSuspensionNotModelled { job, kind: "malleable" });
+                }
+                self.holds_for_suspended(r).then_some(Refusal::HoldsForSuspended)
+            }
+        };
+        if let Some(why) = why {
+            actions.push(Action::Refused { job, why });
+            return Ok(());
+        }
+        let Slot::Running(r) = std::mem::replace(&mut self.jobs[job as usize], Slot::Unknown)
+        else {
+            unreachable!("checked running above");
+        };
+        self.ends.remove(&(r.estimated_end, job));
+        self.give_back(0, &r.parts);
+        let remaining = (r.estimated_end - self.now).max(0);
+        // Nothing is held for it: every job may borrow its CPUs (its resume waits for them).
+        let resume_by = Time::MAX;
+        self.jobs[job as usize] =
+            Slot::Suspended(Suspended { run: r, remaining, resume_by, by_owner: true });
+        self.suspended.insert(job);
+        actions.push(Action::Suspend { job });
+        Ok(())
+    }
+
+    /// [`Event::OwnerResume`]: the job takes its own CPUs back when no running job holds them.
+    /// It counts as running since its start (or its last resume after preemption) for
+    /// [`Preempt::min_run`], so that an owner's suspend and resume never shield it.
+    fn owner_resume(&mut self, job: JobKey, actions: &mut Vec<Action>) -> Result<(), PolicyError> {
+        let why = match self.jobs.get(job as usize) {
+            None | Some(Slot::Unknown) => return Err(PolicyError::OwnerOfUnknownJob { job }),
+            Some(Slot::Waiting(..) | Slot::Running(_)) => Some(Refusal::NotSuspended),
+            Some(Slot::Suspended(s)) if !s.by_owner => Some(Refusal::SuspendedByPolicy),
+            Some(Slot::Suspended(s)) => (!self.free_again(&s.run)).then_some(Refusal::Lent),
+        };
+        if let Some(why) = why {
+            actions.push(Action::Refused { job, why });
+            return Ok(());
+        }
+        self.resume_suspended(job);
+        actions.push(Action::Resume { job });
+        Ok(())
+    }
+
+    /// Whether none of the suspended job's CPUs (nor those it fences) is held by a running job,
+    /// nor any CPU it holds fenced by one.
+    fn free_again(&self, run: &Running) -> bool {
+        run.parts.iter().all(|p| {
+            let occ = &self.rows[0].occupancy[p.host as usize];
+            !p.placement.cpus.intersects(&occ.held)
+                && !p.placement.cpus.intersects(&occ.fenced)
+                && !p.placement.fenced.intersects(&occ.held)
+        })
+    }
+
+    /// Whether another suspended job holds some of `run`'s CPUs.
+    fn shares_cpus_with_suspended(&self, job: JobKey, run: &Running) -> bool {
+        self.suspended.iter().filter(|&&o| o != job).any(|&o| match &self.jobs[o as usize] {
+            Slot::Suspended(other) => run.parts.iter().any(|p| {
+                other
+                    .run
+                    .parts
+                    .iter()
+                    .any(|q| q.host == p.host && q.placement.cpus.intersects(&p.placement.cpus))
+            }),
+            _ => false,
+        })
+    }
+
+    /// Puts the suspended `job` back on its CPUs, running on what was left of its estimate.
+    /// After a preemption it counts as running from now for [`Preempt::min_run`]; after its
+    /// owner's suspension, from when it did before.
+    fn resume_suspended(&mut self, job: JobKey) {
+        let Slot::Suspended(s) = std::mem::replace(&mut self.jobs[job as usize], Slot::Unknown)
+        else {
+            return;
+        };
+        let mut run = s.run;
+        for p in &run.parts {
+            self.take(0, p.host, &p.placement);
+        }
+        run.estimated_end = self.now.saturating_add(s.remaining);
+        if !s.by_owner {
+            run.since = self.now;
+        }
+        self.ends.insert((run.estimated_end, job));
+        self.suspended.remove(&job);
+        self.jobs[job as usize] = Slot::Running(run);
     }
 
     fn spec(&self, job: JobKey) -> JobSpec {
@@ -1416,7 +1602,9 @@ impl PolicyCore {
             .iter()
             .copied()
             .filter(|&v| match &self.jobs[v as usize] {
-                Slot::Suspended(s) => v != job && !may_borrow(Some(ends_by), Some(s.resume_by)),
+                Slot::Suspended(s) => {
+                    !s.by_owner && v != job && !may_borrow(Some(ends_by), Some(s.resume_by))
+                }
                 _ => false,
             })
             .collect();
@@ -1496,7 +1684,7 @@ impl PolicyCore {
         let now = self.now;
         let order =
             resume_order(self.suspended.iter().filter_map(|&job| match &self.jobs[job as usize] {
-                Slot::Suspended(s) => Some((
+                Slot::Suspended(s) if !s.by_owner => Some((
                     job,
                     expansion_factor(now - s.run.submitted, s.remaining, s.run.spec.estimate),
                 )),
@@ -1504,28 +1692,12 @@ impl PolicyCore {
             }));
         for job in order {
             let Slot::Suspended(s) = &self.jobs[job as usize] else { continue };
-            let free_again = s.run.parts.iter().all(|p| {
-                let occ = &self.rows[0].occupancy[p.host as usize];
-                !p.placement.cpus.intersects(&occ.held)
-                    && !p.placement.cpus.intersects(&occ.fenced)
-                    && !p.placement.fenced.intersects(&occ.held)
-            });
-            if !free_again {
+            // Not onto CPUs another suspended job holds (one its owner suspended after lending
+            // them): it would find them taken on its resume. topod decides so too.
+            if !self.free_again(&s.run) || self.shares_cpus_with_suspended(job, &s.run) {
                 continue;
             }
-            let Slot::Suspended(s) = std::mem::replace(&mut self.jobs[job as usize], Slot::Unknown)
-            else {
-                continue;
-            };
-            let mut run = s.run;
-            for p in &run.parts {
-                self.take(0, p.host, &p.placement);
-            }
-            run.estimated_end = now.saturating_add(s.remaining);
-            run.since = now;
-            self.ends.insert((run.estimated_end, job));
-            self.suspended.remove(&job);
-            self.jobs[job as usize] = Slot::Running(run);
+            self.resume_suspended(job);
             actions.push(Action::Resume { job });
         }
     }
@@ -1577,7 +1749,7 @@ impl PolicyCore {
                 // Lent to the head without condition while it is placed.
                 let resume_by = Time::MAX;
                 self.jobs[*job as usize] =
-                    Slot::Suspended(Suspended { run: r, remaining, resume_by });
+                    Slot::Suspended(Suspended { run: r, remaining, resume_by, by_owner: false });
                 self.suspended.insert(*job);
             }
         }
@@ -1645,7 +1817,7 @@ impl PolicyCore {
                 .suspended
                 .iter()
                 .filter_map(|&v| match &self.jobs[v as usize] {
-                    Slot::Suspended(s) => Some((v, s)),
+                    Slot::Suspended(s) if !s.by_owner => Some((v, s)),
                     _ => None,
                 })
                 .flat_map(|(v, s)| {
@@ -2980,6 +3152,56 @@ pub(crate) mod tests {
         // Suspended once already: never again (max_suspensions 1); job 1 may be.
         let a = c.step(5_000, [submit(4, 16, 1_000)]).unwrap();
         assert!(!a.contains(&Action::Suspend { job: 0 }), "{a:?}");
+    }
+
+    #[test]
+    fn an_owners_suspension_lends_the_cpus_and_never_shields_the_job_from_preemption() {
+        let rules = Preempt { min_run: 300, max_suspensions: 1, min_xf: 2.0 };
+        let mut c = preempting(flat(1, 4), rules);
+        let (suspend, resume) =
+            (|job| Event::OwnerSuspend { job }, |job| Event::OwnerResume { job });
+        let refused = |job, why| Action::Refused { job, why };
+        c.step(0, [submit(0, 4, 10_000)]).unwrap();
+        // Its owner stops it: a job submitted then runs on its CPUs, and its resume waits.
+        let a = c.step(100, [suspend(0), submit(1, 2, 50)]).unwrap();
+        assert_eq!(a[0], Action::Suspend { job: 0 });
+        assert_eq!(started(&a), vec![1]);
+        assert_eq!(c.step(120, [resume(0)]).unwrap(), vec![refused(0, Refusal::Lent)]);
+        assert_eq!(
+            c.step(150, [Event::End { job: 1 }, resume(0)]).unwrap(),
+            vec![Action::Resume { job: 0 }]
+        );
+        assert_eq!(c.free_procs(), 0);
+        // Stopped and started again three times more, the last just before a job could preempt it.
+        for t in [200, 250, 1_280] {
+            assert_eq!(c.step(t, [suspend(0)]).unwrap(), vec![Action::Suspend { job: 0 }]);
+            assert_eq!(c.step(t + 10, [resume(0)]).unwrap(), vec![Action::Resume { job: 0 }]);
+        }
+        // Job 2 reaches expansion factor 2 at 1,295 + 5: neither the owner's three suspensions
+        // (max_suspensions 1) nor the resume at 1,290 (min_run 300) spare job 0.
+        assert!(c.step(1_295, [submit(2, 4, 5)]).unwrap().is_empty());
+        let a = c.step(1_300, [Event::Tick]).unwrap();
+        assert_eq!(a[0], Action::Suspend { job: 0 }, "{a:?}");
+        assert_eq!(started(&a), vec![2]);
+        // The owner may neither resume what preemption suspended nor stop its preemptor.
+        let a = c.step(1_310, [resume(0), suspend(2), suspend(3)]);
+        assert_eq!(a, Err(PolicyError::OwnerOfUnknownJob { job: 3 }));
+        let a = c.step(1_310, [resume(0), suspend(2), submit(3, 1, 10), suspend(3)]).unwrap();
+        assert_eq!(
+            a,
+            vec![
+                refused(0, Refusal::SuspendedByPolicy),
+                refused(2, Refusal::HoldsForSuspended),
+                refused(3, Refusal::NotRunning),
+            ]
+        );
+        // Ended while its owner had it stopped: its CPUs were not held by it.
+        let a = c.step(2_300, [Event::End { job: 2 }]).unwrap();
+        assert_eq!(a[0], Action::Resume { job: 0 }, "{a:?}");
+        c.step(2_400, [Event::End { job: 3 }, suspend(0)]).unwrap();
+        c.step(2_500, [Event::End { job: 0 }]).unwrap();
+        assert_eq!((c.suspended_len(), c.free_procs()), (0, 4));
+        assert_eq!(c.step(2_600, [resume(0)]), Err(PolicyError::OwnerOfUnknownJob { job: 0 }));
     }
 
     #[test]

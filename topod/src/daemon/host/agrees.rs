@@ -6,13 +6,19 @@
 //! on the same CPUs, and the same jobs suspended.
 //!
 //! The scripts cover submits, ends (a job ends when its estimate has run, counting from its
-//! start and resumes), and the passing of time; preemption is on with every job preemptible.
+//! start and resumes), the passing of time, and jobs' owners suspending and resuming them
+//! (`topoctl suspend` and `resume` as the job's user); preemption is on with every job
+//! preemptible. Both drivers must also give each owner's request the same answer (carried out,
+//! or refused for the same reason). The owner's dodge of issue 30 (suspend and resume to reset
+//! preemption's counters) is a scripted case.
 //! topod's side runs its freezes and thaws at once, or queues them and runs them after, as the
 //! server does without the host lock (asking a preempting allocate again).
 //! `AGREE_SEEDS=N` runs N random scripts per rule set and host (15 by default; 100 passed when
 //! this was written), `AGREE_DEBUG=1` prints both drivers' views at every instant.
 //!
-//! Found by it and fixed in both drivers' shared code: `victims_on_host` kept victims the job
+//! Found by it: the core resumed a job suspended by preemption onto CPUs a job its owner had
+//! suspended (after lending them) holds, which topod does not; the core now decides as topod.
+//! Found by it before, and fixed in both drivers' shared code: `victims_on_host` kept victims the job
 //! did not need; the core counted the CPUs held for suspended jobs as free when choosing victims
 //! and borrowed them where other CPUs were free; topod chose victims without the CPUs the job
 //! may borrow, and kept a victim frozen on free CPUs its running preemptor never took.
@@ -24,8 +30,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use topo_core::bench::SplitMix;
 use topo_core::policy::{
-    self, Action, Event, JobKey, JobSpec, PolicyConfig, PolicyCore, QueueOrder,
+    self, Action, Event, JobKey, JobSpec, PolicyConfig, PolicyCore, QueueOrder, Refusal,
 };
+
+/// The uid of every job's owner in the scripts.
+const OWNER: u32 = 1_000;
 
 /// One job of a script.
 #[derive(Debug, Clone, Copy)]
@@ -82,8 +91,11 @@ impl TopodDriver {
         TopodDriver { host, clock, queue: VecDeque::new(), jobs: jobs.to_vec(), deferred }
     }
 
-    fn step(&mut self, now: i64, events: &[Event]) {
+    /// Applies the instant's events, then asks for the queue's jobs. Returns topod's answer to
+    /// each owner's suspend or resume, in order: `None` when it was carried out, else why not.
+    fn step(&mut self, now: i64, events: &[Event]) -> Vec<Option<Refusal>> {
         self.clock.store(EPOCH + now, Ordering::SeqCst);
+        let mut answers = Vec::new();
         for e in events {
             match *e {
                 Event::End { job } => {
@@ -96,6 +108,8 @@ impl TopodDriver {
                 }
                 Event::Submit { job, .. } => self.queue.push_back(job),
                 Event::Tick => {}
+                Event::OwnerSuspend { job } => answers.push(self.owner_suspends(&name(job))),
+                Event::OwnerResume { job } => answers.push(self.owner_resumes(&name(job))),
             }
         }
         // topod's own tick resumes what it can; then the queue's head is asked for, with the
@@ -133,6 +147,40 @@ impl TopodDriver {
                 Err(e) => panic!("job {head}: {e}"),
             }
         }
+        answers
+    }
+
+    /// The job's owner suspends it, as the server lets them (`Op::Suspend` for a peer that is
+    /// not an administrator): not a suspension by the policy, which is not theirs to take over.
+    fn owner_suspends(&mut self, job: &str) -> Option<Refusal> {
+        if self.host.suspended_by_policy(job) || self.host.ledger().is_suspended(job) {
+            return Some(Refusal::NotRunning);
+        }
+        let ticket = match self.host.begin_suspend(job, Some(OWNER)) {
+            Ok(ticket) => ticket,
+            Err(e) => return Some(refusal(job, e)),
+        };
+        let outcome = ticket.run();
+        self.host.finish_suspend(ticket, outcome).err().map(|e| refusal(job, e))
+    }
+
+    /// The job's owner resumes it, as the server lets them (`Op::Resume`): only a suspension
+    /// of their own.
+    fn owner_resumes(&mut self, job: &str) -> Option<Refusal> {
+        if !self.host.ledger().is_suspended(job) {
+            return Some(Refusal::NotSuspended);
+        }
+        if self.host.suspended_by(job) != Some(OWNER) {
+            return Some(Refusal::SuspendedByPolicy);
+        }
+        let ticket = match self.host.begin_resume(job) {
+            Ok(ticket) => ticket,
+            Err(e) => return Some(refusal(job, e)),
+        };
+        let outcome = ticket.run();
+        let answer = self.host.finish_resume(ticket, outcome).err().map(|e| refusal(job, e));
+        run_queued(&mut self.host);
+        answer
     }
 
     fn view(&self) -> View {
@@ -143,9 +191,49 @@ impl TopodDriver {
     }
 }
 
+/// What topod's refusal of an owner's request is in the core's terms.
+fn refusal(job: &str, e: HostError) -> Refusal {
+    match e {
+        HostError::Lent { .. } => Refusal::Lent,
+        HostError::HoldsForPreempted { .. } => Refusal::HoldsForSuspended,
+        e => panic!("job {job}: the owner's request failed: {e}"),
+    }
+}
+
+/// How the jobs' owners suspend and resume them in a script.
+#[derive(Debug, Clone)]
+enum Owners {
+    /// At random.
+    Random {
+        /// Seeds the owners' choices.
+        seed: u64,
+        /// At each instant, one in `suspend_one_in` suspends a running job.
+        suspend_one_in: u64,
+        /// At each instant, one in `resume_one_in` of the jobs suspended by their owners
+        /// resumes.
+        resume_one_in: u64,
+    },
+    /// At these instants (`OwnerSuspend` and `OwnerResume` events only).
+    At(Vec<(i64, Event)>),
+}
+
+/// What happened, counted over a script.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    /// Suspensions by preemption.
+    preempted: usize,
+    /// Owners' suspends and resumes carried out.
+    owners_done: usize,
+    /// Owners' suspends and resumes refused.
+    owners_refused: usize,
+    /// Owners' suspends refused because the job held CPUs a job suspended by preemption waits
+    /// for (the rule that keeps an owner from holding another job suspended).
+    refused_holding: usize,
+}
+
 /// Runs `jobs` through both drivers, ending each job when its estimate has run, with a tick
-/// every `tick` seconds; panics at the first instant they differ. Returns how many
-/// suspensions there were.
+/// every `tick` seconds, and with `owners` the jobs' owners suspending and resuming them;
+/// panics at the first instant they differ.
 fn agree(
     topo: &Topology,
     rules: policy::Preempt,
@@ -153,6 +241,17 @@ fn agree(
     tick: i64,
     deferred: bool,
 ) -> usize {
+    agree_with_owners(topo, rules, jobs, tick, deferred, None).preempted
+}
+
+fn agree_with_owners(
+    topo: &Topology,
+    rules: policy::Preempt,
+    jobs: &[ScriptJob],
+    tick: i64,
+    deferred: bool,
+    owners: Option<Owners>,
+) -> Counts {
     let model = Arc::new(place::HostModel::new(topo, &CpuSet::new()).unwrap());
     let config = PolicyConfig {
         preempt: Some(rules),
@@ -166,21 +265,53 @@ fn agree(
     let mut left: BTreeMap<JobKey, i64> = BTreeMap::new();
     let mut own: BTreeMap<JobKey, CpuSet> = BTreeMap::new();
     let mut next = 0usize;
-    let mut suspensions = 0;
+    let mut counts = Counts::default();
     let mut now = 0i64;
     let mut script = Vec::new();
+    let mut rng = SplitMix::new(match &owners {
+        Some(Owners::Random { seed, .. }) => *seed,
+        _ => 0,
+    });
+    // The jobs suspended by their owners, as the core has them.
+    let mut by_owner: BTreeSet<JobKey> = BTreeSet::new();
     while next < jobs.len() || !seen.running.is_empty() || !seen.suspended.is_empty() {
+        // The owners first (so that both drivers answer them before the instant's ends, which
+        // topod acts on at once): one may suspend a running job (whatever it holds), some
+        // resume theirs; now and then one tries to resume a job preemption suspended.
         let mut events = Vec::new();
-        for (&job, &at) in &due {
-            if at <= now {
-                events.push(Event::End { job });
+        match &owners {
+            Some(Owners::Random { suspend_one_in, resume_one_in, .. }) => {
+                let running: Vec<JobKey> =
+                    seen.running.keys().copied().filter(|j| due[j] > now).collect();
+                if !running.is_empty() && rng.below(*suspend_one_in) == 0 {
+                    let job = running[rng.below(running.len() as u64) as usize];
+                    events.push(Event::OwnerSuspend { job });
+                }
+                for &job in &seen.suspended {
+                    let mine = by_owner.contains(&job);
+                    if (mine && rng.below(*resume_one_in) == 0) || (!mine && rng.below(20) == 0) {
+                        events.push(Event::OwnerResume { job });
+                    }
+                }
             }
+            Some(Owners::At(at)) => {
+                events.extend(at.iter().filter(|(t, _)| *t == now).map(|(_, e)| *e));
+            }
+            None => {}
         }
-        for e in &events {
-            if let Event::End { job } = e {
-                due.remove(job);
-                seen.running.remove(job);
-            }
+        let asked: Vec<JobKey> = events
+            .iter()
+            .filter_map(|e| match *e {
+                Event::OwnerSuspend { job } | Event::OwnerResume { job } => Some(job),
+                _ => None,
+            })
+            .collect();
+        let ending: Vec<JobKey> =
+            due.iter().filter(|&(_, &at)| at <= now).map(|(&job, _)| job).collect();
+        for job in ending {
+            events.push(Event::End { job });
+            due.remove(&job);
+            seen.running.remove(&job);
         }
         while next < jobs.len() && jobs[next].submit <= now {
             let j = jobs[next];
@@ -192,14 +323,42 @@ fn agree(
             events.push(Event::Tick);
         }
         script.push((now, events.clone()));
-        for action in core.step(now, events.iter().copied()).unwrap() {
+        let actions = core.step(now, events.iter().copied()).unwrap();
+        // The owners' answers come first, one per request, in order.
+        let core_answers: Vec<Option<Refusal>> = asked
+            .iter()
+            .zip(&actions)
+            .map(|(&asked, action)| match *action {
+                Action::Suspend { job } | Action::Resume { job } if job == asked => None,
+                Action::Refused { job, why } if job == asked => Some(why),
+                ref other => panic!("job {asked}'s owner was answered {other:?}"),
+            })
+            .collect();
+        for (&job, (e, answer)) in asked.iter().zip(events.iter().zip(&core_answers)) {
+            match (e, answer) {
+                (Event::OwnerSuspend { .. }, None) => {
+                    by_owner.insert(job);
+                }
+                (Event::OwnerResume { .. }, None) => {
+                    by_owner.remove(&job);
+                }
+                _ => {}
+            }
+            if answer.is_some() {
+                counts.owners_refused += 1;
+                counts.refused_holding += usize::from(*answer == Some(Refusal::HoldsForSuspended));
+            } else {
+                counts.owners_done += 1;
+            }
+        }
+        for (i, action) in actions.into_iter().enumerate() {
             match action {
                 Action::Start { job, parts } => {
                     seen.running.insert(job, parts[0].placement.cpus.clone());
                     due.insert(job, now + jobs[job as usize].estimate);
                 }
                 Action::Suspend { job } => {
-                    suspensions += 1;
+                    counts.preempted += usize::from(i >= asked.len());
                     // It keeps its CPUs for its resume.
                     own.insert(job, seen.running.remove(&job).unwrap());
                     seen.suspended.insert(job);
@@ -210,27 +369,44 @@ fn agree(
                     due.insert(job, now + left.remove(&job).unwrap());
                     seen.running.insert(job, own.remove(&job).unwrap());
                 }
+                Action::Refused { .. } => {}
                 other => panic!("the core decided {other:?}, which this script does not expect"),
             }
         }
-        topod.step(now, &events);
+        let host_answers = topod.step(now, &events);
         let host_view = topod.view();
         if std::env::var_os("AGREE_DEBUG").is_some() {
             eprintln!("{now}: {events:?}\n  core  {seen:?}\n  topod {host_view:?}");
         }
+        let history =
+            || script.iter().map(|(t, e)| format!("  {t}: {e:?}")).collect::<Vec<_>>().join("\n");
+        assert_eq!(
+            core_answers,
+            host_answers,
+            "the core (left) and topod (right) answer the owners differently at {now} s after:\n{}",
+            history()
+        );
         assert_eq!(
             seen,
             host_view,
             "the core (left) and topod (right) differ at {now} s after:\n{}",
-            script.iter().map(|(t, e)| format!("  {t}: {e:?}")).collect::<Vec<_>>().join("\n")
+            history()
         );
         // The next instant: a submit, an end, or a tick.
         let next_submit = jobs.get(next).map(|j| j.submit);
         let next_end = due.values().min().copied();
-        now = [next_submit, next_end, Some(now + tick)].into_iter().flatten().min().unwrap();
+        let next_owner = match &owners {
+            Some(Owners::At(at)) => at.iter().map(|(t, _)| *t).filter(|t| *t > now).min(),
+            _ => None,
+        };
+        now = [next_submit, next_end, next_owner, Some(now + tick)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap();
         assert!(script.len() < 100_000, "the script does not end");
     }
-    suspensions
+    counts
 }
 
 fn random_jobs(seed: u64, n: usize, cores: u32) -> Vec<ScriptJob> {
@@ -283,5 +459,64 @@ fn policy_agrees_over_random_scripts() {
             }
         }
         assert!(suspensions > 0, "the scripts preempt on {}", topo.source);
+    }
+}
+
+#[test]
+fn policy_agrees_when_owners_suspend_and_resume_their_jobs() {
+    let rule_sets = [
+        policy::Preempt { min_run: 60, max_suspensions: 2, min_xf: 1.5 },
+        policy::Preempt { min_run: 0, max_suspensions: 1, min_xf: 1.1 },
+    ];
+    let seeds: u64 = std::env::var("AGREE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let mut total = Counts::default();
+    for (topo, tick) in [(two_nodes_of_four(), 100), (small_topology(6), 37)] {
+        for rules in rule_sets {
+            for seed in 0..seeds {
+                let jobs = random_jobs(seed, 40, topo.pus.len() as u32);
+                let owners =
+                    Owners::Random { seed: seed + 1_000, suspend_one_in: 3, resume_one_in: 4 };
+                let c = agree_with_owners(&topo, rules, &jobs, tick, seed % 2 == 1, Some(owners));
+                total.preempted += c.preempted;
+                total.owners_done += c.owners_done;
+                total.owners_refused += c.owners_refused;
+                total.refused_holding += c.refused_holding;
+            }
+        }
+    }
+    eprintln!("{total:?}");
+    // The scripts did what they are for: owners' requests carried out and refused, and
+    // preemption among them.
+    assert!(total.preempted > 0 && total.owners_done > 0 && total.refused_holding > 0, "{total:?}");
+}
+
+/// The owner's dodge (issue 30): a job whose owner suspends and resumes it again and again
+/// must still be preempted as if its owner had never touched it: the owner's suspensions do not
+/// count toward `preempt_max_suspensions`, and a resume does not restart `preempt_min_run_s`.
+#[test]
+fn policy_agrees_that_an_owners_suspensions_do_not_shield_a_job_from_preemption() {
+    let rules = policy::Preempt { min_run: 300, max_suspensions: 1, min_xf: 2.0 };
+    // Job 0 holds the whole host; job 1, submitted at 1,295, reaches expansion factor 2 at 1,300,
+    // ten seconds after job 0's owner last resumed it.
+    let jobs = [
+        ScriptJob { submit: 0, cores: 8, estimate: 10_000 },
+        ScriptJob { submit: 1_295, cores: 8, estimate: 5 },
+    ];
+    let mut at = Vec::new();
+    for t in [100, 200, 1_280] {
+        at.push((t, Event::OwnerSuspend { job: 0 }));
+        at.push((t + 10, Event::OwnerResume { job: 0 }));
+    }
+    for deferred in [false, true] {
+        let c = agree_with_owners(
+            &two_nodes_of_four(),
+            rules,
+            &jobs,
+            5,
+            deferred,
+            Some(Owners::At(at.clone())),
+        );
+        assert_eq!((c.owners_done, c.owners_refused), (6, 0), "{c:?}");
+        assert_eq!(c.preempted, 1, "job 1 preempted job 0: {c:?}");
     }
 }
