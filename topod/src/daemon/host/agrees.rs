@@ -36,6 +36,16 @@ use topo_core::policy::{
 /// The uid of every job's owner in the scripts.
 const OWNER: u32 = 1_000;
 
+/// The time rule a script runs under, in both drivers.
+#[derive(Debug, Clone, Copy)]
+enum Rules {
+    /// Preemption, every job preemptible.
+    Preempt(policy::Preempt),
+    /// Gang time slicing, every job gang-scheduled: the batch system in front of topod takes
+    /// the first row where the job fits, as the core does, and tells topod that row.
+    Gang(policy::Gang),
+}
+
 /// One job of a script.
 #[derive(Debug, Clone, Copy)]
 struct ScriptJob {
@@ -74,12 +84,17 @@ struct TopodDriver {
 }
 
 impl TopodDriver {
-    fn new(topo: &Topology, rules: policy::Preempt, jobs: &[ScriptJob], deferred: bool) -> Self {
+    fn new(topo: &Topology, rules: Rules, jobs: &[ScriptJob], deferred: bool) -> Self {
         let fake = Fake::new(topo.allowed.clone(), topo.allowed_mems.clone());
         let mut host =
             Host::new(topo.clone(), CpuSet::new(), Box::new(fake), None, Strategy::BestFit)
                 .unwrap();
-        host.set_preempt(Some(rules));
+        match rules {
+            Rules::Preempt(rules) => host.set_preempt(Some(rules)),
+            Rules::Gang(gang) => {
+                host.set_gang(Some(GangConfig { gang, all_jobs: true, prime_queues: Vec::new() }))
+            }
+        }
         if deferred {
             host.defer_kernel_waits();
         }
@@ -112,11 +127,24 @@ impl TopodDriver {
                 Event::OwnerResume { job } => answers.push(self.owner_resumes(&name(job))),
             }
         }
-        // topod's own tick resumes what it can; then the queue's head is asked for, with the
-        // right to preempt, until one does not fit or one preempted (the core preempts once
-        // per instant).
+        // topod's own tick resumes what it can and switches gang slices; then the queue's head
+        // is asked for, with the right to preempt, until one does not fit or one preempted (the
+        // core preempts once per instant).
         self.host.resume_preempted();
         run_queued(&mut self.host);
+        if let Some(gang) = self.host.gang().map(|g| g.gang) {
+            self.host.gang_switch(self.host.now());
+            run_queued(&mut self.host);
+            while let Some(&head) = self.queue.front() {
+                if !self.start_in_a_row(head, gang.rows) {
+                    break;
+                }
+                self.queue.pop_front();
+            }
+            self.host.gang_switch(self.host.now());
+            run_queued(&mut self.host);
+            return answers;
+        }
         while let Some(&head) = self.queue.front() {
             let j = self.jobs[head as usize];
             let text = policy::cores_request(j.cores).to_string();
@@ -148,6 +176,26 @@ impl TopodDriver {
             }
         }
         answers
+    }
+
+    /// Asks topod for `head` in each gang row in turn, as a batch system that chose the first
+    /// row with room would; whether one took it.
+    fn start_in_a_row(&mut self, head: JobKey, rows: u32) -> bool {
+        let j = self.jobs[head as usize];
+        let text = policy::cores_request(j.cores).to_string();
+        let mut prepared = prepare(&self.host.topo, &text, None, None).unwrap();
+        for row in 0..rows {
+            prepared.gang = GangAsk { gang: Some(true), row: Some(row), ..GangAsk::default() };
+            match self.host.allocate_prepared(&name(head), &prepared, None, None) {
+                Ok(_) => {
+                    run_queued(&mut self.host);
+                    return true;
+                }
+                Err(HostError::DoesNotFit { .. }) => {}
+                Err(e) => panic!("job {head} in row {row}: {e}"),
+            }
+        }
+        false
     }
 
     /// The job's owner suspends it, as the server lets them (`Op::Suspend` for a peer that is
@@ -183,10 +231,16 @@ impl TopodDriver {
         answer
     }
 
+    /// What runs, and what does not: suspended, or frozen until its gang row's slice.
     fn view(&self) -> View {
+        let ledger = self.host.ledger();
         View {
-            running: self.host.ledger().jobs().map(|a| (key(&a.job), a.cpus.clone())).collect(),
-            suspended: self.host.ledger().suspended_jobs().map(|a| key(&a.job)).collect(),
+            running: ledger.jobs().map(|a| (key(&a.job), a.cpus.clone())).collect(),
+            suspended: ledger
+                .suspended_jobs()
+                .chain(ledger.gang_frozen_jobs())
+                .map(|a| key(&a.job))
+                .collect(),
         }
     }
 }
@@ -220,7 +274,7 @@ enum Owners {
 /// What happened, counted over a script.
 #[derive(Debug, Default, Clone, Copy)]
 struct Counts {
-    /// Suspensions by preemption.
+    /// Suspensions the policy decided: by preemption, or freezes for gang slices.
     preempted: usize,
     /// Owners' suspends and resumes carried out.
     owners_done: usize,
@@ -252,10 +306,22 @@ fn agree_with_owners(
     deferred: bool,
     owners: Option<Owners>,
 ) -> Counts {
+    agree_under(topo, Rules::Preempt(rules), jobs, tick, deferred, owners)
+}
+
+fn agree_under(
+    topo: &Topology,
+    rules: Rules,
+    jobs: &[ScriptJob],
+    tick: i64,
+    deferred: bool,
+    owners: Option<Owners>,
+) -> Counts {
     let model = Arc::new(place::HostModel::new(topo, &CpuSet::new()).unwrap());
-    let config = PolicyConfig {
-        preempt: Some(rules),
-        ..PolicyConfig::plain(QueueOrder::Fcfs, Strategy::BestFit)
+    let plain = PolicyConfig::plain(QueueOrder::Fcfs, Strategy::BestFit);
+    let config = match rules {
+        Rules::Preempt(rules) => PolicyConfig { preempt: Some(rules), ..plain },
+        Rules::Gang(gang) => PolicyConfig { gang: Some(gang), ..plain },
     };
     let mut core = PolicyCore::new(vec![model], config);
     let mut topod = TopodDriver::new(topo, rules, jobs, deferred);
@@ -323,7 +389,8 @@ fn agree_with_owners(
             events.push(Event::Tick);
         }
         script.push((now, events.clone()));
-        let actions = core.step(now, events.iter().copied()).unwrap();
+        // The core on the host's clock: gang slices are k·slice seconds since the epoch in both.
+        let actions = core.step(EPOCH + now, events.iter().copied()).unwrap();
         // The owners' answers come first, one per request, in order.
         let core_answers: Vec<Option<Refusal>> = asked
             .iter()
@@ -519,4 +586,23 @@ fn policy_agrees_that_an_owners_suspensions_do_not_shield_a_job_from_preemption(
         assert_eq!((c.owners_done, c.owners_refused), (6, 0), "{c:?}");
         assert_eq!(c.preempted, 1, "job 1 preempted job 0: {c:?}");
     }
+}
+
+/// Gang time slicing: the same jobs run, on the same CPUs, and the same wait frozen for their
+/// rows' slices, in both drivers, at every instant (slices change between instants, and jobs
+/// start in rows that are not running).
+#[test]
+fn policy_agrees_on_gang_slices() {
+    let seeds: u64 = std::env::var("AGREE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let mut freezes = 0;
+    for (topo, tick) in [(two_nodes_of_four(), 100), (small_topology(6), 37)] {
+        for gang in [policy::Gang { slice: 60, rows: 2 }, policy::Gang { slice: 250, rows: 3 }] {
+            for seed in 0..seeds {
+                let jobs = random_jobs(seed, 40, topo.pus.len() as u32);
+                let rules = Rules::Gang(gang);
+                freezes += agree_under(&topo, rules, &jobs, tick, seed % 2 == 1, None).preempted;
+            }
+        }
+    }
+    assert!(freezes > 0, "the scripts freeze jobs for their slices");
 }
