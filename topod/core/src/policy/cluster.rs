@@ -132,8 +132,10 @@
 //! runs on CPUs a job suspended by preemption waits for may not be stopped so (it would keep
 //! that job suspended as long as its owner liked), and a job suspended by preemption resumes
 //! neither by its owner's word nor onto CPUs another suspended job holds. topod decides each of
-//! these the same way (the differential test in `topod::daemon::host::agrees`). Gang-scheduled
-//! and malleable jobs' owners' suspensions are not modelled (refused with an error).
+//! these the same way (the differential test in `topod::daemon::host::agrees`). A gang job
+//! stopped so keeps its place in its row but leaves the row's turns (other rows' jobs may run on
+//! its CPUs in its slices), and goes back to them when resumed. Malleable jobs' owners' suspensions are not modelled (refused
+//! with an error).
 
 use super::*;
 use crate::cpuset::CpuSet;
@@ -570,13 +572,13 @@ pub enum PolicyError {
         /// The job.
         job: JobKey,
     },
-    /// An owner's suspension of a job the core does not model it for: a gang-scheduled job
-    /// (its row's slices) or a malleable one (equipartition would grow others into its CPUs).
+    /// An owner's suspension of a job the core does not model it for: a malleable one
+    /// (equipartition would grow others into its CPUs).
     #[error("job {job} is {kind}: the policy core does not model its owner's suspension")]
     OwnerSuspensionNotModelled {
         /// The job.
         job: JobKey,
-        /// "gang-scheduled" or "malleable".
+        /// What kind of job it is ("malleable").
         kind: &'static str,
     },
 }
@@ -1180,12 +1182,6 @@ impl PolicyCore {
             None | Some(Slot::Unknown) => return Err(PolicyError::OwnerOfUnknownJob { job }),
             Some(Slot::Waiting(..) | Slot::Suspended(_)) => Some(Refusal::NotRunning),
             Some(Slot::Running(r)) => {
-                if self.config.gang.is_some() || r.row != 0 || r.frozen {
-                    return Err(PolicyError::OwnerSuspensionNotModelled {
-                        job,
-                        kind: "gang-scheduled",
-                    });
-                }
                 if r.flex.is_some() {
                     return Err(PolicyError::OwnerSuspensionNotModelled { job, kind: "malleable" });
                 }
@@ -1196,12 +1192,21 @@ impl PolicyCore {
             actions.push(Action::Refused { job, why });
             return Ok(());
         }
-        let Slot::Running(r) = std::mem::replace(&mut self.jobs[job as usize], Slot::Unknown)
+        let Slot::Running(mut r) = std::mem::replace(&mut self.jobs[job as usize], Slot::Unknown)
         else {
             unreachable!("checked running above");
         };
         self.ends.remove(&(r.estimated_end, job));
-        self.give_back(0, &r.parts);
+        if self.config.gang.is_some() {
+            // A gang job keeps its place in its row and leaves the row's turns (frozen or
+            // not): the other rows' jobs may run on its CPUs in its slices (the instant's gang
+            // switch), as topod's ledger has it.
+            if std::mem::take(&mut r.frozen) {
+                self.frozen -= 1;
+            }
+        } else {
+            self.give_back(r.row, &r.parts);
+        }
         let remaining = (r.estimated_end - self.now).max(0);
         // Nothing is held for it: every job may borrow its CPUs (its resume waits for them).
         let resume_by = Time::MAX;
@@ -1212,14 +1217,17 @@ impl PolicyCore {
         Ok(())
     }
 
-    /// [`Event::OwnerResume`]: the job takes its own CPUs back when no running job holds them.
-    /// It counts as running since its start (or its last resume after preemption) for
-    /// [`Preempt::min_run`], so that an owner's suspend and resume never shield it.
+    /// [`Event::OwnerResume`]: the job takes its own CPUs back when no running job holds them;
+    /// a gang job, which kept them in its row, goes back to taking turns (the instant's gang
+    /// switch freezes it again when the slice is not its row's). It counts as running since
+    /// its start (or its last resume after preemption) for [`Preempt::min_run`], so that an
+    /// owner's suspend and resume never shield it.
     fn owner_resume(&mut self, job: JobKey, actions: &mut Vec<Action>) -> Result<(), PolicyError> {
         let why = match self.jobs.get(job as usize) {
             None | Some(Slot::Unknown) => return Err(PolicyError::OwnerOfUnknownJob { job }),
             Some(Slot::Waiting(..) | Slot::Running(_)) => Some(Refusal::NotSuspended),
             Some(Slot::Suspended(s)) if !s.by_owner => Some(Refusal::SuspendedByPolicy),
+            Some(Slot::Suspended(_)) if self.config.gang.is_some() => None,
             Some(Slot::Suspended(s)) => (!self.free_again(&s.run)).then_some(Refusal::Lent),
         };
         if let Some(why) = why {
@@ -1265,8 +1273,10 @@ impl PolicyCore {
             return;
         };
         let mut run = s.run;
-        for p in &run.parts {
-            self.take(0, p.host, &p.placement);
+        if self.config.gang.is_none() {
+            for p in &run.parts {
+                self.take(0, p.host, &p.placement);
+            }
         }
         run.estimated_end = self.now.saturating_add(s.remaining);
         if !s.by_owner {
@@ -3360,6 +3370,34 @@ pub(crate) mod tests {
         c.step(21, [Event::End { job: 2 }]).unwrap();
         assert_eq!(c.next_wakeup(), None);
         assert_eq!(c.busy_procs(), 2);
+    }
+
+    #[test]
+    fn a_gang_job_its_owner_stops_keeps_its_row_place_and_lends_its_slices() {
+        let mut c = gang(flat(1, 2), QueueOrder::Fcfs, 10, 2);
+        c.step(0, [submit(0, 2, 100)]).unwrap();
+        c.step(3, [submit(1, 2, 100)]).unwrap();
+        // Job 0 (row 0) is stopped by its owner in its own slice: job 1 (row 1) runs on.
+        let a = c.step(5, [Event::OwnerSuspend { job: 0 }]).unwrap();
+        assert_eq!(a, vec![Action::Suspend { job: 0 }, Action::Resume { job: 1 }]);
+        // Row 0 keeps job 0's place: a job of two processors still finds no row with room.
+        assert!(c.step(6, [submit(2, 2, 10)]).unwrap().is_empty());
+        // Slices pass without switching; stopping the frozen job 1 too leaves nothing running.
+        assert!(c.step(10, [Event::Tick]).unwrap().is_empty());
+        assert!(c.step(20, [Event::Tick]).unwrap().is_empty());
+        assert_eq!(
+            c.step(21, [Event::OwnerSuspend { job: 1 }]).unwrap(),
+            vec![Action::Suspend { job: 1 }]
+        );
+        assert_eq!(c.busy_procs(), 0);
+        // Resumed in row 1's slice: job 0 goes back to its turns, frozen at once; job 1 runs.
+        let a = c.step(32, [Event::OwnerResume { job: 0 }, Event::OwnerResume { job: 1 }]).unwrap();
+        assert_eq!(
+            a,
+            vec![Action::Resume { job: 0 }, Action::Resume { job: 1 }, Action::Suspend { job: 0 }]
+        );
+        let a = c.step(40, [Event::Tick]).unwrap();
+        assert_eq!(a, vec![Action::Suspend { job: 1 }, Action::Resume { job: 0 }]);
     }
 
     /// Each job's CPUs per host, and whether it runs now.

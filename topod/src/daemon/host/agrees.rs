@@ -209,7 +209,10 @@ impl TopodDriver {
             Err(e) => return Some(refusal(job, e)),
         };
         let outcome = ticket.run();
-        self.host.finish_suspend(ticket, outcome).err().map(|e| refusal(job, e))
+        let answer = self.host.finish_suspend(ticket, outcome).err().map(|e| refusal(job, e));
+        // What the suspension set off (a gang switch onto its CPUs), as the server settles it.
+        run_queued(&mut self.host);
+        answer
     }
 
     /// The job's owner resumes it, as the server lets them (`Op::Resume`): only a suspension
@@ -234,6 +237,15 @@ impl TopodDriver {
     /// What runs, and what does not: suspended, or frozen until its gang row's slice.
     fn view(&self) -> View {
         let ledger = self.host.ledger();
+        if std::env::var_os("AGREE_DEBUG").is_some() {
+            let rows: Vec<_> = ledger
+                .jobs()
+                .chain(ledger.suspended_jobs())
+                .chain(ledger.gang_frozen_jobs())
+                .map(|a| (a.job.clone(), a.gang_row))
+                .collect();
+            eprintln!("  topod rows {rows:?}");
+        }
         View {
             running: ledger.jobs().map(|a| (key(&a.job), a.cpus.clone())).collect(),
             suspended: ledger
@@ -347,10 +359,17 @@ fn agree_under(
         let mut events = Vec::new();
         match &owners {
             Some(Owners::Random { suspend_one_in, resume_one_in, .. }) => {
-                let running: Vec<JobKey> =
-                    seen.running.keys().copied().filter(|j| due[j] > now).collect();
-                if !running.is_empty() && rng.below(*suspend_one_in) == 0 {
-                    let job = running[rng.below(running.len() as u64) as usize];
+                // A job that runs, or that the policy stopped (preempted, or frozen for its
+                // gang slice).
+                let stoppable: Vec<JobKey> = seen
+                    .running
+                    .keys()
+                    .copied()
+                    .filter(|j| due[j] > now)
+                    .chain(seen.suspended.iter().copied().filter(|j| !by_owner.contains(j)))
+                    .collect();
+                if !stoppable.is_empty() && rng.below(*suspend_one_in) == 0 {
+                    let job = stoppable[rng.below(stoppable.len() as u64) as usize];
                     events.push(Event::OwnerSuspend { job });
                 }
                 for &job in &seen.suspended {
@@ -426,10 +445,13 @@ fn agree_under(
                 }
                 Action::Suspend { job } => {
                     counts.preempted += usize::from(i >= asked.len());
-                    // It keeps its CPUs for its resume.
-                    own.insert(job, seen.running.remove(&job).unwrap());
-                    seen.suspended.insert(job);
-                    left.insert(job, due.remove(&job).unwrap() - now);
+                    // It keeps its CPUs for its resume. (Its owner may stop a job frozen for
+                    // its gang slice: it does not run either way.)
+                    if let Some(cpus) = seen.running.remove(&job) {
+                        own.insert(job, cpus);
+                        seen.suspended.insert(job);
+                        left.insert(job, due.remove(&job).unwrap() - now);
+                    }
                 }
                 Action::Resume { job } => {
                     seen.suspended.remove(&job);
@@ -590,19 +612,25 @@ fn policy_agrees_that_an_owners_suspensions_do_not_shield_a_job_from_preemption(
 
 /// Gang time slicing: the same jobs run, on the same CPUs, and the same wait frozen for their
 /// rows' slices, in both drivers, at every instant (slices change between instants, and jobs
-/// start in rows that are not running).
+/// start in rows that are not running); also while the jobs' owners stop and start them.
 #[test]
 fn policy_agrees_on_gang_slices() {
     let seeds: u64 = std::env::var("AGREE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
-    let mut freezes = 0;
+    let (mut freezes, mut owners_done) = (0, 0);
     for (topo, tick) in [(two_nodes_of_four(), 100), (small_topology(6), 37)] {
         for gang in [policy::Gang { slice: 60, rows: 2 }, policy::Gang { slice: 250, rows: 3 }] {
             for seed in 0..seeds {
                 let jobs = random_jobs(seed, 40, topo.pus.len() as u32);
                 let rules = Rules::Gang(gang);
                 freezes += agree_under(&topo, rules, &jobs, tick, seed % 2 == 1, None).preempted;
+                // And with the jobs' owners stopping and starting them.
+                let owners =
+                    Owners::Random { seed: seed + 2_000, suspend_one_in: 3, resume_one_in: 4 };
+                let c = agree_under(&topo, rules, &jobs, tick, seed % 2 == 0, Some(owners));
+                owners_done += c.owners_done;
             }
         }
     }
     assert!(freezes > 0, "the scripts freeze jobs for their slices");
+    assert!(owners_done > 0, "the owners stop and start gang jobs");
 }
