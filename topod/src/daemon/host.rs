@@ -152,6 +152,14 @@ pub enum HostError {
         /// Which CPUs, held for which job.
         why: String,
     },
+    /// An owner's resume of a job whose CPUs a job suspended by preemption waits for.
+    #[error("job {job} stays suspended: {why}; that job resumes first (a suspension by the job's owner may not keep a job suspended by preemption waiting; root, an administrator or the batch system may still resume it)")]
+    WaitedFor {
+        /// The job.
+        job: String,
+        /// Which CPUs, waited for by which job.
+        why: String,
+    },
     /// An argument out of its range (not the request).
     #[error("{0}")]
     BadArgument(String),
@@ -1092,7 +1100,21 @@ impl Host {
             return self.allocated(&id, prepared, (mem_limit, owner_uid), None, asked, placed);
         }
         let rows = self.gang_rows_for(job, &prepared.gang)?;
+        // A malleable arrival starts at its share: the malleable jobs first shrink to the shares
+        // equipartition gives them beside it, so that it is placed whole at its size (one
+        // placement, no grow right after), as the policy core starts one.
+        let shrunk_for_it = rows.is_none()
+            && self.equipartition
+            && prepared.request.is_malleable()
+            && match self.fits_with_mins(job, prepared, owner_uid) {
+                Some(arrival @ space::Arrival::Malleable(_)) => self.shrink_for_arrival(arrival),
+                _ => false,
+            };
         let mut first = self.place_and_create(&id, prepared, mem_limit, owner_uid, rows.as_deref());
+        if first.is_err() && shrunk_for_it {
+            // They take back what it did not: shared again without it.
+            self.rebalance();
+        }
         let could_fit = |r: &Result<(), HostError>| {
             matches!(r, Err(HostError::DoesNotFit { source, .. })
                 if !matches!(source, place::PlaceError::Impossible(_)))
@@ -1633,10 +1655,19 @@ impl Host {
         Ok(topo_core::proto::reply::Suspend { job, cpus, frozen_after_us: ticket.micros() })
     }
 
-    /// Starts resuming `job`: its CPUs are taken back now (refused while another job runs on
-    /// any of them), then the caller runs the ticket and calls [`Host::finish_resume`].
-    pub fn begin_resume(&mut self, job: &str) -> Result<FreezeTicket, HostError> {
+    /// Starts resuming `job` (`by` its owner, or else by root, an administrator or the batch
+    /// system): its CPUs are taken back now (refused while another job runs on any of them),
+    /// then the caller runs the ticket and calls [`Host::finish_resume`].
+    pub fn begin_resume(&mut self, job: &str, by: Option<u32>) -> Result<FreezeTicket, HostError> {
         let id = self.check_changeable(job)?;
+        // Its owner takes back no CPU a job suspended by preemption waits for (it ran there on
+        // CPUs this job lent): that job would wait as long as this one ran, and this one could
+        // then not be preempted.
+        if by.is_some() && self.ledger.is_suspended(job) {
+            if let Some(why) = self.holds_for_preempted(job) {
+                return Err(HostError::WaitedFor { job: job.to_string(), why });
+            }
+        }
         if self.ledger.is_suspended(job)
             && self.ledger.get(job).is_some_and(|a| a.gang_row.is_some())
         {
@@ -1780,7 +1811,7 @@ impl Host {
 
     /// Resumes `job` under the caller's lock.
     pub fn resume(&mut self, job: &str) -> Result<topo_core::proto::reply::Resume, HostError> {
-        let ticket = self.begin_resume(job)?;
+        let ticket = self.begin_resume(job, None)?;
         let outcome = ticket.run();
         self.finish_resume(ticket, outcome)
     }

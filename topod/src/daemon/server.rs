@@ -353,9 +353,9 @@ impl Server {
     }
 
     /// Resumes `job` (the protocol's `resume`); its CPUs are taken back before it thaws.
-    pub fn resume(&self, job: &str) -> Result<proto::reply::Resume, HostError> {
+    pub fn resume(&self, job: &str, by: Option<u32>) -> Result<proto::reply::Resume, HostError> {
         let _counted = self.start_change(job)?;
-        let ticket = self.begin_settled(|host| host.begin_resume(job))?;
+        let ticket = self.begin_settled(|host| host.begin_resume(job, by))?;
         let outcome = ticket.run();
         let done = self.lock().finish_resume(ticket, outcome);
         self.settle();
@@ -905,7 +905,7 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
                     return error_reply(&HostError::ForeignProcess { job, pid, uid });
                 }
             }
-            match server.resume(&job) {
+            match server.resume(&job, (!admin).then_some(peer.uid)) {
                 Ok(reply) => ok(reply),
                 Err(e) => error_reply(&e),
             }
@@ -1044,9 +1044,9 @@ fn ok(value: impl serde::Serialize) -> Reply {
 /// The reply for a refused or failed host operation.
 pub fn error_reply(e: &HostError) -> Reply {
     let code = match e {
-        HostError::ForeignProcess { .. } | HostError::HoldsForPreempted { .. } => {
-            ErrorCode::Forbidden
-        }
+        HostError::ForeignProcess { .. }
+        | HostError::HoldsForPreempted { .. }
+        | HostError::WaitedFor { .. } => ErrorCode::Forbidden,
         HostError::BadJob(_)
         | HostError::AlreadyAllocated { .. }
         | HostError::BadPid(_)

@@ -45,8 +45,10 @@
 //! number of processors in its range (for `p` processors asked, `ceil(p / min_divisor)` to `p`)
 //! and is resized while it runs. On each host the malleable jobs share the cores its rigid jobs
 //! leave by equipartition ([`crate::malleable::equipartition`], one task per core, ties by the
-//! order the jobs started in), rebalanced after every instant in which a job started or ended
-//! there. Multi-host jobs stay rigid, as does a job whose range is one size.
+//! order the jobs started in), rebalanced when a job ends there (before the instant's starts,
+//! as topod shares out what a release frees before it hears of the next job) and after every
+//! instant in which one started there. Multi-host jobs stay rigid, as does a job whose range is
+//! one size.
 //!
 //! - **Work.** A malleable job's estimate is for its `p` processors: `estimate × p`
 //!   processor-seconds, which drain at the rate of the processors it holds (linear speedup), so
@@ -66,8 +68,11 @@
 //!   started around the head delays it by shrinking one.
 //! - **CPUs.** A shrink keeps a job's first tasks where they are and frees the others; a grow
 //!   places the new tasks in the host's free cores with the job's own request
-//!   ([`place::resize`]). The driver is told by [`Action::Resize`]: shrinks as they happen
-//!   (before any start that uses the cores they free), grows once the instant's starts are done.
+//!   ([`place::resize`]). The driver is told by [`Action::Resize`]: the grows into what the
+//!   instant's ends freed first, then shrinks as they happen (before any start that uses the
+//!   cores they free), then the grows once the instant's starts are done. A malleable job that
+//!   starts is placed whole at its share (the others shrunk to theirs first), as topod starts
+//!   one. The differential test `topod::daemon::host::agrees` holds the core to topod's CPUs.
 //!
 //! Malleable jobs are not combined with preemption or gang slicing (a suspended job's CPUs would
 //! be grown into, and rows would share what equipartition divides): with either set, every job
@@ -124,18 +129,23 @@
 //!
 //! ## Suspensions that are not the policy's
 //!
-//! A job's owner (or an administrator) may stop a running job and start it again
-//! ([`Event::OwnerSuspend`], [`Event::OwnerResume`]), as `topoctl suspend` and `bstop` do on a
-//! live host. Its CPUs may then go to any job; its resume waits until no running job holds
-//! them. Such a suspension is not counted toward [`Preempt::max_suspensions`] and its resume does
-//! not restart [`Preempt::min_run`], so that it never shields a job from preemption; a job that
-//! runs on CPUs a job suspended by preemption waits for may not be stopped so (it would keep
-//! that job suspended as long as its owner liked), and a job suspended by preemption resumes
-//! neither by its owner's word nor onto CPUs another suspended job holds. topod decides each of
-//! these the same way (the differential test in `topod::daemon::host::agrees`). A gang job
-//! stopped so keeps its place in its row but leaves the row's turns (other rows' jobs may run on
-//! its CPUs in its slices), and goes back to them when resumed. Malleable jobs' owners' suspensions are not modelled (refused
-//! with an error).
+//! A job's owner may stop their running job and start it again ([`Event::OwnerSuspend`],
+//! [`Event::OwnerResume`]), as `topoctl suspend` and `resume` do on a live host. Its CPUs may
+//! then go to any job; its resume waits until no running job holds them. The rules that keep an
+//! owner from gaming preemption, or from holding another user's job:
+//!
+//! - the owner's suspension does not count toward [`Preempt::max_suspensions`], and its resume
+//!   does not restart [`Preempt::min_run`]: it never shields a job from preemption;
+//! - a job that runs on CPUs a job suspended by preemption waits for may not be stopped so (it
+//!   would keep that job suspended as long as its owner liked);
+//! - a job suspended by preemption resumes (by the policy, never by its owner) as soon as its
+//!   CPUs are free of running jobs, also onto those of a job its owner stopped, whose resume is
+//!   refused while a job suspended by preemption waits for any of its CPUs.
+//!
+//! A gang job stopped so keeps its place in its row but leaves the row's turns (other rows' jobs
+//! may run on its CPUs in its slices), and goes back to them when resumed. Malleable jobs'
+//! owners' suspensions are not modelled (refused with an error). topod decides each of these the
+//! same way (the differential test `topod::daemon::host::agrees`).
 
 use super::*;
 use crate::cpuset::CpuSet;
@@ -434,7 +444,8 @@ pub enum Event {
         job: JobKey,
     },
     /// The owner resumes the job they suspended, on its own CPUs. Refused ([`Action::Refused`])
-    /// while a running job holds any of them, and for a job the owner did not suspend.
+    /// for a job the owner did not suspend, while a job suspended by preemption waits for any of
+    /// its CPUs, and while a running job holds any of them.
     OwnerResume {
         /// The job.
         job: JobKey,
@@ -462,6 +473,10 @@ pub enum Refusal {
     /// A resume while a running job holds some of its CPUs.
     #[error("some of the job's CPUs are lent to a running job")]
     Lent,
+    /// A resume of a job some of whose CPUs a job suspended by preemption waits for (it ran on
+    /// them while they were lent): that job resumes first.
+    #[error("a job suspended by preemption waits for some of the job's CPUs")]
+    WaitedFor,
 }
 
 /// One host's share of a started job.
@@ -1094,13 +1109,16 @@ impl PolicyCore {
 
     /// Applies the events of the instant `now` (all of them before deciding anything, so that
     /// two jobs ending at once free their processors together), then decides. Returns what to
-    /// do. An event the core cannot take is refused with nothing changed by it; the events
-    /// before it in the batch stay applied, and no decision is made.
+    /// do. When the core cannot take one of the events, the whole batch is refused with that
+    /// event's error and nothing changed (not even the clock), so that no action taken on an
+    /// event before it goes untold.
     pub fn step(
         &mut self,
         now: Time,
         events: impl IntoIterator<Item = Event>,
     ) -> Result<Vec<Action>, PolicyError> {
+        let events: Vec<Event> = events.into_iter().collect();
+        self.check_events(&events)?;
         self.now = self.now.max(now);
         let mut actions = Vec::new();
         for event in events {
@@ -1114,6 +1132,52 @@ impl PolicyCore {
         }
         self.schedule(&mut actions);
         Ok(actions)
+    }
+
+    /// Whether every event of a batch can be taken, in order (a job submitted earlier in the
+    /// batch is known to the later events, one ended is not): the first that cannot, as its
+    /// error.
+    fn check_events(&self, events: &[Event]) -> Result<(), PolicyError> {
+        // Jobs whose being known the batch changed so far: submitted (true) or ended (false).
+        let mut changed: BTreeMap<JobKey, bool> = BTreeMap::new();
+        let known = |changed: &BTreeMap<JobKey, bool>, job: JobKey| {
+            changed.get(&job).copied().unwrap_or_else(|| {
+                !matches!(self.jobs.get(job as usize), None | Some(Slot::Unknown))
+            })
+        };
+        for event in events {
+            match *event {
+                Event::Submit { job, spec } => {
+                    self.admissible(job, spec)?;
+                    if known(&changed, job) {
+                        return Err(PolicyError::Duplicate { job });
+                    }
+                    changed.insert(job, true);
+                }
+                Event::End { job } => {
+                    if !known(&changed, job) {
+                        return Err(PolicyError::UnknownJob { job });
+                    }
+                    changed.insert(job, false);
+                }
+                Event::OwnerSuspend { job } | Event::OwnerResume { job } => {
+                    if !known(&changed, job) {
+                        return Err(PolicyError::OwnerOfUnknownJob { job });
+                    }
+                    let suspend = matches!(event, Event::OwnerSuspend { .. });
+                    if let (true, None, Some(Slot::Running(r))) =
+                        (suspend, changed.get(&job), self.jobs.get(job as usize))
+                    {
+                        if r.flex.is_some() {
+                            let kind = "malleable";
+                            return Err(PolicyError::OwnerSuspensionNotModelled { job, kind });
+                        }
+                    }
+                }
+                Event::Tick => {}
+            }
+        }
+        Ok(())
     }
 
     fn slot(&mut self, job: JobKey) -> &mut Slot {
@@ -1228,6 +1292,7 @@ impl PolicyCore {
             Some(Slot::Waiting(..) | Slot::Running(_)) => Some(Refusal::NotSuspended),
             Some(Slot::Suspended(s)) if !s.by_owner => Some(Refusal::SuspendedByPolicy),
             Some(Slot::Suspended(_)) if self.config.gang.is_some() => None,
+            Some(Slot::Suspended(s)) if self.waited_for(job, &s.run) => Some(Refusal::WaitedFor),
             Some(Slot::Suspended(s)) => (!self.free_again(&s.run)).then_some(Refusal::Lent),
         };
         if let Some(why) = why {
@@ -1250,16 +1315,18 @@ impl PolicyCore {
         })
     }
 
-    /// Whether another suspended job holds some of `run`'s CPUs.
+    /// Whether a job suspended by preemption waits for some of `run`'s CPUs.
+    fn waited_for(&self, job: JobKey, run: &Running) -> bool {
+        self.suspended.iter().filter(|&&o| o != job).any(|&o| match &self.jobs[o as usize] {
+            Slot::Suspended(other) if !other.by_owner => overlap(&run.parts, &other.run.parts),
+            _ => false,
+        })
+    }
+
+    /// Whether another suspended job, not one its owner suspended, holds some of `run`'s CPUs.
     fn shares_cpus_with_suspended(&self, job: JobKey, run: &Running) -> bool {
         self.suspended.iter().filter(|&&o| o != job).any(|&o| match &self.jobs[o as usize] {
-            Slot::Suspended(other) => run.parts.iter().any(|p| {
-                other
-                    .run
-                    .parts
-                    .iter()
-                    .any(|q| q.host == p.host && q.placement.cpus.intersects(&p.placement.cpus))
-            }),
+            Slot::Suspended(other) if !other.by_owner => overlap(&run.parts, &other.run.parts),
             _ => false,
         })
     }
@@ -1296,6 +1363,10 @@ impl PolicyCore {
 
     fn schedule(&mut self, actions: &mut Vec<Action>) {
         self.open_windows(actions);
+        // What the instant's ends freed goes to the malleable jobs beside them first, as topod
+        // shares it out at a release, before it hears of the jobs the batch system starts next
+        // (their starts shrink them again).
+        self.rebalance_dirty(actions);
         self.resume_what_fits(actions);
         while let Some(&head) = self.queue.front() {
             let spec = self.spec(head);
@@ -1702,8 +1773,9 @@ impl PolicyCore {
             }));
         for job in order {
             let Slot::Suspended(s) = &self.jobs[job as usize] else { continue };
-            // Not onto CPUs another suspended job holds (one its owner suspended after lending
-            // them): it would find them taken on its resume. topod decides so too.
+            // Not onto CPUs another suspended job holds that the policy does not: it would find
+            // them taken on its resume. A job its owner suspended holds nothing (its resume
+            // waits for this one instead). topod decides so too.
             if !self.free_again(&s.run) || self.shares_cpus_with_suspended(job, &s.run) {
                 continue;
             }
@@ -2450,6 +2522,24 @@ impl PolicyCore {
         (occ, preferred)
     }
 
+    /// `occupancy` with the open prime-time pool and every block on `host` kept out (as
+    /// fenced): where any job may go.
+    fn strict_view(&self, host: HostId, occupancy: &Occupancy) -> Occupancy {
+        let mut strict = occupancy.clone();
+        if self.pools_open {
+            if let Some(pool) = self.pools.get(host as usize) {
+                strict.fenced.union_with(&pool.cpus);
+            }
+        }
+        if let Some(b) = &self.blocks {
+            for (_, _, r) in b.on.iter().filter(|(h, ..)| *h == host) {
+                strict.fenced.union_with(&r.cpus);
+            }
+        }
+        strict.fenced.difference_with(&strict.held);
+        strict
+    }
+
     /// Places `request` for `job` on `host` in its view: inside each preferred set where it fits
     /// there, else anywhere the view allows.
     fn place_in_view(
@@ -2706,17 +2796,42 @@ impl PolicyCore {
                 })
                 .collect();
             let model = &self.hosts[host as usize].model;
-            defrag::plan_moves(
-                model,
-                &occupancy,
-                &movables,
-                request,
-                self.config.strategy,
-                rules.limits,
-            )?
+            // First with the open pool and every block kept out for all (a plan that moves no
+            // job where it may not go); failing that, in this job's view, the moves checked
+            // below. topod plans so too (`space.rs`).
+            let strict = self.strict_view(host, &occupancy);
+            let plan = |occ: &Occupancy| {
+                defrag::plan_moves(
+                    model,
+                    occ,
+                    &movables,
+                    request,
+                    self.config.strategy,
+                    rules.limits,
+                )
+            };
+            plan(&strict).or_else(|| plan(&occupancy))?
         };
-        // The moved jobs were placed in this job's view: outside the blocks and pools it must
-        // avoid, which is no place they may not be.
+        // Each moved job must land where it may go itself: outside the open pool when it does
+        // not admit it, and outside the blocks reserved for another job. (What the arriving job
+        // and the other moved jobs leave is the plan's own business.)
+        for m in &plan.moves {
+            let Some(Slot::Running(r)) = self.jobs.get(m.key as usize) else { return None };
+            let (mut own, _) = self.view(host, m.key, self.admits(&r.spec));
+            let old = here.iter().find(|(k, ..)| *k == m.key).map(|(_, p, ..)| p)?;
+            own.held.difference_with(&old.cpus);
+            own.fenced.difference_with(&old.fenced);
+            let mut barred = own.fenced.intersection(&m.placement.cpus);
+            barred.union_with(&own.held.intersection(&m.placement.cpus));
+            for (_, other, ..) in
+                here.iter().filter(|(k, ..)| plan.moves.iter().any(|o| o.key == *k))
+            {
+                barred.difference_with(&other.cpus);
+            }
+            if !barred.is_empty() {
+                return None;
+            }
+        }
         let moves = plan.moves.into_iter().map(|m| (m.key, m.placement)).collect();
         self.move_parts(host, moves, MoveReason::Defrag, actions);
         Some(plan.placement)
@@ -2952,6 +3067,13 @@ impl PolicyCore {
             }
         }
     }
+}
+
+/// Whether two jobs' parts share a CPU on some host.
+fn overlap(a: &[Part], b: &[Part]) -> bool {
+    a.iter().any(|p| {
+        b.iter().any(|q| q.host == p.host && q.placement.cpus.intersects(&p.placement.cpus))
+    })
 }
 
 /// The allocatable cores of `model` a placement uses or fences, whole or in part.
@@ -3194,8 +3316,11 @@ pub(crate) mod tests {
         assert_eq!(a[0], Action::Suspend { job: 0 }, "{a:?}");
         assert_eq!(started(&a), vec![2]);
         // The owner may neither resume what preemption suspended nor stop its preemptor.
+        // A batch with an event the core cannot take changes nothing (the resume and the
+        // suspend before it are not carried out untold).
         let a = c.step(1_310, [resume(0), suspend(2), suspend(3)]);
         assert_eq!(a, Err(PolicyError::OwnerOfUnknownJob { job: 3 }));
+        assert_eq!((c.suspended_len(), c.running_len()), (1, 1));
         let a = c.step(1_310, [resume(0), suspend(2), submit(3, 1, 10), suspend(3)]).unwrap();
         assert_eq!(
             a,
@@ -3208,6 +3333,10 @@ pub(crate) mod tests {
         // Ended while its owner had it stopped: its CPUs were not held by it.
         let a = c.step(2_300, [Event::End { job: 2 }]).unwrap();
         assert_eq!(a[0], Action::Resume { job: 0 }, "{a:?}");
+        // Refused whole: job 0 is not suspended by the first event untold.
+        let a = c.step(2_310, [suspend(0), Event::End { job: 99 }]);
+        assert_eq!(a, Err(PolicyError::UnknownJob { job: 99 }));
+        assert_eq!(c.suspended_len(), 0);
         c.step(2_400, [Event::End { job: 3 }, suspend(0)]).unwrap();
         c.step(2_500, [Event::End { job: 0 }]).unwrap();
         assert_eq!((c.suspended_len(), c.free_procs()), (0, 4));
@@ -3534,10 +3663,10 @@ pub(crate) mod tests {
         let a = c.step(1, [submit_malleable(1, 8, 100), submit_malleable(2, 4, 100)]).unwrap();
         assert_eq!(sizes(&a), vec![("start", 1, 2)]);
         assert_eq!((c.free_procs(), c.busy_procs(), c.queue_len()), (0, 8, 1));
-        // Job 0 ends: job 2 starts, and the two share the 8 equally (job 1 grows to 4 after the
-        // start: grows come once the instant's starts are done).
+        // Job 0 ends: job 1 takes what it freed (as topod grows it at the release, before the
+        // batch system starts the next job), then job 2 starts and the two share the 8 equally.
         let a = c.step(50, [Event::End { job: 0 }]).unwrap();
-        assert_eq!(sizes(&a), vec![("start", 2, 4), ("resize", 1, 4)]);
+        assert_eq!(sizes(&a), vec![("resize", 1, 8), ("resize", 1, 4), ("start", 2, 4)]);
         assert_eq!(c.malleable_on(0), vec![(1, 4), (2, 4)]);
         // Their least sizes (2 and 1) are all a starting job cannot have.
         assert_eq!((c.free_procs(), c.busy_procs()), (5, 8));
@@ -3976,7 +4105,11 @@ pub(crate) mod tests {
                     });
                     // New CPUs on a pool in a window: none (a shrink keeps old ones).
                     let new = p.placement.cpus.difference(&before.unwrap_or_default());
-                    assert!(!new.intersects(&c.pool_cpus(p.host)), "job {job} at {t}: {spec:?}");
+                    assert!(
+                        !new.intersects(&c.pool_cpus(p.host)),
+                        "job {job} at {t}: {spec:?} moved {moved} new {new} pool {}",
+                        c.pool_cpus(p.host)
+                    );
                 }
             }
             held.insert(job, (cpus_by_host(&parts), spec));

@@ -44,6 +44,19 @@ enum Rules {
     /// Gang time slicing, every job gang-scheduled: the batch system in front of topod takes
     /// the first row where the job fits, as the core does, and tells topod that row.
     Gang(policy::Gang),
+    /// Equipartition of the CPUs rigid jobs leave among the malleable jobs (every even-numbered
+    /// job malleable, in the range `Malleability` gives it: `*min-max` for topod).
+    Malleable(policy::Malleability),
+}
+
+impl Rules {
+    /// The task range the job asks for: `(min, max)`, equal for a rigid job.
+    fn range(&self, job: JobKey, cores: u32) -> (u32, u32) {
+        match self {
+            Rules::Malleable(m) if job % 2 == 0 => m.range(cores),
+            _ => (cores, cores),
+        }
+    }
 }
 
 /// One job of a script.
@@ -81,6 +94,7 @@ struct TopodDriver {
     /// Whether the host queues its freezes and thaws, as under the server (which runs them
     /// without the lock, then asks a preempting allocate again), or runs them at once.
     deferred: bool,
+    rules: Rules,
 }
 
 impl TopodDriver {
@@ -94,6 +108,7 @@ impl TopodDriver {
             Rules::Gang(gang) => {
                 host.set_gang(Some(GangConfig { gang, all_jobs: true, prime_queues: Vec::new() }))
             }
+            Rules::Malleable(_) => host.set_equipartition(true),
         }
         if deferred {
             host.defer_kernel_waits();
@@ -103,7 +118,7 @@ impl TopodDriver {
         host.set_clock(Arc::new(move || {
             std::time::UNIX_EPOCH + Duration::from_secs(c.load(Ordering::SeqCst) as u64)
         }));
-        TopodDriver { host, clock, queue: VecDeque::new(), jobs: jobs.to_vec(), deferred }
+        TopodDriver { host, clock, queue: VecDeque::new(), jobs: jobs.to_vec(), deferred, rules }
     }
 
     /// Applies the instant's events, then asks for the queue's jobs. Returns topod's answer to
@@ -132,6 +147,28 @@ impl TopodDriver {
         // core preempts once per instant).
         self.host.resume_preempted();
         run_queued(&mut self.host);
+        if let Rules::Malleable(_) = self.rules {
+            // FCFS: the queue's head, malleable or not, until one does not fit.
+            while let Some(&head) = self.queue.front() {
+                let j = self.jobs[head as usize];
+                let (min, max) = self.rules.range(head, j.cores);
+                let request = Request {
+                    tasks: Some(min),
+                    tasks_max: (min < max).then_some(max),
+                    ..policy::cores_request(min)
+                };
+                let prepared = prepare(&self.host.topo, &request.to_string(), None, None).unwrap();
+                match self.host.allocate_prepared(&name(head), &prepared, None, None) {
+                    Ok(_) => {
+                        run_queued(&mut self.host);
+                        self.queue.pop_front();
+                    }
+                    Err(HostError::DoesNotFit { .. }) => break,
+                    Err(e) => panic!("job {head}: {e}"),
+                }
+            }
+            return answers;
+        }
         if let Some(gang) = self.host.gang().map(|g| g.gang) {
             self.host.gang_switch(self.host.now());
             run_queued(&mut self.host);
@@ -224,7 +261,7 @@ impl TopodDriver {
         if self.host.suspended_by(job) != Some(OWNER) {
             return Some(Refusal::SuspendedByPolicy);
         }
-        let ticket = match self.host.begin_resume(job) {
+        let ticket = match self.host.begin_resume(job, Some(OWNER)) {
             Ok(ticket) => ticket,
             Err(e) => return Some(refusal(job, e)),
         };
@@ -242,7 +279,7 @@ impl TopodDriver {
                 .jobs()
                 .chain(ledger.suspended_jobs())
                 .chain(ledger.gang_frozen_jobs())
-                .map(|a| (a.job.clone(), a.gang_row))
+                .map(|a| (a.job.clone(), a.gang_row, a.tasks.clone()))
                 .collect();
             eprintln!("  topod rows {rows:?}");
         }
@@ -262,6 +299,7 @@ fn refusal(job: &str, e: HostError) -> Refusal {
     match e {
         HostError::Lent { .. } => Refusal::Lent,
         HostError::HoldsForPreempted { .. } => Refusal::HoldsForSuspended,
+        HostError::WaitedFor { .. } => Refusal::WaitedFor,
         e => panic!("job {job}: the owner's request failed: {e}"),
     }
 }
@@ -290,11 +328,15 @@ struct Counts {
     preempted: usize,
     /// Owners' suspends and resumes carried out.
     owners_done: usize,
+    /// Resizes of malleable jobs.
+    resized: usize,
     /// Owners' suspends and resumes refused.
     owners_refused: usize,
     /// Owners' suspends refused because the job held CPUs a job suspended by preemption waits
     /// for (the rule that keeps an owner from holding another job suspended).
     refused_holding: usize,
+    /// Owners' resumes refused because a job suspended by preemption waited for the job's CPUs.
+    refused_waited_for: usize,
 }
 
 /// Runs `jobs` through both drivers, ending each job when its estimate has run, with a tick
@@ -334,6 +376,7 @@ fn agree_under(
     let config = match rules {
         Rules::Preempt(rules) => PolicyConfig { preempt: Some(rules), ..plain },
         Rules::Gang(gang) => PolicyConfig { gang: Some(gang), ..plain },
+        Rules::Malleable(m) => PolicyConfig { malleable: Some(m), ..plain },
     };
     let mut core = PolicyCore::new(vec![model], config);
     let mut topod = TopodDriver::new(topo, rules, jobs, deferred);
@@ -342,6 +385,8 @@ fn agree_under(
     let mut due: BTreeMap<JobKey, i64> = BTreeMap::new();
     let mut left: BTreeMap<JobKey, i64> = BTreeMap::new();
     let mut own: BTreeMap<JobKey, CpuSet> = BTreeMap::new();
+    // Per running job: its work left (processor-seconds) at a time, and its processors since.
+    let mut work: BTreeMap<JobKey, (u128, i64, u128)> = BTreeMap::new();
     let mut next = 0usize;
     let mut counts = Counts::default();
     let mut now = 0i64;
@@ -384,103 +429,150 @@ fn agree_under(
             }
             None => {}
         }
-        let asked: Vec<JobKey> = events
-            .iter()
-            .filter_map(|e| match *e {
-                Event::OwnerSuspend { job } | Event::OwnerResume { job } => Some(job),
-                _ => None,
-            })
-            .collect();
         let ending: Vec<JobKey> =
             due.iter().filter(|&(_, &at)| at <= now).map(|(&job, _)| job).collect();
         for job in ending {
             events.push(Event::End { job });
-            due.remove(&job);
-            seen.running.remove(&job);
         }
         while next < jobs.len() && jobs[next].submit <= now {
             let j = jobs[next];
-            let spec = JobSpec::rigid(j.cores, j.estimate);
+            let spec = JobSpec {
+                malleable: matches!(rules, Rules::Malleable(_)) && next % 2 == 0,
+                ..JobSpec::rigid(j.cores, j.estimate)
+            };
             events.push(Event::Submit { job: next as JobKey, spec });
             next += 1;
         }
         if events.is_empty() {
             events.push(Event::Tick);
         }
-        script.push((now, events.clone()));
-        // The core on the host's clock: gang slices are k·slice seconds since the epoch in both.
-        let actions = core.step(EPOCH + now, events.iter().copied()).unwrap();
-        // The owners' answers come first, one per request, in order.
-        let core_answers: Vec<Option<Refusal>> = asked
-            .iter()
-            .zip(&actions)
-            .map(|(&asked, action)| match *action {
-                Action::Suspend { job } | Action::Resume { job } if job == asked => None,
-                Action::Refused { job, why } if job == asked => Some(why),
-                ref other => panic!("job {asked}'s owner was answered {other:?}"),
-            })
-            .collect();
-        for (&job, (e, answer)) in asked.iter().zip(events.iter().zip(&core_answers)) {
-            match (e, answer) {
-                (Event::OwnerSuspend { .. }, None) => {
-                    by_owner.insert(job);
+        // With equipartition, topod hears of the instant's ends one release at a time and shares
+        // out what each frees at once: the core is told them one by one too.
+        let batches: Vec<Vec<Event>> = if matches!(rules, Rules::Malleable(_)) {
+            let (ends, rest): (Vec<Event>, Vec<Event>) =
+                events.iter().partition(|e| matches!(e, Event::End { .. }));
+            ends.into_iter().map(|e| vec![e]).chain((!rest.is_empty()).then_some(rest)).collect()
+        } else {
+            vec![events]
+        };
+        for events in batches {
+            for e in &events {
+                if let Event::End { job } = e {
+                    // (A job resized by an earlier batch of the instant ends all the same.)
+                    seen.running.remove(job);
+                    due.remove(job);
+                    work.remove(job);
                 }
-                (Event::OwnerResume { .. }, None) => {
-                    by_owner.remove(&job);
-                }
-                _ => {}
             }
-            if answer.is_some() {
-                counts.owners_refused += 1;
-                counts.refused_holding += usize::from(*answer == Some(Refusal::HoldsForSuspended));
-            } else {
-                counts.owners_done += 1;
-            }
-        }
-        for (i, action) in actions.into_iter().enumerate() {
-            match action {
-                Action::Start { job, parts } => {
-                    seen.running.insert(job, parts[0].placement.cpus.clone());
-                    due.insert(job, now + jobs[job as usize].estimate);
+            let asked: Vec<JobKey> = events
+                .iter()
+                .filter_map(|e| match *e {
+                    Event::OwnerSuspend { job } | Event::OwnerResume { job } => Some(job),
+                    _ => None,
+                })
+                .collect();
+            script.push((now, events.clone()));
+            // The core on the host's clock: gang slices are k·slice seconds since the epoch in both.
+            let actions = core.step(EPOCH + now, events.iter().copied()).unwrap();
+            // The owners' answers come first, one per request, in order.
+            let core_answers: Vec<Option<Refusal>> = asked
+                .iter()
+                .zip(&actions)
+                .map(|(&asked, action)| match *action {
+                    Action::Suspend { job } | Action::Resume { job } if job == asked => None,
+                    Action::Refused { job, why } if job == asked => Some(why),
+                    ref other => panic!("job {asked}'s owner was answered {other:?}"),
+                })
+                .collect();
+            for (&job, (e, answer)) in asked.iter().zip(events.iter().zip(&core_answers)) {
+                match (e, answer) {
+                    (Event::OwnerSuspend { .. }, None) => {
+                        by_owner.insert(job);
+                    }
+                    (Event::OwnerResume { .. }, None) => {
+                        by_owner.remove(&job);
+                    }
+                    _ => {}
                 }
-                Action::Suspend { job } => {
-                    counts.preempted += usize::from(i >= asked.len());
-                    // It keeps its CPUs for its resume. (Its owner may stop a job frozen for
-                    // its gang slice: it does not run either way.)
-                    if let Some(cpus) = seen.running.remove(&job) {
-                        own.insert(job, cpus);
-                        seen.suspended.insert(job);
-                        left.insert(job, due.remove(&job).unwrap() - now);
+                if answer.is_some() {
+                    counts.owners_refused += 1;
+                    counts.refused_holding +=
+                        usize::from(*answer == Some(Refusal::HoldsForSuspended));
+                    counts.refused_waited_for += usize::from(*answer == Some(Refusal::WaitedFor));
+                } else {
+                    counts.owners_done += 1;
+                }
+            }
+            for (i, action) in actions.into_iter().enumerate() {
+                match action {
+                    Action::Start { job, parts } => {
+                        if std::env::var_os("AGREE_DEBUG").is_some() {
+                            eprintln!("  core start {job} {:?}", parts[0].placement.tasks);
+                        }
+                        seen.running.insert(job, parts[0].placement.cpus.clone());
+                        due.insert(job, now + jobs[job as usize].estimate);
+                        // Its work, processor-seconds: its estimate at the size it asked for,
+                        // draining at the processors it holds (as the core has it).
+                        let j = jobs[job as usize];
+                        let rate = parts[0].placement.tasks.len() as u128;
+                        let total = j.estimate as u128 * u128::from(j.cores);
+                        work.insert(job, (total, now, rate));
+                        due.insert(job, now + total.div_ceil(rate) as i64);
+                    }
+                    Action::Resize { job, parts } => {
+                        if std::env::var_os("AGREE_DEBUG").is_some() {
+                            eprintln!("  core resize {job} {:?}", parts[0].placement.tasks);
+                        }
+                        let (left, since, rate) = work[&job];
+                        let left = left.saturating_sub((now - since) as u128 * rate);
+                        let rate = parts[0].placement.tasks.len() as u128;
+                        work.insert(job, (left, now, rate));
+                        due.insert(job, now + left.div_ceil(rate) as i64);
+                        seen.running.insert(job, parts[0].placement.cpus.clone());
+                        counts.resized += 1;
+                    }
+                    Action::Suspend { job } => {
+                        counts.preempted += usize::from(i >= asked.len());
+                        // It keeps its CPUs for its resume. (Its owner may stop a job frozen for
+                        // its gang slice: it does not run either way.)
+                        if let Some(cpus) = seen.running.remove(&job) {
+                            own.insert(job, cpus);
+                            seen.suspended.insert(job);
+                            left.insert(job, due.remove(&job).unwrap() - now);
+                        }
+                    }
+                    Action::Resume { job } => {
+                        seen.suspended.remove(&job);
+                        due.insert(job, now + left.remove(&job).unwrap());
+                        seen.running.insert(job, own.remove(&job).unwrap());
+                    }
+                    Action::Refused { .. } => {}
+                    other => {
+                        panic!("the core decided {other:?}, which this script does not expect")
                     }
                 }
-                Action::Resume { job } => {
-                    seen.suspended.remove(&job);
-                    due.insert(job, now + left.remove(&job).unwrap());
-                    seen.running.insert(job, own.remove(&job).unwrap());
-                }
-                Action::Refused { .. } => {}
-                other => panic!("the core decided {other:?}, which this script does not expect"),
             }
+            let host_answers = topod.step(now, &events);
+            let host_view = topod.view();
+            if std::env::var_os("AGREE_DEBUG").is_some() {
+                eprintln!("{now}: {events:?}\n  core  {seen:?}\n  topod {host_view:?}");
+            }
+            let history = || {
+                script.iter().map(|(t, e)| format!("  {t}: {e:?}")).collect::<Vec<_>>().join("\n")
+            };
+            assert_eq!(
+                core_answers,
+                host_answers,
+                "the core (left) and topod (right) answer the owners differently at {now} s after:\n{}",
+                history()
+            );
+            assert_eq!(
+                seen,
+                host_view,
+                "the core (left) and topod (right) differ at {now} s after:\n{}",
+                history()
+            );
         }
-        let host_answers = topod.step(now, &events);
-        let host_view = topod.view();
-        if std::env::var_os("AGREE_DEBUG").is_some() {
-            eprintln!("{now}: {events:?}\n  core  {seen:?}\n  topod {host_view:?}");
-        }
-        let history =
-            || script.iter().map(|(t, e)| format!("  {t}: {e:?}")).collect::<Vec<_>>().join("\n");
-        assert_eq!(
-            core_answers,
-            host_answers,
-            "the core (left) and topod (right) answer the owners differently at {now} s after:\n{}",
-            history()
-        );
-        assert_eq!(
-            seen,
-            host_view,
-            "the core (left) and topod (right) differ at {now} s after:\n{}",
-            history()
-        );
         // The next instant: a submit, an end, or a tick.
         let next_submit = jobs.get(next).map(|j| j.submit);
         let next_end = due.values().min().copied();
@@ -570,6 +662,7 @@ fn policy_agrees_when_owners_suspend_and_resume_their_jobs() {
                 total.owners_done += c.owners_done;
                 total.owners_refused += c.owners_refused;
                 total.refused_holding += c.refused_holding;
+                total.refused_waited_for += c.refused_waited_for;
             }
         }
     }
@@ -633,4 +726,56 @@ fn policy_agrees_on_gang_slices() {
     }
     assert!(freezes > 0, "the scripts freeze jobs for their slices");
     assert!(owners_done > 0, "the owners stop and start gang jobs");
+}
+
+/// Equipartition: the same malleable jobs grown and shrunk to the same CPUs, beside the same
+/// rigid jobs, in both drivers, at every instant (a job ends when its work is done at the sizes
+/// it was given).
+#[test]
+fn policy_agrees_on_equipartition() {
+    let seeds: u64 = std::env::var("AGREE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let mut resized = 0;
+    for (topo, tick) in [(two_nodes_of_four(), 100), (small_topology(6), 37)] {
+        for min_divisor in [2, 4] {
+            for seed in 0..seeds {
+                let jobs = random_jobs(seed, 40, topo.pus.len() as u32);
+                let rules = Rules::Malleable(policy::Malleability { min_divisor });
+                resized += agree_under(&topo, rules, &jobs, tick, false, None).resized;
+            }
+        }
+    }
+    assert!(resized > 0, "the scripts resize jobs");
+}
+
+/// An owner may not hold another user's job suspended (found by attacking the first version):
+/// job 0's owner stops it, job 1 starts on its CPUs and is preempted by job 2; when job 2 ends,
+/// job 1 resumes on its CPUs at once (before, it waited for job 0, whose owner could keep the
+/// host idle and then resume job 0 onto CPUs job 1 waited for, out of preemption's reach), and
+/// job 0's resume waits until job 1 is gone.
+#[test]
+fn policy_agrees_that_an_owner_holds_no_other_job_suspended() {
+    let rules = policy::Preempt { min_run: 0, max_suspensions: 5, min_xf: 1.5 };
+    let jobs = [
+        ScriptJob { submit: 0, cores: 4, estimate: 10_000 },
+        ScriptJob { submit: 10, cores: 4, estimate: 10_000 },
+        ScriptJob { submit: 20, cores: 4, estimate: 10 },
+    ];
+    let at = vec![
+        (10, Event::OwnerSuspend { job: 0 }),
+        (5_000, Event::OwnerResume { job: 0 }),
+        (20_000, Event::OwnerResume { job: 0 }),
+    ];
+    for deferred in [false, true] {
+        let c = agree_with_owners(
+            &small_topology(4),
+            rules,
+            &jobs,
+            5,
+            deferred,
+            Some(Owners::At(at.clone())),
+        );
+        // Job 1 preempted once; the resume at 5,000 refused (job 1 runs on its CPUs), the one
+        // at 20,000 carried out.
+        assert_eq!((c.preempted, c.owners_done, c.owners_refused), (1, 2, 1), "{c:?}");
+    }
 }

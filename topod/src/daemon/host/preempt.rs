@@ -224,8 +224,26 @@ impl Host {
         };
         let victims: Vec<(JobId, JobHint)> =
             under_way.victims.into_iter().filter(|(v, _)| mine(self, v)).collect();
-        let names: Vec<&str> = victims.iter().map(|(v, _)| v.as_str()).collect();
         let placed = self.place_and_create(id, prepared, mem_limit, owner_uid, None);
+        let victims = match placed {
+            Ok(()) => {
+                // A victim whose CPUs it did not take (others came free while the freezes ran,
+                // e.g. a job its owner suspended) runs on at once, as if never suspended: its
+                // record as before, the suspension not counted (as the policy core undoes it).
+                let took = self.ledger.get(id.as_str()).map(|a| a.cpus.clone()).unwrap_or_default();
+                let (needed, spared): (Vec<_>, Vec<_>) = victims.into_iter().partition(|(v, _)| {
+                    self.ledger.get(v.as_str()).is_some_and(|a| a.cpus.intersects(&took))
+                });
+                if !spared.is_empty() {
+                    let names: Vec<&str> = spared.iter().map(|(v, _)| v.as_str()).collect();
+                    tracing::info!("job {id}: placed without the CPUs of job(s) {names:?} suspended for it; they run again");
+                    self.undo_preemption(id.as_str(), spared);
+                }
+                needed
+            }
+            Err(_) => victims,
+        };
+        let names: Vec<&str> = victims.iter().map(|(v, _)| v.as_str()).collect();
         match placed {
             Ok(()) => {
                 for victim in &names {

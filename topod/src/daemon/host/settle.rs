@@ -386,10 +386,14 @@ impl Host {
                 // Not onto CPUs a suspended job holds (its preemptor, or a borrower, suspended
                 // by root: it would find them taken on its resume); running jobs' CPUs the
                 // ledger's resume refuses. Free CPUs are its own again, even before its preemptor
-                // ends.
+                // ends. A job its owner suspended holds nothing: its CPUs were lent, and its
+                // owner's resume waits for this job (else an owner could keep it suspended).
+                let by_owner =
+                    |job: &str| self.hints.get(job).is_some_and(|h| h.suspended_by.is_some());
                 let held = self
                     .ledger
                     .suspended_jobs()
+                    .filter(|o| !by_owner(&o.job))
                     .chain(self.ledger.gang_frozen_jobs())
                     .any(|o| o.job != a.job && o.cpus.intersects(&a.cpus));
                 if held {

@@ -1459,7 +1459,7 @@ fn a_gang_switch_that_meets_a_job_being_thawed_is_made_again_once_it_is() {
     // Resumed at 29 s: back in its row, whose slice it is: g1 is frozen, then g0 is to be
     // thawed...
     seconds.store(29, std::sync::atomic::Ordering::SeqCst);
-    let ticket = h.begin_resume("g0").unwrap();
+    let ticket = h.begin_resume("g0", None).unwrap();
     let outcome = ticket.run();
     h.finish_resume(ticket, outcome).unwrap();
     let freeze = h.take_kernel_work();
@@ -1552,6 +1552,48 @@ fn a_deferred_preemption_places_its_job_when_asked_again_and_an_abandoned_one_is
     assert!(h.ledger().is_suspended("v"));
     h.resume_preempted();
     assert!(!frozen("v") && !h.ledger().is_suspended("v"));
+}
+
+#[test]
+fn a_victim_whose_cpus_its_preemptor_did_not_take_runs_on_uncounted() {
+    // Found by attacking the owner's suspensions: while a victim's freeze ran without the lock,
+    // the owner of another job suspended it; the preemptor, asked again, went onto that job's
+    // CPUs, and the victim stayed frozen on CPUs nobody took, its suspension counted.
+    let topo = two_nodes_of_four();
+    let kernel = kernel_for(&topo);
+    let mut h = host_on(&topo, &kernel, None);
+    h.defer_kernel_waits();
+    h.set_clock(Arc::new(|| at(1_000_000)));
+    h.set_preempt(Some(topo_core::policy::Preempt { min_run: 0, ..Default::default() }));
+    let alloc = |h: &mut Host, job: &str, req: &str, preempt: bool, preemptible: bool| {
+        let mut prepared = prepare(&h.topo, req, None, None).unwrap();
+        prepared.preempt = PreemptAsk {
+            preempt,
+            preemptible,
+            submitted_at: Some(if preempt { 990_000 } else { 999_000 }),
+            estimate_s: Some(if preempt { 10 } else { 3_600 }),
+        };
+        h.allocate_prepared(job, &prepared, None, None)
+    };
+    let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
+    let v = alloc(&mut h, "v", "affinity[core*4]", false, true).unwrap();
+    let x = alloc(&mut h, "x", "affinity[core*2]", false, false).unwrap();
+    alloc(&mut h, "y", "affinity[core*2]", false, false).unwrap();
+    let e = alloc(&mut h, "p", "affinity[core*2]", true, false).unwrap_err();
+    assert!(matches!(e, HostError::PreemptionUnderWay(_)), "{e}");
+    run_queued(&mut h);
+    assert!(frozen("v"));
+    // x's owner stops x meanwhile: its CPUs are free, and the preemptor goes there.
+    let ticket = h.begin_suspend("x", Some(1_000)).unwrap();
+    let outcome = ticket.run();
+    h.finish_suspend(ticket, outcome).unwrap();
+    let p = alloc(&mut h, "p", "affinity[core*2]", true, false).unwrap();
+    assert!(!p.cpus.intersects(&v.cpus) && p.cpus.is_subset(&x.cpus), "{} {}", p.cpus, x.cpus);
+    run_queued(&mut h);
+    assert!(!frozen("v") && !h.ledger().is_suspended("v"));
+    let hint = &h.hints["v"];
+    assert_eq!((hint.suspensions, hint.preempted_by.as_deref(), hint.suspended), (0, None, false));
+    h.ledger().check().unwrap();
 }
 
 #[test]
