@@ -293,6 +293,26 @@ fn a_malleable_arrival_resizes_each_malleable_job_once() {
     assert_eq!(before.0, first + 1, "m1 resized once for m2");
 }
 
+/// A malleable arrival whose shape does not fit in what its share leaves (m's first 32 tasks keep
+/// L3 groups half full): m was shrunk to its share, grown back, shrunk to it again, then to its
+/// least, then shared out (five resizes). Now: its share, its least, shared out.
+#[test]
+fn a_malleable_arrival_whose_shape_misses_its_share_resizes_the_others_at_most_three_times() {
+    let dir = common::open_dir();
+    let d = start_with(dir.path(), "equipartition = true\n");
+    let s = &d.socket;
+    ok(s, r#"{"op":"allocate","job":"r","request":"affinity[core*4]","cpus":"0-3"}"#);
+    allocate(s, "m", "affinity[core*1-64]");
+    // m grows onto 0-3: its tasks are 4..63, then 0..3.
+    ok(s, r#"{"op":"release","job":"r"}"#);
+    let before = generation(s, "m");
+    allocate(s, "a", "affinity[l3*4-5]");
+    let resizes = generation(s, "m") - before;
+    assert!(resizes <= 3, "m resized {resizes} times for one arrival");
+    let (m, a) = (cpus_of(s, "m"), cpus_of(s, "a"));
+    assert!(overlap(&m, &a).is_empty() && m.len() + a.len() <= 64, "{m:?} {a:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. --owner, pools' `named`, and name checks.
 

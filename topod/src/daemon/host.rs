@@ -153,7 +153,7 @@ pub enum HostError {
         why: String,
     },
     /// An owner's resume of a job whose CPUs a job suspended by preemption waits for.
-    #[error("job {job} stays suspended: {why}; that job resumes first (a suspension by the job's owner may not keep a job suspended by preemption waiting; root, an administrator or the batch system may still resume it)")]
+    #[error("job {job} stays suspended: {why}; that job resumes first, then job {job} may (its owner's suspension may not keep a job suspended by preemption waiting; root, an administrator or the batch system may still resume it now)")]
     WaitedFor {
         /// The job.
         job: String,
@@ -1111,10 +1111,9 @@ impl Host {
                 _ => false,
             };
         let mut first = self.place_and_create(&id, prepared, mem_limit, owner_uid, rows.as_deref());
-        if first.is_err() && shrunk_for_it {
-            // They take back what it did not: shared again without it.
-            self.rebalance();
-        }
+        // Whether the malleable jobs were shared out again after a failed try (once per
+        // allocate: each resize is told to the job).
+        let mut rebalanced = false;
         let could_fit = |r: &Result<(), HostError>| {
             matches!(r, Err(HostError::DoesNotFit { source, .. })
                 if !matches!(source, place::PlaceError::Impossible(_)))
@@ -1130,7 +1129,8 @@ impl Host {
                 None
             };
             if let Some(arrival) = arrival {
-                if self.shrink_for_arrival(arrival) {
+                // (Shrunk to these shares already for a malleable arrival: not again.)
+                if !shrunk_for_it && self.shrink_for_arrival(arrival) {
                     first = self.place_and_create(&id, prepared, mem_limit, owner_uid, None);
                 }
                 if first.is_err() && self.shrink_to_mins() {
@@ -1138,6 +1138,7 @@ impl Host {
                 }
                 if first.is_err() {
                     self.rebalance();
+                    rebalanced = true;
                 }
             }
             if could_fit(&first) {
@@ -1156,6 +1157,10 @@ impl Host {
                     }
                 }
             }
+        }
+        if first.is_err() && shrunk_for_it && !rebalanced {
+            // They take back what it did not: shared again without it.
+            self.rebalance();
         }
         let first = match first {
             Err(refused @ HostError::DoesNotFit { .. })
@@ -1660,14 +1665,6 @@ impl Host {
     /// then the caller runs the ticket and calls [`Host::finish_resume`].
     pub fn begin_resume(&mut self, job: &str, by: Option<u32>) -> Result<FreezeTicket, HostError> {
         let id = self.check_changeable(job)?;
-        // Its owner takes back no CPU a job suspended by preemption waits for (it ran there on
-        // CPUs this job lent): that job would wait as long as this one ran, and this one could
-        // then not be preempted.
-        if by.is_some() && self.ledger.is_suspended(job) {
-            if let Some(why) = self.holds_for_preempted(job) {
-                return Err(HostError::WaitedFor { job: job.to_string(), why });
-            }
-        }
         if self.ledger.is_suspended(job)
             && self.ledger.get(job).is_some_and(|a| a.gang_row.is_some())
         {
@@ -1690,6 +1687,15 @@ impl Host {
                 return Err(HostError::Lent { job: job.to_string(), cpus, holder })
             }
             Err(e) => return Err(e.into()),
+        }
+        // Its owner takes back no CPU a job suspended by preemption waits for (it ran there on
+        // CPUs this job lent): that job would wait as long as this one ran, and this one could
+        // then not be preempted.
+        if by.is_some() {
+            if let Some(why) = self.waited_for_by_preempted(job) {
+                let _ = self.ledger.suspend(job);
+                return Err(HostError::WaitedFor { job: job.to_string(), why });
+            }
         }
         self.changing.insert(job.to_string(), "being resumed");
         Ok(self.freeze_ticket(id, false))

@@ -444,8 +444,8 @@ pub enum Event {
         job: JobKey,
     },
     /// The owner resumes the job they suspended, on its own CPUs. Refused ([`Action::Refused`])
-    /// for a job the owner did not suspend, while a job suspended by preemption waits for any of
-    /// its CPUs, and while a running job holds any of them.
+    /// for a job the owner did not suspend, while a running job holds any of its CPUs, and while
+    /// a job suspended by preemption waits for any of them.
     OwnerResume {
         /// The job.
         job: JobKey,
@@ -1292,8 +1292,8 @@ impl PolicyCore {
             Some(Slot::Waiting(..) | Slot::Running(_)) => Some(Refusal::NotSuspended),
             Some(Slot::Suspended(s)) if !s.by_owner => Some(Refusal::SuspendedByPolicy),
             Some(Slot::Suspended(_)) if self.config.gang.is_some() => None,
-            Some(Slot::Suspended(s)) if self.waited_for(job, &s.run) => Some(Refusal::WaitedFor),
-            Some(Slot::Suspended(s)) => (!self.free_again(&s.run)).then_some(Refusal::Lent),
+            Some(Slot::Suspended(s)) if !self.free_again(&s.run) => Some(Refusal::Lent),
+            Some(Slot::Suspended(s)) => self.waited_for(job, &s.run).then_some(Refusal::WaitedFor),
         };
         if let Some(why) = why {
             actions.push(Action::Refused { job, why });

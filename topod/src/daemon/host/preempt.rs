@@ -349,6 +349,22 @@ impl Host {
         topo_core::policy::holds_for_suspended(cpus, waiting.map(|a| (&a.job, &a.cpus)))
     }
 
+    /// Which job suspended by preemption waits for some of the CPUs of `job` (which ran on them
+    /// while `job` was suspended and lent them), said for `job`'s owner; `None` when none does.
+    pub(super) fn waited_for_by_preempted(&self, job: &str) -> Option<String> {
+        let cpus = &self.ledger.get(job)?.cpus;
+        self.ledger.suspended_jobs().filter(|a| a.job != job).find_map(|a| {
+            let preemptor = self.hints.get(&a.job)?.preempted_by.as_deref()?;
+            let shared = a.cpus.intersection(cpus);
+            (!shared.is_empty()).then(|| {
+                format!(
+                    "job {}, suspended by preemption for job {preemptor}, waits for its CPUs {shared} (it ran on them while job {job} was suspended)",
+                    a.job
+                )
+            })
+        })
+    }
+
     /// When a job starting now ends by its time limit: it may borrow the CPUs of a job suspended
     /// by preemption that will not resume before then (`topo_core::policy::may_borrow`).
     pub(crate) fn ends_by(&self, prepared: &Prepared) -> Option<i64> {

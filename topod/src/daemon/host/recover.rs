@@ -226,6 +226,9 @@ impl Host {
             let signal = moved.contains(&job);
             self.tell(&job, signal);
         }
+        // Shrunk for an arrival that a crash kept from being placed, the malleable jobs would
+        // stay so until the next allocate or release: shared out again now (each told).
+        self.rebalance();
         Ok(report)
     }
 }

@@ -1555,6 +1555,80 @@ fn a_deferred_preemption_places_its_job_when_asked_again_and_an_abandoned_one_is
 }
 
 #[test]
+fn malleable_jobs_shrunk_for_an_arrival_a_crash_kept_out_are_shared_out_again_at_restart() {
+    // Found by attacking the arrival at its share: topod killed between the shrink and the
+    // placement left the malleable job at half its size until some other job came or went.
+    let dir = tempfile::tempdir().unwrap();
+    let topo = small_topology(4);
+    let kernel = kernel_for(&topo);
+    let mut h = host_on(&topo, &kernel, Some(dir.path()));
+    h.set_equipartition(true);
+    let m = h.allocate("m", "affinity[core*1-4]", None, None, None, None).unwrap();
+    assert_eq!(m.tasks.len(), 4);
+    let arrival = space::Arrival::Malleable(topo_core::malleable::Malleable {
+        min: 1,
+        max: 4,
+        pus_per_task: 1,
+    });
+    assert!(h.shrink_for_arrival(arrival));
+    assert_eq!(h.ledger().get("m").unwrap().tasks.len(), 2);
+    drop(h);
+    let mut h = host_on(&topo, &kernel, Some(dir.path()));
+    h.set_equipartition(true);
+    h.recover(BTreeMap::new()).unwrap();
+    assert_eq!(h.ledger().get("m").unwrap().tasks.len(), 4, "shared out again");
+    h.ledger().check().unwrap();
+}
+
+#[test]
+fn an_owner_resumes_no_job_whose_cpus_a_preempted_job_waits_for_and_is_told_which() {
+    let topo = small_topology(4);
+    let kernel = kernel_for(&topo);
+    let mut h = host_on(&topo, &kernel, None);
+    h.set_clock(Arc::new(|| at(1_000_000)));
+    h.set_preempt(Some(topo_core::policy::Preempt { min_run: 0, ..Default::default() }));
+    let alloc = |h: &mut Host, job: &str, req: &str, cpus: Option<&str>, preempt: bool| {
+        let mut prepared = prepare(&h.topo, req, None, cpus).unwrap();
+        prepared.preempt = PreemptAsk {
+            preempt,
+            preemptible: !preempt,
+            submitted_at: Some(if preempt { 990_000 } else { 999_000 }),
+            estimate_s: Some(if preempt { 10 } else { 3_600 }),
+        };
+        h.allocate_prepared(job, &prepared, None, None)
+    };
+    alloc(&mut h, "x", "affinity[core*1]", Some("0"), false).unwrap();
+    alloc(&mut h, "rest", "affinity[core*1]", Some("3"), false).unwrap();
+    // x's owner stops x; p runs on its CPU and two more; q, urgent, suspends p and runs on 1.
+    let ticket = h.begin_suspend("x", Some(1_000)).unwrap();
+    let outcome = ticket.run();
+    h.finish_suspend(ticket, outcome).unwrap();
+    alloc(&mut h, "p", "affinity[core*3]", None, false).unwrap();
+    let q = alloc(&mut h, "q", "affinity[core*1]", Some("1"), true).unwrap();
+    assert!(h.ledger().is_suspended("p") && q.cpus.to_string() == "1", "{}", q.cpus);
+    // CPU 0 is free, but p waits for it: x's owner is told so, and x stays suspended.
+    let e = h.begin_resume("x", Some(1_000)).err().expect("refused");
+    let text = e.to_string();
+    assert!(matches!(e, HostError::WaitedFor { .. }), "{text}");
+    assert!(
+        text.contains("job p, suspended by preemption for job q, waits for its CPUs 0"),
+        "{text}"
+    );
+    assert!(h.ledger().is_suspended("x"));
+    h.ledger().check().unwrap();
+    // Once q ends, p runs again on its CPUs (x's among them), and x's resume waits for p.
+    h.release("q").unwrap();
+    assert!(!h.ledger().is_suspended("p"));
+    let e = h.begin_resume("x", Some(1_000)).err().expect("refused");
+    assert!(matches!(e, HostError::Lent { ref holder, .. } if holder == "p"), "{e}");
+    h.release("p").unwrap();
+    let ticket = h.begin_resume("x", Some(1_000)).unwrap();
+    let outcome = ticket.run();
+    h.finish_resume(ticket, outcome).unwrap();
+    h.ledger().check().unwrap();
+}
+
+#[test]
 fn a_victim_whose_cpus_its_preemptor_did_not_take_runs_on_uncounted() {
     // Found by attacking the owner's suspensions: while a victim's freeze ran without the lock,
     // the owner of another job suspended it; the preemptor, asked again, went onto that job's
