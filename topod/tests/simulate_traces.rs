@@ -275,6 +275,83 @@ fn preemption_on_the_paragon_batch_jobs_drains_with_easy_and_cuts_the_bounded_sl
 }
 
 /// A small trace in a temporary directory.
+#[test]
+fn a_trace_reads_gzipped_from_standard_input_and_with_any_line_end() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(trace("lublin_256.swf")).unwrap();
+    let plain = dir.path().join("plain.swf");
+    std::fs::write(&plain, &text).unwrap();
+    let gz = dir.path().join("lublin.swf.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(text.as_bytes()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    let cr = dir.path().join("cr.swf");
+    std::fs::write(&cr, format!("\u{feff}{}", text.replace("\r\n", "\n").replace('\n', "\r")))
+        .unwrap();
+    let args = |t: &str| -> Vec<String> {
+        ["--trace", t, "--policy", "easy"].iter().map(|s| s.to_string()).collect()
+    };
+    let run = |args: Vec<String>, stdin: Option<&PathBuf>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_topoctl"));
+        cmd.arg("simulate").args(&args).arg("--json");
+        if let Some(file) = stdin {
+            cmd.stdin(std::fs::File::open(file).unwrap());
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {err}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v["jobs"].clone(), v["mean_wait_s"].clone())
+    };
+    let want = run(args(plain.to_str().unwrap()), None);
+    assert!(want.0.as_u64().unwrap() > 9_000, "{want:?}");
+    assert_eq!(run(args(gz.to_str().unwrap()), None), want, "gzipped");
+    assert_eq!(run(args(cr.to_str().unwrap()), None), want, "CR line ends and a BOM");
+    assert_eq!(run(args("-"), Some(&gz)), want, "gzipped on standard input");
+}
+
+#[test]
+fn what_is_not_a_trace_is_refused_at_its_first_line_and_what_is_left_out_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    for (t, expect) in [
+        ("/dev/zero", "/dev/zero: line 1 is longer than 65536 bytes"),
+        (env!("CARGO_BIN_EXE_topoctl"), ": line 1: byte "),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args(["simulate", "--trace", t, "--hosts", "4"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{t}: {err}");
+        assert!(err.contains(expect), "{t}: expected {expect:?} in {err:?}");
+    }
+    // Job 2 twice, and a job of queue 1 left out by --skip-queues.
+    let t = small_trace(
+        dir.path(),
+        "dup.swf",
+        &[
+            &line(1, 0, 10, 1),
+            &line(2, 5, 10, 1),
+            &line(2, 6, 10, 1),
+            &line(3, 7, 10, 1).replace(" 0 -1 -1 -1", " 1 -1 -1 -1"),
+        ],
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["simulate", "--trace", t.to_str().unwrap(), "--hosts", "4", "--skip-queues", "1"])
+        .args(["--json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("job numbers on more than one line: 2;"), "{err}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"], 2, "{v}");
+    let skipped = &v["skipped"];
+    assert_eq!(skipped["with a job number an earlier line had"], 1, "{skipped}");
+    assert_eq!(skipped["in a queue --queues/--skip-queues leaves out"], 1, "{skipped}");
+}
+
 fn small_trace(dir: &std::path::Path, name: &str, lines: &[&str]) -> PathBuf {
     let path = dir.join(name);
     let text: String = lines.iter().map(|l| format!("{l}\n")).collect();

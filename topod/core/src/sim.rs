@@ -107,19 +107,39 @@ impl TraceFilter {
     }
 }
 
+/// The jobs of a trace a replay takes, and what it leaves out.
+#[derive(Debug, Clone, Default)]
+pub struct Selected {
+    /// The jobs, in submit order.
+    pub jobs: Vec<SimJob>,
+    /// How many lines were left out, for each reason.
+    pub skipped: BTreeMap<Skip, usize>,
+    /// The job numbers that came again ([`Skip::Duplicate`]), in file order, each once.
+    pub duplicates: Vec<i64>,
+}
+
 /// The jobs of `trace` a cluster of `total_procs` processors can replay, in submit order, and
-/// how many lines were left out for each reason. Lines the filter leaves out are not counted.
-pub fn jobs_from_trace(
-    trace: &Trace,
-    filter: &TraceFilter,
-    total_procs: u64,
-) -> (Vec<SimJob>, BTreeMap<Skip, usize>) {
+/// how many lines were left out for each reason (the filter's queues too). A job number seen
+/// on an earlier replayed line is a broken log: the later line is left out and counted.
+pub fn jobs_from_trace(trace: &Trace, filter: &TraceFilter, total_procs: u64) -> Selected {
     let mut jobs = Vec::with_capacity(trace.jobs.len());
     let mut skipped = BTreeMap::new();
-    for line in trace.jobs.iter().filter(|j| filter.keeps(j.queue)) {
+    let mut seen = std::collections::HashSet::with_capacity(trace.jobs.len());
+    let mut duplicates = Vec::new();
+    for line in &trace.jobs {
+        if !filter.keeps(line.queue) {
+            *skipped.entry(Skip::Queue).or_insert(0) += 1;
+            continue;
+        }
         match line.replayable() {
             Ok(procs) if u64::from(procs) > total_procs => {
                 *skipped.entry(Skip::LargerThanCluster).or_insert(0) += 1;
+            }
+            Ok(_) if !seen.insert(line.id) => {
+                *skipped.entry(Skip::Duplicate).or_insert(0) += 1;
+                if !duplicates.contains(&line.id) {
+                    duplicates.push(line.id);
+                }
             }
             Ok(procs) => jobs.push(SimJob {
                 id: line.id,
@@ -134,7 +154,7 @@ pub fn jobs_from_trace(
     }
     // The format says lines are sorted by submit time; a stable sort keeps file order on ties.
     jobs.sort_by_key(|j| j.submit);
-    (jobs, skipped)
+    Selected { jobs, skipped, duplicates }
 }
 
 /// One point of the time series: after the decisions of instant `t`.
@@ -871,14 +891,22 @@ mod tests {
 3 6 -1 -1 -1 -1 -1 -1 -1 -1 5 -1 -1 -1 1 -1 -1 -1\n\
 4 7 -1 10 2 -1 -1 -1 30 -1 0 -1 -1 -1 1 -1 -1 -1\n";
         let trace = swf::parse(text).unwrap();
-        let (jobs, skipped) = jobs_from_trace(&trace, &TraceFilter::default(), 4);
+        let Selected { jobs, skipped, .. } = jobs_from_trace(&trace, &TraceFilter::default(), 4);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![1, 4]);
         assert_eq!(jobs[1].estimate, 30);
         assert_eq!(skipped.get(&Skip::LargerThanCluster), Some(&1));
         assert_eq!(skipped.get(&Skip::NoRunTime), Some(&1));
+        // The jobs of a queue left out are counted too.
         let batch = TraceFilter { skip_queues: vec![0], ..TraceFilter::default() };
-        let (jobs, _) = jobs_from_trace(&trace, &batch, 4);
+        let Selected { jobs, skipped, .. } = jobs_from_trace(&trace, &batch, 4);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(skipped.get(&Skip::Queue), Some(&1));
+        // A job number again: the later line left out, counted and named.
+        let again = format!("{text}4 9 -1 10 1 -1 -1 -1 -1 -1 1 -1 -1 -1 1 -1 -1 -1\n");
+        let trace = swf::parse(&again).unwrap();
+        let s = jobs_from_trace(&trace, &TraceFilter::default(), 4);
+        assert_eq!(s.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![1, 4]);
+        assert_eq!((s.skipped.get(&Skip::Duplicate), s.duplicates), (Some(&1), vec![4]));
     }
 
     /// A stream of NUMA-local-sized jobs (1 to 8 cores) on hosts of two 8-core nodes, at about

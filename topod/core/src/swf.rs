@@ -24,6 +24,12 @@
 //!
 //! Time fields may carry fractions (the definition allows it); they are rounded to whole
 //! seconds. Which jobs a replay keeps is [`SwfJob::replayable`]'s decision.
+//!
+//! [`read`] takes the trace as a stream, a line at a time: lines end in LF, CRLF or CR alone
+//! (old Mac files), a UTF-8 byte order mark before the first line is skipped, and a line that
+//! is not text or longer than [`MAX_LINE_BYTES`] is refused where it is, whatever comes after
+//! (so `/dev/zero` or a binary file is refused within its first bytes, not after reading it
+//! all).
 
 use std::fmt;
 
@@ -125,6 +131,10 @@ pub enum Skip {
     PartialExecution,
     /// Larger than the whole simulated cluster.
     LargerThanCluster,
+    /// In a queue the replay leaves out (`--queues`, `--skip-queues`).
+    Queue,
+    /// A job number an earlier replayed line had (the later line is left out).
+    Duplicate,
 }
 
 impl fmt::Display for Skip {
@@ -134,6 +144,8 @@ impl fmt::Display for Skip {
             Skip::NoRunTime => "no run time",
             Skip::PartialExecution => "partial-execution line (its summary line is replayed)",
             Skip::LargerThanCluster => "larger than the simulated cluster",
+            Skip::Queue => "in a queue --queues/--skip-queues leaves out",
+            Skip::Duplicate => "with a job number an earlier line had",
         })
     }
 }
@@ -190,7 +202,7 @@ pub struct Header {
 }
 
 /// A parsed trace.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Trace {
     /// The header comments.
     pub header: Header,
@@ -258,7 +270,35 @@ pub enum SwfError {
         /// The code.
         code: i64,
     },
+    /// A line longer than any SWF line (18 numbers).
+    #[error("line {line} is longer than {max} bytes: a Standard Workload Format line holds 18 numbers (is this a trace?)")]
+    LineTooLong {
+        /// 1-based line number.
+        line: usize,
+        /// [`MAX_LINE_BYTES`].
+        max: usize,
+    },
+    /// A line that is not UTF-8 text.
+    #[error("line {line}: byte {byte} of the line is not text (UTF-8); a Standard Workload Format file is plain text (a compressed trace must be gzip)")]
+    NotText {
+        /// 1-based line number.
+        line: usize,
+        /// 1-based byte in the line.
+        byte: usize,
+    },
+    /// Reading failed.
+    #[error("line {line}: cannot read on: {message}")]
+    Read {
+        /// 1-based line number being read.
+        line: usize,
+        /// What the system said.
+        message: String,
+    },
 }
+
+/// The longest line [`read`] accepts, in bytes. An SWF job line is 18 numbers (under 200
+/// bytes in the archive's traces); header comments are short.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
 
 const FIELD_NAMES: [&str; 18] = [
     "job number",
@@ -297,21 +337,97 @@ const TIME_FIELDS: [usize; 5] = [2, 3, 4, 9, 18];
 /// Fields that count or name something and must be whole numbers (1-based).
 const WHOLE_FIELDS: [usize; 11] = [1, 5, 8, 11, 12, 13, 14, 15, 16, 17, 7];
 
-/// Parses a whole trace. Blank lines are ignored; CRLF line ends are accepted.
+/// Parses a whole trace held in memory (see [`read`]).
 pub fn parse(text: &str) -> Result<Trace, SwfError> {
+    read(text.as_bytes()).map(|(trace, _)| trace)
+}
+
+/// Reads a trace from a stream, a line at a time (see the module documentation); returns it
+/// with its header comment lines (each with its `;`, one per line), for what the caller reads
+/// from them itself. Blank lines are ignored.
+pub fn read(mut input: impl std::io::BufRead) -> Result<(Trace, String), SwfError> {
     let mut trace = Trace::default();
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.trim();
+    let mut header = String::new();
+    let mut bytes = Vec::new();
+    let mut line_no = 0;
+    while next_line(&mut input, &mut bytes, line_no + 1)? {
+        line_no += 1;
+        let mut raw: &[u8] = &bytes;
+        if line_no == 1 {
+            raw = raw.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(raw);
+        }
+        let text = std::str::from_utf8(raw)
+            .map_err(|e| SwfError::NotText { line: line_no, byte: e.valid_up_to() + 1 })?;
+        let line = text.trim();
         if line.is_empty() {
             continue;
         }
         if let Some(comment) = line.strip_prefix(';') {
-            read_header(&mut trace.header, comment, i + 1)?;
+            read_header(&mut trace.header, comment, line_no)?;
+            header.push_str(line);
+            header.push('\n');
             continue;
         }
-        trace.jobs.push(parse_job(i + 1, line)?);
+        trace.jobs.push(parse_job(line_no, line)?);
     }
-    Ok(trace)
+    Ok((trace, header))
+}
+
+/// Reads the next line of `input` into `line` (without its end: LF, CRLF or CR); `false` at
+/// the end of the input.
+fn next_line(
+    input: &mut impl std::io::BufRead,
+    line: &mut Vec<u8>,
+    line_no: usize,
+) -> Result<bool, SwfError> {
+    line.clear();
+    let mut any = false;
+    loop {
+        let buf = match input.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(SwfError::Read { line: line_no, message: e.to_string() }),
+        };
+        if buf.is_empty() {
+            return Ok(any);
+        }
+        any = true;
+        match buf.iter().position(|&b| b == b'\n' || b == b'\r') {
+            Some(end) => {
+                let cr = buf[end] == b'\r';
+                line.extend_from_slice(&buf[..end]);
+                input.consume(end + 1);
+                if line.len() > MAX_LINE_BYTES {
+                    return Err(SwfError::LineTooLong { line: line_no, max: MAX_LINE_BYTES });
+                }
+                if cr {
+                    // CRLF: the LF is part of this line's end.
+                    let next = loop {
+                        match input.fill_buf() {
+                            Ok(b) => break b.first().copied(),
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                            Err(e) => {
+                                let message = e.to_string();
+                                return Err(SwfError::Read { line: line_no, message });
+                            }
+                        }
+                    };
+                    if next == Some(b'\n') {
+                        input.consume(1);
+                    }
+                }
+                return Ok(true);
+            }
+            None => {
+                let n = buf.len();
+                line.extend_from_slice(buf);
+                input.consume(n);
+                if line.len() > MAX_LINE_BYTES {
+                    return Err(SwfError::LineTooLong { line: line_no, max: MAX_LINE_BYTES });
+                }
+            }
+        }
+    }
 }
 
 fn read_header(header: &mut Header, comment: &str, line: usize) -> Result<(), SwfError> {
@@ -428,6 +544,39 @@ fn parse_job(line_no: usize, line: &str) -> Result<SwfJob, SwfError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_reads_as_the_text_does_with_any_line_end_and_a_byte_order_mark() {
+        let lf = parse(SDSC_LIKE).unwrap();
+        // CR alone (old Mac files), CRLF everywhere, a BOM first.
+        let cr = SDSC_LIKE.replace("\r\n", "\n").replace('\n', "\r");
+        let crlf = SDSC_LIKE.replace("\r\n", "\n").replace('\n', "\r\n");
+        let bom = format!("\u{feff}{SDSC_LIKE}");
+        for text in [&cr, &crlf, &bom] {
+            assert_eq!(parse(text).unwrap(), lf, "{text:?}");
+        }
+        // One byte at a time through a reader that splits a CRLF between two reads.
+        let reader = std::io::BufReader::with_capacity(1, crlf.as_bytes());
+        let (trace, header) = read(reader).unwrap();
+        assert_eq!(trace, lf);
+        assert!(header.starts_with("; Version: 2.2\n; Computer: Intel Paragon\n"), "{header}");
+        assert_eq!(header.lines().count(), 7);
+    }
+
+    #[test]
+    fn what_is_not_a_trace_is_refused_at_its_first_line_without_reading_it_all() {
+        // An endless stream without a line end (`/dev/zero`): refused after MAX_LINE_BYTES.
+        let zeros = std::io::BufReader::new(std::io::repeat(0));
+        let e = read(zeros).unwrap_err();
+        assert_eq!(e, SwfError::LineTooLong { line: 1, max: MAX_LINE_BYTES });
+        // Endless, with the third line not text.
+        let mut bytes = b"; Version: 2.2\n\n\xff\x8b\x08 binary\n".to_vec();
+        bytes.extend_from_slice(b"1 0 -1 1 1 -1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1\n");
+        let endless = std::io::Read::chain(&bytes[..], std::io::repeat(b'7'));
+        let e = read(std::io::BufReader::new(endless)).unwrap_err();
+        assert_eq!(e, SwfError::NotText { line: 3, byte: 1 });
+        assert!(e.to_string().contains("line 3: byte 1 of the line is not text"), "{e}");
+    }
 
     const SDSC_LIKE: &str =
         "; Version: 2.2\n; Computer: Intel Paragon\n; UnixStartTime: 820090437\n\

@@ -32,7 +32,9 @@ How a trace is replayed:
   it. Without field 9 the run time is the estimate.
   Failed (status 0) and cancelled (5) jobs that ran hold their processors for their run time; lines
   without a run time or a processor count (cancelled before they started) and partial-execution lines
-  (status 2, 3, 4; their job's summary line is replayed) are left out and counted.
+  (status 2, 3, 4; their job's summary line is replayed) are left out and counted, as are the jobs of
+  the queues --queues/--skip-queues leave out and a line whose job number an earlier one had (the
+  numbers are named in a warning). The trace may be gzipped, or - for standard input.
   fcfs starts jobs in submit order; easy gives the first waiting job a reservation at the earliest
   estimated time it fits and starts later jobs now if they end by then or use only processors it will
   not need.
@@ -80,8 +82,9 @@ Examples:
 #[derive(Args)]
 #[command(after_help = SIMULATE_HELP)]
 pub(crate) struct SimulateOpts {
-    /// The trace: a Standard Workload Format file (e.g. from the Parallel Workloads Archive).
-    #[arg(long, value_name = "FILE")]
+    /// The trace: a Standard Workload Format file (e.g. from the Parallel Workloads Archive),
+    /// plain or gzipped (`.swf.gz` as the archive serves them); `-` reads standard input.
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
     trace: PathBuf,
     /// Hosts in the cluster, up to 1,000,000 [default: the trace's MaxProcs (else MaxNodes)
     /// header over the processors of one host].
@@ -530,29 +533,35 @@ const MAX_PROCESSORS: u64 = 1 << 24;
 const MAX_TRACE_BYTES: u64 = 4 << 30;
 
 /// Reads a trace as text, with a size limit, naming the line of a byte that is not UTF-8.
-fn read_trace(path: &Path) -> Result<String, Failure> {
-    use std::io::Read;
-    let cannot = |e: std::io::Error| {
-        Failure::input(format!("cannot read the trace {}: {e}", path.display()))
+fn read_trace(path: &Path) -> Result<(swf::Trace, String), Failure> {
+    use std::io::{BufRead, BufReader, Read};
+    let name =
+        if path == Path::new("-") { "standard input".into() } else { path.display().to_string() };
+    let cannot = |e: std::io::Error| Failure::input(format!("cannot read the trace {name}: {e}"));
+    let input: Box<dyn Read> = if path == Path::new("-") {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::fs::File::open(path).map_err(cannot)?)
     };
-    let file = std::fs::File::open(path).map_err(cannot)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_TRACE_BYTES + 1).read_to_end(&mut bytes).map_err(cannot)?;
-    if bytes.len() as u64 > MAX_TRACE_BYTES {
+    let mut input = BufReader::with_capacity(1 << 16, input);
+    // gzip by its magic number, whatever the name says.
+    let gzipped = input.fill_buf().map_err(cannot)?.starts_with(&[0x1f, 0x8b]);
+    let text: Box<dyn Read> = if gzipped {
+        Box::new(flate2::bufread::MultiGzDecoder::new(input))
+    } else {
+        Box::new(input)
+    };
+    // A valid trace this large would not fit in memory as jobs either.
+    let mut text = BufReader::with_capacity(1 << 16, text.take(MAX_TRACE_BYTES + 1));
+    let read = swf::read(&mut text);
+    if text.get_ref().limit() == 0 {
+        // (Whatever the cut last line made of it.)
         return Err(Failure::input(format!(
-            "the trace {} is larger than {} GiB; cut it (e.g. with head) or check that it is a trace",
-            path.display(),
+            "the trace {name} is larger than {} GiB; cut it (e.g. with head) or check that it is a trace",
             MAX_TRACE_BYTES >> 30
         )));
     }
-    String::from_utf8(bytes).map_err(|e| {
-        let at = e.utf8_error().valid_up_to();
-        let line = e.as_bytes()[..at].iter().filter(|b| **b == b'\n').count() + 1;
-        Failure::input(format!(
-            "{}: line {line}: byte {at} is not text (UTF-8); a Standard Workload Format file is plain text",
-            path.display()
-        ))
-    })
+    read.map_err(|e| Failure::input(format!("{name}: {e}")))
 }
 
 pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
@@ -609,9 +618,12 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         .map(|q| parse_queues("--skip-queues", q))
         .transpose()?
         .unwrap_or_default();
-    let text = read_trace(&args.trace)?;
-    let trace =
-        swf::parse(&text).map_err(|e| Failure::input(format!("{}: {e}", args.trace.display())))?;
+    let (trace, text) = read_trace(&args.trace)?;
+    let shown_trace = if args.trace == Path::new("-") {
+        "standard input".to_string()
+    } else {
+        args.trace.display().to_string()
+    };
     let prime_spec = match (&args.prime, policies.iter().any(|c| c.prime)) {
         (_, false) => None,
         (Some(text), true) => Some(parse_prime(text)?),
@@ -653,7 +665,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         (None, None) => {
             return Err(Failure::input(format!(
             "{} has no '; MaxProcs:' or '; MaxNodes:' header: say how many hosts with --hosts N",
-            args.trace.display()
+            shown_trace
         )))
         }
     };
@@ -670,31 +682,39 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         })?;
     }
     let filter = TraceFilter { queues, skip_queues };
-    let (mut jobs, skipped) = sim::jobs_from_trace(&trace, &filter, total);
+    let sim::Selected { mut jobs, skipped, duplicates } =
+        sim::jobs_from_trace(&trace, &filter, total);
     // Marks mean nothing to a policy without malleable jobs: every replay gets the same jobs.
     let any_malleable = policies.iter().any(|c| c.malleable);
     let marked = if any_malleable { sim::mark_malleable(&mut jobs, malleable_share) } else { 0 };
     if jobs.is_empty() {
-        let filtered = if filter == TraceFilter::default() {
-            String::new()
-        } else {
-            "; --queues/--skip-queues left out the rest".to_string()
-        };
         return Err(Failure::input(format!(
-            "{}: no job to replay ({} job lines, {} left out: {}{filtered})",
-            args.trace.display(),
+            "{}: no job to replay ({} job lines, {} left out: {})",
+            shown_trace,
             trace.jobs.len(),
             skipped.values().sum::<usize>(),
             describe_skipped(&skipped)
         )));
     }
+    if !duplicates.is_empty() {
+        const SHOWN: usize = 10;
+        let mut listed: Vec<String> = duplicates.iter().take(SHOWN).map(i64::to_string).collect();
+        if duplicates.len() > SHOWN {
+            listed.push(format!("and {} more", duplicates.len() - SHOWN));
+        }
+        eprintln!(
+            "topoctl: warning: {shown_trace}: job numbers on more than one line: {}; only the first line of each is replayed",
+            listed.join(", ")
+        );
+    }
     let topology_name = Path::new(&topo.source)
         .file_name()
         .map_or_else(|| topo.source.clone(), |n| n.to_string_lossy().into());
-    let trace_name = args
-        .trace
-        .file_name()
-        .map_or_else(|| args.trace.display().to_string(), |n| n.to_string_lossy().into());
+    let trace_name = match args.trace.file_name() {
+        _ if args.trace == Path::new("-") => shown_trace.clone(),
+        Some(n) => n.to_string_lossy().into(),
+        None => shown_trace.clone(),
+    };
     let mut reports = Vec::new();
     for &choice in &policies {
         for &placement in &placements {
