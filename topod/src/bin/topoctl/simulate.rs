@@ -670,6 +670,11 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         }
     };
     let total = cores_per_host * hosts as u64;
+    if let Some(warning) =
+        prime_spec.as_ref().and_then(|p| pool_size_warning(p.size, cores_per_host))
+    {
+        eprintln!("topoctl: warning: --prime: {warning}");
+    }
     if total > MAX_PROCESSORS {
         return Err(Failure::input(format!(
             "{hosts} hosts of {cores_per_host} cores are {total} processors; at most {MAX_PROCESSORS} are simulated"
@@ -834,6 +839,22 @@ fn describe_skipped(skipped: &std::collections::BTreeMap<swf::Skip, usize>) -> S
         return "none".into();
     }
     skipped.iter().map(|(why, n)| format!("{n} {why}")).collect::<Vec<_>>().join(", ")
+}
+
+/// What a prime-time pool's size cannot mean on hosts of `cores` cores, when it cannot: a share
+/// that rounds to the whole host (a pool is at least one core), or more cores than a host has.
+fn pool_size_warning(size: PoolSize, cores: u64) -> Option<String> {
+    let cores = u32::try_from(cores).unwrap_or(u32::MAX);
+    let pool = size.of(cores);
+    match size {
+        PoolSize::Share(f) if pool == cores => Some(format!(
+            "count={f} of a host of {cores} core(s) is the whole host (a pool is at least one core, rounded to whole cores): in a window every host is a pool, and the jobs the pools do not admit wait until it closes"
+        )),
+        PoolSize::Cores(n) if n > cores => Some(format!(
+            "count={n} cores, but a host has {cores}: each pool is the whole host"
+        )),
+        _ => None,
+    }
 }
 
 /// A makespan: days, or hours when under two days.
@@ -1336,6 +1357,15 @@ mod tests {
             Ok(_) => panic!("no failure"),
             Err(f) => f.message,
         }
+    }
+
+    #[test]
+    fn a_pool_size_that_means_whole_hosts_is_said() {
+        assert!(pool_size_warning(PoolSize::Share(0.25), 1).unwrap().contains("whole host"));
+        assert!(pool_size_warning(PoolSize::Share(0.25), 3).is_none(), "one core of three");
+        assert!(pool_size_warning(PoolSize::Share(0.25), 16).is_none());
+        assert!(pool_size_warning(PoolSize::Cores(4), 2).unwrap().contains("a host has 2"));
+        assert!(pool_size_warning(PoolSize::Cores(2), 2).is_none(), "asked for the whole host");
     }
 
     #[test]
