@@ -352,6 +352,20 @@ fn what_is_not_a_trace_is_refused_at_its_first_line_and_what_is_left_out_is_coun
     assert_eq!(skipped["in a queue --queues/--skip-queues leaves out"], 1, "{skipped}");
 }
 
+#[test]
+fn the_json_gives_percentiles_of_wait_response_and_slowdown() {
+    let t = trace("lublin_256.swf");
+    let v = simulate(&["--trace", t.to_str().unwrap(), "--policy", "easy"]);
+    let p = &v["percentiles"];
+    for figure in ["wait_s", "response_s", "bounded_slowdown"] {
+        let q: Vec<f64> =
+            ["p50", "p90", "p99", "max"].iter().map(|k| p[figure][k].as_f64().unwrap()).collect();
+        assert!(q.windows(2).all(|w| w[0] <= w[1]) && q[0] >= 0.0, "{figure}: {q:?}");
+    }
+    assert_eq!(p["wait_s"]["max"], v["max_wait_s"], "{v}");
+    assert!(p["response_s"]["p50"].as_f64() >= p["wait_s"]["p50"].as_f64(), "{p}");
+}
+
 fn small_trace(dir: &std::path::Path, name: &str, lines: &[&str]) -> PathBuf {
     let path = dir.join(name);
     let text: String = lines.iter().map(|l| format!("{l}\n")).collect();

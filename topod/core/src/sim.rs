@@ -228,6 +228,9 @@ pub struct SimReport {
     pub max_wait_s: f64,
     /// Mean bounded slowdown, τ = 10 s.
     pub mean_bounded_slowdown: f64,
+    /// Percentiles (nearest rank) and largest of the wait, the response (wait plus run:
+    /// submission to completion) and the bounded slowdown.
+    pub percentiles: Percentiles,
     /// First submit to last end, seconds.
     pub makespan_s: f64,
     /// Share of jobs within the fewest NUMA nodes that could hold them, on every host.
@@ -245,6 +248,41 @@ pub struct SimReport {
     /// Busy processors and queue length over time (for pictures).
     #[serde(skip)]
     pub series: Vec<Sample>,
+}
+
+/// The 50th, 90th and 99th percentiles (nearest rank) and the largest of one figure over the
+/// replayed jobs (0 without jobs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Quantiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Quantiles {
+    /// Of `values` (in any order).
+    pub fn of(mut values: Vec<f64>) -> Self {
+        values.sort_unstable_by(f64::total_cmp);
+        let n = values.len();
+        let rank = |p: usize| if n == 0 { 0.0 } else { values[(n * p).div_ceil(100).max(1) - 1] };
+        Quantiles { p50: rank(50), p90: rank(90), p99: rank(99), max: rank(100) }
+    }
+}
+
+/// [`Quantiles`] of the wait, the response and the bounded slowdown, seconds for the first two.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    /// Start minus submit, plus time suspended by preemption.
+    pub wait_s: Quantiles,
+    /// Completion minus submit.
+    pub response_s: Quantiles,
+    /// Bounded slowdown, τ = 10 s.
+    pub bounded_slowdown: Quantiles,
 }
 
 /// Why a replay stopped.
@@ -485,6 +523,7 @@ pub fn replay_observed(
         });
     }
     let mut waits = Vec::with_capacity(n);
+    let mut responses = Vec::with_capacity(n);
     let mut slowdowns = Vec::with_capacity(n);
     let mut work = 0f64;
     for (i, (j, s)) in jobs.iter().zip(&start).enumerate() {
@@ -494,6 +533,7 @@ pub fn replay_observed(
         let run = j.run as f64;
         // From submission to completion: the wait, the run, and any time spent suspended.
         let in_system = (finish[i].unwrap_or(j.submit + wait + j.run) - j.submit) as f64;
+        responses.push(in_system);
         slowdowns.push((in_system / run.max(SLOWDOWN_BOUND_S)).max(1.0));
         work += run * f64::from(j.procs);
     }
@@ -534,6 +574,11 @@ pub fn replay_observed(
         p95_wait_s: p95 as f64,
         max_wait_s: sorted.last().copied().unwrap_or(0) as f64,
         mean_bounded_slowdown: mean(slowdowns.iter().sum()),
+        percentiles: Percentiles {
+            wait_s: Quantiles::of(waits.iter().map(|w| *w as f64).collect()),
+            response_s: Quantiles::of(responses),
+            bounded_slowdown: Quantiles::of(slowdowns.clone()),
+        },
         makespan_s: makespan,
         numa_optimal_share: mean(numa_ok as f64),
         l3_optimal_share: mean(l3_ok as f64),
@@ -582,6 +627,11 @@ mod tests {
         // Slowdowns: 1, (90+5)/10 = 9.5, (80+1000)/1000 = 1.08.
         assert!((r.mean_bounded_slowdown - (1.0 + 9.5 + 1.08) / 3.0).abs() < 1e-12);
         assert_eq!(r.p95_wait_s, 90.0);
+        // Nearest rank of 3: p50 is the 2nd, p90 and p99 the 3rd. Responses: 100, 95, 1080.
+        let q = |p50, p90, p99, max| Quantiles { p50, p90, p99, max };
+        assert_eq!(r.percentiles.wait_s, q(80.0, 90.0, 90.0, 90.0));
+        assert_eq!(r.percentiles.response_s, q(100.0, 1080.0, 1080.0, 1080.0));
+        assert_eq!(r.percentiles.bounded_slowdown, q(1080.0 / 1000.0, 9.5, 9.5, 9.5));
         assert_eq!(r.numa_optimal_share, 1.0);
         assert_eq!(r.series.last().unwrap().busy, 0);
     }

@@ -1307,6 +1307,7 @@ mod tests {
             p95_wait_s: 0.0,
             max_wait_s: 0.0,
             mean_bounded_slowdown: 1.0,
+            percentiles: Default::default(),
             makespan_s,
             numa_optimal_share: 1.0,
             l3_optimal_share: 1.0,
