@@ -532,11 +532,20 @@ const MAX_PROCESSORS: u64 = 1 << 24;
 /// The largest trace read (the largest in the Parallel Workloads Archive is a few hundred MB).
 const MAX_TRACE_BYTES: u64 = 4 << 30;
 
-/// Reads a trace as text, with a size limit, naming the line of a byte that is not UTF-8.
+/// How messages name the trace: its path, or "standard input" for `-`.
+fn trace_shown(path: &Path) -> String {
+    if path == Path::new("-") {
+        "standard input".into()
+    } else {
+        path.display().to_string()
+    }
+}
+
+/// Reads a trace (plain or gzip, a file or `-`) a line at a time, with a size limit; returns it
+/// with its header comment lines.
 fn read_trace(path: &Path) -> Result<(swf::Trace, String), Failure> {
     use std::io::{BufRead, BufReader, Read};
-    let name =
-        if path == Path::new("-") { "standard input".into() } else { path.display().to_string() };
+    let name = trace_shown(path);
     let cannot = |e: std::io::Error| Failure::input(format!("cannot read the trace {name}: {e}"));
     let input: Box<dyn Read> = if path == Path::new("-") {
         Box::new(std::io::stdin().lock())
@@ -619,11 +628,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         .transpose()?
         .unwrap_or_default();
     let (trace, text) = read_trace(&args.trace)?;
-    let shown_trace = if args.trace == Path::new("-") {
-        "standard input".to_string()
-    } else {
-        args.trace.display().to_string()
-    };
+    let shown_trace = trace_shown(&args.trace);
     let prime_spec = match (&args.prime, policies.iter().any(|c| c.prime)) {
         (_, false) => None,
         (Some(text), true) => Some(parse_prime(text)?),

@@ -238,7 +238,8 @@ impl TopodDriver {
     /// The job's owner suspends it, as the server lets them (`Op::Suspend` for a peer that is
     /// not an administrator): not a suspension by the policy, which is not theirs to take over.
     fn owner_suspends(&mut self, job: &str) -> Option<Refusal> {
-        if self.host.suspended_by_policy(job) || self.host.ledger().is_suspended(job) {
+        // (The server forbids taking over the policy's suspension; any other is the owner's.)
+        if self.host.ledger().is_suspended(job) {
             return Some(Refusal::NotRunning);
         }
         let ticket = match self.host.begin_suspend(job, Some(OWNER)) {
