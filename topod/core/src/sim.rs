@@ -116,6 +116,9 @@ pub struct Selected {
     pub skipped: BTreeMap<Skip, usize>,
     /// The job numbers that came again ([`Skip::Duplicate`]), in file order, each once.
     pub duplicates: Vec<i64>,
+    /// Each job's line: its index in the trace's `jobs` (for per-job output, which carries
+    /// the line's other fields over).
+    pub lines: Vec<usize>,
 }
 
 /// The jobs of `trace` a cluster of `total_procs` processors can replay, in submit order, and
@@ -123,10 +126,11 @@ pub struct Selected {
 /// on an earlier replayed line is a broken log: the later line is left out and counted.
 pub fn jobs_from_trace(trace: &Trace, filter: &TraceFilter, total_procs: u64) -> Selected {
     let mut jobs = Vec::with_capacity(trace.jobs.len());
+    let mut lines = Vec::with_capacity(trace.jobs.len());
     let mut skipped = BTreeMap::new();
     let mut seen = std::collections::HashSet::with_capacity(trace.jobs.len());
     let mut duplicates = Vec::new();
-    for line in &trace.jobs {
+    for (index, line) in trace.jobs.iter().enumerate() {
         if !filter.keeps(line.queue) {
             *skipped.entry(Skip::Queue).or_insert(0) += 1;
             continue;
@@ -141,20 +145,26 @@ pub fn jobs_from_trace(trace: &Trace, filter: &TraceFilter, total_procs: u64) ->
                     duplicates.push(line.id);
                 }
             }
-            Ok(procs) => jobs.push(SimJob {
-                id: line.id,
-                submit: line.submit.max(0),
-                run: line.run,
-                estimate: line.estimate(),
-                procs,
-                malleable: false,
-            }),
+            Ok(procs) => {
+                jobs.push(SimJob {
+                    id: line.id,
+                    submit: line.submit.max(0),
+                    run: line.run,
+                    estimate: line.estimate(),
+                    procs,
+                    malleable: false,
+                });
+                lines.push(index);
+            }
             Err(why) => *skipped.entry(why).or_insert(0) += 1,
         }
     }
     // The format says lines are sorted by submit time; a stable sort keeps file order on ties.
-    jobs.sort_by_key(|j| j.submit);
-    Selected { jobs, skipped, duplicates }
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&i| jobs[i].submit);
+    let jobs = order.iter().map(|&i| jobs[i]).collect();
+    let lines = order.iter().map(|&i| lines[i]).collect();
+    Selected { jobs, skipped, duplicates, lines }
 }
 
 /// One point of the time series: after the decisions of instant `t`.
@@ -248,6 +258,48 @@ pub struct SimReport {
     /// Busy processors and queue length over time (for pictures).
     #[serde(skip)]
     pub series: Vec<Sample>,
+    /// What happened to each job, in job order (for per-job output).
+    #[serde(skip)]
+    pub outcomes: Vec<JobOutcome>,
+}
+
+/// What happened to one job in a replay. Times are the trace's clock (seconds); the wait, the
+/// response (`end` − submit) and the bounded slowdown are the ones the figures average, so a
+/// job's `wait` counts the time it spent suspended by preemption, and its run as a writer of
+/// per-job results gives it, the response minus the wait, counts the rest (its run, and for a
+/// gang job the slices it sat out).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct JobOutcome {
+    /// When it first ran.
+    pub start: Time,
+    /// When it ended.
+    pub end: Time,
+    /// Start − submit, plus the time it spent suspended by preemption.
+    pub wait: Time,
+    /// Seconds it spent suspended by preemption.
+    pub suspended: Time,
+    /// Suspensions by preemption.
+    pub suspensions: u32,
+    /// Freezes by gang slicing (a job started in a row whose slice is not now counts one).
+    pub gang_freezes: u32,
+    /// Moves of its CPUs (defragmentation, prime-time pools opening).
+    pub moves: u32,
+    /// Changes of its size (a malleable job).
+    pub resizes: u32,
+    /// Processors it held when it started (below its request: a malleable job started small).
+    pub procs_at_start: u32,
+    /// Hosts it started on (where: [`Action::Start`], which [`replay_observed`] shows).
+    pub hosts: u32,
+    /// NUMA nodes its CPUs spanned when it started, summed over its hosts.
+    pub numa_nodes: u32,
+    /// Whether that was the fewest that could hold its CPUs, on every host.
+    pub numa_optimal: bool,
+    /// The same for L3 groups.
+    pub l3_groups: u32,
+    /// The same for L3 groups.
+    pub l3_optimal: bool,
+    /// Bounded slowdown (τ = 10 s): max(1, response ÷ max(logged run, τ)).
+    pub bounded_slowdown: f64,
 }
 
 /// The 50th, 90th and 99th percentiles (nearest rank) and the largest of one figure over the
@@ -389,6 +441,10 @@ pub fn replay_observed(
     let mut rate: Vec<u32> = vec![0; n];
     let mut work: Vec<u128> = vec![0; n];
     let mut marked: Vec<Time> = vec![0; n];
+    // Per job, for its outcome: how it started and what happened to it after.
+    let mut spans: Vec<(u32, u32, bool, u32, bool)> = vec![(0, 0, false, 0, false); n];
+    let mut at_start: Vec<u32> = vec![0; n];
+    let mut counts: Vec<Counts> = vec![Counts::default(); n];
     let mut resizes = 0usize;
     let mut suspensions = 0usize;
     let mut gang_freezes = 0usize;
@@ -442,11 +498,23 @@ pub fn replay_observed(
             let (job, end) = match action {
                 Action::Start { job, parts } => {
                     start[job as usize] = Some(now);
-                    numa_ok +=
-                        usize::from(parts.iter().all(|p| p.placement.metrics.numa_optimal()));
-                    l3_ok += usize::from(parts.iter().all(|p| p.placement.metrics.l3_optimal()));
+                    let numa_optimal = parts.iter().all(|p| p.placement.metrics.numa_optimal());
+                    let l3_optimal = parts.iter().all(|p| p.placement.metrics.l3_optimal());
+                    numa_ok += usize::from(numa_optimal);
+                    l3_ok += usize::from(l3_optimal);
                     let i = job as usize;
+                    let sum = |f: fn(&crate::place::PlacementMetrics) -> usize| {
+                        parts.iter().map(|p| f(&p.placement.metrics) as u32).sum::<u32>()
+                    };
+                    spans[i] = (
+                        parts.len() as u32,
+                        sum(|m| m.numa_nodes),
+                        numa_optimal,
+                        sum(|m| m.l3_groups),
+                        l3_optimal,
+                    );
                     rate[i] = parts.iter().map(|p| p.placement.tasks.len() as u32).sum();
+                    at_start[i] = rate[i];
                     work[i] = u128::try_from(jobs[i].run).unwrap_or(0) * u128::from(jobs[i].procs);
                     marked[i] = now;
                     if rate[i] == jobs[i].procs {
@@ -464,6 +532,7 @@ pub fn replay_observed(
                     marked[i] = marked[i].max(now);
                     rate[i] = parts.iter().map(|p| p.placement.tasks.len() as u32).sum();
                     resizes += 1;
+                    counts[i].resizes += 1;
                     (job, now.saturating_add(seconds_for(work[i], rate[i])))
                 }
                 Action::Suspend { job } => {
@@ -476,8 +545,10 @@ pub fn replay_observed(
                     }
                     if gang {
                         gang_freezes += 1;
+                        counts[i].gang_freezes += 1;
                     } else {
                         suspensions += 1;
+                        counts[i].suspensions += 1;
                         // Its memory is written out and read back, its caches are lost.
                         left[i] = left[i].saturating_add(suspend_cost);
                         suspended_at[i] = Some(now);
@@ -494,6 +565,7 @@ pub fn replay_observed(
                 }
                 Action::Move { job, pause, .. } => {
                     let i = job as usize;
+                    counts[i].moves += 1;
                     if pause <= 0 {
                         continue;
                     }
@@ -525,6 +597,7 @@ pub fn replay_observed(
     let mut waits = Vec::with_capacity(n);
     let mut responses = Vec::with_capacity(n);
     let mut slowdowns = Vec::with_capacity(n);
+    let mut outcomes = Vec::with_capacity(n);
     let mut work = 0f64;
     for (i, (j, s)) in jobs.iter().zip(&start).enumerate() {
         // Every job started (checked above). Time suspended by preemption is waiting too.
@@ -532,10 +605,31 @@ pub fn replay_observed(
         waits.push(wait);
         let run = j.run as f64;
         // From submission to completion: the wait, the run, and any time spent suspended.
-        let in_system = (finish[i].unwrap_or(j.submit + wait + j.run) - j.submit) as f64;
+        let end = finish[i].unwrap_or(j.submit + wait + j.run);
+        let in_system = (end - j.submit) as f64;
         responses.push(in_system);
-        slowdowns.push((in_system / run.max(SLOWDOWN_BOUND_S)).max(1.0));
+        let slowdown = (in_system / run.max(SLOWDOWN_BOUND_S)).max(1.0);
+        slowdowns.push(slowdown);
         work += run * f64::from(j.procs);
+        let (hosts, numa_nodes, numa_optimal, l3_groups, l3_optimal) = spans[i];
+        let Counts { suspensions, gang_freezes, moves, resizes } = counts[i];
+        outcomes.push(JobOutcome {
+            start: s.unwrap_or(j.submit),
+            end,
+            wait,
+            suspended: suspended_for[i],
+            suspensions,
+            gang_freezes,
+            moves,
+            resizes,
+            procs_at_start: at_start[i],
+            hosts,
+            numa_nodes,
+            numa_optimal,
+            l3_groups,
+            l3_optimal,
+            bounded_slowdown: slowdown,
+        });
     }
     // A job's end may have moved earlier (a malleable job grown), so the last end is the last
     // finish, not the last end event.
@@ -586,7 +680,17 @@ pub fn replay_observed(
         waits,
         slowdowns,
         series,
+        outcomes,
     })
+}
+
+/// What happened to one job after it started, counted as the replay goes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    suspensions: u32,
+    gang_freezes: u32,
+    moves: u32,
+    resizes: u32,
 }
 
 /// Whole seconds for `work` processor-seconds at `rate` processors, the last rounded up.
@@ -634,6 +738,14 @@ mod tests {
         assert_eq!(r.percentiles.bounded_slowdown, q(1080.0 / 1000.0, 9.5, 9.5, 9.5));
         assert_eq!(r.numa_optimal_share, 1.0);
         assert_eq!(r.series.last().unwrap().busy, 0);
+        // Job by job: job 2 ran 100-105 on host 0 or 1, job 3 from 100 on the other.
+        let o = &r.outcomes;
+        assert_eq!((o[0].start, o[0].end, o[0].wait, o[0].procs_at_start), (0, 100, 0, 2));
+        assert_eq!((o[1].start, o[1].end, o[1].wait), (100, 105, 90));
+        assert_eq!((o[2].start, o[2].end, o[2].wait), (100, 1100, 80));
+        assert_eq!(o.iter().map(|o| o.hosts).collect::<Vec<_>>(), vec![2, 1, 1]);
+        assert_eq!(o.iter().map(|o| o.bounded_slowdown).collect::<Vec<_>>(), r.slowdowns);
+        assert!(o.iter().all(|o| o.numa_optimal && o.numa_nodes == o.hosts));
     }
 
     #[test]

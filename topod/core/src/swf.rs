@@ -70,6 +70,19 @@ impl Status {
         })
     }
 
+    /// The number the format writes for it (field 11).
+    pub fn code(self) -> i64 {
+        match self {
+            Status::Completed => 1,
+            Status::Failed => 0,
+            Status::Cancelled => 5,
+            Status::Partial => 2,
+            Status::PartialLastCompleted => 3,
+            Status::PartialLastFailed => 4,
+            Status::Unknown => -1,
+        }
+    }
+
     /// Whether this line is one partial execution (status 2, 3 or 4) of a checkpointed job:
     /// the archive writes a summary line for such a job as well, so partial lines are not jobs
     /// of their own.
@@ -182,6 +195,59 @@ impl SwfJob {
         }
         self.procs().ok_or(Skip::NoProcessors)
     }
+}
+
+/// The job as one SWF line (18 fields, one space apart, no line end), as [`read`] reads it
+/// back: what the simulator writes for per-job results.
+impl fmt::Display for SwfJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}",
+            self.id,
+            self.submit,
+            self.wait,
+            self.run,
+            self.allocated_procs,
+            self.avg_cpu,
+            self.used_mem_kb,
+            self.requested_procs,
+            self.requested_time,
+            self.requested_mem_kb,
+            self.status.code(),
+            self.user,
+            self.group,
+            self.executable,
+            self.queue,
+            self.partition,
+            self.preceding,
+            self.think,
+        )
+    }
+}
+
+/// Header keys a log made from this one (per-job results of a replay) carries over
+/// ([`header_lines_carried`]): the clock (so local times, as prime-time windows use them, stay
+/// the same) and the names of the queues and partitions. It writes its own `Version`,
+/// `Computer`, `MaxJobs`, `MaxProcs` and notes.
+pub const CARRIED_HEADER_KEYS: [&str; 9] = [
+    "UnixStartTime",
+    "TimeZone",
+    "TimeZoneString",
+    "StartTime",
+    "EndTime",
+    "Queues",
+    "Queue",
+    "Partitions",
+    "Partition",
+];
+
+/// The lines of `header` (as [`read`] returns it) whose key is one of [`CARRIED_HEADER_KEYS`].
+pub fn header_lines_carried(header: &str) -> impl Iterator<Item = &str> {
+    header.lines().filter(|line| {
+        let key = line.trim_start_matches(';').split(':').next().unwrap_or("").trim();
+        CARRIED_HEADER_KEYS.contains(&key)
+    })
 }
 
 /// The header comments a replay uses.
@@ -587,6 +653,25 @@ mod tests {
 3    5200 -1       -1   -1 -1 -1 -1 -1 -1 5 -1 -1 -1 1 -1 -1 -1\n\
 \n\
 4    5300.6 -1  7200.4   4 -1 -1 -1 60 -1 2 -1 -1 -1 1 -1 -1 -1\n";
+
+    #[test]
+    fn a_job_written_as_a_line_reads_back_the_same_and_a_new_header_keeps_the_clock() {
+        let (trace, header) = read(SDSC_LIKE.as_bytes()).unwrap();
+        let mut job = trace.jobs[1].clone();
+        job.avg_cpu = 1234.25;
+        let line = job.to_string();
+        assert_eq!(line, "2 5170 10 2 1 1234.25 -1 8 3600 -1 0 3 1 7 1 -1 -1 -1");
+        assert_eq!(parse(&line).unwrap().jobs, vec![job]);
+        // Every status reads back as itself.
+        for code in [-1, 0, 1, 2, 3, 4, 5] {
+            assert_eq!(Status::from_code(code).map(Status::code), Some(code));
+        }
+        let carried: Vec<&str> = header_lines_carried(&header).collect();
+        assert_eq!(
+            carried,
+            ["; UnixStartTime: 820090437", "; Queue:  0  interactive", "; Queue:  1  q4t"]
+        );
+    }
 
     #[test]
     fn reads_the_header_and_all_eighteen_fields() {
