@@ -519,3 +519,301 @@ fn gang_options_are_checked() {
     refused(&["--gang", "0"], "--gang");
     refused(&["--gang", "30", "--gang-rows", "0"], "--gang-rows");
 }
+
+/// `topoctl simulate --json` with `extra` arguments, as one object per replay (an array even
+/// for one).
+fn simulate_all(args: &[&str]) -> Vec<Value> {
+    match simulate(args) {
+        Value::Array(all) => all,
+        one => vec![one],
+    }
+}
+
+/// The summary's figures, from per-job (submit, wait, run, processors) rows as an SWF file
+/// gives them, on a cluster of `processors`.
+fn figures_of(rows: &[(i64, i64, i64, i64)], processors: f64) -> [f64; 5] {
+    let n = rows.len() as f64;
+    let first = rows.iter().map(|r| r.0).min().unwrap();
+    let last = rows.iter().map(|r| r.0 + r.1 + r.2).max().unwrap();
+    let makespan = (last - first) as f64;
+    let work: f64 = rows.iter().map(|r| (r.2 * r.3) as f64).sum();
+    let wait = rows.iter().map(|r| r.1 as f64).sum::<f64>() / n;
+    let max_wait = rows.iter().map(|r| r.1).max().unwrap() as f64;
+    let slowdown =
+        rows.iter().map(|r| ((r.1 + r.2) as f64 / (r.2 as f64).max(10.0)).max(1.0)).sum::<f64>()
+            / n;
+    [wait, max_wait, slowdown, work / (processors * makespan), makespan]
+}
+
+fn summary_figures(v: &Value) -> [f64; 5] {
+    ["mean_wait_s", "max_wait_s", "mean_bounded_slowdown", "utilization", "makespan_s"]
+        .map(|k| v[k].as_f64().unwrap_or_else(|| panic!("no {k} in {v}")))
+}
+
+fn assert_figures_equal(what: &str, ours: [f64; 5], summary: [f64; 5]) {
+    for (k, (a, b)) in ours.iter().zip(summary).enumerate() {
+        assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{what}: figure {k}: {a} against {b}");
+    }
+}
+
+/// A plain SWF reader outside the project (Python, no libraries): the same figures, as JSON.
+const PLAIN_SWF_READER: &str = r#"
+import json, sys
+rows, procs = [], None
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if line.startswith(';'):
+        if line[1:].split(':')[0].strip() == 'MaxProcs':
+            procs = float(line.split(':')[1])
+        continue
+    if line:
+        f = line.split()
+        assert len(f) == 18, line
+        rows.append([int(float(x)) for x in (f[1], f[2], f[3], f[4])])
+n = len(rows)
+first = min(r[0] for r in rows)
+makespan = max(r[0] + r[1] + r[2] for r in rows) - first
+print(json.dumps({
+    'jobs': n,
+    'mean_wait_s': sum(r[1] for r in rows) / n,
+    'max_wait_s': max(r[1] for r in rows),
+    'mean_bounded_slowdown': sum(max(1, (r[1] + r[2]) / max(r[2], 10)) for r in rows) / n,
+    'utilization': sum(r[2] * r[3] for r in rows) / (procs * makespan),
+    'makespan_s': makespan,
+}))
+"#;
+
+#[test]
+fn per_job_results_in_swf_read_back_here_and_outside_and_average_to_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let swf_out = dir.path().join("jobs.swf");
+    let csv_out = dir.path().join("jobs.csv");
+    for (name, hosts) in [(SDSC, "400"), ("lublin_256.swf", "256")] {
+        let t = trace(name);
+        let runs = simulate_all(&[
+            "--trace",
+            t.to_str().unwrap(),
+            "--hosts",
+            hosts,
+            "--policy",
+            "fcfs,easy",
+            "--jobs-out",
+            swf_out.to_str().unwrap(),
+            "--jobs-out",
+            csv_out.to_str().unwrap(),
+        ]);
+        assert_eq!(runs.len(), 2);
+        for v in &runs {
+            let policy = v["policy"].as_str().unwrap();
+            let what = format!("{name} {policy}");
+            let processors = v["processors"].as_f64().unwrap();
+            // The project's own reader.
+            let path = dir.path().join(format!("jobs.{policy}.best-fit.swf"));
+            let file = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
+            let (back, _) = topo_core::swf::read(file).unwrap();
+            assert_eq!(back.jobs.len() as u64, v["jobs"].as_u64().unwrap(), "{what}");
+            assert_eq!(back.header.max_procs, Some(processors as u32), "{what}");
+            let rows: Vec<_> =
+                back.jobs.iter().map(|j| (j.submit, j.wait, j.run, j.allocated_procs)).collect();
+            assert_figures_equal(&what, figures_of(&rows, processors), summary_figures(v));
+            // A plain reader outside the project.
+            let out = Command::new("python3")
+                .args(["-c", PLAIN_SWF_READER])
+                .arg(&path)
+                .output()
+                .expect("python3 runs");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let plain: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(plain["jobs"], v["jobs"], "{what}");
+            assert_figures_equal(
+                &format!("{what} (python)"),
+                summary_figures(&plain),
+                summary_figures(v),
+            );
+            // The same jobs replayed from the results: the same replay (field 4 is the
+            // logged run under FCFS and EASY, MaxProcs gives the hosts).
+            let again = simulate(&["--trace", path.to_str().unwrap(), "--policy", policy]);
+            assert_figures_equal(
+                &format!("{what} again"),
+                summary_figures(&again),
+                summary_figures(v),
+            );
+            // The CSV says the same, job by job.
+            let csv =
+                std::fs::read_to_string(dir.path().join(format!("jobs.{policy}.best-fit.csv")))
+                    .unwrap();
+            let table = csv_rows(&csv);
+            assert_eq!(table.len(), back.jobs.len(), "{what}");
+            for (row, job) in table.iter().zip(&back.jobs) {
+                assert_eq!(row["job"], job.id.to_string());
+                assert_eq!(row["wait_s"], job.wait.to_string(), "{what} job {}", job.id);
+                assert_eq!(row["run_s"], job.run.to_string(), "{what} job {}", job.id);
+                // One-processor hosts: one per processor, each its CPU 0.
+                assert_eq!(row["hosts"], job.allocated_procs.to_string());
+                assert!(row["cpus"].split(' ').all(|part| part.ends_with(":0")), "{row:?}");
+            }
+        }
+    }
+}
+
+/// The rows of a CSV with a header row, each as column → cell (a quoted cell unquoted).
+fn csv_rows(text: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let mut lines = text.lines();
+    let header: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
+    lines
+        .map(|line| {
+            let mut cells = Vec::new();
+            let mut cell = String::new();
+            let mut quoted = false;
+            let mut chars = line.chars().peekable();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' if quoted && chars.peek() == Some(&'"') => {
+                        cell.push('"');
+                        chars.next();
+                    }
+                    '"' => quoted = !quoted,
+                    ',' if !quoted => cells.push(std::mem::take(&mut cell)),
+                    c => cell.push(c),
+                }
+            }
+            cells.push(cell);
+            assert_eq!(cells.len(), header.len(), "{line}");
+            header.iter().cloned().zip(cells).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn per_job_results_count_the_suspensions_freezes_resizes_and_moves_the_summary_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv_out = dir.path().join("jobs.csv");
+    let swf_out = dir.path().join("jobs.swf");
+    let t = trace("lublin_256.swf");
+    let machine = common::topologies().join("converted-hwloc2.9/32intel64-2p8co2t+8ve.xml");
+    let runs = simulate_all(&[
+        "--trace",
+        t.to_str().unwrap(),
+        "--hosts",
+        "16",
+        "--topology",
+        machine.to_str().unwrap(),
+        "--policy",
+        "easy+preempt,easy+gang,easy+malleable+defrag",
+        "--malleable",
+        "0.5",
+        "--preempt-cost",
+        "30",
+        "--jobs-out",
+        csv_out.to_str().unwrap(),
+        "--jobs-out",
+        swf_out.to_str().unwrap(),
+    ]);
+    assert_eq!(runs.len(), 3);
+    for v in &runs {
+        let policy = v["policy"].as_str().unwrap();
+        let csv = std::fs::read_to_string(dir.path().join(format!("jobs.{policy}.best-fit.csv")))
+            .unwrap();
+        let table = csv_rows(&csv);
+        assert_eq!(table.len() as u64, v["jobs"].as_u64().unwrap(), "{policy}");
+        let int = |row: &std::collections::HashMap<String, String>, k: &str| -> i64 {
+            row[k].parse().unwrap_or_else(|_| panic!("{k}: {:?}", row[k]))
+        };
+        let total = |k: &str| table.iter().map(|r| int(r, k)).sum::<i64>();
+        let mean = |k: &str| {
+            table.iter().map(|r| r[k].parse::<f64>().unwrap()).sum::<f64>() / table.len() as f64
+        };
+        assert_eq!(total("suspensions"), v["suspensions"].as_i64().unwrap(), "{policy}");
+        assert_eq!(total("gang_freezes"), v["gang_freezes"].as_i64().unwrap(), "{policy}");
+        assert_eq!(total("resizes"), v["resizes"].as_i64().unwrap(), "{policy}");
+        assert_eq!(
+            total("moves"),
+            v["moves"].as_i64().unwrap() + v["prime_moves"].as_i64().unwrap(),
+            "{policy}"
+        );
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+        assert!(close(mean("wait_s"), v["mean_wait_s"].as_f64().unwrap()), "{policy}");
+        assert!(
+            close(mean("bounded_slowdown"), v["mean_bounded_slowdown"].as_f64().unwrap()),
+            "{policy}"
+        );
+        // The SWF file's waits and responses (fields 3, and 3 + 4) are the same.
+        let path = dir.path().join(format!("jobs.{policy}.best-fit.swf"));
+        let file = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
+        let (back, _) = topo_core::swf::read(file).unwrap();
+        let n = back.jobs.len() as f64;
+        let swf_wait = back.jobs.iter().map(|j| j.wait as f64).sum::<f64>() / n;
+        assert!(close(swf_wait, v["mean_wait_s"].as_f64().unwrap()), "{policy}: {swf_wait}");
+        let longest = back.jobs.iter().map(|j| j.wait + j.run).max().unwrap() as f64;
+        assert_eq!(Some(longest), v["percentiles"]["response_s"]["max"].as_f64(), "{policy}");
+        let numa_optimal = table.iter().filter(|r| r["numa_optimal"] == "true").count();
+        assert!(
+            close(
+                numa_optimal as f64 / table.len() as f64,
+                v["numa_optimal_share"].as_f64().unwrap()
+            ),
+            "{policy}"
+        );
+        for row in &table {
+            assert_eq!(int(row, "wait_s") + int(row, "run_s"), int(row, "response_s"), "{row:?}");
+            assert_eq!(int(row, "end_s") - int(row, "submit_s"), int(row, "response_s"));
+            assert!(int(row, "start_s") >= int(row, "submit_s"), "{row:?}");
+            if int(row, "suspensions") == 0 {
+                assert_eq!(int(row, "suspended_s"), 0, "{row:?}");
+            }
+            // Each host's CPUs as the machine numbers them, the job's NUMA nodes at least one per host.
+            let parts: Vec<&str> = row["cpus"].split(' ').collect();
+            assert_eq!(parts.len() as i64, int(row, "hosts"), "{row:?}");
+            assert!(int(row, "numa_nodes") >= int(row, "hosts"), "{row:?}");
+            for part in parts {
+                let (host, cpus) = part.split_once(':').unwrap();
+                assert!(host.parse::<u32>().unwrap() < 16, "{row:?}");
+                let cpus = topo_core::CpuSet::parse_list(cpus).unwrap();
+                assert!(!cpus.is_empty() && cpus.iter().all(|c| c < 32), "{row:?}");
+            }
+        }
+    }
+    let by = |p: &str| runs.iter().find(|v| v["policy"] == p).unwrap();
+    // Each policy did what it is for, so the totals above were not all zero.
+    assert!(by("easy+preempt")["suspensions"].as_u64().unwrap() > 0);
+    assert!(by("easy+gang")["gang_freezes"].as_u64().unwrap() > 0);
+    assert!(by("easy+malleable+defrag")["resizes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn a_jobs_out_file_is_checked_before_the_replay() {
+    let t = trace("lublin_256.swf");
+    for (file, says) in [
+        ("/tmp/jobs.txt", "end it in .swf (Standard Workload Format) or .csv"),
+        ("/nonexistent-dir/jobs.swf", "cannot write there"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args(["simulate", "--trace", t.to_str().unwrap(), "--jobs-out", file])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(file) && err.contains(says), "{err}");
+        assert!(
+            out.stdout.is_empty(),
+            "nothing replayed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    // Results or pictures written over the trace would lose it: refused, the trace kept.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("jobs.swf");
+    std::fs::copy(&t, &copy).unwrap();
+    let before = std::fs::read(&copy).unwrap();
+    let twice = dir.path().join(".").join("jobs.swf");
+    for option in ["--jobs-out", "--svg"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args(["simulate", "--trace", copy.to_str().unwrap(), option, twice.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(option) && err.contains("that is the trace"), "{err}");
+        assert_eq!(std::fs::read(&copy).unwrap(), before, "{option}");
+    }
+}

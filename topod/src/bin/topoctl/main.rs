@@ -9,6 +9,7 @@
 mod bench;
 mod cli;
 mod docs;
+mod jobs_out;
 mod live;
 mod lsf;
 mod offline;
@@ -29,6 +30,7 @@ use std::process::ExitCode;
 use topo_core::proto::Op;
 
 /// A failure that ends the command, with the exit code to use.
+#[derive(Debug)]
 pub(crate) struct Failure {
     message: String,
     code: u8,

@@ -4,6 +4,7 @@
 //! The replay itself is `topo_core::sim` over `topo_core::policy`; this file reads the inputs,
 //! times the replays, and writes the table, the JSON and the SVG.
 
+use crate::jobs_out::{self, JobsOut};
 use crate::offline::load_path;
 use crate::{print_json, Failure};
 use clap::Args;
@@ -16,7 +17,8 @@ use std::time::Instant;
 use topo_core::defrag::DefragLimits;
 use topo_core::place::{HostModel, Strategy};
 use topo_core::policy::{
-    Defrag, Gang, Malleability, PolicyConfig, PoolSize, Preempt, Prime, QueueOrder, Reserve, Time,
+    Action, Defrag, Gang, Malleability, PolicyConfig, PoolSize, Preempt, Prime, QueueOrder,
+    Reserve, Time,
 };
 use topo_core::prime::{OnOpen, Window};
 use topo_core::sim::{self, SimReport, TraceFilter};
@@ -64,10 +66,23 @@ How a trace is replayed:
   window opens run on; migrate: they are moved out where they fit). The local time is the header's
   UnixStartTime plus the offset its StartTime shows (one offset all year: daylight saving is not
   followed), or --utc-offset.
+  --jobs-out gives every replayed job's wait, response and bounded slowdown exactly as the summary
+  averages them. In .swf, field 3 is the wait (time suspended by preemption included), field 4 the
+  rest of its time in the system (submit + wait + run is its end: the logged run for fcfs and easy;
+  with gang slicing the slices it sat out count, a malleable job's is as long as its sizes made it),
+  field 5 the processors it started on, the other fields its trace line's; the header's MaxProcs is
+  the simulated cluster's. The .csv has a header row and, per job: job, submit_s, start_s (first
+  run), end_s, wait_s, run_s, response_s, bounded_slowdown, procs (asked), procs_at_start,
+  estimate_s, logged_run_s, queue, partition, user, suspensions and suspended_s (preemption),
+  gang_freezes, moves, resizes, hosts, numa_nodes and l3_groups its CPUs spanned at its start
+  (summed over its hosts), numa_optimal and l3_optimal (the fewest that could hold them, on every
+  host), and cpus: host:CPU-list for each host (hosts numbered from 0), space-separated.
 
 Examples:
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 400 --policy fcfs,easy --svg out.svg
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --skip-queues 0 --hosts 352 --json
+  topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 400 --jobs-out easy.swf \\
+      --jobs-out easy.csv
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 25 --topology 2socket.xml \\
       --placement best-fit,first-fit
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 22 --topology 2socket.xml \\
@@ -120,6 +135,12 @@ pub(crate) struct SimulateOpts {
     /// every replay into this SVG file.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+    /// Write each job's results into FILE: FILE.swf in the Standard Workload Format (the
+    /// simulated wait and run in fields 3 and 4), FILE.csv with where each job ran and what
+    /// happened to it (see below). Repeat for both. With several replays, one file each, named
+    /// FILE.POLICY.PLACEMENT.swf.
+    #[arg(long, value_name = "FILE")]
+    jobs_out: Vec<PathBuf>,
     /// Preemption for every policy listed: a waiting job whose expansion factor ((wait +
     /// estimate) / estimate) reached --preempt-xf suspends running jobs with lower ones, chosen
     /// to free the tightest domain (checked as time passes, not only at submits and ends); their
@@ -317,6 +338,39 @@ fn parse_policies(text: &str, everywhere: PolicyChoice) -> Result<Vec<PolicyChoi
         }
     }
     Ok(all)
+}
+
+/// What every replay's configuration takes from the options, whichever policy it is.
+struct Settings {
+    preempt: Preempt,
+    gang: Gang,
+    malleability: Malleability,
+    numa_local: bool,
+    defrag: Defrag,
+    prime: Option<Prime>,
+    move_cost: Time,
+    suspend_cost: Time,
+}
+
+/// The configuration of one replay.
+fn config_for(choice: PolicyChoice, placement: Strategy, settings: &Settings) -> PolicyConfig {
+    PolicyConfig {
+        order: choice.order.unwrap_or(QueueOrder::Easy),
+        strategy: placement,
+        preempt: choice.preempt.then_some(settings.preempt),
+        gang: choice.gang.then_some(settings.gang),
+        malleable: choice.malleable.then_some(settings.malleability),
+        numa_local: settings.numa_local,
+        defrag: choice.defrag.then_some(settings.defrag),
+        reserve: choice.reserve.then_some(if choice.strict {
+            Reserve::Strict
+        } else {
+            Reserve::Outlasting
+        }),
+        prime: if choice.prime { settings.prime.clone() } else { None },
+        move_cost: settings.move_cost,
+        suspend_cost: settings.suspend_cost,
+    }
 }
 
 /// See [`parse_policies`].
@@ -685,14 +739,40 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
             "{hosts} hosts of {cores_per_host} cores are {total} processors; at most {MAX_PROCESSORS} are simulated"
         )));
     }
-    // Where the picture goes is checked before the replay, not after it.
-    if let Some(path) = &args.svg {
+    let settings = Settings {
+        preempt: rules,
+        gang,
+        malleability,
+        numa_local: args.numa_local,
+        defrag,
+        prime,
+        move_cost: Time::from(args.migrate_cost),
+        suspend_cost: Time::from(args.preempt_cost),
+    };
+    let jobs_out =
+        args.jobs_out.iter().map(|p| JobsOut::parse(p)).collect::<Result<Vec<_>, _>>()?;
+    let several = policies.len() * placements.len() > 1;
+    let wants_cpus = jobs_out.iter().any(JobsOut::wants_cpus);
+    // Where the results go is checked before the replay, not after it; none is the trace.
+    let mut outputs: Vec<(&str, PathBuf)> = args.svg.iter().map(|p| ("--svg", p.clone())).collect();
+    for out in &jobs_out {
+        for choice in &policies {
+            for placement in &placements {
+                let policy = sim::policy_name(&config_for(*choice, *placement, &settings));
+                outputs.push(("--jobs-out", out.path_for(&policy, placement.name(), several)));
+            }
+        }
+    }
+    for (option, path) in &outputs {
+        not_the_trace(option, path, &args.trace)?;
+    }
+    for (option, path) in &outputs {
         std::fs::File::create(path).map_err(|e| {
-            Failure::input(format!("--svg {}: cannot write there: {e}", path.display()))
+            Failure::input(format!("{option} {}: cannot write there: {e}", path.display()))
         })?;
     }
     let filter = TraceFilter { queues, skip_queues };
-    let sim::Selected { mut jobs, skipped, duplicates } =
+    let sim::Selected { mut jobs, skipped, duplicates, lines } =
         sim::jobs_from_trace(&trace, &filter, total);
     // Marks mean nothing to a policy without malleable jobs: every replay gets the same jobs.
     let any_malleable = policies.iter().any(|c| c.malleable);
@@ -728,23 +808,11 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     let mut reports = Vec::new();
     for &choice in &policies {
         for &placement in &placements {
-            let config = PolicyConfig {
-                order: choice.order.unwrap_or(QueueOrder::Easy),
-                strategy: placement,
-                preempt: choice.preempt.then_some(rules),
-                gang: choice.gang.then_some(gang),
-                malleable: choice.malleable.then_some(malleability),
-                numa_local: args.numa_local,
-                defrag: choice.defrag.then_some(defrag),
-                reserve: choice.reserve.then_some(if choice.strict {
-                    Reserve::Strict
-                } else {
-                    Reserve::Outlasting
-                }),
-                prime: if choice.prime { prime.clone() } else { None },
-                move_cost: Time::from(args.migrate_cost),
-                suspend_cost: Time::from(args.preempt_cost),
-            };
+            let config = config_for(choice, placement, &settings);
+            let mut started_on = Vec::new();
+            if wants_cpus {
+                started_on.resize(jobs.len(), Vec::new());
+            }
             // Each repetition replays the same jobs and decides the same; the speed reported is
             // the median over the repetitions.
             let mut speeds = Vec::with_capacity(args.repeat as usize);
@@ -755,10 +823,21 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
                     &format!("{} {}", sim::policy_name(&config), placement.name()),
                 );
                 let hosts_vec = vec![Arc::clone(&model); hosts];
+                // Where each job started, for a CSV (only once: every repetition decides the same).
+                let record = wants_cpus && kept.is_none();
                 let began = Instant::now();
-                let report = sim::replay(hosts_vec, &jobs, config.clone(), &mut |done| {
-                    bar.set_position(done as u64)
-                })
+                let report = sim::replay_observed(
+                    hosts_vec,
+                    &jobs,
+                    config.clone(),
+                    &mut |done| bar.set_position(done as u64),
+                    &mut |_, action| {
+                        if let (true, Action::Start { job, parts }) = (record, action) {
+                            started_on[*job as usize] =
+                                parts.iter().map(|p| (p.host, p.placement.cpus.clone())).collect();
+                        }
+                    },
+                )
                 .map_err(|e| Failure::runtime(format!("the replay stopped: {e}")))?;
                 speeds.push(jobs.len() as f64 / began.elapsed().as_secs_f64().max(1e-9));
                 bar.finish_and_clear();
@@ -768,6 +847,27 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
             speeds.sort_by(f64::total_cmp);
             report.jobs_per_s = speeds[speeds.len() / 2];
             report.skipped = skipped.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+            let context = jobs_out::Context {
+                trace: &trace,
+                header: &text,
+                jobs: &jobs,
+                lines: &lines,
+                trace_name: &trace_name,
+                topology_name: &topology_name,
+                started_on: &started_on,
+            };
+            for out in &jobs_out {
+                let path = out.path_for(&report.policy, placement.name(), several);
+                jobs_out::write(out, &path, &context, &report)?;
+                eprintln!(
+                    "topoctl: {} {}: each job's results are in {}",
+                    report.policy,
+                    report.placement,
+                    path.display()
+                );
+            }
+            // (Written: the table, the JSON and the pictures need only the figures.)
+            report.outcomes = Vec::new();
             reports.push(report);
         }
     }
@@ -823,6 +923,21 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         if !args.json {
             println!("\npictures: {}", path.display());
         }
+    }
+    Ok(())
+}
+
+/// Refuses an output file that is the trace itself (read already, but it would be lost).
+fn not_the_trace(option: &str, output: &Path, trace: &Path) -> Result<(), Failure> {
+    let same = match (std::fs::canonicalize(output), std::fs::canonicalize(trace)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same {
+        return Err(Failure::input(format!(
+            "{option} {}: that is the trace; writing there would overwrite it",
+            output.display()
+        )));
     }
     Ok(())
 }
@@ -1320,6 +1435,7 @@ mod tests {
             waits: vec![0],
             slowdowns: vec![1.0],
             series,
+            outcomes: Vec::new(),
         }
     }
 
