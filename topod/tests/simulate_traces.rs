@@ -817,3 +817,53 @@ fn a_jobs_out_file_is_checked_before_the_replay() {
         assert_eq!(std::fs::read(&copy).unwrap(), before, "{option}");
     }
 }
+
+/// A job line with a requested time: number, submit, run, processors, requested seconds.
+fn line_asking(id: u32, submit: u32, run: u32, procs: u32, asked: u32) -> String {
+    format!("{id} {submit} -1 {run} {procs} -1 -1 {procs} {asked} -1 1 -1 -1 -1 0 -1 -1 -1")
+}
+
+#[test]
+fn kill_at_limit_stops_jobs_at_their_requested_time_and_says_how_many() {
+    // Job 1 asked 100 s and ran 1000 on both hosts; job 2 (1 host, asked 50, ran 50) waits for
+    // it: until 1000 without the limit, until 100 with it.
+    let dir = tempfile::tempdir().unwrap();
+    let t = small_trace(
+        dir.path(),
+        "t.swf",
+        &[&line_asking(1, 0, 1000, 2, 100), &line_asking(2, 10, 50, 1, 50)],
+    );
+    let csv = dir.path().join("jobs.csv");
+    let swf = dir.path().join("jobs.swf");
+    let base = ["--trace", t.to_str().unwrap(), "--hosts", "2", "--policy", "fcfs"];
+    let logged = simulate(&base);
+    assert_eq!(logged["mean_wait_s"].as_f64(), Some(990.0 / 2.0), "{logged}");
+    assert!(logged.get("killed_at_limit").is_none(), "{logged}");
+    let mut args = base.to_vec();
+    args.extend(["--kill-at-limit", "--jobs-out", csv.to_str().unwrap()]);
+    args.extend(["--jobs-out", swf.to_str().unwrap()]);
+    let killed = simulate(&args);
+    assert_eq!(killed["killed_at_limit"], 1, "{killed}");
+    assert_eq!(killed["mean_wait_s"].as_f64(), Some(90.0 / 2.0), "{killed}");
+    assert_eq!(killed["makespan_s"].as_f64(), Some(150.0), "{killed}");
+    let rows = csv_rows(&std::fs::read_to_string(&csv).unwrap());
+    let cells = |k: &str| rows.iter().map(|r| r[k].clone()).collect::<Vec<_>>();
+    assert_eq!(cells("killed_at_limit"), ["true", "false"]);
+    assert_eq!(cells("run_s"), ["100", "50"]);
+    assert_eq!(cells("logged_run_s"), ["1000", "50"]);
+    // In SWF the killed job did not complete: status 0.
+    let back = topo_core::swf::parse(&std::fs::read_to_string(&swf).unwrap()).unwrap();
+    let status: Vec<_> = back.jobs.iter().map(|j| j.status).collect();
+    assert_eq!(status, [topo_core::swf::Status::Failed, topo_core::swf::Status::Completed]);
+    // The table says it too.
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["simulate", "--kill-at-limit"])
+        .args(base)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("killed at their requested time (--kill-at-limit): 1 job that ran longer"),
+        "{table}"
+    );
+}

@@ -91,6 +91,22 @@ pub fn mark_malleable(jobs: &mut [SimJob], fraction: f64) -> usize {
     marked
 }
 
+/// Cuts every job of `jobs` that ran longer than it requested (its line in `trace`, by
+/// `lines`, [`crate::swf::SwfJob::outlived_request`]) to its requested time, as a batch system
+/// that kills jobs at their limit would have: it runs, and is estimated at, the time it asked
+/// for. Returns how many were cut.
+pub fn kill_at_limit(jobs: &mut [SimJob], lines: &[usize], trace: &Trace) -> usize {
+    let mut killed = 0;
+    for (job, &line) in jobs.iter_mut().zip(lines) {
+        if let Some(logged) = trace.jobs.get(line).filter(|l| l.outlived_request()) {
+            job.run = logged.requested_time;
+            job.estimate = logged.requested_time;
+            killed += 1;
+        }
+    }
+    killed
+}
+
 /// Which trace lines to replay.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TraceFilter {
@@ -228,6 +244,10 @@ pub struct SimReport {
     pub admitted_starts: u64,
     /// Trace lines not replayed, by reason.
     pub skipped: BTreeMap<String, usize>,
+    /// Jobs cut to their requested time, when the replay kills jobs at their limit
+    /// ([`kill_at_limit`]; the caller says).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub killed_at_limit: Option<usize>,
     /// Processor-seconds used ÷ (processors × makespan).
     pub utilization: f64,
     /// Mean wait, seconds.
@@ -663,6 +683,7 @@ pub fn replay_observed(
         heads_in_block: counters.heads_in_block,
         admitted_starts: counters.admitted_starts,
         skipped: BTreeMap::new(),
+        killed_at_limit: None,
         utilization: if makespan > 0.0 { work / (total as f64 * makespan) } else { 0.0 },
         mean_wait_s: mean(waits.iter().map(|w| *w as f64).sum()),
         p95_wait_s: p95 as f64,
@@ -716,6 +737,22 @@ mod tests {
 
     fn job(id: i64, submit: Time, run: Time, procs: u32) -> SimJob {
         SimJob { id, submit, run, estimate: run, procs, malleable: false }
+    }
+
+    #[test]
+    fn jobs_killed_at_their_limit_run_and_are_estimated_at_what_they_asked() {
+        // Job 1 asked 100 s and ran 250; job 2 asked 100 and ran 50; job 3 asked nothing.
+        let trace = swf::parse(
+            "1 0 -1 250 1 -1 -1 1 100 -1 1 -1 -1 -1 1 -1 -1 -1\n\
+             2 5 -1 50 1 -1 -1 1 100 -1 1 -1 -1 -1 1 -1 -1 -1\n\
+             3 9 -1 70 1 -1 -1 1 -1 -1 1 -1 -1 -1 1 -1 -1 -1\n",
+        )
+        .unwrap();
+        let Selected { mut jobs, lines, .. } = jobs_from_trace(&trace, &TraceFilter::default(), 4);
+        assert_eq!((jobs[0].run, jobs[0].estimate), (250, 250));
+        assert_eq!(kill_at_limit(&mut jobs, &lines, &trace), 1);
+        let runs: Vec<_> = jobs.iter().map(|j| (j.run, j.estimate)).collect();
+        assert_eq!(runs, vec![(100, 100), (50, 100), (70, 70)]);
     }
 
     #[test]

@@ -184,6 +184,12 @@ impl SwfJob {
         }
     }
 
+    /// Whether the job ran longer than it requested (field 4 over a known field 9): a batch
+    /// system that kills jobs at their limit would have stopped it there.
+    pub fn outlived_request(&self) -> bool {
+        self.requested_time > 0 && self.run > self.requested_time
+    }
+
     /// Whether a replay keeps this job, and why not. Failed and cancelled jobs that ran count
     /// as they ran: they held their processors for their run time.
     pub fn replayable(&self) -> Result<u32, Skip> {

@@ -83,6 +83,15 @@ pub(crate) struct Context<'a> {
     pub topology_name: &'a str,
     /// Where each job started (host, CPUs), by job, when a CSV is written.
     pub started_on: &'a [Vec<(HostId, CpuSet)>],
+    /// Whether jobs were killed at their requested time (`--kill-at-limit`).
+    pub kill_at_limit: bool,
+}
+
+impl Context<'_> {
+    /// Whether the replay killed the job of this trace line at its requested time.
+    fn killed(&self, logged: &swf::SwfJob) -> bool {
+        self.kill_at_limit && logged.outlived_request()
+    }
 }
 
 /// Writes `report`'s jobs to `path` in `out`'s format.
@@ -123,6 +132,12 @@ fn swf_text(context: &Context<'_>, report: &SimReport) -> String {
         text,
         "; Note: field 3 is the simulated wait (with time suspended by preemption), field 4 the rest of the job's time in the system, field 5 the processors it started on; the other fields are the trace's"
     );
+    if context.kill_at_limit {
+        let _ = writeln!(
+            text,
+            "; Note: jobs were killed at their requested time (field 9); those that ran longer in the log have status 0 (failed)"
+        );
+    }
     let _ = writeln!(text, "; MaxJobs: {n}");
     let _ = writeln!(text, "; MaxRecords: {n}");
     let _ = writeln!(text, "; MaxNodes: {}", report.hosts);
@@ -137,13 +152,17 @@ fn swf_text(context: &Context<'_>, report: &SimReport) -> String {
         simulated.wait = outcome.wait;
         simulated.run = outcome.end - job.submit - outcome.wait;
         simulated.allocated_procs = i64::from(outcome.procs_at_start);
+        if context.killed(logged) {
+            // Stopped at its limit: it did not complete.
+            simulated.status = swf::Status::Failed;
+        }
         let _ = writeln!(text, "{simulated}");
     }
     text
 }
 
 /// The CSV's columns, in order.
-pub(crate) const CSV_COLUMNS: [&str; 26] = [
+pub(crate) const CSV_COLUMNS: [&str; 27] = [
     "job",
     "submit_s",
     "start_s",
@@ -156,6 +175,7 @@ pub(crate) const CSV_COLUMNS: [&str; 26] = [
     "procs_at_start",
     "estimate_s",
     "logged_run_s",
+    "killed_at_limit",
     "queue",
     "partition",
     "user",
@@ -183,7 +203,7 @@ fn csv_text(context: &Context<'_>, report: &SimReport) -> String {
         let started_on = context.started_on.get(i).map_or(&[][..], Vec::as_slice);
         let _ = writeln!(
             text,
-            "{},{},{start},{end},{wait},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{start},{end},{wait},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             job.id,
             job.submit,
             end - job.submit - wait,
@@ -192,7 +212,8 @@ fn csv_text(context: &Context<'_>, report: &SimReport) -> String {
             job.procs,
             outcome.procs_at_start,
             job.estimate,
-            job.run,
+            logged.run,
+            context.killed(logged),
             logged.queue,
             logged.partition,
             logged.user,

@@ -31,7 +31,8 @@ How a trace is replayed:
   A job's processors come from the requested count (field 8), else the allocated count (field 5).
   The scheduler plans with the requested time (field 9) as the estimate; a job that ran longer than
   it requested runs its logged time (the log shows it was not killed), and the estimate is raised to
-  it. Without field 9 the run time is the estimate.
+  it; with --kill-at-limit it runs its requested time instead, as under a batch system that kills
+  jobs at their limit. Without field 9 the run time is the estimate.
   Failed (status 0) and cancelled (5) jobs that ran hold their processors for their run time; lines
   without a run time or a processor count (cancelled before they started) and partial-execution lines
   (status 2, 3, 4; their job's summary line is replayed) are left out and counted, as are the jobs of
@@ -71,12 +72,13 @@ How a trace is replayed:
   rest of its time in the system (submit + wait + run is its end: the logged run for fcfs and easy;
   with gang slicing the slices it sat out count, a malleable job's is as long as its sizes made it),
   field 5 the processors it started on, the other fields its trace line's; the header's MaxProcs is
-  the simulated cluster's. The .csv has a header row and, per job: job, submit_s, start_s (first
-  run), end_s, wait_s, run_s, response_s, bounded_slowdown, procs (asked), procs_at_start,
-  estimate_s, logged_run_s, queue, partition, user, suspensions and suspended_s (preemption),
-  gang_freezes, moves, resizes, hosts, numa_nodes and l3_groups its CPUs spanned at its start
-  (summed over its hosts), numa_optimal and l3_optimal (the fewest that could hold them, on every
-  host), and cpus: host:CPU-list for each host (hosts numbered from 0), space-separated.
+  the simulated cluster's (a job killed at its limit has status 0). The .csv has a header row and,
+  per job: job, submit_s, start_s (first run), end_s, wait_s, run_s, response_s, bounded_slowdown,
+  procs (asked), procs_at_start, estimate_s, logged_run_s, killed_at_limit, queue, partition, user,
+  suspensions and suspended_s (preemption), gang_freezes, moves, resizes, hosts, numa_nodes and
+  l3_groups its CPUs spanned at its start (summed over its hosts), numa_optimal and l3_optimal (the
+  fewest that could hold them, on every host), and cpus: host:CPU-list for each host (hosts
+  numbered from 0), space-separated.
 
 Examples:
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 400 --policy fcfs,easy --svg out.svg
@@ -214,6 +216,10 @@ pub(crate) struct SimulateOpts {
     /// [default: what the header's StartTime shows against its UnixStartTime, else 0].
     #[arg(long, value_name = "OFFSET", allow_hyphen_values = true)]
     utc_offset: Option<String>,
+    /// Kill jobs at their requested time (field 9): a job that ran longer in the log runs only
+    /// what it asked for [default: it runs its logged time, which the log shows it was allowed].
+    #[arg(long)]
+    kill_at_limit: bool,
     /// Replay each combination this many times and report the median speed (jobs/s).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     repeat: u32,
@@ -774,6 +780,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     let filter = TraceFilter { queues, skip_queues };
     let sim::Selected { mut jobs, skipped, duplicates, lines } =
         sim::jobs_from_trace(&trace, &filter, total);
+    let killed = args.kill_at_limit.then(|| sim::kill_at_limit(&mut jobs, &lines, &trace));
     // Marks mean nothing to a policy without malleable jobs: every replay gets the same jobs.
     let any_malleable = policies.iter().any(|c| c.malleable);
     let marked = if any_malleable { sim::mark_malleable(&mut jobs, malleable_share) } else { 0 };
@@ -847,6 +854,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
             speeds.sort_by(f64::total_cmp);
             report.jobs_per_s = speeds[speeds.len() / 2];
             report.skipped = skipped.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+            report.killed_at_limit = killed;
             let context = jobs_out::Context {
                 trace: &trace,
                 header: &text,
@@ -855,6 +863,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
                 trace_name: &trace_name,
                 topology_name: &topology_name,
                 started_on: &started_on,
+                kill_at_limit: args.kill_at_limit,
             };
             for out in &jobs_out {
                 let path = out.path_for(&report.policy, placement.name(), several);
@@ -1032,6 +1041,12 @@ fn print_table(
         plural(total, "processor", "processors"),
     );
     println!("left out: {}", describe_skipped(skipped));
+    if let Some(killed) = reports.first().and_then(|r| r.killed_at_limit) {
+        println!(
+            "killed at their requested time (--kill-at-limit): {} that ran longer in the log",
+            plural(killed as u64, "job", "jobs")
+        );
+    }
     println!();
     let pw = reports.iter().map(|r| r.policy.len()).max().unwrap_or(0).max(7);
     let preempting = reports.iter().any(|r| r.policy.contains("preempt"));
@@ -1422,6 +1437,7 @@ mod tests {
             heads_in_block: 0,
             admitted_starts: 0,
             skipped: Default::default(),
+            killed_at_limit: None,
             utilization: 1.0,
             mean_wait_s: 0.0,
             p95_wait_s: 0.0,
