@@ -867,3 +867,27 @@ fn kill_at_limit_stops_jobs_at_their_requested_time_and_says_how_many() {
         "{table}"
     );
 }
+
+#[test]
+fn the_table_gives_percentiles_of_wait_response_and_slowdown() {
+    // Waits 0, 0, 99, 0 (job 3 starts at 100); responses 100, 100, 109, 1000.
+    let dir = tempfile::tempdir().unwrap();
+    let lines = [line(1, 0, 100, 1), line(2, 0, 100, 2), line(3, 1, 10, 4), line(4, 2, 1000, 1)];
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let t = small_trace(dir.path(), "t.swf", &lines);
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["simulate", "--trace", t.to_str().unwrap(), "--hosts", "5", "--policy", "easy"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let header = table.lines().find(|l| l.contains("wait p50")).expect("a percentile table");
+    assert!(header.ends_with("sldn p90   sldn p99   sldn max"), "{table}");
+    let row = table.lines().skip_while(|l| !l.contains("wait p50")).nth(1).unwrap();
+    // Nearest rank of 4: p50 is the 2nd, p90 and p99 the 4th. Slowdowns: 1, 1, 10.9, 1.
+    let cells = ["0 s", "1.6 min", "1.6 min", "1.7 min", "16.7 min", "16.7 min", "16.7 min"]
+        .iter()
+        .chain(&["1.0", "10.9", "10.9", "10.9"])
+        .map(|c| format!(" {c:>10}"))
+        .collect::<String>();
+    assert!(row.starts_with("easy") && row.ends_with(&cells), "{row:?}\n{cells:?}");
+}

@@ -995,6 +995,25 @@ fn span(s: f64) -> String {
     }
 }
 
+/// The second table: the 50th, 90th and 99th percentiles (nearest rank) and the largest of the
+/// wait, the response and the bounded slowdown of each replay (the JSON's `percentiles`).
+fn print_percentiles(reports: &[SimReport], pw: usize) {
+    let columns = [
+        "wait p50", "wait p90", "wait p99", "resp p50", "resp p90", "resp p99", "resp max",
+        "sldn p50", "sldn p90", "sldn p99", "sldn max",
+    ];
+    let header: String = columns.iter().map(|c| format!(" {c:>10}")).collect();
+    println!("{:<pw$} {:<12}{header}", "policy", "placement");
+    for r in reports {
+        let p = &r.percentiles;
+        let (w, t, b) = (&p.wait_s, &p.response_s, &p.bounded_slowdown);
+        let times = [w.p50, w.p90, w.p99, t.p50, t.p90, t.p99, t.max].map(hours);
+        let slowdowns = [b.p50, b.p90, b.p99, b.max].map(|x| format!("{x:.1}"));
+        let cells: String = times.iter().chain(&slowdowns).map(|c| format!(" {c:>10}")).collect();
+        println!("{:<pw$} {:<12}{cells}", r.policy, r.placement);
+    }
+}
+
 fn hours(s: f64) -> String {
     if s >= 3600.0 {
         format!("{:.2} h", s / 3600.0)
@@ -1124,7 +1143,10 @@ fn print_table(
         );
     }
     println!();
+    print_percentiles(reports, pw);
+    println!();
     println!("util: processor-seconds used / (processors x first submit to last end); bnd sldn: mean bounded slowdown, tau = 10 s;");
+    println!("p50, p90, p99 (nearest rank), max: of the wait, the response (submit to end: resp) and the bounded slowdown (sldn).");
     println!("NUMA, L3: jobs within the fewest NUMA nodes / L3 groups that hold their size on every host they use.");
     if preempting {
         println!("With preemption the wait and the slowdown count the time a job spent suspended; suspended: how many suspensions.");
