@@ -891,3 +891,50 @@ fn the_table_gives_percentiles_of_wait_response_and_slowdown() {
         .collect::<String>();
     assert!(row.starts_with("easy") && row.ends_with(&cells), "{row:?}\n{cells:?}");
 }
+
+#[test]
+fn conservative_backfilling_matches_an_independent_replayer_on_the_paragon_year() {
+    // tests/reference/conservative.py: written from the definition, planning every waiting job
+    // again from scratch at every event. Lublin's trace agrees as well (131,567.5089 s mean
+    // wait, 489.2013 bounded slowdown); it takes the reference a minute, so the suite runs the
+    // Paragon's (8 s).
+    let t = trace(SDSC);
+    let reference =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/conservative.py");
+    let out = Command::new("python3").arg(&reference).arg(&t).arg("400").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let figures: Vec<f64> = text.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    let v =
+        simulate(&["--trace", t.to_str().unwrap(), "--hosts", "400", "--policy", "conservative"]);
+    assert_eq!(v["policy"], "conservative");
+    assert_eq!(v["jobs"].as_f64(), Some(figures[0]), "{v}");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    assert!(close(v["mean_wait_s"].as_f64().unwrap(), figures[1]), "{v}\nreference: {text}");
+    assert!(
+        close(v["mean_bounded_slowdown"].as_f64().unwrap(), figures[2]),
+        "{v}\nreference: {text}"
+    );
+    // And it is not EASY: the same trace's EASY replay differs.
+    let easy = simulate(&["--trace", t.to_str().unwrap(), "--hosts", "400", "--policy", "easy"]);
+    assert!(!close(easy["mean_bounded_slowdown"].as_f64().unwrap(), figures[2]), "{easy}");
+}
+
+#[test]
+fn conservative_backfilling_is_refused_with_what_it_cannot_keep() {
+    let t = trace("lublin_256.swf");
+    for policy in [
+        "conservative+preempt",
+        "conservative+gang",
+        "conservative+malleable",
+        "conservative+reserve",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args(["simulate", "--trace", t.to_str().unwrap(), "--policy", policy])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{policy}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(policy) && err.contains("conservative"), "{policy}: {err}");
+    }
+}

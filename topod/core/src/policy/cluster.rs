@@ -27,7 +27,14 @@
 //! processors are free by the running jobs' *estimated* ends (the shadow time); a later job may
 //! start now if it fits now and either ends by the shadow time (by its estimate) or uses no more
 //! than the processors the head will not need then (the extra processors, which it then uses
-//! up). Jobs are considered in queue order, once per step.
+//! up). Jobs are considered in queue order, once per step. [`QueueOrder::Conservative`]
+//! (conservative backfilling, Mu'alem and Feitelson 2001): *every* waiting job, in queue order,
+//! gets a reservation at the earliest time its processors stay free for its whole estimate,
+//! by the running jobs' estimated ends and the reservations before it; a job starts now only
+//! when its reservation is now, so no start delays any job ahead of it (EASY protects only the
+//! head). A job whose reservation is now but whose placement is refused (its shape) is reserved
+//! at the next time it fits. It is not combined with gang slicing, malleable jobs or
+//! preemption (with those the core backfills as EASY does).
 //!
 //! ## Processors, hosts and CPUs
 //!
@@ -147,6 +154,7 @@
 //! owners' suspensions are not modelled (refused with an error). topod decides each of these the
 //! same way (the differential test `topod::daemon::host::agrees`).
 
+use super::profile;
 use super::*;
 use crate::cpuset::CpuSet;
 use crate::defrag::{self, Movable};
@@ -165,6 +173,9 @@ pub enum QueueOrder {
     Fcfs,
     /// EASY backfilling: a reservation for the queue's head, later jobs start around it.
     Easy,
+    /// Conservative backfilling: a reservation for every waiting job; a later job starts now
+    /// only if it delays none of them.
+    Conservative,
 }
 
 impl QueueOrder {
@@ -173,6 +184,7 @@ impl QueueOrder {
         match self {
             QueueOrder::Fcfs => "fcfs",
             QueueOrder::Easy => "easy",
+            QueueOrder::Conservative => "conservative",
         }
     }
 }
@@ -183,7 +195,10 @@ impl std::str::FromStr for QueueOrder {
         match s.trim().to_ascii_lowercase().as_str() {
             "fcfs" => Ok(QueueOrder::Fcfs),
             "easy" => Ok(QueueOrder::Easy),
-            other => Err(format!("unknown policy {other:?}: the policies are fcfs and easy")),
+            "conservative" => Ok(QueueOrder::Conservative),
+            other => Err(format!(
+                "unknown policy {other:?}: the policies are fcfs, easy and conservative"
+            )),
         }
     }
 }
@@ -490,6 +505,19 @@ pub struct Part {
     pub placement: Arc<Placement>,
 }
 
+/// A conservative backfilling pass's plan, for the next pass to go on from.
+#[derive(Debug)]
+struct Conservative {
+    /// The core's generation it was made at: any change of a host's occupancy plans again.
+    generation: u64,
+    /// Free processors over time, with the reservations of the jobs planned.
+    profile: profile::Profile,
+    /// How many jobs at the queue's front have reservations in `profile`.
+    planned: usize,
+    /// The earliest reservation: when it comes, the pass plans again.
+    due: Time,
+}
+
 /// What the driver must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -773,6 +801,8 @@ pub struct PolicyCore {
     /// (generation, head, shadow time, reserved row, extra processors, queue position) of the
     /// last backfill pass.
     backfilled: Option<(u64, JobKey, Time, u32, u64, usize)>,
+    /// The last conservative pass's plan (see [`Conservative`]).
+    conservative: Option<Conservative>,
     total: u64,
     jobs: Vec<Slot>,
     queue: VecDeque<JobKey>,
@@ -911,6 +941,7 @@ impl PolicyCore {
             rows,
             generation: 0,
             backfilled: None,
+            conservative: None,
             total,
             jobs: Vec::new(),
             queue: VecDeque::new(),
@@ -1383,14 +1414,82 @@ impl PolicyCore {
                 }
             }
         }
-        if self.config.order == QueueOrder::Easy
-            && self.queue.len() >= 2
-            && self.rows.iter().any(|r| r.free_total > 0)
-        {
+        let backfilling = match self.config.order {
+            QueueOrder::Fcfs => false,
+            QueueOrder::Easy => true,
+            QueueOrder::Conservative if self.conservative_applies() => {
+                if self.queue.len() >= 2 && self.rows[0].free_total > 0 {
+                    self.backfill_conservative(actions);
+                }
+                false
+            }
+            // With gang rows, malleable jobs or preemption: EASY's pass.
+            QueueOrder::Conservative => true,
+        };
+        if backfilling && self.queue.len() >= 2 && self.rows.iter().any(|r| r.free_total > 0) {
             self.backfill(actions);
         }
         self.rebalance_dirty(actions);
         self.switch_gang(actions);
+    }
+
+    /// Whether conservative backfilling runs as such: one row, rigid jobs, no preemption.
+    fn conservative_applies(&self) -> bool {
+        self.config.gang.is_none() && self.malleable.is_none() && self.config.preempt.is_none()
+    }
+
+    /// Conservative backfilling's pass (see the module documentation): every waiting job, in
+    /// queue order, is reserved at the earliest time it fits in the profile of free processors
+    /// (the running jobs' estimated ends, the reservations before it); one whose time is now is
+    /// started. While no host's occupancy changes and no reservation's time has come, the next
+    /// pass goes on from the same profile with the jobs submitted since (the reservations of
+    /// those before them stand). It stops when nothing is free now: later jobs are planned by
+    /// a later pass, in order.
+    fn backfill_conservative(&mut self, actions: &mut Vec<Action>) {
+        let (mut profile, mut i, mut due) = match self.conservative.take() {
+            Some(plan)
+                if plan.generation == self.generation
+                    && self.now < plan.due
+                    && plan.planned <= self.queue.len() =>
+            {
+                let mut profile = plan.profile;
+                profile.advance(self.now);
+                (profile, plan.planned, plan.due)
+            }
+            _ => {
+                let ends =
+                    self.ends.iter().filter_map(|&(end, job)| match &self.jobs[job as usize] {
+                        Slot::Running(r) => Some((end, r.held())),
+                        _ => None,
+                    });
+                (profile::Profile::new(self.now, self.rows[0].free_total, ends), 0, Time::MAX)
+            }
+        };
+        while i < self.queue.len() && profile.free_now() > 0 {
+            let job = self.queue[i];
+            let spec = self.spec(job);
+            let (need, run) = (u64::from(spec.procs), spec.estimate.max(1));
+            let mut at = profile.earliest(need, run);
+            if at == Some(profile.now()) {
+                let free_before = self.rows[0].free_total;
+                if self.try_start(job, spec, 0, actions) {
+                    // What it took (a strategy may take more than asked), for its estimate.
+                    let took = free_before.saturating_sub(self.rows[0].free_total);
+                    profile.take(self.now, run, took);
+                    self.queue.remove(i);
+                    continue;
+                }
+                // Enough processors, not in a shape it fits: the next time they may be.
+                at = profile.earliest_later(need, run);
+            }
+            if let Some(at) = at {
+                profile.take(at, run, need);
+                due = due.min(at);
+            }
+            i += 1;
+        }
+        self.conservative =
+            Some(Conservative { generation: self.generation, profile, planned: i, due });
     }
 
     /// How much longer than its estimate a job may take in the wall clock: `rows` with gang
@@ -3156,6 +3255,47 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn conservative_backfilling_delays_no_waiting_job_where_easy_delays_the_second() {
+        // Four processors: job 0 holds one until 50, job 1 two until 100; one is free.
+        // Waiting: the head (2: all four, 100 s), job 3 (two, 50 s: reserved at 50 by
+        // conservative backfilling, before the head), job 4 (one, 60 s).
+        let mut firsts = Vec::new();
+        for order in [QueueOrder::Easy, QueueOrder::Conservative] {
+            let mut c = core(order, flat(4, 1));
+            assert_eq!(started(&c.step(0, [submit(0, 1, 50), submit(1, 2, 100)]).unwrap()), [0, 1]);
+            let a = c.step(1, [submit(2, 4, 100), submit(3, 2, 50), submit(4, 1, 60)]).unwrap();
+            let at_1 = started(&a);
+            // At 50 job 0 ends.
+            let at_50 = started(&c.step(50, [Event::End { job: 0 }]).unwrap());
+            firsts.push((at_1, at_50));
+        }
+        // EASY starts job 4 now (it ends by the head's shadow time, 100) and job 3, which needs
+        // two, cannot start at 50; conservative backfilling keeps job 4 out of job 3's way.
+        assert_eq!(firsts, [(vec![4], vec![]), (vec![], vec![3])]);
+    }
+
+    #[test]
+    fn conservative_backfilling_starts_what_delays_nobody_and_plans_on_from_its_last_pass() {
+        let mut c = core(QueueOrder::Conservative, flat(4, 1));
+        c.step(0, [submit(0, 2, 100)]).unwrap();
+        // The head (all four) is reserved at 100; job 2 (one, 1,000 s) would hold one then:
+        // it waits. Job 3 (one, 99 s) is done by then: it starts.
+        let a = c.step(1, [submit(1, 4, 10), submit(2, 1, 1000), submit(3, 1, 99)]).unwrap();
+        assert_eq!(started(&a), [3]);
+        // Submitted later with nothing changed: planned after the others, from the same plan
+        // (job 2 reserved from 110). One processor is free until 100: a job of 10 s starts, one
+        // of 500 s does not.
+        let a = c.step(2, [submit(4, 1, 500), submit(5, 1, 10)]).unwrap();
+        assert_eq!(started(&a), [5]);
+        assert_eq!(c.queue.iter().copied().collect::<Vec<_>>(), [1, 2, 4]);
+        assert!(started(&c.step(12, [Event::End { job: 5 }]).unwrap()).is_empty());
+        let a = c.step(100, [Event::End { job: 0 }, Event::End { job: 3 }]).unwrap();
+        assert_eq!(started(&a), [1]);
+        let a = c.step(110, [Event::End { job: 1 }]).unwrap();
+        assert_eq!(started(&a), [2, 4]);
+    }
+
+    #[test]
     fn easy_lets_a_long_job_use_the_processors_the_head_does_not_need() {
         let mut c = core(QueueOrder::Easy, flat(4, 1));
         c.step(0, [submit(0, 2, 100)]).unwrap();
@@ -4004,7 +4144,7 @@ pub(crate) mod tests {
 
     #[test]
     fn with_every_space_option_no_cpu_is_given_twice_and_the_occupancy_is_the_jobs() {
-        for order in [QueueOrder::Fcfs, QueueOrder::Easy] {
+        for order in [QueueOrder::Fcfs, QueueOrder::Easy, QueueOrder::Conservative] {
             let hosts = two_socket(3);
             let model = Arc::clone(&hosts[0]);
             let prime = Prime {
@@ -4015,8 +4155,10 @@ pub(crate) mod tests {
                 epoch_at_zero: 1_795_392_000,
                 utc_offset: 0,
             };
+            // (Conservative backfilling keeps every job rigid: with malleable jobs it is EASY.)
+            let conservative = order == QueueOrder::Conservative;
             let mut c = spaced(order, hosts, |cfg| {
-                cfg.malleable = Some(Malleability::default());
+                cfg.malleable = (!conservative).then(Malleability::default);
                 cfg.defrag = Some(Defrag { min_run: 5, gap: 10, ..Defrag::default() });
                 cfg.reserve = (order == QueueOrder::Easy).then_some(Reserve::Outlasting);
                 cfg.prime = Some(prime.clone());

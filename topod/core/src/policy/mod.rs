@@ -389,6 +389,8 @@ pub fn cores_request(cores: u32) -> Request {
 #[cfg(feature = "sim")]
 pub(crate) mod cluster;
 #[cfg(feature = "sim")]
+mod profile;
+#[cfg(feature = "sim")]
 pub use cluster::*;
 
 #[cfg(test)]

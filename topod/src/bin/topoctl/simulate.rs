@@ -40,7 +40,9 @@ How a trace is replayed:
   numbers are named in a warning). The trace may be gzipped, or - for standard input.
   fcfs starts jobs in submit order; easy gives the first waiting job a reservation at the earliest
   estimated time it fits and starts later jobs now if they end by then or use only processors it will
-  not need.
+  not need; conservative gives every waiting job, in order, a reservation at the earliest time its
+  processors stay free for its whole estimate, and starts a job now only if that delays none of
+  them (not with preemption, gang slicing or malleable jobs).
   With +malleable (--malleable F) the share F of the jobs, chosen by a hash of their job numbers, may
   be resized: one that asks for p processors and fits one host runs on ceil(p/4) to p (--malleable-
   divisor), with linear speedup (its p x run processor-seconds drain at the rate of the processors it
@@ -111,7 +113,8 @@ pub(crate) struct SimulateOpts {
     /// processors. A processor is one whole core.
     #[arg(long, value_name = "FILE|flat:P", default_value = "flat:1")]
     topology: String,
-    /// Cluster policies, comma-separated: fcfs, easy, and either with +preempt (fcfs+preempt,
+    /// Cluster policies, comma-separated: fcfs, easy, conservative (backfilling that delays no
+    /// waiting job), and fcfs or easy with +preempt (fcfs+preempt,
     /// easy+preempt: suspending running jobs for one that has waited, see --preempt), +gang
     /// (easy+gang: time slicing, see --gang) or +malleable (easy+malleable: jobs resized by
     /// equipartition, see --malleable), and +defrag (migration, see --defrag), +reserve or
@@ -326,12 +329,18 @@ fn parse_policies(text: &str, everywhere: PolicyChoice) -> Result<Vec<PolicyChoi
         }
         if choice.reserve && order != QueueOrder::Easy {
             return Err(Failure::input(format!(
-                "--policy {text:?}: {name:?}: +reserve goes with easy only (blocks are set aside at EASY's reservation for the queue's head; FCFS makes none)"
+                "--policy {text:?}: {name:?}: +reserve goes with easy only (blocks are set aside at EASY's reservation for the queue's head; fcfs makes no reservation, and conservative reserves processors, not CPUs, for every waiting job)"
             )));
         }
         if choice.preempt && choice.gang {
             return Err(Failure::input(format!(
                 "--policy {text:?}: {name:?}: preemption and gang slicing do not go together (both suspend jobs: choose one per policy; --preempt and --gang apply to every policy listed)"
+            )));
+        }
+        if order == QueueOrder::Conservative && (choice.preempt || choice.gang || choice.malleable)
+        {
+            return Err(Failure::input(format!(
+                "--policy {text:?}: {name:?}: conservative backfilling goes with neither preemption, gang slicing nor malleable jobs (it reserves each waiting job's processors over time by estimates, which suspensions, slices and resizes do not keep; --preempt, --gang and --malleable apply to every policy listed)"
             )));
         }
         if choice.malleable && (choice.preempt || choice.gang) {
