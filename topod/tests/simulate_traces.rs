@@ -938,3 +938,34 @@ fn conservative_backfilling_is_refused_with_what_it_cannot_keep() {
         assert!(err.contains(policy) && err.contains("conservative"), "{policy}: {err}");
     }
 }
+
+#[test]
+fn a_gang_switch_cost_is_charged_and_reported() {
+    let t = trace("lublin_256.swf");
+    let run = |cost: &str| {
+        simulate(&[
+            "--trace",
+            t.to_str().unwrap(),
+            "--hosts",
+            "16",
+            "--topology",
+            "flat:16",
+            "--policy",
+            "easy+gang",
+            "--gang-cost",
+            cost,
+        ])
+    };
+    let (free, costly) = (run("0"), run("2"));
+    assert_eq!(
+        (free["switch_cost_s"].as_i64(), costly["switch_cost_s"].as_i64()),
+        (Some(0), Some(2))
+    );
+    // The same work takes the processors longer: utilization falls, waits grow.
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap();
+    assert!(f(&costly, "utilization") < f(&free, "utilization"), "{free}\n{costly}");
+    assert!(f(&costly, "mean_wait_s") > f(&free, "mean_wait_s"), "{free}\n{costly}");
+    // Without gang slicing there is nothing to charge, and nothing is said of it.
+    let easy = simulate(&["--trace", t.to_str().unwrap(), "--policy", "easy", "--gang-cost", "2"]);
+    assert!(easy.get("switch_cost_s").is_none(), "{easy}");
+}

@@ -43,7 +43,9 @@
 //! With preemption a suspended job stops running and its end moves later by as long as it stays
 //! suspended, plus [`PolicyConfig::suspend_cost`] per suspension: its memory written out and
 //! read back, its caches lost (0: free). Utilization counts the trace's work, so a cost that
-//! keeps processors busy longer shows as lower utilization.
+//! keeps processors busy longer shows as lower utilization. With gang slicing each freeze of a
+//! job that has run costs it [`PolicyConfig::switch_cost`] the same way (its caches refilled
+//! when its row runs again).
 
 use crate::bench::SplitMix;
 use crate::place::HostModel;
@@ -215,6 +217,9 @@ pub struct SimReport {
     /// Gang slice length, seconds (with gang slicing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gang_slice_s: Option<Time>,
+    /// Seconds of progress each gang freeze cost the frozen job (with gang slicing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switch_cost_s: Option<Time>,
     /// Freezes by gang slicing: a job stopped at a slice boundary for another row's jobs.
     pub gang_freezes: usize,
     /// Jobs the core ran malleable (with malleable jobs).
@@ -442,6 +447,7 @@ pub fn replay_observed(
     let numa_local = config.numa_local;
     let gang = config.gang.is_some();
     let suspend_cost = config.suspend_cost.max(0);
+    let switch_cost = config.switch_cost.max(0);
     let preempting = config.preempt.is_some() && !gang;
     let mut core = PolicyCore::new(hosts, config);
     let total = core.total_procs();
@@ -558,7 +564,8 @@ pub fn replay_observed(
                 Action::Suspend { job } => {
                     let i = job as usize;
                     left[i] = due[i].take().map_or(0, |d| d - now);
-                    if gang && start[i] == Some(now) && left[i] == jobs[i].run {
+                    let started_frozen = gang && start[i] == Some(now) && left[i] == jobs[i].run;
+                    if started_frozen {
                         // Started frozen (its row's slice is not now): it has not run yet, and
                         // its wait goes on until it does.
                         start[i] = None;
@@ -566,6 +573,10 @@ pub fn replay_observed(
                     if gang {
                         gang_freezes += 1;
                         counts[i].gang_freezes += 1;
+                        if !started_frozen {
+                            // Its caches are refilled when its row runs again.
+                            left[i] = left[i].saturating_add(switch_cost);
+                        }
                     } else {
                         suspensions += 1;
                         counts[i].suspensions += 1;
@@ -668,6 +679,7 @@ pub fn replay_observed(
         jobs: n,
         suspensions,
         suspend_cost_s: preempting.then_some(suspend_cost),
+        switch_cost_s: gang.then_some(switch_cost),
         gang_slice_s,
         gang_freezes,
         malleable_jobs: usize::try_from(core.malleable_started()).unwrap_or(usize::MAX),
@@ -1007,6 +1019,52 @@ mod tests {
             plain.mean_wait_s
         );
         assert!(r.mean_bounded_slowdown < plain.mean_bounded_slowdown);
+    }
+
+    #[test]
+    fn each_gang_freeze_of_a_job_that_ran_costs_it_the_switch_cost() {
+        use crate::policy::Gang;
+        let model = crate::policy::tests::two_socket(1).remove(0);
+        let mut rng = crate::bench::SplitMix::new(9);
+        let mut t = 0;
+        let jobs: Vec<SimJob> = (0..600)
+            .map(|i| {
+                t += rng.below(100) as Time;
+                let run = 1 + rng.below(400) as Time;
+                let procs = 1 + rng.below(24) as u32;
+                SimJob { id: i, submit: t, run, estimate: run, procs, malleable: false }
+            })
+            .collect();
+        let work: f64 = jobs.iter().map(|j| (j.run * Time::from(j.procs)) as f64).sum();
+        let (slice, cost) = (30, 5);
+        let config = PolicyConfig {
+            gang: Some(Gang { slice, rows: 2 }),
+            switch_cost: cost,
+            ..PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit)
+        };
+        // A freeze costs the job only if it ran since it started or was thawed.
+        let mut running_since: BTreeMap<JobKey, Time> = BTreeMap::new();
+        let mut charged = 0;
+        let r =
+            replay_observed(vec![model; 2], &jobs, config, &mut |_| {}, &mut |now, a| match a {
+                Action::Start { job, .. } | Action::Resume { job } => {
+                    running_since.insert(*job, now);
+                }
+                Action::Suspend { job } => {
+                    if running_since.remove(job).is_some_and(|since| since < now) {
+                        charged += cost * Time::from(jobs[*job as usize].procs);
+                    }
+                }
+                _ => {}
+            })
+            .unwrap();
+        assert_eq!(r.switch_cost_s, Some(cost));
+        assert!(charged > 0 && r.gang_freezes > 0);
+        // The processors were busy for the work and every charged switch, no more, no less.
+        let held = processor_seconds_busy(&r);
+        let want = work + charged as f64;
+        assert!((held - want).abs() < 1e-6 * want, "held {held}, want {want}");
+        assert_eq!(r.series.last().map(|s| (s.busy, s.queue)), Some((0, 0)));
     }
 
     #[test]

@@ -235,6 +235,10 @@ pub struct PolicyConfig {
     /// The core plans with it (the job's estimated end moves later by as much at each
     /// suspension) and a driver charges it.
     pub suspend_cost: Time,
+    /// What a gang switch costs the job it freezes, seconds of progress (0, the default: free):
+    /// its caches and TLB refilled when its row runs again. The core plans with it (the frozen
+    /// job's estimated end moves later by as much at each freeze) and a driver charges it.
+    pub switch_cost: Time,
 }
 
 impl PolicyConfig {
@@ -253,6 +257,7 @@ impl PolicyConfig {
             prime: None,
             move_cost: 0,
             suspend_cost: 0,
+            switch_cost: 0,
         }
     }
 }
@@ -1600,6 +1605,13 @@ impl PolicyCore {
                 thaw.push(Action::Resume { job });
             } else {
                 self.frozen += 1;
+                let cost = self.config.switch_cost.max(0);
+                if cost > 0 {
+                    // Its progress lost to the switch: it ends that much later.
+                    self.ends.remove(&(r.estimated_end, job));
+                    r.estimated_end = r.estimated_end.saturating_add(cost);
+                    self.ends.insert((r.estimated_end, job));
+                }
                 actions.push(Action::Suspend { job });
             }
         }

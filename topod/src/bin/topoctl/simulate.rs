@@ -173,6 +173,11 @@ pub(crate) struct SimulateOpts {
     /// +gang: 30].
     #[arg(long, value_name = "T", value_parser = clap::value_parser!(u32).range(1..=86_400))]
     gang: Option<u32>,
+    /// Seconds of progress each gang switch costs a job it freezes after it ran (its caches
+    /// and TLB refilled when its row runs again; 0: switches are free). `topoctl bench gang`
+    /// measures what a switch costs on a real host.
+    #[arg(long, value_name = "S", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=86_400))]
+    gang_cost: u32,
     /// Rows per host with gang slicing: how many jobs may share a CPU, taking turns.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     gang_rows: u32,
@@ -365,6 +370,7 @@ struct Settings {
     prime: Option<Prime>,
     move_cost: Time,
     suspend_cost: Time,
+    switch_cost: Time,
 }
 
 /// The configuration of one replay.
@@ -385,6 +391,7 @@ fn config_for(choice: PolicyChoice, placement: Strategy, settings: &Settings) ->
         prime: if choice.prime { settings.prime.clone() } else { None },
         move_cost: settings.move_cost,
         suspend_cost: settings.suspend_cost,
+        switch_cost: settings.switch_cost,
     }
 }
 
@@ -763,6 +770,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         prime,
         move_cost: Time::from(args.migrate_cost),
         suspend_cost: Time::from(args.preempt_cost),
+        switch_cost: Time::from(args.gang_cost),
     };
     let jobs_out =
         args.jobs_out.iter().map(|p| JobsOut::parse(p)).collect::<Result<Vec<_>, _>>()?;
@@ -1169,6 +1177,11 @@ fn print_table(
     if let Some(slice) = gang {
         println!("gang: {slice} s slices; frozen: times a job was stopped at a slice boundary for another row. The wait runs to a job's");
         println!("first slice of running, and the slowdown counts the time it spent frozen.");
+        if let Some(cost) = reports.iter().find_map(|r| r.switch_cost_s).filter(|c| *c > 0) {
+            println!(
+                "Each freeze of a job that had run cost it {cost} s of progress (--gang-cost)."
+            );
+        }
     }
     if let Some(m) = malleable {
         println!(
@@ -1453,6 +1466,7 @@ mod tests {
             jobs: 1,
             suspensions: 0,
             suspend_cost_s: None,
+            switch_cost_s: None,
             gang_slice_s: None,
             gang_freezes: 0,
             malleable_jobs: 0,
