@@ -1051,9 +1051,8 @@ mod tests {
                     running_since.insert(*job, now);
                 }
                 Action::Suspend { job } => {
-                    if running_since.remove(job).is_some_and(|since| since < now) {
-                        charged += cost * Time::from(jobs[*job as usize].procs);
-                    }
+                    let ran = running_since.remove(job).is_some_and(|since| since < now);
+                    charged += Time::from(ran) * cost * Time::from(jobs[*job as usize].procs);
                 }
                 _ => {}
             })
