@@ -120,11 +120,11 @@ cargo run --quiet --release --locked -p topo-plugin-core --features bench --bin 
 # and on 25 hosts of a 16-core two-socket machine with topology placement. Its figures print.
 echo "--- topoctl simulate speed (jobs/s is the last column)"
 cargo run --quiet --release --locked -p topod --bin topoctl -- simulate \
-    --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 400 --policy fcfs,easy --repeat 5
+    --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 400 --policy fcfs,easy,conservative --repeat 5
 cargo run --quiet --release --locked -p topod --bin topoctl -- simulate \
     --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 25 \
     --topology "$TOPO_SHARED_DIR/topologies/converted-hwloc2.9/32intel64-2p8co2t+8ve.xml" \
-    --policy fcfs,easy --placement best-fit,first-fit --repeat 5
+    --policy fcfs,easy,conservative --placement best-fit,first-fit --repeat 5
 # Suspend and resume by the freezer against SIGSTOP/SIGCONT (README, "Suspend and resume"): as
 # root, 64 busy processes, a short run whose figures print.
 if [ "$(id -u)" = 0 ]; then
