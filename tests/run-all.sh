@@ -118,7 +118,7 @@ cargo build --quiet --release --locked -p topod --bin topod
 cargo run --quiet --release --locked -p topo-plugin-core --features bench --bin topo-plugin-bench -- --hosts 300 --jobs 20 --baseline-jobs 1 >/dev/null
 # The simulator's speed (README, "What-if replays"): the SDSC Paragon year on 400 plain hosts,
 # and on 25 hosts of a 16-core two-socket machine with topology placement. Its figures print.
-echo "--- topoctl simulate speed (jobs/s is the last column)"
+echo "--- topoctl simulate speed (jobs/s is the last column of the first table)"
 cargo run --quiet --release --locked -p topod --bin topoctl -- simulate \
     --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 400 --policy fcfs,easy,conservative --repeat 5
 cargo run --quiet --release --locked -p topod --bin topoctl -- simulate \
