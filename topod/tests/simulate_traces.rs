@@ -11,7 +11,7 @@
 mod common;
 
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn trace(name: &str) -> PathBuf {
@@ -761,16 +761,23 @@ fn per_job_results_count_the_suspensions_freezes_resizes_and_moves_the_summary_c
             if int(row, "suspensions") == 0 {
                 assert_eq!(int(row, "suspended_s"), 0, "{row:?}");
             }
-            // Each host's CPUs as the machine numbers them, the job's NUMA nodes at least one per host.
-            let parts: Vec<&str> = row["cpus"].split(' ').collect();
-            assert_eq!(parts.len() as i64, int(row, "hosts"), "{row:?}");
-            assert!(int(row, "numa_nodes") >= int(row, "hosts"), "{row:?}");
-            for part in parts {
-                let (host, cpus) = part.split_once(':').unwrap();
-                assert!(host.parse::<u32>().unwrap() < 16, "{row:?}");
+            // Hosts with their CPUs as the machine numbers them (hosts with the same CPUs in one
+            // entry), each host once; the job's NUMA nodes at least one per host.
+            let mut hosts = topo_core::CpuSet::new();
+            let mut cpus_per_host = 0;
+            for entry in row["cpus"].split(' ') {
+                let (on, cpus) = entry.split_once(':').unwrap();
+                let on = topo_core::CpuSet::parse_list(on).unwrap();
                 let cpus = topo_core::CpuSet::parse_list(cpus).unwrap();
+                assert!(!on.intersects(&hosts) && on.iter().all(|h| h < 16), "{row:?}");
                 assert!(!cpus.is_empty() && cpus.iter().all(|c| c < 32), "{row:?}");
+                hosts.union_with(&on);
+                cpus_per_host += on.len() * cpus.len();
             }
+            assert_eq!(hosts.len() as i64, int(row, "hosts"), "{row:?}");
+            assert!(int(row, "numa_nodes") >= int(row, "hosts"), "{row:?}");
+            // Two threads a core on this machine: its CPUs are its processors' threads.
+            assert_eq!(cpus_per_host as i64, 2 * int(row, "procs_at_start"), "{row:?}");
         }
     }
     let by = |p: &str| runs.iter().find(|v| v["policy"] == p).unwrap();
@@ -816,6 +823,70 @@ fn a_jobs_out_file_is_checked_before_the_replay() {
         assert!(err.contains(option) && err.contains("that is the trace"), "{err}");
         assert_eq!(std::fs::read(&copy).unwrap(), before, "{option}");
     }
+    let refused = |args: &[&str], stdin: Option<&Path>, says: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_topoctl"));
+        command.arg("simulate").args(args);
+        if let Some(file) = stdin {
+            command.stdin(std::fs::File::open(file).unwrap());
+        }
+        let out = command.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    };
+    let (trace_arg, path) = (copy.to_str().unwrap(), |name: &str| dir.path().join(name));
+    // A hard link to the trace is the trace.
+    std::fs::hard_link(&copy, path("link.swf")).unwrap();
+    let link = path("link.swf");
+    refused(
+        &["--trace", trace_arg, "--jobs-out", link.to_str().unwrap()],
+        None,
+        "that is the trace",
+    );
+    // So is the file standard input was redirected from.
+    refused(
+        &["--trace", "-", "--hosts", "64", "--jobs-out", trace_arg],
+        Some(&copy),
+        "that is the trace",
+    );
+    assert_eq!(std::fs::read(&copy).unwrap(), before);
+    // Two outputs naming one file (the picture over the results).
+    let results = path("r.swf");
+    let r = results.to_str().unwrap();
+    refused(&["--trace", trace_arg, "--jobs-out", r, "--svg", r], None, "both name one file");
+    let one = path("o.easy.best-fit.csv");
+    let (o, one) = (path("o.csv"), one.to_str().unwrap());
+    let args = [
+        "--trace",
+        trace_arg,
+        "--policy",
+        "fcfs,easy",
+        "--jobs-out",
+        o.to_str().unwrap(),
+        "--svg",
+        one,
+    ];
+    refused(&args, None, "both name one file");
+    // A refused run leaves the results of an earlier one as they were, and makes no file.
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["simulate", "--trace", trace_arg, "--jobs-out", r])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let earlier = std::fs::read(&results).unwrap();
+    assert!(!earlier.is_empty());
+    let missing = path("no/such/folder/x.csv");
+    let m = missing.to_str().unwrap();
+    refused(&["--trace", trace_arg, "--jobs-out", r, "--jobs-out", m], None, "cannot write there");
+    refused(&["--trace", trace_arg, "--queues", "99", "--jobs-out", r], None, "no job to replay");
+    let fresh = path("fresh.csv");
+    let f = fresh.to_str().unwrap();
+    refused(&["--trace", trace_arg, "--queues", "99", "--jobs-out", f], None, "no job to replay");
+    assert_eq!(std::fs::read(&results).unwrap(), earlier);
+    assert!(!fresh.exists());
+    let names: Vec<_> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(names.iter().all(|n| !n.to_string_lossy().contains("partial")), "{names:?}");
 }
 
 /// A job line with a requested time: number, submit, run, processors, requested seconds.

@@ -3,17 +3,23 @@
 //! what SWF has no field for: where the job ran, its NUMA and L3 spans, its suspensions, moves
 //! and resizes).
 //!
-//! Both give the wait, the response and the bounded slowdown exactly as the summary averages
-//! them (`topo_core::sim::JobOutcome`), so a reader's means over the file are the summary's.
-//! In SWF, field 3 is that wait and field 4 the rest of the job's time in the system (submit +
-//! wait + run is its end); field 5 is the processors it started on; every other field is its
-//! trace line's. For FCFS and EASY field 4 is the logged run time; with preemption it includes
-//! no suspended time (that is wait), with gang slicing it includes the slices the job sat out,
-//! and a malleable job's is as long as its sizes made it.
+//! The CSV gives each job's wait, response and bounded slowdown exactly as the summary averages
+//! them (`topo_core::sim::JobOutcome`), with its logged run for the utilization, so a reader's
+//! means over it are the summary's under every policy. In SWF, field 3 is that wait and field 4
+//! the rest of the job's time in the system (submit + wait + run is its end); field 5 is the
+//! processors it started on; every other field is its trace line's. Field 4 is the logged run
+//! only where the job ran its logged time on its processors (FCFS, EASY and conservative
+//! backfilling; preemption and moves without a cost): with gang slicing it includes the slices
+//! the job sat out, a malleable job's is as long as its sizes made it, and a suspension or move
+//! cost lengthens it; a slowdown or utilization computed from fields 4 and 5 then differs from
+//! the summary's.
+//!
+//! A file is written beside its name and renamed into place when complete, from rows made one
+//! at a time (a job's CPUs are kept as its CSV cell from its start, not as sets).
 
 use crate::Failure;
-use std::fmt::Write as _;
-use std::io::Write as _;
+use std::ffi::OsString;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use topo_core::policy::HostId;
 use topo_core::sim::{JobOutcome, SimJob, SimReport};
@@ -64,9 +70,11 @@ impl JobsOut {
         if !several {
             return self.path.clone();
         }
-        let stem = self.path.file_stem().map(|s| s.to_string_lossy()).unwrap_or_default();
-        let ext = self.path.extension().map(|s| s.to_string_lossy()).unwrap_or_default();
-        self.path.with_file_name(format!("{stem}.{policy}.{placement}.{ext}"))
+        // (As OS strings: a name that is not UTF-8 keeps its bytes.)
+        let mut name = self.path.file_stem().map(OsString::from).unwrap_or_default();
+        name.push(format!(".{policy}.{placement}."));
+        name.push(self.path.extension().unwrap_or_default());
+        self.path.with_file_name(name)
     }
 }
 
@@ -81,8 +89,8 @@ pub(crate) struct Context<'a> {
     /// For the SWF header's notes.
     pub trace_name: &'a str,
     pub topology_name: &'a str,
-    /// Where each job started (host, CPUs), by job, when a CSV is written.
-    pub started_on: &'a [Vec<(HostId, CpuSet)>],
+    /// Where each job started ([`cpus_cell`]), by job, when a CSV is written.
+    pub started_on: &'a [String],
     /// Whether jobs were killed at their requested time (`--kill-at-limit`).
     pub kill_at_limit: bool,
 }
@@ -94,56 +102,75 @@ impl Context<'_> {
     }
 }
 
-/// Writes `report`'s jobs to `path` in `out`'s format.
+/// Writes `report`'s jobs to `path` in `out`'s format: into a new file beside it, renamed
+/// over it once complete, so a replay or a write that fails leaves what was there.
 pub(crate) fn write(
     out: &JobsOut,
     path: &Path,
     context: &Context<'_>,
     report: &SimReport,
 ) -> Result<(), Failure> {
-    let text = match out.format {
-        Format::Swf => swf_text(context, report),
-        Format::Csv => csv_text(context, report),
-    };
-    std::fs::File::create(path)
-        .and_then(|mut f| {
-            f.write_all(text.as_bytes())?;
-            f.sync_all()
-        })
-        .map_err(|e| Failure::runtime(format!("--jobs-out {}: {e}", path.display())))
+    // Through a symbolic link, the file it names is replaced.
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut temporary = target.clone().into_os_string();
+    temporary.push(format!(".{}.partial", std::process::id()));
+    let temporary = PathBuf::from(temporary);
+    let result = std::fs::File::create(&temporary).and_then(|file| {
+        let mut writer = io::BufWriter::new(file);
+        match out.format {
+            Format::Swf => write_swf(&mut writer, context, report)?,
+            Format::Csv => write_csv(&mut writer, context, report)?,
+        }
+        let file = writer.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, &target)
+    });
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&temporary);
+        Failure::runtime(format!("--jobs-out {}: {e}", path.display()))
+    })
 }
 
-fn swf_text(context: &Context<'_>, report: &SimReport) -> String {
+/// A name for a header comment, on one line: a control character (a line end) is shown
+/// escaped, so a file's name cannot add header or job lines.
+fn one_line(name: &str) -> String {
+    if name.chars().any(char::is_control) {
+        name.escape_debug().to_string()
+    } else {
+        name.to_string()
+    }
+}
+
+fn write_swf(out: &mut impl Write, context: &Context<'_>, report: &SimReport) -> io::Result<()> {
     let n = report.outcomes.len();
-    let mut text = String::with_capacity(80 * (n + 12));
-    let _ = writeln!(text, "; Version: 2.2");
-    let _ = writeln!(text, "; Computer: topo's simulator (topoctl simulate)");
-    let _ = writeln!(
-        text,
+    writeln!(out, "; Version: 2.2")?;
+    writeln!(out, "; Computer: topo's simulator (topoctl simulate)")?;
+    writeln!(
+        out,
         "; Note: per-job results of {} replayed under {} with {} placement on {} hosts of {} ({} processors)",
-        context.trace_name,
+        one_line(context.trace_name),
         report.policy,
         report.placement,
         report.hosts,
-        context.topology_name,
+        one_line(context.topology_name),
         report.processors
-    );
-    let _ = writeln!(
-        text,
+    )?;
+    writeln!(
+        out,
         "; Note: field 3 is the simulated wait (with time suspended by preemption), field 4 the rest of the job's time in the system, field 5 the processors it started on; the other fields are the trace's"
-    );
+    )?;
     if context.kill_at_limit {
-        let _ = writeln!(
-            text,
+        writeln!(
+            out,
             "; Note: jobs were killed at their requested time (field 9); those that ran longer in the log have status 0 (failed)"
-        );
+        )?;
     }
-    let _ = writeln!(text, "; MaxJobs: {n}");
-    let _ = writeln!(text, "; MaxRecords: {n}");
-    let _ = writeln!(text, "; MaxNodes: {}", report.hosts);
-    let _ = writeln!(text, "; MaxProcs: {}", report.processors);
+    writeln!(out, "; MaxJobs: {n}")?;
+    writeln!(out, "; MaxRecords: {n}")?;
+    writeln!(out, "; MaxNodes: {}", report.hosts)?;
+    writeln!(out, "; MaxProcs: {}", report.processors)?;
     for line in swf::header_lines_carried(context.header) {
-        let _ = writeln!(text, "{line}");
+        writeln!(out, "{line}")?;
     }
     for ((job, &line), outcome) in context.jobs.iter().zip(context.lines).zip(&report.outcomes) {
         let Some(logged) = context.trace.jobs.get(line) else { continue };
@@ -156,9 +183,9 @@ fn swf_text(context: &Context<'_>, report: &SimReport) -> String {
             // Stopped at its limit: it did not complete.
             simulated.status = swf::Status::Failed;
         }
-        let _ = writeln!(text, "{simulated}");
+        writeln!(out, "{simulated}")?;
     }
-    text
+    Ok(())
 }
 
 /// The CSV's columns, in order.
@@ -192,17 +219,15 @@ pub(crate) const CSV_COLUMNS: [&str; 27] = [
     "cpus",
 ];
 
-fn csv_text(context: &Context<'_>, report: &SimReport) -> String {
-    let mut text = String::with_capacity(120 * (report.outcomes.len() + 1));
-    text.push_str(&CSV_COLUMNS.join(","));
-    text.push('\n');
+fn write_csv(out: &mut impl Write, context: &Context<'_>, report: &SimReport) -> io::Result<()> {
+    writeln!(out, "{}", CSV_COLUMNS.join(","))?;
     let rows = context.jobs.iter().zip(context.lines).zip(&report.outcomes);
     for (i, ((job, &line), outcome)) in rows.enumerate() {
         let Some(logged) = context.trace.jobs.get(line) else { continue };
         let &JobOutcome { start, end, wait, .. } = outcome;
-        let started_on = context.started_on.get(i).map_or(&[][..], Vec::as_slice);
-        let _ = writeln!(
-            text,
+        let started_on = context.started_on.get(i).map_or("", String::as_str);
+        writeln!(
+            out,
             "{},{},{start},{end},{wait},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             job.id,
             job.submit,
@@ -227,18 +252,33 @@ fn csv_text(context: &Context<'_>, report: &SimReport) -> String {
             outcome.numa_optimal,
             outcome.l3_groups,
             outcome.l3_optimal,
-            quoted(&cpus_cell(started_on)),
-        );
+            quoted(started_on),
+        )?;
     }
-    text
+    Ok(())
 }
 
-/// Where the job started: `host:cpus` per host (hosts numbered from 0, CPUs as the host's
-/// operating system numbers them), space-separated.
-fn cpus_cell(started_on: &[(HostId, CpuSet)]) -> String {
-    let parts: Vec<String> =
-        started_on.iter().map(|(host, cpus)| format!("{host}:{cpus}")).collect();
-    parts.join(" ")
+/// Where a job started, for the CSV's `cpus`: `hosts:cpus` entries, space-separated, the hosts
+/// (numbered from 0) with the same CPUs (as the host's operating system numbers them) in one
+/// entry, both as lists: `0-63:0` is CPU 0 of hosts 0 to 63, `3,7:0-3 5:0` CPUs 0-3 of hosts 3
+/// and 7 and CPU 0 of host 5. Made as the job starts, so a replay keeps a line per job, not
+/// its CPU sets.
+pub(crate) fn cpus_cell(parts: &[(HostId, &CpuSet)]) -> String {
+    // In the order of each set's first host.
+    let mut order: Vec<&CpuSet> = Vec::new();
+    let mut hosts_of: std::collections::HashMap<&CpuSet, CpuSet> = Default::default();
+    for &(host, cpus) in parts {
+        hosts_of
+            .entry(cpus)
+            .or_insert_with(|| {
+                order.push(cpus);
+                CpuSet::new()
+            })
+            .insert(host);
+    }
+    let entries: Vec<String> =
+        order.iter().map(|cpus| format!("{}:{cpus}", hosts_of[cpus])).collect();
+    entries.join(" ")
 }
 
 /// A CSV cell (RFC 4180): quoted when it holds a comma, a quote or a line end.
@@ -263,11 +303,31 @@ mod tests {
             out.path_for("easy+preempt", "pack", true),
             Path::new("/tmp/r/jobs.easy+preempt.pack.swf")
         );
+        // A name that is not UTF-8 keeps its bytes.
+        use std::os::unix::ffi::OsStrExt;
+        let odd = JobsOut::parse(Path::new(std::ffi::OsStr::from_bytes(b"bad\xff.csv"))).unwrap();
+        let named = odd.path_for("easy", "best-fit", true);
+        assert_eq!(named.as_os_str().as_bytes(), b"bad\xff.easy.best-fit.csv");
         assert_eq!(JobsOut::parse(Path::new("a.CSV")).unwrap().format, Format::Csv);
         for bad in ["jobs", "jobs.txt", "jobs.swf.gz"] {
             let e = JobsOut::parse(Path::new(bad)).unwrap_err().to_string();
             assert!(e.contains(".swf") && e.contains(".csv") && e.contains(bad), "{e}");
         }
+    }
+
+    #[test]
+    fn hosts_with_the_same_cpus_share_an_entry() {
+        let (zero, low) = (CpuSet::from_iter([0]), CpuSet::from_iter(0..4));
+        let wide: Vec<(HostId, &CpuSet)> = (0..64).map(|h| (h, &zero)).collect();
+        assert_eq!(cpus_cell(&wide), "0-63:0");
+        assert_eq!(cpus_cell(&[(3, &low), (5, &zero), (7, &low)]), "3,7:0-3 5:0");
+        assert_eq!(cpus_cell(&[]), "");
+    }
+
+    #[test]
+    fn a_file_name_cannot_add_header_or_job_lines() {
+        assert_eq!(one_line("plain name.swf"), "plain name.swf");
+        assert_eq!(one_line("evil\n; MaxProcs: 1\n1 2.swf"), "evil\\n; MaxProcs: 1\\n1 2.swf");
     }
 
     #[test]

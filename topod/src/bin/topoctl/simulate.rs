@@ -69,18 +69,20 @@ How a trace is replayed:
   window opens run on; migrate: they are moved out where they fit). The local time is the header's
   UnixStartTime plus the offset its StartTime shows (one offset all year: daylight saving is not
   followed), or --utc-offset.
-  --jobs-out gives every replayed job's wait, response and bounded slowdown exactly as the summary
-  averages them. In .swf, field 3 is the wait (time suspended by preemption included), field 4 the
-  rest of its time in the system (submit + wait + run is its end: the logged run for fcfs and easy;
-  with gang slicing the slices it sat out count, a malleable job's is as long as its sizes made it),
-  field 5 the processors it started on, the other fields its trace line's; the header's MaxProcs is
-  the simulated cluster's (a job killed at its limit has status 0). The .csv has a header row and,
-  per job: job, submit_s, start_s (first run), end_s, wait_s, run_s, response_s, bounded_slowdown,
+  --jobs-out: the .csv gives every job's wait, response and bounded slowdown exactly as the summary
+  averages them (utilization: procs x logged_run_s). In .swf, field 3 is the wait (time suspended by
+  preemption included), field 4 the rest of its time in the system (submit + wait + run is its end;
+  the logged run for fcfs, easy and conservative; with gang slicing the slices it sat out count, a
+  malleable job's is as long as its sizes made it, suspension and move costs lengthen it, so a
+  slowdown computed from it differs), field 5 the processors it started on, the other fields its
+  trace line's; the header's MaxProcs is the simulated cluster's (a job killed at its limit has
+  status 0). The .csv has a header row and, per job: job, submit_s, start_s (first run), end_s, wait_s, run_s, response_s, bounded_slowdown,
   procs (asked), procs_at_start, estimate_s, logged_run_s, killed_at_limit, queue, partition, user,
   suspensions and suspended_s (preemption), gang_freezes, moves, resizes, hosts, numa_nodes and
   l3_groups its CPUs spanned at its start (summed over its hosts), numa_optimal and l3_optimal (the
-  fewest that could hold them, on every host), and cpus: host:CPU-list for each host (hosts
-  numbered from 0), space-separated.
+  fewest that could hold them, on every host), and cpus: HOSTS:CPUS entries, space-separated, the
+  hosts (numbered from 0) with the same CPUs in one entry, both as lists (0-63:0 is CPU 0 of hosts 0
+  to 63; 3,7:0-3 5:0). Files are written beside their names and renamed into place when complete.
 
 Examples:
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 400 --policy fcfs,easy --svg out.svg
@@ -786,14 +788,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
             }
         }
     }
-    for (option, path) in &outputs {
-        not_the_trace(option, path, &args.trace)?;
-    }
-    for (option, path) in &outputs {
-        std::fs::File::create(path).map_err(|e| {
-            Failure::input(format!("{option} {}: cannot write there: {e}", path.display()))
-        })?;
-    }
+    check_outputs(&outputs, &args.trace)?;
     let filter = TraceFilter { queues, skip_queues };
     let sim::Selected { mut jobs, skipped, duplicates, lines } =
         sim::jobs_from_trace(&trace, &filter, total);
@@ -835,7 +830,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
             let config = config_for(choice, placement, &settings);
             let mut started_on = Vec::new();
             if wants_cpus {
-                started_on.resize(jobs.len(), Vec::new());
+                started_on.resize(jobs.len(), String::new());
             }
             // Each repetition replays the same jobs and decides the same; the speed reported is
             // the median over the repetitions.
@@ -857,8 +852,9 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
                     &mut |done| bar.set_position(done as u64),
                     &mut |_, action| {
                         if let (true, Action::Start { job, parts }) = (record, action) {
-                            started_on[*job as usize] =
-                                parts.iter().map(|p| (p.host, p.placement.cpus.clone())).collect();
+                            let parts: Vec<_> =
+                                parts.iter().map(|p| (p.host, &p.placement.cpus)).collect();
+                            started_on[*job as usize] = jobs_out::cpus_cell(&parts);
                         }
                     },
                 )
@@ -953,19 +949,92 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Refuses an output file that is the trace itself (read already, but it would be lost).
-fn not_the_trace(option: &str, output: &Path, trace: &Path) -> Result<(), Failure> {
-    let same = match (std::fs::canonicalize(output), std::fs::canonicalize(trace)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
+/// Which file a path names: its device and inode when it exists, else its folder's real path
+/// and its name (two names of one file, through links or `..`, are the same).
+#[derive(Debug, PartialEq, Eq)]
+enum FileIdentity {
+    Inode(u64, u64),
+    Path(PathBuf),
+}
+
+fn identity(path: &Path) -> Option<FileIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        return Some(FileIdentity::Inode(meta.dev(), meta.ino()));
+    }
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
     };
-    if same {
-        return Err(Failure::input(format!(
-            "{option} {}: that is the trace; writing there would overwrite it",
-            output.display()
-        )));
+    Some(FileIdentity::Path(std::fs::canonicalize(folder).ok()?.join(path.file_name()?)))
+}
+
+/// Checks the files a replay will write, before it runs and without changing them: none is
+/// the trace (by any name, or the file standard input reads when the trace is `-`), no two
+/// options name one file, and each can be written (an existing file is opened for writing
+/// without emptying it; a new one is made and removed).
+fn check_outputs(outputs: &[(&str, PathBuf)], trace: &Path) -> Result<(), Failure> {
+    let trace_file = if trace == Path::new("-") {
+        // A file redirected into standard input; a pipe names no file.
+        std::fs::metadata("/dev/stdin")
+            .ok()
+            .filter(|m| m.is_file())
+            .and_then(|_| identity(Path::new("/dev/stdin")))
+    } else {
+        identity(trace)
+    };
+    let mut seen: Vec<(&str, &Path, FileIdentity)> = Vec::new();
+    for (option, path) in outputs {
+        let Some(id) = identity(path) else {
+            return Err(Failure::input(format!(
+                "{option} {}: cannot write there: no such folder",
+                path.display()
+            )));
+        };
+        if trace_file.as_ref() == Some(&id) {
+            return Err(Failure::input(format!(
+                "{option} {}: that is the trace; writing there would overwrite it",
+                path.display()
+            )));
+        }
+        if let Some((other, other_path, _)) = seen.iter().find(|(_, _, s)| *s == id) {
+            if other != option || format_of(other_path) != format_of(path) {
+                return Err(Failure::input(format!(
+                    "{option} {} and {other} {}: both name one file; give each its own",
+                    path.display(),
+                    other_path.display()
+                )));
+            }
+            continue;
+        }
+        writable(option, path)?;
+        seen.push((option, path, id));
     }
     Ok(())
+}
+
+/// An output's extension, for telling two `--jobs-out` files apart.
+fn format_of(path: &Path) -> Option<String> {
+    path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase())
+}
+
+/// Whether `path` can be written, leaving an existing file as it is.
+fn writable(option: &str, path: &Path) -> Result<(), Failure> {
+    let refused = |e: std::io::Error| {
+        Failure::input(format!("{option} {}: cannot write there: {e}", path.display()))
+    };
+    if path.exists() {
+        if path.is_dir() {
+            return Err(Failure::input(format!(
+                "{option} {}: cannot write there: it is a folder",
+                path.display()
+            )));
+        }
+        std::fs::OpenOptions::new().write(true).open(path).map(drop).map_err(refused)
+    } else {
+        std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(refused)?;
+        std::fs::remove_file(path).map_err(refused)
+    }
 }
 
 fn progress_bar(len: usize, label: &str) -> ProgressBar {
