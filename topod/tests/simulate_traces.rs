@@ -1039,4 +1039,16 @@ fn a_gang_switch_cost_is_charged_and_reported() {
     // Without gang slicing there is nothing to charge, and nothing is said of it.
     let easy = simulate(&["--trace", t.to_str().unwrap(), "--policy", "easy", "--gang-cost", "2"]);
     assert!(easy.get("switch_cost_s").is_none(), "{easy}");
+    // A switch costing the whole slice would leave no progress: refused, not replayed forever
+    // (it once ran until it filled the memory).
+    for cost in ["30", "31"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+            .args(["simulate", "--trace", t.to_str().unwrap(), "--policy", "easy+gang"])
+            .args(["--gang", "30", "--gang-cost", cost])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{cost}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("may not cost the whole 30 s slice"), "{err}");
+    }
 }

@@ -383,6 +383,16 @@ pub enum SimError {
         /// The host strategy.
         strategy: &'static str,
     },
+    /// A gang switch would cost a job at least the slice it runs in: it would never progress.
+    #[error(
+        "a gang switch costing {cost} s leaves nothing of a {slice} s slice: no job would ever progress (the cost must be below the slice)"
+    )]
+    SwitchCostNotBelowSlice {
+        /// The cost per switch, seconds.
+        cost: Time,
+        /// The slice, seconds.
+        slice: Time,
+    },
 }
 
 /// How a configuration is named in reports: `easy`, `fcfs+preempt`, ...
@@ -440,6 +450,9 @@ pub fn replay_observed(
     progress: &mut dyn FnMut(usize),
     observe: &mut dyn FnMut(Time, &Action),
 ) -> Result<SimReport, SimError> {
+    if let Some(g) = config.gang.filter(|g| config.switch_cost >= g.slice) {
+        return Err(SimError::SwitchCostNotBelowSlice { cost: config.switch_cost, slice: g.slice });
+    }
     let host_count = hosts.len();
     let strategy = config.strategy;
     let policy = policy_name(&config);
@@ -1064,6 +1077,17 @@ mod tests {
         let want = work + charged as f64;
         assert!((held - want).abs() < 1e-6 * want, "held {held}, want {want}");
         assert_eq!(r.series.last().map(|s| (s.busy, s.queue)), Some((0, 0)));
+        // A switch that costs a whole slice leaves no progress: refused, not replayed forever.
+        let model = crate::policy::tests::two_socket(1).remove(0);
+        for cost in [slice, slice + 1] {
+            let config = PolicyConfig {
+                gang: Some(Gang { slice, rows: 2 }),
+                switch_cost: cost,
+                ..PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit)
+            };
+            let e = replay(vec![model.clone()], &jobs[..2], config, &mut |_| {}).unwrap_err();
+            assert_eq!(e, SimError::SwitchCostNotBelowSlice { cost, slice });
+        }
     }
 
     #[test]

@@ -237,7 +237,9 @@ pub struct PolicyConfig {
     pub suspend_cost: Time,
     /// What a gang switch costs the job it freezes, seconds of progress (0, the default: free):
     /// its caches and TLB refilled when its row runs again. The core plans with it (the frozen
-    /// job's estimated end moves later by as much at each freeze) and a driver charges it.
+    /// job's estimated end moves later by as much at each freeze) and a driver charges it. It
+    /// must be below the slice: a job frozen after every slice it runs would never progress
+    /// (the simulator refuses it, [`crate::sim::SimError::SwitchCostNotBelowSlice`]).
     pub switch_cost: Time,
 }
 

@@ -686,6 +686,20 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     }
     let malleability = Malleability { min_divisor: args.malleable_divisor };
     let gang = Gang { slice: Time::from(args.gang.unwrap_or(30)), rows: args.gang_rows };
+    let gangs = policies.iter().any(|c| c.gang);
+    if gangs && Time::from(args.gang_cost) >= gang.slice {
+        return Err(Failure::input(format!(
+            "--gang-cost {}: a switch may not cost the whole {} s slice or more (a job frozen after each slice it runs would never progress)",
+            args.gang_cost, gang.slice
+        )));
+    }
+    // Costs of what no policy listed does.
+    if args.gang_cost > 0 && !gangs {
+        eprintln!("topoctl: warning: --gang-cost: no policy listed uses gang slicing (+gang or --gang); it changes nothing");
+    }
+    if args.preempt_cost > 0 && !policies.iter().any(|c| c.preempt) {
+        eprintln!("topoctl: warning: --preempt-cost: no policy listed preempts (+preempt or --preempt); it changes nothing");
+    }
     if !(args.preempt_xf.is_finite() && args.preempt_xf >= 1.0) {
         return Err(Failure::input(format!(
             "--preempt-xf {}: an expansion factor is 1 or more",
