@@ -1052,3 +1052,36 @@ fn a_gang_switch_cost_is_charged_and_reported() {
         assert!(err.contains("may not cost the whole 30 s slice"), "{err}");
     }
 }
+
+#[test]
+fn conservative_backfilling_with_one_reservation_is_easy() {
+    // Two implementations of one rule: EASY's shadow time and extra processors, and the
+    // profile with only the head reserved. On the Lublin trace they start every job at the
+    // same second.
+    let t = trace("lublin_256.swf");
+    let runs = simulate_all(&[
+        "--trace",
+        t.to_str().unwrap(),
+        "--policy",
+        "conservative,easy",
+        "--reservation-depth",
+        "1",
+    ]);
+    let (conservative, easy) = (&runs[0], &runs[1]);
+    assert_eq!(conservative["reservation_depth"], 1);
+    assert!(easy.get("reservation_depth").is_none(), "{easy}");
+    for k in ["mean_wait_s", "mean_bounded_slowdown", "makespan_s", "max_wait_s"] {
+        assert_eq!(conservative[k], easy[k], "{k}");
+    }
+    assert_eq!(conservative["percentiles"], easy["percentiles"]);
+    // A deeper plan is conservative backfilling again: different figures.
+    let deep = simulate(&[
+        "--trace",
+        t.to_str().unwrap(),
+        "--policy",
+        "conservative",
+        "--reservation-depth",
+        "50",
+    ]);
+    assert_ne!(deep["mean_wait_s"], easy["mean_wait_s"], "{deep}");
+}

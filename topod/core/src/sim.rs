@@ -217,6 +217,9 @@ pub struct SimReport {
     /// Gang slice length, seconds (with gang slicing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gang_slice_s: Option<Time>,
+    /// How many waiting jobs got reservations (conservative backfilling with a depth).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation_depth: Option<u32>,
     /// Seconds of progress each gang freeze cost the frozen job (with gang slicing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub switch_cost_s: Option<Time>,
@@ -461,6 +464,9 @@ pub fn replay_observed(
     let gang = config.gang.is_some();
     let suspend_cost = config.suspend_cost.max(0);
     let switch_cost = config.switch_cost.max(0);
+    let reservation_depth = config
+        .reservation_depth
+        .filter(|_| config.order == crate::policy::QueueOrder::Conservative);
     let preempting = config.preempt.is_some() && !gang;
     let mut core = PolicyCore::new(hosts, config);
     let total = core.total_procs();
@@ -693,6 +699,7 @@ pub fn replay_observed(
         suspensions,
         suspend_cost_s: preempting.then_some(suspend_cost),
         switch_cost_s: gang.then_some(switch_cost),
+        reservation_depth,
         gang_slice_s,
         gang_freezes,
         malleable_jobs: usize::try_from(core.malleable_started()).unwrap_or(usize::MAX),

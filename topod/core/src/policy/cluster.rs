@@ -241,6 +241,10 @@ pub struct PolicyConfig {
     /// must be below the slice: a job frozen after every slice it runs would never progress
     /// (the simulator refuses it, [`crate::sim::SimError::SwitchCostNotBelowSlice`]).
     pub switch_cost: Time,
+    /// With [`QueueOrder::Conservative`], how many waiting jobs (in queue order) get
+    /// reservations; the others start only where they delay none of those (Maui's
+    /// RESERVATIONDEPTH; 1 is close to EASY). `None`: every waiting job.
+    pub reservation_depth: Option<u32>,
 }
 
 impl PolicyConfig {
@@ -260,6 +264,7 @@ impl PolicyConfig {
             move_cost: 0,
             suspend_cost: 0,
             switch_cost: 0,
+            reservation_depth: None,
         }
     }
 }
@@ -523,6 +528,8 @@ struct Conservative {
     planned: usize,
     /// The earliest reservation: when it comes, the pass plans again.
     due: Time,
+    /// Reservations made (at most [`PolicyConfig::reservation_depth`]).
+    reserved: usize,
 }
 
 /// What the driver must do.
@@ -1453,7 +1460,8 @@ impl PolicyCore {
     /// those before them stand). It stops when nothing is free now: later jobs are planned by
     /// a later pass, in order.
     fn backfill_conservative(&mut self, actions: &mut Vec<Action>) {
-        let (mut profile, mut i, mut due) = match self.conservative.take() {
+        let depth = self.config.reservation_depth.map_or(usize::MAX, |d| d as usize);
+        let (mut profile, mut i, mut due, mut reserved) = match self.conservative.take() {
             Some(plan)
                 if plan.generation == self.generation
                     && self.now < plan.due
@@ -1461,7 +1469,7 @@ impl PolicyCore {
             {
                 let mut profile = plan.profile;
                 profile.advance(self.now);
-                (profile, plan.planned, plan.due)
+                (profile, plan.planned, plan.due, plan.reserved)
             }
             _ => {
                 let ends =
@@ -1469,7 +1477,7 @@ impl PolicyCore {
                         Slot::Running(r) => Some((end, r.held())),
                         _ => None,
                     });
-                (profile::Profile::new(self.now, self.rows[0].free_total, ends), 0, Time::MAX)
+                (profile::Profile::new(self.now, self.rows[0].free_total, ends), 0, Time::MAX, 0)
             }
         };
         while i < self.queue.len() && profile.free_now() > 0 {
@@ -1489,14 +1497,16 @@ impl PolicyCore {
                 // Enough processors, not in a shape it fits: the next time they may be.
                 at = profile.earliest_later(need, run);
             }
-            if let Some(at) = at {
+            // Beyond the depth a job that cannot start now gets no reservation.
+            if let Some(at) = at.filter(|_| reserved < depth) {
                 profile.take(at, run, need);
                 due = due.min(at);
+                reserved += 1;
             }
             i += 1;
         }
         self.conservative =
-            Some(Conservative { generation: self.generation, profile, planned: i, due });
+            Some(Conservative { generation: self.generation, profile, planned: i, due, reserved });
     }
 
     /// How much longer than its estimate a job may take in the wall clock: `rows` with gang
@@ -3286,6 +3296,22 @@ pub(crate) mod tests {
         // EASY starts job 4 now (it ends by the head's shadow time, 100) and job 3, which needs
         // two, cannot start at 50; conservative backfilling keeps job 4 out of job 3's way.
         assert_eq!(firsts, [(vec![4], vec![]), (vec![], vec![3])]);
+    }
+
+    #[test]
+    fn a_reservation_depth_of_one_lets_a_job_delay_the_second_waiting_job_as_easy_does() {
+        // The first test's scene: with every job reserved, job 4 may not start at 1 (it would
+        // delay job 3); with only the head reserved, it may, as under EASY.
+        for (depth, expect) in [(None, vec![]), (Some(2), vec![]), (Some(1), vec![4])] {
+            let config = PolicyConfig {
+                reservation_depth: depth,
+                ..PolicyConfig::plain(QueueOrder::Conservative, Strategy::BestFit)
+            };
+            let mut c = PolicyCore::new(flat(4, 1), config);
+            c.step(0, [submit(0, 1, 50), submit(1, 2, 100)]).unwrap();
+            let a = c.step(1, [submit(2, 4, 100), submit(3, 2, 50), submit(4, 1, 60)]).unwrap();
+            assert_eq!(started(&a), expect, "{depth:?}");
+        }
     }
 
     #[test]

@@ -230,6 +230,11 @@ pub(crate) struct SimulateOpts {
     /// what it asked for [default: it runs its logged time, which the log shows it was allowed].
     #[arg(long)]
     kill_at_limit: bool,
+    /// With conservative backfilling, reservations for the first N waiting jobs only; the
+    /// others start where they delay none of those (Maui's RESERVATIONDEPTH; 1 is close to
+    /// EASY). It bounds the cost of a long queue [default: every waiting job].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    reservation_depth: Option<u32>,
     /// Replay each combination this many times and report the median speed (jobs/s).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     repeat: u32,
@@ -373,6 +378,7 @@ struct Settings {
     move_cost: Time,
     suspend_cost: Time,
     switch_cost: Time,
+    reservation_depth: Option<u32>,
 }
 
 /// The configuration of one replay.
@@ -394,6 +400,7 @@ fn config_for(choice: PolicyChoice, placement: Strategy, settings: &Settings) ->
         move_cost: settings.move_cost,
         suspend_cost: settings.suspend_cost,
         switch_cost: settings.switch_cost,
+        reservation_depth: settings.reservation_depth,
     }
 }
 
@@ -697,6 +704,11 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     if args.gang_cost > 0 && !gangs {
         eprintln!("topoctl: warning: --gang-cost: no policy listed uses gang slicing (+gang or --gang); it changes nothing");
     }
+    if args.reservation_depth.is_some()
+        && !policies.iter().any(|c| c.order == Some(QueueOrder::Conservative))
+    {
+        eprintln!("topoctl: warning: --reservation-depth: no policy listed is conservative; it changes nothing");
+    }
     if args.preempt_cost > 0 && !policies.iter().any(|c| c.preempt) {
         eprintln!("topoctl: warning: --preempt-cost: no policy listed preempts (+preempt or --preempt); it changes nothing");
     }
@@ -787,6 +799,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         move_cost: Time::from(args.migrate_cost),
         suspend_cost: Time::from(args.preempt_cost),
         switch_cost: Time::from(args.gang_cost),
+        reservation_depth: args.reservation_depth,
     };
     let jobs_out =
         args.jobs_out.iter().map(|p| JobsOut::parse(p)).collect::<Result<Vec<_>, _>>()?;
@@ -1160,6 +1173,11 @@ fn print_table(
         plural(total, "processor", "processors"),
     );
     println!("left out: {}", describe_skipped(skipped));
+    if let Some(depth) = reports.iter().find_map(|r| r.reservation_depth) {
+        println!(
+            "conservative: reservations for the first {depth} waiting job(s) (--reservation-depth)"
+        );
+    }
     if let Some(killed) = reports.first().and_then(|r| r.killed_at_limit) {
         println!(
             "killed at their requested time (--kill-at-limit): {} that ran longer in the log",
@@ -1550,6 +1568,7 @@ mod tests {
             suspensions: 0,
             suspend_cost_s: None,
             switch_cost_s: None,
+            reservation_depth: None,
             gang_slice_s: None,
             gang_freezes: 0,
             malleable_jobs: 0,
