@@ -884,6 +884,27 @@ fn a_jobs_out_file_is_checked_before_the_replay() {
     refused(&["--trace", trace_arg, "--queues", "99", "--jobs-out", f], None, "no job to replay");
     assert_eq!(std::fs::read(&results).unwrap(), earlier);
     assert!(!fresh.exists());
+    // Through a link to something not a regular file (a device such as /dev/null, a pipe) the
+    // results go into it, and it stays what it was: replaced by a regular file, /dev/null would
+    // be lost to the whole host. A pipe of the test's own stands for the device.
+    let pipe = path("pipe");
+    let made = Command::new("mkfifo").arg(&pipe).status().unwrap();
+    assert!(made.success());
+    let link = path("into-pipe.csv");
+    std::os::unix::fs::symlink(&pipe, &link).unwrap();
+    let reader = {
+        let pipe = pipe.clone();
+        std::thread::spawn(move || std::fs::read_to_string(pipe).unwrap())
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["simulate", "--trace", trace_arg, "--jobs-out", link.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // (Before the reader is waited for: a pipe replaced would leave it waiting forever.)
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(&pipe).unwrap().file_type().is_fifo(), "still a pipe");
+    assert!(reader.join().unwrap().starts_with("job,submit_s,"));
     let names: Vec<_> =
         std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(names.iter().all(|n| !n.to_string_lossy().contains("partial")), "{names:?}");

@@ -110,25 +110,43 @@ pub(crate) fn write(
     context: &Context<'_>,
     report: &SimReport,
 ) -> Result<(), Failure> {
+    let failed = |e: io::Error| Failure::runtime(format!("--jobs-out {}: {e}", path.display()));
     // Through a symbolic link, the file it names is replaced.
     let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    if std::fs::metadata(&target).is_ok_and(|m| !m.is_file()) {
+        // A device or a pipe (a link to /dev/null, say): written into, never replaced.
+        let file = std::fs::OpenOptions::new().write(true).open(&target).map_err(failed)?;
+        let mut writer = io::BufWriter::new(file);
+        return write_rows(&mut writer, out.format, context, report)
+            .and_then(|()| writer.flush())
+            .map_err(failed);
+    }
     let mut temporary = target.clone().into_os_string();
     temporary.push(format!(".{}.partial", std::process::id()));
     let temporary = PathBuf::from(temporary);
     let result = std::fs::File::create(&temporary).and_then(|file| {
         let mut writer = io::BufWriter::new(file);
-        match out.format {
-            Format::Swf => write_swf(&mut writer, context, report)?,
-            Format::Csv => write_csv(&mut writer, context, report)?,
-        }
+        write_rows(&mut writer, out.format, context, report)?;
         let file = writer.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         std::fs::rename(&temporary, &target)
     });
     result.map_err(|e| {
         let _ = std::fs::remove_file(&temporary);
-        Failure::runtime(format!("--jobs-out {}: {e}", path.display()))
+        failed(e)
     })
+}
+
+fn write_rows(
+    out: &mut impl Write,
+    format: Format,
+    context: &Context<'_>,
+    report: &SimReport,
+) -> io::Result<()> {
+    match format {
+        Format::Swf => write_swf(out, context, report),
+        Format::Csv => write_csv(out, context, report),
+    }
 }
 
 /// A name for a header comment, on one line: a control character (a line end) is shown

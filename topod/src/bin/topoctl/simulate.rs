@@ -82,7 +82,8 @@ How a trace is replayed:
   l3_groups its CPUs spanned at its start (summed over its hosts), numa_optimal and l3_optimal (the
   fewest that could hold them, on every host), and cpus: HOSTS:CPUS entries, space-separated, the
   hosts (numbered from 0) with the same CPUs in one entry, both as lists (0-63:0 is CPU 0 of hosts 0
-  to 63; 3,7:0-3 5:0). Files are written beside their names and renamed into place when complete.
+  to 63; 3,7:0-3 5:0). Files are written beside their names and renamed into place when complete (a device or a pipe
+  is written into).
 
 Examples:
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 400 --policy fcfs,easy --svg out.svg
@@ -1050,12 +1051,17 @@ fn writable(option: &str, path: &Path) -> Result<(), Failure> {
     let refused = |e: std::io::Error| {
         Failure::input(format!("{option} {}: cannot write there: {e}", path.display()))
     };
-    if path.exists() {
-        if path.is_dir() {
+    if let Ok(meta) = std::fs::metadata(path) {
+        if meta.is_dir() {
             return Err(Failure::input(format!(
                 "{option} {}: cannot write there: it is a folder",
                 path.display()
             )));
+        }
+        if !meta.is_file() {
+            // A device or a pipe: opening a pipe here would take its reader's turn (and the
+            // results would then wait for another); its errors come when it is written.
+            return Ok(());
         }
         std::fs::OpenOptions::new().write(true).open(path).map(drop).map_err(refused)
     } else {
