@@ -303,8 +303,8 @@ pub(crate) enum Command {
         json: bool,
     },
     /// Replay a workload trace (Standard Workload Format) on N hosts of one machine under
-    /// cluster policies (fcfs, easy backfilling) and host strategies, through the same policy
-    /// core and placement code topod runs; print a table, JSON, and pictures.
+    /// cluster policies (fcfs; easy and conservative backfilling) and host strategies, through
+    /// the same policy core and placement code topod runs; print a table, JSON, and pictures.
     Simulate(simulate::SimulateOpts),
     /// Print the protocol between topod and its clients as a JSON Schema (the file
     /// packaging/protocol.schema.json, which the PBS hook reads replies against).

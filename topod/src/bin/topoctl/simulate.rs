@@ -76,14 +76,15 @@ How a trace is replayed:
   malleable job's is as long as its sizes made it, suspension and move costs lengthen it, so a
   slowdown computed from it differs), field 5 the processors it started on, the other fields its
   trace line's; the header's MaxProcs is the simulated cluster's (a job killed at its limit has
-  status 0). The .csv has a header row and, per job: job, submit_s, start_s (first run), end_s, wait_s, run_s, response_s, bounded_slowdown,
-  procs (asked), procs_at_start, estimate_s, logged_run_s, killed_at_limit, queue, partition, user,
-  suspensions and suspended_s (preemption), gang_freezes, moves, resizes, hosts, numa_nodes and
-  l3_groups its CPUs spanned at its start (summed over its hosts), numa_optimal and l3_optimal (the
-  fewest that could hold them, on every host), and cpus: HOSTS:CPUS entries, space-separated, the
-  hosts (numbered from 0) with the same CPUs in one entry, both as lists (0-63:0 is CPU 0 of hosts 0
-  to 63; 3,7:0-3 5:0). Files are written beside their names and renamed into place when complete (a device or a pipe
-  is written into).
+  status 0). The .csv has a header row and, per job: job, submit_s, start_s (first run), end_s,
+  wait_s, run_s, response_s, bounded_slowdown, procs (asked), procs_at_start, estimate_s,
+  logged_run_s, killed_at_limit, queue, partition, user, suspensions and suspended_s (preemption),
+  gang_freezes, moves, resizes, hosts, numa_nodes and l3_groups its CPUs spanned at its start
+  (summed over its hosts), numa_optimal and l3_optimal (the fewest that could hold them, on every
+  host), and cpus: HOSTS:CPUS entries, space-separated, the hosts (numbered from 0) with the same
+  CPUs in one entry, both as lists (0-63:0 is CPU 0 of hosts 0 to 63; 3,7:0-3 5:0). Files are
+  written beside their names and renamed into place when complete (a device or a pipe is written
+  into).
 
 Examples:
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 400 --policy fcfs,easy --svg out.svg
