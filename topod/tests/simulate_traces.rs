@@ -1106,3 +1106,281 @@ fn conservative_backfilling_with_one_reservation_is_easy() {
     ]);
     assert_ne!(deep["mean_wait_s"], easy["mean_wait_s"], "{deep}");
 }
+
+/// `topoctl simulate` with `args`, expected to be refused (exit 2): its standard error.
+fn refused_with(args: &[&str]) -> String {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_topoctl")).arg("simulate").args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    err
+}
+
+/// The figures that must agree to the last digit between two replays of the same jobs.
+fn exact_figures(v: &Value) -> Vec<String> {
+    ["jobs", "hosts", "processors", "utilization", "mean_wait_s", "p95_wait_s", "max_wait_s"]
+        .iter()
+        .chain(&["mean_bounded_slowdown", "makespan_s", "numa_optimal_share", "percentiles"])
+        .map(|k| format!("{k}={}", v[*k]))
+        .collect()
+}
+
+#[test]
+fn a_cluster_file_of_one_group_replays_as_hosts_and_topology_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("one.toml");
+    std::fs::write(&file, "[[group]]\nname = \"paragon\"\ncount = 400\ntopology = \"flat:1\"\n")
+        .unwrap();
+    let t = trace(SDSC);
+    let t = t.to_str().unwrap();
+    let by_file =
+        simulate_all(&["--trace", t, "--cluster", file.to_str().unwrap(), "--policy", "fcfs,easy"]);
+    let by_flags = simulate_all(&["--trace", t, "--hosts", "400", "--policy", "fcfs,easy"]);
+    assert_eq!(by_file.len(), 2);
+    for (a, b) in by_file.iter().zip(&by_flags) {
+        assert_eq!(exact_figures(a), exact_figures(b));
+        // Its one partition, every job: the same figures again.
+        let part = &a["partitions"][0];
+        assert_eq!(
+            (part["name"].as_str(), part["jobs"].as_u64()),
+            (Some("all"), b["jobs"].as_u64())
+        );
+        assert_eq!(part["mean_wait_s"], b["mean_wait_s"]);
+    }
+}
+
+/// Jobs of the Paragon's interactive partition (field 16 = 1) and of its batch partition.
+const PARAGON_PARTS: &str = r#"
+[[group]]
+name = "interactive-nodes"
+count = 48
+topology = "flat:1"
+
+[[group]]
+name = "batch-nodes"
+count = 352
+topology = "flat:1"
+
+[[partition]]
+name = "interactive"
+groups = ["interactive-nodes"]
+partitions = [1]
+policy = "fcfs"
+
+[[partition]]
+name = "batch"
+groups = ["batch-nodes"]
+partitions = [2]
+"#;
+
+#[test]
+fn the_paragons_two_partitions_replay_as_each_alone_and_sum_up_job_by_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("paragon.toml");
+    std::fs::write(&file, PARAGON_PARTS).unwrap();
+    let swf_out = dir.path().join("jobs.swf");
+    let t = trace(SDSC);
+    let t = t.to_str().unwrap();
+    let whole = simulate(&[
+        "--trace",
+        t,
+        "--cluster",
+        file.to_str().unwrap(),
+        "--policy",
+        "easy",
+        "--jobs-out",
+        swf_out.to_str().unwrap(),
+    ]);
+    // Each partition alone, with the flags: its queues are the partition's (queue 0 is the
+    // interactive partition's, every other queue the batch partition's).
+    let interactive =
+        simulate(&["--trace", t, "--hosts", "48", "--queues", "0", "--policy", "fcfs"]);
+    let batch =
+        simulate(&["--trace", t, "--hosts", "352", "--skip-queues", "0", "--policy", "easy"]);
+    let parts = whole["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 2);
+    for (part, alone) in parts.iter().zip([&interactive, &batch]) {
+        for k in ["policy", "hosts", "processors", "jobs", "utilization", "mean_wait_s"] {
+            assert_eq!(part[k], alone[k], "{}: {k}", part["name"]);
+        }
+        assert_eq!(part["mean_bounded_slowdown"], alone["mean_bounded_slowdown"]);
+    }
+    // Interactive jobs larger than its 48 nodes are left out, as alone.
+    let larger = interactive["skipped"]["larger than the simulated cluster"].as_u64().unwrap();
+    assert!(larger > 0);
+    assert_eq!(whole["skipped"]["larger than their partition"].as_u64(), Some(larger), "{whole}");
+    let (n1, n2) = (interactive["jobs"].as_f64().unwrap(), batch["jobs"].as_f64().unwrap());
+    assert_eq!(whole["jobs"].as_f64(), Some(n1 + n2));
+    assert_eq!((whole["hosts"].as_u64(), whole["processors"].as_u64()), (Some(400), Some(400)));
+    let mean = |v: &Value, k: &str| v[k].as_f64().unwrap();
+    let weighted = |k: &str| (mean(&interactive, k) * n1 + mean(&batch, k) * n2) / (n1 + n2);
+    for k in ["mean_wait_s", "mean_bounded_slowdown"] {
+        assert!((mean(&whole, k) - weighted(k)).abs() < 1e-9 * weighted(k), "{k}: {whole}");
+    }
+    // Job by job: the results file averages to the whole's figures, on 400 processors.
+    let file = std::io::BufReader::new(std::fs::File::open(&swf_out).unwrap());
+    let (back, _) = topo_core::swf::read(file).unwrap();
+    assert_eq!(back.jobs.len() as f64, n1 + n2);
+    let rows: Vec<_> =
+        back.jobs.iter().map(|j| (j.submit, j.wait, j.run, j.allocated_procs)).collect();
+    assert_figures_equal("partitions", figures_of(&rows, 400.0), summary_figures(&whole));
+}
+
+/// The mixed cluster the project ships: its topology paths as written when `../shared` is
+/// beside the repository, else pointed at the shared folder the suite uses.
+fn shipped_cluster(dir: &Path) -> PathBuf {
+    let shipped =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/clusters/sdsc-paragon-today.toml");
+    let text = std::fs::read_to_string(&shipped).unwrap();
+    let relative = shipped.parent().unwrap().join("../../../shared/topologies");
+    if relative.join("expected-counts.tsv").is_file() {
+        return shipped;
+    }
+    let copy = dir.join("sdsc-paragon-today.toml");
+    let shared = common::topologies();
+    std::fs::write(&copy, text.replace("../../../shared/topologies", shared.to_str().unwrap()))
+        .unwrap();
+    copy
+}
+
+#[test]
+fn the_shipped_mixed_cluster_replays_each_job_on_its_partitions_hosts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = shipped_cluster(dir.path());
+    let csv_out = dir.path().join("jobs.csv");
+    let t = trace(SDSC);
+    let runs = simulate_all(&[
+        "--trace",
+        t.to_str().unwrap(),
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--policy",
+        "fcfs,easy",
+        "--jobs-out",
+        csv_out.to_str().unwrap(),
+    ]);
+    assert_eq!(runs.len(), 2);
+    // Cores per machine, as the shared set's own table counts them.
+    let counts = std::fs::read_to_string(common::topologies().join("expected-counts.tsv")).unwrap();
+    let cores_of = |name: &str| -> u64 {
+        let row = counts
+            .lines()
+            .find(|l| l.starts_with(&format!("converted-hwloc2.9/{name}\t")))
+            .unwrap_or_else(|| panic!("{name} not in expected-counts.tsv"));
+        row.split('\t').nth(4).unwrap().parse().unwrap()
+    };
+    let (hbm, epyc, opteron) = (
+        cores_of("Intel-SapphireRapids-2xXeonMax9460.xml"),
+        cores_of("AMD-17h-Zen-2xEpyc-7451.xml"),
+        cores_of("64amd64-4s2n4ca2co.xml"),
+    );
+    for v in &runs {
+        let policy = v["policy"].as_str().unwrap();
+        assert_eq!(v["hosts"].as_u64(), Some(9), "{v}");
+        assert_eq!(v["processors"].as_u64(), Some(2 * hbm + 4 * epyc + 3 * opteron));
+        assert_eq!(v["jobs"].as_u64(), Some(32_135), "every Paragon job fits its partition");
+        let parts = v["partitions"].as_array().unwrap();
+        let named: Vec<_> =
+            parts.iter().map(|p| (p["name"].as_str(), p["policy"].as_str())).collect();
+        assert_eq!(named, [(Some("interactive"), Some("fcfs")), (Some("batch"), Some(policy))]);
+        // Each job on its partition's hosts: hosts 0-1 interactive, 2-8 batch, on CPUs of them.
+        let csv = std::fs::read_to_string(dir.path().join(format!("jobs.{policy}.best-fit.csv")))
+            .unwrap();
+        let text = std::fs::read_to_string(&t).unwrap();
+        let (trace, _) = topo_core::swf::read(text.as_bytes()).unwrap();
+        let partition: std::collections::HashMap<String, i64> =
+            trace.jobs.iter().map(|j| (j.id.to_string(), j.partition)).collect();
+        let rows = csv_rows(&csv);
+        assert_eq!(rows.len(), 32_135);
+        for row in rows {
+            let interactive = partition[&row["job"]] == 1;
+            for entry in row["cpus"].split(' ') {
+                let (hosts, _) = entry.split_once(':').unwrap();
+                for range in hosts.split(',') {
+                    let (a, b) = range.split_once('-').unwrap_or((range, range));
+                    let (a, b): (u32, u32) = (a.parse().unwrap(), b.parse().unwrap());
+                    let ok = if interactive { b <= 1 } else { a >= 2 && b <= 8 };
+                    assert!(ok, "{policy}: job {} on hosts {hosts}", row["job"]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cluster_files_are_checked_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace("lublin_256.swf");
+    let t = t.to_str().unwrap();
+    let file = dir.path().join("c.toml");
+    let write = |text: &str| std::fs::write(&file, text).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--trace", t, "--cluster", file.to_str().unwrap()];
+        args.extend(extra);
+        refused_with(&args)
+    };
+    write("[[group]]\nname = \"a\"\ncount = 2\ntopology = \"flat:4\"\n[[group]]\nname = \"b\"\ncount = 2\n");
+    let err = run(&[]);
+    assert!(
+        err.contains("c.toml") && err.contains("missing field `topology`") && err.contains("line"),
+        "{err}"
+    );
+    write("[[group]]\nname = \"a\"\ncount = 2\ntopology = \"gpu.xml\"\n");
+    let err = run(&[]);
+    assert!(
+        err.contains("group 1 (\"a\"): topology = ") && err.contains("gpu.xml: no such file"),
+        "{err}"
+    );
+    write(&PARAGON_PARTS.replace("policy = \"fcfs\"", "policy = \"fcfs,easy\""));
+    let err = run(&[]);
+    assert!(
+        err.contains("partition \"interactive\": policy = \"fcfs,easy\": one policy per partition"),
+        "{err}"
+    );
+    write(&PARAGON_PARTS.replace("policy = \"fcfs\"", "policy = \"easy+gang\""));
+    let err = run(&["--gang-cost", "40"]);
+    assert!(err.contains("--gang-cost 40"), "a partition's gang is checked as the flags': {err}");
+    write(&PARAGON_PARTS.replace("partitions = [2]", "partitions = [2]\npolicy = \"easy\""));
+    let err = run(&["--policy", "fcfs,easy"]);
+    assert!(err.contains("every partition") && err.contains("nothing to compare"), "{err}");
+    // Not with the flags it replaces.
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["simulate", "--trace", t, "--cluster", file.to_str().unwrap(), "--hosts", "4"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"), "{out:?}");
+}
+
+#[test]
+fn jobs_of_no_partition_are_left_out_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    // Only the batch partition: the interactive jobs belong nowhere.
+    let batch_only = PARAGON_PARTS.replacen(
+        "[[partition]]\nname = \"interactive\"\ngroups = [\"interactive-nodes\"]\npartitions = [1]\npolicy = \"fcfs\"\n",
+        "",
+        1,
+    );
+    assert_ne!(batch_only, PARAGON_PARTS);
+    std::fs::write(&file, batch_only).unwrap();
+    let t = trace(SDSC);
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["simulate", "--trace", t.to_str().unwrap(), "--cluster", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr
+            .contains("group \"interactive-nodes\" is in no partition; its 48 host(s) run no job"),
+        "{stderr}"
+    );
+    let interactive_jobs = 13_694;
+    assert!(
+        stdout.contains(&format!("{interactive_jobs} in no partition of the cluster")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("by partition, each replayed on its own hosts"), "{stdout}");
+}

@@ -185,6 +185,40 @@ pub fn jobs_from_trace(trace: &Trace, filter: &TraceFilter, total_procs: u64) ->
     Selected { jobs, skipped, duplicates, lines }
 }
 
+/// Splits the jobs of `selected` between the partitions of a cluster: `partition_of` names each
+/// one's partition by its trace line, or none; a job in none, or larger than its partition's
+/// `capacity` (processors), is left out and counted ([`Skip::NoPartition`],
+/// [`Skip::LargerThanPartition`]). Returns each partition's jobs, as indices into the jobs
+/// `selected` keeps, in submit order.
+pub fn split(
+    selected: &mut Selected,
+    trace: &Trace,
+    capacity: &[u64],
+    partition_of: &dyn Fn(&crate::swf::SwfJob) -> Option<usize>,
+) -> Vec<Vec<usize>> {
+    let mut parts = vec![Vec::new(); capacity.len()];
+    let mut kept = 0;
+    for i in 0..selected.jobs.len() {
+        let line = selected.lines[i];
+        let to = partition_of(&trace.jobs[line]).filter(|&p| p < capacity.len());
+        let why = match to {
+            None => Skip::NoPartition,
+            Some(p) if u64::from(selected.jobs[i].procs) > capacity[p] => Skip::LargerThanPartition,
+            Some(p) => {
+                parts[p].push(kept);
+                selected.jobs[kept] = selected.jobs[i];
+                selected.lines[kept] = line;
+                kept += 1;
+                continue;
+            }
+        };
+        *selected.skipped.entry(why).or_insert(0) += 1;
+    }
+    selected.jobs.truncate(kept);
+    selected.lines.truncate(kept);
+    parts
+}
+
 /// One point of the time series: after the decisions of instant `t`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Sample {
@@ -289,6 +323,48 @@ pub struct SimReport {
     /// What happened to each job, in job order (for per-job output).
     #[serde(skip)]
     pub outcomes: Vec<JobOutcome>,
+    /// A cluster replayed in partitions ([`merge`]): each one's own figures.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<PartitionFigures>,
+}
+
+/// One partition's figures in a cluster replayed in partitions ([`merge`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PartitionFigures {
+    /// Its name.
+    pub name: String,
+    /// Its policy and host strategy.
+    pub policy: String,
+    /// Its host strategy.
+    pub placement: &'static str,
+    /// Hosts and processors.
+    pub hosts: usize,
+    /// Processors (whole cores).
+    pub processors: u64,
+    /// Jobs replayed there.
+    pub jobs: usize,
+    /// Processor-seconds used ÷ (its processors × its makespan).
+    pub utilization: f64,
+    /// Mean wait, seconds.
+    pub mean_wait_s: f64,
+    /// 95th percentile of the wait (nearest rank), seconds.
+    pub p95_wait_s: f64,
+    /// Mean bounded slowdown.
+    pub mean_bounded_slowdown: f64,
+    /// Its first submit to its last end, seconds.
+    pub makespan_s: f64,
+}
+
+/// One partition of a cluster: its name, its replay, and the jobs it replayed (their indices
+/// in the whole cluster's job list, in its replay's order).
+#[derive(Debug, Clone)]
+pub struct Partition {
+    /// Its name.
+    pub name: String,
+    /// Its replay (with its outcomes and series).
+    pub report: SimReport,
+    /// Its jobs' indices in the cluster's jobs.
+    pub jobs: Vec<usize>,
 }
 
 /// What happened to one job in a replay. Times are the trace's clock (seconds); the wait, the
@@ -493,8 +569,6 @@ pub fn replay_observed(
     let mut resizes = 0usize;
     let mut suspensions = 0usize;
     let mut gang_freezes = 0usize;
-    let mut numa_ok = 0usize;
-    let mut l3_ok = 0usize;
     let mut ends: BinaryHeap<Reverse<(Time, JobKey)>> = BinaryHeap::new();
     let mut series = Vec::new();
     let mut next = 0usize;
@@ -545,8 +619,6 @@ pub fn replay_observed(
                     start[job as usize] = Some(now);
                     let numa_optimal = parts.iter().all(|p| p.placement.metrics.numa_optimal());
                     let l3_optimal = parts.iter().all(|p| p.placement.metrics.l3_optimal());
-                    numa_ok += usize::from(numa_optimal);
-                    l3_ok += usize::from(l3_optimal);
                     let i = job as usize;
                     let sum = |f: fn(&crate::place::PlacementMetrics) -> usize| {
                         parts.iter().map(|p| f(&p.placement.metrics) as u32).sum::<u32>()
@@ -644,51 +716,38 @@ pub fn replay_observed(
             strategy: strategy.name(),
         });
     }
-    let mut waits = Vec::with_capacity(n);
-    let mut responses = Vec::with_capacity(n);
-    let mut slowdowns = Vec::with_capacity(n);
-    let mut outcomes = Vec::with_capacity(n);
-    let mut work = 0f64;
-    for (i, (j, s)) in jobs.iter().zip(&start).enumerate() {
-        // Every job started (checked above). Time suspended by preemption is waiting too.
-        let wait = s.unwrap_or(j.submit) - j.submit + suspended_for[i];
-        waits.push(wait);
-        let run = j.run as f64;
-        // From submission to completion: the wait, the run, and any time spent suspended.
-        let end = finish[i].unwrap_or(j.submit + wait + j.run);
-        let in_system = (end - j.submit) as f64;
-        responses.push(in_system);
-        let slowdown = (in_system / run.max(SLOWDOWN_BOUND_S)).max(1.0);
-        slowdowns.push(slowdown);
-        work += run * f64::from(j.procs);
-        let (hosts, numa_nodes, numa_optimal, l3_groups, l3_optimal) = spans[i];
-        let Counts { suspensions, gang_freezes, moves, resizes } = counts[i];
-        outcomes.push(JobOutcome {
-            start: s.unwrap_or(j.submit),
-            end,
-            wait,
-            suspended: suspended_for[i],
-            suspensions,
-            gang_freezes,
-            moves,
-            resizes,
-            procs_at_start: at_start[i],
-            hosts,
-            numa_nodes,
-            numa_optimal,
-            l3_groups,
-            l3_optimal,
-            bounded_slowdown: slowdown,
-        });
-    }
-    // A job's end may have moved earlier (a malleable job grown), so the last end is the last
-    // finish, not the last end event.
-    let last_end = finish.iter().flatten().copied().max().unwrap_or(origin).max(origin);
-    let makespan = (last_end - origin) as f64;
-    let mean = |v: f64| if n == 0 { 0.0 } else { v / n as f64 };
-    let mut sorted = waits.clone();
-    sorted.sort_unstable();
-    let p95 = if n == 0 { 0 } else { sorted[(n * 95).div_ceil(100).max(1) - 1] };
+    let outcomes: Vec<JobOutcome> = jobs
+        .iter()
+        .zip(&start)
+        .enumerate()
+        .map(|(i, (j, s))| {
+            // Every job started (checked above). Time suspended by preemption is waiting too.
+            let wait = s.unwrap_or(j.submit) - j.submit + suspended_for[i];
+            // From submission to completion: the wait, the run, and any time spent suspended.
+            let end = finish[i].unwrap_or(j.submit + wait + j.run);
+            let in_system = (end - j.submit) as f64;
+            let (hosts, numa_nodes, numa_optimal, l3_groups, l3_optimal) = spans[i];
+            let Counts { suspensions, gang_freezes, moves, resizes } = counts[i];
+            JobOutcome {
+                start: s.unwrap_or(j.submit),
+                end,
+                wait,
+                suspended: suspended_for[i],
+                suspensions,
+                gang_freezes,
+                moves,
+                resizes,
+                procs_at_start: at_start[i],
+                hosts,
+                numa_nodes,
+                numa_optimal,
+                l3_groups,
+                l3_optimal,
+                bounded_slowdown: (in_system / (j.run as f64).max(SLOWDOWN_BOUND_S)).max(1.0),
+            }
+        })
+        .collect();
+    let summary = Summary::of(jobs, &outcomes, total);
     let counters = core.counters();
     Ok(SimReport {
         policy,
@@ -716,25 +775,145 @@ pub fn replay_observed(
         admitted_starts: counters.admitted_starts,
         skipped: BTreeMap::new(),
         killed_at_limit: None,
-        utilization: if makespan > 0.0 { work / (total as f64 * makespan) } else { 0.0 },
-        mean_wait_s: mean(waits.iter().map(|w| *w as f64).sum()),
-        p95_wait_s: p95 as f64,
-        max_wait_s: sorted.last().copied().unwrap_or(0) as f64,
-        mean_bounded_slowdown: mean(slowdowns.iter().sum()),
-        percentiles: Percentiles {
-            wait_s: Quantiles::of(waits.iter().map(|w| *w as f64).collect()),
-            response_s: Quantiles::of(responses),
-            bounded_slowdown: Quantiles::of(slowdowns.clone()),
-        },
-        makespan_s: makespan,
-        numa_optimal_share: mean(numa_ok as f64),
-        l3_optimal_share: mean(l3_ok as f64),
+        utilization: summary.utilization,
+        mean_wait_s: summary.mean_wait_s,
+        p95_wait_s: summary.p95_wait_s,
+        max_wait_s: summary.max_wait_s,
+        mean_bounded_slowdown: summary.mean_bounded_slowdown,
+        percentiles: summary.percentiles,
+        makespan_s: summary.makespan_s,
+        numa_optimal_share: summary.numa_optimal_share,
+        l3_optimal_share: summary.l3_optimal_share,
         jobs_per_s: 0.0,
-        waits,
-        slowdowns,
+        waits: summary.waits,
+        slowdowns: summary.slowdowns,
         series,
         outcomes,
+        partitions: Vec::new(),
     })
+}
+
+/// One report of a cluster whose partitions (disjoint sets of hosts, each with its own jobs and
+/// policy) were replayed apart: the figures are those of `jobs` (in submit order, every one in
+/// exactly one partition) with the outcomes the partitions gave them, over all their processors
+/// from the first submit to the last end, as [`replay`] sums up one replay; counts are summed,
+/// and the series adds up the partitions' busy processors and queues at every instant. Disjoint
+/// hosts share nothing, so replaying them apart decides exactly what one replay of them all
+/// would. `policy` and `placement` name the whole; each partition's own are in `partitions`.
+pub fn merge(
+    policy: String,
+    placement: &'static str,
+    parts: Vec<Partition>,
+    jobs: &[SimJob],
+) -> SimReport {
+    let mut outcomes = vec![JobOutcome::default(); jobs.len()];
+    for part in &parts {
+        for (&i, outcome) in part.jobs.iter().zip(&part.report.outcomes) {
+            outcomes[i] = *outcome;
+        }
+    }
+    let reports: Vec<&SimReport> = parts.iter().map(|p| &p.report).collect();
+    let sum = |f: fn(&SimReport) -> u64| reports.iter().map(|r| f(r)).sum::<u64>();
+    let sum_usize = |f: fn(&SimReport) -> usize| reports.iter().map(|r| f(r)).sum::<usize>();
+    let first = |f: fn(&SimReport) -> Option<Time>| reports.iter().find_map(|r| f(r));
+    let processors = sum(|r| r.processors);
+    let summary = Summary::of(jobs, &outcomes, processors);
+    let origin = jobs.first().map_or(0, |j| j.submit);
+    let series = merge_series(
+        parts
+            .iter()
+            .map(|p| {
+                let at = p.jobs.first().map_or(origin, |&i| jobs[i].submit);
+                (at - origin, p.report.series.as_slice())
+            })
+            .collect(),
+    );
+    let partitions = parts
+        .iter()
+        .map(|p| PartitionFigures {
+            name: p.name.clone(),
+            policy: p.report.policy.clone(),
+            placement: p.report.placement,
+            hosts: p.report.hosts,
+            processors: p.report.processors,
+            jobs: p.report.jobs,
+            utilization: p.report.utilization,
+            mean_wait_s: p.report.mean_wait_s,
+            p95_wait_s: p.report.p95_wait_s,
+            mean_bounded_slowdown: p.report.mean_bounded_slowdown,
+            makespan_s: p.report.makespan_s,
+        })
+        .collect();
+    SimReport {
+        policy,
+        placement,
+        hosts: sum_usize(|r| r.hosts),
+        processors,
+        jobs: jobs.len(),
+        suspensions: sum_usize(|r| r.suspensions),
+        suspend_cost_s: first(|r| r.suspend_cost_s),
+        gang_slice_s: first(|r| r.gang_slice_s),
+        reservation_depth: reports.iter().find_map(|r| r.reservation_depth),
+        switch_cost_s: first(|r| r.switch_cost_s),
+        gang_freezes: sum_usize(|r| r.gang_freezes),
+        malleable_jobs: sum_usize(|r| r.malleable_jobs),
+        resizes: sum_usize(|r| r.resizes),
+        numa_local: reports.iter().any(|r| r.numa_local),
+        refused_on_shape: sum(|r| r.refused_on_shape),
+        defrag_starts: sum(|r| r.defrag_starts),
+        moves: sum(|r| r.moves),
+        moved_pus: sum(|r| r.moved_pus),
+        prime_moves: sum(|r| r.prime_moves),
+        blocks: sum(|r| r.blocks),
+        reserved_heads: sum(|r| r.reserved_heads),
+        heads_in_block: sum(|r| r.heads_in_block),
+        admitted_starts: sum(|r| r.admitted_starts),
+        skipped: BTreeMap::new(),
+        killed_at_limit: None,
+        utilization: summary.utilization,
+        mean_wait_s: summary.mean_wait_s,
+        p95_wait_s: summary.p95_wait_s,
+        max_wait_s: summary.max_wait_s,
+        mean_bounded_slowdown: summary.mean_bounded_slowdown,
+        percentiles: summary.percentiles,
+        makespan_s: summary.makespan_s,
+        numa_optimal_share: summary.numa_optimal_share,
+        l3_optimal_share: summary.l3_optimal_share,
+        jobs_per_s: 0.0,
+        waits: summary.waits,
+        slowdowns: summary.slowdowns,
+        series,
+        outcomes,
+        partitions,
+    }
+}
+
+/// The sum of several series, each shifted by its offset (its first submit after the whole's):
+/// at every instant any of them changes, the busy processors and queues of all as they then
+/// stand (a series holds its last sample until its next; before its first it counts nothing).
+fn merge_series(parts: Vec<(Time, &[Sample])>) -> Vec<Sample> {
+    let mut points: Vec<(Time, usize, Sample)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(k, (offset, series))| series.iter().map(move |s| (s.t + offset, k, *s)))
+        .collect();
+    points.sort_by_key(|(t, k, _)| (*t, *k));
+    let mut now: Vec<(u64, usize)> = vec![(0, 0); parts.len()];
+    let (mut busy, mut queue) = (0u64, 0usize);
+    let mut merged: Vec<Sample> = Vec::with_capacity(points.len());
+    for (t, k, sample) in points {
+        let (was_busy, was_queued) = std::mem::replace(&mut now[k], (sample.busy, sample.queue));
+        busy = busy - was_busy + sample.busy;
+        queue = queue - was_queued + sample.queue;
+        match merged.last_mut() {
+            Some(last) if last.t == t => {
+                last.busy = busy;
+                last.queue = queue;
+            }
+            _ => merged.push(Sample { t, busy, queue }),
+        }
+    }
+    merged
 }
 
 /// What happened to one job after it started, counted as the replay goes.
@@ -744,6 +923,62 @@ struct Counts {
     gang_freezes: u32,
     moves: u32,
     resizes: u32,
+}
+
+/// The figures of a replay, from what happened to each job: the summary averages exactly what
+/// [`JobOutcome`] holds, so per-job results add up to it, and a cluster replayed in partitions
+/// ([`merge`]) is summed up as one replay would be.
+struct Summary {
+    utilization: f64,
+    mean_wait_s: f64,
+    p95_wait_s: f64,
+    max_wait_s: f64,
+    mean_bounded_slowdown: f64,
+    percentiles: Percentiles,
+    makespan_s: f64,
+    numa_optimal_share: f64,
+    l3_optimal_share: f64,
+    waits: Vec<Time>,
+    slowdowns: Vec<f64>,
+}
+
+impl Summary {
+    /// Of `jobs` (in submit order) with their `outcomes`, on `processors` processors.
+    fn of(jobs: &[SimJob], outcomes: &[JobOutcome], processors: u64) -> Self {
+        let n = jobs.len();
+        let origin = jobs.first().map_or(0, |j| j.submit);
+        // A job's end may have moved earlier (a malleable job grown), so the last end is the
+        // last of the jobs' ends, not the last end event.
+        let last_end = outcomes.iter().map(|o| o.end).max().unwrap_or(origin).max(origin);
+        let makespan = (last_end - origin) as f64;
+        let waits: Vec<Time> = outcomes.iter().map(|o| o.wait).collect();
+        let responses: Vec<f64> =
+            jobs.iter().zip(outcomes).map(|(j, o)| (o.end - j.submit) as f64).collect();
+        let slowdowns: Vec<f64> = outcomes.iter().map(|o| o.bounded_slowdown).collect();
+        let work: f64 = jobs.iter().map(|j| j.run as f64 * f64::from(j.procs)).sum();
+        let mean = |v: f64| if n == 0 { 0.0 } else { v / n as f64 };
+        let mut sorted = waits.clone();
+        sorted.sort_unstable();
+        let p95 = if n == 0 { 0 } else { sorted[(n * 95).div_ceil(100).max(1) - 1] };
+        let count = |f: fn(&JobOutcome) -> bool| outcomes.iter().filter(|o| f(o)).count() as f64;
+        Summary {
+            utilization: if makespan > 0.0 { work / (processors as f64 * makespan) } else { 0.0 },
+            mean_wait_s: mean(waits.iter().map(|w| *w as f64).sum()),
+            p95_wait_s: p95 as f64,
+            max_wait_s: sorted.last().copied().unwrap_or(0) as f64,
+            mean_bounded_slowdown: mean(slowdowns.iter().sum()),
+            percentiles: Percentiles {
+                wait_s: Quantiles::of(waits.iter().map(|w| *w as f64).collect()),
+                response_s: Quantiles::of(responses),
+                bounded_slowdown: Quantiles::of(slowdowns.clone()),
+            },
+            makespan_s: makespan,
+            numa_optimal_share: mean(count(|o| o.numa_optimal)),
+            l3_optimal_share: mean(count(|o| o.l3_optimal)),
+            waits,
+            slowdowns,
+        }
+    }
 }
 
 /// Whole seconds for `work` processor-seconds at `rate` processors, the last rounded up.
@@ -1375,5 +1610,65 @@ mod tests {
             assert_eq!(r.prime_moves > 0, on_open == OnOpen::Migrate, "{on_open:?}");
             assert_eq!(r.policy, "easy+prime");
         }
+    }
+
+    #[test]
+    fn partitions_replayed_apart_sum_up_as_one_replay_job_by_job_and_instant_by_instant() {
+        // Two partitions of 1 and 2 hosts; jobs 0 and 2 in the first, 1 and 3 in the second.
+        let jobs = [job(1, 0, 100, 1), job(2, 5, 50, 2), job(3, 10, 10, 1), job(4, 20, 30, 1)];
+        let config = PolicyConfig::plain(QueueOrder::Fcfs, Strategy::BestFit);
+        let parts = [vec![0, 2], vec![1, 3]];
+        let hosts = [1, 2];
+        let partitions: Vec<Partition> = parts
+            .iter()
+            .zip(hosts)
+            .enumerate()
+            .map(|(k, (part, n))| {
+                let own: Vec<SimJob> = part.iter().map(|&i| jobs[i]).collect();
+                let report = replay(flat(n), &own, config.clone(), &mut |_| {}).unwrap();
+                Partition { name: format!("p{k}"), report, jobs: part.clone() }
+            })
+            .collect();
+        let whole = merge("fcfs".into(), "best-fit", partitions, &jobs);
+        // Job 2 (index 2) waits for job 1 on the one host until 100; job 4 waits for job 2's
+        // two hosts until 55.
+        assert_eq!(whole.waits, vec![0, 0, 90, 35]);
+        assert_eq!(whole.outcomes.iter().map(|o| o.end).collect::<Vec<_>>(), [100, 55, 110, 85]);
+        assert_eq!((whole.hosts, whole.processors, whole.jobs), (3, 3, 4));
+        assert_eq!(whole.makespan_s, 110.0);
+        let work = 100.0 + 100.0 + 10.0 + 30.0;
+        assert!((whole.utilization - work / (3.0 * 110.0)).abs() < 1e-12);
+        assert_eq!(whole.mean_wait_s, 125.0 / 4.0);
+        assert_eq!(whole.partitions.len(), 2);
+        assert_eq!(whole.partitions[1].jobs, 2);
+        // The series adds the partitions' busy processors, each from its own first submit.
+        let busy_at = |t: Time| whole.series.iter().rev().find(|s| s.t <= t).map_or(0, |s| s.busy);
+        assert_eq!(
+            [busy_at(0), busy_at(5), busy_at(20), busy_at(55), busy_at(100)],
+            [1, 3, 3, 2, 1]
+        );
+        assert_eq!(processor_seconds_busy(&whole), work);
+    }
+
+    #[test]
+    fn jobs_are_split_by_partition_and_those_of_none_or_too_large_are_counted() {
+        let trace = swf::parse(
+            "1 0 -1 10 1 -1 -1 1 10 -1 1 -1 -1 -1 1 1 -1 -1\n\
+             2 1 -1 10 4 -1 -1 4 10 -1 1 -1 -1 -1 1 1 -1 -1\n\
+             3 2 -1 10 1 -1 -1 1 10 -1 1 -1 -1 -1 1 2 -1 -1\n\
+             4 3 -1 10 1 -1 -1 1 10 -1 1 -1 -1 -1 1 9 -1 -1\n",
+        )
+        .unwrap();
+        let mut selected = jobs_from_trace(&trace, &TraceFilter::default(), 8);
+        let parts = split(&mut selected, &trace, &[2, 8], &|line| match line.partition {
+            1 => Some(0),
+            2 => Some(1),
+            _ => None,
+        });
+        assert_eq!(parts, vec![vec![0], vec![1]]);
+        assert_eq!(selected.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(selected.lines, [0, 2]);
+        assert_eq!(selected.skipped.get(&Skip::LargerThanPartition), Some(&1));
+        assert_eq!(selected.skipped.get(&Skip::NoPartition), Some(&1));
     }
 }

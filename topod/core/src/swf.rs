@@ -148,6 +148,11 @@ pub enum Skip {
     Queue,
     /// A job number an earlier replayed line had (the later line is left out).
     Duplicate,
+    /// In no partition of a cluster replayed in partitions (its queue and partition are
+    /// named by none, and none takes the rest).
+    NoPartition,
+    /// Larger than the partition it belongs to.
+    LargerThanPartition,
 }
 
 impl fmt::Display for Skip {
@@ -159,6 +164,8 @@ impl fmt::Display for Skip {
             Skip::LargerThanCluster => "larger than the simulated cluster",
             Skip::Queue => "in a queue --queues/--skip-queues leaves out",
             Skip::Duplicate => "with a job number an earlier line had",
+            Skip::NoPartition => "in no partition of the cluster",
+            Skip::LargerThanPartition => "larger than their partition",
         })
     }
 }

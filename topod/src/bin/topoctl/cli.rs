@@ -302,8 +302,8 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Replay a workload trace (Standard Workload Format) on N hosts of one machine under
-    /// cluster policies (fcfs; easy and conservative backfilling) and host strategies, through
+    /// Replay a workload trace (Standard Workload Format) on N hosts of one machine, or a
+    /// cluster of partitions of several machines (--cluster), under cluster policies (fcfs; easy and conservative backfilling) and host strategies, through
     /// the same policy core and placement code topod runs; print a table, JSON, and pictures.
     Simulate(simulate::SimulateOpts),
     /// Print the protocol between topod and its clients as a JSON Schema (the file

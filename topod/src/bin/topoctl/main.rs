@@ -8,6 +8,7 @@
 
 mod bench;
 mod cli;
+mod cluster;
 mod docs;
 mod jobs_out;
 mod live;

@@ -1,9 +1,10 @@
-//! `topoctl simulate`: replay a Standard Workload Format trace on N hosts of one machine under
-//! one or more cluster policies and host strategies, and print, dump or draw what happened.
+//! `topoctl simulate`: replay a Standard Workload Format trace on N hosts of one machine (or a
+//! cluster file's partitions, `crate::cluster`) under one or more cluster policies and host strategies, and print, dump or draw what happened.
 //!
 //! The replay itself is `topo_core::sim` over `topo_core::policy`; this file reads the inputs,
 //! times the replays, and writes the table, the JSON and the SVG.
 
+use crate::cluster::{whole_cores, Cluster};
 use crate::jobs_out::{self, JobsOut};
 use crate::offline::load_path;
 use crate::{print_json, Failure};
@@ -85,6 +86,15 @@ How a trace is replayed:
   CPUs in one entry, both as lists (0-63:0 is CPU 0 of hosts 0 to 63; 3,7:0-3 5:0). Files are
   written beside their names and renamed into place when complete (a device or a pipe is written
   into).
+  --cluster FILE.toml replaces --hosts and --topology: [[group]] entries (name, count, topology:
+  an hwloc XML file, a sysfs snapshot directory or flat:P, relative to the file) and [[partition]]
+  entries (name, groups = [...], queues = [...] of field 15, partitions = [...] of field 16,
+  default = true for the jobs no partition names, and its own policy = \"...\" and placement =
+  \"...\", else --policy and --placement). A job goes to the first partition naming its queue or
+  partition, else to the default one; one of no partition or larger than its partition is left
+  out and counted. Partitions share no group; each is replayed on its own hosts and the figures
+  are summed up job by job as one replay's (a third table gives each partition's); hosts are
+  numbered group by group in the file's order. Without [[partition]] every group takes every job.
 
 Examples:
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 400 --policy fcfs,easy --svg out.svg
@@ -93,6 +103,8 @@ Examples:
       --jobs-out easy.csv
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 25 --topology 2socket.xml \\
       --placement best-fit,first-fit
+  topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --cluster docs/clusters/sdsc-paragon-today.toml \\
+      --policy fcfs,easy
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 22 --topology 2socket.xml \\
       --skip-queues 0 --policy easy,easy+malleable --malleable 1
   topoctl simulate --trace SDSC-Par-1996-3.1-cln.swf --hosts 22 --topology 2socket.xml \\
@@ -117,6 +129,11 @@ pub(crate) struct SimulateOpts {
     /// processors. A processor is one whole core.
     #[arg(long, value_name = "FILE|flat:P", default_value = "flat:1")]
     topology: String,
+    /// A cluster of several machines instead of --hosts and --topology: a TOML file of host
+    /// groups (name, count, topology) and partitions (the groups, the trace's queues or
+    /// partitions they take, their own policy and placement); see below.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["hosts", "topology"])]
+    cluster: Option<PathBuf>,
     /// Cluster policies, comma-separated: fcfs, easy, conservative (backfilling that delays no
     /// waiting job), and fcfs or easy with +preempt (fcfs+preempt,
     /// easy+preempt: suspending running jobs for one that has waited, see --preempt), +gang
@@ -613,8 +630,8 @@ fn trace_clock(
 }
 
 /// At most this many hosts, and processors in all.
-const MAX_HOSTS: usize = 1_000_000;
-const MAX_PROCESSORS: u64 = 1 << 24;
+pub(crate) const MAX_HOSTS: usize = 1_000_000;
+pub(crate) const MAX_PROCESSORS: u64 = 1 << 24;
 
 /// The largest trace read (the largest in the Parallel Workloads Archive is a few hundred MB).
 const MAX_TRACE_BYTES: u64 = 4 << 30;
@@ -672,7 +689,31 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         prime: args.prime.is_some(),
     };
     let policies = parse_policies(&args.policy, everywhere)?;
-    if args.numa_local && (args.preempt || policies.iter().any(|c| c.gang || c.preempt)) {
+    let placements = parse_placements(&args.placement)?;
+    let file_cluster = args.cluster.as_deref().map(Cluster::load).transpose()?;
+    // Each partition's own policy and host strategy, checked as --policy and --placement are.
+    let own = match (&file_cluster, &args.cluster) {
+        (Some(cluster), Some(path)) => own_choices(cluster, path, everywhere)?,
+        _ => Vec::new(),
+    };
+    let mut every_choice = policies.clone();
+    every_choice.extend(own.iter().filter_map(|(choice, _)| *choice));
+    if !own.is_empty() {
+        let shown = args.cluster.as_deref().unwrap_or(Path::new("")).display();
+        if policies.len() > 1 && own.iter().all(|(choice, _)| choice.is_some()) {
+            return Err(Failure::input(format!(
+                "--policy {}: every partition of {shown} names its own policy, so there is nothing to compare",
+                args.policy
+            )));
+        }
+        if placements.len() > 1 && own.iter().all(|(_, placement)| placement.is_some()) {
+            return Err(Failure::input(format!(
+                "--placement {}: every partition of {shown} names its own placement, so there is nothing to compare",
+                args.placement
+            )));
+        }
+    }
+    if args.numa_local && (args.preempt || every_choice.iter().any(|c| c.gang || c.preempt)) {
         return Err(Failure::input(
             "--numa-local goes with neither preemption nor gang slicing (the jobs would ask for one NUMA node only where those are off)",
         ));
@@ -695,7 +736,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     }
     let malleability = Malleability { min_divisor: args.malleable_divisor };
     let gang = Gang { slice: Time::from(args.gang.unwrap_or(30)), rows: args.gang_rows };
-    let gangs = policies.iter().any(|c| c.gang);
+    let gangs = every_choice.iter().any(|c| c.gang);
     if gangs && Time::from(args.gang_cost) >= gang.slice {
         return Err(Failure::input(format!(
             "--gang-cost {}: a switch may not cost the whole {} s slice or more (a job frozen after each slice it runs would never progress)",
@@ -707,11 +748,11 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         eprintln!("topoctl: warning: --gang-cost: no policy listed uses gang slicing (+gang or --gang); it changes nothing");
     }
     if args.reservation_depth.is_some()
-        && !policies.iter().any(|c| c.order == Some(QueueOrder::Conservative))
+        && !every_choice.iter().any(|c| c.order == Some(QueueOrder::Conservative))
     {
         eprintln!("topoctl: warning: --reservation-depth: no policy listed is conservative; it changes nothing");
     }
-    if args.preempt_cost > 0 && !policies.iter().any(|c| c.preempt) {
+    if args.preempt_cost > 0 && !every_choice.iter().any(|c| c.preempt) {
         eprintln!("topoctl: warning: --preempt-cost: no policy listed preempts (+preempt or --preempt); it changes nothing");
     }
     if !(args.preempt_xf.is_finite() && args.preempt_xf >= 1.0) {
@@ -725,7 +766,6 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         max_suspensions: args.preempt_max,
         min_xf: args.preempt_xf,
     };
-    let placements = parse_placements(&args.placement)?;
     let queues = args.queues.as_deref().map(|q| parse_queues("--queues", q)).transpose()?;
     let skip_queues = args
         .skip_queues
@@ -735,7 +775,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         .unwrap_or_default();
     let (trace, text) = read_trace(&args.trace)?;
     let shown_trace = trace_shown(&args.trace);
-    let prime_spec = match (&args.prime, policies.iter().any(|c| c.prime)) {
+    let prime_spec = match (&args.prime, every_choice.iter().any(|c| c.prime)) {
         (_, false) => None,
         (Some(text), true) => Some(parse_prime(text)?),
         (None, true) => Some(parse_prime(DEFAULT_PRIME)?),
@@ -755,41 +795,23 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         }
         None => (None, None),
     };
-    let topo = host_topology(&args.topology)?;
-    let model = Arc::new(
-        HostModel::new(&topo, &CpuSet::new())
-            .map_err(|e| Failure::input(format!("--topology {}: {e}", args.topology)))?,
-    );
-    let cores_per_host =
-        model.cores.iter().filter(|c| c.is_subset(&model.allocatable)).count() as u64;
-    // The machine the log came from: MaxProcs, else MaxNodes (one processor each).
-    let logged = trace.header.max_procs.or(trace.header.max_nodes);
-    let hosts = match (args.hosts, logged) {
-        (Some(0), _) => return Err(Failure::input("--hosts must be at least 1")),
-        (Some(n), _) if n > MAX_HOSTS => {
-            return Err(Failure::input(format!(
-                "--hosts {n}: at most {MAX_HOSTS} hosts are simulated"
-            )))
-        }
-        (Some(n), _) => n,
-        (None, Some(max)) => (u64::from(max).div_ceil(cores_per_host.max(1))) as usize,
-        (None, None) => {
-            return Err(Failure::input(format!(
-            "{} has no '; MaxProcs:' or '; MaxNodes:' header: say how many hosts with --hosts N",
-            shown_trace
-        )))
-        }
+    let cluster = match file_cluster {
+        Some(cluster) => cluster,
+        None => one_group(&args, &trace, &shown_trace)?,
     };
-    let total = cores_per_host * hosts as u64;
-    if let Some(warning) =
-        prime_spec.as_ref().and_then(|p| pool_size_warning(p.size, cores_per_host))
-    {
-        eprintln!("topoctl: warning: --prime: {warning}");
-    }
-    if total > MAX_PROCESSORS {
-        return Err(Failure::input(format!(
-            "{hosts} hosts of {cores_per_host} cores are {total} processors; at most {MAX_PROCESSORS} are simulated"
-        )));
+    let hosts = cluster.host_count();
+    let total = cluster.processors();
+    if let Some(size) = prime_spec.as_ref().map(|p| p.size) {
+        for group in &cluster.groups {
+            if let Some(warning) = pool_size_warning(size, group.cores) {
+                let which = if cluster.from_file {
+                    format!("group {:?}: ", group.name)
+                } else {
+                    String::new()
+                };
+                eprintln!("topoctl: warning: --prime: {which}{warning}");
+            }
+        }
     }
     let settings = Settings {
         preempt: rules,
@@ -819,11 +841,13 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     }
     check_outputs(&outputs, &args.trace)?;
     let filter = TraceFilter { queues, skip_queues };
-    let sim::Selected { mut jobs, skipped, duplicates, lines } =
-        sim::jobs_from_trace(&trace, &filter, total);
+    let mut selected = sim::jobs_from_trace(&trace, &filter, total);
+    let capacities: Vec<u64> = cluster.partitions.iter().map(|p| p.processors).collect();
+    let parts = sim::split(&mut selected, &trace, &capacities, &|line| cluster.partition_of(line));
+    let sim::Selected { mut jobs, skipped, duplicates, lines } = selected;
     let killed = args.kill_at_limit.then(|| sim::kill_at_limit(&mut jobs, &lines, &trace));
     // Marks mean nothing to a policy without malleable jobs: every replay gets the same jobs.
-    let any_malleable = policies.iter().any(|c| c.malleable);
+    let any_malleable = every_choice.iter().any(|c| c.malleable);
     let marked = if any_malleable { sim::mark_malleable(&mut jobs, malleable_share) } else { 0 };
     if jobs.is_empty() {
         return Err(Failure::input(format!(
@@ -845,51 +869,104 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
             listed.join(", ")
         );
     }
-    let topology_name = Path::new(&topo.source)
-        .file_name()
-        .map_or_else(|| topo.source.clone(), |n| n.to_string_lossy().into());
+    let topology_name = match &args.cluster {
+        Some(path) => format!(
+            "the cluster {}: {}",
+            path.file_name()
+                .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into()),
+            cluster.describe()
+        ),
+        None => cluster.groups.first().map(|g| g.machine()).unwrap_or_default(),
+    };
     let trace_name = match args.trace.file_name() {
         _ if args.trace == Path::new("-") => shown_trace.clone(),
         Some(n) => n.to_string_lossy().into(),
         None => shown_trace.clone(),
     };
+    let all_hosts = cluster.hosts();
+    let partition_hosts: Vec<Vec<Arc<HostModel>>> = cluster
+        .partitions
+        .iter()
+        .map(|p| p.hosts.iter().map(|&h| Arc::clone(&all_hosts[h])).collect())
+        .collect();
+    let part_jobs: Vec<Vec<sim::SimJob>> =
+        parts.iter().map(|part| part.iter().map(|&i| jobs[i]).collect()).collect();
     let mut reports = Vec::new();
     for &choice in &policies {
         for &placement in &placements {
             let config = config_for(choice, placement, &settings);
-            let mut started_on = Vec::new();
+            let mut started_on: Vec<String> = Vec::new();
             if wants_cpus {
                 started_on.resize(jobs.len(), String::new());
             }
+            // Each partition's own policy and strategy, else this one's.
+            let configs: Vec<PolicyConfig> = own_or(&own, cluster.partitions.len())
+                .map(|(c, s)| config_for(c.unwrap_or(choice), s.unwrap_or(placement), &settings))
+                .collect();
             // Each repetition replays the same jobs and decides the same; the speed reported is
             // the median over the repetitions.
             let mut speeds = Vec::with_capacity(args.repeat as usize);
             let mut kept = None;
             for _ in 0..args.repeat.max(1) {
-                let bar = progress_bar(
-                    jobs.len(),
-                    &format!("{} {}", sim::policy_name(&config), placement.name()),
-                );
-                let hosts_vec = vec![Arc::clone(&model); hosts];
                 // Where each job started, for a CSV (only once: every repetition decides the same).
                 let record = wants_cpus && kept.is_none();
                 let began = Instant::now();
-                let report = sim::replay_observed(
-                    hosts_vec,
-                    &jobs,
-                    config.clone(),
-                    &mut |done| bar.set_position(done as u64),
-                    &mut |_, action| {
-                        if let (true, Action::Start { job, parts }) = (record, action) {
-                            let parts: Vec<_> =
-                                parts.iter().map(|p| (p.host, &p.placement.cpus)).collect();
-                            started_on[*job as usize] = jobs_out::cpus_cell(&parts);
-                        }
-                    },
-                )
-                .map_err(|e| Failure::runtime(format!("the replay stopped: {e}")))?;
+                let mut replays = Vec::with_capacity(cluster.partitions.len());
+                for (k, partition) in cluster.partitions.iter().enumerate() {
+                    let config = &configs[k];
+                    let mut label =
+                        format!("{} {}", sim::policy_name(config), config.strategy.name());
+                    if cluster.from_file {
+                        label = format!("{}: {label}", partition.name);
+                    }
+                    let bar = progress_bar(part_jobs[k].len(), &label);
+                    let report = sim::replay_observed(
+                        partition_hosts[k].clone(),
+                        &part_jobs[k],
+                        config.clone(),
+                        &mut |done| bar.set_position(done as u64),
+                        &mut |_, action| {
+                            if let (true, Action::Start { job, parts: on }) = (record, action) {
+                                // Hosts and jobs numbered in the whole cluster.
+                                let on: Vec<_> = on
+                                    .iter()
+                                    .map(|p| {
+                                        let host = partition.hosts[p.host as usize];
+                                        (host as topo_core::policy::HostId, &p.placement.cpus)
+                                    })
+                                    .collect();
+                                started_on[parts[k][*job as usize]] = jobs_out::cpus_cell(&on);
+                            }
+                        },
+                    )
+                    .map_err(|e| {
+                        let which = if cluster.from_file {
+                            format!(" of partition {:?}", partition.name)
+                        } else {
+                            String::new()
+                        };
+                        Failure::runtime(format!("the replay{which} stopped: {e}"))
+                    })?;
+                    bar.finish_and_clear();
+                    replays.push(report);
+                }
                 speeds.push(jobs.len() as f64 / began.elapsed().as_secs_f64().max(1e-9));
-                bar.finish_and_clear();
+                let report = if cluster.from_file {
+                    let partitions = cluster
+                        .partitions
+                        .iter()
+                        .zip(replays)
+                        .zip(&parts)
+                        .map(|((p, report), jobs)| sim::Partition {
+                            name: p.name.clone(),
+                            report,
+                            jobs: jobs.clone(),
+                        })
+                        .collect();
+                    sim::merge(sim::policy_name(&config), placement.name(), partitions, &jobs)
+                } else {
+                    replays.pop().ok_or_else(|| Failure::runtime("no replay"))?
+                };
                 kept.get_or_insert(report);
             }
             let Some(mut report) = kept else { continue };
@@ -976,6 +1053,105 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// `--hosts` hosts of `--topology`: one group, one partition that takes every job.
+fn one_group(
+    args: &SimulateOpts,
+    trace: &swf::Trace,
+    shown_trace: &str,
+) -> Result<Cluster, Failure> {
+    let topo = host_topology(&args.topology)?;
+    let model = Arc::new(
+        HostModel::new(&topo, &CpuSet::new())
+            .map_err(|e| Failure::input(format!("--topology {}: {e}", args.topology)))?,
+    );
+    let cores_per_host = whole_cores(&model);
+    // The machine the log came from: MaxProcs, else MaxNodes (one processor each).
+    let logged = trace.header.max_procs.or(trace.header.max_nodes);
+    let hosts = match (args.hosts, logged) {
+        (Some(0), _) => return Err(Failure::input("--hosts must be at least 1")),
+        (Some(n), _) if n > MAX_HOSTS => {
+            return Err(Failure::input(format!(
+                "--hosts {n}: at most {MAX_HOSTS} hosts are simulated"
+            )))
+        }
+        (Some(n), _) => n,
+        (None, Some(max)) => (u64::from(max).div_ceil(cores_per_host.max(1))) as usize,
+        (None, None) => {
+            return Err(Failure::input(format!(
+                "{shown_trace} has no '; MaxProcs:' or '; MaxNodes:' header: say how many hosts with --hosts N"
+            )))
+        }
+    };
+    let total = cores_per_host * hosts as u64;
+    if total > MAX_PROCESSORS {
+        return Err(Failure::input(format!(
+            "{hosts} hosts of {cores_per_host} cores are {total} processors; at most {MAX_PROCESSORS} are simulated"
+        )));
+    }
+    let source = Path::new(&topo.source)
+        .file_name()
+        .map_or_else(|| topo.source.clone(), |n| n.to_string_lossy().into());
+    Ok(Cluster::one_group(&source, model, hosts))
+}
+
+/// A partition's own policy and host strategy, where its entry names them.
+type OwnChoice = (Option<PolicyChoice>, Option<Strategy>);
+
+/// Each partition's own policy and host strategy, if it names them: one each, checked as
+/// `--policy` and `--placement` are.
+fn own_choices(
+    cluster: &Cluster,
+    path: &Path,
+    everywhere: PolicyChoice,
+) -> Result<Vec<OwnChoice>, Failure> {
+    let shown = path.display();
+    cluster
+        .partitions
+        .iter()
+        .map(|p| {
+            let bad = |what: &str, e: Failure| {
+                Failure::input(format!("--cluster {shown}: partition {:?}: {what}: {e}", p.name))
+            };
+            let policy = match p.policy.as_deref() {
+                None => None,
+                Some(text) => match parse_policies(text, everywhere)
+                    .map_err(|e| bad("policy", e))?
+                    .as_slice()
+                {
+                    [one] => Some(*one),
+                    _ => {
+                        return Err(Failure::input(format!(
+                            "--cluster {shown}: partition {:?}: policy = {text:?}: one policy per partition (--policy compares several)",
+                            p.name
+                        )))
+                    }
+                },
+            };
+            let placement = match p.placement.as_deref() {
+                None => None,
+                Some(text) => match parse_placements(text)
+                    .map_err(|e| bad("placement", e))?
+                    .as_slice()
+                {
+                    [one] => Some(*one),
+                    _ => {
+                        return Err(Failure::input(format!(
+                            "--cluster {shown}: partition {:?}: placement = {text:?}: one strategy per partition (--placement compares several)",
+                            p.name
+                        )))
+                    }
+                },
+            };
+            Ok((policy, placement))
+        })
+        .collect()
+}
+
+/// `own`, or nothing named for each of `count` partitions (one group from `--hosts`).
+fn own_or(own: &[OwnChoice], count: usize) -> impl Iterator<Item = OwnChoice> + '_ {
+    (0..count).map(move |k| own.get(k).copied().unwrap_or((None, None)))
 }
 
 /// Which file a path names: its device and inode when it exists, else its folder's real path
@@ -1134,6 +1310,53 @@ fn print_percentiles(reports: &[SimReport], pw: usize) {
     }
 }
 
+/// The third table, for a cluster of partitions: each partition's own figures in each replay
+/// (the JSON's `partitions`).
+fn print_partitions(reports: &[SimReport]) {
+    let parts = || reports.iter().flat_map(|r| &r.partitions);
+    let nw = parts().map(|p| p.name.len()).max().unwrap_or(0).max(9);
+    let pw = parts().map(|p| p.policy.len()).max().unwrap_or(0).max(7);
+    println!("by partition, each replayed on its own hosts:");
+    println!(
+        "{:<nw$} {:<pw$} {:<12} {:>6} {:>10} {:>8} {:>6} {:>10} {:>10} {:>9} {:>9}",
+        "partition",
+        "policy",
+        "placement",
+        "hosts",
+        "processors",
+        "jobs",
+        "util",
+        "mean wait",
+        "p95 wait",
+        "bnd sldn",
+        "makespan"
+    );
+    for (k, r) in reports.iter().enumerate() {
+        if k > 0 && reports.len() > 1 {
+            println!();
+        }
+        if reports.len() > 1 {
+            println!("({} {}:)", r.policy, r.placement);
+        }
+        for p in &r.partitions {
+            println!(
+                "{:<nw$} {:<pw$} {:<12} {:>6} {:>10} {:>8} {:>6.3} {:>10} {:>10} {:>9.1} {:>9}",
+                p.name,
+                p.policy,
+                p.placement,
+                p.hosts,
+                p.processors,
+                p.jobs,
+                p.utilization,
+                hours(p.mean_wait_s),
+                hours(p.p95_wait_s),
+                p.mean_bounded_slowdown,
+                span(p.makespan_s)
+            );
+        }
+    }
+}
+
 fn hours(s: f64) -> String {
     if s >= 3600.0 {
         format!("{:.2} h", s / 3600.0)
@@ -1270,9 +1493,17 @@ fn print_table(
     println!();
     print_percentiles(reports, pw);
     println!();
+    if reports.iter().any(|r| !r.partitions.is_empty()) {
+        print_partitions(reports);
+        println!();
+    }
     println!("util: processor-seconds used / (processors x first submit to last end); bnd sldn: mean bounded slowdown, tau = 10 s;");
     println!("p50, p90, p99 (nearest rank), max: of the wait, the response (submit to end: resp) and the bounded slowdown (sldn).");
     println!("NUMA, L3: jobs within the fewest NUMA nodes / L3 groups that hold their size on every host they use.");
+    if reports.iter().any(|r| !r.partitions.is_empty()) {
+        println!("With a cluster file the figures are over every job of every partition; policy and placement name what the partitions");
+        println!("that name none of their own ran (by partition: what each ran).");
+    }
     if preempting {
         println!("With preemption the wait and the slowdown count the time a job spent suspended; suspended: how many suspensions.");
         println!("A suspended job's CPUs are lent only to jobs that end, by their estimates, before the job it was suspended for does.");
@@ -1606,6 +1837,7 @@ mod tests {
             slowdowns: vec![1.0],
             series,
             outcomes: Vec::new(),
+            partitions: Vec::new(),
         }
     }
 
