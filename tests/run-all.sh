@@ -125,6 +125,12 @@ cargo run --quiet --release --locked -p topod --bin topoctl -- simulate \
     --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 25 \
     --topology "$TOPO_SHARED_DIR/topologies/converted-hwloc2.9/32intel64-2p8co2t+8ve.xml" \
     --policy fcfs,easy,conservative --placement best-fit,first-fit --repeat 5
+# EASY's worst case (issue 32): 200,002 jobs whose long queue cannot start while every end
+# changes the cluster; each pass used to look at every waiting job (100 s on this machine).
+worst=$(mktemp --suffix=.swf)
+tests/easy-worst-case.py "$worst"
+cargo run --quiet --release --locked -p topod --bin topoctl -- simulate --trace "$worst" --policy easy
+rm -f "$worst"
 # Suspend and resume by the freezer against SIGSTOP/SIGCONT (README, "Suspend and resume"): as
 # root, 64 busy processes, a short run whose figures print.
 if [ "$(id -u)" = 0 ]; then

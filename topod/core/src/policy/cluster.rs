@@ -155,6 +155,7 @@
 //! same way (the differential test `topod::daemon::host::agrees`).
 
 use super::profile;
+use super::queue::WaitQueue;
 use super::*;
 use crate::cpuset::CpuSet;
 use crate::defrag::{self, Movable};
@@ -163,7 +164,7 @@ use crate::place::{self, HostModel, Occupancy, PlaceError, Placement, Strategy};
 use crate::prime::{self, Asker, LocalTime, OnOpen, Window};
 use crate::request::Request;
 use crate::reservation::{self, Reservation};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// The cluster-level order jobs start in.
@@ -394,6 +395,9 @@ pub struct Counters {
     pub heads_in_block: u64,
     /// Jobs started that the prime-time pools admit.
     pub admitted_starts: u64,
+    /// Waiting jobs EASY's passes looked at (each tried on some row): the passes' work. A
+    /// pass finds through the queue's index only the jobs that could start by their counts.
+    pub backfill_looked_at: u64,
 }
 
 /// How malleable jobs are treated (see the module documentation): a job marked malleable that
@@ -517,6 +521,10 @@ pub struct Part {
     pub placement: Arc<Placement>,
 }
 
+/// What an EASY pass found (generation, head, shadow time, reserved row, extra processors,
+/// queue numbering): a pass that finds the same goes on where the last one stopped.
+type PassState = (u64, JobKey, Time, u32, u64, u64);
+
 /// A conservative backfilling pass's plan, for the next pass to go on from.
 #[derive(Debug)]
 struct Conservative {
@@ -524,8 +532,10 @@ struct Conservative {
     generation: u64,
     /// Free processors over time, with the reservations of the jobs planned.
     profile: profile::Profile,
-    /// How many jobs at the queue's front have reservations in `profile`.
+    /// The queue position before which every job has its reservation in `profile` (or started).
     planned: usize,
+    /// The queue's numbering of positions then ([`WaitQueue::numbering`]).
+    numbering: u64,
     /// The earliest reservation: when it comes, the pass plans again.
     due: Time,
     /// Reservations made (at most [`PolicyConfig::reservation_depth`]).
@@ -812,14 +822,15 @@ pub struct PolicyCore {
     /// Bumped whenever a host's occupancy changes: a backfill pass that finds the cluster, the
     /// head and its reservation as the last one left them starts where that one stopped.
     generation: u64,
-    /// (generation, head, shadow time, reserved row, extra processors, queue position) of the
-    /// last backfill pass.
-    backfilled: Option<(u64, JobKey, Time, u32, u64, usize)>,
+    /// (generation, head, shadow time, reserved row, extra processors, queue numbering) of the
+    /// last backfill pass, and the queue position it stopped at.
+    backfilled: Option<(PassState, usize)>,
     /// The last conservative pass's plan (see [`Conservative`]).
     conservative: Option<Conservative>,
     total: u64,
     jobs: Vec<Slot>,
-    queue: VecDeque<JobKey>,
+    /// Waiting jobs, in arrival order, indexed by what they need.
+    queue: WaitQueue,
     /// Running jobs by estimated end.
     ends: BTreeSet<(Time, JobKey)>,
     /// Suspended jobs.
@@ -958,7 +969,7 @@ impl PolicyCore {
             conservative: None,
             total,
             jobs: Vec::new(),
-            queue: VecDeque::new(),
+            queue: WaitQueue::default(),
             ends: BTreeSet::new(),
             suspended: BTreeSet::new(),
             frozen: 0,
@@ -1241,7 +1252,9 @@ impl PolicyCore {
             return Err(PolicyError::Duplicate { job });
         }
         *slot = Slot::Waiting(spec, now);
-        self.queue.push_back(job);
+        let need = self.need(&spec);
+        let run = self.longest_run(&spec, self.stretch());
+        self.queue.push(job, need, run);
         Ok(())
     }
 
@@ -1269,7 +1282,7 @@ impl PolicyCore {
             }
             Slot::Waiting(..) => {
                 // Cancelled while waiting (queue positions change: no backfill pass resumes).
-                self.queue.retain(|j| *j != job);
+                self.queue.remove(job);
                 self.generation += 1;
                 Ok(())
             }
@@ -1413,7 +1426,7 @@ impl PolicyCore {
         // (their starts shrink them again).
         self.rebalance_dirty(actions);
         self.resume_what_fits(actions);
-        while let Some(&head) = self.queue.front() {
+        while let Some(head) = self.queue.front() {
             let spec = self.spec(head);
             if !self.try_start_in_any_row(head, spec, actions) {
                 break;
@@ -1422,7 +1435,7 @@ impl PolicyCore {
         }
         self.drop_stale_blocks(actions);
         if self.config.preempt.is_some() && self.config.gang.is_none() {
-            if let Some(&head) = self.queue.front() {
+            if let Some(head) = self.queue.front() {
                 if self.preempt_for(head, actions) {
                     self.queue.pop_front();
                 }
@@ -1461,11 +1474,11 @@ impl PolicyCore {
     /// a later pass, in order.
     fn backfill_conservative(&mut self, actions: &mut Vec<Action>) {
         let depth = self.config.reservation_depth.map_or(usize::MAX, |d| d as usize);
-        let (mut profile, mut i, mut due, mut reserved) = match self.conservative.take() {
+        let (mut profile, mut at, mut due, mut reserved) = match self.conservative.take() {
             Some(plan)
                 if plan.generation == self.generation
                     && self.now < plan.due
-                    && plan.planned <= self.queue.len() =>
+                    && plan.numbering == self.queue.numbering() =>
             {
                 let mut profile = plan.profile;
                 profile.advance(self.now);
@@ -1480,8 +1493,12 @@ impl PolicyCore {
                 (profile::Profile::new(self.now, self.rows[0].free_total, ends), 0, Time::MAX, 0)
             }
         };
-        while i < self.queue.len() && profile.free_now() > 0 {
-            let job = self.queue[i];
+        while profile.free_now() > 0 {
+            let Some((position, job)) = self.queue.next_from(at) else {
+                at = self.queue.end();
+                break;
+            };
+            at = position + 1;
             let spec = self.spec(job);
             let (need, run) = (u64::from(spec.procs), spec.estimate.max(1));
             let mut at = profile.earliest(need, run);
@@ -1491,7 +1508,7 @@ impl PolicyCore {
                     // What it took (a strategy may take more than asked), for its estimate.
                     let took = free_before.saturating_sub(self.rows[0].free_total);
                     profile.take(self.now, run, took);
-                    self.queue.remove(i);
+                    self.queue.remove(job);
                     continue;
                 }
                 // Enough processors, not in a shape it fits: the next time they may be.
@@ -1503,10 +1520,15 @@ impl PolicyCore {
                 due = due.min(at);
                 reserved += 1;
             }
-            i += 1;
         }
-        self.conservative =
-            Some(Conservative { generation: self.generation, profile, planned: i, due, reserved });
+        self.conservative = Some(Conservative {
+            generation: self.generation,
+            profile,
+            planned: at,
+            numbering: self.queue.numbering(),
+            due,
+            reserved,
+        });
     }
 
     /// How much longer than its estimate a job may take in the wall clock: `rows` with gang
@@ -1519,7 +1541,7 @@ impl PolicyCore {
     /// reservation is in the row where enough processors are free soonest; a later job may start
     /// in any other row where it fits, and in that row under EASY's rule.
     fn backfill(&mut self, actions: &mut Vec<Action>) {
-        let head_job = self.queue[0];
+        let Some(head_job) = self.queue.front() else { return };
         let head = self.spec(head_job);
         let head_need = self.need(&head);
         let (shadow, reserved, mut extra) = (0..self.rows.len() as u32)
@@ -1536,17 +1558,32 @@ impl PolicyCore {
         // A pass over the same cluster, head and reservation as the last one: the jobs that
         // pass looked at were refused, and later they end later still, so they are refused
         // again; only the jobs submitted since are new.
-        let mut i = match self.backfilled {
-            Some((generation, job, at, row, spare, scanned))
-                if (generation, job, at, row, spare)
-                    == (self.generation, head_job, shadow, reserved, extra) =>
-            {
-                scanned.min(self.queue.len())
-            }
-            _ => 1,
+        let state = (self.generation, head_job, shadow, reserved, extra, self.queue.numbering());
+        let mut at = match self.backfilled {
+            Some((last, stopped)) if last == state => stopped,
+            _ => 0,
         };
-        while i < self.queue.len() && self.rows.iter().any(|r| r.free_total > 0) {
-            let job = self.queue[i];
+        // The jobs that could start by their counts alone, from the queue's index: a pass
+        // visits those, not every job waiting.
+        let within = shadow.saturating_sub(self.now);
+        while self.rows.iter().any(|r| r.free_total > 0) {
+            let in_reserved = self.rows[reserved as usize].free_total;
+            let elsewhere = (0..self.rows.len())
+                .filter(|&r| r != reserved as usize)
+                .map(|r| self.rows[r].free_total)
+                .max()
+                .unwrap_or(0);
+            let any = elsewhere.max(extra.min(in_reserved));
+            let Some((position, job)) = self.queue.first_candidate(at, any, in_reserved, within)
+            else {
+                at = self.queue.end();
+                break;
+            };
+            at = position + 1;
+            if job == head_job {
+                continue;
+            }
+            self.counters.backfill_looked_at += 1;
             let spec = self.spec(job);
             let need = self.need(&spec);
             let ends_in_time = self.now.saturating_add(self.longest_run(&spec, stretch)) <= shadow;
@@ -1576,12 +1613,11 @@ impl PolicyCore {
                 }
             }
             if started {
-                self.queue.remove(i);
-            } else {
-                i += 1;
+                self.queue.remove(job);
             }
         }
-        self.backfilled = Some((self.generation, head_job, shadow, reserved, extra, i));
+        let state = (self.generation, head_job, shadow, reserved, extra, self.queue.numbering());
+        self.backfilled = Some((state, at));
     }
 
     /// Freezes and thaws gang jobs for the slice `now` falls in (see [`gang_runs`]): the
@@ -2038,7 +2074,7 @@ impl PolicyCore {
     /// running job's (a running job's stays constant: its time in the system and its time to
     /// run trade second for second), or a running job reaching `min_run`.
     fn next_preempt_check(&self, rules: &Preempt) -> Option<Time> {
-        let &head = self.queue.front()?;
+        let head = self.queue.front()?;
         let Slot::Waiting(spec, submitted) = self.jobs[head as usize] else { return None };
         let now = self.now;
         // The first second at which its expansion factor, (t - submitted + estimate) /
@@ -3138,7 +3174,7 @@ impl PolicyCore {
     /// Drops the blocks when their job is no longer the queue's head (it was cancelled, or
     /// another job is first now); a head that started spent them already.
     fn drop_stale_blocks(&mut self, actions: &mut Vec<Action>) {
-        let front = self.queue.front().copied();
+        let front = self.queue.front();
         if let Some(b) = self.blocks.take_if(|b| Some(b.head) != front) {
             if !b.on.is_empty() {
                 actions.push(Action::Reserve { job: b.head, blocks: Vec::new() });
@@ -3264,6 +3300,28 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn easy_passes_a_long_queue_of_jobs_that_cannot_start_without_looking_at_each() {
+        // 64 one-core hosts: 63 busy for a long time, the head waits for all 64. Behind it n
+        // jobs that would fit the free core but run past the head's start, then n short jobs
+        // one after another, each backfilled and ended: 2n passes over the cluster changed,
+        // each of which looked at every waiting job before the queue had an index (n² looks).
+        let n: JobKey = 2_000;
+        let mut c = core(QueueOrder::Easy, crate::policy::tests::flat(64, 1));
+        assert_eq!(started(&c.step(0, [submit(0, 63, 10_000_000)]).unwrap()), [0]);
+        c.step(1, [submit(1, 64, 100)]).unwrap();
+        let long = (2..2 + n).map(|job| submit(job, 1, 20_000_000));
+        assert!(started(&c.step(2, long).unwrap()).is_empty());
+        for k in 0..n {
+            let (job, t) = (2 + n + k, 3 + 2 * Time::from(k));
+            assert_eq!(started(&c.step(t, [submit(job, 1, 1)]).unwrap()), [job]);
+            c.step(t + 1, [Event::End { job }]).unwrap();
+        }
+        assert_eq!(c.queue_len(), 1 + n as usize);
+        let looked = c.counters().backfill_looked_at;
+        assert!(looked <= 2 * u64::from(n), "{looked} looks for {n} short jobs");
+    }
+
+    #[test]
     fn fcfs_blocks_behind_the_head_and_easy_backfills_around_it() {
         for (order, expect) in [(QueueOrder::Fcfs, vec![]), (QueueOrder::Easy, vec![2])] {
             let mut c = core(order, flat(4, 1));
@@ -3327,7 +3385,7 @@ pub(crate) mod tests {
         // of 500 s does not.
         let a = c.step(2, [submit(4, 1, 500), submit(5, 1, 10)]).unwrap();
         assert_eq!(started(&a), [5]);
-        assert_eq!(c.queue.iter().copied().collect::<Vec<_>>(), [1, 2, 4]);
+        assert_eq!(c.queue.iter().collect::<Vec<_>>(), [1, 2, 4]);
         assert!(started(&c.step(12, [Event::End { job: 5 }]).unwrap()).is_empty());
         let a = c.step(100, [Event::End { job: 0 }, Event::End { job: 3 }]).unwrap();
         assert_eq!(started(&a), [1]);

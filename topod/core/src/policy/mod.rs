@@ -391,6 +391,8 @@ pub(crate) mod cluster;
 #[cfg(feature = "sim")]
 mod profile;
 #[cfg(feature = "sim")]
+mod queue;
+#[cfg(feature = "sim")]
 pub use cluster::*;
 
 #[cfg(test)]
