@@ -1328,7 +1328,8 @@ fn cluster_files_are_checked_before_anything_runs() {
     write("[[group]]\nname = \"a\"\ncount = 2\ntopology = \"gpu.xml\"\n");
     let err = run(&[]);
     assert!(
-        err.contains("group 1 (\"a\"): topology = ") && err.contains("gpu.xml: no such file"),
+        err.contains("group 1 (\"a\"): topology = \"gpu.xml\" (")
+            && err.contains("/gpu.xml): no such file"),
         "{err}"
     );
     write(&PARAGON_PARTS.replace("policy = \"fcfs\"", "policy = \"fcfs,easy\""));
@@ -1383,4 +1384,88 @@ fn jobs_of_no_partition_are_left_out_and_counted() {
         "{stdout}"
     );
     assert!(stdout.contains("by partition, each replayed on its own hosts"), "{stdout}");
+}
+
+/// A job line of queue `queue`: number, submit, run, processors.
+fn queued(id: u32, submit: u32, run: u32, procs: u32, queue: u32) -> String {
+    format!("{id} {submit} -1 {run} {procs} -1 -1 {procs} {run} -1 1 -1 -1 -1 {queue} -1 -1 -1")
+}
+
+/// Issue 32's attack on cluster files: each finding, fixed.
+#[test]
+fn cluster_files_hold_against_an_attack() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let jobs: Vec<String> = (1..=6).map(|k| queued(k, k * 10, 600, 4, k % 2)).collect();
+    let jobs: Vec<&str> = jobs.iter().map(String::as_str).collect();
+    let t = small_trace(d, "t.swf", &jobs);
+    let t = t.to_str().unwrap();
+    let path = |name: &str| d.join(name).to_str().unwrap().to_string();
+    let cluster = |name: &str, text: &str| {
+        std::fs::write(d.join(name), text).unwrap();
+        path(name)
+    };
+    // Outputs that are the cluster file, or one of its topologies, are refused before the
+    // replay, and the file is as it was.
+    let text = "[[group]]\nname = \"a\"\ncount = 2\ntopology = \"flat:4\"\n";
+    let c = cluster("c.csv", text);
+    let err = refused_with(&["--trace", t, "--cluster", &c, "--jobs-out", &c]);
+    assert!(err.contains("that is the cluster file"), "{err}");
+    let err = refused_with(&["--trace", t, "--cluster", &c, "--svg", &c]);
+    assert!(err.contains("that is the cluster file"), "{err}");
+    assert_eq!(std::fs::read_to_string(&c).unwrap(), text);
+    let xml = common::topologies().join("xml/16amd64-8n2c-cpusets.xml");
+    std::fs::copy(&xml, d.join("m.xml")).unwrap();
+    let c = cluster("m.toml", "[[group]]\nname = \"m\"\ncount = 2\ntopology = \"m.xml\"\n");
+    let err = refused_with(&["--trace", t, "--cluster", &c, "--svg", &path("m.xml")]);
+    assert!(err.contains("that is group \"m\"'s topology"), "{err}");
+    // Hosts in no partition stand idle and count: the header, the JSON and utilization agree.
+    let c = cluster(
+        "idle.toml",
+        "[[group]]\nname = \"used\"\ncount = 2\ntopology = \"flat:4\"\n\
+         [[group]]\nname = \"idle\"\ncount = 2\ntopology = \"flat:4\"\n\
+         [[partition]]\nname = \"p\"\ngroups = [\"used\"]\ndefault = true\n",
+    );
+    let v = simulate(&["--trace", t, "--cluster", &c]);
+    assert_eq!((v["hosts"].as_u64(), v["processors"].as_u64()), (Some(4), Some(16)), "{v}");
+    let part = &v["partitions"][0];
+    assert_eq!(part["processors"].as_u64(), Some(8));
+    let (whole, own) = (v["utilization"].as_f64().unwrap(), part["utilization"].as_f64().unwrap());
+    assert!((whole * 2.0 - own).abs() < 1e-12, "{whole} over 16 processors, {own} over 8");
+    // A flag whose option some policy names only sets its parameter: --gang 30 (the default
+    // slice) with easy+gang listed leaves a partition's own fcfs plain.
+    let c = cluster(
+        "g.toml",
+        "[[group]]\nname = \"i\"\ncount = 1\ntopology = \"flat:4\"\n\
+         [[group]]\nname = \"b\"\ncount = 1\ntopology = \"flat:4\"\n\
+         [[partition]]\nname = \"interactive\"\ngroups = [\"i\"]\nqueues = [1]\npolicy = \"fcfs\"\n\
+         [[partition]]\nname = \"batch\"\ngroups = [\"b\"]\ndefault = true\n",
+    );
+    let plain = simulate(&["--trace", t, "--cluster", &c, "--policy", "easy+gang"]);
+    let flagged =
+        simulate(&["--trace", t, "--cluster", &c, "--policy", "easy+gang", "--gang", "30"]);
+    assert_eq!(flagged["partitions"][0]["policy"].as_str(), Some("fcfs"), "{flagged}");
+    assert_eq!(exact_figures(&plain), exact_figures(&flagged));
+    // What is no cluster file or topology is refused at once, not read.
+    let err = refused_with(&["--trace", t, "--cluster", "/dev/zero"]);
+    assert!(err.contains("not a regular file"), "{err}");
+    let c = cluster("z.toml", "[[group]]\nname = \"z\"\ncount = 1\ntopology = \"/dev/zero\"\n");
+    let err = refused_with(&["--trace", t, "--cluster", &c]);
+    assert!(
+        err.contains("group 1 (\"z\"): topology = \"/dev/zero\": not a file or a directory"),
+        "{err}"
+    );
+    let err = refused_with(&["--trace", t, "--topology", "/dev/zero", "--hosts", "2"]);
+    assert!(err.contains("--topology /dev/zero: not a file or a directory"), "{err}");
+    let err = refused_with(&["--trace", t, "--cluster", "-"]);
+    assert!(err.contains("not standard input"), "{err}");
+    // A partition's own policy is named as the file writes it.
+    let c = cluster(
+        "p.toml",
+        "[[group]]\nname = \"a\"\ncount = 1\ntopology = \"flat:4\"\n\
+         [[partition]]\nname = \"p\"\ngroups = [\"a\"]\ndefault = true\npolicy = \"bogus\"\n",
+    );
+    let err = refused_with(&["--trace", t, "--cluster", &c]);
+    assert!(err.contains("partition \"p\": policy = \"bogus\": unknown policy"), "{err}");
+    assert!(!err.contains("--policy"), "{err}");
 }

@@ -800,11 +800,14 @@ pub fn replay_observed(
 /// and the series adds up the partitions' busy processors and queues at every instant. Disjoint
 /// hosts share nothing, so replaying them apart decides exactly what one replay of them all
 /// would. `policy` and `placement` name the whole; each partition's own are in `partitions`.
+/// `whole` is the cluster's hosts and processors, which may be more than the partitions' (hosts
+/// in no partition stand idle, and utilization counts them).
 pub fn merge(
     policy: String,
     placement: &'static str,
     parts: Vec<Partition>,
     jobs: &[SimJob],
+    whole: (usize, u64),
 ) -> SimReport {
     let mut outcomes = vec![JobOutcome::default(); jobs.len()];
     for part in &parts {
@@ -816,7 +819,7 @@ pub fn merge(
     let sum = |f: fn(&SimReport) -> u64| reports.iter().map(|r| f(r)).sum::<u64>();
     let sum_usize = |f: fn(&SimReport) -> usize| reports.iter().map(|r| f(r)).sum::<usize>();
     let first = |f: fn(&SimReport) -> Option<Time>| reports.iter().find_map(|r| f(r));
-    let processors = sum(|r| r.processors);
+    let processors = sum(|r| r.processors).max(whole.1);
     let summary = Summary::of(jobs, &outcomes, processors);
     let origin = jobs.first().map_or(0, |j| j.submit);
     let series = merge_series(
@@ -847,7 +850,7 @@ pub fn merge(
     SimReport {
         policy,
         placement,
-        hosts: sum_usize(|r| r.hosts),
+        hosts: sum_usize(|r| r.hosts).max(whole.0),
         processors,
         jobs: jobs.len(),
         suspensions: sum_usize(|r| r.suspensions),
@@ -1629,7 +1632,7 @@ mod tests {
                 Partition { name: format!("p{k}"), report, jobs: part.clone() }
             })
             .collect();
-        let whole = merge("fcfs".into(), "best-fit", partitions, &jobs);
+        let whole = merge("fcfs".into(), "best-fit", partitions, &jobs, (3, 3));
         // Job 2 (index 2) waits for job 1 on the one host until 100; job 4 waits for job 2's
         // two hosts until 55.
         assert_eq!(whole.waits, vec![0, 0, 90, 35]);

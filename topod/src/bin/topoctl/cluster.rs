@@ -25,7 +25,7 @@
 use crate::simulate::{host_topology, MAX_HOSTS, MAX_PROCESSORS};
 use crate::Failure;
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use topo_core::place::HostModel;
 use topo_core::swf::SwfJob;
@@ -63,6 +63,9 @@ struct PartitionEntry {
     policy: Option<String>,
     placement: Option<String>,
 }
+
+/// Loads a group's machine: `(topology as written, what names the entry in messages)`.
+type LoadMachine<'a> = dyn Fn(&str, &str) -> Result<Arc<HostModel>, Failure> + 'a;
 
 /// Hosts of one machine.
 #[derive(Debug)]
@@ -107,6 +110,8 @@ pub(crate) struct Cluster {
     pub partitions: Vec<PartitionSpec>,
     /// Whether it came from a file (else `--hosts`/`--topology`, one group).
     pub from_file: bool,
+    /// The files it was read from, each with what it is (for a check that no output is one).
+    inputs: Vec<(String, PathBuf)>,
 }
 
 impl Cluster {
@@ -133,35 +138,75 @@ impl Cluster {
                 placement: None,
             }],
             from_file: false,
+            inputs: Vec::new(),
         }
+    }
+
+    /// `one_group`, with the topology file it was read from.
+    pub fn with_input(mut self, what: &str, path: &Path) -> Cluster {
+        self.inputs.push((what.to_string(), path.to_path_buf()));
+        self
+    }
+
+    /// The files it was read from: the cluster file and its topology files.
+    pub fn input_files(&self) -> &[(String, PathBuf)] {
+        &self.inputs
     }
 
     /// Reads and checks a cluster file; every message names the file and the entry.
     pub fn load(path: &Path) -> Result<Cluster, Failure> {
         let shown = path.display();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Failure::input(format!("--cluster {shown}: cannot read it: {e}")))?;
+        if path == Path::new("-") {
+            return Err(Failure::input(
+                "--cluster -: a cluster file is read from a file, not standard input",
+            ));
+        }
+        let cannot =
+            |e: std::io::Error| Failure::input(format!("--cluster {shown}: cannot read it: {e}"));
+        let meta = std::fs::metadata(path).map_err(cannot)?;
+        if !meta.is_file() {
+            return Err(Failure::input(format!(
+                "--cluster {shown}: not a regular file (a folder, a device or a pipe)"
+            )));
+        }
+        if meta.len() > MAX_CLUSTER_BYTES {
+            return Err(Failure::input(format!(
+                "--cluster {shown}: {} KiB is more than a cluster file needs ({} KiB at most): check that it is one",
+                meta.len() >> 10,
+                MAX_CLUSTER_BYTES >> 10
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(cannot)?;
         let file: ClusterFile = toml::from_str(&text)
-            .map_err(|e| Failure::input(format!("--cluster {shown}: {}", e.to_string().trim())))?;
+            .map_err(|e| Failure::input(format!("--cluster {shown}: {}", toml_error(&text, &e))))?;
         let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        Cluster::build(file, &shown.to_string(), &|spec| {
-            let relative = if spec.starts_with("flat:") || Path::new(spec).is_absolute() {
-                spec.to_string()
+        let mut cluster = Cluster::build(file, &shown.to_string(), &|spec, what| {
+            let (resolved, what) = if spec.starts_with("flat:") || Path::new(spec).is_absolute() {
+                (spec.to_string(), what.to_string())
             } else {
-                folder.join(spec).display().to_string()
+                // Relative to the file: messages say where that led.
+                let joined = folder.join(spec).display().to_string();
+                let what = format!("{what} ({joined})");
+                (joined, what)
             };
-            let topo = host_topology(&relative)?;
+            let topo = host_topology(&resolved, &what)?;
             HostModel::new(&topo, &CpuSet::new())
                 .map(Arc::new)
-                .map_err(|e| Failure::input(format!("{relative}: {e}")))
-        })
+                .map_err(|e| Failure::input(format!("{what}: {e}")))
+        })?;
+        cluster.inputs.push(("the cluster file".into(), path.to_path_buf()));
+        for g in &cluster.groups {
+            if !g.topology.starts_with("flat:") {
+                let what = format!("group {:?}'s topology", g.name);
+                cluster.inputs.push((what, folder.join(&g.topology)));
+            }
+        }
+        Ok(cluster)
     }
 
-    fn build(
-        file: ClusterFile,
-        shown: &str,
-        load: &dyn Fn(&str) -> Result<Arc<HostModel>, Failure>,
-    ) -> Result<Cluster, Failure> {
+    /// Checks `file` (from `shown`), loading each group's machine with `load(spec, what)`,
+    /// `what` naming the entry for messages.
+    fn build(file: ClusterFile, shown: &str, load: &LoadMachine<'_>) -> Result<Cluster, Failure> {
         let bad = |why: String| Failure::input(format!("--cluster {shown}: {why}"));
         if file.groups.is_empty() {
             return Err(bad(
@@ -174,16 +219,20 @@ impl Cluster {
         let mut processors = 0u64;
         for (k, g) in file.groups.into_iter().enumerate() {
             let entry = format!("group {} ({:?})", k + 1, g.name);
-            if g.name.trim().is_empty() {
-                return Err(bad(format!("{entry}: name is empty")));
-            }
+            check_name(&g.name).map_err(|why| bad(format!("{entry}: name {why}")))?;
             if groups.iter().any(|o| o.name == g.name) {
                 return Err(bad(format!("{entry}: another group has this name")));
             }
             if g.count == 0 || g.count > MAX_HOSTS {
                 return Err(bad(format!("{entry}: count = {}: 1 to {MAX_HOSTS} hosts", g.count)));
             }
-            let model = load(&g.topology).map_err(|e| bad(format!("{entry}: topology = {e}")))?;
+            if g.topology.trim().is_empty() {
+                return Err(bad(format!(
+                    "{entry}: topology is empty: give an hwloc XML file, a sysfs snapshot directory or flat:P"
+                )));
+            }
+            let what = format!("--cluster {shown}: {entry}: topology = {:?}", g.topology);
+            let model = load(&g.topology, &what)?;
             let cores = whole_cores(&model);
             first_host.push(hosts);
             hosts += g.count;
@@ -216,9 +265,7 @@ impl Cluster {
         let mut owner: Vec<Option<usize>> = vec![None; groups.len()];
         for (k, p) in entries.into_iter().enumerate() {
             let entry = format!("partition {} ({:?})", k + 1, p.name);
-            if p.name.trim().is_empty() {
-                return Err(bad(format!("{entry}: name is empty")));
-            }
+            check_name(&p.name).map_err(|why| bad(format!("{entry}: name {why}")))?;
             if partitions.iter().any(|o| o.name == p.name) {
                 return Err(bad(format!("{entry}: another partition has this name")));
             }
@@ -240,6 +287,9 @@ impl Cluster {
                         known.join(", ")
                     )));
                 };
+                if owner[g] == Some(k) {
+                    return Err(bad(format!("{entry}: groups: {name:?} is listed twice")));
+                }
                 if let Some(other) = owner[g] {
                     return Err(bad(format!(
                         "{entry}: group {name:?} is already in partition {:?}: partitions share no hosts here (each is replayed on its own hosts)",
@@ -297,7 +347,7 @@ impl Cluster {
                 );
             }
         }
-        Ok(Cluster { groups, partitions, from_file: true })
+        Ok(Cluster { groups, partitions, from_file: true, inputs: Vec::new() })
     }
 
     /// Every host, group by group in the file's order.
@@ -339,6 +389,37 @@ impl Cluster {
     }
 }
 
+/// A TOML error as "line L, column C: what" (the parser's own text quotes the whole line,
+/// however long).
+fn toml_error(text: &str, error: &toml::de::Error) -> String {
+    let Some(span) = error.span() else { return error.message().to_string() };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("line {line}, column {column}: {}", error.message().trim().replace('\n', "; "))
+}
+
+/// The largest cluster file read (a file of thousands of groups is a few hundred KiB).
+const MAX_CLUSTER_BYTES: u64 = 4 << 20;
+
+/// Why a group's or a partition's name cannot be one, if it cannot: names are printed in
+/// tables, messages and SVG titles, so they are one printable line.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.trim().is_empty() {
+        return Err("is empty".into());
+    }
+    if name.chars().any(char::is_control) {
+        return Err(
+            "has a control character (a line end, a tab, an escape): names are one printable line"
+                .into(),
+        );
+    }
+    if name.chars().count() > 64 {
+        return Err("is longer than 64 characters".into());
+    }
+    Ok(())
+}
+
 /// Whole cores of a host: the processors a trace's job counts.
 pub(crate) fn whole_cores(model: &HostModel) -> u64 {
     model.cores.iter().filter(|c| c.is_subset(&model.allocatable)).count() as u64
@@ -350,12 +431,12 @@ mod tests {
     use topo_core::topology::Topology;
 
     fn cluster(text: &str) -> Result<Cluster, String> {
-        let file: ClusterFile = toml::from_str(text).map_err(|e| e.to_string())?;
-        Cluster::build(file, "c.toml", &|spec| {
+        let file: ClusterFile = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+        Cluster::build(file, "c.toml", &|spec, what| {
             let cores: u32 = spec
                 .strip_prefix("flat:")
                 .and_then(|c| c.parse().ok())
-                .ok_or_else(|| Failure::input(format!("{spec}: no such file")))?;
+                .ok_or_else(|| Failure::input(format!("{what}: no such file")))?;
             Ok(Arc::new(HostModel::new(&Topology::flat(cores), &CpuSet::new()).unwrap()))
         })
         .map_err(|e| e.to_string())
@@ -434,7 +515,16 @@ mod tests {
             (MIXED.replace("count = 2", "count = 0"), "group 2 (\"fat\"): count = 0"),
             (
                 MIXED.replace("flat:16", "nowhere.xml"),
-                "group 2 (\"fat\"): topology = nowhere.xml: no such file",
+                "c.toml: group 2 (\"fat\"): topology = \"nowhere.xml\": no such file",
+            ),
+            (MIXED.replace("flat:16", ""), "group 2 (\"fat\"): topology is empty"),
+            (
+                MIXED.replace("name = \"fat\"", "name = \"f\\u001b[31mat\""),
+                "group 2 (\"f\\u{1b}[31mat\"): name has a control character",
+            ),
+            (
+                MIXED.replace("groups = [\"fat\"]", "groups = [\"fat\", \"fat\"]"),
+                "partition 2 (\"large\"): groups: \"fat\" is listed twice",
             ),
             (
                 MIXED.replace("groups = [\"fat\"]", "groups = [\"thin\"]"),

@@ -259,24 +259,48 @@ pub(crate) struct SimulateOpts {
     repeat: u32,
 }
 
-/// `flat:P` (one plain P-processor host), or a topology file or sysfs snapshot.
-pub(crate) fn host_topology(spec: &str) -> Result<Topology, Failure> {
+/// The largest topology file read (hwloc's largest XML files are a few MB).
+const MAX_TOPOLOGY_BYTES: u64 = 64 << 20;
+
+/// `flat:P` (one plain P-processor host), or a topology file or sysfs snapshot; `what` names
+/// where it was given in messages (`--topology flat:0`, `group 1 ("a"): topology = x.xml`).
+pub(crate) fn host_topology(spec: &str, what: &str) -> Result<Topology, Failure> {
     if let Some(count) = spec.strip_prefix("flat:") {
         let cores: u32 =
             count.parse().ok().filter(|c| (1..=65_536).contains(c)).ok_or_else(|| {
                 Failure::input(format!(
-                    "--topology {spec}: after flat: comes the processor count per host, 1 to 65536"
+                    "{what}: after flat: comes the processor count per host, 1 to 65536"
                 ))
             })?;
         return Ok(Topology::flat(cores));
     }
     let path = Path::new(spec);
-    if !path.exists() {
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Failure::input(format!(
+                "{what}: no such file or directory (give an hwloc XML file, a sysfs snapshot directory, or flat:P)"
+            )))
+        }
+        Err(e) => return Err(Failure::input(format!("{what}: cannot read it: {e}"))),
+    };
+    if !meta.is_dir() && !meta.is_file() {
         return Err(Failure::input(format!(
-            "--topology {spec}: no such file or directory (give an hwloc XML file, a sysfs snapshot directory, or flat:P)"
+            "{what}: not a file or a directory (a device or a pipe): give an hwloc XML file or a sysfs snapshot directory"
         )));
     }
-    load_path(path)
+    if meta.is_file() && meta.len() > MAX_TOPOLOGY_BYTES {
+        return Err(Failure::input(format!(
+            "{what}: {} MB is more than any topology file ({} MB at most): check that it is one",
+            meta.len() >> 20,
+            MAX_TOPOLOGY_BYTES >> 20
+        )));
+    }
+    load_path(path).map_err(|e| {
+        // (The reader's messages start with the path, which `what` names already.)
+        let why = e.message.strip_prefix(&format!("{}: ", path.display())).unwrap_or(&e.message);
+        Failure::input(format!("{what}: {why}"))
+    })
 }
 
 fn parse_list<T: std::str::FromStr>(what: &str, text: &str) -> Result<Vec<T>, Failure>
@@ -678,7 +702,7 @@ fn read_trace(path: &Path) -> Result<(swf::Trace, String), Failure> {
 }
 
 pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
-    let everywhere = PolicyChoice {
+    let mut everywhere = PolicyChoice {
         order: None,
         preempt: args.preempt,
         gang: args.gang.is_some(),
@@ -688,9 +712,31 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         strict: false,
         prime: args.prime.is_some(),
     };
+    let file_cluster = args.cluster.as_deref().map(Cluster::load).transpose()?;
+    // A flag whose option a policy names, in --policy or a partition's own, only sets its
+    // parameter (--gang 60 with easy+gang listed): it adds the option to no other policy.
+    let texts: Vec<&str> = std::iter::once(args.policy.as_str())
+        .chain(
+            file_cluster
+                .iter()
+                .flat_map(|c| c.partitions.iter().filter_map(|p| p.policy.as_deref())),
+        )
+        .collect();
+    let named = |option: &str| {
+        texts.iter().flat_map(|t| t.split(',')).any(|n| {
+            n.trim()
+                .split('+')
+                .skip(1)
+                .any(|x| x == option || (option == "reserve" && x == "reserve-strict"))
+        })
+    };
+    everywhere.gang &= !named("gang");
+    everywhere.malleable &= !named("malleable");
+    everywhere.defrag &= !named("defrag");
+    everywhere.reserve &= !named("reserve");
+    everywhere.prime &= !named("prime");
     let policies = parse_policies(&args.policy, everywhere)?;
     let placements = parse_placements(&args.placement)?;
-    let file_cluster = args.cluster.as_deref().map(Cluster::load).transpose()?;
     // Each partition's own policy and host strategy, checked as --policy and --placement are.
     let own = match (&file_cluster, &args.cluster) {
         (Some(cluster), Some(path)) => own_choices(cluster, path, everywhere)?,
@@ -715,7 +761,7 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     }
     if args.numa_local && (args.preempt || every_choice.iter().any(|c| c.gang || c.preempt)) {
         return Err(Failure::input(
-            "--numa-local goes with neither preemption nor gang slicing (the jobs would ask for one NUMA node only where those are off)",
+            "--numa-local goes with neither preemption nor gang slicing, in --policy or a partition's own policy (the jobs would ask for one NUMA node only where those are off)",
         ));
     }
     let defrag = Defrag {
@@ -834,17 +880,26 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
     for out in &jobs_out {
         for choice in &policies {
             for placement in &placements {
-                let policy = sim::policy_name(&config_for(*choice, *placement, &settings));
-                outputs.push(("--jobs-out", out.path_for(&policy, placement.name(), several)));
+                let (policy, placement) =
+                    whole_name(&config_for(*choice, *placement, &settings), &own);
+                outputs.push(("--jobs-out", out.path_for(&policy, placement, several)));
             }
         }
     }
-    check_outputs(&outputs, &args.trace)?;
+    check_outputs(&outputs, &args.trace, cluster.input_files())?;
     let filter = TraceFilter { queues, skip_queues };
     let mut selected = sim::jobs_from_trace(&trace, &filter, total);
     let capacities: Vec<u64> = cluster.partitions.iter().map(|p| p.processors).collect();
     let parts = sim::split(&mut selected, &trace, &capacities, &|line| cluster.partition_of(line));
     let sim::Selected { mut jobs, skipped, duplicates, lines } = selected;
+    for (partition, part) in cluster.partitions.iter().zip(&parts) {
+        if cluster.from_file && part.is_empty() {
+            eprintln!(
+                "topoctl: warning: --cluster: partition {:?} gets no job of {shown_trace}: its queues and partitions are none of the trace's jobs'",
+                partition.name
+            );
+        }
+    }
     let killed = args.kill_at_limit.then(|| sim::kill_at_limit(&mut jobs, &lines, &trace));
     // Marks mean nothing to a policy without malleable jobs: every replay gets the same jobs.
     let any_malleable = every_choice.iter().any(|c| c.malleable);
@@ -963,7 +1018,8 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
                             jobs: jobs.clone(),
                         })
                         .collect();
-                    sim::merge(sim::policy_name(&config), placement.name(), partitions, &jobs)
+                    let (policy, placement) = whole_name(&config, &own);
+                    sim::merge(policy, placement, partitions, &jobs, (hosts, total))
                 } else {
                     replays.pop().ok_or_else(|| Failure::runtime("no replay"))?
                 };
@@ -1039,7 +1095,11 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         );
     }
     if let Some(path) = &args.svg {
-        let mut title = format!("{trace_name} on {hosts} × {topology_name} ({total} processors)");
+        let mut title = if cluster.from_file {
+            format!("{trace_name} on {topology_name} ({total} processors)")
+        } else {
+            format!("{trace_name} on {hosts} × {topology_name} ({total} processors)")
+        };
         if args.numa_local {
             title.push_str(", NUMA-local jobs");
         }
@@ -1061,7 +1121,7 @@ fn one_group(
     trace: &swf::Trace,
     shown_trace: &str,
 ) -> Result<Cluster, Failure> {
-    let topo = host_topology(&args.topology)?;
+    let topo = host_topology(&args.topology, &format!("--topology {}", args.topology))?;
     let model = Arc::new(
         HostModel::new(&topo, &CpuSet::new())
             .map_err(|e| Failure::input(format!("--topology {}: {e}", args.topology)))?,
@@ -1093,7 +1153,12 @@ fn one_group(
     let source = Path::new(&topo.source)
         .file_name()
         .map_or_else(|| topo.source.clone(), |n| n.to_string_lossy().into());
-    Ok(Cluster::one_group(&source, model, hosts))
+    let cluster = Cluster::one_group(&source, model, hosts);
+    Ok(if args.topology.starts_with("flat:") {
+        cluster
+    } else {
+        cluster.with_input("the topology (--topology)", Path::new(&args.topology))
+    })
 }
 
 /// A partition's own policy and host strategy, where its entry names them.
@@ -1111,8 +1176,10 @@ fn own_choices(
         .partitions
         .iter()
         .map(|p| {
+            // (The checks' messages start with the flag's name, which this file did not use.)
             let bad = |what: &str, e: Failure| {
-                Failure::input(format!("--cluster {shown}: partition {:?}: {what}: {e}", p.name))
+                let why = e.message.strip_prefix(&format!("--{what} ")).unwrap_or(&e.message);
+                Failure::input(format!("--cluster {shown}: partition {:?}: {what} = {why}", p.name))
             };
             let policy = match p.policy.as_deref() {
                 None => None,
@@ -1149,6 +1216,16 @@ fn own_choices(
         .collect()
 }
 
+/// How a replay of a cluster is named, in tables and file names: its policy and placement, or
+/// `by-partition` where every partition names its own.
+fn whole_name(config: &PolicyConfig, own: &[OwnChoice]) -> (String, &'static str) {
+    let all = |f: fn(&OwnChoice) -> bool| !own.is_empty() && own.iter().all(f);
+    let policy =
+        if all(|o| o.0.is_some()) { "by-partition".into() } else { sim::policy_name(config) };
+    let placement = if all(|o| o.1.is_some()) { "by-partition" } else { config.strategy.name() };
+    (policy, placement)
+}
+
 /// `own`, or nothing named for each of `count` partitions (one group from `--hosts`).
 fn own_or(own: &[OwnChoice], count: usize) -> impl Iterator<Item = OwnChoice> + '_ {
     (0..count).map(move |k| own.get(k).copied().unwrap_or((None, None)))
@@ -1178,7 +1255,11 @@ fn identity(path: &Path) -> Option<FileIdentity> {
 /// the trace (by any name, or the file standard input reads when the trace is `-`), no two
 /// options name one file, and each can be written (an existing file is opened for writing
 /// without emptying it; a new one is made and removed).
-fn check_outputs(outputs: &[(&str, PathBuf)], trace: &Path) -> Result<(), Failure> {
+fn check_outputs(
+    outputs: &[(&str, PathBuf)],
+    trace: &Path,
+    inputs: &[(String, PathBuf)],
+) -> Result<(), Failure> {
     let trace_file = if trace == Path::new("-") {
         // A file redirected into standard input; a pipe names no file.
         std::fs::metadata("/dev/stdin")
@@ -1199,6 +1280,14 @@ fn check_outputs(outputs: &[(&str, PathBuf)], trace: &Path) -> Result<(), Failur
         if trace_file.as_ref() == Some(&id) {
             return Err(Failure::input(format!(
                 "{option} {}: that is the trace; writing there would overwrite it",
+                path.display()
+            )));
+        }
+        if let Some((what, _)) =
+            inputs.iter().find(|(_, input)| identity(input).as_ref() == Some(&id))
+        {
+            return Err(Failure::input(format!(
+                "{option} {}: that is {what}; writing there would overwrite it",
                 path.display()
             )));
         }
@@ -1339,19 +1428,20 @@ fn print_partitions(reports: &[SimReport]) {
             println!("({} {}:)", r.policy, r.placement);
         }
         for p in &r.partitions {
+            // A partition without jobs has no waits, slowdowns or makespan.
+            let [wait, p95, slowdown, makespan] = if p.jobs == 0 {
+                ["-".to_string(), "-".into(), "-".into(), "-".into()]
+            } else {
+                [
+                    hours(p.mean_wait_s),
+                    hours(p.p95_wait_s),
+                    format!("{:.1}", p.mean_bounded_slowdown),
+                    span(p.makespan_s),
+                ]
+            };
             println!(
-                "{:<nw$} {:<pw$} {:<12} {:>6} {:>10} {:>8} {:>6.3} {:>10} {:>10} {:>9.1} {:>9}",
-                p.name,
-                p.policy,
-                p.placement,
-                p.hosts,
-                p.processors,
-                p.jobs,
-                p.utilization,
-                hours(p.mean_wait_s),
-                hours(p.p95_wait_s),
-                p.mean_bounded_slowdown,
-                span(p.makespan_s)
+                "{:<nw$} {:<pw$} {:<12} {:>6} {:>10} {:>8} {:>6.3} {wait:>10} {p95:>10} {slowdown:>9} {makespan:>9}",
+                p.name, p.policy, p.placement, p.hosts, p.processors, p.jobs, p.utilization,
             );
         }
     }
