@@ -521,6 +521,15 @@ pub struct Part {
     pub placement: Arc<Placement>,
 }
 
+/// [`PolicyCore::switch_gang`]'s memo: the generation it holds for, the running jobs by key,
+/// and for each row (as the active one) which of them run, once worked out.
+#[derive(Debug)]
+struct GangPattern {
+    generation: u64,
+    jobs: Vec<JobKey>,
+    runs: Vec<Option<Vec<bool>>>,
+}
+
 /// What an EASY pass found (generation, head, shadow time, reserved row, extra processors,
 /// queue numbering): a pass that finds the same goes on where the last one stopped.
 type PassState = (u64, JobKey, Time, u32, u64, u64);
@@ -837,6 +846,9 @@ pub struct PolicyCore {
     suspended: BTreeSet<JobKey>,
     /// Running jobs frozen by gang slicing.
     frozen: u32,
+    /// Gang slicing's pattern while the running jobs stay the same: (generation, running jobs
+    /// by key, for each active row which of them run). Slice after slice repeats it.
+    gang_pattern: Option<GangPattern>,
     now: Time,
     /// Malleable jobs' rules, when they are in effect (not with preemption or gang slicing).
     malleable: Option<Malleability>,
@@ -973,6 +985,7 @@ impl PolicyCore {
             ends: BTreeSet::new(),
             suspended: BTreeSet::new(),
             frozen: 0,
+            gang_pattern: None,
             now: Time::MIN,
             malleable,
             largest_host,
@@ -1322,10 +1335,11 @@ impl PolicyCore {
         if self.config.gang.is_some() {
             // A gang job keeps its place in its row and leaves the row's turns (frozen or
             // not): the other rows' jobs may run on its CPUs in its slices (the instant's gang
-            // switch), as topod's ledger has it.
+            // switch), as topod's ledger has it. (Its CPUs stay taken: the running jobs change.)
             if std::mem::take(&mut r.frozen) {
                 self.frozen -= 1;
             }
+            self.generation += 1;
         } else {
             self.give_back(r.row, &r.parts);
         }
@@ -1402,6 +1416,9 @@ impl PolicyCore {
             for p in &run.parts {
                 self.take(0, p.host, &p.placement);
             }
+        } else {
+            // Back among the running jobs, on CPUs its row kept.
+            self.generation += 1;
         }
         run.estimated_end = self.now.saturating_add(s.remaining);
         if !s.by_owner {
@@ -1627,22 +1644,35 @@ impl PolicyCore {
         if self.frozen == 0 && self.rows.iter().filter(|r| r.jobs > 0).count() < 2 {
             return;
         }
-        let mut keys: Vec<JobKey> = self.ends.iter().map(|&(_, job)| job).collect();
-        keys.sort_unstable();
-        let members: Vec<GangMember<'_>> = keys
-            .iter()
-            .filter_map(|&job| match &self.jobs[job as usize] {
-                Slot::Running(r) => Some(GangMember {
-                    row: r.row,
-                    parts: r.parts.iter().map(|p| (p.host, &p.placement.cpus)).collect(),
-                }),
-                _ => None,
-            })
-            .collect();
-        let runs = gang_runs(gang.active_row(self.now), gang.rows, &members);
-        drop(members);
+        // While the running jobs stay the same (the generation counts every start, end, and
+        // owner's suspension or resume), each row's turn repeats the pattern worked out for it.
+        let active = (gang.active_row(self.now) % gang.rows.max(1)) as usize;
+        let mut pattern = match self.gang_pattern.take() {
+            Some(p) if p.generation == self.generation => p,
+            _ => {
+                let mut jobs: Vec<JobKey> = self.ends.iter().map(|&(_, job)| job).collect();
+                jobs.sort_unstable();
+                let rows = gang.rows.max(1) as usize;
+                GangPattern { generation: self.generation, jobs, runs: vec![None; rows] }
+            }
+        };
+        if pattern.runs[active].is_none() {
+            let members: Vec<GangMember<'_>> = pattern
+                .jobs
+                .iter()
+                .filter_map(|&job| match &self.jobs[job as usize] {
+                    Slot::Running(r) => Some(GangMember {
+                        row: r.row,
+                        parts: r.parts.iter().map(|p| (p.host, &p.placement.cpus)).collect(),
+                    }),
+                    _ => None,
+                })
+                .collect();
+            pattern.runs[active] = Some(gang_runs(active as u32, gang.rows, &members));
+        }
         let mut thaw = Vec::new();
-        for (job, runs) in keys.into_iter().zip(runs) {
+        let runs = pattern.runs[active].as_deref().unwrap_or_default();
+        for (&job, &runs) in pattern.jobs.iter().zip(runs) {
             let Slot::Running(r) = &mut self.jobs[job as usize] else { continue };
             if r.frozen != runs {
                 continue;
@@ -1664,6 +1694,7 @@ impl PolicyCore {
             }
         }
         actions.extend(thaw);
+        self.gang_pattern = Some(pattern);
     }
 
     /// The head's reservation in `row`: the earliest estimated end by which `procs` are free,

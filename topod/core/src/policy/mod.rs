@@ -18,7 +18,6 @@ use crate::cpuset::CpuSet;
 use crate::defrag::DefragLimits;
 use crate::place::{self, HostModel, Occupancy, PlaceError, Placement, Strategy};
 use crate::request::{Level, Request};
-use std::collections::BTreeMap;
 
 /// Time in seconds, from the driver's origin.
 pub type Time = i64;
@@ -175,17 +174,21 @@ pub fn gang_runs(active: u32, rows: u32, members: &[GangMember<'_>]) -> Vec<bool
     let rows = rows.max(1);
     let mut order: Vec<usize> = (0..members.len()).collect();
     order.sort_by_key(|&i| ((members[i].row % rows + rows - active % rows) % rows, i));
-    let mut busy: BTreeMap<HostId, CpuSet> = BTreeMap::new();
+    // The CPUs of the jobs chosen so far, by host (hosts are small dense numbers).
+    let hosts = members.iter().flat_map(|m| &m.parts).map(|(h, _)| *h as usize + 1).max();
+    let mut busy: Vec<Option<CpuSet>> = vec![None; hosts.unwrap_or(0)];
     let mut runs = vec![false; members.len()];
     for i in order {
         let m = &members[i];
         let own_row = m.row % rows == active % rows;
         let clear = own_row
-            || m.parts.iter().all(|(h, cpus)| busy.get(h).is_none_or(|b| !b.intersects(cpus)));
+            || m.parts
+                .iter()
+                .all(|(h, cpus)| busy[*h as usize].as_ref().is_none_or(|b| !b.intersects(cpus)));
         if clear {
             runs[i] = true;
             for (h, cpus) in &m.parts {
-                busy.entry(*h).or_default().union_with(cpus);
+                busy[*h as usize].get_or_insert_with(CpuSet::new).union_with(cpus);
             }
         }
     }
