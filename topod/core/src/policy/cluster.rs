@@ -395,8 +395,9 @@ pub struct Counters {
     pub heads_in_block: u64,
     /// Jobs started that the prime-time pools admit.
     pub admitted_starts: u64,
-    /// Waiting jobs EASY's passes looked at (each tried on some row): the passes' work. A
-    /// pass finds through the queue's index only the jobs that could start by their counts.
+    /// Waiting jobs backfilling passes looked at: the passes' work. An EASY pass, and a
+    /// conservative one beyond its reservation depth, finds through the queue's index only the
+    /// jobs that could start by their counts.
     pub backfill_looked_at: u64,
 }
 
@@ -530,9 +531,9 @@ struct GangPattern {
     runs: Vec<Option<Vec<bool>>>,
 }
 
-/// What an EASY pass found (generation, head, shadow time, reserved row, extra processors,
-/// queue numbering): a pass that finds the same goes on where the last one stopped.
-type PassState = (u64, JobKey, Time, u32, u64, u64);
+/// What an EASY pass found (generation, head, shadow time, reserved row, extra processors):
+/// a pass that finds the same goes on where the last one stopped.
+type PassState = (u64, JobKey, Time, u32, u64);
 
 /// A conservative backfilling pass's plan, for the next pass to go on from.
 #[derive(Debug)]
@@ -833,7 +834,7 @@ pub struct PolicyCore {
     generation: u64,
     /// (generation, head, shadow time, reserved row, extra processors, queue numbering) of the
     /// last backfill pass, and the queue position it stopped at.
-    backfilled: Option<(PassState, usize)>,
+    backfilled: Option<(PassState, usize, u64)>,
     /// The last conservative pass's plan (see [`Conservative`]).
     conservative: Option<Conservative>,
     total: u64,
@@ -1495,11 +1496,12 @@ impl PolicyCore {
             Some(plan)
                 if plan.generation == self.generation
                     && self.now < plan.due
-                    && plan.numbering == self.queue.numbering() =>
+                    && self.queue.carry(plan.planned, plan.numbering).is_some() =>
             {
                 let mut profile = plan.profile;
                 profile.advance(self.now);
-                (profile, plan.planned, plan.due, plan.reserved)
+                let planned = self.queue.carry(plan.planned, plan.numbering).unwrap_or(0);
+                (profile, planned, plan.due, plan.reserved)
             }
             _ => {
                 let ends =
@@ -1511,11 +1513,20 @@ impl PolicyCore {
             }
         };
         while profile.free_now() > 0 {
-            let Some((position, job)) = self.queue.next_from(at) else {
+            // Beyond the depth only a job that starts now matters: the queue's index passes over
+            // those whose size and estimate cannot fit the profile's first two steps.
+            let next = if reserved >= depth {
+                let (free, lasting, then) = profile.first_drop();
+                self.queue.first_candidate(at, then, free, lasting)
+            } else {
+                self.queue.next_from(at)
+            };
+            let Some((position, job)) = next else {
                 at = self.queue.end();
                 break;
             };
             at = position + 1;
+            self.counters.backfill_looked_at += 1;
             let spec = self.spec(job);
             let (need, run) = (u64::from(spec.procs), spec.estimate.max(1));
             let mut at = profile.earliest(need, run);
@@ -1575,9 +1586,11 @@ impl PolicyCore {
         // A pass over the same cluster, head and reservation as the last one: the jobs that
         // pass looked at were refused, and later they end later still, so they are refused
         // again; only the jobs submitted since are new.
-        let state = (self.generation, head_job, shadow, reserved, extra, self.queue.numbering());
+        let state = (self.generation, head_job, shadow, reserved, extra);
         let mut at = match self.backfilled {
-            Some((last, stopped)) if last == state => stopped,
+            Some((last, stopped, numbering)) if last == state => {
+                self.queue.carry(stopped, numbering).unwrap_or(0)
+            }
             _ => 0,
         };
         // The jobs that could start by their counts alone, from the queue's index: a pass
@@ -1633,8 +1646,8 @@ impl PolicyCore {
                 self.queue.remove(job);
             }
         }
-        let state = (self.generation, head_job, shadow, reserved, extra, self.queue.numbering());
-        self.backfilled = Some((state, at));
+        let state = (self.generation, head_job, shadow, reserved, extra);
+        self.backfilled = Some((state, at, self.queue.numbering()));
     }
 
     /// Freezes and thaws gang jobs for the slice `now` falls in (see [`gang_runs`]): the
@@ -3336,20 +3349,25 @@ pub(crate) mod tests {
         // jobs that would fit the free core but run past the head's start, then n short jobs
         // one after another, each backfilled and ended: 2n passes over the cluster changed,
         // each of which looked at every waiting job before the queue had an index (n² looks).
+        // Conservative backfilling with a depth of 2 passes them over beyond its depth.
         let n: JobKey = 2_000;
-        let mut c = core(QueueOrder::Easy, crate::policy::tests::flat(64, 1));
-        assert_eq!(started(&c.step(0, [submit(0, 63, 10_000_000)]).unwrap()), [0]);
-        c.step(1, [submit(1, 64, 100)]).unwrap();
-        let long = (2..2 + n).map(|job| submit(job, 1, 20_000_000));
-        assert!(started(&c.step(2, long).unwrap()).is_empty());
-        for k in 0..n {
-            let (job, t) = (2 + n + k, 3 + 2 * Time::from(k));
-            assert_eq!(started(&c.step(t, [submit(job, 1, 1)]).unwrap()), [job]);
-            c.step(t + 1, [Event::End { job }]).unwrap();
+        let mut conservative = PolicyConfig::plain(QueueOrder::Conservative, Strategy::BestFit);
+        conservative.reservation_depth = Some(2);
+        for config in [PolicyConfig::plain(QueueOrder::Easy, Strategy::BestFit), conservative] {
+            let mut c = PolicyCore::new(crate::policy::tests::flat(64, 1), config);
+            assert_eq!(started(&c.step(0, [submit(0, 63, 10_000_000)]).unwrap()), [0]);
+            c.step(1, [submit(1, 64, 100)]).unwrap();
+            let long = (2..2 + n).map(|job| submit(job, 1, 20_000_000));
+            assert!(started(&c.step(2, long).unwrap()).is_empty());
+            for k in 0..n {
+                let (job, t) = (2 + n + k, 3 + 2 * Time::from(k));
+                assert_eq!(started(&c.step(t, [submit(job, 1, 1)]).unwrap()), [job]);
+                c.step(t + 1, [Event::End { job }]).unwrap();
+            }
+            assert_eq!(c.queue_len(), 1 + n as usize);
+            let looked = c.counters().backfill_looked_at;
+            assert!(looked <= 4 * u64::from(n), "{looked} looks for {n} short jobs");
         }
-        assert_eq!(c.queue_len(), 1 + n as usize);
-        let looked = c.counters().backfill_looked_at;
-        assert!(looked <= 2 * u64::from(n), "{looked} looks for {n} short jobs");
     }
 
     #[test]

@@ -51,6 +51,18 @@ impl Profile {
         self.steps.first().map_or(0, |s| s.1)
     }
 
+    /// What a job that starts now must fit, as two steps: (free now, how long they stay at least
+    /// that many, the free processors then). A job of `need` processors running `run` seconds
+    /// can start now only if `need` is at most the third, or at most the first and `run` at
+    /// most the second (a necessary condition, for the queue's index).
+    pub(super) fn first_drop(&self) -> (u64, Time, u64) {
+        let free = self.free_now();
+        match self.steps.iter().skip(1).find(|s| s.1 < free) {
+            Some(&(at, then)) => (free, at - self.now(), then),
+            None => (free, Time::MAX, free),
+        }
+    }
+
     /// The profile's start.
     pub(super) fn now(&self) -> Time {
         self.steps.first().map_or(0, |s| s.0)
@@ -128,6 +140,7 @@ mod tests {
         // A reservation of 4 from 100 to 400 leaves 1 there, 5 from 400.
         p.take(100, 300, 4);
         assert_eq!(p.steps, vec![(0, 2), (100, 1), (300, 5), (400, 9)]);
+        assert_eq!(p.first_drop(), (2, 100, 1));
         // 2 for 150 s: now (0-150 has 2, then 1 at 100: no), so at 300? 300-450 has 5 then 9.
         assert_eq!(p.earliest(2, 150), Some(300));
         assert_eq!(p.earliest(2, 100), Some(0));

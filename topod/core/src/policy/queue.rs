@@ -39,6 +39,9 @@ pub(super) struct WaitQueue {
     blocks: usize,
     /// How many times positions were renumbered.
     numbering: u64,
+    /// The positions the waiting jobs had before the last renumbering, in order (the new
+    /// position of each is its index here), to carry a position over ([`Self::carry`]).
+    before: Vec<usize>,
     /// Blocks changed since the frontiers were last brought up to date (a pass brings them up
     /// to date when it asks; FCFS never asks, and pays nothing for the index).
     dirty: Vec<usize>,
@@ -66,9 +69,22 @@ impl WaitQueue {
         Some(job)
     }
 
-    /// Which numbering positions are in: a position kept from another numbering means nothing.
+    /// Which numbering positions are in ([`Self::carry`] brings one kept from the numbering
+    /// before over).
     pub fn numbering(&self) -> u64 {
         self.numbering
+    }
+
+    /// Position `at` of numbering `numbering`, in today's: the same place in the order (every
+    /// job before it is still before it). None when positions were renumbered twice since.
+    pub fn carry(&self, at: usize, numbering: u64) -> Option<usize> {
+        if numbering == self.numbering {
+            Some(at)
+        } else if numbering + 1 == self.numbering {
+            Some(self.before.partition_point(|&old| old < at))
+        } else {
+            None
+        }
     }
 
     /// One past the last position taken.
@@ -91,7 +107,7 @@ impl WaitQueue {
         }
         self.position[key] = at;
         self.live += 1;
-        self.dirty.push(at / BLOCK);
+        self.mark(at / BLOCK);
     }
 
     /// Takes `job` out of the queue (it started, or was cancelled); nothing if it is not in it.
@@ -105,7 +121,17 @@ impl WaitQueue {
         while self.first < self.slots.len() && self.slots[self.first].is_none() {
             self.first += 1;
         }
-        self.dirty.push(at / BLOCK);
+        self.mark(at / BLOCK);
+    }
+
+    /// Notes that block `b` changed (the list stays within twice the blocks: FCFS, which
+    /// never asks, would otherwise grow it with every change).
+    fn mark(&mut self, b: usize) {
+        if self.dirty.len() >= 2 * self.blocks.max(8) {
+            self.dirty.sort_unstable();
+            self.dirty.dedup();
+        }
+        self.dirty.push(b);
     }
 
     /// The first job waiting at or after position `from`, with its position.
@@ -219,6 +245,8 @@ impl WaitQueue {
     /// Moves every waiting job to the front, in order, in a tree of `blocks` blocks.
     fn renumber(&mut self, blocks: usize) {
         let kept: Vec<(JobKey, Need)> = self.slots.iter().flatten().copied().collect();
+        self.before.clear();
+        self.before.extend((0..self.slots.len()).filter(|&p| self.slots[p].is_some()));
         self.blocks = blocks.max(1);
         self.slots = Vec::with_capacity(self.blocks * BLOCK);
         self.frontier = vec![Vec::new(); 2 * self.blocks];
@@ -316,10 +344,30 @@ mod tests {
         assert_eq!(q.front(), Some(0));
         assert_eq!(q.pop_front(), Some(0));
         let numbering = q.numbering();
+        // A place kept from before a compaction is carried over: job 99 was at 99, and the
+        // jobs before it are the 32 multiples of 3 from 3 to 96.
+        let mut copy = WaitQueue::default();
+        std::mem::swap(&mut copy, &mut q);
+        let mut job = 100;
+        while copy.numbering() == numbering {
+            copy.push(job, 1, 1);
+            job += 1;
+        }
+        assert_eq!(copy.carry(99, numbering), Some(32));
+        assert_eq!(copy.next_from(32).map(|(_, job)| job), Some(99));
+        std::mem::swap(&mut copy, &mut q);
+        // (Back to the queue before those pushes.)
+        let mut q = WaitQueue::default();
+        for job in (3..100).step_by(3) {
+            q.push(job, 1 + job % 7, Time::from(job));
+        }
+        let numbering = q.numbering();
         for job in 100..300 {
             q.push(job, 2, 5);
         }
         assert!(q.numbering() > numbering, "compacted");
+        assert!(q.numbering() >= 2);
+        assert_eq!(q.carry(5, q.numbering() - 2), None, "renumbered twice since");
         let order: Vec<JobKey> = q.iter().collect();
         let expected: Vec<JobKey> = (3..100).step_by(3).chain(100..300).collect();
         assert_eq!(order, expected);
