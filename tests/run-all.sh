@@ -120,7 +120,7 @@ cargo run --quiet --release --locked -p topo-plugin-core --features bench --bin 
 # and on 25 hosts of a 16-core two-socket machine with topology placement. Its figures print.
 echo "--- topoctl simulate speed (jobs/s is the last column of the first table)"
 cargo run --quiet --release --locked -p topod --bin topoctl -- simulate \
-    --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 400 --policy fcfs,easy,conservative --repeat 5
+    --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 400 --policy fcfs,easy,conservative,easy+gang --repeat 5
 cargo run --quiet --release --locked -p topod --bin topoctl -- simulate \
     --trace "$TOPO_SHARED_DIR/traces/SDSC-Par-1996-3.1-cln.swf" --hosts 25 \
     --topology "$TOPO_SHARED_DIR/topologies/converted-hwloc2.9/32intel64-2p8co2t+8ve.xml" \
