@@ -1335,7 +1335,7 @@ fn cluster_files_are_checked_before_anything_runs() {
     write(&PARAGON_PARTS.replace("policy = \"fcfs\"", "policy = \"fcfs,easy\""));
     let err = run(&[]);
     assert!(
-        err.contains("partition \"interactive\": policy = \"fcfs,easy\": one policy per partition"),
+        err.contains("partition \"interactive\": policy = \"fcfs,easy\": one per partition"),
         "{err}"
     );
     write(&PARAGON_PARTS.replace("policy = \"fcfs\"", "policy = \"easy+gang\""));

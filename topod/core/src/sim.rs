@@ -231,7 +231,7 @@ pub struct Sample {
 }
 
 /// What a replay measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct SimReport {
     /// Cluster order.
     pub policy: String,
@@ -773,24 +773,11 @@ pub fn replay_observed(
         reserved_heads: counters.reserved_heads,
         heads_in_block: counters.heads_in_block,
         admitted_starts: counters.admitted_starts,
-        skipped: BTreeMap::new(),
-        killed_at_limit: None,
-        utilization: summary.utilization,
-        mean_wait_s: summary.mean_wait_s,
-        p95_wait_s: summary.p95_wait_s,
-        max_wait_s: summary.max_wait_s,
-        mean_bounded_slowdown: summary.mean_bounded_slowdown,
-        percentiles: summary.percentiles,
-        makespan_s: summary.makespan_s,
-        numa_optimal_share: summary.numa_optimal_share,
-        l3_optimal_share: summary.l3_optimal_share,
-        jobs_per_s: 0.0,
-        waits: summary.waits,
-        slowdowns: summary.slowdowns,
         series,
         outcomes,
-        partitions: Vec::new(),
-    })
+        ..SimReport::default()
+    }
+    .with(summary))
 }
 
 /// One report of a cluster whose partitions (disjoint sets of hosts, each with its own jobs and
@@ -871,24 +858,12 @@ pub fn merge(
         reserved_heads: sum(|r| r.reserved_heads),
         heads_in_block: sum(|r| r.heads_in_block),
         admitted_starts: sum(|r| r.admitted_starts),
-        skipped: BTreeMap::new(),
-        killed_at_limit: None,
-        utilization: summary.utilization,
-        mean_wait_s: summary.mean_wait_s,
-        p95_wait_s: summary.p95_wait_s,
-        max_wait_s: summary.max_wait_s,
-        mean_bounded_slowdown: summary.mean_bounded_slowdown,
-        percentiles: summary.percentiles,
-        makespan_s: summary.makespan_s,
-        numa_optimal_share: summary.numa_optimal_share,
-        l3_optimal_share: summary.l3_optimal_share,
-        jobs_per_s: 0.0,
-        waits: summary.waits,
-        slowdowns: summary.slowdowns,
         series,
         outcomes,
         partitions,
+        ..SimReport::default()
     }
+    .with(summary)
 }
 
 /// The sum of several series, each shifted by its offset (its first submit after the whole's):
@@ -943,6 +918,27 @@ struct Summary {
     l3_optimal_share: f64,
     waits: Vec<Time>,
     slowdowns: Vec<f64>,
+}
+
+impl SimReport {
+    /// The report with `summary`'s figures (and no speed yet: the caller times the replay).
+    fn with(self, summary: Summary) -> SimReport {
+        SimReport {
+            utilization: summary.utilization,
+            mean_wait_s: summary.mean_wait_s,
+            p95_wait_s: summary.p95_wait_s,
+            max_wait_s: summary.max_wait_s,
+            mean_bounded_slowdown: summary.mean_bounded_slowdown,
+            percentiles: summary.percentiles,
+            makespan_s: summary.makespan_s,
+            numa_optimal_share: summary.numa_optimal_share,
+            l3_optimal_share: summary.l3_optimal_share,
+            jobs_per_s: 0.0,
+            waits: summary.waits,
+            slowdowns: summary.slowdowns,
+            ..self
+        }
+    }
 }
 
 impl Summary {

@@ -216,12 +216,7 @@ impl WaitQueue {
         nodes.sort_unstable();
         nodes.dedup();
         for &b in &nodes {
-            let start = b * BLOCK;
-            let end = ((b + 1) * BLOCK).min(self.slots.len());
-            let mut needs: Vec<Need> =
-                self.slots[start..end].iter().flatten().map(|s| s.1).collect();
-            needs.sort_unstable();
-            pareto(&needs, &mut self.frontier[self.blocks + b]);
+            self.block_frontier(b);
         }
         for node in &mut nodes {
             *node += self.blocks;
@@ -242,6 +237,15 @@ impl WaitQueue {
         self.dirty = nodes;
     }
 
+    /// Computes block `b`'s frontier from its jobs.
+    fn block_frontier(&mut self, b: usize) {
+        let start = b * BLOCK;
+        let end = ((b + 1) * BLOCK).min(self.slots.len());
+        let mut needs: Vec<Need> = self.slots[start..end].iter().flatten().map(|s| s.1).collect();
+        needs.sort_unstable();
+        pareto(&needs, &mut self.frontier[self.blocks + b]);
+    }
+
     /// Moves every waiting job to the front, in order, in a tree of `blocks` blocks.
     fn renumber(&mut self, blocks: usize) {
         let kept: Vec<(JobKey, Need)> = self.slots.iter().flatten().copied().collect();
@@ -259,12 +263,7 @@ impl WaitQueue {
         self.dirty.clear();
         // Blocks first, then each inner node from its children.
         for b in 0..self.slots.len().div_ceil(BLOCK) {
-            let start = b * BLOCK;
-            let end = ((b + 1) * BLOCK).min(self.slots.len());
-            let mut needs: Vec<Need> =
-                self.slots[start..end].iter().flatten().map(|s| s.1).collect();
-            needs.sort_unstable();
-            pareto(&needs, &mut self.frontier[self.blocks + b]);
+            self.block_frontier(b);
         }
         for node in (1..self.blocks).rev() {
             let mut merged = Vec::new();

@@ -1176,41 +1176,33 @@ fn own_choices(
         .partitions
         .iter()
         .map(|p| {
-            // (The checks' messages start with the flag's name, which this file did not use.)
-            let bad = |what: &str, e: Failure| {
-                let why = e.message.strip_prefix(&format!("--{what} ")).unwrap_or(&e.message);
-                Failure::input(format!("--cluster {shown}: partition {:?}: {what} = {why}", p.name))
-            };
-            let policy = match p.policy.as_deref() {
-                None => None,
-                Some(text) => match parse_policies(text, everywhere)
-                    .map_err(|e| bad("policy", e))?
-                    .as_slice()
-                {
-                    [one] => Some(*one),
-                    _ => {
-                        return Err(Failure::input(format!(
-                            "--cluster {shown}: partition {:?}: policy = {text:?}: one policy per partition (--policy compares several)",
-                            p.name
-                        )))
+            // One item of `text` (as `parse` reads the flag `--{what}`), or why not; the
+            // checks' messages start with the flag's name, which this file did not use.
+            fn one<T: Copy>(
+                what: &str,
+                text: Option<&str>,
+                parse: impl Fn(&str) -> Result<Vec<T>, Failure>,
+                at: &str,
+            ) -> Result<Option<T>, Failure> {
+                let Some(text) = text else { return Ok(None) };
+                match parse(text) {
+                    Ok(all) => match all.as_slice() {
+                        [one] => Ok(Some(*one)),
+                        _ => Err(Failure::input(format!(
+                            "{at}: {what} = {text:?}: one per partition (--{what} compares several)"
+                        ))),
+                    },
+                    Err(e) => {
+                        let why =
+                            e.message.strip_prefix(&format!("--{what} ")).unwrap_or(&e.message);
+                        Err(Failure::input(format!("{at}: {what} = {why}")))
                     }
-                },
-            };
-            let placement = match p.placement.as_deref() {
-                None => None,
-                Some(text) => match parse_placements(text)
-                    .map_err(|e| bad("placement", e))?
-                    .as_slice()
-                {
-                    [one] => Some(*one),
-                    _ => {
-                        return Err(Failure::input(format!(
-                            "--cluster {shown}: partition {:?}: placement = {text:?}: one strategy per partition (--placement compares several)",
-                            p.name
-                        )))
-                    }
-                },
-            };
+                }
+            }
+            let at = format!("--cluster {shown}: partition {:?}", p.name);
+            let policy =
+                one("policy", p.policy.as_deref(), |t| parse_policies(t, everywhere), &at)?;
+            let placement = one("placement", p.placement.as_deref(), parse_placements, &at)?;
             Ok((policy, placement))
         })
         .collect()
