@@ -1301,8 +1301,12 @@ impl PolicyCore {
                 Ok(())
             }
             Slot::Suspended(s) => {
-                // Killed while suspended: its CPUs are not held by it.
+                // Killed while suspended: its CPUs are not held by it, except a gang job's,
+                // which its row kept through its owner's suspension.
                 self.suspended.remove(&job);
+                if self.config.gang.is_some() {
+                    self.give_back(s.run.row, &s.run.parts);
+                }
                 self.rows[s.run.row as usize].jobs -= 1;
                 Ok(())
             }
@@ -3814,6 +3818,17 @@ pub(crate) mod tests {
         );
         let a = c.step(40, [Event::Tick]).unwrap();
         assert_eq!(a, vec![Action::Suspend { job: 1 }, Action::Resume { job: 0 }]);
+    }
+
+    #[test]
+    fn a_gang_job_killed_while_its_owner_stopped_it_gives_its_row_back() {
+        let mut c = gang(flat(1, 2), QueueOrder::Fcfs, 10, 2);
+        c.step(0, [submit(0, 2, 100)]).unwrap();
+        c.step(3, [submit(1, 2, 100)]).unwrap();
+        c.step(5, [Event::OwnerSuspend { job: 0 }]).unwrap();
+        // Killed while stopped: its row's two processors are free again for a new job.
+        let a = c.step(6, [Event::End { job: 0 }, submit(2, 2, 10)]).unwrap();
+        assert_eq!(started(&a), [2], "{a:?}");
     }
 
     /// Each job's CPUs per host, and whether it runs now.
