@@ -1,5 +1,6 @@
 //! `topoctl simulate`: replay a Standard Workload Format trace on N hosts of one machine (or a
-//! cluster file's partitions, `crate::cluster`) under one or more cluster policies and host strategies, and print, dump or draw what happened.
+//! cluster file's partitions, `crate::cluster`) under one or more cluster policies and host
+//! strategies, and print, dump or draw what happened.
 //!
 //! The replay itself is `topo_core::sim` over `topo_core::policy`; this file reads the inputs,
 //! times the replays, and writes the table, the JSON and the SVG.
@@ -944,8 +945,17 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
         .iter()
         .map(|p| p.hosts.iter().map(|&h| Arc::clone(&all_hosts[h])).collect())
         .collect();
-    let part_jobs: Vec<Vec<sim::SimJob>> =
-        parts.iter().map(|part| part.iter().map(|&i| jobs[i]).collect()).collect();
+    // Each partition's jobs (one partition of every job replays them where they are).
+    let part_jobs: Vec<std::borrow::Cow<'_, [sim::SimJob]>> = parts
+        .iter()
+        .map(|part| {
+            if part.len() == jobs.len() {
+                std::borrow::Cow::Borrowed(jobs.as_slice())
+            } else {
+                std::borrow::Cow::Owned(part.iter().map(|&i| jobs[i]).collect())
+            }
+        })
+        .collect();
     let mut reports = Vec::new();
     for &choice in &policies {
         for &placement in &placements {
