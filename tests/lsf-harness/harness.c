@@ -738,7 +738,9 @@ static void scenario_blocks(void) {
           "12 cores for any other job: h3 has 10 outside the block and is removed with 'does not fit' (kept [%s], reason %d)", got,
           rs.id[2]);
     free(rs.main_text);
-    expect(six, "h3,h2,h1", "6 cores, the block's own request (LSF matches peer jobs without naming them): h3 first");
+    /* LSF matches peer jobs without naming them: the block is one peer's at most. They fit
+     * beside it, so h3 ranks as any host where they fit (not first for all of them). */
+    expect_h3_kept(six, "6 cores, the block's own request, 10 free beside the block");
 
     /* checkAllocFn knows the job: only the job the block is for may use it. */
     struct job j202 = {202, 0, six->key, NULL, NULL}, j201 = {201, 0, six->key, NULL, NULL};
@@ -751,6 +753,27 @@ static void scenario_blocks(void) {
     memset(&last_limit, 0, sizeof last_limit);
     rc = handler.checkAllocFn(six->data, &j201, &two_on_h3, (void *)&last_limit);
     check(rc == 0 && last_limit.calls == 0, "job 201 may have 2 tasks there: its block and 6 cores beside it");
+    /* Issue 31: where the peers fit only in the block, h3 ranked first for all of them, and
+     * checkAllocFn then closed it to every one but job 201. It is now after every host where
+     * any of them fits, and still a candidate (for job 201). */
+    check(topoctl("alloc --socket \"$HARNESS_H3_SOCKET\" --job beside 'affinity[core(5)]'") == 0,
+          "a job takes 5 of the 10 cores beside the block");
+    wait_refresh();
+    rc = match_sort(six, DEFAULT_ORDER, &rs, got, sizeof got);
+    size_t len = strlen(got);
+    check(rc == 0 && len > 3 && strcmp(got + len - 3, ",h3") == 0 && strstr(got, "h1") && strstr(got, "h2"),
+          "6 cores now fit h3 only in the block: h3 kept last, after h1 and h2: [%s]", got);
+    free(rs.main_text);
+    struct alloc one_on_h3 = {"h3", 1};
+    memset(&last_limit, 0, sizeof last_limit);
+    rc = handler.checkAllocFn(six->data, &j202, &one_on_h3, (void *)&last_limit);
+    check(rc == 0 && last_limit.calls == 1 && last_limit.max_tasks == 0,
+          "job 202 gets no task on h3 (calls %d, max %d)", last_limit.calls, last_limit.max_tasks);
+    memset(&last_limit, 0, sizeof last_limit);
+    rc = handler.checkAllocFn(six->data, &j201, &one_on_h3, (void *)&last_limit);
+    check(rc == 0 && last_limit.calls == 0, "job 201 gets its block (no limit: %d)", last_limit.calls);
+    check(topoctl("release --socket \"$HARNESS_H3_SOCKET\" beside") == 0, "and the job beside it is released");
+    wait_refresh();
     /* Its tentative reservation goes inside its block, as topod will place it: 10 cores are
      * still free outside the block for the next job. */
     dispatch(six, 201, "h3", 1, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
@@ -784,13 +807,12 @@ static void scenario_blocks(void) {
           "two movable jobs hold half of each package of h3");
     wait_refresh();
     rc = match_sort(pkg, DEFAULT_ORDER, &rs, got, sizeof got);
-    size_t n = strlen(got);
-    check(rc == 0 && n > 3 && strcmp(got + n - 3, ",h3") == 0 && strstr(got, "h1") && strstr(got, "h2"),
+    len = strlen(got);
+    check(rc == 0 && len > 3 && strcmp(got + len - 3, ",h3") == 0 && strstr(got, "h1") && strstr(got, "h2"),
           "8 cores in one package, the jobs movable: h3 kept, after h1 and h2 where it fits as they are, though offered first: [%s]",
           got);
     free(rs.main_text);
     struct job j203 = {203, 0, pkg->key, NULL, NULL};
-    struct alloc one_on_h3 = {"h3", 1};
     memset(&last_limit, 0, sizeof last_limit);
     rc = handler.checkAllocFn(pkg->data, &j203, &one_on_h3, (void *)&last_limit);
     check(rc == 0 && last_limit.calls == 0, "an allocation there is left to topod, which moves the jobs (no limit: %d)", last_limit.calls);

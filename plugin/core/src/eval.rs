@@ -8,11 +8,15 @@
 //! 1. the job fits and the host holds a live block reserved for it ([`CLAIMS_BLOCK_RANK`] +
 //!    the placement score): dispatching it there spends the block that was set aside for it;
 //! 2. it fits as the host is now ([`FITS_RANK`] + the placement score);
-//! 3. it fits only after the host moves running jobs ([`Verdict::AfterMoves`],
+//! 3. it fits only in a block reserved for a request of its shape, for one of a group of peer
+//!    jobs the batch system matches without naming ([`Verdict::InPeersBlock`],
+//!    [`IN_PEERS_BLOCK_RANK`] + the placement score): the host is for that one job only, so
+//!    every other peer takes a host where it fits first;
+//! 4. it fits only after the host moves running jobs ([`Verdict::AfterMoves`],
 //!    [`AFTER_MOVES_RANK`]);
 //!    or only in an open prime-time pool that may admit the job ([`Verdict::InPool`],
 //!    [`IN_POOL_RANK`], just after);
-//! 4. the host's state is unknown and the policy is fail-open ([`UNKNOWN_SCORE`]), as before
+//! 5. the host's state is unknown and the policy is fail-open ([`UNKNOWN_SCORE`]), as before
 //!    after every host whose state is known.
 //!
 //! **Topology reservations** (topod's `reserve`, [`crate::cache::Block`]). topod places every
@@ -60,8 +64,11 @@ pub const RANK_BAND: u64 = 1 << 32;
 pub const CLAIMS_BLOCK_RANK: u64 = 0;
 /// Rank of a host where the job fits as it is.
 pub const FITS_RANK: u64 = RANK_BAND;
+/// Rank of a host where a group of peers fits only in a block reserved for one of them: after
+/// every host where any of them fits as it is.
+pub const IN_PEERS_BLOCK_RANK: u64 = 2 * RANK_BAND;
 /// Rank of a host where the job fits only after moves: after every host where it fits.
-pub const AFTER_MOVES_RANK: u64 = 2 * RANK_BAND;
+pub const AFTER_MOVES_RANK: u64 = 3 * RANK_BAND;
 /// Rank of a host where the job fits only in an open prime-time pool that may admit it: after
 /// every host where it fits, as it is or after moves.
 pub const IN_POOL_RANK: u64 = AFTER_MOVES_RANK + 1;
@@ -164,6 +171,17 @@ pub enum Verdict {
         /// The host holds a live block for the claimant, which the job spends there.
         claims_block: bool,
     },
+    /// A group of peer jobs ([`Claimant::Peers`]) fits only by using a live block reserved for
+    /// a request of their shape: the one job it is for fits there, and no other does. A
+    /// candidate after every host where they fit as they are ([`IN_PEERS_BLOCK_RANK`]), so
+    /// that the block does not draw every peer to a host the per-job check (LSF's
+    /// checkAllocFn) then closes to all but one.
+    InPeersBlock {
+        /// The placement score inside the block.
+        score: u64,
+        /// The CPUs the job the block is for would get.
+        cpus: CpuSet,
+    },
     /// It does not fit as the host is now, though enough CPUs are free, and the host's topod
     /// would move running jobs to make room (`defrag`, the same plan; see the module docs): a
     /// candidate, after every host where it fits.
@@ -189,6 +207,9 @@ impl Verdict {
             Verdict::Fits { score, claims_block: false, .. } => {
                 Some(FITS_RANK + score.min(RANK_BAND - 1))
             }
+            Verdict::InPeersBlock { score, .. } => {
+                Some(IN_PEERS_BLOCK_RANK + score.min(RANK_BAND - 1))
+            }
             Verdict::AfterMoves(_) => Some(AFTER_MOVES_RANK),
             Verdict::InPool(_) => Some(IN_POOL_RANK),
             Verdict::NoFit(_) => None,
@@ -210,10 +231,13 @@ pub enum Claimant {
     Job(u64, Admission),
     /// One of a group of jobs with the same request that the batch system matches together
     /// without saying which job it is placing (LSF's "peer jobs": matchFn gets no job). A block
-    /// made for a request of the same shape ([`shape_hash`]) may be one of theirs, so it counts
-    /// as theirs; a pool may admit them, so a host where they fit only in an open pool is a
-    /// candidate ranked after every other ([`Verdict::InPool`]). Optimistic: the per-job check
-    /// (LSF's checkAllocFn, with [`Claimant::Job`]) and topod decide for the job itself.
+    /// made for a request of the same shape ([`shape_hash`]) may be one of theirs: a host where
+    /// they fit outside it ranks as any where they fit (the job it is for goes inside it, the
+    /// others beside it), and one where they fit only in it is a candidate for that one job,
+    /// after every host where they fit ([`Verdict::InPeersBlock`]). A pool may admit them, so
+    /// a host where they fit only in an open pool is a candidate ranked after every other
+    /// ([`Verdict::InPool`]). Optimistic: the per-job check (LSF's checkAllocFn, with
+    /// [`Claimant::Job`]) and topod decide for the job itself.
     Peers(u64),
 }
 
@@ -409,6 +433,34 @@ fn evaluate_outside_pools(
         return Verdict::NoFit(NoFit::TooFewCpus { free, needed });
     }
     let claims_block = !own.is_empty();
+    if claims_block && matches!(who, Claimant::Peers(_)) {
+        // The block is one peer's at most: where they fit beside it, the host is as good for
+        // every one of them; where they need it, only for the one it is for.
+        let mut beside = occupancy.clone();
+        beside.fenced.union_with(&own);
+        if let Ok(fit) = place::fit_and_score(model, &beside, request) {
+            return Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block: false };
+        }
+        let as_owner = evaluate_placed(ctx, state, model, &occupancy, own, request);
+        return match as_owner {
+            Verdict::Fits { score, cpus, .. } => Verdict::InPeersBlock { score, cpus },
+            other => other,
+        };
+    }
+    evaluate_placed(ctx, state, model, &occupancy, own, request)
+}
+
+/// The verdict for `request` on a host in `state` whose CPUs the claimant may not use are
+/// `occupancy`, its own live blocks there being `own`.
+fn evaluate_placed(
+    ctx: &Context<'_>,
+    state: &HostState,
+    model: &HostModel,
+    occupancy: &Occupancy,
+    own: CpuSet,
+    request: &Request,
+) -> Verdict {
+    let claims_block = !own.is_empty();
     // Inside its own block first, as topod places the job its block is for.
     if claims_block {
         let inside = match &request.cpu_list {
@@ -417,17 +469,17 @@ fn evaluate_outside_pools(
         };
         if !inside.is_empty() {
             let r = Request { cpu_list: Some(inside), ..request.clone() };
-            if let Ok(fit) = place::fit_and_score(model, &occupancy, &r) {
+            if let Ok(fit) = place::fit_and_score(model, occupancy, &r) {
                 return Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block };
             }
         }
     }
-    match place::fit_and_score(model, &occupancy, request) {
+    match place::fit_and_score(model, occupancy, request) {
         Ok(fit) => Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block },
         // topod tries moves on every refusal but one that can never fit (its `could_fit`):
         // whole cores, L3 groups or NUMA nodes that the running jobs' CPUs break up too.
         Err(e) if state.defrag && !matches!(e, PlaceError::Impossible(_)) => match &state.moves {
-            Some(moves) if moves_make_room(ctx, model, &occupancy, moves, request) => {
+            Some(moves) if moves_make_room(ctx, model, occupancy, moves, request) => {
                 Verdict::AfterMoves(e)
             }
             Some(moves) => Verdict::NoFit(NoFit::NoMoves(e, MoveTimers::of(moves, ctx.epoch_s))),

@@ -190,7 +190,9 @@ impl Reservations {
             free.take_first(if least > model.allocatable.len() { 0 } else { least })
         };
         let outcome = match eval::evaluate(&ctx, id, request, who) {
-            Verdict::Fits { cpus, .. } => Dispatched::Reserved(cpus),
+            Verdict::Fits { cpus, .. } | Verdict::InPeersBlock { cpus, .. } => {
+                Dispatched::Reserved(cpus)
+            }
             // topod chooses (it moves jobs, or the job names a pool that admits it by name).
             Verdict::AfterMoves(_) | Verdict::InPool(_) => Dispatched::AfterMoves(least_free()),
             Verdict::NoFit(why) => Dispatched::Squeezed(least_free(), why),

@@ -979,25 +979,73 @@ fn another_jobs_block_keeps_a_job_off_it_and_its_own_job_fits_there() {
         Verdict::Fits { cpus, claims_block: true, .. } => assert!(cpus.is_subset(&block_cpus)),
         other => panic!("{other:?}"),
     }
-    // A group of peers with the block's request (LSF's matchFn, which knows no job) counts it
-    // as theirs, whatever their task count; the memo ranks x first for them.
+    // A group of peers with the block's request (LSF's matchFn, which knows no job): x takes
+    // them only in the block, whatever their task count, so it is for one of them, and the
+    // memo ranks it after y, where any of them fits (issue 31: it ranked x first, and
+    // checkAllocFn then closed it to every peer but lsf-7).
     assert!(matches!(
         eval::evaluate(&ctx, x, &with_tasks(socket, 2), Claimant::peers_of(&req)),
         Verdict::NoFit(_)
     ));
-    assert!(matches!(
-        eval::evaluate(&ctx, x, &req, Claimant::peers_of(&with_tasks(socket, 4))),
-        Verdict::Fits { claims_block: true, .. }
-    ));
+    match eval::evaluate(&ctx, x, &req, Claimant::peers_of(&with_tasks(socket, 4))) {
+        Verdict::InPeersBlock { cpus, .. } => assert_eq!(cpus, block_cpus),
+        other => panic!("{other:?}"),
+    }
     let mut memo = eval::Memo::new();
     let ranks = memo.scores(&ctx, "socket#1", &req, &[x, y]);
-    assert!(
-        ranks[0].unwrap() < eval::FITS_RANK && ranks[1].unwrap() >= eval::FITS_RANK,
-        "{ranks:?}"
-    );
+    let (on_x, on_y) = (ranks[0].unwrap(), ranks[1].unwrap());
+    assert!(on_y < eval::IN_PEERS_BLOCK_RANK && on_x >= eval::IN_PEERS_BLOCK_RANK, "{ranks:?}");
+    assert!(on_x < eval::AFTER_MOVES_RANK, "still a candidate, for lsf-7: {ranks:?}");
     // checkAllocFn's question for another peer, by name: x does not take it.
     assert_eq!(eval::max_tasks(&ctx, x, &req, Claimant::job("lsf-9"), 4), 0);
     assert_eq!(eval::max_tasks(&ctx, x, &req, Claimant::job("lsf-7"), 4), 1);
+}
+
+#[test]
+fn peers_that_fit_beside_a_block_rank_its_host_as_any_other_and_the_block_stays_its_jobs() {
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let socket = "affinity[core(24,same=socket)]";
+    // x: package 1 reserved for lsf-7, package 0 free. y: all free.
+    let (shared, _source) = setup_with(
+        &config,
+        free_map(&zen, "", vec![block("lsf-7", PACKAGE_1, socket, EXPIRES)], false),
+        free_map(&zen, "", vec![], false),
+    );
+    let cache = shared.cache.load();
+    let resv = crate::Reservations::new();
+    let mut ctx = context(&cache, &resv, &config, Instant::now(), Unreachable::Closed);
+    ctx.epoch_s = EXPIRES - 60;
+    let (x, y) = (cache.lookup("x").unwrap(), cache.lookup("y").unwrap());
+    let req = with_tasks(socket, 1);
+    let (package_0, package_1) =
+        (CpuSet::parse_list(PACKAGE_0).unwrap(), CpuSet::parse_list(PACKAGE_1).unwrap());
+    // The peers fit beside the block: an ordinary fit there, on the CPUs any peer but lsf-7
+    // gets, ranked with y's by score (not first because of the block).
+    let peers = eval::evaluate(&ctx, x, &req, Claimant::peers_of(&req));
+    match &peers {
+        Verdict::Fits { cpus, claims_block: false, .. } => assert!(cpus.is_subset(&package_0)),
+        other => panic!("{other:?}"),
+    }
+    let on_y = eval::evaluate(&ctx, y, &req, Claimant::peers_of(&req));
+    assert_eq!(peers.rank(), on_y.rank(), "{peers:?} and {on_y:?}");
+    // Two tasks need the block too: a candidate for lsf-7 only, after every host where they fit.
+    let two = with_tasks(socket, 2);
+    assert!(matches!(
+        eval::evaluate(&ctx, x, &two, Claimant::peers_of(&two)),
+        Verdict::InPeersBlock { .. }
+    ));
+    assert!(matches!(
+        eval::evaluate(&ctx, y, &two, Claimant::peers_of(&two)),
+        Verdict::Fits { claims_block: false, .. }
+    ));
+    // What checkAllocFn then says, job by job: the block stays lsf-7's.
+    match eval::evaluate(&ctx, x, &req, Claimant::job("lsf-7")) {
+        Verdict::Fits { cpus, claims_block: true, .. } => assert_eq!(cpus, package_1),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(eval::max_tasks(&ctx, x, &req, Claimant::job("lsf-9"), 2), 1);
+    assert_eq!(eval::max_tasks(&ctx, x, &req, Claimant::job("lsf-7"), 2), 2);
 }
 
 #[test]
