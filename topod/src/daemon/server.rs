@@ -725,7 +725,11 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
                 Err(reply) => return reply,
             };
             let mut host = server.lock();
-            let existed = host.ledger().get(&job).is_some();
+            // Whether the job held CPUs before the allocate that answers, under the same hold of
+            // the lock as that allocate and the join: a retry of this request on another
+            // connection may allocate the job while this one waits without the lock, and a
+            // failed join must not then release (and kill) what that one started.
+            let mut existed;
             // What the batch system did to the other jobs here first: a job it suspended
             // lends this one its CPUs.
             // A preempting allocate's victims freeze without the lock, then the same allocate
@@ -737,6 +741,7 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
             let mut rounds = 0;
             let waiting_since = std::time::Instant::now();
             let allocated = loop {
+                existed = host.ledger().get(&job).is_some();
                 let allocated = host.allocate_following(
                     batch.as_ref(),
                     &job,
