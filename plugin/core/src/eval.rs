@@ -434,17 +434,20 @@ fn evaluate_outside_pools(
     }
     let claims_block = !own.is_empty();
     if claims_block && matches!(who, Claimant::Peers(_)) {
-        // The block is one peer's at most: where they fit beside it, the host is as good for
-        // every one of them; where they need it, only for the one it is for.
+        // The block is one peer's at most: where they fit beside it (as it is, or after moves
+        // that leave it alone), the host is as good for every one of them; where they need
+        // it, only for the one it is for.
         let mut beside = occupancy.clone();
         beside.fenced.union_with(&own);
-        if let Ok(fit) = place::fit_and_score(model, &beside, request) {
-            return Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block: false };
+        let for_any = evaluate_placed(ctx, state, model, &beside, CpuSet::new(), request);
+        if !matches!(for_any, Verdict::NoFit(_)) {
+            return for_any;
         }
-        let as_owner = evaluate_placed(ctx, state, model, &occupancy, own, request);
-        return match as_owner {
+        return match evaluate_placed(ctx, state, model, &occupancy, own, request) {
             Verdict::Fits { score, cpus, .. } => Verdict::InPeersBlock { score, cpus },
-            other => other,
+            // Moves that need the block's CPUs would make room for its job only, and where is
+            // topod's to say: left to the per-job check and topod, not offered to the peers.
+            _ => for_any,
         };
     }
     evaluate_placed(ctx, state, model, &occupancy, own, request)
@@ -714,20 +717,26 @@ pub const MEMO_BYTES_PER_SHAPE_AND_HOST: usize = std::mem::size_of::<u32>();
 const NO_FIT: u64 = u64::MAX;
 /// Nothing remembered for that host and shape.
 const NOT_KNOWN: u32 = u32::MAX;
-/// A remembered "does not fit" (band 3, which no rank has).
+/// A remembered "does not fit" (band 3 with the two highest scores, which no rank has:
+/// band 3 holds only [`AFTER_MOVES_RANK`] and [`IN_POOL_RANK`]).
 const NO_FIT32: u32 = u32::MAX - 1;
 const NEVER: (u32, u32) = (u32::MAX, u32::MAX);
 /// Bits of a remembered rank's score; the two above are its band.
 const SCORE_BITS: u32 = 30;
 
-/// A rank in 32 bits: its band (0 to 2) above its score; [`NOT_KNOWN`] (computed every time)
-/// for a rank that does not fit (a score of 2^30 or more, or no band).
+/// A rank in 32 bits: its band (0 to 3) above its score; [`NOT_KNOWN`] (computed every time)
+/// for a rank that does not fit (a score of 2^30 or more, one that would read as
+/// [`NO_FIT32`] or [`NOT_KNOWN`], or no band: a fail-open host's).
 fn pack_rank(rank: u64) -> u32 {
     let (band, score) = (rank / RANK_BAND, rank % RANK_BAND);
-    if band > 2 || score >= 1 << SCORE_BITS {
+    if band > 3 || score >= 1 << SCORE_BITS {
         return NOT_KNOWN;
     }
-    ((band as u32) << SCORE_BITS) | score as u32
+    let packed = ((band as u32) << SCORE_BITS) | score as u32;
+    if packed >= NO_FIT32 {
+        return NOT_KNOWN;
+    }
+    packed
 }
 
 /// The rank [`pack_rank`] packed.
@@ -847,5 +856,39 @@ impl Memo {
                 .iter()
                 .map(|s| s.key.len() + s.scores.capacity() * std::mem::size_of::<u32>())
                 .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod pack_tests {
+    use super::*;
+
+    #[test]
+    fn every_band_packs_and_unpacks_and_none_reads_as_no_fit_or_not_known() {
+        // Band 3 (after moves, in a pool) was once not kept: every match evaluated those
+        // hosts again.
+        for rank in [
+            CLAIMS_BLOCK_RANK,
+            CLAIMS_BLOCK_RANK + 12_345,
+            FITS_RANK,
+            FITS_RANK + (1 << SCORE_BITS) - 1,
+            IN_PEERS_BLOCK_RANK + 7,
+            AFTER_MOVES_RANK,
+            IN_POOL_RANK,
+        ] {
+            let packed = pack_rank(rank);
+            assert!(packed != NOT_KNOWN && packed != NO_FIT32, "{rank}");
+            assert_eq!(unpack_rank(packed), rank);
+        }
+        // What cannot be kept is computed every time, never taken for "does not fit".
+        for rank in [
+            UNKNOWN_SCORE,
+            FITS_RANK + (1 << SCORE_BITS),
+            AFTER_MOVES_RANK + (1 << SCORE_BITS) - 2,
+            AFTER_MOVES_RANK + (1 << SCORE_BITS) - 1,
+            4 * RANK_BAND,
+        ] {
+            assert_eq!(pack_rank(rank), NOT_KNOWN, "{rank}");
+        }
     }
 }

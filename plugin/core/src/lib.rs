@@ -23,8 +23,9 @@
 //! - [`eval`] answers fit-and-score for a host with the placement core's own best-fit
 //!   placement on (cache state + reservations), for a job or a group of peer jobs
 //!   ([`eval::Claimant`]: other jobs' blocks are in the way, its own are tried first), ranks
-//!   the hosts in bands (its own block first, then fits as it is, then fits only after topod's
-//!   moves, then unknown), and applies the [`config::Unreachable`] policy to hosts whose state
+//!   the hosts in bands (its own block first, then fits as it is, then fits only in a block of
+//!   a group of peers' shape, then fits only after topod's moves, then in a pool, then
+//!   unknown), and applies the [`config::Unreachable`] policy to hosts whose state
 //!   is unknown or stale.
 //!
 //! The plug-ins themselves (`plugin/lsf`, `plugin/slurm`, `packaging/pbs`) only translate

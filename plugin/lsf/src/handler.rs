@@ -281,8 +281,8 @@ fn candidates_of(
     (candidates, unknown)
 }
 
-/// Per candidate: its rank ([`Verdict::rank`]: a block for this request's shape first, then
-/// fits as it is, then fits only after topod's moves, then unknown), or the pending reason (as
+/// Per candidate: its rank ([`Verdict::rank`]: fits as it is, then only in a block for this
+/// request's shape, then only after topod's moves, then in a pool, then unknown), or the pending reason (as
 /// an offset) that removes it.
 fn decide_all(
     m: &Module,

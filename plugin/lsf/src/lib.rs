@@ -10,16 +10,16 @@
 //!
 //! - `matchFn` removes every candidate host whose free topology cannot hold the request, with a
 //!   custom pending reason; `sortFn` orders the rest by rank
-//!   ([`topo_plugin_core::eval::Verdict::rank`]): hosts holding a topology reservation (a
-//!   block) made for a request of this shape first, then hosts where the request fits as they
-//!   are, by placement score, then hosts with topod's `defrag` where it fits only after topod
-//!   moves running jobs (an optimistic guess: the module cannot plan the moves, topod decides),
-//!   then unknown hosts when fail-open. Both read only the in-memory host-state cache
+//!   ([`topo_plugin_core::eval::Verdict::rank`]): hosts where the request fits as they are, by
+//!   placement score, then hosts where it fits only in a topology reservation (a block) made
+//!   for a request of this shape (for the one peer job it is for), then hosts with topod's
+//!   `defrag` where it fits only after the moves topod's planner would make, then prime-time
+//!   pools that may admit it, then unknown hosts when fail-open. Both read only the in-memory host-state cache
 //!   ([`topo_plugin_core`]), which a background thread keeps fresh from each host's topod:
 //!   nothing on the scheduler's thread waits for the network.
 //! - matchFn is not told which job it matches (LSF matches peer jobs together), so there a
-//!   block made for a request of the same shape counts as the peers' own and every other block
-//!   as in the way; `checkAllocFn` and `notifyAllocFn`, which know the job (`lsf-<jobid>`, or
+//!   block made for a request of the same shape may be one peer's (a host where they need it
+//!   ranks after every host where they fit without) and every other block is in the way; `checkAllocFn` and `notifyAllocFn`, which know the job (`lsf-<jobid>`, or
 //!   `lsf-<jobid>[<index>]` for an array element: the id a reservation for it must name), use only
 //!   that job's own block.
 //! - `notifyAllocFn` keeps tentative reservations (`NOTIFY_ALLOC`, `NOTIFY_STARTUP` replay

@@ -331,14 +331,17 @@ fn run() -> Result<(), String> {
             first_of_shape_ms.push(ms);
         }
         kept_total += kept.len();
-        own_block_total += kept.iter().filter(|k| k.0 < eval::FITS_RANK).count();
+        own_block_total += kept
+            .iter()
+            .filter(|k| (eval::IN_PEERS_BLOCK_RANK..eval::AFTER_MOVES_RANK).contains(&k.0))
+            .count();
         after_moves_total += kept
             .iter()
             .filter(|k| (eval::AFTER_MOVES_RANK..eval::UNKNOWN_SCORE).contains(&k.0))
             .count();
         let dispatch = kept.first().and_then(|&(_, h)| {
             match eval::evaluate(&ctx, h, r, Claimant::peers_of(r)) {
-                Verdict::Fits { cpus, .. } => Some((h, cpus)),
+                Verdict::Fits { cpus, .. } | Verdict::InPeersBlock { cpus, .. } => Some((h, cpus)),
                 Verdict::AfterMoves(_) | Verdict::InPool(_) | Verdict::NoFit(_) => None,
             }
         });
@@ -435,7 +438,7 @@ fn run() -> Result<(), String> {
     );
     if blocked + defragmenting > 0 {
         println!(
-            "  of which on average {:.1} in a block of their request's shape, {:.0} only after moves",
+            "  of which on average {:.1} only in a block of their request's shape, {:.0} only after moves",
             own_block_total as f64 / per_job_ms.len() as f64,
             after_moves_total as f64 / per_job_ms.len() as f64
         );
