@@ -680,7 +680,7 @@ type FreeViewKey = (u64, u64, bool, bool);
 struct FreeView {
     free: Vec<u32>,
     total: u64,
-    by_free: BTreeMap<u32, BTreeSet<HostId>>,
+    by_free: BTreeMap<u32, HostBits>,
 }
 
 /// The blocks set aside for the queue's head (see the module documentation).
@@ -703,7 +703,7 @@ struct Row {
     /// Wholly free cores per host.
     free: Vec<u32>,
     /// Hosts by free cores (only counts some host has), each set by id.
-    by_free: BTreeMap<u32, BTreeSet<HostId>>,
+    by_free: BTreeMap<u32, HostBits>,
     /// Free cores in the row.
     free_total: u64,
     /// Jobs started in the row and not ended.
@@ -957,7 +957,7 @@ impl PolicyCore {
         let row_count = config.gang.map_or(1, |g| g.rows.max(1));
         let rows = (0..row_count)
             .map(|_| {
-                let mut by_free: BTreeMap<u32, BTreeSet<HostId>> = BTreeMap::new();
+                let mut by_free: BTreeMap<u32, HostBits> = BTreeMap::new();
                 for (i, h) in states.iter().enumerate() {
                     by_free.entry(h.cores).or_default().insert(i as HostId);
                 }
@@ -2284,13 +2284,15 @@ impl PolicyCore {
         } + reclaim;
         r.free[host as usize] = after;
         r.free_total = r.free_total + u64::from(after) - u64::from(before);
-        if let Some(set) = r.by_free.get_mut(&before) {
-            set.remove(&host);
-            if set.is_empty() {
-                r.by_free.remove(&before);
+        if before != after {
+            if let Some(set) = r.by_free.get_mut(&before) {
+                set.remove(host);
+                if set.is_empty() {
+                    r.by_free.remove(&before);
+                }
             }
+            r.by_free.entry(after).or_default().insert(host);
         }
-        r.by_free.entry(after).or_default().insert(host);
         before
     }
 
@@ -2483,7 +2485,7 @@ impl PolicyCore {
         // (size, free, host): the largest size, then the fewest free, then the lowest number.
         let mut best: Option<(u32, u32, HostId)> = None;
         for (&free, hosts) in self.rows[0].by_free.range(min..) {
-            for &host in hosts {
+            for host in hosts.iter() {
                 let Ok(sizes) = self.equipartition_on(host, 0, Some(newcomer)) else { continue };
                 let size = sizes.last().copied().unwrap_or(0);
                 let better = best.is_none_or(|(s, f, h)| {
@@ -2615,14 +2617,11 @@ impl PolicyCore {
 }
 
 /// [`PolicyCore::choose_hosts`] over any hosts-by-free-cores buckets.
-fn choose_hosts_in(
-    by_free: &BTreeMap<u32, BTreeSet<HostId>>,
-    procs: u32,
-) -> Option<Vec<(HostId, u32)>> {
+fn choose_hosts_in(by_free: &BTreeMap<u32, HostBits>, procs: u32) -> Option<Vec<(HostId, u32)>> {
     let mut remaining = procs;
     let mut chosen = Vec::new();
     for (&f, hosts) in by_free.range(1..).rev() {
-        for &host in hosts {
+        for host in hosts.iter() {
             if remaining == 0 {
                 return Some(chosen);
             }
@@ -2632,10 +2631,8 @@ fn choose_hosts_in(
             } else {
                 // This host could hold the rest; the tightest one that can goes instead.
                 // (Hosts of this bucket before it may be chosen already; it is not.)
-                let tightest = by_free
-                    .range(remaining..f)
-                    .find_map(|(_, set)| set.first().copied())
-                    .unwrap_or(host);
+                let tightest =
+                    by_free.range(remaining..f).find_map(|(_, set)| set.first()).unwrap_or(host);
                 chosen.push((tightest, remaining));
                 return Some(chosen);
             }
@@ -2647,9 +2644,62 @@ fn choose_hosts_in(
     (remaining == 0).then_some(chosen)
 }
 
+/// A set of hosts, one bit each: insert and remove in constant time (a free-cores bucket
+/// changes at every start and end), iterated by number as a `BTreeSet` would be.
+#[derive(Debug, Clone, Default)]
+struct HostBits {
+    words: Vec<u64>,
+    len: u32,
+}
+
+impl HostBits {
+    fn insert(&mut self, host: HostId) {
+        let (word, bit) = (host as usize / 64, host % 64);
+        if word >= self.words.len() {
+            self.words.resize(word + 1, 0);
+        }
+        if self.words[word] & (1 << bit) == 0 {
+            self.words[word] |= 1 << bit;
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, host: HostId) {
+        let (word, bit) = (host as usize / 64, host % 64);
+        if let Some(w) = self.words.get_mut(word) {
+            if *w & (1 << bit) != 0 {
+                *w &= !(1 << bit);
+                self.len -= 1;
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn first(&self) -> Option<HostId> {
+        self.iter().next()
+    }
+
+    /// The hosts, lowest number first.
+    fn iter(&self) -> impl Iterator<Item = HostId> + '_ {
+        self.words.iter().enumerate().flat_map(|(i, &word)| {
+            let mut rest = word;
+            std::iter::from_fn(move || {
+                (rest != 0).then(|| {
+                    let bit = rest.trailing_zeros();
+                    rest &= rest - 1;
+                    i as HostId * 64 + bit
+                })
+            })
+        })
+    }
+}
+
 /// Hosts by free cores, from a count per host.
-fn buckets(free: &[u32]) -> BTreeMap<u32, BTreeSet<HostId>> {
-    let mut by_free: BTreeMap<u32, BTreeSet<HostId>> = BTreeMap::new();
+fn buckets(free: &[u32]) -> BTreeMap<u32, HostBits> {
+    let mut by_free: BTreeMap<u32, HostBits> = BTreeMap::new();
     for (host, &f) in free.iter().enumerate() {
         by_free.entry(f).or_default().insert(host as HostId);
     }
@@ -2910,7 +2960,7 @@ impl PolicyCore {
         let procs = spec.procs;
         let by_free = free.map_or(&self.rows[0].by_free, |f| &f.by_free);
         let mut candidates: Vec<HostId> =
-            by_free.range(procs..).flat_map(|(_, hosts)| hosts.iter().copied()).collect();
+            by_free.range(procs..).flat_map(|(_, hosts)| hosts.iter()).collect();
         if let Some(&(h, ..)) =
             self.blocks.as_ref().filter(|b| b.head == job).and_then(|b| b.on.first())
         {
@@ -3299,6 +3349,25 @@ pub fn cpus_by_host(parts: &[Part]) -> Vec<(HostId, CpuSet)> {
 pub(crate) mod tests {
     use super::*;
     use crate::topology::{SyntheticShape, Topology};
+
+    proptest::proptest! {
+        #[test]
+        fn host_bits_hold_what_a_btree_set_holds(ops in proptest::collection::vec((proptest::bool::ANY, 0u32..300), 0..400)) {
+            let (mut bits, mut set) = (HostBits::default(), BTreeSet::new());
+            for (insert, host) in ops {
+                if insert {
+                    bits.insert(host);
+                    set.insert(host);
+                } else {
+                    bits.remove(host);
+                    set.remove(&host);
+                }
+                proptest::prop_assert_eq!(bits.is_empty(), set.is_empty());
+                proptest::prop_assert_eq!(bits.first(), set.first().copied());
+            }
+            proptest::prop_assert_eq!(bits.iter().collect::<Vec<_>>(), set.into_iter().collect::<Vec<_>>());
+        }
+    }
 
     /// `n` plain hosts of `cores` processors (one model shared).
     pub(crate) fn flat(n: usize, cores: u32) -> Vec<Arc<HostModel>> {
