@@ -272,9 +272,11 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
                 Some(n) => format!("NUMA {n}"),
                 None => "NUMA ?".to_string(),
             };
+            // Devices behind one PCIe switch talk through it, not through the root complex.
+            let switch = d.switch().map(|s| format!(", PCIe switch {s}")).unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {:<12} {:<12}{}  near {near}, PU {}",
+                "  {:<12} {:<12}{}  near {near}, PU {}{switch}",
                 format!("{:?}", d.class).to_lowercase(),
                 d.pci_address,
                 names,

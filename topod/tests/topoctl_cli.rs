@@ -64,6 +64,17 @@ fn every_picture_fits_100_columns() {
 }
 
 #[test]
+fn show_names_the_pcie_switch_each_device_sits_behind() {
+    let path = shared().join("topologies/converted-hwloc2.9/32intel64-2p8co2t+8ve.xml");
+    let o = topoctl(&["show", "--topology", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let line = |dev: &str| text.lines().find(|l| l.contains(dev)).unwrap_or_default().to_string();
+    assert!(line("(ve0)").ends_with("PCIe switch 0000:18:00.0"), "{text}");
+    assert!(line("(ve7)").ends_with("PCIe switch 0000:3b:00.0"), "{text}");
+}
+
+#[test]
 fn check_prints_the_normalized_request() {
     let o = topoctl(&["check", "affinity[core(2, same=numa)*4 : membind=localonly]"]);
     assert!(o.status.success(), "{}", stderr(&o));

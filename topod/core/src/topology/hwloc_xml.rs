@@ -256,7 +256,18 @@ impl Reader<'_> {
             None => (None, None),
         };
         let (local_cpus, numa_node) = self.locality(node)?;
+        // The bridges above it, nearest first as ancestors come; the host bridge has no
+        // address of its own.
+        let mut upstream: Vec<String> = node
+            .ancestors()
+            .skip(1)
+            .filter(|n| n.has_tag_name("object") && type_of(*n) == "Bridge")
+            .filter_map(|n| n.attribute("pci_busid"))
+            .map(str::to_string)
+            .collect();
+        upstream.reverse();
         self.topo.devices.push(IoDevice {
+            upstream,
             pci_address: address,
             class: super::classify_pci(class16 << 8),
             class_code: class16 << 8,

@@ -114,6 +114,29 @@ pub struct IoDevice {
     pub numa_node: Option<u32>,
     /// CPUs local to it (empty when unknown).
     pub local_cpus: CpuSet,
+    /// The PCI bridges above it, from the root port down (`domain:bus:device.function` each;
+    /// empty when not known, as for a sysfs snapshot that kept no links): devices whose lists
+    /// share a bridge below the root port sit behind one PCIe switch
+    /// ([`IoDevice::switch`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<String>,
+}
+
+impl IoDevice {
+    /// The PCIe switch it sits behind, by the address of the switch's upstream port (the
+    /// bridge right below the root port), or `None` when it hangs off a root port directly
+    /// or its bridges are not known. Devices with the same switch exchange data through it
+    /// without crossing the root complex (peer-to-peer DMA, GPUDirect).
+    pub fn switch(&self) -> Option<&str> {
+        self.upstream.get(1).map(String::as_str)
+    }
+
+    /// How many of the bridges above `self` are also above `other` (from the root port
+    /// down): 0 for devices on different root ports, 2 or more for devices behind one
+    /// switch.
+    pub fn shared_bridges(&self, other: &IoDevice) -> usize {
+        self.upstream.iter().zip(&other.upstream).take_while(|(a, b)| a == b).count()
+    }
 }
 
 /// The NUMA distance matrix (SLIT), square, in the order of `nodes`.

@@ -150,6 +150,24 @@ impl Fs {
         }
     }
 
+    /// The PCI bridges above the device `rel` (`sys/bus/pci/devices/<addr>`, a link into
+    /// `sys/devices/pci<domain>:<bus>/<root port>/.../<addr>`), root port first: the link's
+    /// components that are PCI addresses, less the device itself. Empty when it is no link
+    /// (a snapshot that copied the directory) or names no bridge.
+    fn pci_upstream(&self, rel: &str, addr: &str) -> Vec<String> {
+        let Ok(target) = std::fs::read_link(self.path(rel)) else { return Vec::new() };
+        let parts: Vec<String> = target
+            .components()
+            .filter_map(|c| c.as_os_str().to_str())
+            .filter(|c| is_pci_address(c))
+            .map(str::to_string)
+            .collect();
+        match parts.split_last() {
+            Some((last, above)) if last == addr => above.to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
     fn entries(&self, rel: &str) -> Vec<String> {
         std::fs::read_dir(self.path(rel))
             .map(|it| it.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -557,6 +575,20 @@ fn first_set(fs: &Fs, dir: &str, names: &[&str]) -> Result<Option<CpuSet>, Topol
     Ok(None)
 }
 
+/// Whether `s` reads as a PCI address, `dddd:bb:dd.f` in hexadecimal.
+fn is_pci_address(s: &str) -> bool {
+    let b = s.as_bytes();
+    let hex = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_hexdigit);
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && hex(0..4)
+        && hex(5..7)
+        && hex(8..10)
+        && hex(11..12)
+}
+
 fn read_pci(fs: &Fs) -> Result<Vec<IoDevice>, TopologyError> {
     let dir = "sys/bus/pci/devices";
     let mut addresses = fs.entries(dir);
@@ -600,6 +632,7 @@ fn read_pci(fs: &Fs) -> Result<Vec<IoDevice>, TopologyError> {
             names.extend(n);
         }
         out.push(IoDevice {
+            upstream: fs.pci_upstream(&dev, &addr),
             pci_address: addr.clone(),
             class,
             class_code,
@@ -656,6 +689,59 @@ mod tests {
         assert_eq!(t.numa_nodes[0].memory_bytes, 1024 * 1024);
         let c = t.counts();
         assert_eq!((c.packages, c.numa_nodes, c.l3_groups, c.cores, c.pus), (1, 1, 1, 2, 3));
+    }
+
+    /// A PCI function at `path` under `sys/devices` (its last component the address), linked
+    /// from `sys/bus/pci/devices` as the kernel does, of class `class`.
+    fn pci_function(root: &Path, path: &str, class: &str) {
+        let addr = path.rsplit('/').next().unwrap();
+        write(root, &format!("sys/devices/{path}/class"), class);
+        write(root, &format!("sys/devices/{path}/numa_node"), "-1");
+        std::fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../../devices/{path}"),
+            root.join(format!("sys/bus/pci/devices/{addr}")),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn pci_devices_know_the_bridges_above_them_and_an_unknown_node() {
+        let dir = tempfile::tempdir().unwrap();
+        tiny(dir.path());
+        // A root port, a switch (upstream port 01:00.0, two downstream ports), two GPUs
+        // behind it; a NIC straight on another root port.
+        let switch = "pci0000:00/0000:00:01.0/0000:01:00.0";
+        pci_function(dir.path(), "pci0000:00/0000:00:01.0", "0x060400");
+        pci_function(dir.path(), switch, "0x060400");
+        pci_function(dir.path(), &format!("{switch}/0000:02:08.0"), "0x060400");
+        pci_function(dir.path(), &format!("{switch}/0000:02:10.0"), "0x060400");
+        pci_function(dir.path(), &format!("{switch}/0000:02:08.0/0000:03:00.0"), "0x030200");
+        pci_function(dir.path(), &format!("{switch}/0000:02:10.0/0000:04:00.0"), "0x030200");
+        pci_function(dir.path(), "pci0000:00/0000:00:02.0/0000:05:00.0", "0x020000");
+        // A snapshot that copied a device's directory instead of its link.
+        write(dir.path(), "sys/bus/pci/devices/0000:06:00.0/class", "0x030000");
+        let t = read(dir.path()).unwrap();
+        let dev = |a: &str| t.devices.iter().find(|d| d.pci_address == a).unwrap();
+        let (gpu0, gpu1, nic) = (dev("0000:03:00.0"), dev("0000:04:00.0"), dev("0000:05:00.0"));
+        assert_eq!(gpu0.upstream, ["0000:00:01.0", "0000:01:00.0", "0000:02:08.0"]);
+        assert_eq!((gpu0.switch(), gpu1.switch()), (Some("0000:01:00.0"), Some("0000:01:00.0")));
+        assert_eq!(gpu0.shared_bridges(gpu1), 2);
+        assert_eq!(nic.upstream, ["0000:00:02.0"]);
+        assert_eq!((nic.switch(), nic.shared_bridges(gpu0)), (None, 0));
+        assert!(dev("0000:06:00.0").upstream.is_empty());
+        // numa_node -1 (a cloud VM, a one-node machine) is not known, not node 0.
+        assert!(t.devices.iter().all(|d| d.numa_node.is_none()), "{:?}", t.devices);
+        for (text, is) in [
+            ("0000:03:00.0", true),
+            ("abcd:ef:1f.7", true),
+            ("pci0000:00", false),
+            ("0000:03:00", false),
+            ("0000:03:0g.0", false),
+            ("0000-03:00.0", false),
+        ] {
+            assert_eq!(is_pci_address(text), is, "{text}");
+        }
     }
 
     #[test]
