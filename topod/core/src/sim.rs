@@ -522,12 +522,30 @@ pub fn replay(
 /// A move ([`Action::Move`]) changes a job's CPUs, not its end, unless it has a pause
 /// ([`PolicyConfig::move_cost`]): then the job makes no progress for that long and its end
 /// moves later by as much. Reservations ([`Action::Reserve`]) are the core's own business.
+///
+/// With gang slicing and no switch cost, whole periods of slices in which no job is submitted
+/// or ends are not stepped through: the jobs' progress, their freezes and the series' samples
+/// are worked out from the repeating pattern ([`PolicyCore::gang_cycle`]), and `observe` is
+/// not shown those freezes and thaws (each is counted). The figures are the same as stepping.
 pub fn replay_observed(
     hosts: Vec<Arc<HostModel>>,
     jobs: &[SimJob],
     config: PolicyConfig,
     progress: &mut dyn FnMut(usize),
     observe: &mut dyn FnMut(Time, &Action),
+) -> Result<SimReport, SimError> {
+    replay_stepping(hosts, jobs, config, progress, observe, false)
+}
+
+/// [`replay_observed`]; with `every_slice`, every gang slice boundary is stepped through (the
+/// reference the skipping is tested against).
+fn replay_stepping(
+    hosts: Vec<Arc<HostModel>>,
+    jobs: &[SimJob],
+    config: PolicyConfig,
+    progress: &mut dyn FnMut(usize),
+    observe: &mut dyn FnMut(Time, &Action),
+    every_slice: bool,
 ) -> Result<SimReport, SimError> {
     if let Some(g) = config.gang.filter(|g| config.switch_cost >= g.slice) {
         return Err(SimError::SwitchCostNotBelowSlice { cost: config.switch_cost, slice: g.slice });
@@ -538,6 +556,7 @@ pub fn replay_observed(
     let gang_slice_s = config.gang.map(|g| g.slice);
     let numa_local = config.numa_local;
     let gang = config.gang.is_some();
+    let gang_period = config.gang.map(|g| g.slice.max(1) * i64::from(g.rows.max(1)));
     let suspend_cost = config.suspend_cost.max(0);
     let switch_cost = config.switch_cost.max(0);
     let reservation_depth = config
@@ -704,6 +723,35 @@ pub fn replay_observed(
             ends.push(Reverse((end, job)));
         }
         series.push(Sample { t: now - origin, busy: core.busy_procs(), queue: core.queue_len() });
+        // Worth asking the core only when a whole period passes before the next submit.
+        let next_submit = jobs.get(next).map(|j| j.submit);
+        if !every_slice
+            && gang_period.is_some_and(|period| next_submit.is_none_or(|t| t - now > period))
+        {
+            let skipped = skip_gang_periods(&mut core, now, next_submit, &start, &due, &left);
+            if let Some(skip) = skipped {
+                let until = now + skip.span;
+                for (i, w) in skip.left {
+                    match due[i] {
+                        Some(_) => {
+                            due[i] = Some(until + w);
+                            ends.push(Reverse((until + w, i as JobKey)));
+                        }
+                        None => left[i] = w,
+                    }
+                }
+                for (i, f) in skip.freezes {
+                    counts[i].gang_freezes += u32::try_from(f).unwrap_or(u32::MAX);
+                    gang_freezes += f;
+                }
+                let queue = core.queue_len();
+                series.extend(skip.busy.into_iter().map(|(t, busy)| Sample {
+                    t: now + t - origin,
+                    busy,
+                    queue,
+                }));
+            }
+        }
     }
     progress(n);
     // A job that never started, or was suspended and never resumed, holds up the figures.
@@ -778,6 +826,81 @@ pub fn replay_observed(
         ..SimReport::default()
     }
     .with(summary))
+}
+
+/// Whole gang periods skipped at a boundary ([`skip_gang_periods`]).
+struct GangSkip {
+    /// Seconds skipped.
+    span: Time,
+    /// Per job (by index): its seconds still to run after them.
+    left: Vec<(usize, Time)>,
+    /// Per job: its freezes in them.
+    freezes: Vec<(usize, usize)>,
+    /// The busy processors from each boundary in them (seconds after the start, the last
+    /// at `span`).
+    busy: Vec<(Time, u64)>,
+}
+
+/// At a slice boundary `now` the core has stepped: as many whole gang periods as pass with no
+/// job submitted (the next at `next_submit`) and none ending, with what they do to each job
+/// (`due`: the end of a running job; `left`: what a frozen one has to run), or `None` when
+/// not one does (or the core cannot say: [`PolicyCore::gang_cycle`]). A job that never ran yet
+/// (`start`) stops the skipping: its first run is its start.
+fn skip_gang_periods(
+    core: &mut PolicyCore,
+    now: Time,
+    next_submit: Option<Time>,
+    start: &[Option<Time>],
+    due: &[Option<Time>],
+    left: &[Time],
+) -> Option<GangSkip> {
+    let cycle = core.gang_cycle()?;
+    let rows = cycle.runs.len();
+    let period = cycle.slice.checked_mul(rows as Time)?;
+    // No submit in the periods, nor at their end (the core steps there with it).
+    let mut periods = match next_submit {
+        Some(t) => (t - now - 1).max(0) / period,
+        None => Time::MAX,
+    };
+    let mut per_job = Vec::with_capacity(cycle.jobs.len());
+    for (k, &(job, _)) in cycle.jobs.iter().enumerate() {
+        let i = job as usize;
+        // Its first run is its start, at a boundary.
+        start[i]?;
+        let running = due[i].map(|d| d - now);
+        if running.is_some() != cycle.runs[0][k] {
+            return None;
+        }
+        let work = running.unwrap_or(left[i]);
+        let slices = cycle.runs.iter().filter(|r| r[k]).count() as Time;
+        let freezes = (0..rows).filter(|&j| cycle.runs[j][k] && !cycle.runs[(j + 1) % rows][k]);
+        let ran = slices * cycle.slice;
+        // At least a second left at the end: no job ends in the periods, nor at their end.
+        if ran > 0 {
+            periods = periods.min((work - 1).max(0) / ran);
+        }
+        per_job.push((i, work, ran, freezes.count()));
+    }
+    if periods < 1 || per_job.is_empty() {
+        return None;
+    }
+    // Whole periods only: what one period does, times `periods`.
+    let busy_in: Vec<u64> = (0..rows)
+        .map(|j| {
+            let on = cycle.jobs.iter().zip(&cycle.runs[j]).filter(|(_, &run)| run);
+            on.map(|(&(_, held), _)| held).sum()
+        })
+        .collect();
+    let boundaries = usize::try_from(periods).ok()?.checked_mul(rows)?;
+    let busy = (1..=boundaries).map(|b| (b as Time * cycle.slice, busy_in[b % rows])).collect();
+    let times = periods as usize;
+    core.skip_gang_periods(periods as u64);
+    Some(GangSkip {
+        span: periods * period,
+        left: per_job.iter().map(|&(i, work, ran, _)| (i, work - periods * ran)).collect(),
+        freezes: per_job.iter().map(|&(i, .., f)| (i, f * times)).collect(),
+        busy,
+    })
 }
 
 /// One report of a cluster whose partitions (disjoint sets of hosts, each with its own jobs and
@@ -1228,6 +1351,72 @@ mod tests {
             let want = work + charged as f64;
             proptest::prop_assert!((held - want).abs() < 1e-6 * want, "held {} want {}", held, want);
             proptest::prop_assert!(waits_until.is_empty(), "never resumed: {:?}", waits_until);
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Skipping whole gang periods decides and reports exactly what stepping through every
+        /// slice boundary does: every job's outcome, every sample of the series, every count
+        /// (issue 32: the core woke at every boundary). Streams with gaps long enough to skip
+        /// periods, estimates above and below the runs, on plain and two-socket hosts.
+        #[test]
+        fn skipping_gang_periods_gives_what_stepping_every_slice_gives(
+            seed in 0u64..1_000_000,
+            rows in 2u32..4,
+            slice in 1i64..90,
+            easy in proptest::bool::ANY,
+            sockets in proptest::bool::ANY,
+        ) {
+            use crate::policy::Gang;
+            let mut rng = crate::bench::SplitMix::new(seed);
+            let mut t = 0;
+            let jobs: Vec<SimJob> = (0..120)
+                .map(|i| {
+                    t += if rng.below(4) == 0 { rng.below(20_000) } else { rng.below(40) } as Time;
+                    let run = 1 + rng.below(3_000) as Time;
+                    SimJob {
+                        id: i,
+                        submit: t,
+                        run,
+                        estimate: (run / 2 + rng.below(4_000) as Time).max(1),
+                        procs: 1 + rng.below(20) as u32,
+                        malleable: false,
+                    }
+                })
+                .collect();
+            let order = if easy { QueueOrder::Easy } else { QueueOrder::Fcfs };
+            let config = PolicyConfig {
+                gang: Some(Gang { slice, rows }),
+                ..PolicyConfig::plain(order, Strategy::BestFit)
+            };
+            let hosts = if sockets {
+                vec![crate::policy::tests::two_socket(1).remove(0); 2]
+            } else {
+                crate::policy::tests::flat(24, 1)
+            };
+            let replay_with = |every_slice| {
+                replay_stepping(
+                    hosts.clone(),
+                    &jobs,
+                    config.clone(),
+                    &mut |_| {},
+                    &mut |_, _| {},
+                    every_slice,
+                )
+                .unwrap()
+            };
+            let (stepped, skipped) = (replay_with(true), replay_with(false));
+            proptest::prop_assert_eq!(&stepped.outcomes, &skipped.outcomes);
+            proptest::prop_assert_eq!(stepped.series.len(), skipped.series.len());
+            for (a, b) in stepped.series.iter().zip(&skipped.series) {
+                proptest::prop_assert_eq!(a, b);
+            }
+            proptest::prop_assert_eq!(stepped.gang_freezes, skipped.gang_freezes);
+            proptest::prop_assert_eq!(
+                serde_json::to_value(&stepped).unwrap(),
+                serde_json::to_value(&skipped).unwrap()
+            );
         }
     }
 

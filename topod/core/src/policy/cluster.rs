@@ -522,6 +522,19 @@ pub struct Part {
     pub placement: Arc<Placement>,
 }
 
+/// What gang slicing does over one period while nothing else happens
+/// ([`PolicyCore::gang_cycle`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GangCycle {
+    /// Slice length, seconds.
+    pub slice: Time,
+    /// The running jobs, each with the cores it holds.
+    pub jobs: Vec<(JobKey, u64)>,
+    /// Per slice of the period, from the one now is in: whether each job (in `jobs` order)
+    /// runs in it.
+    pub runs: Vec<Vec<bool>>,
+}
+
 /// [`PolicyCore::switch_gang`]'s memo: the generation it holds for, the running jobs by key,
 /// and for each row (as the active one) which of them run, once worked out.
 #[derive(Debug)]
@@ -1652,6 +1665,74 @@ impl PolicyCore {
         }
         let state = (self.generation, head_job, shadow, reserved, extra);
         self.backfilled = Some((state, at, self.queue.numbering()));
+    }
+
+    /// What gang slicing will do from now on while no job is submitted or ends, for a driver
+    /// that skips whole periods of slices (the simulator): `None` unless that is all that can
+    /// happen at the slice boundaries ahead, that is with gang slicing, at least two rows in
+    /// use, no switch cost (a cost moves estimated ends, and so EASY's reservation), and `now`
+    /// at a boundary after the core has stepped there. Then no boundary can start a job:
+    /// the free cores stay as they are, and every waiting job's room beside the head's
+    /// reservation only shrinks as time passes.
+    pub fn gang_cycle(&mut self) -> Option<GangCycle> {
+        let gang = self.config.gang?;
+        if self.config.switch_cost > 0
+            || self.now.rem_euclid(gang.slice.max(1)) != 0
+            || self.rows.iter().filter(|r| r.jobs > 0).count() < 2
+        {
+            return None;
+        }
+        let pattern = self.gang_pattern.as_mut().filter(|p| p.generation == self.generation)?;
+        let rows = gang.rows.max(1);
+        let active = gang.active_row(self.now) % rows;
+        // Every row's turn, worked out now if it was not yet (the same running jobs give it).
+        if pattern.runs.iter().any(Option::is_none) {
+            let members: Vec<GangMember<'_>> = pattern
+                .jobs
+                .iter()
+                .filter_map(|&job| match &self.jobs[job as usize] {
+                    Slot::Running(r) => Some(GangMember {
+                        row: r.row,
+                        parts: r.parts.iter().map(|p| (p.host, &p.placement.cpus)).collect(),
+                    }),
+                    _ => None,
+                })
+                .collect();
+            if members.len() != pattern.jobs.len() {
+                return None;
+            }
+            for (row, runs) in pattern.runs.iter_mut().enumerate() {
+                if runs.is_none() {
+                    *runs = Some(gang_runs(row as u32, gang.rows, &members));
+                }
+            }
+        }
+        let mut jobs = Vec::with_capacity(pattern.jobs.len());
+        for &job in &pattern.jobs {
+            let Slot::Running(r) = &self.jobs[job as usize] else { return None };
+            jobs.push((job, r.held()));
+        }
+        let runs: Vec<Vec<bool>> = (0..rows)
+            .map(|k| pattern.runs[((active + k) % rows) as usize].clone().unwrap_or_default())
+            .collect();
+        // The slice now is in must be as the core left it.
+        let now_runs = &runs[0];
+        let as_left = pattern.jobs.iter().zip(now_runs).all(
+            |(&job, &run)| matches!(&self.jobs[job as usize], Slot::Running(r) if r.frozen != run),
+        );
+        as_left.then_some(GangCycle { slice: gang.slice.max(1), jobs, runs })
+    }
+
+    /// Moves the core's clock `periods` whole gang periods on (each `rows` slices) from a
+    /// boundary at which [`Self::gang_cycle`] answered: each row has had its turn `periods`
+    /// times, and the core stands as it stood (the same row's slice, the same jobs frozen).
+    /// The driver accounts for what the slices did ([`GangCycle`]).
+    pub fn skip_gang_periods(&mut self, periods: u64) {
+        if let Some(gang) = self.config.gang {
+            let period = gang.slice.max(1).saturating_mul(i64::from(gang.rows.max(1)));
+            let by = period.saturating_mul(i64::try_from(periods).unwrap_or(i64::MAX));
+            self.now = self.now.saturating_add(by);
+        }
     }
 
     /// Freezes and thaws gang jobs for the slice `now` falls in (see [`gang_runs`]): the

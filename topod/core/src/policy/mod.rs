@@ -174,21 +174,29 @@ pub fn gang_runs(active: u32, rows: u32, members: &[GangMember<'_>]) -> Vec<bool
     let rows = rows.max(1);
     let mut order: Vec<usize> = (0..members.len()).collect();
     order.sort_by_key(|&i| ((members[i].row % rows + rows - active % rows) % rows, i));
-    // The CPUs of the jobs chosen so far, by host (hosts are small dense numbers).
+    // The CPUs of the jobs chosen so far, by host: an index per host (hosts are small dense
+    // numbers) into the sets of the hosts the jobs use, so that a call over a large cluster
+    // makes no set for every host.
     let hosts = members.iter().flat_map(|m| &m.parts).map(|(h, _)| *h as usize + 1).max();
-    let mut busy: Vec<Option<CpuSet>> = vec![None; hosts.unwrap_or(0)];
+    let mut slot: Vec<u32> = vec![u32::MAX; hosts.unwrap_or(0)];
+    let mut busy: Vec<CpuSet> = Vec::new();
     let mut runs = vec![false; members.len()];
     for i in order {
         let m = &members[i];
         let own_row = m.row % rows == active % rows;
         let clear = own_row
-            || m.parts
-                .iter()
-                .all(|(h, cpus)| busy[*h as usize].as_ref().is_none_or(|b| !b.intersects(cpus)));
+            || m.parts.iter().all(|(h, cpus)| {
+                busy.get(slot[*h as usize] as usize).is_none_or(|b| !b.intersects(cpus))
+            });
         if clear {
             runs[i] = true;
             for (h, cpus) in &m.parts {
-                busy[*h as usize].get_or_insert_with(CpuSet::new).union_with(cpus);
+                let s = &mut slot[*h as usize];
+                if *s == u32::MAX {
+                    *s = busy.len() as u32;
+                    busy.push(CpuSet::new());
+                }
+                busy[*s as usize].union_with(cpus);
             }
         }
     }
