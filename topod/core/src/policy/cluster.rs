@@ -522,6 +522,19 @@ pub struct Part {
     pub placement: Arc<Placement>,
 }
 
+/// The running ones of `jobs` as [`gang_runs`] takes them.
+fn gang_members<'a>(slots: &'a [Slot], jobs: &[JobKey]) -> Vec<GangMember<'a>> {
+    jobs.iter()
+        .filter_map(|&job| match &slots[job as usize] {
+            Slot::Running(r) => Some(GangMember {
+                row: r.row,
+                parts: r.parts.iter().map(|p| (p.host, &p.placement.cpus)).collect(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What gang slicing does over one period while nothing else happens
 /// ([`PolicyCore::gang_cycle`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1687,17 +1700,7 @@ impl PolicyCore {
         let active = gang.active_row(self.now) % rows;
         // Every row's turn, worked out now if it was not yet (the same running jobs give it).
         if pattern.runs.iter().any(Option::is_none) {
-            let members: Vec<GangMember<'_>> = pattern
-                .jobs
-                .iter()
-                .filter_map(|&job| match &self.jobs[job as usize] {
-                    Slot::Running(r) => Some(GangMember {
-                        row: r.row,
-                        parts: r.parts.iter().map(|p| (p.host, &p.placement.cpus)).collect(),
-                    }),
-                    _ => None,
-                })
-                .collect();
+            let members: Vec<GangMember<'_>> = gang_members(&self.jobs, &pattern.jobs);
             if members.len() != pattern.jobs.len() {
                 return None;
             }
@@ -1755,17 +1758,7 @@ impl PolicyCore {
             }
         };
         if pattern.runs[active].is_none() {
-            let members: Vec<GangMember<'_>> = pattern
-                .jobs
-                .iter()
-                .filter_map(|&job| match &self.jobs[job as usize] {
-                    Slot::Running(r) => Some(GangMember {
-                        row: r.row,
-                        parts: r.parts.iter().map(|p| (p.host, &p.placement.cpus)).collect(),
-                    }),
-                    _ => None,
-                })
-                .collect();
+            let members: Vec<GangMember<'_>> = gang_members(&self.jobs, &pattern.jobs);
             pattern.runs[active] = Some(gang_runs(active as u32, gang.rows, &members));
         }
         let mut thaw = Vec::new();
