@@ -556,7 +556,7 @@ fn replay_stepping(
     let gang_slice_s = config.gang.map(|g| g.slice);
     let numa_local = config.numa_local;
     let gang = config.gang.is_some();
-    let gang_period = config.gang.map(|g| g.slice.max(1) * i64::from(g.rows.max(1)));
+    let gang_period = config.gang.map(|g| g.slice.max(1).saturating_mul(i64::from(g.rows.max(1))));
     let suspend_cost = config.suspend_cost.max(0);
     let switch_cost = config.switch_cost.max(0);
     let reservation_depth = config
@@ -744,10 +744,13 @@ fn replay_stepping(
                     counts[i].gang_freezes += u32::try_from(f).unwrap_or(u32::MAX);
                     gang_freezes += f;
                 }
+                // A sample at every boundary skipped, as stepping gives (made here, not kept
+                // twice: a long last job with short slices skips millions).
                 let queue = core.queue_len();
-                series.extend(skip.busy.into_iter().map(|(t, busy)| Sample {
-                    t: now + t - origin,
-                    busy,
+                let (slice, phases) = (skip.slice, skip.busy_in.len());
+                series.extend((1..=skip.boundaries).map(|b| Sample {
+                    t: now + b as Time * slice - origin,
+                    busy: skip.busy_in[b % phases],
                     queue,
                 }));
             }
@@ -836,9 +839,12 @@ struct GangSkip {
     left: Vec<(usize, Time)>,
     /// Per job: its freezes in them.
     freezes: Vec<(usize, usize)>,
-    /// The busy processors from each boundary in them (seconds after the start, the last
-    /// at `span`).
-    busy: Vec<(Time, u64)>,
+    /// Slice boundaries in them (the last at `span`).
+    boundaries: usize,
+    /// Slice length, seconds.
+    slice: Time,
+    /// The busy processors in each slice of a period, from the one the skipping starts in.
+    busy_in: Vec<u64>,
 }
 
 /// At a slice boundary `now` the core has stepped: as many whole gang periods as pass with no
@@ -892,14 +898,15 @@ fn skip_gang_periods(
         })
         .collect();
     let boundaries = usize::try_from(periods).ok()?.checked_mul(rows)?;
-    let busy = (1..=boundaries).map(|b| (b as Time * cycle.slice, busy_in[b % rows])).collect();
     let times = periods as usize;
     core.skip_gang_periods(periods as u64);
     Some(GangSkip {
         span: periods * period,
         left: per_job.iter().map(|&(i, work, ran, _)| (i, work - periods * ran)).collect(),
         freezes: per_job.iter().map(|&(i, .., f)| (i, f * times)).collect(),
-        busy,
+        boundaries,
+        slice: cycle.slice,
+        busy_in,
     })
 }
 
