@@ -24,8 +24,9 @@ pub struct TopodArgs {
     /// cgroup backend: auto, v1, v2 or fake (in memory, for demos and tests) [default: auto].
     #[arg(long, value_name = "KIND")]
     pub cgroup: Option<crate::daemon::CgroupKind>,
-    /// Emulate the machine of this hwloc XML file instead of reading /sys.
-    #[arg(long, value_name = "FILE")]
+    /// Emulate the machine of this hwloc XML file, or of this directory's sysfs snapshot
+    /// (`sys/`, `proc/`), instead of reading /sys.
+    #[arg(long, value_name = "FILE|DIR")]
     pub topology: Option<PathBuf>,
     /// Create topod's cgroup subtree in each hierarchy (with the host's CPUs and memory nodes)
     /// and exit: the systemd unit's `ExecStartPre=+`, which runs with root's full privileges,

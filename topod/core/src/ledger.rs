@@ -118,6 +118,27 @@ pub struct JobView {
     /// system starts on them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub batch_suspended: bool,
+    /// The GPUs (or other PCI devices) the batch system gave it, and how near its CPUs they are.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<JobGpu>,
+}
+
+/// A GPU a job was given, as `list` reports it.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobGpu {
+    /// Its PCI address.
+    pub pci_address: String,
+    /// The first name the OS gives it (`card1`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The NUMA node it hangs off, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// The largest NUMA distance (SLIT; 10 = local) between it and the job's CPUs; `None`
+    /// when its node is not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distance: Option<u32>,
 }
 
 /// A job that does not use what it was given, as topod's sampler judged it.

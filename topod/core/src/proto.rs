@@ -342,6 +342,12 @@ pub struct AllocateArgs {
     /// had lent them, and held suspended by the batch system until it runs it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub starts_suspended: bool,
+    /// The GPUs (or other PCI devices) the batch system gave the job on this host: PCI
+    /// addresses (`0000:3b:00.0`) or names `topology` lists (`card1`). The job's CPUs go near
+    /// them as its request's `gpubind=` says (by default: in their NUMA nodes when it fits
+    /// there), and `list` says how near they are.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
 }
 
 impl AllocateArgs {
@@ -899,6 +905,7 @@ fn fields_of(op: &str) -> &'static [&'static str] {
             "pool",
             "batch",
             "starts_suspended",
+            "gpus",
         ],
         "follow" => &["suspended", "running"],
         "resize" => &["job", "tasks"],

@@ -27,6 +27,16 @@ use topod::daemon::records::Records;
 use topod::daemon::server::{self, Admins, Listener, Server};
 use topod::daemon::{CgroupKind, Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
 
+/// The machine `path` describes: an hwloc XML file, or a directory holding a sysfs snapshot
+/// (`sys/` and `proc/`, as `hwloc-gather-topology` makes, or a tree made for a test).
+fn read_topology(path: &Path) -> Result<topo_core::topology::Topology, String> {
+    if path.is_dir() {
+        sysfs::read(path).map_err(|e| format!("reading the sysfs snapshot {}: {e}", path.display()))
+    } else {
+        hwloc_xml::read_file(path).map_err(|e| e.to_string())
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -124,7 +134,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
     }
     let _subtree_lock = lock_subtree(kind.subtree_dir(&mounts, &subtree))?;
     let topo = match args.topology.or(config.topology.clone()) {
-        Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
+        Some(path) => read_topology(&path)?,
         None => {
             sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
         }
@@ -507,7 +517,7 @@ fn check_config(
         })?;
     }
     let topo = match topology {
-        Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
+        Some(path) => read_topology(&path)?,
         None => {
             sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
         }
@@ -600,7 +610,7 @@ fn prepare_cgroups(
         }
     }
     let topo = match topology {
-        Some(file) => hwloc_xml::read_file(&file).map_err(|e| e.to_string())?,
+        Some(path) => read_topology(&path)?,
         None => {
             sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
         }

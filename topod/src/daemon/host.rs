@@ -294,6 +294,9 @@ pub struct JobHint {
     /// for more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_cap: Option<u32>,
+    /// The GPUs the batch system gave it, by PCI address (kept for `list`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
     /// Its tasks are not known: recovered from its cgroup without a record of its tasks (or with
     /// one its cgroup no longer matches), and not since divided into tasks of its request by an
     /// allocate. Kept in the record, so that the next restart does not take the tasks made up
@@ -349,6 +352,109 @@ pub struct Prepared {
     /// `starts_suspended`): only such a job may borrow the CPUs of a job the batch system
     /// suspended (see `host/follow.rs`).
     pub follows_batch: bool,
+    /// The GPUs (or other PCI devices) the batch system gave the job on this host, by PCI
+    /// address (see [`Prepared::with_gpus`]).
+    pub gpus: Vec<String>,
+    /// A job given GPUs without `gpubind=`: the CPUs of their NUMA nodes (among those it may
+    /// use), where its placement tries first.
+    pub near_gpus: Option<CpuSet>,
+}
+
+impl Prepared {
+    /// The same job given the GPUs `names` (PCI addresses or OS names, as [`Topology::device`]
+    /// reads them) by the batch system: with `gpubind=numa` or `socket` its CPUs are kept to
+    /// the NUMA nodes or packages of those GPUs (folded into its CPU list, so that every later
+    /// placement, resize and restart keeps them there); without `gpubind=` the kept request
+    /// are where its placement tries first ([`Prepared::near_gpus`]); `gpubind=any` keeps none. A name
+    /// this host has no device for, a GPU given twice, or a binding the GPUs' locality cannot
+    /// meet is refused, naming it.
+    pub fn with_gpus(mut self, topo: &Topology, names: &[String]) -> Result<Self, HostError> {
+        if names.is_empty() {
+            return Ok(self);
+        }
+        let mut devices: Vec<&topo_core::topology::IoDevice> = Vec::new();
+        for name in names {
+            let Some(device) = topo.device(name) else {
+                let known: Vec<String> = topo
+                    .devices
+                    .iter()
+                    .filter(|d| d.class != topo_core::topology::DeviceClass::Other)
+                    .map(|d| match d.names.first() {
+                        Some(n) => format!("{} ({n})", d.pci_address),
+                        None => d.pci_address.clone(),
+                    })
+                    .collect();
+                return Err(HostError::BadArgument(format!(
+                    "gpus: this host has no PCI device {name:?} (give a PCI address or a name `topoctl show` lists; its devices: {})",
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                )));
+            };
+            if devices.iter().any(|d| d.pci_address == device.pci_address) {
+                return Err(HostError::BadArgument(format!(
+                    "gpus: {name:?} names {} a second time",
+                    device.pci_address
+                )));
+            }
+            devices.push(device);
+        }
+        self.gpus = devices.iter().map(|d| d.pci_address.clone()).collect();
+        let bind = self.request.gpubind;
+        if bind == Some(request::GpuBind::Any) {
+            return Ok(self);
+        }
+        let level = match bind {
+            Some(request::GpuBind::Socket) => request::Level::Socket,
+            _ => request::Level::Numa,
+        };
+        let mut near = CpuSet::new();
+        for device in &devices {
+            match topo.cpus_near(device, level) {
+                Some(cpus) => near.union_with(&cpus),
+                None if bind.is_some() => {
+                    return Err(HostError::BadRequest(format!(
+                        "gpubind={}: where GPU {} is is not known on this host (its numa_node is -1 and it lists no local CPUs); give gpubind=any",
+                        level_word(level),
+                        device.pci_address
+                    )))
+                }
+                // Best effort: one GPU of unknown place makes no CPU nearer than another.
+                None => return Ok(self),
+            }
+        }
+        let mut kept = self.request.clone();
+        let inside = match &kept.cpu_list {
+            Some(list) => list.intersection(&near),
+            None => near.intersection(&topo.pus),
+        };
+        if inside.is_empty() {
+            if bind.is_none() {
+                return Ok(self);
+            }
+            return Err(HostError::BadRequest(format!(
+                "gpubind={}: the CPUs near GPUs {} ({near}) are none of those the job may use ({})",
+                level_word(level),
+                self.gpus.join(", "),
+                kept.cpu_list.as_ref().map_or_else(|| topo.pus.to_string(), |l| l.to_string())
+            )));
+        }
+        if bind.is_some() {
+            kept.cpu_list = Some(inside);
+            self.canonical = kept.to_string();
+            self.request = kept;
+        } else {
+            self.near_gpus = Some(inside);
+        }
+        Ok(self)
+    }
+}
+
+/// `numa` or `socket`, as `gpubind=` spells the level.
+fn level_word(level: request::Level) -> &'static str {
+    if level == request::Level::Socket {
+        "socket"
+    } else {
+        "numa"
+    }
 }
 
 /// What an `allocate` says about preemption (see [`Host::set_preempt`]).
@@ -462,6 +568,8 @@ pub fn prepare(
             pool: None,
             starts_suspended: false,
             follows_batch: false,
+            gpus: Vec::new(),
+            near_gpus: None,
         }),
         Ok(again) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
@@ -1063,6 +1171,7 @@ impl Host {
                     queue: prepared.gang.queue.clone(),
                     pool: prepared.pool.clone(),
                     tasks_unknown,
+                    gpus: prepared.gpus.clone(),
                     ..JobHint::default()
                 };
                 self.write_record(&id, &hint)?;
@@ -1240,6 +1349,7 @@ impl Host {
             tasks_unknown: false,
             batch_suspended: false,
             batch_suspended_ns: 0,
+            gpus: prepared.gpus.clone(),
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -1295,13 +1405,14 @@ impl Host {
         };
         // A job with a reservation goes inside its block when it fits there, one a prime-time
         // pool admits inside the pool.
-        let inside = |cpus: &CpuSet| {
-            let list = match &prepared.request.cpu_list {
+        let within = |base: &Request, cpus: &CpuSet| {
+            let list = match &base.cpu_list {
                 Some(list) => list.intersection(cpus),
                 None => cpus.clone(),
             };
-            (!list.is_empty()).then(|| Request { cpu_list: Some(list), ..prepared.request.clone() })
+            (!list.is_empty()).then(|| Request { cpu_list: Some(list), ..base.clone() })
         };
+        let inside = |cpus: &CpuSet| within(&prepared.request, cpus);
         let inside_block = self.block_of(id.as_str()).and_then(inside);
         let ends_by = self.ends_by(prepared);
         let mut refused = None;
@@ -1317,7 +1428,17 @@ impl Host {
             // keeps the suspended job from resuming until it ends.
             let without_lending = self.without_lending(&occupancy);
             let inside_pool = inside(&pool_cpus);
-            for request in inside_block.iter().chain(&inside_pool).chain([&prepared.request]) {
+            // Each of these first near the job's GPUs, when it was given some (best effort).
+            let bases = [inside_block.as_ref(), inside_pool.as_ref(), Some(&prepared.request)];
+            let tries: Vec<Request> = bases
+                .into_iter()
+                .flatten()
+                .flat_map(|base| {
+                    let near = prepared.near_gpus.as_ref().and_then(|near| within(base, near));
+                    near.into_iter().chain([base.clone()])
+                })
+                .collect();
+            for request in &tries {
                 for occupancy in without_lending.iter().chain([&occupancy]) {
                     let placed = match self.start_malleable(occupancy, request) {
                         Some(p) => Ok(p),
@@ -1348,6 +1469,17 @@ impl Host {
             let mut held_back =
                 self.held_back_by(id.as_str(), &prepared.request, &rows, who, ends_by);
             held_back += &self.held_for_preempted_note(id.as_str(), ends_by);
+            if let (Some(bind @ (request::GpuBind::Numa | request::GpuBind::Socket)), false) =
+                (prepared.request.gpubind, prepared.gpus.is_empty())
+            {
+                // Its CPU list came from its GPUs, not from the user: say so.
+                held_back += &format!(
+                    "; gpubind={} keeps it to CPUs {}, those near its GPUs {} that it may use",
+                    bind.name(),
+                    prepared.request.cpu_list.as_ref().map(|l| l.to_string()).unwrap_or_default(),
+                    prepared.gpus.join(", ")
+                );
+            }
             if let (Some(tried), Some(cfg)) = (gang_rows, &self.gang) {
                 // A gang job tries only its own row: say which, and that the row is what is full.
                 let tried: Vec<String> = tried.iter().map(u32::to_string).collect();

@@ -36,7 +36,8 @@ pub struct Config {
     pub cgroup: Option<CgroupKind>,
     /// Our subtree's name under each cgroup hierarchy.
     pub cgroup_subtree: Option<String>,
-    /// An hwloc XML file to use instead of this host's /sys (emulation).
+    /// An hwloc XML file, or a directory with a sysfs snapshot, to use instead of this host's
+    /// /sys (emulation).
     pub topology: Option<PathBuf>,
     /// CPUs no job may get, in list format (`0-1`).
     pub reserved_cpus: Option<CpuSet>,

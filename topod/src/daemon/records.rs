@@ -312,6 +312,7 @@ mod tests {
             tasks_unknown: true,
             batch_suspended: true,
             batch_suspended_ns: 1_700_000_000_000_000_000,
+            gpus: vec!["0000:3b:00.0".into()],
         };
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();

@@ -680,6 +680,7 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
             pool,
             batch,
             starts_suspended,
+            gpus,
         }) => {
             if !admin {
                 return forbidden("allocate");
@@ -689,7 +690,9 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
                 Err(why) => return Reply::error(ErrorCode::BadRequest, why),
             };
             let mut prepared =
-                match host::prepare(&server.topology, &request, tasks, cpus.as_deref()) {
+                match host::prepare(&server.topology, &request, tasks, cpus.as_deref())
+                    .and_then(|p| p.with_gpus(&server.topology, &gpus))
+                {
                     Ok(p) => p,
                     Err(e) => return error_reply(&e),
                 };

@@ -70,6 +70,7 @@ impl Request {
             || self.membind != d.membind
             || self.distribute != d.distribute
             || self.mem_mib != d.mem_mib
+            || self.gpubind != d.gpubind
     }
 
     /// Checks the invariants that every parsed `Request` satisfies, and that a `Request` built
@@ -199,6 +200,9 @@ impl Request {
         if let Some(mib) = self.mem_mib {
             write!(f, ":mem={}", format_size(mib))?;
         }
+        if let Some(bind) = self.gpubind {
+            write!(f, ":gpubind={}", bind.name())?;
+        }
         f.write_str("]")
     }
 }
@@ -228,7 +232,7 @@ fn format_size(mib: u64) -> String {
 ///   canonical level names (`thread`, not `cpu`), `unit` alone when there is one unit per task
 ///   and no unit option, else `unit(n[,same=..][,exclusive=(level,scope)])` (the scope always
 ///   written), then `*tasks`, then `:cpubind=`, `:membind=localonly`, `:distribute=` and
-///   `:mem=`, in that order, each only when not the default.
+///   `:mem=` and `:gpubind=`, in that order, each only when not the default.
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let cpuset = self.has_cpuset_keywords();

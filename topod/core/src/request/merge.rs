@@ -117,6 +117,7 @@ fn merge_parts(parsed: &[Parts]) -> Request {
             membind: r.membind,
             distribute: r.distribute,
             mem_mib: r.mem_mib,
+            gpubind: r.gpubind,
             ..Request::default()
         };
     }

@@ -107,6 +107,31 @@ pub enum Distribute {
     Balance,
 }
 
+/// topo extension, `gpubind=`: how near the GPUs the batch system gave a job its CPUs must be.
+/// Without it, a job given GPUs gets CPUs in its GPUs' NUMA nodes when they fit there now, and
+/// anywhere else the batch system allows when they do not (best effort).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuBind {
+    /// Every CPU in a NUMA node one of its GPUs hangs off, or the job does not fit.
+    Numa,
+    /// Every CPU in a package (socket) one of its GPUs hangs off, or the job does not fit.
+    Socket,
+    /// No GPU locality: CPUs anywhere the batch system allows.
+    Any,
+}
+
+impl GpuBind {
+    /// The keyword as the grammar spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuBind::Numa => "numa",
+            GpuBind::Socket => "socket",
+            GpuBind::Any => "any",
+        }
+    }
+}
+
 /// `CPUSET_TYPE=`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -188,6 +213,9 @@ pub struct Request {
     pub resume_option: Option<ResumeOption>,
     /// topo extension: memory in MiB the job needs from its memory nodes.
     pub mem_mib: Option<u64>,
+    /// topo extension, `gpubind=`: how near its GPUs the job's CPUs must be; `None`: near
+    /// them when they fit there (see [`GpuBind`]).
+    pub gpubind: Option<GpuBind>,
 }
 
 impl Default for Request {
@@ -210,6 +238,7 @@ impl Default for Request {
             cpuset_options: Vec::new(),
             resume_option: None,
             mem_mib: None,
+            gpubind: None,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! The grammar and its meaning are documented on [`parse`].
 
 use super::{
-    CpusetOption, CpusetType, Distribute, Exclusive, Level, MemBind, Request, ResumeOption, Scope,
+    CpusetOption, CpusetType, Distribute, Exclusive, GpuBind, Level, MemBind, Request,
+    ResumeOption, Scope,
 };
 use crate::cpuset::CpuSet;
 use std::fmt;
@@ -44,8 +45,11 @@ const OPTION_NAMES: &[(&str, CpusetOption)] = &[
 ];
 const TYPE_NAMES: &[(&str, CpusetType)] =
     &[("static", CpusetType::Static), ("dynamic", CpusetType::Dynamic), ("none", CpusetType::None)];
-const CLAUSES: &[&str] = &["cpubind", "membind", "distribute", "mem"];
+const CLAUSES: &[&str] = &["cpubind", "membind", "distribute", "mem", "gpubind"];
 const MEMBINDS: &[&str] = &["localonly", "localprefer"];
+const GPUBINDS: &[(&str, GpuBind)] =
+    &[("numa", GpuBind::Numa), ("socket", GpuBind::Socket), ("any", GpuBind::Any)];
+const GPUBIND_NAMES: &[&str] = &["numa", "socket", "any"];
 const DISTRIBUTIONS: &[&str] = &["pack", "pack(level=n)", "balance", "any"];
 const UNIT_OPTIONS: &[&str] = &["same", "exclusive"];
 const NUMBER: &[&str] = &["a whole number"];
@@ -204,6 +208,7 @@ fn snap(text: &str, span: Range<usize>) -> Range<usize> {
 ///              | "membind" "=" ( localonly | localprefer )
 ///              | "distribute" "=" ( "pack" [ "(" level "=" count ")" ] | balance | any )
 ///              | "mem" "=" size                                 (topo extension)
+///              | "gpubind" "=" ( numa | socket | any )          (topo extension)
 /// level        = pu_type
 /// count        = 1 ..= 65536
 /// size         = digits [ K | M | G | T ] [ B ]                 (binary units; no suffix: MiB)
@@ -238,6 +243,11 @@ fn snap(text: &str, span: Range<usize>) -> Range<usize> {
 ///   case-insensitive: `K` (rounded up to whole MiB), `M`, `G`, `T`, optionally followed by
 ///   `B`; a bare number is MiB. `1 MiB ..= 2^40 MiB`. Printed as `T`, `G` or `M`, whichever is
 ///   exact and largest.
+/// - `:gpubind=` (jobs the batch system gave GPUs, passed to topod with the allocation):
+///   `numa` puts every CPU of the job in a NUMA node one of its GPUs hangs off, `socket` in a
+///   package one of them is in, or the job does not fit; `any` ignores where the GPUs are.
+///   Without the clause the job's CPUs go in its GPUs' NUMA nodes when they fit there, and
+///   anywhere the batch system allows when they do not ([`Request::gpubind`]).
 /// - `*min-max` (malleable jobs): the job runs with at least `min` and at most `max` tasks, and
 ///   topod may grow or shrink it within that range while it runs ([`Request::tasks_max`]).
 ///   `max` must not be below `min`; `*4-4` is the rigid `*4`.
@@ -779,7 +789,7 @@ impl<'a> Affinity<'a> {
 
     fn parse(mut self, req: &mut Request) -> Result<(), RequestError> {
         self.unit_spec(req)?;
-        let mut seen = [false; 4];
+        let mut seen = [false; CLAUSES.len()];
         loop {
             let t = self.next();
             match t.kind {
@@ -884,7 +894,11 @@ impl<'a> Affinity<'a> {
         Ok(())
     }
 
-    fn clause(&mut self, req: &mut Request, seen: &mut [bool; 4]) -> Result<(), RequestError> {
+    fn clause(
+        &mut self,
+        req: &mut Request,
+        seen: &mut [bool; CLAUSES.len()],
+    ) -> Result<(), RequestError> {
         let (t, word) = self.expect_word("a clause", CLAUSES)?;
         let Some(index) = CLAUSES.iter().position(|c| c.eq_ignore_ascii_case(word)) else {
             return Err(self.error(t, "unknown clause", CLAUSES));
@@ -906,7 +920,16 @@ impl<'a> Affinity<'a> {
                 };
             }
             2 => req.distribute = self.distribution()?,
-            _ => req.mem_mib = Some(self.size()?),
+            3 => req.mem_mib = Some(self.size()?),
+            _ => {
+                let (t, word) = self.expect_word("a GPU binding", GPUBIND_NAMES)?;
+                let Some(&(_, bind)) =
+                    GPUBINDS.iter().find(|(name, _)| name.eq_ignore_ascii_case(word))
+                else {
+                    return Err(self.error(t, "unknown GPU binding", GPUBIND_NAMES));
+                };
+                req.gpubind = Some(bind);
+            }
         }
         Ok(())
     }

@@ -253,6 +253,24 @@ fn affinity_forms_aliases_and_extensions() {
 }
 
 #[test]
+fn gpubind_reads_prints_and_refuses_with_its_words() {
+    assert_eq!(p("affinity[core*4:gpubind=numa]").gpubind, Some(GpuBind::Numa));
+    assert_eq!(p("affinity[core:GPUBIND=Socket]").gpubind, Some(GpuBind::Socket));
+    assert_eq!(p("affinity[core:gpubind=any]").gpubind, Some(GpuBind::Any));
+    assert_eq!(p("affinity[core]").gpubind, None);
+    assert_eq!(
+        p("affinity[core(2)*4:gpubind=numa:mem=4G]").to_string(),
+        "affinity[core(2)*4:mem=4G:gpubind=numa]"
+    );
+    let err = e("affinity[core:gpubind=pcie]");
+    assert_eq!(err.span, 22..26);
+    assert!(err.to_string().contains("unknown GPU binding; expected one of numa, socket, any"));
+    let twice = e("affinity[core:gpubind=numa:gpubind=any]");
+    assert_eq!(twice.span, 27..34);
+    assert!(twice.to_string().contains("gpubind given twice"), "{twice}");
+}
+
+#[test]
 fn both_sections_either_order() {
     let a = p("CPUSET[MAX_RADIUS=2] affinity[core(2)]");
     let b = p("  affinity[core(2)]\tCPUSET[MAX_RADIUS=2]  ");
@@ -578,6 +596,10 @@ fn mem() -> impl Strategy<Value = u64> {
     prop_oneof![1u64..=4096, (1u64..=4096).prop_map(|g| g << 10), 1u64..=MAX_MEM_MIB]
 }
 
+fn gpubind() -> impl Strategy<Value = GpuBind> {
+    prop_oneof![Just(GpuBind::Numa), Just(GpuBind::Socket), Just(GpuBind::Any)]
+}
+
 fn affinity_request() -> impl Strategy<Value = Request> {
     (
         (level(), prop::option::of(count()), count(), prop::option::of(level())),
@@ -585,7 +607,7 @@ fn affinity_request() -> impl Strategy<Value = Request> {
         prop::option::of(level()),
         any::<bool>(),
         distribute(),
-        prop::option::of(mem()),
+        (prop::option::of(mem()), prop::option::of(gpubind())),
         prop::option::of(1u32..=1000),
     )
         .prop_map(
@@ -595,7 +617,7 @@ fn affinity_request() -> impl Strategy<Value = Request> {
                 cpubind,
                 local,
                 distribute,
-                mem_mib,
+                (mem_mib, gpubind),
                 more,
             )| {
                 Request {
@@ -612,6 +634,7 @@ fn affinity_request() -> impl Strategy<Value = Request> {
                     membind: if local { MemBind::LocalOnly } else { MemBind::LocalPrefer },
                     distribute,
                     mem_mib,
+                    gpubind,
                     ..Request::default()
                 }
             },
@@ -918,6 +941,8 @@ fn random_request(rng: &mut XorShift) -> Request {
             _ => Distribute::Pack(Some((rng.pick(&LEVELS), random_count(rng)))),
         };
         r.mem_mib = rng.chance(3).then(|| 1 + rng.below(MAX_MEM_MIB));
+        r.gpubind =
+            rng.chance(3).then(|| rng.pick(&[GpuBind::Numa, GpuBind::Socket, GpuBind::Any]));
     }
     if rng.chance(2) {
         r.cpuset_type = rng

@@ -18,6 +18,7 @@ pub mod hwloc_xml;
 pub mod sysfs;
 
 use crate::cpuset::CpuSet;
+use crate::request::Level;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -278,6 +279,64 @@ impl Topology {
         })
     }
 
+    /// The PCI device `name` names: its PCI address (`0000:3b:00.0`, any case; `3b:00.0` for
+    /// domain 0, as `lspci` prints it) or a name the OS gives it (`card1`, `mlx5_0`).
+    pub fn device(&self, name: &str) -> Option<&IoDevice> {
+        let name = name.trim();
+        let full =
+            if name.matches(':').count() == 1 { format!("0000:{name}") } else { name.into() };
+        self.devices.iter().find(|d| {
+            d.pci_address.eq_ignore_ascii_case(&full) || d.names.iter().any(|n| n == name)
+        })
+    }
+
+    /// The CPUs near `device` at `level`: those of the NUMA node it hangs off (`Level::Numa`)
+    /// or of the packages that node is in (`Level::Socket`). Where its NUMA node is not known
+    /// (`numa_node` -1, as on many cloud VMs) its `local_cpulist` stands for it, widened to the
+    /// NUMA nodes or packages it touches. `None` when neither is known. Other levels are
+    /// treated as `Numa`.
+    pub fn cpus_near(&self, device: &IoDevice, level: Level) -> Option<CpuSet> {
+        let node_cpus = device
+            .numa_node
+            .and_then(|n| self.numa_nodes.iter().find(|node| node.os_index == n))
+            .map(|node| node.cpus.clone())
+            .filter(|cpus| !cpus.is_empty());
+        let local = node_cpus.or_else(|| {
+            (!device.local_cpus.is_empty()).then(|| {
+                let mut wide = CpuSet::new();
+                for node in self.numa_nodes.iter().filter(|n| n.cpus.intersects(&device.local_cpus))
+                {
+                    wide.union_with(&node.cpus);
+                }
+                if wide.is_empty() {
+                    device.local_cpus.clone()
+                } else {
+                    wide
+                }
+            })
+        })?;
+        if level != Level::Socket {
+            return Some(local);
+        }
+        let mut wide = CpuSet::new();
+        for package in self.packages.iter().filter(|p| p.cpus.intersects(&local)) {
+            wide.union_with(&package.cpus);
+        }
+        Some(if wide.is_empty() { local } else { wide })
+    }
+
+    /// How far `device` is from `cpus`: the largest NUMA distance (SLIT, 10 = local) between
+    /// the node it hangs off and the nodes those CPUs are in; `None` when its node is not known
+    /// or `cpus` is in none.
+    pub fn device_distance(&self, device: &IoDevice, cpus: &CpuSet) -> Option<u32> {
+        let from = device.numa_node?;
+        self.numa_nodes
+            .iter()
+            .filter(|n| n.cpus.intersects(cpus))
+            .map(|n| self.numa_distance(from, n.os_index))
+            .max()
+    }
+
     /// A short name for display: the file stem of the source.
     pub fn short_name(&self) -> &str {
         if self.source == "/" {
@@ -388,5 +447,71 @@ pub fn classify_pci(class_code: u32) -> DeviceClass {
         (0x12, _) | (0x0b, 0x40) => DeviceClass::Accelerator,
         (0x01, _) => DeviceClass::Storage,
         _ => DeviceClass::Other,
+    }
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+
+    fn gpu(address: &str, name: &str, numa_node: Option<u32>, local_cpus: &str) -> IoDevice {
+        IoDevice {
+            pci_address: address.into(),
+            class: DeviceClass::Gpu,
+            class_code: 0x030200,
+            vendor_id: Some(0x10de),
+            device_id: None,
+            names: vec![name.into()],
+            numa_node,
+            local_cpus: CpuSet::parse_list(local_cpus).unwrap(),
+            upstream: Vec::new(),
+        }
+    }
+
+    /// Two packages of two NUMA nodes of 4 one-thread cores: nodes 0-3 hold CPUs 0-3, 4-7,
+    /// 8-11, 12-15.
+    fn host() -> Topology {
+        let mut t = Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 2,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+        });
+        t.devices = vec![
+            gpu("0000:3b:00.0", "card0", Some(1), "4-7"),
+            gpu("0000:af:00.0", "card1", None, "9"),
+            gpu("0000:d8:00.0", "card2", None, ""),
+        ];
+        t
+    }
+
+    #[test]
+    fn devices_are_found_by_address_short_address_and_os_name() {
+        let t = host();
+        assert_eq!(t.device("0000:3b:00.0").unwrap().names, ["card0"]);
+        assert_eq!(t.device("3B:00.0").unwrap().names, ["card0"]);
+        assert_eq!(t.device("card1").unwrap().pci_address, "0000:af:00.0");
+        assert!(t.device("card9").is_none());
+        assert!(t.device("0000:3b:00.1").is_none());
+    }
+
+    #[test]
+    fn the_cpus_near_a_device_are_its_nodes_or_packages_and_unknown_stays_unknown() {
+        let t = host();
+        let near = |name: &str, level| t.cpus_near(t.device(name).unwrap(), level);
+        let set = |s: &str| Some(CpuSet::parse_list(s).unwrap());
+        assert_eq!(near("card0", Level::Numa), set("4-7"));
+        assert_eq!(near("card0", Level::Socket), set("0-7"));
+        // numa_node -1: its local CPUs stand for it, widened to their node and package.
+        assert_eq!(near("card1", Level::Numa), set("8-11"));
+        assert_eq!(near("card1", Level::Socket), set("8-15"));
+        // Neither known: not node 0.
+        assert_eq!(near("card2", Level::Numa), None);
+        let card0 = t.device("card0").unwrap();
+        assert_eq!(t.device_distance(card0, &CpuSet::parse_list("4-5").unwrap()), Some(10));
+        assert_eq!(t.device_distance(card0, &CpuSet::parse_list("0,5").unwrap()), Some(12));
+        assert_eq!(t.device_distance(card0, &CpuSet::parse_list("5,12").unwrap()), Some(32));
+        assert_eq!(t.device_distance(t.device("card1").unwrap(), &CpuSet::first_n(2)), None);
     }
 }

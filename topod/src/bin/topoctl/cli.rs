@@ -161,6 +161,10 @@ pub(crate) enum Command {
         /// processes in (topo-exec), shrink the job, and suspend and resume it.
         #[arg(long, value_name = "USER", value_parser = parse_owner)]
         owner: Option<u32>,
+        /// The GPUs the batch system gave the job (PCI addresses or names `topoctl show`
+        /// lists, comma-separated): its CPUs go near them as the request's gpubind= says.
+        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        gpus: Vec<String>,
         /// The request.
         request: String,
         /// Print JSON.

@@ -155,8 +155,26 @@ pub(crate) fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
                 ""
             );
         }
+        if !j.gpus.is_empty() {
+            let gpus: Vec<String> = j.gpus.iter().map(gpu_cell).collect();
+            println!("{:<16} GPUs {}", "", gpus.join(", "));
+        }
     }
     Ok(())
+}
+
+/// A job's GPU for `topoctl jobs`: `0000:3b:00.0 (card0, NUMA node 1, local)`.
+fn gpu_cell(g: &topo_core::ledger::JobGpu) -> String {
+    let mut parts: Vec<String> = g.name.iter().cloned().collect();
+    match (g.numa_node, g.distance) {
+        (Some(node), Some(10)) => parts.push(format!("NUMA node {node}, local to every CPU")),
+        (Some(node), Some(d)) => {
+            parts.push(format!("NUMA node {node}, distance {d} to the farthest CPU (10 = local)"))
+        }
+        (Some(node), None) => parts.push(format!("NUMA node {node}")),
+        (None, _) => parts.push("NUMA node not known".into()),
+    }
+    format!("{} ({})", g.pci_address, parts.join(", "))
 }
 
 pub(crate) fn alloc_and_print(daemon: &Daemon, op: Op, json: bool) -> Result<(), Failure> {

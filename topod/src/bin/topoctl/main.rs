@@ -136,6 +136,7 @@ fn main() -> ExitCode {
             resize_signal,
             pool,
             owner,
+            gpus,
             request,
             json,
         } => alloc_and_print(
@@ -160,6 +161,7 @@ fn main() -> ExitCode {
                 resize_signal,
                 pool,
                 owner_uid: owner,
+                gpus,
                 ..topo_core::proto::AllocateArgs::new(job, request)
             }),
             json,

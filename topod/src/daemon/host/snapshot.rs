@@ -110,6 +110,7 @@ impl Host {
             tasks_cap: self.hints.get(&a.job).and_then(|h| h.tasks_cap),
             batch_suspended: state == JobState::Suspended
                 && self.hints.get(&a.job).is_some_and(|h| h.batch_suspended),
+            gpus: self.hints.get(&a.job).map_or_else(Vec::new, |h| self.gpus_of(&h.gpus, &a.cpus)),
         };
         let mut jobs: Vec<JobView> = self
             .ledger
@@ -120,5 +121,21 @@ impl Host {
             .collect();
         jobs.sort_by(|a, b| a.allocation.job.cmp(&b.allocation.job));
         jobs
+    }
+
+    /// The GPUs `addresses` as a job on `cpus` sees them: names, nodes and distances.
+    fn gpus_of(&self, addresses: &[String], cpus: &CpuSet) -> Vec<topo_core::ledger::JobGpu> {
+        addresses
+            .iter()
+            .map(|address| {
+                let device = self.topo.device(address);
+                topo_core::ledger::JobGpu {
+                    pci_address: address.clone(),
+                    name: device.and_then(|d| d.names.first().cloned()),
+                    numa_node: device.and_then(|d| d.numa_node),
+                    distance: device.and_then(|d| self.topo.device_distance(d, cpus)),
+                }
+            })
+            .collect()
     }
 }

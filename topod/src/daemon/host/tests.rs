@@ -2248,3 +2248,120 @@ fn the_plugins_keep_a_defragmenting_host_exactly_when_its_allocate_places_the_jo
          with no moves"
     );
 }
+
+/// Two packages of one NUMA node of four single-thread cores (node 0: CPUs 0-3, node 1: 4-7),
+/// with a GPU on each node and one whose node is not known.
+fn two_nodes_with_gpus() -> Topology {
+    let gpu = |address: &str, name: &str, node: Option<u32>| topo_core::topology::IoDevice {
+        pci_address: address.into(),
+        class: topo_core::topology::DeviceClass::Gpu,
+        class_code: 0x030200,
+        vendor_id: Some(0x10de),
+        device_id: None,
+        names: vec![name.into()],
+        numa_node: node,
+        local_cpus: CpuSet::new(),
+        upstream: Vec::new(),
+    };
+    let mut topo = two_nodes_of_four();
+    topo.devices = vec![
+        gpu("0000:18:00.0", "card0", Some(0)),
+        gpu("0000:86:00.0", "card1", Some(1)),
+        gpu("0000:d8:00.0", "card2", None),
+    ];
+    topo
+}
+
+fn with_gpus(topo: &Topology, text: &str, cpus: Option<&str>, gpus: &[&str]) -> Prepared {
+    let gpus: Vec<String> = gpus.iter().map(|g| g.to_string()).collect();
+    prepare(topo, text, None, cpus).and_then(|p| p.with_gpus(topo, &gpus)).unwrap()
+}
+
+/// Issue 33, the batch system chose the GPUs: the job's CPUs go in its GPU's NUMA node, also
+/// when best-fit would have put it elsewhere; without room there it runs elsewhere unless its
+/// request says `gpubind=numa`; the listing says how near, also after a restart.
+#[test]
+fn a_job_given_a_gpu_gets_cpus_in_its_numa_node_and_the_listing_says_how_near() {
+    let topo = two_nodes_with_gpus();
+    let kernel = kernel_for(&topo);
+    let records = tempfile::tempdir().unwrap();
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    // Node 0 has one core taken: best-fit alone would put a 3-core job there.
+    h.allocate("cpu", "affinity[core]", None, None, None, None).unwrap();
+    let plain = prepare(&topo, "affinity[core*3]", None, None).unwrap();
+    assert_eq!(h.snapshot().fit(&plain).unwrap().cpus, CpuSet::parse_list("1-3").unwrap());
+    let a = h.allocate_prepared(
+        "g1",
+        &with_gpus(&topo, "affinity[core*3]", None, &["card1"]),
+        None,
+        None,
+    );
+    assert_eq!(a.unwrap().cpus, CpuSet::parse_list("4-6").unwrap());
+    // Asked again by the next step: the same CPUs, not an "already holds" refusal.
+    let again = with_gpus(&topo, "affinity[core*3]", None, &["0000:86:00.0"]);
+    assert_eq!(
+        h.allocate_prepared("g1", &again, None, None).unwrap().cpus,
+        CpuSet::parse_list("4-6").unwrap()
+    );
+    // Node 1 has one core left: a 2-core job given card1 runs on node 0 (best effort) ...
+    let b = h.allocate_prepared(
+        "g2",
+        &with_gpus(&topo, "affinity[core*2]", None, &["card1"]),
+        None,
+        None,
+    );
+    assert_eq!(b.unwrap().cpus, CpuSet::parse_list("1-2").unwrap());
+    // ... and one that says gpubind=numa does not fit.
+    let strict = with_gpus(&topo, "affinity[core*2:gpubind=numa]", None, &["card1"]);
+    assert_eq!(strict.request.cpu_list, Some(CpuSet::parse_list("4-7").unwrap()));
+    assert!(matches!(
+        h.allocate_prepared("g3", &strict, None, None),
+        Err(HostError::DoesNotFit { .. })
+    ));
+    let listed =
+        |h: &Host, job: &str| h.jobs().into_iter().find(|j| j.allocation.job == job).unwrap().gpus;
+    let g1 = listed(&h, "g1");
+    assert_eq!(g1.len(), 1);
+    assert_eq!(
+        (g1[0].pci_address.as_str(), g1[0].name.as_deref()),
+        ("0000:86:00.0", Some("card1"))
+    );
+    assert_eq!((g1[0].numa_node, g1[0].distance), (Some(1), Some(10)));
+    assert_eq!(listed(&h, "g2")[0].distance, Some(32), "card1 on node 1, the job's CPUs on node 0");
+    assert!(listed(&h, "cpu").is_empty());
+    drop(h);
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    h.recover(BTreeMap::new()).unwrap();
+    assert_eq!(listed(&h, "g1")[0].distance, Some(10), "kept across a restart");
+}
+
+/// Names the host has no device for, a GPU given twice, and bindings that cannot be met are
+/// refused, naming what is wrong; a GPU whose node is not known binds nothing by default.
+#[test]
+fn gpus_that_are_not_here_twice_or_of_unknown_place_are_refused_saying_which() {
+    let topo = two_nodes_with_gpus();
+    let refused = |text: &str, cpus: Option<&str>, gpus: &[&str]| {
+        let gpus: Vec<String> = gpus.iter().map(|g| g.to_string()).collect();
+        match prepare(&topo, text, None, cpus).and_then(|p| p.with_gpus(&topo, &gpus)) {
+            Ok(p) => panic!("{text} with {gpus:?} was taken: {p:?}"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = refused("affinity[core]", None, &["card7"]);
+    assert!(e.contains("no PCI device \"card7\"") && e.contains("0000:86:00.0 (card1)"), "{e}");
+    let e = refused("affinity[core]", None, &["card1", "86:00.0"]);
+    assert!(e.contains("\"86:00.0\" names 0000:86:00.0 a second time"), "{e}");
+    let e = refused("affinity[core:gpubind=numa]", None, &["card2"]);
+    assert!(e.contains("where GPU 0000:d8:00.0 is is not known"), "{e}");
+    let e = refused("affinity[core:gpubind=numa]", Some("0-3"), &["card1"]);
+    assert!(
+        e.contains("the CPUs near GPUs 0000:86:00.0 (4-7) are none of those the job may use (0-3)"),
+        "{e}"
+    );
+    // Unknown place, no gpubind: placed as without GPUs; gpubind=any: no preference at all.
+    assert_eq!(with_gpus(&topo, "affinity[core]", None, &["card2"]).near_gpus, None);
+    assert_eq!(with_gpus(&topo, "affinity[core:gpubind=any]", None, &["card1"]).near_gpus, None);
+    let socket = with_gpus(&topo, "affinity[core:gpubind=socket]", Some("2-7"), &["card0"]);
+    assert_eq!(socket.request.cpu_list, Some(CpuSet::parse_list("2-3").unwrap()));
+    assert_eq!(socket.gpus, ["0000:18:00.0"]);
+}

@@ -1,0 +1,168 @@
+//! Issue 33, the batch system chose the GPUs: topod discovers GPUs from a sysfs tree (PCI
+//! functions with their NUMA nodes, behind a PCIe switch) under a fake root, places a job given
+//! a GPU on CPUs of that GPU's NUMA node, and `topoctl jobs` says how near they are.
+
+mod common;
+
+use common::{ask, error_of, ok};
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+fn write(root: &Path, rel: &str, text: &str) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, text).unwrap();
+}
+
+/// A PCI function at `path` under `sys/devices` (its last component the address), linked from
+/// `sys/bus/pci/devices` as the kernel does.
+fn pci_function(root: &Path, path: &str, class: &str, numa_node: &str, drm: Option<&str>) {
+    let address = path.rsplit('/').next().unwrap();
+    let dir = format!("sys/devices/{path}");
+    write(root, &format!("{dir}/class"), class);
+    write(root, &format!("{dir}/vendor"), "0x10de");
+    write(root, &format!("{dir}/numa_node"), numa_node);
+    if let Some(card) = drm {
+        std::fs::create_dir_all(root.join(format!("{dir}/drm/{card}"))).unwrap();
+    }
+    std::fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
+    std::os::unix::fs::symlink(
+        format!("../../../devices/{path}"),
+        root.join(format!("sys/bus/pci/devices/{address}")),
+    )
+    .unwrap();
+}
+
+/// Two packages, each one NUMA node of four single-thread cores (node 0: CPUs 0-3, node 1:
+/// 4-7); GPU card0 on node 0 straight off a root port, cards 1 and 2 on node 1 behind one PCIe
+/// switch.
+fn machine(root: &Path) {
+    write(root, "sys/devices/system/cpu/online", "0-7\n");
+    for cpu in 0..8 {
+        let (package, siblings, mask) = if cpu < 4 { (0, "0-3", "0f") } else { (1, "4-7", "f0") };
+        let d = format!("sys/devices/system/cpu/cpu{cpu}");
+        write(root, &format!("{d}/topology/thread_siblings_list"), &cpu.to_string());
+        write(root, &format!("{d}/topology/core_siblings_list"), siblings);
+        write(root, &format!("{d}/topology/physical_package_id"), &package.to_string());
+        write(root, &format!("{d}/topology/core_id"), &(cpu % 4).to_string());
+        write(root, &format!("{d}/cache/index3/level"), "3");
+        write(root, &format!("{d}/cache/index3/type"), "Unified");
+        write(root, &format!("{d}/cache/index3/shared_cpu_map"), mask);
+    }
+    write(root, "sys/devices/system/node/possible", "0-1\n");
+    for (node, cpus, distance) in [(0, "0-3", "10 21\n"), (1, "4-7", "21 10\n")] {
+        let d = format!("sys/devices/system/node/node{node}");
+        write(root, &format!("{d}/cpulist"), cpus);
+        write(root, &format!("{d}/meminfo"), &format!("Node {node} MemTotal:  1048576 kB\n"));
+        write(root, &format!("{d}/distance"), distance);
+    }
+    write(root, "proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");
+    write(root, "proc/self/cgroup", "0::/\n");
+    write(root, "sys/fs/cgroup/cpuset.cpus.effective", "0-7\n");
+    write(root, "sys/fs/cgroup/cpuset.mems.effective", "0-1\n");
+    let bridge = "0x060400";
+    pci_function(root, "pci0000:00/0000:00:01.0", bridge, "0", None);
+    pci_function(root, "pci0000:00/0000:00:01.0/0000:18:00.0", "0x030200", "0", Some("card0"));
+    let switch = "pci0000:80/0000:80:01.0/0000:81:00.0";
+    pci_function(root, "pci0000:80/0000:80:01.0", bridge, "1", None);
+    pci_function(root, switch, bridge, "1", None);
+    for (port, gpu, card) in [("82:08.0", "86:00.0", "card1"), ("82:10.0", "87:00.0", "card2")] {
+        pci_function(root, &format!("{switch}/0000:{port}"), bridge, "1", None);
+        let path = format!("{switch}/0000:{port}/0000:{gpu}");
+        pci_function(root, &path, "0x030200", "1", Some(card));
+    }
+}
+
+fn topoctl(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl")).args(args).output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_job_given_a_gpu_runs_on_its_numa_node_and_topoctl_jobs_says_how_near() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    machine(&root);
+    let d = common::start(
+        dir.path(),
+        &["--cgroup", "fake", "--topology", root.to_str().unwrap()],
+        false,
+    );
+    let socket = d.socket.to_str().unwrap();
+    // Discovery: the GPUs with their nodes and the switch two of them share.
+    let topo = ok(&d.socket, r#"{"op":"topology"}"#);
+    let gpu = |address: &str| -> Value {
+        topo["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["pci_address"] == address)
+            .unwrap_or_else(|| panic!("{address} not in {topo}"))
+            .clone()
+    };
+    assert_eq!(gpu("0000:18:00.0")["numa_node"], 0);
+    assert_eq!(gpu("0000:86:00.0")["numa_node"], 1);
+    assert_eq!(gpu("0000:86:00.0")["upstream"][1], "0000:81:00.0");
+    assert_eq!(gpu("0000:87:00.0")["upstream"][1], "0000:81:00.0");
+    // One core taken on node 0: best-fit alone puts a 3-core job beside it.
+    ok(&d.socket, r#"{"op":"allocate","job":"cpu","request":"affinity[core]"}"#);
+    let fit = ok(&d.socket, r#"{"op":"fit","request":"affinity[core*3]"}"#);
+    assert_eq!(fit["cpus"], "1-3", "{fit}");
+    // Given card1, the same job runs on node 1, card1's.
+    let (done, out) = topoctl(&[
+        "alloc",
+        "--socket",
+        socket,
+        "--job",
+        "g",
+        "--gpus",
+        "card1",
+        "affinity[core*3]",
+    ]);
+    assert!(done && out.contains("CPUs 4-6"), "{out}");
+    let (done, out) = topoctl(&["jobs", "--socket", socket]);
+    assert!(done, "{out}");
+    assert!(out.contains("GPUs 0000:86:00.0 (card1, NUMA node 1, local to every CPU)"), "{out}");
+    // Node 1 has one core left: gpubind=numa does not fit, and says so; without it the job
+    // runs on node 0, and the listing says how far that is.
+    let strict = ask(
+        &d.socket,
+        r#"{"op":"allocate","job":"s","request":"affinity[core*2:gpubind=numa]","gpus":["0000:87:00.0"]}"#,
+    );
+    let (code, message) = error_of(&strict);
+    assert_eq!(code, "does_not_fit", "{strict}");
+    assert!(
+        message
+            .contains("gpubind=numa keeps it to CPUs 4-7, those near its GPUs 0000:87:00.0 that"),
+        "{message}"
+    );
+    let loose = ok(
+        &d.socket,
+        r#"{"op":"allocate","job":"l","request":"affinity[core*2]","gpus":["87:00.0"]}"#,
+    );
+    assert_eq!(loose["cpus"], "1-2", "{loose}");
+    let (_, out) = topoctl(&["jobs", "--socket", socket]);
+    assert!(
+        out.contains("0000:87:00.0 (card2, NUMA node 1, distance 21 to the farthest CPU"),
+        "{out}"
+    );
+    // A name this host has no device for: refused, naming it and what there is.
+    let bad = ask(
+        &d.socket,
+        r#"{"op":"allocate","job":"b","request":"affinity[core]","gpus":["card9"]}"#,
+    );
+    let (code, message) = error_of(&bad);
+    assert_eq!(code, "bad_request", "{bad}");
+    assert!(
+        message.contains("no PCI device \"card9\"") && message.contains("0000:18:00.0 (card0)"),
+        "{message}"
+    );
+    let listed = ok(&d.socket, r#"{"op":"list"}"#);
+    assert!(
+        !listed.to_string().contains("\"b\""),
+        "nothing was allocated for the refused job: {listed}"
+    );
+}
