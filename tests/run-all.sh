@@ -110,6 +110,9 @@ tests/slurm-e2e.sh
 # both task set-ups (topod follows slurmctld; /proc sampled for two jobs on one CPU), scontrol
 # suspend/resume, and node features after scontrol reconfigure and a slurmctld restart.
 tests/slurm-timeshare.sh
+# A --topology job Slurm gives GPUs (gres of two fake GPUs, device nodes made for it, topod on a
+# sysfs tree with them): its CPUs are the GPU's local ones.
+tests/slurm-gpu.sh
 
 # The placement benchmark runs too, briefly, so that a change that breaks it fails here; the
 # figures that matter come from the full run in README ("Benchmarks").

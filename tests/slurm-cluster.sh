@@ -11,7 +11,8 @@
 #                                MODE: affinity (task/affinity + proctrack/linuxproc) or
 #                                cgroup (task/cgroup,task/affinity + proctrack/cgroup, cgroup/v1);
 #                                SLURM_EXTRA_CONF: more slurm.conf lines; SLURM_PARTITIONS: the
-#                                partition lines (default: one partition, debug)
+#                                partition lines (default: one partition, debug); SLURM_NODE_EXTRA:
+#                                more of the node's line (Gres=gpu:2); SLURM_GRES_CONF: gres.conf
 #   cluster_stop NAME...         the named daemons (slurmd, slurmctld, topod, munged), by pid
 #   cluster_stop_slurm           slurmd and slurmctld, by pid
 #   cluster_restart_slurmctld    slurmctld stopped and started again (its saved state kept)
@@ -135,7 +136,7 @@ MpiDefault=none
 ReturnToService=2
 PlugStackConfig=$BASE/etc/plugstack.conf
 ${SLURM_EXTRA_CONF:-}
-NodeName=$NODE NodeAddr=127.0.0.1 $hw RealMemory=1000 State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 $hw RealMemory=1000 ${SLURM_NODE_EXTRA:-} State=UNKNOWN
 ${SLURM_PARTITIONS:-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP}
 EOT
     cat > "$BASE/etc/cgroup.conf" <<'EOT'
@@ -144,6 +145,9 @@ ConstrainCores=yes
 ConstrainRAMSpace=yes
 EOT
     printf '%s\n' "$plugstack" > "$BASE/etc/plugstack.conf"
+    if [ -n "${SLURM_GRES_CONF:-}" ]; then
+        printf '%s\n' "$SLURM_GRES_CONF" > "$BASE/etc/gres.conf"
+    fi
     slurmctld -D -i > "$BASE/log/slurmctld.out" 2>&1 &
     CTLD_PID=$!; STARTED_PIDS+=("slurmctld:$CTLD_PID")
     for _ in $(seq 100); do scontrol ping >/dev/null 2>&1 && break; sleep 0.2; done

@@ -268,19 +268,22 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
             } else {
                 format!(" ({})", d.names.join(", "))
             };
-            let near = match d.numa_node {
+            let mut near = match d.numa_node {
                 Some(n) => format!("NUMA {n}"),
                 None => "NUMA ?".to_string(),
             };
+            // The kernel lists the local CPUs of most devices; a snapshot may not.
+            if !d.local_cpus.is_empty() {
+                near += &format!(", PU {}", short_list(&d.local_cpus, 40));
+            }
             // Devices behind one PCIe switch talk through it, not through the root complex.
             let switch = d.switch().map(|s| format!(", PCIe switch {s}")).unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {:<12} {:<12}{}  near {near}, PU {}{switch}",
+                "  {:<12} {:<12}{}  near {near}{switch}",
                 format!("{:?}", d.class).to_lowercase(),
                 d.pci_address,
                 names,
-                short_list(&d.local_cpus, 40)
             );
         }
     }

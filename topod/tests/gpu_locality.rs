@@ -72,6 +72,19 @@ fn machine(root: &Path) {
         let path = format!("{switch}/0000:{port}/0000:{gpu}");
         pci_function(root, &path, "0x030200", "1", Some(card));
     }
+    // The character devices of card0 and card2, as the kernel links them (major 241: local
+    // and experimental use, as the test's own device nodes are).
+    std::fs::create_dir_all(root.join("sys/dev/char")).unwrap();
+    for (dev, path) in [
+        ("241:0", "pci0000:00/0000:00:01.0/0000:18:00.0/drm/card0"),
+        ("241:2", "pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:10.0/0000:87:00.0/drm/card2"),
+    ] {
+        std::os::unix::fs::symlink(
+            format!("../../devices/{path}"),
+            root.join("sys/dev/char").join(dev),
+        )
+        .unwrap();
+    }
 }
 
 fn topoctl(args: &[&str]) -> (bool, String) {
@@ -165,4 +178,53 @@ fn a_job_given_a_gpu_runs_on_its_numa_node_and_topoctl_jobs_says_how_near() {
         !listed.to_string().contains("\"b\""),
         "nothing was allocated for the refused job: {listed}"
     );
+}
+
+/// A batch system names GPUs by their device files (Slurm's gres.conf `File=`): topod finds
+/// the PCI function behind each through the tree's `sys/dev/char`; a file that is no character
+/// device, or one on no PCI function, is refused naming it.
+#[test]
+fn gpus_named_by_device_file_are_found_through_sys_dev_char() {
+    if !common::is_root() {
+        common::skip("making device nodes needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    machine(&root);
+    let node = |name: &str, minor: u64| {
+        let path = dir.path().join(name);
+        nix::sys::stat::mknod(
+            &path,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(241, minor),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let (card0, card2, stray) = (node("gpu0", 0), node("gpu2", 2), node("stray", 7));
+    let d = common::start(
+        dir.path(),
+        &["--cgroup", "fake", "--topology", root.to_str().unwrap()],
+        false,
+    );
+    let allocate = |job: &str, request: &str, gpu: &str| {
+        ask(
+            &d.socket,
+            &format!(r#"{{"op":"allocate","job":"{job}","request":"{request}","gpus":["{gpu}"]}}"#),
+        )
+    };
+    let near_card2 = allocate("a", "affinity[core*2]", &card2);
+    assert_eq!(near_card2["ok"]["cpus"], "4-5", "{near_card2}");
+    let near_card0 = allocate("b", "affinity[core*2]", &card0);
+    assert_eq!(near_card0["ok"]["cpus"], "0-1", "{near_card0}");
+    let listed = ok(&d.socket, r#"{"op":"list"}"#).to_string();
+    assert!(listed.contains("0000:87:00.0") && listed.contains("0000:18:00.0"), "{listed}");
+    let (code, message) = error_of(&allocate("c", "affinity[core]", &stray));
+    assert_eq!(code, "bad_request");
+    assert!(message.contains("character device 241:7 is on no PCI function"), "{message}");
+    let regular = dir.path().join("topod.log");
+    let (_, message) = error_of(&allocate("c", "affinity[core]", regular.to_str().unwrap()));
+    assert!(message.contains("topod.log: not a character device"), "{message}");
 }

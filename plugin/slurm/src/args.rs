@@ -12,6 +12,9 @@
 //!   `task/cgroup` or `proctrack/cgroup`); `auto` (default) picks `narrow` when the task is
 //!   already inside a Slurm job cgroup (`/job_<id>` in `/proc/self/cgroup`), else `join`.
 //! - `timeout=SECONDS`: the longest wait for one answer from topod (default 10).
+//! - `gres_conf=PATH`: Slurm's `gres.conf`, which says the device file of each GPU Slurm
+//!   numbers (default: `gres.conf` beside `$SLURM_CONF`, else `/etc/slurm/gres.conf`; see
+//!   [`crate::gres`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -36,6 +39,8 @@ pub struct Args {
     pub mode: Mode,
     /// Longest wait for one reply.
     pub timeout: Duration,
+    /// Slurm's gres.conf, when given.
+    pub gres_conf: Option<PathBuf>,
 }
 
 impl Default for Args {
@@ -44,13 +49,14 @@ impl Default for Args {
             socket: PathBuf::from(topo_core::proto::DEFAULT_SOCKET),
             mode: Mode::Auto,
             timeout: Duration::from_secs(10),
+            gres_conf: None,
         }
     }
 }
 
 /// A plugstack.conf argument the plug-in does not accept.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("plugstack.conf argument {position} {text:?}: {reason} (accepted: socket=PATH, mode=auto|join|narrow, timeout=SECONDS)")]
+#[error("plugstack.conf argument {position} {text:?}: {reason} (accepted: socket=PATH, mode=auto|join|narrow, timeout=SECONDS, gres_conf=PATH)")]
 pub struct ArgsError {
     /// 1-based position after the plug-in path.
     pub position: usize,
@@ -61,6 +67,18 @@ pub struct ArgsError {
 }
 
 impl Args {
+    /// Where Slurm's gres.conf is: `gres_conf=`, else beside `slurm_conf` (`$SLURM_CONF`), else
+    /// `/etc/slurm/gres.conf`.
+    pub fn gres_conf_path(&self, slurm_conf: Option<&str>) -> PathBuf {
+        if let Some(path) = &self.gres_conf {
+            return path.clone();
+        }
+        match slurm_conf.map(std::path::Path::new).and_then(std::path::Path::parent) {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.join("gres.conf"),
+            _ => PathBuf::from("/etc/slurm/gres.conf"),
+        }
+    }
+
     /// Parses the words after the plug-in path.
     pub fn parse<'a>(words: impl IntoIterator<Item = &'a str>) -> Result<Args, ArgsError> {
         let mut args = Args::default();
@@ -86,6 +104,10 @@ impl Args {
                     Ok(s) if (1..=300).contains(&s) => args.timeout = Duration::from_secs(s),
                     _ => return Err(refuse("timeout is a whole number of seconds from 1 to 300")),
                 },
+                "gres_conf" if value.starts_with('/') => {
+                    args.gres_conf = Some(PathBuf::from(value))
+                }
+                "gres_conf" => return Err(refuse("gres_conf must be an absolute path")),
                 _ => return Err(refuse("unknown argument")),
             }
         }
@@ -120,6 +142,7 @@ mod tests {
             ("socket=rel", "absolute"),
             ("mode=fight", "auto, join or narrow"),
             ("timeout=0", "1 to 300"),
+            ("gres_conf=gres.conf", "absolute"),
             ("verbose", "key=value"),
         ] {
             let e = Args::parse(["mode=auto", bad]).unwrap_err();

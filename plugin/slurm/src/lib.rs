@@ -25,6 +25,7 @@
 
 pub mod args;
 pub mod cores;
+pub mod gres;
 pub mod need;
 pub mod plan;
 #[cfg(not(test))]

@@ -538,6 +538,42 @@ fn connect_patiently(
     }
 }
 
+/// The device files of the GPUs Slurm gave the job on this host (its gres: `SLURM_JOB_GPUS`,
+/// else the step's `SLURM_STEP_GPUS`), from gres.conf ([`crate::gres`]); none without GPUs.
+/// When they cannot be told, the job is placed as without GPUs (the log says why), unless its
+/// request binds it to them (`gpubind=numa` or `socket`): then the step fails saying why.
+fn job_gpus(
+    sp: Spank,
+    job_id: u32,
+    req: &topo_core::request::Request,
+) -> Result<Vec<String>, String> {
+    let Some(indices) = job_env(sp, "SLURM_JOB_GPUS").or_else(|| job_env(sp, "SLURM_STEP_GPUS"))
+    else {
+        return Ok(Vec::new());
+    };
+    let path = args().gres_conf_path(std::env::var("SLURM_CONF").ok().as_deref());
+    let node = job_env(sp, "SLURMD_NODENAME").unwrap_or_default();
+    let files = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        .and_then(|text| crate::gres::gpu_files(&text, &node))
+        .and_then(|files| crate::gres::pick(&files, &indices));
+    match files {
+        Ok(files) => {
+            log_verbose(&format!("job {job_id}: Slurm's GPUs {indices} are {}", files.join(" ")));
+            Ok(files)
+        }
+        Err(why) => {
+            let why = format!("job {job_id}: which device files Slurm's GPUs {indices} are: {why}");
+            use topo_core::request::GpuBind;
+            if matches!(req.gpubind, Some(GpuBind::Numa | GpuBind::Socket)) {
+                return Err(why);
+            }
+            log_error(&format!("{why}; its CPUs are placed as without GPUs"));
+            Ok(Vec::new())
+        }
+    }
+}
+
 /// The job's allocation on this host, asked of topod once per process (idempotent in topod).
 fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     if let Some(g) = GRANT.get() {
@@ -576,6 +612,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let [(_, claimed_queue), (_, pool)] = names;
     let req =
         topo_core::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
+    let gpus = job_gpus(sp, job_id, &req)?;
     // One try: topod's topology, what Slurm did, the allocate. A topod that goes away in the
     // middle (restarted: an upgrade, a crash) is tried again until the timeout; the allocate is
     // idempotent in topod.
@@ -630,6 +667,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
             // spent frozen and would kill it at its time limit (observed: two --time=1 jobs
             // killed at 1:27 with 20 s of CPU each). Slurm's own gang scheduling is followed.
             gang: Some(false),
+            gpus: gpus.clone(),
             ..topo_core::proto::AllocateArgs::new(job.clone(), request.to_string())
         });
         let alloc = match topod.allocate(allocate) {

@@ -448,6 +448,41 @@ impl Prepared {
     }
 }
 
+/// `names` with every device file (a path: `/dev/dri/card1`, `/dev/nvidia0`, what a batch
+/// system's configuration lists for a GPU) replaced by the PCI address of the device behind it,
+/// found under the root `topo` was read from (this host's `/` for an hwloc XML file); other
+/// names are kept. A path that is not a character device, or whose device is on no PCI
+/// function, is refused naming it.
+pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<String>, HostError> {
+    use std::os::unix::fs::FileTypeExt;
+    let source = std::path::Path::new(&topo.source);
+    let root = if source.is_dir() { source } else { std::path::Path::new("/") };
+    names
+        .iter()
+        .map(|name| {
+            if !name.starts_with('/') {
+                return Ok(name.clone());
+            }
+            let refused = |why: String| HostError::BadArgument(format!("gpus: {name}: {why}"));
+            let meta = std::fs::metadata(name).map_err(|e| refused(e.to_string()))?;
+            if !meta.file_type().is_char_device() {
+                return Err(refused("not a character device".into()));
+            }
+            let rdev = std::os::unix::fs::MetadataExt::rdev(&meta);
+            let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
+            let (major, minor) = (major as u32, minor as u32);
+            let found = topo_core::topology::sysfs::pci_function_of_char_device(root, major, minor);
+            found.ok_or_else(|| {
+                let under = root.join("sys/dev/char");
+                refused(format!(
+                    "character device {major}:{minor} is on no PCI function ({} and proc/driver/nvidia say none)",
+                    under.display()
+                ))
+            })
+        })
+        .collect()
+}
+
 /// `numa` or `socket`, as `gpubind=` spells the level.
 fn level_word(level: request::Level) -> &'static str {
     if level == request::Level::Socket {

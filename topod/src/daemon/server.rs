@@ -690,9 +690,12 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
                 Err(why) => return Reply::error(ErrorCode::BadRequest, why),
             };
             let mut prepared =
-                match host::prepare(&server.topology, &request, tasks, cpus.as_deref())
-                    .and_then(|p| p.with_gpus(&server.topology, &gpus))
-                {
+                match host::prepare(&server.topology, &request, tasks, cpus.as_deref()).and_then(
+                    |p| {
+                        let gpus = host::device_files_to_pci(&server.topology, &gpus)?;
+                        p.with_gpus(&server.topology, &gpus)
+                    },
+                ) {
                     Ok(p) => p,
                     Err(e) => return error_reply(&e),
                 };

@@ -576,6 +576,40 @@ fn first_set(fs: &Fs, dir: &str, names: &[&str]) -> Result<Option<CpuSet>, Topol
 }
 
 /// Whether `s` reads as a PCI address, `dddd:bb:dd.f` in hexadecimal.
+/// NVIDIA's driver's character device major (`/dev/nvidia0` is 195:0), whose devices have no
+/// `sys/dev/char` entry.
+const NVIDIA_MAJOR: u32 = 195;
+
+/// The PCI function behind the character device `major:minor` (a GPU's `/dev/dri/card1` or
+/// `renderD128`, an accelerator's or NIC's device file), under `root` (`/` for this host):
+/// the last PCI address on the path `sys/dev/char/MAJOR:MINOR` links to, as the kernel links
+/// every device it registers; for NVIDIA's `/dev/nvidiaN` (major 195), which the kernel does
+/// not list, the GPU whose `proc/driver/nvidia/gpus/ADDRESS/information` says `Device Minor:
+/// N`. `None` when neither says.
+pub fn pci_function_of_char_device(root: &Path, major: u32, minor: u32) -> Option<String> {
+    let link = root.join(format!("sys/dev/char/{major}:{minor}"));
+    if let Ok(target) = std::fs::read_link(&link) {
+        let last = target
+            .components()
+            .rev()
+            .filter_map(|c| c.as_os_str().to_str())
+            .find(|c| is_pci_address(c));
+        if let Some(address) = last {
+            return Some(address.to_string());
+        }
+    }
+    if major != NVIDIA_MAJOR {
+        return None;
+    }
+    let gpus = std::fs::read_dir(root.join("proc/driver/nvidia/gpus")).ok()?;
+    gpus.filter_map(Result::ok).find_map(|entry| {
+        let address = entry.file_name().to_str()?.to_string();
+        let info = std::fs::read_to_string(entry.path().join("information")).ok()?;
+        let says = info.lines().find_map(|l| l.strip_prefix("Device Minor:"))?;
+        (says.trim().parse::<u32>().ok()? == minor && is_pci_address(&address)).then_some(address)
+    })
+}
+
 fn is_pci_address(s: &str) -> bool {
     let b = s.as_bytes();
     let hex = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_hexdigit);
@@ -742,6 +776,35 @@ mod tests {
         ] {
             assert_eq!(is_pci_address(text), is, "{text}");
         }
+    }
+
+    #[test]
+    fn a_character_device_leads_to_its_pci_function_by_sysfs_or_nvidias_proc_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let gpu = "pci0000:80/0000:80:01.0/0000:86:00.0";
+        std::fs::create_dir_all(root.join(format!("sys/devices/{gpu}/drm/card1"))).unwrap();
+        std::fs::create_dir_all(root.join("sys/dev/char")).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../devices/{gpu}/drm/card1"),
+            root.join("sys/dev/char/226:1"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("../../devices/virtual/tty/tty0", root.join("sys/dev/char/4:0"))
+            .unwrap();
+        write(
+            root,
+            "proc/driver/nvidia/gpus/0000:3b:00.0/information",
+            "Model: X\nDevice Minor: 2\n",
+        );
+        write(root, "proc/driver/nvidia/gpus/0000:5e:00.0/information", "Device Minor: 0\n");
+        let of = |major, minor| pci_function_of_char_device(root, major, minor);
+        assert_eq!(of(226, 1).as_deref(), Some("0000:86:00.0"));
+        assert_eq!(of(195, 2).as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(of(195, 0).as_deref(), Some("0000:5e:00.0"));
+        assert_eq!(of(195, 1), None, "no GPU with that minor");
+        assert_eq!(of(4, 0), None, "a device on no PCI function");
+        assert_eq!(of(226, 9), None, "no such device");
     }
 
     #[test]

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Issue 33, the batch system chose the GPUs, on a real Slurm (Debian's 22.05) with a configured
+# gres of two fake GPUs, spank_topo.so and a real topod on real cgroups (v1):
+#   - topod reads the machine from a sysfs tree made here: this host's two CPUs as two NUMA
+#     nodes, a GPU on each, their device files character devices made here (major 241, local
+#     use), linked from the tree's sys/dev/char as the kernel links a GPU's;
+#   - gres.conf lists the GPU of node 1 first, so that Slurm's GPU number 0 is not the GPU of
+#     CPU 0; which file each number is, is taken from slurmd's own log (DebugFlags=Gres);
+#   - srun -c2 --gres=gpu:1 --topology=affinity[core]: of the two cores Slurm gives, topod takes
+#     the one beside the job's GPU (best-fit alone takes CPU 0), and topoctl jobs says it is local;
+#   - srun -c1 --gres=gpu:1: where Slurm's one core is away from the GPU, the job runs there and
+#     topoctl jobs gives the distance; with gpubind=numa the step fails and srun's output says
+#     why;
+#   - after the jobs, topod's ledger is empty.
+# Needs root and two CPUs; skips without. Usage: tests/slurm-gpu.sh   (also run by tests/run-all.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source tests/slurm-cluster.sh
+why=$(cluster_cannot_run)
+if [ -z "$why" ] && [ "$(nproc --all)" -lt 2 ]; then why="needs two CPUs"; fi
+if [ -n "$why" ]; then
+    echo "tests/slurm-gpu.sh: SKIPPED: $why"
+    exit 0
+fi
+cluster_build
+cluster_init
+trap 'rc=$?; cluster_stop_all; if [ $rc -ne 0 ]; then echo "tests/slurm-gpu.sh: FAILED (logs in $BASE/log)"; else rm -rf "$BASE"; fi; exit $rc' EXIT
+cluster_start_munge
+
+failures=0
+check() {             # check "what" command...
+    local what=$1; shift
+    if "$@"; then echo "  ok: $what"; else echo "  FAIL: $what"; failures=$((failures + 1)); fi
+}
+field() { sed -n "s/^$1=\(.*\)$/\1/p" "$2" | head -1; }
+
+# The machine topod sees: CPU 0 on node 0 (package 0), CPU 1 on node 1 (package 1); memory on
+# node 0 only, as on this host. GPU 0000:18:00.0 on node 0, 0000:86:00.0 on node 1 behind a
+# PCIe switch.
+SYS=$BASE/sysfs
+w() { mkdir -p "$(dirname "$SYS/$1")"; printf '%s\n' "$2" > "$SYS/$1"; }
+w sys/devices/system/cpu/online 0-1
+for cpu in 0 1; do
+    d=sys/devices/system/cpu/cpu$cpu
+    w $d/topology/thread_siblings_list $cpu
+    w $d/topology/core_siblings_list $cpu
+    w $d/topology/physical_package_id $cpu
+    w $d/topology/core_id 0
+    w $d/cache/index3/level 3
+    w $d/cache/index3/type Unified
+    w $d/cache/index3/shared_cpu_map $((cpu + 1))
+    w sys/devices/system/node/node$cpu/cpulist $cpu
+done
+w sys/devices/system/node/possible 0-1
+w sys/devices/system/node/node0/meminfo "Node 0 MemTotal:  1048576 kB"
+w sys/devices/system/node/node1/meminfo "Node 1 MemTotal:  0 kB"
+w sys/devices/system/node/node0/distance "10 21"
+w sys/devices/system/node/node1/distance "21 10"
+w proc/mounts "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0"
+w proc/self/cgroup "0::/"
+w sys/fs/cgroup/cpuset.cpus.effective 0-1
+w sys/fs/cgroup/cpuset.mems.effective 0
+pci() {               # pci PATH CLASS NODE [DEV MAJOR:MINOR]
+    local addr=${1##*/}
+    w "sys/devices/$1/class" "$2"
+    w "sys/devices/$1/numa_node" "$3"
+    mkdir -p "$SYS/sys/bus/pci/devices" "$SYS/sys/dev/char"
+    ln -s "../../../devices/$1" "$SYS/sys/bus/pci/devices/$addr"
+    if [ -n "${4:-}" ]; then
+        mkdir -p "$SYS/sys/devices/$1/drm/$4"
+        ln -s "../../devices/$1/drm/$4" "$SYS/sys/dev/char/$5"
+    fi
+}
+pci pci0000:00/0000:00:01.0 0x060400 0
+pci pci0000:00/0000:00:01.0/0000:18:00.0 0x030200 0 card3 241:3
+pci pci0000:80/0000:80:01.0 0x060400 1
+pci pci0000:80/0000:80:01.0/0000:81:00.0 0x060400 1
+pci pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:08.0 0x060400 1
+pci pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:08.0/0000:86:00.0 0x030200 1 card5 241:5
+mkdir -p "$BASE/dev"
+mknod -m 0666 "$BASE/dev/gpu3" c 241 3
+mknod -m 0666 "$BASE/dev/gpu5" c 241 5
+
+TOPOD_EXTRA_CONF="topology = \"$SYS\""
+cluster_start_topod
+"$BASE/bin/topoctl" show --sysfs "$SYS" | sed -n '/GPU\|PCI/p' | sed 's/^/  /'
+
+cat > "$BASE/bin/probe" <<EOT
+#!/bin/sh
+echo "JOB=\$SLURM_JOB_ID"
+echo "GPUS=\${SLURM_JOB_GPUS:-\$SLURM_STEP_GPUS}"
+grep Cpus_allowed_list /proc/self/status
+echo "TOPO_CPUS=\$TOPO_CPUS"
+$BASE/bin/topoctl jobs --socket $SOCK | awk -v j="slurm-\$SLURM_JOB_ID" '\$1 == j { show = 1; next } /^[^ ]/ { show = 0 } show && /GPUs/ { sub(/^ +/, ""); print "LISTED=" \$0 }'
+sleep "\${PROBE_SLEEP:-0}"
+EOT
+chmod 755 "$BASE/bin/probe"
+
+# gres.conf lists node 1's GPU first (gpu5), then node 0's (gpu3). Slurm numbers them in the order
+# slurmd loads them, which its own log says with DebugFlags=Gres: that is the truth the checks
+# below compare topod's choice with.
+SLURM_EXTRA_CONF="GresTypes=gpu
+DebugFlags=Gres"
+SLURM_NODE_EXTRA="Gres=gpu:2"
+SLURM_GRES_CONF="Name=gpu File=$BASE/dev/gpu5
+Name=gpu File=$BASE/dev/gpu3"
+cluster_start_slurm affinity "required $BASE/bin/spank_topo.so socket=$SOCK"
+mapfile -t slurm_files < <(sed -n 's/.*GRES: gpu device number [0-9]*(\(.*\)):c [0-9:]* rwm$/\1/p' "$BASE/log/slurmd.log")
+echo "  Slurm's GPUs, in its order (slurmd log): ${slurm_files[*]}"
+check "slurmd logged its two GPUs" test "${#slurm_files[@]}" -eq 2
+near_cpu() { case "$1" in */gpu5) echo 1 ;; */gpu3) echo 0 ;; *) echo none ;; esac; }
+address() { case "$1" in */gpu5) echo 0000:86:00.0 ;; */gpu3) echo 0000:18:00.0 ;; *) echo none ;; esac; }
+
+echo "-- srun -c2 --gres=gpu:1 --topology=affinity[core]: the core beside the job's GPU"
+srun -c2 -n1 --gres=gpu:1 --topology='affinity[core]' "$BASE/bin/probe" > "$BASE/out/near.out" 2>&1 || cat "$BASE/out/near.out"
+sed 's/^/  /' "$BASE/out/near.out"
+gpu=$(field GPUS "$BASE/out/near.out")
+file=${slurm_files[${gpu:-9}]:-none}
+want=$(near_cpu "$file")
+check "Slurm gave the job one GPU ($gpu: $file)" test "$want" != none
+check "of Slurm's two cores topod gave CPU $want, the one beside $file ($(address "$file"))" test "$(field TOPO_CPUS "$BASE/out/near.out")" = "$want"
+check "the task runs there" grep -q "Cpus_allowed_list:\s*$want\$" "$BASE/out/near.out"
+check "topoctl jobs lists the GPU as local" grep -q "^LISTED=GPUs $(address "$file") (card[35], NUMA node $want, local to every CPU)" "$BASE/out/near.out"
+check "the plug-in logged which device file Slurm's GPU $gpu is" grep -q "Slurm's GPUs $gpu are $file\$" "$BASE/log/slurmd.log"
+
+echo "-- srun -c1 --gres=gpu:1: Slurm's one core is away from the GPU; topod says how far"
+srun -c1 -n1 --gres=gpu:1 --topology='affinity[core]' "$BASE/bin/probe" > "$BASE/out/far.out" 2>&1 || cat "$BASE/out/far.out"
+sed 's/^/  /' "$BASE/out/far.out"
+file=${slurm_files[$(field GPUS "$BASE/out/far.out")]:-none}
+cpu=$(field TOPO_CPUS "$BASE/out/far.out")
+if [ "$cpu" = "$(near_cpu "$file")" ]; then
+    check "the listing says local ($cpu beside $file)" grep -q "local to every CPU" "$BASE/out/far.out"
+else
+    check "the job ran on Slurm's core $cpu, and the listing says how far $file is" grep -q "^LISTED=GPUs $(address "$file") (card[35], NUMA node $(near_cpu "$file"), distance 21 to the farthest CPU" "$BASE/out/far.out"
+    echo "-- the same with gpubind=numa: refused, saying why"
+    if srun -c1 -n1 --gres=gpu:1 --topology='affinity[core:gpubind=numa]' "$BASE/bin/probe" > "$BASE/out/bound.out" 2>&1; then
+        check "a job that gpubind=numa cannot place does not run" false
+    fi
+    sed 's/^/  /' "$BASE/out/bound.out"
+    check "srun's output says gpubind=numa and the CPUs near the GPU" grep -q "gpubind=numa: the CPUs near GPUs $(address "$file") ($(near_cpu "$file")) are none of those the job may use ($cpu)" "$BASE/out/bound.out"
+fi
+
+left=""
+for _ in $(seq 100); do
+    left=$("$BASE/bin/topoctl" jobs --socket "$SOCK")
+    [ "$left" = "no jobs" ] && break
+    sleep 0.2
+done
+check "topod's ledger is empty after the jobs ($left)" test "$left" = "no jobs"
+
+if [ "$failures" -ne 0 ]; then
+    echo "tests/slurm-gpu.sh: $failures check(s) failed"
+    tail -n 30 "$BASE/log/slurmd.log" "$BASE/log/topod.log"
+    exit 1
+fi
+echo "tests/slurm-gpu.sh: all checks passed"
