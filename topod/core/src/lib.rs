@@ -33,6 +33,7 @@ pub mod batch;
 pub mod bench;
 pub mod cpuset;
 pub mod defrag;
+pub mod gpus;
 pub mod jobid;
 pub mod ledger;
 pub mod malleable;

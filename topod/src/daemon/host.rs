@@ -384,9 +384,15 @@ impl Prepared {
                         None => d.pci_address.clone(),
                     })
                     .collect();
+                // A host may have thousands of functions (SR-IOV): name a few.
+                const SHOWN: usize = 16;
+                let listed = match known.len() {
+                    0 => "none".to_string(),
+                    n if n <= SHOWN => known.join(", "),
+                    n => format!("{}, and {} more", known[..SHOWN].join(", "), n - SHOWN),
+                };
                 return Err(HostError::BadArgument(format!(
-                    "gpus: this host has no PCI device {name:?} (give a PCI address or a name `topoctl show` lists; its devices: {})",
-                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                    "gpus: this host has no PCI device {name:?} (give a PCI address or a name `topoctl show` lists; its devices: {listed})"
                 )));
             };
             if devices.iter().any(|d| d.pci_address == device.pci_address) {
@@ -411,11 +417,15 @@ impl Prepared {
             match topo.cpus_near(device, level) {
                 Some(cpus) => near.union_with(&cpus),
                 None if bind.is_some() => {
+                    let why = match device.numa_node {
+                        None => "its numa_node is -1 and it lists no local CPUs".to_string(),
+                        Some(n) => format!("its NUMA node {n} is not one of this host's with CPUs near it, and it lists no local CPUs"),
+                    };
                     return Err(HostError::BadRequest(format!(
-                        "gpubind={}: where GPU {} is is not known on this host (its numa_node is -1 and it lists no local CPUs); give gpubind=any",
+                        "gpubind={}: which CPUs are near GPU {} is not known on this host ({why}); give gpubind=any",
                         level_word(level),
                         device.pci_address
-                    )))
+                    )));
                 }
                 // Best effort: one GPU of unknown place makes no CPU nearer than another.
                 None => return Ok(self),
@@ -424,7 +434,7 @@ impl Prepared {
         let mut kept = self.request.clone();
         let inside = match &kept.cpu_list {
             Some(list) => list.intersection(&near),
-            None => near.intersection(&topo.pus),
+            None => near.intersection(&topo.allowed),
         };
         if inside.is_empty() {
             if bind.is_none() {
@@ -434,7 +444,7 @@ impl Prepared {
                 "gpubind={}: the CPUs near GPUs {} ({near}) are none of those the job may use ({})",
                 level_word(level),
                 self.gpus.join(", "),
-                kept.cpu_list.as_ref().map_or_else(|| topo.pus.to_string(), |l| l.to_string())
+                kept.cpu_list.as_ref().map_or_else(|| topo.allowed.to_string(), |l| l.to_string())
             )));
         }
         if bind.is_some() {
@@ -472,6 +482,11 @@ pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<Stri
             let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
             let (major, minor) = (major as u32, minor as u32);
             let found = topo_core::topology::sysfs::pci_function_of_char_device(root, major, minor);
+            if let Some(address) = found.as_deref().filter(|a| topo.device(a).is_none()) {
+                return Err(refused(format!(
+                    "character device {major}:{minor} is on PCI function {address}, which is no GPU, NIC or accelerator of this host"
+                )));
+            }
             found.ok_or_else(|| {
                 let under = root.join("sys/dev/char");
                 refused(format!(
@@ -1405,8 +1420,13 @@ impl Host {
             mems = %alloc.mems,
             request = %canonical,
             owner_uid,
-            "job {job}: allocated CPUs {}",
-            alloc.cpus
+            "job {job}: allocated CPUs {}{}",
+            alloc.cpus,
+            if prepared.gpus.is_empty() {
+                String::new()
+            } else {
+                format!(" beside GPUs {}", prepared.gpus.join(", "))
+            }
         );
         if let Some(row) = alloc.gang_row {
             // Created frozen: it runs now if its row has the slice or its CPUs are idle.

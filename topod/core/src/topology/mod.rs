@@ -290,16 +290,27 @@ impl Topology {
         })
     }
 
-    /// The CPUs near `device` at `level`: those of the NUMA node it hangs off (`Level::Numa`)
-    /// or of the packages that node is in (`Level::Socket`). Where its NUMA node is not known
+    /// The CPUs near `device` at `level`: those of the NUMA node it hangs off (`Level::Numa`;
+    /// for a node without CPUs, those nearest it) or of the packages that node is in
+    /// (`Level::Socket`). Where its NUMA node is not known
     /// (`numa_node` -1, as on many cloud VMs) its `local_cpulist` stands for it, widened to the
     /// NUMA nodes or packages it touches. `None` when neither is known. Other levels are
     /// treated as `Numa`.
     pub fn cpus_near(&self, device: &IoDevice, level: Level) -> Option<CpuSet> {
+        // A CPU-less node (HBM, a GPU's own memory) stands for the CPUs nearest it.
         let node_cpus = device
             .numa_node
             .and_then(|n| self.numa_nodes.iter().find(|node| node.os_index == n))
-            .map(|node| node.cpus.clone())
+            .map(
+                |node| {
+                    if node.cpus.is_empty() {
+                        node.near_cpus.clone()
+                    } else {
+                        node.cpus.clone()
+                    }
+                },
+            )
+            .map(|cpus| cpus.intersection(&self.pus))
             .filter(|cpus| !cpus.is_empty());
         let local = node_cpus.or_else(|| {
             (!device.local_cpus.is_empty()).then(|| {
@@ -327,9 +338,9 @@ impl Topology {
 
     /// How far `device` is from `cpus`: the largest NUMA distance (SLIT, 10 = local) between
     /// the node it hangs off and the nodes those CPUs are in; `None` when its node is not known
-    /// or `cpus` is in none.
+    /// (or not one of this host's) or `cpus` is in none.
     pub fn device_distance(&self, device: &IoDevice, cpus: &CpuSet) -> Option<u32> {
-        let from = device.numa_node?;
+        let from = device.numa_node.filter(|n| self.numa_nodes.iter().any(|m| m.os_index == *n))?;
         self.numa_nodes
             .iter()
             .filter(|n| n.cpus.intersects(cpus))
@@ -513,5 +524,21 @@ mod device_tests {
         assert_eq!(t.device_distance(card0, &CpuSet::parse_list("0,5").unwrap()), Some(12));
         assert_eq!(t.device_distance(card0, &CpuSet::parse_list("5,12").unwrap()), Some(32));
         assert_eq!(t.device_distance(t.device("card1").unwrap(), &CpuSet::first_n(2)), None);
+        // A node that is not the host's has no distance; a CPU-less node's nearest CPUs stand
+        // for it.
+        let mut stray = t.devices[0].clone();
+        stray.numa_node = Some(9);
+        assert_eq!(t.device_distance(&stray, &CpuSet::first_n(2)), None);
+        let mut t = t;
+        t.numa_nodes.push(NumaNode {
+            os_index: 4,
+            cpus: CpuSet::new(),
+            near_cpus: CpuSet::parse_list("12-15").unwrap(),
+            memory_bytes: 1 << 30,
+            kind: MemoryKind::Hbm,
+        });
+        let mut on_hbm = t.devices[0].clone();
+        on_hbm.numa_node = Some(4);
+        assert_eq!(t.cpus_near(&on_hbm, Level::Numa), Some(CpuSet::parse_list("12-15").unwrap()));
     }
 }

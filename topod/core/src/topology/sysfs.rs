@@ -632,12 +632,9 @@ fn read_pci(fs: &Fs) -> Result<Vec<IoDevice>, TopologyError> {
         let dev = format!("{dir}/{addr}");
         let Some(class_text) = fs.optional(&format!("{dev}/class"))? else { continue };
         let hex = |t: &str| u32::from_str_radix(t.trim().trim_start_matches("0x"), 16).ok();
-        let Some(class_code) = hex(&class_text) else {
-            return Err(fs.bad(
-                &format!("{dev}/class"),
-                format!("{:?} is not a PCI class code", class_text.trim()),
-            ));
-        };
+        // One device's odd file is no reason to run without the host: such a device is left
+        // out (a class) or its locality taken as unknown (its local CPUs).
+        let Some(class_code) = hex(&class_text) else { continue };
         let class = super::classify_pci(class_code);
         if class == super::DeviceClass::Other {
             continue;
@@ -653,9 +650,9 @@ fn read_pci(fs: &Fs) -> Result<Vec<IoDevice>, TopologyError> {
             .and_then(|t| t.trim().parse::<i64>().ok())
             .and_then(|n| u32::try_from(n).ok());
         let local_cpus = match fs.optional(&format!("{dev}/local_cpulist"))? {
-            Some(t) => fs.list(&format!("{dev}/local_cpulist"), &t)?,
+            Some(t) => fs.list(&format!("{dev}/local_cpulist"), &t).unwrap_or_default(),
             None => match fs.optional(&format!("{dev}/local_cpus"))? {
-                Some(t) => fs.mask(&format!("{dev}/local_cpus"), &t)?,
+                Some(t) => fs.mask(&format!("{dev}/local_cpus"), &t).unwrap_or_default(),
                 None => CpuSet::new(),
             },
         };
@@ -755,6 +752,10 @@ mod tests {
         pci_function(dir.path(), "pci0000:00/0000:00:02.0/0000:05:00.0", "0x020000");
         // A snapshot that copied a device's directory instead of its link.
         write(dir.path(), "sys/bus/pci/devices/0000:06:00.0/class", "0x030000");
+        // One device's odd files do not stop the host from being read (an attack finding: topod
+        // would not start): an unreadable class leaves it out, unreadable local CPUs unknown.
+        write(dir.path(), "sys/bus/pci/devices/0000:06:00.0/local_cpulist", "zz");
+        write(dir.path(), "sys/bus/pci/devices/0000:07:00.0/class", "0xzz");
         let t = read(dir.path()).unwrap();
         let dev = |a: &str| t.devices.iter().find(|d| d.pci_address == a).unwrap();
         let (gpu0, gpu1, nic) = (dev("0000:03:00.0"), dev("0000:04:00.0"), dev("0000:05:00.0"));
@@ -764,6 +765,8 @@ mod tests {
         assert_eq!(nic.upstream, ["0000:00:02.0"]);
         assert_eq!((nic.switch(), nic.shared_bridges(gpu0)), (None, 0));
         assert!(dev("0000:06:00.0").upstream.is_empty());
+        assert!(dev("0000:06:00.0").local_cpus.is_empty());
+        assert!(t.devices.iter().all(|d| d.pci_address != "0000:07:00.0"));
         // numa_node -1 (a cloud VM, a one-node machine) is not known, not node 0.
         assert!(t.devices.iter().all(|d| d.numa_node.is_none()), "{:?}", t.devices);
         for (text, is) in [

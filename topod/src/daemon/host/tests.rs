@@ -2352,7 +2352,12 @@ fn gpus_that_are_not_here_twice_or_of_unknown_place_are_refused_saying_which() {
     let e = refused("affinity[core]", None, &["card1", "86:00.0"]);
     assert!(e.contains("\"86:00.0\" names 0000:86:00.0 a second time"), "{e}");
     let e = refused("affinity[core:gpubind=numa]", None, &["card2"]);
-    assert!(e.contains("where GPU 0000:d8:00.0 is is not known"), "{e}");
+    assert!(
+        e.contains(
+            "which CPUs are near GPU 0000:d8:00.0 is not known on this host (its numa_node is -1"
+        ),
+        "{e}"
+    );
     let e = refused("affinity[core:gpubind=numa]", Some("0-3"), &["card1"]);
     assert!(
         e.contains("the CPUs near GPUs 0000:86:00.0 (4-7) are none of those the job may use (0-3)"),
@@ -2361,6 +2366,24 @@ fn gpus_that_are_not_here_twice_or_of_unknown_place_are_refused_saying_which() {
     // Unknown place, no gpubind: placed as without GPUs; gpubind=any: no preference at all.
     assert_eq!(with_gpus(&topo, "affinity[core]", None, &["card2"]).near_gpus, None);
     assert_eq!(with_gpus(&topo, "affinity[core:gpubind=any]", None, &["card1"]).near_gpus, None);
+    // Attack findings: a GPU on a node outside the CPUs topod may use is refused for good (not
+    // "does not fit", which a batch system retries); a node that is not the host's is named.
+    let mut narrowed = topo.clone();
+    narrowed.allowed = CpuSet::parse_list("0-3").unwrap();
+    let gpus = vec!["card1".to_string()];
+    let e = prepare(&narrowed, "affinity[core:gpubind=numa]", None, None)
+        .and_then(|p| p.with_gpus(&narrowed, &gpus))
+        .unwrap_err();
+    assert!(matches!(e, HostError::BadRequest(_)), "{e}");
+    assert!(e.to_string().contains("(4-7) are none of those the job may use (0-3)"), "{e}");
+    let mut elsewhere = topo.clone();
+    elsewhere.devices[2].numa_node = Some(7);
+    let gpus = vec!["card2".to_string()];
+    let e = prepare(&elsewhere, "affinity[core:gpubind=numa]", None, None)
+        .and_then(|p| p.with_gpus(&elsewhere, &gpus))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("its NUMA node 7 is not one of this host's"), "{e}");
     let socket = with_gpus(&topo, "affinity[core:gpubind=socket]", Some("2-7"), &["card0"]);
     assert_eq!(socket.request.cpu_list, Some(CpuSet::parse_list("2-3").unwrap()));
     assert_eq!(socket.gpus, ["0000:18:00.0"]);

@@ -62,6 +62,7 @@ pub(crate) fn run(
         let topo = load_path(&file)?;
         let model =
             HostModel::new(&topo, &CpuSet::new()).map_err(|e| Failure::input(e.to_string()))?;
+        let gpu_results = gpu_stream_results(&topo, &model, seed, jobs);
         let stream = bench::job_stream(&model, seed, jobs);
         let results: Vec<bench::BenchResult> =
             strategies.iter().map(|&s| bench::replay(&model, &stream, s)).collect();
@@ -78,6 +79,10 @@ pub(crate) fn run(
                 println!("{line}");
             }
             for r in &migrated {
+                let line = serde_json::to_string(r).map_err(|e| Failure::runtime(e.to_string()))?;
+                println!("{line}");
+            }
+            for r in &gpu_results {
                 let line = serde_json::to_string(r).map_err(|e| Failure::runtime(e.to_string()))?;
                 println!("{line}");
             }
@@ -120,6 +125,31 @@ pub(crate) fn run(
                 r.decision_p50_us,
                 r.decision_p99_us
             );
+        }
+        if !gpu_results.is_empty() {
+            println!(
+                "  GPU stream ({} GPUs, {} cores beside each; half the jobs ask 1-8 GPUs and 1 to that many cores per GPU):",
+                topo_core::gpus::gpu_indices(&topo).len(),
+                topo_core::gpus::cores_per_gpu(&topo, &model)
+            );
+            println!(
+                "  {:<16} {:>8} {:>7} {:>7} {:>7} {:>11} {:>9}",
+                "GPU policy", "GPU jobs", "placed", "local", "local%", "one-switch", "refused*"
+            );
+            for r in &gpu_results {
+                println!(
+                    "  {:<16} {:>8} {:>7} {:>7} {:>6.1}% {:>5}/{:<5} {:>9}",
+                    r.policy.name(),
+                    r.gpu_jobs,
+                    r.placed,
+                    r.local,
+                    r.local_pct(),
+                    r.one_switch,
+                    r.multi,
+                    r.refused_gpus_free
+                );
+            }
+            println!("  (local: every CPU in its GPUs' NUMA nodes; one-switch: multi-GPU jobs behind one PCIe switch; refused*: while enough GPUs were free)");
         }
         if !migrated.is_empty() {
             println!(
@@ -164,4 +194,21 @@ pub(crate) fn run(
         println!();
     }
     Ok(())
+}
+
+/// The GPU stream (`topo_core::gpus`) under topo's choice and both baselines, on a host with two
+/// or more GPUs; nothing on others.
+fn gpu_stream_results(
+    topo: &topo_core::topology::Topology,
+    model: &HostModel,
+    seed: u64,
+    jobs: usize,
+) -> Vec<topo_core::gpus::GpuBenchResult> {
+    use topo_core::gpus;
+    let count = gpus::gpu_indices(topo).len();
+    if count < 2 {
+        return Vec::new();
+    }
+    let stream = gpus::gpu_stream(count, gpus::cores_per_gpu(topo, model), seed, jobs);
+    gpus::GpuPolicy::ALL.iter().map(|&p| gpus::replay_gpus(topo, model, &stream, p)).collect()
 }

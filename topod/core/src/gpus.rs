@@ -1,0 +1,516 @@
+//! GPUs and CPUs chosen together by topology (issue 33, "topo chooses"), and the benchmark that
+//! compares that choice with what Slurm and Kubernetes do on the same job stream.
+//!
+//! The model: a host's GPUs (and other accelerators) are [`Topology::devices`] of class `Gpu`
+//! or `Accelerator`; each is near the CPUs of its NUMA node, of its package, or of nothing
+//! known ([`Topology::cpus_near`]). A job asks for `count` GPUs and a CPU request. [`choose`]
+//! tries, tightest first, each NUMA node and then each package whose free GPUs suffice, taking
+//! the GPUs behind one PCIe switch where it can and placing the CPUs inside that domain; only
+//! when no domain holds both does it take free GPUs from several, with its CPUs in their NUMA
+//! nodes. A job whose CPUs cannot be near its GPUs waits rather than runs away from them, as
+//! Kubernetes' `single-numa-node` does, but a job larger than one node is not refused for
+//! ever. Jobs without GPUs are kept off the CPUs near free GPUs when they fit elsewhere
+//! ([`away_from_free_gpus`]). The baselines ([`GpuPolicy::SlurmLike`], [`GpuPolicy::SingleNumaNode`]) stand for
+//! Slurm's cons_tres without gres `Cores=` (cores first, lowest numbers first; GPUs by index)
+//! and Kubernetes' Topology Manager with the `single-numa-node` policy (one NUMA node holds the
+//! CPUs and the GPUs, or the pod is not admitted).
+
+#[cfg(feature = "sim")]
+use crate::bench::SplitMix;
+use crate::cpuset::CpuSet;
+#[cfg(feature = "sim")]
+use crate::ledger::Ledger;
+use crate::place::{self, HostModel, Occupancy, Placement, Strategy};
+use crate::request::{Level, Request};
+use crate::topology::{DeviceClass, Topology};
+use serde::Serialize;
+
+/// `affinity[core*n]`: `n` single-core tasks.
+pub fn cores(n: u32) -> Request {
+    Request { unit: Level::Core, tasks: Some(n), ..Request::default() }
+}
+
+/// The devices a job may be given as GPUs: GPUs and accelerators, by index in
+/// [`Topology::devices`].
+pub fn gpu_indices(topo: &Topology) -> Vec<usize> {
+    (0..topo.devices.len())
+        .filter(|&i| matches!(topo.devices[i].class, DeviceClass::Gpu | DeviceClass::Accelerator))
+        .collect()
+}
+
+/// GPUs and CPUs chosen for a job.
+#[derive(Debug, Clone)]
+pub struct GpuPick {
+    /// The GPUs, by index in [`Topology::devices`].
+    pub gpus: Vec<usize>,
+    /// The CPUs.
+    pub placement: Placement,
+}
+
+/// Who chooses the GPUs and CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuPolicy {
+    /// topo: GPUs and CPUs together, tightest domain first ([`choose`]).
+    Topo,
+    /// Slurm's cons_tres without gres `Cores=`: CPUs first (lowest free cores), GPUs by index.
+    SlurmLike,
+    /// Kubernetes' Topology Manager, `single-numa-node`: the first NUMA node that holds both,
+    /// else not admitted.
+    SingleNumaNode,
+}
+
+impl GpuPolicy {
+    /// Every policy, topo's first.
+    pub const ALL: [GpuPolicy; 3] =
+        [GpuPolicy::Topo, GpuPolicy::SlurmLike, GpuPolicy::SingleNumaNode];
+
+    /// The name printed.
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuPolicy::Topo => "topo",
+            GpuPolicy::SlurmLike => "slurm-like",
+            GpuPolicy::SingleNumaNode => "k8s-single-numa",
+        }
+    }
+}
+
+/// `request` kept to `cpus` (with its own CPU list, if any); `None` when nothing is left.
+fn within(request: &Request, cpus: &CpuSet) -> Option<Request> {
+    let list = match &request.cpu_list {
+        Some(list) => list.intersection(cpus),
+        None => cpus.clone(),
+    };
+    (!list.is_empty()).then(|| Request { cpu_list: Some(list), ..request.clone() })
+}
+
+/// `count` of the GPUs `group`, those behind one PCIe switch first: the switch with the fewest
+/// free GPUs that still holds them all (keeping larger groups whole), else in address order.
+fn take_from(topo: &Topology, group: &[usize], count: usize) -> Vec<usize> {
+    let mut by_switch: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+    for &g in group {
+        let switch = topo.devices[g].switch();
+        match by_switch.iter_mut().find(|(s, _)| *s == switch && s.is_some()) {
+            Some((_, v)) => v.push(g),
+            None => by_switch.push((switch, vec![g])),
+        }
+    }
+    let one_switch = by_switch
+        .iter()
+        .filter(|(s, v)| s.is_some() && v.len() >= count)
+        .min_by_key(|(_, v)| v.len());
+    match one_switch {
+        Some((_, v)) => v[..count].to_vec(),
+        None => group[..count].to_vec(),
+    }
+}
+
+/// topo's choice: `count` of the `free` GPUs and a placement of `request` beside them (see the
+/// module docs), or `None` when there are not enough free GPUs or the CPUs do not fit.
+pub fn choose(
+    topo: &Topology,
+    model: &HostModel,
+    occupancy: &Occupancy,
+    free: &[usize],
+    request: &Request,
+    count: usize,
+    strategy: Strategy,
+) -> Option<GpuPick> {
+    if free.len() < count {
+        return None;
+    }
+    let free_cpus = occupancy.free(model);
+    for level in [Level::Numa, Level::Socket] {
+        // The free GPUs near each domain of this level.
+        let mut groups: Vec<(CpuSet, Vec<usize>)> = Vec::new();
+        for &g in free {
+            let Some(near) = topo.cpus_near(&topo.devices[g], level) else { continue };
+            match groups.iter_mut().find(|(cpus, _)| *cpus == near) {
+                Some((_, v)) => v.push(g),
+                None => groups.push((near, vec![g])),
+            }
+        }
+        groups.retain(|(_, v)| v.len() >= count);
+        // Best fit: the fewest spare GPUs, then the fewest free CPUs, so that domains with many
+        // free GPUs stay whole for jobs that need many.
+        groups.sort_by_key(|(cpus, v)| (v.len(), cpus.intersection(&free_cpus).len()));
+        for (cpus, group) in &groups {
+            let Some(inside) = within(request, cpus) else { continue };
+            if let Ok(placement) = place::place(model, occupancy, &inside, strategy) {
+                return Some(GpuPick { gpus: take_from(topo, group, count), placement });
+            }
+        }
+    }
+    // No domain holds both (the job wants more GPUs than any package has free): its GPUs from
+    // several, its CPUs in their NUMA nodes, or it waits. Only GPUs of unknown place (nothing is
+    // nearer than anything else) take CPUs anywhere.
+    let gpus = free[..count].to_vec();
+    let mut near = CpuSet::new();
+    for &g in &gpus {
+        match topo.cpus_near(&topo.devices[g], Level::Numa) {
+            Some(cpus) => near.union_with(&cpus),
+            None => {
+                let placement = place::place(model, occupancy, request, strategy).ok()?;
+                return Some(GpuPick { gpus, placement });
+            }
+        }
+    }
+    let placement = place::place(model, occupancy, &within(request, &near)?, strategy).ok()?;
+    Some(GpuPick { gpus, placement })
+}
+
+/// Where a job without GPUs should go on a host with GPUs: not on the CPUs that GPU jobs will
+/// want, when it fits elsewhere. Keeps, in each NUMA node, `per_gpu` free CPUs for each free GPU
+/// near it (the node's highest-numbered free CPUs), and returns `request` kept off them; `None`
+/// when nothing need be kept or the rest is empty (then place it as asked).
+pub fn away_from_free_gpus(
+    topo: &Topology,
+    model: &HostModel,
+    occupancy: &Occupancy,
+    free: &[usize],
+    request: &Request,
+    per_gpu: usize,
+) -> Option<Request> {
+    let free_cpus = occupancy.free(model);
+    let mut kept = CpuSet::new();
+    for node in &model.numa {
+        let gpus_here = free
+            .iter()
+            .filter(|&&g| {
+                topo.cpus_near(&topo.devices[g], Level::Numa).is_some_and(|c| c.intersects(node))
+            })
+            .count();
+        let want = gpus_here * per_gpu;
+        let here: Vec<u32> = node.intersection(&free_cpus).iter().collect();
+        for &cpu in here.iter().rev().take(want) {
+            kept.insert(cpu);
+        }
+    }
+    if kept.is_empty() {
+        return None;
+    }
+    within(request, &model.allocatable.difference(&kept))
+}
+
+/// A baseline's choice (or topo's, through [`choose`]).
+pub fn choose_as(
+    policy: GpuPolicy,
+    topo: &Topology,
+    model: &HostModel,
+    occupancy: &Occupancy,
+    free: &[usize],
+    request: &Request,
+    count: usize,
+) -> Option<GpuPick> {
+    match policy {
+        GpuPolicy::Topo => choose(topo, model, occupancy, free, request, count, Strategy::BestFit),
+        GpuPolicy::SlurmLike => {
+            if free.len() < count {
+                return None;
+            }
+            let placement = place::place(model, occupancy, request, Strategy::FirstFit).ok()?;
+            Some(GpuPick { gpus: free[..count].to_vec(), placement })
+        }
+        GpuPolicy::SingleNumaNode => topo.numa_nodes_with_cpus().find_map(|node| {
+            let here: Vec<usize> = free
+                .iter()
+                .copied()
+                .filter(|&g| topo.devices[g].numa_node == Some(node.os_index))
+                .collect();
+            if here.len() < count {
+                return None;
+            }
+            let inside = within(request, &node.cpus)?;
+            let placement = place::place(model, occupancy, &inside, Strategy::BestFit).ok()?;
+            Some(GpuPick { gpus: here[..count].to_vec(), placement })
+        }),
+    }
+}
+
+/// Whether every CPU of `cpus` is in a NUMA node one of `gpus` hangs off (for a GPU whose node
+/// is not known: near its local CPUs' nodes, see [`Topology::cpus_near`]).
+pub fn is_local(topo: &Topology, gpus: &[usize], cpus: &CpuSet) -> bool {
+    let mut near = CpuSet::new();
+    for &g in gpus {
+        match topo.cpus_near(&topo.devices[g], Level::Numa) {
+            Some(c) => near.union_with(&c),
+            None => return false,
+        }
+    }
+    cpus.is_subset(&near)
+}
+
+#[cfg(feature = "sim")]
+/// A job of the GPU stream.
+#[derive(Debug, Clone)]
+pub struct GpuJob {
+    /// Its GPUs (0 for a CPU-only job).
+    pub gpus: usize,
+    /// Its CPUs.
+    pub request: Request,
+    /// How many arrivals it stays for.
+    pub lifetime: u32,
+}
+
+/// The cores each GPU has beside it: of every NUMA node with GPUs near it, its cores divided
+/// among them, the least over the nodes (at least 1). A job asking that many cores per GPU can
+/// always be near its GPUs on an empty host.
+pub fn cores_per_gpu(topo: &Topology, model: &HostModel) -> usize {
+    let gpus = gpu_indices(topo);
+    let tpc = model.threads_per_core.max(1);
+    model
+        .numa
+        .iter()
+        .filter_map(|node| {
+            let near = gpus
+                .iter()
+                .filter(|&&g| {
+                    topo.cpus_near(&topo.devices[g], Level::Numa)
+                        .is_some_and(|c| c.intersects(node))
+                })
+                .count();
+            (near > 0).then(|| node.len() / tpc / near)
+        })
+        .min()
+        .unwrap_or(1)
+        .max(1)
+}
+
+#[cfg(feature = "sim")]
+/// A seeded stream for a host with `gpus` GPUs: half GPU jobs of 1, 2, 4 or 8 GPUs (as many as
+/// the host has at most; 1 and 2 the most common) with 1 to `per_gpu` cores per GPU (the host's
+/// [`cores_per_gpu`], as a site sets Slurm's `RestrictedCoresPerGPU` or its users'
+/// `--cpus-per-gpu`), half CPU-only jobs of 1-16 cores; lifetimes of 1-40 arrivals.
+pub fn gpu_stream(gpus: usize, per_gpu: usize, seed: u64, count: usize) -> Vec<GpuJob> {
+    let share = per_gpu.max(1) as u64;
+    let mut rng = SplitMix::new(seed);
+    (0..count)
+        .map(|_| {
+            let lifetime = 1 + rng.below(40) as u32;
+            if gpus > 0 && rng.below(2) == 0 {
+                let want = [1usize, 1, 1, 1, 2, 2, 2, 4, 4, 8][rng.below(10) as usize].min(gpus);
+                let per_gpu = 1 + rng.below(share) as u32;
+                let request = cores(want as u32 * per_gpu);
+                GpuJob { gpus: want, request, lifetime }
+            } else {
+                GpuJob { gpus: 0, request: cores(1 + rng.below(16) as u32), lifetime }
+            }
+        })
+        .collect()
+}
+
+#[cfg(feature = "sim")]
+/// What one policy did with the GPU stream on one host.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuBenchResult {
+    /// The host.
+    pub topology: String,
+    /// The policy.
+    pub policy: GpuPolicy,
+    /// GPU jobs in the stream.
+    pub gpu_jobs: usize,
+    /// GPU jobs placed.
+    pub placed: usize,
+    /// Of those, jobs whose CPUs are all in their GPUs' NUMA nodes.
+    pub local: usize,
+    /// Of those with two or more GPUs, jobs whose GPUs sit behind one PCIe switch.
+    pub one_switch: usize,
+    /// Placed GPU jobs with two or more GPUs.
+    pub multi: usize,
+    /// GPU jobs refused while enough GPUs were free.
+    pub refused_gpus_free: usize,
+}
+
+#[cfg(feature = "sim")]
+impl GpuBenchResult {
+    /// Share of placed GPU jobs that are local, in percent.
+    pub fn local_pct(&self) -> f64 {
+        100.0 * self.local as f64 / self.placed.max(1) as f64
+    }
+}
+
+#[cfg(feature = "sim")]
+/// Replays `stream` on the host with `policy`: before each arrival jobs whose lifetime ended
+/// leave, then jobs leave in order of their end until at most 85% of the CPUs are held; a job
+/// that cannot be placed is dropped (CPU-only jobs are placed by best-fit under every policy).
+pub fn replay_gpus(
+    topo: &Topology,
+    model: &HostModel,
+    stream: &[GpuJob],
+    policy: GpuPolicy,
+) -> GpuBenchResult {
+    let all = gpu_indices(topo);
+    let capacity = model.allocatable.len().max(1) as f64;
+    // The CPUs kept per free GPU: half the host's share (the stream's jobs take 1 to it).
+    let share = (cores_per_gpu(topo, model) / 2).max(1);
+    let mut ledger = Ledger::new();
+    let mut gpu_free = vec![true; topo.devices.len()];
+    let mut running: Vec<(u64, String, Vec<usize>)> = Vec::new();
+    let mut r = GpuBenchResult {
+        topology: topo.short_name().to_string(),
+        policy,
+        gpu_jobs: 0,
+        placed: 0,
+        local: 0,
+        one_switch: 0,
+        multi: 0,
+        refused_gpus_free: 0,
+    };
+    for (i, job) in stream.iter().enumerate() {
+        let now = i as u64;
+        running.sort_by_key(|(end, _, _)| std::cmp::Reverse(*end));
+        while running.last().is_some_and(|(end, _, _)| *end <= now)
+            || ledger.occupancy().held.len() as f64 > crate::bench::TARGET_LOAD * capacity
+        {
+            let Some((_, id, gpus)) = running.pop() else { break };
+            let _ = ledger.release(&id);
+            for g in gpus {
+                gpu_free[g] = true;
+            }
+        }
+        let free: Vec<usize> = all.iter().copied().filter(|&g| gpu_free[g]).collect();
+        let occupancy = ledger.occupancy().clone();
+        let id = format!("job{i}");
+        if job.gpus == 0 {
+            // topo keeps CPU-only jobs off the CPUs near free GPUs when they fit elsewhere; the
+            // baselines place them as asked.
+            let steered = (policy == GpuPolicy::Topo)
+                .then(|| away_from_free_gpus(topo, model, &occupancy, &free, &job.request, share))
+                .flatten()
+                .and_then(|r| place::place(model, &occupancy, &r, Strategy::BestFit).ok());
+            let placed = steered.map(Ok).unwrap_or_else(|| {
+                place::place(model, &occupancy, &job.request, Strategy::BestFit)
+            });
+            if let Ok(p) = placed {
+                if ledger.allocate(&id, &p, "").is_ok() {
+                    running.push((now + u64::from(job.lifetime), id, Vec::new()));
+                }
+            }
+            continue;
+        }
+        r.gpu_jobs += 1;
+        match choose_as(policy, topo, model, &occupancy, &free, &job.request, job.gpus) {
+            Some(pick) => {
+                r.placed += 1;
+                r.local += usize::from(is_local(topo, &pick.gpus, &pick.placement.cpus));
+                if pick.gpus.len() > 1 {
+                    r.multi += 1;
+                    let first = topo.devices[pick.gpus[0]].switch();
+                    r.one_switch += usize::from(
+                        first.is_some()
+                            && pick.gpus.iter().all(|&g| topo.devices[g].switch() == first),
+                    );
+                }
+                if ledger.allocate(&id, &pick.placement, "").is_ok() {
+                    for &g in &pick.gpus {
+                        gpu_free[g] = false;
+                    }
+                    running.push((now + u64::from(job.lifetime), id, pick.gpus));
+                }
+            }
+            None => r.refused_gpus_free += usize::from(free.len() >= job.gpus),
+        }
+    }
+    r
+}
+
+#[cfg(all(test, feature = "sim"))]
+mod tests {
+    use super::*;
+    use crate::topology::{IoDevice, SyntheticShape};
+
+    /// Two packages of one NUMA node of 8 one-thread cores; GPUs 0-1 on node 0 behind switch A,
+    /// 2-3 on node 1 behind switch B, 4 on node 1 on its own root port.
+    fn host() -> (Topology, HostModel) {
+        let mut topo = Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 8,
+            threads_per_core: 1,
+        });
+        let gpu = |address: &str, node: u32, switch: Option<&str>| IoDevice {
+            pci_address: address.into(),
+            class: DeviceClass::Gpu,
+            class_code: 0x030200,
+            vendor_id: None,
+            device_id: None,
+            names: Vec::new(),
+            numa_node: Some(node),
+            local_cpus: CpuSet::new(),
+            upstream: match switch {
+                Some(s) => vec!["0000:00:01.0".into(), s.into(), "0000:00:02.0".into()],
+                None => vec!["0000:00:03.0".into()],
+            },
+        };
+        topo.devices = vec![
+            gpu("0000:10:00.0", 0, Some("A")),
+            gpu("0000:11:00.0", 0, Some("A")),
+            gpu("0000:20:00.0", 1, Some("B")),
+            gpu("0000:21:00.0", 1, Some("B")),
+            gpu("0000:30:00.0", 1, None),
+        ];
+        let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
+        (topo, model)
+    }
+
+    #[test]
+    fn gpus_and_cpus_come_from_one_node_and_two_gpus_from_one_switch() {
+        let (topo, model) = host();
+        let none = Occupancy::default();
+        let all = gpu_indices(&topo);
+        // One GPU: the node with the fewest free GPUs that suffice (node 0 has 2, node 1 has 3).
+        let one = choose(&topo, &model, &none, &all, &cores(4), 1, Strategy::BestFit).unwrap();
+        assert_eq!(one.gpus, [0]);
+        assert!(is_local(&topo, &one.gpus, &one.placement.cpus), "{:?}", one.placement.cpus);
+        // Two on node 1: the two behind switch B, not the one on its own port.
+        let node1: Vec<usize> = vec![4, 2, 3];
+        let two = choose(&topo, &model, &none, &node1, &cores(4), 2, Strategy::BestFit).unwrap();
+        assert_eq!(two.gpus, [2, 3]);
+        assert!(two.placement.cpus.is_subset(&model.numa[1]));
+        // Node 0's CPUs all taken: its GPUs do not go with CPUs elsewhere; the job waits.
+        let busy = Occupancy { held: model.numa[0].clone(), ..Occupancy::default() };
+        assert!(choose(&topo, &model, &busy, &[0, 1], &cores(2), 1, Strategy::BestFit).is_none());
+        // Four GPUs: no node has them; two from each, the CPUs in both nodes.
+        let four =
+            choose(&topo, &model, &none, &[0, 1, 2, 3], &cores(4), 4, Strategy::BestFit).unwrap();
+        assert!(is_local(&topo, &four.gpus, &four.placement.cpus));
+        assert!(choose(&topo, &model, &none, &[0], &cores(1), 2, Strategy::BestFit).is_none());
+    }
+
+    #[test]
+    fn the_baselines_behave_as_slurm_and_kubernetes_do() {
+        let (topo, model) = host();
+        let none = Occupancy::default();
+        let all = gpu_indices(&topo);
+        // Slurm-like: GPU by index, cores from the lowest: GPU 2 with cores 0-3 is not local.
+        let slurm =
+            choose_as(GpuPolicy::SlurmLike, &topo, &model, &none, &[2, 3], &cores(4), 1).unwrap();
+        assert_eq!(slurm.gpus, [2]);
+        assert!(!is_local(&topo, &slurm.gpus, &slurm.placement.cpus));
+        // single-numa-node: 3 GPUs fit no node's GPUs together... node 1 has three.
+        let k8s =
+            choose_as(GpuPolicy::SingleNumaNode, &topo, &model, &none, &all, &cores(2), 3).unwrap();
+        assert_eq!(k8s.gpus, [2, 3, 4]);
+        assert!(choose_as(GpuPolicy::SingleNumaNode, &topo, &model, &none, &all, &cores(2), 4)
+            .is_none());
+    }
+
+    #[test]
+    fn on_the_stream_topo_is_always_local_more_often_than_slurm_and_about_as_often_as_kubernetes() {
+        let (topo, model) = host();
+        assert_eq!(cores_per_gpu(&topo, &model), 2, "node 1: 8 cores for 3 GPUs");
+        let stream = gpu_stream(gpu_indices(&topo).len(), cores_per_gpu(&topo, &model), 7, 400);
+        let topo_r = replay_gpus(&topo, &model, &stream, GpuPolicy::Topo);
+        let slurm = replay_gpus(&topo, &model, &stream, GpuPolicy::SlurmLike);
+        let k8s = replay_gpus(&topo, &model, &stream, GpuPolicy::SingleNumaNode);
+        assert!(topo_r.gpu_jobs > 100 && topo_r.placed > 0);
+        assert!(topo_r.local_pct() > slurm.local_pct() + 20.0, "{topo_r:?} {slurm:?}");
+        // single-numa-node is always local, by refusing what is not; so is topo.
+        assert_eq!(k8s.local, k8s.placed);
+        assert_eq!(topo_r.local, topo_r.placed, "topo places a GPU job near its GPUs or not yet");
+        // Against single-numa-node on this small host it is a near thing (79 against 80 on
+        // seed 7): best-fit by spare GPUs is a heuristic. The real machines' figures: README.
+        assert!(topo_r.placed + 8 >= k8s.placed, "{topo_r:?} {k8s:?}");
+    }
+}
