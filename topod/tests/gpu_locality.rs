@@ -178,6 +178,15 @@ fn a_job_given_a_gpu_runs_on_its_numa_node_and_topoctl_jobs_says_how_near() {
         !listed.to_string().contains("\"b\""),
         "nothing was allocated for the refused job: {listed}"
     );
+    // fit takes the GPUs too: near card0 (node 0: CPU 0 taken, 1-2 by job l) one core is left.
+    let fit =
+        ok(&d.socket, r#"{"op":"fit","request":"affinity[core:gpubind=numa]","gpus":["card0"]}"#);
+    assert_eq!(fit["cpus"], "3", "{fit}");
+    let no = ask(
+        &d.socket,
+        r#"{"op":"fit","request":"affinity[core*2:gpubind=numa]","gpus":["card0"]}"#,
+    );
+    assert_eq!(error_of(&no).0, "does_not_fit", "{no}");
 }
 
 /// A batch system names GPUs by their device files (Slurm's gres.conf `File=`): topod finds

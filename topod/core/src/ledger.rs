@@ -139,6 +139,9 @@ pub struct JobGpu {
     /// when its node is not known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distance: Option<u32>,
+    /// The host no longer has it (topod restarted on a host whose devices changed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gone: bool,
 }
 
 /// A job that does not use what it was given, as topod's sampler judged it.

@@ -264,6 +264,10 @@ pub struct FitArgs {
     /// fit inside what the batch system gave it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<String>,
+    /// The GPUs the job would be given, as `allocate`'s `gpus`: with `gpubind=numa` or
+    /// `socket`, would it fit near them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
 }
 
 impl FitArgs {
@@ -884,7 +888,7 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
 /// The fields each operation takes besides `v` and `op`.
 fn fields_of(op: &str) -> &'static [&'static str] {
     match op {
-        "fit" => &["request", "tasks", "cpus"],
+        "fit" => &["request", "tasks", "cpus", "gpus"],
         "allocate" => &[
             "job",
             "request",

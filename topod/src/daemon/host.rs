@@ -1483,13 +1483,19 @@ impl Host {
             // keeps the suspended job from resuming until it ends.
             let without_lending = self.without_lending(&occupancy);
             let inside_pool = inside(&pool_cpus);
-            // Each of these first near the job's GPUs, when it was given some (best effort).
+            // Each of these first near the job's GPUs, when it was given some (best effort); a
+            // malleable job goes there only at its largest size (not shrunk to its least beside
+            // them while its CPUs could be more elsewhere).
             let bases = [inside_block.as_ref(), inside_pool.as_ref(), Some(&prepared.request)];
             let tries: Vec<Request> = bases
                 .into_iter()
                 .flatten()
                 .flat_map(|base| {
                     let near = prepared.near_gpus.as_ref().and_then(|near| within(base, near));
+                    let near = near.map(|r| match r.tasks_max {
+                        Some(max) => Request { tasks: Some(max), tasks_max: None, ..r },
+                        None => r,
+                    });
                     near.into_iter().chain([base.clone()])
                 })
                 .collect();

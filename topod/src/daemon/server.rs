@@ -645,8 +645,12 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
         }),
         Op::Topology => Reply::ok(server.topology_json.clone()),
         Op::FreeMap => ok(server.snapshot().free_map()),
-        Op::Fit(proto::FitArgs { request, tasks, cpus }) => {
-            let prepared = match host::prepare(&server.topology, &request, tasks, cpus.as_deref()) {
+        Op::Fit(proto::FitArgs { request, tasks, cpus, gpus }) => {
+            let prepared = match host::prepare(&server.topology, &request, tasks, cpus.as_deref())
+                .and_then(|p| {
+                    let gpus = host::device_files_to_pci(&server.topology, &gpus)?;
+                    p.with_gpus(&server.topology, &gpus)
+                }) {
                 Ok(p) => p,
                 Err(e) => return error_reply(&e),
             };

@@ -165,6 +165,11 @@ pub(crate) fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
 
 /// A job's GPU for `topoctl jobs`: `0000:3b:00.0 (card0, NUMA node 1, local)`.
 fn gpu_cell(g: &topo_core::ledger::JobGpu) -> String {
+    // The record is root's, but its text is still not the terminal's to interpret.
+    let address: String = g.pci_address.chars().filter(|c| !c.is_control()).collect();
+    if g.gone {
+        return format!("{address} (no longer on this host)");
+    }
     let mut parts: Vec<String> = g.name.iter().cloned().collect();
     match (g.numa_node, g.distance) {
         (Some(node), Some(10)) => parts.push(format!("NUMA node {node}, local to every CPU")),
@@ -174,7 +179,7 @@ fn gpu_cell(g: &topo_core::ledger::JobGpu) -> String {
         (Some(node), None) => parts.push(format!("NUMA node {node}")),
         (None, _) => parts.push("NUMA node not known".into()),
     }
-    format!("{} ({})", g.pci_address, parts.join(", "))
+    format!("{address} ({})", parts.join(", "))
 }
 
 pub(crate) fn alloc_and_print(daemon: &Daemon, op: Op, json: bool) -> Result<(), Failure> {

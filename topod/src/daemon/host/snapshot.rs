@@ -134,6 +134,7 @@ impl Host {
                     name: device.and_then(|d| d.names.first().cloned()),
                     numa_node: device.and_then(|d| d.numa_node),
                     distance: device.and_then(|d| self.topo.device_distance(d, cpus)),
+                    gone: device.is_none(),
                 }
             })
             .collect()

@@ -2333,6 +2333,22 @@ fn a_job_given_a_gpu_gets_cpus_in_its_numa_node_and_the_listing_says_how_near() 
     let mut h = host_on(&topo, &kernel, Some(records.path()));
     h.recover(BTreeMap::new()).unwrap();
     assert_eq!(listed(&h, "g1")[0].distance, Some(10), "kept across a restart");
+    // Started again on a host without that GPU: listed as gone, not as of unknown place.
+    let mut without = topo.clone();
+    without.devices.retain(|d| d.pci_address != "0000:86:00.0");
+    let mut elsewhere = host_on(&without, &kernel, Some(records.path()));
+    elsewhere.recover(BTreeMap::new()).unwrap();
+    assert!(listed(&elsewhere, "g1")[0].gone);
+    assert!(!listed(&h, "g1")[0].gone);
+    drop(elsewhere);
+    // A malleable job beside its GPU only at its largest size (an attack finding: it was shrunk
+    // to its least there while more CPUs were free elsewhere).
+    h.release("g1").unwrap();
+    h.release("g2").unwrap();
+    h.allocate("n1", "affinity[core*3]", None, Some("4-6"), None, None).unwrap();
+    let m = with_gpus(&topo, "affinity[core*1-4]", None, &["card1"]);
+    let grown = h.allocate_prepared("m", &m, None, None).unwrap();
+    assert_eq!(grown.tasks.len(), 4, "{grown:?}: 3 cores free on node 0, 1 on node 1 (its GPU's)");
 }
 
 /// Names the host has no device for, a GPU given twice, and bindings that cannot be met are
