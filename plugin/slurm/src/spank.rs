@@ -545,14 +545,25 @@ fn connect_patiently(
 fn job_gpus(
     sp: Spank,
     job_id: u32,
+    step_id: u32,
     req: &topo_core::request::Request,
 ) -> Result<Vec<String>, String> {
-    let Some(indices) = job_env(sp, "SLURM_JOB_GPUS").or_else(|| job_env(sp, "SLURM_STEP_GPUS"))
-    else {
+    // A step's own GPUs on this node; the job's only in the batch step, which runs here (an
+    // srun inside the batch script inherits the batch node's SLURM_JOB_GPUS, not this node's).
+    let indices = match job_env(sp, "SLURM_STEP_GPUS") {
+        Some(step) => Some(step),
+        None if step_id == plan::BATCH_STEP => job_env(sp, "SLURM_JOB_GPUS"),
+        None => None,
+    };
+    let Some(indices) = indices else {
         return Ok(Vec::new());
     };
     let path = args().gres_conf_path(std::env::var("SLURM_CONF").ok().as_deref());
-    let node = job_env(sp, "SLURMD_NODENAME").unwrap_or_default();
+    // gres.conf's NodeName= lines are matched against this host's short name (the job's
+    // environment may carry another node's).
+    let node = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().split('.').next().unwrap_or_default().to_string())
+        .unwrap_or_default();
     let files = std::fs::read_to_string(&path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))
         .and_then(|text| crate::gres::gpu_files(&text, &node))
@@ -612,7 +623,9 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let [(_, claimed_queue), (_, pool)] = names;
     let req =
         topo_core::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
-    let gpus = job_gpus(sp, job_id, &req)?;
+    let gpus = job_gpus(sp, job_id, step_id, &req)?;
+    use topo_core::request::GpuBind;
+    let bound_to_gpus = matches!(req.gpubind, Some(GpuBind::Numa | GpuBind::Socket));
     // One try: topod's topology, what Slurm did, the allocate. A topod that goes away in the
     // middle (restarted: an upgrade, a crash) is tried again until the timeout; the allocate is
     // idempotent in topod.
@@ -654,7 +667,7 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
             (Some(view), false) => view.running.iter().filter(|j| **j != job).cloned().collect(),
             _ => Vec::new(),
         };
-        let allocate = Op::Allocate(topo_core::proto::AllocateArgs {
+        let allocate = topo_core::proto::AllocateArgs {
             tasks: Some(tasks),
             cpus: Some(job_cpus.to_string()),
             mem_limit_bytes: (mem_mb > 0).then_some(mem_mb << 20),
@@ -669,8 +682,23 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
             gang: Some(false),
             gpus: gpus.clone(),
             ..topo_core::proto::AllocateArgs::new(job.clone(), request.to_string())
-        });
-        let alloc = match topod.allocate(allocate) {
+        };
+        // A topod older than GPU placement refuses the field: place the job as without GPUs
+        // (said in the log) rather than fail it, unless its request binds it to them.
+        let refuses_gpus = |e: &ClientError| matches!(e, ClientError::Refused(r) if r.message.contains("unknown field \"gpus\""));
+        let answer = match topod.allocate(Op::Allocate(allocate.clone())) {
+            Err(e) if !gpus.is_empty() && !bound_to_gpus && refuses_gpus(&e) => {
+                log_error(&format!(
+                    "job {job_id}: this topod does not take GPUs (upgrade it); the job is placed as without them"
+                ));
+                topod.allocate(Op::Allocate(topo_core::proto::AllocateArgs {
+                    gpus: Vec::new(),
+                    ..allocate
+                }))
+            }
+            other => other,
+        };
+        let alloc = match answer {
             Ok(a) => a,
             // Another step of the job (the batch script, a concurrent srun) placed it already
             // with its own task count: every step shares that allocation.

@@ -76,7 +76,7 @@ impl GpuPolicy {
 }
 
 /// `request` kept to `cpus` (with its own CPU list, if any); `None` when nothing is left.
-fn within(request: &Request, cpus: &CpuSet) -> Option<Request> {
+pub fn within(request: &Request, cpus: &CpuSet) -> Option<Request> {
     let list = match &request.cpu_list {
         Some(list) => list.intersection(cpus),
         None => cpus.clone(),
@@ -414,7 +414,7 @@ pub fn replay_gpus(
     r
 }
 
-#[cfg(all(test, feature = "sim"))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::topology::{IoDevice, SyntheticShape};
@@ -496,6 +496,7 @@ mod tests {
             .is_none());
     }
 
+    #[cfg(feature = "sim")]
     #[test]
     fn on_the_stream_topo_is_always_local_more_often_than_slurm_and_about_as_often_as_kubernetes() {
         let (topo, model) = host();

@@ -28,8 +28,13 @@ use topod::daemon::server::{self, Admins, Listener, Server};
 use topod::daemon::{CgroupKind, Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
 
 /// The machine `path` describes: an hwloc XML file, or a directory holding a sysfs snapshot
-/// (`sys/` and `proc/`, as `hwloc-gather-topology` makes, or a tree made for a test).
-fn read_topology(path: &Path) -> Result<topo_core::topology::Topology, String> {
+/// (`sys/` and `proc/`, as `hwloc-gather-topology` makes, or a tree made for a test); this
+/// host's without one.
+fn read_topology(path: Option<&Path>) -> Result<topo_core::topology::Topology, String> {
+    let Some(path) = path else {
+        return sysfs::read(Path::new("/"))
+            .map_err(|e| format!("reading this host's topology: {e}"));
+    };
     if path.is_dir() {
         sysfs::read(path).map_err(|e| format!("reading the sysfs snapshot {}: {e}", path.display()))
     } else {
@@ -133,12 +138,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
         return remove_cgroups(kind, &mounts, &subtree);
     }
     let _subtree_lock = lock_subtree(kind.subtree_dir(&mounts, &subtree))?;
-    let topo = match args.topology.or(config.topology.clone()) {
-        Some(path) => read_topology(&path)?,
-        None => {
-            sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
-        }
-    };
+    let topo = read_topology(args.topology.or(config.topology.clone()).as_deref())?;
     let reserved = config.reserved_cpus.clone().unwrap_or_default();
     let strategy = config.strategy.unwrap_or(Strategy::BestFit);
     let backend = kind
@@ -516,12 +516,7 @@ fn check_config(
             format!("{key} {addr}: {} is not an address of this host: {e}", parsed.ip())
         })?;
     }
-    let topo = match topology {
-        Some(path) => read_topology(&path)?,
-        None => {
-            sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
-        }
-    };
+    let topo = read_topology(topology.as_deref())?;
     let reserved = config.reserved_cpus.clone().unwrap_or_default();
     let model = topo_core::place::HostModel::new(&topo, &reserved)
         .map_err(|e| format!("reserved_cpus {reserved}: {e}"))?;
@@ -609,12 +604,7 @@ fn prepare_cgroups(
             }
         }
     }
-    let topo = match topology {
-        Some(path) => read_topology(&path)?,
-        None => {
-            sysfs::read(Path::new("/")).map_err(|e| format!("reading this host's topology: {e}"))?
-        }
-    };
+    let topo = read_topology(topology.as_deref())?;
     kind.open(files, mounts, subtree, &topo.allowed, &topo.allowed_mems, cpu_groups)
         .map_err(|e| e.to_string())?;
     let dirs = kind.subtree_dir(mounts, subtree).map(|d| d.display().to_string());

@@ -364,12 +364,21 @@ impl Prepared {
     /// The same job given the GPUs `names` (PCI addresses or OS names, as [`Topology::device`]
     /// reads them) by the batch system: with `gpubind=numa` or `socket` its CPUs are kept to
     /// the NUMA nodes or packages of those GPUs (folded into its CPU list, so that every later
-    /// placement, resize and restart keeps them there); without `gpubind=` the kept request
-    /// are where its placement tries first ([`Prepared::near_gpus`]); `gpubind=any` keeps none. A name
+    /// placement, resize and restart keeps them there); without `gpubind=` those CPUs are where
+    /// its placement tries first ([`Prepared::near_gpus`]); `gpubind=any` keeps none. A name
     /// this host has no device for, a GPU given twice, or a binding the GPUs' locality cannot
-    /// meet is refused, naming it.
+    /// meet is refused, naming it. `gpubind=` without GPUs binds nothing (logged).
     pub fn with_gpus(mut self, topo: &Topology, names: &[String]) -> Result<Self, HostError> {
         if names.is_empty() {
+            if let Some(bind @ (request::GpuBind::Numa | request::GpuBind::Socket)) =
+                self.request.gpubind
+            {
+                tracing::info!(
+                    "request {}: gpubind={} binds nothing: the batch system gave the job no GPUs",
+                    self.canonical,
+                    bind.name()
+                );
+            }
             return Ok(self);
         }
         let mut devices: Vec<&topo_core::topology::IoDevice> = Vec::new();
@@ -423,7 +432,7 @@ impl Prepared {
                     };
                     return Err(HostError::BadRequest(format!(
                         "gpubind={}: which CPUs are near GPU {} is not known on this host ({why}); give gpubind=any",
-                        level_word(level),
+                        bind.map_or("numa", request::GpuBind::name),
                         device.pci_address
                     )));
                 }
@@ -442,7 +451,7 @@ impl Prepared {
             }
             return Err(HostError::BadRequest(format!(
                 "gpubind={}: the CPUs near GPUs {} ({near}) are none of those the job may use ({})",
-                level_word(level),
+                bind.map_or("numa", request::GpuBind::name),
                 self.gpus.join(", "),
                 kept.cpu_list.as_ref().map_or_else(|| topo.allowed.to_string(), |l| l.to_string())
             )));
@@ -484,7 +493,7 @@ pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<Stri
             let found = topo_core::topology::sysfs::pci_function_of_char_device(root, major, minor);
             if let Some(address) = found.as_deref().filter(|a| topo.device(a).is_none()) {
                 return Err(refused(format!(
-                    "character device {major}:{minor} is on PCI function {address}, which is no GPU, NIC or accelerator of this host"
+                    "character device {major}:{minor} is on PCI function {address}, which is none of the devices this host lists (topoctl show)"
                 )));
             }
             found.ok_or_else(|| {
@@ -496,15 +505,6 @@ pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<Stri
             })
         })
         .collect()
-}
-
-/// `numa` or `socket`, as `gpubind=` spells the level.
-fn level_word(level: request::Level) -> &'static str {
-    if level == request::Level::Socket {
-        "socket"
-    } else {
-        "numa"
-    }
 }
 
 /// What an `allocate` says about preemption (see [`Host::set_preempt`]).
@@ -1174,6 +1174,7 @@ impl Host {
                 let mut hint = self.hints.get(job).cloned().unwrap_or_else(|| JobHint {
                     request: existing.request.clone(),
                     tasks: existing.tasks.clone(),
+                    gpus: prepared.gpus.clone(),
                     ..JobHint::default()
                 });
                 hint.allocated_at = Some(asked);
@@ -1425,7 +1426,7 @@ impl Host {
             if prepared.gpus.is_empty() {
                 String::new()
             } else {
-                format!(" beside GPUs {}", prepared.gpus.join(", "))
+                format!(" (given GPUs {})", prepared.gpus.join(", "))
             }
         );
         if let Some(row) = alloc.gang_row {
@@ -1460,13 +1461,7 @@ impl Host {
         };
         // A job with a reservation goes inside its block when it fits there, one a prime-time
         // pool admits inside the pool.
-        let within = |base: &Request, cpus: &CpuSet| {
-            let list = match &base.cpu_list {
-                Some(list) => list.intersection(cpus),
-                None => cpus.clone(),
-            };
-            (!list.is_empty()).then(|| Request { cpu_list: Some(list), ..base.clone() })
-        };
+        let within = topo_core::gpus::within;
         let inside = |cpus: &CpuSet| within(&prepared.request, cpus);
         let inside_block = self.block_of(id.as_str()).and_then(inside);
         let ends_by = self.ends_by(prepared);
@@ -1487,7 +1482,9 @@ impl Host {
             // malleable job goes there only at its largest size (not shrunk to its least beside
             // them while its CPUs could be more elsewhere).
             let bases = [inside_block.as_ref(), inside_pool.as_ref(), Some(&prepared.request)];
-            let tries: Vec<Request> = bases
+            // A preference never borrows a suspended job's CPUs (that is for a job that fits
+            // nowhere else): the near tries go without lending only.
+            let tries: Vec<(Request, bool)> = bases
                 .into_iter()
                 .flatten()
                 .flat_map(|base| {
@@ -1496,11 +1493,14 @@ impl Host {
                         Some(max) => Request { tasks: Some(max), tasks_max: None, ..r },
                         None => r,
                     });
-                    near.into_iter().chain([base.clone()])
+                    near.map(|r| (r, true)).into_iter().chain([(base.clone(), false)])
                 })
                 .collect();
-            for request in &tries {
-                for occupancy in without_lending.iter().chain([&occupancy]) {
+            for (request, near) in &tries {
+                let lending = if *near { None } else { Some(&occupancy) };
+                let plain = without_lending.as_ref().unwrap_or(&occupancy);
+                let first = if *near || without_lending.is_some() { Some(plain) } else { None };
+                for occupancy in first.into_iter().chain(lending) {
                     let placed = match self.start_malleable(occupancy, request) {
                         Some(p) => Ok(p),
                         None => topo_core::policy::start_on_host(

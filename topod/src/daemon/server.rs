@@ -646,6 +646,10 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
         Op::Topology => Reply::ok(server.topology_json.clone()),
         Op::FreeMap => ok(server.snapshot().free_map()),
         Op::Fit(proto::FitArgs { request, tasks, cpus, gpus }) => {
+            // A device file is looked up as root: not for anyone to probe paths with.
+            if !admin && gpus.iter().any(|g| g.starts_with('/')) {
+                return forbidden("naming GPUs by device file");
+            }
             let prepared = match host::prepare(&server.topology, &request, tasks, cpus.as_deref())
                 .and_then(|p| {
                     let gpus = host::device_files_to_pci(&server.topology, &gpus)?;

@@ -575,7 +575,6 @@ fn first_set(fs: &Fs, dir: &str, names: &[&str]) -> Result<Option<CpuSet>, Topol
     Ok(None)
 }
 
-/// Whether `s` reads as a PCI address, `dddd:bb:dd.f` in hexadecimal.
 /// NVIDIA's driver's character device major (`/dev/nvidia0` is 195:0), whose devices have no
 /// `sys/dev/char` entry.
 const NVIDIA_MAJOR: u32 = 195;
@@ -610,6 +609,7 @@ pub fn pci_function_of_char_device(root: &Path, major: u32, minor: u32) -> Optio
     })
 }
 
+/// Whether `s` reads as a PCI address, `dddd:bb:dd.f` in hexadecimal.
 fn is_pci_address(s: &str) -> bool {
     let b = s.as_bytes();
     let hex = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_hexdigit);

@@ -230,8 +230,9 @@ impl Host {
     }
 
     /// The running jobs the planner considers (not gang-scheduled, not being released or
-    /// changed), each with the time from which it may be moved ([`Defrag::movable_from`]: as
-    /// for preemption, its owner's suspend and resume do not restart the time).
+    /// changed, not given GPUs: a move could take it away from them), each with the time from
+    /// which it may be moved ([`Defrag::movable_from`]: as for preemption, its owner's suspend
+    /// and resume do not restart the time).
     fn defrag_candidates<'a>(
         &'a self,
         cfg: &'a Defrag,
@@ -242,6 +243,7 @@ impl Host {
                 a.gang_row.is_none() && self.ledger.state_of(&a.job) == Some(JobState::Running)
             })
             .filter(|a| !self.releasing.contains(&a.job) && !self.changing.contains_key(&a.job))
+            .filter(|a| self.hints.get(&a.job).is_none_or(|h| h.gpus.is_empty()))
             .map(|a| {
                 let hint = self.hints.get(&a.job);
                 let from = cfg.movable_from(

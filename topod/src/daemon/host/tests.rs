@@ -2404,3 +2404,18 @@ fn gpus_that_are_not_here_twice_or_of_unknown_place_are_refused_saying_which() {
     assert_eq!(socket.request.cpu_list, Some(CpuSet::parse_list("2-3").unwrap()));
     assert_eq!(socket.gpus, ["0000:18:00.0"]);
 }
+
+/// Review finding: the preference for the GPUs' node never borrows a suspended job's CPUs (a
+/// borrower keeps it from resuming); a job that fits elsewhere without borrowing goes there.
+#[test]
+fn a_gpu_jobs_preference_does_not_borrow_a_suspended_jobs_cpus() {
+    let topo = two_nodes_with_gpus();
+    let kernel = kernel_for(&topo);
+    let mut h = host_on(&topo, &kernel, None);
+    let s = h.allocate("s", "affinity[core*4]", None, Some("4-7"), None, None).unwrap();
+    assert_eq!(s.cpus, CpuSet::parse_list("4-7").unwrap());
+    h.suspend("s").unwrap();
+    let g = with_gpus(&topo, "affinity[core*2]", None, &["card1"]);
+    let placed = h.allocate_prepared("g", &g, None, None).unwrap();
+    assert!(placed.cpus.is_subset(&CpuSet::parse_list("0-3").unwrap()), "{placed:?}");
+}
