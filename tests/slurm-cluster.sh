@@ -189,7 +189,7 @@ cluster_restart_slurmctld() {
 cluster_stop_all() {
     cluster_stop slurmd slurmctld topod munged
     # topod removes job cgroups on release; the subtree itself is ours to remove once empty.
-    for c in cpuset memory freezer cpu; do
+    for c in cpuset memory freezer cpu devices; do
         [ -d "/sys/fs/cgroup/$c/$CGROUP_SUBTREE" ] && rmdir "/sys/fs/cgroup/$c/$CGROUP_SUBTREE" 2>/dev/null || true
     done
     # Slurm's task/cgroup makes slurm_<node> in every v1 hierarchy and leaves it when slurmd

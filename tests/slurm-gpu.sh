@@ -11,6 +11,9 @@
 #   - srun -c1 --gres=gpu:1: where Slurm's one core is away from the GPU, the job runs there and
 #     topoctl jobs gives the distance; with gpubind=numa the step fails and srun's output says
 #     why;
+#   - with confine_devices, the job opens its own GPU's device file and not the other's (the
+#     plug-in sends Slurm's GPU as its device number, topod denies the other in the job's v1
+#     devices cgroup);
 #   - after the jobs, topod's ledger is empty.
 # Needs root and two CPUs; skips without. Usage: tests/slurm-gpu.sh   (also run by tests/run-all.sh)
 set -euo pipefail
@@ -82,7 +85,9 @@ mkdir -p "$BASE/dev"
 mknod -m 0666 "$BASE/dev/gpu3" c 241 3
 mknod -m 0666 "$BASE/dev/gpu5" c 241 5
 
-TOPOD_EXTRA_CONF="topology = \"$SYS\""
+# confine_devices: each job may open only its own GPU's device file (v1 devices controller).
+TOPOD_EXTRA_CONF="topology = \"$SYS\"
+confine_devices = true"
 cluster_start_topod
 "$BASE/bin/topoctl" show --sysfs "$SYS" | sed -n '/GPU\|PCI/p' | sed 's/^/  /'
 
@@ -93,6 +98,10 @@ echo "GPUS=\${SLURM_JOB_GPUS:-\$SLURM_STEP_GPUS}"
 grep Cpus_allowed_list /proc/self/status
 echo "TOPO_CPUS=\$TOPO_CPUS"
 $BASE/bin/topoctl jobs --socket $SOCK | awk -v j="slurm-\$SLURM_JOB_ID" '\$1 == j { show = 1; next } /^[^ ]/ { show = 0 } show && /GPUs/ { sub(/^ +/, ""); print "LISTED=" \$0 }'
+for f in $BASE/dev/gpu3 $BASE/dev/gpu5; do
+    # No driver has major 241: a device file the job may open says ENXIO, one it may not EPERM.
+    echo "OPEN_\${f##*/}=\$( (exec 3<"\$f") 2>&1 )"
+done
 sleep "\${PROBE_SLEEP:-0}"
 EOT
 chmod 755 "$BASE/bin/probe"
@@ -122,7 +131,10 @@ check "Slurm gave the job one GPU ($gpu: $file)" test "$want" != none
 check "of Slurm's two cores topod gave CPU $want, the one beside $file ($(address "$file"))" test "$(field TOPO_CPUS "$BASE/out/near.out")" = "$want"
 check "the task runs there" grep -q "Cpus_allowed_list:\s*$want\$" "$BASE/out/near.out"
 check "topoctl jobs lists the GPU as local" grep -q "^LISTED=GPUs $(address "$file") (card[35], NUMA node $want, local to every CPU)" "$BASE/out/near.out"
-check "the plug-in logged which device file Slurm's GPU $gpu is" grep -q "Slurm's GPUs $gpu are $file\$" "$BASE/log/slurmd.log"
+other=$BASE/dev/gpu3; [ "$file" = "$other" ] && other=$BASE/dev/gpu5
+check "the job opens its own GPU's device file ($file)" grep -q "^OPEN_${file##*/}=.*No such device or address" "$BASE/out/near.out"
+check "the job may not open the other GPU's ($other): confine_devices" grep -q "^OPEN_${other##*/}=.*Operation not permitted" "$BASE/out/near.out"
+check "the plug-in logged which device file Slurm's GPU $gpu is, and its number" grep -q "Slurm's GPUs $gpu are $file (char:241:[0-9]*)\$" "$BASE/log/slurmd.log"
 
 echo "-- srun -c1 --gres=gpu:1: Slurm's one core is away from the GPU; topod says how far"
 srun -c1 -n1 --gres=gpu:1 --topology='affinity[core]' "$BASE/bin/probe" > "$BASE/out/far.out" 2>&1 || cat "$BASE/out/far.out"

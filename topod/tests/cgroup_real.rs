@@ -145,7 +145,12 @@ fn create_join_release() {
     let eff = cg
         .create(
             &id,
-            &CgroupSpec { cpus: one.clone(), mems: mems.clone(), memory_limit: Some(256 << 20) },
+            &CgroupSpec {
+                cpus: one.clone(),
+                mems: mems.clone(),
+                memory_limit: Some(256 << 20),
+                ..Default::default()
+            },
         )
         .unwrap();
     assert_eq!(eff.cpus, one);
@@ -159,15 +164,31 @@ fn create_join_release() {
         );
     }
     assert_eq!(
-        cg.create(&id, &CgroupSpec { cpus: one.clone(), mems: mems.clone(), memory_limit: None })
-            .unwrap(),
+        cg.create(
+            &id,
+            &CgroupSpec {
+                cpus: one.clone(),
+                mems: mems.clone(),
+                memory_limit: None,
+                ..Default::default()
+            }
+        )
+        .unwrap(),
         eff,
         "idempotent"
     );
     if cpus.len() > 1 {
         let other = CpuSet::parse_list(&cpus.last().unwrap().to_string()).unwrap();
         assert!(matches!(
-            cg.create(&id, &CgroupSpec { cpus: other, mems: mems.clone(), memory_limit: None }),
+            cg.create(
+                &id,
+                &CgroupSpec {
+                    cpus: other,
+                    mems: mems.clone(),
+                    memory_limit: None,
+                    ..Default::default()
+                }
+            ),
             Err(CgroupError::Exists { .. })
         ));
     }
@@ -193,8 +214,16 @@ fn create_join_release() {
 fn a_job_is_one_entity_for_the_cpu_scheduler() {
     let Some(Real { cgroups, cg, subtree, cpus, mems, _cleanup }) = real() else { return };
     let id = job("1003");
-    cg.create(&id, &CgroupSpec { cpus: cpus.clone(), mems: mems.clone(), memory_limit: None })
-        .unwrap();
+    cg.create(
+        &id,
+        &CgroupSpec {
+            cpus: cpus.clone(),
+            mems: mems.clone(),
+            memory_limit: None,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let mut child = Command::new("sleep").arg("100").spawn().unwrap();
     let pid = child.id() as i32;
     cg.join(&id, pid).unwrap();
@@ -244,7 +273,12 @@ fn a_job_is_one_entity_for_the_cpu_scheduler() {
                 let other = job("1004");
                 off.create(
                     &other,
-                    &CgroupSpec { cpus: cpus.clone(), mems: mems.clone(), memory_limit: None },
+                    &CgroupSpec {
+                        cpus: cpus.clone(),
+                        mems: mems.clone(),
+                        memory_limit: None,
+                        ..Default::default()
+                    },
                 )
                 .unwrap();
                 assert!(!slice.join("1004/cpu.weight").exists());
@@ -262,7 +296,11 @@ fn a_job_is_one_entity_for_the_cpu_scheduler() {
 fn nothing_escapes() {
     let Some(Real { cg, cpus, mems, _cleanup, .. }) = real() else { return };
     let id = job("2002[1]");
-    cg.create(&id, &CgroupSpec { cpus: cpus.clone(), mems, memory_limit: None }).unwrap();
+    cg.create(
+        &id,
+        &CgroupSpec { cpus: cpus.clone(), mems, memory_limit: None, ..Default::default() },
+    )
+    .unwrap();
     // A job that double-forks a daemon and starts 200 processes.
     let mut sh = held_shell("(sleep 300 &) ; for i in $(seq 200); do sleep 300 & done; wait");
     cg.join(&id, sh.id() as i32).unwrap();
@@ -308,7 +346,10 @@ fn a_half_made_job_cgroup_takes_no_process_and_is_finished_by_create() {
     // Allocating the job again finishes it.
     let one = CpuSet::parse_list(&cpus.first().unwrap().to_string()).unwrap();
     let eff = cg
-        .create(&job("3003"), &CgroupSpec { cpus: one.clone(), mems, memory_limit: None })
+        .create(
+            &job("3003"),
+            &CgroupSpec { cpus: one.clone(), mems, memory_limit: None, ..Default::default() },
+        )
         .unwrap();
     assert_eq!(eff.cpus, one);
     cg.join(&job("3003"), child.id() as i32).unwrap();
@@ -322,7 +363,11 @@ fn v1_a_process_moves_itself_in_and_join_confirms_it() {
     let Some((cg, cleanup, cpus, mems)) = v1() else { return };
     let one = CpuSet::parse_list(&cpus.first().unwrap().to_string()).unwrap();
     let id = job("5005");
-    cg.create(&id, &CgroupSpec { cpus: one.clone(), mems, memory_limit: None }).unwrap();
+    cg.create(
+        &id,
+        &CgroupSpec { cpus: one.clone(), mems, memory_limit: None, ..Default::default() },
+    )
+    .unwrap();
     let files = cg.self_join_files(&id).unwrap();
     assert_eq!(files.len(), cleanup.0.len(), "one tasks file per hierarchy: {files:?}");
     assert!(files.iter().all(|f| f.ends_with("5005/tasks") && f.exists()), "{files:?}");
@@ -402,12 +447,22 @@ fn a_restarted_backend_finds_the_jobs() {
     let a = CpuSet::parse_list(&cpus.first().unwrap().to_string()).unwrap();
     cg.create(
         &job("4004"),
-        &CgroupSpec { cpus: a.clone(), mems: mems.clone(), memory_limit: None },
+        &CgroupSpec {
+            cpus: a.clone(),
+            mems: mems.clone(),
+            memory_limit: None,
+            ..Default::default()
+        },
     )
     .unwrap();
     cg.create(
         &job("4005"),
-        &CgroupSpec { cpus: cpus.clone(), mems: mems.clone(), memory_limit: None },
+        &CgroupSpec {
+            cpus: cpus.clone(),
+            mems: mems.clone(),
+            memory_limit: None,
+            ..Default::default()
+        },
     )
     .unwrap();
     // Something that is not a job cgroup is left alone.
@@ -451,8 +506,12 @@ fn v2_kill_and_events() {
             &std::fs::read_to_string(root.join("cpuset.mems.effective")).unwrap(),
         )
         .unwrap();
-        let eff =
-            cg.create(&id, &CgroupSpec { cpus: cpus.clone(), mems, memory_limit: None }).unwrap();
+        let eff = cg
+            .create(
+                &id,
+                &CgroupSpec { cpus: cpus.clone(), mems, memory_limit: None, ..Default::default() },
+            )
+            .unwrap();
         assert_eq!(eff.cpus, cpus);
     }
     let mut sh = held_shell("for i in 1 2 3 4 5; do sleep 300 & done; wait");
@@ -498,7 +557,11 @@ fn cpu_ticks(pids: &[i32]) -> u64 {
 fn suspend_freezes_the_whole_job_at_once_and_resume_lets_it_run() {
     let Some(Real { cg, cpus, mems, _cleanup, .. }) = real() else { return };
     let id = job("6006");
-    cg.create(&id, &CgroupSpec { cpus: cpus.clone(), mems, memory_limit: None }).unwrap();
+    cg.create(
+        &id,
+        &CgroupSpec { cpus: cpus.clone(), mems, memory_limit: None, ..Default::default() },
+    )
+    .unwrap();
     // Eight busy loops, and a loop that keeps forking short-lived children.
     let mut sh = held_shell(
         "for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; (while :; do /bin/true; done) & wait",

@@ -567,11 +567,16 @@ fn job_gpus(
     let files = std::fs::read_to_string(&path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))
         .and_then(|text| crate::gres::gpu_files(&text, &node))
-        .and_then(|files| crate::gres::pick(&files, &indices));
+        .and_then(|files| crate::gres::pick(&files, &indices))
+        .and_then(|files| Ok((topo_client::device_numbers(&files)?, files)));
     match files {
-        Ok(files) => {
-            log_verbose(&format!("job {job_id}: Slurm's GPUs {indices} are {}", files.join(" ")));
-            Ok(files)
+        Ok((numbers, files)) => {
+            log_verbose(&format!(
+                "job {job_id}: Slurm's GPUs {indices} are {} ({})",
+                files.join(" "),
+                numbers.join(" ")
+            ));
+            Ok(numbers)
         }
         Err(why) => {
             let why = format!("job {job_id}: which device files Slurm's GPUs {indices} are: {why}");

@@ -772,6 +772,28 @@ impl SelfJoin {
     }
 }
 
+/// Each device file by its number, `char:MAJOR:MINOR`, as topod takes a GPU (`allocate`'s
+/// `gpus`): a client stats the file in its own view of `/dev`, which under topod.service's
+/// PrivateDevices= is not topod's (there `/dev/nvidia0` does not exist). A file that is missing
+/// or no character device is refused naming it.
+pub fn device_numbers(files: &[String]) -> Result<Vec<String>, String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    files
+        .iter()
+        .map(|file| {
+            let meta = std::fs::metadata(file).map_err(|e| format!("{file}: {e}"))?;
+            if !meta.file_type().is_char_device() {
+                return Err(format!("{file}: not a character device"));
+            }
+            // glibc's gnu_dev_major and gnu_dev_minor (sys/sysmacros.h), written out.
+            let rdev = meta.rdev();
+            let major = ((rdev >> 32) & 0xffff_f000) | ((rdev >> 8) & 0x0fff);
+            let minor = ((rdev >> 12) & 0xffff_ff00) | (rdev & 0x00ff);
+            Ok(format!("char:{major}:{minor}"))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1100,5 +1122,16 @@ mod tests {
             _ => Err("refused: unknown operation".into()),
         });
         assert!(r.unwrap_err().to_string().contains("not allocated"));
+    }
+
+    #[test]
+    fn device_files_go_to_topod_by_number() {
+        let files = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // /dev/null is 1:3 on every Linux (Documentation/admin-guide/devices.txt).
+        assert_eq!(super::device_numbers(&files(&["/dev/null"])).unwrap(), ["char:1:3"]);
+        let e = super::device_numbers(&files(&["/proc/self/status"])).unwrap_err();
+        assert_eq!(e, "/proc/self/status: not a character device");
+        let e = super::device_numbers(&files(&["/dev/no-such-gpu"])).unwrap_err();
+        assert!(e.starts_with("/dev/no-such-gpu: No such file"), "{e}");
     }
 }

@@ -347,9 +347,11 @@ pub struct AllocateArgs {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub starts_suspended: bool,
     /// The GPUs (or other PCI devices) the batch system gave the job on this host: PCI
-    /// addresses (`0000:3b:00.0`) or names `topology` lists (`card1`). The job's CPUs go near
-    /// them as its request's `gpubind=` says (by default: in their NUMA nodes when it fits
-    /// there), and `list` says how near they are.
+    /// addresses (`0000:3b:00.0`), names `topology` lists (`card1`), character device numbers
+    /// (`char:195:0`, what the plug-ins send) or device files (`/dev/nvidia0`, as topod sees
+    /// `/dev`). The job's CPUs go near them as its request's `gpubind=` says (by default: in
+    /// their NUMA nodes when it fits there), and `list` says how near they are. Where topod
+    /// confines devices (`confine_devices`), the job may open no other GPU's device files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<String>,
 }

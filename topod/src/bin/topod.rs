@@ -123,7 +123,10 @@ fn run(args: TopodArgs) -> Result<(), String> {
             "unknown".to_string()
         }
     };
-    let cpu_groups = config.cpu_groups.unwrap_or(true);
+    let options = cgroup::OpenOptions {
+        cpu_groups: config.cpu_groups.unwrap_or(true),
+        confine_devices: config.confine_devices,
+    };
     if args.prepare_cgroups {
         return prepare_cgroups(
             kind,
@@ -131,7 +134,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
             &mounts,
             &subtree,
             args.topology.or(config.topology),
-            cpu_groups,
+            options,
         );
     }
     if args.remove_cgroups {
@@ -142,11 +145,11 @@ fn run(args: TopodArgs) -> Result<(), String> {
     let reserved = config.reserved_cpus.clone().unwrap_or_default();
     let strategy = config.strategy.unwrap_or(Strategy::BestFit);
     let backend = kind
-        .open(files, &mounts, &subtree, &topo.allowed, &topo.allowed_mems, cpu_groups)
+        .open(files, &mounts, &subtree, &topo.allowed, &topo.allowed_mems, options)
         .map_err(|e| match kind {
-            Kind::V1 => format!("{e} (use --cgroup fake to try topod without cgroups)"),
-            _ => e.to_string(),
-        })?;
+        Kind::V1 => format!("{e} (use --cgroup fake to try topod without cgroups)"),
+        _ => e.to_string(),
+    })?;
     let records = Records::open(&state_dir).map_err(|e| e.to_string())?;
     let mut host = Host::new(topo, reserved.clone(), backend, Some(records), strategy)
         .map_err(|e| e.to_string())?;
@@ -256,7 +259,7 @@ fn run(args: TopodArgs) -> Result<(), String> {
     let admin_socket = topo_core::proto::admin_socket_for(&socket);
     let admin_listener = bind(&admin_socket, 0o600)?;
     let listener = bind(&socket, 0o666)?;
-    drop_capabilities()?;
+    drop_capabilities(config.confine_devices)?;
     // Capabilities are each thread's own: the reporting thread starts only now, with what
     // topod kept (it runs scontrol and qalter as root within them).
     let reporter = config
@@ -593,7 +596,7 @@ fn prepare_cgroups(
     mounts: &str,
     subtree: &str,
     topology: Option<PathBuf>,
-    cpu_groups: bool,
+    options: cgroup::OpenOptions,
 ) -> Result<(), String> {
     if let Some(dir) = kind.subtree_dir(mounts, subtree) {
         match std::fs::create_dir(&dir) {
@@ -605,7 +608,7 @@ fn prepare_cgroups(
         }
     }
     let topo = read_topology(topology.as_deref())?;
-    kind.open(files, mounts, subtree, &topo.allowed, &topo.allowed_mems, cpu_groups)
+    kind.open(files, mounts, subtree, &topo.allowed, &topo.allowed_mems, options)
         .map_err(|e| e.to_string())?;
     let dirs = kind.subtree_dir(mounts, subtree).map(|d| d.display().to_string());
     let layout = match kind {
@@ -630,7 +633,12 @@ fn remove_cgroups(kind: Kind, mounts: &str, subtree: &str) -> Result<(), String>
         Kind::V1 => {
             let (cpuset, freezer, memory) = cgroup::v1::v1_mounts(mounts);
             let cpu = cgroup::v1::v1_cpu_mount(mounts);
-            [cpuset, freezer, memory, cpu].into_iter().flatten().map(|m| m.join(subtree)).collect()
+            let devices = cgroup::v1::v1_devices_mount(mounts);
+            [cpuset, freezer, memory, cpu, devices]
+                .into_iter()
+                .flatten()
+                .map(|m| m.join(subtree))
+                .collect()
         }
         Kind::V2 => kind.subtree_dir(mounts, subtree).into_iter().collect(),
     };
@@ -893,14 +901,22 @@ const KEEP: [caps::Capability; 3] = [
     caps::Capability::CAP_NET_BIND_SERVICE,
 ];
 
-fn drop_capabilities() -> Result<(), String> {
+/// With `confine_devices`, [`KEEP`] and CAP_SYS_ADMIN: the kernel asks for it to write a v1
+/// `devices.deny` rule (security/device_cgroup.c, devcgroup_access_write).
+fn drop_capabilities(confine_devices: bool) -> Result<(), String> {
     use caps::{CapSet, Capability};
-    let keep: caps::CapsHashSet = KEEP.iter().copied().collect();
+    let mut keep: caps::CapsHashSet = KEEP.iter().copied().collect();
+    if confine_devices {
+        keep.insert(Capability::CAP_SYS_ADMIN);
+    }
     let has =
         caps::read(None, CapSet::Permitted).map_err(|e| format!("reading capabilities: {e}"))?;
     if has.is_empty() {
         // Not root, and nothing to drop: an unprivileged run (fake cgroups, emulation).
         return Ok(());
+    }
+    if confine_devices && !has.contains(&Capability::CAP_SYS_ADMIN) {
+        return Err("confine_devices is on, but topod was started without CAP_SYS_ADMIN, which the kernel asks for to write a job's device rules (devices.deny); under systemd install packaging/topod-confine-devices.conf (Debian: /usr/share/doc/topod/examples/confine-devices.conf) as /etc/systemd/system/topod.service.d/confine-devices.conf and run systemctl daemon-reload, or turn confine_devices off".into());
     }
     let kept: caps::CapsHashSet = keep.intersection(&has).copied().collect();
     let effective =

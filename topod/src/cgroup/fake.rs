@@ -1,7 +1,7 @@
 //! An in-memory cgroup backend for tests of the callers: the same rules as the kernel's (no
 //! join before CPUs and memory nodes, effective CPUs limited to the parent's), no processes.
 
-use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
+use super::{CgroupBackend, CgroupError, CgroupSpec, CharDevice, Effective, JobId, ReleaseReport};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -14,6 +14,8 @@ pub struct Fake {
     parent_mems: CpuSet,
     jobs: Mutex<BTreeMap<JobId, (Effective, Vec<i32>)>>,
     frozen: Mutex<std::collections::BTreeSet<JobId>>,
+    /// With `confine_devices`: each job's denied devices, as its spec gave them.
+    denied: Option<Mutex<BTreeMap<JobId, Vec<CharDevice>>>>,
 }
 
 impl Fake {
@@ -24,7 +26,20 @@ impl Fake {
             parent_mems,
             jobs: Mutex::new(BTreeMap::new()),
             frozen: Mutex::new(Default::default()),
+            denied: None,
         }
+    }
+
+    /// Keeps each job's denied devices, as the v1 backend opened with its `devices` hierarchy.
+    pub fn confining_devices(mut self) -> Self {
+        self.denied = Some(Mutex::new(BTreeMap::new()));
+        self
+    }
+
+    /// The devices `job` was denied at creation (`None`: not confining, or no such job).
+    pub fn denied_devices(&self, job: &JobId) -> Option<Vec<CharDevice>> {
+        let denied = self.denied.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
+        denied.get(job).cloned()
     }
 
     fn jobs(&self) -> std::sync::MutexGuard<'_, BTreeMap<JobId, (Effective, Vec<i32>)>> {
@@ -36,6 +51,10 @@ impl Fake {
 impl CgroupBackend for Fake {
     fn kind(&self) -> &'static str {
         "fake"
+    }
+
+    fn confines_devices(&self) -> bool {
+        self.denied.is_some()
     }
 
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
@@ -53,6 +72,18 @@ impl CgroupBackend for Fake {
                 });
             }
             return Ok(existing.clone());
+        }
+        match &self.denied {
+            Some(denied) => {
+                let mut denied = denied.lock().unwrap_or_else(|e| e.into_inner());
+                denied.insert(job.clone(), spec.denied_devices.clone());
+            }
+            None if !spec.denied_devices.is_empty() => {
+                return Err(CgroupError::Unsupported(format!(
+                    "job {job}: its devices cannot be confined: topod was not started with confine_devices"
+                )));
+            }
+            None => {}
         }
         jobs.insert(job.clone(), (effective.clone(), Vec::new()));
         Ok(effective)
@@ -90,6 +121,9 @@ impl CgroupBackend for Fake {
 
     fn release(&self, job: &JobId, _timeout: Duration) -> Result<ReleaseReport, CgroupError> {
         self.frozen.lock().unwrap_or_else(|e| e.into_inner()).remove(job);
+        if let Some(denied) = &self.denied {
+            denied.lock().unwrap_or_else(|e| e.into_inner()).remove(job);
+        }
         let (_, pids) =
             self.jobs().remove(job).ok_or_else(|| CgroupError::NoSuchJob(job.to_string()))?;
         Ok(ReleaseReport { killed: pids.len(), survivors: Vec::new() })

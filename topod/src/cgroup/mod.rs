@@ -63,9 +63,11 @@ impl Kind {
     }
 
     /// The backend, on `subtree` of the hierarchies `mounts` names (v2: `<subtree>.slice`),
-    /// through `files`; the fake's parent holds `cpus` and `mems`. With `cpu_groups`, each job
-    /// is also a group of the CPU scheduler (v1: a directory in the `cpu` hierarchy, where
-    /// mounted; v2: the `cpu` controller, where offered).
+    /// through `files`; the fake's parent holds `cpus` and `mems`. With `options.cpu_groups`,
+    /// each job is also a group of the CPU scheduler (v1: a directory in the `cpu` hierarchy,
+    /// where mounted; v2: the `cpu` controller, where offered). With
+    /// `options.confine_devices`, each job's denied devices are kept (v1: a directory in the
+    /// `devices` hierarchy, which must be mounted; refused on v2, see [`v2::DEVICES_ON_V2`]).
     pub fn open(
         self,
         files: Files,
@@ -73,25 +75,52 @@ impl Kind {
         subtree: &str,
         cpus: &CpuSet,
         mems: &CpuSet,
-        cpu_groups: bool,
+        options: OpenOptions,
     ) -> Result<Box<dyn CgroupBackend>, CgroupError> {
         Ok(match self {
-            Kind::Fake => Box::new(fake::Fake::new(cpus.clone(), mems.clone())),
+            Kind::Fake => {
+                let fake = fake::Fake::new(cpus.clone(), mems.clone());
+                Box::new(if options.confine_devices { fake.confining_devices() } else { fake })
+            }
             Kind::V1 => {
-                let v1 = v1::V1::detect_in(files, mounts, subtree)?;
+                let mut v1 = v1::V1::detect_in(files, mounts, subtree)?;
+                if options.confine_devices {
+                    let devices = v1::v1_devices_mount(mounts).ok_or_else(|| {
+                        CgroupError::Unsupported(
+                            "confine_devices needs the cgroup v1 devices hierarchy, which is not mounted (mount -t cgroup -o devices devices /sys/fs/cgroup/devices)".into(),
+                        )
+                    })?;
+                    v1 = v1.with_devices(devices.join(subtree))?;
+                }
                 let cpu = v1::v1_cpu_mount(mounts).map(|c| c.join(subtree));
-                Box::new(if cpu_groups {
+                Box::new(if options.cpu_groups {
                     v1.with_cpu_groups(cpu)
                 } else {
                     v1.without_cpu_groups(cpu)
                 })
             }
             Kind::V2 => {
+                if options.confine_devices {
+                    return Err(CgroupError::Unsupported(v2::DEVICES_ON_V2.into()));
+                }
                 let v2 = v2::V2::detect_in(files, mounts, &format!("{subtree}.slice"))?;
-                Box::new(if cpu_groups { v2.with_cpu_groups() } else { v2.without_cpu_groups() })
+                Box::new(if options.cpu_groups {
+                    v2.with_cpu_groups()
+                } else {
+                    v2.without_cpu_groups()
+                })
             }
         })
     }
+}
+
+/// How [`Kind::open`] opens a backend (topod.toml's `cpu_groups` and `confine_devices`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Each job is a group of the CPU scheduler.
+    pub cpu_groups: bool,
+    /// Each job may open only its own GPUs' device files ([`CgroupSpec::denied_devices`]).
+    pub confine_devices: bool,
 }
 
 pub use topo_core::jobid::{JobId, JobIdError};
@@ -109,6 +138,26 @@ pub struct CgroupSpec {
     pub mems: CpuSet,
     /// Memory limit in bytes.
     pub memory_limit: Option<u64>,
+    /// Character devices the job's processes may not open (other jobs' GPUs), where topod
+    /// confines devices (`confine_devices`): v1 writes each to the job's `devices.deny`. Set at
+    /// creation only; a resize or a move keeps what the job had.
+    pub denied_devices: Vec<CharDevice>,
+}
+
+/// A character device by number, as the kernel's device rules name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CharDevice {
+    /// Its major number (the driver).
+    pub major: u32,
+    /// Its minor number (which of the driver's devices).
+    pub minor: u32,
+}
+
+impl std::fmt::Display for CharDevice {
+    /// `c MAJOR:MINOR`, the form of a v1 `devices.allow`/`devices.deny` rule's device.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "c {}:{}", self.major, self.minor)
+    }
 }
 
 /// What the kernel says a job's cgroup has.
@@ -218,6 +267,10 @@ impl CgroupError {
 pub trait CgroupBackend: Send + Sync {
     /// `v1`, `v2` or `fake`.
     fn kind(&self) -> &'static str;
+    /// Whether [`CgroupSpec::denied_devices`] is kept (a backend opened to confine devices).
+    fn confines_devices(&self) -> bool {
+        false
+    }
     /// Creates the job's cgroup with its CPUs and memory nodes (idempotent for the same spec),
     /// and returns what the kernel made effective.
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError>;

@@ -25,6 +25,17 @@ pub struct V1 {
     freezer: Option<PathBuf>,
     memory: Option<PathBuf>,
     cpu: Option<PathBuf>,
+    devices: Option<PathBuf>,
+}
+
+/// The mount point of the v1 hierarchy with the `devices` controller, from `/proc/mounts`-format
+/// text.
+pub fn v1_devices_mount(mounts: &str) -> Option<PathBuf> {
+    mounts.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.len() >= 4 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "devices"))
+            .then(|| PathBuf::from(f[1]))
+    })
 }
 
 /// The mount point of the v1 hierarchy with the `cpu` controller (often `cpu,cpuacct`), from
@@ -126,7 +137,7 @@ impl V1 {
         for root in freezer.iter().chain(memory.iter()) {
             prepare_beside(&files, &cpuset, root)?;
         }
-        Ok(V1 { files, cpuset, freezer, memory, cpu: None })
+        Ok(V1 { files, cpuset, freezer, memory, cpu: None, devices: None })
     }
 
     /// With the grouping turned off: what an earlier start with it on left under `root` in the
@@ -197,12 +208,23 @@ impl V1 {
         self
     }
 
+    /// Job cgroups in the `devices` hierarchy too, under `root` (the subtree there, created if
+    /// missing): each job's directory denies the devices its spec names
+    /// ([`CgroupSpec::denied_devices`]). Writing a device rule takes CAP_SYS_ADMIN
+    /// (security/device_cgroup.c, devcgroup_access_write), which the caller checks.
+    pub fn with_devices(mut self, root: PathBuf) -> Result<Self, CgroupError> {
+        prepare_beside(&self.files, &self.cpuset, &root)?;
+        self.devices = Some(root);
+        Ok(self)
+    }
+
     fn dirs(&self, job: &JobId) -> impl Iterator<Item = PathBuf> + '_ {
         let name = job.as_str().to_string();
         std::iter::once(&self.cpuset)
             .chain(self.freezer.iter())
             .chain(self.memory.iter())
             .chain(self.cpu.iter())
+            .chain(self.devices.iter())
             .map(move |root| root.join(&name))
     }
 
@@ -230,7 +252,10 @@ impl V1 {
                 }
                 Err(_) => {
                     // A create cut short (topod killed) may have made the cpuset but not the
-                    // freezer, memory or cpu directory: make it and try again.
+                    // freezer, memory or cpu directory: make it and try again. (Not the devices
+                    // directory of a job that has rules: create writes those before the cpuset
+                    // can take a process. One made here is a job that ran before topod
+                    // confined devices, and stays as unconfined as it was.)
                     self.files.mkdir(&d)?;
                     match self.files.write(&procs, &pid.to_string()) {
                         // The cpu directory only groups the job for the scheduler; the kernel
@@ -416,10 +441,33 @@ impl CgroupBackend for V1 {
         "v1"
     }
 
+    fn confines_devices(&self) -> bool {
+        self.devices.is_some()
+    }
+
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
         let dir = self.cpuset.join(job.as_str());
         if !self.files.mkdir(&dir)? {
             self.files.check_existing(&dir, job, spec)?;
+        }
+        // Devices before the cpuset is configured: a job that can take processes has its rules
+        // (a cpuset without CPUs is a create cut short, which a restart removes).
+        match &self.devices {
+            Some(devices) => {
+                let d = devices.join(job.as_str());
+                self.files.mkdir(&d)?;
+                // A new devices cgroup copies its parent's rules (here: every device allowed);
+                // each deny is an exception to that (cgroup-v1/devices.rst).
+                for device in &spec.denied_devices {
+                    self.files.write(&d.join("devices.deny"), &format!("{device} rwm"))?;
+                }
+            }
+            None if !spec.denied_devices.is_empty() => {
+                return Err(CgroupError::Unsupported(format!(
+                    "job {job}: its devices cannot be confined: topod was not started with confine_devices"
+                )));
+            }
+            None => {}
         }
         // Memory nodes first: some kernels check the pair when CPUs are written.
         self.files.write(&dir.join("cpuset.mems"), &spec.mems.to_string())?;

@@ -14,6 +14,11 @@ use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseRep
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Why topod does not confine devices on cgroup v2: the unified hierarchy has no device files,
+/// only a BPF program of type `BPF_PROG_TYPE_CGROUP_DEVICE` attached to the job's cgroup
+/// (cgroup-v2.rst, "Device controller"), which topod does not load.
+pub const DEVICES_ON_V2: &str = "confine_devices needs cgroup v1's devices controller: on cgroup v2 a job's devices are limited only by a BPF program (BPF_PROG_TYPE_CGROUP_DEVICE), which topod does not load; leave confine_devices off and let the batch system confine them (Slurm: ConstrainDevices=yes in cgroup.conf; PBS: the cgroups hook's devices section)";
+
 /// cgroup v2 job cgroups under one subtree root.
 #[derive(Debug, Clone)]
 pub struct V2 {
@@ -188,6 +193,9 @@ impl CgroupBackend for V2 {
                 "the cgroup v2 hierarchy above {} offers no cpuset controller (enable it, or use the v1 backend)",
                 self.root.display()
             )));
+        }
+        if !spec.denied_devices.is_empty() {
+            return Err(CgroupError::Unsupported(DEVICES_ON_V2.into()));
         }
         let dir = self.dir(job);
         if !self.files.mkdir(&dir)? {

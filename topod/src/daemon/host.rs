@@ -37,7 +37,9 @@ pub use snapshot::Snapshot;
 pub use topo_core::policy::Defrag;
 
 use super::records::{Records, RecordsError};
-use crate::cgroup::{CgroupBackend, CgroupError, CgroupSpec, JobId, JobIdError, ReleaseReport};
+use crate::cgroup::{
+    CgroupBackend, CgroupError, CgroupSpec, CharDevice, JobId, JobIdError, ReleaseReport,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -467,11 +469,13 @@ impl Prepared {
     }
 }
 
-/// `names` with every device file (a path: `/dev/dri/card1`, `/dev/nvidia0`, what a batch
-/// system's configuration lists for a GPU) replaced by the PCI address of the device behind it,
+/// `names` with every character device replaced by the PCI address of the device behind it,
 /// found under the root `topo` was read from (this host's `/` for an hwloc XML file); other
-/// names are kept. A path that is not a character device, or whose device is on no PCI
-/// function, is refused naming it.
+/// names are kept. A character device is named by its number, `char:MAJOR:MINOR` (what the
+/// batch system's plug-ins send: they stat the file in the job's view of `/dev`, which under
+/// the systemd unit's PrivateDevices= is not topod's), or by a device file (a path:
+/// `/dev/dri/card1`, `/dev/nvidia0`) that topod stats itself. A path that is not a character
+/// device, or a device on no PCI function this host lists, is refused naming it.
 pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<String>, HostError> {
     use std::os::unix::fs::FileTypeExt;
     let source = std::path::Path::new(&topo.source);
@@ -479,17 +483,21 @@ pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<Stri
     names
         .iter()
         .map(|name| {
-            if !name.starts_with('/') {
-                return Ok(name.clone());
-            }
             let refused = |why: String| HostError::BadArgument(format!("gpus: {name}: {why}"));
-            let meta = std::fs::metadata(name).map_err(|e| refused(e.to_string()))?;
-            if !meta.file_type().is_char_device() {
-                return Err(refused("not a character device".into()));
-            }
-            let rdev = std::os::unix::fs::MetadataExt::rdev(&meta);
-            let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
-            let (major, minor) = (major as u32, minor as u32);
+            let (major, minor) = if let Some(number) = name.strip_prefix("char:") {
+                parse_char_device(number).ok_or_else(|| {
+                    refused("a character device is named char:MAJOR:MINOR, e.g. char:195:0".into())
+                })?
+            } else if name.starts_with('/') {
+                let meta = std::fs::metadata(name).map_err(|e| refused(e.to_string()))?;
+                if !meta.file_type().is_char_device() {
+                    return Err(refused("not a character device".into()));
+                }
+                let rdev = std::os::unix::fs::MetadataExt::rdev(&meta);
+                (nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32)
+            } else {
+                return Ok(name.clone());
+            };
             let found = topo_core::topology::sysfs::pci_function_of_char_device(root, major, minor);
             if let Some(address) = found.as_deref().filter(|a| topo.device(a).is_none()) {
                 return Err(refused(format!(
@@ -505,6 +513,40 @@ pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<Stri
             })
         })
         .collect()
+}
+
+/// The character devices of `topo`'s GPUs and accelerators, each with its PCI function, read
+/// under the root `topo` came from (this host's `/` for an hwloc XML file).
+fn gpu_devices(topo: &Topology) -> Vec<(CharDevice, String)> {
+    use topo_core::topology::DeviceClass;
+    let source = std::path::Path::new(&topo.source);
+    let root = if source.is_dir() { source } else { std::path::Path::new("/") };
+    let devices: Vec<(CharDevice, String)> = topo_core::topology::sysfs::char_devices_on_pci(root)
+        .into_iter()
+        .filter(|(_, _, address)| {
+            topo.device(address)
+                .is_some_and(|d| matches!(d.class, DeviceClass::Gpu | DeviceClass::Accelerator))
+        })
+        .map(|(major, minor, address)| (CharDevice { major, minor }, address))
+        .collect();
+    tracing::info!(
+        "confining devices: a job may open only its own of these GPU and accelerator device files: {}",
+        if devices.is_empty() {
+            "none found".to_string()
+        } else {
+            devices.iter().map(|(d, a)| format!("{}:{} ({a})", d.major, d.minor)).collect::<Vec<_>>().join(", ")
+        }
+    );
+    devices
+}
+
+/// `MAJOR:MINOR` in decimal, as `ls -l` and `/sys/dev/char` write a device number.
+fn parse_char_device(text: &str) -> Option<(u32, u32)> {
+    let (major, minor) = text.split_once(':')?;
+    let number = |t: &str| {
+        (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())).then(|| t.parse().ok()).flatten()
+    };
+    Some((number(major)?, number(minor)?))
 }
 
 /// What an `allocate` says about preemption (see [`Host::set_preempt`]).
@@ -794,6 +836,9 @@ pub struct Host {
     metrics: Arc<super::metrics::Metrics>,
     /// Jobs the sampler found mis-sized, until their release.
     missized: BTreeMap<String, Missized>,
+    /// Where the backend confines devices: the character devices of this host's GPUs and
+    /// accelerators, each with its PCI function (see [`Host::denied_devices`]).
+    gpu_devices: Vec<(CharDevice, String)>,
     /// Where jobs' notify files go (see [`moves`]).
     notify_dir: Option<PathBuf>,
     /// Topology reservations by job (see [`reserve`]).
@@ -835,7 +880,9 @@ impl Host {
         strategy: Strategy,
     ) -> Result<Self, place::ModelError> {
         let model = HostModel::new(&topo, &reserved)?;
+        let gpu_devices = if backend.confines_devices() { gpu_devices(&topo) } else { Vec::new() };
         Ok(Host {
+            gpu_devices,
             topo: Arc::new(topo),
             model: Arc::new(model),
             reserved,
@@ -1027,6 +1074,18 @@ impl Host {
     /// The time by the host's clock.
     pub fn now(&self) -> std::time::SystemTime {
         (self.clock)()
+    }
+
+    /// What a job given the GPUs at `gpus` (PCI addresses) may not open, where the backend
+    /// confines devices: every other GPU's and accelerator's device files (a job given none
+    /// may open none). Device files on no GPU's PCI function (`/dev/nvidiactl`,
+    /// `/dev/nvidia-uvm`) stay open to all, as under Slurm's ConstrainDevices.
+    pub fn denied_devices(&self, gpus: &[String]) -> Vec<CharDevice> {
+        self.gpu_devices
+            .iter()
+            .filter(|(_, address)| !gpus.contains(address))
+            .map(|(device, _)| *device)
+            .collect()
     }
 
     /// Turns gang time slicing on (with at least 2 rows) or off.
@@ -1556,6 +1615,7 @@ impl Host {
             cpus: placement.cpus.clone(),
             mems: placement.mems.clone(),
             memory_limit: mem_limit.or(prepared.request.mem_mib.map(|m| m << 20)),
+            denied_devices: self.denied_devices(&prepared.gpus),
         };
         if let Err(e) = self.backend.create(id, &spec) {
             // Nothing can have joined a cgroup that was never configured: remove what was made.

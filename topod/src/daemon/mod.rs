@@ -157,6 +157,12 @@ pub struct Config {
     /// hierarchy; v2: the `cpu` controller enabled for job cgroups), so that a job's many
     /// threads weigh as one against topod's and other jobs'; on by default.
     pub cpu_groups: Option<bool>,
+    /// Each job may open only the device files of its own GPUs (those the batch system gave
+    /// it, `gpus`): every other GPU's and accelerator's are denied in its cgroup (v1 `devices`
+    /// controller; topod then keeps CAP_SYS_ADMIN, which the kernel asks for to write a device
+    /// rule). Off by default; not on cgroup v2 (see `cgroup::v2::DEVICES_ON_V2`).
+    #[serde(default)]
+    pub confine_devices: bool,
 }
 
 impl Config {

@@ -609,6 +609,48 @@ pub fn pci_function_of_char_device(root: &Path, major: u32, minor: u32) -> Optio
     })
 }
 
+/// Every character device of this host (under `root`) that is on a PCI function, as
+/// `(major, minor, PCI address)`, sorted: each `sys/dev/char/MAJOR:MINOR` whose link passes
+/// through a PCI function (a GPU's `card1` and `renderD128`, an accelerator's device files), and
+/// NVIDIA's `/dev/nvidiaN` (195:N) from `proc/driver/nvidia/gpus/ADDRESS/information`. The
+/// reverse of [`pci_function_of_char_device`]; what a job may not open when it may use only
+/// its own GPUs.
+pub fn char_devices_on_pci(root: &Path) -> Vec<(u32, u32, String)> {
+    let number = |text: &str| -> Option<(u32, u32)> {
+        let (major, minor) = text.split_once(':')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
+    };
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(root.join("sys/dev/char")) {
+        for entry in entries.filter_map(Result::ok) {
+            let Some((major, minor)) = entry.file_name().to_str().and_then(number) else {
+                continue;
+            };
+            if let Some(address) = pci_function_of_char_device(root, major, minor) {
+                out.push((major, minor, address));
+            }
+        }
+    }
+    if let Ok(gpus) = std::fs::read_dir(root.join("proc/driver/nvidia/gpus")) {
+        for entry in gpus.filter_map(Result::ok) {
+            let Some(address) = entry.file_name().to_str().map(str::to_string) else { continue };
+            let Ok(info) = std::fs::read_to_string(entry.path().join("information")) else {
+                continue;
+            };
+            let minor = info
+                .lines()
+                .find_map(|l| l.strip_prefix("Device Minor:"))
+                .and_then(|m| m.trim().parse::<u32>().ok());
+            if let (Some(minor), true) = (minor, is_pci_address(&address)) {
+                out.push((NVIDIA_MAJOR, minor, address));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// Whether `s` reads as a PCI address, `dddd:bb:dd.f` in hexadecimal.
 fn is_pci_address(s: &str) -> bool {
     let b = s.as_bytes();

@@ -161,9 +161,10 @@ pub(crate) enum Command {
         /// processes in (topo-exec), shrink the job, and suspend and resume it.
         #[arg(long, value_name = "USER", value_parser = parse_owner)]
         owner: Option<u32>,
-        /// The GPUs the batch system gave the job (PCI addresses or names `topoctl show`
-        /// lists, comma-separated): its CPUs go near them as the request's gpubind= says.
-        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        /// The GPUs the batch system gave the job, comma-separated: PCI addresses, names
+        /// `topoctl show` lists, or device files (/dev/nvidia0, sent as their device numbers):
+        /// its CPUs go near them as the request's gpubind= says.
+        #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_gpu)]
         gpus: Vec<String>,
         /// The request.
         request: String,
@@ -488,6 +489,16 @@ fn parse_duration_s(text: &str) -> Result<u64, String> {
 }
 
 /// `--owner`: a uid, or a user name looked up on this host.
+/// A GPU as `--gpus` names it; a device file goes to topod as its number (`char:MAJ:MIN`), read
+/// here, where the user's `/dev` is (topod's, under the unit's PrivateDevices=, has no GPUs).
+fn parse_gpu(text: &str) -> Result<String, String> {
+    if !text.starts_with('/') {
+        return Ok(text.to_string());
+    }
+    let mut numbers = topo_client::device_numbers(&[text.to_string()])?;
+    Ok(numbers.remove(0))
+}
+
 fn parse_owner(text: &str) -> Result<u32, String> {
     if let Ok(uid) = text.parse::<u32>() {
         return Ok(uid);

@@ -188,8 +188,12 @@ impl Host {
         let mut done: Vec<(JobId, &Allocation)> = Vec::new();
         for m in order {
             let id = JobId::parse(&m.job)?;
-            let spec =
-                CgroupSpec { cpus: m.cpus.clone(), mems: m.mems.clone(), memory_limit: None };
+            let spec = CgroupSpec {
+                cpus: m.cpus.clone(),
+                mems: m.mems.clone(),
+                memory_limit: None,
+                ..Default::default()
+            };
             if let Err(e) = self.backend.update(&id, &spec) {
                 // Put back what was moved, newest first, so that no CPU ends up in two jobs.
                 for (id, _) in done.iter().rev() {
@@ -198,6 +202,7 @@ impl Host {
                             cpus: o.cpus.clone(),
                             mems: o.mems.clone(),
                             memory_limit: None,
+                            ..Default::default()
                         };
                         if let Err(undo) = self.backend.update(id, &back) {
                             tracing::error!(
@@ -311,8 +316,12 @@ impl Host {
         let mut moved = Vec::new();
         for m in moves {
             let Ok(id) = JobId::parse(&m.job) else { continue };
-            let spec =
-                CgroupSpec { cpus: m.cpus.clone(), mems: m.mems.clone(), memory_limit: None };
+            let spec = CgroupSpec {
+                cpus: m.cpus.clone(),
+                mems: m.mems.clone(),
+                memory_limit: None,
+                ..Default::default()
+            };
             match self.backend.update(&id, &spec) {
                 Ok(_) => {
                     if let Some(hint) = hints.get_mut(&m.job) {

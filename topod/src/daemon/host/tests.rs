@@ -17,6 +17,9 @@ impl CgroupBackend for SharedFake {
     fn kind(&self) -> &'static str {
         "fake"
     }
+    fn confines_devices(&self) -> bool {
+        self.kernel.confines_devices()
+    }
     fn create(&self, j: &JobId, s: &CgroupSpec) -> Result<crate::cgroup::Effective, CgroupError> {
         self.kernel.create(j, s)
     }
@@ -181,7 +184,12 @@ fn a_malleable_job_whose_record_its_cgroup_no_longer_matches_is_divided_again() 
     drop(first);
     // Two of its CPUs taken from its cgroup behind the record's back.
     let two = CpuSet::union_all(&a.tasks[..2]);
-    let spec = CgroupSpec { cpus: two.clone(), mems: a.mems.clone(), memory_limit: None };
+    let spec = CgroupSpec {
+        cpus: two.clone(),
+        mems: a.mems.clone(),
+        memory_limit: None,
+        ..Default::default()
+    };
     kernel.update(&JobId::parse("7").unwrap(), &spec).unwrap();
     let mut h = host_on(&topo, &kernel, Some(dir.path()));
     h.recover(BTreeMap::new()).unwrap();
@@ -222,6 +230,7 @@ fn allocate_is_idempotent_and_release_frees() {
                 cpus: h.ledger().get("10").unwrap().cpus.clone(),
                 mems: h.ledger().get("10").unwrap().mems.clone(),
                 memory_limit: None,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -251,7 +260,12 @@ fn a_job_with_a_process_moving_itself_in_is_not_released_as_empty() {
         h.backend
             .create(
                 &id,
-                &CgroupSpec { cpus: a.cpus.clone(), mems: a.mems.clone(), memory_limit: None },
+                &CgroupSpec {
+                    cpus: a.cpus.clone(),
+                    mems: a.mems.clone(),
+                    memory_limit: None,
+                    ..Default::default()
+                },
             )
             .unwrap();
     };
@@ -2418,4 +2432,82 @@ fn a_gpu_jobs_preference_does_not_borrow_a_suspended_jobs_cpus() {
     let g = with_gpus(&topo, "affinity[core*2]", None, &["card1"]);
     let placed = h.allocate_prepared("g", &g, None, None).unwrap();
     assert!(placed.cpus.is_subset(&CpuSet::parse_list("0-3").unwrap()), "{placed:?}");
+}
+
+/// Issue 33, confinement: with a backend that confines devices, each job is denied every other
+/// GPU's device files (its DRM card and render nodes, NVIDIA's /dev/nvidiaN), keeps its own, and
+/// a job given no GPU is denied them all; device files on no GPU stay open. The devices come
+/// from the host's `sys/dev/char` and NVIDIA's proc files under the topology's root.
+#[test]
+fn with_devices_confined_a_job_is_denied_every_gpu_but_its_own() {
+    use crate::cgroup::CharDevice;
+    let root = tempfile::tempdir().unwrap();
+    let link = |number: &str, target: &str| {
+        let dir = root.path().join("sys/dev/char");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(target, dir.join(number)).unwrap();
+    };
+    link("226:0", "../../devices/pci0000:00/0000:00:01.0/0000:18:00.0/drm/card0");
+    link("226:1", "../../devices/pci0000:80/0000:80:01.0/0000:86:00.0/drm/card1");
+    link("226:129", "../../devices/pci0000:80/0000:80:01.0/0000:86:00.0/drm/renderD129");
+    link("10:200", "../../devices/virtual/misc/tun");
+    let nvidia = root.path().join("proc/driver/nvidia/gpus/0000:d8:00.0");
+    std::fs::create_dir_all(&nvidia).unwrap();
+    std::fs::write(nvidia.join("information"), "Model: Tesla\nDevice Minor: \t 2\n").unwrap();
+    let mut topo = two_nodes_with_gpus();
+    topo.source = root.path().display().to_string();
+    let dev = |major, minor| CharDevice { major, minor };
+    let kernel = std::sync::Arc::new(
+        Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()).confining_devices(),
+    );
+    let mut h = host_on(&topo, &kernel, None);
+    h.allocate_prepared("g1", &with_gpus(&topo, "affinity[core]", None, &["card1"]), None, None)
+        .unwrap();
+    let denied = |job: &str| kernel.denied_devices(&JobId::parse(job).unwrap()).unwrap();
+    assert_eq!(denied("g1"), [dev(195, 2), dev(226, 0)], "card1's card and render nodes stay open");
+    h.allocate("cpu", "affinity[core]", None, None, None, None).unwrap();
+    assert_eq!(denied("cpu"), [dev(195, 2), dev(226, 0), dev(226, 1), dev(226, 129)]);
+    h.allocate_prepared(
+        "g2",
+        &with_gpus(&topo, "affinity[core]", None, &["0000:d8:00.0", "card0"]),
+        None,
+        None,
+    )
+    .unwrap();
+    assert_eq!(denied("g2"), [dev(226, 1), dev(226, 129)]);
+    // Without confinement nothing is denied, and the backend is never asked to.
+    let plain = kernel_for(&topo);
+    let mut h = host_on(&topo, &plain, None);
+    h.allocate("cpu", "affinity[core]", None, None, None, None).unwrap();
+    assert_eq!(plain.denied_devices(&JobId::parse("cpu").unwrap()), None);
+}
+
+/// A GPU may be named by its character device number (`char:MAJOR:MINOR`, what the plug-ins
+/// send: topod under PrivateDevices= cannot see the job's /dev), read through `sys/dev/char`.
+#[test]
+fn a_gpu_named_by_its_device_number_is_found_and_a_bad_number_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("sys/dev/char");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(
+        "../../devices/pci0000:80/0000:80:01.0/0000:86:00.0/drm/card1",
+        dir.join("226:1"),
+    )
+    .unwrap();
+    let mut topo = two_nodes_with_gpus();
+    topo.source = root.path().display().to_string();
+    let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        super::device_files_to_pci(&topo, &names(&["char:226:1", "card0"])).unwrap(),
+        ["0000:86:00.0", "card0"]
+    );
+    for (bad, says) in [
+        ("char:226", "char:MAJOR:MINOR"),
+        ("char:226:x", "char:MAJOR:MINOR"),
+        ("char:-1:0", "char:MAJOR:MINOR"),
+        ("char:226:7", "226:7 is on no PCI function"),
+    ] {
+        let e = super::device_files_to_pci(&topo, &names(&[bad])).unwrap_err().to_string();
+        assert!(e.contains(bad) && e.contains(says), "{bad}: {e}");
+    }
 }

@@ -142,7 +142,14 @@ pub(crate) fn run(
     } else {
         let kind = Kind::auto(&Files::default(), &mounts);
         let backend = kind
-            .open(Files::default(), &mounts, &subtree, &CpuSet::new(), &CpuSet::new(), false)
+            .open(
+                Files::default(),
+                &mounts,
+                &subtree,
+                &CpuSet::new(),
+                &CpuSet::new(),
+                Default::default(),
+            )
             .map_err(|e| Failure::runtime(format!("the {kind:?} cgroup backend: {e}")))?;
         let root = kind.subtree_dir(&mounts, &subtree);
         let all = std::fs::read_to_string(
@@ -167,6 +174,7 @@ pub(crate) fn run(
             cpus: CpuSet::parse_list(all.trim()).unwrap_or_default().intersection(&job_cpus),
             mems: CpuSet::parse_list(mems.trim()).unwrap_or_default(),
             memory_limit: None,
+            ..Default::default()
         };
         backend.create(&job, &spec).map_err(|e| Failure::runtime(e.to_string()))?;
         let label = match kind {

@@ -324,7 +324,12 @@ impl Job {
 
     /// Moves the job to `cpus` and `mems`, checking what the kernel made effective.
     fn update(&self, cpus: &CpuSet, mems: &CpuSet) -> Result<(), Failure> {
-        let spec = CgroupSpec { cpus: cpus.clone(), mems: mems.clone(), memory_limit: None };
+        let spec = CgroupSpec {
+            cpus: cpus.clone(),
+            mems: mems.clone(),
+            memory_limit: None,
+            ..Default::default()
+        };
         let effective =
             self.backend.update(&self.id, &spec).map_err(|e| Failure::runtime(e.to_string()))?;
         if effective.cpus != *cpus || effective.mems != *mems {
@@ -595,7 +600,14 @@ pub(crate) fn run(opts: MigrateOpts) -> Result<(), Failure> {
     let kind = Kind::auto(&Files::default(), &mounts);
     let subtree = format!("topo-bench-migrate-{}", std::process::id());
     let backend = kind
-        .open(Files::default(), &mounts, &subtree, &CpuSet::new(), &CpuSet::new(), false)
+        .open(
+            Files::default(),
+            &mounts,
+            &subtree,
+            &CpuSet::new(),
+            &CpuSet::new(),
+            Default::default(),
+        )
         .map_err(|e| Failure::runtime(format!("the {kind:?} cgroup backend: {e}")))?;
     let id = JobId::parse("bench-migrate").map_err(|e| Failure::runtime(e.to_string()))?;
     let mut job = Job { backend, id, subtree_dirs: subtree_dirs(&mounts, &subtree), process: None };
@@ -619,8 +631,12 @@ pub(crate) fn run(opts: MigrateOpts) -> Result<(), Failure> {
         ),
     };
     let bytes = if layout.nodes.is_some() { opts.mem } else { 0 };
-    let spec =
-        CgroupSpec { cpus: layout.from_cpus.clone(), mems: from_mems.clone(), memory_limit: None };
+    let spec = CgroupSpec {
+        cpus: layout.from_cpus.clone(),
+        mems: from_mems.clone(),
+        memory_limit: None,
+        ..Default::default()
+    };
     job.backend.create(&job.id, &spec).map_err(|e| Failure::runtime(e.to_string()))?;
     start_job_process(&mut job, opts.threads, bytes)?;
     let pid = job.pid();
