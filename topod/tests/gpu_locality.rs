@@ -306,7 +306,8 @@ fn opened_inside(socket: &Path, job: &str, files: &[&str]) -> Vec<String> {
 
 /// Issue 33, confinement, on the real kernel: with `confine_devices`, a job given GPU 241:0
 /// (named by device number, as the plug-ins send it) opens it but not the other GPU's device
-/// file, a job given none opens neither, and a restarted topod keeps both so. On cgroup v2
+/// file, a job given none opens neither, a restarted topod keeps both so, and a job whose GPU
+/// topod chose (`gpus=1`) opens that one only. On cgroup v2
 /// topod refuses to start with it, saying why; without CAP_SYS_ADMIN too.
 #[test]
 fn with_confine_devices_a_job_opens_only_its_own_gpu() {
@@ -396,4 +397,15 @@ fn with_confine_devices_a_job_opens_only_its_own_gpu() {
     assert!(listed.contains("\"d2\""), "{listed}");
     assert_eq!(opened_inside(&d.socket, "d2", &[&gpu0, &gpu1]), [denied, denied]);
     ok(&d.socket, r#"{"op":"release","job":"d2"}"#);
+    // GPUs topod chooses (gpus=1) are confined the same way.
+    ok(&d.socket, r#"{"op":"allocate","job":"d3","request":"affinity[core:gpus=1]"}"#);
+    let listed = ok(&d.socket, r#"{"op":"list"}"#);
+    let chosen = listed[0]["gpus"][0]["pci_address"].as_str().unwrap_or_default().to_string();
+    let (own, other) = match chosen.as_str() {
+        "0000:18:00.0" => (&gpu0, &gpu1),
+        "0000:19:00.0" => (&gpu1, &gpu0),
+        _ => panic!("topod chose no GPU of the two: {listed}"),
+    };
+    assert_eq!(opened_inside(&d.socket, "d3", &[own, other]), [opens, denied]);
+    ok(&d.socket, r#"{"op":"release","job":"d3"}"#);
 }

@@ -71,7 +71,8 @@ fn remember_scores(id: u64, fill: impl FnOnce(&mut Scores)) {
 }
 
 enum What {
-    Request { request: Request, memo_key: String },
+    // Boxed: one pointer in each pending requirement's data, not the whole request.
+    Request { request: Box<Request>, memo_key: String },
     Bad { message: String },
 }
 
@@ -123,7 +124,7 @@ unsafe extern "C" fn new_fn(resreq: *mut c_void) -> c_int {
             Decision::NotOurs => return Ok(0),
             Decision::Request { key, request } => {
                 let memo_key = format!("{request}#{}", request.tasks.unwrap_or(1));
-                (key, What::Request { request, memo_key })
+                (key, What::Request { request: Box::new(request), memo_key })
             }
             Decision::Bad { key, message } => {
                 tracing::info!("{message}");

@@ -629,6 +629,12 @@ fn grant(sp: Spank, request: &str) -> Result<&'static Grant, String> {
     let req =
         topo_core::request::parse(request).map_err(|e| format!("--topology={request}: {e}"))?;
     let gpus = job_gpus(sp, job_id, step_id, &req)?;
+    if let (Some(n), true) = (req.gpus_per_task, gpus.is_empty()) {
+        // Slurm accounts the node's GPUs: GPUs it did not give the job may be another job's.
+        return Err(format!(
+            "job {job_id}: --topology asks for gpus={n}, but Slurm gave this step no GPUs: ask Slurm for them (--gres=gpu:N, --gpus-per-task={n}); topod chooses GPUs only where no batch system does"
+        ));
+    }
     use topo_core::request::GpuBind;
     let bound_to_gpus = matches!(req.gpubind, Some(GpuBind::Numa | GpuBind::Socket));
     // One try: topod's topology, what Slurm did, the allocate. A topod that goes away in the

@@ -18,6 +18,7 @@
 #[cfg(test)]
 mod agrees;
 mod follow;
+mod gpus;
 mod moves;
 mod pools;
 mod preempt;
@@ -360,6 +361,9 @@ pub struct Prepared {
     /// A job given GPUs without `gpubind=`: the CPUs of their NUMA nodes (among those it may
     /// use), where its placement tries first.
     pub near_gpus: Option<CpuSet>,
+    /// topod chose its GPUs (`gpus=`, see `host/gpus.rs`): it is placed on [`Self::near_gpus`]
+    /// only, or does not fit.
+    pub near_only: bool,
 }
 
 impl Prepared {
@@ -662,6 +666,7 @@ pub fn prepare(
             follows_batch: false,
             gpus: Vec::new(),
             near_gpus: None,
+            near_only: false,
         }),
         Ok(again) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
@@ -1182,6 +1187,8 @@ impl Host {
         // The time goes into the job's record (written before the answer, the same allocation
         // asked again too), so that it outlives a restart.
         let asked = topo_core::pending::format_utc_nanos(std::time::SystemTime::now());
+        let chosen = self.choose_gpus(job, prepared, owner_uid)?;
+        let prepared = chosen.as_ref().unwrap_or(prepared);
         if prepared.starts_suspended {
             return self.allocate_suspended(job, prepared, |host| {
                 host.allocate_inner(job, prepared, mem_limit, owner_uid, asked)
@@ -1552,7 +1559,9 @@ impl Host {
                         Some(max) => Request { tasks: Some(max), tasks_max: None, ..r },
                         None => r,
                     });
-                    near.map(|r| (r, true)).into_iter().chain([(base.clone(), false)])
+                    // Placed only beside GPUs topod chose (else others would be nearer).
+                    let anywhere = (!prepared.near_only).then(|| (base.clone(), false));
+                    near.map(|r| (r, true)).into_iter().chain(anywhere)
                 })
                 .collect();
             for (request, near) in &tries {
@@ -1597,6 +1606,12 @@ impl Host {
                     "; gpubind={} keeps it to CPUs {}, those near its GPUs {} that it may use",
                     bind.name(),
                     prepared.request.cpu_list.as_ref().map(|l| l.to_string()).unwrap_or_default(),
+                    prepared.gpus.join(", ")
+                );
+            }
+            if let (true, Some(near)) = (prepared.near_only, &prepared.near_gpus) {
+                held_back += &format!(
+                    "; topod chose GPU(s) {} for its gpus=: it runs only on CPUs near them ({near})",
                     prepared.gpus.join(", ")
                 );
             }

@@ -71,13 +71,14 @@ impl Request {
             || self.distribute != d.distribute
             || self.mem_mib != d.mem_mib
             || self.gpubind != d.gpubind
+            || self.gpus_per_task != d.gpus_per_task
     }
 
     /// Checks the invariants that every parsed `Request` satisfies, and that a `Request` built
     /// in code must satisfy for its text to parse back to it: counts in `1..=65536` (`MAX_RADIUS`
     /// may be 0), `same=` and `exclusive=` levels not below the unit, a valid `CPUSET_NAME`, a
     /// non-empty `CPU_LIST`, `CPUSET_OPTIONS` sorted without repeats, `mem_mib` in
-    /// `1..=2^40`. The error says which field is wrong.
+    /// `1..=2^40`, `gpus_per_task` in `1..=65536`. The error says which field is wrong.
     pub fn validate(&self) -> Result<(), String> {
         let count_ok = |n: u32| (1..=MAX_COUNT).contains(&n);
         if let Some(t) = self.tasks.filter(|&t| !count_ok(t)) {
@@ -137,6 +138,9 @@ impl Request {
         }
         if let Some(m) = self.mem_mib.filter(|&m| m == 0 || m > MAX_MEM_MIB) {
             return Err(format!("mem_mib = {m} outside 1..={MAX_MEM_MIB}"));
+        }
+        if let Some(n) = self.gpus_per_task.filter(|&n| !count_ok(n)) {
+            return Err(format!("gpus_per_task = {n}, outside 1..={MAX_COUNT}"));
         }
         Ok(())
     }
@@ -203,6 +207,9 @@ impl Request {
         if let Some(bind) = self.gpubind {
             write!(f, ":gpubind={}", bind.name())?;
         }
+        if let Some(n) = self.gpus_per_task {
+            write!(f, ":gpus={n}")?;
+        }
         f.write_str("]")
     }
 }
@@ -232,7 +239,7 @@ fn format_size(mib: u64) -> String {
 ///   canonical level names (`thread`, not `cpu`), `unit` alone when there is one unit per task
 ///   and no unit option, else `unit(n[,same=..][,exclusive=(level,scope)])` (the scope always
 ///   written), then `*tasks`, then `:cpubind=`, `:membind=localonly`, `:distribute=` and
-///   `:mem=` and `:gpubind=`, in that order, each only when not the default.
+///   `:mem=`, `:gpubind=` and `:gpus=`, in that order, each only when not the default.
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let cpuset = self.has_cpuset_keywords();

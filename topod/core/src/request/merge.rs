@@ -118,6 +118,7 @@ fn merge_parts(parsed: &[Parts]) -> Request {
             distribute: r.distribute,
             mem_mib: r.mem_mib,
             gpubind: r.gpubind,
+            gpus_per_task: r.gpus_per_task,
             ..Request::default()
         };
     }

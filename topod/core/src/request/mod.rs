@@ -216,6 +216,9 @@ pub struct Request {
     /// topo extension, `gpubind=`: how near its GPUs the job's CPUs must be; `None`: near
     /// them when they fit there (see [`GpuBind`]).
     pub gpubind: Option<GpuBind>,
+    /// topo extension, `gpus=`: GPUs per task, for topod to choose (with the CPUs beside
+    /// them) where the batch system does not say which GPUs a job has.
+    pub gpus_per_task: Option<u32>,
 }
 
 impl Default for Request {
@@ -239,6 +242,7 @@ impl Default for Request {
             resume_option: None,
             mem_mib: None,
             gpubind: None,
+            gpus_per_task: None,
         }
     }
 }

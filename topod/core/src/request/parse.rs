@@ -45,7 +45,7 @@ const OPTION_NAMES: &[(&str, CpusetOption)] = &[
 ];
 const TYPE_NAMES: &[(&str, CpusetType)] =
     &[("static", CpusetType::Static), ("dynamic", CpusetType::Dynamic), ("none", CpusetType::None)];
-const CLAUSES: &[&str] = &["cpubind", "membind", "distribute", "mem", "gpubind"];
+const CLAUSES: &[&str] = &["cpubind", "membind", "distribute", "mem", "gpubind", "gpus"];
 const MEMBINDS: &[&str] = &["localonly", "localprefer"];
 const GPUBINDS: &[(&str, GpuBind)] =
     &[("numa", GpuBind::Numa), ("socket", GpuBind::Socket), ("any", GpuBind::Any)];
@@ -209,6 +209,7 @@ fn snap(text: &str, span: Range<usize>) -> Range<usize> {
 ///              | "distribute" "=" ( "pack" [ "(" level "=" count ")" ] | balance | any )
 ///              | "mem" "=" size                                 (topo extension)
 ///              | "gpubind" "=" ( numa | socket | any )          (topo extension)
+///              | "gpus" "=" count                               (topo extension)
 /// level        = pu_type
 /// count        = 1 ..= 65536
 /// size         = digits [ K | M | G | T ] [ B ]                 (binary units; no suffix: MiB)
@@ -248,6 +249,10 @@ fn snap(text: &str, span: Range<usize>) -> Range<usize> {
 ///   package one of them is in, or the job does not fit; `any` ignores where the GPUs are.
 ///   Without the clause the job's CPUs go in its GPUs' NUMA nodes when they fit there, and
 ///   anywhere the batch system allows when they do not ([`Request::gpubind`]).
+/// - `:gpus=n` (where no batch system says which GPUs a job has: topod alone, LSF with topo's
+///   module): `n` GPUs per task, which topod chooses with the CPUs beside them (GPUs under
+///   one PCIe switch, CPUs in their NUMA node, or the job waits; [`Request::gpus_per_task`]).
+///   Where the batch system did give the job GPUs, their number must be `n` per task.
 /// - `*min-max` (malleable jobs): the job runs with at least `min` and at most `max` tasks, and
 ///   topod may grow or shrink it within that range while it runs ([`Request::tasks_max`]).
 ///   `max` must not be below `min`; `*4-4` is the rigid `*4`.
@@ -921,6 +926,7 @@ impl<'a> Affinity<'a> {
             }
             2 => req.distribute = self.distribution()?,
             3 => req.mem_mib = Some(self.size()?),
+            5 => req.gpus_per_task = Some(self.count("number of GPUs per task")?),
             _ => {
                 let (t, word) = self.expect_word("a GPU binding", GPUBIND_NAMES)?;
                 let Some(&(_, bind)) =

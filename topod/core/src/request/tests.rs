@@ -271,6 +271,23 @@ fn gpubind_reads_prints_and_refuses_with_its_words() {
 }
 
 #[test]
+fn gpus_per_task_reads_prints_last_and_refuses_what_is_no_count() {
+    assert_eq!(p("affinity[core*2:gpus=1]").gpus_per_task, Some(1));
+    assert_eq!(p("affinity[core:GPUS = 4]").gpus_per_task, Some(4));
+    assert_eq!(p("affinity[core]").gpus_per_task, None);
+    assert_eq!(
+        p("affinity[core(2)*4:gpus=2:gpubind=numa:mem=4G]").to_string(),
+        "affinity[core(2)*4:mem=4G:gpubind=numa:gpus=2]"
+    );
+    for bad in ["affinity[core:gpus=0]", "affinity[core:gpus=two]", "affinity[core:gpus=65537]"] {
+        let err = e(bad);
+        assert!(err.to_string().contains("GPUs per task"), "{bad}: {err}");
+    }
+    let twice = e("affinity[core:gpus=1:gpus=2]");
+    assert!(twice.to_string().contains("gpus given twice"), "{twice}");
+}
+
+#[test]
 fn both_sections_either_order() {
     let a = p("CPUSET[MAX_RADIUS=2] affinity[core(2)]");
     let b = p("  affinity[core(2)]\tCPUSET[MAX_RADIUS=2]  ");
@@ -607,7 +624,7 @@ fn affinity_request() -> impl Strategy<Value = Request> {
         prop::option::of(level()),
         any::<bool>(),
         distribute(),
-        (prop::option::of(mem()), prop::option::of(gpubind())),
+        (prop::option::of(mem()), prop::option::of(gpubind()), prop::option::of(count())),
         prop::option::of(1u32..=1000),
     )
         .prop_map(
@@ -617,7 +634,7 @@ fn affinity_request() -> impl Strategy<Value = Request> {
                 cpubind,
                 local,
                 distribute,
-                (mem_mib, gpubind),
+                (mem_mib, gpubind, gpus_per_task),
                 more,
             )| {
                 Request {
@@ -635,6 +652,7 @@ fn affinity_request() -> impl Strategy<Value = Request> {
                     distribute,
                     mem_mib,
                     gpubind,
+                    gpus_per_task,
                     ..Request::default()
                 }
             },
@@ -943,6 +961,7 @@ fn random_request(rng: &mut XorShift) -> Request {
         r.mem_mib = rng.chance(3).then(|| 1 + rng.below(MAX_MEM_MIB));
         r.gpubind =
             rng.chance(3).then(|| rng.pick(&[GpuBind::Numa, GpuBind::Socket, GpuBind::Any]));
+        r.gpus_per_task = rng.chance(3).then(|| random_count(rng));
     }
     if rng.chance(2) {
         r.cpuset_type = rng

@@ -9,6 +9,10 @@ use super::*;
 pub struct Snapshot {
     /// The placement model (shared, replaced when foreign cpusets change).
     pub model: Arc<HostModel>,
+    /// The host's topology (its GPUs, for `fit`'s `gpus=`).
+    pub topo: Arc<Topology>,
+    /// The placement strategy.
+    pub strategy: Strategy,
     /// Held and fenced CPUs.
     pub occupancy: place::Occupancy,
     /// The ledger's generation.
@@ -30,8 +34,29 @@ pub struct Snapshot {
 impl Snapshot {
     /// Would `prepared` fit, and how well, for a job that has no reservation here (other jobs'
     /// reserved blocks are not free to it).
+    /// A request with `gpus=` is fitted beside the free GPUs topod would choose.
     pub fn fit(&self, prepared: &Prepared) -> Result<place::Fit, HostError> {
-        place::fit_and_score(&self.model, &self.usable(), &prepared.request).map_err(|source| {
+        let usable = self.usable();
+        let mut request = std::borrow::Cow::Borrowed(&prepared.request);
+        if gpus::gpus_to_choose(prepared)?.is_some() {
+            let held = self.jobs.iter().flat_map(|j| j.gpus.iter().map(|g| g.pci_address.clone()));
+            let pick = gpus::pick_gpus(
+                &self.topo,
+                &self.model,
+                &usable,
+                &held.collect(),
+                &prepared.request,
+                self.strategy,
+                "",
+            )?;
+            let near = pick.near.as_ref().and_then(|near| topo_core::gpus::within(&request, near));
+            if let Some(near) =
+                near.filter(|_| prepared.request.gpubind != Some(request::GpuBind::Any))
+            {
+                request = std::borrow::Cow::Owned(near);
+            }
+        }
+        place::fit_and_score(&self.model, &usable, &request).map_err(|source| {
             HostError::DoesNotFit { job: String::new(), source, held_back: String::new() }
         })
     }
@@ -71,6 +96,8 @@ impl Host {
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             model: self.model.clone(),
+            topo: self.topo.clone(),
+            strategy: self.strategy,
             // With gang rows, what a job that runs through every slice must avoid.
             occupancy: self.ledger.occupancy_for(None),
             // Reservations change what placement may use, so they count as changes too.

@@ -2511,3 +2511,82 @@ fn a_gpu_named_by_its_device_number_is_found_and_a_bad_number_is_refused() {
         assert!(e.contains(bad) && e.contains(says), "{bad}: {e}");
     }
 }
+
+/// Issue 33, topod chooses the GPUs (`gpus=`, no batch system naming them): each job gets free
+/// GPUs with its CPUs in their NUMA node; a GPU held is given to no other job (also after a
+/// restart) until its job ends; too few free is "does not fit", more than the host has "never";
+/// a job whose CPUs fit beside no free GPU waits rather than running away from them; `fit`
+/// answers the same; the same job asked again keeps its GPUs.
+#[test]
+fn gpus_topod_chooses_are_free_ones_with_the_cpus_beside_them() {
+    let topo = two_nodes_with_gpus();
+    let kernel = kernel_for(&topo);
+    let records = tempfile::tempdir().unwrap();
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    let node_of =
+        |cpus: &CpuSet| if cpus.is_subset(&CpuSet::parse_list("0-3").unwrap()) { 0 } else { 1 };
+    let listed =
+        |h: &Host, job: &str| h.jobs().into_iter().find(|j| j.allocation.job == job).unwrap().gpus;
+    let a = h.allocate("a", "affinity[core(2):gpus=1]", None, None, None, None).unwrap();
+    let b = h.allocate("b", "affinity[core(2):gpus=1]", None, None, None, None).unwrap();
+    for (job, alloc) in [("a", &a), ("b", &b)] {
+        let gpus = listed(&h, job);
+        assert_eq!(gpus.len(), 1, "{job}: {gpus:?}");
+        assert_eq!(gpus[0].numa_node, Some(node_of(&alloc.cpus)), "{job}: {gpus:?} {alloc:?}");
+        assert_eq!(gpus[0].distance, Some(10));
+    }
+    assert_ne!(listed(&h, "a")[0].pci_address, listed(&h, "b")[0].pci_address);
+    // Asked again: the same allocation and GPUs.
+    let again = h.allocate("a", "affinity[core(2):gpus=1]", None, None, None, None).unwrap();
+    assert_eq!(again.cpus, a.cpus);
+    assert_eq!(listed(&h, "a").len(), 1);
+    // The third GPU's place is not known: it is given, and the job's CPUs go anywhere.
+    h.allocate("c", "affinity[core:gpus=1]", None, None, None, None).unwrap();
+    assert_eq!(listed(&h, "c")[0].pci_address, "0000:d8:00.0");
+    let none_free = h.allocate("d", "affinity[core:gpus=1]", None, None, None, None).unwrap_err();
+    assert!(matches!(none_free, HostError::DoesNotFit { .. }), "{none_free}");
+    assert!(none_free.to_string().contains("0 of the host's 3 are free"), "{none_free}");
+    let fit = prepare(&topo, "affinity[core:gpus=1]", None, None).unwrap();
+    assert!(h.snapshot().fit(&fit).is_err(), "fit says the same");
+    let never = h.allocate("e", "affinity[core*2:gpus=2]", None, None, None, None);
+    assert!(never.unwrap_err().to_string().contains("needs 4 GPU(s); this host has 3"));
+    // Held across a restart; free again once its job ends.
+    drop(h);
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    h.recover(BTreeMap::new()).unwrap();
+    assert_eq!(h.held_gpus().len(), 3);
+    let a_gpu = listed(&h, "a")[0].pci_address.clone();
+    h.release("a").unwrap();
+    h.allocate("f", "affinity[core:gpus=1]", None, None, None, None).unwrap();
+    assert_eq!(listed(&h, "f")[0].pci_address, a_gpu);
+    // A job whose CPUs do not fit beside the free GPU waits: b holds one GPU, f the other; with
+    // f's node full, a 4-core job does not run on the other node away from f's GPU once f ends.
+    h.release("f").unwrap();
+    let f_node = 1 - node_of(&b.cpus);
+    let fill = if f_node == 0 { "0-3" } else { "4-7" };
+    let c_cpus = h.jobs().into_iter().find(|j| j.allocation.job == "c").unwrap().allocation.cpus;
+    let free_there = 4 - c_cpus.intersection(&CpuSet::parse_list(fill).unwrap()).len();
+    let fill_request = format!("affinity[core*{free_there}]");
+    h.allocate("fill", &fill_request, None, Some(fill), None, None).unwrap();
+    let waits = prepare(&topo, "affinity[core(2):gpus=1]", None, None).unwrap();
+    let e = h.allocate_prepared("g", &waits, None, None).unwrap_err();
+    assert!(matches!(e, HostError::DoesNotFit { .. }), "{e}");
+    assert!(e.to_string().contains("its CPUs do not fit beside any 1 of the free GPUs"), "{e}");
+    h.release("fill").unwrap();
+    let beside = h.allocate_prepared("g", &waits, None, None).unwrap();
+    assert_eq!(listed(&h, "g")[0].pci_address, a_gpu);
+    assert_eq!(node_of(&beside.cpus), f_node, "{beside:?}");
+    // Refused outright: a task range, and GPUs the batch system gave that gpus= does not count.
+    let malleable = prepare(&topo, "affinity[core*1-2:gpus=1]", None, None).unwrap();
+    assert!(h
+        .allocate_prepared("m", &malleable, None, None)
+        .unwrap_err()
+        .to_string()
+        .contains("task range"));
+    let given = with_gpus(&topo, "affinity[core*2:gpus=1]", None, &["card0"]);
+    let e = h.allocate_prepared("n", &given, None, None).unwrap_err().to_string();
+    assert!(
+        e.contains("gave the job 1 GPU(s)") && e.contains("gpus=1 per task for 2 task(s): 2"),
+        "{e}"
+    );
+}

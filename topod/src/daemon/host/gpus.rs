@@ -1,0 +1,181 @@
+//! GPUs topod chooses (issue 33, mode 2): a request that asks for `gpus=n` per task, where the
+//! batch system did not say which GPUs the job has (topod alone, LSF with topo's module), gets
+//! the GPUs [`topo_core::gpus::choose`] picks among those no job holds: under one PCIe switch
+//! and in the NUMA node (else the package) where its CPUs fit beside them. It then runs near
+//! them or waits ([`Prepared::near_only`]); `gpubind=any` lets it run anywhere once placed
+//! near them failed. The GPUs go into its record, its listing and, with `confine_devices`, its
+//! device rules, as GPUs a batch system gave.
+
+use super::{Host, HostError, Prepared};
+use topo_core::cpuset::CpuSet;
+use topo_core::place::{self, HostModel, PlaceError, Strategy};
+use topo_core::request::GpuBind;
+use topo_core::request::Level;
+use topo_core::request::Request;
+use topo_core::topology::Topology;
+
+impl Host {
+    /// The PCI addresses of the GPUs live jobs hold (running, suspended or frozen in a gang
+    /// row): what no other job may be given by topod.
+    pub fn held_gpus(&self) -> std::collections::BTreeSet<String> {
+        self.hints.values().flat_map(|h| h.gpus.iter().cloned()).collect()
+    }
+
+    /// `prepared` with the GPUs topod chooses for it, when its request says `gpus=` and the
+    /// batch system named none (`None`: nothing to choose; the job is allocated as it is). A
+    /// job the batch system gave GPUs is checked: as many as `gpus=` asks for its tasks. A job
+    /// allocated already keeps what it has (the allocate answers it again). No free GPUs near
+    /// which its CPUs fit: it does not fit, saying how many GPUs are free; more GPUs than the
+    /// host has: it never fits.
+    pub(super) fn choose_gpus(
+        &self,
+        job: &str,
+        prepared: &Prepared,
+        owner_uid: Option<u32>,
+    ) -> Result<Option<Prepared>, HostError> {
+        let request = &prepared.request;
+        let Some(per_task) = gpus_to_choose(prepared)? else { return Ok(None) };
+        if self.ledger.get(job).is_some() {
+            return Ok(None);
+        }
+        let who = topo_core::prime::Asker {
+            queue: prepared.gang.queue.as_deref(),
+            owner: owner_uid,
+            pool: prepared.pool.as_deref(),
+        };
+        let (occupancy, _) = self.placement_occupancy_as(job, None, who, self.ends_by(prepared));
+        let occupancy = self.without_lending(&occupancy).unwrap_or(occupancy);
+        let pick = pick_gpus(
+            &self.topo,
+            &self.model,
+            &occupancy,
+            &self.held_gpus(),
+            request,
+            self.strategy,
+            job,
+        )?;
+        let mut chosen = prepared.clone();
+        chosen.gpus = pick.gpus;
+        chosen.near_only = pick.near.is_some() && request.gpubind != Some(GpuBind::Any);
+        chosen.near_gpus = pick.near;
+        tracing::info!(
+            "job {job}: topod chose GPU(s) {} for gpus={per_task} (CPUs near them: {})",
+            chosen.gpus.join(", "),
+            chosen.near_gpus.as_ref().map_or_else(|| "anywhere".to_string(), CpuSet::to_string)
+        );
+        Ok(Some(chosen))
+    }
+}
+
+/// How many GPUs per task topod is to choose for `prepared`: `None` when its request has no
+/// `gpus=`, or the batch system gave it GPUs (checked: as many as `gpus=` asks for its tasks).
+/// `gpus=` with a task range is refused (GPUs do not resize with a job).
+pub(super) fn gpus_to_choose(prepared: &Prepared) -> Result<Option<u32>, HostError> {
+    let request = &prepared.request;
+    let Some(per_task) = request.gpus_per_task else { return Ok(None) };
+    let tasks = request.tasks.unwrap_or(1);
+    if request.is_malleable() {
+        return Err(HostError::BadRequest(format!(
+            "gpus={per_task} with a task range (*{tasks}-{}): a job's GPUs do not grow or shrink with it; give a task count",
+            request.tasks_max.unwrap_or(tasks)
+        )));
+    }
+    let wanted = u64::from(per_task) * u64::from(tasks);
+    if prepared.gpus.is_empty() {
+        return Ok(Some(per_task));
+    }
+    if prepared.gpus.len() as u64 != wanted {
+        return Err(HostError::BadRequest(format!(
+            "the batch system gave the job {} GPU(s) ({}), but its request asks for gpus={per_task} per task for {tasks} task(s): {wanted}",
+            prepared.gpus.len(),
+            prepared.gpus.join(", ")
+        )));
+    }
+    Ok(None)
+}
+
+/// GPUs [`pick_gpus`] chose.
+#[derive(Debug, Clone)]
+pub(super) struct GpuChoice {
+    /// Their PCI addresses.
+    pub gpus: Vec<String>,
+    /// The CPUs near them (of their NUMA nodes; `gpubind=socket`: packages) that the job may
+    /// use; `None` when one is of unknown place.
+    pub near: Option<CpuSet>,
+}
+
+/// The `gpus=` of `request` (a rigid one: checked by the caller) for its tasks, chosen among
+/// the host's GPUs not in `held` with its CPUs beside them in `occupancy`
+/// ([`topo_core::gpus::choose`]). Refused as not fitting when too few are free or its CPUs
+/// fit beside none; as never fitting when the host has too few.
+pub(super) fn pick_gpus(
+    topo: &Topology,
+    model: &HostModel,
+    occupancy: &place::Occupancy,
+    held: &std::collections::BTreeSet<String>,
+    request: &Request,
+    strategy: Strategy,
+    job: &str,
+) -> Result<GpuChoice, HostError> {
+    let per_task = request.gpus_per_task.unwrap_or(1);
+    let tasks = request.tasks.unwrap_or(1);
+    let wanted = per_task as usize * tasks as usize;
+    let all = topo_core::gpus::gpu_indices(topo);
+    let does_not_fit = |source: PlaceError, held_back: String| HostError::DoesNotFit {
+        job: job.to_string(),
+        source,
+        held_back,
+    };
+    if wanted > all.len() {
+        return Err(does_not_fit(
+            PlaceError::Impossible(format!(
+                "gpus={per_task} for {tasks} task(s) needs {wanted} GPU(s); this host has {}",
+                all.len()
+            )),
+            String::new(),
+        ));
+    }
+    let free: Vec<usize> =
+        all.iter().copied().filter(|&g| !held.contains(&topo.devices[g].pci_address)).collect();
+    let Some(pick) =
+        topo_core::gpus::choose(topo, model, occupancy, &free, request, wanted, strategy)
+    else {
+        let names: Vec<&str> = free.iter().map(|&g| topo.devices[g].pci_address.as_str()).collect();
+        let why = if free.len() < wanted {
+            format!(
+                "gpus={per_task} for {tasks} task(s) needs {wanted} GPU(s): {} of the host's {} are free{}",
+                free.len(),
+                all.len(),
+                if names.is_empty() { String::new() } else { format!(" ({})", names.join(", ")) }
+            )
+        } else {
+            format!(
+                "gpus={per_task}: its CPUs do not fit beside any {wanted} of the free GPUs ({}) now",
+                names.join(", ")
+            )
+        };
+        return Err(does_not_fit(
+            PlaceError::NotEnoughFree {
+                needed: wanted,
+                free: free.len(),
+                unit: "GPU",
+                detail: String::new(),
+            },
+            format!("; {why}"),
+        ));
+    };
+    // Near: the NUMA nodes (gpubind=socket: the packages) of the chosen GPUs, unless one is of
+    // unknown place (then nothing is nearer than anything else).
+    let level = if request.gpubind == Some(GpuBind::Socket) { Level::Socket } else { Level::Numa };
+    let mut near = Some(CpuSet::new());
+    for &g in &pick.gpus {
+        match (topo.cpus_near(&topo.devices[g], level), near.as_mut()) {
+            (Some(cpus), Some(n)) => n.union_with(&cpus),
+            _ => near = None,
+        }
+    }
+    Ok(GpuChoice {
+        gpus: pick.gpus.iter().map(|&g| topo.devices[g].pci_address.clone()).collect(),
+        near: near.map(|n| n.intersection(request.cpu_list.as_ref().unwrap_or(&topo.allowed))),
+    })
+}
