@@ -409,3 +409,50 @@ fn with_confine_devices_a_job_opens_only_its_own_gpu() {
     assert_eq!(opened_inside(&d.socket, "d3", &[own, other]), [opens, denied]);
     ok(&d.socket, r#"{"op":"release","job":"d3"}"#);
 }
+
+/// A device file is looked up by topod as root: only an administrator may name GPUs by path in
+/// `fit` (anyone may name them by number, which reveals no more than `/sys/dev/char` does).
+#[test]
+fn only_an_administrator_names_gpus_by_device_file_in_fit() {
+    use std::os::unix::process::CommandExt;
+    if !common::is_root() {
+        common::skip("the client runs as the user nobody");
+        return;
+    }
+    let dir = common::open_dir();
+    let root = dir.path().join("root");
+    machine(&root);
+    let d = common::start(
+        dir.path(),
+        &["--cgroup", "fake", "--topology", root.to_str().unwrap()],
+        false,
+    );
+    let as_nobody = |gpu: &str| -> Value {
+        let program = r#"
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall((json.dumps({"v": 1, "op": "fit", "request": "affinity[core]", "gpus": [sys.argv[2]]}) + "\n").encode())
+print(s.makefile().readline(), end="")
+"#;
+        let out = Command::new("/usr/bin/python3")
+            .args(["-c", program])
+            .arg(&d.socket)
+            .arg(gpu)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{text:?}: {e}; {}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let (code, message) = error_of(&as_nobody("/dev/null"));
+    assert_eq!(code, "forbidden", "{message}");
+    assert!(message.contains("device file"), "{message}");
+    let (code, message) = error_of(&as_nobody("char:1:3"));
+    assert_eq!(code, "bad_request", "{message}");
+    assert!(message.contains("character device 1:3 is on no PCI function"), "{message}");
+    let fit = ask(&d.socket, r#"{"op":"fit","request":"affinity[core]","gpus":["/dev/null"]}"#);
+    assert!(error_of(&fit).1.contains("character device 1:3 is on no PCI function"), "{fit}");
+}
