@@ -397,6 +397,49 @@ fn with_confine_devices_a_job_opens_only_its_own_gpu() {
     assert!(listed.contains("\"d2\""), "{listed}");
     assert_eq!(opened_inside(&d.socket, "d2", &[&gpu0, &gpu1]), [denied, denied]);
     ok(&d.socket, r#"{"op":"release","job":"d2"}"#);
+    // A later allocate of the same job naming the other GPU (a step's own): it has both.
+    ok(
+        &d.socket,
+        r#"{"op":"allocate","job":"d4","request":"affinity[core]","gpus":["char:241:1"]}"#,
+    );
+    assert_eq!(opened_inside(&d.socket, "d4", &[&gpu0, &gpu1]), [denied, opens]);
+    ok(
+        &d.socket,
+        r#"{"op":"allocate","job":"d4","request":"affinity[core]","gpus":["char:241:0"]}"#,
+    );
+    assert_eq!(opened_inside(&d.socket, "d4", &[&gpu0, &gpu1]), [opens, opens]);
+    ok(&d.socket, r#"{"op":"release","job":"d4"}"#);
+    // Its devices cgroup removed behind topod's back (an administrator's rmdir, a release cut
+    // short): made again, with its rules, before the next process joins.
+    ok(&d.socket, r#"{"op":"allocate","job":"d5","request":"affinity[core]"}"#);
+    std::fs::remove_dir(devices.join(&subtree).join("d5")).unwrap();
+    assert_eq!(opened_inside(&d.socket, "d5", &[&gpu0, &gpu1]), [denied, denied]);
+    ok(&d.socket, r#"{"op":"release","job":"d5"}"#);
+    // A job allocated while devices were not confined is confined once topod starts with it.
+    drop(d);
+    let off = dir.path().join("off.toml");
+    std::fs::write(
+        &off,
+        std::fs::read_to_string(&config).unwrap().replace("confine_devices = true", ""),
+    )
+    .unwrap();
+    d = common::start(dir.path(), &["--config", off.to_str().unwrap()], false);
+    ok(
+        &d.socket,
+        r#"{"op":"allocate","job":"d6","request":"affinity[core]","gpus":["char:241:1"]}"#,
+    );
+    assert_eq!(opened_inside(&d.socket, "d6", &[&gpu0, &gpu1]), [opens, opens]);
+    drop(d);
+    d = common::start(dir.path(), &["--config", config.to_str().unwrap()], false);
+    assert_eq!(opened_inside(&d.socket, "d6", &[&gpu0, &gpu1]), [denied, opens]);
+    // And turned off again: its devices cgroup goes, with the subtree.
+    drop(d);
+    d = common::start(dir.path(), &["--config", off.to_str().unwrap()], false);
+    assert!(!devices.join(&subtree).exists(), "the devices subtree is left");
+    assert_eq!(opened_inside(&d.socket, "d6", &[&gpu0, &gpu1]), [opens, opens]);
+    ok(&d.socket, r#"{"op":"release","job":"d6"}"#);
+    drop(d);
+    d = common::start(dir.path(), &["--config", config.to_str().unwrap()], false);
     // GPUs topod chooses (gpus=1) are confined the same way.
     ok(&d.socket, r#"{"op":"allocate","job":"d3","request":"affinity[core:gpus=1]"}"#);
     let listed = ok(&d.socket, r#"{"op":"list"}"#);

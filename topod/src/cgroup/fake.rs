@@ -57,6 +57,25 @@ impl CgroupBackend for Fake {
         self.denied.is_some()
     }
 
+    fn set_device_rules(
+        &self,
+        job: &JobId,
+        denied: &[CharDevice],
+        allowed: &[CharDevice],
+    ) -> Result<(), CgroupError> {
+        let Some(rules) = &self.denied else { return Ok(()) };
+        if !self.jobs().contains_key(job) {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        let mut rules = rules.lock().unwrap_or_else(|e| e.into_inner());
+        let now = rules.entry(job.clone()).or_default();
+        now.extend_from_slice(denied);
+        now.retain(|d| !allowed.contains(d));
+        now.sort();
+        now.dedup();
+        Ok(())
+    }
+
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {
         let effective = Effective {
             cpus: spec.cpus.intersection(&self.parent_cpus),

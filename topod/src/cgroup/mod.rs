@@ -84,13 +84,16 @@ impl Kind {
             }
             Kind::V1 => {
                 let mut v1 = v1::V1::detect_in(files, mounts, subtree)?;
+                let devices = v1::v1_devices_mount(mounts).map(|d| d.join(subtree));
                 if options.confine_devices {
-                    let devices = v1::v1_devices_mount(mounts).ok_or_else(|| {
+                    let devices = devices.ok_or_else(|| {
                         CgroupError::Unsupported(
                             "confine_devices needs the cgroup v1 devices hierarchy, which is not mounted (mount -t cgroup -o devices devices /sys/fs/cgroup/devices)".into(),
                         )
                     })?;
-                    v1 = v1.with_devices(devices.join(subtree))?;
+                    v1 = v1.with_devices(devices)?;
+                } else {
+                    v1 = v1.without_devices(devices);
                 }
                 let cpu = v1::v1_cpu_mount(mounts).map(|c| c.join(subtree));
                 Box::new(if options.cpu_groups {
@@ -270,6 +273,20 @@ pub trait CgroupBackend: Send + Sync {
     /// Whether [`CgroupSpec::denied_devices`] is kept (a backend opened to confine devices).
     fn confines_devices(&self) -> bool {
         false
+    }
+    /// Makes the job's device rules say `denied` and `allowed` (each device of either list
+    /// denied or allowed, others as they were), making its devices cgroup, with the job's
+    /// processes moved in, where it is missing (a job from before devices were confined, a
+    /// release cut short, an administrator's `rmdir`). Nothing where the backend does not
+    /// confine devices.
+    fn set_device_rules(
+        &self,
+        job: &JobId,
+        denied: &[CharDevice],
+        allowed: &[CharDevice],
+    ) -> Result<(), CgroupError> {
+        let _ = (job, denied, allowed);
+        Ok(())
     }
     /// Creates the job's cgroup with its CPUs and memory nodes (idempotent for the same spec),
     /// and returns what the kernel made effective.

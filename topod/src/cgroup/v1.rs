@@ -13,7 +13,7 @@
 //! rest of the system; exclusivity between jobs is the ledger's.
 
 use super::fs::{spin_until, wait_until, Files, SPIN};
-use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
+use super::{CgroupBackend, CgroupError, CgroupSpec, CharDevice, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -144,8 +144,23 @@ impl V1 {
     /// cpu hierarchy goes, its jobs' processes back to that hierarchy's root cgroup (ungrouped,
     /// as the setting says). Best effort, like the grouping.
     pub fn without_cpu_groups(self, root: Option<PathBuf>) -> Self {
-        let Some(root) = root.filter(|r| self.files.is_dir(r)) else { return self };
-        let Some(top) = root.ancestors().nth(1).map(Path::to_path_buf) else { return self };
+        self.leave_hierarchy(root);
+        self
+    }
+
+    /// With `confine_devices` off: what an earlier start with it on left under `root` in the
+    /// devices hierarchy goes, its jobs' processes back to that hierarchy's root cgroup (no
+    /// longer confined, as the setting says). Best effort.
+    pub fn without_devices(self, root: Option<PathBuf>) -> Self {
+        self.leave_hierarchy(root);
+        self
+    }
+
+    /// Moves every process under `root` (topod's subtree in a hierarchy beside the cpuset one)
+    /// to the hierarchy's root cgroup and removes the job directories and the subtree.
+    fn leave_hierarchy(&self, root: Option<PathBuf>) {
+        let Some(root) = root.filter(|r| self.files.is_dir(r)) else { return };
+        let Some(top) = root.ancestors().nth(1).map(Path::to_path_buf) else { return };
         // The hierarchy's root cgroup: the one whose parent holds no cgroup.procs.
         let hierarchy_root = top
             .ancestors()
@@ -160,7 +175,6 @@ impl V1 {
             let _ = self.files.rmdir(&dir);
         }
         let _ = self.files.rmdir(&root);
-        self
     }
 
     /// Job cgroups in the `cpu` hierarchy too, under `root` (created if missing): each job then
@@ -443,6 +457,37 @@ impl CgroupBackend for V1 {
 
     fn confines_devices(&self) -> bool {
         self.devices.is_some()
+    }
+
+    fn set_device_rules(
+        &self,
+        job: &JobId,
+        denied: &[CharDevice],
+        allowed: &[CharDevice],
+    ) -> Result<(), CgroupError> {
+        let Some(devices) = &self.devices else { return Ok(()) };
+        if !self.files.is_dir(&self.cpuset.join(job.as_str())) {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        let d = devices.join(job.as_str());
+        let made = self.files.mkdir(&d)?;
+        // Denied first: a device in neither list keeps its rule, so nothing is open between.
+        for device in denied {
+            self.files.write(&d.join("devices.deny"), &format!("{device} rwm"))?;
+        }
+        // In a cgroup that allows by default, an allow removes the matching deny
+        // (security/device_cgroup.c, devcgroup_update_access).
+        for device in allowed {
+            self.files.write(&d.join("devices.allow"), &format!("{device} rwm"))?;
+        }
+        if made {
+            // Its processes were in another devices cgroup (the hierarchy's root, or a batch
+            // system's): confined now.
+            for pid in self.files.read_pids(&self.cpuset.join(job.as_str()).join("cgroup.procs"))? {
+                let _ = self.files.write(&d.join("cgroup.procs"), &pid.to_string());
+            }
+        }
+        Ok(())
     }
 
     fn create(&self, job: &JobId, spec: &CgroupSpec) -> Result<Effective, CgroupError> {

@@ -411,10 +411,11 @@ impl Prepared {
                 )));
             };
             if devices.iter().any(|d| d.pci_address == device.pci_address) {
-                return Err(HostError::BadArgument(format!(
-                    "gpus: {name:?} names {} a second time",
-                    device.pci_address
-                )));
+                return Err(HostError::BadArgument(if *name == device.pci_address {
+                    format!("gpus: GPU {name} is named twice")
+                } else {
+                    format!("gpus: {name:?} names {} a second time", device.pci_address)
+                }));
             }
             devices.push(device);
         }
@@ -490,7 +491,7 @@ pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<Stri
             let refused = |why: String| HostError::BadArgument(format!("gpus: {name}: {why}"));
             let (major, minor) = if let Some(number) = name.strip_prefix("char:") {
                 parse_char_device(number).ok_or_else(|| {
-                    refused("a character device is named char:MAJOR:MINOR, e.g. char:195:0".into())
+                    refused("a character device is named char:MAJOR:MINOR (major below 4096, minor below 1048576), e.g. char:195:0".into())
                 })?
             } else if name.starts_with('/') {
                 let meta = std::fs::metadata(name).map_err(|e| refused(e.to_string()))?;
@@ -520,28 +521,46 @@ pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<Stri
 }
 
 /// The character devices of `topo`'s GPUs and accelerators, each with its PCI function, read
-/// under the root `topo` came from (this host's `/` for an hwloc XML file).
+/// under the root `topo` came from (this host's `/` for an hwloc XML file) each time: a driver
+/// loaded after topod started (nvidia-modprobe) adds device files.
 fn gpu_devices(topo: &Topology) -> Vec<(CharDevice, String)> {
     use topo_core::topology::DeviceClass;
     let source = std::path::Path::new(&topo.source);
     let root = if source.is_dir() { source } else { std::path::Path::new("/") };
-    let devices: Vec<(CharDevice, String)> = topo_core::topology::sysfs::char_devices_on_pci(root)
+    topo_core::topology::sysfs::char_devices_on_pci(root)
         .into_iter()
         .filter(|(_, _, address)| {
             topo.device(address)
                 .is_some_and(|d| matches!(d.class, DeviceClass::Gpu | DeviceClass::Accelerator))
         })
         .map(|(major, minor, address)| (CharDevice { major, minor }, address))
-        .collect();
-    tracing::info!(
-        "confining devices: a job may open only its own of these GPU and accelerator device files: {}",
-        if devices.is_empty() {
-            "none found".to_string()
-        } else {
-            devices.iter().map(|(d, a)| format!("{}:{} ({a})", d.major, d.minor)).collect::<Vec<_>>().join(", ")
+        .collect()
+}
+
+/// Says at start which device files confinement keeps jobs to, and warns where the host lists
+/// GPUs none of which has a device file (their driver not loaded yet: until it is, nothing is
+/// denied).
+fn log_gpu_devices(topo: &Topology) {
+    let devices = gpu_devices(topo);
+    if devices.is_empty() {
+        let gpus: Vec<&str> = topo_core::gpus::gpu_indices(topo)
+            .into_iter()
+            .map(|g| topo.devices[g].pci_address.as_str())
+            .collect();
+        if !gpus.is_empty() {
+            tracing::warn!(
+                "confine_devices: none of this host's GPUs and accelerators ({}) has a device file yet (is its driver loaded?); each job's device rules are made again as it is allocated, joined or found at start",
+                gpus.join(", ")
+            );
         }
+        return;
+    }
+    let listed: Vec<String> =
+        devices.iter().map(|(d, a)| format!("{}:{} ({a})", d.major, d.minor)).collect();
+    tracing::info!(
+        "confine_devices: a job may open only its own of these GPU and accelerator device files: {}",
+        listed.join(", ")
     );
-    devices
 }
 
 /// `MAJOR:MINOR` in decimal, as `ls -l` and `/sys/dev/char` write a device number.
@@ -551,6 +570,7 @@ fn parse_char_device(text: &str) -> Option<(u32, u32)> {
         (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())).then(|| t.parse().ok()).flatten()
     };
     Some((number(major)?, number(minor)?))
+        .filter(|&(a, i)| topo_core::topology::sysfs::is_device_number(a, i))
 }
 
 /// What an `allocate` says about preemption (see [`Host::set_preempt`]).
@@ -841,9 +861,8 @@ pub struct Host {
     metrics: Arc<super::metrics::Metrics>,
     /// Jobs the sampler found mis-sized, until their release.
     missized: BTreeMap<String, Missized>,
-    /// Where the backend confines devices: the character devices of this host's GPUs and
-    /// accelerators, each with its PCI function (see [`Host::denied_devices`]).
-    gpu_devices: Vec<(CharDevice, String)>,
+    /// Whether the backend confines devices (see [`Host::device_rules`]).
+    confine_devices: bool,
     /// Where jobs' notify files go (see [`moves`]).
     notify_dir: Option<PathBuf>,
     /// Topology reservations by job (see [`reserve`]).
@@ -885,9 +904,12 @@ impl Host {
         strategy: Strategy,
     ) -> Result<Self, place::ModelError> {
         let model = HostModel::new(&topo, &reserved)?;
-        let gpu_devices = if backend.confines_devices() { gpu_devices(&topo) } else { Vec::new() };
+        let confine_devices = backend.confines_devices();
+        if confine_devices {
+            log_gpu_devices(&topo);
+        }
         Ok(Host {
-            gpu_devices,
+            confine_devices,
             topo: Arc::new(topo),
             model: Arc::new(model),
             reserved,
@@ -1086,11 +1108,32 @@ impl Host {
     /// may open none). Device files on no GPU's PCI function (`/dev/nvidiactl`,
     /// `/dev/nvidia-uvm`) stay open to all, as under Slurm's ConstrainDevices.
     pub fn denied_devices(&self, gpus: &[String]) -> Vec<CharDevice> {
-        self.gpu_devices
-            .iter()
-            .filter(|(_, address)| !gpus.contains(address))
-            .map(|(device, _)| *device)
-            .collect()
+        self.device_rules(gpus).0
+    }
+
+    /// The device files of the host's GPUs and accelerators a job given `gpus` may not open,
+    /// and those it may (its own); both empty where devices are not confined.
+    fn device_rules(&self, gpus: &[String]) -> (Vec<CharDevice>, Vec<CharDevice>) {
+        if !self.confine_devices {
+            return (Vec::new(), Vec::new());
+        }
+        let (own, others): (Vec<_>, Vec<_>) =
+            gpu_devices(&self.topo).into_iter().partition(|(_, address)| gpus.contains(address));
+        (others.into_iter().map(|d| d.0).collect(), own.into_iter().map(|d| d.0).collect())
+    }
+
+    /// Makes `job`'s device rules match its GPUs (those its record keeps; none when it has no
+    /// record) before a process joins it, and at start: its devices cgroup may be missing (a
+    /// job from before devices were confined, a release cut short, an administrator's rmdir)
+    /// or a driver may have added device files since.
+    fn sync_device_rules(&self, id: &JobId) -> Result<(), HostError> {
+        if !self.confine_devices {
+            return Ok(());
+        }
+        let gpus = self.hints.get(id.as_str()).map(|h| h.gpus.clone()).unwrap_or_default();
+        let (denied, allowed) = self.device_rules(&gpus);
+        self.backend.set_device_rules(id, &denied, &allowed)?;
+        Ok(())
     }
 
     /// Turns gang time slicing on (with at least 2 rows) or off.
@@ -1240,9 +1283,21 @@ impl Host {
                 let mut hint = self.hints.get(job).cloned().unwrap_or_else(|| JobHint {
                     request: existing.request.clone(),
                     tasks: existing.tasks.clone(),
-                    gpus: prepared.gpus.clone(),
                     ..JobHint::default()
                 });
+                // Each step names its own GPUs (Slurm's SLURM_STEP_GPUS), all the job's: the
+                // job has every GPU any of its allocates named, and may open each of them.
+                let added: Vec<String> =
+                    prepared.gpus.iter().filter(|g| !hint.gpus.contains(g)).cloned().collect();
+                if !added.is_empty() {
+                    hint.gpus.extend(added.iter().cloned());
+                    tracing::info!(
+                        "job {job}: also given GPU(s) {} (its CPUs stay where they are)",
+                        added.join(", ")
+                    );
+                    let (denied, allowed) = self.device_rules(&hint.gpus);
+                    self.backend.set_device_rules(&id, &denied, &allowed)?;
+                }
                 hint.allocated_at = Some(asked);
                 self.write_record(&id, &hint)?;
                 self.hints.insert(job.to_string(), hint);
@@ -1720,6 +1775,7 @@ impl Host {
             // tasks wait until slurmctld runs the job).
             return Err(HostError::Suspended(job.to_string()));
         }
+        self.sync_device_rules(&id)?;
         if let Some((pending, _)) = self.self_join_offered.get_mut(job) {
             self.backend.join_unless_in(&id, pid)?;
             *pending = pending.saturating_sub(1);
@@ -1747,6 +1803,7 @@ impl Host {
         if self.releasing.contains(job) {
             return Err(HostError::Releasing(job.to_string()));
         }
+        self.sync_device_rules(&id)?;
         let files = self.backend.self_join_files(&id)?;
         if !files.is_empty() {
             let offer = self

@@ -618,7 +618,7 @@ pub fn pci_function_of_char_device(root: &Path, major: u32, minor: u32) -> Optio
 pub fn char_devices_on_pci(root: &Path) -> Vec<(u32, u32, String)> {
     let number = |text: &str| -> Option<(u32, u32)> {
         let (major, minor) = text.split_once(':')?;
-        Some((major.parse().ok()?, minor.parse().ok()?))
+        Some((major.parse().ok()?, minor.parse().ok()?)).filter(|&(a, i)| is_device_number(a, i))
     };
     let mut out = Vec::new();
     if let Ok(entries) = std::fs::read_dir(root.join("sys/dev/char")) {
@@ -641,6 +641,7 @@ pub fn char_devices_on_pci(root: &Path) -> Vec<(u32, u32, String)> {
                 .lines()
                 .find_map(|l| l.strip_prefix("Device Minor:"))
                 .and_then(|m| m.trim().parse::<u32>().ok());
+            let minor = minor.filter(|&m| is_device_number(NVIDIA_MAJOR, m));
             if let (Some(minor), true) = (minor, is_pci_address(&address)) {
                 out.push((NVIDIA_MAJOR, minor, address));
             }
@@ -649,6 +650,13 @@ pub fn char_devices_on_pci(root: &Path) -> Vec<(u32, u32, String)> {
     out.sort();
     out.dedup();
     out
+}
+
+/// Whether `major:minor` can be a Linux device number: 12 bits of major, 20 of minor
+/// (include/linux/kdev_t.h, MINORBITS). A larger one written into a device rule would not name
+/// one device (the kernel reads `~0` as `*`).
+pub fn is_device_number(major: u32, minor: u32) -> bool {
+    major < (1 << 12) && minor < (1 << 20)
 }
 
 /// Whether `s` reads as a PCI address, `dddd:bb:dd.f` in hexadecimal.

@@ -219,6 +219,15 @@ impl Host {
         // Every job's notify file says its CPUs again (a job moved by the plan learns of it, by
         // its signal too); files of jobs that are gone go.
         let kept = report.kept.clone();
+        for job in &kept {
+            // Device rules as its record says (a job from before devices were confined, or
+            // one whose devices cgroup a crash or an administrator removed).
+            if let Ok(id) = JobId::parse(job) {
+                if let Err(e) = self.sync_device_rules(&id) {
+                    tracing::warn!("job {job}: its device rules: {e}");
+                }
+            }
+        }
         if let Some(dir) = &self.notify_dir {
             moves::sweep_notify_dir(dir, &kept.iter().cloned().collect());
         }

@@ -20,6 +20,14 @@ impl CgroupBackend for SharedFake {
     fn confines_devices(&self) -> bool {
         self.kernel.confines_devices()
     }
+    fn set_device_rules(
+        &self,
+        j: &JobId,
+        denied: &[crate::cgroup::CharDevice],
+        allowed: &[crate::cgroup::CharDevice],
+    ) -> Result<(), CgroupError> {
+        self.kernel.set_device_rules(j, denied, allowed)
+    }
     fn create(&self, j: &JobId, s: &CgroupSpec) -> Result<crate::cgroup::Effective, CgroupError> {
         self.kernel.create(j, s)
     }
@@ -2475,6 +2483,20 @@ fn with_devices_confined_a_job_is_denied_every_gpu_but_its_own() {
     )
     .unwrap();
     assert_eq!(denied("g2"), [dev(226, 1), dev(226, 129)]);
+    // A later step of g1 names card0 (its own SLURM_STEP_GPUS): g1 has both, and may open both.
+    h.allocate_prepared("g1", &with_gpus(&topo, "affinity[core]", None, &["card0"]), None, None)
+        .unwrap();
+    assert_eq!(denied("g1"), [dev(195, 2)]);
+    let listed: Vec<String> = h
+        .jobs()
+        .into_iter()
+        .find(|j| j.allocation.job == "g1")
+        .unwrap()
+        .gpus
+        .into_iter()
+        .map(|g| g.pci_address)
+        .collect();
+    assert_eq!(listed, ["0000:86:00.0", "0000:18:00.0"]);
     // Without confinement nothing is denied, and the backend is never asked to.
     let plain = kernel_for(&topo);
     let mut h = host_on(&topo, &plain, None);
