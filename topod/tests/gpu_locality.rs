@@ -331,8 +331,9 @@ fn with_confine_devices_a_job_opens_only_its_own_gpu() {
             root.display()
         ),
     );
-    let topod = |drop_sys_admin: bool| {
+    let topod = |drop_sys_admin: bool, extra: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_topod"));
+        cmd.args(extra);
         cmd.args(["--config", config.to_str().unwrap(), "--socket"])
             .arg(dir.path().join("refused.sock"))
             .arg("--state-dir")
@@ -357,7 +358,7 @@ fn with_confine_devices_a_job_opens_only_its_own_gpu() {
         topod::cgroup::v1::v1_devices_mount(&mounts).filter(|_| cgroups.kind() == "v1")
     else {
         // Pure cgroup v2 (the suite's guest): refused at start, naming the way out.
-        let out = topod(false);
+        let out = topod(false, &[]);
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "topod started: {said}");
         assert!(
@@ -370,10 +371,14 @@ fn with_confine_devices_a_job_opens_only_its_own_gpu() {
     roots.push(devices.join(&subtree));
     let _cleanup = common::SubtreeCleanup(roots);
     // Without CAP_SYS_ADMIN, topod says what it needs before taking any job.
-    let out = topod(true);
+    let out = topod(true, &[]);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "topod started without CAP_SYS_ADMIN: {said}");
     assert!(said.contains("CAP_SYS_ADMIN") && said.contains("confine-devices.conf"), "{said}");
+    // --check-config (what a package upgrade runs before the restart) says the same.
+    let out = topod(true, &["--check-config"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("CAP_SYS_ADMIN"), "{said}");
 
     let (gpu0, gpu1) = (device_node(dir.path(), "gpu0", 0), device_node(dir.path(), "gpu1", 1));
     let denied = "Operation not permitted";

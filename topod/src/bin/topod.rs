@@ -113,6 +113,9 @@ fn run(args: TopodArgs) -> Result<(), String> {
     };
     require_cpuset(kind, &mounts)?;
     if args.check_config {
+        if config.confine_devices {
+            check_confine_devices(kind, &mounts)?;
+        }
         let topology = args.topology.or(config.topology.clone());
         return check_config(config_file.as_deref(), &config, &socket, &state_dir, topology);
     }
@@ -901,6 +904,27 @@ const KEEP: [caps::Capability; 3] = [
     caps::Capability::CAP_NET_BIND_SERVICE,
 ];
 
+/// `--check-config` with `confine_devices`: what a start would refuse (cgroup v2, no v1 devices
+/// hierarchy, no CAP_SYS_ADMIN to keep).
+fn check_confine_devices(kind: Kind, mounts: &str) -> Result<(), String> {
+    match kind {
+        Kind::V2 => return Err(cgroup::v2::DEVICES_ON_V2.to_string()),
+        Kind::V1 if cgroup::v1::v1_devices_mount(mounts).is_none() => {
+            return Err("confine_devices needs the cgroup v1 devices hierarchy, which is not mounted (mount -t cgroup -o devices devices /sys/fs/cgroup/devices)".into());
+        }
+        _ => {}
+    }
+    let has = caps::read(None, caps::CapSet::Permitted)
+        .map_err(|e| format!("reading capabilities: {e}"))?;
+    if !has.is_empty() && !has.contains(&caps::Capability::CAP_SYS_ADMIN) {
+        return Err(NO_SYS_ADMIN.into());
+    }
+    Ok(())
+}
+
+/// Why topod will not start with `confine_devices` and without CAP_SYS_ADMIN, and what to do.
+const NO_SYS_ADMIN: &str = "confine_devices is on, but topod was started without CAP_SYS_ADMIN, which the kernel asks for to write a job's device rules (devices.deny); under systemd install packaging/topod-confine-devices.conf (Debian: /usr/share/doc/topod/examples/confine-devices.conf) as /etc/systemd/system/topod.service.d/confine-devices.conf and run systemctl daemon-reload, or turn confine_devices off";
+
 /// With `confine_devices`, [`KEEP`] and CAP_SYS_ADMIN: the kernel asks for it to write a v1
 /// `devices.deny` rule (security/device_cgroup.c, devcgroup_access_write).
 fn drop_capabilities(confine_devices: bool) -> Result<(), String> {
@@ -916,7 +940,7 @@ fn drop_capabilities(confine_devices: bool) -> Result<(), String> {
         return Ok(());
     }
     if confine_devices && !has.contains(&Capability::CAP_SYS_ADMIN) {
-        return Err("confine_devices is on, but topod was started without CAP_SYS_ADMIN, which the kernel asks for to write a job's device rules (devices.deny); under systemd install packaging/topod-confine-devices.conf (Debian: /usr/share/doc/topod/examples/confine-devices.conf) as /etc/systemd/system/topod.service.d/confine-devices.conf and run systemctl daemon-reload, or turn confine_devices off".into());
+        return Err(NO_SYS_ADMIN.into());
     }
     let kept: caps::CapsHashSet = keep.intersection(&has).copied().collect();
     let effective =
