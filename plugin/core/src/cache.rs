@@ -66,6 +66,9 @@ pub struct FreeMap {
     /// The host's prime-time pools, open or not as of topod's last look.
     #[serde(default)]
     pub pools: Vec<topo_core::proto::reply::PoolStatus>,
+    /// The GPUs no job holds there, each by where it is (for `gpus=` requests).
+    #[serde(default)]
+    pub gpus: Vec<topo_core::gpus::GpuSite>,
 }
 
 /// What the cache knows of a host's state: what a placement depends on and the jobs topod
@@ -94,6 +97,9 @@ pub struct HostState {
     /// The prime-time pools open as of topod's last look (empty on most hosts): their CPUs are
     /// for the jobs they admit only ([`crate::eval`], "Prime-time pools").
     pub pools: Box<[OpenPool]>,
+    /// The GPUs no job holds, by where they are (empty on hosts without GPUs): a `gpus=`
+    /// request is fitted beside them as topod chooses ([`topo_core::gpus::choose_among`]).
+    pub gpus: Box<[topo_core::gpus::GpuSite]>,
 }
 
 /// A prime-time pool open on a host as topod last reported it (topod.toml `prime_pools`).
@@ -383,6 +389,7 @@ pub fn state_fingerprint(state: &HostState) -> [u64; 2] {
         state.blocks.hash(&mut h);
         state.moves.hash(&mut h);
         state.pools.hash(&mut h);
+        state.gpus.hash(&mut h);
         h.finish()
     };
     [pass(0x5a), pass(0xa5)]
@@ -879,6 +886,7 @@ impl HostCache {
             blocks: blocks.into(),
             moves,
             pools: pools.into(),
+            gpus: free.gpus.clone().into(),
         };
         let before = self.status[id as usize];
         let entry = &self.hosts[id as usize];

@@ -91,6 +91,9 @@ pub enum NoFit {
     /// It would fit on CPUs of prime-time pools open now that do not admit the job: their
     /// names and whom they admit.
     ClosedPools(String),
+    /// A `gpus=` request: too few GPUs are free there, or its CPUs fit beside none of them
+    /// (what topod would say).
+    Gpus(String),
     /// The host's state is unknown and the policy is fail-closed.
     Unknown(Unknown),
 }
@@ -128,6 +131,7 @@ impl std::fmt::Display for NoFit {
                 f,
                 "it fits only on CPUs of prime-time pools open now that do not admit it: {pools}"
             ),
+            NoFit::Gpus(why) => write!(f, "{why}"),
             NoFit::Unknown(u) => write!(f, "host state unknown and the policy is fail-closed: {u}"),
         }
     }
@@ -432,6 +436,16 @@ fn evaluate_outside_pools(
     if free < needed {
         return Verdict::NoFit(NoFit::TooFewCpus { free, needed });
     }
+    // A gpus= request is placed beside the free GPUs topod would choose for it.
+    let beside;
+    let request = match beside_free_gpus(model, state, &occupancy, request) {
+        Err(no) => return Verdict::NoFit(no),
+        Ok(Some(near)) => {
+            beside = near;
+            &beside
+        }
+        Ok(None) => request,
+    };
     let claims_block = !own.is_empty();
     if claims_block && matches!(who, Claimant::Peers(_)) {
         // The block is one peer's at most: where they fit beside it (as it is, or after moves
@@ -451,6 +465,58 @@ fn evaluate_outside_pools(
         };
     }
     evaluate_placed(ctx, state, model, &occupancy, own, request)
+}
+
+/// For a `gpus=` request (GPUs per task, chosen by topod): the request kept to the CPUs near
+/// the free GPUs topod would choose on this host ([`topo_core::gpus::choose_among`] on the
+/// free map's GPUs), `None` where it runs anywhere (no `gpus=`, `gpubind=any`, a GPU of
+/// unknown place); refused where too few GPUs are free or its CPUs fit beside none.
+fn beside_free_gpus(
+    model: &HostModel,
+    state: &HostState,
+    occupancy: &Occupancy,
+    request: &Request,
+) -> Result<Option<Request>, NoFit> {
+    use topo_core::request::{GpuBind, Level};
+    let Some(per_task) = request.gpus_per_task else { return Ok(None) };
+    if request.is_malleable() {
+        return Err(NoFit::Gpus(format!(
+            "gpus={per_task} with a task range: a job's GPUs do not grow or shrink with it"
+        )));
+    }
+    let wanted = per_task as usize * request.tasks.unwrap_or(place::DEFAULT_TASKS) as usize;
+    let free = state.gpus.len();
+    if free < wanted {
+        return Err(NoFit::Gpus(format!(
+            "gpus={per_task} needs {wanted} free GPU(s); {free} are free"
+        )));
+    }
+    let Some((picked, _)) = topo_core::gpus::choose_among(
+        &state.gpus,
+        model,
+        occupancy,
+        request,
+        wanted,
+        place::Strategy::BestFit,
+    ) else {
+        return Err(NoFit::Gpus(format!(
+            "gpus={per_task}: its CPUs do not fit beside any {wanted} of the {free} free GPU(s)"
+        )));
+    };
+    if request.gpubind == Some(GpuBind::Any) {
+        return Ok(None);
+    }
+    let level = if request.gpubind == Some(GpuBind::Socket) { Level::Socket } else { Level::Numa };
+    let mut near = CpuSet::new();
+    for g in picked {
+        let site = &state.gpus[g];
+        let cpus = if level == Level::Socket { &site.socket } else { &site.numa };
+        match cpus {
+            Some(cpus) => near.union_with(cpus),
+            None => return Ok(None),
+        }
+    }
+    Ok(topo_core::gpus::within(request, &near))
 }
 
 /// The verdict for `request` on a host in `state` whose CPUs the claimant may not use are

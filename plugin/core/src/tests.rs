@@ -57,6 +57,7 @@ impl FakeSource {
             defrag: false,
             moves: None,
             pools: Vec::new(),
+            gpus: Vec::new(),
         };
         self.hosts.lock().unwrap().insert(address.to_string(), (topo.clone(), free));
     }
@@ -354,9 +355,15 @@ fn reads_the_protocols_free_map() {
             named: false,
         }],
         moves: Some(halves_moves([EXPIRES, i64::MAX], true)),
+        gpus: vec![topo_core::gpus::GpuSite {
+            numa: Some(CpuSet::parse_list("8-15").unwrap()),
+            socket: Some(CpuSet::parse_list("0-15").unwrap()),
+            switch: Some("0000:81:00.0".into()),
+        }],
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
     assert_eq!(kept.moves, sent.moves);
+    assert_eq!(kept.gpus, sent.gpus);
     assert_eq!(kept.pools, sent.pools);
     assert_eq!(
         (kept.generation, kept.held, kept.fenced, kept.job_ids),
@@ -418,6 +425,7 @@ fn idle_free_map(topo: &Topology) -> FreeMap {
         defrag: false,
         moves: None,
         pools: Vec::new(),
+        gpus: Vec::new(),
     }
 }
 

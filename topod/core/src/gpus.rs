@@ -84,12 +84,48 @@ pub fn within(request: &Request, cpus: &CpuSet) -> Option<Request> {
     (!list.is_empty()).then(|| Request { cpu_list: Some(list), ..request.clone() })
 }
 
+/// Where a GPU is, as [`choose_among`] needs it: the CPUs near it at each level and the PCIe
+/// switch above it. topod sends the free GPUs' sites in its free map, so that a scheduler's
+/// plug-in chooses as topod will.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+pub struct GpuSite {
+    /// The CPUs of its NUMA node ([`Topology::cpus_near`]); none when not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<CpuSet>,
+    /// The CPUs of its package; none when not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<CpuSet>,
+    /// The PCIe switch above it (its second upstream bridge), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch: Option<String>,
+}
+
+impl GpuSite {
+    /// The site of `topo`'s device `g`.
+    pub fn of(topo: &Topology, g: usize) -> GpuSite {
+        let device = &topo.devices[g];
+        GpuSite {
+            numa: topo.cpus_near(device, Level::Numa),
+            socket: topo.cpus_near(device, Level::Socket),
+            switch: device.switch().map(str::to_string),
+        }
+    }
+
+    fn near(&self, level: Level) -> Option<&CpuSet> {
+        match level {
+            Level::Socket => self.socket.as_ref(),
+            _ => self.numa.as_ref(),
+        }
+    }
+}
+
 /// `count` of the GPUs `group`, those behind one PCIe switch first: the switch with the fewest
 /// free GPUs that still holds them all (keeping larger groups whole), else in address order.
-fn take_from(topo: &Topology, group: &[usize], count: usize) -> Vec<usize> {
+fn take_from(sites: &[GpuSite], group: &[usize], count: usize) -> Vec<usize> {
     let mut by_switch: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
     for &g in group {
-        let switch = topo.devices[g].switch();
+        let switch = sites[g].switch.as_deref();
         match by_switch.iter_mut().find(|(s, _)| *s == switch && s.is_some()) {
             Some((_, v)) => v.push(g),
             None => by_switch.push((switch, vec![g])),
@@ -116,18 +152,33 @@ pub fn choose(
     count: usize,
     strategy: Strategy,
 ) -> Option<GpuPick> {
-    if free.len() < count {
+    let sites: Vec<GpuSite> = free.iter().map(|&g| GpuSite::of(topo, g)).collect();
+    let (picked, placement) = choose_among(&sites, model, occupancy, request, count, strategy)?;
+    Some(GpuPick { gpus: picked.iter().map(|&i| free[i]).collect(), placement })
+}
+
+/// [`choose`] over the free GPUs' `sites` (indices into it returned): what a scheduler's
+/// plug-in runs on a host's free map.
+pub fn choose_among(
+    sites: &[GpuSite],
+    model: &HostModel,
+    occupancy: &Occupancy,
+    request: &Request,
+    count: usize,
+    strategy: Strategy,
+) -> Option<(Vec<usize>, Placement)> {
+    if sites.len() < count {
         return None;
     }
     let free_cpus = occupancy.free(model);
     for level in [Level::Numa, Level::Socket] {
         // The free GPUs near each domain of this level.
         let mut groups: Vec<(CpuSet, Vec<usize>)> = Vec::new();
-        for &g in free {
-            let Some(near) = topo.cpus_near(&topo.devices[g], level) else { continue };
-            match groups.iter_mut().find(|(cpus, _)| *cpus == near) {
+        for (g, site) in sites.iter().enumerate() {
+            let Some(near) = site.near(level) else { continue };
+            match groups.iter_mut().find(|(cpus, _)| cpus == near) {
                 Some((_, v)) => v.push(g),
-                None => groups.push((near, vec![g])),
+                None => groups.push((near.clone(), vec![g])),
             }
         }
         groups.retain(|(_, v)| v.len() >= count);
@@ -137,26 +188,26 @@ pub fn choose(
         for (cpus, group) in &groups {
             let Some(inside) = within(request, cpus) else { continue };
             if let Ok(placement) = place::place(model, occupancy, &inside, strategy) {
-                return Some(GpuPick { gpus: take_from(topo, group, count), placement });
+                return Some((take_from(sites, group, count), placement));
             }
         }
     }
     // No domain holds both (the job wants more GPUs than any package has free): its GPUs from
     // several, its CPUs in their NUMA nodes, or it waits. Only GPUs of unknown place (nothing is
     // nearer than anything else) take CPUs anywhere.
-    let gpus = free[..count].to_vec();
+    let gpus: Vec<usize> = (0..count).collect();
     let mut near = CpuSet::new();
     for &g in &gpus {
-        match topo.cpus_near(&topo.devices[g], Level::Numa) {
-            Some(cpus) => near.union_with(&cpus),
+        match &sites[g].numa {
+            Some(cpus) => near.union_with(cpus),
             None => {
                 let placement = place::place(model, occupancy, request, strategy).ok()?;
-                return Some(GpuPick { gpus, placement });
+                return Some((gpus, placement));
             }
         }
     }
     let placement = place::place(model, occupancy, &within(request, &near)?, strategy).ok()?;
-    Some(GpuPick { gpus, placement })
+    Some((gpus, placement))
 }
 
 /// Where a job without GPUs should go on a host with GPUs: not on the CPUs that GPU jobs will

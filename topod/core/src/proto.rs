@@ -513,6 +513,11 @@ pub mod reply {
         /// after moves only when moves would make room.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub moves: Option<DefragView>,
+        /// The GPUs (and accelerators) no job holds, each by where it is, so that a
+        /// scheduler's plug-in chooses for a `gpus=` request as topod will
+        /// (`topo_core::gpus::choose_among`). A topod older than this field sends none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub gpus: Vec<crate::gpus::GpuSite>,
     }
 
     /// The running jobs topod's `defrag` may move, and the planner's bounds.

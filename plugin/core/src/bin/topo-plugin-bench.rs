@@ -168,6 +168,7 @@ fn loaded_free_map(topo: &Topology, model: &HostModel, seed: u64) -> FreeMap {
         defrag: false,
         moves: None,
         pools: Vec::new(),
+        gpus: Vec::new(),
     }
 }
 

@@ -76,7 +76,22 @@ impl Snapshot {
             defrag: self.defrag,
             pools: self.pools.clone(),
             moves: self.moves.clone(),
+            gpus: self
+                .free_gpus()
+                .into_iter()
+                .map(|g| topo_core::gpus::GpuSite::of(&self.topo, g))
+                .collect(),
         }
+    }
+
+    /// The host's GPUs (and accelerators) no job holds, by index in the topology's devices.
+    pub fn free_gpus(&self) -> Vec<usize> {
+        let held: std::collections::BTreeSet<&str> =
+            self.jobs.iter().flat_map(|j| j.gpus.iter().map(|g| g.pci_address.as_str())).collect();
+        topo_core::gpus::gpu_indices(&self.topo)
+            .into_iter()
+            .filter(|&g| !held.contains(self.topo.devices[g].pci_address.as_str()))
+            .collect()
     }
 
     /// What is free, by shape, for a job that has no reservation here (what Slurm's features

@@ -2612,3 +2612,94 @@ fn gpus_topod_chooses_are_free_ones_with_the_cpus_beside_them() {
         "{e}"
     );
 }
+
+/// Two packages, each one NUMA node of two L3 groups of four two-thread cores, with two GPUs on
+/// each node (node 1's behind one PCIe switch).
+fn two_packages_with_four_gpus() -> Topology {
+    let gpu = |address: &str, node: u32, upstream: &[&str]| topo_core::topology::IoDevice {
+        pci_address: address.into(),
+        class: topo_core::topology::DeviceClass::Gpu,
+        class_code: 0x030200,
+        vendor_id: Some(0x10de),
+        device_id: None,
+        names: Vec::new(),
+        numa_node: Some(node),
+        local_cpus: CpuSet::new(),
+        upstream: upstream.iter().map(|u| u.to_string()).collect(),
+    };
+    let mut topo = two_packages();
+    topo.devices = vec![
+        gpu("0000:18:00.0", 0, &["0000:00:01.0"]),
+        gpu("0000:19:00.0", 0, &["0000:00:02.0"]),
+        gpu("0000:86:00.0", 1, &["0000:80:01.0", "0000:81:00.0", "0000:82:08.0"]),
+        gpu("0000:87:00.0", 1, &["0000:80:01.0", "0000:81:00.0", "0000:82:10.0"]),
+    ];
+    topo
+}
+
+/// Issue 33 and issue 31's rule for `gpus=` requests: the plug-ins (from the free map's free
+/// GPUs) keep a host exactly when topod's allocate there chooses GPUs and places the job, on
+/// random mixes of GPU and CPU jobs.
+#[test]
+fn the_plugins_keep_a_host_for_a_gpus_request_exactly_when_topod_places_it() {
+    let topo = two_packages_with_four_gpus();
+    let shapes = [
+        "affinity[core(2):gpus=1]",
+        "affinity[core(6):gpus=1]",
+        "affinity[core(4):gpus=2]",
+        "affinity[core*2:gpus=1]",
+        "affinity[core(8):gpus=1]",
+        "affinity[core(3)]",
+        "affinity[core(6)]",
+        "affinity[core(10):gpus=2:gpubind=socket]",
+        "affinity[core(12):gpus=3]",
+        "affinity[core(2):gpus=1:gpubind=any]",
+        "affinity[core(1):gpus=5]",
+    ];
+    let (mut kept_accepted, mut removed_refused, mut disagreements) = (0, 0, Vec::new());
+    for seed in 1..=4u64 {
+        let kernel = kernel_for(&topo);
+        let mut h = host_on(&topo, &kernel, None);
+        let mut rng = topo_core::bench::SplitMix::new(seed);
+        let mut running: Vec<String> = Vec::new();
+        for trial in 0..150 {
+            for _ in 0..(rng.next_u64() % 3) {
+                let job = format!("j{seed}-{trial}-{}", rng.next_u64() % 1000);
+                let shape = shapes[(rng.next_u64() as usize) % 7];
+                if h.allocate(&job, shape, None, None, None, None).is_ok() {
+                    running.push(job);
+                }
+            }
+            while running.len() > 2 && rng.next_u64() % 3 == 0 {
+                let job = running.remove((rng.next_u64() as usize) % running.len());
+                h.release(&job).unwrap();
+            }
+            let probe = shapes[(rng.next_u64() as usize) % shapes.len()];
+            let (kept, verdict) = plugin_verdict(&h, &topo, probe, 0);
+            let job = format!("p{seed}-{trial}");
+            let placed = h.allocate(&job, probe, None, None, None, None);
+            match (kept, &placed) {
+                (true, Ok(_)) => kept_accepted += 1,
+                (false, Err(_)) => removed_refused += 1,
+                _ => disagreements.push(format!(
+                    "seed {seed} trial {trial} {probe}: plug-in {verdict}; allocate {:?}",
+                    placed.as_ref().map(|a| a.cpus.to_string()).map_err(|e| e.to_string())
+                )),
+            }
+            if placed.is_ok() {
+                running.push(job);
+            }
+            assert!(h.held_gpus().len() <= 4);
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "{} disagreements:\n{}",
+        disagreements.len(),
+        disagreements.join("\n")
+    );
+    assert!(
+        kept_accepted > 100 && removed_refused > 100,
+        "{kept_accepted} kept, {removed_refused} removed"
+    );
+}
