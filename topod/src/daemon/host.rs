@@ -905,7 +905,9 @@ impl Host {
     ) -> Result<Self, place::ModelError> {
         let model = HostModel::new(&topo, &reserved)?;
         let confine_devices = backend.confines_devices();
-        if confine_devices {
+        if confine_devices && backend.kind() == "fake" {
+            tracing::warn!("confine_devices: the fake cgroup backend confines nothing (it only keeps each job's device rules in memory)");
+        } else if confine_devices {
             log_gpu_devices(&topo);
         }
         Ok(Host {
