@@ -491,14 +491,19 @@ fn beside_free_gpus(
             "gpus={per_task} needs {wanted} free GPU(s); {free} are free"
         )));
     }
-    let Some((picked, _)) = topo_core::gpus::choose_among(
+    let chosen = topo_core::gpus::choose_among(
         &state.gpus,
         model,
         occupancy,
         request,
         wanted,
         place::Strategy::BestFit,
-    ) else {
+    );
+    let Some((picked, _)) = chosen else {
+        if request.gpubind == Some(GpuBind::Any) {
+            // Anywhere, as topod places it when it fits beside none.
+            return Ok(None);
+        }
         return Err(NoFit::Gpus(format!(
             "gpus={per_task}: its CPUs do not fit beside any {wanted} of the {free} free GPU(s)"
         )));

@@ -31,11 +31,29 @@ pub fn cores(n: u32) -> Request {
 }
 
 /// The devices a job may be given as GPUs: GPUs and accelerators, by index in
-/// [`Topology::devices`].
+/// [`Topology::devices`], without those that are no job's ([`is_for_jobs`]).
 pub fn gpu_indices(topo: &Topology) -> Vec<usize> {
-    (0..topo.devices.len())
-        .filter(|&i| matches!(topo.devices[i].class, DeviceClass::Gpu | DeviceClass::Accelerator))
-        .collect()
+    (0..topo.devices.len()).filter(|&i| is_for_jobs(&topo.devices[i])).collect()
+}
+
+/// Vendors of the display adapters on servers' boards and BMCs (ASPEED 0x1a03, Matrox 0x102b,
+/// per the PCI ID registry): VGA (class 0x03) but no job's GPU.
+const BOARD_DISPLAY_VENDORS: [u16; 2] = [0x1a03, 0x102b];
+
+/// Intel's PCI vendor id: its co-processors (class 0x0b40) are QuickAssist crypto and
+/// compression engines, which the kernel uses for everyone, not a job's accelerator.
+const INTEL: u16 = 0x8086;
+
+/// Whether `device` is a GPU or accelerator a job may be given (and be confined to): class
+/// 0x03 (display) or an accelerator, but not a board's or BMC's display adapter, nor Intel's
+/// QuickAssist.
+pub fn is_for_jobs(device: &crate::topology::IoDevice) -> bool {
+    let vendor = device.vendor_id.unwrap_or(0);
+    match device.class {
+        DeviceClass::Gpu => !BOARD_DISPLAY_VENDORS.contains(&vendor),
+        DeviceClass::Accelerator => !(vendor == INTEL && device.class_code >> 8 == 0x0b40),
+        _ => false,
+    }
 }
 
 /// GPUs and CPUs chosen for a job.
@@ -468,6 +486,29 @@ pub fn replay_gpus(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_boards_display_adapter_and_quickassist_are_no_jobs_gpus() {
+        let device = |class_code: u32, vendor: u16| crate::topology::IoDevice {
+            pci_address: "0000:01:00.0".into(),
+            class: crate::topology::classify_pci(class_code),
+            class_code,
+            vendor_id: Some(vendor),
+            device_id: None,
+            names: Vec::new(),
+            numa_node: Some(0),
+            local_cpus: CpuSet::new(),
+            upstream: Vec::new(),
+        };
+        assert!(is_for_jobs(&device(0x030200, 0x10de)), "an NVIDIA 3D controller");
+        assert!(is_for_jobs(&device(0x030000, 0x1002)), "an AMD VGA GPU");
+        assert!(is_for_jobs(&device(0x0b4000, 0x1bcf)), "a NEC vector engine");
+        assert!(is_for_jobs(&device(0x120000, 0x1da3)), "a processing accelerator");
+        assert!(!is_for_jobs(&device(0x030000, 0x1a03)), "an ASPEED BMC's VGA");
+        assert!(!is_for_jobs(&device(0x030000, 0x102b)), "a Matrox board VGA");
+        assert!(!is_for_jobs(&device(0x0b4000, 0x8086)), "Intel QuickAssist");
+        assert!(!is_for_jobs(&device(0x020000, 0x10de)), "a NIC");
+    }
     use crate::topology::{IoDevice, SyntheticShape};
 
     /// Two packages of one NUMA node of 8 one-thread cores; GPUs 0-1 on node 0 behind switch A,

@@ -524,15 +524,11 @@ pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<Stri
 /// under the root `topo` came from (this host's `/` for an hwloc XML file) each time: a driver
 /// loaded after topod started (nvidia-modprobe) adds device files.
 fn gpu_devices(topo: &Topology) -> Vec<(CharDevice, String)> {
-    use topo_core::topology::DeviceClass;
     let source = std::path::Path::new(&topo.source);
     let root = if source.is_dir() { source } else { std::path::Path::new("/") };
     topo_core::topology::sysfs::char_devices_on_pci(root)
         .into_iter()
-        .filter(|(_, _, address)| {
-            topo.device(address)
-                .is_some_and(|d| matches!(d.class, DeviceClass::Gpu | DeviceClass::Accelerator))
-        })
+        .filter(|(_, _, address)| topo.device(address).is_some_and(topo_core::gpus::is_for_jobs))
         .map(|(major, minor, address)| (CharDevice { major, minor }, address))
         .collect()
 }
@@ -1348,6 +1344,9 @@ impl Host {
                     gpus: prepared.gpus.clone(),
                     ..JobHint::default()
                 };
+                // Its device rules as its GPUs now say (made at start with none known).
+                let (denied, allowed) = self.device_rules(&hint.gpus);
+                self.backend.set_device_rules(&id, &denied, &allowed)?;
                 self.write_record(&id, &hint)?;
                 self.ledger.release(id.as_str())?;
                 if suspended {

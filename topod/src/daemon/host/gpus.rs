@@ -35,8 +35,36 @@ impl Host {
     ) -> Result<Option<Prepared>, HostError> {
         let request = &prepared.request;
         let Some(per_task) = gpus_to_choose(prepared)? else { return Ok(None) };
-        if self.ledger.get(job).is_some() {
-            return Ok(None);
+        if let Some(existing) = self.ledger.get(job) {
+            let has_gpus = self.hints.get(job).is_some_and(|h| !h.gpus.is_empty());
+            if has_gpus || !existing.request.is_empty() {
+                return Ok(None);
+            }
+            // Found in its cgroup without a record (topod died before writing it, or it was
+            // lost): its GPUs were never written down. Chosen now, beside its CPUs, as the
+            // batch system asks again.
+            let mut occupancy = self.ledger.occupancy_for(None);
+            occupancy.held = occupancy.held.difference(&existing.cpus);
+            // Its CPUs are where they are: GPUs beside them where free, else any free ones.
+            let mut inside =
+                topo_core::gpus::within(request, &existing.cpus).unwrap_or_else(|| request.clone());
+            inside.gpubind = Some(GpuBind::Any);
+            let pick = pick_gpus(
+                &self.topo,
+                &self.model,
+                &occupancy,
+                &self.held_gpus(),
+                &inside,
+                self.strategy,
+                job,
+            )?;
+            tracing::warn!(
+                "job {job}: found without its record; topod chose GPU(s) {} for its gpus={per_task} now",
+                pick.gpus.join(", ")
+            );
+            let mut chosen = prepared.clone();
+            chosen.gpus = pick.gpus;
+            return Ok(Some(chosen));
         }
         let who = topo_core::prime::Asker {
             queue: prepared.gang.queue.as_deref(),
@@ -137,9 +165,17 @@ pub(super) fn pick_gpus(
     }
     let free: Vec<usize> =
         all.iter().copied().filter(|&g| !held.contains(&topo.devices[g].pci_address)).collect();
-    let Some(pick) =
-        topo_core::gpus::choose(topo, model, occupancy, &free, request, wanted, strategy)
-    else {
+    // gpubind=any: near its GPUs when it fits there, else anywhere (the GPUs as choose would
+    // order them: one switch first).
+    let pick = topo_core::gpus::choose(topo, model, occupancy, &free, request, wanted, strategy)
+        .or_else(|| {
+            if request.gpubind != Some(GpuBind::Any) || free.len() < wanted {
+                return None;
+            }
+            let placement = place::place(model, occupancy, request, strategy).ok()?;
+            Some(topo_core::gpus::GpuPick { gpus: free[..wanted].to_vec(), placement })
+        });
+    let Some(pick) = pick else {
         let names: Vec<&str> = free.iter().map(|&g| topo.devices[g].pci_address.as_str()).collect();
         let why = if free.len() < wanted {
             format!(

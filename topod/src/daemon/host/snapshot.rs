@@ -50,8 +50,10 @@ impl Snapshot {
                 "",
             )?;
             let near = pick.near.as_ref().and_then(|near| topo_core::gpus::within(&request, near));
+            // Near them as allocate places it (gpubind=any: there when it fits, else anywhere).
+            let any = prepared.request.gpubind == Some(request::GpuBind::Any);
             if let Some(near) =
-                near.filter(|_| prepared.request.gpubind != Some(request::GpuBind::Any))
+                near.filter(|near| !any || place::fit_and_score(&self.model, &usable, near).is_ok())
             {
                 request = std::borrow::Cow::Owned(near);
             }

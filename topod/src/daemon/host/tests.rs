@@ -2703,3 +2703,59 @@ fn the_plugins_keep_a_host_for_a_gpus_request_exactly_when_topod_places_it() {
         "{kept_accepted} kept, {removed_refused} removed"
     );
 }
+
+/// From the second attack on `gpus=`: `gpubind=any` runs anywhere once no free GPU has room
+/// beside it (and `fit` says the same); a job found in its cgroup without a record (topod died
+/// before writing it) gets its GPUs chosen when the batch system asks again, and its device
+/// rules made for them.
+#[test]
+fn gpus_any_runs_anywhere_and_a_job_found_without_its_record_gets_its_gpus() {
+    let topo = two_nodes_with_gpus();
+    let kernel = std::sync::Arc::new(
+        Fake::new(topo.allowed.clone(), topo.allowed_mems.clone()).confining_devices(),
+    );
+    let records = tempfile::tempdir().unwrap();
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    let listed =
+        |h: &Host, job: &str| h.jobs().into_iter().find(|j| j.allocation.job == job).unwrap().gpus;
+    // card0 (node 0) held; node 1 (card1's) full; card2's place unknown, held too.
+    h.allocate("g0", "affinity[core:gpus=1]", None, Some("0"), None, None).unwrap();
+    assert_eq!(listed(&h, "g0")[0].pci_address, "0000:18:00.0");
+    h.allocate("full", "affinity[core*4]", None, Some("4-7"), None, None).unwrap();
+    h.allocate_prepared(
+        "g2",
+        &with_gpus(&topo, "affinity[core]", Some("1"), &["card2"]),
+        None,
+        None,
+    )
+    .unwrap();
+    let strict = prepare(&topo, "affinity[core:gpus=1]", None, None).unwrap();
+    assert!(h.snapshot().fit(&strict).is_err());
+    assert!(h.allocate_prepared("s", &strict, None, None).is_err());
+    let any = prepare(&topo, "affinity[core:gpus=1:gpubind=any]", None, None).unwrap();
+    let fit = h.snapshot().fit(&any).unwrap();
+    let placed = h.allocate_prepared("a", &any, None, None).unwrap();
+    assert_eq!(fit.cpus, placed.cpus, "fit and allocate agree");
+    assert_eq!(listed(&h, "a")[0].pci_address, "0000:86:00.0");
+    assert!(placed.cpus.is_subset(&CpuSet::parse_list("2-3").unwrap()), "{placed:?}");
+    drop(h);
+
+    // A job whose cgroup exists without a record (a crash between the two).
+    let k = JobId::parse("k").unwrap();
+    let spec = CgroupSpec {
+        cpus: CpuSet::parse_list("2").unwrap(),
+        mems: CpuSet::parse_list("0").unwrap(),
+        ..Default::default()
+    };
+    kernel.release(&JobId::parse("a").unwrap(), Duration::from_secs(1)).unwrap();
+    std::fs::remove_file(records.path().join("jobs/a.json")).unwrap();
+    kernel.create(&k, &spec).unwrap();
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    h.recover(BTreeMap::new()).unwrap();
+    h.allocate("k", "affinity[core:gpus=1]", None, None, None, None).unwrap();
+    assert_eq!(listed(&h, "k")[0].pci_address, "0000:86:00.0", "the one free GPU");
+    drop(h);
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    h.recover(BTreeMap::new()).unwrap();
+    assert_eq!(h.held_gpus().len(), 3, "recorded: held across a restart");
+}
