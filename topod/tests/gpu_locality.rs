@@ -504,3 +504,34 @@ print(s.makefile().readline(), end="")
     let fit = ask(&d.socket, r#"{"op":"fit","request":"affinity[core]","gpus":["/dev/null"]}"#);
     assert!(error_of(&fit).1.contains("character device 1:3 is on no PCI function"), "{fit}");
 }
+
+/// A job whose GPUs topod chose is told which: topo-exec sets TOPO_GPUS (and, for NVIDIA GPUs
+/// whose UUID the driver lists, CUDA_VISIBLE_DEVICES; not here: the tree's GPUs have no driver).
+#[test]
+fn topo_exec_tells_the_job_the_gpus_topod_chose() {
+    if !common::is_root() {
+        common::skip("topo-exec allocates as root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    machine(&root);
+    let d = common::start(
+        dir.path(),
+        &["--cgroup", "fake", "--topology", root.to_str().unwrap()],
+        false,
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
+        .args(["--socket", d.socket.to_str().unwrap(), "--job", "x"])
+        .args(["--request", "affinity[core(2):gpus=2]", "--"])
+        .args(["sh", "-c", "echo TOPO_GPUS=$TOPO_GPUS; echo CUDA=${CUDA_VISIBLE_DEVICES-unset}"])
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    let complaint = String::from_utf8_lossy(&out.stderr);
+    // The two GPUs behind node 1's switch, with the CPUs of node 1.
+    assert!(said.contains("TOPO_GPUS=0000:86:00.0,0000:87:00.0\n"), "{said}{complaint}");
+    assert!(said.contains("CUDA=unset"), "{said}");
+    assert!(complaint.contains("CUDA_VISIBLE_DEVICES not set"), "{complaint}");
+}

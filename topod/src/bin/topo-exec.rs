@@ -79,6 +79,16 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         }
     };
     client.join_self(&job).map_err(|e| e.to_string())?;
+    // GPUs topod chose (the request's gpus=): the job is told which (a batch system that
+    // named them has told it already, in its own variables).
+    let chosen_gpus =
+        if topo_core::request::parse(&alloc.request).is_ok_and(|r| r.gpus_per_task.is_some()) {
+            let jobs = client.list().map_err(|e| e.to_string())?;
+            let view = jobs.into_iter().find(|j| j.allocation.job == job);
+            view.map(|j| j.gpus.into_iter().map(|g| g.pci_address).collect()).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
     let cpus = alloc.cpus.to_string();
     let mems = alloc.mems.to_string();
     let mut command = Command::new(&args.command[0]);
@@ -88,6 +98,20 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         .env("TOPO_CPUS", &cpus)
         .env("TOPO_MEMS", &mems)
         .env("TOPO_NOTIFY_FILE", topo_core::proto::notify_file_for(&args.socket, &job));
+    if !chosen_gpus.is_empty() {
+        command.env("TOPO_GPUS", chosen_gpus.join(","));
+        match nvidia_uuids(std::path::Path::new("/"), &chosen_gpus) {
+            Some(uuids) => {
+                // By UUID: CUDA's own numbering depends on its enumeration order and on which
+                // devices the job's cgroup lets it open.
+                command.env("CUDA_VISIBLE_DEVICES", uuids.join(","));
+            }
+            None => eprintln!(
+                "topo-exec: job {job}: GPUs {} (TOPO_GPUS); CUDA_VISIBLE_DEVICES not set: not every one is an NVIDIA GPU whose UUID /proc/driver/nvidia/gpus says",
+                chosen_gpus.join(", ")
+            ),
+        }
+    }
     if let Some(path) = hostfile {
         let tasks: Vec<String> = alloc.tasks.iter().map(|t| t.to_string()).collect();
         let tasks = if tasks.is_empty() { vec![cpus.clone()] } else { tasks };
@@ -97,4 +121,49 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
     }
     let err = command.exec();
     Err(format!("cannot run {}: {err}", args.command[0]))
+}
+
+/// The UUIDs of the NVIDIA GPUs at PCI `addresses` (`GPU UUID:` in the driver's
+/// `proc/driver/nvidia/gpus/ADDRESS/information` under `root`), what `CUDA_VISIBLE_DEVICES`
+/// takes; `None` unless every one has one.
+fn nvidia_uuids(root: &std::path::Path, addresses: &[String]) -> Option<Vec<String>> {
+    addresses
+        .iter()
+        .map(|address| {
+            let info = std::fs::read_to_string(
+                root.join("proc/driver/nvidia/gpus").join(address).join("information"),
+            )
+            .ok()?;
+            let uuid = info.lines().find_map(|l| l.strip_prefix("GPU UUID:"))?.trim();
+            (uuid.starts_with("GPU-") && !uuid.contains(',')).then(|| uuid.to_string())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cuda_is_told_the_gpus_by_uuid_or_not_at_all() {
+        let root = tempfile::tempdir().unwrap();
+        let info = |address: &str, text: &str| {
+            let dir = root.path().join("proc/driver/nvidia/gpus").join(address);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("information"), text).unwrap();
+        };
+        info(
+            "0000:18:00.0",
+            "Model: A100\nGPU UUID: \t GPU-1b2c3d4e-0000-1111-2222-333344445555\n",
+        );
+        info("0000:19:00.0", "Model: A100\nDevice Minor: 1\n");
+        let addresses = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            super::nvidia_uuids(root.path(), &addresses(&["0000:18:00.0"])).unwrap(),
+            ["GPU-1b2c3d4e-0000-1111-2222-333344445555"]
+        );
+        assert_eq!(
+            super::nvidia_uuids(root.path(), &addresses(&["0000:18:00.0", "0000:19:00.0"])),
+            None
+        );
+        assert_eq!(super::nvidia_uuids(root.path(), &addresses(&["0000:86:00.0"])), None);
+    }
 }
