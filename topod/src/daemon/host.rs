@@ -1230,6 +1230,15 @@ impl Host {
         let asked = topo_core::pending::format_utc_nanos(std::time::SystemTime::now());
         let chosen = self.choose_gpus(job, prepared, owner_uid)?;
         let prepared = chosen.as_ref().unwrap_or(prepared);
+        if chosen.is_none() && !prepared.gpus.is_empty() {
+            // The batch system's word on its GPUs stands (Slurm shares one GPU between jobs
+            // with its shard and mps gres), but a GPU another job holds is worth a line.
+            for (other, hint) in self.hints.iter().filter(|(other, _)| other.as_str() != job) {
+                for gpu in prepared.gpus.iter().filter(|g| hint.gpus.contains(g)) {
+                    tracing::warn!("job {job}: given GPU {gpu}, which job {other} holds too");
+                }
+            }
+        }
         if prepared.starts_suspended {
             return self.allocate_suspended(job, prepared, |host| {
                 host.allocate_inner(job, prepared, mem_limit, owner_uid, asked)
@@ -1287,6 +1296,14 @@ impl Host {
                 // job has every GPU any of its allocates named, and may open each of them.
                 let added: Vec<String> =
                     prepared.gpus.iter().filter(|g| !hint.gpus.contains(g)).cloned().collect();
+                if !added.is_empty() && prepared.request.gpus_per_task.is_some() {
+                    // Its gpus= fixed how many it holds.
+                    return Err(HostError::BadRequest(format!(
+                        "job {job} holds GPU(s) {} for its request's gpus=; this allocate names {}",
+                        hint.gpus.join(", "),
+                        prepared.gpus.join(", ")
+                    )));
+                }
                 if !added.is_empty() {
                     hint.gpus.extend(added.iter().cloned());
                     tracing::info!(

@@ -2562,6 +2562,12 @@ fn gpus_topod_chooses_are_free_ones_with_the_cpus_beside_them() {
     let again = h.allocate("a", "affinity[core(2):gpus=1]", None, None, None, None).unwrap();
     assert_eq!(again.cpus, a.cpus);
     assert_eq!(listed(&h, "a").len(), 1);
+    // Named another GPU on top of its gpus=1 (an attack finding: it was added, past its count).
+    let other = if listed(&h, "a")[0].pci_address == "0000:18:00.0" { "card1" } else { "card0" };
+    let more = with_gpus(&topo, "affinity[core(2):gpus=1]", None, &[other]);
+    let e = h.allocate_prepared("a", &more, None, None).unwrap_err().to_string();
+    assert!(e.contains("holds GPU(s)") && e.contains("for its request's gpus="), "{e}");
+    assert_eq!(listed(&h, "a").len(), 1);
     // The third GPU's place is not known: it is given, and the job's CPUs go anywhere.
     h.allocate("c", "affinity[core:gpus=1]", None, None, None, None).unwrap();
     assert_eq!(listed(&h, "c")[0].pci_address, "0000:d8:00.0");
