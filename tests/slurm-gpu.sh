@@ -14,6 +14,8 @@
 #   - with confine_devices, the job opens its own GPU's device file and not the other's (the
 #     plug-in sends Slurm's GPU as its device number, topod denies the other in the job's v1
 #     devices cgroup);
+#   - a request with gpus=1 fails for a step Slurm gave no GPU (saying to ask Slurm) and runs with
+#     --gres=gpu:1;
 #   - after the jobs, topod's ledger is empty.
 # Needs root and two CPUs; skips without. Usage: tests/slurm-gpu.sh   (also run by tests/run-all.sh)
 set -euo pipefail
@@ -155,6 +157,15 @@ else
     sed 's/^/  /' "$BASE/out/bound.out"
     check "srun's output says gpubind=numa and the CPUs near the GPU" grep -q "gpubind=numa: the CPUs near GPUs $(address "$file") ($(near_cpu "$file")) are none of those the job may use ($cpu)" "$BASE/out/bound.out"
 fi
+
+echo "-- gpus=1 in the request: Slurm must have given the GPUs (it accounts them)"
+if srun -c1 -n1 --topology='affinity[core:gpus=1]' "$BASE/bin/probe" > "$BASE/out/nogres.out" 2>&1; then
+    check "a gpus= step Slurm gave no GPU does not run" false
+fi
+sed 's/^/  /' "$BASE/out/nogres.out"
+check "srun's output says to ask Slurm for the GPUs" grep -q "Slurm gave this step no GPUs: ask Slurm for them" "$BASE/out/nogres.out"
+srun -c1 -n1 --gres=gpu:1 --topology='affinity[core:gpus=1]' "$BASE/bin/probe" > "$BASE/out/withgres.out" 2>&1 || true
+check "with --gres=gpu:1 the same request runs on Slurm's GPU" grep -q "^LISTED=GPUs " "$BASE/out/withgres.out"
 
 left=""
 for _ in $(seq 100); do
