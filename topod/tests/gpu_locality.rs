@@ -201,17 +201,7 @@ fn gpus_named_by_device_file_are_found_through_sys_dev_char() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     machine(&root);
-    let node = |name: &str, minor: u64| {
-        let path = dir.path().join(name);
-        nix::sys::stat::mknod(
-            &path,
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o600),
-            nix::sys::stat::makedev(241, minor),
-        )
-        .unwrap();
-        path.to_str().unwrap().to_string()
-    };
+    let node = |name: &str, minor: u64| device_node(dir.path(), name, minor);
     let (card0, card2, stray) = (node("gpu0", 0), node("gpu2", 2), node("stray", 7));
     let d = common::start(
         dir.path(),
