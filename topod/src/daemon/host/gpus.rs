@@ -177,28 +177,32 @@ pub(super) fn pick_gpus(
         });
     let Some(pick) = pick else {
         let names: Vec<&str> = free.iter().map(|&g| topo.devices[g].pci_address.as_str()).collect();
-        let why = if free.len() < wanted {
-            format!(
-                "gpus={per_task} for {tasks} task(s) needs {wanted} GPU(s): {} of the host's {} are free{}",
-                free.len(),
-                all.len(),
-                if names.is_empty() { String::new() } else { format!(" ({})", names.join(", ")) }
-            )
-        } else {
-            format!(
-                "gpus={per_task}: its CPUs do not fit beside any {wanted} of the free GPUs ({}) now",
-                names.join(", ")
-            )
-        };
-        return Err(does_not_fit(
+        let source = if free.len() < wanted {
             PlaceError::NotEnoughFree {
                 needed: wanted,
                 free: free.len(),
                 unit: "GPU",
-                detail: String::new(),
-            },
-            format!("; {why}"),
-        ));
+                detail: format!(
+                    " (gpus={per_task} for {tasks} task(s), of the host's {}{})",
+                    all.len(),
+                    if names.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; free: {}", names.join(", "))
+                    }
+                ),
+            }
+        } else {
+            PlaceError::Shape {
+                needed: wanted,
+                unit: "GPU",
+                why: format!(
+                    "gpus={per_task}: its CPUs do not fit beside any {wanted} of the free GPUs ({}) now",
+                    names.join(", ")
+                ),
+            }
+        };
+        return Err(does_not_fit(source, String::new()));
     };
     // Near: the NUMA nodes (gpubind=socket: the packages) of the chosen GPUs, unless one is of
     // unknown place (then nothing is nearer than anything else).

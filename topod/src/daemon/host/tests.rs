@@ -2573,7 +2573,12 @@ fn gpus_topod_chooses_are_free_ones_with_the_cpus_beside_them() {
     assert_eq!(listed(&h, "c")[0].pci_address, "0000:d8:00.0");
     let none_free = h.allocate("d", "affinity[core:gpus=1]", None, None, None, None).unwrap_err();
     assert!(matches!(none_free, HostError::DoesNotFit { .. }), "{none_free}");
-    assert!(none_free.to_string().contains("0 of the host's 3 are free"), "{none_free}");
+    assert!(
+        none_free
+            .to_string()
+            .contains("needs 1 GPU(s) but only 0 are free (gpus=1 for 1 task(s), of the host's 3)"),
+        "{none_free}"
+    );
     let fit = prepare(&topo, "affinity[core:gpus=1]", None, None).unwrap();
     assert!(h.snapshot().fit(&fit).is_err(), "fit says the same");
     let never = h.allocate("e", "affinity[core*2:gpus=2]", None, None, None, None);
