@@ -266,10 +266,9 @@ impl V1 {
                 }
                 Err(_) => {
                     // A create cut short (topod killed) may have made the cpuset but not the
-                    // freezer, memory or cpu directory: make it and try again. (Not the devices
-                    // directory of a job that has rules: create writes those before the cpuset
-                    // can take a process. One made here is a job that ran before topod
-                    // confined devices, and stays as unconfined as it was.)
+                    // freezer, memory or cpu directory: make it and try again. (The devices
+                    // directory is made, with the job's rules, before every join by the host:
+                    // `set_device_rules`. One made here raced an rmdir in between.)
                     self.files.mkdir(&d)?;
                     match self.files.write(&procs, &pid.to_string()) {
                         // The cpu directory only groups the job for the scheduler; the kernel
