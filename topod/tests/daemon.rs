@@ -997,8 +997,10 @@ fn a_stop_during_a_release_finishes_the_release_first() {
         .unwrap();
     let start_t = Instant::now();
     while !ready.exists() {
+        // A hang guard, not a speed bound: 1,500 processes took over 120 s to start in the
+        // emulated cgroup v2 guest (a local run of this stop).
         assert!(
-            start_t.elapsed() < Duration::from_secs(120),
+            start_t.elapsed() < Duration::from_secs(600),
             "the job did not start its processes"
         );
         std::thread::sleep(Duration::from_millis(20));
