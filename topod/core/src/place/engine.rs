@@ -69,22 +69,7 @@ impl JobShape {
             _ => free,
         };
         let unit = request.unit;
-        let unit_reps = match unit {
-            Level::Thread => avail.clone(),
-            _ => {
-                // Visit only available CPUs that start a domain: O(free CPUs), not O(domains).
-                let doms = model.domains(unit);
-                let mut reps = CpuSet::new();
-                for cpu in avail.iter() {
-                    if let Some(i) = model.domain_of(unit, cpu) {
-                        if doms[i].first() == Some(cpu) && doms[i].is_subset(&avail) {
-                            reps.insert(cpu);
-                        }
-                    }
-                }
-                reps
-            }
-        };
+        let unit_reps = model.whole_domain_firsts(unit, &avail);
         let pus_per_unit = model.pus_per_unit(unit);
         let numa_cap_units = request.max_cpu_per_node.map(|c| c as usize / pus_per_unit);
         let max_hops = request.max_radius;
@@ -458,27 +443,37 @@ struct Walk<'a> {
 impl Walk<'_> {
     /// Places `need` whole tasks under `node` (same= mode).
     fn by_tasks(&mut self, node: usize, need: usize) {
+        self.tasks_under(node, need, true)
+    }
+
+    /// [`Self::by_tasks`]; `search` false where `node` is what the search below its parent
+    /// chose: the smallest node that fits, so nothing below it does (every child is smaller
+    /// than its parent) and searching again would find nothing.
+    fn tasks_under(&mut self, node: usize, need: usize, search: bool) {
         if self.job.is_task_terminal(&self.model.tree[node]) {
             let units = self.by_units(node, need * self.job.units_per_task);
             self.split_into_tasks(units);
             return;
         }
-        if let Some(inner) = self.smallest_fitting_below(node, need, &self.counts.slots) {
-            return self.by_tasks(inner, need);
+        if search {
+            if let Some(inner) = self.smallest_fitting_below(node, need, &self.counts.slots) {
+                return self.tasks_under(inner, need, false);
+            }
         }
         for (child, k) in self.split(node, need, &self.counts.slots) {
-            self.by_tasks(child, k);
+            self.tasks_under(child, k, true);
         }
     }
 
     /// Takes `need` units under `node`; returns their representative CPUs in placement order.
     fn by_units(&mut self, node: usize, need: usize) -> Vec<u32> {
         let mut out = Vec::with_capacity(need);
-        self.collect_units(node, need, &mut out);
+        self.collect_units(node, need, &mut out, true);
         out
     }
 
-    fn collect_units(&mut self, node: usize, need: usize, out: &mut Vec<u32>) {
+    /// Takes `need` units under `node` into `out`; `search` as in [`Self::tasks_under`].
+    fn collect_units(&mut self, node: usize, need: usize, out: &mut Vec<u32>, search: bool) {
         let n = &self.model.tree[node];
         if need == self.counts.units[node]
             && self.job.numa_cap_units.is_none()
@@ -494,11 +489,13 @@ impl Walk<'_> {
             debug_assert!(out.len() - before <= need);
             return;
         }
-        if let Some(inner) = self.smallest_fitting_below(node, need, &self.counts.units) {
-            return self.collect_units(inner, need, out);
+        if search {
+            if let Some(inner) = self.smallest_fitting_below(node, need, &self.counts.units) {
+                return self.collect_units(inner, need, out, false);
+            }
         }
         for (child, k) in self.split(node, need, &self.counts.units) {
-            self.collect_units(child, k, out);
+            self.collect_units(child, k, out, true);
         }
     }
 
@@ -530,7 +527,7 @@ impl Walk<'_> {
             // the fullness of every ancestor instead, or by which candidate keeps the largest
             // free block of each level, was measured and is worse on most machines.)
             let parent_free = tree[id].parent.map_or(0, |p| counts[p]);
-            (tree[id].cpus.len(), counts[id], parent_free, id)
+            (tree[id].size, counts[id], parent_free, id)
         };
         let mut best: Option<(usize, usize, usize, usize)> = None;
         let mut stack: smallvec::SmallVec<[usize; 64]> =
@@ -619,40 +616,74 @@ impl Walk<'_> {
 
 /// Inside one NUMA node every child is as near as any other: the fewest children that hold the
 /// need are the ones with the most free, and of those the fuller are consumed whole first.
-fn fewest_children(mut children: Vec<usize>, counts: &[usize], need: usize) -> Vec<(usize, usize)> {
-    children.sort_by_key(|&c| (std::cmp::Reverse(counts[c]), c));
-    let mut sum = 0;
-    let mut k = 0;
-    while k < children.len() && sum < need {
-        sum += counts[children[k]];
-        k += 1;
+///
+/// Of the sets of that many children that hold the need, it picks one with the least left over:
+/// slot by slot, the smallest child (then the lowest) that still lets the largest remaining ones
+/// cover the rest. Children are kept by free count, so that a slot costs a pass over the
+/// distinct counts, not over the children (a flat node of 4,096 cores has one count, 1).
+fn fewest_children(children: Vec<usize>, counts: &[usize], need: usize) -> Vec<(usize, usize)> {
+    use std::collections::{BTreeMap, VecDeque};
+    let mut by_count: BTreeMap<usize, VecDeque<usize>> = BTreeMap::new();
+    for &c in &children {
+        by_count.entry(counts[c]).or_default().push_back(c);
     }
-    // Of the sets of k children that hold the need, pick one with the least left over: slot by
-    // slot, the smallest child that still lets the largest remaining ones cover the rest.
-    // `children` stays sorted largest first, so "the largest remaining" is a prefix sum.
+    for ids in by_count.values_mut() {
+        ids.make_contiguous().sort_unstable();
+    }
+    // The sum of the `n` largest counts left.
+    let largest = |by_count: &BTreeMap<usize, VecDeque<usize>>, mut n: usize| -> usize {
+        let mut sum = 0;
+        for (&v, ids) in by_count.iter().rev() {
+            let take = n.min(ids.len());
+            sum += take * v;
+            n -= take;
+            if n == 0 {
+                break;
+            }
+        }
+        sum
+    };
+    let mut left_children = children.len();
+    let mut k = 0;
+    let mut sum = 0;
+    'count: for (&v, ids) in by_count.iter().rev() {
+        for _ in 0..ids.len() {
+            if sum >= need {
+                break 'count;
+            }
+            sum += v;
+            k += 1;
+        }
+    }
     let mut chosen = Vec::with_capacity(k);
     let mut left = need;
     for slot in 0..k {
-        let after = k - slot - 1;
-        let mut prefix = Vec::with_capacity(children.len() + 1);
-        prefix.push(0usize);
-        for &c in &children {
-            prefix.push(prefix[prefix.len() - 1] + counts[c]);
-        }
-        let largest_others = |i: usize| {
-            let top = after.min(children.len());
-            if i >= top {
-                prefix[top]
-            } else {
-                prefix[(top + 1).min(children.len())] - counts[children[i]]
+        // In the order "most free first, then lowest", a child among the first `top` covers the
+        // rest with the `top` largest others, which with itself are the first `top + 1`; a
+        // child after them, with its own count and the first `top`. The lowest child of a
+        // count comes first among its equals, so it is the one to test. (A later child of the
+        // same count inside the first `top + 1` adds what the lowest adds: no other choice.)
+        let top = (k - slot - 1).min(left_children);
+        let with_in_top = largest(&by_count, (top + 1).min(left_children));
+        let first_top = largest(&by_count, top);
+        let mut more_free = left_children;
+        let mut pick = None;
+        for (&v, ids) in &by_count {
+            more_free -= ids.len();
+            let covers = if more_free < top { with_in_top } else { v + first_top };
+            if covers >= left {
+                pick = Some(v);
+                break;
             }
-        };
-        let pick = (0..children.len())
-            .filter(|&i| counts[children[i]] + largest_others(i) >= left)
-            .min_by_key(|&i| (counts[children[i]], children[i]));
-        let Some(i) = pick else { break };
-        let c = children.remove(i);
-        left = left.saturating_sub(counts[c]);
+        }
+        let Some(v) = pick else { break };
+        let Some(ids) = by_count.get_mut(&v) else { break };
+        let Some(c) = ids.pop_front() else { break };
+        if ids.is_empty() {
+            by_count.remove(&v);
+        }
+        left_children -= 1;
+        left = left.saturating_sub(v);
         chosen.push(c);
     }
     fill_in_order(chosen, counts, need, |c| (counts[c], c))
@@ -714,4 +745,82 @@ pub fn first_fit(model: &HostModel, job: &JobShape) -> Result<Vec<CpuSet>, Place
         });
     }
     Ok(reps.chunks(job.units_per_task).map(|c| job.units_cpus(model, c)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fewest_children, fill_in_order};
+    use proptest::prelude::{prop_assert_eq, proptest, ProptestConfig};
+
+    /// The rule as first written: every slot scans every child (O(children²) per split).
+    fn fewest_children_by_scan(
+        mut children: Vec<usize>,
+        counts: &[usize],
+        need: usize,
+    ) -> Vec<(usize, usize)> {
+        children.sort_by_key(|&c| (std::cmp::Reverse(counts[c]), c));
+        let mut sum = 0;
+        let mut k = 0;
+        while k < children.len() && sum < need {
+            sum += counts[children[k]];
+            k += 1;
+        }
+        let mut chosen = Vec::with_capacity(k);
+        let mut left = need;
+        for slot in 0..k {
+            let after = k - slot - 1;
+            let mut prefix = vec![0usize];
+            for &c in &children {
+                prefix.push(prefix[prefix.len() - 1] + counts[c]);
+            }
+            let largest_others = |i: usize| {
+                let top = after.min(children.len());
+                if i >= top {
+                    prefix[top]
+                } else {
+                    prefix[(top + 1).min(children.len())] - counts[children[i]]
+                }
+            };
+            let pick = (0..children.len())
+                .filter(|&i| counts[children[i]] + largest_others(i) >= left)
+                .min_by_key(|&i| (counts[children[i]], children[i]));
+            let Some(i) = pick else { break };
+            let c = children.remove(i);
+            left = left.saturating_sub(counts[c]);
+            chosen.push(c);
+        }
+        fill_in_order(chosen, counts, need, |c| (counts[c], c))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// The split by counts is the split by scanning, child for child and count for count,
+        /// on few and many children, few and many distinct counts, and needs up to the total.
+        #[test]
+        fn fewest_children_agrees_with_the_scan(
+            counts in proptest::collection::vec(1usize..9, 1..60),
+            spread in 1usize..40,
+            shuffle in proptest::collection::vec(0usize..1000, 60),
+            need_share in 0.0f64..=1.0,
+        ) {
+            let counts: Vec<usize> = counts.iter().map(|&c| 1 + (c * spread) % 17).collect();
+            let mut children: Vec<usize> = (0..counts.len()).collect();
+            children.sort_by_key(|&c| shuffle[c]);
+            let total: usize = counts.iter().sum();
+            let need = ((total as f64 * need_share) as usize).max(1);
+            prop_assert_eq!(
+                fewest_children(children.clone(), &counts, need),
+                fewest_children_by_scan(children, &counts, need)
+            );
+        }
+    }
+
+    #[test]
+    fn a_flat_node_gives_the_lowest_cores() {
+        let counts = vec![1usize; 4096];
+        let children: Vec<usize> = (0..4096).rev().collect();
+        let split = fewest_children(children.clone(), &counts, 300);
+        assert_eq!(split, (0..300).map(|c| (c, 1)).collect::<Vec<_>>());
+        assert_eq!(split, fewest_children_by_scan(children, &counts, 300));
+    }
 }

@@ -490,3 +490,40 @@ fn a_jobs_cpus_split_into_tasks_as_its_request_shapes_them() {
     assert_eq!(split_into_tasks(&model, &req("affinity[core(2)*1-2]"), &three), None);
     assert_eq!(split_into_tasks(&model, &req("affinity[core*3-4]"), &two_cores), None);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    /// The model's counting shortcuts give what testing each domain's set gives: the first CPU
+    /// of each domain wholly inside a set, and the cores clear of a set. With two threads per
+    /// core siblings are 32 apart, so a core's two CPUs sit in different words of the bit
+    /// vector; with one, each core is a CPU (the shortcut for hosts without SMT).
+    #[test]
+    fn whole_domains_and_clear_cores_match_testing_each_domain(
+        members in proptest::collection::vec(any::<bool>(), 64),
+        reserved in 0u32..4,
+        threads_per_core in 1u32..3,
+    ) {
+        let topo = Topology::synthetic(SyntheticShape {
+            packages: 2,
+            numa_per_package: 2,
+            l3_per_numa: 2,
+            cores_per_l3: 8 / threads_per_core,
+            threads_per_core,
+        });
+        // Reserving CPUs leaves cores of one thread beside cores of two.
+        let m = HostModel::new(&topo, &(0..reserved).map(|i| 32 + 4 * i).collect()).unwrap();
+        let cpus: CpuSet = (0..64u32).filter(|&c| members[c as usize]).collect();
+        for level in [Level::Core, Level::L3, Level::Numa, Level::Socket] {
+            let by_sets: CpuSet = m
+                .domains(level)
+                .iter()
+                .filter(|d| d.is_subset(&cpus))
+                .filter_map(|d| d.first())
+                .collect();
+            prop_assert_eq!(m.whole_domain_firsts(level, &cpus), by_sets);
+        }
+        prop_assert_eq!(m.whole_domain_firsts(Level::Thread, &cpus), cpus.clone());
+        let clear = m.cores.iter().filter(|c| !c.intersects(&cpus)).count();
+        prop_assert_eq!(m.cores_clear_of(&cpus), clear);
+    }
+}

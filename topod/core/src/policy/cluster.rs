@@ -2347,15 +2347,9 @@ impl PolicyCore {
         let occ = &r.occupancy[host as usize];
         let before = r.free[host as usize];
         let busy = occ.held.union(&occ.fenced);
-        let after = if busy.is_empty() {
-            h.cores
-        } else {
-            h.model
-                .cores
-                .iter()
-                .filter(|c| c.is_subset(&h.model.allocatable) && !c.intersects(&busy))
-                .count() as u32
-        } + reclaim;
+        // Every core of the model is allocatable (HostModel keeps only allocatable CPUs).
+        let after =
+            if busy.is_empty() { h.cores } else { h.model.cores_clear_of(&busy) as u32 } + reclaim;
         r.free[host as usize] = after;
         r.free_total = r.free_total + u64::from(after) - u64::from(before);
         if before != after {
