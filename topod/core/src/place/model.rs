@@ -27,6 +27,9 @@ pub struct TreeNode {
     /// How many: `cpus.len()`, kept (on a host of thousands of CPUs each count is a pass over
     /// a long bit vector, and best-fit compares the sizes of every node that fits).
     pub size: usize,
+    /// The size of its largest child (0 for a leaf): a search for a node of at least n CPUs
+    /// need not look among children all smaller.
+    pub largest_child: usize,
     /// Children, in ascending order of first CPU.
     pub children: Vec<usize>,
     /// The parent (`None` for the root).
@@ -294,6 +297,10 @@ impl HostModel {
         model.outline = [Level::Core, Level::L3, Level::Numa, Level::Socket]
             .map(|l| DomainOutline::of(model.domains(l), model.allocatable.len()));
         model.tree = model.build_tree();
+        for id in 0..model.tree.len() {
+            let largest = model.tree[id].children.iter().map(|&c| model.tree[c].size).max();
+            model.tree[id].largest_child = largest.unwrap_or(0);
+        }
         model.internal_bottom_up =
             (0..model.tree.len()).rev().filter(|&i| !model.tree[i].children.is_empty()).collect();
         model.leaf_of = vec![NONE; max_cpu];
@@ -534,6 +541,7 @@ impl HostModel {
             numa: within[2],
             within,
             size: cpus.len(),
+            largest_child: 0,
             cpus,
             children: Vec::new(),
             parent: None,
