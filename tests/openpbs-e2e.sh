@@ -263,6 +263,9 @@ check "a request PBS split at a comma says to quote it" grep -qi 'quote' <<<"$sa
 said=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[thread*2]' -- /bin/true 2>&1) && fail "a request larger than the job's ncpus was accepted: $said" || true
 check "a request needing more CPUs than the job's ncpus is refused at qsub, saying what to ask ($said)" \
     grep -qF 'topology=affinity[thread*2] needs at least 2 CPUs but the job asks ncpus=1: ask -l select=1:ncpus=2' <<<"$said"
+said=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[thread:gpus=1]' -- /bin/true 2>&1) && fail "a request for GPUs was accepted: $said" || true
+check "a request for GPUs (gpus=, which topod would choose) is refused at qsub, saying to ask PBS for them ($said)" \
+    grep -qF 'topology=affinity[thread:gpus=1] refused: gpus=1 asks topod to choose the job' <<<"$said"
 
 # --- 2. one job: its CPUs and cgroup are topod's ----------------------------------------------
 cat > "$BASE/job.sh" <<'EOT'

@@ -661,6 +661,21 @@ def check_request(request, config):
     raise HookError(cannot + "%s exited with status %s: %s" % (config["topoctl"], done.returncode, said))
 
 
+def refuse_gpus(request, answer, config):
+    """Refuses a checked request that asks for GPUs (`gpus=n` per task): under PBS a job's GPUs
+    are PBS's to give (ngpus, and the devices its cgroups hook assigns), and this hook does not
+    pass them to topod, which would otherwise choose GPUs of its own and could give one GPU to a
+    PBS job and to the job PBS gave it (the two authorities of issue 33)."""
+    parsed = answer.get("request") if isinstance(answer, dict) else None
+    per_task = parsed.get("gpus_per_task") if isinstance(parsed, dict) else None
+    if per_task:
+        raise HookError(
+            "%s=%s refused: gpus=%s asks topod to choose the job's GPUs, but under PBS a job's GPUs "
+            "are PBS's to give and topo does not take them from PBS yet: ask PBS for GPUs "
+            "(-l select=1:ncpus=N:ngpus=G) and leave gpus= out of the %s request"
+            % (config["resource"], shortened(request), per_task, config["resource"]))
+
+
 # ---------------------------------------------------------------------------------------------
 # Vnodes: offline/online with a reason, published resources
 
@@ -955,6 +970,7 @@ def on_submit(event, config):
             requests.append((chunk[resource], [(c, n) for c, n in chunks if c.get(resource) == chunk[resource]]))
     for request, applies_to in requests:
         answer = check_request(request, config)
+        refuse_gpus(request, answer, config)
         if config["enforce_ncpus"]:
             check_ncpus(request, answer, applies_to if applies_to is not None else chunks,
                         submitted(event, "ncpus") if not chunks else None, config)
@@ -1033,6 +1049,10 @@ def on_begin(event, config):
         # PBS would count none of the CPUs the request takes here.
         raise HookError("%s=%s takes CPUs on %s but the job asked PBS for ncpus=0 there; ask for "
                         "the ncpus the request takes" % (config["resource"], shortened(request), host))
+    if "gpus" in request:
+        # Checked at qsub too; here for a job queued before the hook, or a default_request. Only
+        # a request with the word in it is parsed again: no process for every job's start.
+        refuse_gpus(request, check_request(request, config), config)
     topod = Topod(config)
     try:
         allocation = allocate(topod, event, job, jid, share, request, tasks)

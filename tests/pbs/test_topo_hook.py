@@ -315,6 +315,19 @@ class SubmitTest(HookTestCase):
         # A request that starts with "-" is a request, not an option of topoctl.
         self.assert_rejected(self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "--help"}}), "refused: at byte 0")
 
+    def test_a_request_for_gpus_is_refused_saying_to_ask_pbs_for_them(self):
+        # PBS gives a job its GPUs; topod choosing others could give one GPU to two jobs.
+        for request in ["affinity[core(2)*2:gpus=1]", "affinity[thread:gpus=2]"]:
+            said = ("topology=" + request + " refused: gpus=", "ask PBS for GPUs", "ngpus=", "leave gpus= out")
+            queued = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": request}})
+            self.assert_rejected(queued, *said)
+            in_select = self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=4:ngpus=2:topology=%s" % request}})
+            self.assert_rejected(in_select, *said)
+            altered = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"topology": request}}, job_o={"id": "7.server"})
+            self.assert_rejected(altered, *said)
+        # GPUs asked of PBS alone, and a request without gpus=, go through.
+        self.assert_accepted(self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=2:ngpus=1:topology=affinity[core(2)]"}}))
+
     def test_a_request_cut_at_a_comma_says_to_quote_it_and_a_long_one_is_shortened(self):
         # What the hook receives for -l topology=affinity[core(1,same=numa)] (observed on
         # OpenPBS 23.06: PBS splits the value at the comma).
@@ -532,6 +545,21 @@ class JobLifeTest(HookTestCase):
             result = self.run_event("execjob_begin", job=mom_job(bad_id), vnode_list={HOST: {}})
             self.assert_rejected(result, "cannot name a topod job")
         self.assertEqual(self.topod.jobs(), [])
+
+    def test_a_request_for_gpus_is_refused_at_the_start_too_and_holds_nothing(self):
+        # A job queued before the hook was installed, or a default_request that asks for GPUs.
+        refused = self.run_event("execjob_begin", job=mom_job("61.server", ncpus=2, topology="affinity[thread:gpus=1]"),
+                                 vnode_list={HOST: {}})
+        self.assert_rejected(refused, "topology=affinity[thread:gpus=1] refused: gpus=1", "ask PBS for GPUs")
+        self.write_config(default_request="affinity[thread:gpus=1]")
+        refused = self.run_event("execjob_begin", job=mom_job("62.server", ncpus=1), vnode_list={HOST: {}})
+        self.assert_rejected(refused, "gpus=1", "ask PBS for GPUs")
+        self.assertEqual(self.topod.jobs(), [])
+        # The word alone is no refusal: a request without gpus= starts.
+        self.write_config()
+        started = mom_job("63.server", ncpus=1, topology="affinity[thread:gpubind=any]")
+        self.assert_accepted(self.run_event("execjob_begin", job=started, vnode_list={HOST: {}}))
+        self.topod.call("release", job="pbs-63.server")
 
     def test_topods_gang_rows_never_slice_a_pbs_job(self):
         # PBS would count the frozen time against the job's walltime.
