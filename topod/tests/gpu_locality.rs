@@ -525,3 +525,67 @@ fn topo_exec_tells_the_job_the_gpus_topod_chose() {
     assert!(said.contains("CUDA=unset"), "{said}");
     assert!(complaint.contains("CUDA_VISIBLE_DEVICES not set"), "{complaint}");
 }
+
+/// Issue 33: a reservation for a `gpus=` request, through the socket and `topoctl` as an
+/// administrator makes it: it holds GPUs beside its block (`topoctl reserve` and
+/// `topoctl reservations` name them), no other job is given them, the free map lists them for
+/// its job only, a restart keeps them, and the job's allocate gets them.
+#[test]
+fn a_reservation_for_gpus_holds_them_across_a_restart_until_its_job_takes_them() {
+    if !common::is_root() {
+        common::skip("reserve is for root or administrators");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    machine(&root);
+    let args = ["--cgroup", "fake", "--topology", root.to_str().unwrap()];
+    let d = common::start(dir.path(), &args, false);
+    let socket = d.socket.to_str().unwrap();
+    let (done, said) = topoctl(&[
+        "reserve",
+        "--socket",
+        socket,
+        "--job",
+        "big",
+        "--for",
+        "1h",
+        "affinity[core(2):gpus=2]",
+    ]);
+    // The two GPUs behind node 1's switch, and the block on node 1.
+    assert!(done, "{said}");
+    assert!(
+        said.contains(
+            "job big: CPUs 4-5 and GPU(s) 0000:86:00.0, 0000:87:00.0 reserved for 3600 s"
+        ),
+        "{said}"
+    );
+    let (_, listed) = topoctl(&["reservations", "--socket", socket]);
+    assert!(listed.contains("(GPUs 0000:86:00.0, 0000:87:00.0)"), "{listed}");
+    let free = ok(&d.socket, r#"{"op":"free_map"}"#);
+    assert_eq!(free["gpus"].as_array().map(Vec::len), Some(1), "{free}");
+    let reserved = free["reserved_gpus"].as_array().unwrap();
+    assert_eq!(reserved.len(), 2, "{free}");
+    assert!(reserved.iter().all(|g| g["job"] == "big"), "{free}");
+    let other = ask(&d.socket, r#"{"op":"allocate","job":"x","request":"affinity[core:gpus=2]"}"#);
+    assert!(error_of(&other).1.contains("needs 2 GPU(s) but only 1 are free"), "{other}");
+    // Killed and started again: still held, and given to its job.
+    drop(d);
+    let d = common::start(dir.path(), &args, false);
+    let other = ask(&d.socket, r#"{"op":"allocate","job":"x","request":"affinity[core:gpus=2]"}"#);
+    assert!(error_of(&other).1.contains("needs 2 GPU(s) but only 1 are free"), "{other}");
+    let big =
+        ok(&d.socket, r#"{"op":"allocate","job":"big","request":"affinity[core(2):gpus=2]"}"#);
+    assert_eq!(big["cpus"], "4-5", "{big}");
+    let (_, jobs) = topoctl(&["jobs", "--socket", d.socket.to_str().unwrap(), "--json"]);
+    let jobs: serde_json::Value = serde_json::from_str(&jobs).unwrap();
+    let gpus: Vec<&str> = jobs[0]["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["pci_address"].as_str().unwrap())
+        .collect();
+    assert_eq!(gpus, ["0000:86:00.0", "0000:87:00.0"], "{jobs}");
+    let (_, listed) = topoctl(&["reservations", "--socket", d.socket.to_str().unwrap()]);
+    assert!(listed.contains("no topology reservations"), "{listed}");
+}

@@ -66,9 +66,14 @@ pub struct FreeMap {
     /// The host's prime-time pools, open or not as of topod's last look.
     #[serde(default)]
     pub pools: Vec<topo_core::proto::reply::PoolStatus>,
-    /// The GPUs no job holds there, each by where it is (for `gpus=` requests).
+    /// The GPUs no job and no reservation holds there, each by where it is (for `gpus=`
+    /// requests).
     #[serde(default)]
     pub gpus: Vec<topo_core::gpus::GpuSite>,
+    /// The GPUs reservations hold for their jobs, free to those jobs only (kept with their
+    /// [`Block`]s).
+    #[serde(default)]
+    pub reserved_gpus: Vec<topo_core::proto::reply::ReservedGpu>,
 }
 
 /// What the cache knows of a host's state: what a placement depends on and the jobs topod
@@ -231,6 +236,10 @@ pub struct Block {
     pub expires_at: i64,
     /// The block.
     pub cpus: Packed,
+    /// The GPUs topod holds with it (for a `gpus=` request) that no job holds now, by where
+    /// they are: its job's first (topod gives it those), no other job's (topod's free map
+    /// leaves them out of its free GPUs).
+    pub gpus: Box<[topo_core::gpus::GpuSite]>,
 }
 
 impl Block {
@@ -855,6 +864,12 @@ impl HostCache {
                 shape: shape_hash_of_text(&r.request),
                 expires_at: r.expires_at,
                 cpus: Packed::pack(&r.cpus),
+                gpus: free
+                    .reserved_gpus
+                    .iter()
+                    .filter(|g| g.job == r.job)
+                    .map(|g| g.site.clone())
+                    .collect(),
             })
             .collect();
         // In one order whatever topod's, so that equal reservations are an equal state.

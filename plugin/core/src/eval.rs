@@ -436,15 +436,26 @@ fn evaluate_outside_pools(
     if free < needed {
         return Verdict::NoFit(NoFit::TooFewCpus { free, needed });
     }
-    // A gpus= request is placed beside the free GPUs topod would choose for it.
-    let beside;
-    let request = match beside_free_gpus(model, state, &occupancy, request) {
-        Err(no) => return Verdict::NoFit(no),
-        Ok(Some(near)) => {
-            beside = near;
-            &beside
-        }
-        Ok(None) => request,
+    // A gpus= request is placed beside the free GPUs topod would choose for it; in its own
+    // block when that holds its GPUs (topod gives it those, and the block lies beside them).
+    let own_gpus: Vec<topo_core::gpus::GpuSite> = state
+        .blocks
+        .iter()
+        .filter(|b| b.live(ctx.epoch_s) && who.owns(b))
+        .flat_map(|b| b.gpus.iter().cloned())
+        .collect();
+    let placed = |occupancy: &Occupancy, own: CpuSet, own_gpus: &[topo_core::gpus::GpuSite]| {
+        // Its own reserved GPUs first, as topod gives them; else free ones.
+        let beside = match beside_free_gpus(model, own_gpus, occupancy, request) {
+            Ok(near) if !own_gpus.is_empty() => Ok(near),
+            _ => beside_free_gpus(model, &state.gpus, occupancy, request),
+        };
+        let request = match beside {
+            Err(no) => return Verdict::NoFit(no),
+            Ok(Some(near)) => near,
+            Ok(None) => request.clone(),
+        };
+        evaluate_placed(ctx, state, model, occupancy, own, &request)
     };
     let claims_block = !own.is_empty();
     if claims_block && matches!(who, Claimant::Peers(_)) {
@@ -453,27 +464,27 @@ fn evaluate_outside_pools(
         // it, only for the one it is for.
         let mut beside = occupancy.clone();
         beside.fenced.union_with(&own);
-        let for_any = evaluate_placed(ctx, state, model, &beside, CpuSet::new(), request);
+        let for_any = placed(&beside, CpuSet::new(), &[]);
         if !matches!(for_any, Verdict::NoFit(_)) {
             return for_any;
         }
-        return match evaluate_placed(ctx, state, model, &occupancy, own, request) {
+        return match placed(&occupancy, own, &own_gpus) {
             Verdict::Fits { score, cpus, .. } => Verdict::InPeersBlock { score, cpus },
             // Moves that need the block's CPUs would make room for its job only, and where is
             // topod's to say: left to the per-job check and topod, not offered to the peers.
             _ => for_any,
         };
     }
-    evaluate_placed(ctx, state, model, &occupancy, own, request)
+    placed(&occupancy, own, &own_gpus)
 }
 
 /// For a `gpus=` request (GPUs per task, chosen by topod): the request kept to the CPUs near
-/// the free GPUs topod would choose on this host ([`topo_core::gpus::choose_among`] on the
-/// free map's GPUs), `None` where it runs anywhere (no `gpus=`, `gpubind=any`, a GPU of
+/// the GPUs among `gpus` (the free map's free ones, or those the job's own blocks hold) topod
+/// would choose on this host ([`topo_core::gpus::choose_among`]), `None` where it runs anywhere (no `gpus=`, `gpubind=any`, a GPU of
 /// unknown place); refused where too few GPUs are free or its CPUs fit beside none.
 fn beside_free_gpus(
     model: &HostModel,
-    state: &HostState,
+    gpus: &[topo_core::gpus::GpuSite],
     occupancy: &Occupancy,
     request: &Request,
 ) -> Result<Option<Request>, NoFit> {
@@ -485,14 +496,14 @@ fn beside_free_gpus(
         )));
     }
     let wanted = per_task as usize * request.tasks.unwrap_or(place::DEFAULT_TASKS) as usize;
-    let free = state.gpus.len();
+    let free = gpus.len();
     if free < wanted {
         return Err(NoFit::Gpus(format!(
             "gpus={per_task} needs {wanted} free GPU(s); {free} are free"
         )));
     }
     let chosen = topo_core::gpus::choose_among(
-        &state.gpus,
+        gpus,
         model,
         occupancy,
         request,
@@ -514,7 +525,7 @@ fn beside_free_gpus(
     let level = if request.gpubind == Some(GpuBind::Socket) { Level::Socket } else { Level::Numa };
     let mut near = CpuSet::new();
     for g in picked {
-        let site = &state.gpus[g];
+        let site = &gpus[g];
         let cpus = if level == Level::Socket { &site.socket } else { &site.numa };
         match cpus {
             Some(cpus) => near.union_with(cpus),

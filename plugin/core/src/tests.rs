@@ -58,6 +58,7 @@ impl FakeSource {
             moves: None,
             pools: Vec::new(),
             gpus: Vec::new(),
+            reserved_gpus: Vec::new(),
         };
         self.hosts.lock().unwrap().insert(address.to_string(), (topo.clone(), free));
     }
@@ -360,10 +361,19 @@ fn reads_the_protocols_free_map() {
             socket: Some(CpuSet::parse_list("0-15").unwrap()),
             switch: Some("0000:81:00.0".into()),
         }],
+        reserved_gpus: vec![topo_core::proto::reply::ReservedGpu {
+            job: "lsf-2".into(),
+            site: topo_core::gpus::GpuSite {
+                numa: Some(CpuSet::parse_list("8-15").unwrap()),
+                socket: Some(CpuSet::parse_list("0-15").unwrap()),
+                switch: None,
+            },
+        }],
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
     assert_eq!(kept.moves, sent.moves);
     assert_eq!(kept.gpus, sent.gpus);
+    assert_eq!(kept.reserved_gpus, sent.reserved_gpus);
     assert_eq!(kept.pools, sent.pools);
     assert_eq!(
         (kept.generation, kept.held, kept.fenced, kept.job_ids),
@@ -426,6 +436,7 @@ fn idle_free_map(topo: &Topology) -> FreeMap {
         moves: None,
         pools: Vec::new(),
         gpus: Vec::new(),
+        reserved_gpus: Vec::new(),
     }
 }
 
@@ -906,6 +917,7 @@ fn block(
         request: request::parse(request).unwrap().to_string(),
         made_at: 0,
         expires_at,
+        gpus: Vec::new(),
     }
 }
 

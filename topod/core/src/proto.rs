@@ -513,11 +513,25 @@ pub mod reply {
         /// after moves only when moves would make room.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub moves: Option<DefragView>,
-        /// The GPUs (and accelerators) no job holds, each by where it is, so that a
-        /// scheduler's plug-in chooses for a `gpus=` request as topod will
+        /// The GPUs (and accelerators) no job holds and no reservation holds, each by where
+        /// it is, so that a scheduler's plug-in chooses for a `gpus=` request as topod will
         /// (`topo_core::gpus::choose_among`). A topod older than this field sends none.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub gpus: Vec<crate::gpus::GpuSite>,
+        /// The GPUs a live reservation holds for its job and no job holds now: free to that
+        /// job (which topod gives them first), to no other.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub reserved_gpus: Vec<ReservedGpu>,
+    }
+
+    /// A GPU a reservation holds for its job (`free_map`'s `reserved_gpus`).
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct ReservedGpu {
+        /// The job the reservation is for.
+        pub job: String,
+        /// Where the GPU is.
+        pub site: crate::gpus::GpuSite,
     }
 
     /// The running jobs topod's `defrag` may move, and the planner's bounds.

@@ -27,6 +27,11 @@ pub struct Reservation {
     pub made_at: i64,
     /// When it lapses if the job has not been allocated.
     pub expires_at: i64,
+    /// The GPUs held with the block for a request that asks topod for GPUs (`gpus=`; PCI
+    /// addresses): no other job is given them while it holds, and the block lies beside them.
+    /// None for a request without `gpus=` (and in a record of a topod older than this field).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
 }
 
 impl Reservation {
@@ -119,6 +124,7 @@ mod tests {
             request: String::new(),
             made_at: 0,
             expires_at: 100,
+            gpus: Vec::new(),
         };
         let (p, b) = choose_block(&m, &one, &[&other], &numa, Strategy::BestFit, 50).unwrap();
         assert_eq!((p.cpus, b), (set("0-3"), set("0")));

@@ -169,6 +169,7 @@ fn loaded_free_map(topo: &Topology, model: &HostModel, seed: u64) -> FreeMap {
         moves: None,
         pools: Vec::new(),
         gpus: Vec::new(),
+        reserved_gpus: Vec::new(),
     }
 }
 
@@ -184,6 +185,7 @@ fn block_for(model: &HostModel, free: &FreeMap, host: usize, now_s: i64) -> Opti
         request: request.to_string(),
         made_at: now_s,
         expires_at: now_s + 3600,
+        gpus: Vec::new(),
     })
 }
 

@@ -3305,6 +3305,7 @@ impl PolicyCore {
                             request: request.to_string(),
                             made_at: now,
                             expires_at: Time::MAX,
+                            gpus: Vec::new(),
                         },
                     ));
                 }

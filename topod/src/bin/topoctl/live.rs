@@ -230,14 +230,19 @@ pub(crate) fn reserve_and_print(
         return print_json(&r);
     }
     let until = r.reservation.expires_at - r.reservation.made_at;
+    let gpus = if r.reservation.gpus.is_empty() {
+        String::new()
+    } else {
+        format!(" and GPU(s) {}", r.reservation.gpus.join(", "))
+    };
     if r.busy.is_empty() {
         println!(
-            "job {}: CPUs {} reserved for {until} s; all free now",
+            "job {}: CPUs {}{gpus} reserved for {until} s; all CPUs free now",
             r.reservation.job, r.reservation.cpus
         );
     } else {
         println!(
-            "job {}: CPUs {} reserved for {until} s; {} of them ({}) are busy until their jobs end",
+            "job {}: CPUs {}{gpus} reserved for {until} s; {} of the CPUs ({}) are busy until their jobs end",
             r.reservation.job,
             r.reservation.cpus,
             r.busy.len(),
@@ -269,12 +274,17 @@ pub(crate) fn reservations(daemon: &Daemon, json: bool) -> Result<(), Failure> {
     println!("{:<16} {:>4}  {:<24} {:>10}  request", "job", "PUs", "CPUs", "expires in");
     for r in &free.reservations {
         println!(
-            "{:<16} {:>4}  {:<24} {:>9}s  {}",
+            "{:<16} {:>4}  {:<24} {:>9}s  {}{}",
             r.job,
             r.cpus.len(),
             r.cpus.to_string(),
             (r.expires_at - now).max(0),
-            r.request
+            r.request,
+            if r.gpus.is_empty() {
+                String::new()
+            } else {
+                format!(" (GPUs {})", r.gpus.join(", "))
+            }
         );
     }
     Ok(())

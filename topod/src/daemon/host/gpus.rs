@@ -21,6 +21,26 @@ impl Host {
         self.hints.values().flat_map(|h| h.gpus.iter().cloned()).collect()
     }
 
+    /// The GPUs `job` may not be given: those live jobs hold, and those the live reservations
+    /// of other jobs hold for them.
+    pub(super) fn gpus_kept_from(&self, job: &str) -> std::collections::BTreeSet<String> {
+        let now = self.now_s();
+        let mut kept = self.held_gpus();
+        for r in self.reservations.values().filter(|r| r.job != job && r.live(now)) {
+            kept.extend(r.gpus.iter().cloned());
+        }
+        kept
+    }
+
+    /// The GPUs `job`'s live reservation holds for it, where it has one that holds GPUs.
+    fn reserved_gpus(&self, job: &str) -> Option<&[String]> {
+        let now = self.now_s();
+        self.reservations
+            .get(job)
+            .filter(|r| r.live(now) && !r.gpus.is_empty())
+            .map(|r| r.gpus.as_slice())
+    }
+
     /// `prepared` with the GPUs topod chooses for it, when its request says `gpus=` and the
     /// batch system named none (`None`: nothing to choose; the job is allocated as it is). A
     /// job the batch system gave GPUs is checked: as many as `gpus=` asks for its tasks. A job
@@ -53,7 +73,7 @@ impl Host {
                 &self.topo,
                 &self.model,
                 &occupancy,
-                &self.held_gpus(),
+                &self.gpus_kept_from(job),
                 &inside,
                 self.strategy,
                 job,
@@ -73,15 +93,31 @@ impl Host {
         };
         let (occupancy, _) = self.placement_occupancy_as(job, None, who, self.ends_by(prepared));
         let occupancy = self.without_lending(&occupancy).unwrap_or(occupancy);
-        let pick = pick_gpus(
-            &self.topo,
-            &self.model,
-            &occupancy,
-            &self.held_gpus(),
-            request,
-            self.strategy,
-            job,
-        )?;
+        let mut kept = self.gpus_kept_from(job);
+        // A job whose reservation holds GPUs takes those when enough of them are free and its
+        // CPUs fit beside them (its block lies there); else free GPUs no reservation holds, as
+        // any job (not a mix: the LSF module's choice, from the free map, is the same).
+        let own = self.reserved_gpus(job).unwrap_or_default();
+        let own_pick = (!own.is_empty())
+            .then(|| {
+                let others: std::collections::BTreeSet<String> =
+                    topo_core::gpus::gpu_indices(&self.topo)
+                        .into_iter()
+                        .map(|g| self.topo.devices[g].pci_address.clone())
+                        .filter(|a| !own.contains(a) || kept.contains(a))
+                        .collect();
+                let topo = &self.topo;
+                pick_gpus(topo, &self.model, &occupancy, &others, request, self.strategy, job).ok()
+            })
+            .flatten();
+        let pick = match own_pick {
+            Some(pick) => pick,
+            None => {
+                kept.extend(own.iter().cloned());
+                let topo = &self.topo;
+                pick_gpus(topo, &self.model, &occupancy, &kept, request, self.strategy, job)?
+            }
+        };
         let mut chosen = prepared.clone();
         chosen.gpus = pick.gpus;
         chosen.near_only = pick.near.is_some() && request.gpubind != Some(GpuBind::Any);

@@ -1,10 +1,15 @@
 //! Topology reservations on this host (see `topo_core::reservation`): made by the batch system
 //! or an administrator for a waiting job (`reserve`), kept in the state directory so that a
 //! restart keeps them, avoided by every other job's placement, claimed by the named job's
-//! allocate, dropped by `unreserve` or when they expire.
+//! allocate, dropped by `unreserve` or when they expire. A block for a request that asks topod
+//! for GPUs (`gpus=`) holds them too: no other job is given them, and the named job is.
 
+use super::gpus::pick_gpus;
 use super::{Host, HostError, Prepared};
+use std::collections::BTreeSet;
 use topo_core::cpuset::CpuSet;
+use topo_core::place::Occupancy;
+use topo_core::request::GpuBind;
 use topo_core::reservation::{self, Reservation};
 
 /// The longest a reservation may be made for: 30 days.
@@ -62,6 +67,28 @@ impl Host {
             }
             request.cpu_list = Some(outside);
         }
+        // A request that asks topod for GPUs (`gpus=`) has them held with its block, and the
+        // block lies beside them (`gpubind=any`: anywhere): GPUs free now with room beside them
+        // now first, else GPUs no other block holds, whose jobs end as the block drains.
+        let mut gpus = Vec::new();
+        if super::gpus::gpus_to_choose(prepared)?.is_some() {
+            let reserved: BTreeSet<String> =
+                others.iter().flat_map(|r| r.gpus.iter().cloned()).collect();
+            let mut in_use = self.held_gpus();
+            in_use.extend(reserved.iter().cloned());
+            let free_now = reservation::blocked_for(&occupancy, others.iter().copied(), "", now);
+            let only_blocks =
+                reservation::blocked_for(&Occupancy::default(), others.iter().copied(), "", now);
+            let pick = |occupancy: &Occupancy, kept: &BTreeSet<String>| {
+                pick_gpus(&self.topo, &self.model, occupancy, kept, &request, self.strategy, job)
+            };
+            let chosen = pick(&free_now, &in_use).or_else(|_| pick(&only_blocks, &reserved))?;
+            if let Some(near) = chosen.near.filter(|_| request.gpubind != Some(GpuBind::Any)) {
+                let base = request.cpu_list.as_ref().unwrap_or(&self.model.allocatable);
+                request.cpu_list = Some(base.intersection(&near));
+            }
+            gpus = chosen.gpus;
+        }
         let (block, busy) = reservation::choose_block(
             &self.model,
             &occupancy,
@@ -81,6 +108,7 @@ impl Host {
             request: prepared.canonical.clone(),
             made_at: now,
             expires_at: now + expires_in_s as i64,
+            gpus,
         };
         let before = self.reservations.insert(job.into(), r.clone());
         if let Err(e) = self.save_reservations() {
@@ -95,8 +123,10 @@ impl Host {
             job = %job,
             cpus = %r.cpus,
             busy = %busy,
-            "job {job}: CPUs {} reserved for {expires_in_s} s ({} of them busy now)",
+            gpus = %r.gpus.join(","),
+            "job {job}: CPUs {}{} reserved for {expires_in_s} s ({} of them busy now)",
             r.cpus,
+            if r.gpus.is_empty() { String::new() } else { format!(" and GPU(s) {}", r.gpus.join(", ")) },
             busy.len()
         );
         Ok((r, busy))

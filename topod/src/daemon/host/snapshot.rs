@@ -33,18 +33,17 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Would `prepared` fit, and how well, for a job that has no reservation here (other jobs'
-    /// reserved blocks are not free to it).
+    /// reserved blocks, and the GPUs they hold, are not free to it).
     /// A request with `gpus=` is fitted beside the free GPUs topod would choose.
     pub fn fit(&self, prepared: &Prepared) -> Result<place::Fit, HostError> {
         let usable = self.usable();
         let mut request = std::borrow::Cow::Borrowed(&prepared.request);
         if gpus::gpus_to_choose(prepared)?.is_some() {
-            let held = self.jobs.iter().flat_map(|j| j.gpus.iter().map(|g| g.pci_address.clone()));
             let pick = gpus::pick_gpus(
                 &self.topo,
                 &self.model,
                 &usable,
-                &held.collect(),
+                &self.taken_gpus().into_iter().map(str::to_string).collect(),
                 &prepared.request,
                 self.strategy,
                 "",
@@ -83,16 +82,44 @@ impl Snapshot {
                 .into_iter()
                 .map(|g| topo_core::gpus::GpuSite::of(&self.topo, g))
                 .collect(),
+            reserved_gpus: self.reserved_free_gpus(),
         }
     }
 
-    /// The host's GPUs (and accelerators) no job holds, by index in the topology's devices.
-    pub fn free_gpus(&self) -> Vec<usize> {
+    /// The GPUs reservations hold for their jobs that no job holds now, with their jobs.
+    fn reserved_free_gpus(&self) -> Vec<topo_core::proto::reply::ReservedGpu> {
         let held: std::collections::BTreeSet<&str> =
             self.jobs.iter().flat_map(|j| j.gpus.iter().map(|g| g.pci_address.as_str())).collect();
+        let mut out = Vec::new();
+        for r in &self.reservations {
+            for address in r.gpus.iter().filter(|a| !held.contains(a.as_str())) {
+                if let Some(g) = self.topo.devices.iter().position(|d| &d.pci_address == address) {
+                    out.push(topo_core::proto::reply::ReservedGpu {
+                        job: r.job.clone(),
+                        site: topo_core::gpus::GpuSite::of(&self.topo, g),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The host's GPUs (and accelerators) no job holds and no reservation holds for its job,
+    /// by index in the topology's devices: what a job without a reservation here may be given.
+    pub fn free_gpus(&self) -> Vec<usize> {
+        let held = self.taken_gpus();
         topo_core::gpus::gpu_indices(&self.topo)
             .into_iter()
             .filter(|&g| !held.contains(self.topo.devices[g].pci_address.as_str()))
+            .collect()
+    }
+
+    /// The PCI addresses of the GPUs jobs hold and reservations hold for their jobs.
+    fn taken_gpus(&self) -> std::collections::BTreeSet<&str> {
+        self.jobs
+            .iter()
+            .flat_map(|j| j.gpus.iter().map(|g| g.pci_address.as_str()))
+            .chain(self.reservations.iter().flat_map(|r| r.gpus.iter().map(String::as_str)))
             .collect()
     }
 

@@ -2168,6 +2168,18 @@ fn a_foreign_cpuset_that_goes_away_gives_its_cpus_back() {
 /// free map, as a scheduler would read it over the wire: kept (fits, or fits after moves) or
 /// removed, with the reason.
 fn plugin_verdict(h: &Host, topo: &Topology, request: &str, epoch_s: i64) -> (bool, String) {
+    plugin_verdict_for(h, topo, request, epoch_s, None)
+}
+
+/// [`plugin_verdict`] for one named job (`Some`: LSF's checkAllocFn, which is told the job,
+/// and so its own blocks) or its peers (`None`: matchFn, told only the request).
+fn plugin_verdict_for(
+    h: &Host,
+    topo: &Topology,
+    request: &str,
+    epoch_s: i64,
+    job: Option<&str>,
+) -> (bool, String) {
     use topo_plugin_core::{eval, Address, Claimant, HostCache, Reservations, Unreachable};
     let wire = serde_json::to_value(h.snapshot().free_map()).unwrap();
     let free: topo_plugin_core::cache::FreeMap = serde_json::from_value(wire).unwrap();
@@ -2186,7 +2198,8 @@ fn plugin_verdict(h: &Host, topo: &Topology, request: &str, epoch_s: i64) -> (bo
     };
     let mut req = topo_core::request::parse(request).unwrap();
     req.tasks.get_or_insert(1);
-    let verdict = eval::evaluate(&ctx, id, &req, Claimant::peers_of(&req));
+    let who = job.map_or_else(|| Claimant::peers_of(&req), Claimant::job);
+    let verdict = eval::evaluate(&ctx, id, &req, who);
     (verdict.rank().is_some(), format!("{verdict:?}"))
 }
 
@@ -2534,6 +2547,75 @@ fn a_gpu_named_by_its_device_number_is_found_and_a_bad_number_is_refused() {
     }
 }
 
+/// Issue 33: a reservation for a request that asks topod for GPUs holds GPUs with its block,
+/// which lies beside them: no other job is given them (they are not free in the free map or to
+/// `fit`), a second reservation takes others, a restart keeps them, and the named job gets them
+/// with CPUs in its block. Where every GPU is in use, the block drains with the GPU's job.
+#[test]
+fn a_reservation_for_gpus_holds_them_beside_its_block_until_its_job_takes_them() {
+    let topo = two_nodes_with_gpus();
+    let kernel = kernel_for(&topo);
+    let records = tempfile::tempdir().unwrap();
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    h.set_clock(Arc::new(|| at(1_000)));
+    let node_cpus = |gpu: &str| match gpu {
+        "0000:18:00.0" => CpuSet::parse_list("0-3").unwrap(),
+        "0000:86:00.0" => CpuSet::parse_list("4-7").unwrap(),
+        other => panic!("reserved {other}, a GPU of unknown place, over one with a node"),
+    };
+    let gpu_of = |h: &Host, job: &str| {
+        let gpus = h.jobs().into_iter().find(|j| j.allocation.job == job).unwrap().gpus;
+        gpus.iter().map(|g| g.pci_address.clone()).collect::<Vec<_>>()
+    };
+    let two = prepare(&topo, "affinity[core(2):gpus=1]", None, None).unwrap();
+    let (r, busy) = h.reserve("big", &two, 600).unwrap();
+    assert_eq!((r.gpus.len(), busy.len()), (1, 0), "{r:?}");
+    assert!(r.cpus.is_subset(&node_cpus(&r.gpus[0])), "{r:?}: the block is beside its GPU");
+    // A second reservation holds the other GPU with a node.
+    let (r2, _) = h.reserve("big2", &two, 600).unwrap();
+    assert_eq!(r2.gpus.len(), 1);
+    assert_ne!(r2.gpus, r.gpus);
+    assert!(r2.cpus.is_subset(&node_cpus(&r2.gpus[0])), "{r2:?}");
+    h.unreserve("big2").unwrap();
+    // Others are not given the reserved GPU, and the free map and fit count it as taken.
+    let one = prepare(&topo, "affinity[core:gpus=1]", None, None).unwrap();
+    h.allocate("x", "affinity[core:gpus=1]", None, None, None, None).unwrap();
+    h.allocate("y", "affinity[core:gpus=1]", None, None, None, None).unwrap();
+    for job in ["x", "y"] {
+        assert_ne!(gpu_of(&h, job), r.gpus, "{job} was given big's reserved GPU");
+    }
+    let e = h.allocate("z", "affinity[core:gpus=1]", None, None, None, None).unwrap_err();
+    assert!(e.to_string().contains("needs 1 GPU(s) but only 0 are free"), "{e}");
+    assert!(h.snapshot().free_map().gpus.is_empty(), "the reserved GPU is not free to others");
+    assert!(h.snapshot().fit(&one).is_err());
+    // Killed and restarted: the reservation keeps its GPU; the named job gets it, in its block.
+    std::mem::forget(h);
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    h.set_clock(Arc::new(|| at(1_100)));
+    h.recover(BTreeMap::new()).unwrap();
+    assert_eq!(h.reservations(), std::slice::from_ref(&r));
+    let big = h.allocate("big", "affinity[core(2):gpus=1]", None, None, None, None).unwrap();
+    assert_eq!(gpu_of(&h, "big"), r.gpus);
+    assert!(big.cpus.is_subset(&r.cpus), "{} in the block {}", big.cpus, r.cpus);
+    assert!(h.reservations().is_empty());
+    // Every GPU in use: a reservation takes one whose job it then waits for, beside it.
+    let (r3, busy) = h.reserve("later", &two, 600).unwrap();
+    assert_eq!(r3.gpus.len(), 1);
+    assert!(r3.cpus.is_subset(&node_cpus(&r3.gpus[0])), "{r3:?}, busy {busy}");
+    let holder = ["x", "y", "big"].into_iter().find(|j| gpu_of(&h, j) == r3.gpus).unwrap();
+    let (r4, _) = h.reserve("later2", &two, 600).unwrap();
+    assert_ne!(r4.gpus, r3.gpus, "two blocks never share a GPU");
+    h.unreserve("later2").unwrap();
+    h.release(holder).unwrap();
+    assert!(
+        h.allocate("w", "affinity[core:gpus=1]", None, None, None, None).is_err(),
+        "kept for later"
+    );
+    h.allocate("later", "affinity[core(2):gpus=1]", None, None, None, None).unwrap();
+    assert_eq!(gpu_of(&h, "later"), r3.gpus);
+    h.ledger().check().unwrap();
+}
+
 /// Issue 33, topod chooses the GPUs (`gpus=`, no batch system naming them): each job gets free
 /// GPUs with its CPUs in their NUMA node; a GPU held is given to no other job (also after a
 /// restart) until its job ends; too few free is "does not fit", more than the host has "never";
@@ -2650,7 +2732,8 @@ fn two_packages_with_four_gpus() -> Topology {
 
 /// Issue 33 and issue 31's rule for `gpus=` requests: the plug-ins (from the free map's free
 /// GPUs) keep a host exactly when topod's allocate there chooses GPUs and places the job, on
-/// random mixes of GPU and CPU jobs.
+/// random mixes of GPU and CPU jobs, with reservations for `gpus=` jobs (which hold GPUs) made
+/// and claimed among them.
 #[test]
 fn the_plugins_keep_a_host_for_a_gpus_request_exactly_when_topod_places_it() {
     let topo = two_packages_with_four_gpus();
@@ -2668,11 +2751,13 @@ fn the_plugins_keep_a_host_for_a_gpus_request_exactly_when_topod_places_it() {
         "affinity[core(1):gpus=5]",
     ];
     let (mut kept_accepted, mut removed_refused, mut disagreements) = (0, 0, Vec::new());
+    let (mut reserved, mut claimed) = (0, 0);
     for seed in 1..=4u64 {
         let kernel = kernel_for(&topo);
         let mut h = host_on(&topo, &kernel, None);
         let mut rng = topo_core::bench::SplitMix::new(seed);
         let mut running: Vec<String> = Vec::new();
+        let mut waiting: Vec<(String, &str)> = Vec::new();
         for trial in 0..150 {
             for _ in 0..(rng.next_u64() % 3) {
                 let job = format!("j{seed}-{trial}-{}", rng.next_u64() % 1000);
@@ -2685,10 +2770,28 @@ fn the_plugins_keep_a_host_for_a_gpus_request_exactly_when_topod_places_it() {
                 let job = running.remove((rng.next_u64() as usize) % running.len());
                 h.release(&job).unwrap();
             }
-            let probe = shapes[(rng.next_u64() as usize) % shapes.len()];
-            let (kept, verdict) = plugin_verdict(&h, &topo, probe, 0);
-            let job = format!("p{seed}-{trial}");
+            // Now and then a block for a waiting gpus= job (at most two at once).
+            if h.reservations().len() < 2 && rng.next_u64() % 4 == 0 {
+                let job = format!("r{seed}-{trial}");
+                let shape = shapes[(rng.next_u64() as usize) % 5];
+                let prepared = prepare(&topo, shape, None, None).unwrap();
+                if h.reserve(&job, &prepared, 3600).is_ok() {
+                    reserved += 1;
+                    waiting.push((job, shape));
+                }
+            }
+            // The probe: a waiting job with a block, or a new one.
+            let (job, probe) = if !waiting.is_empty() && rng.next_u64() % 3 == 0 {
+                waiting.remove(0)
+            } else {
+                (format!("p{seed}-{trial}"), shapes[(rng.next_u64() as usize) % shapes.len()])
+            };
+            let (kept, verdict) = plugin_verdict_for(&h, &topo, probe, 0, Some(&job));
             let placed = h.allocate(&job, probe, None, None, None, None);
+            if job.starts_with('r') {
+                claimed += usize::from(placed.is_ok());
+                let _ = h.unreserve(&job);
+            }
             match (kept, &placed) {
                 (true, Ok(_)) => kept_accepted += 1,
                 (false, Err(_)) => removed_refused += 1,
@@ -2710,8 +2813,8 @@ fn the_plugins_keep_a_host_for_a_gpus_request_exactly_when_topod_places_it() {
         disagreements.join("\n")
     );
     assert!(
-        kept_accepted > 100 && removed_refused > 100,
-        "{kept_accepted} kept, {removed_refused} removed"
+        kept_accepted > 100 && removed_refused > 100 && reserved > 20 && claimed > 10,
+        "{kept_accepted} kept, {removed_refused} removed, {reserved} blocks, {claimed} claimed"
     );
 }
 
