@@ -65,7 +65,7 @@ JOB_ID_MAX_BYTES = 128
 # Every key topo.json may set, with its default. Unknown keys are refused.
 DEFAULTS = {
     "socket": "/run/topo/topod.sock",   # topod's Unix socket on the execution hosts
-    "topoctl": "/usr/bin/topoctl",   # on the PBS server host, for queuejob/modifyjob
+    "topoctl": "/usr/bin/topoctl",   # for queuejob/modifyjob, and a start whose request has gpus=
     "topo_exec": "/usr/bin/topo-exec",   # only with "launch": "topo-exec"
     "timeout_seconds": 20,              # per topod or topoctl call; keep below the hook's alarm
     "resource": "topology",             # the job's request: -l topology=... or in a select chunk
@@ -661,6 +661,10 @@ def check_request(request, config):
     raise HookError(cannot + "%s exited with status %s: %s" % (config["topoctl"], done.returncode, said))
 
 
+# What every request that asks for GPUs has (the parser reads keywords in any case).
+MAY_ASK_FOR_GPUS = re.compile(r"gpus\s*=", re.IGNORECASE)
+
+
 def refuse_gpus(request, answer, config):
     """Refuses a checked request that asks for GPUs (`gpus=n` per task): under PBS a job's GPUs
     are PBS's to give (ngpus, and the devices its cgroups hook assigns), and this hook does not
@@ -1049,9 +1053,10 @@ def on_begin(event, config):
         # PBS would count none of the CPUs the request takes here.
         raise HookError("%s=%s takes CPUs on %s but the job asked PBS for ncpus=0 there; ask for "
                         "the ncpus the request takes" % (config["resource"], shortened(request), host))
-    if "gpus" in request:
+    if MAY_ASK_FOR_GPUS.search(request):
         # Checked at qsub too; here for a job queued before the hook, or a default_request. Only
-        # a request with the word in it is parsed again: no process for every job's start.
+        # a request that may say gpus= (in any case, as the parser reads it) is parsed again:
+        # no process for every job's start (topoctl comes with topod, which topo-pbs needs).
         refuse_gpus(request, check_request(request, config), config)
     topod = Topod(config)
     try:

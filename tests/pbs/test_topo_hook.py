@@ -555,11 +555,21 @@ class JobLifeTest(HookTestCase):
         refused = self.run_event("execjob_begin", job=mom_job("62.server", ncpus=1), vnode_list={HOST: {}})
         self.assert_rejected(refused, "gpus=1", "ask PBS for GPUs")
         self.assertEqual(self.topod.jobs(), [])
-        # The word alone is no refusal: a request without gpus= starts.
-        self.write_config()
-        started = mom_job("63.server", ncpus=1, topology="affinity[thread:gpubind=any]")
-        self.assert_accepted(self.run_event("execjob_begin", job=started, vnode_list={HOST: {}}))
-        self.topod.call("release", job="pbs-63.server")
+        # In any case, as the parser reads it, job-wide or in a select chunk (an attack finding:
+        # GPUS= was given GPUs at the start).
+        for jid, job in [("64.server", mom_job("64.server", ncpus=2, topology="affinity[thread:GPUS=1]")),
+                         ("65.server", mom_job("65.server", ncpus=2, topology="AFFINITY[core: Gpus =1]", in_select=True))]:
+            refused = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+            self.assert_rejected(refused, "refused: gpus=1", "ask PBS for GPUs")
+        self.assertEqual(self.topod.jobs(), [])
+        # The word alone is no refusal: a request without gpus= starts, also where topoctl
+        # cannot run (it is not asked).
+        self.write_config(topoctl=os.path.join(self.dir, "no-topoctl"))
+        for jid, request in [("63.server", "affinity[thread:gpubind=any]"),
+                             ("66.server", "CPUSET[CPUSET_NAME=mygpus] affinity[thread]")]:
+            started = mom_job(jid, ncpus=1, topology=request)
+            self.assert_accepted(self.run_event("execjob_begin", job=started, vnode_list={HOST: {}}))
+            self.topod.call("release", job="pbs-" + jid)
 
     def test_topods_gang_rows_never_slice_a_pbs_job(self):
         # PBS would count the frozen time against the job's walltime.

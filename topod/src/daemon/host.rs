@@ -1238,6 +1238,16 @@ impl Host {
                     tracing::warn!("job {job}: given GPU {gpu}, which job {other} holds too");
                 }
             }
+            let now = self.now_s();
+            for r in self.reservations.values().filter(|r| r.job != job && r.live(now)) {
+                for gpu in prepared.gpus.iter().filter(|g| r.gpus.contains(g)) {
+                    tracing::warn!(
+                        "job {job}: given GPU {gpu}, which job {}'s reservation holds; while this job holds it, job {} is given free GPUs instead of its reserved ones",
+                        r.job,
+                        r.job
+                    );
+                }
+            }
         }
         if prepared.starts_suspended {
             return self.allocate_suspended(job, prepared, |host| {

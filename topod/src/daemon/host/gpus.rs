@@ -115,7 +115,8 @@ impl Host {
             None => {
                 kept.extend(own.iter().cloned());
                 let topo = &self.topo;
-                pick_gpus(topo, &self.model, &occupancy, &kept, request, self.strategy, job)?
+                pick_gpus(topo, &self.model, &occupancy, &kept, request, self.strategy, job)
+                    .map_err(|e| self.naming_gpu_reservations(e, job, &occupancy, request))?
             }
         };
         let mut chosen = prepared.clone();
@@ -128,6 +129,58 @@ impl Host {
             chosen.near_gpus.as_ref().map_or_else(|| "anywhere".to_string(), CpuSet::to_string)
         );
         Ok(Some(chosen))
+    }
+}
+
+impl Host {
+    /// `refused` (a job's GPUs not found) with `; it would fit without job J's reservation
+    /// (GPU(s) ...)` when the GPUs other jobs' reservations hold are what keeps it out, as a
+    /// refusal names the blocks that keep CPUs out: the free GPUs a batch system counts are
+    /// not all free to the job, and an administrator sees why.
+    fn naming_gpu_reservations(
+        &self,
+        refused: HostError,
+        job: &str,
+        occupancy: &place::Occupancy,
+        request: &Request,
+    ) -> HostError {
+        let HostError::DoesNotFit { job: who, source, held_back } = refused else {
+            return refused;
+        };
+        let now = self.now_s();
+        let holding: Vec<_> = self
+            .reservations
+            .values()
+            .filter(|r| r.job != job && r.live(now) && !r.gpus.is_empty())
+            .collect();
+        let mut held_back = held_back;
+        if held_back.is_empty()
+            && !holding.is_empty()
+            && pick_gpus(
+                &self.topo,
+                &self.model,
+                occupancy,
+                &self.held_gpus(),
+                request,
+                self.strategy,
+                job,
+            )
+            .is_ok()
+        {
+            let named: Vec<String> = holding
+                .iter()
+                .map(|r| {
+                    format!(
+                        "job {}'s reservation (GPU(s) {}, for {} s more)",
+                        r.job,
+                        r.gpus.join(", "),
+                        (r.expires_at - now).max(0)
+                    )
+                })
+                .collect();
+            held_back = format!("; it would fit without {}", named.join(" and "));
+        }
+        HostError::DoesNotFit { job: who, source, held_back }
     }
 }
 

@@ -2586,6 +2586,13 @@ fn a_reservation_for_gpus_holds_them_beside_its_block_until_its_job_takes_them()
     }
     let e = h.allocate("z", "affinity[core:gpus=1]", None, None, None, None).unwrap_err();
     assert!(e.to_string().contains("needs 1 GPU(s) but only 0 are free"), "{e}");
+    assert!(
+        e.to_string().contains(&format!(
+            "; it would fit without job big's reservation (GPU(s) {}, for 600 s more)",
+            r.gpus[0]
+        )),
+        "{e}"
+    );
     assert!(h.snapshot().free_map().gpus.is_empty(), "the reserved GPU is not free to others");
     assert!(h.snapshot().fit(&one).is_err());
     // Killed and restarted: the reservation keeps its GPU; the named job gets it, in its block.
