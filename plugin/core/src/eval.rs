@@ -49,6 +49,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use topo_core::cpuset::CpuSet;
 use topo_core::defrag;
+use topo_core::gpus::GpuSite;
 use topo_core::place::model::HostModel;
 use topo_core::place::{self, Occupancy, PlaceError};
 use topo_core::request::Request;
@@ -438,22 +439,13 @@ fn evaluate_outside_pools(
     }
     // A gpus= request is placed beside the free GPUs topod would choose for it; in its own
     // block when that holds its GPUs (topod gives it those, and the block lies beside them).
-    let own_gpus: Vec<topo_core::gpus::GpuSite> = state
-        .blocks
-        .iter()
-        .filter(|b| b.live(ctx.epoch_s) && who.owns(b))
-        .flat_map(|b| b.gpus.iter().cloned())
-        .collect();
-    let placed = |occupancy: &Occupancy, own: CpuSet, own_gpus: &[topo_core::gpus::GpuSite]| {
-        // Its own reserved GPUs first, as topod gives them; else free ones.
-        let beside = match beside_free_gpus(model, own_gpus, occupancy, request) {
-            Ok(near) if !own_gpus.is_empty() => Ok(near),
-            _ => beside_free_gpus(model, &state.gpus, occupancy, request),
-        };
-        let request = match beside {
+    let own_gpus = own_block_gpus(ctx, state, who);
+    let free_gpus = ctx.reservations.untaken_gpus(host, &state.gpus);
+    let placed = |occupancy: &Occupancy, own: CpuSet, own_gpus: &[GpuSite]| {
+        let request = match gpu_choice(model, &free_gpus, own_gpus, occupancy, request) {
             Err(no) => return Verdict::NoFit(no),
-            Ok(Some(near)) => near,
-            Ok(None) => request.clone(),
+            Ok((Some(near), _)) => near,
+            Ok((None, _)) => request.clone(),
         };
         evaluate_placed(ctx, state, model, occupancy, own, &request)
     };
@@ -478,18 +470,66 @@ fn evaluate_outside_pools(
     placed(&occupancy, own, &own_gpus)
 }
 
-/// For a `gpus=` request (GPUs per task, chosen by topod): the request kept to the CPUs near
-/// the GPUs among `gpus` (the free map's free ones, or those the job's own blocks hold) topod
-/// would choose on this host ([`topo_core::gpus::choose_among`]), `None` where it runs anywhere (no `gpus=`, `gpubind=any`, a GPU of
-/// unknown place); refused where too few GPUs are free or its CPUs fit beside none.
-fn beside_free_gpus(
+/// The GPUs topod's reservations hold for `who` in its own live blocks on a host in `state`.
+fn own_block_gpus(ctx: &Context<'_>, state: &HostState, who: Claimant) -> Vec<GpuSite> {
+    state
+        .blocks
+        .iter()
+        .filter(|b| b.live(ctx.epoch_s) && who.owns(b))
+        .flat_map(|b| b.gpus.iter().cloned())
+        .collect()
+}
+
+/// Where a `gpus=` request goes and the GPUs it takes, as topod chooses them: among those its
+/// own blocks hold (`own`) first, else among the free ones (`free`: topod's free map's, less
+/// those tentatively reserved for other dispatches). See [`beside_free_gpus`].
+fn gpu_choice(
     model: &HostModel,
-    gpus: &[topo_core::gpus::GpuSite],
+    free: &[GpuSite],
+    own: &[GpuSite],
     occupancy: &Occupancy,
     request: &Request,
-) -> Result<Option<Request>, NoFit> {
+) -> Result<(Option<Request>, Vec<GpuSite>), NoFit> {
+    match beside_free_gpus(model, own, occupancy, request) {
+        Ok(chosen) if !own.is_empty() => Ok(chosen),
+        _ => beside_free_gpus(model, free, occupancy, request),
+    }
+}
+
+/// The GPUs `who`'s `request` takes on `host` where [`evaluate`] finds it fits (none for a
+/// request without `gpus=`): what a dispatch there reserves, so that the next job does not
+/// count them as free ([`crate::reserve`]).
+pub fn gpus_taken(
+    ctx: &Context<'_>,
+    host: HostId,
+    request: &Request,
+    who: Claimant,
+) -> Vec<GpuSite> {
+    if request.gpus_per_task.is_none() {
+        return Vec::new();
+    }
+    let Some(state) = ctx.cache.host(host).state.as_ref() else { return Vec::new() };
+    let (occupancy, _) = occupancy_for(ctx, host, state, who);
+    let free = ctx.reservations.untaken_gpus(host, &state.gpus);
+    let own = own_block_gpus(ctx, state, who);
+    gpu_choice(ctx.cache.model(state), &free, &own, &occupancy, request)
+        .map(|(_, gpus)| gpus)
+        .unwrap_or_default()
+}
+
+/// For a `gpus=` request (GPUs per task, chosen by topod): the request kept to the CPUs near
+/// the GPUs among `gpus` (the free map's free ones, or those the job's own blocks hold) topod
+/// would choose on this host ([`topo_core::gpus::choose_among`]), `None` where it runs anywhere
+/// (no `gpus=`, `gpubind=any`, a GPU of unknown place), with the GPUs it takes; refused where
+/// too few GPUs are free or its CPUs fit beside none.
+fn beside_free_gpus(
+    model: &HostModel,
+    gpus: &[GpuSite],
+    occupancy: &Occupancy,
+    request: &Request,
+) -> Result<(Option<Request>, Vec<GpuSite>), NoFit> {
     use topo_core::request::{GpuBind, Level};
-    let Some(per_task) = request.gpus_per_task else { return Ok(None) };
+    let Some(per_task) = request.gpus_per_task else { return Ok((None, Vec::new())) };
     if request.is_malleable() {
         return Err(NoFit::Gpus(format!(
             "gpus={per_task} with a task range: a job's GPUs do not grow or shrink with it"
@@ -512,27 +552,27 @@ fn beside_free_gpus(
     );
     let Some((picked, _)) = chosen else {
         if request.gpubind == Some(GpuBind::Any) {
-            // Anywhere, as topod places it when it fits beside none.
-            return Ok(None);
+            // Anywhere, as topod places it when it fits beside none (with the first GPUs).
+            return Ok((None, gpus[..wanted].to_vec()));
         }
         return Err(NoFit::Gpus(format!(
             "gpus={per_task}: its CPUs do not fit beside any {wanted} of the {free} free GPU(s)"
         )));
     };
+    let taken: Vec<GpuSite> = picked.iter().map(|&g| gpus[g].clone()).collect();
     if request.gpubind == Some(GpuBind::Any) {
-        return Ok(None);
+        return Ok((None, taken));
     }
     let level = if request.gpubind == Some(GpuBind::Socket) { Level::Socket } else { Level::Numa };
     let mut near = CpuSet::new();
-    for g in picked {
-        let site = &gpus[g];
+    for site in &taken {
         let cpus = if level == Level::Socket { &site.socket } else { &site.numa };
         match cpus {
             Some(cpus) => near.union_with(cpus),
-            None => return Ok(None),
+            None => return Ok((None, taken)),
         }
     }
-    Ok(topo_core::gpus::within(request, &near))
+    Ok((topo_core::gpus::within(request, &near), taken))
 }
 
 /// The verdict for `request` on a host in `state` whose CPUs the claimant may not use are

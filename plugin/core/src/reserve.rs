@@ -1,5 +1,5 @@
-//! Tentative reservations: CPUs the scheduler has given a job on a host that the host's
-//! topod has not reported yet. Without them, two jobs dispatched in one scheduling session (or
+//! Tentative reservations: CPUs (and, for a `gpus=` request, GPUs) the scheduler has given a
+//! job on a host that the host's topod has not reported yet. Without them, two jobs dispatched in one scheduling session (or
 //! before the next refresh) would both be matched against the same free CPUs.
 //!
 //! A dispatch ([`Reservations::dispatch`]) always ends in one of three ways: the job's CPUs are
@@ -15,9 +15,12 @@
 use crate::cache::{HostCache, HostId};
 use crate::config::Unreachable;
 use crate::eval::{self, Admission, Claimant, Context, NoFit, Verdict};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use topo_core::cpuset::CpuSet;
+use topo_core::gpus::GpuSite;
+use topo_core::place;
 use topo_core::request::Request;
 
 /// One job's reservation on one host.
@@ -27,6 +30,8 @@ pub struct Reservation {
     pub host: HostId,
     /// The CPUs the placement core chose there.
     pub cpus: CpuSet,
+    /// The GPUs it takes there, by where they are (a `gpus=` request's, as topod chooses).
+    pub gpus: Vec<GpuSite>,
     /// When it was made (or replayed).
     pub made: Instant,
 }
@@ -76,6 +81,8 @@ pub struct Reservations {
     /// not a scan: a job may be dispatched to thousands of hosts not known yet).
     pending: BTreeMap<(String, Box<str>), Pending>,
     by_host: HashMap<HostId, CpuSet>,
+    /// The GPUs reserved on each host that has any (few: only `gpus=` dispatches).
+    gpus_by_host: HashMap<HostId, Vec<GpuSite>>,
     /// Indexed by host: looked up for every candidate of every match, so no hashing.
     versions: Vec<u32>,
 }
@@ -88,10 +95,35 @@ impl Reservations {
 
     /// Records that `job` was given `cpus` on `host`, replacing what it had there.
     pub fn reserve(&mut self, job: &str, host: HostId, cpus: CpuSet, now: Instant) {
+        self.reserve_with_gpus(job, host, cpus, Vec::new(), now);
+    }
+
+    /// [`reserve`](Self::reserve), with the GPUs the job takes there.
+    pub fn reserve_with_gpus(
+        &mut self,
+        job: &str,
+        host: HostId,
+        cpus: CpuSet,
+        gpus: Vec<GpuSite>,
+        now: Instant,
+    ) {
         let list = self.by_job.entry(job.to_string()).or_default();
         list.retain(|r| r.host != host);
-        list.push(Reservation { host, cpus, made: now });
+        list.push(Reservation { host, cpus, gpus, made: now });
         self.recompute(host);
+    }
+
+    /// `free` (a host's free GPUs as topod reported them) less those reserved there, one for
+    /// one by where they are (GPUs at the same place are alike to a placement).
+    pub fn untaken_gpus<'a>(&self, host: HostId, free: &'a [GpuSite]) -> Cow<'a, [GpuSite]> {
+        let Some(taken) = self.gpus_by_host.get(&host) else { return Cow::Borrowed(free) };
+        let mut left = free.to_vec();
+        for site in taken {
+            if let Some(i) = left.iter().position(|g| g == site) {
+                left.remove(i);
+            }
+        }
+        Cow::Owned(left)
     }
 
     /// Forgets `job` everywhere (deallocation), pending dispatches included; returns whether it
@@ -189,8 +221,10 @@ impl Reservations {
             let least = eval::min_cpus(request);
             free.take_first(if least > model.allocatable.len() { 0 } else { least })
         };
+        let mut gpus = Vec::new();
         let outcome = match eval::evaluate(&ctx, id, request, who) {
             Verdict::Fits { cpus, .. } | Verdict::InPeersBlock { cpus, .. } => {
+                gpus = eval::gpus_taken(&ctx, id, request, who);
                 Dispatched::Reserved(cpus)
             }
             // topod chooses (it moves jobs, or the job names a pool that admits it by name).
@@ -203,8 +237,16 @@ impl Reservations {
             }
             _ => CpuSet::new(),
         };
-        if !cpus.is_empty() {
-            self.reserve(job, id, cpus, made);
+        if gpus.is_empty() {
+            // Not placed beside GPUs: the first free ones it asks for, held as its CPUs are.
+            let wanted = request.gpus_per_task.map_or(0, |per_task| {
+                per_task as usize * request.tasks.unwrap_or(place::DEFAULT_TASKS) as usize
+            });
+            let free = self.untaken_gpus(id, &state.gpus);
+            gpus = free.iter().take(wanted).cloned().collect();
+        }
+        if !cpus.is_empty() || !gpus.is_empty() {
+            self.reserve_with_gpus(job, id, cpus, gpus, made);
         }
         outcome
     }
@@ -303,6 +345,18 @@ impl Reservations {
             self.by_host.remove(&host);
         } else {
             self.by_host.insert(host, union);
+        }
+        let gpus: Vec<GpuSite> = self
+            .by_job
+            .values()
+            .flatten()
+            .filter(|r| r.host == host)
+            .flat_map(|r| r.gpus.iter().cloned())
+            .collect();
+        if gpus.is_empty() {
+            self.gpus_by_host.remove(&host);
+        } else {
+            self.gpus_by_host.insert(host, gpus);
         }
     }
 }

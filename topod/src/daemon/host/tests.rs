@@ -2825,6 +2825,55 @@ fn the_plugins_keep_a_host_for_a_gpus_request_exactly_when_topod_places_it() {
     );
 }
 
+/// From the attack on GPU reservations: the LSF module's tentative reservation for a job it
+/// dispatched (held until topod's free map reports the job) holds the GPUs the job takes, as it
+/// holds its CPUs: a second `gpus=` job is not matched to the same GPU, which topod would refuse.
+#[test]
+fn the_plugins_dispatch_holds_the_gpus_its_job_takes_until_topod_reports_it() {
+    use topo_plugin_core::eval::{self, NoFit, Verdict};
+    use topo_plugin_core::reserve::Dispatched;
+    use topo_plugin_core::{Address, Claimant, HostCache, Reservations, Unreachable};
+    let topo = two_packages_with_four_gpus();
+    let kernel = kernel_for(&topo);
+    let mut h = host_on(&topo, &kernel, None);
+    for job in ["a", "b", "c"] {
+        h.allocate(job, "affinity[core(2):gpus=1]", None, None, None, None).unwrap();
+    }
+    let wire = serde_json::to_value(h.snapshot().free_map()).unwrap();
+    let free: topo_plugin_core::cache::FreeMap = serde_json::from_value(wire).unwrap();
+    assert_eq!(free.gpus.len(), 1);
+    let mut cache = HostCache::new();
+    let id = cache.add("h", Address::Unix("/nowhere".into()));
+    let now = std::time::Instant::now();
+    cache.update(id, Some(&topo), free, now).unwrap();
+    let mut reservations = Reservations::new();
+    let mut req = topo_core::request::parse("affinity[core(2):gpus=1]").unwrap();
+    req.tasks = Some(1);
+    let dispatched = reservations.dispatch(&cache, "lsf-x", "h", &req, now);
+    assert!(matches!(dispatched, Dispatched::Reserved(_)), "{dispatched:?}");
+    assert_eq!(reservations.of_job("lsf-x")[0].gpus.len(), 1);
+    let verdict_for_y = |reservations: &Reservations| {
+        let ctx = eval::Context {
+            cache: &cache,
+            reservations,
+            now,
+            epoch_s: 0,
+            stale_after: Duration::from_secs(3600),
+            unreachable: Unreachable::Closed,
+        };
+        eval::evaluate(&ctx, id, &req, Claimant::job("lsf-y"))
+    };
+    let y = verdict_for_y(&reservations);
+    assert!(matches!(y, Verdict::NoFit(NoFit::Gpus(_))), "{y:?}");
+    // topod agrees: x takes the last GPU, and y then does not fit.
+    h.allocate("lsf-x", "affinity[core(2):gpus=1]", None, None, None, None).unwrap();
+    assert!(h.allocate("lsf-y", "affinity[core(2):gpus=1]", None, None, None, None).is_err());
+    // Without x's dispatch (released), the module would have sent y there too.
+    reservations.release("lsf-x");
+    let y = verdict_for_y(&reservations);
+    assert!(matches!(y, Verdict::Fits { .. }), "{y:?}");
+}
+
 /// From the second attack on `gpus=`: `gpubind=any` runs anywhere once no free GPU has room
 /// beside it (and `fit` says the same); a job found in its cgroup without a record (topod died
 /// before writing it) gets its GPUs chosen when the batch system asks again, and its device
