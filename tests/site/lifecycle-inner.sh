@@ -12,8 +12,10 @@ mkdir -p /root/result
 exec > /root/result/log 2>&1
 FAILED=0
 SUBTREE=topo-site-test
-ok() { echo "  ok: $*"; }
-fail() { echo "  FAIL: $*"; FAILED=$((FAILED + 1)); }
+# Each check's line ends with the seconds since the last one (where a slow boot spends its time).
+LAST_CHECK=$SECONDS
+ok() { local t=$((SECONDS - LAST_CHECK)); LAST_CHECK=$SECONDS; echo "  ok: $* (+$t s)"; }
+fail() { local t=$((SECONDS - LAST_CHECK)); LAST_CHECK=$SECONDS; echo "  FAIL: $* (+$t s)"; FAILED=$((FAILED + 1)); }
 check() { local what=$1; shift; if "$@"; then ok "$what"; else fail "$what"; fi; }
 log() { echo "[$(date +%T)] $*"; }
 finish() {
