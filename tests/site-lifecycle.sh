@@ -96,12 +96,12 @@ ExecStart=/root/lifecycle.sh
 EOF
     mkdir -p "$root/etc/systemd/system/default.target.wants"
     ln -sf /etc/systemd/system/topo-lifecycle.service "$root/etc/systemd/system/default.target.wants/topo-lifecycle.service"
-    # A host name without "topo" in it: Slurm names systemd scopes after it, and the purge check
-    # looks for every file named topo*.
     # No man-db index update after each dpkg run (Debian's trigger, on while this file exists):
     # under emulated CPUs it only lengthens the boot, and `man topod` is checked on the host
     # (tests/deb-roundtrip.sh).
     rm -f "$root/var/lib/man-db/auto-update"
+    # A host name without "topo" in it: Slurm names systemd scopes after it, and the purge check
+    # looks for every file named topo*.
     echo "sitenode" > "$root/etc/hostname"
     printf '127.0.0.1 localhost\n127.0.1.1 sitenode\n' > "$root/etc/hosts"
     if [ "$pbs_rc" -ne 0 ]; then

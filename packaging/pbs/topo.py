@@ -641,7 +641,7 @@ def check_request(request, config):
     try:
         done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=config["timeout_seconds"])
     except OSError as e:
-        raise HookError(cannot + "cannot run %s: %s (install topoctl on the PBS server host or set \"topoctl\" in topo.json)"
+        raise HookError(cannot + "cannot run %s: %s (install topoctl on this host: it comes in the topod package; or set \"topoctl\" in topo.json)"
                         % (config["topoctl"], e))
     except subprocess.TimeoutExpired:
         raise HookError(cannot + "%s took longer than %s s" % (config["topoctl"], config["timeout_seconds"]))

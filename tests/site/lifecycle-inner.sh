@@ -17,7 +17,9 @@ LAST_CHECK=$SECONDS
 ok() { local t=$((SECONDS - LAST_CHECK)); LAST_CHECK=$SECONDS; echo "  ok: $* (+$t s)"; }
 fail() { local t=$((SECONDS - LAST_CHECK)); LAST_CHECK=$SECONDS; echo "  FAIL: $* (+$t s)"; FAILED=$((FAILED + 1)); }
 check() { local what=$1; shift; if "$@"; then ok "$what"; else fail "$what"; fi; }
-log() { echo "[$(date +%T)] $*"; }
+# Each section's line flushes the log: the root is mounted with 9p cache=loose in the QEMU
+# guest, and a guest stopped at its time limit must still leave what it did.
+log() { echo "[$(date +%T)] $*"; sync /root/result/log 2>/dev/null; }
 finish() {
     echo "$FAILED" > /root/result/rc
     log "done: $FAILED failure(s)"

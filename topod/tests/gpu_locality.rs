@@ -588,4 +588,22 @@ fn a_reservation_for_gpus_holds_them_across_a_restart_until_its_job_takes_them()
     assert_eq!(gpus, ["0000:86:00.0", "0000:87:00.0"], "{jobs}");
     let (_, listed) = topoctl(&["reservations", "--socket", d.socket.to_str().unwrap()]);
     assert!(listed.contains("no topology reservations"), "{listed}");
+    // A block whose GPUs a running job holds drains with it, and says so.
+    let socket = d.socket.to_str().unwrap();
+    let (done, said) = topoctl(&[
+        "reserve",
+        "--socket",
+        socket,
+        "--job",
+        "later",
+        "--for",
+        "1h",
+        "affinity[core(2):gpus=2]",
+    ]);
+    assert!(done, "{said}");
+    assert!(
+        said.contains("and GPU(s) 0000:86:00.0, 0000:87:00.0 reserved for 3600 s;")
+            && said.contains("GPU(s) 0000:86:00.0, 0000:87:00.0 are busy until their jobs end"),
+        "{said}"
+    );
 }

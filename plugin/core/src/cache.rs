@@ -102,8 +102,9 @@ pub struct HostState {
     /// The prime-time pools open as of topod's last look (empty on most hosts): their CPUs are
     /// for the jobs they admit only ([`crate::eval`], "Prime-time pools").
     pub pools: Box<[OpenPool]>,
-    /// The GPUs no job holds, by where they are (empty on hosts without GPUs): a `gpus=`
-    /// request is fitted beside them as topod chooses ([`topo_core::gpus::choose_among`]).
+    /// The GPUs no job and no reservation holds, by where they are (empty on hosts without
+    /// GPUs): a `gpus=` request is fitted beside them as topod chooses
+    /// ([`topo_core::gpus::choose_among`]).
     pub gpus: Box<[topo_core::gpus::GpuSite]>,
 }
 

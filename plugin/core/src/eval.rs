@@ -444,8 +444,8 @@ fn evaluate_outside_pools(
     let placed = |occupancy: &Occupancy, own: CpuSet, own_gpus: &[GpuSite]| {
         let request = match gpu_choice(model, &free_gpus, own_gpus, occupancy, request) {
             Err(no) => return Verdict::NoFit(no),
-            Ok((Some(near), _)) => near,
-            Ok((None, _)) => request.clone(),
+            Ok((Some(near), _, _)) => near,
+            Ok((None, _, _)) => request.clone(),
         };
         evaluate_placed(ctx, state, model, occupancy, own, &request)
     };
@@ -482,23 +482,26 @@ fn own_block_gpus(ctx: &Context<'_>, state: &HostState, who: Claimant) -> Vec<Gp
 
 /// Where a `gpus=` request goes and the GPUs it takes, as topod chooses them: among those its
 /// own blocks hold (`own`) first, else among the free ones (`free`: topod's free map's, less
-/// those tentatively reserved for other dispatches). See [`beside_free_gpus`].
+/// those tentatively reserved for other dispatches). See [`beside_free_gpus`]. The flag says
+/// the GPUs are its own blocks'.
 fn gpu_choice(
     model: &HostModel,
     free: &[GpuSite],
     own: &[GpuSite],
     occupancy: &Occupancy,
     request: &Request,
-) -> Result<(Option<Request>, Vec<GpuSite>), NoFit> {
+) -> Result<(Option<Request>, Vec<GpuSite>, bool), NoFit> {
     match beside_free_gpus(model, own, occupancy, request) {
-        Ok(chosen) if !own.is_empty() => Ok(chosen),
-        _ => beside_free_gpus(model, free, occupancy, request),
+        Ok((near, gpus)) if !own.is_empty() => Ok((near, gpus, true)),
+        _ => beside_free_gpus(model, free, occupancy, request)
+            .map(|(near, gpus)| (near, gpus, false)),
     }
 }
 
-/// The GPUs `who`'s `request` takes on `host` where [`evaluate`] finds it fits (none for a
-/// request without `gpus=`): what a dispatch there reserves, so that the next job does not
-/// count them as free ([`crate::reserve`]).
+/// The free GPUs `who`'s `request` takes on `host` where [`evaluate`] finds it fits: what a
+/// dispatch there reserves, so that the next job does not count them as free
+/// ([`crate::reserve`]). None for a request without `gpus=`, or one that takes GPUs its own
+/// blocks hold (topod's free map counts those apart already).
 pub fn gpus_taken(
     ctx: &Context<'_>,
     host: HostId,
@@ -512,9 +515,19 @@ pub fn gpus_taken(
     let (occupancy, _) = occupancy_for(ctx, host, state, who);
     let free = ctx.reservations.untaken_gpus(host, &state.gpus);
     let own = own_block_gpus(ctx, state, who);
-    gpu_choice(ctx.cache.model(state), &free, &own, &occupancy, request)
-        .map(|(_, gpus)| gpus)
-        .unwrap_or_default()
+    match gpu_choice(ctx.cache.model(state), &free, &own, &occupancy, request) {
+        Ok((_, gpus, false)) => gpus,
+        _ => Vec::new(),
+    }
+}
+
+/// Whether `who`'s own live blocks on `host` hold GPUs (which topod gives it first).
+pub fn holds_own_gpus(ctx: &Context<'_>, host: HostId, who: Claimant) -> bool {
+    ctx.cache
+        .host(host)
+        .state
+        .as_ref()
+        .is_some_and(|state| !own_block_gpus(ctx, state, who).is_empty())
 }
 
 /// For a `gpus=` request (GPUs per task, chosen by topod): the request kept to the CPUs near

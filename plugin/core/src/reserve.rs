@@ -221,10 +221,14 @@ impl Reservations {
             let least = eval::min_cpus(request);
             free.take_first(if least > model.allocatable.len() { 0 } else { least })
         };
-        let mut gpus = Vec::new();
+        // The GPUs it takes from the free ones: as topod chooses them where it fits; otherwise
+        // the first free ones it asks for, as its CPUs (none where its own blocks hold GPUs:
+        // topod gives it those).
+        let own_gpus = eval::holds_own_gpus(&ctx, id, who);
+        let mut gpus = None;
         let outcome = match eval::evaluate(&ctx, id, request, who) {
             Verdict::Fits { cpus, .. } | Verdict::InPeersBlock { cpus, .. } => {
-                gpus = eval::gpus_taken(&ctx, id, request, who);
+                gpus = Some(eval::gpus_taken(&ctx, id, request, who));
                 Dispatched::Reserved(cpus)
             }
             // topod chooses (it moves jobs, or the job names a pool that admits it by name).
@@ -237,14 +241,15 @@ impl Reservations {
             }
             _ => CpuSet::new(),
         };
-        if gpus.is_empty() {
-            // Not placed beside GPUs: the first free ones it asks for, held as its CPUs are.
-            let wanted = request.gpus_per_task.map_or(0, |per_task| {
-                per_task as usize * request.tasks.unwrap_or(place::DEFAULT_TASKS) as usize
-            });
-            let free = self.untaken_gpus(id, &state.gpus);
-            gpus = free.iter().take(wanted).cloned().collect();
-        }
+        let gpus = gpus.unwrap_or_else(|| {
+            let wanted = match request.gpus_per_task {
+                Some(per_task) if !own_gpus => {
+                    per_task as usize * request.tasks.unwrap_or(place::DEFAULT_TASKS) as usize
+                }
+                _ => 0,
+            };
+            self.untaken_gpus(id, &state.gpus).iter().take(wanted).cloned().collect()
+        });
         if !cpus.is_empty() || !gpus.is_empty() {
             self.reserve_with_gpus(job, id, cpus, gpus, made);
         }

@@ -600,6 +600,10 @@ pub mod reply {
         pub reservation: crate::reservation::Reservation,
         /// CPUs of the block that running jobs hold now: it is the job's once they end.
         pub busy: CpuSet,
+        /// The reservation's GPUs that running jobs hold now (PCI addresses): the job's once
+        /// they end.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub busy_gpus: Vec<String>,
     }
 
     /// `join`.

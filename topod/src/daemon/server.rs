@@ -960,8 +960,15 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
                 Ok(p) => p,
                 Err(e) => return error_reply(&e),
             };
-            match server.lock().reserve(&job, &prepared, expires_in_s) {
-                Ok((reservation, busy)) => ok(proto::reply::Reserve { reservation, busy }),
+            let mut host = server.lock();
+            match host.reserve(&job, &prepared, expires_in_s) {
+                Ok((reservation, busy)) => {
+                    let held = host.held_gpus();
+                    drop(host);
+                    let busy_gpus =
+                        reservation.gpus.iter().filter(|g| held.contains(*g)).cloned().collect();
+                    ok(proto::reply::Reserve { reservation, busy, busy_gpus })
+                }
                 Err(e) => error_reply(&e),
             }
         }

@@ -235,20 +235,23 @@ pub(crate) fn reserve_and_print(
     } else {
         format!(" and GPU(s) {}", r.reservation.gpus.join(", "))
     };
-    if r.busy.is_empty() {
-        println!(
-            "job {}: CPUs {}{gpus} reserved for {until} s; all CPUs free now",
-            r.reservation.job, r.reservation.cpus
-        );
-    } else {
-        println!(
-            "job {}: CPUs {}{gpus} reserved for {until} s; {} of the CPUs ({}) are busy until their jobs end",
-            r.reservation.job,
-            r.reservation.cpus,
-            r.busy.len(),
-            r.busy
-        );
+    // What running jobs still hold of it, CPUs and GPUs.
+    let mut busy = Vec::new();
+    if !r.busy.is_empty() {
+        busy.push(format!("{} of the CPUs ({})", r.busy.len(), r.busy));
     }
+    if !r.busy_gpus.is_empty() {
+        busy.push(format!("GPU(s) {}", r.busy_gpus.join(", ")));
+    }
+    let now = if busy.is_empty() {
+        "all free now".to_string()
+    } else {
+        format!("{} are busy until their jobs end", busy.join(" and "))
+    };
+    println!(
+        "job {}: CPUs {}{gpus} reserved for {until} s; {now}",
+        r.reservation.job, r.reservation.cpus
+    );
     Ok(())
 }
 

@@ -82,7 +82,12 @@ impl Host {
             let pick = |occupancy: &Occupancy, kept: &BTreeSet<String>| {
                 pick_gpus(&self.topo, &self.model, occupancy, kept, &request, self.strategy, job)
             };
-            let chosen = pick(&free_now, &in_use).or_else(|_| pick(&only_blocks, &reserved))?;
+            // Where neither works, the refusal is the one about the GPUs free now (the other's
+            // list of "free" GPUs would name GPUs jobs hold).
+            let chosen = match pick(&free_now, &in_use) {
+                Ok(chosen) => chosen,
+                Err(now) => pick(&only_blocks, &reserved).map_err(|_| now)?,
+            };
             if let Some(near) = chosen.near.filter(|_| request.gpubind != Some(GpuBind::Any)) {
                 let base = request.cpu_list.as_ref().unwrap_or(&self.model.allocatable);
                 request.cpu_list = Some(base.intersection(&near));
@@ -126,7 +131,7 @@ impl Host {
             gpus = %r.gpus.join(","),
             "job {job}: CPUs {}{} reserved for {expires_in_s} s ({} of them busy now)",
             r.cpus,
-            if r.gpus.is_empty() { String::new() } else { format!(" and GPU(s) {}", r.gpus.join(", ")) },
+            gpus_named(&r),
             busy.len()
         );
         Ok((r, busy))
@@ -141,7 +146,7 @@ impl Host {
             self.reservations.insert(job.into(), r);
             return Err(e);
         }
-        tracing::info!(event = "unreserved", job = %job, "job {job}: reservation of CPUs {} dropped", r.cpus);
+        tracing::info!(event = "unreserved", job = %job, "job {job}: reservation of CPUs {}{} dropped", r.cpus, gpus_named(&r));
         Ok(r)
     }
 
@@ -171,7 +176,7 @@ impl Host {
     /// The job's allocate spent its reservation.
     pub(crate) fn claim_reservation(&mut self, job: &str) {
         if let Some(r) = self.reservations.remove(job) {
-            tracing::info!(event = "reservation_claimed", job = %job, "job {job}: its reservation of CPUs {} is claimed", r.cpus);
+            tracing::info!(event = "reservation_claimed", job = %job, "job {job}: its reservation of CPUs {}{} is claimed", r.cpus, gpus_named(&r));
             if let Err(e) = self.save_reservations() {
                 tracing::warn!("{e}");
             }
@@ -204,5 +209,14 @@ impl Host {
                 .map_err(HostError::Records),
             None => Ok(()),
         }
+    }
+}
+
+/// " and GPU(s) ..." for a reservation that holds GPUs, for its log lines; else nothing.
+fn gpus_named(r: &Reservation) -> String {
+    if r.gpus.is_empty() {
+        String::new()
+    } else {
+        format!(" and GPU(s) {}", r.gpus.join(", "))
     }
 }

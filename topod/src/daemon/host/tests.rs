@@ -2874,6 +2874,51 @@ fn the_plugins_dispatch_holds_the_gpus_its_job_takes_until_topod_reports_it() {
     assert!(matches!(y, Verdict::Fits { .. }), "{y:?}");
 }
 
+/// From the review of the dispatch's GPUs: a job dispatched into its own block, whose GPUs
+/// topod's reservation holds (and its free map counts apart), holds no free GPU besides them:
+/// the next `gpus=` job is matched to the free GPUs topod would give it.
+#[test]
+fn a_dispatch_into_its_own_gpu_block_holds_no_free_gpu() {
+    use topo_plugin_core::eval::{self, Verdict};
+    use topo_plugin_core::reserve::Dispatched;
+    use topo_plugin_core::{Address, Claimant, HostCache, Reservations, Unreachable};
+    let topo = two_packages_with_four_gpus();
+    let kernel = kernel_for(&topo);
+    let mut h = host_on(&topo, &kernel, None);
+    let one = prepare(&topo, "affinity[core(2):gpus=1]", None, None).unwrap();
+    let (block, _) = h.reserve("lsf-x", &one, 3600).unwrap();
+    assert_eq!(block.gpus.len(), 1);
+    let wire = serde_json::to_value(h.snapshot().free_map()).unwrap();
+    let free: topo_plugin_core::cache::FreeMap = serde_json::from_value(wire).unwrap();
+    assert_eq!((free.gpus.len(), free.reserved_gpus.len()), (3, 1));
+    let mut cache = HostCache::new();
+    let id = cache.add("h", Address::Unix("/nowhere".into()));
+    let now = std::time::Instant::now();
+    cache.update(id, Some(&topo), free, now).unwrap();
+    let mut reservations = Reservations::new();
+    let mut x = topo_core::request::parse("affinity[core(2):gpus=1]").unwrap();
+    x.tasks = Some(1);
+    let dispatched = reservations.dispatch(&cache, "lsf-x", "h", &x, now);
+    assert!(matches!(dispatched, Dispatched::Reserved(_)), "{dispatched:?}");
+    assert_eq!(reservations.of_job("lsf-x")[0].gpus, [], "its own block's GPU is not a free one");
+    // The three free GPUs are for the next job, as topod gives them.
+    let mut y = topo_core::request::parse("affinity[core(2)*3:gpus=1]").unwrap();
+    y.tasks = Some(3);
+    let ctx = eval::Context {
+        cache: &cache,
+        reservations: &reservations,
+        now,
+        epoch_s: 0,
+        stale_after: Duration::from_secs(3600),
+        unreachable: Unreachable::Closed,
+    };
+    let verdict = eval::evaluate(&ctx, id, &y, Claimant::job("lsf-y"));
+    assert!(matches!(verdict, Verdict::Fits { .. }), "{verdict:?}");
+    let x_now = h.allocate("lsf-x", "affinity[core(2):gpus=1]", None, None, None, None).unwrap();
+    assert!(x_now.cpus.is_subset(&block.cpus));
+    h.allocate("lsf-y", "affinity[core(2)*3:gpus=1]", None, None, None, None).unwrap();
+}
+
 /// From the second attack on `gpus=`: `gpubind=any` runs anywhere once no free GPU has room
 /// beside it (and `fit` says the same); a job found in its cgroup without a record (topod died
 /// before writing it) gets its GPUs chosen when the batch system asks again, and its device
