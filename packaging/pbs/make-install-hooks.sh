@@ -166,6 +166,34 @@ for r in $(resources_back); do
     say "resource $r came back (a MoM's periodic hook published it before the MoM dropped the hook): deleting it again"
     remove_step "delete resource $r"
 done
+# What the hook left on the vnodes goes back to PBS: a vnode its last periodic run offlined
+# (topod out of reach, a clean-up failed; its comment starts "topo: ") would stay offline with no
+# hook left to bring it back, and the ncpus it published (the CPUs topod held outside PBS taken
+# off) would stay lowered. Each natural vnode gets its MoM's CPU count (pcpus) back; hosts with
+# one vnode per NUMA node (vnode_per_numa_node) are named, to be set by hand.
+publishes_ncpus=yes
+grep -Eq '"publish_ncpus"[[:space:]]*:[[:space:]]*false' "$config" 2>/dev/null && publishes_ncpus=no
+pbsnodes -av 2>/dev/null | awk '
+    /^[^ \t]/ { name = $1; names[name] = 1 }
+    /^[ \t]+pcpus = / { pcpus[name] = $3 }
+    /^[ \t]+resources_available.ncpus = / { ncpus[name] = $3 }
+    /^[ \t]+comment = topo: / { ours[name] = 1 }
+    END { for (n in names) print n, (n in pcpus ? pcpus[n] : "-"), (n in ncpus ? ncpus[n] : "-"), (n in ours ? "ours" : "-") }' |
+while read -r vnode pcpus ncpus comment; do
+    if [ "$comment" = ours ]; then
+        pbsnodes -r "$vnode" >/dev/null 2>&1 && qmgr -c "unset node $vnode comment" >/dev/null 2>&1 \
+            && say "vnode $vnode, which topo's hook had offlined, is online again" \
+            || say "vnode $vnode is still offline with topo's comment: run pbsnodes -r $vnode" >&2
+    fi
+    case $vnode in *"["*) continue ;; esac
+    if [ "$publishes_ncpus" = yes ] && [ "$pcpus" != - ] && [ "$ncpus" != "$pcpus" ]; then
+        if pbsnodes -av 2>/dev/null | grep -q "^$vnode\["; then
+            say "vnode $vnode has one vnode per NUMA node, made by topo's hook: set their ncpus (and $vnode's) by hand" >&2
+        elif qmgr -c "set node $vnode resources_available.ncpus = $pcpus" >/dev/null 2>&1; then
+            say "vnode $vnode: ncpus $pcpus again (topo's hook had published $ncpus)"
+        fi
+    fi
+done
 # Resources gone from PBS but still named in the scheduler's configuration make it log errors.
 sched_config=$(. /etc/pbs.conf 2>/dev/null; echo "${PBS_HOME:-/var/spool/pbs}/sched_priv/sched_config")
 if [ -f "$sched_config" ] && grep -q '^resources:.*topo_free_' "$sched_config"; then

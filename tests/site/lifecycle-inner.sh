@@ -343,6 +343,14 @@ check "without confine_devices topod starts again" systemctl restart topod.servi
 # Removing topo-slurm: first its plugstack line (packaging/slurm/README.md, "Removal").
 rm -f /etc/slurm/plugstack.conf.d/topo.conf
 systemctl restart slurmd.service
+if [ "$HAVE_PBS" = 1 ]; then
+    # The vnode as the hook's last periodic run leaves it when topod was out of reach (as in the
+    # confine_devices restarts above: a CI run once removed the package right after one, and
+    # the vnode stayed offline): offline with its reason, ncpus lowered.
+    pcpus=$(pbsnodes "$host" | awk -F' = ' '/^ +pcpus = / { print $2 }')
+    pbsnodes -o "$host" >/dev/null && qmgr -c "set node $host comment = 'topo: cannot reach topod (test)'" \
+        && qmgr -c "set node $host resources_available.ncpus = 0" || fail "the hook's leftovers set by hand"
+fi
 check "dpkg -r topo-slurm topo-pbs topo-lsf topod" dpkg -r topo-slurm topo-pbs topo-lsf topod
 check "removal stopped topod" topod_gone
 check "removal removed topod's cgroup subtree" sh -c "! ls -d /sys/fs/cgroup/*/$SUBTREE $CG_DIR 2>/dev/null"
@@ -358,12 +366,18 @@ if [ "$HAVE_PBS" = 1 ]; then
     check "the removal names what PBS kept, and the command to delete it later ($left)" test "$left" = 'qmgr -c "delete resource topology"'
     check "  ... and deleted topo's other resources" \
         test "$(qmgr -c 'list resource' | grep -o '^Resource topo[a-z_]*' | tr '\n' ' ')" = "Resource topology "
+    vnode_attr() { pbsnodes "$host" | awk -F' = ' -v k="$1" '$1 ~ "^ +" k "$" { print $2 }'; }
+    check "the removal put the vnode topo's hook offlined back online ($(vnode_attr state), $(vnode_attr comment))" \
+        sh -c "pbsnodes $host | grep -q 'state = free' && ! pbsnodes $host | grep -q 'comment = topo:'"
+    check "  ... with its MoM's ncpus ($(vnode_attr resources_available.ncpus) of pcpus $pcpus)" \
+        test "$(vnode_attr resources_available.ncpus)" = "$pcpus"
     mom_has_no_topo_hook() { ! ls "$PBS_HOME/mom_priv/hooks" | grep -q '^topo'; }
     check "the MoM deleted its copies of topo's hooks" wait_for 60 mom_has_no_topo_hook
     job_q=$(pbs_job plain -l select=1:ncpus=1)
     wait_for 180 pbs_finished "$job_q"
     check "a plain PBS job runs after the removal ($(pbs_state "$job_q"), exit $(pbs_attr "$job_q" Exit_status))" \
         test "$(pbs_attr "$job_q" Exit_status)" = 0
+    [ "$(pbs_attr "$job_q" Exit_status)" = 0 ] || { pbs_attr "$job_q" comment; pbsnodes "$host"; }
     # The history ends (here at once: job history turned off drops it; at a site, after
     # job_history_duration), and the admin runs the command the removal named.
     qmgr -c "set server job_history_enable = false"
