@@ -67,15 +67,16 @@ cargo test --release --locked -p topo-core --lib -- --ignored request_fuzz_milli
 
 # The real-cgroup tests (backends, daemon, crash) once more on a pure cgroup v2 kernel: a QEMU
 # guest booted from Debian's kernel with only the unified hierarchy, so cpuset and memory are v2
-# controllers there. The crash test runs 25 cycles and at least 8 kills in the guest (a few
-# hundred kills happen meanwhile): its CPUs are emulated, and on this machine class a process
-# start there takes 0.1-0.9 s, so a cycle under SIGKILLs takes 10-18 s; 200 cycles outran the
-# guest's 30 minutes (CI, stop 47), 60 took 1,080 s of a 1,476 s guest on a busy machine, and
-# with 40 the whole suite took 84 of CI's 90 minutes (stop 47). The 1,000 cycles above run on
-# this host's v1 hierarchy; `tests/cgroup-v2-vm.sh` alone runs them in the guest. Exit 77:
-# skipped (not root, or the guest cannot boot here), which it says.
+# controllers there. The crash test runs 12 cycles and at least 8 kills in the guest (a few
+# hundred kills happen meanwhile), and the defrag crash test 6 rounds: its CPUs are emulated,
+# and on this machine class a process start there takes 0.1-0.9 s, so a cycle under SIGKILLs
+# takes 10-30 s; 200 cycles outran the guest's 30 minutes (CI, stop 47), with 40 the whole
+# suite took 84 of CI's 90 minutes (stop 47), and 25 cycles with 6 rounds took 751 s of a
+# 1,107 s guest (806 kills; 2026-11-30). The 1,000 cycles above run on this host's v1
+# hierarchy; `tests/cgroup-v2-vm.sh` alone runs them in the guest. Exit 77: skipped (not root,
+# or the guest cannot boot here), which it says.
 stage "cgroup v2 guest"
-TOPO_CRASH_CYCLES=25 TOPO_CRASH_KILLS=8 tests/cgroup-v2-vm.sh || [ $? -eq 77 ]
+TOPO_CRASH_CYCLES=12 TOPO_CRASH_KILLS=8 tests/cgroup-v2-vm.sh || [ $? -eq 77 ]
 
 # The LSF scheduler module, loaded with dlopen by a C stand-in for mbschd and driven through
 # scheduling sessions against real topod processes; once more under valgrind memcheck.
