@@ -169,8 +169,10 @@ done
 # What the hook left on the vnodes goes back to PBS: a vnode its last periodic run offlined
 # (topod out of reach, a clean-up failed; its comment starts "topo: ") would stay offline with no
 # hook left to bring it back, and the ncpus it published (the CPUs topod held outside PBS taken
-# off) would stay lowered. Each natural vnode gets its MoM's CPU count (pcpus) back; hosts with
-# one vnode per NUMA node (vnode_per_numa_node) are named, to be set by hand.
+# off, the comment says so) would stay lowered. Such a natural vnode gets its MoM's CPU count
+# (pcpus) back. Other vnodes with fewer ncpus than pcpus are named, not changed (the hook also
+# leaves out topod's own reserved CPUs, without a comment; an administrator may have set them);
+# hosts with one vnode per NUMA node (vnode_per_numa_node) are named, to be set by hand.
 publishes_ncpus=yes
 grep -Eq '"publish_ncpus"[[:space:]]*:[[:space:]]*false' "$config" 2>/dev/null && publishes_ncpus=no
 pbsnodes -av 2>/dev/null | awk '
@@ -189,6 +191,8 @@ while read -r vnode pcpus ncpus comment; do
     if [ "$publishes_ncpus" = yes ] && [ "$pcpus" != - ] && [ "$ncpus" != "$pcpus" ]; then
         if pbsnodes -av 2>/dev/null | grep -q "^$vnode\["; then
             say "vnode $vnode has one vnode per NUMA node, made by topo's hook: set their ncpus (and $vnode's) by hand" >&2
+        elif [ "$comment" != ours ]; then
+            say "vnode $vnode has ncpus $ncpus of its $pcpus CPUs (pcpus): if topo's hook set that (topod's reserved CPUs left out), give them back with: qmgr -c \"set node $vnode resources_available.ncpus = $pcpus\""
         elif qmgr -c "set node $vnode resources_available.ncpus = $pcpus" >/dev/null 2>&1; then
             say "vnode $vnode: ncpus $pcpus again (topo's hook had published $ncpus)"
         fi
