@@ -439,8 +439,14 @@ fn evaluate_outside_pools(
     }
     // A gpus= request is placed beside the free GPUs topod would choose for it; in its own
     // block when that holds its GPUs (topod gives it those, and the block lies beside them).
-    let own_gpus = own_block_gpus(ctx, state, who);
-    let free_gpus = ctx.reservations.untaken_gpus(host, &state.gpus);
+    // Only a gpus= request looks at GPUs (the scheduler's hot path: most requests do not).
+    let asks_gpus = request.gpus_per_task.is_some();
+    let own_gpus = if asks_gpus { own_block_gpus(ctx, state, who) } else { Vec::new() };
+    let free_gpus = if asks_gpus {
+        ctx.reservations.untaken_gpus(host, &state.gpus)
+    } else {
+        std::borrow::Cow::Borrowed(&state.gpus[..])
+    };
     let placed = |occupancy: &Occupancy, own: CpuSet, own_gpus: &[GpuSite]| {
         let request = match gpu_choice(model, &free_gpus, own_gpus, occupancy, request) {
             Err(no) => return Verdict::NoFit(no),

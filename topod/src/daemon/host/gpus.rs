@@ -98,23 +98,22 @@ impl Host {
         // CPUs fit beside them (its block lies there); else free GPUs no reservation holds, as
         // any job (not a mix: the LSF module's choice, from the free map, is the same).
         let own = self.reserved_gpus(job).unwrap_or_default();
-        let own_pick = (!own.is_empty())
-            .then(|| {
-                let others: std::collections::BTreeSet<String> =
-                    topo_core::gpus::gpu_indices(&self.topo)
-                        .into_iter()
-                        .map(|g| self.topo.devices[g].pci_address.clone())
-                        .filter(|a| !own.contains(a) || kept.contains(a))
-                        .collect();
-                let topo = &self.topo;
-                pick_gpus(topo, &self.model, &occupancy, &others, request, self.strategy, job).ok()
-            })
-            .flatten();
+        let topo = &self.topo;
+        let own_pick = if own.is_empty() {
+            None
+        } else {
+            // Every GPU but its own free ones is kept from this pick.
+            let others: std::collections::BTreeSet<String> = topo_core::gpus::gpu_indices(topo)
+                .into_iter()
+                .map(|g| topo.devices[g].pci_address.clone())
+                .filter(|a| !own.contains(a) || kept.contains(a))
+                .collect();
+            pick_gpus(topo, &self.model, &occupancy, &others, request, self.strategy, job).ok()
+        };
         let pick = match own_pick {
             Some(pick) => pick,
             None => {
                 kept.extend(own.iter().cloned());
-                let topo = &self.topo;
                 pick_gpus(topo, &self.model, &occupancy, &kept, request, self.strategy, job)
                     .map_err(|e| self.naming_gpu_reservations(e, job, &occupancy, request))?
             }
@@ -130,9 +129,7 @@ impl Host {
         );
         Ok(Some(chosen))
     }
-}
 
-impl Host {
     /// `refused` (a job's GPUs not found) with `; it would fit without job J's reservation
     /// (GPU(s) ...)` when the GPUs other jobs' reservations hold are what keeps it out, as a
     /// refusal names the blocks that keep CPUs out: the free GPUs a batch system counts are

@@ -2164,6 +2164,22 @@ fn a_foreign_cpuset_that_goes_away_gives_its_cpus_back() {
     assert!(h.reconcile_foreign().is_none(), "nothing changed");
 }
 
+/// The LSF module's cache of this host ("h"), its free map read as a scheduler reads it over
+/// the wire; with the cache's id of the host and the time of the reading.
+fn module_cache_of(
+    h: &Host,
+    topo: &Topology,
+) -> (topo_plugin_core::HostCache, topo_plugin_core::cache::HostId, std::time::Instant) {
+    use topo_plugin_core::{Address, HostCache};
+    let wire = serde_json::to_value(h.snapshot().free_map()).unwrap();
+    let free: topo_plugin_core::cache::FreeMap = serde_json::from_value(wire).unwrap();
+    let mut cache = HostCache::new();
+    let id = cache.add("h", Address::Unix("/nowhere".into()));
+    let now = std::time::Instant::now();
+    cache.update(id, Some(topo), free, now).unwrap();
+    (cache, id, now)
+}
+
 /// What the schedulers' plug-ins (the LSF module) decide for `request` on this host from its
 /// free map, as a scheduler would read it over the wire: kept (fits, or fits after moves) or
 /// removed, with the reason.
@@ -2180,13 +2196,8 @@ fn plugin_verdict_for(
     epoch_s: i64,
     job: Option<&str>,
 ) -> (bool, String) {
-    use topo_plugin_core::{eval, Address, Claimant, HostCache, Reservations, Unreachable};
-    let wire = serde_json::to_value(h.snapshot().free_map()).unwrap();
-    let free: topo_plugin_core::cache::FreeMap = serde_json::from_value(wire).unwrap();
-    let mut cache = HostCache::new();
-    let id = cache.add("h", Address::Unix("/nowhere".into()));
-    let now = std::time::Instant::now();
-    cache.update(id, Some(topo), free, now).unwrap();
+    use topo_plugin_core::{eval, Claimant, Reservations, Unreachable};
+    let (cache, id, now) = module_cache_of(h, topo);
     let reservations = Reservations::new();
     let ctx = eval::Context {
         cache: &cache,
@@ -2832,20 +2843,15 @@ fn the_plugins_keep_a_host_for_a_gpus_request_exactly_when_topod_places_it() {
 fn the_plugins_dispatch_holds_the_gpus_its_job_takes_until_topod_reports_it() {
     use topo_plugin_core::eval::{self, NoFit, Verdict};
     use topo_plugin_core::reserve::Dispatched;
-    use topo_plugin_core::{Address, Claimant, HostCache, Reservations, Unreachable};
+    use topo_plugin_core::{Claimant, Reservations, Unreachable};
     let topo = two_packages_with_four_gpus();
     let kernel = kernel_for(&topo);
     let mut h = host_on(&topo, &kernel, None);
     for job in ["a", "b", "c"] {
         h.allocate(job, "affinity[core(2):gpus=1]", None, None, None, None).unwrap();
     }
-    let wire = serde_json::to_value(h.snapshot().free_map()).unwrap();
-    let free: topo_plugin_core::cache::FreeMap = serde_json::from_value(wire).unwrap();
-    assert_eq!(free.gpus.len(), 1);
-    let mut cache = HostCache::new();
-    let id = cache.add("h", Address::Unix("/nowhere".into()));
-    let now = std::time::Instant::now();
-    cache.update(id, Some(&topo), free, now).unwrap();
+    assert_eq!(h.snapshot().free_map().gpus.len(), 1);
+    let (cache, id, now) = module_cache_of(&h, &topo);
     let mut reservations = Reservations::new();
     let mut req = topo_core::request::parse("affinity[core(2):gpus=1]").unwrap();
     req.tasks = Some(1);
@@ -2881,20 +2887,16 @@ fn the_plugins_dispatch_holds_the_gpus_its_job_takes_until_topod_reports_it() {
 fn a_dispatch_into_its_own_gpu_block_holds_no_free_gpu() {
     use topo_plugin_core::eval::{self, Verdict};
     use topo_plugin_core::reserve::Dispatched;
-    use topo_plugin_core::{Address, Claimant, HostCache, Reservations, Unreachable};
+    use topo_plugin_core::{Claimant, Reservations, Unreachable};
     let topo = two_packages_with_four_gpus();
     let kernel = kernel_for(&topo);
     let mut h = host_on(&topo, &kernel, None);
     let one = prepare(&topo, "affinity[core(2):gpus=1]", None, None).unwrap();
     let (block, _) = h.reserve("lsf-x", &one, 3600).unwrap();
     assert_eq!(block.gpus.len(), 1);
-    let wire = serde_json::to_value(h.snapshot().free_map()).unwrap();
-    let free: topo_plugin_core::cache::FreeMap = serde_json::from_value(wire).unwrap();
+    let free = h.snapshot().free_map();
     assert_eq!((free.gpus.len(), free.reserved_gpus.len()), (3, 1));
-    let mut cache = HostCache::new();
-    let id = cache.add("h", Address::Unix("/nowhere".into()));
-    let now = std::time::Instant::now();
-    cache.update(id, Some(&topo), free, now).unwrap();
+    let (cache, id, now) = module_cache_of(&h, &topo);
     let mut reservations = Reservations::new();
     let mut x = topo_core::request::parse("affinity[core(2):gpus=1]").unwrap();
     x.tasks = Some(1);
