@@ -554,7 +554,7 @@ fn beside_free_gpus(
             "gpus={per_task} with a task range: a job's GPUs do not grow or shrink with it"
         )));
     }
-    let wanted = per_task as usize * request.tasks.unwrap_or(place::DEFAULT_TASKS) as usize;
+    let wanted = request.gpus_wanted().unwrap_or(0);
     let free = gpus.len();
     if free < wanted {
         return Err(NoFit::Gpus(format!(

@@ -1,6 +1,7 @@
 //! Tentative reservations: CPUs (and, for a `gpus=` request, GPUs) the scheduler has given a
-//! job on a host that the host's topod has not reported yet. Without them, two jobs dispatched in one scheduling session (or
-//! before the next refresh) would both be matched against the same free CPUs.
+//! job on a host that the host's topod has not reported yet. Without them, two jobs
+//! dispatched in one scheduling session (or before the next refresh) would both be matched
+//! against the same free CPUs.
 //!
 //! A dispatch ([`Reservations::dispatch`]) always ends in one of three ways: the job's CPUs are
 //! reserved (where the placement core would put it, inside the job's own topology block when it
@@ -20,7 +21,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use topo_core::cpuset::CpuSet;
 use topo_core::gpus::GpuSite;
-use topo_core::place;
 use topo_core::request::Request;
 
 /// One job's reservation on one host.
@@ -242,12 +242,7 @@ impl Reservations {
             _ => CpuSet::new(),
         };
         let gpus = gpus.unwrap_or_else(|| {
-            let wanted = match request.gpus_per_task {
-                Some(per_task) if !own_gpus => {
-                    per_task as usize * request.tasks.unwrap_or(place::DEFAULT_TASKS) as usize
-                }
-                _ => 0,
-            };
+            let wanted = if own_gpus { 0 } else { request.gpus_wanted().unwrap_or(0) };
             self.untaken_gpus(id, &state.gpus).iter().take(wanted).cloned().collect()
         });
         if !cpus.is_empty() || !gpus.is_empty() {

@@ -279,6 +279,13 @@ impl Request {
         }
     }
 
+    /// How many GPUs a `gpus=` request asks for in all (`gpus=` per task times its tasks, one
+    /// task where it gives none); `None` without `gpus=`.
+    pub fn gpus_wanted(&self) -> Option<usize> {
+        let per_task = self.gpus_per_task?;
+        Some(per_task as usize * self.tasks.unwrap_or(crate::place::DEFAULT_TASKS) as usize)
+    }
+
     /// Whether the job is malleable (`*min-max`): topod may resize it within its range.
     pub fn is_malleable(&self) -> bool {
         self.tasks_max.is_some()

@@ -233,7 +233,7 @@ pub(super) fn pick_gpus(
 ) -> Result<GpuChoice, HostError> {
     let per_task = request.gpus_per_task.unwrap_or(1);
     let tasks = request.tasks.unwrap_or(1);
-    let wanted = per_task as usize * tasks as usize;
+    let wanted = request.gpus_wanted().unwrap_or(0);
     let all = topo_core::gpus::gpu_indices(topo);
     let does_not_fit = |source: PlaceError, held_back: String| HostError::DoesNotFit {
         job: job.to_string(),
