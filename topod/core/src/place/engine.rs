@@ -490,6 +490,22 @@ impl Walk<'_> {
             debug_assert!(out.len() - before <= need);
             return;
         }
+        if self.one_unit_per_child(node) && self.takes_lowest_children(node) {
+            // What the search and the split below would choose, without sorting thousands of
+            // children: the lowest-numbered that have a unit, one unit each.
+            let mut left = need;
+            for &child in &n.children {
+                if left == 0 {
+                    break;
+                }
+                if self.counts.units[child] > 0 {
+                    let cpus = &self.model.tree[child].cpus;
+                    out.extend(cpus.iter().filter(|&c| self.reps.contains(c)).take(1));
+                    left -= 1;
+                }
+            }
+            return;
+        }
         if search {
             if let Some(inner) = self.smallest_fitting_below(node, need, &self.counts.units) {
                 return self.collect_units(inner, need, out, false);
@@ -497,6 +513,28 @@ impl Walk<'_> {
         }
         for (child, k) in self.split(node, need, &self.counts.units) {
             self.collect_units(child, k, out, true);
+        }
+    }
+
+    /// Whether every child of `node` is a core of one size holding at most one of the job's
+    /// units (so at most one task): a core of one CPU, or a unit of a core or more.
+    fn one_unit_per_child(&self, node: usize) -> bool {
+        #[cfg(test)]
+        if tests::NO_SHORTCUTS.get() {
+            return false;
+        }
+        let n = &self.model.tree[node];
+        n.uniform_leaves && (self.job.unit != Level::Thread || n.largest_child == 1)
+    }
+
+    /// Whether, among children that each hold one unit at most, the strategy takes the
+    /// lowest-numbered that hold one: pack and balance take children in order (all counts
+    /// equal), best-fit inside one NUMA node takes the fewest children, lowest first (across
+    /// NUMA nodes it weighs their distances instead, see [`Self::best_fit_split`]).
+    fn takes_lowest_children(&self, node: usize) -> bool {
+        match self.strategy {
+            Strategy::Pack | Strategy::Balance => true,
+            _ => self.model.tree[node].numa.is_some(),
         }
     }
 
@@ -531,23 +569,40 @@ impl Walk<'_> {
             (tree[id].size, counts[id], parent_free, id)
         };
         let mut best: Option<(usize, usize, usize, usize)> = None;
-        // A node holds at most one unit (or task) per CPU: children all smaller than `need`
-        // are not looked at (on a flat host of thousands of cores, none of its cores).
-        let mut stack: smallvec::SmallVec<[usize; 64]> = smallvec::SmallVec::new();
-        if tree[node].largest_child >= need {
-            stack.extend_from_slice(&tree[node].children);
-        }
-        while let Some(id) = stack.pop() {
-            if counts[id] < need {
-                continue;
-            }
+        let mut consider = |id: usize| {
             let k = key(id);
             if best.is_none_or(|b| k < b) {
                 best = Some(k);
             }
-            if tree[id].largest_child >= need {
-                stack.extend_from_slice(&tree[id].children);
+        };
+        // A node holds at most one unit (or task) per CPU: children all smaller than `need`
+        // are not looked at (on a flat host of thousands of cores, none of its cores).
+        let mut stack: smallvec::SmallVec<[usize; 64]> = smallvec::SmallVec::new();
+        let below = |id: usize,
+                     stack: &mut smallvec::SmallVec<[usize; 64]>,
+                     consider: &mut dyn FnMut(usize)| {
+            if tree[id].largest_child < need {
+                return;
             }
+            if need > 0 && self.one_unit_per_child(id) {
+                // Cores of one size with a unit each at most: only a need of one fits in one,
+                // and the lowest-numbered such core is the best (same size, count and parent).
+                if need == 1 {
+                    if let Some(&c) = tree[id].children.iter().find(|&&c| counts[c] >= 1) {
+                        consider(c);
+                    }
+                }
+                return;
+            }
+            stack.extend_from_slice(&tree[id].children);
+        };
+        below(node, &mut stack, &mut consider);
+        while let Some(id) = stack.pop() {
+            if counts[id] < need {
+                continue;
+            }
+            consider(id);
+            below(id, &mut stack, &mut consider);
         }
         best.map(|(_, _, _, id)| id)
     }
@@ -756,8 +811,14 @@ pub fn first_fit(model: &HostModel, job: &JobShape) -> Result<Vec<CpuSet>, Place
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::{fewest_children, fill_in_order};
+
+    std::thread_local! {
+        /// Set by a test to place by the general search and split only, so that the shortcut
+        /// for flat nodes can be compared with them (`place::tests`).
+        pub(in crate::place) static NO_SHORTCUTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
     use proptest::prelude::{prop_assert_eq, proptest, ProptestConfig};
 
     /// The rule as first written: every slot scans every child (O(children²) per split).

@@ -30,8 +30,11 @@ pub struct TreeNode {
     /// The size of its largest child (0 for a leaf): a search for a node of at least n CPUs
     /// need not look among children all smaller.
     pub largest_child: usize,
-    /// Children, in ascending order of first CPU.
+    /// Children, in ascending order of first CPU (and of number: siblings are numbered in turn).
     pub children: Vec<usize>,
+    /// Every child is a leaf (a core) of one size: a node of a flat host's thousands of cores,
+    /// where a choice among the children need not sort or search them (see the placement engine).
+    pub uniform_leaves: bool,
     /// The parent (`None` for the root).
     pub parent: Option<usize>,
     /// Index of the NUMA node domain (in `HostModel::numa`) this node lies in, when it lies in one.
@@ -300,6 +303,12 @@ impl HostModel {
         for id in 0..model.tree.len() {
             let largest = model.tree[id].children.iter().map(|&c| model.tree[c].size).max();
             model.tree[id].largest_child = largest.unwrap_or(0);
+            let node = &model.tree[id];
+            let uniform = !node.children.is_empty()
+                && node.children.iter().all(|&c| {
+                    model.tree[c].children.is_empty() && model.tree[c].size == node.largest_child
+                });
+            model.tree[id].uniform_leaves = uniform;
         }
         model.internal_bottom_up =
             (0..model.tree.len()).rev().filter(|&i| !model.tree[i].children.is_empty()).collect();
@@ -389,13 +398,19 @@ impl HostModel {
     /// How many cores hold none of `busy`'s CPUs. One pass over `busy`, where testing each core
     /// against it costs a pass over the host's bit vector per core (4,096 cores: 260,000 words).
     pub fn cores_clear_of(&self, busy: &CpuSet) -> usize {
+        self.cores.len() - self.cores_touching(busy)
+    }
+
+    /// How many cores hold any of `cpus` (the cores a job's CPUs touch). One pass over `cpus`
+    /// where the cores are disjoint, as [`Self::cores_clear_of`].
+    pub fn cores_touching(&self, cpus: &CpuSet) -> usize {
         if !self.outline[0].disjoint {
-            return self.cores.iter().filter(|c| !c.intersects(busy)).count();
+            return self.cores.iter().filter(|c| c.intersects(cpus)).count();
         }
         if self.outline[0].singletons {
-            return self.cores.len() - busy.intersection_len(&self.allocatable);
+            return cpus.intersection_len(&self.allocatable);
         }
-        self.cores.len() - self.touched_set(Level::Core, busy).len()
+        self.touched_set(Level::Core, cpus).len()
     }
 
     /// The first CPU of each domain of `level` lying wholly inside `avail` (for `Thread`,
@@ -542,6 +557,7 @@ impl HostModel {
             within,
             size: cpus.len(),
             largest_child: 0,
+            uniform_leaves: false,
             cpus,
             children: Vec::new(),
             parent: None,

@@ -525,5 +525,66 @@ proptest! {
         prop_assert_eq!(m.whole_domain_firsts(Level::Thread, &cpus), cpus.clone());
         let clear = m.cores.iter().filter(|c| !c.intersects(&cpus)).count();
         prop_assert_eq!(m.cores_clear_of(&cpus), clear);
+        let touched = m.cores.iter().filter(|c| c.intersects(&cpus)).count();
+        prop_assert_eq!(m.cores_touching(&cpus), touched);
+    }
+}
+
+/// A machine for the shortcut comparison: flat, or packages of NUMA nodes of L3 groups of cores
+/// of one or two threads, with some CPUs reserved (cores of one thread beside cores of two).
+fn arb_model() -> impl PropStrategy<Value = HostModel> {
+    let flat = (1u32..80).prop_map(Topology::flat);
+    let shaped = (1u32..3, 1u32..3, 1u32..3, 1u32..10, 1u32..3).prop_map(|(p, n, l, c, t)| {
+        Topology::synthetic(SyntheticShape {
+            packages: p,
+            numa_per_package: n,
+            l3_per_numa: l,
+            cores_per_l3: c,
+            threads_per_core: t,
+        })
+    });
+    (prop_oneof![flat, shaped], proptest::collection::vec(0u32..160, 0..3)).prop_map(
+        |(topo, reserved)| {
+            let reserved: CpuSet =
+                reserved.into_iter().filter(|&c| c + 1 < topo.pus.len() as u32).collect();
+            HostModel::new(&topo, &reserved).unwrap()
+        },
+    )
+}
+
+/// Requests for the shortcut comparison: the shapes of `arb_request`, plain counts of threads
+/// and cores (what the simulator and most batch jobs ask), and per-NUMA-node caps.
+fn arb_any_request() -> impl PropStrategy<Value = Request> {
+    let plain =
+        (any::<bool>(), 1u32..40, proptest::option::of(1u32..6)).prop_map(|(by_core, n, cap)| {
+            Request {
+                max_cpu_per_node: cap,
+                ..if by_core { cores(1, n, None) } else { threads(n) }
+            }
+        });
+    prop_oneof![arb_request(), plain]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(600))]
+
+    /// The engine's shortcut for nodes of many cores of one size (the lowest-numbered cores that
+    /// are free, without sorting or searching them) chooses what the general search and split
+    /// choose, for every strategy, on machines flat and shaped, partly busy.
+    #[test]
+    fn the_flat_node_shortcut_places_as_the_general_walk(
+        m in arb_model(),
+        busy in proptest::collection::vec(any::<bool>(), 160),
+        req in arb_any_request(),
+    ) {
+        let held: CpuSet = m.allocatable.iter().filter(|&c| busy[c as usize % 160]).collect();
+        let occ = Occupancy { held, fenced: CpuSet::new() };
+        for strategy in Strategy::ALL {
+            let fast = place(&m, &occ, &req, strategy);
+            super::engine::tests::NO_SHORTCUTS.set(true);
+            let general = place(&m, &occ, &req, strategy);
+            super::engine::tests::NO_SHORTCUTS.set(false);
+            prop_assert_eq!(fast, general, "{:?} {}", strategy, m.name);
+        }
     }
 }

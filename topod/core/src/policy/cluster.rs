@@ -3404,9 +3404,8 @@ fn overlap(a: &[Part], b: &[Part]) -> bool {
 
 /// The allocatable cores of `model` a placement uses or fences, whole or in part.
 fn cores_touched(model: &HostModel, placement: &Placement) -> u32 {
-    let used = placement.cpus.union(&placement.fenced);
-    model.cores.iter().filter(|c| c.is_subset(&model.allocatable) && c.intersects(&used)).count()
-        as u32
+    // The model's cores lie within its allocatable CPUs (`HostModel::new` cuts them to it).
+    model.cores_touching(&placement.cpus.union(&placement.fenced)) as u32
 }
 
 /// Every CPU the parts of a job hold, per host, for checks.
