@@ -522,17 +522,31 @@ pub struct Part {
     pub placement: Arc<Placement>,
 }
 
-/// The running ones of `jobs` as [`gang_runs`] takes them.
-fn gang_members<'a>(slots: &'a [Slot], jobs: &[JobKey]) -> Vec<GangMember<'a>> {
-    jobs.iter()
-        .filter_map(|&job| match &slots[job as usize] {
-            Slot::Running(r) => Some(GangMember {
-                row: r.row,
-                parts: r.parts.iter().map(|p| (p.host, &p.placement.cpus)).collect(),
-            }),
-            _ => None,
-        })
-        .collect()
+/// The parts of the running ones of `jobs`, all in one vector, and each one's row and how many
+/// parts it has, in order: [`gang_members`] makes [`gang_runs`]'s members of them.
+type GangParts<'a> = (Vec<(HostId, &'a CpuSet)>, Vec<(u32, usize)>);
+
+fn gang_parts<'a>(slots: &'a [Slot], jobs: &[JobKey]) -> GangParts<'a> {
+    let mut parts = Vec::new();
+    let mut rows = Vec::with_capacity(jobs.len());
+    for &job in jobs {
+        if let Slot::Running(r) = &slots[job as usize] {
+            parts.extend(r.parts.iter().map(|p| (p.host, &p.placement.cpus)));
+            rows.push((r.row, r.parts.len()));
+        }
+    }
+    (parts, rows)
+}
+
+/// The running ones of `jobs` as [`gang_runs`] takes them, over [`gang_parts`]'s vectors.
+fn gang_members<'a>(parts: &'a GangParts<'a>) -> Vec<GangMember<'a>> {
+    let mut start = 0;
+    let mut members = Vec::with_capacity(parts.1.len());
+    for &(row, n) in &parts.1 {
+        members.push(GangMember { row, parts: &parts.0[start..start + n] });
+        start += n;
+    }
+    members
 }
 
 /// What gang slicing does over one period while nothing else happens
@@ -1700,7 +1714,8 @@ impl PolicyCore {
         let active = gang.active_row(self.now) % rows;
         // Every row's turn, worked out now if it was not yet (the same running jobs give it).
         if pattern.runs.iter().any(Option::is_none) {
-            let members: Vec<GangMember<'_>> = gang_members(&self.jobs, &pattern.jobs);
+            let parts = gang_parts(&self.jobs, &pattern.jobs);
+            let members = gang_members(&parts);
             if members.len() != pattern.jobs.len() {
                 return None;
             }
@@ -1758,8 +1773,8 @@ impl PolicyCore {
             }
         };
         if pattern.runs[active].is_none() {
-            let members: Vec<GangMember<'_>> = gang_members(&self.jobs, &pattern.jobs);
-            pattern.runs[active] = Some(gang_runs(active as u32, gang.rows, &members));
+            let parts = gang_parts(&self.jobs, &pattern.jobs);
+            pattern.runs[active] = Some(gang_runs(active as u32, gang.rows, &gang_members(&parts)));
         }
         let mut thaw = Vec::new();
         let runs = pattern.runs[active].as_deref().unwrap_or_default();
@@ -1905,31 +1920,34 @@ impl PolicyCore {
                     &fenced
                 }
             };
-            // A suspended job's CPUs are borrowed only where the job fits nowhere else (as
-            // topod does): a borrower keeps it from resuming until it ends.
-            let request = cores_request(cores);
-            let unlent = self.suspended_cpus_on(host).map(|cpus| {
-                let mut occ = occupancy.clone();
-                occ.fenced.union_with(&cpus);
-                occ
-            });
-            let strategy = self.config.strategy;
-            let place = |occ: &Occupancy| start_on_host(&h.model, occ, &request, strategy);
-            let placed = match unlent.as_ref().map(place) {
-                Some(Ok(p)) => Ok(p),
-                _ => place(occupancy),
-            };
-            let placement = match (&h.whole, cores == h.cores && empty && fence.is_none()) {
-                (Some(whole), true) => Arc::clone(whole),
-                _ => match placed {
-                    Ok(p) => Arc::new(p),
-                    Err(_) => {
-                        // Counts said yes, the host said no (a strategy that cannot place a
-                        // plain count here): undo what this job took and leave it waiting.
-                        self.give_back(row, &parts);
-                        return false;
+            let placement = match &h.whole {
+                // The whole of an empty host: placed once, when the core was made.
+                Some(whole) if cores == h.cores && empty && fence.is_none() => Arc::clone(whole),
+                _ => {
+                    // A suspended job's CPUs are borrowed only where the job fits nowhere else
+                    // (as topod does): a borrower keeps it from resuming until it ends.
+                    let request = cores_request(cores);
+                    let unlent = self.suspended_cpus_on(host).map(|cpus| {
+                        let mut occ = occupancy.clone();
+                        occ.fenced.union_with(&cpus);
+                        occ
+                    });
+                    let strategy = self.config.strategy;
+                    let place = |occ: &Occupancy| start_on_host(&h.model, occ, &request, strategy);
+                    let placed = match unlent.as_ref().map(place) {
+                        Some(Ok(p)) => Ok(p),
+                        _ => place(occupancy),
+                    };
+                    match placed {
+                        Ok(p) => Arc::new(p),
+                        Err(_) => {
+                            // Counts said yes, the host said no (a strategy that cannot place a
+                            // plain count here): undo what this job took and leave it waiting.
+                            self.give_back(row, &parts);
+                            return false;
+                        }
                     }
-                },
+                }
             };
             let held = self.take(row, host, &placement);
             parts.push(Part { host, cores: held, placement });
@@ -3862,10 +3880,10 @@ pub(crate) mod tests {
         let (a, b, c, d) = (set("0-3"), set("4-7"), set("2-5"), set("6-7"));
         // Row 0: a, b. Row 1: c (overlaps both). Row 2: d (overlaps b only).
         let members = [
-            GangMember { row: 0, parts: vec![(0, &a)] },
-            GangMember { row: 0, parts: vec![(0, &b)] },
-            GangMember { row: 1, parts: vec![(0, &c)] },
-            GangMember { row: 2, parts: vec![(0, &d)] },
+            GangMember { row: 0, parts: &[(0, &a)] },
+            GangMember { row: 0, parts: &[(0, &b)] },
+            GangMember { row: 1, parts: &[(0, &c)] },
+            GangMember { row: 2, parts: &[(0, &d)] },
         ];
         assert_eq!(gang_runs(0, 3, &members), vec![true, true, false, false]);
         // Row 1's slice: c, then d beside it (6-7 unused); a and b overlap c.
@@ -3876,8 +3894,8 @@ pub(crate) mod tests {
         let e0 = set("0");
         let e1 = set("0");
         let spanning = [
-            GangMember { row: 0, parts: vec![(0, &a)] },
-            GangMember { row: 1, parts: vec![(0, &e0), (1, &e1)] },
+            GangMember { row: 0, parts: &[(0, &a)] },
+            GangMember { row: 1, parts: &[(0, &e0), (1, &e1)] },
         ];
         assert_eq!(gang_runs(0, 2, &spanning), vec![true, false]);
         assert_eq!(gang_runs(1, 2, &spanning), vec![false, true]);

@@ -161,7 +161,7 @@ pub struct GangMember<'a> {
     /// Its row.
     pub row: u32,
     /// Its CPUs, per host.
-    pub parts: Vec<(HostId, &'a CpuSet)>,
+    pub parts: &'a [(HostId, &'a CpuSet)],
 }
 
 /// Which of `members` run while row `active` of `rows` has the slice: every job of that row,
@@ -172,35 +172,55 @@ pub struct GangMember<'a> {
 /// boundary, the simulator for the cluster.
 pub fn gang_runs(active: u32, rows: u32, members: &[GangMember<'_>]) -> Vec<bool> {
     let rows = rows.max(1);
-    let mut order: Vec<usize> = (0..members.len()).collect();
-    order.sort_by_key(|&i| ((members[i].row % rows + rows - active % rows) % rows, i));
-    // The CPUs of the jobs chosen so far, by host: an index per host (hosts are small dense
-    // numbers) into the sets of the hosts the jobs use, so that a call over a large cluster
-    // makes no set for every host.
-    let hosts = members.iter().flat_map(|m| &m.parts).map(|(h, _)| *h as usize + 1).max();
-    let mut slot: Vec<u32> = vec![u32::MAX; hosts.unwrap_or(0)];
-    let mut busy: Vec<CpuSet> = Vec::new();
+    // The CPUs of the jobs chosen so far, by host (hosts are small dense numbers): the one
+    // part chosen there, by reference, until a second makes it a union of its own (most hosts
+    // of a large cluster of small hosts hold one job, and a set is 72 bytes to copy).
+    let hosts = members.iter().flat_map(|m| m.parts).map(|(h, _)| *h as usize + 1).max();
+    let mut busy: Vec<Busy<'_>> = vec![Busy::Idle; hosts.unwrap_or(0)];
+    let mut unions: Vec<CpuSet> = Vec::new();
     let mut runs = vec![false; members.len()];
-    for i in order {
-        let m = &members[i];
-        let own_row = m.row % rows == active % rows;
-        let clear = own_row
-            || m.parts.iter().all(|(h, cpus)| {
-                busy.get(slot[*h as usize] as usize).is_none_or(|b| !b.intersects(cpus))
-            });
-        if clear {
+    // Row by row from the active one, each in the order given (rows are few: a pass per row
+    // costs less than sorting the members).
+    for k in 0..rows {
+        let row = (active % rows + k) % rows;
+        for (i, m) in members.iter().enumerate().filter(|(_, m)| m.row % rows == row) {
+            let clear = k == 0
+                || m.parts.iter().all(|(h, cpus)| match busy[*h as usize] {
+                    Busy::Idle => true,
+                    Busy::One(b) => !b.intersects(cpus),
+                    Busy::Union(u) => !unions[u].intersects(cpus),
+                });
+            if !clear {
+                continue;
+            }
             runs[i] = true;
-            for (h, cpus) in &m.parts {
-                let s = &mut slot[*h as usize];
-                if *s == u32::MAX {
-                    *s = busy.len() as u32;
-                    busy.push(CpuSet::new());
-                }
-                busy[*s as usize].union_with(cpus);
+            for &(h, cpus) in m.parts {
+                let b = &mut busy[h as usize];
+                *b = match *b {
+                    Busy::Idle => Busy::One(cpus),
+                    Busy::One(first) => {
+                        unions.push(first.union(cpus));
+                        Busy::Union(unions.len() - 1)
+                    }
+                    Busy::Union(u) => {
+                        unions[u].union_with(cpus);
+                        Busy::Union(u)
+                    }
+                };
             }
         }
     }
     runs
+}
+
+/// What [`gang_runs`] has chosen on one host so far.
+#[derive(Debug, Clone, Copy)]
+enum Busy<'a> {
+    Idle,
+    /// One job's CPUs there.
+    One(&'a CpuSet),
+    /// Several jobs', united in the set at this index.
+    Union(usize),
 }
 
 /// When the core may suspend running jobs to start a waiting one (after NCI's PBS: whom to

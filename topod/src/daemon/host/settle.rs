@@ -251,9 +251,11 @@ impl Host {
                 should_run: false,
             })
             .collect();
+        let parts: Vec<[(u32, &CpuSet); 1]> = members.iter().map(|m| [(0, &m.cpus)]).collect();
         let views: Vec<topo_core::policy::GangMember<'_>> = members
             .iter()
-            .map(|m| topo_core::policy::GangMember { row: m.row, parts: vec![(0, &m.cpus)] })
+            .zip(&parts)
+            .map(|(m, parts)| topo_core::policy::GangMember { row: m.row, parts })
             .collect();
         // Rows beyond the configured ones (gang_rows lowered while their jobs live) keep turns
         // of their own: folded onto the configured rows they would collide with them.
