@@ -527,13 +527,16 @@ pub struct Part {
 type GangParts<'a> = (Vec<(HostId, &'a CpuSet)>, Vec<(u32, usize)>);
 
 fn gang_parts<'a>(slots: &'a [Slot], jobs: &[JobKey]) -> GangParts<'a> {
-    let mut parts = Vec::new();
+    let running = jobs.iter().filter_map(|&job| match &slots[job as usize] {
+        Slot::Running(r) => Some(r),
+        _ => None,
+    });
     let mut rows = Vec::with_capacity(jobs.len());
-    for &job in jobs {
-        if let Slot::Running(r) = &slots[job as usize] {
-            parts.extend(r.parts.iter().map(|p| (p.host, &p.placement.cpus)));
-            rows.push((r.row, r.parts.len()));
-        }
+    rows.extend(running.clone().map(|r| (r.row, r.parts.len())));
+    // Sized once: a job on many hosts has a part on each.
+    let mut parts = Vec::with_capacity(rows.iter().map(|&(_, n)| n).sum());
+    for r in running {
+        parts.extend(r.parts.iter().map(|p| (p.host, &p.placement.cpus)));
     }
     (parts, rows)
 }
