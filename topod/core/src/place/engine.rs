@@ -5,6 +5,12 @@
 //! tasks fit under it; then it walks down from the machine, at each node asking the strategy how
 //! to split the remaining need among the children. Inside a node that lies in one `same=` domain
 //! it switches from counting tasks to counting units. At a leaf (a core) it takes CPUs.
+//!
+//! A node whose children are cores of one size, each holding at most one of the job's units
+//! (a NUMA node of a flat host of thousands of cores), leaves no choice to weigh: pack and
+//! balance take its lowest-numbered cores that have a unit, and so does best-fit inside one
+//! NUMA node; the walk takes them without sorting or searching the children (a property test
+//! holds it to the general walk).
 
 use super::model::{level_slot, HostModel};
 use super::{domain_name, unit_name, Occupancy, PlaceError, Strategy, DEFAULT_TASKS};
