@@ -1468,4 +1468,19 @@ fn cluster_files_hold_against_an_attack() {
     let err = refused_with(&["--trace", t, "--cluster", &c]);
     assert!(err.contains("partition \"p\": policy = \"bogus\": unknown policy"), "{err}");
     assert!(!err.contains("--policy"), "{err}");
+    // Every partition with its own policy and placement: the line naming the per-job file says
+    // "by-partition" once (it said "by-partition by-partition").
+    let c = cluster(
+        "both.toml",
+        "[[group]]\nname = \"a\"\ncount = 2\ntopology = \"flat:4\"\n\
+         [[partition]]\nname = \"p\"\ngroups = [\"a\"]\ndefault = true\npolicy = \"easy\"\n\
+         placement = \"pack\"\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_topoctl"))
+        .args(["simulate", "--trace", t, "--cluster", &c, "--jobs-out", &path("both.csv")])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("topoctl: by-partition: each job's results are in"), "{err}");
 }

@@ -1053,12 +1053,13 @@ pub(crate) fn run(args: SimulateOpts) -> Result<(), Failure> {
             for out in &jobs_out {
                 let path = out.path_for(&report.policy, placement.name(), several);
                 jobs_out::write(out, &path, &context, &report)?;
-                eprintln!(
-                    "topoctl: {} {}: each job's results are in {}",
-                    report.policy,
-                    report.placement,
-                    path.display()
-                );
+                // A cluster file whose partitions set both says "by-partition" once.
+                let what = if report.policy == report.placement {
+                    report.policy.clone()
+                } else {
+                    format!("{} {}", report.policy, report.placement)
+                };
+                eprintln!("topoctl: {what}: each job's results are in {}", path.display());
             }
             // (Written: the table, the JSON and the pictures need only the figures.)
             report.outcomes = Vec::new();
