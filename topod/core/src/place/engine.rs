@@ -582,7 +582,7 @@ impl Walk<'_> {
             }
         };
         // A node holds at most one unit (or task) per CPU: children all smaller than `need`
-        // are not looked at (on a flat host of thousands of cores, none of its cores).
+        // are not looked at, and of a flat run of cores only the first with a unit.
         let mut stack: smallvec::SmallVec<[usize; 64]> = smallvec::SmallVec::new();
         let below = |id: usize,
                      stack: &mut smallvec::SmallVec<[usize; 64]>,

@@ -30,7 +30,8 @@ pub struct TreeNode {
     /// The size of its largest child (0 for a leaf): a search for a node of at least n CPUs
     /// need not look among children all smaller.
     pub largest_child: usize,
-    /// Children, in ascending order of first CPU (and of number: siblings are numbered in turn).
+    /// Children, in ascending order of number (siblings are numbered in turn), and mostly of
+    /// first CPU (a NUMA part of CPUs without a memory node comes after the others).
     pub children: Vec<usize>,
     /// Every child is a leaf (a core) of one size: a node of a flat host's thousands of cores,
     /// where a choice among the children need not sort or search them (see the placement engine).

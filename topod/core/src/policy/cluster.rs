@@ -522,10 +522,11 @@ pub struct Part {
     pub placement: Arc<Placement>,
 }
 
-/// The parts of the running ones of `jobs`, all in one vector, and each one's row and how many
-/// parts it has, in order: [`gang_members`] makes [`gang_runs`]'s members of them.
+/// Every part of some jobs, in one vector, and each job's row and how many parts it has.
 type GangParts<'a> = (Vec<(HostId, &'a CpuSet)>, Vec<(u32, usize)>);
 
+/// The parts of the running ones of `jobs`, in order: [`gang_members`] makes [`gang_runs`]'s
+/// members of them.
 fn gang_parts<'a>(slots: &'a [Slot], jobs: &[JobKey]) -> GangParts<'a> {
     let running = jobs.iter().filter_map(|&job| match &slots[job as usize] {
         Slot::Running(r) => Some(r),
