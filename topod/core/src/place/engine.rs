@@ -575,42 +575,43 @@ impl Walk<'_> {
             (tree[id].size, counts[id], parent_free, id)
         };
         let mut best: Option<(usize, usize, usize, usize)> = None;
-        let mut consider = |id: usize| {
-            let k = key(id);
-            if best.is_none_or(|b| k < b) {
-                best = Some(k);
-            }
-        };
-        // A node holds at most one unit (or task) per CPU: children all smaller than `need`
-        // are not looked at, and of a flat run of cores only the first with a unit.
         let mut stack: smallvec::SmallVec<[usize; 64]> = smallvec::SmallVec::new();
-        let below = |id: usize,
-                     stack: &mut smallvec::SmallVec<[usize; 64]>,
-                     consider: &mut dyn FnMut(usize)| {
-            if tree[id].largest_child < need {
-                return;
-            }
-            if need > 0 && self.one_unit_per_child(id) {
-                // Cores of one size with a unit each at most: only a need of one fits in one,
-                // and the lowest-numbered such core is the best (same size, count and parent).
-                if need == 1 {
-                    if let Some(&c) = tree[id].children.iter().find(|&&c| counts[c] >= 1) {
-                        consider(c);
-                    }
-                }
-                return;
-            }
-            stack.extend_from_slice(&tree[id].children);
-        };
-        below(node, &mut stack, &mut consider);
+        self.push_below(node, need, counts, &mut stack);
         while let Some(id) = stack.pop() {
             if counts[id] < need {
                 continue;
             }
-            consider(id);
-            below(id, &mut stack, &mut consider);
+            let k = key(id);
+            if best.is_none_or(|b| k < b) {
+                best = Some(k);
+            }
+            self.push_below(id, need, counts, &mut stack);
         }
         best.map(|(_, _, _, id)| id)
+    }
+
+    /// Pushes the children of `id` that [`Self::smallest_fitting_below`] must look at. A node
+    /// holds at most one unit (or task) per CPU: children all smaller than `need` are not looked
+    /// at. Of a flat run of cores with a unit each at most, only a need of one fits in one, and
+    /// the lowest-numbered with a unit is the best of them (same size, count and parent).
+    fn push_below(
+        &self,
+        id: usize,
+        need: usize,
+        counts: &[usize],
+        stack: &mut smallvec::SmallVec<[usize; 64]>,
+    ) {
+        let node = &self.model.tree[id];
+        if node.largest_child < need {
+            return;
+        }
+        if need > 0 && self.one_unit_per_child(id) {
+            if need == 1 {
+                stack.extend(node.children.iter().copied().find(|&c| counts[c] >= 1));
+            }
+            return;
+        }
+        stack.extend_from_slice(&node.children);
     }
 
     fn split_into_tasks(&mut self, reps: Vec<u32>) {
