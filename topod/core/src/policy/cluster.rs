@@ -522,35 +522,38 @@ pub struct Part {
     pub placement: Arc<Placement>,
 }
 
-/// Every part of some jobs, in one vector, and each job's row and how many parts it has.
-type GangParts<'a> = (Vec<(HostId, &'a CpuSet)>, Vec<(u32, usize)>);
-
-/// The parts of the running ones of `jobs`, in order: [`gang_members`] makes [`gang_runs`]'s
-/// members of them.
-fn gang_parts<'a>(slots: &'a [Slot], jobs: &[JobKey]) -> GangParts<'a> {
-    let running = jobs.iter().filter_map(|&job| match &slots[job as usize] {
-        Slot::Running(r) => Some(r),
-        _ => None,
-    });
-    let mut rows = Vec::with_capacity(jobs.len());
-    rows.extend(running.clone().map(|r| (r.row, r.parts.len())));
-    // Sized once: a job on many hosts has a part on each.
-    let mut parts = Vec::with_capacity(rows.iter().map(|&(_, n)| n).sum());
-    for r in running {
-        parts.extend(r.parts.iter().map(|p| (p.host, &p.placement.cpus)));
-    }
-    (parts, rows)
+/// The running ones of some jobs as [`gang_runs`] takes them: every part in one vector (sized
+/// once: a job on many hosts has a part on each), and each job's row and how many parts it has.
+struct GangParts<'a> {
+    parts: Vec<(HostId, &'a CpuSet)>,
+    jobs: Vec<(u32, usize)>,
 }
 
-/// The running ones of `jobs` as [`gang_runs`] takes them, over [`gang_parts`]'s vectors.
-fn gang_members<'a>(parts: &'a GangParts<'a>) -> Vec<GangMember<'a>> {
-    let mut start = 0;
-    let mut members = Vec::with_capacity(parts.1.len());
-    for &(row, n) in &parts.1 {
-        members.push(GangMember { row, parts: &parts.0[start..start + n] });
-        start += n;
+impl<'a> GangParts<'a> {
+    /// The running ones of `jobs`, in order.
+    fn of(slots: &'a [Slot], jobs: &[JobKey]) -> Self {
+        let running = jobs.iter().filter_map(|&job| match &slots[job as usize] {
+            Slot::Running(r) => Some(r),
+            _ => None,
+        });
+        let jobs: Vec<(u32, usize)> = running.clone().map(|r| (r.row, r.parts.len())).collect();
+        let mut parts = Vec::with_capacity(jobs.iter().map(|&(_, n)| n).sum());
+        for r in running {
+            parts.extend(r.parts.iter().map(|p| (p.host, &p.placement.cpus)));
+        }
+        GangParts { parts, jobs }
     }
-    members
+
+    /// [`gang_runs`]'s members, over these vectors.
+    fn members(&self) -> Vec<GangMember<'_>> {
+        let mut start = 0;
+        let mut members = Vec::with_capacity(self.jobs.len());
+        for &(row, n) in &self.jobs {
+            members.push(GangMember { row, parts: &self.parts[start..start + n] });
+            start += n;
+        }
+        members
+    }
 }
 
 /// What gang slicing does over one period while nothing else happens
@@ -1718,8 +1721,8 @@ impl PolicyCore {
         let active = gang.active_row(self.now) % rows;
         // Every row's turn, worked out now if it was not yet (the same running jobs give it).
         if pattern.runs.iter().any(Option::is_none) {
-            let parts = gang_parts(&self.jobs, &pattern.jobs);
-            let members = gang_members(&parts);
+            let parts = GangParts::of(&self.jobs, &pattern.jobs);
+            let members = parts.members();
             if members.len() != pattern.jobs.len() {
                 return None;
             }
@@ -1777,8 +1780,8 @@ impl PolicyCore {
             }
         };
         if pattern.runs[active].is_none() {
-            let parts = gang_parts(&self.jobs, &pattern.jobs);
-            pattern.runs[active] = Some(gang_runs(active as u32, gang.rows, &gang_members(&parts)));
+            let parts = GangParts::of(&self.jobs, &pattern.jobs);
+            pattern.runs[active] = Some(gang_runs(active as u32, gang.rows, &parts.members()));
         }
         let mut thaw = Vec::new();
         let runs = pattern.runs[active].as_deref().unwrap_or_default();
