@@ -14,6 +14,7 @@
 # are printed one per line ("figure ..."), and its thresholds are checked (see below).
 #
 # Usage: tests/lsf-harness/run.sh        (tests/run-all.sh runs it)
+#        HARNESS_ONLY=scale tests/lsf-harness/run.sh   (the scale scenario alone)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 shared="${TOPO_SHARED_DIR:-../shared}"
@@ -89,6 +90,8 @@ export TOPO_LSF_CONF="$work/topo-lsf.toml" HARNESS_TOPOCTL="$PWD/target/debug/to
 
 run() { echo "== $*"; "$@"; }
 status=0
+# HARNESS_ONLY=scale: the scale scenario alone (for its figures while changing the module).
+if [ "${HARNESS_ONLY:-}" != scale ]; then
 run "$work/harness" "$work/schmod_topo.so" session || status=1
 run "$work/harness" "$work/schmod_topo.so" restart || status=1
 run "$work/harness-lsb" "$work/schmod_topo.so" restart || status=1
@@ -136,6 +139,8 @@ else echo "  FAIL  other module's string"; status=1; fi
 CAPI_SOCKET="$work/h3/topod.sock" run "$work/capi_test" || status=1
 CAPI_SOCKET="$work/h3/topod.sock" run valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
     --show-leak-kinds=definite "$work/capi_test" || status=1
+
+fi
 
 # Scale, with the release builds (the figures are the module's, not a debug build's):
 # 10,000 LSF hosts n00001..n10000 over five topods (three on the 2 x 24-core AMD EPYC, two on the

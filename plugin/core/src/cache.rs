@@ -104,8 +104,49 @@ pub struct HostState {
     pub pools: Box<[OpenPool]>,
     /// The GPUs no job and no reservation holds, by where they are (empty on hosts without
     /// GPUs): a `gpus=` request is fitted beside them as topod chooses
-    /// ([`topo_core::gpus::choose_among`]).
-    pub gpus: Box<[topo_core::gpus::GpuSite]>,
+    /// ([`topo_core::gpus::choose_among`]). Shared by every host whose list is the same
+    /// ([`GpuLists`]): a site is ~180 bytes, and a host of 8 GPUs would keep 1.5 KB of them.
+    pub gpus: Arc<[topo_core::gpus::GpuSite]>,
+}
+
+/// The lists of free GPU sites the cache's hosts hold, one copy of each: hosts of one kind
+/// with the same GPUs free (all of them, most of the time) share it. Lists no host holds any
+/// more are dropped as the set grows, so it stays within twice the lists in use.
+#[derive(Debug, Default)]
+pub struct GpuLists {
+    lists: HashSet<Arc<[topo_core::gpus::GpuSite]>>,
+    /// The set's size at which lists no host holds are next dropped.
+    prune_at: usize,
+}
+
+impl GpuLists {
+    /// The shared copy of `sites`.
+    pub fn intern(
+        &mut self,
+        sites: &[topo_core::gpus::GpuSite],
+    ) -> Arc<[topo_core::gpus::GpuSite]> {
+        if let Some(list) = self.lists.get(sites) {
+            return list.clone();
+        }
+        if self.lists.len() >= self.prune_at {
+            // Held by this set alone: no host (of any snapshot) has it.
+            self.lists.retain(|l| Arc::strong_count(l) > 1);
+            self.prune_at = (2 * self.lists.len()).max(64);
+        }
+        let list: Arc<[topo_core::gpus::GpuSite]> = sites.into();
+        self.lists.insert(list.clone());
+        list
+    }
+
+    /// How many lists it keeps.
+    pub fn len(&self) -> usize {
+        self.lists.len()
+    }
+
+    /// Whether it keeps none.
+    pub fn is_empty(&self) -> bool {
+        self.lists.is_empty()
+    }
 }
 
 /// A prime-time pool open on a host as topod last reported it (topod.toml `prime_pools`).
@@ -445,6 +486,8 @@ pub struct HostCache {
     names_version: u64,
     /// Names that are no host's; replaced by an empty one whenever a host is added.
     negative: Arc<Mutex<HashSet<Box<str>>>>,
+    /// The hosts' lists of free GPUs, one copy of each (shared by every snapshot).
+    gpu_lists: Arc<Mutex<GpuLists>>,
 }
 
 /// A vector in shared chunks: a copy costs one reference count per [`CHUNK`] elements, and a
@@ -800,6 +843,11 @@ impl HostCache {
         self.hosts.iter().enumerate().map(|(i, h)| (i as HostId, &**h))
     }
 
+    /// How many distinct lists of free GPUs the hosts share ([`GpuLists`]).
+    pub fn gpu_list_count(&self) -> usize {
+        self.gpu_lists.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// Number of distinct hardware models.
     pub fn model_count(&self) -> usize {
         self.models.len()
@@ -902,7 +950,7 @@ impl HostCache {
             blocks: blocks.into(),
             moves,
             pools: pools.into(),
-            gpus: free.gpus.clone().into(),
+            gpus: self.gpu_lists.lock().unwrap_or_else(|e| e.into_inner()).intern(&free.gpus),
         };
         let before = self.status[id as usize];
         let entry = &self.hosts[id as usize];

@@ -1587,3 +1587,54 @@ fn a_free_maps_planner_bounds_above_topods_own_are_cut_to_them() {
     assert_eq!(moves.limits.max_moves, 3, "topod's own setting is kept");
     assert_eq!(moves.jobs.len(), 2);
 }
+
+#[test]
+fn hosts_with_the_same_free_gpus_share_one_list_and_unused_lists_are_dropped() {
+    let topo = shared_topology("32intel64-2p8co2t+8ve.xml");
+    let site = |g: usize| topo_core::gpus::GpuSite {
+        numa: Some(CpuSet::parse_list(if g < 4 { "0-15" } else { "16-31" }).unwrap()),
+        socket: Some(CpuSet::parse_list(if g < 4 { "0-15" } else { "16-31" }).unwrap()),
+        switch: Some(format!("0000:{:02x}:00.0", 0x10 + g)),
+    };
+    let all: Vec<_> = (0..12).map(site).collect();
+    let hosts = 100;
+    let mut cache = crate::HostCache::new();
+    let now = Instant::now();
+    for h in 0..hosts {
+        let id = cache.add(&format!("n{h}"), Address::Unix(PathBuf::from("/t.sock")));
+        let free = FreeMap { gpus: all.clone(), ..idle_free_map(&topo) };
+        cache.update(id, Some(&topo), free, now).unwrap();
+    }
+    let gpus = |c: &crate::HostCache, h: u32| c.host(h).state.as_ref().unwrap().gpus.clone();
+    assert_eq!(*gpus(&cache, 0), *all, "a host keeps the sites topod sent");
+    assert!((1..hosts).all(|h| std::sync::Arc::ptr_eq(&gpus(&cache, 0), &gpus(&cache, h))));
+    assert_eq!(cache.gpu_list_count(), 1);
+    // Churn: every host's free GPUs change many times, through lists no host keeps for long
+    // (a few thousand distinct ones of the 4,096 subsets).
+    for round in 0..40u32 {
+        for h in 0..hosts {
+            let taken = (h.wrapping_mul(2_654_435_761) ^ round.wrapping_mul(40_503)) % 4096;
+            let free_gpus = all.iter().enumerate().filter(|&(g, _)| taken & (1 << g) == 0);
+            let free = FreeMap {
+                gpus: free_gpus.map(|(_, s)| s.clone()).collect(),
+                ..idle_free_map(&topo)
+            };
+            cache.update(h, None, free, now).unwrap();
+            let kept = gpus(&cache, h);
+            assert_eq!(kept.len(), 12 - taken.count_ones() as usize);
+            for (g, s) in all.iter().enumerate() {
+                assert_eq!(
+                    kept.contains(s),
+                    taken & (1 << g) == 0,
+                    "host {h} round {round}: GPU {g}"
+                );
+            }
+        }
+    }
+    // At most 100 lists in use now.
+    assert!(
+        cache.gpu_list_count() <= 2 * hosts as usize + 64,
+        "{} lists kept",
+        cache.gpu_list_count()
+    );
+}
