@@ -211,9 +211,13 @@ pub fn choose_among(
         }
     }
     // No domain holds both (the job wants more GPUs than any package has free): its GPUs from
-    // several, its CPUs in their NUMA nodes, or it waits. Only GPUs of unknown place (nothing is
-    // nearer than anything else) take CPUs anywhere.
-    let gpus: Vec<usize> = (0..count).collect();
+    // several, its CPUs in their NUMA nodes, or it waits. GPUs of known place come first; only
+    // when the job needs one of unknown place (`numa_node` -1: nothing is nearer than anything
+    // else) do its CPUs go anywhere.
+    let mut gpus: Vec<usize> = (0..sites.len()).collect();
+    gpus.sort_by_key(|&g| sites[g].numa.is_none());
+    gpus.truncate(count);
+    gpus.sort_unstable();
     let mut near = CpuSet::new();
     for &g in &gpus {
         match &sites[g].numa {
@@ -568,6 +572,32 @@ mod tests {
             choose(&topo, &model, &none, &[0, 1, 2, 3], &cores(4), 4, Strategy::BestFit).unwrap();
         assert!(is_local(&topo, &four.gpus, &four.placement.cpus));
         assert!(choose(&topo, &model, &none, &[0], &cores(1), 2, Strategy::BestFit).is_none());
+    }
+
+    #[test]
+    fn gpus_of_unknown_place_are_taken_last_and_only_they_free_the_cpus() {
+        let (mut topo, _) = host();
+        // GPU 0 of unknown place (`numa_node` -1, as on cloud VMs), first by address.
+        let mut unknown = topo.devices[0].clone();
+        unknown.pci_address = "0000:05:00.0".into();
+        unknown.numa_node = None;
+        unknown.upstream = vec!["0000:00:04.0".into()];
+        topo.devices.insert(0, unknown);
+        let model = HostModel::new(&topo, &CpuSet::new()).unwrap();
+        let none = Occupancy::default();
+        let near = |g: usize| topo.cpus_near(&topo.devices[g], Level::Numa);
+        assert_eq!(near(0), None, "read as unknown, not as node 0");
+        // Node 0's CPUs taken: one GPU from each node is needed, not the unknown one.
+        let busy = Occupancy { held: model.numa[0].iter().take(6).collect(), ..none.clone() };
+        let two =
+            choose(&topo, &model, &busy, &[0, 1, 3], &cores(4), 2, Strategy::BestFit).unwrap();
+        assert_eq!(two.gpus, [1, 3], "the two of known place");
+        assert!(is_local(&topo, &two.gpus, &two.placement.cpus), "{:?}", two.placement.cpus);
+        // Three needed, one of unknown place among them: the CPUs may be anywhere free.
+        let three =
+            choose(&topo, &model, &busy, &[0, 1, 3], &cores(4), 3, Strategy::BestFit).unwrap();
+        assert_eq!(three.gpus, [0, 1, 3]);
+        assert_eq!(three.placement.cpus.len(), 4);
     }
 
     #[test]
