@@ -72,6 +72,19 @@ fn machine(root: &Path) {
         let path = format!("{switch}/0000:{port}/0000:{gpu}");
         pci_function(root, &path, "0x030200", "1", Some(card));
     }
+    // Network adapters: an InfiniBand HCA behind the GPUs' switch on node 1 (interface ib0,
+    // RDMA device mlx5_0), an Ethernet port on node 0's own root port.
+    let hca = format!("{switch}/0000:82:18.0/0000:88:00.0");
+    pci_function(root, &format!("{switch}/0000:82:18.0"), bridge, "1", None);
+    pci_function(root, &hca, "0x020700", "1", None);
+    let eth = "pci0000:00/0000:00:02.0/0000:19:00.0";
+    pci_function(root, "pci0000:00/0000:00:02.0", bridge, "0", None);
+    pci_function(root, eth, "0x020000", "0", None);
+    for dir in
+        [format!("{hca}/net/ib0"), format!("{hca}/infiniband/mlx5_0"), format!("{eth}/net/eth1")]
+    {
+        std::fs::create_dir_all(root.join("sys/devices").join(dir)).unwrap();
+    }
     // The character devices of card0 and card2, as the kernel links them (major 241: local
     // and experimental use, as the test's own device nodes are).
     std::fs::create_dir_all(root.join("sys/dev/char")).unwrap();
@@ -139,6 +152,24 @@ fn a_job_given_a_gpu_runs_on_its_numa_node_and_topoctl_jobs_says_how_near() {
     let (done, out) = topoctl(&["jobs", "--socket", socket]);
     assert!(done, "{out}");
     assert!(out.contains("GPUs 0000:86:00.0 (card1, NUMA node 1, local to every CPU)"), "{out}");
+    // The adapter behind card1's switch; for the job without GPUs, the one in its CPU's node.
+    assert!(
+        out.contains(
+            "nearest network adapters 0000:88:00.0 (ib0, mlx5_0; behind its GPUs' PCIe switch)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("nearest network adapters 0000:19:00.0 (eth1; in its CPUs' NUMA node)"),
+        "{out}"
+    );
+    let listed = ok(&d.socket, r#"{"op":"list"}"#);
+    let nics = |job: &str| -> Value {
+        listed.as_array().unwrap().iter().find(|j| j["job"] == job).unwrap()["nics"].clone()
+    };
+    assert_eq!(nics("g")[0]["near"], "pcie-switch", "{listed}");
+    assert_eq!(nics("g").as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(nics("cpu")[0]["near"], "numa-node", "{listed}");
     // Node 1 has one core left: gpubind=numa does not fit, and says so; without it the job
     // runs on node 0, and the listing says how far that is.
     let strict = ask(
@@ -514,7 +545,11 @@ fn topo_exec_tells_the_job_the_gpus_topod_chose() {
     let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
         .args(["--socket", d.socket.to_str().unwrap(), "--job", "x"])
         .args(["--request", "affinity[core(2):gpus=2]", "--"])
-        .args(["sh", "-c", "echo TOPO_GPUS=$TOPO_GPUS; echo CUDA=${CUDA_VISIBLE_DEVICES-unset}"])
+        .args([
+            "sh",
+            "-c",
+            "echo TOPO_GPUS=$TOPO_GPUS; echo TOPO_NICS=$TOPO_NICS; echo CUDA=${CUDA_VISIBLE_DEVICES-unset}",
+        ])
         .env_remove("CUDA_VISIBLE_DEVICES")
         .output()
         .unwrap();
@@ -522,6 +557,7 @@ fn topo_exec_tells_the_job_the_gpus_topod_chose() {
     let complaint = String::from_utf8_lossy(&out.stderr);
     // The two GPUs behind node 1's switch, with the CPUs of node 1.
     assert!(said.contains("TOPO_GPUS=0000:86:00.0,0000:87:00.0\n"), "{said}{complaint}");
+    assert!(said.contains("TOPO_NICS=ib0\n"), "the HCA behind their switch: {said}");
     assert!(said.contains("CUDA=unset"), "{said}");
     assert!(complaint.contains("CUDA_VISIBLE_DEVICES not set"), "{complaint}");
 }

@@ -232,6 +232,97 @@ pub fn choose_among(
     Some((gpus, placement))
 }
 
+/// How near a network adapter is to a job ([`nics_near`]), nearest first.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum NicNearness {
+    /// Behind the same PCIe switch as one of the job's GPUs: GPU-direct traffic need not cross
+    /// the CPU's root complex.
+    PcieSwitch,
+    /// In the NUMA node of one of the job's GPUs (a job without GPUs: of its CPUs).
+    NumaNode,
+    /// In the package of one of the job's GPUs (of its CPUs).
+    Package,
+}
+
+impl NicNearness {
+    /// For `topoctl jobs`: "behind its GPUs' PCIe switch".
+    pub fn describe(self, with_gpus: bool) -> &'static str {
+        match (self, with_gpus) {
+            (NicNearness::PcieSwitch, _) => "behind its GPUs' PCIe switch",
+            (NicNearness::NumaNode, true) => "in its GPUs' NUMA node",
+            (NicNearness::NumaNode, false) => "in its CPUs' NUMA node",
+            (NicNearness::Package, true) => "in its GPUs' package",
+            (NicNearness::Package, false) => "in its CPUs' package",
+        }
+    }
+}
+
+/// The network adapters nearest a job, by index in [`Topology::devices`] with how near, in
+/// index order: for each of its `gpus`, the adapters nearest that GPU (behind its PCIe switch,
+/// else in its NUMA node, else in its package); for a job without GPUs, those nearest its `cpus`
+/// (in a NUMA node, else a package, they share). Adapters of unknown place are never near.
+pub fn nics_near(topo: &Topology, gpus: &[usize], cpus: &CpuSet) -> Vec<(usize, NicNearness)> {
+    let nics: Vec<usize> = (0..topo.devices.len())
+        .filter(|&i| topo.devices[i].class == DeviceClass::Network)
+        .collect();
+    let mut best: std::collections::BTreeMap<usize, NicNearness> = Default::default();
+    let mut keep_nearest = |ranked: Vec<(usize, NicNearness)>| {
+        let Some(nearest) = ranked.iter().map(|&(_, r)| r).min() else { return };
+        for (nic, rank) in ranked.into_iter().filter(|&(_, r)| r == nearest) {
+            let kept = best.entry(nic).or_insert(rank);
+            *kept = (*kept).min(rank);
+        }
+    };
+    let same =
+        |a: Option<CpuSet>, b: Option<CpuSet>| matches!((a, b), (Some(a), Some(b)) if a == b);
+    for &g in gpus {
+        let Some(gpu) = topo.devices.get(g) else { continue };
+        let ranked = nics
+            .iter()
+            .filter_map(|&n| {
+                let nic = &topo.devices[n];
+                let rank = if gpu.switch().is_some() && gpu.shared_bridges(nic) >= 2 {
+                    NicNearness::PcieSwitch
+                } else if same(topo.cpus_near(gpu, Level::Numa), topo.cpus_near(nic, Level::Numa)) {
+                    NicNearness::NumaNode
+                } else if same(
+                    topo.cpus_near(gpu, Level::Socket),
+                    topo.cpus_near(nic, Level::Socket),
+                ) {
+                    NicNearness::Package
+                } else {
+                    return None;
+                };
+                Some((n, rank))
+            })
+            .collect();
+        keep_nearest(ranked);
+    }
+    if gpus.is_empty() && !cpus.is_empty() {
+        let shares = |n: usize, level| {
+            topo.cpus_near(&topo.devices[n], level).is_some_and(|near| near.intersects(cpus))
+        };
+        let ranked = nics
+            .iter()
+            .filter_map(|&n| {
+                if shares(n, Level::Numa) {
+                    Some((n, NicNearness::NumaNode))
+                } else if shares(n, Level::Socket) {
+                    Some((n, NicNearness::Package))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        keep_nearest(ranked);
+    }
+    best.into_iter().collect()
+}
+
 /// Where a job without GPUs should go on a host with GPUs: not on the CPUs that GPU jobs will
 /// want, when it fits elsewhere. Keeps, in each NUMA node, `per_gpu` free CPUs for each free GPU
 /// near it (the node's highest-numbered free CPUs), and returns `request` kept off them; `None`
@@ -598,6 +689,41 @@ mod tests {
             choose(&topo, &model, &busy, &[0, 1, 3], &cores(4), 3, Strategy::BestFit).unwrap();
         assert_eq!(three.gpus, [0, 1, 3]);
         assert_eq!(three.placement.cpus.len(), 4);
+    }
+
+    #[test]
+    fn the_nics_nearest_a_job_are_behind_its_gpus_switch_else_in_their_node_else_package() {
+        let (mut topo, _) = host();
+        let nic = |address: &str, node: Option<u32>, upstream: &[&str]| IoDevice {
+            pci_address: address.into(),
+            class: DeviceClass::Network,
+            class_code: 0x020700,
+            vendor_id: None,
+            device_id: None,
+            names: vec![format!("mlx5_{}", &address[5..7])],
+            numa_node: node,
+            local_cpus: CpuSet::new(),
+            upstream: upstream.iter().map(|s| s.to_string()).collect(),
+        };
+        // 5: behind switch A with GPUs 0-1; 6: node 1's own root port; 7: place not known.
+        topo.devices.push(nic("0000:12:00.0", Some(0), &["0000:00:01.0", "A", "0000:00:05.0"]));
+        topo.devices.push(nic("0000:40:00.0", Some(1), &["0000:00:06.0"]));
+        topo.devices.push(nic("0000:50:00.0", None, &["0000:00:07.0"]));
+        let none = CpuSet::new();
+        use NicNearness::*;
+        assert_eq!(nics_near(&topo, &[0], &none), [(5, PcieSwitch)]);
+        // GPU 2 is behind switch B, which has no NIC: the one in its node.
+        assert_eq!(nics_near(&topo, &[2], &none), [(6, NumaNode)]);
+        assert_eq!(nics_near(&topo, &[1, 4], &none), [(5, PcieSwitch), (6, NumaNode)]);
+        // Without GPUs: by the CPUs' nodes (0-7 node 0, 8-15 node 1).
+        let cpus = |list: &str| CpuSet::parse_list(list).unwrap();
+        assert_eq!(nics_near(&topo, &[], &cpus("1-2")), [(5, NumaNode)]);
+        assert_eq!(nics_near(&topo, &[], &cpus("6-9")), [(5, NumaNode), (6, NumaNode)]);
+        // Only the unknown NIC left: nothing is near.
+        topo.devices.truncate(5);
+        topo.devices.push(nic("0000:50:00.0", None, &["0000:00:07.0"]));
+        assert!(nics_near(&topo, &[0], &none).is_empty());
+        assert!(nics_near(&topo, &[], &cpus("0-15")).is_empty());
     }
 
     #[test]

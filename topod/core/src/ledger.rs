@@ -121,6 +121,25 @@ pub struct JobView {
     /// The GPUs (or other PCI devices) the batch system gave it, and how near its CPUs they are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<JobGpu>,
+    /// The network adapters nearest it ([`crate::gpus::nics_near`]): behind its GPUs' PCIe
+    /// switch, else in their NUMA node or package; a job without GPUs, in its CPUs' NUMA node or
+    /// package. Empty on a host whose adapters' places are not known.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<JobNic>,
+}
+
+/// A network adapter near a job, as `list` reports it.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobNic {
+    /// Its PCI address.
+    pub pci_address: String,
+    /// The names the OS gives it: its network interfaces (`ib0`, `eth2`), then its RDMA device
+    /// (`mlx5_0`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// How near.
+    pub near: crate::gpus::NicNearness,
 }
 
 /// A GPU a job was given, as `list` reports it.

@@ -80,15 +80,21 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
     };
     client.join_self(&job).map_err(|e| e.to_string())?;
     // GPUs topod chose (the request's gpus=): the job is told which (a batch system that
-    // named them has told it already, in its own variables).
-    let chosen_gpus =
+    // named them has told it already, in its own variables). And the network adapters nearest
+    // its GPUs (or CPUs), by interface name.
+    let view =
+        client.list().map_err(|e| e.to_string())?.into_iter().find(|j| j.allocation.job == job);
+    let chosen_gpus: Vec<String> =
         if topo_core::request::parse(&alloc.request).is_ok_and(|r| r.gpus_per_task.is_some()) {
-            let jobs = client.list().map_err(|e| e.to_string())?;
-            let view = jobs.into_iter().find(|j| j.allocation.job == job);
-            view.map(|j| j.gpus.into_iter().map(|g| g.pci_address).collect()).unwrap_or_default()
+            view.iter().flat_map(|j| j.gpus.iter().map(|g| g.pci_address.clone())).collect()
         } else {
             Vec::new()
         };
+    let nics: Vec<String> = view
+        .iter()
+        .flat_map(|j| &j.nics)
+        .map(|n| n.names.first().unwrap_or(&n.pci_address).clone())
+        .collect();
     let cpus = alloc.cpus.to_string();
     let mems = alloc.mems.to_string();
     let mut command = Command::new(&args.command[0]);
@@ -98,6 +104,9 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         .env("TOPO_CPUS", &cpus)
         .env("TOPO_MEMS", &mems)
         .env("TOPO_NOTIFY_FILE", topo_core::proto::notify_file_for(&args.socket, &job));
+    if !nics.is_empty() {
+        command.env("TOPO_NICS", nics.join(","));
+    }
     if !chosen_gpus.is_empty() {
         command.env("TOPO_GPUS", chosen_gpus.join(","));
         match nvidia_uuids(std::path::Path::new("/"), &chosen_gpus) {

@@ -159,8 +159,25 @@ pub(crate) fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
             let gpus: Vec<String> = j.gpus.iter().map(gpu_cell).collect();
             println!("{:<16} GPUs {}", "", gpus.join(", "));
         }
+        if !j.nics.is_empty() {
+            let nics: Vec<String> =
+                j.nics.iter().map(|n| nic_cell(n, !j.gpus.is_empty())).collect();
+            println!("{:<16} nearest network adapters {}", "", nics.join(", "));
+        }
     }
     Ok(())
+}
+
+/// A network adapter near a job for `topoctl jobs`: `0000:12:00.0 (ib0, mlx5_0; behind its
+/// GPUs' PCIe switch)`.
+fn nic_cell(n: &topo_core::ledger::JobNic, with_gpus: bool) -> String {
+    let clean = |t: &str| -> String { t.chars().filter(|c| !c.is_control()).collect() };
+    let names: Vec<String> = n.names.iter().map(|t| clean(t)).collect();
+    let near = n.near.describe(with_gpus);
+    match names.is_empty() {
+        true => format!("{} ({near})", clean(&n.pci_address)),
+        false => format!("{} ({}; {near})", clean(&n.pci_address), names.join(", ")),
+    }
 }
 
 /// A job's GPU for `topoctl jobs`: `0000:3b:00.0 (card0, NUMA node 1, local)`.

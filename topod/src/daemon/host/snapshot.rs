@@ -182,6 +182,7 @@ impl Host {
             batch_suspended: state == JobState::Suspended
                 && self.hints.get(&a.job).is_some_and(|h| h.batch_suspended),
             gpus: self.hints.get(&a.job).map_or_else(Vec::new, |h| self.gpus_of(&h.gpus, &a.cpus)),
+            nics: self.nics_of(self.hints.get(&a.job).map_or(&[][..], |h| &h.gpus), &a.cpus),
         };
         let mut jobs: Vec<JobView> = self
             .ledger
@@ -192,6 +193,29 @@ impl Host {
             .collect();
         jobs.sort_by(|a, b| a.allocation.job.cmp(&b.allocation.job));
         jobs
+    }
+
+    /// The network adapters nearest a job with the GPUs `addresses` on `cpus`.
+    fn nics_of(&self, addresses: &[String], cpus: &CpuSet) -> Vec<topo_core::ledger::JobNic> {
+        let gpus: Vec<usize> = addresses
+            .iter()
+            .filter_map(|a| {
+                let device = self.topo.device(a)?;
+                self.topo.devices.iter().position(|d| d.pci_address == device.pci_address)
+            })
+            .collect();
+        // A job whose GPUs this host no longer has is not given adapters by its CPUs instead.
+        if gpus.is_empty() && !addresses.is_empty() {
+            return Vec::new();
+        }
+        topo_core::gpus::nics_near(&self.topo, &gpus, cpus)
+            .into_iter()
+            .map(|(n, near)| topo_core::ledger::JobNic {
+                pci_address: self.topo.devices[n].pci_address.clone(),
+                names: self.topo.devices[n].names.clone(),
+                near,
+            })
+            .collect()
     }
 
     /// The GPUs `addresses` as a job on `cpus` sees them: names, nodes and distances.
