@@ -85,6 +85,16 @@ fn machine(root: &Path) {
     {
         std::fs::create_dir_all(root.join("sys/devices").join(dir)).unwrap();
     }
+    // An SR-IOV virtual function of the HCA (its own interface, a `physfn` link back): not
+    // another adapter near anything.
+    let vf = format!("{switch}/0000:82:18.0/0000:88:00.1");
+    pci_function(root, &vf, "0x020700", "1", None);
+    std::fs::create_dir_all(root.join("sys/devices").join(&vf).join("net/ib0v0")).unwrap();
+    std::os::unix::fs::symlink(
+        "../0000:88:00.0",
+        root.join("sys/devices").join(&vf).join("physfn"),
+    )
+    .unwrap();
     // The character devices of card0 and card2, as the kernel links them (major 241: local
     // and experimental use, as the test's own device nodes are).
     std::fs::create_dir_all(root.join("sys/dev/char")).unwrap();
@@ -133,6 +143,8 @@ fn a_job_given_a_gpu_runs_on_its_numa_node_and_topoctl_jobs_says_how_near() {
     assert_eq!(gpu("0000:86:00.0")["numa_node"], 1);
     assert_eq!(gpu("0000:86:00.0")["upstream"][1], "0000:81:00.0");
     assert_eq!(gpu("0000:87:00.0")["upstream"][1], "0000:81:00.0");
+    assert_eq!(gpu("0000:88:00.1")["virtual_function"], true);
+    assert_eq!(gpu("0000:88:00.0").get("virtual_function"), None);
     // One core taken on node 0: best-fit alone puts a 3-core job beside it.
     ok(&d.socket, r#"{"op":"allocate","job":"cpu","request":"affinity[core]"}"#);
     let fit = ok(&d.socket, r#"{"op":"fit","request":"affinity[core*3]"}"#);
@@ -642,4 +654,52 @@ fn a_reservation_for_gpus_holds_them_across_a_restart_until_its_job_takes_them()
             && said.contains("GPU(s) 0000:86:00.0, 0000:87:00.0 are busy until their jobs end"),
         "{said}"
     );
+}
+
+/// Issue 33, per-task GPUs: a job of two tasks with one GPU each is told which GPU is each
+/// task's (`TOPO_TASK_GPUS`, `task_gpus` in `list`), the one nearest that task's CPUs.
+#[test]
+fn topo_exec_tells_each_task_its_own_gpu() {
+    if !common::is_root() {
+        common::skip("topo-exec allocates as root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    machine(&root);
+    let d = common::start(
+        dir.path(),
+        &["--cgroup", "fake", "--topology", root.to_str().unwrap()],
+        false,
+    );
+    // Node 1's two GPUs are card1 and card2 (86:00.0, 87:00.0); card0 is node 0's. With card1
+    // held, a job of one task on each node with a GPU each: each task gets its node's GPU.
+    ok(&d.socket, r#"{"op":"allocate","job":"hold","request":"affinity[core]","gpus":["card1"]}"#);
+    let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
+        .args(["--socket", d.socket.to_str().unwrap(), "--job", "t"])
+        .args(["--request", "affinity[core(3)*2:gpus=1]", "--"])
+        .args(["sh", "-c", "echo TOPO_TASK_GPUS=$TOPO_TASK_GPUS"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    let complaint = String::from_utf8_lossy(&out.stderr);
+    let listed = ok(&d.socket, r#"{"op":"list"}"#);
+    let job = listed.as_array().unwrap().iter().find(|j| j["job"] == "t").unwrap().clone();
+    let tasks: Vec<String> =
+        job["tasks"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    let task_gpus = job["task_gpus"].as_array().unwrap_or_else(|| panic!("{job}"));
+    assert_eq!(tasks.len(), 2, "{job}");
+    // Whatever order the placement gave the tasks, each one's GPU is in its node.
+    let node_of = |cpus: &str| if cpus.starts_with(['0', '1', '2', '3']) { 0 } else { 1 };
+    for (t, cpus) in tasks.iter().enumerate() {
+        let want = if node_of(cpus) == 0 { "0000:18:00.0" } else { "0000:87:00.0" };
+        assert_eq!(task_gpus[t], serde_json::json!([want]), "task {t} on {cpus}: {job}");
+    }
+    let expected: Vec<&str> = task_gpus.iter().map(|g| g[0].as_str().unwrap()).collect();
+    assert!(
+        said.contains(&format!("TOPO_TASK_GPUS={}\n", expected.join(";"))),
+        "{said}{complaint}"
+    );
+    let (_, shown) = topoctl(&["jobs", "--socket", d.socket.to_str().unwrap()]);
+    assert!(shown.contains("GPUs by task (nearest its CPUs) task 0: "), "{shown}");
 }

@@ -210,26 +210,86 @@ pub fn choose_among(
             }
         }
     }
-    // No domain holds both (the job wants more GPUs than any package has free): its GPUs from
-    // several, its CPUs in their NUMA nodes, or it waits. GPUs of known place come first; only
-    // when the job needs one of unknown place (`numa_node` -1: nothing is nearer than anything
-    // else) do its CPUs go anywhere.
-    let mut gpus: Vec<usize> = (0..sites.len()).collect();
-    gpus.sort_by_key(|&g| sites[g].numa.is_none());
-    gpus.truncate(count);
-    gpus.sort_unstable();
-    let mut near = CpuSet::new();
-    for &g in &gpus {
-        match &sites[g].numa {
-            Some(cpus) => near.union_with(cpus),
-            None => {
-                let placement = place::place(model, occupancy, request, strategy).ok()?;
-                return Some((gpus, placement));
+    // No domain holds both (the job wants more GPUs than any package has free, or the CPUs
+    // beside them are taken): its GPUs from several, its CPUs in their NUMA nodes, or it waits.
+    // GPUs of known place come first; a GPU of unknown place (`numa_node` -1 and no
+    // `local_cpulist`: nothing is nearer than anything else) lets its CPUs go anywhere.
+    // When the CPUs do not fit beside those, GPUs of unknown place first: with one of them the
+    // CPUs may go anywhere.
+    for unknown_last in [true, false] {
+        let mut gpus: Vec<usize> = (0..sites.len()).collect();
+        gpus.sort_by_key(|&g| sites[g].numa.is_none() == unknown_last);
+        gpus.truncate(count);
+        gpus.sort_unstable();
+        let mut near = CpuSet::new();
+        let mut anywhere = false;
+        for &g in &gpus {
+            match &sites[g].numa {
+                Some(cpus) => near.union_with(cpus),
+                None => anywhere = true,
+            }
+        }
+        let placed = if anywhere {
+            place::place(model, occupancy, request, strategy).ok()
+        } else {
+            within(request, &near).and_then(|r| place::place(model, occupancy, &r, strategy).ok())
+        };
+        if let Some(placement) = placed {
+            return Some((gpus, placement));
+        }
+    }
+    None
+}
+
+/// Each task's GPUs: `gpus` (by index in [`Topology::devices`]) shared out `per_task` to each
+/// of `tasks` (their CPUs, in task order), each task's the nearest its CPUs. First every task
+/// takes GPUs whose NUMA node holds all its CPUs; then the rest go to the tasks still short,
+/// each to the one it shares the most CPUs with (NUMA node, then package). `None` when the
+/// GPUs are not `per_task` per task.
+pub fn gpus_per_task(
+    topo: &Topology,
+    gpus: &[usize],
+    tasks: &[CpuSet],
+    per_task: usize,
+) -> Option<Vec<Vec<usize>>> {
+    if tasks.is_empty() || per_task == 0 || gpus.len() != per_task * tasks.len() {
+        return None;
+    }
+    let near = |g: usize, level| topo.devices.get(g).and_then(|d| topo.cpus_near(d, level));
+    let numa: Vec<Option<CpuSet>> = gpus.iter().map(|&g| near(g, Level::Numa)).collect();
+    let socket: Vec<Option<CpuSet>> = gpus.iter().map(|&g| near(g, Level::Socket)).collect();
+    let mut taken = vec![false; gpus.len()];
+    let mut out: Vec<Vec<usize>> = vec![Vec::new(); tasks.len()];
+    for (t, cpus) in tasks.iter().enumerate() {
+        for (i, node) in numa.iter().enumerate() {
+            let local = node.as_ref().is_some_and(|n| cpus.is_subset(n));
+            if out[t].len() < per_task && !taken[i] && local {
+                taken[i] = true;
+                out[t].push(i);
             }
         }
     }
-    let placement = place::place(model, occupancy, &within(request, &near)?, strategy).ok()?;
-    Some((gpus, placement))
+    let shared = |set: &Option<CpuSet>, cpus: &CpuSet| {
+        set.as_ref().map_or(0, |s| s.intersection(cpus).len())
+    };
+    for (t, cpus) in tasks.iter().enumerate() {
+        while out[t].len() < per_task {
+            let nearness = |i: usize| (shared(&numa[i], cpus), shared(&socket[i], cpus));
+            let best = (0..gpus.len())
+                .filter(|&i| !taken[i])
+                .max_by_key(|&i| (nearness(i), std::cmp::Reverse(i)))?;
+            taken[best] = true;
+            out[t].push(best);
+        }
+    }
+    Some(
+        out.into_iter()
+            .map(|mut v| {
+                v.sort_unstable();
+                v.into_iter().map(|i| gpus[i]).collect()
+            })
+            .collect(),
+    )
 }
 
 /// How near a network adapter is to a job ([`nics_near`]), nearest first.
@@ -266,8 +326,16 @@ impl NicNearness {
 /// else in its NUMA node, else in its package); for a job without GPUs, those nearest its `cpus`
 /// (in a NUMA node, else a package, they share). Adapters of unknown place are never near.
 pub fn nics_near(topo: &Topology, gpus: &[usize], cpus: &CpuSet) -> Vec<(usize, NicNearness)> {
+    // Physical adapters of known NUMA node: a node of -1 makes the kernel's `local_cpulist`
+    // every CPU (no place at all), and an SR-IOV virtual function is its adapter again.
     let nics: Vec<usize> = (0..topo.devices.len())
-        .filter(|&i| topo.devices[i].class == DeviceClass::Network)
+        .filter(|&i| {
+            let d = &topo.devices[i];
+            d.class == DeviceClass::Network
+                && d.numa_node.is_some()
+                && !d.virtual_function
+                && !gpus.contains(&i)
+        })
         .collect();
     let mut best: std::collections::BTreeMap<usize, NicNearness> = Default::default();
     let mut keep_nearest = |ranked: Vec<(usize, NicNearness)>| {
@@ -594,6 +662,7 @@ mod tests {
             numa_node: Some(0),
             local_cpus: CpuSet::new(),
             upstream: Vec::new(),
+            virtual_function: false,
         };
         assert!(is_for_jobs(&device(0x030200, 0x10de)), "an NVIDIA 3D controller");
         assert!(is_for_jobs(&device(0x030000, 0x1002)), "an AMD VGA GPU");
@@ -629,6 +698,7 @@ mod tests {
                 Some(s) => vec!["0000:00:01.0".into(), s.into(), "0000:00:02.0".into()],
                 None => vec!["0000:00:03.0".into()],
             },
+            virtual_function: false,
         };
         topo.devices = vec![
             gpu("0000:10:00.0", 0, Some("A")),
@@ -689,6 +759,11 @@ mod tests {
             choose(&topo, &model, &busy, &[0, 1, 3], &cores(4), 3, Strategy::BestFit).unwrap();
         assert_eq!(three.gpus, [0, 1, 3]);
         assert_eq!(three.placement.cpus.len(), 4);
+        // Node 1's CPUs all taken: its GPU cannot have CPUs beside it, the unknown one can.
+        let full = Occupancy { held: model.numa[1].clone(), ..none.clone() };
+        let one = choose(&topo, &model, &full, &[0, 3], &cores(2), 1, Strategy::BestFit).unwrap();
+        assert_eq!(one.gpus, [0], "a GPU of unknown place rather than none");
+        assert!(one.placement.cpus.is_subset(&model.numa[0]));
     }
 
     #[test]
@@ -704,6 +779,7 @@ mod tests {
             numa_node: node,
             local_cpus: CpuSet::new(),
             upstream: upstream.iter().map(|s| s.to_string()).collect(),
+            virtual_function: false,
         };
         // 5: behind switch A with GPUs 0-1; 6: node 1's own root port; 7: place not known.
         topo.devices.push(nic("0000:12:00.0", Some(0), &["0000:00:01.0", "A", "0000:00:05.0"]));
@@ -719,11 +795,51 @@ mod tests {
         let cpus = |list: &str| CpuSet::parse_list(list).unwrap();
         assert_eq!(nics_near(&topo, &[], &cpus("1-2")), [(5, NumaNode)]);
         assert_eq!(nics_near(&topo, &[], &cpus("6-9")), [(5, NumaNode), (6, NumaNode)]);
+        // An SR-IOV virtual function of NIC 5 behind the same switch is not another adapter;
+        // a NIC given to the job as its device is not its own nearest adapter.
+        let mut vf = nic("0000:12:00.1", Some(0), &["0000:00:01.0", "A", "0000:00:05.0"]);
+        vf.virtual_function = true;
+        topo.devices.push(vf);
+        assert_eq!(nics_near(&topo, &[0], &none), [(5, PcieSwitch)]);
+        assert_eq!(nics_near(&topo, &[5], &none), []);
+        topo.devices.pop();
+        // A NIC whose node is -1 is near nothing, even with a `local_cpulist` (the kernel
+        // gives every CPU then).
+        let mut listed = nic("0000:60:00.0", None, &["0000:00:08.0"]);
+        listed.local_cpus = cpus("0-3");
+        topo.devices.push(listed);
+        assert_eq!(nics_near(&topo, &[], &cpus("1-2")), [(5, NumaNode)]);
+        topo.devices.pop();
         // Only the unknown NIC left: nothing is near.
         topo.devices.truncate(5);
         topo.devices.push(nic("0000:50:00.0", None, &["0000:00:07.0"]));
         assert!(nics_near(&topo, &[0], &none).is_empty());
         assert!(nics_near(&topo, &[], &cpus("0-15")).is_empty());
+    }
+
+    #[test]
+    fn each_task_gets_the_gpus_nearest_its_own_cpus() {
+        let (topo, _) = host();
+        let cpus = |list: &str| CpuSet::parse_list(list).unwrap();
+        // Task 0 on node 1, task 1 on node 0: each gets its own node's GPU, whatever the order.
+        let tasks = [cpus("8-9"), cpus("0-1")];
+        assert_eq!(gpus_per_task(&topo, &[0, 2], &tasks, 1), Some(vec![vec![2], vec![0]]));
+        // Two per task, one task per node.
+        let tasks = [cpus("0-3"), cpus("8-11")];
+        assert_eq!(
+            gpus_per_task(&topo, &[0, 1, 2, 3], &tasks, 2),
+            Some(vec![vec![0, 1], vec![2, 3]])
+        );
+        // A task across both nodes (mostly node 1) takes what is left once the task wholly in
+        // node 1 has that node's GPU.
+        let tasks = [cpus("7-9"), cpus("10-11")];
+        assert_eq!(gpus_per_task(&topo, &[0, 2], &tasks, 1), Some(vec![vec![0], vec![2]]));
+        // Both tasks on node 1, one GPU there: one task is left the far one.
+        let tasks = [cpus("8-9"), cpus("10-11")];
+        assert_eq!(gpus_per_task(&topo, &[0, 4], &tasks, 1), Some(vec![vec![4], vec![0]]));
+        // Not n per task: no sharing out.
+        assert_eq!(gpus_per_task(&topo, &[0, 1, 2], &tasks, 1), None);
+        assert_eq!(gpus_per_task(&topo, &[], &[], 1), None);
     }
 
     #[test]

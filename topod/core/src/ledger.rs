@@ -126,6 +126,10 @@ pub struct JobView {
     /// package. Empty on a host whose adapters' places are not known.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nics: Vec<JobNic>,
+    /// A job of several tasks asking `gpus=n` per task: each task's GPUs (PCI addresses), in
+    /// task order, the nearest its own CPUs ([`crate::gpus::gpus_per_task`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub task_gpus: Vec<Vec<String>>,
 }
 
 /// A network adapter near a job, as `list` reports it.

@@ -93,7 +93,17 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
     let nics: Vec<String> = view
         .iter()
         .flat_map(|j| &j.nics)
-        .map(|n| n.names.first().unwrap_or(&n.pci_address).clone())
+        .map(|n| {
+            // A name a list could not carry (a separator, a space, a control character) is
+            // replaced by the adapter's PCI address.
+            let usable = |name: &&String| {
+                !name.is_empty()
+                    && !name
+                        .chars()
+                        .any(|c| c == ',' || c == ';' || c.is_whitespace() || c.is_control())
+            };
+            n.names.first().filter(usable).unwrap_or(&n.pci_address).clone()
+        })
         .collect();
     let cpus = alloc.cpus.to_string();
     let mems = alloc.mems.to_string();
@@ -106,6 +116,13 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         .env("TOPO_NOTIFY_FILE", topo_core::proto::notify_file_for(&args.socket, &job));
     if !nics.is_empty() {
         command.env("TOPO_NICS", nics.join(","));
+    }
+    // Each task's GPUs, the nearest its CPUs: "task0,task0;task1" (for a launcher that binds
+    // each rank to its own, as Slurm's --gpu-bind=closest does per task).
+    let task_gpus: Vec<String> =
+        view.iter().flat_map(|j| &j.task_gpus).map(|t| t.join(",")).collect();
+    if !task_gpus.is_empty() {
+        command.env("TOPO_TASK_GPUS", task_gpus.join(";"));
     }
     if !chosen_gpus.is_empty() {
         command.env("TOPO_GPUS", chosen_gpus.join(","));

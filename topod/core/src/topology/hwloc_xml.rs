@@ -276,6 +276,7 @@ impl Reader<'_> {
             names: Vec::new(),
             numa_node,
             local_cpus,
+            virtual_function: false,
         });
         Ok(self.topo.devices.len() - 1)
     }

@@ -121,6 +121,10 @@ pub struct IoDevice {
     /// ([`IoDevice::switch`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub upstream: Vec<String>,
+    /// An SR-IOV virtual function (sysfs `physfn`): a slice of its physical function, made for
+    /// virtual machines and containers, not an adapter of its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub virtual_function: bool,
 }
 
 impl IoDevice {
@@ -476,6 +480,7 @@ mod device_tests {
             numa_node,
             local_cpus: CpuSet::parse_list(local_cpus).unwrap(),
             upstream: Vec::new(),
+            virtual_function: false,
         }
     }
 

@@ -168,6 +168,11 @@ impl Fs {
         }
     }
 
+    /// Whether `rel` exists (a link counts, whatever it points to).
+    fn exists(&self, rel: &str) -> bool {
+        std::fs::symlink_metadata(self.path(rel)).is_ok()
+    }
+
     fn entries(&self, rel: &str) -> Vec<String> {
         std::fs::read_dir(self.path(rel))
             .map(|it| it.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -722,6 +727,7 @@ fn read_pci(fs: &Fs) -> Result<Vec<IoDevice>, TopologyError> {
             names,
             numa_node,
             local_cpus,
+            virtual_function: fs.exists(&format!("{dev}/physfn")),
         });
     }
     Ok(out)

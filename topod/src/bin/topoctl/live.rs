@@ -159,6 +159,15 @@ pub(crate) fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
             let gpus: Vec<String> = j.gpus.iter().map(gpu_cell).collect();
             println!("{:<16} GPUs {}", "", gpus.join(", "));
         }
+        if !j.task_gpus.is_empty() {
+            let tasks: Vec<String> = j
+                .task_gpus
+                .iter()
+                .enumerate()
+                .map(|(t, g)| format!("task {t}: {}", printable(&g.join(", "))))
+                .collect();
+            println!("{:<16} GPUs by task (nearest its CPUs) {}", "", tasks.join("; "));
+        }
         if !j.nics.is_empty() {
             let nics: Vec<String> =
                 j.nics.iter().map(|n| nic_cell(n, !j.gpus.is_empty())).collect();
@@ -171,23 +180,31 @@ pub(crate) fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
 /// A network adapter near a job for `topoctl jobs`: `0000:12:00.0 (ib0, mlx5_0; behind its
 /// GPUs' PCIe switch)`.
 fn nic_cell(n: &topo_core::ledger::JobNic, with_gpus: bool) -> String {
-    let clean = |t: &str| -> String { t.chars().filter(|c| !c.is_control()).collect() };
-    let names: Vec<String> = n.names.iter().map(|t| clean(t)).collect();
+    let names: Vec<String> = n.names.iter().map(|t| printable(t)).collect();
     let near = n.near.describe(with_gpus);
     match names.is_empty() {
-        true => format!("{} ({near})", clean(&n.pci_address)),
-        false => format!("{} ({}; {near})", clean(&n.pci_address), names.join(", ")),
+        true => format!("{} ({near})", printable(&n.pci_address)),
+        false => format!("{} ({}; {near})", printable(&n.pci_address), names.join(", ")),
     }
+}
+
+/// `text` without what a terminal would act on rather than show: control characters (escape
+/// sequences, line breaks) and the invisible marks that reorder or hide text (bidirectional
+/// overrides, zero-width characters). Device names come from sysfs, which drivers and
+/// udev rules name; a listing never lets them drive the administrator's terminal.
+fn printable(text: &str) -> String {
+    let invisible = |c: char| matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}');
+    text.chars().filter(|&c| !c.is_control() && !invisible(c)).collect()
 }
 
 /// A job's GPU for `topoctl jobs`: `0000:3b:00.0 (card0, NUMA node 1, local)`.
 fn gpu_cell(g: &topo_core::ledger::JobGpu) -> String {
     // The record is root's, but its text is still not the terminal's to interpret.
-    let address: String = g.pci_address.chars().filter(|c| !c.is_control()).collect();
+    let address = printable(&g.pci_address);
     if g.gone {
         return format!("{address} (no longer on this host)");
     }
-    let mut parts: Vec<String> = g.name.iter().cloned().collect();
+    let mut parts: Vec<String> = g.name.iter().map(|n| printable(n)).collect();
     match (g.numa_node, g.distance) {
         (Some(node), Some(10)) => parts.push(format!("NUMA node {node}, local to every CPU")),
         (Some(node), Some(d)) => {
@@ -425,5 +442,30 @@ mod defrag_line_tests {
             "defrag: 1 running job(s) may be moved now to make room; not yet: b in 30 s, c not \
              while it runs"
         );
+    }
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::*;
+
+    #[test]
+    fn device_names_cannot_drive_the_terminal() {
+        let hostile = "\u{1b}]0;PWNED\u{7}\u{1b}[2Jred\nx\u{202e}y\u{9b}z\u{200b}";
+        assert_eq!(printable(hostile), "]0;PWNED[2Jredxyz");
+        let gpu = topo_core::ledger::JobGpu {
+            pci_address: "0000:88:00.0".into(),
+            name: Some("\u{1b}[31mred".into()),
+            numa_node: Some(1),
+            distance: Some(10),
+            gone: false,
+        };
+        assert_eq!(gpu_cell(&gpu), "0000:88:00.0 ([31mred, NUMA node 1, local to every CPU)");
+        let nic = topo_core::ledger::JobNic {
+            pci_address: "0000:12:00.0".into(),
+            names: vec!["ib\u{1b}[2J0".into(), "mlx5_0".into()],
+            near: topo_core::gpus::NicNearness::NumaNode,
+        };
+        assert_eq!(nic_cell(&nic, false), "0000:12:00.0 (ib[2J0, mlx5_0; in its CPUs' NUMA node)");
     }
 }

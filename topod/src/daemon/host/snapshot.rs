@@ -183,6 +183,7 @@ impl Host {
                 && self.hints.get(&a.job).is_some_and(|h| h.batch_suspended),
             gpus: self.hints.get(&a.job).map_or_else(Vec::new, |h| self.gpus_of(&h.gpus, &a.cpus)),
             nics: self.nics_of(self.hints.get(&a.job).map_or(&[][..], |h| &h.gpus), &a.cpus),
+            task_gpus: self.task_gpus_of(a),
         };
         let mut jobs: Vec<JobView> = self
             .ledger
@@ -193,6 +194,28 @@ impl Host {
             .collect();
         jobs.sort_by(|a, b| a.allocation.job.cmp(&b.allocation.job));
         jobs
+    }
+
+    /// Each task's GPUs, for a job of several tasks asking `gpus=n` per task.
+    fn task_gpus_of(&self, a: &Allocation) -> Vec<Vec<String>> {
+        let Some(addresses) = self.hints.get(&a.job).map(|h| &h.gpus) else { return Vec::new() };
+        let per_task = topo_core::request::parse(&a.request).ok().and_then(|r| r.gpus_per_task);
+        let (Some(per_task), true) = (per_task, a.tasks.len() > 1) else { return Vec::new() };
+        let gpus: Option<Vec<usize>> = addresses
+            .iter()
+            .map(|address| {
+                let device = self.topo.device(address)?;
+                self.topo.devices.iter().position(|d| d.pci_address == device.pci_address)
+            })
+            .collect();
+        let Some(gpus) = gpus else { return Vec::new() };
+        topo_core::gpus::gpus_per_task(&self.topo, &gpus, &a.tasks, per_task as usize)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|task| {
+                task.into_iter().map(|g| self.topo.devices[g].pci_address.clone()).collect()
+            })
+            .collect()
     }
 
     /// The network adapters nearest a job with the GPUs `addresses` on `cpus`.

@@ -2308,6 +2308,7 @@ fn two_nodes_with_gpus() -> Topology {
         numa_node: node,
         local_cpus: CpuSet::new(),
         upstream: Vec::new(),
+        virtual_function: false,
     };
     let mut topo = two_nodes_of_four();
     topo.devices = vec![
@@ -2737,6 +2738,7 @@ fn two_packages_with_four_gpus() -> Topology {
         numa_node: Some(node),
         local_cpus: CpuSet::new(),
         upstream: upstream.iter().map(|u| u.to_string()).collect(),
+        virtual_function: false,
     };
     let mut topo = two_packages();
     topo.devices = vec![
