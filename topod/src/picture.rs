@@ -57,6 +57,23 @@ fn natural_key(id: &str) -> Vec<(u8, u64, String)> {
     key
 }
 
+/// `text` without what a terminal would act on rather than show: control characters (escape
+/// sequences, line breaks) and the invisible marks that reorder or hide text (bidirectional
+/// overrides, zero-width characters). Device names come from sysfs, which drivers and udev
+/// rules name, and reach messages and listings: they never drive the administrator's terminal.
+pub fn printable(text: &str) -> String {
+    text.chars().filter(|&c| !c.is_control() && !is_invisible(c)).collect()
+}
+
+/// [`printable`], keeping line breaks (a message of several lines).
+pub fn printable_lines(text: &str) -> String {
+    text.split('\n').map(printable).collect::<Vec<_>>().join("\n")
+}
+
+fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+}
+
 /// Draws `topo` with the jobs of `ledger`.
 pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
     let mut out = String::new();
@@ -266,7 +283,7 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
             let names = if d.names.is_empty() {
                 String::new()
             } else {
-                format!(" ({})", d.names.join(", "))
+                format!(" ({})", printable(&d.names.join(", ")))
             };
             let mut near = match d.numa_node {
                 Some(n) => format!("NUMA {n}"),
@@ -282,7 +299,7 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
                 out,
                 "  {:<12} {:<12}{}  near {near}{switch}",
                 format!("{:?}", d.class).to_lowercase(),
-                d.pci_address,
+                printable(&d.pci_address),
                 names,
             );
         }
@@ -329,6 +346,16 @@ mod tests {
     use super::*;
     use topo_core::place::{place, HostModel, Strategy};
     use topo_core::request::Request;
+
+    #[test]
+    fn messages_keep_their_lines_but_lose_what_would_drive_a_terminal() {
+        let said =
+            "no PCI device \"card9\"; there are:\n0000:88:00.0 (\u{1b}]0;PWNED\u{7}ib0\u{202e})";
+        assert_eq!(
+            printable_lines(said),
+            "no PCI device \"card9\"; there are:\n0000:88:00.0 (]0;PWNEDib0)"
+        );
+    }
     use topo_core::topology::SyntheticShape;
 
     #[test]

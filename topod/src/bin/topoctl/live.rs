@@ -11,6 +11,7 @@ use topo_core::ledger::{Allocation, JobState, JobView};
 use topo_core::proto::reply::{FreeMap, Release};
 use topo_core::proto::Op;
 use topo_core::topology::Topology;
+use topod::picture::printable;
 use topod::picture::{self, Marks};
 
 pub(crate) fn connect(daemon: &Daemon) -> Result<Client, Failure> {
@@ -186,15 +187,6 @@ fn nic_cell(n: &topo_core::ledger::JobNic, with_gpus: bool) -> String {
         true => format!("{} ({near})", printable(&n.pci_address)),
         false => format!("{} ({}; {near})", printable(&n.pci_address), names.join(", ")),
     }
-}
-
-/// `text` without what a terminal would act on rather than show: control characters (escape
-/// sequences, line breaks) and the invisible marks that reorder or hide text (bidirectional
-/// overrides, zero-width characters). Device names come from sysfs, which drivers and
-/// udev rules name; a listing never lets them drive the administrator's terminal.
-fn printable(text: &str) -> String {
-    let invisible = |c: char| matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}');
-    text.chars().filter(|&c| !c.is_control() && !invisible(c)).collect()
 }
 
 /// A job's GPU for `topoctl jobs`: `0000:3b:00.0 (card0, NUMA node 1, local)`.

@@ -188,7 +188,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("topoctl: {}", f.message);
+            // A message may quote what topod read from the host (device names).
+            eprintln!("topoctl: {}", topod::picture::printable_lines(&f.message));
             ExitCode::from(f.code)
         }
     }
