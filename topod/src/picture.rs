@@ -71,7 +71,19 @@ pub fn printable_lines(text: &str) -> String {
 }
 
 fn is_invisible(c: char) -> bool {
-    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    // Unicode's format and separator characters that move, hide or break text: the bidi
+    // marks and overrides, zero-width ones, word joiner, soft hyphen, line and paragraph
+    // separators.
+    matches!(
+        c,
+        '\u{00ad}'
+            | '\u{061c}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{2069}'
+            | '\u{feff}'
+    )
 }
 
 /// Draws `topo` with the jobs of `ledger`.
@@ -355,6 +367,7 @@ mod tests {
             printable_lines(said),
             "no PCI device \"card9\"; there are:\n0000:88:00.0 (]0;PWNEDib0)"
         );
+        assert_eq!(printable("a\u{061c}b\u{2060}c\u{00ad}d\u{2028}e\u{2069}f"), "abcdef");
     }
     use topo_core::topology::SyntheticShape;
 

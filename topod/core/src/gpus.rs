@@ -212,13 +212,33 @@ pub fn choose_among(
     }
     // No domain holds both (the job wants more GPUs than any package has free, or the CPUs
     // beside them are taken): its GPUs from several, its CPUs in their NUMA nodes, or it waits.
-    // GPUs of known place come first; a GPU of unknown place (`numa_node` -1 and no
-    // `local_cpulist`: nothing is nearer than anything else) lets its CPUs go anywhere.
-    // When the CPUs do not fit beside those, GPUs of unknown place first: with one of them the
-    // CPUs may go anywhere.
-    for unknown_last in [true, false] {
-        let mut gpus: Vec<usize> = (0..sites.len()).collect();
-        gpus.sort_by_key(|&g| sites[g].numa.is_none() == unknown_last);
+    // Sets of GPUs tried in turn, the first whose CPUs fit wins:
+    //  1. of known place, one node at a time (most free CPUs first), so the GPUs lie where the
+    //     CPUs can go and each node's tasks have GPUs of their own;
+    //  2. of known place, in address order;
+    //  3. of unknown place first (`numa_node` -1 and no `local_cpulist`: nothing is nearer than
+    //     anything else): with one of them the CPUs may go anywhere.
+    let allowed =
+        request.cpu_list.as_ref().map_or(free_cpus.clone(), |l| l.intersection(&free_cpus));
+    let room = |g: usize| sites[g].numa.as_ref().map_or(0, |n| n.intersection(&allowed).len());
+    let mut spread: Vec<usize> = (0..sites.len()).filter(|&g| sites[g].numa.is_some()).collect();
+    spread.sort_by_key(|&g| (std::cmp::Reverse(room(g)), g));
+    let mut turns: Vec<(usize, usize)> = Vec::new(); // (turn within its node, position)
+    for (pos, &g) in spread.iter().enumerate() {
+        let turn = spread[..pos].iter().filter(|&&o| sites[o].numa == sites[g].numa).count();
+        turns.push((turn, pos));
+    }
+    turns.sort_unstable();
+    let spread: Vec<usize> = turns.into_iter().map(|(_, pos)| spread[pos]).collect();
+    let mut in_order: Vec<usize> = (0..sites.len()).collect();
+    in_order.sort_by_key(|&g| sites[g].numa.is_none());
+    let mut unknown_first: Vec<usize> = (0..sites.len()).collect();
+    unknown_first.sort_by_key(|&g| sites[g].numa.is_some());
+    for candidates in [spread, in_order, unknown_first] {
+        if candidates.len() < count {
+            continue;
+        }
+        let mut gpus = candidates;
         gpus.truncate(count);
         gpus.sort_unstable();
         let mut near = CpuSet::new();
@@ -840,6 +860,24 @@ mod tests {
         // Not n per task: no sharing out.
         assert_eq!(gpus_per_task(&topo, &[0, 1, 2], &tasks, 1), None);
         assert_eq!(gpus_per_task(&topo, &[], &[], 1), None);
+    }
+
+    #[test]
+    fn a_job_across_nodes_takes_gpus_where_its_cpus_can_go() {
+        let (topo, model) = host();
+        // Node 0's CPUs all taken; node 0 has GPUs 0 and 1 free, node 1 only GPU 2.
+        let full = Occupancy { held: model.numa[0].clone(), ..Occupancy::default() };
+        let two =
+            choose(&topo, &model, &full, &[0, 1, 2], &cores(2), 2, Strategy::BestFit).unwrap();
+        assert_eq!(two.gpus, [0, 2], "one of node 0's and node 1's own");
+        assert!(two.placement.cpus.is_subset(&model.numa[1]));
+        // Two tasks, one per node: a GPU in each node, not two in one.
+        let cpus = CpuSet::parse_list("5-10").unwrap();
+        let request = Request { cpu_list: Some(cpus), ..cores(6) };
+        let none = Occupancy::default();
+        let spread = choose(&topo, &model, &none, &[0, 1, 2, 3], &request, 2, Strategy::BestFit);
+        let spread = spread.unwrap();
+        assert_eq!(spread.gpus, [0, 2], "{:?}", spread.placement.cpus);
     }
 
     #[test]

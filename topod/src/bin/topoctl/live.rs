@@ -142,10 +142,10 @@ pub(crate) fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
         }
         let mut from = Vec::new();
         if let Some(queue) = &j.queue {
-            from.push(format!("queue {queue}"));
+            from.push(format!("queue {}", printable(queue)));
         }
         if let Some(pool) = &j.pool {
-            from.push(format!("asks for prime-time pool {pool}"));
+            from.push(format!("asks for prime-time pool {}", printable(pool)));
         }
         if !from.is_empty() {
             println!("{:<16} {}", "", from.join(", "));

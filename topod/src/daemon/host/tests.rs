@@ -2772,7 +2772,7 @@ fn the_plugins_keep_a_host_for_a_gpus_request_exactly_when_topod_places_it() {
     ];
     let (mut kept_accepted, mut removed_refused, mut disagreements) = (0, 0, Vec::new());
     let (mut reserved, mut claimed) = (0, 0);
-    for seed in 1..=4u64 {
+    for seed in 1..=6u64 {
         let kernel = kernel_for(&topo);
         let mut h = host_on(&topo, &kernel, None);
         let mut rng = topo_core::bench::SplitMix::new(seed);
