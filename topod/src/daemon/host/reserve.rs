@@ -193,9 +193,38 @@ impl Host {
     pub(crate) fn load_reservations(&mut self) {
         let Some(records) = &self.records else { return };
         match records.load_reservations() {
-            Ok(all) => {
+            Ok(mut all) => {
+                // A GPU the host no longer has (removed, or gone from the bus since): the block
+                // gives up its GPUs, so that its job takes free ones as any job would (it never
+                // mixes reserved and free ones), and none stays held for nothing.
+                let mut changed = false;
+                for r in &mut all {
+                    let gone: Vec<&str> = r
+                        .gpus
+                        .iter()
+                        .map(String::as_str)
+                        .filter(|a| self.topo.device(a).is_none())
+                        .collect();
+                    if !gone.is_empty() {
+                        tracing::warn!(
+                            event = "reservation_gpus_gone",
+                            job = %r.job,
+                            "job {}: its reservation's GPU(s) {} are no longer on this host; the reservation keeps CPUs {} and holds no GPU, its job takes free ones",
+                            r.job,
+                            gone.join(", "),
+                            r.cpus
+                        );
+                        r.gpus.clear();
+                        changed = true;
+                    }
+                }
                 self.reservations = all.into_iter().map(|r| (r.job.clone(), r)).collect();
                 self.reservation_changes += 1;
+                if changed {
+                    if let Err(e) = self.save_reservations() {
+                        tracing::error!("{e}; the reservations' GPUs are dropped in memory only");
+                    }
+                }
             }
             Err(e) => tracing::error!("{e}; starting without topology reservations"),
         }

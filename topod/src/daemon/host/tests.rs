@@ -2635,6 +2635,35 @@ fn a_reservation_for_gpus_holds_them_beside_its_block_until_its_job_takes_them()
     h.ledger().check().unwrap();
 }
 
+/// A reservation whose GPU the host no longer has after a restart (found by an attack: it kept
+/// the other GPUs held, which its job could not use with free ones): it holds its CPUs and no
+/// GPU, and its job takes free GPUs.
+#[test]
+fn a_reservation_whose_gpu_is_gone_after_a_restart_holds_none_and_its_job_takes_free_ones() {
+    let topo = two_nodes_with_gpus();
+    let kernel = kernel_for(&topo);
+    let records = tempfile::tempdir().unwrap();
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    h.set_clock(Arc::new(|| at(1_000)));
+    let two = prepare(&topo, "affinity[core(2)*2:gpus=1]", None, None).unwrap();
+    let (r, _) = h.reserve("big", &two, 600).unwrap();
+    assert_eq!(r.gpus.len(), 2, "{r:?}");
+    std::mem::forget(h);
+    // The host comes back without the first of them.
+    let mut fewer = topo.clone();
+    fewer.devices.retain(|d| d.pci_address != r.gpus[0]);
+    let mut h = host_on(&fewer, &kernel, Some(records.path()));
+    h.set_clock(Arc::new(|| at(1_100)));
+    h.recover(BTreeMap::new()).unwrap();
+    assert_eq!(h.reservations().len(), 1);
+    assert!(h.reservations()[0].gpus.is_empty(), "{:?}", h.reservations());
+    assert_eq!(h.reservations()[0].cpus, r.cpus);
+    let big = h.allocate("big", "affinity[core(2)*2:gpus=1]", None, None, None, None).unwrap();
+    let held = h.jobs().into_iter().find(|j| j.allocation.job == "big").unwrap().gpus;
+    assert_eq!(held.len(), 2, "{big:?}");
+    assert!(held.iter().all(|g| g.pci_address != r.gpus[0] && !g.gone), "{held:?}");
+}
+
 /// Issue 33, topod chooses the GPUs (`gpus=`, no batch system naming them): each job gets free
 /// GPUs with its CPUs in their NUMA node; a GPU held is given to no other job (also after a
 /// restart) until its job ends; too few free is "does not fit", more than the host has "never";
