@@ -201,13 +201,7 @@ impl Host {
         let Some(addresses) = self.hints.get(&a.job).map(|h| &h.gpus) else { return Vec::new() };
         let per_task = topo_core::request::parse(&a.request).ok().and_then(|r| r.gpus_per_task);
         let (Some(per_task), true) = (per_task, a.tasks.len() > 1) else { return Vec::new() };
-        let gpus: Option<Vec<usize>> = addresses
-            .iter()
-            .map(|address| {
-                let device = self.topo.device(address)?;
-                self.topo.devices.iter().position(|d| d.pci_address == device.pci_address)
-            })
-            .collect();
+        let gpus: Option<Vec<usize>> = addresses.iter().map(|a| self.device_index(a)).collect();
         let Some(gpus) = gpus else { return Vec::new() };
         topo_core::gpus::gpus_per_task(&self.topo, &gpus, &a.tasks, per_task as usize)
             .unwrap_or_default()
@@ -218,15 +212,15 @@ impl Host {
             .collect()
     }
 
+    /// The index in the topology's devices of the device `address` names (`None`: gone).
+    fn device_index(&self, address: &str) -> Option<usize> {
+        let device = self.topo.device(address)?;
+        self.topo.devices.iter().position(|d| d.pci_address == device.pci_address)
+    }
+
     /// The network adapters nearest a job with the GPUs `addresses` on `cpus`.
     fn nics_of(&self, addresses: &[String], cpus: &CpuSet) -> Vec<topo_core::ledger::JobNic> {
-        let gpus: Vec<usize> = addresses
-            .iter()
-            .filter_map(|a| {
-                let device = self.topo.device(a)?;
-                self.topo.devices.iter().position(|d| d.pci_address == device.pci_address)
-            })
-            .collect();
+        let gpus: Vec<usize> = addresses.iter().filter_map(|a| self.device_index(a)).collect();
         // A job whose GPUs this host no longer has is not given adapters by its CPUs instead.
         if gpus.is_empty() && !addresses.is_empty() {
             return Vec::new();
