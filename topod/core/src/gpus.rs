@@ -9,9 +9,12 @@
 //! when no domain holds both does it take free GPUs from several, with its CPUs in their NUMA
 //! nodes. A job whose CPUs cannot be near its GPUs waits rather than runs away from them, as
 //! Kubernetes' `single-numa-node` does, but a job larger than one node is not refused for
-//! ever. Jobs without GPUs are kept off the CPUs near free GPUs when they fit elsewhere
-//! ([`away_from_free_gpus`]). The baselines ([`GpuPolicy::SlurmLike`], [`GpuPolicy::SingleNumaNode`]) stand for
-//! Slurm's cons_tres without gres `Cores=` (cores first, lowest numbers first; GPUs by index)
+//! ever. Once placed, a job of several tasks is told each task's GPUs ([`gpus_per_task`]: the
+//! nearest its own CPUs), and every job its nearest network adapters ([`nics_near`]: behind
+//! its GPUs' PCIe switch, else in their NUMA node or package; without GPUs, its CPUs' node).
+//! Jobs without GPUs are kept off the CPUs near free GPUs when they fit elsewhere
+//! ([`away_from_free_gpus`]). The baselines ([`GpuPolicy::SlurmLike`],
+//! [`GpuPolicy::SingleNumaNode`]) stand for Slurm's cons_tres without gres `Cores=` (cores first, lowest numbers first; GPUs by index)
 //! and Kubernetes' Topology Manager with the `single-numa-node` policy (one NUMA node holds the
 //! CPUs and the GPUs, or the pod is not admitted).
 
