@@ -14,9 +14,10 @@
 //! its GPUs' PCIe switch, else in their NUMA node or package; without GPUs, its CPUs' node).
 //! Jobs without GPUs are kept off the CPUs near free GPUs when they fit elsewhere
 //! ([`away_from_free_gpus`]). The baselines ([`GpuPolicy::SlurmLike`],
-//! [`GpuPolicy::SingleNumaNode`]) stand for Slurm's cons_tres without gres `Cores=` (cores first, lowest numbers first; GPUs by index)
-//! and Kubernetes' Topology Manager with the `single-numa-node` policy (one NUMA node holds the
-//! CPUs and the GPUs, or the pod is not admitted).
+//! [`GpuPolicy::SingleNumaNode`]) stand for Slurm's cons_tres without gres `Cores=` (cores
+//! first, lowest numbers first; GPUs by index) and Kubernetes' Topology Manager with the
+//! `single-numa-node` policy (one NUMA node holds the CPUs and the GPUs, or the pod is not
+//! admitted).
 
 #[cfg(feature = "sim")]
 use crate::bench::SplitMix;
