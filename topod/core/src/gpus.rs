@@ -224,16 +224,21 @@ pub fn choose_among(
     //     anything else): with one of them the CPUs may go anywhere.
     let allowed =
         request.cpu_list.as_ref().map_or(free_cpus.clone(), |l| l.intersection(&free_cpus));
-    let room = |g: usize| sites[g].numa.as_ref().map_or(0, |n| n.intersection(&allowed).len());
-    let mut spread: Vec<usize> = (0..sites.len()).filter(|&g| sites[g].numa.is_some()).collect();
-    spread.sort_by_key(|&g| (std::cmp::Reverse(room(g)), g));
-    let mut turns: Vec<(usize, usize)> = Vec::new(); // (turn within its node, position)
-    for (pos, &g) in spread.iter().enumerate() {
-        let turn = spread[..pos].iter().filter(|&&o| sites[o].numa == sites[g].numa).count();
-        turns.push((turn, pos));
+    // The known-place GPUs by node, the nodes with the most CPUs free for the job first; then
+    // one GPU from each node in turn.
+    let mut nodes: Vec<(&CpuSet, Vec<usize>)> = Vec::new();
+    for (g, site) in sites.iter().enumerate() {
+        let Some(node) = &site.numa else { continue };
+        match nodes.iter_mut().find(|(n, _)| *n == node) {
+            Some((_, v)) => v.push(g),
+            None => nodes.push((node, vec![g])),
+        }
     }
-    turns.sort_unstable();
-    let spread: Vec<usize> = turns.into_iter().map(|(_, pos)| spread[pos]).collect();
+    nodes.sort_by_key(|(n, v)| (std::cmp::Reverse(n.intersection(&allowed).len()), v[0]));
+    let most = nodes.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+    let spread: Vec<usize> = (0..most)
+        .flat_map(|turn| nodes.iter().filter_map(move |(_, v)| v.get(turn).copied()))
+        .collect();
     let mut in_order: Vec<usize> = (0..sites.len()).collect();
     in_order.sort_by_key(|&g| sites[g].numa.is_none());
     let mut unknown_first: Vec<usize> = (0..sites.len()).collect();
@@ -369,22 +374,25 @@ pub fn nics_near(topo: &Topology, gpus: &[usize], cpus: &CpuSet) -> Vec<(usize, 
             *kept = (*kept).min(rank);
         }
     };
+    // Each adapter's node and package CPUs, worked out once (a listing asks for every job).
+    let place = |d: &crate::topology::IoDevice| {
+        (topo.cpus_near(d, Level::Numa), topo.cpus_near(d, Level::Socket))
+    };
+    let nic_places: Vec<_> = nics.iter().map(|&n| place(&topo.devices[n])).collect();
     let same =
-        |a: Option<CpuSet>, b: Option<CpuSet>| matches!((a, b), (Some(a), Some(b)) if a == b);
+        |a: &Option<CpuSet>, b: &Option<CpuSet>| matches!((a, b), (Some(a), Some(b)) if a == b);
     for &g in gpus {
         let Some(gpu) = topo.devices.get(g) else { continue };
+        let (gpu_numa, gpu_socket) = place(gpu);
         let ranked = nics
             .iter()
-            .filter_map(|&n| {
-                let nic = &topo.devices[n];
-                let rank = if gpu.switch().is_some() && gpu.shared_bridges(nic) >= 2 {
+            .zip(&nic_places)
+            .filter_map(|(&n, (numa, socket))| {
+                let rank = if gpu.switch().is_some() && gpu.shared_bridges(&topo.devices[n]) >= 2 {
                     NicNearness::PcieSwitch
-                } else if same(topo.cpus_near(gpu, Level::Numa), topo.cpus_near(nic, Level::Numa)) {
+                } else if same(&gpu_numa, numa) {
                     NicNearness::NumaNode
-                } else if same(
-                    topo.cpus_near(gpu, Level::Socket),
-                    topo.cpus_near(nic, Level::Socket),
-                ) {
+                } else if same(&gpu_socket, socket) {
                     NicNearness::Package
                 } else {
                     return None;
@@ -395,15 +403,14 @@ pub fn nics_near(topo: &Topology, gpus: &[usize], cpus: &CpuSet) -> Vec<(usize, 
         keep_nearest(ranked);
     }
     if gpus.is_empty() && !cpus.is_empty() {
-        let shares = |n: usize, level| {
-            topo.cpus_near(&topo.devices[n], level).is_some_and(|near| near.intersects(cpus))
-        };
+        let shares = |set: &Option<CpuSet>| set.as_ref().is_some_and(|near| near.intersects(cpus));
         let ranked = nics
             .iter()
-            .filter_map(|&n| {
-                if shares(n, Level::Numa) {
+            .zip(&nic_places)
+            .filter_map(|(&n, (numa, socket))| {
+                if shares(numa) {
                     Some((n, NicNearness::NumaNode))
-                } else if shares(n, Level::Socket) {
+                } else if shares(socket) {
                     Some((n, NicNearness::Package))
                 } else {
                     None
