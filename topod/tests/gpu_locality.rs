@@ -110,6 +110,12 @@ fn machine(root: &Path) {
     }
 }
 
+/// `machine()` written at `root`, and a topod on it (fake cgroups) with its socket in `dir`.
+fn topod_on_machine(dir: &Path, root: &Path) -> common::Daemon {
+    machine(root);
+    common::start(dir, &["--cgroup", "fake", "--topology", root.to_str().unwrap()], false)
+}
+
 fn topoctl(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_topoctl")).args(args).output().unwrap();
     let text =
@@ -121,12 +127,7 @@ fn topoctl(args: &[&str]) -> (bool, String) {
 fn a_job_given_a_gpu_runs_on_its_numa_node_and_topoctl_jobs_says_how_near() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    machine(&root);
-    let d = common::start(
-        dir.path(),
-        &["--cgroup", "fake", "--topology", root.to_str().unwrap()],
-        false,
-    );
+    let d = topod_on_machine(dir.path(), &root);
     let socket = d.socket.to_str().unwrap();
     // Discovery: the GPUs with their nodes and the switch two of them share.
     let topo = ok(&d.socket, r#"{"op":"topology"}"#);
@@ -502,12 +503,7 @@ fn only_an_administrator_names_gpus_by_device_file_in_fit() {
     }
     let dir = common::open_dir();
     let root = dir.path().join("root");
-    machine(&root);
-    let d = common::start(
-        dir.path(),
-        &["--cgroup", "fake", "--topology", root.to_str().unwrap()],
-        false,
-    );
+    let d = topod_on_machine(dir.path(), &root);
     let as_nobody = |gpu: &str| -> Value {
         let program = r#"
 import json, socket, sys
@@ -548,12 +544,7 @@ fn topo_exec_tells_the_job_the_gpus_topod_chose() {
     }
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    machine(&root);
-    let d = common::start(
-        dir.path(),
-        &["--cgroup", "fake", "--topology", root.to_str().unwrap()],
-        false,
-    );
+    let d = topod_on_machine(dir.path(), &root);
     let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
         .args(["--socket", d.socket.to_str().unwrap(), "--job", "x"])
         .args(["--request", "affinity[core(2):gpus=2]", "--"])
@@ -586,9 +577,7 @@ fn a_reservation_for_gpus_holds_them_across_a_restart_until_its_job_takes_them()
     }
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    machine(&root);
-    let args = ["--cgroup", "fake", "--topology", root.to_str().unwrap()];
-    let d = common::start(dir.path(), &args, false);
+    let d = topod_on_machine(dir.path(), &root);
     let socket = d.socket.to_str().unwrap();
     let (done, said) = topoctl(&[
         "reserve",
@@ -619,6 +608,7 @@ fn a_reservation_for_gpus_holds_them_across_a_restart_until_its_job_takes_them()
     assert!(error_of(&other).1.contains("needs 2 GPU(s) but only 1 are free"), "{other}");
     // Killed and started again: still held, and given to its job.
     drop(d);
+    let args = ["--cgroup", "fake", "--topology", root.to_str().unwrap()];
     let d = common::start(dir.path(), &args, false);
     let other = ask(&d.socket, r#"{"op":"allocate","job":"x","request":"affinity[core:gpus=2]"}"#);
     assert!(error_of(&other).1.contains("needs 2 GPU(s) but only 1 are free"), "{other}");
@@ -666,12 +656,7 @@ fn topo_exec_tells_each_task_its_own_gpu() {
     }
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    machine(&root);
-    let d = common::start(
-        dir.path(),
-        &["--cgroup", "fake", "--topology", root.to_str().unwrap()],
-        false,
-    );
+    let d = topod_on_machine(dir.path(), &root);
     // Node 1's two GPUs are card1 and card2 (86:00.0, 87:00.0); card0 is node 0's. With card1
     // held, a job of one task on each node with a GPU each: each task gets its node's GPU.
     ok(&d.socket, r#"{"op":"allocate","job":"hold","request":"affinity[core]","gpus":["card1"]}"#);
