@@ -306,7 +306,11 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
                 near += &format!(", PU {}", short_list(&d.local_cpus, 40));
             }
             // Devices behind one PCIe switch talk through it, not through the root complex.
-            let switch = d.switch().map(|s| format!(", PCIe switch {s}")).unwrap_or_default();
+            let mut switch = d.switch().map(|s| format!(", PCIe switch {s}")).unwrap_or_default();
+            // GPUs joined by NVLink or xGMI talk over those links.
+            if let Some(fabric) = d.fabric_name() {
+                switch += &format!(", {}", printable(&fabric));
+            }
             let _ = writeln!(
                 out,
                 "  {:<12} {:<12}{}  near {near}{switch}",

@@ -688,3 +688,50 @@ fn topo_exec_tells_each_task_its_own_gpu() {
     let (_, shown) = topoctl(&["jobs", "--socket", d.socket.to_str().unwrap()]);
     assert!(shown.contains("GPUs by task (nearest its CPUs) task 0: "), "{shown}");
 }
+
+/// Issue 33: GPUs of one xGMI hive (amdgpu's `xgmi_hive_info/xgmi_hive_id`) go together
+/// before two behind one PCIe switch, and `topoctl show` and `topoctl jobs` name the hive.
+#[test]
+fn two_gpus_come_from_one_xgmi_hive_before_one_pcie_switch() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    machine(&root);
+    // A third GPU on node 1, on a root port of its own, in one hive with card2 (behind the
+    // switch with card1).
+    pci_function(&root, "pci0000:80/0000:80:02.0", "0x060400", "1", None);
+    let lone = "pci0000:80/0000:80:02.0/0000:90:00.0";
+    pci_function(&root, lone, "0x030200", "1", Some("card3"));
+    let card2 = "pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:10.0/0000:87:00.0";
+    for gpu in [lone, card2] {
+        write(&root, &format!("sys/devices/{gpu}/xgmi_hive_info/xgmi_hive_id"), "4660\n");
+    }
+    let (done, out) = topoctl(&["show", "--topology", root.to_str().unwrap()]);
+    assert!(done, "{out}");
+    let line = |address: &str| {
+        out.lines().find(|l| l.contains(address)).unwrap_or_else(|| panic!("{address}: {out}"))
+    };
+    assert!(line("0000:90:00.0").ends_with(", xGMI hive 4660"), "{out}");
+    assert!(line("0000:87:00.0").ends_with("PCIe switch 0000:81:00.0, xGMI hive 4660"), "{out}");
+    assert!(!line("0000:86:00.0").contains("xGMI"), "{out}");
+    let d = common::start(
+        dir.path(),
+        &["--cgroup", "fake", "--topology", root.to_str().unwrap()],
+        false,
+    );
+    let socket = d.socket.to_str().unwrap();
+    let (done, out) =
+        topoctl(&["alloc", "--socket", socket, "--job", "pair", "affinity[core(2):gpus=2]"]);
+    assert!(done, "{out}");
+    let (done, out) = topoctl(&["jobs", "--socket", socket]);
+    assert!(done, "{out}");
+    assert!(
+        out.contains("GPUs 0000:87:00.0 (card2, NUMA node 1, local to every CPU, xGMI hive 4660), 0000:90:00.0 (card3, NUMA node 1, local to every CPU, xGMI hive 4660)"),
+        "the hive's pair, not the switch's: {out}"
+    );
+    // One GPU more: card1, the one left.
+    let (done, out) =
+        topoctl(&["alloc", "--socket", socket, "--job", "one", "affinity[core:gpus=1]"]);
+    assert!(done, "{out}");
+    let (_, out) = topoctl(&["jobs", "--socket", socket]);
+    assert!(out.contains("GPUs 0000:86:00.0 (card1"), "{out}");
+}

@@ -67,3 +67,30 @@ fn devices_and_distances_are_read() {
     .unwrap();
     assert_eq!(hybrid.cpu_kinds.len(), 2);
 }
+
+#[test]
+fn nvlink_islands_come_from_hwlocs_bandwidth_matrix() {
+    // POWER8 with four P100s: NVLink joins GPUs 0-1 and 2-3, and each pair to its package.
+    let t = hwloc_xml::read_file(&shared().join("xml/power8gpudistances.xml")).unwrap();
+    let fabric = |address: &str| {
+        t.devices
+            .iter()
+            .find(|d| d.pci_address == address)
+            .unwrap_or_else(|| panic!("no device {address}: {:?}", t.devices))
+            .fabric
+            .clone()
+    };
+    let first = Some("nvlink:0002:01:00.0".to_string());
+    let second = Some("nvlink:000a:01:00.0".to_string());
+    assert_eq!(fabric("0002:01:00.0"), first);
+    assert_eq!(fabric("0003:01:00.0"), first);
+    // The packages' links do not join the pairs into one island.
+    assert_eq!(fabric("000a:01:00.0"), second);
+    assert_eq!(fabric("000b:01:00.0"), second);
+    let named: Vec<String> = t.devices.iter().filter_map(|d| d.fabric_name()).collect();
+    assert_eq!(named.len(), 4, "{named:?}");
+    assert_eq!(named[0], "NVLink island 0002:01:00.0");
+    // A machine without the matrix has no fabric.
+    let plain = hwloc_xml::read_file(&shared().join("xml/96em64t-4n4d3ca2co-pci.xml")).unwrap();
+    assert!(plain.devices.iter().all(|d| d.fabric.is_none()));
+}

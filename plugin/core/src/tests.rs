@@ -360,6 +360,7 @@ fn reads_the_protocols_free_map() {
             numa: Some(CpuSet::parse_list("8-15").unwrap()),
             socket: Some(CpuSet::parse_list("0-15").unwrap()),
             switch: Some("0000:81:00.0".into()),
+            fabric: None,
         }],
         reserved_gpus: vec![topo_core::proto::reply::ReservedGpu {
             job: "lsf-2".into(),
@@ -367,6 +368,7 @@ fn reads_the_protocols_free_map() {
                 numa: Some(CpuSet::parse_list("8-15").unwrap()),
                 socket: Some(CpuSet::parse_list("0-15").unwrap()),
                 switch: None,
+                fabric: None,
             },
         }],
     };
@@ -1595,6 +1597,7 @@ fn hosts_with_the_same_free_gpus_share_one_list_and_unused_lists_are_dropped() {
         numa: Some(CpuSet::parse_list(if g < 4 { "0-15" } else { "16-31" }).unwrap()),
         socket: Some(CpuSet::parse_list(if g < 4 { "0-15" } else { "16-31" }).unwrap()),
         switch: Some(format!("0000:{:02x}:00.0", 0x10 + g)),
+        fabric: None,
     };
     let all: Vec<_> = (0..12).map(site).collect();
     let hosts = 100;

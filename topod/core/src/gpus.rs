@@ -121,6 +121,9 @@ pub struct GpuSite {
     /// The PCIe switch above it (its second upstream bridge), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switch: Option<String>,
+    /// Its NVLink island or xGMI hive ([`crate::topology::IoDevice::fabric`]), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
 }
 
 impl GpuSite {
@@ -131,6 +134,7 @@ impl GpuSite {
             numa: topo.cpus_near(device, Level::Numa),
             socket: topo.cpus_near(device, Level::Socket),
             switch: device.switch().map(str::to_string),
+            fabric: device.fabric.clone(),
         }
     }
 
@@ -142,25 +146,51 @@ impl GpuSite {
     }
 }
 
-/// `count` of the GPUs `group`, those behind one PCIe switch first: the switch with the fewest
-/// free GPUs that still holds them all (keeping larger groups whole), else in address order.
+/// `count` of the GPUs `group`: those of one NVLink island or xGMI hive first (their links
+/// are faster than any PCIe path), else those behind one PCIe switch, else in address order.
+/// Of the islands (switches) that hold them all, the one with the fewest free GPUs, keeping
+/// larger ones whole; inside an island, those behind one switch first. One GPU comes from
+/// outside any island (switch) when there is such a GPU: it needs no links, and the linked
+/// ones stay whole for jobs that do.
 fn take_from(sites: &[GpuSite], group: &[usize], count: usize) -> Vec<usize> {
-    let mut by_switch: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+    let fabric = |g: usize| sites[g].fabric.as_deref();
+    let switch = |g: usize| sites[g].switch.as_deref();
+    let by_switch = |gpus: &[usize]| {
+        let alone: Vec<usize> = gpus.iter().copied().filter(|&g| switch(g).is_none()).collect();
+        if count == 1 && !alone.is_empty() {
+            return alone[..1].to_vec();
+        }
+        match smallest_holding(gpus, count, switch) {
+            Some(v) => v[..count].to_vec(),
+            None => gpus[..count].to_vec(),
+        }
+    };
+    let unlinked: Vec<usize> = group.iter().copied().filter(|&g| fabric(g).is_none()).collect();
+    if count == 1 && !unlinked.is_empty() {
+        return by_switch(&unlinked);
+    }
+    match smallest_holding(group, count, fabric) {
+        Some(island) => by_switch(&island),
+        None => by_switch(group),
+    }
+}
+
+/// Of `group`'s GPUs split by `key` (those without one apart), the smallest part of at least
+/// `count` (the first of equals, in `group`'s order).
+fn smallest_holding<'a>(
+    group: &[usize],
+    count: usize,
+    key: impl Fn(usize) -> Option<&'a str>,
+) -> Option<Vec<usize>> {
+    let mut parts: Vec<(&str, Vec<usize>)> = Vec::new();
     for &g in group {
-        let switch = sites[g].switch.as_deref();
-        match by_switch.iter_mut().find(|(s, _)| *s == switch && s.is_some()) {
+        let Some(k) = key(g) else { continue };
+        match parts.iter_mut().find(|(p, _)| *p == k) {
             Some((_, v)) => v.push(g),
-            None => by_switch.push((switch, vec![g])),
+            None => parts.push((k, vec![g])),
         }
     }
-    let one_switch = by_switch
-        .iter()
-        .filter(|(s, v)| s.is_some() && v.len() >= count)
-        .min_by_key(|(_, v)| v.len());
-    match one_switch {
-        Some((_, v)) => v[..count].to_vec(),
-        None => group[..count].to_vec(),
-    }
+    parts.into_iter().map(|(_, v)| v).filter(|v| v.len() >= count).min_by_key(Vec::len)
 }
 
 /// topo's choice: `count` of the `free` GPUs and a placement of `request` beside them (see the
@@ -578,6 +608,8 @@ pub struct GpuBenchResult {
     pub local: usize,
     /// Of those with two or more GPUs, jobs whose GPUs sit behind one PCIe switch.
     pub one_switch: usize,
+    /// Of those with two or more GPUs, jobs whose GPUs are in one NVLink island or xGMI hive.
+    pub one_fabric: usize,
     /// Placed GPU jobs with two or more GPUs.
     pub multi: usize,
     /// GPU jobs refused while enough GPUs were free.
@@ -616,6 +648,7 @@ pub fn replay_gpus(
         placed: 0,
         local: 0,
         one_switch: 0,
+        one_fabric: 0,
         multi: 0,
         refused_gpus_free: 0,
     };
@@ -663,6 +696,11 @@ pub fn replay_gpus(
                         first.is_some()
                             && pick.gpus.iter().all(|&g| topo.devices[g].switch() == first),
                     );
+                    let island = &topo.devices[pick.gpus[0]].fabric;
+                    r.one_fabric += usize::from(
+                        island.is_some()
+                            && pick.gpus.iter().all(|&g| topo.devices[g].fabric == *island),
+                    );
                 }
                 if ledger.allocate(&id, &pick.placement, "").is_ok() {
                     for &g in &pick.gpus {
@@ -682,6 +720,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn two_gpus_come_from_one_nvlink_island_before_one_pcie_switch() {
+        let (mut topo, model) = host();
+        // Node 1: GPUs 2 and 3 behind switch B, 4 on its own port; NVLink joins 3 and 4.
+        topo.devices[3].fabric = Some("nvlink:0000:21:00.0".into());
+        topo.devices[4].fabric = Some("nvlink:0000:21:00.0".into());
+        let none = Occupancy::default();
+        let node1: Vec<usize> = vec![2, 3, 4];
+        let two = choose(&topo, &model, &none, &node1, &cores(4), 2, Strategy::BestFit).unwrap();
+        assert_eq!(two.gpus, [3, 4], "the NVLinked pair, not the pair behind one switch");
+        assert!(two.placement.cpus.is_subset(&model.numa[1]));
+        // One GPU: an island is kept whole for the jobs that need two.
+        let one = choose(&topo, &model, &none, &node1, &cores(1), 1, Strategy::BestFit).unwrap();
+        assert_eq!(one.gpus, [2]);
+        // Three: no island holds them; the switch's pair and the other, as before.
+        let three = choose(&topo, &model, &none, &node1, &cores(4), 3, Strategy::BestFit).unwrap();
+        assert_eq!(three.gpus.len(), 3);
+        // Islands in an xGMI hive count the same, and the smallest island that holds them wins.
+        topo.devices[2].fabric = Some("xgmi:7".into());
+        let mixed = choose(&topo, &model, &none, &node1, &cores(4), 2, Strategy::BestFit).unwrap();
+        assert_eq!(mixed.gpus, [3, 4]);
+    }
+
+    #[test]
     fn a_boards_display_adapter_and_quickassist_are_no_jobs_gpus() {
         let device = |class_code: u32, vendor: u16| crate::topology::IoDevice {
             pci_address: "0000:01:00.0".into(),
@@ -694,6 +755,7 @@ mod tests {
             local_cpus: CpuSet::new(),
             upstream: Vec::new(),
             virtual_function: false,
+            fabric: None,
         };
         assert!(is_for_jobs(&device(0x030200, 0x10de)), "an NVIDIA 3D controller");
         assert!(is_for_jobs(&device(0x030000, 0x1002)), "an AMD VGA GPU");
@@ -730,6 +792,7 @@ mod tests {
                 None => vec!["0000:00:03.0".into()],
             },
             virtual_function: false,
+            fabric: None,
         };
         topo.devices = vec![
             gpu("0000:10:00.0", 0, Some("A")),
@@ -811,6 +874,7 @@ mod tests {
             local_cpus: CpuSet::new(),
             upstream: upstream.iter().map(|s| s.to_string()).collect(),
             virtual_function: false,
+            fabric: None,
         };
         // 5: behind switch A with GPUs 0-1; 6: node 1's own root port; 7: place not known.
         topo.devices.push(nic("0000:12:00.0", Some(0), &["0000:00:01.0", "A", "0000:00:05.0"]));

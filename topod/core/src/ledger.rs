@@ -165,6 +165,9 @@ pub struct JobGpu {
     /// The host no longer has it (topod restarted on a host whose devices changed).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gone: bool,
+    /// Its NVLink island or xGMI hive (`topology::IoDevice::fabric`), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
 }
 
 /// A job that does not use what it was given, as topod's sampler judged it.

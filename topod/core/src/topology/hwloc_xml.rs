@@ -7,8 +7,9 @@
 //! distance matrix and `<cpukind>` the CPU kinds of hybrid processors.
 //!
 //! What is kept: packages, dies, NUMA nodes, L3 and L2 caches, cores, PUs, CPU kinds, NUMA
-//! distances (the `NUMALatency` matrix), and PCI devices with their locality (the cpuset and
-//! nodeset of their nearest non-I/O ancestor). The allowed CPUs and memory nodes come from the
+//! distances (the `NUMALatency` matrix), PCI devices with their locality (the cpuset and
+//! nodeset of their nearest non-I/O ancestor), and the GPUs' NVLink islands (the
+//! `NVLinkBandwidth` matrix hwloc reads from NVML). The allowed CPUs and memory nodes come from the
 //! root's `allowed_cpuset` / `allowed_nodeset` (present in exports made with `--disallowed`),
 //! else from its `cpuset` / `nodeset`.
 //!
@@ -67,11 +68,17 @@ pub fn parse(source: &str, xml: &str) -> Result<Topology, TopologyError> {
             source_name: source.to_string(),
             what: "no <object> in <topology>".into(),
         })?;
-    let mut reader = Reader { at: &at, topo: empty(source) };
+    let mut reader =
+        Reader { at: &at, topo: empty(source), os_devices: std::collections::HashMap::new() };
     reader.object(machine, None)?;
     reader.machine(machine)?;
     for node in root.children().filter(|n| n.is_element()) {
         match node.tag_name().name() {
+            "distances2" | "distances2hetero"
+                if node.attribute("name") == Some("NVLinkBandwidth") =>
+            {
+                reader.nvlinks(node)?
+            }
             "distances2" => reader.distances(node)?,
             "cpukind" => reader.cpu_kind(node)?,
             _ => {}
@@ -124,6 +131,9 @@ fn empty(source: &str) -> Topology {
 struct Reader<'a> {
     at: &'a dyn Fn(roxmltree::Node) -> String,
     topo: Topology,
+    /// The PCI device (index in `topo.devices`) of each PCI and OS device, by its
+    /// `gp_index` (unique across a file's objects): what the NVLink matrix names.
+    os_devices: std::collections::HashMap<String, usize>,
 }
 
 impl Reader<'_> {
@@ -222,9 +232,16 @@ impl Reader<'_> {
                 });
             }
             "PCIDev" => {
-                pci = Some(self.pci_device(node)?);
+                let i = self.pci_device(node)?;
+                if let Some(gp) = node.attribute("gp_index") {
+                    self.os_devices.insert(gp.to_string(), i);
+                }
+                pci = Some(i);
             }
             "OSDev" => {
+                if let (Some(i), Some(gp)) = (pci, node.attribute("gp_index")) {
+                    self.os_devices.insert(gp.to_string(), i);
+                }
                 if let (Some(i), Some(name)) = (pci, node.attribute("name")) {
                     if let Some(dev) = self.topo.devices.get_mut(i) {
                         dev.names.push(name.to_string());
@@ -277,6 +294,7 @@ impl Reader<'_> {
             numa_node,
             local_cpus,
             virtual_function: false,
+            fabric: None,
         });
         Ok(self.topo.devices.len() - 1)
     }
@@ -353,6 +371,99 @@ impl Reader<'_> {
         Ok(())
     }
 
+    /// hwloc's `NVLinkBandwidth` matrix (from NVML: the bandwidth of the NVLinks between
+    /// GPUs, NVSwitches and, on POWER, packages; hwloc's "Distances" documentation): the GPUs
+    /// joined by links, directly or through NVSwitches, are one island
+    /// ([`IoDevice::fabric`]). A link to a package does not join GPUs: their data would cross
+    /// the processor.
+    fn nvlinks(&mut self, node: roxmltree::Node) -> Result<(), TopologyError> {
+        let n: usize = self
+            .number(node, "nbobjs")?
+            .ok_or_else(|| self.bad(node, "NVLinkBandwidth without nbobjs".into()))?;
+        if n > 4096 {
+            return Err(self.bad(node, format!("NVLinkBandwidth of {n} objects is too large")));
+        }
+        // A homogeneous matrix names OS devices by gp_index; a heterogeneous one "Type:gp".
+        let homogeneous_type = node.attribute("type");
+        let mut objects: Vec<(String, String)> = Vec::new();
+        let mut values: Vec<u64> = Vec::new();
+        for child in node.children().filter(|c| c.is_element()) {
+            let text = child.text().unwrap_or("");
+            match child.tag_name().name() {
+                "indexes" => objects.extend(text.split_whitespace().map(|w| {
+                    match (homogeneous_type, w.split_once(':')) {
+                        (_, Some((kind, gp))) => (kind.to_string(), gp.to_string()),
+                        (Some(kind), None) => (kind.to_string(), w.to_string()),
+                        (None, None) => (String::new(), w.to_string()),
+                    }
+                })),
+                "u64values" => {
+                    for word in text.split_whitespace() {
+                        values.push(word.parse().map_err(|_| TopologyError::Format {
+                            path: (self.at)(child),
+                            what: format!("{word:?} is not a number"),
+                        })?);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if objects.len() != n || values.len() != n * n {
+            return Err(self.bad(
+                node,
+                format!(
+                    "NVLinkBandwidth of {n} objects has {} indexes and {} values",
+                    objects.len(),
+                    values.len()
+                ),
+            ));
+        }
+        // Islands by union-find over the objects a GPU's data may cross: GPUs and switches.
+        let joins = |i: usize| objects[i].0 != "Package";
+        let mut parent: Vec<usize> = (0..n).collect();
+        fn root(parent: &mut [usize], mut i: usize) -> usize {
+            while parent[i] != i {
+                parent[i] = parent[parent[i]];
+                i = parent[i];
+            }
+            i
+        }
+        for a in 0..n {
+            for b in 0..n {
+                if a != b && values[a * n + b] > 0 && joins(a) && joins(b) {
+                    let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
+                    parent[ra] = rb;
+                }
+            }
+        }
+        let gpu_of = |i: usize| {
+            matches!(objects[i].0.as_str(), "OSDev" | "PCIDev")
+                .then(|| self.os_devices.get(&objects[i].1).copied())
+                .flatten()
+        };
+        let mut islands: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for i in 0..n {
+            if let Some(dev) = gpu_of(i) {
+                let r = root(&mut parent, i);
+                islands.entry(r).or_default().push(dev);
+            }
+        }
+        for devices in islands.into_values() {
+            let mut addresses: Vec<&str> =
+                devices.iter().map(|&d| self.topo.devices[d].pci_address.as_str()).collect();
+            addresses.sort_unstable();
+            addresses.dedup();
+            if addresses.len() < 2 {
+                continue;
+            }
+            let id = format!("nvlink:{}", addresses[0]);
+            for d in devices {
+                self.topo.devices[d].fabric = Some(id.clone());
+            }
+        }
+        Ok(())
+    }
+
     fn cpu_kind(&mut self, node: roxmltree::Node) -> Result<(), TopologyError> {
         let cpus = self
             .bitmap(node, "cpuset")?
@@ -412,6 +523,69 @@ mod tests {
     <u64values length="12">10 31 31 10 </u64values>
   </distances2>
 </topology>"#;
+
+    /// Three GPUs (gp_index 10, 11, 12) and a matrix `matrix` after them.
+    fn three_gpus(matrix: &str) -> String {
+        format!(
+            r#"<?xml version="1.0" encoding="UTF-8"?>
+<topology version="2.0">
+  <object type="Machine" os_index="0" cpuset="0x00000003" nodeset="0x00000001">
+    <object type="Package" os_index="0" gp_index="2" cpuset="0x00000003">
+      <object type="NUMANode" os_index="0" cpuset="0x00000003" local_memory="1073741824"/>
+      <object type="Core" os_index="0" cpuset="0x00000003">
+        <object type="PU" os_index="0" cpuset="0x00000001"/>
+        <object type="PU" os_index="1" cpuset="0x00000002"/>
+      </object>
+      <object type="Bridge" os_index="0">
+        <object type="PCIDev" gp_index="5" pci_busid="0000:3b:00.0" pci_type="0302 [10de:20b0] [10de:1450] a1">
+          <object type="OSDev" gp_index="10" name="nvml0" osdev_type="1"/>
+        </object>
+        <object type="PCIDev" gp_index="6" pci_busid="0000:3c:00.0" pci_type="0302 [10de:20b0] [10de:1450] a1">
+          <object type="OSDev" gp_index="11" name="nvml1" osdev_type="1"/>
+        </object>
+        <object type="PCIDev" gp_index="7" pci_busid="0000:3d:00.0" pci_type="0302 [10de:20b0] [10de:1450] a1">
+          <object type="OSDev" gp_index="12" name="nvml2" osdev_type="1"/>
+        </object>
+      </object>
+    </object>
+  </object>
+  {matrix}
+</topology>"#
+        )
+    }
+
+    #[test]
+    fn gpus_joined_through_an_nvswitch_are_one_island_and_a_package_joins_none() {
+        // GPUs 10 and 11 link to the switch (Misc 20); GPU 12 only to the package.
+        let hetero = three_gpus(
+            r#"<distances2hetero nbobjs="5" kind="25" name="NVLinkBandwidth">
+    <indexes length="40">OSDev:10 OSDev:11 OSDev:12 Misc:20 Package:2 </indexes>
+    <u64values length="99">1000 0 0 300 0  0 1000 0 300 0  0 0 1000 0 50  300 300 0 1000 0  0 0 50 0 1000 </u64values>
+  </distances2hetero>"#,
+        );
+        let t = parse("three", &hetero).unwrap();
+        let fabrics: Vec<Option<&str>> = t.devices.iter().map(|d| d.fabric.as_deref()).collect();
+        assert_eq!(fabrics, [Some("nvlink:0000:3b:00.0"), Some("nvlink:0000:3b:00.0"), None]);
+        // A homogeneous matrix of OS devices by gp_index: 11 and 12 linked directly.
+        let homogeneous = three_gpus(
+            r#"<distances2 type="OSDev" nbobjs="3" kind="25" name="NVLinkBandwidth" indexing="gp">
+    <indexes length="9">10 11 12 </indexes>
+    <u64values length="30">1000 0 0 0 1000 40 0 40 1000 </u64values>
+  </distances2>"#,
+        );
+        let t = parse("three", &homogeneous).unwrap();
+        let fabrics: Vec<Option<&str>> = t.devices.iter().map(|d| d.fabric.as_deref()).collect();
+        assert_eq!(fabrics, [None, Some("nvlink:0000:3c:00.0"), Some("nvlink:0000:3c:00.0")]);
+        // A matrix whose size does not match its indexes is an error that says so.
+        let short = three_gpus(
+            r#"<distances2 type="OSDev" nbobjs="3" kind="25" name="NVLinkBandwidth" indexing="gp">
+    <indexes length="9">10 11 12 </indexes>
+    <u64values length="30">1000 0 0 0 1000 40 </u64values>
+  </distances2>"#,
+        );
+        let e = parse("three", &short).unwrap_err().to_string();
+        assert!(e.contains("NVLinkBandwidth of 3 objects has 3 indexes and 6 values"), "{e}");
+    }
 
     #[test]
     fn reads_a_small_machine() {

@@ -125,6 +125,13 @@ pub struct IoDevice {
     /// virtual machines and containers, not an adapter of its own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub virtual_function: bool,
+    /// The GPU fabric it is part of, when its driver or hwloc says: `nvlink:ADDRESS` for an
+    /// NVLink island (GPUs joined by NVLink, directly or through NVSwitches; named by the
+    /// lowest PCI address in it), `xgmi:HIVE` for an AMD xGMI hive (sysfs
+    /// `xgmi_hive_info/xgmi_hive_id`). GPUs of one fabric exchange data over its links, not
+    /// through PCIe ([`IoDevice::fabric_name`] says it for a person).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
 }
 
 impl IoDevice {
@@ -141,6 +148,20 @@ impl IoDevice {
     /// switch.
     pub fn shared_bridges(&self, other: &IoDevice) -> usize {
         self.upstream.iter().zip(&other.upstream).take_while(|(a, b)| a == b).count()
+    }
+
+    /// Its [`IoDevice::fabric`] for a person: `NVLink island 0002:01:00.0`, `xGMI hive 42`.
+    pub fn fabric_name(&self) -> Option<String> {
+        fabric_name(self.fabric.as_deref()?)
+    }
+}
+
+/// A fabric id ([`IoDevice::fabric`]) for a person.
+pub fn fabric_name(fabric: &str) -> Option<String> {
+    match fabric.split_once(':') {
+        Some(("nvlink", first)) => Some(format!("NVLink island {first}")),
+        Some(("xgmi", hive)) => Some(format!("xGMI hive {hive}")),
+        _ => None,
     }
 }
 
@@ -481,6 +502,7 @@ mod device_tests {
             local_cpus: CpuSet::parse_list(local_cpus).unwrap(),
             upstream: Vec::new(),
             virtual_function: false,
+            fabric: None,
         }
     }
 

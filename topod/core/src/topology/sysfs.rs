@@ -717,7 +717,20 @@ fn read_pci(fs: &Fs) -> Result<Vec<IoDevice>, TopologyError> {
             n.sort();
             names.extend(n);
         }
+        // amdgpu puts the hive of a GPU joined to others by xGMI links in
+        // `xgmi_hive_info/xgmi_hive_id` (the kernel's amdgpu_xgmi.c); 0 or absent: none.
+        let fabric = fs
+            .optional(&format!("{dev}/xgmi_hive_info/xgmi_hive_id"))?
+            .map(|t| t.trim().to_string())
+            .filter(|id| {
+                !id.is_empty()
+                    && id.len() <= 32
+                    && id != "0"
+                    && id.chars().all(|c| c.is_ascii_alphanumeric())
+            })
+            .map(|id| format!("xgmi:{id}"));
         out.push(IoDevice {
+            fabric,
             upstream: fs.pci_upstream(&dev, &addr),
             pci_address: addr.clone(),
             class,
@@ -812,9 +825,23 @@ mod tests {
         // would not start): an unreadable class leaves it out, unreadable local CPUs unknown.
         write(dir.path(), "sys/bus/pci/devices/0000:06:00.0/local_cpulist", "zz");
         write(dir.path(), "sys/bus/pci/devices/0000:07:00.0/class", "0xzz");
+        // amdgpu's xGMI hive: the GPU behind the switch and one on its own root port share
+        // hive 42; a hive id of 0 is none, and a garbled one is left out.
+        pci_function(dir.path(), "pci0000:00/0000:00:03.0/0000:08:00.0", "0x038000");
+        let hive = |path: &str, id: &str| {
+            write(dir.path(), &format!("sys/devices/{path}/xgmi_hive_info/xgmi_hive_id"), id)
+        };
+        hive(&format!("{switch}/0000:02:08.0/0000:03:00.0"), "42\n");
+        hive("pci0000:00/0000:00:03.0/0000:08:00.0", "42");
+        hive(&format!("{switch}/0000:02:10.0/0000:04:00.0"), "0");
+        hive("pci0000:00/0000:00:02.0/0000:05:00.0", "../../x");
         let t = read(dir.path()).unwrap();
         let dev = |a: &str| t.devices.iter().find(|d| d.pci_address == a).unwrap();
         let (gpu0, gpu1, nic) = (dev("0000:03:00.0"), dev("0000:04:00.0"), dev("0000:05:00.0"));
+        assert_eq!(gpu0.fabric.as_deref(), Some("xgmi:42"));
+        assert_eq!(dev("0000:08:00.0").fabric, gpu0.fabric);
+        assert_eq!(gpu0.fabric_name().as_deref(), Some("xGMI hive 42"));
+        assert_eq!((gpu1.fabric.as_deref(), nic.fabric.as_deref()), (None, None));
         assert_eq!(gpu0.upstream, ["0000:00:01.0", "0000:01:00.0", "0000:02:08.0"]);
         assert_eq!((gpu0.switch(), gpu1.switch()), (Some("0000:01:00.0"), Some("0000:01:00.0")));
         assert_eq!(gpu0.shared_bridges(gpu1), 2);

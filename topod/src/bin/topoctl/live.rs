@@ -205,6 +205,9 @@ fn gpu_cell(g: &topo_core::ledger::JobGpu) -> String {
         (Some(node), None) => parts.push(format!("NUMA node {node}")),
         (None, _) => parts.push("NUMA node not known".into()),
     }
+    if let Some(fabric) = g.fabric.as_deref().and_then(topo_core::topology::fabric_name) {
+        parts.push(printable(&fabric));
+    }
     format!("{address} ({})", parts.join(", "))
 }
 
@@ -451,8 +454,14 @@ mod printable_tests {
             numa_node: Some(1),
             distance: Some(10),
             gone: false,
+            fabric: None,
         };
         assert_eq!(gpu_cell(&gpu), "0000:88:00.0 ([31mred, NUMA node 1, local to every CPU)");
+        let linked = topo_core::ledger::JobGpu { fabric: Some("xgmi:\u{1b}[2J7".into()), ..gpu };
+        assert_eq!(
+            gpu_cell(&linked),
+            "0000:88:00.0 ([31mred, NUMA node 1, local to every CPU, xGMI hive [2J7)"
+        );
         let nic = topo_core::ledger::JobNic {
             pci_address: "0000:12:00.0".into(),
             names: vec!["ib\u{1b}[2J0".into(), "mlx5_0".into()],

@@ -247,6 +247,7 @@ impl Host {
                     numa_node: device.and_then(|d| d.numa_node),
                     distance: device.and_then(|d| self.topo.device_distance(d, cpus)),
                     gone: device.is_none(),
+                    fabric: device.and_then(|d| d.fabric.clone()),
                 }
             })
             .collect()

@@ -2309,6 +2309,7 @@ fn two_nodes_with_gpus() -> Topology {
         local_cpus: CpuSet::new(),
         upstream: Vec::new(),
         virtual_function: false,
+        fabric: None,
     };
     let mut topo = two_nodes_of_four();
     topo.devices = vec![
@@ -2768,6 +2769,7 @@ fn two_packages_with_four_gpus() -> Topology {
         local_cpus: CpuSet::new(),
         upstream: upstream.iter().map(|u| u.to_string()).collect(),
         virtual_function: false,
+        fabric: None,
     };
     let mut topo = two_packages();
     topo.devices = vec![

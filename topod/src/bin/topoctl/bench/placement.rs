@@ -132,13 +132,22 @@ pub(crate) fn run(
                 topo_core::gpus::gpu_indices(&topo).len(),
                 topo_core::gpus::cores_per_gpu(&topo, &model)
             );
+            // The islands' column only where the machine has NVLink or xGMI.
+            let fabrics = topo.devices.iter().any(|d| d.fabric.is_some());
+            let island_head =
+                if fabrics { format!(" {:>11}", "one-island") } else { String::new() };
             println!(
-                "  {:<16} {:>8} {:>7} {:>7} {:>7} {:>11} {:>9}",
+                "  {:<16} {:>8} {:>7} {:>7} {:>7} {:>11}{island_head} {:>9}",
                 "GPU policy", "GPU jobs", "placed", "local", "local%", "one-switch", "refused*"
             );
             for r in &gpu_results {
+                let island = if fabrics {
+                    format!(" {:>5}/{:<5}", r.one_fabric, r.multi)
+                } else {
+                    String::new()
+                };
                 println!(
-                    "  {:<16} {:>8} {:>7} {:>7} {:>6.1}% {:>5}/{:<5} {:>9}",
+                    "  {:<16} {:>8} {:>7} {:>7} {:>6.1}% {:>5}/{:<5}{island} {:>9}",
                     r.policy.name(),
                     r.gpu_jobs,
                     r.placed,
@@ -149,7 +158,9 @@ pub(crate) fn run(
                     r.refused_gpus_free
                 );
             }
-            println!("  (local: every CPU in its GPUs' NUMA nodes; one-switch: multi-GPU jobs behind one PCIe switch; refused*: while enough GPUs were free)");
+            let island_note =
+                if fabrics { "; one-island: in one NVLink island or xGMI hive" } else { "" };
+            println!("  (local: every CPU in its GPUs' NUMA nodes; one-switch: multi-GPU jobs behind one PCIe switch{island_note}; refused*: while enough GPUs were free)");
         }
         if !migrated.is_empty() {
             println!(
