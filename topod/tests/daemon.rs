@@ -1245,3 +1245,29 @@ fn reserved_cpus_keep_within_the_affinity_topod_was_started_with() {
         assert!(text.contains(said), "{text}");
     }
 }
+
+/// A command topo-exec cannot run is refused before anything is allocated for it (an attack
+/// finding: the allocation stayed, holding its CPUs, until somebody released it).
+#[test]
+fn topo_exec_allocates_nothing_for_a_command_that_cannot_run() {
+    if !common::is_root() {
+        return common::skip("topo-exec allocates as root");
+    }
+    let dir = common::open_dir();
+    let d = common::start(dir.path(), &["--cgroup", "fake"], true);
+    for (command, says) in [
+        ("no-such-command-anywhere", "no such command in PATH"),
+        ("/nonexistent/job.sh", "No such file"),
+        ("/tmp", "is a directory"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
+            .args(["--socket", d.socket.to_str().unwrap(), "--job", "nocmd"])
+            .args(["--request", "affinity[core]", "--", command])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{command}: {err}");
+        let mut c = Client::connect(&d.socket).unwrap();
+        assert_eq!(c.call(Op::List).unwrap(), serde_json::json!([]), "{command}: {err}");
+    }
+}

@@ -52,11 +52,15 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
                 .join(format!("topo-affinity.{job}"))
         })
     });
+    // A command that cannot run is refused before anything is allocated for it: an allocation
+    // made here and never used would stay until somebody released it.
+    let program = find_command(&args.command[0], env("PATH").as_deref())?;
     let mut client = Client::connect(&args.socket).map_err(|e| e.to_string())?;
     // An allocation made before the job started (by LSF's host pre-exec, as root) is joined as it
     // is; otherwise the job is allocated here (which needs root or an administrator).
     let jobs = client.list().map_err(|e| e.to_string())?;
     let existing = jobs.into_iter().find(|j| j.allocation.job == job).map(|j| j.allocation);
+    let allocated_here = existing.is_none();
     let alloc = match (existing, request) {
         (Some(a), _) => a,
         (None, Some(request)) => client
@@ -107,8 +111,9 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         .collect();
     let cpus = alloc.cpus.to_string();
     let mems = alloc.mems.to_string();
-    let mut command = Command::new(&args.command[0]);
+    let mut command = Command::new(&program);
     command
+        .arg0(&args.command[0])
         .args(&args.command[1..])
         .env("TOPO_JOB", &job)
         .env("TOPO_CPUS", &cpus)
@@ -146,7 +151,50 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         command.env("LSB_AFFINITY_HOSTFILE", &path);
     }
     let err = command.exec();
-    Err(format!("cannot run {}: {err}", args.command[0]))
+    let stays = if allocated_here {
+        format!(" (job {job} was allocated for it and stays so until released: topoctl release {job}, or by itself with auto_release)")
+    } else {
+        String::new()
+    };
+    Err(format!("cannot run {}: {err}{stays}", args.command[0]))
+}
+
+/// The file `command` names, as `execvp` would find it: a path with a slash as it is, else the
+/// first executable file of that name in `path` (the `PATH` variable; `/usr/bin:/bin` when
+/// unset; an empty entry, which `execvp` takes for the current directory, is skipped). An error
+/// says why it cannot run.
+fn find_command(command: &str, path: Option<&str>) -> Result<PathBuf, String> {
+    let runnable = |file: &std::path::Path| -> Result<(), String> {
+        let meta = std::fs::metadata(file).map_err(|e| e.to_string())?;
+        if meta.is_dir() {
+            return Err("it is a directory".into());
+        }
+        nix::unistd::access(file, nix::unistd::AccessFlags::X_OK)
+            .map_err(|_| "it is not executable".to_string())
+    };
+    if command.is_empty() {
+        return Err("no command given after --".into());
+    }
+    if command.contains('/') {
+        let file = PathBuf::from(command);
+        return runnable(&file)
+            .map(|()| file)
+            .map_err(|why| format!("cannot run {command}: {why}"));
+    }
+    let path = path.unwrap_or("/usr/bin:/bin");
+    let mut found_unrunnable = None;
+    for dir in path.split(':').filter(|d| !d.is_empty()) {
+        let file = PathBuf::from(dir).join(command);
+        match runnable(&file) {
+            Ok(()) => return Ok(file),
+            Err(why) if file.exists() => found_unrunnable = Some((file, why)),
+            Err(_) => {}
+        }
+    }
+    Err(match found_unrunnable {
+        Some((file, why)) => format!("cannot run {command}: {}: {why}", file.display()),
+        None => format!("cannot run {command}: no such command in PATH ({path})"),
+    })
 }
 
 /// The UUIDs of the NVIDIA GPUs at PCI `addresses` (`GPU UUID:` in the driver's
@@ -168,6 +216,40 @@ fn nvidia_uuids(root: &std::path::Path, addresses: &[String]) -> Option<Vec<Stri
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_command_is_found_as_execvp_would_or_refused_saying_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, other) = (dir.path().join("bin"), dir.path().join("other"));
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::create_dir_all(other.join("dir")).unwrap();
+        let file = |path: &std::path::Path, mode: u32| {
+            std::fs::write(path, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        file(&bin.join("job"), 0o755);
+        file(&other.join("plain"), 0o644);
+        let path = format!("{}::{}", other.display(), bin.display());
+        let found = super::find_command("job", Some(&path)).unwrap();
+        assert_eq!(found, bin.join("job"));
+        let e = super::find_command("nope", Some(&path)).unwrap_err();
+        assert!(e.contains("nope: no such command in PATH"), "{e}");
+        let e = super::find_command("dir", Some(&path)).unwrap_err();
+        assert!(e.contains("it is a directory"), "{e}");
+        let absolute = other.join("missing");
+        let e = super::find_command(absolute.to_str().unwrap(), None).unwrap_err();
+        assert!(e.contains("No such file"), "{e}");
+        if !nix::unistd::geteuid().is_root() {
+            let e = super::find_command("plain", Some(&path)).unwrap_err();
+            assert!(e.contains("not executable"), "{e}");
+        }
+        let e = super::find_command(other.join("plain").to_str().unwrap(), None);
+        // Root may read it but not run it either: no execute bit at all.
+        assert!(e.unwrap_err().contains("not executable"));
+        assert_eq!(super::find_command("sh", None).unwrap().file_name().unwrap(), "sh");
+    }
+
     #[test]
     fn cuda_is_told_the_gpus_by_uuid_or_not_at_all() {
         let root = tempfile::tempdir().unwrap();

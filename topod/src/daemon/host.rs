@@ -395,7 +395,9 @@ impl Prepared {
                     .iter()
                     .filter(|d| d.class != topo_core::topology::DeviceClass::Other)
                     .map(|d| match d.names.first() {
-                        Some(n) => format!("{} ({n})", d.pci_address),
+                        // A name is a sysfs file name: it may hold a newline, which would
+                        // split the one-line reply a batch system shows.
+                        Some(n) => format!("{} ({})", d.pci_address, crate::picture::printable(n)),
                         None => d.pci_address.clone(),
                     })
                     .collect();
