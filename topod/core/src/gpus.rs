@@ -291,13 +291,95 @@ pub fn choose_among(
         let placed = if anywhere {
             place::place(model, occupancy, request, strategy).ok()
         } else {
-            within(request, &near).and_then(|r| place::place(model, occupancy, &r, strategy).ok())
+            place_by_node(sites, &gpus, model, occupancy, request, strategy).or_else(|| {
+                within(request, &near)
+                    .and_then(|r| place::place(model, occupancy, &r, strategy).ok())
+            })
         };
         if let Some(placement) = placed {
             return Some((gpus, placement));
         }
     }
     None
+}
+
+/// A job whose `gpus` (indices into `sites`, all of known place) lie in several NUMA nodes,
+/// placed so that each node's GPUs have their share of the tasks beside them: the node with
+/// `g` of the job's `n` GPUs gets `tasks × g / n` tasks, placed inside its CPUs, node after
+/// node. Without it the tasks go anywhere in the nodes' CPUs together, and a node may get
+/// more tasks than GPUs while another's GPUs have none beside them (`gpus_per_task` then gives
+/// those tasks GPUs of another node). `None` when a node's share is not a whole number of
+/// tasks, or a share does not fit in its node: the caller places the job as one.
+fn place_by_node(
+    sites: &[GpuSite],
+    gpus: &[usize],
+    model: &HostModel,
+    occupancy: &Occupancy,
+    request: &Request,
+    strategy: Strategy,
+) -> Option<Placement> {
+    // What binds the job as a whole, which parts placed one by one could break: tasks
+    // apart from each other (`injob`), a static cpuset, memory for the whole job.
+    let whole_job = request.exclusive.is_some_and(|e| e.scope != crate::request::Scope::AllJobs)
+        || request.cpuset_name.is_some()
+        || request.mem_mib.is_some();
+    if whole_job {
+        return None;
+    }
+    let tasks = request.tasks? as usize;
+    let mut nodes: Vec<(&CpuSet, usize)> = Vec::new();
+    for &g in gpus {
+        let node = sites[g].numa.as_ref()?;
+        match nodes.iter_mut().find(|(n, _)| *n == node) {
+            Some((_, count)) => *count += 1,
+            None => nodes.push((node, 1)),
+        }
+    }
+    if nodes.len() < 2 {
+        return None;
+    }
+    let mut taken = occupancy.clone();
+    let mut placed: Vec<CpuSet> = Vec::with_capacity(tasks);
+    for (node, count) in nodes {
+        let share = tasks * count;
+        if share % gpus.len() != 0 || share < gpus.len() {
+            return None;
+        }
+        let part = Request {
+            tasks: Some(u32::try_from(share / gpus.len()).ok()?),
+            ..within(request, node)?
+        };
+        let p = place::place(model, &taken, &part, strategy).ok()?;
+        taken.held.union_with(&p.cpus);
+        taken.fenced.union_with(&p.fenced);
+        placed.extend(p.tasks);
+    }
+    let whole = place::from_tasks(model, occupancy, request, placed);
+    // MAX_RADIUS holds for the job, not only for each part.
+    if request.max_radius.is_some_and(|r| whole.metrics.hops > r) {
+        return None;
+    }
+    Some(whole)
+}
+
+/// Whether each NUMA node holding some of a job's `gpus` has its share of the job's `tasks`
+/// wholly inside it (at least `tasks × g / n` for `g` of the job's `n` GPUs, rounded down): so
+/// that each task can use GPUs of its own node. A job with its GPUs in one node is judged by
+/// the same rule (all its tasks there).
+pub fn tasks_beside_their_gpus(topo: &Topology, gpus: &[usize], tasks: &[CpuSet]) -> bool {
+    let mut nodes: Vec<(Option<CpuSet>, usize)> = Vec::new();
+    for &g in gpus {
+        let near = topo.devices.get(g).and_then(|d| topo.cpus_near(d, Level::Numa));
+        match nodes.iter_mut().find(|(n, _)| *n == near) {
+            Some((_, count)) => *count += 1,
+            None => nodes.push((near, 1)),
+        }
+    }
+    nodes.iter().all(|(node, count)| {
+        let Some(node) = node else { return false };
+        let beside = tasks.iter().filter(|t| t.is_subset(node)).count();
+        beside >= tasks.len() * count / gpus.len().max(1)
+    })
 }
 
 /// Each task's GPUs: `gpus` (by index in [`Topology::devices`]) shared out `per_task` to each
@@ -610,6 +692,8 @@ pub struct GpuBenchResult {
     pub one_switch: usize,
     /// Of those with two or more GPUs, jobs whose GPUs are in one NVLink island or xGMI hive.
     pub one_fabric: usize,
+    /// Placed GPU jobs whose tasks sit beside their own GPUs ([`tasks_beside_their_gpus`]).
+    pub task_local: usize,
     /// Placed GPU jobs with two or more GPUs.
     pub multi: usize,
     /// GPU jobs refused while enough GPUs were free.
@@ -649,6 +733,7 @@ pub fn replay_gpus(
         local: 0,
         one_switch: 0,
         one_fabric: 0,
+        task_local: 0,
         multi: 0,
         refused_gpus_free: 0,
     };
@@ -689,6 +774,8 @@ pub fn replay_gpus(
             Some(pick) => {
                 r.placed += 1;
                 r.local += usize::from(is_local(topo, &pick.gpus, &pick.placement.cpus));
+                r.task_local +=
+                    usize::from(tasks_beside_their_gpus(topo, &pick.gpus, &pick.placement.tasks));
                 if pick.gpus.len() > 1 {
                     r.multi += 1;
                     let first = topo.devices[pick.gpus[0]].switch();
@@ -740,6 +827,41 @@ mod tests {
         topo.devices[2].fabric = Some("xgmi:7".into());
         let mixed = choose(&topo, &model, &none, &node1, &cores(4), 2, Strategy::BestFit).unwrap();
         assert_eq!(mixed.gpus, [3, 4]);
+    }
+
+    #[test]
+    fn a_job_whose_gpus_lie_in_two_nodes_has_each_nodes_share_of_tasks_beside_them() {
+        let (topo, model) = host();
+        let none = Occupancy::default();
+        let all = gpu_indices(&topo);
+        // Four tasks of one GPU each: no node has four GPUs, so two come from each node, and
+        // two tasks go beside each pair (best fit alone would put all four in one node).
+        let request = Request { gpus_per_task: Some(1), ..cores(4) };
+        let pick = choose(&topo, &model, &none, &all, &request, 4, Strategy::BestFit).unwrap();
+        let nodes: Vec<Option<u32>> =
+            pick.gpus.iter().map(|&g| topo.devices[g].numa_node).collect();
+        assert_eq!(nodes.iter().filter(|n| **n == Some(0)).count(), 2, "{nodes:?}");
+        let tasks = &pick.placement.tasks;
+        assert_eq!(tasks.len(), 4);
+        assert!(tasks[..2].iter().all(|t| t.is_subset(&model.numa[0])), "{tasks:?}");
+        assert!(tasks[2..].iter().all(|t| t.is_subset(&model.numa[1])), "{tasks:?}");
+        // So every task has a GPU of its own node.
+        let per_task = gpus_per_task(&topo, &pick.gpus, tasks, 1).unwrap();
+        for (t, gpus) in per_task.iter().enumerate() {
+            assert!(is_local(&topo, gpus, &tasks[t]), "task {t} {:?}: GPUs {gpus:?}", tasks[t]);
+        }
+        assert_eq!(pick.placement.cpus, CpuSet::union_all(tasks));
+        // Eight tasks for four GPUs: four beside each pair.
+        let pick = choose(&topo, &model, &none, &all, &cores(8), 4, Strategy::BestFit).unwrap();
+        let in_node0 = pick.placement.tasks.iter().filter(|t| t.is_subset(&model.numa[0])).count();
+        assert_eq!(in_node0, 4, "{:?}", pick.placement.tasks);
+        // Shares that are no whole number of tasks (three tasks, four GPUs): placed as one job.
+        let odd = choose(&topo, &model, &none, &all, &cores(3), 4, Strategy::BestFit).unwrap();
+        assert_eq!(odd.placement.tasks.len(), 3);
+        // MAX_RADIUS=0 holds for the job: not split over the two nodes.
+        let tight = Request { max_radius: Some(0), ..cores(4) };
+        let pick = choose(&topo, &model, &none, &all, &tight, 4, Strategy::BestFit).unwrap();
+        assert_eq!(pick.placement.metrics.hops, 0, "{:?}", pick.placement.tasks);
     }
 
     #[test]

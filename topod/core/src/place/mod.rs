@@ -404,6 +404,19 @@ fn finish_tasks(
     Placement { cpus, tasks, bind, mems, fenced, metrics }
 }
 
+/// The placement of `request` made of `tasks` placed already (each a free part of `occupancy`),
+/// as [`place`] would give it: the job's CPUs, fences, memory nodes, bindings and metrics. For
+/// a job placed in parts (`gpus::choose_among` places each NUMA node's share of the tasks
+/// beside that node's GPUs).
+pub fn from_tasks(
+    model: &HostModel,
+    occupancy: &Occupancy,
+    request: &Request,
+    tasks: Vec<CpuSet>,
+) -> Placement {
+    finish_tasks(model, occupancy, request, tasks)
+}
+
 fn finish(
     model: &HostModel,
     occupancy: &Occupancy,

@@ -137,8 +137,15 @@ pub(crate) fn run(
             let island_head =
                 if fabrics { format!(" {:>11}", "one-island") } else { String::new() };
             println!(
-                "  {:<16} {:>8} {:>7} {:>7} {:>7} {:>11}{island_head} {:>9}",
-                "GPU policy", "GPU jobs", "placed", "local", "local%", "one-switch", "refused*"
+                "  {:<16} {:>8} {:>7} {:>7} {:>7} {:>10} {:>11}{island_head} {:>9}",
+                "GPU policy",
+                "GPU jobs",
+                "placed",
+                "local",
+                "local%",
+                "task-local",
+                "one-switch",
+                "refused*"
             );
             for r in &gpu_results {
                 let island = if fabrics {
@@ -147,12 +154,13 @@ pub(crate) fn run(
                     String::new()
                 };
                 println!(
-                    "  {:<16} {:>8} {:>7} {:>7} {:>6.1}% {:>5}/{:<5}{island} {:>9}",
+                    "  {:<16} {:>8} {:>7} {:>7} {:>6.1}% {:>10} {:>5}/{:<5}{island} {:>9}",
                     r.policy.name(),
                     r.gpu_jobs,
                     r.placed,
                     r.local,
                     r.local_pct(),
+                    r.task_local,
                     r.one_switch,
                     r.multi,
                     r.refused_gpus_free
@@ -160,7 +168,7 @@ pub(crate) fn run(
             }
             let island_note =
                 if fabrics { "; one-island: in one NVLink island or xGMI hive" } else { "" };
-            println!("  (local: every CPU in its GPUs' NUMA nodes; one-switch: multi-GPU jobs behind one PCIe switch{island_note}; refused*: while enough GPUs were free)");
+            println!("  (local: every CPU in its GPUs' NUMA nodes; task-local: each of those nodes has its share of the tasks (tasks x its GPUs / the job's GPUs) wholly inside; one-switch: multi-GPU jobs behind one PCIe switch{island_note}; refused*: while enough GPUs were free)");
         }
         if !migrated.is_empty() {
             println!(
