@@ -8,7 +8,8 @@
 //! The scripts cover submits, ends (a job ends when its estimate has run, counting from its
 //! start and resumes), the passing of time, and jobs' owners suspending and resuming them
 //! (`topoctl suspend` and `resume` as the job's user); preemption is on with every job
-//! preemptible. Both drivers must also give each owner's request the same answer (carried out,
+//! preemptible (and, under gang slicing, in every other script: gang jobs then neither preempt
+//! nor are preempted). Both drivers must also give each owner's request the same answer (carried out,
 //! or refused for the same reason). The owner's dodge of issue 30 (suspend and resume to reset
 //! preemption's counters) is a scripted case.
 //! topod's side runs its freezes and thaws at once, or queues them and runs them after, as the
@@ -42,8 +43,11 @@ enum Rules {
     /// Preemption, every job preemptible.
     Preempt(policy::Preempt),
     /// Gang time slicing, every job gang-scheduled: the batch system in front of topod takes
-    /// the first row where the job fits, as the core does, and tells topod that row.
-    Gang(policy::Gang),
+    /// the first row where the job fits, as the core does, and tells topod that row. With
+    /// `Some` preemption rules too, preemption is on and every job asks to preempt and may be
+    /// preempted, as a site running both would configure it: a gang job neither preempts nor
+    /// is preempted (it waits for a row), in both drivers.
+    Gang(policy::Gang, Option<policy::Preempt>),
     /// Equipartition of the CPUs rigid jobs leave among the malleable jobs (every even-numbered
     /// job malleable, in the range `Malleability` gives it: `*min-max` for topod).
     Malleable(policy::Malleability),
@@ -105,8 +109,9 @@ impl TopodDriver {
                 .unwrap();
         match rules {
             Rules::Preempt(rules) => host.set_preempt(Some(rules)),
-            Rules::Gang(gang) => {
-                host.set_gang(Some(GangConfig { gang, all_jobs: true, prime_queues: Vec::new() }))
+            Rules::Gang(gang, preempt) => {
+                host.set_gang(Some(GangConfig { gang, all_jobs: true, prime_queues: Vec::new() }));
+                host.set_preempt(preempt);
             }
             Rules::Malleable(_) => host.set_equipartition(true),
         }
@@ -221,6 +226,15 @@ impl TopodDriver {
         let j = self.jobs[head as usize];
         let text = policy::cores_request(j.cores).to_string();
         let mut prepared = prepare(&self.host.topo, &text, None, None).unwrap();
+        if let Rules::Gang(_, Some(_)) = self.rules {
+            // Asking to preempt, as every job does where preemption is on.
+            prepared.preempt = PreemptAsk {
+                preempt: true,
+                preemptible: true,
+                submitted_at: Some(EPOCH + j.submit),
+                estimate_s: Some(j.estimate as u64),
+            };
+        }
         for row in 0..rows {
             prepared.gang = GangAsk { gang: Some(true), row: Some(row), ..GangAsk::default() };
             match self.host.allocate_prepared(&name(head), &prepared, None, None) {
@@ -376,7 +390,7 @@ fn agree_under(
     let plain = PolicyConfig::plain(QueueOrder::Fcfs, Strategy::BestFit);
     let config = match rules {
         Rules::Preempt(rules) => PolicyConfig { preempt: Some(rules), ..plain },
-        Rules::Gang(gang) => PolicyConfig { gang: Some(gang), ..plain },
+        Rules::Gang(gang, preempt) => PolicyConfig { gang: Some(gang), preempt, ..plain },
         Rules::Malleable(m) => PolicyConfig { malleable: Some(m), ..plain },
     };
     let mut core = PolicyCore::new(vec![model], config);
@@ -706,16 +720,20 @@ fn policy_agrees_that_an_owners_suspensions_do_not_shield_a_job_from_preemption(
 
 /// Gang time slicing: the same jobs run, on the same CPUs, and the same wait frozen for their
 /// rows' slices, in both drivers, at every instant (slices change between instants, and jobs
-/// start in rows that are not running); also while the jobs' owners stop and start them.
+/// start in rows that are not running); also while the jobs' owners stop and start them, and
+/// with preemption on as well (every job asking to preempt and preemptible: gang jobs wait for
+/// their rows instead, in both).
 #[test]
 fn policy_agrees_on_gang_slices() {
     let seeds: u64 = std::env::var("AGREE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
     let (mut freezes, mut owners_done) = (0, 0);
+    let preempt = policy::Preempt { min_run: 0, max_suspensions: 5, min_xf: 1.0 };
     for (topo, tick) in [(two_nodes_of_four(), 100), (small_topology(6), 37)] {
         for gang in [policy::Gang { slice: 60, rows: 2 }, policy::Gang { slice: 250, rows: 3 }] {
             for seed in 0..seeds {
                 let jobs = random_jobs(seed, 40, topo.pus.len() as u32);
-                let rules = Rules::Gang(gang);
+                // Preemption on too in every other script.
+                let rules = Rules::Gang(gang, (seed % 2 == 1).then_some(preempt));
                 freezes += agree_under(&topo, rules, &jobs, tick, seed % 2 == 1, None).preempted;
                 // And with the jobs' owners stopping and starting them.
                 let owners =
