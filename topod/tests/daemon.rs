@@ -18,7 +18,7 @@ fn protocol_and_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     let d = start(dir.path(), &["--cgroup", "fake"], true);
     let mut c = Client::connect(&d.socket).unwrap();
-    assert_eq!(c.call(Op::Version).unwrap()["protocol"], 1);
+    assert_eq!(c.call(Op::Version).unwrap()["protocol"], topo_core::proto::PROTOCOL_VERSION);
     assert_eq!(c.call(Op::Topology).unwrap()["pus"], "0-383");
     let a = c
         .call(Op::Allocate(topo_core::proto::AllocateArgs::new(
@@ -36,7 +36,7 @@ fn protocol_and_bad_input() {
         (free.jobs, free.job_ids.clone(), free.held.len()),
         (1, vec!["100".to_string()], 16)
     );
-    assert_eq!(c.version().unwrap().protocol, 1);
+    assert_eq!(c.version().unwrap().protocol, topo_core::proto::PROTOCOL_VERSION);
     assert_eq!(c.topology().unwrap().pus.len(), 384);
     let listed = c.list().unwrap();
     assert_eq!(
@@ -88,7 +88,26 @@ fn protocol_and_bad_input() {
         let (got_code, message) = error_of(&reply);
         assert_eq!(got_code, code, "{message}");
         assert!(message.contains(text), "{code}: {message:?} should mention {text:?}");
+        // A version 1 client is answered in version 1, which has no `at`.
+        assert_eq!(reply["v"], 1, "{reply}");
+        assert!(reply["error"].get("at").is_none(), "{reply}");
     }
+    // In version 2 the same refusal points at the offending text of the request string.
+    let v2 = raw(
+        &d.socket,
+        b"{\"v\":2,\"op\":\"allocate\",\"job\":\"101\",\"request\":\"affinity[cores]\"}",
+    );
+    assert_eq!(v2["v"], 2, "{v2}");
+    assert_eq!(v2["error"]["at"], serde_json::json!({"field": "request", "start": 9, "end": 14}));
+    let v2_fit =
+        raw(&d.socket, b"{\"v\":2,\"op\":\"fit\",\"request\":\"affinity[core(2):membind=x]\"}");
+    assert_eq!(v2_fit["error"]["at"]["start"], 25, "{v2_fit}");
+    // A refusal with no one place to point at has none.
+    let never = raw(
+        &d.socket,
+        b"{\"v\":2,\"op\":\"allocate\",\"job\":\"101\",\"request\":\"affinity[socket*3]\"}",
+    );
+    assert_eq!((never["v"].as_u64(), never["error"].get("at")), (Some(2), None), "{never}");
     let after = c.call(Op::FreeMap).unwrap();
     assert_eq!(after["generation"].as_u64(), Some(gen), "no bad request changed the ledger");
     assert_eq!(after["jobs"], 1);

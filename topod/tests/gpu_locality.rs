@@ -735,3 +735,36 @@ fn two_gpus_come_from_one_xgmi_hive_before_one_pcie_switch() {
     let (_, out) = topoctl(&["jobs", "--socket", socket]);
     assert!(out.contains("GPUs 0000:86:00.0 (card1"), "{out}");
 }
+
+/// Issue 33: a job whose GPUs come from two NUMA nodes gets each node's share of its tasks
+/// beside that node's GPUs (an attack finding: topod chose the GPUs so but then placed both
+/// tasks in one node, and one task's GPU was the other node's), and `topoctl jobs` measures
+/// each GPU's distance to its own tasks.
+#[test]
+fn a_job_whose_gpus_lie_in_two_nodes_has_a_task_beside_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let d = topod_on_machine(dir.path(), &root);
+    // card1 held: the free GPUs are card0 (node 0) and card2 (node 1), one each.
+    ok(&d.socket, r#"{"op":"allocate","job":"hold","request":"affinity[core]","gpus":["card1"]}"#);
+    // Two one-core tasks would fit in either node; each goes beside its own GPU.
+    ok(&d.socket, r#"{"op":"allocate","job":"t","request":"affinity[core*2:gpus=1]"}"#);
+    let listed = ok(&d.socket, r#"{"op":"list"}"#);
+    let job = listed.as_array().unwrap().iter().find(|j| j["job"] == "t").unwrap().clone();
+    let tasks: Vec<topo_core::CpuSet> = job["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| topo_core::CpuSet::parse_list(t.as_str().unwrap()).unwrap())
+        .collect();
+    let node = |n: &str| topo_core::CpuSet::parse_list(n).unwrap();
+    let (node0, node1) = (node("0-3"), node("4-7"));
+    assert_eq!(tasks.len(), 2, "{job}");
+    assert!(tasks[0].is_subset(&node0) && tasks[1].is_subset(&node1), "{job}");
+    assert_eq!(job["task_gpus"], serde_json::json!([["0000:18:00.0"], ["0000:87:00.0"]]), "{job}");
+    let (_, shown) = topoctl(&["jobs", "--socket", d.socket.to_str().unwrap()]);
+    assert!(
+        shown.contains("0000:18:00.0 (card0, NUMA node 0, local to its tasks' CPUs)"),
+        "{shown}"
+    );
+}

@@ -448,12 +448,12 @@ fn evaluate_outside_pools(
         std::borrow::Cow::Borrowed(&state.gpus[..])
     };
     let placed = |occupancy: &Occupancy, own: CpuSet, own_gpus: &[GpuSite]| {
-        let request = match gpu_choice(model, &free_gpus, own_gpus, occupancy, request) {
+        let (request, nodes) = match gpu_choice(model, &free_gpus, own_gpus, occupancy, request) {
             Err(no) => return Verdict::NoFit(no),
-            Ok((Some(near), _, _)) => near,
-            Ok((None, _, _)) => request.clone(),
+            Ok((Some(near), gpus, _)) => (near, gpu_nodes(&gpus)),
+            Ok((None, _, _)) => (request.clone(), Vec::new()),
         };
-        evaluate_placed(ctx, state, model, occupancy, own, &request)
+        evaluate_placed(ctx, state, model, occupancy, own, &request, &nodes)
     };
     let claims_block = !own.is_empty();
     if claims_block && matches!(who, Claimant::Peers(_)) {
@@ -594,8 +594,16 @@ fn beside_free_gpus(
     Ok((topo_core::gpus::within(request, &near), taken))
 }
 
+/// The GPUs `taken` by NUMA node when they lie in several (see
+/// [`topo_core::gpus::place_split`]); empty otherwise.
+fn gpu_nodes(taken: &[GpuSite]) -> Vec<(CpuSet, usize)> {
+    topo_core::gpus::nodes_of(taken.iter().map(|g| g.numa.as_ref())).unwrap_or_default()
+}
+
 /// The verdict for `request` on a host in `state` whose CPUs the claimant may not use are
-/// `occupancy`, its own live blocks there being `own`.
+/// `occupancy`, its own live blocks there being `own`; a job whose GPUs lie in several NUMA
+/// nodes (`gpu_nodes`) is placed with each node's share of its tasks beside them first, as
+/// topod places it.
 fn evaluate_placed(
     ctx: &Context<'_>,
     state: &HostState,
@@ -603,6 +611,7 @@ fn evaluate_placed(
     occupancy: &Occupancy,
     own: CpuSet,
     request: &Request,
+    gpu_nodes: &[(CpuSet, usize)],
 ) -> Verdict {
     let claims_block = !own.is_empty();
     // Inside its own block first, as topod places the job its block is for.
@@ -613,10 +622,14 @@ fn evaluate_placed(
         };
         if !inside.is_empty() {
             let r = Request { cpu_list: Some(inside), ..request.clone() };
-            if let Ok(fit) = place::fit_and_score(model, occupancy, &r) {
+            let split = topo_core::gpus::fit_split(model, occupancy, &r, gpu_nodes);
+            if let Some(fit) = split.or_else(|| place::fit_and_score(model, occupancy, &r).ok()) {
                 return Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block };
             }
         }
+    }
+    if let Some(fit) = topo_core::gpus::fit_split(model, occupancy, request, gpu_nodes) {
+        return Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block };
     }
     match place::fit_and_score(model, occupancy, request) {
         Ok(fit) => Verdict::Fits { score: fit.score, cpus: fit.cpus, claims_block },

@@ -79,6 +79,9 @@ pub struct Client {
     peer: String,
     reader: BufReader<Box<dyn Read + Send>>,
     writer: Box<dyn Write + Send>,
+    /// The protocol version to ask in: this build's, until an older topod says it speaks
+    /// only an older one (see `topo_core::proto`'s "Versions").
+    version: u32,
 }
 
 impl std::fmt::Debug for Client {
@@ -109,7 +112,12 @@ impl Client {
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
         let writer = stream.try_clone().map_err(io)?;
-        Ok(Client { peer, reader: BufReader::new(Box::new(stream)), writer: Box::new(writer) })
+        Ok(Client {
+            peer,
+            reader: BufReader::new(Box::new(stream)),
+            writer: Box::new(writer),
+            version: proto::PROTOCOL_VERSION,
+        })
     }
 
     /// Connects to topod's read-only TCP listener at `address` (`host:port`) and presents the
@@ -132,6 +140,7 @@ impl Client {
                         peer,
                         reader: BufReader::new(Box::new(stream)),
                         writer: Box::new(writer),
+                        version: proto::PROTOCOL_VERSION,
                     });
                 }
                 Err(e) => last = e,
@@ -163,10 +172,12 @@ impl Client {
         // every refresh); any other reply (an error, another version, another shape) goes the
         // general way, which says what it is.
         let text = std::str::from_utf8(line.strip_suffix(b"\n").unwrap_or(&line));
-        if let Ok(Typed { v: proto::PROTOCOL_VERSION, ok: Some(ok), error: None }) =
+        if let Ok(Typed { v, ok: Some(ok), error: None }) =
             text.map_err(drop).and_then(|t| serde_json::from_str::<Typed<T>>(t).map_err(drop))
         {
-            return Ok(ok);
+            if proto::is_spoken(u64::from(v)) {
+                return Ok(ok);
+            }
         }
         let value = self.interpret(&line)?;
         serde_json::from_value(value).map_err(|e| ClientError::Reply {
@@ -257,9 +268,22 @@ impl Client {
         self.interpret(&line)
     }
 
-    /// Sends one operation and reads its reply line.
+    /// Sends one operation and reads its reply line; asks again in version 1 when an older
+    /// topod refuses this build's version (once: the connection then stays at version 1).
     fn exchange(&mut self, op: Op) -> Result<Vec<u8>, ClientError> {
-        if let Err(e) = self.writer.write_all(Request::new(op).to_line().as_bytes()) {
+        let line = self.exchange_in(self.version, op.clone())?;
+        if self.version > proto::OLDEST_PROTOCOL_VERSION
+            && proto::parse_reply(&line).is_ok_and(|r| proto::refuses_newer_version(&r))
+        {
+            self.version = proto::OLDEST_PROTOCOL_VERSION;
+            return self.exchange_in(self.version, op);
+        }
+        Ok(line)
+    }
+
+    /// Sends one operation in protocol version `v` and reads its reply line.
+    fn exchange_in(&mut self, v: u32, op: Op) -> Result<Vec<u8>, ClientError> {
+        if let Err(e) = self.writer.write_all(Request { v, op }.to_line().as_bytes()) {
             // topod refuses a connection it has no room for (too many connections) before
             // reading anything: its reason waits to be read, better than "Broken pipe".
             if matches!(
@@ -919,6 +943,41 @@ mod tests {
             other => panic!("{other:?}"),
         }
         peer.join().unwrap();
+    }
+
+    /// Against a topod that speaks only version 1 (before this build), the client asks again
+    /// in version 1 and stays there on that connection; a version 1 reply is read as well.
+    #[test]
+    fn a_topod_of_version_1_is_asked_again_in_version_1() {
+        let scratch = Scratch::new("old");
+        let socket = scratch.0.join("topod.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let peer = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut asked = Vec::new();
+            for _ in 0..3 {
+                let mut request = String::new();
+                reader.read_line(&mut request).unwrap();
+                let v = serde_json::from_str::<serde_json::Value>(&request).unwrap()["v"].clone();
+                // What a version 1 topod says to anything else, word for word.
+                let reply = if v == 1 {
+                    r#"{"v":1,"ok":{"topod":"0.1","protocol":1,"cgroup":"fake","pid":7}}"#.into()
+                } else {
+                    format!(
+                        r#"{{"v":1,"error":{{"code":"bad_request","message":"protocol version {v} is not supported; this topod speaks version 1"}}}}"#
+                    )
+                };
+                (&conn).write_all(format!("{reply}\n").as_bytes()).unwrap();
+                asked.push(v);
+            }
+            asked
+        });
+        let mut client = Client::connect(&socket).unwrap();
+        assert_eq!(client.version().unwrap().topod, "0.1");
+        assert_eq!(client.version().unwrap().pid, 7);
+        let asked = peer.join().unwrap();
+        assert_eq!(asked, [proto::PROTOCOL_VERSION, 1, 1], "asked again once, then in version 1");
     }
 
     #[test]

@@ -303,13 +303,8 @@ pub fn choose_among(
     None
 }
 
-/// A job whose `gpus` (indices into `sites`, all of known place) lie in several NUMA nodes,
-/// placed so that each node's GPUs have their share of the tasks beside them: the node with
-/// `g` of the job's `n` GPUs gets `tasks × g / n` tasks, placed inside its CPUs, node after
-/// node. Without it the tasks go anywhere in the nodes' CPUs together, and a node may get
-/// more tasks than GPUs while another's GPUs have none beside them (`gpus_per_task` then gives
-/// those tasks GPUs of another node). `None` when a node's share is not a whole number of
-/// tasks, or a share does not fit in its node: the caller places the job as one.
+/// A job whose `gpus` (indices into `sites`) lie in several NUMA nodes, placed with each
+/// node's share of its tasks beside that node's GPUs ([`place_split`] over [`nodes_of`]).
 fn place_by_node(
     sites: &[GpuSite],
     gpus: &[usize],
@@ -318,37 +313,61 @@ fn place_by_node(
     request: &Request,
     strategy: Strategy,
 ) -> Option<Placement> {
-    // What binds the job as a whole, which parts placed one by one could break: tasks
-    // apart from each other (`injob`), a static cpuset, memory for the whole job.
+    let nodes = nodes_of(gpus.iter().map(|&g| sites[g].numa.as_ref()))?;
+    place_split(model, occupancy, request, &nodes, strategy)
+}
+
+/// A job's GPUs by NUMA node, each node's CPUs with how many of the GPUs are there (in the
+/// order the GPUs come), given each GPU's node CPUs; `None` when one's node is not known or
+/// they are all in one node (nothing to split).
+pub fn nodes_of<'a>(
+    gpu_nodes: impl IntoIterator<Item = Option<&'a CpuSet>>,
+) -> Option<Vec<(CpuSet, usize)>> {
+    let mut nodes: Vec<(CpuSet, usize)> = Vec::new();
+    for node in gpu_nodes {
+        let node = node?;
+        match nodes.iter_mut().find(|(n, _)| n == node) {
+            Some((_, count)) => *count += 1,
+            None => nodes.push((node.clone(), 1)),
+        }
+    }
+    (nodes.len() >= 2).then_some(nodes)
+}
+
+/// `request` placed so that each NUMA node of its GPUs (`nodes`: the node's CPUs, how many of
+/// the job's GPUs are there) has its share of the tasks beside them: the node with `g` of the
+/// job's `n` GPUs gets `tasks × g / n` tasks, placed inside its CPUs, node after node. Without
+/// it the tasks go anywhere in the nodes' CPUs together, and a node may get more tasks than
+/// GPUs while another's GPUs have none beside them (`gpus_per_task` then gives those tasks
+/// GPUs of another node). What topod places, and the LSF module scores, for a job whose GPUs
+/// lie in several nodes. `None` when a share is not a whole number of tasks, the request binds
+/// the job as a whole (MAX_RADIUS beyond what the parts span, `exclusive=(...,injob)`, a
+/// static cpuset, memory for the whole job), or a share does not fit in its node: the job is
+/// then placed as one.
+pub fn place_split(
+    model: &HostModel,
+    occupancy: &Occupancy,
+    request: &Request,
+    nodes: &[(CpuSet, usize)],
+    strategy: Strategy,
+) -> Option<Placement> {
     let whole_job = request.exclusive.is_some_and(|e| e.scope != crate::request::Scope::AllJobs)
         || request.cpuset_name.is_some()
         || request.mem_mib.is_some();
-    if whole_job {
+    if whole_job || nodes.len() < 2 {
         return None;
     }
     let tasks = request.tasks? as usize;
-    let mut nodes: Vec<(&CpuSet, usize)> = Vec::new();
-    for &g in gpus {
-        let node = sites[g].numa.as_ref()?;
-        match nodes.iter_mut().find(|(n, _)| *n == node) {
-            Some((_, count)) => *count += 1,
-            None => nodes.push((node, 1)),
-        }
-    }
-    if nodes.len() < 2 {
-        return None;
-    }
+    let gpus: usize = nodes.iter().map(|(_, g)| g).sum();
     let mut taken = occupancy.clone();
     let mut placed: Vec<CpuSet> = Vec::with_capacity(tasks);
     for (node, count) in nodes {
         let share = tasks * count;
-        if share % gpus.len() != 0 || share < gpus.len() {
+        if share % gpus != 0 || share < gpus {
             return None;
         }
-        let part = Request {
-            tasks: Some(u32::try_from(share / gpus.len()).ok()?),
-            ..within(request, node)?
-        };
+        let part =
+            Request { tasks: Some(u32::try_from(share / gpus).ok()?), ..within(request, node)? };
         let p = place::place(model, &taken, &part, strategy).ok()?;
         taken.held.union_with(&p.cpus);
         taken.fenced.union_with(&p.fenced);
@@ -360,6 +379,18 @@ fn place_by_node(
         return None;
     }
     Some(whole)
+}
+
+/// [`place_split`] with best fit, scored as [`place::fit_and_score`] scores: what the LSF
+/// module ranks a host by for such a job.
+pub fn fit_split(
+    model: &HostModel,
+    occupancy: &Occupancy,
+    request: &Request,
+    nodes: &[(CpuSet, usize)],
+) -> Option<place::Fit> {
+    let p = place_split(model, occupancy, request, nodes, Strategy::BestFit)?;
+    Some(place::Fit { score: place::score(&p.metrics), cpus: p.cpus })
 }
 
 /// Whether each NUMA node holding some of a job's `gpus` has its share of the job's `tasks`

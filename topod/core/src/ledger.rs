@@ -158,8 +158,9 @@ pub struct JobGpu {
     /// The NUMA node it hangs off, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<u32>,
-    /// The largest NUMA distance (SLIT; 10 = local) between it and the job's CPUs; `None`
-    /// when its node is not known.
+    /// The largest NUMA distance (SLIT; 10 = local) between it and the CPUs of the job's tasks
+    /// that use it (`JobView::task_gpus`), else all the job's CPUs; `None` when its node is
+    /// not known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distance: Option<u32>,
     /// The host no longer has it (topod restarted on a host whose devices changed).

@@ -22,15 +22,26 @@
 //! {"v":1,"op":"list"}
 //! ```
 //!
-//! Parsing is strict: unknown fields, unknown operations, a missing or different version, and
+//! Parsing is strict: unknown fields, unknown operations, a missing or unknown version, and
 //! anything that is not one JSON object on one line are refused with a message that says which.
 //! So a field added within version 1 (`join_pid`, a job start in one request) is refused by an
 //! older topod as unknown, and a client can fall back to `allocate` and then `join`.
+//!
+//! Versions: topod answers each request in the request's version, from
+//! [`OLDEST_PROTOCOL_VERSION`] to [`PROTOCOL_VERSION`], so a client older than topod is
+//! answered as it expects (it refuses fields it does not know). Version 2 adds only where a
+//! refusal points: an error's `at` (the field and the byte range in it, for a request string
+//! that does not parse). This build's clients ask in version 2 and, told by an older topod
+//! that it speaks only version 1, ask again in version 1 (`topo-client`); a site may upgrade
+//! topod and its clients in either order.
 
 use serde::{Deserialize, Serialize};
 
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The newest protocol version this build speaks, the one its clients ask in.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The oldest protocol version topod still answers in (each request is answered in its own).
+pub const OLDEST_PROTOCOL_VERSION: u32 = 1;
 
 /// The longest request line accepted, newline excluded.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
@@ -730,6 +741,25 @@ pub struct ErrorBody {
     pub code: ErrorCode,
     /// What is wrong, for a person.
     pub message: String,
+    /// Where in the request it is wrong, when that is one place in one field (protocol version
+    /// 2; never sent in a version 1 reply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<ErrorAt>,
+}
+
+/// Where an error is ([`ErrorBody::at`]): a byte range of one field of the request, such as
+/// the offending word of a `request` string, for a client to point at (`topoctl` prints the
+/// request with a caret line under it).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorAt {
+    /// The request's field, e.g. `request`.
+    pub field: String,
+    /// The first byte of the offending text in that field's value.
+    pub start: usize,
+    /// The byte after it (equal to `start` at the end of the text).
+    pub end: usize,
 }
 
 /// A reply line.
@@ -758,8 +788,28 @@ impl Reply {
         Self {
             v: PROTOCOL_VERSION,
             ok: None,
-            error: Some(ErrorBody { code, message: message.into() }),
+            error: Some(ErrorBody { code, message: message.into(), at: None }),
         }
+    }
+
+    /// The same failure, pointing at `at`.
+    pub fn at(mut self, at: ErrorAt) -> Self {
+        if let Some(e) = &mut self.error {
+            e.at = Some(at);
+        }
+        self
+    }
+
+    /// The reply as a request of protocol version `v` is answered: in that version, without
+    /// what versions before 2 do not have (a client refuses a field it does not know).
+    pub fn in_version(mut self, v: u32) -> Self {
+        self.v = v.clamp(OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION);
+        if self.v < 2 {
+            if let Some(e) = &mut self.error {
+                e.at = None;
+            }
+        }
+        self
     }
 
     /// The line to send, newline included.
@@ -790,12 +840,29 @@ pub enum ProtoError {
     UnknownOp(String),
     /// Wrong or missing version.
     #[error(
-        "protocol version {got} is not supported; this topod speaks version {PROTOCOL_VERSION}"
+        "protocol version {got} is not supported; this topod speaks versions {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
     )]
     Version {
         /// The version the client sent (0 when missing).
         got: u64,
     },
+}
+
+/// Whether this build speaks protocol version `v`.
+pub fn is_spoken(v: u64) -> bool {
+    (u64::from(OLDEST_PROTOCOL_VERSION)..=u64::from(PROTOCOL_VERSION)).contains(&v)
+}
+
+/// Whether `error` is an older topod's refusal of a version this build speaks: the client then
+/// asks again in version 1. Such a topod answers in version 1 with this text, whatever the
+/// request.
+pub fn refuses_newer_version(reply: &Reply) -> bool {
+    reply.v < PROTOCOL_VERSION
+        && reply.error.as_ref().is_some_and(|e| {
+            e.code == ErrorCode::BadRequest
+                && e.message
+                    .starts_with(&format!("protocol version {PROTOCOL_VERSION} is not supported"))
+        })
 }
 
 /// Parses one request line (without or with its trailing newline).
@@ -820,7 +887,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
     match obj.get("v") {
         None => return Err(ProtoError::Invalid("missing protocol version \"v\"".into())),
         Some(v) => match v.as_u64() {
-            Some(v) if v == u64::from(PROTOCOL_VERSION) => {}
+            Some(v) if is_spoken(v) => {}
             Some(v) => return Err(ProtoError::Version { got: v }),
             None => {
                 let shown: String = v.to_string().chars().take(32).collect();
@@ -953,7 +1020,7 @@ pub fn parse_reply(line: &[u8]) -> Result<Reply, ProtoError> {
     let text = std::str::from_utf8(line).map_err(|e| ProtoError::NotText(e.valid_up_to()))?;
     let reply: Reply =
         serde_json::from_str(text).map_err(|e| ProtoError::Invalid(format!("reply: {e}")))?;
-    if reply.v != PROTOCOL_VERSION {
+    if !is_spoken(u64::from(reply.v)) {
         return Err(ProtoError::Version { got: u64::from(reply.v) });
     }
     Ok(reply)
@@ -1125,6 +1192,36 @@ mod tests {
     }
 
     #[test]
+    fn each_request_is_answered_in_its_version_and_version_1_has_no_position() {
+        for v in [1, 2] {
+            let line = format!("{{\"v\":{v},\"op\":\"list\"}}");
+            assert_eq!(parse_request(line.as_bytes()).unwrap().v, v);
+        }
+        let at = ErrorAt { field: "request".into(), start: 9, end: 14 };
+        let refusal = Reply::error(ErrorCode::BadTopologyRequest, "bad").at(at.clone());
+        let v2 = refusal.clone().in_version(2);
+        assert_eq!((v2.v, v2.error.as_ref().unwrap().at.as_ref()), (2, Some(&at)));
+        assert!(v2.to_line().contains(r#""at":{"field":"request","start":9,"end":14}"#));
+        let v1 = refusal.in_version(1);
+        assert_eq!((v1.v, v1.error.as_ref().unwrap().at.as_ref()), (1, None));
+        assert!(!v1.to_line().contains("\"at\""), "{}", v1.to_line());
+        // A client reads replies of both versions, and no other.
+        for v in [1, 2] {
+            let line = format!("{{\"v\":{v},\"ok\":{{}}}}");
+            assert_eq!(parse_reply(line.as_bytes()).unwrap().v, v);
+        }
+        assert!(parse_reply(br#"{"v":3,"ok":{}}"#).is_err());
+        // What a version 1 topod answers to a version 2 request, and nothing else, is a
+        // refusal of the version.
+        let old = parse_reply(br#"{"v":1,"error":{"code":"bad_request","message":"protocol version 2 is not supported; this topod speaks version 1"}}"#).unwrap();
+        assert!(refuses_newer_version(&old));
+        let other = Reply::error(ErrorCode::BadRequest, "unknown field \"x\"").in_version(1);
+        assert!(!refuses_newer_version(&other));
+        let ours = Reply::error(ErrorCode::BadRequest, ProtoError::Version { got: 2 }.to_string());
+        assert!(!refuses_newer_version(&ours), "this build speaks 2: its reply is v2");
+    }
+
+    #[test]
     fn the_admin_socket_sits_beside_the_public_one() {
         let p = |s: &str| admin_socket_for(std::path::Path::new(s)).display().to_string();
         assert_eq!(p("/run/topo/topod.sock"), "/run/topo/topod-admin.sock");
@@ -1138,7 +1235,9 @@ mod tests {
         assert!(e("{\"v\":1,\"op\":\"version\"").contains("not JSON"));
         assert!(e("[1,2]").contains("JSON object"));
         assert!(e("{\"op\":\"version\"}").contains("missing protocol version"));
-        assert!(e("{\"v\":2,\"op\":\"version\"}").contains("version 2 is not supported"));
+        assert!(e("{\"v\":3,\"op\":\"version\"}")
+            .contains("version 3 is not supported; this topod speaks versions 1 to 2"));
+        assert!(e("{\"v\":0,\"op\":\"version\"}").contains("version 0 is not supported"));
         assert!(e("{\"v\":1,\"op\":\"format_disk\"}")
             .contains("unknown operation \"format_disk\"; expected one of version"));
         assert!(e("{\"v\":1}").contains("missing operation"));

@@ -151,12 +151,18 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         command.env("LSB_AFFINITY_HOSTFILE", &path);
     }
     let err = command.exec();
+    // The file is there (checked above): ENOENT now means what its #! line names is not.
+    let interpreter = if err.kind() == std::io::ErrorKind::NotFound && program.exists() {
+        " (the file is there: the interpreter its #! line names is not)"
+    } else {
+        ""
+    };
     let stays = if allocated_here {
         format!(" (job {job} was allocated for it and stays so until released: topoctl release {job}, or by itself with auto_release)")
     } else {
         String::new()
     };
-    Err(format!("cannot run {}: {err}{stays}", args.command[0]))
+    Err(format!("cannot run {}: {err}{interpreter}{stays}", shown(&args.command[0])))
 }
 
 /// The file `command` names, as `execvp` would find it: a path with a slash as it is, else the
@@ -179,7 +185,7 @@ fn find_command(command: &str, path: Option<&str>) -> Result<PathBuf, String> {
         let file = PathBuf::from(command);
         return runnable(&file)
             .map(|()| file)
-            .map_err(|why| format!("cannot run {command}: {why}"));
+            .map_err(|why| format!("cannot run {}: {why}", shown(command)));
     }
     let path = path.unwrap_or("/usr/bin:/bin");
     let mut found_unrunnable = None;
@@ -192,9 +198,17 @@ fn find_command(command: &str, path: Option<&str>) -> Result<PathBuf, String> {
         }
     }
     Err(match found_unrunnable {
-        Some((file, why)) => format!("cannot run {command}: {}: {why}", file.display()),
-        None => format!("cannot run {command}: no such command in PATH ({path})"),
+        Some((file, why)) => {
+            format!("cannot run {}: {}: {why}", shown(command), shown(&file.to_string_lossy()))
+        }
+        None => format!("cannot run {}: no such command in PATH ({})", shown(command), shown(path)),
     })
+}
+
+/// A name the user gave, as an error shows it: no control characters or invisible marks (a
+/// command name must not drive the terminal the error is printed on).
+fn shown(text: &str) -> String {
+    topod::picture::printable(text)
 }
 
 /// The UUIDs of the NVIDIA GPUs at PCI `addresses` (`GPU UUID:` in the driver's

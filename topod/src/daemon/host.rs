@@ -58,9 +58,13 @@ pub enum HostError {
     /// A job id that cannot name a cgroup.
     #[error(transparent)]
     BadJob(#[from] JobIdError),
-    /// A request string that does not parse.
+    /// A request that cannot be run here (CPUs this host does not have, a task count out of
+    /// range).
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// A request string that does not parse, and where ([`request::RequestError`]'s span).
+    #[error("bad request: {0}")]
+    Unparsable(request::RequestError),
     /// The job does not fit now.
     #[error("{} does not fit: {source}{held_back}", fit_subject(job))]
     DoesNotFit {
@@ -364,6 +368,10 @@ pub struct Prepared {
     /// topod chose its GPUs (`gpus=`, see `host/gpus.rs`): it is placed on [`Self::near_gpus`]
     /// only, or does not fit.
     pub near_only: bool,
+    /// Its GPUs by NUMA node (the node's CPUs, how many of its GPUs are there) when they lie
+    /// in several: each node's share of its tasks is placed beside them first
+    /// ([`topo_core::gpus::place_split`]). Empty otherwise.
+    pub gpu_nodes: Vec<(CpuSet, usize)>,
 }
 
 impl Prepared {
@@ -426,6 +434,10 @@ impl Prepared {
         if bind == Some(request::GpuBind::Any) {
             return Ok(self);
         }
+        let nodes: Vec<Option<CpuSet>> =
+            devices.iter().map(|d| topo.cpus_near(d, request::Level::Numa)).collect();
+        self.gpu_nodes =
+            topo_core::gpus::nodes_of(nodes.iter().map(Option::as_ref)).unwrap_or_default();
         let level = match bind {
             Some(request::GpuBind::Socket) => request::Level::Socket,
             _ => request::Level::Numa,
@@ -630,7 +642,7 @@ pub fn prepare(
     tasks: Option<u32>,
     given_cpus: Option<&str>,
 ) -> Result<Prepared, HostError> {
-    let mut req = request::parse(text).map_err(|e| HostError::BadRequest(e.to_string()))?;
+    let mut req = request::parse(text).map_err(HostError::Unparsable)?;
     if tasks == Some(0) {
         return Err(HostError::BadRequest("tasks = 0: a job has at least one task".into()));
     }
@@ -685,6 +697,7 @@ pub fn prepare(
             gpus: Vec::new(),
             near_gpus: None,
             near_only: false,
+            gpu_nodes: Vec::new(),
         }),
         Ok(again) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
@@ -1654,7 +1667,18 @@ impl Host {
                 let plain = without_lending.as_ref().unwrap_or(&occupancy);
                 let first = if *near || without_lending.is_some() { Some(plain) } else { None };
                 for occupancy in first.into_iter().chain(lending) {
-                    let placed = match self.start_malleable(occupancy, request) {
+                    // A job whose GPUs lie in several NUMA nodes: each node's share of its
+                    // tasks beside them, when that fits.
+                    let split = || {
+                        topo_core::gpus::place_split(
+                            &self.model,
+                            occupancy,
+                            request,
+                            &prepared.gpu_nodes,
+                            self.strategy,
+                        )
+                    };
+                    let placed = match self.start_malleable(occupancy, request).or_else(split) {
                         Some(p) => Ok(p),
                         None => topo_core::policy::start_on_host(
                             &self.model,

@@ -549,6 +549,9 @@ pub(crate) fn connection(
         // a stop waits for it (Server::drain), so its caller is answered, not cut off (seen
         // on the cgroup v2 guest: the release was done, the reply never sent).
         let mut answering = None;
+        // Each reply in its request's protocol version; a line that is no request, in the
+        // oldest (every client reads it).
+        let mut version = proto::OLDEST_PROTOCOL_VERSION;
         let (reply, close) = match lines.next(&mut stream)? {
             Line::Closed => return Ok(()),
             Line::TimedOut { partial: false } => return Ok(()),
@@ -576,6 +579,7 @@ pub(crate) fn connection(
                     false,
                 ),
                 Ok(req) => {
+                    version = req.v;
                     if matches!(req.op, Op::Release { .. } | Op::Suspend { .. } | Op::Resume { .. })
                     {
                         answering = Some(InFlight::new(&server.in_flight));
@@ -594,7 +598,7 @@ pub(crate) fn connection(
                 Err(e) => (Reply::error(ErrorCode::BadRequest, e.to_string()), false),
             },
         };
-        stream.write_all(reply.to_line().as_bytes())?;
+        stream.write_all(reply.in_version(version).to_line().as_bytes())?;
         drop(answering);
         if let (Some(holder), Some(before)) = (charged, cpu_before) {
             server.gate.charge(holder, thread_cpu_time().saturating_sub(before));
@@ -1091,7 +1095,7 @@ pub fn error_reply(e: &HostError) -> Reply {
         HostError::NoReservation(_) => ErrorCode::UnknownJob,
         HostError::BadArgument(_)
         | HostError::Ledger(topo_core::ledger::LedgerError::Moving(..)) => ErrorCode::BadRequest,
-        HostError::BadRequest(_) => ErrorCode::BadTopologyRequest,
+        HostError::BadRequest(_) | HostError::Unparsable(_) => ErrorCode::BadTopologyRequest,
         HostError::DoesNotFit { .. } => ErrorCode::DoesNotFit,
         HostError::UnknownJob(_) => ErrorCode::UnknownJob,
         HostError::Survivors { .. }
@@ -1099,7 +1103,16 @@ pub fn error_reply(e: &HostError) -> Reply {
         | HostError::Ledger(_)
         | HostError::Records(_) => ErrorCode::Internal,
     };
-    Reply::error(code, e.to_string())
+    let reply = Reply::error(code, e.to_string());
+    match e {
+        // Version 2 points at the offending text of the request string.
+        HostError::Unparsable(parse) => reply.at(proto::ErrorAt {
+            field: "request".into(),
+            start: parse.span.start,
+            end: parse.span.end,
+        }),
+        _ => reply,
+    }
 }
 
 #[cfg(test)]

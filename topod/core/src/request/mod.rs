@@ -40,7 +40,7 @@ mod parse;
 mod tests;
 
 pub use merge::{merge_extsched, ExtschedSource, MergeError};
-pub use parse::{parse, RequestError, MAX_COUNT, MAX_MEM_MIB, MAX_NAME_LEN, QUOTED_CHARS};
+pub use parse::{caret, parse, RequestError, MAX_COUNT, MAX_MEM_MIB, MAX_NAME_LEN, QUOTED_CHARS};
 
 /// A processor-unit type, and the levels that `same=`, `exclusive=` and `cpubind=` name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

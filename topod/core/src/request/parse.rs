@@ -121,23 +121,26 @@ impl RequestError {
     /// with `...` where it was cut (a 10 KB request would otherwise fill a batch system's error
     /// output before the reason; qsub's holds about 3 KB).
     pub fn render(&self, input: &str) -> String {
-        let span = snap(input, self.span.clone());
-        let chars: Vec<char> =
-            input.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-        let start = input.get(..span.start).map_or(0, |s| s.chars().count());
-        let width = input.get(span).map_or(0, |s| s.chars().count());
-        let (from, to) = quoted_window(chars.len(), start);
-        let cut_before = if from > 0 { "..." } else { "" };
-        let cut_after = if to < chars.len() { "..." } else { "" };
-        let line: String = chars[from..to].iter().collect();
-        let caret_at = cut_before.len() + start - from;
-        let carets = width.min(to.saturating_sub(start)).max(1);
-        format!(
-            "{cut_before}{line}{cut_after}\n{}{}\n{self}",
-            " ".repeat(caret_at),
-            "^".repeat(carets)
-        )
+        format!("{}\n{self}", caret(input, self.span.clone()))
     }
+}
+
+/// `input` on one line (control characters as spaces; at most [`QUOTED_CHARS`] characters
+/// around `span`, `...` where it was cut) and a caret line under `span`'s text: what
+/// [`RequestError::render`] shows, and what a client shows for a position topod sent
+/// (`proto::ErrorAt`). A span outside the input or inside a character is moved to fit.
+pub fn caret(input: &str, span: Range<usize>) -> String {
+    let span = snap(input, span);
+    let chars: Vec<char> = input.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let start = input.get(..span.start).map_or(0, |s| s.chars().count());
+    let width = input.get(span).map_or(0, |s| s.chars().count());
+    let (from, to) = quoted_window(chars.len(), start);
+    let cut_before = if from > 0 { "..." } else { "" };
+    let cut_after = if to < chars.len() { "..." } else { "" };
+    let line: String = chars[from..to].iter().collect();
+    let caret_at = cut_before.len() + start - from;
+    let carets = width.min(to.saturating_sub(start)).max(1);
+    format!("{cut_before}{line}{cut_after}\n{}{}", " ".repeat(caret_at), "^".repeat(carets))
 }
 
 /// How much of a request an error quotes: at most this many characters of it.

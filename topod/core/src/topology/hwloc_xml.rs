@@ -68,8 +68,12 @@ pub fn parse(source: &str, xml: &str) -> Result<Topology, TopologyError> {
             source_name: source.to_string(),
             what: "no <object> in <topology>".into(),
         })?;
-    let mut reader =
-        Reader { at: &at, topo: empty(source), os_devices: std::collections::HashMap::new() };
+    let mut reader = Reader {
+        at: &at,
+        topo: empty(source),
+        os_devices: std::collections::HashMap::new(),
+        nvlink_islands: Vec::new(),
+    };
     reader.object(machine, None)?;
     reader.machine(machine)?;
     for node in root.children().filter(|n| n.is_element()) {
@@ -84,7 +88,10 @@ pub fn parse(source: &str, xml: &str) -> Result<Topology, TopologyError> {
             _ => {}
         }
     }
+    let islands = std::mem::take(&mut reader.nvlink_islands);
     let mut topo = reader.topo;
+    name_nvlink_islands(&mut topo.devices, &islands);
+    super::keep_shared_gpu_fabrics(&mut topo.devices);
     // Devices whose ancestor had no nodeset: the one NUMA node with CPUs covering their CPUs.
     for dev in topo.devices.iter_mut().filter(|d| d.numa_node.is_none() && !d.local_cpus.is_empty())
     {
@@ -134,6 +141,9 @@ struct Reader<'a> {
     /// The PCI device (index in `topo.devices`) of each PCI and OS device, by its
     /// `gp_index` (unique across a file's objects): what the NVLink matrix names.
     os_devices: std::collections::HashMap<String, usize>,
+    /// The GPUs (indices in `topo.devices`) each NVLink matrix joins, island by island; a
+    /// file may hold several matrices, whose islands are merged at the end.
+    nvlink_islands: Vec<Vec<usize>>,
 }
 
 impl Reader<'_> {
@@ -262,7 +272,16 @@ impl Reader<'_> {
     }
 
     fn pci_device(&mut self, node: roxmltree::Node) -> Result<usize, TopologyError> {
-        let address = node.attribute("pci_busid").unwrap_or("?").to_string();
+        let address = node.attribute("pci_busid").unwrap_or_default().to_string();
+        // hwloc writes domain:bus:device.function; anything else would reach listings and
+        // names (an NVLink island is named by an address).
+        if !super::sysfs::is_pci_address(&address) {
+            let shown: String = address.chars().take(40).collect();
+            return Err(self.bad(
+                node,
+                format!("PCIDev with pci_busid {shown:?}, which is not a PCI address (domain:bus:device.function, such as 0000:3b:00.0)"),
+            ));
+        }
         // pci_type="0200 [14e4:1639] [0014:007c] 20": class/subclass, [vendor:device], ...
         let pci_type = node.attribute("pci_type").unwrap_or("");
         let mut fields = pci_type.split_whitespace();
@@ -418,16 +437,24 @@ impl Reader<'_> {
                 ),
             ));
         }
-        // Islands by union-find over the objects a GPU's data may cross: GPUs and switches.
-        let joins = |i: usize| objects[i].0 != "Package";
+        // The GPU each object is, if it is one (an OS or PCI device of a GPU or accelerator).
+        let gpu_of = |i: usize| {
+            let (kind, gp) = &objects[i];
+            let dev = matches!(kind.as_str(), "OSDev" | "PCIDev")
+                .then(|| self.os_devices.get(gp).copied())
+                .flatten()?;
+            let class = self.topo.devices[dev].class;
+            matches!(class, DeviceClass::Gpu | DeviceClass::Accelerator).then_some(dev)
+        };
+        // Islands by union-find over the objects a GPU's data may cross between GPUs: the GPUs
+        // and switches (NVSwitch, a Misc object), not a package (its data would cross the
+        // processor) nor another device (a NIC).
+        let joins = |i: usize| match objects[i].0.as_str() {
+            "Package" => false,
+            "OSDev" | "PCIDev" => gpu_of(i).is_some(),
+            _ => true,
+        };
         let mut parent: Vec<usize> = (0..n).collect();
-        fn root(parent: &mut [usize], mut i: usize) -> usize {
-            while parent[i] != i {
-                parent[i] = parent[parent[i]];
-                i = parent[i];
-            }
-            i
-        }
         for a in 0..n {
             for b in 0..n {
                 if a != b && values[a * n + b] > 0 && joins(a) && joins(b) {
@@ -436,11 +463,6 @@ impl Reader<'_> {
                 }
             }
         }
-        let gpu_of = |i: usize| {
-            matches!(objects[i].0.as_str(), "OSDev" | "PCIDev")
-                .then(|| self.os_devices.get(&objects[i].1).copied())
-                .flatten()
-        };
         let mut islands: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
         for i in 0..n {
             if let Some(dev) = gpu_of(i) {
@@ -448,19 +470,7 @@ impl Reader<'_> {
                 islands.entry(r).or_default().push(dev);
             }
         }
-        for devices in islands.into_values() {
-            let mut addresses: Vec<&str> =
-                devices.iter().map(|&d| self.topo.devices[d].pci_address.as_str()).collect();
-            addresses.sort_unstable();
-            addresses.dedup();
-            if addresses.len() < 2 {
-                continue;
-            }
-            let id = format!("nvlink:{}", addresses[0]);
-            for d in devices {
-                self.topo.devices[d].fabric = Some(id.clone());
-            }
-        }
+        self.nvlink_islands.extend(islands.into_values().filter(|v| v.len() >= 2));
         Ok(())
     }
 
@@ -484,6 +494,41 @@ impl Reader<'_> {
             .unwrap_or_else(|| format!("kind{}", self.topo.cpu_kinds.len()));
         self.topo.cpu_kinds.push(CpuKind { cpus, name, efficiency });
         Ok(())
+    }
+}
+
+/// The root of `i` in a union-find forest, halving the path on the way.
+fn root(parent: &mut [usize], mut i: usize) -> usize {
+    while parent[i] != i {
+        parent[i] = parent[parent[i]];
+        i = parent[i];
+    }
+    i
+}
+
+/// Names each NVLink island (`islands`: GPU device indices, as the file's matrices join them;
+/// islands sharing a GPU are one) `nvlink:` and its lowest PCI address, on its GPUs.
+fn name_nvlink_islands(devices: &mut [IoDevice], islands: &[Vec<usize>]) {
+    let mut parent: Vec<usize> = (0..devices.len()).collect();
+    for island in islands {
+        for pair in island.windows(2) {
+            let (a, b) = (root(&mut parent, pair[0]), root(&mut parent, pair[1]));
+            parent[a] = b;
+        }
+    }
+    let linked: std::collections::BTreeSet<usize> = islands.iter().flatten().copied().collect();
+    let mut members: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for &d in &linked {
+        let r = root(&mut parent, d);
+        members.entry(r).or_default().push(d);
+    }
+    for devs in members.values() {
+        let Some(first) = devs.iter().map(|&d| devices[d].pci_address.clone()).min() else {
+            continue;
+        };
+        for &d in devs {
+            devices[d].fabric = Some(format!("nvlink:{first}"));
+        }
     }
 }
 
@@ -552,6 +597,44 @@ mod tests {
   {matrix}
 </topology>"#
         )
+    }
+
+    #[test]
+    fn islands_join_gpus_only_merge_across_matrices_and_addresses_are_checked() {
+        // Found by attacking the first version. A NIC linked to a GPU joins nothing (and the
+        // GPU alone is in no island); GPU 11 is made a NIC here by its class.
+        let nic = three_gpus(
+            r#"<distances2 type="OSDev" nbobjs="2" kind="25" name="NVLinkBandwidth" indexing="gp">
+    <indexes length="9">10 11 </indexes>
+    <u64values length="30">1000 40 40 1000 </u64values>
+  </distances2>"#,
+        )
+        .replacen(
+            "0302 [10de:20b0] [10de:1450] a1\">\n          <object type=\"OSDev\" gp_index=\"11\"",
+            "0200 [15b3:1017] [15b3:0007] 00\">\n          <object type=\"OSDev\" gp_index=\"11\"",
+            1,
+        );
+        let t = parse("nic", &nic).unwrap();
+        assert_eq!(t.devices[1].class, DeviceClass::Network, "{:?}", t.devices);
+        assert!(t.devices.iter().all(|d| d.fabric.is_none()), "{:?}", t.devices);
+        // Two matrices: 10-11 in one, 11-12 in the other: one island of three.
+        let two = three_gpus(
+            r#"<distances2 type="OSDev" nbobjs="2" kind="25" name="NVLinkBandwidth" indexing="gp">
+    <indexes length="9">10 11 </indexes>
+    <u64values length="30">1000 40 40 1000 </u64values>
+  </distances2>
+  <distances2 type="OSDev" nbobjs="2" kind="25" name="NVLinkBandwidth" indexing="gp">
+    <indexes length="9">11 12 </indexes>
+    <u64values length="30">1000 40 40 1000 </u64values>
+  </distances2>"#,
+        );
+        let t = parse("two", &two).unwrap();
+        let fabrics: Vec<Option<&str>> = t.devices.iter().map(|d| d.fabric.as_deref()).collect();
+        assert_eq!(fabrics, [Some("nvlink:0000:3b:00.0"); 3]);
+        // A pci_busid that is no PCI address is refused, saying which.
+        let spoofed = three_gpus("").replacen("0000:3c:00.0", "0000:3c:00.0&#13;&#9;job evil", 1);
+        let e = parse("spoofed", &spoofed).unwrap_err().to_string();
+        assert!(e.contains("which is not a PCI address") && e.contains("job evil"), "{e}");
     }
 
     #[test]

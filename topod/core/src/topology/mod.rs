@@ -156,6 +156,26 @@ impl IoDevice {
     }
 }
 
+/// Clears the fabric of every device that is not a GPU or accelerator, and of a GPU whose
+/// fabric no other GPU shares: a fabric joins GPUs to each other, and one GPU alone is joined
+/// to nothing (both readers apply it).
+pub(crate) fn keep_shared_gpu_fabrics(devices: &mut [IoDevice]) {
+    let is_gpu = |d: &IoDevice| matches!(d.class, DeviceClass::Gpu | DeviceClass::Accelerator);
+    for d in devices.iter_mut().filter(|d| !is_gpu(d)) {
+        d.fabric = None;
+    }
+    let shared: std::collections::HashMap<String, usize> =
+        devices.iter().filter_map(|d| d.fabric.clone()).fold(Default::default(), |mut m, f| {
+            *m.entry(f).or_default() += 1;
+            m
+        });
+    for d in devices.iter_mut() {
+        if d.fabric.as_ref().is_some_and(|f| shared[f] < 2) {
+            d.fabric = None;
+        }
+    }
+}
+
 /// A fabric id ([`IoDevice::fabric`]) for a person.
 pub fn fabric_name(fabric: &str) -> Option<String> {
     match fabric.split_once(':') {

@@ -665,7 +665,7 @@ pub fn is_device_number(major: u32, minor: u32) -> bool {
 }
 
 /// Whether `s` reads as a PCI address, `dddd:bb:dd.f` in hexadecimal.
-fn is_pci_address(s: &str) -> bool {
+pub(crate) fn is_pci_address(s: &str) -> bool {
     let b = s.as_bytes();
     let hex = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_hexdigit);
     b.len() == 12
@@ -718,15 +718,18 @@ fn read_pci(fs: &Fs) -> Result<Vec<IoDevice>, TopologyError> {
             names.extend(n);
         }
         // amdgpu puts the hive of a GPU joined to others by xGMI links in
-        // `xgmi_hive_info/xgmi_hive_id` (the kernel's amdgpu_xgmi.c); 0 or absent: none.
+        // `xgmi_hive_info/xgmi_hive_id` (the kernel's amdgpu_xgmi.c); 0 or absent: none. A
+        // hint only: one that cannot be read (a directory, a loop) is none, not an error.
         let fabric = fs
-            .optional(&format!("{dev}/xgmi_hive_info/xgmi_hive_id"))?
+            .optional(&format!("{dev}/xgmi_hive_info/xgmi_hive_id"))
+            .ok()
+            .flatten()
             .map(|t| t.trim().to_string())
             .filter(|id| {
                 !id.is_empty()
                     && id.len() <= 32
-                    && id != "0"
                     && id.chars().all(|c| c.is_ascii_alphanumeric())
+                    && !id.chars().all(|c| c == '0')
             })
             .map(|id| format!("xgmi:{id}"));
         out.push(IoDevice {
@@ -743,6 +746,7 @@ fn read_pci(fs: &Fs) -> Result<Vec<IoDevice>, TopologyError> {
             virtual_function: fs.exists(&format!("{dev}/physfn")),
         });
     }
+    super::keep_shared_gpu_fabrics(&mut out);
     Ok(out)
 }
 
@@ -833,8 +837,17 @@ mod tests {
         };
         hive(&format!("{switch}/0000:02:08.0/0000:03:00.0"), "42\n");
         hive("pci0000:00/0000:00:03.0/0000:08:00.0", "42");
-        hive(&format!("{switch}/0000:02:10.0/0000:04:00.0"), "0");
+        hive(&format!("{switch}/0000:02:10.0/0000:04:00.0"), "00");
         hive("pci0000:00/0000:00:02.0/0000:05:00.0", "../../x");
+        // Found by attacking the first version: an unreadable hive id (here a directory) is
+        // no hive, not a host that cannot be read; a hive of one GPU joins nothing.
+        pci_function(dir.path(), "pci0000:00/0000:00:04.0/0000:09:00.0", "0x030200");
+        pci_function(dir.path(), "pci0000:00/0000:00:05.0/0000:0a:00.0", "0x030200");
+        std::fs::create_dir_all(dir.path().join(
+            "sys/devices/pci0000:00/0000:00:04.0/0000:09:00.0/xgmi_hive_info/xgmi_hive_id/x",
+        ))
+        .unwrap();
+        hive("pci0000:00/0000:00:05.0/0000:0a:00.0", "77");
         let t = read(dir.path()).unwrap();
         let dev = |a: &str| t.devices.iter().find(|d| d.pci_address == a).unwrap();
         let (gpu0, gpu1, nic) = (dev("0000:03:00.0"), dev("0000:04:00.0"), dev("0000:05:00.0"));
@@ -842,6 +855,10 @@ mod tests {
         assert_eq!(dev("0000:08:00.0").fabric, gpu0.fabric);
         assert_eq!(gpu0.fabric_name().as_deref(), Some("xGMI hive 42"));
         assert_eq!((gpu1.fabric.as_deref(), nic.fabric.as_deref()), (None, None));
+        assert_eq!(
+            (dev("0000:09:00.0").fabric.as_deref(), dev("0000:0a:00.0").fabric.as_deref()),
+            (None, None)
+        );
         assert_eq!(gpu0.upstream, ["0000:00:01.0", "0000:01:00.0", "0000:02:08.0"]);
         assert_eq!((gpu0.switch(), gpu1.switch()), (Some("0000:01:00.0"), Some("0000:01:00.0")));
         assert_eq!(gpu0.shared_bridges(gpu1), 2);

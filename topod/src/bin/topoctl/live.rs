@@ -23,7 +23,24 @@ pub(crate) fn call<T: serde::de::DeserializeOwned>(
     client: &mut Client,
     op: Op,
 ) -> Result<T, Failure> {
-    client.call_as(op).map_err(|e| Failure::runtime(e.to_string()))
+    let request = match &op {
+        Op::Allocate(a) => Some(a.request.clone()),
+        Op::Fit(f) => Some(f.request.clone()),
+        Op::Reserve(r) => Some(r.request.clone()),
+        _ => None,
+    };
+    client.call_as(op).map_err(|e| {
+        // Where topod says the request string is wrong: shown under it.
+        let under = match (&e, &request) {
+            (topo_client::ClientError::Refused(body), Some(text)) => body
+                .at
+                .as_ref()
+                .filter(|at| at.field == "request")
+                .map(|at| format!("\n{}", topo_core::request::caret(text, at.start..at.end))),
+            _ => None,
+        };
+        Failure::runtime(format!("{e}{}", under.unwrap_or_default()))
+    })
 }
 
 fn live_state(daemon: &Daemon) -> Result<(Topology, Vec<JobView>, FreeMap), Failure> {
@@ -157,7 +174,8 @@ pub(crate) fn jobs(daemon: &Daemon, json: bool) -> Result<(), Failure> {
             );
         }
         if !j.gpus.is_empty() {
-            let gpus: Vec<String> = j.gpus.iter().map(gpu_cell).collect();
+            let by_task = !j.task_gpus.is_empty();
+            let gpus: Vec<String> = j.gpus.iter().map(|g| gpu_cell(g, by_task)).collect();
             println!("{:<16} GPUs {}", "", gpus.join(", "));
         }
         if !j.task_gpus.is_empty() {
@@ -189,19 +207,26 @@ fn nic_cell(n: &topo_core::ledger::JobNic, with_gpus: bool) -> String {
     }
 }
 
-/// A job's GPU for `topoctl jobs`: `0000:3b:00.0 (card0, NUMA node 1, local)`.
-fn gpu_cell(g: &topo_core::ledger::JobGpu) -> String {
+/// A job's GPU for `topoctl jobs`: `0000:3b:00.0 (card0, NUMA node 1, local to every CPU)`;
+/// `by_task`: the job's tasks have GPUs of their own, and the distance is to those of its
+/// tasks ("local to its tasks' CPUs").
+fn gpu_cell(g: &topo_core::ledger::JobGpu, by_task: bool) -> String {
     // The record is root's, but its text is still not the terminal's to interpret.
     let address = printable(&g.pci_address);
     if g.gone {
         return format!("{address} (no longer on this host)");
     }
     let mut parts: Vec<String> = g.name.iter().map(|n| printable(n)).collect();
+    let whose = if by_task { "of its tasks" } else { "" };
     match (g.numa_node, g.distance) {
-        (Some(node), Some(10)) => parts.push(format!("NUMA node {node}, local to every CPU")),
-        (Some(node), Some(d)) => {
-            parts.push(format!("NUMA node {node}, distance {d} to the farthest CPU (10 = local)"))
+        (Some(node), Some(10)) if by_task => {
+            parts.push(format!("NUMA node {node}, local to its tasks' CPUs"))
         }
+        (Some(node), Some(10)) => parts.push(format!("NUMA node {node}, local to every CPU")),
+        (Some(node), Some(d)) => parts.push(format!(
+            "NUMA node {node}, distance {d} to the farthest CPU{}{whose} (10 = local)",
+            if by_task { " " } else { "" }
+        )),
         (Some(node), None) => parts.push(format!("NUMA node {node}")),
         (None, _) => parts.push("NUMA node not known".into()),
     }
@@ -456,10 +481,13 @@ mod printable_tests {
             gone: false,
             fabric: None,
         };
-        assert_eq!(gpu_cell(&gpu), "0000:88:00.0 ([31mred, NUMA node 1, local to every CPU)");
+        assert_eq!(
+            gpu_cell(&gpu, false),
+            "0000:88:00.0 ([31mred, NUMA node 1, local to every CPU)"
+        );
         let linked = topo_core::ledger::JobGpu { fabric: Some("xgmi:\u{1b}[2J7".into()), ..gpu };
         assert_eq!(
-            gpu_cell(&linked),
+            gpu_cell(&linked, false),
             "0000:88:00.0 ([31mred, NUMA node 1, local to every CPU, xGMI hive [2J7)"
         );
         let nic = topo_core::ledger::JobNic {

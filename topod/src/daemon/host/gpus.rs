@@ -122,6 +122,7 @@ impl Host {
         chosen.gpus = pick.gpus;
         chosen.near_only = pick.near.is_some() && request.gpubind != Some(GpuBind::Any);
         chosen.near_gpus = pick.near;
+        chosen.gpu_nodes = pick.nodes;
         tracing::info!(
             "job {job}: topod chose GPU(s) {} for gpus={per_task} (CPUs near them: {})",
             chosen.gpus.join(", "),
@@ -216,6 +217,8 @@ pub(super) struct GpuChoice {
     /// The CPUs near them (of their NUMA nodes; `gpubind=socket`: packages) that the job may
     /// use; `None` when one is of unknown place.
     pub near: Option<CpuSet>,
+    /// Them by NUMA node, when they lie in several ([`Prepared::gpu_nodes`]).
+    pub nodes: Vec<(CpuSet, usize)>,
 }
 
 /// The `gpus=` of `request` (a rigid one: checked by the caller) for its tasks, chosen among
@@ -279,8 +282,9 @@ pub(super) fn pick_gpus(
                 ),
             }
         } else {
+            // "N GPU(s) are free but not in the requested shape": N is how many are free.
             PlaceError::Shape {
-                needed: wanted,
+                needed: free.len(),
                 unit: "GPU",
                 why: format!(
                     "gpus={per_task}: its CPUs do not fit beside any {wanted} of the free GPUs ({}) now",
@@ -300,8 +304,15 @@ pub(super) fn pick_gpus(
             _ => near = None,
         }
     }
+    let nodes: Vec<Option<CpuSet>> =
+        pick.gpus.iter().map(|&g| topo.cpus_near(&topo.devices[g], Level::Numa)).collect();
     Ok(GpuChoice {
         gpus: pick.gpus.iter().map(|&g| topo.devices[g].pci_address.clone()).collect(),
         near: near.map(|n| n.intersection(request.cpu_list.as_ref().unwrap_or(&topo.allowed))),
+        nodes: if request.gpubind == Some(GpuBind::Any) {
+            Vec::new()
+        } else {
+            topo_core::gpus::nodes_of(nodes.iter().map(Option::as_ref)).unwrap_or_default()
+        },
     })
 }

@@ -181,7 +181,9 @@ impl Host {
             tasks_cap: self.hints.get(&a.job).and_then(|h| h.tasks_cap),
             batch_suspended: state == JobState::Suspended
                 && self.hints.get(&a.job).is_some_and(|h| h.batch_suspended),
-            gpus: self.hints.get(&a.job).map_or_else(Vec::new, |h| self.gpus_of(&h.gpus, &a.cpus)),
+            gpus: self.hints.get(&a.job).map_or_else(Vec::new, |h| {
+                self.gpus_of(&h.gpus, &a.cpus, &self.task_gpus_of(a), &a.tasks)
+            }),
             nics: self.nics_of(self.hints.get(&a.job).map_or(&[][..], |h| &h.gpus), &a.cpus),
             task_gpus: self.task_gpus_of(a),
         };
@@ -235,12 +237,27 @@ impl Host {
             .collect()
     }
 
-    /// The GPUs `addresses` as a job on `cpus` sees them: names, nodes and distances.
-    fn gpus_of(&self, addresses: &[String], cpus: &CpuSet) -> Vec<topo_core::ledger::JobGpu> {
+    /// The GPUs `addresses` as a job on `cpus` sees them: names, nodes and distances (each
+    /// to the CPUs of the `tasks` that `task_gpus` gives it, else to all of `cpus`).
+    fn gpus_of(
+        &self,
+        addresses: &[String],
+        cpus: &CpuSet,
+        task_gpus: &[Vec<String>],
+        tasks: &[CpuSet],
+    ) -> Vec<topo_core::ledger::JobGpu> {
         addresses
             .iter()
             .map(|address| {
                 let device = self.topo.device(address);
+                let users: Vec<&CpuSet> = task_gpus
+                    .iter()
+                    .zip(tasks)
+                    .filter(|(gpus, _)| gpus.contains(address))
+                    .map(|(_, t)| t)
+                    .collect();
+                let its_tasks = CpuSet::union_all(users);
+                let cpus = if its_tasks.is_empty() { cpus } else { &its_tasks };
                 topo_core::ledger::JobGpu {
                     pci_address: address.clone(),
                     name: device.and_then(|d| d.names.first().cloned()),
