@@ -767,4 +767,16 @@ fn a_job_whose_gpus_lie_in_two_nodes_has_a_task_beside_each() {
         shown.contains("0000:18:00.0 (card0, NUMA node 0, local to its tasks' CPUs)"),
         "{shown}"
     );
+    // The same for GPUs the batch system gave, one per task: a task beside each, and each
+    // GPU listed as its task's.
+    ok(&d.socket, r#"{"op":"release","job":"t"}"#);
+    ok(
+        &d.socket,
+        r#"{"op":"allocate","job":"b","request":"affinity[core*2]","gpus":["card0","card2"]}"#,
+    );
+    let listed = ok(&d.socket, r#"{"op":"list"}"#);
+    let job = listed.as_array().unwrap().iter().find(|j| j["job"] == "b").unwrap().clone();
+    assert_eq!(job["task_gpus"], serde_json::json!([["0000:18:00.0"], ["0000:87:00.0"]]), "{job}");
+    let first = topo_core::CpuSet::parse_list(job["tasks"][0].as_str().unwrap()).unwrap();
+    assert!(first.is_subset(&node0), "{job}");
 }

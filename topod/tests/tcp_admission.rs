@@ -134,6 +134,9 @@ fn keyed_connections_have_a_share_per_address_and_silent_ones_are_told_why() {
     // The next keyed one from it is refused, saying why.
     let over = keyed(port, [127, 0, 0, 9]);
     assert!(over.contains("too many connections") && over.contains("127.0.0.9"), "{over}");
+    // Before any request, in protocol version 1, which clients of every version read (an
+    // attack finding: it was sent in version 2, and older clients lost the reason).
+    assert!(over.starts_with("{\"v\":1,"), "{over}");
     // Another address is served meanwhile.
     assert!(keyed(port, [127, 0, 0, 10]).contains("\"ok\""));
     drop(mine);
@@ -143,4 +146,10 @@ fn keyed_connections_have_a_share_per_address_and_silent_ones_are_told_why() {
     let mut said = String::new();
     let _ = quiet.read_to_string(&mut said);
     assert!(said.contains("key"), "closed without the reason: {said:?}");
+    // A wrong key is refused in protocol version 1, which every client reads.
+    let mut wrong = silent([127, 0, 0, 12], port).unwrap();
+    wrong.write_all(b"not-the-key\n").unwrap();
+    let mut line = String::new();
+    let _ = BufReader::new(&wrong).read_line(&mut line);
+    assert!(line.starts_with("{\"v\":1,") && line.contains("wrong or missing key"), "{line}");
 }

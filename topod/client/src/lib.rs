@@ -300,7 +300,18 @@ impl Client {
         let mut line = Vec::new();
         // The limit counts the reply, not its newline (as MAX_LINE_BYTES does).
         let limit = proto::MAX_REPLY_BYTES as u64 + 1;
-        (&mut self.reader).take(limit).read_until(b'\n', &mut line).map_err(io)?;
+        (&mut self.reader).take(limit).read_until(b'\n', &mut line).map_err(|e| {
+            // A read timeout is EAGAIN on a socket: say what it means.
+            io(match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no answer within the time limit (topod may be stalled or overloaded)",
+                    )
+                }
+                _ => e,
+            })
+        })?;
         if line.len() as u64 == limit && line.last() != Some(&b'\n') {
             return Err(ClientError::Reply {
                 peer: self.peer.clone(),

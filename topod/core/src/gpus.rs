@@ -239,8 +239,13 @@ pub fn choose_among(
         groups.sort_by_key(|(cpus, v)| (v.len(), cpus.intersection(&free_cpus).len()));
         for (cpus, group) in &groups {
             let Some(inside) = within(request, cpus) else { continue };
-            if let Ok(placement) = place::place(model, occupancy, &inside, strategy) {
-                return Some((take_from(sites, group, count), placement));
+            let gpus = take_from(sites, group, count);
+            // GPUs of one package in several of its nodes: each node's tasks beside them.
+            let split = place_by_node(sites, &gpus, model, occupancy, &inside, strategy);
+            if let Some(placement) =
+                split.or_else(|| place::place(model, occupancy, &inside, strategy).ok())
+            {
+                return Some((gpus, placement));
             }
         }
     }
@@ -359,7 +364,6 @@ pub fn place_split(
     }
     let tasks = request.tasks? as usize;
     let gpus: usize = nodes.iter().map(|(_, g)| g).sum();
-    let mut taken = occupancy.clone();
     let mut placed: Vec<CpuSet> = Vec::with_capacity(tasks);
     for (node, count) in nodes {
         let share = tasks * count;
@@ -368,9 +372,10 @@ pub fn place_split(
         }
         let part =
             Request { tasks: Some(u32::try_from(share / gpus).ok()?), ..within(request, node)? };
-        let p = place::place(model, &taken, &part, strategy).ok()?;
-        taken.held.union_with(&p.cpus);
-        taken.fenced.union_with(&p.fenced);
+        // Each part against the others' jobs only: the parts lie in different nodes, so they
+        // cannot overlap, and one part's exclusive domain (a package both nodes are in) is
+        // the job's own, not another job's.
+        let p = place::place(model, occupancy, &part, strategy).ok()?;
         placed.extend(p.tasks);
     }
     let whole = place::from_tasks(model, occupancy, request, placed);

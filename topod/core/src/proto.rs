@@ -838,6 +838,17 @@ pub enum ProtoError {
     /// `op` names no operation.
     #[error("unknown operation {0:?}; expected one of {ops}", ops = OPERATIONS.join(", "))]
     UnknownOp(String),
+    /// A reply that is not valid (what a client says of topod's answer).
+    #[error("reply is not valid: {0}")]
+    InvalidReply(String),
+    /// A reply in a version this client does not speak.
+    #[error(
+        "the reply is in protocol version {got}; this client speaks versions {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
+    )]
+    ReplyVersion {
+        /// The reply's version.
+        got: u64,
+    },
     /// Wrong or missing version.
     #[error(
         "protocol version {got} is not supported; this topod speaks versions {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
@@ -1019,11 +1030,13 @@ pub fn parse_reply(line: &[u8]) -> Result<Reply, ProtoError> {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let text = std::str::from_utf8(line).map_err(|e| ProtoError::NotText(e.valid_up_to()))?;
     let reply: Reply =
-        serde_json::from_str(text).map_err(|e| ProtoError::Invalid(format!("reply: {e}")))?;
+        serde_json::from_str(text).map_err(|e| ProtoError::InvalidReply(e.to_string()))?;
     if !is_spoken(u64::from(reply.v)) {
-        return Err(ProtoError::Version { got: u64::from(reply.v) });
+        return Err(ProtoError::ReplyVersion { got: u64::from(reply.v) });
     }
-    Ok(reply)
+    // Version 1 has no position: one there is not trusted.
+    let v = reply.v;
+    Ok(reply.in_version(v))
 }
 
 /// The protocol as a JSON Schema (draft 2020-12), generated from the types above: what

@@ -518,7 +518,9 @@ pub(crate) fn refuse(mut stream: impl Timed, server: &Server, why: &str) {
     let _ = stream.set_write_timeout(Some(
         std::time::Duration::from_millis(100).min(server.gate.limits().write),
     ));
-    let _ = stream.write_all(Reply::error(ErrorCode::Busy, why).to_line().as_bytes());
+    // Before any request: in the oldest version, which every client reads.
+    let refusal = Reply::error(ErrorCode::Busy, why).in_version(proto::OLDEST_PROTOCOL_VERSION);
+    let _ = stream.write_all(refusal.to_line().as_bytes());
 }
 
 /// Serves one connection: a request line, a reply line, until the client closes, falls silent,
@@ -571,13 +573,16 @@ pub(crate) fn connection(
                 true,
             ),
             Line::Complete(line) => match proto::parse_request(&line) {
-                Ok(req) if read_only && req.op.changes_state() => (
-                    Reply::error(
-                        ErrorCode::Forbidden,
-                        "the TCP listener is read-only; change state through the local socket",
-                    ),
-                    false,
-                ),
+                Ok(req) if read_only && req.op.changes_state() => {
+                    version = req.v;
+                    (
+                        Reply::error(
+                            ErrorCode::Forbidden,
+                            "the TCP listener is read-only; change state through the local socket",
+                        ),
+                        false,
+                    )
+                }
                 Ok(req) => {
                     version = req.v;
                     if matches!(req.op, Op::Release { .. } | Op::Suspend { .. } | Op::Resume { .. })

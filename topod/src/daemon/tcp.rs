@@ -161,6 +161,8 @@ fn connection(
                 ErrorCode::Forbidden,
                 "wrong or missing key: send the shared key as the first line",
             )
+            // Before any request: in the oldest version, which every client reads.
+            .in_version(topo_core::proto::OLDEST_PROTOCOL_VERSION)
             .to_line()
             .as_bytes(),
         )?;

@@ -198,10 +198,15 @@ impl Host {
         jobs
     }
 
-    /// Each task's GPUs, for a job of several tasks asking `gpus=n` per task.
+    /// Each task's GPUs, for a job of several tasks asking `gpus=n` per task, or given GPUs by
+    /// its batch system as many for each task.
     fn task_gpus_of(&self, a: &Allocation) -> Vec<Vec<String>> {
         let Some(addresses) = self.hints.get(&a.job).map(|h| &h.gpus) else { return Vec::new() };
-        let per_task = topo_core::request::parse(&a.request).ok().and_then(|r| r.gpus_per_task);
+        let asked = topo_core::request::parse(&a.request).ok().and_then(|r| r.gpus_per_task);
+        let even = (!a.tasks.is_empty() && addresses.len() % a.tasks.len() == 0)
+            .then(|| (addresses.len() / a.tasks.len()) as u32)
+            .filter(|&n| n > 0);
+        let per_task = asked.or(even);
         let (Some(per_task), true) = (per_task, a.tasks.len() > 1) else { return Vec::new() };
         let gpus: Option<Vec<usize>> = addresses.iter().map(|a| self.device_index(a)).collect();
         let Some(gpus) = gpus else { return Vec::new() };
