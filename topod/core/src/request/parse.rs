@@ -125,22 +125,32 @@ impl RequestError {
     }
 }
 
-/// `input` on one line (control characters as spaces; at most [`QUOTED_CHARS`] characters
-/// around `span`, `...` where it was cut) and a caret line under `span`'s text: what
+/// `input` on one line (control characters and the marks that reorder text as spaces; at most
+/// [`QUOTED_CHARS`] characters around `span`, `...` where it was cut) and a caret line under
+/// `span`'s text, by terminal columns (a wide character such as `［` takes two): what
 /// [`RequestError::render`] shows, and what a client shows for a position topod sent
 /// (`proto::ErrorAt`). A span outside the input or inside a character is moved to fit.
 pub fn caret(input: &str, span: Range<usize>) -> String {
+    use unicode_width::UnicodeWidthChar;
     let span = snap(input, span);
-    let chars: Vec<char> = input.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let chars: Vec<char> =
+        input.chars().map(|c| if c.is_control() || reorders(c) { ' ' } else { c }).collect();
     let start = input.get(..span.start).map_or(0, |s| s.chars().count());
-    let width = input.get(span).map_or(0, |s| s.chars().count());
+    let len = input.get(span).map_or(0, |s| s.chars().count());
     let (from, to) = quoted_window(chars.len(), start);
     let cut_before = if from > 0 { "..." } else { "" };
     let cut_after = if to < chars.len() { "..." } else { "" };
     let line: String = chars[from..to].iter().collect();
-    let caret_at = cut_before.len() + start - from;
-    let carets = width.min(to.saturating_sub(start)).max(1);
+    let columns = |cs: &[char]| cs.iter().map(|c| c.width().unwrap_or(0)).sum::<usize>();
+    let caret_at = cut_before.len() + columns(&chars[from..start.clamp(from, to)]);
+    let carets = columns(&chars[start.min(to)..(start + len).min(to)]).max(1);
     format!("{cut_before}{line}{cut_after}\n{}{}", " ".repeat(caret_at), "^".repeat(carets))
+}
+
+/// The bidirectional marks and overrides, which would reorder the quoted line on a terminal
+/// away from its caret line.
+fn reorders(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// How much of a request an error quotes: at most this many characters of it.

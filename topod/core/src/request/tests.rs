@@ -331,6 +331,37 @@ fn error_display_and_render() {
 }
 
 #[test]
+fn the_caret_stands_under_the_error_on_a_terminal_whatever_the_characters_before_it() {
+    use unicode_width::UnicodeWidthStr;
+    // Found by attacking the client's caret: wide characters (a request pasted with full-width
+    // brackets) took one caret column for two screen columns, and a right-to-left override
+    // reordered the quoted line away from its caret line.
+    for text in [
+        "affinity[core(2)*4:membind=ｆoo]",
+        "affinity[core(2)*4:mem\u{200b}bind=foo]",
+        "affinity[core(2)\u{202e}*4:membind=foo]",
+        "affinity[core(2)*4:membind=\u{4e2d}\u{6587}]",
+    ] {
+        let err = e(text);
+        let rendered = err.render(text);
+        let lines: Vec<&str> = rendered.lines().collect();
+        assert!(!lines[0].contains('\u{202e}'), "{rendered}");
+        let column = lines[1].find('^').expect("a caret");
+        let before = &text[..err.span.start];
+        let shown_before: String =
+            before.chars().map(|c| if c == '\u{202e}' { ' ' } else { c }).collect();
+        assert_eq!(column, shown_before.width(), "{text:?}: {rendered}");
+        // As many carets as the offending text takes columns.
+        let carets = lines[1].trim_start().len();
+        assert_eq!(carets, err.fragment.width().max(1), "{text:?}: {rendered}");
+    }
+    // Under a wide character: two carets.
+    let err = e("affinity［core]");
+    let rendered = err.render("affinity［core]");
+    assert_eq!(rendered.lines().nth(1), Some("        ^^"), "{rendered}");
+}
+
+#[test]
 fn a_long_request_is_quoted_only_around_its_error() {
     // 10 KB of valid CPU list with a bad word in the middle, at the start and at the end.
     let list: String = (0..2000).map(|i| format!("{i},")).collect();
