@@ -86,6 +86,9 @@ fn is_invisible(c: char) -> bool {
     )
 }
 
+/// The widest line of a picture, in columns (one terminal of 100 shows it unwrapped).
+const PICTURE_COLUMNS: usize = 100;
+
 /// Draws `topo` with the jobs of `ledger`.
 pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
     let mut out = String::new();
@@ -305,19 +308,28 @@ pub fn render(topo: &Topology, ledger: &Ledger, marks: &Marks) -> String {
             if !d.local_cpus.is_empty() {
                 near += &format!(", PU {}", short_list(&d.local_cpus, 40));
             }
-            // Devices behind one PCIe switch talk through it, not through the root complex.
-            let mut switch = d.switch().map(|s| format!(", PCIe switch {s}")).unwrap_or_default();
+            // Devices behind one PCIe switch talk through it, not through the root complex;
             // GPUs joined by NVLink or xGMI talk over those links.
-            if let Some(fabric) = d.fabric_name() {
-                switch += &format!(", {}", printable(&fabric));
-            }
-            let _ = writeln!(
-                out,
-                "  {:<12} {:<12}{}  near {near}{switch}",
+            let links: Vec<String> = d
+                .switch()
+                .map(|s| format!("PCIe switch {}", printable(s)))
+                .into_iter()
+                .chain(d.fabric_name().map(|f| printable(&f)))
+                .collect();
+            let line = format!(
+                "  {:<12} {:<12}{}  near {near}",
                 format!("{:?}", d.class).to_lowercase(),
                 printable(&d.pci_address),
                 names,
             );
+            let whole = links.iter().fold(line.clone(), |l, link| l + ", " + link);
+            // The picture keeps to 100 columns: what does not fit goes on the next line.
+            if links.is_empty() || whole.chars().count() <= PICTURE_COLUMNS {
+                let _ = writeln!(out, "{whole}");
+            } else {
+                let _ = writeln!(out, "{line}");
+                let _ = writeln!(out, "{:15}{}", "", links.join(", "));
+            }
         }
     }
     out
