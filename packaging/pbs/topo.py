@@ -811,6 +811,10 @@ def running_from_topod(allocations, config):
                 if pbs_job_id(a["job"]) is not None and a["job"] not in candidates)
 
 
+# What this hook's own vnode comment says (see publish_ncpus), how it knows the comment as its own.
+HELD_OUTSIDE = "CPUs held outside PBS"
+
+
 def publish_ncpus(event, host, topology, free_map, allocations, running, config, lower_only=False):
     """Sets resources_available.ncpus of this MoM's vnodes to what PBS may really use (see
     pbs_usable_cpus), per NUMA node with vnode_per_numa_node; with `lower_only` never above what
@@ -841,14 +845,16 @@ def publish_ncpus(event, host, topology, free_map, allocations, running, config,
             vnodes[name] = pbs.vnode(name)
         vnode = vnodes[name]
         vnode.resources_available["ncpus"] = ncpus
-        ours = bool(last and last.get("comment"))
         current = getattr(vnode, "comment", None)
+        # Ours: this hook wrote the comment there is, the one about CPUs held outside PBS (not
+        # another "topo: ..." reason, which the vnode keeps until what set it clears it).
+        ours = bool(last and last.get("comment")) and (not current or HELD_OUTSIDE in current)
         may_comment = not offlined_by_us and (not current or ours)
         comment = False
         if ncpus < total and may_comment:
             shown = ", ".join(keepers[:5]) + (" and %d more" % (len(keepers) - 5) if len(keepers) > 5 else "")
-            vnode.comment = ("topo: %d of %d CPUs held outside PBS (%s)"
-                             % (total - ncpus, total, shown or "fenced beyond their ncpus"))[:250]
+            vnode.comment = ("topo: %d of %d %s (%s)"
+                             % (total - ncpus, total, HELD_OUTSIDE, shown or "fenced beyond their ncpus"))[:250]
             comment = True
         elif ncpus >= total and ours and may_comment:
             vnode.comment = None

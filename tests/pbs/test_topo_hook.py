@@ -715,6 +715,27 @@ class HostTest(HookTestCase):
         self.assertEqual(freed["comment"], "admin: bad DIMM, do not use")
         self.assertEqual(freed["resources_available"]["ncpus"], total)
 
+    def test_another_topo_reason_on_the_vnode_is_not_taken_for_the_held_cpus_comment(self):
+        """The site test's CI run found it: the hook had written its "CPUs held outside PBS"
+        comment; the vnode was then offlined with another "topo: ..." reason (by hand here,
+        as an earlier hook run or an administrator would), and the next run cleared that
+        reason as its own, leaving the vnode offline with no word why (and the package's
+        removal, which brings back vnodes with a "topo: " comment, could not find it)."""
+        total = len(load_hook_module().cpu_set(self.topod.call("free_map")["ok"]["allocatable"]))
+        self.assertIn("ok", self.topod.call("allocate", job="other-4", request="affinity[thread*%d]" % (total - 1)))
+        held = self.periodic()["vnode_list"][HOST]
+        self.assertIn("CPUs held outside PBS", held["comment"])
+        self.topod.call("release", job="other-4")
+        reason = {HOST: {"comment": "topo: cannot reach topod (test)"}}
+        freed = self.periodic(vnodes=reason)["vnode_list"][HOST]
+        self.assertEqual(freed["comment"], "topo: cannot reach topod (test)")
+        self.assertEqual(freed["resources_available"]["ncpus"], total)
+        # Its own comment still goes when the CPUs come back.
+        self.assertIn("ok", self.topod.call("allocate", job="other-5", request="affinity[thread*%d]" % (total - 1)))
+        self.assertIn("CPUs held outside PBS", self.periodic()["vnode_list"][HOST]["comment"])
+        self.topod.call("release", job="other-5")
+        self.assertIsNone(self.periodic()["vnode_list"][HOST]["comment"])
+
     def test_damaged_state_files_and_a_state_dir_that_is_a_file_are_messages(self):
         state = os.path.join(self.dir, "hook-state")
         os.makedirs(state, exist_ok=True)
