@@ -272,7 +272,10 @@ impl Client {
     /// topod refuses this build's version (once: the connection then stays at version 1).
     fn exchange(&mut self, op: Op) -> Result<Vec<u8>, ClientError> {
         let line = self.exchange_in(self.version, op.clone())?;
+        // Only a version-1 error can be that refusal (topod writes `v` first): every other
+        // reply, a free map among them, is not parsed twice.
         if self.version > proto::OLDEST_PROTOCOL_VERSION
+            && line.starts_with(br#"{"v":1,"error":"#)
             && proto::parse_reply(&line).is_ok_and(|r| proto::refuses_newer_version(&r))
         {
             self.version = proto::OLDEST_PROTOCOL_VERSION;
