@@ -176,7 +176,10 @@ pub enum PlaceError {
         detail: String,
     },
     /// Enough units are free, but not in the shape the request asks for.
-    #[error("{needed} {unit}(s) are free but not in the requested shape: {why}")]
+    // "N needed": N is what the job asks, not what is free (as "N are free" read).
+    #[error(
+        "{needed} {unit}(s) needed and as many are free, but not in the requested shape: {why}"
+    )]
     Shape {
         /// Units needed.
         needed: usize,

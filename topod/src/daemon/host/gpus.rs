@@ -282,9 +282,8 @@ pub(super) fn pick_gpus(
                 ),
             }
         } else {
-            // "N GPU(s) are free but not in the requested shape": N is how many are free.
             PlaceError::Shape {
-                needed: free.len(),
+                needed: wanted,
                 unit: "GPU",
                 why: format!(
                     "gpus={per_task}: its CPUs do not fit beside any {wanted} of the free GPUs ({}) now",
