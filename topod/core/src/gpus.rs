@@ -339,6 +339,17 @@ pub fn nodes_of<'a>(
     (nodes.len() >= 2).then_some(nodes)
 }
 
+/// [`nodes_of`] for `topo`'s devices `gpus`, by their NUMA nodes' CPUs: empty when they are
+/// all in one node or one's node is not known (what topod keeps for a job's placement).
+pub fn nodes_of_devices<'a>(
+    topo: &Topology,
+    gpus: impl IntoIterator<Item = &'a crate::topology::IoDevice>,
+) -> Vec<(CpuSet, usize)> {
+    let nodes: Vec<Option<CpuSet>> =
+        gpus.into_iter().map(|d| topo.cpus_near(d, Level::Numa)).collect();
+    nodes_of(nodes.iter().map(Option::as_ref)).unwrap_or_default()
+}
+
 /// `request` placed so that each NUMA node of its GPUs (`nodes`: the node's CPUs, how many of
 /// the job's GPUs are there) has its share of the tasks beside them: the node with `g` of the
 /// job's `n` GPUs gets `tasks × g / n` tasks, placed inside its CPUs, node after node. Without

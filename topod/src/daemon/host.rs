@@ -434,10 +434,7 @@ impl Prepared {
         if bind == Some(request::GpuBind::Any) {
             return Ok(self);
         }
-        let nodes: Vec<Option<CpuSet>> =
-            devices.iter().map(|d| topo.cpus_near(d, request::Level::Numa)).collect();
-        self.gpu_nodes =
-            topo_core::gpus::nodes_of(nodes.iter().map(Option::as_ref)).unwrap_or_default();
+        self.gpu_nodes = topo_core::gpus::nodes_of_devices(topo, devices.iter().copied());
         let level = match bind {
             Some(request::GpuBind::Socket) => request::Level::Socket,
             _ => request::Level::Numa,

@@ -303,15 +303,13 @@ pub(super) fn pick_gpus(
             _ => near = None,
         }
     }
-    let nodes: Vec<Option<CpuSet>> =
-        pick.gpus.iter().map(|&g| topo.cpus_near(&topo.devices[g], Level::Numa)).collect();
     Ok(GpuChoice {
         gpus: pick.gpus.iter().map(|&g| topo.devices[g].pci_address.clone()).collect(),
         near: near.map(|n| n.intersection(request.cpu_list.as_ref().unwrap_or(&topo.allowed))),
         nodes: if request.gpubind == Some(GpuBind::Any) {
             Vec::new()
         } else {
-            topo_core::gpus::nodes_of(nodes.iter().map(Option::as_ref)).unwrap_or_default()
+            topo_core::gpus::nodes_of_devices(topo, pick.gpus.iter().map(|&g| &topo.devices[g]))
         },
     })
 }

@@ -158,34 +158,38 @@ impl Host {
     /// Every job with its state, owner, and the CPUs lent between suspended and running jobs.
     pub fn jobs(&self) -> Vec<JobView> {
         let loans = self.ledger.lent();
-        let view = |a: &Allocation, state: JobState| JobView {
-            allocation: a.clone(),
-            state: if self.releasing.contains(&a.job) { JobState::Releasing } else { state },
-            owner_uid: self.owner_of(&a.job),
-            lent_to: loans
-                .iter()
-                .filter(|l| l.owner == a.job)
-                .map(|l| (l.holder.clone(), l.cpus.clone()))
-                .collect(),
-            borrowed_from: loans
-                .iter()
-                .filter(|l| l.holder == a.job)
-                .map(|l| (l.owner.clone(), l.cpus.clone()))
-                .collect(),
-            missized: self.missized.get(&a.job).cloned(),
-            preempted_by: (state == JobState::Suspended)
-                .then(|| self.hints.get(&a.job).and_then(|h| h.preempted_by.clone()))
-                .flatten(),
-            queue: self.hints.get(&a.job).and_then(|h| h.queue.clone()),
-            pool: self.hints.get(&a.job).and_then(|h| h.pool.clone()),
-            tasks_cap: self.hints.get(&a.job).and_then(|h| h.tasks_cap),
-            batch_suspended: state == JobState::Suspended
-                && self.hints.get(&a.job).is_some_and(|h| h.batch_suspended),
-            gpus: self.hints.get(&a.job).map_or_else(Vec::new, |h| {
-                self.gpus_of(&h.gpus, &a.cpus, &self.task_gpus_of(a), &a.tasks)
-            }),
-            nics: self.nics_of(self.hints.get(&a.job).map_or(&[][..], |h| &h.gpus), &a.cpus),
-            task_gpus: self.task_gpus_of(a),
+        let view = |a: &Allocation, state: JobState| {
+            // Worked out once: the GPUs' distances are to the tasks each is for.
+            let task_gpus = self.task_gpus_of(a);
+            JobView {
+                allocation: a.clone(),
+                state: if self.releasing.contains(&a.job) { JobState::Releasing } else { state },
+                owner_uid: self.owner_of(&a.job),
+                lent_to: loans
+                    .iter()
+                    .filter(|l| l.owner == a.job)
+                    .map(|l| (l.holder.clone(), l.cpus.clone()))
+                    .collect(),
+                borrowed_from: loans
+                    .iter()
+                    .filter(|l| l.holder == a.job)
+                    .map(|l| (l.owner.clone(), l.cpus.clone()))
+                    .collect(),
+                missized: self.missized.get(&a.job).cloned(),
+                preempted_by: (state == JobState::Suspended)
+                    .then(|| self.hints.get(&a.job).and_then(|h| h.preempted_by.clone()))
+                    .flatten(),
+                queue: self.hints.get(&a.job).and_then(|h| h.queue.clone()),
+                pool: self.hints.get(&a.job).and_then(|h| h.pool.clone()),
+                tasks_cap: self.hints.get(&a.job).and_then(|h| h.tasks_cap),
+                batch_suspended: state == JobState::Suspended
+                    && self.hints.get(&a.job).is_some_and(|h| h.batch_suspended),
+                gpus: self.hints.get(&a.job).map_or_else(Vec::new, |h| {
+                    self.gpus_of(&h.gpus, &a.cpus, &task_gpus, &a.tasks)
+                }),
+                nics: self.nics_of(self.hints.get(&a.job).map_or(&[][..], |h| &h.gpus), &a.cpus),
+                task_gpus,
+            }
         };
         let mut jobs: Vec<JobView> = self
             .ledger
