@@ -351,73 +351,44 @@ impl Reader<'_> {
         if self.topo.distances.is_some() && node.attribute("name") != Some("NUMALatency") {
             return Ok(());
         }
-        let n: usize = self
-            .number(node, "nbobjs")?
-            .ok_or_else(|| self.bad(node, "distances2 without nbobjs".into()))?;
-        if n > 4096 {
-            return Err(
-                self.bad(node, format!("distances2 with {n} objects is larger than any machine"))
-            );
-        }
-        let mut nodes = Vec::new();
-        let mut values = Vec::new();
-        for child in node.children().filter(|c| c.is_element()) {
-            let text = child.text().unwrap_or("");
-            let target: &mut Vec<u32> = match child.tag_name().name() {
-                "indexes" => &mut nodes,
-                "u64values" => &mut values,
-                _ => continue,
-            };
-            for word in text.split_whitespace() {
-                let v: u64 = word.parse().map_err(|_| TopologyError::Format {
-                    path: (self.at)(child),
-                    what: format!("{word:?} is not a number"),
+        let (indexes, values) = self.matrix(node, "distances2")?;
+        let nodes = indexes
+            .iter()
+            .map(|word| {
+                let v: u64 = word.parse().map_err(|_| {
+                    self.bad(node, format!("distances2 index {word:?} is not a number"))
                 })?;
-                target.push(u32::try_from(v).unwrap_or(u32::MAX));
-            }
-        }
-        if nodes.len() != n || values.len() != n * n {
-            return Err(self.bad(
-                node,
-                format!(
-                    "distances2 of {n} objects has {} indexes and {} values",
-                    nodes.len(),
-                    values.len()
-                ),
-            ));
-        }
+                Ok(u32::try_from(v).unwrap_or(u32::MAX))
+            })
+            .collect::<Result<Vec<u32>, TopologyError>>()?;
+        let values = values.into_iter().map(|v| u32::try_from(v).unwrap_or(u32::MAX)).collect();
         self.topo.distances = Some(Distances { nodes, values });
         Ok(())
     }
 
-    /// hwloc's `NVLinkBandwidth` matrix (from NVML: the bandwidth of the NVLinks between
-    /// GPUs, NVSwitches and, on POWER, packages; hwloc's "Distances" documentation): the GPUs
-    /// joined by links, directly or through NVSwitches, are one island
-    /// ([`IoDevice::fabric`]). A link to a package does not join GPUs: their data would cross
-    /// the processor.
-    fn nvlinks(&mut self, node: roxmltree::Node) -> Result<(), TopologyError> {
+    /// A `<distances2>` or `<distances2hetero>` matrix (`what` names it in errors): its
+    /// `nbobjs` index words and its row-major values, checked to be that many and square.
+    fn matrix(
+        &self,
+        node: roxmltree::Node,
+        what: &str,
+    ) -> Result<(Vec<String>, Vec<u64>), TopologyError> {
         let n: usize = self
             .number(node, "nbobjs")?
-            .ok_or_else(|| self.bad(node, "NVLinkBandwidth without nbobjs".into()))?;
+            .ok_or_else(|| self.bad(node, format!("{what} without nbobjs")))?;
         if n > 4096 {
-            return Err(self.bad(node, format!("NVLinkBandwidth of {n} objects is too large")));
+            return Err(
+                self.bad(node, format!("{what} with {n} objects is larger than any machine"))
+            );
         }
-        // A homogeneous matrix names OS devices by gp_index; a heterogeneous one "Type:gp".
-        let homogeneous_type = node.attribute("type");
-        let mut objects: Vec<(String, String)> = Vec::new();
-        let mut values: Vec<u64> = Vec::new();
+        let mut indexes = Vec::new();
+        let mut values = Vec::new();
         for child in node.children().filter(|c| c.is_element()) {
-            let text = child.text().unwrap_or("");
+            let words = child.text().unwrap_or("").split_whitespace();
             match child.tag_name().name() {
-                "indexes" => objects.extend(text.split_whitespace().map(|w| {
-                    match (homogeneous_type, w.split_once(':')) {
-                        (_, Some((kind, gp))) => (kind.to_string(), gp.to_string()),
-                        (Some(kind), None) => (kind.to_string(), w.to_string()),
-                        (None, None) => (String::new(), w.to_string()),
-                    }
-                })),
+                "indexes" => indexes.extend(words.map(str::to_string)),
                 "u64values" => {
-                    for word in text.split_whitespace() {
+                    for word in words {
                         values.push(word.parse().map_err(|_| TopologyError::Format {
                             path: (self.at)(child),
                             what: format!("{word:?} is not a number"),
@@ -427,16 +398,37 @@ impl Reader<'_> {
                 _ => {}
             }
         }
-        if objects.len() != n || values.len() != n * n {
+        if indexes.len() != n || values.len() != n * n {
             return Err(self.bad(
                 node,
                 format!(
-                    "NVLinkBandwidth of {n} objects has {} indexes and {} values",
-                    objects.len(),
+                    "{what} of {n} objects has {} indexes and {} values",
+                    indexes.len(),
                     values.len()
                 ),
             ));
         }
+        Ok((indexes, values))
+    }
+
+    /// hwloc's `NVLinkBandwidth` matrix (from NVML: the bandwidth of the NVLinks between
+    /// GPUs, NVSwitches and, on POWER, packages; hwloc's "Distances" documentation): the GPUs
+    /// joined by links, directly or through NVSwitches, are one island
+    /// ([`IoDevice::fabric`]). A link to a package does not join GPUs: their data would cross
+    /// the processor.
+    fn nvlinks(&mut self, node: roxmltree::Node) -> Result<(), TopologyError> {
+        let (indexes, values) = self.matrix(node, "NVLinkBandwidth")?;
+        let n = indexes.len();
+        // A homogeneous matrix names OS devices by gp_index; a heterogeneous one "Type:gp".
+        let homogeneous_type = node.attribute("type");
+        let objects: Vec<(String, String)> = indexes
+            .iter()
+            .map(|w| match (homogeneous_type, w.split_once(':')) {
+                (_, Some((kind, gp))) => (kind.to_string(), gp.to_string()),
+                (Some(kind), None) => (kind.to_string(), w.clone()),
+                (None, None) => (String::new(), w.clone()),
+            })
+            .collect();
         // The GPU each object is, if it is one (an OS or PCI device of a GPU or accelerator).
         let gpu_of = |i: usize| {
             let (kind, gp) = &objects[i];
