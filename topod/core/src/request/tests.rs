@@ -911,6 +911,16 @@ proptest! {
         prop_assert_eq!(parse(&text), Ok(r), "text {}", text);
     }
 
+    /// A position a (possibly hostile) topod sent, over any text: a caret line, never a panic.
+    #[test]
+    fn a_caret_anywhere_in_any_text_never_panics(s in "\\PC{0,300}", a in 0usize..1200, b in 0usize..1200) {
+        let shown = crate::request::caret(&s, a..b);
+        // Two lines whatever the text holds (a newline in it is shown as a space), and at
+        // least one caret.
+        prop_assert_eq!(shown.split('\n').count(), 2, "{:?}", shown);
+        prop_assert!(shown.ends_with('^'), "{:?}", shown);
+    }
+
     #[test]
     fn random_strings_never_panic(s in "\\PC{0,60}") {
         check_parse(&s).map_err(TestCaseError::fail)?;
