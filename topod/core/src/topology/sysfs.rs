@@ -92,7 +92,7 @@ impl Fs {
     /// The file's text, or `None` when it does not exist.
     fn optional(&self, rel: &str) -> Result<Option<String>, TopologyError> {
         let path = self.path(rel);
-        match std::fs::read(&path) {
+        match read_attribute(&path) {
             // Some sysfs files (and snapshots of them) end in NUL padding.
             Ok(bytes) => Ok(Some(
                 String::from_utf8_lossy(&bytes).trim_end_matches(['\0', '\n', ' ']).to_string(),
@@ -109,6 +109,9 @@ impl Fs {
             // devices that are gone (ENODEV, EINVAL); treat those as absent too.
             Err(e) if matches!(e.raw_os_error(), Some(13) | Some(19) | Some(22) | Some(1)) => {
                 Ok(None)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                Err(TopologyError::Format { path: path.display().to_string(), what: e.to_string() })
             }
             Err(source) => Err(TopologyError::Io { path, source }),
         }
@@ -608,10 +611,25 @@ pub fn pci_function_of_char_device(root: &Path, major: u32, minor: u32) -> Optio
     let gpus = std::fs::read_dir(root.join("proc/driver/nvidia/gpus")).ok()?;
     gpus.filter_map(Result::ok).find_map(|entry| {
         let address = entry.file_name().to_str()?.to_string();
-        let info = std::fs::read_to_string(entry.path().join("information")).ok()?;
+        let info = read_attribute(&entry.path().join("information")).ok()?;
+        let info = String::from_utf8_lossy(&info);
         let says = info.lines().find_map(|l| l.strip_prefix("Device Minor:"))?;
         (says.trim().parse::<u32>().ok()? == minor && is_pci_address(&address)).then_some(address)
     })
+}
+
+/// A sysfs or procfs attribute's bytes. Only a regular file is opened: sysfs holds nothing
+/// else, and a FIFO in a copied tree would block the read (and discovery) until something
+/// wrote to it. Anything but a file or directory is `InvalidInput`.
+fn read_attribute(path: &Path) -> std::io::Result<Vec<u8>> {
+    let kind = std::fs::metadata(path)?.file_type();
+    if !kind.is_file() && !kind.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "is a FIFO, socket or device, not an attribute file (sysfs holds only files)",
+        ));
+    }
+    std::fs::read(path)
 }
 
 /// Every character device of this host (under `root`) that is on a PCI function, as
@@ -639,9 +657,8 @@ pub fn char_devices_on_pci(root: &Path) -> Vec<(u32, u32, String)> {
     if let Ok(gpus) = std::fs::read_dir(root.join("proc/driver/nvidia/gpus")) {
         for entry in gpus.filter_map(Result::ok) {
             let Some(address) = entry.file_name().to_str().map(str::to_string) else { continue };
-            let Ok(info) = std::fs::read_to_string(entry.path().join("information")) else {
-                continue;
-            };
+            let Ok(info) = read_attribute(&entry.path().join("information")) else { continue };
+            let info = String::from_utf8_lossy(&info);
             let minor = info
                 .lines()
                 .find_map(|l| l.strip_prefix("Device Minor:"))
@@ -930,6 +947,25 @@ mod tests {
         write(dir.path(), "sys/devices/system/node/node0/distance", "10 21\n");
         let t = read(dir.path()).unwrap();
         assert_eq!(t.numa_distance(0, 1), 21, "a row over the possible nodes");
+    }
+
+    #[test]
+    fn a_fifo_in_a_copied_tree_is_named_and_never_read() {
+        // Opening a FIFO blocks until something writes to it: read() would hang here.
+        let dir = tempfile::tempdir().unwrap();
+        tiny(dir.path());
+        let online = dir.path().join("sys/devices/system/cpu/online");
+        std::fs::remove_file(&online).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&online).status().unwrap();
+        assert!(made.success());
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("cpu/online") && e.contains("FIFO"), "{e}");
+        // NVIDIA's proc file is read for device numbers the same way.
+        let info = dir.path().join("proc/driver/nvidia/gpus/0000:3b:00.0/information");
+        std::fs::create_dir_all(info.parent().unwrap()).unwrap();
+        assert!(std::process::Command::new("mkfifo").arg(&info).status().unwrap().success());
+        assert_eq!(char_devices_on_pci(dir.path()), Vec::new());
+        assert_eq!(pci_function_of_char_device(dir.path(), NVIDIA_MAJOR, 0), None);
     }
 
     #[test]
