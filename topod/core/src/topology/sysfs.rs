@@ -618,10 +618,17 @@ pub fn pci_function_of_char_device(root: &Path, major: u32, minor: u32) -> Optio
     })
 }
 
+/// The most of a file that is read. The kernel's sysfs text attributes fill at most a page
+/// (`sysfs_emit`); the largest file read here is `/proc/mounts`, about 150 bytes a mount, so
+/// this leaves room for 100,000 mounts and still stops a copied tree's huge file.
+const MAX_ATTRIBUTE_BYTES: u64 = 16 << 20;
+
 /// A sysfs or procfs attribute's bytes. Only a regular file is opened: sysfs holds nothing
 /// else, and a FIFO in a copied tree would block the read (and discovery) until something
-/// wrote to it. Anything but a file or directory is `InvalidInput`.
+/// wrote to it. Anything but a file or directory, or a file over [`MAX_ATTRIBUTE_BYTES`], is
+/// `InvalidInput`.
 fn read_attribute(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
     let kind = std::fs::metadata(path)?.file_type();
     if !kind.is_file() && !kind.is_dir() {
         return Err(std::io::Error::new(
@@ -629,7 +636,16 @@ fn read_attribute(path: &Path) -> std::io::Result<Vec<u8>> {
             "is a FIFO, socket or device, not an attribute file (sysfs holds only files)",
         ));
     }
-    std::fs::read(path)
+    let mut bytes = Vec::new();
+    // A sysfs file's size says 4096 whatever it holds, so the length is what is read.
+    std::fs::File::open(path)?.take(MAX_ATTRIBUTE_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_ATTRIBUTE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("holds more than {MAX_ATTRIBUTE_BYTES} bytes, which no attribute file does"),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// Every character device of this host (under `root`) that is on a PCI function, as
@@ -966,6 +982,20 @@ mod tests {
         assert!(std::process::Command::new("mkfifo").arg(&info).status().unwrap().success());
         assert_eq!(char_devices_on_pci(dir.path()), Vec::new());
         assert_eq!(pci_function_of_char_device(dir.path(), NVIDIA_MAJOR, 0), None);
+    }
+
+    #[test]
+    fn an_attribute_file_over_16_mib_is_named_not_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        tiny(dir.path());
+        // A valid list, padded past the limit: read whole, it would parse.
+        let mut online = "0".to_string();
+        online.push_str(&" ".repeat(MAX_ATTRIBUTE_BYTES as usize));
+        write(dir.path(), "sys/devices/system/cpu/online", &online);
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("cpu/online") && e.contains("more than 16777216 bytes"), "{e}");
+        write(dir.path(), "sys/devices/system/cpu/online", &online[..MAX_ATTRIBUTE_BYTES as usize]);
+        read(dir.path()).unwrap();
     }
 
     #[test]
