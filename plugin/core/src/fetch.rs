@@ -65,18 +65,40 @@ pub trait HostSource: Send + Sync {
 pub struct TopodSource {
     key: Option<String>,
     timeout: Duration,
+    /// The topods that answered in an older protocol version (a site upgrading its modules
+    /// before its hosts), with that version and since when: each fetch is a new connection,
+    /// which would otherwise ask in this build's version, be refused and ask again, every
+    /// time. Asked in this build's version again after [`OLDER_TOPOD_RECHECK`], to notice an
+    /// upgraded host.
+    older: Mutex<HashMap<String, (u32, Instant)>>,
 }
+
+/// How long a topod that answered in an older protocol version is asked in that version.
+pub const OLDER_TOPOD_RECHECK: Duration = Duration::from_secs(600);
 
 impl TopodSource {
     /// A source presenting `key` to TCP listeners, with `timeout` per connect, read and write.
     pub fn new(key: Option<String>, timeout: Duration) -> Self {
-        Self { key, timeout }
+        Self { key, timeout, older: Mutex::new(HashMap::new()) }
+    }
+
+    /// The version to ask `address` in, where it answered in an older one lately (an entry
+    /// older than [`OLDER_TOPOD_RECHECK`] goes: the host is asked in this build's version).
+    fn older_version(&self, address: &str) -> Option<u32> {
+        let mut older = self.older.lock().unwrap_or_else(|e| e.into_inner());
+        let &(version, since) = older.get(address)?;
+        if since.elapsed() < OLDER_TOPOD_RECHECK {
+            return Some(version);
+        }
+        older.remove(address);
+        None
     }
 }
 
 impl HostSource for TopodSource {
     fn fetch(&self, address: &Address, with_topology: bool) -> Result<Fetched, FetchError> {
-        let fail = |message: String| FetchError { address: address.to_string(), message };
+        let name = address.to_string();
+        let fail = |message: String| FetchError { address: name.clone(), message };
         let mut client = match address {
             Address::Unix(path) => Client::connect_with_timeout(path, self.timeout),
             Address::Tcp(hostport) => {
@@ -84,6 +106,10 @@ impl HostSource for TopodSource {
             }
         }
         .map_err(|e| fail(e.to_string()))?;
+        let asked_older = self.older_version(&name);
+        if let Some(v) = asked_older {
+            client.speak_version(v);
+        }
         let topology = if with_topology {
             Some(client.topology().map_err(|e| fail(e.to_string()))?)
         } else {
@@ -91,6 +117,11 @@ impl HostSource for TopodSource {
         };
         // Only the part the cache keeps is decoded (see `FreeMap`).
         let free_map = client.call_as::<FreeMap>(Op::FreeMap).map_err(|e| fail(e.to_string()))?;
+        let answered_in = client.protocol_version();
+        if asked_older.is_none() && answered_in < topo_core::proto::PROTOCOL_VERSION {
+            let mut older = self.older.lock().unwrap_or_else(|e| e.into_inner());
+            older.insert(name, (answered_in, Instant::now()));
+        }
         Ok(Fetched { topology, free_map })
     }
 }
@@ -664,5 +695,90 @@ mod schedule_tests {
         schedule.finished(id, true, (due, due), interval, stale);
         let Reverse((next, _)) = *schedule.due.peek().unwrap();
         assert_eq!(next.duration_since(due), interval);
+    }
+}
+
+#[cfg(test)]
+mod older_topod_tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    use topo_core::cpuset::CpuSet;
+
+    /// A topod on `socket` that speaks protocol versions up to `speaks`, as topod does: a
+    /// request in a newer version gets version 1's refusal, word for word. Returns, per
+    /// connection, the versions it was asked in.
+    fn topod_of_version(
+        socket: &std::path::Path,
+        speaks: u32,
+        connections: usize,
+    ) -> std::thread::JoinHandle<Vec<Vec<u64>>> {
+        let listener = UnixListener::bind(socket).unwrap();
+        let free_map = topo_core::proto::reply::FreeMap {
+            generation: 3,
+            allocatable: CpuSet::parse_list("0-7").unwrap(),
+            held: CpuSet::parse_list("0-1").unwrap(),
+            fenced: CpuSet::new(),
+            jobs: 1,
+            job_ids: vec!["lsf-1".into()],
+            free: Default::default(),
+            gang: None,
+            reservations: Vec::new(),
+            defrag: false,
+            pools: Vec::new(),
+            moves: None,
+            gpus: Vec::new(),
+            reserved_gpus: Vec::new(),
+        };
+        let free_map = serde_json::to_string(&free_map).unwrap();
+        std::thread::spawn(move || {
+            (0..connections)
+                .map(|_| {
+                    let (conn, _) = listener.accept().unwrap();
+                    let mut asked = Vec::new();
+                    for line in BufReader::new(conn.try_clone().unwrap()).lines() {
+                        let line = line.unwrap();
+                        let v = serde_json::from_str::<serde_json::Value>(&line).unwrap()["v"].as_u64().unwrap();
+                        asked.push(v);
+                        let reply = if v as u32 <= speaks {
+                            format!(r#"{{"v":{v},"ok":{free_map}}}"#)
+                        } else {
+                            format!(r#"{{"v":1,"error":{{"code":"bad_request","message":"protocol version {v} is not supported; this topod speaks version 1"}}}}"#)
+                        };
+                        (&conn).write_all(format!("{reply}\n").as_bytes()).unwrap();
+                    }
+                    asked
+                })
+                .collect()
+        })
+    }
+
+    #[test]
+    fn a_topod_that_answered_in_version_1_is_asked_in_it_until_the_recheck() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("old.sock");
+        let old = topod_of_version(&socket, 1, 4);
+        let source = TopodSource::new(None, Duration::from_secs(10));
+        let address = Address::Unix(socket.clone());
+        for _ in 0..3 {
+            let fetched = source.fetch(&address, false).unwrap();
+            assert_eq!((fetched.free_map.generation, fetched.free_map.job_ids.len()), (3, 1));
+        }
+        // Ten minutes on, it is asked in this build's version again (it may have been upgraded).
+        for entry in source.older.lock().unwrap().values_mut() {
+            entry.1 = Instant::now().checked_sub(OLDER_TOPOD_RECHECK).unwrap();
+        }
+        source.fetch(&address, false).unwrap();
+        let now = topo_core::proto::PROTOCOL_VERSION as u64;
+        assert_eq!(old.join().unwrap(), [vec![now, 1], vec![1], vec![1], vec![now, 1]]);
+
+        // An up-to-date topod is never noted, and is asked once per fetch.
+        let socket = dir.path().join("new.sock");
+        let new = topod_of_version(&socket, topo_core::proto::PROTOCOL_VERSION, 2);
+        let address = Address::Unix(socket);
+        source.fetch(&address, false).unwrap();
+        source.fetch(&address, false).unwrap();
+        assert_eq!(new.join().unwrap(), [vec![now], vec![now]]);
+        assert_eq!(source.older.lock().unwrap().len(), 1, "only the old topod is noted");
     }
 }

@@ -154,6 +154,19 @@ impl Client {
         &self.peer
     }
 
+    /// The protocol version this connection asks in: this build's, or 1 once an older topod
+    /// refused it.
+    pub fn protocol_version(&self) -> u32 {
+        self.version
+    }
+
+    /// Asks in version `v` from the next request on (kept within the versions this build
+    /// speaks): for a caller that learned on an earlier connection that this topod is older,
+    /// so that each new connection does not ask twice.
+    pub fn speak_version(&mut self, v: u32) {
+        self.version = v.clamp(proto::OLDEST_PROTOCOL_VERSION, proto::PROTOCOL_VERSION);
+    }
+
     /// Sends one operation and reads its result as `T` (one of [`proto::reply`], or the types
     /// the reply documentation names): a reply of another shape is an error that says which.
     pub fn call_as<T: serde::de::DeserializeOwned>(&mut self, op: Op) -> Result<T, ClientError> {
