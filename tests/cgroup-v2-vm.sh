@@ -16,6 +16,7 @@
 # (TOPO_CRASH_SPREAD_MS=400) because emulated calls are slower; TOPO_CRASH_* set here pass on.
 # TOPO_REQUIRE_REAL_CGROUPS=1 there turns a missing v2 cpuset into a failure, not a skip.
 # TOPO_VM_TIMEOUT (default 1800 s) bounds the guest; TOPO_VM_KEEP=1 keeps its files in /tmp.
+# TOPO_VM_APPEND adds arguments to the guest kernel's command line (loglevel=7, for instance).
 # TOPO_VM_CGROUP_V1=1 boots the same guest without cgroup_no_v1=all and mounts cgroup v1 cpuset,
 # freezer and memory hierarchies under /sys/fs/cgroup, with cgroup2 at /sys/fs/cgroup/unified (a
 # hybrid host like this machine, where topod takes the v1 backend), for what only v1 has.
