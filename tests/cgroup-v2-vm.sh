@@ -106,7 +106,8 @@ else
     no_v1="cgroup_no_v1=all"
     cgroup_mounts='/bin/busybox mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup
 echo +cpuset +memory > /newroot/sys/fs/cgroup/cgroup.subtree_control
-/bin/busybox mkdir /newroot/sys/fs/cgroup/topo-vm-static-keys'
+/bin/busybox mkdir /newroot/sys/fs/cgroup/topo-vm-static-keys
+echo +cpuset +memory > /newroot/sys/fs/cgroup/topo-vm-static-keys/cgroup.subtree_control'
     v2_dir=/sys/fs/cgroup
     layout="cgroup v2 only"
 fi
@@ -140,7 +141,8 @@ for line in sys.stdin:
 fi
 
 work=$(mktemp -d /tmp/topo-v2-vm.XXXXXX)
-trap '[ -n "${TOPO_VM_KEEP:-}" ] || rm -rf "$work"' EXIT
+watcher=""
+trap '[ -z "$watcher" ] || kill "$watcher" 2>/dev/null; [ -n "${TOPO_VM_KEEP:-}" ] || rm -rf "$work"' EXIT
 mkdir -p "$work/initramfs"/{bin,dev,proc,sys,newroot,out,modules} "$work/out"
 
 # The guest's first process: busybox mounts this machine's root (9p, read-only), a fresh /tmp,
@@ -196,10 +198,14 @@ if [ -n "${TOPO_VM_SYSTEMD_ROOT:-}" ]; then
 # cache=loose: the guest alone uses this root while it runs, and without a cache every lookup
 # is a round trip to QEMU (one dpkg -i took 117 s, a python3 start 5-20 s; 2026-11-30).
 /bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose sysroot /newroot
-# The static keys, as above (systemd mounts the same hierarchy again and leaves this cgroup be).
+# The static keys, as above. systemd mounts the same hierarchy again and takes out of the root's
+# subtree_control the controllers no unit of its needs; this cgroup's own subtree_control holding
+# cpuset and memory keeps them (the kernel refuses to take a controller from a parent while a
+# child's subtree_control has it), so the keys do not switch back while systemd starts units.
 /bin/busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup
 echo +cpuset +memory > /sys/fs/cgroup/cgroup.subtree_control
 /bin/busybox mkdir /sys/fs/cgroup/topo-vm-static-keys
+echo +cpuset +memory > /sys/fs/cgroup/topo-vm-static-keys/cgroup.subtree_control
 /bin/busybox umount /sys/fs/cgroup
 /bin/busybox umount /proc /sys /dev
 exec /bin/busybox switch_root /newroot /lib/systemd/systemd
@@ -217,26 +223,27 @@ echo "$me: booting $kver under QEMU (4 emulated CPUs, 2 NUMA nodes of $node_mem 
 # busy host can miss its watchdog for a while and go on). Only a guest that runs a command from
 # here is booted again; a systemd root has been changed by the first boot.
 boot_guest() {
-    rm -f "$work/console" "$work/out/booted" "$work/out/log" "$work/out/rc" "$work/lockup"
+    rm -f "$work/console" "$work/out/booted" "$work/out/log" "$work/out/rc" "$work/lockup" "$work/qemu.pid"
     (
-        while sleep 5; do
+        while sleep 5 && [ -d "$work" ]; do
             [ -f "$work/console" ] || continue
-            if grep -q 'soft lockup' "$work/console" && grep -q 'RIP: 0010:asm_exc_int3' "$work/console"; then
+            # The int3 loop: a soft lockup report, and a CPU's backtrace after it at asm_exc_int3.
+            if awk '/soft lockup/ { seen = 1 } seen && /RIP: 0010:asm_exc_int3/ { found = 1; exit } END { exit !found }' "$work/console"; then
                 echo int3 > "$work/lockup"
             elif grep -Eq 'soft lockup - CPU#[0-9]+ stuck for ([3-9][0-9][0-9]|[0-9]{4,})s' "$work/console"; then
                 echo stuck > "$work/lockup"
             else
                 continue
             fi
-            pkill -TERM -f -- "-serial file:$work/console" || true
+            [ -f "$work/qemu.pid" ] && kill -TERM "$(cat "$work/qemu.pid")" 2>/dev/null
             exit 0
         done
     ) &
-    local watcher=$!
+    watcher=$!
     # --foreground: QEMU stays in this process group, so Ctrl-C and a CI cancel reach it.
     # loglevel=5 and softlockup_all_cpu_backtrace: a lockup report shows where every CPU was.
     timeout --foreground -k 30 "${TOPO_VM_TIMEOUT:-1800}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -machine q35 \
-        -display none -monitor none -serial file:"$work/console" -no-reboot \
+        -display none -monitor none -serial file:"$work/console" -no-reboot -pidfile "$work/qemu.pid" \
         -smp 4 -m $((2 * node_mib))M \
         -object memory-backend-ram,id=m0,size="$node_mib"M -object memory-backend-ram,id=m1,size="$node_mib"M \
         -numa node,nodeid=0,cpus=0-1,memdev=m0 -numa node,nodeid=1,cpus=2-3,memdev=m1 \
@@ -248,13 +255,18 @@ boot_guest() {
         < /dev/null > "$work/qemu.log" 2>&1 || true
     kill "$watcher" 2>/dev/null || true
     wait "$watcher" 2>/dev/null || true
+    watcher=""
+    # A command that finished stands, whatever the watcher saw after it.
+    [ ! -f "$work/out/rc" ] || rm -f "$work/lockup"
 }
 started=$SECONDS
+booted_before=""
 boot_guest
 if [ "$(cat "$work/lockup" 2>/dev/null)" = int3 ] && [ -z "${TOPO_VM_SYSTEMD_ROOT:-}" ]; then
     echo "$me: the guest's CPUs looped on an int3 the kernel had removed (QEMU's stale code); booting it once more. From its console:" >&2
-    grep -E 'soft lockup|RIP: 0010' "$work/console" | head -n 12 >&2
+    grep -E 'soft lockup|RIP: 0010' "$work/console" | head -n 12 >&2 || true
     mv "$work/console" "$work/console.first"
+    booted_before=1
     boot_guest
 fi
 if [ -f "$work/lockup" ]; then
@@ -284,7 +296,12 @@ if [ ! -f "$work/out/rc" ]; then
         tail -n 40 "$work/console" "$work/qemu.log" >&2
         exit 1
     fi
-    # The guest never came up: QEMU or the kernel cannot run here.
+    # The guest never came up: QEMU or the kernel cannot run here (unless it did the first time).
+    if [ -n "$booted_before" ]; then
+        echo "$me: the guest booted the first time but not again; QEMU and the console said:" >&2
+        tail -n 40 "$work/qemu.log" "$work/console" >&2
+        exit 1
+    fi
     echo "$me: SKIPPED: the guest did not boot; QEMU and the console said:" >&2
     tail -n 40 "$work/qemu.log" "$work/console" >&2
     exit 77

@@ -91,8 +91,13 @@ impl Fs {
 
     /// The file's text, or `None` when it does not exist.
     fn optional(&self, rel: &str) -> Result<Option<String>, TopologyError> {
+        self.optional_up_to(rel, MAX_ATTRIBUTE_BYTES)
+    }
+
+    /// [`Fs::optional`] for a file that may hold up to `limit` bytes.
+    fn optional_up_to(&self, rel: &str, limit: u64) -> Result<Option<String>, TopologyError> {
         let path = self.path(rel);
-        match read_attribute(&path) {
+        match read_attribute(&path, limit) {
             // Some sysfs files (and snapshots of them) end in NUL padding.
             Ok(bytes) => Ok(Some(
                 String::from_utf8_lossy(&bytes).trim_end_matches(['\0', '\n', ' ']).to_string(),
@@ -530,7 +535,9 @@ fn cpuset_mounts(mounts: &str) -> Vec<CpusetMount> {
 
 /// The cpus/mems of the process's cpuset cgroup, if one can be found.
 fn cgroup_cpuset(fs: &Fs) -> Result<(Option<CpuSet>, Option<CpuSet>), TopologyError> {
-    let Some(mounts) = fs.optional("proc/mounts")? else { return Ok((None, None)) };
+    let Some(mounts) = fs.optional_up_to("proc/mounts", MAX_MOUNTS_BYTES)? else {
+        return Ok((None, None));
+    };
     let cgroup_file = fs.optional("proc/self/cgroup")?.unwrap_or_default();
     let v1_path = cgroup_file.lines().find_map(|l| {
         let mut parts = l.splitn(3, ':');
@@ -611,23 +618,28 @@ pub fn pci_function_of_char_device(root: &Path, major: u32, minor: u32) -> Optio
     let gpus = std::fs::read_dir(root.join("proc/driver/nvidia/gpus")).ok()?;
     gpus.filter_map(Result::ok).find_map(|entry| {
         let address = entry.file_name().to_str()?.to_string();
-        let info = read_attribute(&entry.path().join("information")).ok()?;
+        let info = read_attribute(&entry.path().join("information"), MAX_ATTRIBUTE_BYTES).ok()?;
         let info = String::from_utf8_lossy(&info);
         let says = info.lines().find_map(|l| l.strip_prefix("Device Minor:"))?;
         (says.trim().parse::<u32>().ok()? == minor && is_pci_address(&address)).then_some(address)
     })
 }
 
-/// The most of a file that is read. The kernel's sysfs text attributes fill at most a page
-/// (`sysfs_emit`); the largest file read here is `/proc/mounts`, about 150 bytes a mount, so
-/// this leaves room for 100,000 mounts and still stops a copied tree's huge file.
+/// The most of an attribute file that is read: the kernel's sysfs text attributes fill at most
+/// a page (`sysfs_emit`), and a NUMA node's `distance` row or NVIDIA's `information` stays
+/// within a few KiB even on thousands of CPUs or nodes; this still stops a copied tree's huge
+/// file.
 const MAX_ATTRIBUTE_BYTES: u64 = 16 << 20;
+
+/// The most of `/proc/mounts` that is read: about 150 bytes a mount (more with long overlay
+/// options), and a host leaking mounts can have hundreds of thousands; topod must still start.
+const MAX_MOUNTS_BYTES: u64 = 1 << 30;
 
 /// A sysfs or procfs attribute's bytes. Only a regular file is opened: sysfs holds nothing
 /// else, and a FIFO in a copied tree would block the read (and discovery) until something
-/// wrote to it. Anything but a file or directory, or a file over [`MAX_ATTRIBUTE_BYTES`], is
+/// wrote to it. Anything but a file or directory, or a file over `limit` bytes, is
 /// `InvalidInput`.
-fn read_attribute(path: &Path) -> std::io::Result<Vec<u8>> {
+fn read_attribute(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let kind = std::fs::metadata(path)?.file_type();
     if !kind.is_file() && !kind.is_dir() {
@@ -638,11 +650,11 @@ fn read_attribute(path: &Path) -> std::io::Result<Vec<u8>> {
     }
     let mut bytes = Vec::new();
     // A sysfs file's size says 4096 whatever it holds, so the length is what is read.
-    std::fs::File::open(path)?.take(MAX_ATTRIBUTE_BYTES + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_ATTRIBUTE_BYTES {
+    std::fs::File::open(path)?.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            format!("holds more than {MAX_ATTRIBUTE_BYTES} bytes, which no attribute file does"),
+            format!("holds more than {limit} bytes, more than this file can on a real host"),
         ));
     }
     Ok(bytes)
@@ -673,7 +685,10 @@ pub fn char_devices_on_pci(root: &Path) -> Vec<(u32, u32, String)> {
     if let Ok(gpus) = std::fs::read_dir(root.join("proc/driver/nvidia/gpus")) {
         for entry in gpus.filter_map(Result::ok) {
             let Some(address) = entry.file_name().to_str().map(str::to_string) else { continue };
-            let Ok(info) = read_attribute(&entry.path().join("information")) else { continue };
+            let Ok(info) = read_attribute(&entry.path().join("information"), MAX_ATTRIBUTE_BYTES)
+            else {
+                continue;
+            };
             let info = String::from_utf8_lossy(&info);
             let minor = info
                 .lines()
@@ -996,6 +1011,18 @@ mod tests {
         assert!(e.contains("cpu/online") && e.contains("more than 16777216 bytes"), "{e}");
         write(dir.path(), "sys/devices/system/cpu/online", &online[..MAX_ATTRIBUTE_BYTES as usize]);
         read(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn a_host_leaking_mounts_still_reads_its_cpuset() {
+        // Past the attribute limit: 17 MiB of leaked mounts before the cgroup2 line.
+        let dir = tempfile::tempdir().unwrap();
+        tiny(dir.path());
+        let leaked = "tmpfs /run/leak tmpfs rw,nosuid,nodev,relatime 0 0\n";
+        let mut mounts = leaked.repeat((MAX_ATTRIBUTE_BYTES as usize + (1 << 20)) / leaked.len());
+        mounts.push_str("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");
+        write(dir.path(), "proc/mounts", &mounts);
+        assert_eq!(read(dir.path()).unwrap().allowed.to_string(), "0-2");
     }
 
     #[test]
