@@ -635,22 +635,35 @@ const MAX_ATTRIBUTE_BYTES: u64 = 16 << 20;
 /// options), and a host leaking mounts can have hundreds of thousands; topod must still start.
 const MAX_MOUNTS_BYTES: u64 = 1 << 30;
 
-/// A sysfs or procfs attribute's bytes. Only a regular file is opened: sysfs holds nothing
+/// A sysfs or procfs attribute's bytes. Only a regular file is read: sysfs holds nothing
 /// else, and a FIFO in a copied tree would block the read (and discovery) until something
-/// wrote to it. Anything but a file or directory, or a file over `limit` bytes, is
-/// `InvalidInput`.
+/// wrote to it, while opening a device node can act on the device. So the path is first opened
+/// with `O_PATH` (which opens nothing for I/O and has no side effect on any kind of file), the
+/// type is checked on that very file (not on the path again, which a writer of the tree could
+/// swap in between), and then that file is opened for reading through `/proc/self/fd`. Anything
+/// but a file or directory, or a file over `limit` bytes, is `InvalidInput`.
 fn read_attribute(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let kind = std::fs::metadata(path)?.file_type();
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let handle = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(path)?;
+    let kind = handle.metadata()?.file_type();
     if !kind.is_file() && !kind.is_dir() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "is a FIFO, socket or device, not an attribute file (sysfs holds only files)",
         ));
     }
+    // The same file, now for reading: /proc/self/fd/N opens what N is, wherever the path now
+    // leads. Without procfs (a bare chroot) the path is opened again, checked as it was.
+    let file = match std::fs::File::open(format!("/proc/self/fd/{}", handle.as_raw_fd())) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::File::open(path)?,
+        Err(e) => return Err(e),
+    };
     let mut bytes = Vec::new();
     // A sysfs file's size says 4096 whatever it holds, so the length is what is read.
-    std::fs::File::open(path)?.take(limit + 1).read_to_end(&mut bytes)?;
+    file.take(limit + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
