@@ -119,23 +119,29 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         .env("TOPO_CPUS", &cpus)
         .env("TOPO_MEMS", &mems)
         .env("TOPO_NOTIFY_FILE", topo_core::proto::notify_file_for(&args.socket, &job));
+    let mut export = |name: &str, value: String| match one_variable_holds(name, &value) {
+        Ok(()) => {
+            command.env(name, value);
+        }
+        Err(why) => eprintln!("topo-exec: job {job}: {name} not set: {why}"),
+    };
     if !nics.is_empty() {
-        command.env("TOPO_NICS", nics.join(","));
+        export("TOPO_NICS", nics.join(","));
     }
     // Each task's GPUs, the nearest its CPUs: "task0,task0;task1" (for a launcher that binds
     // each rank to its own, as Slurm's --gpu-bind=closest does per task).
     let task_gpus: Vec<String> =
         view.iter().flat_map(|j| &j.task_gpus).map(|t| t.join(",")).collect();
     if !task_gpus.is_empty() {
-        command.env("TOPO_TASK_GPUS", task_gpus.join(";"));
+        export("TOPO_TASK_GPUS", task_gpus.join(";"));
     }
     if !chosen_gpus.is_empty() {
-        command.env("TOPO_GPUS", chosen_gpus.join(","));
+        export("TOPO_GPUS", chosen_gpus.join(","));
         match nvidia_uuids(std::path::Path::new("/"), &chosen_gpus) {
             Some(uuids) => {
                 // By UUID: CUDA's own numbering depends on its enumeration order and on which
                 // devices the job's cgroup lets it open.
-                command.env("CUDA_VISIBLE_DEVICES", uuids.join(","));
+                export("CUDA_VISIBLE_DEVICES", uuids.join(","));
             }
             None => eprintln!(
                 "topo-exec: job {job}: GPUs {} (TOPO_GPUS); CUDA_VISIBLE_DEVICES not set: not every one is an NVIDIA GPU whose UUID /proc/driver/nvidia/gpus says",
@@ -211,6 +217,29 @@ fn shown(text: &str) -> String {
     topod::picture::printable(text)
 }
 
+/// The most one environment string (`NAME=value` and its NUL) may hold: Linux's
+/// `MAX_ARG_STRLEN`, 32 pages (execve(2), "Limits on size of arguments and environment"); a
+/// longer one makes the exec fail with E2BIG, and the job would not start.
+fn max_variable_bytes() -> usize {
+    // SAFETY: sysconf has no preconditions; it returns -1 for a name it does not know.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    32 * usize::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+/// Whether `name=value` fits in one environment string ([`max_variable_bytes`]); if not, why
+/// (a list of what the job got that no real host makes so long is left out, not the job).
+fn one_variable_holds(name: &str, value: &str) -> Result<(), String> {
+    let bytes = name.len() + 1 + value.len() + 1;
+    let most = max_variable_bytes();
+    if bytes <= most {
+        Ok(())
+    } else {
+        Err(format!(
+            "it would take {bytes} bytes, more than one environment variable may hold ({most}; the command could not be run at all)"
+        ))
+    }
+}
+
 /// The UUIDs of the NVIDIA GPUs at PCI `addresses` (`GPU UUID:` in the driver's
 /// `proc/driver/nvidia/gpus/ADDRESS/information` under `root`), what `CUDA_VISIBLE_DEVICES`
 /// takes; `None` unless every one has one.
@@ -262,6 +291,25 @@ mod tests {
         // Root may read it but not run it either: no execute bit at all.
         assert!(e.unwrap_err().contains("not executable"));
         assert_eq!(super::find_command("sh", None).unwrap().file_name().unwrap(), "sh");
+    }
+
+    #[test]
+    fn a_list_too_long_for_one_environment_string_is_left_out_not_the_job() {
+        let name = "TOPO_NICS";
+        let limit = super::max_variable_bytes();
+        let most = limit - name.len() - 2;
+        assert_eq!(super::one_variable_holds(name, &"x".repeat(most)), Ok(()));
+        let e = super::one_variable_holds(name, &"x".repeat(most + 1)).unwrap_err();
+        assert!(
+            e.contains(&format!("{} bytes", limit + 1)) && e.contains(&format!("({limit};")),
+            "{e}"
+        );
+        // What the kernel says of the longest that passes and the shortest that does not.
+        let run = |length: usize| {
+            std::process::Command::new("/bin/true").env(name, "x".repeat(length)).status()
+        };
+        assert!(run(most).unwrap().success());
+        assert_eq!(run(most + 1).unwrap_err().raw_os_error(), Some(libc::E2BIG));
     }
 
     #[test]
