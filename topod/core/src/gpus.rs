@@ -533,23 +533,29 @@ pub fn nics_near(topo: &Topology, gpus: &[usize], cpus: &CpuSet) -> Vec<(usize, 
             *kept = (*kept).min(rank);
         }
     };
-    // Each adapter's node and package CPUs, worked out once (a listing asks for every job).
+    // Each adapter's node and package CPUs, worked out once (a listing asks for every job). A
+    // CPU-less node (memory only, as CXL or a GPU's own) stands for the CPUs nearest it there,
+    // which are not its own: a device in it is in no CPUs' node, only near their package.
     let place = |d: &crate::topology::IoDevice| {
-        (topo.cpus_near(d, Level::Numa), topo.cpus_near(d, Level::Socket))
+        let in_cpu_node = d.numa_node.is_some_and(|n| {
+            topo.numa_nodes.iter().any(|node| node.os_index == n && !node.cpus.is_empty())
+        });
+        let numa = topo.cpus_near(d, Level::Numa).filter(|_| in_cpu_node);
+        (numa, topo.cpus_near(d, Level::Socket))
     };
     let nic_places: Vec<_> = nics.iter().map(|&n| place(&topo.devices[n])).collect();
     let same =
         |a: &Option<CpuSet>, b: &Option<CpuSet>| matches!((a, b), (Some(a), Some(b)) if a == b);
     for &g in gpus {
         let Some(gpu) = topo.devices.get(g) else { continue };
-        let (gpu_numa, gpu_socket) = place(gpu);
+        let (_, gpu_socket) = place(gpu);
         let ranked = nics
             .iter()
             .zip(&nic_places)
-            .filter_map(|(&n, (numa, socket))| {
+            .filter_map(|(&n, (_, socket))| {
                 let rank = if gpu.switch().is_some() && gpu.shared_bridges(&topo.devices[n]) >= 2 {
                     NicNearness::PcieSwitch
-                } else if same(&gpu_numa, numa) {
+                } else if gpu.numa_node.is_some() && gpu.numa_node == topo.devices[n].numa_node {
                     NicNearness::NumaNode
                 } else if same(&gpu_socket, socket) {
                     NicNearness::Package
@@ -1079,6 +1085,26 @@ mod tests {
         topo.devices.push(nic("0000:50:00.0", None, &["0000:00:07.0"]));
         assert!(nics_near(&topo, &[0], &none).is_empty());
         assert!(nics_near(&topo, &[], &cpus("0-15")).is_empty());
+        // A NIC on a CPU-less node (memory only) whose nearest CPUs are node 0's is in no CPUs'
+        // node: beside one in node 0 it is not near at all, alone it is in their package.
+        topo.devices.truncate(5);
+        topo.numa_nodes.push(crate::topology::NumaNode {
+            os_index: 2,
+            cpus: CpuSet::new(),
+            near_cpus: cpus("0-7"),
+            memory_bytes: 1 << 30,
+            kind: crate::topology::MemoryKind::Dram,
+        });
+        topo.devices.push(nic("0000:70:00.0", Some(2), &["0000:00:09.0"]));
+        assert_eq!(nics_near(&topo, &[0], &none), [(5, Package)]);
+        assert_eq!(nics_near(&topo, &[], &cpus("1-2")), [(5, Package)]);
+        topo.devices.push(nic("0000:12:00.0", Some(0), &["0000:00:0a.0"]));
+        assert_eq!(nics_near(&topo, &[0], &none), [(6, NumaNode)]);
+        assert_eq!(nics_near(&topo, &[], &cpus("1-2")), [(6, NumaNode)]);
+        // A GPU in that CPU-less node too: the NIC is in its node.
+        topo.devices[4].numa_node = Some(2);
+        topo.devices[4].upstream = vec!["0000:00:0b.0".into()];
+        assert_eq!(nics_near(&topo, &[4], &none), [(5, NumaNode)]);
     }
 
     #[test]
