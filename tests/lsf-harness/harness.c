@@ -875,6 +875,7 @@ int main(int argc, char **argv) {
     if (load_module(argv[1]) != 0)
         return 1;
     long rss_before = rss_kib(); /* the module's growth is measured from here (scale) */
+    mark_rss_parts();
     size_t heap_before = live_heap();
     int (**fn)(void *) = entry_fn;
     const char **entry = entry_names;

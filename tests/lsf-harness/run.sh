@@ -15,6 +15,8 @@
 #
 # Usage: tests/lsf-harness/run.sh        (tests/run-all.sh runs it)
 #        HARNESS_ONLY=scale tests/lsf-harness/run.sh   (the scale scenario alone)
+#        HARNESS_MEMORY_DETAIL=1 ...   (where the resident growth is: by mapping, the C library's
+#                                       free bytes, and what malloc_trim would give back)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 shared="${TOPO_SHARED_DIR:-../shared}"

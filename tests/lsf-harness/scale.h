@@ -48,16 +48,61 @@ static size_t live_heap(void) {
     return m.uordblks + m.hblkhd;
 }
 
-static long rss_kib(void) {
+/* A "Name:   N kB" line of /proc/self/status, in KiB; -1 when absent. */
+static long status_kib(const char *name) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
     long kib = -1;
+    size_t n = strlen(name);
     while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "VmRSS:", 6) == 0)
-            kib = atol(line + 6);
+        if (strncmp(line, name, n) == 0 && line[n] == ':')
+            kib = atol(line + n + 1);
     if (f)
         fclose(f);
     return kib;
+}
+
+static long rss_kib(void) { return status_kib("VmRSS"); }
+
+/* With HARNESS_MEMORY_DETAIL: the resident KiB of anonymous mappings, by mapping size (thread stacks
+ * are 2 MiB and a page of guard, the C library's per-thread arenas up to 64 MiB), to stderr. */
+static void resident_by_mapping_size(void) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    long sizes[64] = {0}, rss[64] = {0}, count[64] = {0}, size = 0;
+    int anon = 0, n = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char path[256] = "";
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %255s", &lo, &hi, path) >= 2 && strchr(line, '-') < strchr(line, ' ')) {
+            anon = path[0] == '\0' || path[0] == '[';
+            size = (long)((hi - lo) / 1024);
+        } else if (anon && strncmp(line, "Rss:", 4) == 0) {
+            long r = atol(line + 4);
+            int i = 0;
+            while (i < n && sizes[i] != size)
+                i++;
+            if (i == n && n < 64)
+                sizes[n++] = size;
+            if (i < 64) {
+                rss[i] += r;
+                count[i]++;
+            }
+        }
+    }
+    if (f)
+        fclose(f);
+    for (int i = 0; i < n; i++)
+        if (rss[i] >= 256)
+            fprintf(stderr, "  detail  anonymous mappings of %ld KiB: %ld of them, %ld KiB resident\n", sizes[i], count[i], rss[i]);
+}
+
+/* The resident set's parts before the module runs: anonymous memory (heap, thread stacks) and
+ * file pages (the module's code and read-only data as they are touched). */
+static long rss_anon_before, rss_file_before;
+static void mark_rss_parts(void) {
+    rss_anon_before = status_kib("RssAnon");
+    rss_file_before = status_kib("RssFile");
 }
 
 static int threads_now(void) {
@@ -313,7 +358,21 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
 
     double refresh_ms = wait_known(scale_n, 120000);
     long rss_after = rss_kib();
+    long rss_anon_after = status_kib("RssAnon"), rss_file_after = status_kib("RssFile");
     size_t heap_after = live_heap();
+    /* Where the resident growth is (with HARNESS_MEMORY_DETAIL): by mapping, the bytes the C
+     * library holds free in its arenas, and what is left after malloc_trim (a scheduler does
+     * not trim its heap, so that is a measurement, not what mbschd would see). */
+    long rss_trimmed = -1;
+    const char *detail = getenv("HARNESS_MEMORY_DETAIL");
+    if (detail && *detail) {
+        resident_by_mapping_size();
+        struct mallinfo2 mi = mallinfo2();
+        fprintf(stderr, "  detail  C library arenas: %zu KiB taken from the system, %zu KiB of it in use, %zu KiB free; %zu KiB in chunks mapped alone\n",
+                mi.arena / 1024, mi.uordblks / 1024, mi.fordblks / 1024, mi.hblkhd / 1024);
+        malloc_trim(0);
+        rss_trimmed = rss_kib();
+    }
     check(refresh_ms >= 0, "the first refresh brings every host behind a topod (%d), the hung ones cost only their time-outs", scale_n);
     if (refresh_ms < 0)
         return;
@@ -563,6 +622,11 @@ static void scenario_scale(const char *path, long rss_before, size_t heap_before
      * the stacks of its fetch threads (more while hung hosts are being asked) and the C
      * library's per-thread arenas. The live heap (malloc's bytes in use, every arena) is the
      * part that does. */
+    fprintf(stderr, "  figure  of which anonymous (heap, thread stacks) %ld KiB, file pages (the module's code) %ld KiB\n",
+            rss_anon_after - rss_anon_before, rss_file_after - rss_file_before);
+    if (rss_trimmed >= 0)
+        fprintf(stderr, "  figure  resident growth after malloc_trim(0) (HARNESS_MEMORY_DETAIL): %ld KiB, %.0f bytes per host\n",
+                rss_trimmed - rss_before, (double)(rss_trimmed - rss_before) * 1024.0 / n_hosts);
     fprintf(stderr, "  figure  live heap growth across the first refresh: %.0f KiB, %.0f bytes per host (%d threads)\n",
             (double)(heap_after - heap_before) / 1024, (double)(heap_after - heap_before) / n_hosts, threads_now());
     fprintf(stderr, "  figure  live heap after the restart with the memo at 64 shapes: %.0f bytes per host\n", heap64);
