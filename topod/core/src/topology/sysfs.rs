@@ -97,7 +97,7 @@ impl Fs {
     /// [`Fs::optional`] for a file that may hold up to `limit` bytes.
     fn optional_up_to(&self, rel: &str, limit: u64) -> Result<Option<String>, TopologyError> {
         let path = self.path(rel);
-        match read_attribute(&path, limit) {
+        match read_attribute(&self.root, &path, limit) {
             // Some sysfs files (and snapshots of them) end in NUL padding.
             Ok(bytes) => Ok(Some(
                 String::from_utf8_lossy(&bytes).trim_end_matches(['\0', '\n', ' ']).to_string(),
@@ -618,7 +618,8 @@ pub fn pci_function_of_char_device(root: &Path, major: u32, minor: u32) -> Optio
     let gpus = std::fs::read_dir(root.join("proc/driver/nvidia/gpus")).ok()?;
     gpus.filter_map(Result::ok).find_map(|entry| {
         let address = entry.file_name().to_str()?.to_string();
-        let info = read_attribute(&entry.path().join("information"), MAX_ATTRIBUTE_BYTES).ok()?;
+        let info =
+            read_attribute(root, &entry.path().join("information"), MAX_ATTRIBUTE_BYTES).ok()?;
         let info = String::from_utf8_lossy(&info);
         let says = info.lines().find_map(|l| l.strip_prefix("Device Minor:"))?;
         (says.trim().parse::<u32>().ok()? == minor && is_pci_address(&address)).then_some(address)
@@ -635,40 +636,74 @@ const MAX_ATTRIBUTE_BYTES: u64 = 16 << 20;
 /// options), and a host leaking mounts can have hundreds of thousands; topod must still start.
 const MAX_MOUNTS_BYTES: u64 = 1 << 30;
 
-/// A sysfs or procfs attribute's bytes. Only a regular file is read: sysfs holds nothing
-/// else, and a FIFO in a copied tree would block the read (and discovery) until something
-/// wrote to it, while opening a device node can act on the device. So the path is first opened
-/// with `O_PATH` (which opens nothing for I/O and has no side effect on any kind of file), the
-/// type is checked on that very file (not on the path again, which a writer of the tree could
-/// swap in between), and then that file is opened for reading through `/proc/self/fd`. Anything
-/// but a file or directory, or a file over `limit` bytes, is `InvalidInput`.
-fn read_attribute(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+/// A sysfs or procfs attribute's bytes, of `path` under `root`. Only a regular file is read:
+/// sysfs holds nothing else, and a FIFO in a copied tree would block the read (and discovery)
+/// until something wrote to it, while opening a device node can act on the device. So the path
+/// is first opened with `O_PATH` (which opens nothing for I/O and has no side effect on any
+/// kind of file), the type is checked on that very file (not on the path again, which a writer
+/// of the tree could swap in between), and then that file is opened for reading through
+/// `/proc/self/fd`, non-blocking: a regular file that waits for data (`/proc/kmsg`, a tracing
+/// pipe) is an error, not a hang. In a tree other than `/`, a path that leads outside the tree
+/// (a symlink to the live `/proc/kmsg`, say) is refused before anything is opened. Anything but
+/// a file or directory, a file with nothing to read now, or a file over `limit` bytes, is
+/// `InvalidInput`.
+fn read_attribute(root: &Path, path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
-    let handle = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(path)?;
-    let kind = handle.metadata()?.file_type();
-    if !kind.is_file() && !kind.is_dir() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "is a FIFO, socket or device, not an attribute file (sysfs holds only files)",
-        ));
+    let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+    if root != Path::new("/") {
+        let (tree, real) = (root.canonicalize()?, path.canonicalize()?);
+        if !real.starts_with(&tree) {
+            return Err(invalid(format!(
+                "leads outside the tree {} (to {}): a copied tree's files are its own",
+                tree.display(),
+                real.display()
+            )));
+        }
     }
+    let only_files = |file: &std::fs::File| -> std::io::Result<()> {
+        let kind = file.metadata()?.file_type();
+        if kind.is_file() || kind.is_dir() {
+            Ok(())
+        } else {
+            Err(invalid(
+                "is a FIFO, socket or device, not an attribute file (sysfs holds only files)"
+                    .into(),
+            ))
+        }
+    };
+    let handle = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(path)?;
+    only_files(&handle)?;
+    let open =
+        |p: &Path| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(p);
     // The same file, now for reading: /proc/self/fd/N opens what N is, wherever the path now
-    // leads. Without procfs (a bare chroot) the path is opened again, checked as it was.
-    let file = match std::fs::File::open(format!("/proc/self/fd/{}", handle.as_raw_fd())) {
+    // leads. Without procfs (a bare chroot) the path is opened again (non-blocking: a FIFO
+    // swapped in opens at once) and what it opened is checked again.
+    let file = match open(Path::new(&format!("/proc/self/fd/{}", handle.as_raw_fd()))) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::File::open(path)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let file = open(path)?;
+            only_files(&file)?;
+            file
+        }
         Err(e) => return Err(e),
     };
     let mut bytes = Vec::new();
     // A sysfs file's size says 4096 whatever it holds, so the length is what is read.
-    file.take(limit + 1).read_to_end(&mut bytes)?;
+    match file.take(limit + 1).read_to_end(&mut bytes) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            return Err(invalid(
+                "waits for data to read (as /proc/kmsg does), which no attribute file does".into(),
+            ))
+        }
+        Err(e) => return Err(e),
+    }
     if bytes.len() as u64 > limit {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("holds more than {limit} bytes, more than this file can on a real host"),
-        ));
+        return Err(invalid(format!(
+            "holds more than {limit} bytes, more than this file can on a real host"
+        )));
     }
     Ok(bytes)
 }
@@ -698,7 +733,8 @@ pub fn char_devices_on_pci(root: &Path) -> Vec<(u32, u32, String)> {
     if let Ok(gpus) = std::fs::read_dir(root.join("proc/driver/nvidia/gpus")) {
         for entry in gpus.filter_map(Result::ok) {
             let Some(address) = entry.file_name().to_str().map(str::to_string) else { continue };
-            let Ok(info) = read_attribute(&entry.path().join("information"), MAX_ATTRIBUTE_BYTES)
+            let Ok(info) =
+                read_attribute(root, &entry.path().join("information"), MAX_ATTRIBUTE_BYTES)
             else {
                 continue;
             };
@@ -1010,6 +1046,25 @@ mod tests {
         assert!(std::process::Command::new("mkfifo").arg(&info).status().unwrap().success());
         assert_eq!(char_devices_on_pci(dir.path()), Vec::new());
         assert_eq!(pci_function_of_char_device(dir.path(), NVIDIA_MAJOR, 0), None);
+    }
+
+    #[test]
+    fn a_link_out_of_a_copied_tree_is_named_and_never_opened() {
+        // A link to the live /proc/kmsg would block, and as root take the kernel's messages
+        // away from syslog: refused before anything is opened.
+        let dir = tempfile::tempdir().unwrap();
+        tiny(dir.path());
+        let online = dir.path().join("sys/devices/system/cpu/online");
+        std::fs::remove_file(&online).unwrap();
+        std::os::unix::fs::symlink("/proc/kmsg", &online).unwrap();
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("cpu/online") && e.contains("leads outside the tree"), "{e}");
+        assert!(e.contains("/proc/kmsg"), "{e}");
+        // A link that stays inside the tree is followed, as sysfs's own links are.
+        std::fs::remove_file(&online).unwrap();
+        std::fs::write(dir.path().join("sys/devices/system/cpu/online.real"), "0-3\n").unwrap();
+        std::os::unix::fs::symlink("online.real", &online).unwrap();
+        read(dir.path()).unwrap();
     }
 
     #[test]
