@@ -119,34 +119,47 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         .env("TOPO_CPUS", &cpus)
         .env("TOPO_MEMS", &mems)
         .env("TOPO_NOTIFY_FILE", topo_core::proto::notify_file_for(&args.socket, &job));
-    let mut export = |name: &str, value: String| match one_variable_holds(name, &value) {
-        Ok(()) => {
-            command.env(name, value);
+    // What the job is told of its GPUs and adapters, most needed first: each only if the new
+    // program's arguments and environment still fit what the kernel allows with it (an exec
+    // that fails with E2BIG would leave the job allocated and never run).
+    let mut lists: Vec<(&str, String)> = Vec::new();
+    if !chosen_gpus.is_empty() {
+        match nvidia_uuids(std::path::Path::new("/"), &chosen_gpus) {
+            Some(uuids) => {
+                // By UUID: CUDA's own numbering depends on its enumeration order and on which
+                // devices the job's cgroup lets it open.
+                lists.push(("CUDA_VISIBLE_DEVICES", uuids.join(",")));
+            }
+            None => eprintln!(
+                "topo-exec: job {job}: GPUs {} (TOPO_GPUS); CUDA_VISIBLE_DEVICES not set: not every one is an NVIDIA GPU whose UUID /proc/driver/nvidia/gpus says",
+                chosen_gpus.join(", ")
+            ),
         }
-        Err(why) => eprintln!("topo-exec: job {job}: {name} not set: {why}"),
-    };
-    if !nics.is_empty() {
-        export("TOPO_NICS", nics.join(","));
+        lists.push(("TOPO_GPUS", chosen_gpus.join(",")));
     }
     // Each task's GPUs, the nearest its CPUs: "task0,task0;task1" (for a launcher that binds
     // each rank to its own, as Slurm's --gpu-bind=closest does per task).
     let task_gpus: Vec<String> =
         view.iter().flat_map(|j| &j.task_gpus).map(|t| t.join(",")).collect();
     if !task_gpus.is_empty() {
-        export("TOPO_TASK_GPUS", task_gpus.join(";"));
+        lists.push(("TOPO_TASK_GPUS", task_gpus.join(";")));
     }
-    if !chosen_gpus.is_empty() {
-        export("TOPO_GPUS", chosen_gpus.join(","));
-        match nvidia_uuids(std::path::Path::new("/"), &chosen_gpus) {
-            Some(uuids) => {
-                // By UUID: CUDA's own numbering depends on its enumeration order and on which
-                // devices the job's cgroup lets it open.
-                export("CUDA_VISIBLE_DEVICES", uuids.join(","));
+    if !nics.is_empty() {
+        lists.push(("TOPO_NICS", nics.join(",")));
+    }
+    let mut budget = ExecBudget::for_this_process(
+        std::iter::once(program.as_os_str().len())
+            .chain(args.command.iter().map(String::len))
+            .chain(std::env::vars_os().map(|(k, v)| k.len() + 1 + v.len()))
+            .chain(command.get_envs().map(|(k, v)| k.len() + 1 + v.map_or(0, |v| v.len())))
+            .chain(hostfile.iter().map(|p| "LSB_AFFINITY_HOSTFILE=".len() + p.as_os_str().len())),
+    );
+    for (name, value) in lists {
+        match budget.admit(name, &value) {
+            Ok(()) => {
+                command.env(name, value);
             }
-            None => eprintln!(
-                "topo-exec: job {job}: GPUs {} (TOPO_GPUS); CUDA_VISIBLE_DEVICES not set: not every one is an NVIDIA GPU whose UUID /proc/driver/nvidia/gpus says",
-                chosen_gpus.join(", ")
-            ),
+            Err(why) => eprintln!("topo-exec: job {job}: {name} not set: {why}"),
         }
     }
     if let Some(path) = hostfile {
@@ -217,27 +230,71 @@ fn shown(text: &str) -> String {
     topod::picture::printable(text)
 }
 
-/// The most one environment string (`NAME=value` and its NUL) may hold: Linux's
-/// `MAX_ARG_STRLEN`, 32 pages (execve(2), "Limits on size of arguments and environment"); a
-/// longer one makes the exec fail with E2BIG, and the job would not start.
-fn max_variable_bytes() -> usize {
-    // SAFETY: sysconf has no preconditions; it returns -1 for a name it does not know.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    32 * usize::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096)
+/// What a new program's arguments and environment may still take, as the kernel counts them
+/// (execve(2), "Limits on size of arguments and environment"; fs/exec.c, `bprm_stack_limits`):
+/// all the strings, each with its NUL, and a pointer for each, within a quarter of the stack
+/// limit (at most 3/4 of 8 MiB, at least 32 pages); and each string within 32 pages
+/// (`MAX_ARG_STRLEN`). Past either the exec fails with E2BIG.
+struct ExecBudget {
+    /// Bytes left for more strings and their pointers.
+    left: usize,
+    /// The whole allowance, for messages.
+    limit: usize,
+    /// The most one string may take.
+    one_string: usize,
 }
 
-/// Whether `name=value` fits in one environment string ([`max_variable_bytes`]); if not, why
-/// (a list of what the job got that no real host makes so long is left out, not the job).
-fn one_variable_holds(name: &str, value: &str) -> Result<(), String> {
-    let bytes = name.len() + 1 + value.len() + 1;
-    let most = max_variable_bytes();
-    if bytes <= most {
-        Ok(())
-    } else {
-        Err(format!(
-            "it would take {bytes} bytes, more than one environment variable may hold ({most}; the command could not be run at all)"
-        ))
+impl ExecBudget {
+    /// The budget under this process's stack limit (`ulimit -s`), with the strings of
+    /// `lengths` (file name, arguments, environment; without their NULs) already taken.
+    fn for_this_process(lengths: impl Iterator<Item = usize>) -> Self {
+        use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+        let stack = getrlimit(Resource::RLIMIT_STACK)
+            .ok()
+            .map(|(soft, _)| soft)
+            .filter(|&soft| soft != RLIM_INFINITY);
+        Self::new(stack, page_size(), lengths)
     }
+
+    fn new(stack_limit: Option<u64>, page: usize, lengths: impl Iterator<Item = usize>) -> Self {
+        let quarter =
+            stack_limit.map_or(usize::MAX, |s| usize::try_from(s / 4).unwrap_or(usize::MAX));
+        let limit = quarter.min((8 << 20) / 4 * 3).max(32 * page);
+        let mut budget = Self { left: limit, limit, one_string: 32 * page };
+        // Each string with its NUL and its pointer; one pointer more for the list's end.
+        let taken: usize = lengths.map(|n| n + 1 + POINTER).sum::<usize>() + POINTER;
+        budget.left = budget.left.saturating_sub(taken);
+        budget
+    }
+
+    /// Takes `name=value` from the budget, or says why it does not fit.
+    fn admit(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let bytes = name.len() + 1 + value.len() + 1;
+        if bytes > self.one_string {
+            return Err(format!(
+                "it would take {bytes} bytes, more than one environment variable may hold ({}); set, the command could not have started",
+                self.one_string
+            ));
+        }
+        if bytes + POINTER > self.left {
+            return Err(format!(
+                "its {bytes} bytes would take the command's arguments and environment past the {} bytes a new program may have (a quarter of the stack limit, ulimit -s); set, the command could not have started",
+                self.limit
+            ));
+        }
+        self.left -= bytes + POINTER;
+        Ok(())
+    }
+}
+
+/// The size of a pointer in the new program's argument and environment lists.
+const POINTER: usize = std::mem::size_of::<usize>();
+
+/// The page size (32 of them is `MAX_ARG_STRLEN`).
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions; it returns -1 for a name it does not know.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096)
 }
 
 /// The UUIDs of the NVIDIA GPUs at PCI `addresses` (`GPU UUID:` in the driver's
@@ -295,21 +352,64 @@ mod tests {
 
     #[test]
     fn a_list_too_long_for_one_environment_string_is_left_out_not_the_job() {
+        let page = super::page_size();
         let name = "TOPO_NICS";
-        let limit = super::max_variable_bytes();
-        let most = limit - name.len() - 2;
-        assert_eq!(super::one_variable_holds(name, &"x".repeat(most)), Ok(()));
-        let e = super::one_variable_holds(name, &"x".repeat(most + 1)).unwrap_err();
-        assert!(
-            e.contains(&format!("{} bytes", limit + 1)) && e.contains(&format!("({limit};")),
-            "{e}"
-        );
+        let most = 32 * page - name.len() - 2;
+        let fresh = || super::ExecBudget::new(None, page, std::iter::empty());
+        assert_eq!(fresh().admit(name, &"x".repeat(most)), Ok(()));
+        let e = fresh().admit(name, &"x".repeat(most + 1)).unwrap_err();
+        assert!(e.contains(&format!("{} bytes", 32 * page + 1)), "{e}");
+        assert!(e.contains("could not have started"), "{e}");
         // What the kernel says of the longest that passes and the shortest that does not.
         let run = |length: usize| {
             std::process::Command::new("/bin/true").env(name, "x".repeat(length)).status()
         };
         assert!(run(most).unwrap().success());
         assert_eq!(run(most + 1).unwrap_err().raw_os_error(), Some(libc::E2BIG));
+    }
+
+    #[test]
+    fn the_lists_are_left_out_when_the_whole_environment_would_not_fit() {
+        use std::os::unix::process::CommandExt;
+        // A stack limit of 512 KiB leaves a new program 128 KiB of arguments and environment.
+        let stack = 512 * 1024;
+        let page = super::page_size();
+        let program = "/bin/true";
+        let taken = || [program.len(), program.len(), "A=".len() + 90_000].into_iter();
+        let mut budget = super::ExecBudget::new(Some(stack), page, taken());
+        // The largest B the budget admits beside A, found by halving.
+        let (mut fits, mut fails) = (0, 200_000);
+        while fails - fits > 1 {
+            let mid = (fits + fails) / 2;
+            let mut trial = super::ExecBudget::new(Some(stack), page, taken());
+            if trial.admit("B", &"x".repeat(mid)).is_ok() {
+                fits = mid;
+            } else {
+                fails = mid;
+            }
+        }
+        assert!(fits > 0 && fits < 128 * 1024 - 90_000, "{fits}");
+        let e = budget.admit("B", &"x".repeat(fails)).unwrap_err();
+        assert!(e.contains("a quarter of the stack limit"), "{e}");
+        // The kernel agrees: what the budget admits runs, and a page more does not.
+        let run = |b: usize| {
+            let mut command = std::process::Command::new(program);
+            command.env_clear().env("A", "a".repeat(90_000)).env("B", "b".repeat(b));
+            // SAFETY: setrlimit is async-signal-safe, all the child does before exec.
+            unsafe {
+                command.pre_exec(move || {
+                    nix::sys::resource::setrlimit(
+                        nix::sys::resource::Resource::RLIMIT_STACK,
+                        stack,
+                        stack,
+                    )
+                    .map_err(std::io::Error::from)
+                });
+            }
+            command.status()
+        };
+        assert!(run(fits).unwrap().success());
+        assert_eq!(run(fits + page).unwrap_err().raw_os_error(), Some(libc::E2BIG));
     }
 
     #[test]
