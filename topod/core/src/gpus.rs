@@ -555,7 +555,10 @@ pub fn nics_near(topo: &Topology, gpus: &[usize], cpus: &CpuSet) -> Vec<(usize, 
             .filter_map(|(&n, (_, socket))| {
                 let rank = if gpu.switch().is_some() && gpu.shared_bridges(&topo.devices[n]) >= 2 {
                     NicNearness::PcieSwitch
-                } else if gpu.numa_node.is_some() && gpu.numa_node == topo.devices[n].numa_node {
+                } else if gpu.numa_node.is_some_and(|node| {
+                    topo.devices[n].numa_node == Some(node)
+                        && topo.numa_nodes.iter().any(|known| known.os_index == node)
+                }) {
                     NicNearness::NumaNode
                 } else if same(&gpu_socket, socket) {
                     NicNearness::Package
@@ -1105,6 +1108,11 @@ mod tests {
         topo.devices[4].numa_node = Some(2);
         topo.devices[4].upstream = vec!["0000:00:0b.0".into()];
         assert_eq!(nics_near(&topo, &[4], &none), [(5, NumaNode)]);
+        // Both on a node the topology does not know (no sys/devices/system/node/node7): not
+        // known to be near at all.
+        topo.devices[4].numa_node = Some(7);
+        topo.devices[5].numa_node = Some(7);
+        assert_eq!(nics_near(&topo, &[4], &none), []);
     }
 
     #[test]
