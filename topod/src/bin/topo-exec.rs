@@ -233,7 +233,7 @@ fn shown(text: &str) -> String {
 /// What a new program's arguments and environment may still take, as the kernel counts them
 /// (execve(2), "Limits on size of arguments and environment"; fs/exec.c, `bprm_stack_limits`):
 /// all the strings, each with its NUL, and a pointer for each, within a quarter of the stack
-/// limit (at most 3/4 of 8 MiB, at least 32 pages); and each string within 32 pages
+/// limit (at most 3/4 of 8 MiB, at least `ARG_MAX`); and each string within 32 pages
 /// (`MAX_ARG_STRLEN`). Past either the exec fails with E2BIG.
 struct ExecBudget {
     /// Bytes left for more strings and their pointers.
@@ -259,7 +259,7 @@ impl ExecBudget {
     fn new(stack_limit: Option<u64>, page: usize, lengths: impl Iterator<Item = usize>) -> Self {
         let quarter =
             stack_limit.map_or(usize::MAX, |s| usize::try_from(s / 4).unwrap_or(usize::MAX));
-        let limit = quarter.min((8 << 20) / 4 * 3).max(32 * page);
+        let limit = quarter.min((8 << 20) / 4 * 3).max(ARG_MAX);
         let mut budget = Self { left: limit, limit, one_string: 32 * page };
         // Each string with its NUL and its pointer; one pointer more for the list's end.
         let taken: usize = lengths.map(|n| n + 1 + POINTER).sum::<usize>() + POINTER;
@@ -286,6 +286,10 @@ impl ExecBudget {
         Ok(())
     }
 }
+
+/// The least the kernel allows a new program's arguments and environment whatever the stack
+/// limit (`ARG_MAX` in the kernel's include/uapi/linux/limits.h: bytes, not pages).
+const ARG_MAX: usize = 131_072;
 
 /// The size of a pointer in the new program's argument and environment lists.
 const POINTER: usize = std::mem::size_of::<usize>();
