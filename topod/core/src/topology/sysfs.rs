@@ -643,8 +643,9 @@ const MAX_MOUNTS_BYTES: u64 = 1 << 30;
 /// kind of file), the type is checked on that very file (not on the path again, which a writer
 /// of the tree could swap in between), and then that file is opened for reading through
 /// `/proc/self/fd`, non-blocking: a regular file that waits for data (`/proc/kmsg`, a tracing
-/// pipe) is an error, not a hang. In a tree other than `/`, a path that leads outside the tree
-/// (a symlink to the live `/proc/kmsg`, say) is refused before anything is opened. Anything but
+/// pipe) is an error, not a hang. In a tree other than `/`, a file outside the tree (behind a
+/// symlink to the live `/proc/kmsg`, say) is refused before it is opened for reading: where the
+/// `O_PATH` handle is, not where the path leads, is what is checked. Anything but
 /// a file or directory, a file with nothing to read now, or a file over `limit` bytes, is
 /// `InvalidInput`.
 fn read_attribute(root: &Path, path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
@@ -652,16 +653,6 @@ fn read_attribute(root: &Path, path: &Path, limit: u64) -> std::io::Result<Vec<u
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
     let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
-    if root != Path::new("/") {
-        let (tree, real) = (root.canonicalize()?, path.canonicalize()?);
-        if !real.starts_with(&tree) {
-            return Err(invalid(format!(
-                "leads outside the tree {} (to {}): a copied tree's files are its own",
-                tree.display(),
-                real.display()
-            )));
-        }
-    }
     let only_files = |file: &std::fs::File| -> std::io::Result<()> {
         let kind = file.metadata()?.file_type();
         if kind.is_file() || kind.is_dir() {
@@ -674,6 +665,24 @@ fn read_attribute(root: &Path, path: &Path, limit: u64) -> std::io::Result<Vec<u
         }
     };
     let handle = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(path)?;
+    if root != Path::new("/") {
+        // Where the file opened is: its own path, from /proc/self/fd (what was opened, not
+        // where the path leads now, which a writer of the tree could change in between);
+        // without procfs, the path resolved again.
+        let real = match std::fs::read_link(format!("/proc/self/fd/{}", handle.as_raw_fd())) {
+            Ok(real) => real,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => path.canonicalize()?,
+            Err(e) => return Err(e),
+        };
+        let tree = root.canonicalize()?;
+        if !real.starts_with(&tree) {
+            return Err(invalid(format!(
+                "leads outside the tree {} (to {}): a copied tree's files are its own",
+                tree.display(),
+                real.display()
+            )));
+        }
+    }
     only_files(&handle)?;
     let open =
         |p: &Path| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(p);
@@ -695,7 +704,8 @@ fn read_attribute(root: &Path, path: &Path, limit: u64) -> std::io::Result<Vec<u
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
             return Err(invalid(
-                "waits for data to read (as /proc/kmsg does), which no attribute file does".into(),
+                "would wait for data to read (as /proc/kmsg does), which no attribute file does"
+                    .into(),
             ))
         }
         Err(e) => return Err(e),
