@@ -565,6 +565,30 @@ fn topo_exec_tells_the_job_the_gpus_topod_chose() {
     assert!(complaint.contains("CUDA_VISIBLE_DEVICES not set"), "{complaint}");
 }
 
+/// topo-exec's own lists left in the environment by an outer job are never this job's: a job
+/// without GPUs does not see an outer job's TOPO_GPUS or TOPO_TASK_GPUS.
+#[test]
+fn topo_exec_drops_the_lists_an_outer_job_left_in_the_environment() {
+    if !common::is_root() {
+        common::skip("topo-exec allocates as root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let d = topod_on_machine(dir.path(), &root);
+    let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
+        .args(["--socket", d.socket.to_str().unwrap(), "--job", "y"])
+        .args(["--request", "affinity[core(1)]", "--"])
+        .args(["sh", "-c", "echo GPUS=${TOPO_GPUS-unset} TASKS=${TOPO_TASK_GPUS-unset}"])
+        .env("TOPO_GPUS", "0000:99:00.0")
+        .env("TOPO_TASK_GPUS", "0000:99:00.0")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("GPUS=unset TASKS=unset"), "{said}");
+}
+
 /// Issue 33: a reservation for a `gpus=` request, through the socket and `topoctl` as an
 /// administrator makes it: it holds GPUs beside its block (`topoctl reserve` and
 /// `topoctl reservations` name them), no other job is given them, the free map lists them for

@@ -147,12 +147,25 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
     if !nics.is_empty() {
         lists.push(("TOPO_NICS", nics.join(",")));
     }
+    // topo's own lists from an outer job's environment are never this job's: gone, set or not
+    // (and so is CUDA_VISIBLE_DEVICES when topod chose the GPUs and it cannot be set).
+    let replaced = |name: &std::ffi::OsStr| {
+        OWN_LISTS.iter().chain(lists.iter().map(|(n, _)| n)).any(|own| name == *own)
+    };
+    for name in OWN_LISTS.iter().chain(lists.iter().map(|(n, _)| n)) {
+        command.env_remove(name);
+    }
     let mut budget = ExecBudget::for_this_process(
         std::iter::once(program.as_os_str().len())
             .chain(args.command.iter().map(String::len))
-            .chain(std::env::vars_os().map(|(k, v)| k.len() + 1 + v.len()))
-            .chain(command.get_envs().map(|(k, v)| k.len() + 1 + v.map_or(0, |v| v.len())))
+            .chain(
+                std::env::vars_os()
+                    .filter(|(k, _)| !replaced(k) && command.get_envs().all(|(set, _)| set != k))
+                    .map(|(k, v)| k.len() + 1 + v.len()),
+            )
+            .chain(command.get_envs().filter_map(|(k, v)| Some(k.len() + 1 + v?.len())))
             .chain(hostfile.iter().map(|p| "LSB_AFFINITY_HOSTFILE=".len() + p.as_os_str().len())),
+        script_reserve(&program),
     );
     for (name, value) in lists {
         match budget.admit(name, &value) {
@@ -246,20 +259,23 @@ struct ExecBudget {
 
 impl ExecBudget {
     /// The budget under this process's stack limit (`ulimit -s`), with the strings of
-    /// `lengths` (file name, arguments, environment; without their NULs) already taken.
-    fn for_this_process(lengths: impl Iterator<Item = usize>) -> Self {
+    /// `lengths` (file name, arguments, environment; without their NULs) and `reserve` more
+    /// bytes already taken.
+    fn for_this_process(lengths: impl Iterator<Item = usize>, reserve: usize) -> Self {
         use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
         let stack = getrlimit(Resource::RLIMIT_STACK)
             .ok()
             .map(|(soft, _)| soft)
             .filter(|&soft| soft != RLIM_INFINITY);
-        Self::new(stack, page_size(), lengths)
+        let mut budget = Self::new(stack, page_size(), lengths);
+        budget.left = budget.left.saturating_sub(reserve);
+        budget
     }
 
     fn new(stack_limit: Option<u64>, page: usize, lengths: impl Iterator<Item = usize>) -> Self {
         let quarter =
             stack_limit.map_or(usize::MAX, |s| usize::try_from(s / 4).unwrap_or(usize::MAX));
-        let limit = quarter.min((8 << 20) / 4 * 3).max(ARG_MAX);
+        let limit = quarter.clamp(ARG_MAX, (8 << 20) / 4 * 3);
         let mut budget = Self { left: limit, limit, one_string: 32 * page };
         // Each string with its NUL and its pointer; one pointer more for the list's end.
         let taken: usize = lengths.map(|n| n + 1 + POINTER).sum::<usize>() + POINTER;
@@ -286,6 +302,16 @@ impl ExecBudget {
         Ok(())
     }
 }
+
+/// What the kernel may add to the arguments of `program` when it is a script: its `#!` line's
+/// interpreter with its one argument (within a buffer of 256 bytes, `BINPRM_BUF_SIZE`) and the
+/// script's path again, each with its pointer (fs/binfmt_script.c).
+fn script_reserve(program: &std::path::Path) -> usize {
+    256 + 1 + POINTER + program.as_os_str().len() + 1 + POINTER
+}
+
+/// The variables only topo-exec sets: one inherited from an outer job is never this job's.
+const OWN_LISTS: [&str; 3] = ["TOPO_GPUS", "TOPO_TASK_GPUS", "TOPO_NICS"];
 
 /// The least the kernel allows a new program's arguments and environment whatever the stack
 /// limit (`ARG_MAX` in the kernel's include/uapi/linux/limits.h: bytes, not pages).
@@ -414,6 +440,52 @@ mod tests {
         };
         assert!(run(fits).unwrap().success());
         assert_eq!(run(fits + page).unwrap_err().raw_os_error(), Some(libc::E2BIG));
+    }
+
+    #[test]
+    fn a_script_found_by_a_short_name_at_a_long_path_still_starts() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        // The kernel gives a #! script its interpreter and its whole path as arguments: the
+        // budget keeps room for them, so what it admits runs even so.
+        let stack = 512 * 1024;
+        let page = super::page_size();
+        let dir = tempfile::tempdir().unwrap();
+        let long = dir.path().join("d".repeat(200));
+        std::fs::create_dir(&long).unwrap();
+        let script = long.join("j");
+        std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let file = script.as_os_str().len();
+        let budget = || {
+            let mut b =
+                super::ExecBudget::new(Some(stack), page, [file, 1, 2 + 90_000].into_iter());
+            b.left -= super::script_reserve(&script);
+            b
+        };
+        let (mut fits, mut fails) = (0, 200_000);
+        while fails - fits > 1 {
+            let mid = (fits + fails) / 2;
+            if budget().admit("B", &"x".repeat(mid)).is_ok() {
+                fits = mid;
+            } else {
+                fails = mid;
+            }
+        }
+        let mut command = std::process::Command::new(&script);
+        command.arg0("j").env_clear().env("A", "a".repeat(90_000)).env("B", "b".repeat(fits));
+        // SAFETY: setrlimit is async-signal-safe, all the child does before exec.
+        unsafe {
+            command.pre_exec(move || {
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_STACK,
+                    stack,
+                    stack,
+                )
+                .map_err(std::io::Error::from)
+            });
+        }
+        assert!(command.status().unwrap().success(), "B of {fits} bytes");
     }
 
     #[test]
