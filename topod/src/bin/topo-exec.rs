@@ -398,9 +398,24 @@ mod tests {
         assert_eq!(run(most + 1).unwrap_err().raw_os_error(), Some(libc::E2BIG));
     }
 
+    /// `command` runs under a stack limit of `stack` bytes (`ulimit -s`), set in the child.
+    fn under_stack_limit(command: &mut std::process::Command, stack: u64) {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setrlimit is async-signal-safe, all the child does before exec.
+        unsafe {
+            command.pre_exec(move || {
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_STACK,
+                    stack,
+                    stack,
+                )
+                .map_err(std::io::Error::from)
+            });
+        }
+    }
+
     #[test]
     fn the_lists_are_left_out_when_the_whole_environment_would_not_fit() {
-        use std::os::unix::process::CommandExt;
         // A stack limit of 512 KiB leaves a new program 128 KiB of arguments and environment.
         let stack = 512 * 1024;
         let page = super::page_size();
@@ -425,17 +440,7 @@ mod tests {
         let run = |b: usize| {
             let mut command = std::process::Command::new(program);
             command.env_clear().env("A", "a".repeat(90_000)).env("B", "b".repeat(b));
-            // SAFETY: setrlimit is async-signal-safe, all the child does before exec.
-            unsafe {
-                command.pre_exec(move || {
-                    nix::sys::resource::setrlimit(
-                        nix::sys::resource::Resource::RLIMIT_STACK,
-                        stack,
-                        stack,
-                    )
-                    .map_err(std::io::Error::from)
-                });
-            }
+            under_stack_limit(&mut command, stack);
             command.status()
         };
         assert!(run(fits).unwrap().success());
@@ -474,17 +479,7 @@ mod tests {
         }
         let mut command = std::process::Command::new(&script);
         command.arg0("j").env_clear().env("A", "a".repeat(90_000)).env("B", "b".repeat(fits));
-        // SAFETY: setrlimit is async-signal-safe, all the child does before exec.
-        unsafe {
-            command.pre_exec(move || {
-                nix::sys::resource::setrlimit(
-                    nix::sys::resource::Resource::RLIMIT_STACK,
-                    stack,
-                    stack,
-                )
-                .map_err(std::io::Error::from)
-            });
-        }
+        under_stack_limit(&mut command, stack);
         assert!(command.status().unwrap().success(), "B of {fits} bytes");
     }
 
