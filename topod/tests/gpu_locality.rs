@@ -534,6 +534,15 @@ print(s.makefile().readline(), end="")
     assert!(error_of(&fit).1.contains("character device 1:3 is on no PCI function"), "{fit}");
 }
 
+/// `topo-exec` allocating job `job` with `request` through `socket` and running `sh -c script`.
+fn topo_exec_sh(socket: &Path, job: &str, request: &str, script: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_topo-exec"));
+    command
+        .args(["--socket", socket.to_str().unwrap(), "--job", job, "--request", request, "--"])
+        .args(["sh", "-c", script]);
+    command
+}
+
 /// A job whose GPUs topod chose is told which: topo-exec sets TOPO_GPUS (and, for NVIDIA GPUs
 /// whose UUID the driver lists, CUDA_VISIBLE_DEVICES; not here: the tree's GPUs have no driver).
 #[test]
@@ -545,17 +554,15 @@ fn topo_exec_tells_the_job_the_gpus_topod_chose() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     let d = topod_on_machine(dir.path(), &root);
-    let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
-        .args(["--socket", d.socket.to_str().unwrap(), "--job", "x"])
-        .args(["--request", "affinity[core(2):gpus=2]", "--"])
-        .args([
-            "sh",
-            "-c",
-            "echo TOPO_GPUS=$TOPO_GPUS; echo TOPO_NICS=$TOPO_NICS; echo CUDA=${CUDA_VISIBLE_DEVICES-unset}",
-        ])
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .output()
-        .unwrap();
+    let out = topo_exec_sh(
+        &d.socket,
+        "x",
+        "affinity[core(2):gpus=2]",
+        "echo TOPO_GPUS=$TOPO_GPUS; echo TOPO_NICS=$TOPO_NICS; echo CUDA=${CUDA_VISIBLE_DEVICES-unset}",
+    )
+    .env_remove("CUDA_VISIBLE_DEVICES")
+    .output()
+    .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     let complaint = String::from_utf8_lossy(&out.stderr);
     // The two GPUs behind node 1's switch, with the CPUs of node 1.
@@ -576,10 +583,8 @@ fn topo_exec_drops_the_lists_an_outer_job_left_in_the_environment() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     let d = topod_on_machine(dir.path(), &root);
-    let out = Command::new(env!("CARGO_BIN_EXE_topo-exec"))
-        .args(["--socket", d.socket.to_str().unwrap(), "--job", "y"])
-        .args(["--request", "affinity[core(1)]", "--"])
-        .args(["sh", "-c", "echo GPUS=${TOPO_GPUS-unset} TASKS=${TOPO_TASK_GPUS-unset}"])
+    let script = "echo GPUS=${TOPO_GPUS-unset} TASKS=${TOPO_TASK_GPUS-unset}";
+    let out = topo_exec_sh(&d.socket, "y", "affinity[core(1)]", script)
         .env("TOPO_GPUS", "0000:99:00.0")
         .env("TOPO_TASK_GPUS", "0000:99:00.0")
         .output()
