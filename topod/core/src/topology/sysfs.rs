@@ -36,7 +36,7 @@ pub fn read(root: &Path) -> Result<Topology, TopologyError> {
 
 /// Reads the topology under `root`.
 pub fn read_with(root: &Path, options: &ReadOptions) -> Result<Topology, TopologyError> {
-    let fs = Fs { root: root.to_path_buf() };
+    let fs = Fs { root: root.to_path_buf(), tree: confining_tree(root) };
     let cpu_dir = "sys/devices/system/cpu";
     let online = match fs.optional(&format!("{cpu_dir}/online"))? {
         Some(text) => fs.list(&format!("{cpu_dir}/online"), &text)?,
@@ -82,6 +82,8 @@ pub fn read_with(root: &Path, options: &ReadOptions) -> Result<Topology, Topolog
 /// File access under the root, with errors that name the file.
 struct Fs {
     root: PathBuf,
+    /// [`confining_tree`] of `root`, worked out once.
+    tree: Option<PathBuf>,
 }
 
 impl Fs {
@@ -97,7 +99,7 @@ impl Fs {
     /// [`Fs::optional`] for a file that may hold up to `limit` bytes.
     fn optional_up_to(&self, rel: &str, limit: u64) -> Result<Option<String>, TopologyError> {
         let path = self.path(rel);
-        match read_attribute(&self.root, &path, limit) {
+        match read_attribute(self.tree.as_deref(), &path, limit) {
             // Some sysfs files (and snapshots of them) end in NUL padding.
             Ok(bytes) => Ok(Some(
                 String::from_utf8_lossy(&bytes).trim_end_matches(['\0', '\n', ' ']).to_string(),
@@ -616,10 +618,11 @@ pub fn pci_function_of_char_device(root: &Path, major: u32, minor: u32) -> Optio
         return None;
     }
     let gpus = std::fs::read_dir(root.join("proc/driver/nvidia/gpus")).ok()?;
+    let tree = confining_tree(root);
     gpus.filter_map(Result::ok).find_map(|entry| {
         let address = entry.file_name().to_str()?.to_string();
-        let info =
-            read_attribute(root, &entry.path().join("information"), MAX_ATTRIBUTE_BYTES).ok()?;
+        let information = entry.path().join("information");
+        let info = read_attribute(tree.as_deref(), &information, MAX_ATTRIBUTE_BYTES).ok()?;
         let info = String::from_utf8_lossy(&info);
         let says = info.lines().find_map(|l| l.strip_prefix("Device Minor:"))?;
         (says.trim().parse::<u32>().ok()? == minor && is_pci_address(&address)).then_some(address)
@@ -636,19 +639,26 @@ const MAX_ATTRIBUTE_BYTES: u64 = 16 << 20;
 /// options), and a host leaking mounts can have hundreds of thousands; topod must still start.
 const MAX_MOUNTS_BYTES: u64 = 1 << 30;
 
-/// A sysfs or procfs attribute's bytes, of `path` under `root`. Only a regular file is read:
+/// The directory a copied tree's files must stay in: `root` resolved, or `None` for this host's
+/// own `/` (however it is spelled) or a root that does not exist (then nothing under it does).
+fn confining_tree(root: &Path) -> Option<PathBuf> {
+    root.canonicalize().ok().filter(|tree| tree != Path::new("/"))
+}
+
+/// A sysfs or procfs attribute's bytes, of `path` (inside `tree`, when one is given: see
+/// [`confining_tree`]). Only a regular file is read:
 /// sysfs holds nothing else, and a FIFO in a copied tree would block the read (and discovery)
 /// until something wrote to it, while opening a device node can act on the device. So the path
 /// is first opened with `O_PATH` (which opens nothing for I/O and has no side effect on any
 /// kind of file), the type is checked on that very file (not on the path again, which a writer
 /// of the tree could swap in between), and then that file is opened for reading through
 /// `/proc/self/fd`, non-blocking: a regular file that waits for data (`/proc/kmsg`, a tracing
-/// pipe) is an error, not a hang. In a tree other than `/`, a file outside the tree (behind a
+/// pipe) is an error, not a hang. In a copied tree, a file outside the tree (behind a
 /// symlink to the live `/proc/kmsg`, say) is refused before it is opened for reading: where the
 /// `O_PATH` handle is, not where the path leads, is what is checked. Anything but
 /// a file or directory, a file with nothing to read now, or a file over `limit` bytes, is
 /// `InvalidInput`.
-fn read_attribute(root: &Path, path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+fn read_attribute(tree: Option<&Path>, path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
@@ -665,7 +675,7 @@ fn read_attribute(root: &Path, path: &Path, limit: u64) -> std::io::Result<Vec<u
         }
     };
     let handle = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(path)?;
-    if root != Path::new("/") {
+    if let Some(tree) = tree {
         // Where the file opened is: its own path, from /proc/self/fd (what was opened, not
         // where the path leads now, which a writer of the tree could change in between);
         // without procfs, the path resolved again.
@@ -674,8 +684,7 @@ fn read_attribute(root: &Path, path: &Path, limit: u64) -> std::io::Result<Vec<u
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => path.canonicalize()?,
             Err(e) => return Err(e),
         };
-        let tree = root.canonicalize()?;
-        if !real.starts_with(&tree) {
+        if !real.starts_with(tree) {
             return Err(invalid(format!(
                 "leads outside the tree {} (to {}): a copied tree's files are its own",
                 tree.display(),
@@ -741,11 +750,14 @@ pub fn char_devices_on_pci(root: &Path) -> Vec<(u32, u32, String)> {
         }
     }
     if let Ok(gpus) = std::fs::read_dir(root.join("proc/driver/nvidia/gpus")) {
+        let tree = confining_tree(root);
         for entry in gpus.filter_map(Result::ok) {
             let Some(address) = entry.file_name().to_str().map(str::to_string) else { continue };
-            let Ok(info) =
-                read_attribute(root, &entry.path().join("information"), MAX_ATTRIBUTE_BYTES)
-            else {
+            let Ok(info) = read_attribute(
+                tree.as_deref(),
+                &entry.path().join("information"),
+                MAX_ATTRIBUTE_BYTES,
+            ) else {
                 continue;
             };
             let info = String::from_utf8_lossy(&info);
@@ -1039,13 +1051,19 @@ mod tests {
         assert_eq!(t.numa_distance(0, 1), 21, "a row over the possible nodes");
     }
 
-    #[test]
-    fn a_fifo_in_a_copied_tree_is_named_and_never_read() {
-        // Opening a FIFO blocks until something writes to it: read() would hang here.
+    /// A tiny tree whose `cpu/online` file is gone, for a test to put something else there.
+    fn tiny_without_online() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         tiny(dir.path());
         let online = dir.path().join("sys/devices/system/cpu/online");
         std::fs::remove_file(&online).unwrap();
+        (dir, online)
+    }
+
+    #[test]
+    fn a_fifo_in_a_copied_tree_is_named_and_never_read() {
+        // Opening a FIFO blocks until something writes to it: read() would hang here.
+        let (dir, online) = tiny_without_online();
         let made = std::process::Command::new("mkfifo").arg(&online).status().unwrap();
         assert!(made.success());
         let e = read(dir.path()).unwrap_err().to_string();
@@ -1061,11 +1079,8 @@ mod tests {
     #[test]
     fn a_link_out_of_a_copied_tree_is_named_and_never_opened() {
         // A link to the live /proc/kmsg would block, and as root take the kernel's messages
-        // away from syslog: refused before anything is opened.
-        let dir = tempfile::tempdir().unwrap();
-        tiny(dir.path());
-        let online = dir.path().join("sys/devices/system/cpu/online");
-        std::fs::remove_file(&online).unwrap();
+        // away from syslog: refused before it is opened for reading.
+        let (dir, online) = tiny_without_online();
         std::os::unix::fs::symlink("/proc/kmsg", &online).unwrap();
         let e = read(dir.path()).unwrap_err().to_string();
         assert!(e.contains("cpu/online") && e.contains("leads outside the tree"), "{e}");
