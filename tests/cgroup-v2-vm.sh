@@ -124,8 +124,9 @@ else
     # lives) and metrics_missized (spinners flagged from v2 cpu.stat and the job's threads; the
     # scrape with cpu.pressure and memory.pressure) and daemon_resize (the malleable C program
     # resized through topod; it builds the program there, with the host's cc, against the
-    # libtopo.so built here), built here, run there.
-    tests=(cgroup_real cgroup_foreign daemon daemon_hostile daemon_crash metrics_missized daemon_resize)
+    # libtopo.so built here) and gpu_locality (confine_devices as BPF device programs), built
+    # here, run there.
+    tests=(cgroup_real cgroup_foreign daemon daemon_hostile daemon_crash metrics_missized daemon_resize gpu_locality)
     cargo build --quiet --locked -p topo-capi
     mapfile -t binaries < <(cargo test --locked -p topod "${tests[@]/#/--test=}" --no-run --message-format=json \
         | python3 -c 'import json,sys

@@ -594,3 +594,90 @@ fn suspend_freezes_the_whole_job_at_once_and_resume_lets_it_run() {
     let _ = sh.wait();
     assert!(matches!(cg.freeze(&id, Duration::from_secs(1)), Err(CgroupError::NoSuchJob(_))));
 }
+
+/// A character device node `dir/name` with the numbers of `/dev/null` (1:3) or `/dev/zero`
+/// (1:5): it opens wherever the device is not denied.
+fn char_node(dir: &Path, name: &str, minor: u64) -> String {
+    let path = dir.join(name);
+    nix::sys::stat::mknod(
+        &path,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, minor),
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// Which of `nodes` a shell moved into the cgroup `dir` opens: `true` where it could.
+fn opens_in(dir: &Path, nodes: &[&str]) -> Vec<bool> {
+    nodes
+        .iter()
+        .map(|node| {
+            let script =
+                format!("echo $$ > {}/cgroup.procs || exit 9; exec 3< {node}", dir.display());
+            let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() || said.contains("Operation not permitted"),
+                "{node}: {:?} {said}",
+                out.status
+            );
+            out.status.success()
+        })
+        .collect()
+}
+
+/// Issue 33, confinement on cgroup v2, on the real kernel: topod's BPF device program denies
+/// exactly its list, a new list replaces the old (one program attached at a time), and a
+/// program on a parent keeps its denials however the child's reads (`BPF_F_ALLOW_MULTI`: all
+/// must allow). Runs on any cgroup v2 mount (beside v1 here, pure v2 in the suite's guest).
+#[test]
+fn v2_a_device_program_denies_exactly_its_list_and_is_replaced_whole() {
+    use topod::cgroup::devices_bpf::{Bpf, DeviceFilter};
+    use topod::cgroup::CharDevice;
+    if !nix::unistd::geteuid().is_root() {
+        return common::skip("device nodes and BPF programs need root");
+    }
+    let Some(mount) = std::fs::read_to_string("/proc/mounts").ok().and_then(|m| v2_mount(&m))
+    else {
+        return common::skip("no cgroup v2 hierarchy is mounted");
+    };
+    let parent = mount.join(unique("bpf"));
+    let _cleanup = Cleanup(vec![parent.clone()]);
+    let child = parent.join("job");
+    std::fs::create_dir_all(&child).unwrap();
+    let nodes = tempfile::tempdir().unwrap();
+    let null = char_node(nodes.path(), "null", 3);
+    let zero = char_node(nodes.path(), "zero", 5);
+    let (null_dev, zero_dev) =
+        (CharDevice { major: 1, minor: 3 }, CharDevice { major: 1, minor: 5 });
+    let bpf = Bpf;
+    bpf.check().unwrap();
+    assert_eq!(opens_in(&child, &[&null, &zero]), [true, true], "nothing attached yet");
+    assert_eq!(bpf.attached(&child).unwrap(), 0);
+    bpf.set(&child, &[zero_dev]).unwrap();
+    assert_eq!(opens_in(&child, &[&null, &zero]), [true, false]);
+    assert_eq!(bpf.attached(&child).unwrap(), 1);
+    // Replaced whole: 1:5 opens again, 1:3 no longer; still one program.
+    bpf.set(&child, &[null_dev]).unwrap();
+    assert_eq!(opens_in(&child, &[&null, &zero]), [false, true]);
+    assert_eq!(bpf.attached(&child).unwrap(), 1);
+    // An empty list allows all; confine_devices turned off detaches the program.
+    bpf.set(&child, &[]).unwrap();
+    assert_eq!(opens_in(&child, &[&null, &zero]), [true, true]);
+    bpf.set(&child, &[zero_dev]).unwrap();
+    assert_eq!(bpf.clear(&child).unwrap(), 1);
+    assert_eq!(opens_in(&child, &[&null, &zero]), [true, true]);
+    assert_eq!(bpf.attached(&child).unwrap(), 0);
+    // What a parent denies (systemd's DeviceAllow=, a batch system's program) stays denied.
+    bpf.set(&parent, &[zero_dev]).unwrap();
+    bpf.set(&child, &[null_dev]).unwrap();
+    assert_eq!(opens_in(&child, &[&null, &zero]), [false, false]);
+    assert_eq!(opens_in(&parent, &[&null, &zero]), [true, false]);
+    // Removing the cgroup drops its program: a new one of the same name starts with none.
+    std::fs::remove_dir(&child).unwrap();
+    std::fs::create_dir(&child).unwrap();
+    assert_eq!(bpf.attached(&child).unwrap(), 0);
+    assert_eq!(opens_in(&child, &[&null, &zero]), [true, false]);
+}

@@ -904,11 +904,14 @@ const KEEP: [caps::Capability; 3] = [
     caps::Capability::CAP_NET_BIND_SERVICE,
 ];
 
-/// `--check-config` with `confine_devices`: what a start would refuse (cgroup v2, no v1 devices
-/// hierarchy, no CAP_SYS_ADMIN to keep).
+/// `--check-config` with `confine_devices`: what a start would refuse (no v1 devices hierarchy;
+/// on v2 a kernel that loads no BPF device program; no CAP_SYS_ADMIN to keep).
 fn check_confine_devices(kind: Kind, mounts: &str) -> Result<(), String> {
+    use cgroup::devices_bpf::DeviceFilter;
     match kind {
-        Kind::V2 => return Err(cgroup::v2::DEVICES_ON_V2.to_string()),
+        Kind::V2 => cgroup::devices_bpf::Bpf.check().map_err(|e| {
+            format!("confine_devices on cgroup v2 loads a BPF device program into each job's cgroup, and loading one failed: {e}")
+        })?,
         Kind::V1 if cgroup::v1::v1_devices_mount(mounts).is_none() => {
             return Err("confine_devices needs the cgroup v1 devices hierarchy, which is not mounted (mount -t cgroup -o devices devices /sys/fs/cgroup/devices)".into());
         }
@@ -923,15 +926,22 @@ fn check_confine_devices(kind: Kind, mounts: &str) -> Result<(), String> {
 }
 
 /// Why topod will not start with `confine_devices` and without CAP_SYS_ADMIN, and what to do.
-const NO_SYS_ADMIN: &str = "confine_devices is on, but topod was started without CAP_SYS_ADMIN, which the kernel asks for to write a job's device rules (devices.deny); under systemd install packaging/topod-confine-devices.conf (Debian: /usr/share/doc/topod/examples/confine-devices.conf) as /etc/systemd/system/topod.service.d/confine-devices.conf and run systemctl daemon-reload, or turn confine_devices off";
+const NO_SYS_ADMIN: &str = "confine_devices is on, but topod was started without CAP_SYS_ADMIN, which the kernel asks for to set a job's device rules (cgroup v1: devices.deny; v2: a BPF device program); under systemd install packaging/topod-confine-devices.conf (Debian: /usr/share/doc/topod/examples/confine-devices.conf) as /etc/systemd/system/topod.service.d/confine-devices.conf and run systemctl daemon-reload, or turn confine_devices off";
 
 /// With `confine_devices`, [`KEEP`] and CAP_SYS_ADMIN: the kernel asks for it to write a v1
-/// `devices.deny` rule (security/device_cgroup.c, devcgroup_access_write).
+/// `devices.deny` rule (security/device_cgroup.c, devcgroup_access_write), and on v2 it stands
+/// for CAP_BPF and CAP_NET_ADMIN in loading and attaching a device program
+/// (kernel/bpf/syscall.c, bpf_prog_load; kernel/bpf/token.c, bpf_token_capable), and
+/// CAP_NET_ADMIN, which listing a cgroup's programs asks for.
 fn drop_capabilities(confine_devices: bool) -> Result<(), String> {
     use caps::{CapSet, Capability};
     let mut keep: caps::CapsHashSet = KEEP.iter().copied().collect();
     if confine_devices {
         keep.insert(Capability::CAP_SYS_ADMIN);
+        // Listing a cgroup's BPF programs (BPF_PROG_QUERY, to replace topod's own) asks for
+        // CAP_NET_ADMIN itself on kernels such as Debian 12's 6.1 (observed in the v2 guest:
+        // EPERM with CAP_SYS_ADMIN alone).
+        keep.insert(Capability::CAP_NET_ADMIN);
     }
     let has =
         caps::read(None, CapSet::Permitted).map_err(|e| format!("reading capabilities: {e}"))?;

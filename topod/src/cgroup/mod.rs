@@ -15,6 +15,7 @@
 //! - the cgroup tree is the truth: [`CgroupBackend::list`] finds every job cgroup that exists, so
 //!   a restarted daemon can rebuild its ledger.
 
+pub mod devices_bpf;
 pub mod fake;
 #[cfg(test)]
 pub(crate) mod fake_fs;
@@ -67,7 +68,8 @@ impl Kind {
     /// each job is also a group of the CPU scheduler (v1: a directory in the `cpu` hierarchy,
     /// where mounted; v2: the `cpu` controller, where offered). With
     /// `options.confine_devices`, each job's denied devices are kept (v1: a directory in the
-    /// `devices` hierarchy, which must be mounted; refused on v2, see [`v2::DEVICES_ON_V2`]).
+    /// `devices` hierarchy, which must be mounted; v2: a BPF program on the job's cgroup, see
+    /// [`devices_bpf`]).
     pub fn open(
         self,
         files: Files,
@@ -103,10 +105,10 @@ impl Kind {
                 })
             }
             Kind::V2 => {
+                let mut v2 = v2::V2::detect_in(files, mounts, &format!("{subtree}.slice"))?;
                 if options.confine_devices {
-                    return Err(CgroupError::Unsupported(v2::DEVICES_ON_V2.into()));
+                    v2 = v2.with_devices(std::sync::Arc::new(devices_bpf::Bpf))?;
                 }
-                let v2 = v2::V2::detect_in(files, mounts, &format!("{subtree}.slice"))?;
                 Box::new(if options.cpu_groups {
                     v2.with_cpu_groups()
                 } else {

@@ -9,15 +9,12 @@
 //! read back; release writes `cgroup.kill` (Linux 5.14+), or freezes with `cgroup.freeze` and
 //! kills, then waits for `populated 0` in `cgroup.events` before `rmdir`.
 
+use super::devices_bpf::DeviceFilter;
 use super::fs::{wait_until, Files};
-use super::{CgroupBackend, CgroupError, CgroupSpec, Effective, JobId, ReleaseReport};
+use super::{CgroupBackend, CgroupError, CgroupSpec, CharDevice, Effective, JobId, ReleaseReport};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
-
-/// Why topod does not confine devices on cgroup v2: the unified hierarchy has no device files,
-/// only a BPF program of type `BPF_PROG_TYPE_CGROUP_DEVICE` attached to the job's cgroup
-/// (cgroup-v2.rst, "Device controller"), which topod does not load.
-pub const DEVICES_ON_V2: &str = "confine_devices needs cgroup v1's devices controller: on cgroup v2 a job's devices are limited only by a BPF program (BPF_PROG_TYPE_CGROUP_DEVICE), which topod does not load; leave confine_devices off and let the batch system confine them (Slurm: ConstrainDevices=yes in cgroup.conf; PBS: the cgroups hook's devices section)";
 
 /// cgroup v2 job cgroups under one subtree root.
 #[derive(Debug, Clone)]
@@ -26,6 +23,9 @@ pub struct V2 {
     root: PathBuf,
     cpuset: bool,
     memory: bool,
+    /// Where each job's device program is set, with `confine_devices` (see
+    /// [`super::devices_bpf`]).
+    devices: Option<Arc<dyn DeviceFilter>>,
 }
 
 /// The unified hierarchy's mount point, from `/proc/mounts`-format text.
@@ -80,7 +80,7 @@ impl V2 {
                 }
             }
         }
-        Ok(V2 { files, root, cpuset, memory })
+        Ok(V2 { files, root, cpuset, memory, devices: None })
     }
 
     /// Enables the `cpu` controller for the job cgroups where the parent offers it, so that each
@@ -130,6 +130,19 @@ impl V2 {
         self
     }
 
+    /// Confines each job's devices by a BPF program on its cgroup, set through `filter`
+    /// ([`CgroupSpec::denied_devices`], [`CgroupBackend::set_device_rules`]); `filter` is
+    /// checked first, so that a kernel or a process that cannot load one says so now.
+    pub fn with_devices(mut self, filter: Arc<dyn DeviceFilter>) -> Result<Self, CgroupError> {
+        filter.check().map_err(|e| {
+            CgroupError::Unsupported(format!(
+                "confine_devices on cgroup v2 loads a BPF device program into each job's cgroup, and loading one failed: {e}; it needs a kernel built with CONFIG_CGROUP_BPF, CAP_SYS_ADMIN and the bpf system call; under systemd install packaging/topod-confine-devices.conf (Debian: /usr/share/doc/topod/examples/confine-devices.conf) as /etc/systemd/system/topod.service.d/confine-devices.conf and run systemctl daemon-reload, or turn confine_devices off"
+            ))
+        })?;
+        self.devices = Some(filter);
+        Ok(self)
+    }
+
     fn dir(&self, job: &JobId) -> PathBuf {
         self.root.join(job.as_str())
     }
@@ -171,6 +184,26 @@ impl CgroupBackend for V2 {
         "v2"
     }
 
+    fn confines_devices(&self) -> bool {
+        self.devices.is_some()
+    }
+
+    /// Replaces the job's device program by one that denies `denied` (a device of `allowed` is
+    /// simply not in it; one in neither list is allowed too, unlike v1's rules, which keep it).
+    fn set_device_rules(
+        &self,
+        job: &JobId,
+        denied: &[CharDevice],
+        _allowed: &[CharDevice],
+    ) -> Result<(), CgroupError> {
+        let Some(filter) = &self.devices else { return Ok(()) };
+        let dir = self.dir(job);
+        if !self.files.is_dir(&dir) {
+            return Err(CgroupError::NoSuchJob(job.to_string()));
+        }
+        filter.set(&dir, denied)
+    }
+
     /// CPUs of the partitions (`cpuset.cpus.partition` root or isolated) beside our subtree.
     fn foreign_cpus(&self) -> Result<topo_core::cpuset::CpuSet, CgroupError> {
         let mut out = topo_core::cpuset::CpuSet::new();
@@ -194,12 +227,22 @@ impl CgroupBackend for V2 {
                 self.root.display()
             )));
         }
-        if !spec.denied_devices.is_empty() {
-            return Err(CgroupError::Unsupported(DEVICES_ON_V2.into()));
-        }
         let dir = self.dir(job);
-        if !self.files.mkdir(&dir)? {
+        let made = self.files.mkdir(&dir)?;
+        if !made {
             self.files.check_existing(&dir, job, spec)?;
+        }
+        // Devices before the cpuset is configured: no process may join before (see join). A new
+        // cgroup with nothing to deny needs no program; an existing one gets its list anew.
+        match &self.devices {
+            Some(_) if made && spec.denied_devices.is_empty() => {}
+            Some(filter) => filter.set(&dir, &spec.denied_devices)?,
+            None if !spec.denied_devices.is_empty() => {
+                return Err(CgroupError::Unsupported(format!(
+                    "job {job}: its devices cannot be confined: topod was not started with confine_devices"
+                )));
+            }
+            None => {}
         }
         self.files.write(&dir.join("cpuset.mems"), &spec.mems.to_string())?;
         self.files.write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
@@ -464,5 +507,37 @@ mod tests {
         fs.set_own_cgroups("0::/topo.slice/5\n");
         let e = v2.release(&job("5"), Duration::from_secs(1)).unwrap_err().to_string();
         assert!(e.contains("topod itself is in job 5's cgroup"), "{e}");
+    }
+
+    #[test]
+    fn with_confine_devices_each_job_gets_its_deny_list_before_it_takes_processes() {
+        use super::super::devices_bpf::FakeFilter;
+        use super::super::CharDevice;
+        let fs = Arc::new(FakeCgroupFs::v2("0-7", "0-1"));
+        let filter = Arc::new(FakeFilter::default());
+        let v2 = open(&fs).with_devices(filter.clone()).unwrap();
+        assert!(v2.confines_devices());
+        let gpu = |minor| CharDevice { major: 195, minor };
+        let dir = |id: &str| fs.root("unified").join("topo.slice").join(id);
+        let mut with_gpus = spec("0-1", "0");
+        with_gpus.denied_devices = vec![gpu(1), gpu(0), gpu(1)];
+        v2.create(&job("g1"), &with_gpus).unwrap();
+        assert_eq!(filter.denied(&dir("g1")), Some(vec![gpu(0), gpu(1)]));
+        // Nothing to deny on a new cgroup: no program.
+        v2.create(&job("g2"), &spec("2-3", "0")).unwrap();
+        assert_eq!(filter.denied(&dir("g2")), None);
+        // The rules change whole: what is allowed now is simply not denied.
+        v2.set_device_rules(&job("g1"), &[gpu(0)], &[gpu(1)]).unwrap();
+        assert_eq!(filter.denied(&dir("g1")), Some(vec![gpu(0)]));
+        v2.set_device_rules(&job("g2"), &[gpu(1)], &[]).unwrap();
+        assert_eq!(filter.denied(&dir("g2")), Some(vec![gpu(1)]));
+        let e = v2.set_device_rules(&job("gone"), &[gpu(1)], &[]).unwrap_err();
+        assert!(matches!(e, CgroupError::NoSuchJob(_)), "{e}");
+        // Without confine_devices a job that asks for it is refused, not left open.
+        let plain = open(&fs);
+        assert!(!plain.confines_devices());
+        let e = plain.create(&job("g3"), &with_gpus).unwrap_err().to_string();
+        assert!(e.contains("not started with confine_devices"), "{e}");
+        assert!(plain.set_device_rules(&job("g1"), &[gpu(1)], &[]).is_ok());
     }
 }

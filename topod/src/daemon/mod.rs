@@ -158,9 +158,10 @@ pub struct Config {
     /// threads weigh as one against topod's and other jobs'; on by default.
     pub cpu_groups: Option<bool>,
     /// Each job may open only the device files of its own GPUs (those the batch system gave
-    /// it, `gpus`): every other GPU's and accelerator's are denied in its cgroup (v1 `devices`
-    /// controller; topod then keeps CAP_SYS_ADMIN, which the kernel asks for to write a device
-    /// rule). Off by default; not on cgroup v2 (see `cgroup::v2::DEVICES_ON_V2`).
+    /// it, `gpus`): every other GPU's and accelerator's are denied in its cgroup (v1: the
+    /// `devices` controller; v2: a BPF device program on the job's cgroup, see
+    /// `cgroup::devices_bpf`; topod then keeps CAP_SYS_ADMIN, which the kernel asks for to set a
+    /// device rule). Off by default.
     #[serde(default)]
     pub confine_devices: bool,
 }
