@@ -2096,28 +2096,32 @@ impl PolicyCore {
         let Some(rules) = self.config.preempt else { return false };
         let Slot::Waiting(spec, submitted) = self.jobs[head as usize] else { return false };
         let now = self.now;
-        let head_xf = expansion_factor(now - submitted, spec.estimate, spec.estimate);
-        if head_xf < rules.min_xf {
+        // The steps topod takes for its host too: the threshold, then who may be suspended
+        // (`preemption_candidates`, in job order so that equal expansion factors go by job).
+        let xf = expansion_factor(now - submitted, spec.estimate, spec.estimate);
+        let Ok(head_xf) = may_preempt::<JobKey>(&rules, Some(xf)) else { return false };
+        let in_the_way = self.ends.iter().filter_map(|&(_, job)| match &self.jobs[job as usize] {
+            Slot::Running(r) => Some(InTheWay {
+                job,
+                cpus: CpuSet::new(),
+                fenced: CpuSet::new(),
+                procs: r.procs,
+                ran: now - r.since,
+                suspensions: r.suspensions,
+                xf: Some(r.xf(now)),
+                kept: None,
+            }),
+            _ => None,
+        });
+        let holds = |job: &JobKey| match &self.jobs[*job as usize] {
+            Slot::Running(r) => self.holds_for_suspended(r).then(String::new),
+            _ => None,
+        };
+        let Ok(mut eligible) = preemption_candidates(&rules, head_xf, in_the_way, holds) else {
             return false;
-        }
-        // Who may be suspended, with its expansion factor.
-        let eligible: Vec<(JobKey, f64)> = self
-            .ends
-            .iter()
-            .filter_map(|&(_, job)| match &self.jobs[job as usize] {
-                Slot::Running(r) => {
-                    let xf = r.xf(now);
-                    let holds = || self.holds_for_suspended(r).then(String::new);
-                    spared(&rules, now - r.since, r.suspensions, Some(xf), head_xf, holds)
-                        .is_none()
-                        .then_some((job, xf))
-                }
-                _ => None,
-            })
-            .collect();
-        if eligible.is_empty() {
-            return false;
-        }
+        };
+        eligible.sort_by_key(|c| c.job);
+        let eligible: Vec<(JobKey, f64)> = eligible.into_iter().map(|c| (c.job, c.xf)).collect();
         // The head sees the CPUs held for suspended jobs it may not borrow as taken.
         let held = self.held_view(head, spec, 0);
         let fences = held.as_ref().map(|v| &v.1);

@@ -401,6 +401,126 @@ pub fn holds_for_suspended<'a, K: std::fmt::Display + 'a>(
     })
 }
 
+/// A running job in the way of a waiting one on one host, as preemption sees it (see
+/// [`preemption_on_host`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InTheWay<K> {
+    /// The job.
+    pub job: K,
+    /// Its CPUs on the host.
+    pub cpus: CpuSet,
+    /// What it fences there.
+    pub fenced: CpuSet,
+    /// What suspending it costs (its processors).
+    pub procs: u32,
+    /// Seconds since its start or its last resume after preemption.
+    pub ran: Time,
+    /// How often preemption (never its owner) suspended it.
+    pub suspensions: u32,
+    /// Its expansion factor now; `None` without a submission time and estimate.
+    pub xf: Option<f64>,
+    /// Why its host keeps it running whatever the rules say (it did not say it may be
+    /// suspended, it is gang-scheduled or being changed), asked before the rules.
+    pub kept: Option<String>,
+}
+
+/// Why a running job is not suspended for a waiting one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kept {
+    /// What only its host knows ([`InTheWay::kept`]).
+    Host(String),
+    /// A rule of [`Preempt`] ([`spared`]).
+    Rule(Spared),
+}
+
+/// Why a waiting job suspends nobody on a host: each driver words it for its users (topod in the
+/// refusal its client gets).
+#[derive(Debug, Clone, PartialEq)]
+pub enum NotPreempted<K> {
+    /// The waiting job gave no submission time or estimate: it has no expansion factor.
+    NoExpansionFactor,
+    /// Its expansion factor is below [`Preempt::min_xf`].
+    BelowThreshold {
+        /// Its expansion factor.
+        xf: f64,
+        /// [`Preempt::min_xf`].
+        min_xf: f64,
+    },
+    /// No running job holds CPUs it may use.
+    NothingInTheWay,
+    /// Every job in its way is kept running, each with why.
+    AllKept(Vec<(K, Kept)>),
+    /// Suspending every job that may be suspended for it frees no place it fits: those jobs.
+    FreesNoPlace(Vec<K>),
+}
+
+/// The expansion factor `xf` of the first waiting job when it may preempt at all (at least
+/// [`Preempt::min_xf`]), or why not. The first step of preemption in both drivers.
+pub fn may_preempt<K>(rules: &Preempt, xf: Option<f64>) -> Result<f64, NotPreempted<K>> {
+    match xf {
+        None => Err(NotPreempted::NoExpansionFactor),
+        Some(xf) if xf < rules.min_xf => {
+            Err(NotPreempted::BelowThreshold { xf, min_xf: rules.min_xf })
+        }
+        Some(xf) => Ok(xf),
+    }
+}
+
+/// Which of the jobs `in_the_way` may be suspended for a waiting job whose expansion factor is
+/// `for_xf` (what the host keeps first, then [`spared`]; `holds` is [`holds_for_suspended`] for
+/// a job, asked last), in the order given; or why none may.
+pub fn preemption_candidates<K: Clone>(
+    rules: &Preempt,
+    for_xf: f64,
+    in_the_way: impl IntoIterator<Item = InTheWay<K>>,
+    holds: impl Fn(&K) -> Option<String>,
+) -> Result<Vec<Candidate<K>>, NotPreempted<K>> {
+    let mut candidates = Vec::new();
+    let mut kept = Vec::new();
+    for j in in_the_way {
+        if let Some(why) = j.kept {
+            kept.push((j.job, Kept::Host(why)));
+            continue;
+        }
+        if let Some(why) = spared(rules, j.ran, j.suspensions, j.xf, for_xf, || holds(&j.job)) {
+            kept.push((j.job, Kept::Rule(why)));
+            continue;
+        }
+        candidates.push(Candidate {
+            job: j.job,
+            xf: j.xf.unwrap_or(0.0),
+            cpus: j.cpus,
+            fenced: j.fenced,
+            procs: j.procs,
+        });
+    }
+    match (candidates.is_empty(), kept.is_empty()) {
+        (false, _) => Ok(candidates),
+        (true, true) => Err(NotPreempted::NothingInTheWay),
+        (true, false) => Err(NotPreempted::AllKept(kept)),
+    }
+}
+
+/// The jobs to suspend on one host so that a waiting job whose expansion factor is `for_xf`
+/// (from [`may_preempt`]) fits there: [`preemption_candidates`] of `in_the_way`, then
+/// [`victims_on_host`] over them; the victims, or why there are none. topod calls this for its
+/// host; the cluster core takes the same first two steps and chooses among its hosts.
+#[allow(clippy::too_many_arguments)]
+pub fn preemption_on_host<K: Clone>(
+    rules: &Preempt,
+    for_xf: f64,
+    in_the_way: impl IntoIterator<Item = InTheWay<K>>,
+    holds: impl Fn(&K) -> Option<String>,
+    model: &HostModel,
+    occupancy: &Occupancy,
+    fits_in: &mut dyn FnMut(&CpuSet, &Occupancy) -> bool,
+) -> Result<Vec<K>, NotPreempted<K>> {
+    let candidates = preemption_candidates(rules, for_xf, in_the_way, holds)?;
+    victims_on_host(model, occupancy, &candidates, fits_in)
+        .map(|(_, victims)| victims)
+        .ok_or_else(|| NotPreempted::FreesNoPlace(candidates.into_iter().map(|c| c.job).collect()))
+}
+
 /// The host decision: where `request` goes on one host, by `strategy`. `topod` allocates
 /// through this; the cluster steps place every part of every job through it.
 pub fn start_on_host(
@@ -449,5 +569,86 @@ mod timer_tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod preemption_tests {
+    use super::*;
+
+    fn job(
+        name: &'static str,
+        ran: Time,
+        suspensions: u32,
+        xf: Option<f64>,
+    ) -> InTheWay<&'static str> {
+        InTheWay {
+            job: name,
+            cpus: CpuSet::new(),
+            fenced: CpuSet::new(),
+            procs: 1,
+            ran,
+            suspensions,
+            xf,
+            kept: None,
+        }
+    }
+
+    #[test]
+    fn a_waiting_job_preempts_only_from_the_threshold_and_with_an_expansion_factor() {
+        let rules = Preempt { min_run: 300, max_suspensions: 2, min_xf: 2.0 };
+        assert_eq!(may_preempt::<()>(&rules, None), Err(NotPreempted::NoExpansionFactor));
+        assert_eq!(
+            may_preempt::<()>(&rules, Some(1.99)),
+            Err(NotPreempted::BelowThreshold { xf: 1.99, min_xf: 2.0 })
+        );
+        assert_eq!(may_preempt::<()>(&rules, Some(2.0)), Ok(2.0));
+    }
+
+    /// What the host keeps comes before the rules, the rules before `holds` (asked only of a
+    /// job the rules would suspend), and the candidates keep the order given.
+    #[test]
+    fn candidates_are_the_jobs_neither_the_host_nor_a_rule_keeps() {
+        let rules = Preempt { min_run: 300, max_suspensions: 2, min_xf: 2.0 };
+        assert_eq!(
+            preemption_candidates(&rules, 3.0, Vec::<InTheWay<&str>>::new(), |_| None),
+            Err(NotPreempted::NothingInTheWay)
+        );
+        let mut gang = job("gang", 1_000, 0, Some(1.0));
+        gang.kept = Some("gang-scheduled".into());
+        let jobs = vec![
+            gang,
+            job("young", 299, 0, Some(1.0)),
+            job("tired", 1_000, 2, Some(1.0)),
+            job("urgent", 1_000, 0, Some(3.0)),
+            job("unknown", 1_000, 0, None),
+            job("holder", 1_000, 0, Some(1.0)),
+            job("b", 1_000, 1, Some(1.5)),
+            job("a", 300, 0, Some(1.0)),
+        ];
+        let asked: std::cell::RefCell<Vec<&'static str>> = std::cell::RefCell::default();
+        let holds = |j: &&'static str| {
+            asked.borrow_mut().push(*j);
+            (*j == "holder").then(|| "its preemptor waits".to_string())
+        };
+        let got = preemption_candidates(&rules, 3.0, jobs.clone(), holds).unwrap();
+        assert_eq!(got.iter().map(|c| (c.job, c.xf)).collect::<Vec<_>>(), [("b", 1.5), ("a", 1.0)]);
+        assert_eq!(*asked.borrow(), ["holder", "b", "a"]);
+        // Without the two the rules suspend, every job is kept, each with why.
+        let kept = preemption_candidates(&rules, 3.0, jobs[..6].to_vec(), |j: &&str| {
+            (*j == "holder").then(|| "its preemptor waits".to_string())
+        });
+        let Err(NotPreempted::AllKept(kept)) = kept else { panic!("{kept:?}") };
+        assert_eq!(
+            kept,
+            [
+                ("gang", Kept::Host("gang-scheduled".into())),
+                ("young", Kept::Rule(Spared::TooEarly { ran: 299, min_run: 300 })),
+                ("tired", Kept::Rule(Spared::SuspendedEnough { times: 2, max: 2 })),
+                ("urgent", Kept::Rule(Spared::NotLower { xf: 3.0, for_xf: 3.0 })),
+                ("unknown", Kept::Rule(Spared::NoExpansionFactor)),
+                ("holder", Kept::Rule(Spared::HoldsForSuspended("its preemptor waits".into()))),
+            ]
+        );
     }
 }

@@ -1,10 +1,9 @@
 //! topod's preemption at allocate (after NCI's PBS), by the per-host rules in
 //! `topo_core::policy` that the simulator's cluster core applies too: who may be suspended for
-//! whom ([`Host::why_not_suspendable`], `victims_on_host`), the CPUs held for a suspended job and
-//! who may borrow them (`may_borrow`, `holds_for_suspended`), and when a victim runs again
-//! ([`Host::resume_preempted`], in `super::settle`). The differential test `super::agrees` checks that topod and the
-//! cluster core decide alike.
-
+//! whom (`preemption_on_host`, told what only the host knows by [`Host::kept_by_host`]), the
+//! CPUs held for a suspended job and who may borrow them (`may_borrow`, `holds_for_suspended`),
+//! and when a victim runs again ([`Host::resume_preempted`], in `super::settle`). The
+//! differential test `super::agrees` checks that topod and the cluster core decide alike.
 use super::*;
 
 /// A preemption whose victims are being frozen (without the host lock): the allocate asked
@@ -100,50 +99,37 @@ impl Host {
             estimate_s: ask.estimate_s,
             ..JobHint::default()
         };
-        let Some(my_xf) = self.expansion_factor(&me, now) else {
-            return Err(not_preempted(
-                refused,
-                "it gave no submission time and time limit (submitted_at, estimate_s), so it has no expansion factor",
-            ));
-        };
-        if my_xf < rules.min_xf {
-            tracing::info!("job {id}: does not fit, and its expansion factor {my_xf:.2} is below {} to preempt", rules.min_xf);
-            return Err(not_preempted(
-                refused,
-                &format!(
-                    "its expansion factor {my_xf:.2} is below preempt_min_xf {}",
-                    rules.min_xf
-                ),
-            ));
-        }
-        let mut candidates = Vec::new();
-        // Why each job in its way may not be suspended for it, for the refusal.
-        let mut spared: Vec<String> = Vec::new();
-        for a in self.ledger.jobs() {
-            let Some(hint) = self.hints.get(&a.job) else { continue };
-            // A job outside the CPUs the request may use frees nothing for it.
-            if prepared.request.cpu_list.as_ref().is_some_and(|l| !a.cpus.intersects(l)) {
-                continue;
+        // Who may be suspended and for whom: the steps topod shares with the policy core
+        // (`topo_core::policy::preemption_on_host`); topod only says what its host knows.
+        let my_xf = match topo_core::policy::may_preempt(&rules, self.expansion_factor(&me, now)) {
+            Ok(xf) => xf,
+            Err(why) => {
+                tracing::info!(
+                    "job {id}: does not fit, and may not preempt: {}",
+                    self.say_not_preempted(&why)
+                );
+                return Err(not_preempted(refused, &self.say_not_preempted(&why)));
             }
-            match self.why_not_suspendable(&a.job, hint, now, my_xf, &rules) {
-                Some(why) => spared.push(why),
-                None => candidates.push(topo_core::policy::Candidate {
+        };
+        let in_the_way: Vec<topo_core::policy::InTheWay<String>> = self
+            .ledger
+            .jobs()
+            // A job outside the CPUs the request may use frees nothing for it.
+            .filter(|a| prepared.request.cpu_list.as_ref().is_none_or(|l| a.cpus.intersects(l)))
+            .filter_map(|a| {
+                let hint = self.hints.get(&a.job)?;
+                Some(topo_core::policy::InTheWay {
                     job: a.job.clone(),
-                    xf: self.expansion_factor(hint, now).unwrap_or(0.0),
                     cpus: a.cpus.clone(),
                     fenced: a.fenced.clone(),
                     procs: a.cpus.len() as u32,
-                }),
-            }
-        }
-        if candidates.is_empty() {
-            let why = if spared.is_empty() {
-                "no job runs on the CPUs it may use".to_string()
-            } else {
-                format!("no job may be suspended for it: {}", summarize(&spared, 4))
-            };
-            return Err(not_preempted(refused, &why));
-        }
+                    ran: hint.protected_from().map_or(0, |t| now - t),
+                    suspensions: hint.suspensions,
+                    xf: self.expansion_factor(hint, now),
+                    kept: self.kept_by_host(&a.job, hint),
+                })
+            })
+            .collect();
         let (model, strategy) = (self.model.clone(), self.strategy);
         let mut fits_in = |domain: &CpuSet, occ: &place::Occupancy| {
             let mut request = prepared.request.clone();
@@ -162,17 +148,18 @@ impl Host {
         };
         let ends_by = self.ends_by(prepared);
         let (occupancy, _) = self.placement_occupancy_as(id.as_str(), None, who, ends_by);
-        let Some((_, victims)) =
-            topo_core::policy::victims_on_host(&model, &occupancy, &candidates, &mut fits_in)
-        else {
-            let names: Vec<String> = candidates.iter().map(|c| c.job.clone()).collect();
-            return Err(not_preempted(
-                refused,
-                &format!(
-                    "suspending the jobs that may be suspended for it ({}) frees no place its request fits",
-                    summarize(&names, 8)
-                ),
-            ));
+        let chosen = topo_core::policy::preemption_on_host(
+            &rules,
+            my_xf,
+            in_the_way,
+            |job: &String| self.holds_for_preempted(job),
+            &model,
+            &occupancy,
+            &mut fits_in,
+        );
+        let victims = match chosen {
+            Ok(victims) => victims,
+            Err(why) => return Err(not_preempted(refused, &self.say_not_preempted(&why))),
         };
         // Under way from the first freeze: a victim whose freeze ends after the job gave up
         // runs again (`finish_victim`).
@@ -291,51 +278,68 @@ impl Host {
         }
     }
 
-    /// The rule that keeps a running job from being suspended for a preemptor whose expansion
-    /// factor is `for_xf` (the first that does), or `None` when it may be: the one place both
-    /// the choice of victims and the refusal's text come from. What only a host knows first,
-    /// then the rules topod shares with the policy core (`topo_core::policy::spared`).
-    pub(super) fn why_not_suspendable(
-        &self,
-        job: &str,
-        hint: &JobHint,
-        now: i64,
-        for_xf: f64,
-        rules: &topo_core::policy::Preempt,
-    ) -> Option<String> {
-        use topo_core::policy::Spared;
+    /// What only this host knows that keeps a running job from being suspended for another,
+    /// whatever the rules of `topo_core::policy::Preempt` say; `None` when nothing does.
+    pub(super) fn kept_by_host(&self, job: &str, hint: &JobHint) -> Option<String> {
         let gang = self.ledger.get(job).is_some_and(|a| a.gang_row.is_some());
         if !hint.preemptible {
-            return Some(format!("job {job} did not say it may be suspended (preemptible)"));
+            Some(format!("job {job} did not say it may be suspended (preemptible)"))
         } else if self.ledger.is_suspended(job) {
             // It runs on nothing to free, and its suspension is somebody else's.
-            return Some(format!("job {job} is suspended already"));
+            Some(format!("job {job} is suspended already"))
         } else if gang {
-            return Some(format!("job {job} is gang-scheduled"));
+            Some(format!("job {job} is gang-scheduled"))
         } else if self.releasing.contains(job)
             || self.changing.contains_key(job)
             || self.is_switching(job)
         {
-            return Some(format!("job {job} is being changed"));
+            Some(format!("job {job} is being changed"))
+        } else {
+            None
         }
-        let ran = hint.protected_from().map_or(0, |t| now - t);
-        let xf = self.expansion_factor(hint, now);
-        let holds = || self.holds_for_preempted(job);
-        Some(match topo_core::policy::spared(rules, ran, hint.suspensions, xf, for_xf, holds)? {
-            Spared::TooEarly { ran, min_run } => format!(
+    }
+
+    /// Why a job suspends nobody here, as its client reads it (the names are topod.toml's).
+    pub(super) fn say_not_preempted(
+        &self,
+        why: &topo_core::policy::NotPreempted<String>,
+    ) -> String {
+        use topo_core::policy::{Kept, NotPreempted, Spared};
+        let kept = |job: &str, why: &Kept| {
+            match why {
+            Kept::Host(why) => why.clone(),
+            Kept::Rule(Spared::TooEarly { ran, min_run }) => format!(
                 "job {job} has run {ran} s since its start or its resume after preemption, less than preempt_min_run_s {min_run}"
             ),
-            Spared::SuspendedEnough { times, max } => format!(
+            Kept::Rule(Spared::SuspendedEnough { times, max }) => format!(
                 "job {job} was suspended {times} time(s) by preemption already (preempt_max_suspensions {max})"
             ),
-            Spared::NoExpansionFactor => format!(
-                "job {job} gave no submission time and time limit (no expansion factor)"
-            ),
-            Spared::NotLower { xf, for_xf } => {
+            Kept::Rule(Spared::NoExpansionFactor) => {
+                format!("job {job} gave no submission time and time limit (no expansion factor)")
+            }
+            Kept::Rule(Spared::NotLower { xf, for_xf }) => {
                 format!("job {job}'s expansion factor {xf:.2} is not below its {for_xf:.2}")
             }
-            Spared::HoldsForSuspended(why) => format!("job {job} may not be suspended: {why}"),
-        })
+            Kept::Rule(Spared::HoldsForSuspended(why)) => {
+                format!("job {job} may not be suspended: {why}")
+            }
+        }
+        };
+        match why {
+            NotPreempted::NoExpansionFactor => "it gave no submission time and time limit (submitted_at, estimate_s), so it has no expansion factor".to_string(),
+            NotPreempted::BelowThreshold { xf, min_xf } => {
+                format!("its expansion factor {xf:.2} is below preempt_min_xf {min_xf}")
+            }
+            NotPreempted::NothingInTheWay => "no job runs on the CPUs it may use".to_string(),
+            NotPreempted::AllKept(all) => {
+                let said: Vec<String> = all.iter().map(|(job, why)| kept(job, why)).collect();
+                format!("no job may be suspended for it: {}", summarize(&said, 4))
+            }
+            NotPreempted::FreesNoPlace(names) => format!(
+                "suspending the jobs that may be suspended for it ({}) frees no place its request fits",
+                summarize(names, 8)
+            ),
+        }
     }
 
     /// Why `job` holds CPUs a job suspended by preemption waits for (it is that job's preemptor,
