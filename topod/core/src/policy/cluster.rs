@@ -1439,16 +1439,9 @@ impl PolicyCore {
         })
     }
 
-    /// Whether a job suspended by preemption waits for some of `run`'s CPUs.
+    /// Whether another job suspended by preemption (not by its owner) waits for some of `run`'s
+    /// CPUs: `run` may not take them, running or resumed.
     fn waited_for(&self, job: JobKey, run: &Running) -> bool {
-        self.suspended.iter().filter(|&&o| o != job).any(|&o| match &self.jobs[o as usize] {
-            Slot::Suspended(other) if !other.by_owner => overlap(&run.parts, &other.run.parts),
-            _ => false,
-        })
-    }
-
-    /// Whether another suspended job, not one its owner suspended, holds some of `run`'s CPUs.
-    fn shares_cpus_with_suspended(&self, job: JobKey, run: &Running) -> bool {
         self.suspended.iter().filter(|&&o| o != job).any(|&o| match &self.jobs[o as usize] {
             Slot::Suspended(other) if !other.by_owner => overlap(&run.parts, &other.run.parts),
             _ => false,
@@ -2069,25 +2062,31 @@ impl PolicyCore {
             return;
         }
         let now = self.now;
-        let order =
-            resume_order(self.suspended.iter().filter_map(|&job| match &self.jobs[job as usize] {
-                Slot::Suspended(s) if !s.by_owner => Some((
+        let suspended: Vec<ToResume<JobKey>> = self
+            .suspended
+            .iter()
+            .filter_map(|&job| match &self.jobs[job as usize] {
+                Slot::Suspended(s) => Some(ToResume {
                     job,
-                    expansion_factor(now - s.run.submitted, s.remaining, s.run.spec.estimate),
-                )),
+                    xf: expansion_factor(now - s.run.submitted, s.remaining, s.run.spec.estimate),
+                    by_preemption: !s.by_owner,
+                    kept: false,
+                }),
                 _ => None,
-            }));
-        for job in order {
-            let Slot::Suspended(s) = &self.jobs[job as usize] else { continue };
+            })
+            .collect();
+        let resumed = resume_preempted(suspended, |&job| {
+            let Slot::Suspended(s) = &self.jobs[job as usize] else { return false };
             // Not onto CPUs another suspended job holds that the policy does not: it would find
             // them taken on its resume. A job its owner suspended holds nothing (its resume
             // waits for this one instead). topod decides so too.
-            if !self.free_again(&s.run) || self.shares_cpus_with_suspended(job, &s.run) {
-                continue;
+            if !self.free_again(&s.run) || self.waited_for(job, &s.run) {
+                return false;
             }
             self.resume_suspended(job);
-            actions.push(Action::Resume { job });
-        }
+            true
+        });
+        actions.extend(resumed.into_iter().map(|job| Action::Resume { job }));
     }
 
     /// Suspends running jobs so that `head` starts now, if the rules of [`Preempt`] allow it;

@@ -309,13 +309,36 @@ pub fn expansion_factor(in_system: Time, to_run: Time, estimate: Time) -> f64 {
     (in_system.max(0) + to_run.max(0)) as f64 / estimate.max(1) as f64
 }
 
-/// The order in which jobs suspended by preemption try to resume on their own CPUs, given each
-/// with its expansion factor: highest first, ties by job (so both drivers resume alike). Each
-/// resumes only if its CPUs are free by then, after those before it took theirs.
-pub fn resume_order<K: Ord>(waiting: impl IntoIterator<Item = (K, f64)>) -> Vec<K> {
-    let mut order: Vec<(K, f64)> = waiting.into_iter().collect();
+/// A job suspended on a host, as the resume step ([`resume_preempted`]) sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToResume<K> {
+    /// The job.
+    pub job: K,
+    /// Its expansion factor now (suspended time counts; 0 without one).
+    pub xf: f64,
+    /// Preemption suspended it. A job its owner or root suspended runs again when they say.
+    pub by_preemption: bool,
+    /// What only its host knows keeps it suspended for now (its preemptor is being placed, it
+    /// is being released or changed).
+    pub kept: bool,
+}
+
+/// The jobs suspended by preemption that run again now: those neither their owner suspended nor
+/// their host keeps, tried highest expansion factor first, ties by job (so both drivers resume
+/// alike); each resumes if `try_resume` says it did (its CPUs are free again and no other
+/// suspended job holds them), after those before it took theirs. topod calls this when CPUs come
+/// free; the cluster core at every event.
+pub fn resume_preempted<K: Ord>(
+    suspended: impl IntoIterator<Item = ToResume<K>>,
+    mut try_resume: impl FnMut(&K) -> bool,
+) -> Vec<K> {
+    let mut order: Vec<(K, f64)> = suspended
+        .into_iter()
+        .filter(|s| s.by_preemption && !s.kept)
+        .map(|s| (s.job, s.xf))
+        .collect();
     order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    order.into_iter().map(|(job, _)| job).collect()
+    order.into_iter().map(|(job, _)| job).filter(|job| try_resume(job)).collect()
 }
 
 /// Why a running job may not be suspended for a waiting job (the rules of [`Preempt`]).
@@ -650,5 +673,32 @@ mod preemption_tests {
                 ("holder", Kept::Rule(Spared::HoldsForSuspended("its preemptor waits".into()))),
             ]
         );
+    }
+
+    /// Only jobs preemption suspended and their host does not keep are tried, highest expansion
+    /// factor first and ties by job; those `try_resume` turns down stay suspended.
+    #[test]
+    fn suspended_jobs_resume_by_expansion_factor_and_only_preemptions_victims() {
+        let s = |job: &'static str, xf: f64, by_preemption: bool, kept: bool| ToResume {
+            job,
+            xf,
+            by_preemption,
+            kept,
+        };
+        let suspended = [
+            s("low", 1.0, true, false),
+            s("b", 2.0, true, false),
+            s("a", 2.0, true, false),
+            s("owners", 9.0, false, false),
+            s("placing", 8.0, true, true),
+            s("high", 3.0, true, false),
+        ];
+        let mut tried = Vec::new();
+        let resumed = resume_preempted(suspended, |job| {
+            tried.push(*job);
+            *job != "a"
+        });
+        assert_eq!(tried, ["high", "a", "b", "low"]);
+        assert_eq!(resumed, ["high", "b", "low"]);
     }
 }

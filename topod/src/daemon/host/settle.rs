@@ -373,54 +373,54 @@ impl Host {
     /// expansion factor first: free of running jobs, and of the job they were suspended for
     /// even while it is suspended itself (it would find its CPUs taken back). Each takes its
     /// CPUs back in the ledger now; the thaw follows (at once, or queued where deferred).
-    /// Returns them.
+    /// Returns them. Who is tried, and in what order, is `topo_core::policy::resume_preempted`,
+    /// which the cluster core runs too.
     pub fn resume_preempted(&mut self) -> Vec<String> {
         let now = self.now_s();
-        let waiting: Vec<(String, f64)> = self
+        let suspended: Vec<topo_core::policy::ToResume<String>> = self
             .ledger
             .suspended_jobs()
             .filter_map(|a| {
                 let hint = self.hints.get(&a.job)?;
-                // Not while its preemptor is being placed on its CPUs.
-                if self.preempting.contains_key(hint.preempted_by.as_ref()?) {
-                    return None;
-                }
-                // Not onto CPUs a suspended job holds (its preemptor, or a borrower, suspended
-                // by root: it would find them taken on its resume); running jobs' CPUs the
-                // ledger's resume refuses. Free CPUs are its own again, even before its preemptor
-                // ends. A job its owner suspended holds nothing: its CPUs were lent, and its
-                // owner's resume waits for this job (else an owner could keep it suspended).
-                let by_owner =
-                    |job: &str| self.hints.get(job).is_some_and(|h| h.suspended_by.is_some());
-                let held = self
-                    .ledger
-                    .suspended_jobs()
-                    .filter(|o| !by_owner(&o.job))
-                    .chain(self.ledger.gang_frozen_jobs())
-                    .any(|o| o.job != a.job && o.cpus.intersects(&a.cpus));
-                if held {
-                    return None;
-                }
-                if self.releasing.contains(&a.job)
-                    || self.changing.contains_key(&a.job)
-                    || self.switching.contains_key(&a.job)
-                {
-                    return None;
-                }
-                Some((a.job.clone(), self.expansion_factor(hint, now).unwrap_or(0.0)))
+                let preemptor = hint.preempted_by.as_ref();
+                Some(topo_core::policy::ToResume {
+                    job: a.job.clone(),
+                    xf: self.expansion_factor(hint, now).unwrap_or(0.0),
+                    by_preemption: preemptor.is_some(),
+                    // Not while its preemptor is being placed on its CPUs, nor while it is
+                    // being released or changed.
+                    kept: preemptor.is_some_and(|p| self.preempting.contains_key(p))
+                        || self.releasing.contains(&a.job)
+                        || self.changing.contains_key(&a.job)
+                        || self.switching.contains_key(&a.job),
+                })
             })
             .collect();
-        let mut resumed = Vec::new();
-        for job in topo_core::policy::resume_order(waiting) {
-            let Ok(id) = JobId::parse(&job) else { continue };
-            if self.ledger.resume(&job, None).is_err() {
-                continue;
+        // A job its owner suspended holds nothing: its CPUs were lent, and its owner's resume
+        // waits for this job (else an owner could keep it suspended).
+        let by_owner = |job: &str| self.hints.get(job).is_some_and(|h| h.suspended_by.is_some());
+        let holders: Vec<(String, CpuSet)> = self
+            .ledger
+            .suspended_jobs()
+            .filter(|o| !by_owner(&o.job))
+            .chain(self.ledger.gang_frozen_jobs())
+            .map(|o| (o.job.clone(), o.cpus.clone()))
+            .collect();
+        topo_core::policy::resume_preempted(suspended, |job| {
+            let Ok(id) = JobId::parse(job) else { return false };
+            // Not onto CPUs a suspended job holds (its preemptor, or a borrower, suspended by
+            // root: it would find them taken on its resume); running jobs' CPUs the ledger's
+            // resume refuses. Free CPUs are its own again, even before its preemptor ends.
+            let Some(cpus) = self.ledger.get(job).map(|a| a.cpus.clone()) else { return false };
+            if holders.iter().any(|(o, held)| o != job && held.intersects(&cpus))
+                || self.ledger.resume(job, None).is_err()
+            {
+                return false;
             }
-            resumed.push(job);
             let ticket = self.freeze_ticket(id, false);
             self.kernel(KernelWork { ticket, kind: WorkKind::ResumePreempted, victim: None });
-        }
-        resumed
+            true
+        })
     }
 
     fn finish_resume_preempted(&mut self, id: &JobId, outcome: Result<(), CgroupError>) {
