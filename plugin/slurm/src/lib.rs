@@ -20,7 +20,7 @@
 //!    frees its CPUs. When topod cannot be reached then, the release is queued for it
 //!    (`topo_client::queue_release`) and the epilog succeeds, so the node is not drained.
 //!
-//! Without `--topology` every callback returns at once. The Slurm ABI is in [`spank`] (not
+//! Without `--topology` every callback returns at once. The Slurm ABI is in `spank` (not
 //! built for the tests: its functions exist only inside Slurm); everything else is pure.
 
 pub mod args;

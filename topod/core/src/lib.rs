@@ -16,7 +16,7 @@
 //!   and versioned, and the default socket paths;
 //! - [`pending`]: releases queued for topod while it could not be reached (where, what one
 //!   says, its time stamp);
-//! - [`bench`]: the synthetic job streams the placement benchmarks replay;
+//! - [`bench`](mod@bench): the synthetic job streams the placement benchmarks replay;
 //! - [`policy`]: the policy core, `(state, events) -> actions`, which topod and the simulator
 //!   both run; [`sim`]: the simulator that replays a workload through it; [`swf`]: the
 //!   Standard Workload Format the workloads come in.

@@ -27,7 +27,7 @@ pub struct Snapshot {
     pub defrag: bool,
     /// The prime-time pools, open or not as of this snapshot.
     pub pools: Vec<topo_core::proto::reply::PoolStatus>,
-    /// With `defrag`, what the planner would work with ([`Host::defrag_view`]).
+    /// With `defrag`, what the planner would work with (`Host::defrag_view`).
     pub moves: Option<topo_core::proto::reply::DefragView>,
 }
 
