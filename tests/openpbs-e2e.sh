@@ -12,7 +12,9 @@
 #   multi-chunk job; the periodic hook releases an orphan; topod killed with SIGKILL and
 #   restarted keeps a running job; a job that does not fit at the MoM because topod holds CPUs
 #   PBS does not know about is not held: it waits with a comment and runs by itself once they
-#   are free.
+#   are free; GPUs PBS counts (ngpus=1 each, two jobs at once, on a two-GPU machine given to
+#   topod as a sysfs tree) are chosen by topod, one each, beside each job's CPU, and each job
+#   opens its own GPU's device file and not the other's.
 #
 # Every daemon it starts is stopped at the end, pass or fail; /etc/hosts and /etc/pbs.conf are
 # restored. Needs root; exit 77 (a visible skip) when it cannot run here.
@@ -121,6 +123,12 @@ cleanup() {
     # The hooks go with the run (while the MoM is up to confirm), so that a PBS on this machine
     # is left without them and the next run starts clean.
     declare -F delete_hooks >/dev/null && delete_hooks
+    # Section 10b's sched_config, and its ngpus (the database outlives the run).
+    if [ -f "$BASE/sched_config.orig" ]; then
+        cp "$BASE/sched_config.orig" "$PBS_HOME/sched_priv/sched_config"
+        qmgr -c "unset node $NODE resources_available.ngpus" >/dev/null 2>&1
+        qmgr -c "delete resource ngpus" >/dev/null 2>&1
+    fi
     pbs_stop
     stop_topod
     for c in cpuset memory freezer cpu; do
@@ -176,7 +184,8 @@ delete_hooks() {
     return 1
 }
 delete_hooks
-for r in topology topo_free_numa topo_free_l3 topo_free_cores; do qmgr -c "delete resource $r" >/dev/null 2>&1 || true; done
+qmgr -c "unset node $NODE resources_available.ngpus" >/dev/null 2>&1 || true
+for r in topology topo_free_numa topo_free_l3 topo_free_cores ngpus; do qmgr -c "delete resource $r" >/dev/null 2>&1 || true; done
 # The node as PBS itself sees it: no ncpus, offline state or comment set by an earlier hook.
 qmgr -c "unset node $NODE resources_available.ncpus" >/dev/null 2>&1 || true
 qmgr -c "unset node $NODE comment" >/dev/null 2>&1 || true
@@ -264,8 +273,11 @@ said=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[thread*2]' -- /bin
 check "a request needing more CPUs than the job's ncpus is refused at qsub, saying what to ask ($said)" \
     grep -qF 'topology=affinity[thread*2] needs at least 2 CPUs but the job asks ncpus=1: ask -l select=1:ncpus=2' <<<"$said"
 said=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[thread:gpus=1]' -- /bin/true 2>&1) && fail "a request for GPUs was accepted: $said" || true
-check "a request for GPUs (gpus=, which topod would choose) is refused at qsub, saying to ask PBS for them ($said)" \
-    grep -qF 'topology=affinity[thread:gpus=1] refused: gpus=1 asks topod to choose the job' <<<"$said"
+check "a request for GPUs (gpus=, which topod chooses) on a server without ngpus is refused at qsub, saying what the administrator does ($said)" \
+    grep -qF "topology=affinity[thread:gpus=1] refused: gpus=1 asks topod to choose the job's GPUs, but the PBS server defines no resource ngpus" <<<"$said"
+said=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[thread]' -h -- /bin/true 2>&1) || true
+check "  ... and a job without gpus= is queued as before ($said)" grep -q '^[0-9]' <<<"$said"
+qdel "$said" >/dev/null 2>&1 || true
 
 # --- 2. one job: its CPUs and cgroup are topod's ----------------------------------------------
 cat > "$BASE/job.sh" <<'EOT'
@@ -448,6 +460,70 @@ wait_state "$jr" F 30 || fail "the refused job did not finish"
 tail -n +"$((mom_log_lines + 1))" "$mom_log" > "$BASE/mom.log"
 check "'released orphan' is logged at info, not as an error" grep -q ';0002;.*released orphan' "$BASE/mom.log"
 check "no success is logged as an error" sh -c "! grep ';0001;.*topo hook.*\(released orphan\|back online\)' '$BASE/mom.log'"
+
+# --- 10b. GPUs: PBS counts them (ngpus), topod chooses which, beside the job's CPU --------------------
+# topod restarted on the two-GPU machine of tests/gpu-sysfs.sh (this host's two CPUs as two NUMA
+# nodes, GPU 0000:18:00.0 beside CPU 0, 0000:86:00.0 beside CPU 1) with confine_devices; ngpus
+# made as packaging/pbs/README ("GPUs") says, with the node's count and the scheduler's resources.
+source tests/gpu-sysfs.sh
+if ! grep -q ' cgroup [^ ]*devices' /proc/mounts; then
+    log "10b skipped: no cgroup v1 devices hierarchy here for confine_devices"
+else
+    two_gpu_machine "$BASE/gpu-sysfs" "$BASE/dev"
+    chmod 755 "$BASE/dev"
+    cp "$BASE/topod/topod.toml" "$BASE/topod/topod.toml.cpus"
+    printf 'topology = "%s"\nconfine_devices = true\n' "$BASE/gpu-sysfs" >> "$BASE/topod/topod.toml"
+    stop_topod; start_topod
+    cp "$PBS_HOME/sched_priv/sched_config" "$BASE/sched_config.orig"
+    sed -i 's/^resources: "\(.*\)"$/resources: "\1, ngpus"/' "$PBS_HOME/sched_priv/sched_config"
+    qmgr -c "create resource ngpus type=long,flag=nh"
+    qmgr -c "set node $NODE resources_available.ngpus = 2"
+    pkill -HUP -x pbs_sched || true
+    sleep 2
+    cat > "$BASE/gpu-job.sh" <<EOT
+#!/bin/sh
+out=\$1
+grep Cpus_allowed_list /proc/self/status | awk '{ print \$2 }' > "\$out.cpus.tmp"
+echo "\$TOPO_GPUS" > "\$out.gpus"
+for f in $BASE/dev/gpu3 $BASE/dev/gpu5; do
+    echo "\${f##*/} \$( (exec 3<"\$f") 2>&1 | sed 's/.*: //')" >> "\$out.opens"
+done
+mv "\$out.cpus.tmp" "\$out.cpus"
+while [ ! -e "\$out.stop" ]; do sleep 0.2; done
+EOT
+    chmod 755 "$BASE/gpu-job.sh"
+    gpu_job() { as_user qsub -N "$1" -l select=1:ncpus=1:ngpus=1 -l topology="$2" -- "$BASE/gpu-job.sh" "$OUT/$1"; }
+    said=$(as_user qsub -l select=1:ncpus=1:ngpus=1 -l topology='affinity[thread:gpus=1]' -h -- /bin/true 2>&1) || true
+    check "gpus= with GPUs asked of PBS is accepted at qsub ($said)" grep -q '^[0-9]' <<<"$said"
+    qdel "$said" >/dev/null 2>&1 || true
+    said=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[thread:gpus=1]' -- /bin/true 2>&1) && fail "gpus= without GPUs asked of PBS was accepted: $said" || true
+    check "gpus= without GPUs asked of PBS is refused at qsub, saying to ask for them ($said)" \
+        grep -qF 'topology=affinity[thread:gpus=1] refused: gpus=1 asks topod to choose 1 GPU(s) per task, but the job asks PBS for none' <<<"$said"
+    g1=$(gpu_job gpu1 'affinity[thread]')
+    g2=$(gpu_job gpu2 'affinity[thread:gpus=1]')
+    wait_file "$OUT/gpu1.cpus" 30 || fail "GPU job one did not start: $(job_attr "$g1" comment)"
+    wait_file "$OUT/gpu2.cpus" 30 || fail "GPU job two did not start: $(job_attr "$g2" comment)"
+    near_cpu() { case "$1" in 0000:18:00.0) echo 0 ;; 0000:86:00.0) echo 1 ;; *) echo none ;; esac; }
+    own_file() { case "$1" in 0000:18:00.0) echo gpu3 ;; 0000:86:00.0) echo gpu5 ;; *) echo none ;; esac; }
+    for n in 1 2; do
+        gpu=$(cat "$OUT/gpu$n.gpus" 2>/dev/null); cpus=$(cat "$OUT/gpu$n.cpus" 2>/dev/null)
+        check "GPU job $n (ngpus=1) was given a GPU by topod (TOPO_GPUS=${gpu:-none}) and runs beside it (CPU ${cpus:-none})" \
+            test -n "$gpu" -a "$cpus" = "$(near_cpu "$gpu")"
+        mine=$(own_file "$gpu")
+        check "  ... it opens its own GPU's device file and not the other's ($(tr '\n' ';' < "$OUT/gpu$n.opens" 2>/dev/null))" \
+            sh -c "grep -qx '$mine No such device or address' '$OUT/gpu$n.opens' && [ \$(grep -c 'Operation not permitted' '$OUT/gpu$n.opens') = 1 ]"
+    done
+    check "the two jobs hold different GPUs ($(cat "$OUT/gpu1.gpus" "$OUT/gpu2.gpus" 2>/dev/null | tr '\n' ' '))" \
+        sh -c "[ -s '$OUT/gpu1.gpus' ] && ! cmp -s '$OUT/gpu1.gpus' '$OUT/gpu2.gpus'"
+    listed=$(topoctl jobs | grep -c 'local to' || true)
+    check "topoctl jobs says each job's GPU is local ($listed of 2)" test "$listed" = 2
+    touch "$OUT/gpu1.stop" "$OUT/gpu2.stop"
+    wait_state "$g1" F 30 || true; wait_state "$g2" F 30 || true
+    left=$(ledger)
+    check "  ... and both are released at their end (held: ${left:-nothing})" test -z "$left"
+    cp "$BASE/topod/topod.toml.cpus" "$BASE/topod/topod.toml"
+    stop_topod; start_topod
+fi
 
 # --- 11. what the hooks cost a job's start -----------------------------------------------------------
 # qsub to the first instruction of the job, one job at a time, with the topo hooks enabled and

@@ -10,9 +10,11 @@ and tears it down. This hook carries PBS's decisions to topod at each point of a
   queuejob, modifyjob  (server)  check the job's topology request with topoctl, the placement
                                  core's own parser; refuse a bad one with topoctl's message
   execjob_begin        (MoM)     allocate: the CPU count and memory PBS gave the job on this
-                                 host, the topology request; topod makes the job's cgroup
+                                 host, the topology request, and the GPUs PBS counted there
+                                 (ngpus): topod chooses which, and makes the job's cgroup
   execjob_launch       (MoM)     put the process that will exec the job into the cgroup (or
                                  prepend topo-exec), export TOPO_CPUS / TOPO_MEMS / TOPO_JOB
+                                 and the job's GPUs (TOPO_GPUS, CUDA_VISIBLE_DEVICES)
   execjob_attach       (MoM)     put event.pid (pbs_attach, tm_attach) into the cgroup
   execjob_epilogue/end (MoM)     release: topod kills what is left and removes the cgroup;
                                  each of the two is enough on its own
@@ -79,6 +81,7 @@ DEFAULTS = {
     "orphan_after_runs": 2,             # periodic runs a job must be missing before release
     "state_dir": "/var/lib/topo/pbs-hook",   # orphan candidates, the "we offlined it" marker
     "protocol_schema": "/usr/share/topo/protocol.schema.json",   # topod's replies are read against it
+    "gpus_resource": "ngpus",           # PBS's count of a host's GPUs; topod chooses which; "" = refuse gpus=
 }
 
 # Published per vnode: resource suffix -> the free-map field topod computes for the host.
@@ -310,9 +313,12 @@ class Share(object):
         self.mpiprocs = 0
         self.numa_nodes = set()   # from per-NUMA vnodes host[N]; empty: the whole host
         self.requests = []        # topology requests of the chunks here
+        self.ngpus = 0            # GPUs PBS counted for the job here (gpus_resource)
 
-    def add(self, vnode, resources, host):
+    def add(self, vnode, resources, host, gpus_resource=""):
         ncpus = whole(resources.get("ncpus", 0) or 0, "ncpus of %s" % vnode)
+        if gpus_resource:
+            self.ngpus += whole(resources.get(gpus_resource, 0) or 0, "%s of %s" % (gpus_resource, vnode))
         self.ncpus += ncpus
         self.known = True
         self.per_vnode[vnode] = self.per_vnode.get(vnode, 0) + ncpus
@@ -323,10 +329,11 @@ class Share(object):
             self.numa_nodes.add(index)
 
 
-def share_on_host(job, host, resource):
+def share_on_host(job, host, resource, gpus_resource=""):
     """Sums the job's exec_vnode chunks on this host's vnodes (exec_vnode has one parenthesised
     group per select chunk, in select order, so the chunk's other resources come from
-    schedselect). Without exec_vnode (never seen at a MoM) the job-wide Resource_List counts."""
+    schedselect). Without exec_vnode (never seen at a MoM) the job-wide Resource_List counts.
+    With `gpus_resource`, the GPUs PBS counted for the job here are summed too."""
     share = Share()
     groups = exec_vnode_groups(getattr(job, "exec_vnode", None))
     chunks = select_chunks(getattr(job, "schedselect", None))
@@ -336,23 +343,44 @@ def share_on_host(job, host, resource):
             continue
         chunk = chunks[i] if i < len(chunks) else {}
         for vnode, res in here:
-            share.add(vnode, res, host)
+            share.add(vnode, res, host, gpus_resource)
         chunk_ncpus = sum(whole(res.get("ncpus", 0) or 0, "ncpus") for _, res in group)
         share.mpiprocs += whole(chunk.get("mpiprocs", 1 if chunk_ncpus > 0 else 0), "mpiprocs")
         if chunk.get(resource):
             share.requests.append(chunk[resource])
     if not groups:
-        share.known = job.Resource_List["ncpus"] is not None
-        share.ncpus = whole(job.Resource_List["ncpus"] or 0, "ncpus")
+        share.known = resource_of(job.Resource_List, "ncpus") is not None
+        share.ncpus = whole(resource_of(job.Resource_List, "ncpus") or 0, "ncpus")
         share.per_vnode = {host: share.ncpus}
-        share.mem_bytes = size_in_bytes(job.Resource_List["mem"])
-        share.mpiprocs = whole(job.Resource_List["mpiprocs"] or 1, "mpiprocs")
+        share.mem_bytes = size_in_bytes(resource_of(job.Resource_List, "mem"))
+        share.mpiprocs = whole(resource_of(job.Resource_List, "mpiprocs") or 1, "mpiprocs")
+        if gpus_resource:
+            share.ngpus = whole(resource_of(job.Resource_List, gpus_resource) or 0, gpus_resource)
     return share
+
+
+def resource_of(resources, name):
+    """resources[name] of a Resource_List or resources_available, or None when it is unset or the
+    PBS server defines no such resource (pbs_resource then raises AttributeError: "'pbs_resource'
+    object has no attribute 'ngpus'", observed on OpenPBS 23.06 before `qmgr create resource`)."""
+    try:
+        return resources[name]
+    except (AttributeError, KeyError):
+        return None
+
+
+def resource_defined(resources, name):
+    """Whether the PBS server defines the resource `name` (set or not)."""
+    try:
+        resources[name]
+    except (AttributeError, KeyError):
+        return False
+    return True
 
 
 def job_wide_request(job, resource):
     """-l topology=REQ, visible at the MoM when the resource has flag m."""
-    value = job.Resource_List[resource]
+    value = resource_of(job.Resource_List, resource)
     return unquote(str(value)) if value is not None and str(value).strip() else None
 
 
@@ -665,19 +693,93 @@ def check_request(request, config):
 MAY_ASK_FOR_GPUS = re.compile(r"gpus\s*=", re.IGNORECASE)
 
 
-def refuse_gpus(request, answer, config):
-    """Refuses a checked request that asks for GPUs (`gpus=n` per task): under PBS a job's GPUs
-    are PBS's to give (ngpus, and the devices its cgroups hook assigns), and this hook does not
-    pass them to topod, which would otherwise choose GPUs of its own and could give one GPU to a
-    PBS job and to the job PBS gave it (the two authorities of issue 33)."""
+# check_gpus_at_submit's asked_gpus when the server has no gpus_resource at all.
+NOT_DEFINED = object()
+
+
+def gpus_per_task(answer):
+    """The `gpus=n` of a checked request (GPUs per task that topod chooses), or None."""
     parsed = answer.get("request") if isinstance(answer, dict) else None
     per_task = parsed.get("gpus_per_task") if isinstance(parsed, dict) else None
-    if per_task:
+    return per_task if isinstance(per_task, int) and not isinstance(per_task, bool) and per_task > 0 else None
+
+
+def check_gpus_at_submit(request, answer, asked_gpus, config):
+    """qsub, qalter: a request asking topod to choose GPUs (`gpus=n` per task) must come with GPUs
+    asked of PBS (gpus_resource, ngpus), which counts each host's GPUs: topod then chooses which
+    of the host's GPUs, beside the job's CPUs, as many as PBS counted there. `asked_gpus`: the
+    most GPUs the job asks PBS for on a host (None: not said). Without gpus_resource the hook does
+    not pass GPUs to topod and gpus= is refused."""
+    per_task = gpus_per_task(answer)
+    if not per_task:
+        return
+    resource = config["resource"]
+    if not config["gpus_resource"]:
         raise HookError(
-            "%s=%s refused: gpus=%s asks topod to choose the job's GPUs, but under PBS a job's GPUs "
-            "are PBS's to give and topo does not take them from PBS yet: ask PBS for GPUs "
-            "(-l select=1:ncpus=N:ngpus=G) and leave gpus= out of the %s request"
-            % (config["resource"], shortened(request), per_task, config["resource"]))
+            "%s=%s refused: gpus=%s asks topod to choose the job's GPUs, but this site's hook counts "
+            "no GPUs (topo.json gpus_resource is empty): ask PBS for GPUs and leave gpus= out of "
+            "the %s request" % (resource, shortened(request), per_task, resource))
+    if asked_gpus is NOT_DEFINED:
+        raise HookError(
+            "%s=%s refused: gpus=%s asks topod to choose the job's GPUs, but the PBS server defines "
+            "no resource %s to count them: the administrator creates it (qmgr -c \"create resource "
+            "%s type=long,flag=nh\") and sets resources_available.%s of each GPU host"
+            % (resource, shortened(request), per_task, config["gpus_resource"], config["gpus_resource"],
+               config["gpus_resource"]))
+    if not asked_gpus:
+        raise HookError(
+            "%s=%s refused: gpus=%s asks topod to choose %s GPU(s) per task, but the job asks PBS "
+            "for none: PBS counts each host's GPUs, so ask for them too (-l select=1:ncpus=N:%s=G, "
+            "G = %s x the tasks on the host)"
+            % (resource, shortened(request), per_task, per_task, config["gpus_resource"], per_task))
+
+
+def request_with_gpus(job, request, tasks, share, config):
+    """The request to send topod for a job PBS counted `share.ngpus` GPUs for on this host: topod
+    chooses which of the host's GPUs (beside the job's CPUs), confines the job to them where it
+    confines devices, and tells the job (TOPO_GPUS, CUDA_VISIBLE_DEVICES). A request saying
+    gpus=n must take exactly that many (n x its tasks here); one without gpus= gets
+    gpus=ngpus/tasks when that is a whole number, or runs with no GPUs chosen, as before, with a
+    job message saying why. A request that may not ask for GPUs is returned as it is, unparsed."""
+    resource = config["resource"]
+    if not config["gpus_resource"]:
+        if MAY_ASK_FOR_GPUS.search(request):
+            check_gpus_at_submit(request, check_request(request, config), None, config)
+        return request
+    if share.ngpus <= 0 and not MAY_ASK_FOR_GPUS.search(request):
+        return request
+    answer = check_request(request, config)
+    parsed = answer.get("request") or {}
+    here = parsed.get("tasks") or tasks or 1
+    per_task = gpus_per_task(answer)
+    host = pbs.get_local_nodename()
+    if per_task:
+        if per_task * here != share.ngpus:
+            raise HookError(
+                "%s=%s takes gpus=%d for %d task(s) on %s, %d GPU(s), but the job asked PBS for "
+                "%s=%d there: ask for %s=%d there, or change gpus="
+                % (resource, shortened(request), per_task, here, host, per_task * here,
+                   config["gpus_resource"], share.ngpus, config["gpus_resource"], per_task * here))
+        return request
+    if share.ngpus <= 0:
+        return request
+    canonical = answer.get("canonical") or ""
+    why_not = None
+    if parsed.get("tasks_max"):
+        why_not = "a malleable request (*min-max) takes no GPUs"
+    elif share.ngpus % here:
+        why_not = "%s=%d is no whole number of GPUs for each of its %d task(s)" % (config["gpus_resource"], share.ngpus, here)
+    elif not (canonical.endswith("]") and canonical.rfind("[") == canonical.rfind("affinity[") + len("affinity")):
+        why_not = "the request has no affinity[...] part to add gpus= to"
+    if why_not:
+        pbs.logjobmsg(job.id, "%s: %s=%d on %s: topod does not choose or confine the job's GPUs: %s; "
+                      "add :gpus=n (GPUs per task) to the %s request"
+                      % (HOOK, config["gpus_resource"], share.ngpus, host, why_not, resource))
+        return request
+    chosen = "%s:gpus=%d]" % (canonical[:-1], share.ngpus // here)
+    pbs.logjobmsg(job.id, "%s: %s=%d on %s: topod chooses the GPUs, beside the job's CPUs: %s"
+                  % (HOOK, config["gpus_resource"], share.ngpus, host, chosen))
+    return chosen
 
 
 # ---------------------------------------------------------------------------------------------
@@ -978,9 +1080,20 @@ def on_submit(event, config):
     for chunk, count in chunks:
         if chunk.get(resource) and chunk[resource] not in [r for r, _ in requests]:
             requests.append((chunk[resource], [(c, n) for c, n in chunks if c.get(resource) == chunk[resource]]))
+    gpus = config["gpus_resource"]
+    gpus_defined = bool(gpus) and resource_defined(event.job.Resource_List, gpus)
     for request, applies_to in requests:
         answer = check_request(request, config)
-        refuse_gpus(request, answer, config)
+        if gpus and not gpus_defined:
+            asked = NOT_DEFINED
+        elif gpus:
+            # The most GPUs asked of PBS for one chunk the request applies to, or job-wide.
+            counts = [c.get(gpus) for c, _ in (applies_to if applies_to is not None else chunks)]
+            counts.append(submitted(event, gpus))
+            asked = max([whole(c, "%s in the job's resources" % gpus) for c in counts if c not in (None, "")] or [0])
+        else:
+            asked = None
+        check_gpus_at_submit(request, answer, asked, config)
         if config["enforce_ncpus"]:
             check_ncpus(request, answer, applies_to if applies_to is not None else chunks,
                         submitted(event, "ncpus") if not chunks else None, config)
@@ -989,9 +1102,9 @@ def on_submit(event, config):
 def submitted(event, name):
     """A resource of the job as it is to be (modifyjob: the change if there is one, else the job
     as it was), or None."""
-    value = event.job.Resource_List[name]
+    value = resource_of(event.job.Resource_List, name)
     if value is None and getattr(event, "job_o", None) is not None:
-        value = event.job_o.Resource_List[name]
+        value = resource_of(event.job_o.Resource_List, name)
     return value
 
 
@@ -1050,7 +1163,7 @@ def on_begin(event, config):
     the scheduler stops sending jobs here until exechost_periodic finds topod again."""
     job, host = event.job, pbs.get_local_nodename()
     jid = topod_job_id(job.id)
-    share = share_on_host(job, host, config["resource"])
+    share = share_on_host(job, host, config["resource"], config["gpus_resource"])
     request, tasks = request_for(job, share, config)
     if request is None:
         pbs.logjobmsg(job.id, "%s: no %s request and no default_request: not confined" % (HOOK, config["resource"]))
@@ -1059,11 +1172,10 @@ def on_begin(event, config):
         # PBS would count none of the CPUs the request takes here.
         raise HookError("%s=%s takes CPUs on %s but the job asked PBS for ncpus=0 there; ask for "
                         "the ncpus the request takes" % (config["resource"], shortened(request), host))
-    if MAY_ASK_FOR_GPUS.search(request):
-        # Checked at qsub too; here for a job queued before the hook, or a default_request. Only
-        # a request that may say gpus= (in any case, as the parser reads it) is parsed again:
-        # no process for every job's start (topoctl comes with topod, which topo-pbs needs).
-        refuse_gpus(request, check_request(request, config), config)
+    # GPUs PBS counted here: topod chooses which. Only a request that may say gpus= (in any
+    # case, as the parser reads it), or a job with GPUs here, is parsed again: no process for
+    # every job's start (topoctl comes with topod, which topo-pbs needs).
+    request = request_with_gpus(job, request, tasks, share, config)
     topod = Topod(config)
     try:
         allocation = allocate(topod, event, job, jid, share, request, tasks)
@@ -1077,6 +1189,12 @@ def on_begin(event, config):
             # topod named the reservation or open prime-time pool that keeps the job out: the
             # CPUs are free and in one piece, PBS just cannot see those.
             raise HookError("%s; job %s goes back to the queue" % (e, job.id))
+        if share.ngpus and " GPU(s)" in str(e):
+            # PBS counted GPUs free here that topod does not have free: its ngpus is not the
+            # number of GPUs topod sees (or GPUs are held outside PBS).
+            raise HookError("%s; PBS counted %s=%d for job %s here: make resources_available.%s of %s "
+                            "the number of GPUs `topoctl show` lists there; the job goes back to the queue"
+                            % (e, config["gpus_resource"], share.ngpus, job.id, config["gpus_resource"], host))
         outside = held_outside_pbs(topod, config)
         if not outside:
             # Enough CPUs by PBS's count and topod's, but not in the shape the request asks
@@ -1254,8 +1372,44 @@ def on_launch(event, config):
     event.env["TOPO_JOB"] = jid
     event.env["TOPO_CPUS"] = allocation["cpus"]
     event.env["TOPO_MEMS"] = allocation["mems"]
+    if config["launch"] == "join":
+        # topo-exec tells the job its GPUs itself.
+        for name, value in gpu_variables(allocation):
+            event.env[name] = value
     # Where topod tells a malleable job its CPUs after a resize (libtopo's topo_resize_wait).
     event.env["TOPO_NOTIFY_FILE"] = os.path.join(os.path.dirname(config["socket"]), "job-notify", jid)
+
+
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def gpu_variables(allocation, nvidia=NVIDIA_GPUS):
+    """What a job is told of its GPUs, as topo-exec tells it: TOPO_GPUS (PCI addresses), with
+    several tasks TOPO_TASK_GPUS (tasks by ';', a task's GPUs by ','), and CUDA_VISIBLE_DEVICES by
+    UUID when every GPU is an NVIDIA GPU whose driver says its UUID (CUDA's own numbering depends
+    on its enumeration order and on which devices the cgroup lets it open). A job without GPUs is
+    told nothing of them (the empty list PBS's pbs_cgroups sets is not set either)."""
+    addresses = [g.get("pci_address") for g in allocation.get("gpus") or []]
+    addresses = [a for a in addresses if isinstance(a, str) and re.match(r"^[0-9a-fA-F:.]+$", a)]
+    if not addresses:
+        return []
+    found = [("TOPO_GPUS", ",".join(addresses))]
+    tasks = allocation.get("task_gpus") or []
+    if len(tasks) > 1:
+        found.append(("TOPO_TASK_GPUS", ";".join(",".join(t) for t in tasks)))
+    uuids = []
+    for address in addresses:
+        try:
+            with open(os.path.join(nvidia, address, "information")) as f:
+                text = f.read(65536)
+        except (OSError, UnicodeError):
+            return found
+        uuid = [l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("GPU UUID:")]
+        if not uuid or not uuid[0].startswith("GPU-") or "," in uuid[0]:
+            return found
+        uuids.append(uuid[0])
+    found.append(("CUDA_VISIBLE_DEVICES", ",".join(uuids)))
+    return found
 
 
 def on_topod_down_rerun(job, call):

@@ -12,7 +12,8 @@ shared/reference/pbs-hooks-observed.md) and to how pbs_python runs a hook:
   vnode_list (MoM events), job_list (exechost_periodic);
 - event.accept() and event.reject(msg) end the hook by raising SystemExit; a hook that ends
   without either is accepted; an exception is "hook encountered an exception, request rejected";
-- Resource_List[name] is None for a resource the job does not have;
+- Resource_List[name] is None for a resource the job does not have, and raises AttributeError
+  for one the server does not define (the event's "undefined_resources");
 - pbs.logmsg, pbs.logjobmsg, pbs.get_local_nodename, pbs.hook_config_filename, pbs.size,
   pbs.vnode, the ND_* vnode states and the LOG_* / EVENT_* log levels.
 
@@ -83,10 +84,19 @@ class size(object):
         return "pbs.size(%r)" % self.text
 
 
+# Resources the PBS server of this event does not define (the event file's
+# "undefined_resources"): reading one raises AttributeError, as the real pbs_resource does.
+_undefined_resources = set()
+
+
 class pbs_resource(dict):
-    """Resource_List / resources_available: a missing resource is None, not a KeyError."""
+    """Resource_List / resources_available: a resource the job does not have is None, not a
+    KeyError; one the server does not define raises AttributeError (observed on OpenPBS 23.06:
+    "'pbs_resource' object has no attribute 'ngpus'" before `qmgr create resource ngpus`)."""
 
     def __getitem__(self, key):
+        if key in _undefined_resources:
+            raise AttributeError("'pbs_resource' object has no attribute '%s'" % key)
         return dict.get(self, key)
 
 

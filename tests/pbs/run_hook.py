@@ -22,6 +22,7 @@ def main():
     with open(event_file) as f:
         description = json.load(f)
     pbs.hook_config_filename = description.get("hook_config_filename")
+    pbs._undefined_resources = set(description.get("undefined_resources", ()))
     os.environ["PBS_STANDIN_HOST"] = description.get("host", "node1")
     exception = None
     try:

@@ -32,6 +32,8 @@ SCHEMA = os.path.join(REPO, "packaging", "protocol.schema.json")
 BIN = os.environ.get("TOPO_BIN_DIR", os.path.join(REPO, "target", "debug"))
 SHARED = os.environ.get("TOPO_SHARED_DIR", os.path.join(os.path.dirname(REPO), "shared"))
 EMULATED = os.path.join(SHARED, "topologies", "converted-hwloc2.9", "32intel64-2p8co2t+8ve.xml")
+# Six GPUs, three in each of two NUMA nodes (node 0: PUs 0-15, node 8: PUs 88-103).
+WITH_GPUS = os.path.join(SHARED, "topologies", "converted-hwloc2.9", "nvidiagpunumanodes.xml")
 HOST = "node1"
 SUBTREE = "topo-pbs-test-%d" % os.getpid()
 
@@ -100,12 +102,15 @@ class Topod(object):
         self.socket = os.path.join(directory, "topod.sock")
         self.process = None
 
-    def start(self, extra=""):
-        """Starts topod; `extra`: more lines for its topod.toml."""
+    def start(self, extra="", topology=None):
+        """Starts topod; `extra`: more lines for its topod.toml; `topology`: a machine of its own
+        (then on topod's in-memory backend, real cgroups or not)."""
         config = os.path.join(self.directory, "topod.toml")
         with open(config, "w") as f:
             f.write(extra)
-            if REAL:
+            if topology is not None:
+                f.write('cgroup = "fake"\ntopology = "%s"\nadmin_uids = [%d]\n' % (topology, os.getuid()))
+            elif REAL:
                 f.write('cgroup = "v1"\ncgroup_subtree = "%s"\n' % SUBTREE)
             else:
                 # MoM runs hooks as root; an unprivileged test run is topod's administrator.
@@ -152,16 +157,19 @@ class Topod(object):
         return sorted(a["job"] for a in self.call("list")["ok"])
 
 
-def mom_job(job_id, ncpus=1, mem="262144kb", topology=None, in_select=False, vnode=HOST):
+def mom_job(job_id, ncpus=1, mem="262144kb", topology=None, in_select=False, vnode=HOST, ngpus=None):
     """A job as a MoM sees it (observed on OpenPBS: custom resources only in schedselect, unless
-    the resource has flag m and was asked job-wide)."""
+    the resource has flag m and was asked job-wide; a host-level consumable one, as ngpus with
+    flag nh, in exec_vnode too)."""
     select = "1:ncpus=%d:mem=%s" % (ncpus, mem)
     resources = {"ncpus": ncpus, "mem": mem}
+    gpus = "" if ngpus is None else ":ngpus=%d" % ngpus
+    select += gpus
     if topology is not None and in_select:
         select += ":topology=%s" % topology
     elif topology is not None:
         resources["topology"] = topology
-    return {"id": job_id, "schedselect": select, "exec_vnode": "(%s:ncpus=%d:mem=%s)" % (vnode, ncpus, mem),
+    return {"id": job_id, "schedselect": select, "exec_vnode": "(%s:ncpus=%d:mem=%s%s)" % (vnode, ncpus, mem, gpus),
             "Resource_List": resources, "euser": "root"}
 
 
@@ -315,75 +323,47 @@ class SubmitTest(HookTestCase):
         # A request that starts with "-" is a request, not an option of topoctl.
         self.assert_rejected(self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "--help"}}), "refused: at byte 0")
 
-    def test_a_request_for_gpus_is_refused_saying_to_ask_pbs_for_them(self):
-        # PBS gives a job its GPUs; topod choosing others could give one GPU to two jobs.
+    def test_a_request_for_gpus_needs_gpus_asked_of_pbs(self):
+        # PBS counts a host's GPUs (ngpus); topod chooses which. gpus= without ngpus would let
+        # topod give GPUs PBS did not count, and PBS give them to another job.
         for request in ["affinity[core(2)*2:gpus=1]", "affinity[thread:gpus=2]"]:
-            said = ("topology=" + request + " refused: gpus=", "ask PBS for GPUs", "ngpus=", "leave gpus= out")
+            said = ("topology=" + request + " refused: gpus=", "asks PBS for none", "ngpus=G")
             queued = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": request}})
             self.assert_rejected(queued, *said)
-            in_select = self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=4:ngpus=2:topology=%s" % request}})
+            in_select = self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=4:topology=%s" % request}})
             self.assert_rejected(in_select, *said)
             altered = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"topology": request}}, job_o={"id": "7.server"})
             self.assert_rejected(altered, *said)
-        # GPUs asked of PBS alone, and a request without gpus=, go through.
+            # With GPUs asked of PBS, in the request's chunk or job-wide, it goes through.
+            self.assert_accepted(self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=4:ngpus=2:topology=%s" % request}}))
+            self.assert_accepted(self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": request, "ngpus": 2}}))
+            # GPUs asked in another chunk are not this request's.
+            other = self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=4:topology=%s+1:ncpus=1:ngpus=1" % request}})
+            self.assert_rejected(other, *said)
+        # A request without gpus= goes through with or without GPUs.
         self.assert_accepted(self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=2:ngpus=1:topology=affinity[core(2)]"}}))
+        # A site that turned GPUs off (gpus_resource "") refuses gpus= as before.
+        self.write_config(gpus_resource="")
+        off = self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=4:ngpus=2:topology=affinity[thread:gpus=2]"}})
+        self.assert_rejected(off, "gpus_resource is empty", "leave gpus= out")
 
-    def test_a_request_cut_at_a_comma_says_to_quote_it_and_a_long_one_is_shortened(self):
-        # What the hook receives for -l topology=affinity[core(1,same=numa)] (observed on
-        # OpenPBS 23.06: PBS splits the value at the comma).
-        cut = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[core(1"}})
-        self.assert_rejected(cut, "never closed", "PBS cut it there", "quote it")
-        whole = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[cores(1)]"}})
-        self.assertNotIn("commas", whole["message"])
-        long = "CPUSET[CPU_LIST=" + ",".join(str(i) for i in range(3000)) + ",x]"
-        refused = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": long}})
-        self.assert_rejected(refused, "at byte %d" % long.index("x]"))
-        self.assertLess(len(refused["message"]), 400, refused["message"])
-
-    def test_a_request_needing_more_cpus_than_the_job_asks_for_is_refused_at_qsub(self):
-        def queued(**resources):
-            return self.run_event("queuejob", job={"id": "", "Resource_List": resources})
-        refused = queued(topology="affinity[core*4]", select="1:ncpus=2")
-        self.assert_rejected(refused, "topology=affinity[core*4] needs at least 4 CPUs but the job asks ncpus=2",
-                             "ask -l select=1:ncpus=4 or a smaller request")
-        self.assert_rejected(queued(topology="affinity[core(2)*2]", ncpus=3), "needs at least 4 CPUs", "asks ncpus=3")
-        self.assert_rejected(queued(select="1:ncpus=1:topology=affinity[thread*2]+1:ncpus=8"), "needs at least 2 CPUs",
-                             "asks ncpus=1")
-        self.assert_rejected(queued(topology="affinity[thread*3-4]", select="1:ncpus=2"), "needs at least 3 CPUs")
-        # Enough on one host, or can be: the chunks the request applies to together, a
-        # malleable request's least, no count (PBS's task count), no ncpus said (PBS's defaults
-        # come later), a chunk without ncpus.
-        for fits in [dict(topology="affinity[core*4]", select="2:ncpus=2"), dict(topology="affinity[thread*2-4]", select="1:ncpus=2"),
-                     dict(topology="affinity[core]", select="1:ncpus=1"), dict(topology="affinity[core*4]"),
-                     dict(topology="affinity[core*4]", select="1:mem=1gb"), dict(select="2:ncpus=1:topology=affinity[thread*2]"),
-                     dict(topology="affinity[numa*2]", ncpus=2)]:
-            self.assert_accepted(queued(**fits))
-        self.write_config(enforce_ncpus=False)
-        self.assert_accepted(queued(topology="affinity[core*4]", select="1:ncpus=2"))
-        self.write_config()
-        # qalter of the request alone is judged against the job's select as it was.
-        altered = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"topology": "affinity[thread*2]"}},
-                                 job_o={"id": "7.server", "Resource_List": {"select": "1:ncpus=1", "ncpus": 1}})
-        self.assert_rejected(altered, "needs at least 2 CPUs but the job asks ncpus=1")
-        grown = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"select": "1:ncpus=2"}},
-                               job_o={"id": "7.server", "Resource_List": {"select": "1:ncpus=1", "topology": "affinity[thread*2]"}})
-        self.assert_accepted(grown)
-        shrunk = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"select": "1:ncpus=1"}},
-                                job_o={"id": "7.server", "Resource_List": {"select": "1:ncpus=2", "topology": "affinity[thread*2]"}})
-        self.assert_rejected(shrunk, "topology=affinity[thread*2] needs at least 2 CPUs but the job asks ncpus=1")
-
-    def test_without_topoctl_the_admin_is_told_what_to_install(self):
-        self.write_config(topoctl="/nonexistent/topoctl")
-        result = self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[thread]"}})
-        self.assert_rejected(result, "/nonexistent/topoctl", "install topoctl")
-
-    def test_a_bad_configuration_is_named(self):
-        with open(self.config, "w") as f:
-            json.dump({"sockett": "/x"}, f)
-        self.assert_rejected(self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[thread]"}}), "unknown key 'sockett'", self.config)
-        with open(self.config, "w") as f:
-            f.write("{not json")
-        self.assert_rejected(self.run_event("execjob_begin", job=mom_job("1.server"), vnode_list={HOST: {}}), "cannot read the hook configuration")
+    def test_a_server_without_ngpus_or_topology_defined_loses_no_job(self):
+        # Reading a resource the server does not define raises AttributeError in PBS (the first
+        # real run of the GPU hook crashed every qsub so, before `qmgr create resource ngpus`).
+        for missing in (["ngpus"], ["ngpus", "topology"]):
+            plain = self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=2"}},
+                                   undefined_resources=missing)
+            self.assert_accepted(plain)
+            altered = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"walltime": "1:00:00"}},
+                                     job_o={"id": "7.server"}, undefined_resources=missing)
+            self.assert_accepted(altered)
+        # A request without gpus= goes through; gpus= is refused saying what the administrator does.
+        self.assert_accepted(self.run_event("queuejob", job={"id": "", "Resource_List": {"topology": "affinity[core(2)]"}},
+                                            undefined_resources=["ngpus"]))
+        refused = self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=4:topology=affinity[thread:gpus=1]"}},
+                                 undefined_resources=["ngpus"])
+        self.assert_rejected(refused, "gpus=1 asks topod to choose", "defines no resource ngpus",
+                             'create resource ngpus type=long,flag=nh', "resources_available.ngpus")
 
 
 class JobLifeTest(HookTestCase):
@@ -546,21 +526,21 @@ class JobLifeTest(HookTestCase):
             self.assert_rejected(result, "cannot name a topod job")
         self.assertEqual(self.topod.jobs(), [])
 
-    def test_a_request_for_gpus_is_refused_at_the_start_too_and_holds_nothing(self):
+    def test_a_request_for_gpus_without_gpus_from_pbs_is_refused_at_the_start_too_and_holds_nothing(self):
         # A job queued before the hook was installed, or a default_request that asks for GPUs.
         refused = self.run_event("execjob_begin", job=mom_job("61.server", ncpus=2, topology="affinity[thread:gpus=1]"),
                                  vnode_list={HOST: {}})
-        self.assert_rejected(refused, "topology=affinity[thread:gpus=1] refused: gpus=1", "ask PBS for GPUs")
+        self.assert_rejected(refused, "topology=affinity[thread:gpus=1] takes gpus=1 for 1 task(s)", "asked PBS for ngpus=0")
         self.write_config(default_request="affinity[thread:gpus=1]")
         refused = self.run_event("execjob_begin", job=mom_job("62.server", ncpus=1), vnode_list={HOST: {}})
-        self.assert_rejected(refused, "gpus=1", "ask PBS for GPUs")
+        self.assert_rejected(refused, "gpus=1", "ngpus=0")
         self.assertEqual(self.topod.jobs(), [])
         # In any case, as the parser reads it, job-wide or in a select chunk (an attack finding:
         # GPUS= was given GPUs at the start).
         for jid, job in [("64.server", mom_job("64.server", ncpus=2, topology="affinity[thread:GPUS=1]")),
                          ("65.server", mom_job("65.server", ncpus=2, topology="AFFINITY[core: Gpus =1]", in_select=True))]:
             refused = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
-            self.assert_rejected(refused, "refused: gpus=1", "ask PBS for GPUs")
+            self.assert_rejected(refused, "takes gpus=1", "ngpus=0")
         self.assertEqual(self.topod.jobs(), [])
         # The word alone is no refusal: a request without gpus= starts, also where topoctl
         # cannot run (it is not asked).
@@ -569,6 +549,15 @@ class JobLifeTest(HookTestCase):
                              ("66.server", "CPUSET[CPUSET_NAME=mygpus] affinity[thread]")]:
             started = mom_job(jid, ncpus=1, topology=request)
             self.assert_accepted(self.run_event("execjob_begin", job=started, vnode_list={HOST: {}}))
+            self.topod.call("release", job="pbs-" + jid)
+
+    def test_a_job_starts_on_a_server_without_ngpus_defined(self):
+        # The MoM's view of the job, with and without exec_vnode (then Resource_List counts).
+        for jid, job in [("67.server", mom_job("67.server", ncpus=2, topology="affinity[thread]")),
+                         ("68.server", dict(mom_job("68.server", ncpus=2, topology="affinity[thread]"), exec_vnode=None))]:
+            started = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}, undefined_resources=["ngpus"])
+            self.assert_accepted(started)
+            self.assertIn("pbs-" + jid, self.topod.jobs())
             self.topod.call("release", job="pbs-" + jid)
 
     def test_topods_gang_rows_never_slice_a_pbs_job(self):
@@ -618,6 +607,83 @@ class JobLifeTest(HookTestCase):
         shell, launched = self.launch(job, "true")
         self.assertEqual(launched["outcome"], "accept")
         self.assertEqual(shell.wait(20), 0)
+
+
+class GpuTest(HookTestCase):
+    """Issue 33 under PBS: PBS counts a host's GPUs (ngpus), topod chooses which, beside the
+    job's CPUs, on a machine of six GPUs in two NUMA nodes."""
+
+    def setUp(self):
+        HookTestCase.setUp(self)
+        self.topod.stop()
+        self.topod.start(topology=WITH_GPUS)
+        self.write_config(default_request="affinity[thread]")
+
+    def allocation(self, jid):
+        return {a["job"]: a for a in self.topod.call("list")["ok"]}.get("pbs-" + jid)
+
+    def test_topod_chooses_as_many_gpus_as_pbs_counted_beside_the_jobs_cpus(self):
+        gpus_by_node = {}
+        for d in self.topod.call("topology")["ok"]["devices"]:
+            if d.get("class") == "gpu":
+                gpus_by_node.setdefault(d["numa_node"], set()).add(d["pci_address"])
+        self.assertEqual(sorted(len(g) for g in gpus_by_node.values()), [3, 3], gpus_by_node)
+        # No gpus= in the request: PBS's ngpus=2 for its one task becomes gpus=2.
+        result = self.run_event("execjob_begin", job=mom_job("70.server", ncpus=4, ngpus=2, topology="affinity[core]"),
+                                vnode_list={HOST: {}})
+        self.assert_accepted(result)
+        self.assertTrue(any("ngpus=2 on %s: topod chooses the GPUs" % HOST in line and "affinity[core:gpus=2]" in line
+                            for _, line in result["log"]), result["log"])
+        first = self.allocation("70.server")
+        given = {g["pci_address"] for g in first["gpus"]}
+        self.assertEqual(len(given), 2, first)
+        self.assertTrue(any(given <= g for g in gpus_by_node.values()), "%s: not in one NUMA node" % given)
+        self.assertTrue(all(g["distance"] == 10 for g in first["gpus"]), first)
+        # gpus= said, as many as PBS counted (2 tasks x 1): also chosen by topod, none of the first's.
+        result = self.run_event("execjob_begin", job=mom_job("71.server", ncpus=2, ngpus=2, topology="affinity[thread*2:gpus=1]"),
+                                vnode_list={HOST: {}})
+        self.assert_accepted(result)
+        second = self.allocation("71.server")
+        self.assertEqual(len(second["gpus"]), 2, second)
+        self.assertFalse(given & {g["pci_address"] for g in second["gpus"]}, "one GPU given to two jobs")
+        self.assertEqual(len(second["task_gpus"]), 2, second)
+        # Launched in join mode, the job is told its GPUs: TOPO_GPUS and each task's (no NVIDIA
+        # driver here, so no CUDA_VISIBLE_DEVICES).
+        out = os.path.join(self.dir, "gpus.out")
+        shell, launched = self.launch(mom_job("71.server", ncpus=2, ngpus=2, topology="affinity[thread*2:gpus=1]"),
+                                      'echo "$TOPO_GPUS;$TOPO_TASK_GPUS;${CUDA_VISIBLE_DEVICES-unset}" > %s' % out)
+        self.assertEqual(launched["outcome"], "accept", launched)
+        self.assertEqual(shell.wait(20), 0)
+        told, per_task_a, per_task_b, cuda = read(out).strip().split(";")
+        self.assertEqual(sorted(told.split(",")), sorted(g["pci_address"] for g in second["gpus"]))
+        self.assertEqual([per_task_a, per_task_b], [",".join(t) for t in second["task_gpus"]])
+        self.assertEqual(cuda, "unset")
+        # gpus= that is not what PBS counted: refused with both numbers, nothing held.
+        refused = self.run_event("execjob_begin", job=mom_job("72.server", ncpus=2, ngpus=1, topology="affinity[thread*2:gpus=1]"),
+                                 vnode_list={HOST: {}})
+        self.assert_rejected(refused, "gpus=1 for 2 task(s) on %s, 2 GPU(s)" % HOST, "ngpus=1 there", "ask for ngpus=2")
+        self.assertIsNone(self.allocation("72.server"))
+        # More than are free: the job goes back to the queue with topod's reason, nothing held.
+        refused = self.run_event("execjob_begin", job=mom_job("73.server", ncpus=4, ngpus=3, topology="affinity[core]"),
+                                 vnode_list={HOST: {}})
+        self.assert_rejected(refused, "needs 3 GPU(s) but only 2 are free", "PBS counted ngpus=3", "resources_available.ngpus", "goes back to the queue")
+        self.assertIsNone(self.allocation("73.server"))
+        for jid in ("70.server", "71.server"):
+            self.topod.call("release", job="pbs-" + jid)
+
+    def test_gpus_no_whole_number_per_task_start_without_gpus_saying_why(self):
+        # default_request: one task per ncpus; 1 GPU for 2 tasks is not gpus=n.
+        result = self.run_event("execjob_begin", job=mom_job("74.server", ncpus=2, ngpus=1), vnode_list={HOST: {}})
+        self.assert_accepted(result)
+        self.assertTrue(any("does not choose or confine the job's GPUs: ngpus=1 is no whole number of GPUs for each of its 2 task(s)" in line
+                            for _, line in result["log"]), result["log"])
+        self.assertEqual(self.allocation("74.server").get("gpus", []), [])
+        # A CPUSET-only request has no affinity[...] to add gpus= to; a malleable one takes none.
+        for jid, request in [("75.server", "CPUSET[MAX_RADIUS=1]"), ("76.server", "affinity[thread*1-2]")]:
+            result = self.run_event("execjob_begin", job=mom_job(jid, ncpus=2, ngpus=1, topology=request), vnode_list={HOST: {}})
+            self.assert_accepted(result)
+            self.assertTrue(any("topod does not choose or confine the job's GPUs" in line for _, line in result["log"]), result["log"])
+        self.assertEqual(sorted(self.topod.jobs()), ["pbs-74.server", "pbs-75.server", "pbs-76.server"])
 
 
 class HostTest(HookTestCase):
@@ -905,6 +971,32 @@ class PureFunctionsTest(unittest.TestCase):
         other = self.hook.share_on_host(Job(), "node2", "topology")
         self.assertEqual((other.ncpus, other.mem_bytes, other.mpiprocs, other.numa_nodes), (8, 2 << 30, 1, set()))
         self.assertEqual(self.hook.share_on_host(Job(), "node10", "topology").ncpus, 0, "node1 is not a prefix match")
+
+    def test_share_on_host_sums_this_hosts_gpus(self):
+        class Job(object):
+            exec_vnode = "(node1[0]:ncpus=4:ngpus=1+node1[1]:ncpus=4:ngpus=2)+(node2:ncpus=8:ngpus=4)"
+            schedselect = "1:ncpus=8:ngpus=3+1:ncpus=8:ngpus=4"
+        self.assertEqual(self.hook.share_on_host(Job(), "node1", "topology", "ngpus").ngpus, 3)
+        self.assertEqual(self.hook.share_on_host(Job(), "node2", "topology", "ngpus").ngpus, 4)
+        self.assertEqual(self.hook.share_on_host(Job(), "node1", "topology").ngpus, 0, "not counted without gpus_resource")
+
+    def test_a_job_is_told_its_gpus_and_cuda_its_uuids_only_when_the_driver_says_every_one(self):
+        nvidia = tempfile.mkdtemp(prefix="topo-pbs-nvidia-")
+        self.addCleanup(shutil.rmtree, nvidia, True)
+        for address, uuid in [("0000:18:00.0", "GPU-aaaa"), ("0000:86:00.0", "GPU-bbbb")]:
+            os.makedirs(os.path.join(nvidia, address))
+            with open(os.path.join(nvidia, address, "information"), "w") as f:
+                f.write("Model: \t A100\nGPU UUID: \t %s\nDevice Minor: 0\n" % uuid)
+        both = {"gpus": [{"pci_address": "0000:18:00.0"}, {"pci_address": "0000:86:00.0"}],
+                "task_gpus": [["0000:18:00.0"], ["0000:86:00.0"]]}
+        self.assertEqual(self.hook.gpu_variables(both, nvidia),
+                         [("TOPO_GPUS", "0000:18:00.0,0000:86:00.0"), ("TOPO_TASK_GPUS", "0000:18:00.0;0000:86:00.0"),
+                          ("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-bbbb")])
+        one_unknown = {"gpus": [{"pci_address": "0000:18:00.0"}, {"pci_address": "0000:3b:00.0"}]}
+        self.assertEqual(self.hook.gpu_variables(one_unknown, nvidia), [("TOPO_GPUS", "0000:18:00.0,0000:3b:00.0")])
+        self.assertEqual(self.hook.gpu_variables({"gpus": []}, nvidia), [])
+        # An address that is no PCI address (a hostile or broken reply) is no path.
+        self.assertEqual(self.hook.gpu_variables({"gpus": [{"pci_address": "../../etc"}]}, nvidia), [])
 
     def test_pbs_usable_cpus(self):
         usable = self.hook.pbs_usable_cpus
