@@ -78,7 +78,7 @@ impl Request {
     /// in code must satisfy for its text to parse back to it: counts in `1..=65536` (`MAX_RADIUS`
     /// may be 0), `same=` and `exclusive=` levels not below the unit, a valid `CPUSET_NAME`, a
     /// non-empty `CPU_LIST`, `CPUSET_OPTIONS` sorted without repeats, `mem_mib` in
-    /// `1..=2^40`, `gpus_per_task` in `1..=65536`. The error says which field is wrong.
+    /// `1..=2^40`, `gpus_per_task` in `1..=65536` and not with a task range. The error says which field is wrong.
     pub fn validate(&self) -> Result<(), String> {
         let count_ok = |n: u32| (1..=MAX_COUNT).contains(&n);
         if let Some(t) = self.tasks.filter(|&t| !count_ok(t)) {
@@ -141,6 +141,9 @@ impl Request {
         }
         if let Some(n) = self.gpus_per_task.filter(|&n| !count_ok(n)) {
             return Err(format!("gpus_per_task = {n}, outside 1..={MAX_COUNT}"));
+        }
+        if self.gpus_per_task.is_some() && self.tasks_max.is_some() {
+            return Err("gpus_per_task with a task range (GPUs do not resize with a job)".into());
         }
         Ok(())
     }

@@ -939,7 +939,16 @@ impl<'a> Affinity<'a> {
             }
             2 => req.distribute = self.distribution()?,
             3 => req.mem_mib = Some(self.size()?),
-            5 => req.gpus_per_task = Some(self.count("number of GPUs per task")?),
+            5 => {
+                let n = self.count("number of GPUs per task")?;
+                if let (Some(min), Some(max)) = (req.tasks, req.tasks_max) {
+                    let msg = format!(
+                        "gpus={n} with a task range (*{min}-{max}): a job's GPUs do not grow or shrink with it; give a task count"
+                    );
+                    return Err(self.error(t, msg, &[]));
+                }
+                req.gpus_per_task = Some(n);
+            }
             _ => {
                 let (t, word) = self.expect_word("a GPU binding", GPUBIND_NAMES)?;
                 let Some(&(_, bind)) =

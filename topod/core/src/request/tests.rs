@@ -285,6 +285,12 @@ fn gpus_per_task_reads_prints_last_and_refuses_what_is_no_count() {
     }
     let twice = e("affinity[core:gpus=1:gpus=2]");
     assert!(twice.to_string().contains("gpus given twice"), "{twice}");
+    // GPUs do not resize with a malleable job: refused where it is written, not at the start.
+    let text = "affinity[thread*1-2:mem=1G:gpus=1]";
+    let ranged = e(text);
+    assert_eq!(ranged.span.start, text.find("gpus").unwrap(), "{ranged}");
+    assert!(ranged.to_string().contains("gpus=1 with a task range (*1-2)"), "{ranged}");
+    assert_eq!(p("affinity[thread*2-2:gpus=1]").gpus_per_task, Some(1));
 }
 
 #[test]
@@ -668,12 +674,13 @@ fn affinity_request() -> impl Strategy<Value = Request> {
                 (mem_mib, gpubind, gpus_per_task),
                 more,
             )| {
+                let tasks_max =
+                    tasks.zip(more).map(|(t, m)| t.saturating_add(m)).filter(|&m| m <= MAX_COUNT);
+                // GPUs do not resize: a task range takes no gpus=.
+                let gpus_per_task = gpus_per_task.filter(|_| tasks_max.is_none());
                 Request {
                     tasks,
-                    tasks_max: tasks
-                        .zip(more)
-                        .map(|(t, m)| t.saturating_add(m))
-                        .filter(|&m| m <= MAX_COUNT),
+                    tasks_max,
                     unit,
                     units_per_task,
                     same: same.map(|l| l.max(unit)),
