@@ -485,6 +485,7 @@ else
 out=\$1
 grep Cpus_allowed_list /proc/self/status | awk '{ print \$2 }' > "\$out.cpus.tmp"
 echo "\$TOPO_GPUS" > "\$out.gpus"
+echo "\${CUDA_VISIBLE_DEVICES-unset}" > "\$out.cuda"
 for f in $BASE/dev/gpu3 $BASE/dev/gpu5; do
     echo "\${f##*/} \$( (exec 3<"\$f") 2>&1 | sed 's/.*: //')" >> "\$out.opens"
 done
@@ -492,14 +493,16 @@ mv "\$out.cpus.tmp" "\$out.cpus"
 while [ ! -e "\$out.stop" ]; do sleep 0.2; done
 EOT
     chmod 755 "$BASE/gpu-job.sh"
-    gpu_job() { as_user qsub -N "$1" -l select=1:ncpus=1:ngpus=1 -l topology="$2" -- "$BASE/gpu-job.sh" "$OUT/$1"; }
+    # Job one brings a CUDA_VISIBLE_DEVICES from its submission (qsub -v, as -V would): it names
+    # GPUs that are not its own, and the hook removes it (no NVIDIA driver here to name its own).
+    gpu_job() { as_user qsub -N "$1" -l select=1:ncpus=1:ngpus=1 -l topology="$2" ${3:+-v "$3"} -- "$BASE/gpu-job.sh" "$OUT/$1"; }
     said=$(as_user qsub -l select=1:ncpus=1:ngpus=1 -l topology='affinity[thread:gpus=1]' -h -- /bin/true 2>&1) || true
     check "gpus= with GPUs asked of PBS is accepted at qsub ($said)" grep -q '^[0-9]' <<<"$said"
     qdel "$said" >/dev/null 2>&1 || true
     said=$(as_user qsub -l select=1:ncpus=1 -l topology='affinity[thread:gpus=1]' -- /bin/true 2>&1) && fail "gpus= without GPUs asked of PBS was accepted: $said" || true
     check "gpus= without GPUs asked of PBS is refused at qsub, saying to ask for them ($said)" \
         grep -qF 'topology=affinity[thread:gpus=1] refused: gpus=1 asks topod to choose 1 GPU(s) per task, but the job asks PBS for none' <<<"$said"
-    g1=$(gpu_job gpu1 'affinity[thread]')
+    g1=$(gpu_job gpu1 'affinity[thread]' CUDA_VISIBLE_DEVICES=7)
     g2=$(gpu_job gpu2 'affinity[thread:gpus=1]')
     wait_file "$OUT/gpu1.cpus" 30 || fail "GPU job one did not start: $(job_attr "$g1" comment)"
     wait_file "$OUT/gpu2.cpus" 30 || fail "GPU job two did not start: $(job_attr "$g2" comment)"
@@ -513,6 +516,8 @@ EOT
         check "  ... it opens its own GPU's device file and not the other's ($(tr '\n' ';' < "$OUT/gpu$n.opens" 2>/dev/null))" \
             sh -c "grep -qx '$mine No such device or address' '$OUT/gpu$n.opens' && [ \$(grep -c 'Operation not permitted' '$OUT/gpu$n.opens') = 1 ]"
     done
+    check "a CUDA_VISIBLE_DEVICES job one brought from qsub is not in its environment ($(cat "$OUT/gpu1.cuda" 2>/dev/null))" \
+        grep -qx unset "$OUT/gpu1.cuda"
     check "the two jobs hold different GPUs ($(cat "$OUT/gpu1.gpus" "$OUT/gpu2.gpus" 2>/dev/null | tr '\n' ' '))" \
         sh -c "[ -s '$OUT/gpu1.gpus' ] && ! cmp -s '$OUT/gpu1.gpus' '$OUT/gpu2.gpus'"
     listed=$(topoctl jobs | grep -c 'local to' || true)

@@ -39,6 +39,7 @@ PBS runs hooks in its own embedded interpreter.
 """
 
 import json
+import math
 import os
 import pwd
 import re
@@ -704,82 +705,172 @@ def gpus_per_task(answer):
     return per_task if isinstance(per_task, int) and not isinstance(per_task, bool) and per_task > 0 else None
 
 
-def check_gpus_at_submit(request, answer, asked_gpus, config):
-    """qsub, qalter: a request asking topod to choose GPUs (`gpus=n` per task) must come with GPUs
-    asked of PBS (gpus_resource, ngpus), which counts each host's GPUs: topod then chooses which
-    of the host's GPUs, beside the job's CPUs, as many as PBS counted there. `asked_gpus`: the
-    most GPUs the job asks PBS for on a host (None: not said). Without gpus_resource the hook does
-    not pass GPUs to topod and gpus= is refused."""
+def check_gpus_at_submit(request, answer, asked, config):
+    """qsub, qalter: GPUs asked of PBS (gpus_resource, ngpus), which counts each host's GPUs, must
+    be what the request gives topod to choose on the host, or execjob_begin would refuse the job
+    on every host and PBS would try it ~20 times before holding it. `asked`: a (where, ngpus,
+    tasks) per chunk the request applies to (the job-wide count without -l select), from
+    gpus_asked_at_submit; NOT_DEFINED where the server has no such resource; None where the
+    hook counts no GPUs. A request saying `gpus=n` needs n x its tasks in each; one without it
+    needs a whole number of GPUs per task where it asks for any (else topod could neither
+    choose nor confine them). Without gpus_resource the hook passes no GPUs and gpus= is refused."""
     per_task = gpus_per_task(answer)
-    if not per_task:
-        return
     resource = config["resource"]
-    if not config["gpus_resource"]:
+    name = config["gpus_resource"]
+    if per_task and not name:
         raise HookError(
             "%s=%s refused: gpus=%s asks topod to choose the job's GPUs, but this site's hook counts "
             "no GPUs (topo.json gpus_resource is empty): ask PBS for GPUs and leave gpus= out of "
             "the %s request" % (resource, shortened(request), per_task, resource))
-    if asked_gpus is NOT_DEFINED:
+    if per_task and asked is NOT_DEFINED:
         raise HookError(
             "%s=%s refused: gpus=%s asks topod to choose the job's GPUs, but the PBS server defines "
             "no resource %s to count them: the administrator creates it (qmgr -c \"create resource "
             "%s type=long,flag=nh\") and sets resources_available.%s of each GPU host"
-            % (resource, shortened(request), per_task, config["gpus_resource"], config["gpus_resource"],
-               config["gpus_resource"]))
-    if not asked_gpus:
+            % (resource, shortened(request), per_task, name, name, name))
+    if asked is None or asked is NOT_DEFINED:
+        return
+    if per_task and not any(ngpus for _, ngpus, _ in asked):
         raise HookError(
             "%s=%s refused: gpus=%s asks topod to choose %s GPU(s) per task, but the job asks PBS "
             "for none: PBS counts each host's GPUs, so ask for them too (-l select=1:ncpus=N:%s=G, "
             "G = %s x the tasks on the host)"
-            % (resource, shortened(request), per_task, per_task, config["gpus_resource"], per_task))
+            % (resource, shortened(request), per_task, per_task, name, per_task))
+    for where, ngpus, tasks in asked:
+        if per_task and ngpus != per_task * tasks:
+            raise HookError(
+                "%s=%s refused: it takes gpus=%d for %d task(s) on a host, %d GPU(s), but %s asks "
+                "PBS for %s=%d: ask for %s=%d there, or change gpus="
+                % (resource, shortened(request), per_task, tasks, per_task * tasks, where, name,
+                   ngpus, name, per_task * tasks))
+        if not per_task and ngpus % tasks:
+            raise HookError(
+                "%s=%s refused: %s asks PBS for %s=%d for %d task(s), no whole number of GPUs per "
+                "task, so topod could neither choose nor confine them: ask for a multiple of %d, "
+                "or fewer tasks with more CPUs each (e.g. one task: affinity[core(N)])"
+                % (resource, shortened(request), where, name, ngpus, tasks, tasks))
 
 
-def request_with_gpus(job, request, tasks, share, config):
-    """The request to send topod for a job PBS counted `share.ngpus` GPUs for on this host: topod
-    chooses which of the host's GPUs (beside the job's CPUs), confines the job to them where it
-    confines devices, and tells the job (TOPO_GPUS, CUDA_VISIBLE_DEVICES). A request saying
-    gpus=n must take exactly that many (n x its tasks here); one without gpus= gets
-    gpus=ngpus/tasks when that is a whole number, or runs with no GPUs chosen, as before, with a
-    job message saying why. A request that may not ask for GPUs is returned as it is, unparsed."""
+def gpu_count(value, what):
+    """A GPU count PBS would give: a whole number, 0 or more."""
+    n = whole(value, what)
+    if n < 0:
+        raise HookError("cannot read %s %r: expected a whole number of GPUs, 0 or more" % (what, str(value)[:40]))
+    return n
+
+
+def gpus_asked_at_submit(event, chunks, request_chunks, answer, name):
+    """For check_gpus_at_submit: (where, ngpus, tasks) for each chunk the request applies to, or
+    for the job-wide count when the job has no -l select (then PBS makes one chunk of it; with
+    select, a job-wide count is only PBS's sum and is not read: qalter of select alone leaves
+    the old sum in job_o). Tasks on a host: the request's *count, else the chunk's mpiprocs
+    (PBS's default, 1), as at execjob_begin. NOT_DEFINED where the server has no `name`."""
+    if not resource_defined(event.job.Resource_List, name):
+        return NOT_DEFINED
+    parsed = answer.get("request") if isinstance(answer, dict) else None
+    count = parsed.get("tasks") if isinstance(parsed, dict) else None
+    count = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+    if chunks:
+        asked = []
+        for chunk, _ in request_chunks:
+            value = chunk.get(name)
+            ngpus = 0 if value in (None, "") else gpu_count(value, "%s in -l select" % name)
+            tasks = count or max(1, whole(chunk.get("mpiprocs") or 1, "mpiprocs in -l select"))
+            number = next(i + 1 for i, (c, _) in enumerate(chunks) if c is chunk)
+            asked.append(("chunk %d of -l select (%s)" % (number, chunk_text(chunk, ("ncpus", "mpiprocs", name))), ngpus, tasks))
+        return asked
+    value = submitted(event, name)
+    ngpus = 0 if value in (None, "") else gpu_count(value, "-l %s" % name)
+    tasks = count or max(1, whole(submitted(event, "mpiprocs") or 1, "-l mpiprocs"))
+    return [("the job (-l %s)" % name, ngpus, tasks)]
+
+
+def chunk_text(chunk, names):
+    """A chunk's resources `names` as -l select writes them, for a message."""
+    return ":".join("%s=%s" % (k, shortened(str(chunk[k]))) for k in names if k in chunk) or "no resources"
+
+
+def request_with_gpus(job, request, tasks, share, config, default=False):
+    """(request, tasks) to send topod for a job PBS counted `share.ngpus` GPUs for on this host:
+    topod chooses which of the host's GPUs (beside the job's CPUs), confines the job to them
+    where it confines devices, and tells the job (TOPO_GPUS, CUDA_VISIBLE_DEVICES). A request
+    saying gpus=n must take exactly that many (n x its tasks here); one without gpus= gets
+    gpus=ngpus/tasks when that is a whole number. The site's default_request (`default`: one
+    task per ncpus, the hook's choice) is otherwise given as fewer, larger tasks, the same CPUs
+    in all (ncpus=8, ngpus=1: affinity[thread(8)] for one task with gpus=1); any other request
+    runs with no GPUs chosen, as before, with a job message saying why (qsub refuses that case
+    where it can see it). A request that may not ask for GPUs is returned as it is, unparsed."""
     resource = config["resource"]
     if not config["gpus_resource"]:
         if MAY_ASK_FOR_GPUS.search(request):
             check_gpus_at_submit(request, check_request(request, config), None, config)
-        return request
+        return request, tasks
     if share.ngpus <= 0 and not MAY_ASK_FOR_GPUS.search(request):
-        return request
+        return request, tasks
     answer = check_request(request, config)
     parsed = answer.get("request") or {}
     here = parsed.get("tasks") or tasks or 1
     per_task = gpus_per_task(answer)
     host = pbs.get_local_nodename()
+    name = config["gpus_resource"]
     if per_task:
         if per_task * here != share.ngpus:
             raise HookError(
                 "%s=%s takes gpus=%d for %d task(s) on %s, %d GPU(s), but the job asked PBS for "
                 "%s=%d there: ask for %s=%d there, or change gpus="
                 % (resource, shortened(request), per_task, here, host, per_task * here,
-                   config["gpus_resource"], share.ngpus, config["gpus_resource"], per_task * here))
-        return request
+                   name, share.ngpus, name, per_task * here))
+        return request, tasks
     if share.ngpus <= 0:
-        return request
+        return request, tasks
     canonical = answer.get("canonical") or ""
     why_not = None
     if parsed.get("tasks_max"):
         why_not = "a malleable request (*min-max) takes no GPUs"
-    elif share.ngpus % here:
-        why_not = "%s=%d is no whole number of GPUs for each of its %d task(s)" % (config["gpus_resource"], share.ngpus, here)
     elif not (canonical.endswith("]") and canonical.rfind("[") == canonical.rfind("affinity[") + len("affinity")):
         why_not = "the request has no affinity[...] part to add gpus= to"
+    elif share.ngpus % here:
+        regrouped = default and not parsed.get("tasks") and fewer_tasks(canonical, parsed, here, share.ngpus)
+        if regrouped:
+            larger, groups = regrouped
+            try:
+                checked = check_request(larger, config)
+            except HookError:
+                checked = None
+            if checked is not None:
+                chosen = "%s:gpus=%d]" % ((checked.get("canonical") or larger)[:-1], share.ngpus // groups)
+                pbs.logjobmsg(job.id, "%s: %s=%d on %s for %d task(s) of default_request %s: topod chooses "
+                              "the GPUs, beside the job's CPUs, as %d task(s): %s"
+                              % (HOOK, name, share.ngpus, host, here, shortened(request), groups, chosen))
+                return chosen, groups
+        why_not = "%s=%d is no whole number of GPUs for each of its %d task(s)" % (name, share.ngpus, here)
     if why_not:
         pbs.logjobmsg(job.id, "%s: %s=%d on %s: topod does not choose or confine the job's GPUs: %s; "
                       "add :gpus=n (GPUs per task) to the %s request"
-                      % (HOOK, config["gpus_resource"], share.ngpus, host, why_not, resource))
-        return request
+                      % (HOOK, name, share.ngpus, host, why_not, resource))
+        return request, tasks
     chosen = "%s:gpus=%d]" % (canonical[:-1], share.ngpus // here)
     pbs.logjobmsg(job.id, "%s: %s=%d on %s: topod chooses the GPUs, beside the job's CPUs: %s"
-                  % (HOOK, config["gpus_resource"], share.ngpus, host, chosen))
-    return chosen
+                  % (HOOK, name, share.ngpus, host, chosen))
+    return chosen, tasks
+
+
+# The processor unit of a canonical affinity[...] and its count per task, when its options (if
+# any) hold no parentheses: "affinity[core(2,same=numa):membind=localonly]".
+AFFINITY_UNIT = re.compile(r"\A(.*affinity\[)([A-Za-z]+)(?:\((\d+)((?:,[^()]*)?)\))?((?::[^\[\]]*)?\])\Z")
+
+
+def fewer_tasks(canonical, parsed, tasks, ngpus):
+    """(request, groups): `tasks` tasks of a request without *count made gcd(tasks, ngpus) tasks,
+    each with the CPUs of tasks/groups of them, so that the GPUs are a whole number per task; None
+    where the request cannot be written so."""
+    found = AFFINITY_UNIT.match(canonical)
+    units = parsed.get("units_per_task") or 1
+    if not found or not isinstance(units, int):
+        return None
+    groups = math.gcd(tasks, ngpus)
+    head, unit, _, options, tail = found.groups()
+    return "%s%s(%d%s)%s" % (head, unit, units * (tasks // groups), options or "", tail), groups
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1081,18 +1172,10 @@ def on_submit(event, config):
         if chunk.get(resource) and chunk[resource] not in [r for r, _ in requests]:
             requests.append((chunk[resource], [(c, n) for c, n in chunks if c.get(resource) == chunk[resource]]))
     gpus = config["gpus_resource"]
-    gpus_defined = bool(gpus) and resource_defined(event.job.Resource_List, gpus)
     for request, applies_to in requests:
         answer = check_request(request, config)
-        if gpus and not gpus_defined:
-            asked = NOT_DEFINED
-        elif gpus:
-            # The most GPUs asked of PBS for one chunk the request applies to, or job-wide.
-            counts = [c.get(gpus) for c, _ in (applies_to if applies_to is not None else chunks)]
-            counts.append(submitted(event, gpus))
-            asked = max([whole(c, "%s in the job's resources" % gpus) for c in counts if c not in (None, "")] or [0])
-        else:
-            asked = None
+        request_chunks = applies_to if applies_to is not None else chunks
+        asked = gpus_asked_at_submit(event, chunks, request_chunks, answer, gpus) if gpus else None
         check_gpus_at_submit(request, answer, asked, config)
         if config["enforce_ncpus"]:
             check_ncpus(request, answer, applies_to if applies_to is not None else chunks,
@@ -1175,7 +1258,9 @@ def on_begin(event, config):
     # GPUs PBS counted here: topod chooses which. Only a request that may say gpus= (in any
     # case, as the parser reads it), or a job with GPUs here, is parsed again: no process for
     # every job's start (topoctl comes with topod, which topo-pbs needs).
-    request = request_with_gpus(job, request, tasks, share, config)
+    request, tasks = request_with_gpus(job, request, tasks, share, config,
+                                       default=request == config["default_request"] and tasks == share.ncpus
+                                       and job_wide_request(job, config["resource"]) is None and not share.requests)
     topod = Topod(config)
     try:
         allocation = allocate(topod, event, job, jid, share, request, tasks)
@@ -1373,14 +1458,28 @@ def on_launch(event, config):
     event.env["TOPO_CPUS"] = allocation["cpus"]
     event.env["TOPO_MEMS"] = allocation["mems"]
     if config["launch"] == "join":
-        # topo-exec tells the job its GPUs itself.
-        for name, value in gpu_variables(allocation):
+        # topo-exec tells the job its GPUs itself. Lists the job inherited (qsub -V, an outer
+        # job) name GPUs it was not given: topo's own are removed when not set here, and so is
+        # CUDA_VISIBLE_DEVICES of a job given GPUs (as topo-exec does).
+        told = gpu_variables(allocation)
+        for name, value in told:
             event.env[name] = value
+        stale = set(JOB_GPU_LISTS if told else TOPO_GPU_LISTS) - set(n for n, _ in told)
+        for name in sorted(stale):
+            if name in event.env:
+                del event.env[name]
     # Where topod tells a malleable job its CPUs after a resize (libtopo's topo_resize_wait).
     event.env["TOPO_NOTIFY_FILE"] = os.path.join(os.path.dirname(config["socket"]), "job-notify", jid)
 
 
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+# What a job is told of its GPUs (gpu_variables); one inherited is never this job's.
+TOPO_GPU_LISTS = ("TOPO_GPUS", "TOPO_TASK_GPUS")
+JOB_GPU_LISTS = TOPO_GPU_LISTS + ("CUDA_VISIBLE_DEVICES",)
+# A PCI address as sysfs names a function (domain:bus:device.function), and an NVIDIA UUID as
+# the driver's information file gives it; \Z, not $, so that no newline passes.
+PCI_ADDRESS = re.compile(r"\A[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\Z")
+NVIDIA_UUID = re.compile(r"\AGPU-[0-9a-fA-F-]{8,64}\Z")
 
 
 def gpu_variables(allocation, nvidia=NVIDIA_GPUS):
@@ -1388,14 +1487,20 @@ def gpu_variables(allocation, nvidia=NVIDIA_GPUS):
     several tasks TOPO_TASK_GPUS (tasks by ';', a task's GPUs by ','), and CUDA_VISIBLE_DEVICES by
     UUID when every GPU is an NVIDIA GPU whose driver says its UUID (CUDA's own numbering depends
     on its enumeration order and on which devices the cgroup lets it open). A job without GPUs is
-    told nothing of them (the empty list PBS's pbs_cgroups sets is not set either)."""
-    addresses = [g.get("pci_address") for g in allocation.get("gpus") or []]
-    addresses = [a for a in addresses if isinstance(a, str) and re.match(r"^[0-9a-fA-F:.]+$", a)]
+    told nothing of them (the empty list PBS's pbs_cgroups sets is not set either). Only what
+    reads as a PCI address (or a UUID) is passed on, each once; a GPU topod lists as gone is not
+    the job's to use."""
+    addresses = []
+    for gpu in allocation.get("gpus") or []:
+        address = gpu.get("pci_address") if isinstance(gpu, dict) else None
+        if isinstance(address, str) and PCI_ADDRESS.match(address) and not gpu.get("gone") \
+                and address not in addresses:
+            addresses.append(address)
     if not addresses:
         return []
     found = [("TOPO_GPUS", ",".join(addresses))]
-    tasks = allocation.get("task_gpus") or []
-    if len(tasks) > 1:
+    tasks = [[a for a in t if a in addresses] if isinstance(t, list) else [] for t in allocation.get("task_gpus") or []]
+    if len(tasks) > 1 and all(tasks):
         found.append(("TOPO_TASK_GPUS", ";".join(",".join(t) for t in tasks)))
     uuids = []
     for address in addresses:
@@ -1405,7 +1510,7 @@ def gpu_variables(allocation, nvidia=NVIDIA_GPUS):
         except (OSError, UnicodeError):
             return found
         uuid = [l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("GPU UUID:")]
-        if not uuid or not uuid[0].startswith("GPU-") or "," in uuid[0]:
+        if not uuid or not NVIDIA_UUID.match(uuid[0]):
             return found
         uuids.append(uuid[0])
     found.append(("CUDA_VISIBLE_DEVICES", ",".join(uuids)))

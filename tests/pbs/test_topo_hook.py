@@ -38,6 +38,15 @@ HOST = "node1"
 SUBTREE = "topo-pbs-test-%d" % os.getpid()
 
 
+def cpu_count(cpu_list):
+    """How many CPUs a kernel CPU list ("0-1,4") names."""
+    count = 0
+    for part in filter(None, cpu_list.split(",")):
+        first, _, last = part.partition("-")
+        count += int(last or first) - int(first) + 1
+    return count
+
+
 def read(path):
     """The text of a file, closed again."""
     with open(path) as f:
@@ -228,10 +237,10 @@ class HookTestCase(unittest.TestCase):
     def periodic(self, running=(), vnodes=None):
         return self.run_event("exechost_periodic", job_list=list(running), vnode_list=vnodes or {HOST: {}})
 
-    def launch(self, job, script):
+    def launch(self, job, script, env=None):
         """Starts the job's program through execjob_launch, as MoM does; returns the process
-        and the hook's result once the program runs."""
-        env = {"PATH": "/usr/bin:/bin", "PBS_JOBID": job["id"]}
+        and the hook's result once the program runs. `env`: more of the job's environment."""
+        env = dict(env or {}, PATH="/usr/bin:/bin", PBS_JOBID=job["id"])
         event, result = self.event_file("execjob_launch", job=dict(job, session_id=0), progname="/bin/sh",
                                         argv=["/bin/sh", "-c", script], env=env, vnode_list={HOST: {}})
         # The job's output goes to a file: a process it leaves behind must not hold the test
@@ -346,6 +355,46 @@ class SubmitTest(HookTestCase):
         self.write_config(gpus_resource="")
         off = self.run_event("queuejob", job={"id": "", "Resource_List": {"select": "1:ncpus=4:ngpus=2:topology=affinity[thread:gpus=2]"}})
         self.assert_rejected(off, "gpus_resource is empty", "leave gpus= out")
+
+    def test_gpus_asked_of_pbs_must_be_what_the_request_takes_on_each_host(self):
+        # Attack findings: each was accepted at qsub and refused at every start (PBS tries ~20
+        # times, then holds the job).
+        cases = [
+            # 2 tasks x gpus=1 on a host, 1 asked of PBS there.
+            ({"select": "1:ncpus=4:ngpus=1", "topology": "affinity[core*2:gpus=1]"},
+             ["takes gpus=1 for 2 task(s) on a host, 2 GPU(s)", "chunk 1 of -l select (ncpus=4:ngpus=1)", "ask for ngpus=2"]),
+            # A job-wide request applies on every chunk's host; chunk 2 asks for no GPUs.
+            ({"select": "1:ncpus=4:ngpus=1+1:ncpus=4", "topology": "affinity[core:gpus=1]"},
+             ["chunk 2 of -l select (ncpus=4)", "ngpus=0"]),
+            # A count PBS would not give.
+            ({"select": "1:ncpus=4:ngpus=-1", "topology": "affinity[core:gpus=1]"}, ["ngpus in -l select '-1'", "0 or more"]),
+            ({"ncpus": 4, "ngpus": -3, "topology": "affinity[core:gpus=1]"}, ["-l ngpus '-3'"]),
+            # GPUs do not resize: refused by the parser, where it is written.
+            ({"select": "1:ncpus=4:ngpus=1", "topology": "affinity[thread*1-2:gpus=1]"}, ["gpus=1 with a task range (*1-2)"]),
+            # No gpus=, but GPUs that are no whole number per task: topod could not choose them.
+            ({"select": "1:ncpus=4:ngpus=1", "topology": "affinity[core*2]"},
+             ["ngpus=1 for 2 task(s), no whole number of GPUs per task", "a multiple of 2"]),
+            ({"select": "1:ncpus=4:mpiprocs=2:ngpus=3", "topology": "affinity[core]"}, ["ngpus=3 for 2 task(s)"]),
+        ]
+        for resources, said in cases:
+            self.assert_rejected(self.run_event("queuejob", job={"id": "", "Resource_List": resources}), *said)
+        # What each host gets right goes through: per chunk, by mpiprocs, job-wide.
+        for resources in [{"select": "1:ncpus=4:ngpus=2", "topology": "affinity[core*2:gpus=1]"},
+                          {"select": "2:ncpus=4:ngpus=1", "topology": "affinity[core:gpus=1]"},
+                          {"select": "1:ncpus=4:mpiprocs=2:ngpus=2", "topology": "affinity[core:gpus=1]"},
+                          {"select": "1:ncpus=4:ngpus=2", "topology": "affinity[core*2]"},
+                          {"select": "1:ncpus=4:ngpus=1+1:ncpus=1:topology=affinity[thread]", "topology": None},
+                          {"ncpus": 4, "ngpus": 2, "topology": "affinity[core*2:gpus=1]"}]:
+            resources = dict((k, v) for k, v in resources.items() if v is not None)
+            self.assert_accepted(self.run_event("queuejob", job={"id": "", "Resource_List": resources}))
+        # qalter of select alone: PBS's job-wide sum of the old select (job_o) is not read.
+        old = {"select": "1:ncpus=4:ngpus=2", "ngpus": 2, "ncpus": 4, "topology": "affinity[core:gpus=2]"}
+        altered = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"select": "1:ncpus=4"}},
+                                 job_o={"id": "7.server", "Resource_List": old})
+        self.assert_rejected(altered, "asks PBS for none")
+        kept = self.run_event("modifyjob", job={"id": "7.server", "Resource_List": {"walltime": "2:00:00"}},
+                              job_o={"id": "7.server", "Resource_List": old})
+        self.assert_accepted(kept)
 
     def test_a_server_without_ngpus_or_topology_defined_loses_no_job(self):
         # Reading a resource the server does not define raises AttributeError in PBS (the first
@@ -671,19 +720,53 @@ class GpuTest(HookTestCase):
         for jid in ("70.server", "71.server"):
             self.topod.call("release", job="pbs-" + jid)
 
-    def test_gpus_no_whole_number_per_task_start_without_gpus_saying_why(self):
-        # default_request: one task per ncpus; 1 GPU for 2 tasks is not gpus=n.
+    def test_the_default_request_takes_its_gpus_as_fewer_larger_tasks(self):
+        # default_request: one task per ncpus; 1 GPU for 2 tasks is no gpus=n. Run unconfined, the
+        # job could use GPUs topod then gave another job (an attack finding): it is given as one
+        # task of both CPUs with gpus=1 instead, and another job gets none of its GPU.
         result = self.run_event("execjob_begin", job=mom_job("74.server", ncpus=2, ngpus=1), vnode_list={HOST: {}})
         self.assert_accepted(result)
-        self.assertTrue(any("does not choose or confine the job's GPUs: ngpus=1 is no whole number of GPUs for each of its 2 task(s)" in line
-                            for _, line in result["log"]), result["log"])
-        self.assertEqual(self.allocation("74.server").get("gpus", []), [])
-        # A CPUSET-only request has no affinity[...] to add gpus= to; a malleable one takes none.
-        for jid, request in [("75.server", "CPUSET[MAX_RADIUS=1]"), ("76.server", "affinity[thread*1-2]")]:
+        self.assertTrue(any("ngpus=1 on %s for 2 task(s) of default_request" % HOST in line
+                            and "as 1 task(s): affinity[thread(2):gpus=1]" in line for _, line in result["log"]), result["log"])
+        first = self.allocation("74.server")
+        self.assertEqual(len(first["gpus"]), 1, first)
+        self.assertEqual(len(first["tasks"]), 1, first)
+        self.assertEqual(cpu_count(first["cpus"]), 2, first)
+        # ncpus=4, ngpus=2: two tasks of two CPUs, a GPU each.
+        result = self.run_event("execjob_begin", job=mom_job("77.server", ncpus=4, ngpus=2), vnode_list={HOST: {}})
+        self.assert_accepted(result)
+        second = self.allocation("77.server")
+        self.assertEqual((len(second["gpus"]), len(second["tasks"]), len(second["task_gpus"])), (2, 2, 2), second)
+        taken = {g["pci_address"] for g in first["gpus"]} | {g["pci_address"] for g in second["gpus"]}
+        self.assertEqual(len(taken), 3, "one GPU given to two jobs: %s %s" % (first["gpus"], second["gpus"]))
+        # The other 3 GPUs are all another job gets.
+        refused = self.run_event("execjob_begin", job=mom_job("78.server", ncpus=4, ngpus=4, topology="affinity[core]"),
+                                 vnode_list={HOST: {}})
+        self.assert_rejected(refused, "needs 4 GPU(s) but only 3 are free")
+
+    def test_gpus_no_whole_number_per_task_of_a_users_request_start_without_gpus_saying_why(self):
+        # qsub refuses these where it sees them; a job queued before the hook still starts.
+        for jid, request in [("74.server", "affinity[thread*2]"), ("75.server", "CPUSET[MAX_RADIUS=1]"),
+                             ("76.server", "affinity[thread*1-2]")]:
             result = self.run_event("execjob_begin", job=mom_job(jid, ncpus=2, ngpus=1, topology=request), vnode_list={HOST: {}})
             self.assert_accepted(result)
             self.assertTrue(any("topod does not choose or confine the job's GPUs" in line for _, line in result["log"]), result["log"])
+            self.assertEqual(self.allocation(jid).get("gpus", []), [])
         self.assertEqual(sorted(self.topod.jobs()), ["pbs-74.server", "pbs-75.server", "pbs-76.server"])
+
+    def test_a_cuda_visible_devices_the_job_inherited_is_never_its_own(self):
+        # qsub -V copies the submitter's CUDA_VISIBLE_DEVICES, and an outer job's TOPO_GPUS: they
+        # name GPUs the job was not given (an attack finding: join mode left them).
+        job = mom_job("79.server", ncpus=2, ngpus=1, topology="affinity[thread]")
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        out = os.path.join(self.dir, "env.out")
+        shell, launched = self.launch(job, 'echo "${CUDA_VISIBLE_DEVICES-unset};${TOPO_TASK_GPUS-unset};$TOPO_GPUS" > %s' % out,
+                                      env={"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5", "TOPO_TASK_GPUS": "0000:99:00.0;x"})
+        self.assertEqual(launched["outcome"], "accept", launched)
+        self.assertEqual(shell.wait(20), 0)
+        cuda, tasks, told = read(out).strip().split(";")
+        self.assertEqual((cuda, tasks), ("unset", "unset"))
+        self.assertEqual(told, self.allocation("79.server")["gpus"][0]["pci_address"])
 
 
 class HostTest(HookTestCase):
@@ -983,7 +1066,8 @@ class PureFunctionsTest(unittest.TestCase):
     def test_a_job_is_told_its_gpus_and_cuda_its_uuids_only_when_the_driver_says_every_one(self):
         nvidia = tempfile.mkdtemp(prefix="topo-pbs-nvidia-")
         self.addCleanup(shutil.rmtree, nvidia, True)
-        for address, uuid in [("0000:18:00.0", "GPU-aaaa"), ("0000:86:00.0", "GPU-bbbb")]:
+        a, b = "GPU-1d2c3b4a-0000-1111-2222-333344445555", "GPU-9e8f7a6b-aaaa-bbbb-cccc-ddddeeeeffff"
+        for address, uuid in [("0000:18:00.0", a), ("0000:86:00.0", b)]:
             os.makedirs(os.path.join(nvidia, address))
             with open(os.path.join(nvidia, address, "information"), "w") as f:
                 f.write("Model: \t A100\nGPU UUID: \t %s\nDevice Minor: 0\n" % uuid)
@@ -991,12 +1075,24 @@ class PureFunctionsTest(unittest.TestCase):
                 "task_gpus": [["0000:18:00.0"], ["0000:86:00.0"]]}
         self.assertEqual(self.hook.gpu_variables(both, nvidia),
                          [("TOPO_GPUS", "0000:18:00.0,0000:86:00.0"), ("TOPO_TASK_GPUS", "0000:18:00.0;0000:86:00.0"),
-                          ("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-bbbb")])
+                          ("CUDA_VISIBLE_DEVICES", a + "," + b)])
         one_unknown = {"gpus": [{"pci_address": "0000:18:00.0"}, {"pci_address": "0000:3b:00.0"}]}
         self.assertEqual(self.hook.gpu_variables(one_unknown, nvidia), [("TOPO_GPUS", "0000:18:00.0,0000:3b:00.0")])
         self.assertEqual(self.hook.gpu_variables({"gpus": []}, nvidia), [])
-        # An address that is no PCI address (a hostile or broken reply) is no path.
-        self.assertEqual(self.hook.gpu_variables({"gpus": [{"pci_address": "../../etc"}]}, nvidia), [])
+        # An address that is no PCI address (a hostile or broken reply) is no path, and reaches
+        # no variable (attack findings: "..", ".", a trailing newline, a task list with ';' or
+        # '='); a GPU the host no longer has is not the job's; each GPU once.
+        for bad in ("../../etc", "..", ".", "0000:18:00.0\n", "0000:18:00.0,0000:86:00.0", ""):
+            self.assertEqual(self.hook.gpu_variables({"gpus": [{"pci_address": bad}]}, nvidia), [], repr(bad))
+        self.assertEqual(self.hook.gpu_variables({"gpus": [{"pci_address": "0000:18:00.0", "gone": True}]}, nvidia), [])
+        odd = {"gpus": [{"pci_address": "0000:18:00.0"}, {"pci_address": "0000:18:00.0"}, {"pci_address": ".."}],
+               "task_gpus": [["0000:18:00.0;LD_PRELOAD=/tmp/x.so"], ["a\nb", ".."]]}
+        self.assertEqual(self.hook.gpu_variables(odd, nvidia), [("TOPO_GPUS", "0000:18:00.0"), ("CUDA_VISIBLE_DEVICES", a)])
+        # A UUID line that is no UUID: no CUDA_VISIBLE_DEVICES at all.
+        with open(os.path.join(nvidia, "0000:86:00.0", "information"), "w") as f:
+            f.write("GPU UUID: GPU-aaaaaaaa;rm -rf /\n")
+        self.assertEqual(self.hook.gpu_variables({"gpus": [{"pci_address": "0000:86:00.0"}]}, nvidia),
+                         [("TOPO_GPUS", "0000:86:00.0")])
 
     def test_pbs_usable_cpus(self):
         usable = self.hook.pbs_usable_cpus
