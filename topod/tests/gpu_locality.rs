@@ -555,7 +555,8 @@ fn topo_exec_sh(socket: &Path, job: &str, request: &str, script: &str) -> Comman
 }
 
 /// A job whose GPUs topod chose is told which: topo-exec sets TOPO_GPUS (and, for NVIDIA GPUs
-/// whose UUID the driver lists, CUDA_VISIBLE_DEVICES; not here: the tree's GPUs have no driver).
+/// whose UUID the driver lists, CUDA_VISIBLE_DEVICES; not here: the tree's GPUs have no driver,
+/// so one the job inherited is removed).
 #[test]
 fn topo_exec_tells_the_job_the_gpus_topod_chose() {
     if !common::is_root() {
@@ -571,7 +572,9 @@ fn topo_exec_tells_the_job_the_gpus_topod_chose() {
         "affinity[core(2):gpus=2]",
         "echo TOPO_GPUS=$TOPO_GPUS; echo TOPO_NICS=$TOPO_NICS; echo CUDA=${CUDA_VISIBLE_DEVICES-unset}",
     )
-    .env_remove("CUDA_VISIBLE_DEVICES")
+    // One from the submission's environment (qsub -V) numbers GPUs the job was not given (an
+    // attack finding: it reached the job).
+    .env("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5")
     .output()
     .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);

@@ -90,7 +90,10 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
         client.list().map_err(|e| e.to_string())?.into_iter().find(|j| j.allocation.job == job);
     let chosen_gpus: Vec<String> =
         if topo_core::request::parse(&alloc.request).is_ok_and(|r| r.gpus_per_task.is_some()) {
-            view.iter().flat_map(|j| j.gpus.iter().map(|g| g.pci_address.clone())).collect()
+            // A GPU the host no longer has is not the job's to use.
+            view.iter()
+                .flat_map(|j| j.gpus.iter().filter(|g| !g.gone).map(|g| g.pci_address.clone()))
+                .collect()
         } else {
             Vec::new()
         };
@@ -123,6 +126,7 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
     // program's arguments and environment still fit what the kernel allows with it (an exec
     // that fails with E2BIG would leave the job allocated and never run).
     let mut lists: Vec<(&str, String)> = Vec::new();
+    let mut dropped: Vec<&str> = OWN_LISTS.to_vec();
     if !chosen_gpus.is_empty() {
         match nvidia_uuids(std::path::Path::new("/"), &chosen_gpus) {
             Some(uuids) => {
@@ -130,10 +134,15 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
                 // devices the job's cgroup lets it open.
                 lists.push(("CUDA_VISIBLE_DEVICES", uuids.join(",")));
             }
-            None => eprintln!(
-                "topo-exec: job {job}: GPUs {} (TOPO_GPUS); CUDA_VISIBLE_DEVICES not set: not every one is an NVIDIA GPU whose UUID /proc/driver/nvidia/gpus says",
-                chosen_gpus.join(", ")
-            ),
+            None => {
+                eprintln!(
+                    "topo-exec: job {job}: GPUs {} (TOPO_GPUS); CUDA_VISIBLE_DEVICES not set (and one from the environment removed): not every one is an NVIDIA GPU whose UUID /proc/driver/nvidia/gpus says",
+                    chosen_gpus.join(", ")
+                );
+                // One inherited from the submission (qsub -V, bsub's copied environment)
+                // numbers GPUs of another host or job.
+                dropped.push("CUDA_VISIBLE_DEVICES");
+            }
         }
         lists.push(("TOPO_GPUS", chosen_gpus.join(",")));
     }
@@ -150,9 +159,9 @@ fn run(args: TopoExecArgs) -> Result<Never, String> {
     // topo's own lists from an outer job's environment are never this job's: gone, set or not
     // (and so is CUDA_VISIBLE_DEVICES when topod chose the GPUs and it cannot be set).
     let replaced = |name: &std::ffi::OsStr| {
-        OWN_LISTS.iter().chain(lists.iter().map(|(n, _)| n)).any(|own| name == *own)
+        dropped.iter().chain(lists.iter().map(|(n, _)| n)).any(|own| name == *own)
     };
-    for name in OWN_LISTS.iter().chain(lists.iter().map(|(n, _)| n)) {
+    for name in dropped.iter().chain(lists.iter().map(|(n, _)| n)) {
         command.env_remove(name);
     }
     let mut budget = ExecBudget::for_this_process(
