@@ -207,6 +207,52 @@ fn create_join_release() {
     assert!(matches!(cg.release(&id, Duration::from_secs(1)), Err(CgroupError::NoSuchJob(_))));
 }
 
+/// Cgroups made inside a job's (root in the job, a container runtime, systemd-run there): their
+/// processes are the job's and are killed with it, and the cgroups go with it (an attack
+/// finding: rmdir was EBUSY, and the job and its CPUs stayed held until an administrator
+/// removed them).
+#[test]
+fn cgroups_made_inside_a_job_go_with_it() {
+    let Some(Real { cgroups, cg, subtree, cpus, mems, _cleanup }) = real() else { return };
+    let one = CpuSet::parse_list(&cpus.first().unwrap().to_string()).unwrap();
+    let id = job("1010");
+    let spec = CgroupSpec { cpus: one, mems, memory_limit: None, ..Default::default() };
+    cg.create(&id, &spec).unwrap();
+    let job_dirs: Vec<PathBuf> = cgroups
+        .roots(&subtree)
+        .into_iter()
+        .map(|root| root.join("1010"))
+        .filter(|dir| dir.is_dir())
+        .collect();
+    for dir in &job_dirs {
+        for inner in ["inner", "inner/deeper", "other"] {
+            let made = dir.join(inner);
+            std::fs::create_dir(&made).unwrap();
+            // A v1 cpuset starts without CPUs or memory nodes: give it its parent's.
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                if made.join(file).exists() {
+                    let parent =
+                        std::fs::read_to_string(made.parent().unwrap().join(file)).unwrap();
+                    std::fs::write(made.join(file), parent.trim()).unwrap();
+                }
+            }
+        }
+    }
+    let mut child = Command::new("sleep").arg("100").spawn().unwrap();
+    let pid = child.id() as i32;
+    cg.join(&id, pid).unwrap();
+    let deepest = job_dirs.last().unwrap().join("inner/deeper");
+    std::fs::write(deepest.join("cgroup.procs"), pid.to_string()).unwrap();
+    assert_eq!(cg.pids(&id).unwrap(), [pid], "the process in {} is the job's", deepest.display());
+    let report = cg.release(&id, Duration::from_secs(10)).unwrap();
+    assert!(report.survivors.is_empty() && report.killed == 1, "{report:?}");
+    assert!(child.wait().unwrap().code().is_none(), "killed by a signal");
+    assert!(cg.list().unwrap().is_empty(), "no job left");
+    for dir in &job_dirs {
+        assert!(!dir.exists(), "{} is left", dir.display());
+    }
+}
+
 /// Each job is one entity for the CPU scheduler (issue 29: a job's hundreds of threads must not
 /// outweigh topod's): v1 puts the job's processes in a directory of its own in the `cpu`
 /// hierarchy, v2 enables the `cpu` controller for the job cgroups.

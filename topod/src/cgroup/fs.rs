@@ -54,6 +54,10 @@ pub trait CgroupFs: Send + Sync + std::fmt::Debug {
 /// or notification can cost ten (`topoctl bench freeze`).
 pub const SPIN: Duration = Duration::from_millis(2);
 
+/// The most cgroups nested in a job's that a release looks at (and removes): a bound on a
+/// hostile tree, far above what a container runtime makes.
+pub const MAX_NESTED: usize = 4096;
+
 /// The real kernel: cgroup file systems, signals, `/proc`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Kernel;
@@ -274,6 +278,52 @@ impl Files {
     /// The directories under `path`; none when it cannot be listed.
     pub(crate) fn subdirs(&self, path: &Path) -> Vec<PathBuf> {
         self.0.subdirs(path).unwrap_or_default()
+    }
+
+    /// The cgroups someone made inside the job cgroup `dir` (root in the job, a container
+    /// runtime, systemd-run), deepest first, so that each can go before its parent: a job's
+    /// release kills their processes too and removes them, or `rmdir` of the job's is EBUSY and
+    /// the job and its CPUs stay held. At most [`MAX_NESTED`] of them.
+    pub(crate) fn nested(&self, dir: &Path) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        // Each is listed after its parent; reversed, before it.
+        while let Some(parent) = stack.pop() {
+            for child in self.subdirs(&parent) {
+                if found.len() == MAX_NESTED {
+                    break;
+                }
+                found.push(child.clone());
+                stack.push(child);
+            }
+        }
+        found.reverse();
+        found
+    }
+
+    /// The pids in `dir` and the cgroups nested in it; a nested one that went meanwhile holds
+    /// none.
+    pub(crate) fn read_pids_within(&self, dir: &Path) -> Result<Vec<i32>, CgroupError> {
+        let mut pids = self.read_pids(&dir.join("cgroup.procs"))?;
+        for inner in self.nested(dir) {
+            match self.read_pids(&inner.join("cgroup.procs")) {
+                Ok(p) => pids.extend(p),
+                Err(CgroupError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        Ok(pids)
+    }
+
+    /// Removes the job cgroup `dir` with the cgroups nested in it, deepest first.
+    pub(crate) fn rmdir_within(&self, dir: &Path) -> Result<(), CgroupError> {
+        for inner in self.nested(dir) {
+            self.rmdir(&inner)?;
+        }
+        self.rmdir(dir)
     }
 
     /// [`CgroupFs::watch`], with the path in the error.

@@ -344,7 +344,8 @@ impl V1 {
     fn pids_in(&self, dirs: impl Iterator<Item = PathBuf>) -> Result<Vec<i32>, CgroupError> {
         let mut pids = Vec::new();
         for dir in dirs {
-            match self.files.read_pids(&dir.join("cgroup.procs")) {
+            // With the cgroups nested in the job's (made by root in the job): its processes too.
+            match self.files.read_pids_within(&dir) {
                 Ok(p) => pids.extend(p),
                 // A hierarchy where the job has no directory (a create cut short) holds nothing.
                 Err(e) if is_not_found(&e) => {}
@@ -663,7 +664,7 @@ impl CgroupBackend for V1 {
         let mut dirs: Vec<PathBuf> = self.dirs(job).collect();
         dirs.rotate_left(1);
         for d in dirs {
-            self.files.rmdir(&d)?;
+            self.files.rmdir_within(&d)?;
         }
         Ok(ReleaseReport { killed, survivors: Vec::new() })
     }
@@ -785,7 +786,7 @@ mod tests {
     }
 
     #[test]
-    fn a_release_reports_what_would_not_die_and_a_busy_cgroup_is_named() {
+    fn a_release_reports_what_would_not_die_and_nested_cgroups_go_with_the_job() {
         let fs = Arc::new(FakeCgroupFs::v1("0-7", "0-1"));
         let v1 = open(&fs);
         v1.create(&job("5"), &spec("0-1", "0")).unwrap();
@@ -795,11 +796,23 @@ mod tests {
         let report = v1.release(&job("5"), Duration::from_millis(30)).unwrap();
         assert_eq!(report.survivors, vec![500]);
         assert!(fs.root("cpuset").join("topo/5").exists(), "a cgroup with survivors stays");
-        // A child cgroup someone made inside the job's: rmdir is EBUSY, and the error says where.
+        // Cgroups root in the job made inside it, in any hierarchy (an attack finding: rmdir was
+        // EBUSY, and the job and its CPUs stayed held): their processes are the job's, and
+        // they go with it.
+        use super::super::fs::CgroupFs;
         v1.create(&job("6"), &spec("2-3", "0")).unwrap();
-        std::fs::create_dir(fs.root("freezer").join("topo/6/inner")).unwrap();
-        let e = v1.release(&job("6"), Duration::from_secs(1)).unwrap_err().to_string();
-        assert!(e.contains("removing") && e.contains("topo/6") && e.contains("busy"), "{e}");
+        fs.create_dir(&fs.root("freezer").join("topo/6/inner")).unwrap();
+        fs.create_dir(&fs.root("freezer").join("topo/6/inner/deeper")).unwrap();
+        fs.create_dir(&fs.root("memory").join("topo/6/other")).unwrap();
+        fs.start_process(600);
+        v1.join(&job("6"), 600).unwrap();
+        fs.write(&fs.root("freezer").join("topo/6/inner/deeper/cgroup.procs"), b"600").unwrap();
+        assert_eq!(v1.pids(&job("6")).unwrap(), vec![600]);
+        let report = v1.release(&job("6"), Duration::from_secs(1)).unwrap();
+        assert_eq!((report.killed, report.survivors.len()), (1, 0), "{report:?}");
+        for h in ["cpuset", "freezer", "memory"] {
+            assert!(!fs.root(h).join("topo/6").exists(), "{h}");
+        }
     }
 
     #[test]

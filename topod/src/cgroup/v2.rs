@@ -265,8 +265,7 @@ impl CgroupBackend for V2 {
         self.files.write(&dir.join("cpuset.cpus"), &spec.cpus.to_string())?;
         let effective = self.effective(&dir)?;
         // Every thread's own affinity follows the change (see Files::set_affinity_all).
-        self.files
-            .set_affinity_all(&self.files.read_pids(&dir.join("cgroup.procs"))?, &effective.cpus);
+        self.files.set_affinity_all(&self.files.read_pids_within(&dir)?, &effective.cpus);
         Ok(effective)
     }
 
@@ -289,7 +288,7 @@ impl CgroupBackend for V2 {
         if !self.files.is_dir(&dir) {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
-        self.files.read_pids(&dir.join("cgroup.procs"))
+        self.files.read_pids_within(&dir)
     }
 
     fn freeze(&self, job: &JobId, timeout: Duration) -> Result<(), CgroupError> {
@@ -337,7 +336,9 @@ impl CgroupBackend for V2 {
             return Err(CgroupError::NoSuchJob(job.to_string()));
         }
         self.files.refuse_if_topod_inside(job, std::slice::from_ref(&dir))?;
-        let before = self.files.read_pids(&dir.join("cgroup.procs"))?;
+        // The processes of cgroups nested in the job's (made by root in the job) are the job's
+        // too: cgroup.kill and cgroup.freeze take the subtree, the fallbacks read it.
+        let before = self.files.read_pids_within(&dir)?;
         let mut signalled = std::collections::BTreeSet::new();
         if self.files.exists(&dir.join("cgroup.kill")) {
             self.files.write(&dir.join("cgroup.kill"), "1")?;
@@ -351,24 +352,21 @@ impl CgroupBackend for V2 {
                     .lines()
                     .any(|l| l.trim() == "frozen 1"))
             })?;
-            self.files.kill_all(&self.files.read_pids(&dir.join("cgroup.procs"))?, &mut signalled);
+            self.files.kill_all(&self.files.read_pids_within(&dir)?, &mut signalled);
             self.files.write(&dir.join("cgroup.freeze"), "0")?;
         }
         let empty = wait_until(timeout, || {
             if !self.populated(&dir)? {
                 return Ok(true);
             }
-            self.files.kill_all(&self.files.read_pids(&dir.join("cgroup.procs"))?, &mut signalled);
+            self.files.kill_all(&self.files.read_pids_within(&dir)?, &mut signalled);
             Ok(false)
         })?;
         let killed = signalled.len();
         if !empty {
-            return Ok(ReleaseReport {
-                killed,
-                survivors: self.files.read_pids(&dir.join("cgroup.procs"))?,
-            });
+            return Ok(ReleaseReport { killed, survivors: self.files.read_pids_within(&dir)? });
         }
-        self.files.rmdir(&dir)?;
+        self.files.rmdir_within(&dir)?;
         Ok(ReleaseReport { killed, survivors: Vec::new() })
     }
 
@@ -483,7 +481,7 @@ mod tests {
     }
 
     #[test]
-    fn survivors_keep_the_cgroup_and_a_busy_rmdir_is_named() {
+    fn survivors_keep_the_cgroup_and_cgroups_nested_in_a_job_go_with_it() {
         let fs = Arc::new(FakeCgroupFs::v2("0-7", "0-1"));
         let v2 = open(&fs);
         v2.create(&job("3"), &spec("0-1", "0")).unwrap();
@@ -493,10 +491,29 @@ mod tests {
         let report = v2.release(&job("3"), Duration::from_millis(30)).unwrap();
         assert_eq!(report.survivors, vec![300]);
         assert!(fs.root("unified").join("topo.slice/3").exists());
+        // Cgroups root in the job made inside it (an attack finding: rmdir was EBUSY, and the
+        // job and its CPUs stayed held): their processes are the job's, and they go with it.
         v2.create(&job("4"), &spec("2-3", "0")).unwrap();
-        fs.create_dir(&fs.root("unified").join("topo.slice/4/inner")).unwrap();
-        let e = v2.release(&job("4"), Duration::from_secs(1)).unwrap_err().to_string();
-        assert!(e.contains("removing") && e.contains("topo.slice/4") && e.contains("busy"), "{e}");
+        let job4 = fs.root("unified").join("topo.slice/4");
+        for inner in ["inner", "inner/deeper", "other"] {
+            fs.create_dir(&job4.join(inner)).unwrap();
+        }
+        fs.start_process(400);
+        fs.write(&job4.join("inner/deeper/cgroup.procs"), b"400").unwrap();
+        assert_eq!(v2.pids(&job("4")).unwrap(), vec![400]);
+        let report = v2.release(&job("4"), Duration::from_secs(1)).unwrap();
+        assert_eq!((report.killed, report.survivors.len()), (1, 0), "{report:?}");
+        assert!(!job4.exists());
+        // One that will not die there keeps the whole job, and is named.
+        v2.create(&job("6"), &spec("2-3", "0")).unwrap();
+        let job6 = fs.root("unified").join("topo.slice/6");
+        fs.create_dir(&job6.join("inner")).unwrap();
+        fs.start_process(600);
+        fs.unkillable(600);
+        fs.write(&job6.join("inner/cgroup.procs"), b"600").unwrap();
+        let report = v2.release(&job("6"), Duration::from_millis(30)).unwrap();
+        assert_eq!(report.survivors, vec![600]);
+        assert!(job6.join("inner").exists());
     }
 
     #[test]
