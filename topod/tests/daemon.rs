@@ -345,6 +345,19 @@ fn topo_exec_runs_the_job_inside_and_a_restart_keeps_it() {
             "tid {tid}: {err}"
         );
     }
+    // The host's init, and a kernel thread (the kernel refuses it: said so, not `internal`):
+    // an attack finding, init was moved in, and the job then could not be released.
+    let err = c.call(Op::Join { job: "204".into(), pid: 1 }).unwrap_err().to_string();
+    assert!(err.contains("pid 1 is not a process topod can move") && err.contains("init"), "{err}");
+    let kthreadd = std::fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd");
+    if kthreadd {
+        let err = c.call(Op::Join { job: "204".into(), pid: 2 }).unwrap_err();
+        assert!(
+            matches!(&err, ClientError::Refused(e) if e.code == topo_core::proto::ErrorCode::BadRequest)
+                && err.to_string().contains("pid 2 is not a process topod can move"),
+            "{err:?}"
+        );
+    }
     assert_eq!(c.call(Op::List).unwrap()[0]["job"], "204");
     c.call(Op::Release { job: "204".into() }).unwrap();
     drop(cleanup);

@@ -92,8 +92,9 @@ pub enum HostError {
         /// Its request.
         request: String,
     },
-    /// A pid that names no other process (0 and below mean the writer itself to the kernel).
-    #[error("pid {0} is not a process topod can move into a job")]
+    /// A pid that names no other process (0 and below mean the writer itself to the kernel), the
+    /// host's init, or a process the kernel will not move (a kernel thread).
+    #[error("pid {0} is not a process topod can move into a job (not 0 or below, which name the writer, not 1, the host's init, not a kernel thread, not topod's own)")]
     BadPid(i32),
     /// No such job.
     #[error("job {0} holds nothing on this host")]
@@ -762,6 +763,20 @@ fn summarize(items: &[String], most: usize) -> String {
         text += &format!("; and {} more", items.len() - most);
     }
     text
+}
+
+/// A join the kernel refused with EINVAL at `cgroup.procs`: the process is one no cgroup may
+/// take (a kernel thread), said as such rather than as an internal error.
+fn kernel_thread_or(e: CgroupError, pid: i32) -> HostError {
+    match &e {
+        CgroupError::Io { source, path, .. }
+            if source.raw_os_error() == Some(libc::EINVAL)
+                && path.file_name().is_some_and(|n| n == "cgroup.procs") =>
+        {
+            HostError::BadPid(pid)
+        }
+        _ => HostError::Cgroup(e),
+    }
 }
 
 /// What a "does not fit" message is about: the job, or for `fit` the request.
@@ -1808,7 +1823,9 @@ impl Host {
         let id = JobId::parse(job)?;
         // Writing 0 to cgroup.procs moves the writer, and any id of topod's would move topod
         // into the job (and its release would then freeze and kill topod).
-        if pid <= 0 || super::process::is_own(pid) {
+        // Init moved in would take the whole host's confinement from the job's, and keep the
+        // job from being released (it cannot be killed).
+        if pid <= 1 || super::process::is_own(pid) {
             return Err(HostError::BadPid(pid));
         }
         if self.ledger.get(id.as_str()).is_none() {
@@ -1828,13 +1845,13 @@ impl Host {
         }
         self.sync_device_rules(&id)?;
         if let Some((pending, _)) = self.self_join_offered.get_mut(job) {
-            self.backend.join_unless_in(&id, pid)?;
+            self.backend.join_unless_in(&id, pid).map_err(|e| kernel_thread_or(e, pid))?;
             *pending = pending.saturating_sub(1);
             if *pending == 0 {
                 self.self_join_offered.remove(job);
             }
         } else {
-            self.backend.join(&id, pid)?;
+            self.backend.join(&id, pid).map_err(|e| kernel_thread_or(e, pid))?;
         }
         if self.joined.insert(job.to_string()) {
             // The first process only: a job's later joins (one per task) would flood the log.

@@ -223,7 +223,14 @@ fn allocate_is_idempotent_and_release_frees() {
         matches!(h.join("7", std::process::id() as i32), Err(HostError::BadPid(_))),
         "topod never moves itself"
     );
-    assert!(matches!(h.join("8", 1), Err(HostError::UnknownJob(_))));
+    assert!(matches!(h.join("8", 123), Err(HostError::UnknownJob(_))));
+    // Init moved in would confine the whole host with the job and keep it from being released
+    // (an attack finding: an administrator's join of pid 1 was accepted).
+    let init = h.join("7", 1).unwrap_err().to_string();
+    assert!(
+        init.contains("pid 1 is not a process topod can move") && init.contains("host's init"),
+        "{init}"
+    );
     assert!(h.release_empty().is_empty(), "job 7 still has its process");
     assert_eq!(h.release("7").unwrap(), 1);
     // A job that had a process and has none left goes by itself; one never joined stays.
