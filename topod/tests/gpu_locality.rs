@@ -501,6 +501,23 @@ fn with_confine_devices_a_job_opens_only_its_own_gpu() {
     };
     assert_eq!(opened_inside(&d.socket, "d3", &[own, other]), [opens, denied]);
     ok(&d.socket, r#"{"op":"release","job":"d3"}"#);
+    // A GPU that appears after topod read the host (hot-plug, SR-IOV functions made later) is
+    // denied to every job from its next join on; no job can be given it until topod reads the
+    // host again (an attack finding: it stayed open to every job until a restart).
+    let hot = "pci0000:00/0000:00:01.0/0000:1a:00.0";
+    pci_function(&root, hot, "0x030200", "0", Some("card2"));
+    std::os::unix::fs::symlink(
+        format!("../../devices/{hot}/drm/card2"),
+        root.join("sys/dev/char/241:2"),
+    )
+    .unwrap();
+    let gpu2 = device_node(dir.path(), "gpu2", 2);
+    ok(
+        &d.socket,
+        r#"{"op":"allocate","job":"d8","request":"affinity[core]","gpus":["char:241:0"]}"#,
+    );
+    assert_eq!(opened_inside(&d.socket, "d8", &[&gpu0, &gpu1, &gpu2]), [opens, denied, denied]);
+    ok(&d.socket, r#"{"op":"release","job":"d8"}"#);
 }
 
 /// A device file is looked up by topod as root: only an administrator may name GPUs by path in

@@ -532,15 +532,22 @@ pub fn device_files_to_pci(topo: &Topology, names: &[String]) -> Result<Vec<Stri
         .collect()
 }
 
-/// The character devices of `topo`'s GPUs and accelerators, each with its PCI function, read
+/// The character devices of the host's GPUs and accelerators, each with its PCI function, read
 /// under the root `topo` came from (this host's `/` for an hwloc XML file) each time: a driver
-/// loaded after topod started (nvidia-modprobe) adds device files.
+/// loaded after topod started (nvidia-modprobe) adds device files, and a GPU that appeared
+/// after (hot-plug, SR-IOV functions made later), which no job can be given until topod reads
+/// the host again, is judged by its class and vendor as read now, so that every job is denied it.
 fn gpu_devices(topo: &Topology) -> Vec<(CharDevice, String)> {
+    use topo_core::topology::sysfs;
     let source = std::path::Path::new(&topo.source);
     let root = if source.is_dir() { source } else { std::path::Path::new("/") };
-    topo_core::topology::sysfs::char_devices_on_pci(root)
+    sysfs::char_devices_on_pci(root)
         .into_iter()
-        .filter(|(_, _, address)| topo.device(address).is_some_and(topo_core::gpus::is_for_jobs))
+        .filter(|(_, _, address)| match topo.device(address) {
+            Some(device) => topo_core::gpus::is_for_jobs(device),
+            None => sysfs::pci_function_now(root, address)
+                .is_some_and(|device| topo_core::gpus::is_for_jobs(&device)),
+        })
         .map(|(major, minor, address)| (CharDevice { major, minor }, address))
         .collect()
 }

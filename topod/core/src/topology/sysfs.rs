@@ -776,6 +776,37 @@ pub fn char_devices_on_pci(root: &Path) -> Vec<(u32, u32, String)> {
     out
 }
 
+/// The PCI function `address` under `root` as it is now (its class and vendor; no locality):
+/// what a function that appeared after the topology was read is (a hot-plugged GPU, SR-IOV
+/// functions made later), so that device rules can deny it too. `None` where it is not there or
+/// its class cannot be read.
+pub fn pci_function_now(root: &Path, address: &str) -> Option<IoDevice> {
+    if !is_pci_address(address) {
+        return None;
+    }
+    let tree = confining_tree(root);
+    let dev = root.join("sys/bus/pci/devices").join(address);
+    let hex = |name: &str| -> Option<u32> {
+        let text = read_attribute(tree.as_deref(), &dev.join(name), 64).ok()?;
+        let text = String::from_utf8_lossy(&text);
+        u32::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()
+    };
+    let class_code = hex("class")?;
+    Some(IoDevice {
+        pci_address: address.to_string(),
+        class: super::classify_pci(class_code),
+        class_code,
+        vendor_id: hex("vendor").and_then(|v| u16::try_from(v).ok()),
+        device_id: hex("device").and_then(|v| u16::try_from(v).ok()),
+        names: Vec::new(),
+        numa_node: None,
+        local_cpus: CpuSet::new(),
+        upstream: Vec::new(),
+        virtual_function: false,
+        fabric: None,
+    })
+}
+
 /// Whether `major:minor` can be a Linux device number: 12 bits of major, 20 of minor
 /// (include/linux/kdev_t.h, MINORBITS). A larger one written into a device rule would not name
 /// one device (the kernel reads `~0` as `*`).
