@@ -253,6 +253,48 @@ fn cgroups_made_inside_a_job_go_with_it() {
     }
 }
 
+/// A mount inside a job's cgroup (root in the job bind-mounting another cgroup there) is not the
+/// job's: a release neither kills what is in it nor removes it (an attack finding: it killed
+/// the processes of a cgroup outside topod's subtree). While the mount is there the job's
+/// directory cannot go, so the release fails and the job stays; once it is gone, it works.
+#[test]
+fn a_mount_inside_a_job_is_not_the_jobs() {
+    let Some(Real { cgroups, cg, subtree, cpus, mems, _cleanup }) = real() else { return };
+    let one = CpuSet::parse_list(&cpus.first().unwrap().to_string()).unwrap();
+    let id = job("1011");
+    cg.create(&id, &CgroupSpec { cpus: one, mems, memory_limit: None, ..Default::default() })
+        .unwrap();
+    // The last hierarchy (v1: one without CPUs to set; v2: the only one) and, beside topod's
+    // subtree, a cgroup of someone else's with a process in it.
+    let root = cgroups.roots(&subtree).pop().unwrap();
+    let outside = root.parent().unwrap().join(unique("outside"));
+    std::fs::create_dir(&outside).unwrap();
+    let _outside_cleanup = Cleanup(vec![outside.clone()]);
+    let mut theirs = Command::new("sleep").arg("100").spawn().unwrap();
+    let pid = theirs.id() as i32;
+    std::fs::write(outside.join("cgroup.procs"), pid.to_string()).unwrap();
+    let bound = root.join("1011/bound");
+    std::fs::create_dir(&bound).unwrap();
+    let mounted = Command::new("mount").arg("--bind").arg(&outside).arg(&bound).status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        let _ = theirs.kill();
+        let _ = theirs.wait();
+        return common::skip("mount --bind is not possible here");
+    }
+    let released = cg.release(&id, Duration::from_secs(5));
+    let alive_then = alive(pid);
+    let _ = Command::new("umount").arg(&bound).status();
+    assert!(alive_then, "a process outside the job was killed ({released:?})");
+    assert!(released.is_err(), "the job's directory went with a mount in it: {released:?}");
+    assert!(outside.is_dir(), "a cgroup outside the job was removed");
+    // The mount gone, what was under it is the job's own (empty) cgroup again: released.
+    let report = cg.release(&id, Duration::from_secs(5)).unwrap();
+    assert!(report.survivors.is_empty(), "{report:?}");
+    assert!(cg.list().unwrap().is_empty());
+    let _ = theirs.kill();
+    let _ = theirs.wait();
+}
+
 /// Each job is one entity for the CPU scheduler (issue 29: a job's hundreds of threads must not
 /// outweigh topod's): v1 puts the job's processes in a directory of its own in the `cpu`
 /// hierarchy, v2 enables the `cpu` controller for the job cgroups.

@@ -54,6 +54,35 @@ pub trait CgroupFs: Send + Sync + std::fmt::Debug {
 /// or notification can cost ten (`topoctl bench freeze`).
 pub const SPIN: Duration = Duration::from_millis(2);
 
+/// Whether `path` is the root of a mount (statx's `STATX_ATTR_MOUNT_ROOT`, Linux 5.8): a bind
+/// mount of another cgroup of the same hierarchy has the same device, so the device alone does
+/// not tell. A path the kernel cannot describe counts as one (it is not walked into).
+#[allow(unsafe_code)]
+fn is_mount_root(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(name) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return true };
+    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `name` is a NUL-terminated path that outlives the call, and `buf` is a writable
+    // `struct statx` of the right size for the kernel to fill; no link is followed.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS,
+            buf.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return true;
+    }
+    // SAFETY: statx returned 0, so it filled `buf`.
+    let st = unsafe { buf.assume_init() };
+    let mount_root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    // Kernels before 5.8 do not say (the mask lacks the bit): the device check above stands.
+    st.stx_attributes_mask & mount_root != 0 && st.stx_attributes & mount_root != 0
+}
+
 /// The most cgroups nested in a job's that a release looks at (and removes): a bound on a
 /// hostile tree, far above what a container runtime makes.
 pub const MAX_NESTED: usize = 4096;
@@ -109,7 +138,19 @@ impl CgroupFs for Kernel {
     }
 
     fn subdirs(&self, path: &Path) -> std::io::Result<Vec<PathBuf>> {
-        Ok(std::fs::read_dir(path)?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
+        use std::os::unix::fs::MetadataExt;
+        // Only directories of this very file system: a symbolic link or a mount inside a
+        // cgroup (root in a job bind-mounting another cgroup, or any directory, there) is
+        // not walked into, so that a release never kills or removes what is outside the job.
+        let dev = std::fs::metadata(path)?.dev();
+        Ok(std::fs::read_dir(path)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir() && m.dev() == dev)
+                    && !is_mount_root(p)
+            })
+            .collect())
     }
 
     fn kill(&self, pid: i32) -> bool {
@@ -318,12 +359,21 @@ impl Files {
         Ok(pids)
     }
 
-    /// Removes the job cgroup `dir` with the cgroups nested in it, deepest first.
+    /// Removes the job cgroup `dir` with the cgroups nested in it, deepest first; one made
+    /// meanwhile (EBUSY) is looked for again, twice.
     pub(crate) fn rmdir_within(&self, dir: &Path) -> Result<(), CgroupError> {
-        for inner in self.nested(dir) {
-            self.rmdir(&inner)?;
+        let mut tries = 0;
+        loop {
+            let removed = self.nested(dir).iter().try_for_each(|inner| self.rmdir(inner));
+            match removed.and_then(|()| self.rmdir(dir)) {
+                Err(CgroupError::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::EBUSY) && tries < 2 =>
+                {
+                    tries += 1;
+                }
+                done => return done,
+            }
         }
-        self.rmdir(dir)
     }
 
     /// [`CgroupFs::watch`], with the path in the error.

@@ -619,8 +619,15 @@ impl CgroupBackend for V1 {
             // Freezing stops forks; SIGKILL reaches frozen tasks once thawed. Whatever forked
             // before the freeze took hold is caught by the loop below.
             self.files.write(&f.join("freezer.state"), "FROZEN")?;
-            self.files.kill_all(&self.all_pids(job)?, &mut signalled);
-            self.files.write(&f.join("freezer.state"), "THAWED")?;
+            let pids = self.all_pids(job);
+            if let Ok(pids) = &pids {
+                self.files.kill_all(pids, &mut signalled);
+            }
+            // Thawed whatever happened: a release that failed here would otherwise leave the
+            // job's processes frozen (in D state) and the job held.
+            let thawed = self.files.write(&f.join("freezer.state"), "THAWED");
+            pids?;
+            thawed?;
         }
         // Without a freezer (or for what slipped through): kill until empty.
         let cpuset_procs = self.cpuset.join(job.as_str()).join("cgroup.procs");
@@ -813,6 +820,14 @@ mod tests {
         for h in ["cpuset", "freezer", "memory"] {
             assert!(!fs.root(h).join("topo/6").exists(), "{h}");
         }
+        // A release that fails once the job is frozen thaws it again (an attack finding: its
+        // processes stayed frozen, the job held): here a nested cgroup.procs that is no list.
+        v1.create(&job("7"), &spec("2-3", "0")).unwrap();
+        fs.create_dir(&fs.root("memory").join("topo/7/odd")).unwrap();
+        std::fs::write(fs.root("memory").join("topo/7/odd/cgroup.procs"), "not-a-pid\n").unwrap();
+        assert!(v1.release(&job("7"), Duration::from_secs(1)).is_err());
+        let state = std::fs::read_to_string(fs.root("freezer").join("topo/7/freezer.state"));
+        assert_eq!(state.unwrap().trim(), "THAWED");
     }
 
     #[test]

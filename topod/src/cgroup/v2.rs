@@ -345,15 +345,20 @@ impl CgroupBackend for V2 {
             signalled.extend(before.iter().copied());
         } else {
             self.files.write(&dir.join("cgroup.freeze"), "1")?;
-            wait_until(timeout / 2, || {
+            let frozen_and_killed = wait_until(timeout / 2, || {
                 Ok(self
                     .files
                     .read(&dir.join("cgroup.events"))?
                     .lines()
                     .any(|l| l.trim() == "frozen 1"))
-            })?;
-            self.files.kill_all(&self.files.read_pids_within(&dir)?, &mut signalled);
-            self.files.write(&dir.join("cgroup.freeze"), "0")?;
+            })
+            .and_then(|_| self.files.read_pids_within(&dir))
+            .map(|pids| self.files.kill_all(&pids, &mut signalled));
+            // Thawed whatever happened: a release that failed here would otherwise leave the
+            // job's processes frozen and the job held.
+            let thawed = self.files.write(&dir.join("cgroup.freeze"), "0");
+            frozen_and_killed?;
+            thawed?;
         }
         let empty = wait_until(timeout, || {
             if !self.populated(&dir)? {
