@@ -315,6 +315,7 @@ class Share(object):
         self.numa_nodes = set()   # from per-NUMA vnodes host[N]; empty: the whole host
         self.requests = []        # topology requests of the chunks here
         self.ngpus = 0            # GPUs PBS counted for the job here (gpus_resource)
+        self.chunks = 0           # select chunks PBS placed here
 
     def add(self, vnode, resources, host, gpus_resource=""):
         ncpus = whole(resources.get("ncpus", 0) or 0, "ncpus of %s" % vnode)
@@ -343,6 +344,7 @@ def share_on_host(job, host, resource, gpus_resource=""):
         if not here:
             continue
         chunk = chunks[i] if i < len(chunks) else {}
+        share.chunks += 1
         for vnode, res in here:
             share.add(vnode, res, host, gpus_resource)
         chunk_ncpus = sum(whole(res.get("ncpus", 0) or 0, "ncpus") for _, res in group)
@@ -815,6 +817,15 @@ def request_with_gpus(job, request, tasks, share, config, default=False):
     name = config["gpus_resource"]
     if per_task:
         if per_task * here != share.ngpus:
+            if parsed.get("tasks") and share.chunks > 1:
+                # Chunks PBS put together here (place=free or pack): their GPUs add up, but
+                # *count is the tasks of the whole host.
+                raise HookError(
+                    "%s=%s takes gpus=%d for %d task(s) on %s, but PBS placed %d chunks here that ask "
+                    "%s=%d in all: the request's *%d is the tasks of a host, not of a chunk; ask "
+                    "-l place=scatter, or leave *count out (the tasks are then the chunks' mpiprocs)"
+                    % (resource, shortened(request), per_task, here, host, share.chunks, name,
+                       share.ngpus, here))
             raise HookError(
                 "%s=%s takes gpus=%d for %d task(s) on %s, %d GPU(s), but the job asked PBS for "
                 "%s=%d there: ask for %s=%d there, or change gpus="
@@ -855,9 +866,9 @@ def request_with_gpus(job, request, tasks, share, config, default=False):
     return chosen, tasks
 
 
-# The processor unit of a canonical affinity[...] and its count per task, when its options (if
-# any) hold no parentheses: "affinity[core(2,same=numa):membind=localonly]".
-AFFINITY_UNIT = re.compile(r"\A(.*affinity\[)([A-Za-z]+)(?:\((\d+)((?:,[^()]*)?)\))?((?::[^\[\]]*)?\])\Z")
+# The processor unit of a canonical affinity[...] and its count per task, with its options (one
+# level of parentheses inside them): "affinity[core(2,exclusive=(core,injob)):membind=localonly]".
+AFFINITY_UNIT = re.compile(r"\A(.*affinity\[)([A-Za-z]+)(?:\((\d+)((?:,(?:[^()]|\([^()]*\))*)?)\))?((?::[^\[\]]*)?\])\Z")
 
 
 def fewer_tasks(canonical, parsed, tasks, ngpus):
@@ -1249,7 +1260,11 @@ def on_begin(event, config):
     share = share_on_host(job, host, config["resource"], config["gpus_resource"])
     request, tasks = request_for(job, share, config)
     if request is None:
-        pbs.logjobmsg(job.id, "%s: no %s request and no default_request: not confined" % (HOOK, config["resource"]))
+        if config["default_request"]:
+            why = "default_request applies only where the job has CPUs (ncpus=0 here)"
+        else:
+            why = "no default_request"
+        pbs.logjobmsg(job.id, "%s: no %s request and %s: not confined" % (HOOK, config["resource"], why))
         return
     if config["enforce_ncpus"] and share.known and share.ncpus == 0:
         # PBS would count none of the CPUs the request takes here.

@@ -744,6 +744,31 @@ class GpuTest(HookTestCase):
                                  vnode_list={HOST: {}})
         self.assert_rejected(refused, "needs 4 GPU(s) but only 3 are free")
 
+    def test_a_default_request_with_options_takes_its_gpus_too(self):
+        # Options with parentheses of their own (an attack finding: not regrouped, the job ran
+        # with its GPUs unconfined and the log said to add :gpus=n).
+        self.write_config(default_request="affinity[thread(1,exclusive=(thread,injob)):distribute=pack(numa=1)]")
+        result = self.run_event("execjob_begin", job=mom_job("80.server", ncpus=2, ngpus=1), vnode_list={HOST: {}})
+        self.assert_accepted(result)
+        self.assertTrue(any("as 1 task(s): affinity[thread(2,exclusive=(thread,injob)):distribute=pack(numa=1):gpus=1]" in line
+                            for _, line in result["log"]), result["log"])
+        self.assertEqual(len(self.allocation("80.server")["gpus"]), 1)
+        # ncpus=0 with a default_request: not confined, and the log says why (it said there was
+        # no default_request).
+        result = self.run_event("execjob_begin", job=mom_job("81.server", ncpus=0, ngpus=1), vnode_list={HOST: {}})
+        self.assert_accepted(result)
+        self.assertTrue(any("default_request applies only where the job has CPUs (ncpus=0 here)" in line
+                            for _, line in result["log"]), result["log"])
+
+    def test_chunks_pbs_packed_on_one_host_are_told_why_a_count_does_not_fit(self):
+        # Each chunk asks what *2 x gpus=1 takes; packed on one host, their GPUs add up.
+        job = {"id": "82.server", "schedselect": "1:ncpus=2:ngpus=2+1:ncpus=2:ngpus=2",
+               "exec_vnode": "(%s:ncpus=2:ngpus=2)+(%s:ncpus=2:ngpus=2)" % (HOST, HOST),
+               "Resource_List": {"ncpus": 4, "topology": "affinity[thread*2:gpus=1]"}, "euser": "root"}
+        refused = self.run_event("execjob_begin", job=job, vnode_list={HOST: {}})
+        self.assert_rejected(refused, "PBS placed 2 chunks here that ask ngpus=4 in all", "place=scatter", "leave *count out")
+        self.assertIsNone(self.allocation("82.server"))
+
     def test_gpus_no_whole_number_per_task_of_a_users_request_start_without_gpus_saying_why(self):
         # qsub refuses these where it sees them; a job queued before the hook still starts.
         for jid, request in [("74.server", "affinity[thread*2]"), ("75.server", "CPUSET[MAX_RADIUS=1]"),
