@@ -357,6 +357,12 @@ if [ "$HAVE_PBS" = 1 ]; then
     pcpus=$(pbsnodes "$host" | awk -F' = ' '/^ +pcpus = / { print $2 }')
     pbsnodes -o "$host" >/dev/null && qmgr -c "set node $host comment = 'topo: cannot reach topod (test)'" \
         && qmgr -c "set node $host resources_available.ncpus = 0" || fail "the hook's leftovers set by hand"
+    # Without the hook's marker: a periodic run before the hook is gone (topod was out of reach
+    # in the confine_devices restarts above, so the marker may be there) would take back the
+    # comment and ncpus but not an offline set by pbsnodes -o, which only the server's side
+    # undoes (a CI run, 2026-12-02: the removal then no longer saw the vnode as topo's). The
+    # hook's own offline it undoes whole.
+    rm -f /var/lib/topo/pbs-hook/offline
 fi
 check "dpkg -r topo-slurm topo-pbs topo-lsf topod" dpkg -r topo-slurm topo-pbs topo-lsf topod
 check "removal stopped topod" topod_gone
