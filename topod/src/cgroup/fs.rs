@@ -54,13 +54,15 @@ pub trait CgroupFs: Send + Sync + std::fmt::Debug {
 /// or notification can cost ten (`topoctl bench freeze`).
 pub const SPIN: Duration = Duration::from_millis(2);
 
-/// Whether `path` is the root of a mount (statx's `STATX_ATTR_MOUNT_ROOT`, Linux 5.8): a bind
-/// mount of another cgroup of the same hierarchy has the same device, so the device alone does
-/// not tell. A path the kernel cannot describe counts as one (it is not walked into).
+/// Whether `path` is a directory of the file system `parent_dev` (a cgroup's child cgroup) that
+/// is not the root of a mount, from one `statx(2)`: a bind mount of another cgroup of the same
+/// hierarchy has the same device, so `STATX_ATTR_MOUNT_ROOT` (Linux 5.8) tells it apart; before
+/// 5.8 the device alone does. A symbolic link is not followed, and a path the kernel cannot
+/// describe is not walked into.
 #[allow(unsafe_code)]
-fn is_mount_root(path: &Path) -> bool {
+fn is_child_cgroup(path: &Path, parent_dev: u64) -> bool {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(name) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return true };
+    let Ok(name) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
     let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: `name` is a NUL-terminated path that outlives the call, and `buf` is a writable
     // `struct statx` of the right size for the kernel to fill; no link is followed.
@@ -69,18 +71,19 @@ fn is_mount_root(path: &Path) -> bool {
             libc::AT_FDCWD,
             name.as_ptr(),
             libc::AT_SYMLINK_NOFOLLOW,
-            libc::STATX_BASIC_STATS,
+            libc::STATX_TYPE,
             buf.as_mut_ptr(),
         )
     };
     if rc != 0 {
-        return true;
+        return false;
     }
     // SAFETY: statx returned 0, so it filled `buf`.
     let st = unsafe { buf.assume_init() };
     let mount_root = libc::STATX_ATTR_MOUNT_ROOT as u64;
-    // Kernels before 5.8 do not say (the mask lacks the bit): the device check above stands.
-    st.stx_attributes_mask & mount_root != 0 && st.stx_attributes & mount_root != 0
+    u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFDIR
+        && libc::makedev(st.stx_dev_major, st.stx_dev_minor) == parent_dev
+        && st.stx_attributes & st.stx_attributes_mask & mount_root == 0
 }
 
 /// The most cgroups nested in a job's that a release looks at (and removes): a bound on a
@@ -142,14 +145,14 @@ impl CgroupFs for Kernel {
         // Only directories of this very file system: a symbolic link or a mount inside a
         // cgroup (root in a job bind-mounting another cgroup, or any directory, there) is
         // not walked into, so that a release never kills or removes what is outside the job.
+        // The entry's type comes with the directory listing: the control files cost no stat
+        // (every release and auto-release tick lists each job's directories).
         let dev = std::fs::metadata(path)?.dev();
         Ok(std::fs::read_dir(path)?
             .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
             .map(|e| e.path())
-            .filter(|p| {
-                std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir() && m.dev() == dev)
-                    && !is_mount_root(p)
-            })
+            .filter(|p| is_child_cgroup(p, dev))
             .collect())
     }
 
