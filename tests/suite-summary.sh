@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Counts what tests/run-all.sh ran, from its output ($1), the skips the Rust tests recorded
 # ($2, one "binary::test: reason" a line), its duration in seconds ($3) and its exit code ($4);
-# prints the reasons for skips, then one closing line: "tests/run-all.sh: N passed, N failed,
-# N skipped". A suite that stopped on a failing step that reported no test counts it as one.
+# prints the reasons for skips, the failing checks by name, then one closing line:
+# "tests/run-all.sh: N passed, N failed, N skipped". A suite that stopped on a failing step that reported no test counts it as one.
 #
 # Sources: libtest's "test result:" lines (the cargo tests here and the same binaries in the
 # cgroup v2 guest, whose skips print "SKIPPED: ..." uncaptured), the LSF harness ("  ok    " /
@@ -49,6 +49,12 @@ if [ "$skipped" -gt 0 ]; then
       grep -E '^tests/[a-z0-9-]+\.sh: SKIPPED' "$log" | sed 's/^/  /'
       [ "$pbs_skipped" -gt 0 ] && echo "  $pbs_skipped PBS hook test(s): see unittest's output above"
     } | sort | uniq -c | sed 's/^ *\([0-9]*\) /  \1x/'
+fi
+# The failures by name, near the end of the output: a CI log shows its head and its tail, and a
+# failing check in the middle of a long stage (the site lifecycle's container boot) was cut out.
+if [ "$failed" -gt 0 ]; then
+    echo "tests/run-all.sh: failed, and where (the first 40):"
+    grep -E '^  FAIL(:| ) |^test .* \.\.\. FAILED$|^(FAIL|ERROR): test' "$log" | awk '!seen[$0]++' | head -n 40 | sed 's/^ */  /'
 fi
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
     echo "tests/run-all.sh: a step failed (exit $rc) without a failing test to count; its last lines are above"
