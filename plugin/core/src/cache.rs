@@ -425,6 +425,12 @@ fn earliest_expiry(state: &HostState) -> u32 {
         .unwrap_or(NO_BLOCKS)
 }
 
+/// The earliest fetch time whose state is still fresh at `now` (`None`: every fetched state is,
+/// the process being younger than `stale_after`), for [`HostCache::fetched_since`].
+pub fn fresh_from(now: Instant, stale_after: Duration) -> Option<Instant> {
+    now.checked_sub(stale_after)
+}
+
 /// A 128-bit fingerprint of what a placement on a host depends on: its model, occupancy,
 /// blocks (jobs, shapes, expiries and CPUs) and whether it defragments; two SipHash passes with
 /// different prefixes. Two different states share one with a probability of about 2^-128 per
@@ -833,9 +839,14 @@ impl HostCache {
     /// Whether the state of `id` is usable at `now`: fetched, and not longer than `stale_after`
     /// ago. The cheap form of [`usable`](Self::usable), from the flat status array.
     pub fn is_fresh(&self, id: HostId, now: Instant, stale_after: Duration) -> bool {
-        self.status[id as usize]
-            .fetched_at
-            .is_some_and(|at| now.saturating_duration_since(at) <= stale_after)
+        self.fetched_since(id, fresh_from(now, stale_after))
+    }
+
+    /// Whether the state of `id` was fetched at or after `from` ([`fresh_from`]; `None`: at any
+    /// time). The form of [`is_fresh`](Self::is_fresh) for a loop over many hosts: one
+    /// comparison of instants per host, not a subtraction.
+    pub fn fetched_since(&self, id: HostId, from: Option<Instant>) -> bool {
+        self.status[id as usize].fetched_at.is_some_and(|at| from.is_none_or(|f| at >= f))
     }
 
     /// Every host, with its id.

@@ -40,11 +40,11 @@
 //! plug-ins do not know; the evaluation is its second try.)
 
 use crate::cache::{
-    job_hash, shape_hash, Block, HostCache, HostId, HostState, Moves, OpenPool, Unknown,
+    fresh_from, job_hash, shape_hash, Block, HostCache, HostId, HostState, Moves, OpenPool, Unknown,
 };
 use crate::config::Unreachable;
 use crate::reserve::Reservations;
-use std::collections::HashMap;
+use rustc_hash::{FxHashMap, FxHasher};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use topo_core::cpuset::CpuSet;
@@ -729,14 +729,16 @@ fn evaluate_many(
 /// apart by their state's fingerprint ([`crate::cache::state_fingerprint`], in the flat status
 /// array: no host's state is read); the few with reservations by their whole state, compared.
 fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32>) {
-    use std::collections::hash_map::DefaultHasher;
     use std::hash::{Hash, Hasher};
     let mut reps: Vec<HostId> = Vec::new();
     let mut which: Vec<u32> = Vec::with_capacity(hosts.len());
-    let mut by_print: HashMap<[u64; 2], u32> = HashMap::new();
+    // Keyed by fingerprints, themselves hashes of no one's choosing: a fast hash (Fx) suffices,
+    // where SipHash was a tenth of a match's instructions (callgrind, LSF scale scenario).
+    let mut by_print: FxHashMap<[u64; 2], u32> = FxHashMap::default();
     // Hosts with reservations: hash of the whole state -> the representatives with that hash
     // (equal states are compared, so a hash collision only costs a comparison).
-    let mut by_hash: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut by_hash: FxHashMap<u64, Vec<u32>> = FxHashMap::default();
+    let fresh_from = fresh_from(ctx.now, ctx.stale_after);
     let state_of = |h: HostId| {
         ctx.cache.usable(h, ctx.now, ctx.stale_after).ok().map(|state| {
             (
@@ -757,7 +759,7 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
         reps.len() as u32 - 1
     };
     for &h in hosts {
-        if !ctx.cache.is_fresh(h, ctx.now, ctx.stale_after) {
+        if !ctx.cache.fetched_since(h, fresh_from) {
             which.push(own(h, &mut reps));
             continue;
         }
@@ -771,7 +773,7 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
             which.push(own(h, &mut reps));
             continue;
         };
-        let mut hasher = DefaultHasher::new();
+        let mut hasher = FxHasher::default();
         key.hash(&mut hasher);
         let same = by_hash.entry(hasher.finish()).or_default();
         match same.iter().find(|&&r| state_of(reps[r as usize]) == Some(key)) {
@@ -953,11 +955,11 @@ impl Memo {
         let mut misses: Vec<(usize, HostId)> = Vec::new();
         // Fresh: fetched at or after this (none: the process is younger than `stale_after`).
         // One comparison per host instead of a subtraction.
-        let fresh_from = ctx.now.checked_sub(ctx.stale_after);
+        let fresh_from = fresh_from(ctx.now, ctx.stale_after);
         for (pos, &h) in hosts.iter().enumerate() {
             let i = h as usize;
             let status = ctx.cache.status(h);
-            let fresh = status.fetched_at.is_some_and(|at| fresh_from.is_none_or(|f| at >= f));
+            let fresh = ctx.cache.fetched_since(h, fresh_from);
             if !fresh {
                 // What `evaluate` answers for a host whose state is unknown or stale, without a
                 // call per host: after a restart every host is unknown until its state comes.

@@ -298,6 +298,7 @@ fn decide_all(
     let scores =
         m.memo.lock().unwrap_or_else(|e| e.into_inner()).scores(&ctx, memo_key, req, &known);
     let mut scores = scores.into_iter();
+    let fresh_from = topo_plugin_core::cache::fresh_from(ctx.now, ctx.stale_after);
     candidates
         .iter()
         .map(|c| match c.host {
@@ -310,7 +311,7 @@ fn decide_all(
                             tracing::debug!(host = %cache.host(h).name, "does not fit: {why}");
                         }
                     }
-                    Err(if cache.is_fresh(h, ctx.now, ctx.stale_after) {
+                    Err(if cache.fetched_since(h, fresh_from) {
                         REASON_NO_FIT
                     } else {
                         REASON_UNKNOWN
