@@ -218,9 +218,19 @@ TOML
 # HARNESS_SCALE_ENFORCE= (empty) prints them as "figures ok/FAIL" lines that fail nothing, for a
 # machine shared with other load. Correctness (replays, no CPU given twice, every host
 # refreshed, every job placed, host names read once per sched_init) always counts.
+# HARNESS_SCALE_CALLGRIND=FILE: the scenario under valgrind's callgrind, counting only the
+# instructions inside matchFn (repeatable whatever else the machine does, unlike its wall-clock
+# figures), written to FILE for callgrind_annotate; with fewer hosts and jobs, e.g.
+#   HARNESS_ONLY=scale HARNESS_SCALE_CALLGRIND=/tmp/match.cg HARNESS_SCALE_HOSTS=3000 \
+#   HARNESS_SCALE_HUNG=0 HARNESS_SCALE_JOBS=100 HARNESS_SCALE_PENDING=200 HARNESS_SCALE_ENFORCE= \
+#   tests/lsf-harness/run.sh        (about 3 minutes; "I refs" is the count)
+under=()
+if [ -n "${HARNESS_SCALE_CALLGRIND:-}" ]; then
+    under=(valgrind --tool=callgrind "--callgrind-out-file=$HARNESS_SCALE_CALLGRIND" '--toggle-collect=*match_fn*')
+fi
 TOPO_LSF_CONF="$work/scale.toml" HARNESS_LOG="$work/scale.log" HARNESS_SCALE_HOSTS=$scale_hosts HARNESS_SCALE_HUNG=$scale_hung \
     HARNESS_SCALE_ENFORCE="${HARNESS_SCALE_ENFORCE-p50,p99,first,pending}" HARNESS_DUMMY_MODULE="$work/dummy_module.so" \
-    run "$work/harness" "$work/schmod_topo_release.so" scale || status=1
+    run "${under[@]}" "$work/harness" "$work/schmod_topo_release.so" scale || status=1
 
 if [ "$status" -ne 0 ]; then
     [ -f "$work/scale.log" ] && { echo "--- scale module log (warnings, last 20)"; grep -v " INFO " "$work/scale.log" | tail -n 20; }
