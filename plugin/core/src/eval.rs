@@ -871,6 +871,8 @@ pub const MEMO_SHAPES: usize = 64;
 /// What the memo keeps per shape and host: a 32-bit rank (or "does not fit", "not known").
 pub const MEMO_BYTES_PER_SHAPE_AND_HOST: usize = std::mem::size_of::<u32>();
 const NO_FIT: u64 = u64::MAX;
+/// [`Memo::ranks`]'s "no candidate": above every rank.
+pub const NO_RANK: u64 = NO_FIT;
 /// Nothing remembered for that host and shape.
 const NOT_KNOWN: u32 = u32::MAX;
 /// A remembered "does not fit" (band 3 with the two highest scores, which no rank has:
@@ -933,6 +935,19 @@ impl Memo {
         request: &Request,
         hosts: &[HostId],
     ) -> Vec<Option<u64>> {
+        let ranks = self.ranks(ctx, key, request, hosts);
+        ranks.into_iter().map(|s| Some(s).filter(|&s| s != NO_RANK)).collect()
+    }
+
+    /// [`scores`](Self::scores) as plain ranks, [`NO_RANK`] where the host is no candidate: the
+    /// form a scheduler's match over thousands of candidates reads without a second vector.
+    pub fn ranks(
+        &mut self,
+        ctx: &Context<'_>,
+        key: &str,
+        request: &Request,
+        hosts: &[HostId],
+    ) -> Vec<u64> {
         self.tick += 1;
         let who = Claimant::peers_of(request);
         let n = hosts.iter().max().map_or(0, |&m| m as usize + 1);
@@ -1000,7 +1015,7 @@ impl Memo {
                 pack_rank(rank)
             };
         }
-        out.into_iter().map(|s| Some(s).filter(|&s| s != NO_FIT)).collect()
+        out
     }
 
     /// Bytes the memo holds.

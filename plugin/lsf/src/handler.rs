@@ -295,15 +295,14 @@ fn decide_all(
     let reservations = m.shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
     let ctx = context(m, cache, &reservations);
     let known: Vec<HostId> = candidates.iter().filter_map(|c| c.host).collect();
-    let scores =
-        m.memo.lock().unwrap_or_else(|e| e.into_inner()).scores(&ctx, memo_key, req, &known);
-    let mut scores = scores.into_iter();
+    let ranks = m.memo.lock().unwrap_or_else(|e| e.into_inner()).ranks(&ctx, memo_key, req, &known);
+    let mut ranks = ranks.into_iter();
     let fresh_from = topo_plugin_core::cache::fresh_from(ctx.now, ctx.stale_after);
     candidates
         .iter()
         .map(|c| match c.host {
-            Some(h) => match scores.next().flatten() {
-                Some(s) => Ok(s),
+            Some(h) => match ranks.next().filter(|&r| r != eval::NO_RANK) {
+                Some(r) => Ok(r),
                 None => {
                     if tracing::enabled!(tracing::Level::DEBUG) {
                         let peers = Claimant::peers_of(req);
