@@ -28,21 +28,38 @@ pub fn topologies() -> PathBuf {
 /// Kills every process left in the cgroup directories under `root` and removes them and `root`
 /// (test clean-up that must work even after a failed assertion).
 pub fn remove_cgroup_tree(root: &std::path::Path) {
+    // Deepest first: a test may leave cgroups made inside a job's (nested), and rmdir of a
+    // cgroup with children is EBUSY. A mount left inside (a test's bind mount) is not entered:
+    // what it shows is not the test's to kill.
     if let Ok(entries) = std::fs::read_dir(root) {
-        for e in entries.flatten().filter(|e| e.path().is_dir()) {
-            if let Ok(procs) = std::fs::read_to_string(e.path().join("cgroup.procs")) {
-                for pid in procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
+        for e in entries.flatten() {
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir && !is_mount_point(&e.path()) {
+                remove_cgroup_tree(&e.path());
             }
+        }
+    }
+    if let Ok(procs) = std::fs::read_to_string(root.join("cgroup.procs")) {
+        let pids: Vec<i32> = procs.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+        for &pid in &pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if !pids.is_empty() {
             std::thread::sleep(std::time::Duration::from_millis(50));
-            let _ = std::fs::remove_dir(e.path());
         }
     }
     let _ = std::fs::remove_dir(root);
+}
+
+/// Whether `path` is where something is mounted (/proc/self/mountinfo's fifth field).
+fn is_mount_point(path: &std::path::Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| std::path::Path::new(&m.replace("\\040", " ")) == path)
 }
 
 /// The real cgroup hierarchies that the integration tests create jobs in: v1 where the cpuset
