@@ -67,7 +67,27 @@ impl HostIndex {
     /// the scheduler (once per host pointer and change of the cache's names).
     ///
     /// SAFETY (for callers): `c` is a live candidate of the scheduler for this call.
+    #[inline]
     pub unsafe fn resolve(&mut self, api: &Api, cache: &HostCache, c: &sys::candHost) -> Resolved {
+        // The usual case, once per candidate of every match: the host's slot in the flat
+        // table, resolved before under the same names (a few instructions, inlined).
+        let ptr = c.hostPtr as usize;
+        if let Some(slot) = usize::try_from(c.hostIdx).ok().and_then(|i| self.flat.get(i)) {
+            if ptr != 0 && slot.ptr == ptr && slot.names_version == cache.names_version() as u32 {
+                return Resolved::Host((slot.id != NO_HOST).then_some(slot.id));
+            }
+        }
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.resolve_slow(api, cache, c) }
+    }
+
+    /// [`resolve`](Self::resolve) for a host pointer not in the flat table under the cache's
+    /// names: a new slot, an index beyond the table, a name read from the scheduler.
+    ///
+    /// SAFETY (for callers): `c` is a live candidate of the scheduler for this call.
+    #[cold]
+    #[inline(never)]
+    unsafe fn resolve_slow(&mut self, api: &Api, cache: &HostCache, c: &sys::candHost) -> Resolved {
         let ptr = c.hostPtr as usize;
         let version = cache.names_version() as u32;
         let slot = match usize::try_from(c.hostIdx) {
