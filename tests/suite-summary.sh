@@ -2,7 +2,8 @@
 # Counts what tests/run-all.sh ran, from its output ($1), the skips the Rust tests recorded
 # ($2, one "binary::test: reason" a line), its duration in seconds ($3) and its exit code ($4);
 # prints the reasons for skips, the failing checks by name, then one closing line:
-# "tests/run-all.sh: N passed, N failed, N skipped". A suite that stopped on a failing step that reported no test counts it as one.
+# "tests/run-all.sh: N passed, N failed, N skipped". A suite that stopped on a failing step
+# that reported no test counts it as one.
 #
 # Sources: libtest's "test result:" lines (the cargo tests here and the same binaries in the
 # cgroup v2 guest, whose skips print "SKIPPED: ..." uncaptured), the LSF harness ("  ok    " /

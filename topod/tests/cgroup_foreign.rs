@@ -79,15 +79,10 @@ impl ExclusiveParent {
 
 impl Drop for ExclusiveParent {
     fn drop(&mut self) {
-        for e in
-            std::fs::read_dir(&self.0).into_iter().flatten().flatten().filter(|e| e.path().is_dir())
-        {
-            common::remove_cgroup_tree(&e.path());
-        }
+        // remove_cgroup_tree removes what is nested, deepest first.
         common::remove_cgroup_tree(&self.0);
         for hierarchy in ["freezer", "memory", "cpu"] {
             let p = Path::new("/sys/fs/cgroup").join(hierarchy).join(self.0.file_name().unwrap());
-            common::remove_cgroup_tree(&p.join("topo"));
             common::remove_cgroup_tree(&p);
         }
     }
