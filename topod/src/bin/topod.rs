@@ -20,9 +20,10 @@ use topod::cgroup::{self, fs::Files, Kind};
 use topod::cli::{TopodArgs, DEFAULT_CONFIG};
 use topod::daemon::batch_report::{BatchReporter, RealCommands, COMMAND_TIMEOUT, SETTLE};
 use topod::daemon::conn::{raise_fd_limit, Gate};
-use topod::daemon::host::{Host, JobHint};
+use topod::daemon::host::Host;
 use topod::daemon::metrics;
 use topod::daemon::pending::{Kernel, PendingFs, PendingReleases};
+use topod::daemon::records::JobRecord;
 use topod::daemon::records::Records;
 use topod::daemon::server::{self, Admins, Listener, Server};
 use topod::daemon::{CgroupKind, Config, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
@@ -721,7 +722,7 @@ fn lock_subtree(dir: Option<PathBuf>) -> Result<Option<nix::fcntl::Flock<std::fs
 /// `/var/lib/topo/jobs.json`): read once at the first start after an upgrade, for jobs that have
 /// no record of their own yet, then removed.
 struct Legacy {
-    hints: BTreeMap<String, JobHint>,
+    hints: BTreeMap<String, JobRecord>,
     files: Vec<PathBuf>,
 }
 
@@ -729,7 +730,7 @@ fn legacy_hints(state_dir: &Path) -> Legacy {
     let mut legacy = Legacy { hints: BTreeMap::new(), files: Vec::new() };
     for file in [state_dir.join("jobs.json"), PathBuf::from("/var/lib/topo/jobs.json")] {
         let Ok(text) = std::fs::read_to_string(&file) else { continue };
-        match serde_json::from_str::<BTreeMap<String, JobHint>>(&text) {
+        match serde_json::from_str::<BTreeMap<String, JobRecord>>(&text) {
             Ok(hints) => {
                 tracing::info!("taking over {} job hint(s) of {}", hints.len(), file.display());
                 for (job, hint) in hints {

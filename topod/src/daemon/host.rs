@@ -37,11 +37,12 @@ pub use snapshot::Snapshot;
 /// `migrate_gap_s`): the policy core's, whose rule for when a job may be moved both apply.
 pub use topo_core::policy::Defrag;
 
+pub use super::records::{JobAsk, JobRecord};
 use super::records::{Records, RecordsError};
 use crate::cgroup::{
     CgroupBackend, CgroupError, CgroupSpec, CharDevice, JobId, JobIdError, ReleaseReport,
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -223,146 +224,25 @@ pub enum HostError {
     },
 }
 
-/// What the job record keeps per job (see [`super::records`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobHint {
-    /// The canonical request.
-    pub request: String,
-    /// The CPUs of each task.
-    pub tasks: Vec<CpuSet>,
-    /// The uid that may join its own processes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner_uid: Option<u32>,
-    /// When the job was last allocated (a new allocation, or the same one asked again), in UTC
-    /// to the nanosecond: a release queued before then was for an earlier run of the same job id
-    /// ([`Host::allocated_after`]), also after a restart. Records written before this field
-    /// existed take their file's time ([`super::records::Records::load`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allocated_at: Option<String>,
-    /// How many times topod's preemption has suspended the job (`preempt_max_suspensions`).
-    /// Suspensions by its owner, an administrator or the batch system are not the policy's and
-    /// do not count: an owner's own would otherwise use up the job's turns and shield it.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub suspensions: u32,
-    /// Written before topod freezes the job and cleared after it thaws it: a frozen cgroup
-    /// whose record does not say so was frozen by a release that a crash cut short, not
-    /// suspended ([`Host::recover`]).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub suspended: bool,
-    /// The job's owner, when it was the owner who suspended it: only then may the owner resume
-    /// it (a suspension by root, an administrator or the batch system is theirs to undo).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub suspended_by: Option<u32>,
-    /// Its gang row, when gang-scheduled: a job found frozen after a restart that has one was
-    /// frozen by slicing, and takes its turns again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gang_row: Option<u32>,
-    /// It may be suspended for another job (its allocate said so).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub preemptible: bool,
-    /// When the batch system took it, seconds since the epoch (for its expansion factor).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub submitted_at: Option<i64>,
-    /// Its estimated run time, seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub estimate_s: Option<u64>,
-    /// Seconds it ran before its last start or resume.
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
-    pub ran_s: u64,
-    /// When it last started or resumed, seconds since the epoch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub running_since: Option<i64>,
-    /// When it started, or was last resumed after topod's preemption, seconds since the epoch:
-    /// it may not be preempted before `preempt_min_run_s` from then. Another suspension and
-    /// resume (its owner's, say) does not restart that time, or an owner could keep the job
-    /// out of reach by suspending and resuming it. Records without it take `running_since`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protected_since: Option<i64>,
-    /// The job it was suspended for, while topod's preemption holds it: topod resumes it
-    /// itself once its CPUs are free.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preempted_by: Option<String>,
-    /// The signal its processes get after its CPUs change (a malleable job's choice).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resize_signal: Option<i32>,
-    /// The generation its notify file says: 1 when allocated, one more at every change.
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
-    pub notify_generation: u64,
-    /// When its CPUs last changed (a resize or a move), seconds since the epoch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moved_at: Option<i64>,
-    /// Its batch queue, as its allocate said (prime-time pools admit by queue).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub queue: Option<String>,
-    /// The prime-time pool its allocate named.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool: Option<String>,
-    /// A malleable job's size its last `resize` asked for: equipartition grows it no further
-    /// (an owner who gave CPUs back does not get them pushed on it again), until a resize asks
-    /// for more.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tasks_cap: Option<u32>,
-    /// The GPUs the batch system gave it, by PCI address (kept for `list`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub gpus: Vec<String>,
-    /// Its tasks are not known: recovered from its cgroup without a record of its tasks (or with
-    /// one its cgroup no longer matches), and not since divided into tasks of its request by an
-    /// allocate. Kept in the record, so that the next restart does not take the tasks made up
-    /// for it (one over all its CPUs) as known. Such a job is never resized, by `resize` or by
-    /// equipartition.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub tasks_unknown: bool,
-    /// Suspended by the batch system, not by topod (Slurm stopped it and gave its CPUs to
-    /// another job, see `host/follow.rs`): topod neither froze it nor thaws it, and a restart
-    /// keeps it suspended beside the job that borrows its CPUs.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub batch_suspended: bool,
-    /// When the batch system suspended it (nanoseconds since the epoch, unique on the host):
-    /// the last suspended runs first again.
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
-    pub batch_suspended_ns: u64,
-}
-
-fn is_zero_u64(n: &u64) -> bool {
-    *n == 0
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-impl JobHint {
-    /// [`JobHint::allocated_at`] as a time (`None` when missing or not a time).
-    pub fn allocated_time(&self) -> Option<std::time::SystemTime> {
-        self.allocated_at.as_deref().and_then(topo_core::pending::parse_utc)
-    }
-}
-
 /// A request checked against this host and ready to place. Preparing takes no lock: parsing
 /// a 64 KiB request must not hold up other clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prepared {
     /// The request, with the task count and the batch system's CPUs folded in.
     pub request: Request,
-    /// Its canonical text, which is what the ledger and the record keep.
-    pub canonical: String,
+    /// What the job asks, as its record keeps it: [`JobAsk::request`] is the canonical text of
+    /// [`Prepared::request`], which is what the ledger and the record keep.
+    pub ask: JobAsk,
     /// What the allocate said about gang scheduling.
     pub gang: GangAsk,
-    /// What the allocate said about preemption.
-    pub preempt: PreemptAsk,
-    /// A malleable job's signal for its resizes (checked by [`check_resize_signal`]).
-    pub resize_signal: Option<i32>,
-    /// The prime-time pool the allocate names.
-    pub pool: Option<String>,
+    /// When it does not fit, it may suspend running preemptible jobs (see [`Host::set_preempt`]).
+    pub preempt: bool,
     /// The batch system starts the job suspended (see `host/follow.rs`).
     pub starts_suspended: bool,
     /// The allocate came with the batch system's view of the host (`batch`, or
     /// `starts_suspended`): only such a job may borrow the CPUs of a job the batch system
     /// suspended (see `host/follow.rs`).
     pub follows_batch: bool,
-    /// The GPUs (or other PCI devices) the batch system gave the job on this host, by PCI
-    /// address (see [`Prepared::with_gpus`]).
-    pub gpus: Vec<String>,
     /// A job given GPUs without `gpubind=`: the CPUs of their NUMA nodes (among those it may
     /// use), where its placement tries first.
     pub near_gpus: Option<CpuSet>,
@@ -390,7 +270,7 @@ impl Prepared {
             {
                 tracing::info!(
                     "request {}: gpubind={} binds nothing: the batch system gave the job no GPUs",
-                    self.canonical,
+                    self.ask.request,
                     bind.name()
                 );
             }
@@ -430,7 +310,7 @@ impl Prepared {
             }
             devices.push(device);
         }
-        self.gpus = devices.iter().map(|d| d.pci_address.clone()).collect();
+        self.ask.gpus = devices.iter().map(|d| d.pci_address.clone()).collect();
         let bind = self.request.gpubind;
         if bind == Some(request::GpuBind::Any) {
             return Ok(self);
@@ -471,13 +351,13 @@ impl Prepared {
             return Err(HostError::BadRequest(format!(
                 "gpubind={}: the CPUs near GPUs {} ({near}) are none of those the job may use ({})",
                 bind.map_or("numa", request::GpuBind::name),
-                self.gpus.join(", "),
+                self.ask.gpus.join(", "),
                 kept.cpu_list.as_ref().map_or_else(|| topo.allowed.to_string(), |l| l.to_string())
             )));
         }
         if bind.is_some() {
             kept.cpu_list = Some(inside);
-            self.canonical = kept.to_string();
+            self.ask.request = kept.to_string();
             self.request = kept;
         } else {
             self.near_gpus = Some(inside);
@@ -588,17 +468,26 @@ fn parse_char_device(text: &str) -> Option<(u32, u32)> {
         .filter(|&(a, i)| topo_core::topology::sysfs::is_device_number(a, i))
 }
 
-/// What an `allocate` says about preemption (see [`Host::set_preempt`]).
+/// What an `allocate` says about preemption, in one value: tests set it on a [`Prepared`] the
+/// way the server does from the protocol's fields.
+#[cfg(test)]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PreemptAsk {
-    /// When it does not fit, it may suspend running preemptible jobs.
+pub(crate) struct PreemptAsk {
     pub preempt: bool,
-    /// It may be suspended for another job.
     pub preemptible: bool,
-    /// When the batch system took the job, seconds since the epoch.
     pub submitted_at: Option<i64>,
-    /// Its estimated run time (its time limit), seconds.
     pub estimate_s: Option<u64>,
+}
+
+#[cfg(test)]
+impl PreemptAsk {
+    /// `prepared` with what `ask` says.
+    pub(crate) fn apply(ask: PreemptAsk, prepared: &mut Prepared) {
+        prepared.preempt = ask.preempt;
+        prepared.ask.preemptible = ask.preemptible;
+        prepared.ask.submitted_at = ask.submitted_at;
+        prepared.ask.estimate_s = ask.estimate_s;
+    }
 }
 
 /// What an `allocate` says about gang time slicing (see [`GangConfig`]).
@@ -608,10 +497,9 @@ pub struct GangAsk {
     pub gang: Option<bool>,
     /// The row to take (so that every host of a multi-host job uses the same one).
     pub row: Option<u32>,
-    /// Runs through every slice, whatever the configuration says.
+    /// Runs through every slice, whatever the configuration says (as do the jobs of the
+    /// configured prime queues: [`JobAsk::queue`]).
     pub prime: bool,
-    /// The batch system's queue: jobs of the configured prime queues run through every slice.
-    pub queue: Option<String>,
 }
 
 /// Gang time slicing on this host (`gang_*` in topod.toml).
@@ -692,14 +580,11 @@ pub fn prepare(
     match request::parse(&canonical) {
         Ok(again) if again.to_string() == canonical => Ok(Prepared {
             request: req,
-            canonical,
+            ask: JobAsk { request: canonical, ..JobAsk::default() },
             gang: GangAsk::default(),
-            preempt: PreemptAsk::default(),
-            resize_signal: None,
-            pool: None,
+            preempt: false,
             starts_suspended: false,
             follows_batch: false,
-            gpus: Vec::new(),
             near_gpus: None,
             near_only: false,
             gpu_nodes: Vec::new(),
@@ -729,22 +614,6 @@ fn tasks_for(job: &JobId, recorded: &[CpuSet], cpus: &CpuSet) -> Vec<CpuSet> {
         );
     }
     tasks
-}
-
-impl JobHint {
-    /// Since when the job counts as running for preemption's and defrag's minimum run times:
-    /// [`JobHint::protected_since`], or for a record written before it, `running_since`.
-    pub fn protected_from(&self) -> Option<i64> {
-        self.protected_since.or(self.running_since)
-    }
-
-    /// When the job ends by its estimate if it runs on from now without a stop, seconds since
-    /// the epoch; `None` without an estimate, or while it is not running.
-    pub fn estimated_end(&self) -> Option<i64> {
-        let since = self.running_since?;
-        let left = self.estimate_s?.saturating_sub(self.ran_s);
-        Some(since.saturating_add(i64::try_from(left).unwrap_or(i64::MAX)))
-    }
 }
 
 /// `refused` (a [`HostError::DoesNotFit`]) with why preemption did not make room added to its
@@ -851,7 +720,7 @@ pub struct Host {
     /// CPUs other exclusive cpusets hold, as last seen.
     foreign: CpuSet,
     ledger: Ledger,
-    hints: BTreeMap<String, JobHint>,
+    hints: BTreeMap<String, JobRecord>,
     backend: Arc<dyn CgroupBackend>,
     records: Option<Records>,
     strategy: Strategy,
@@ -1005,7 +874,7 @@ impl Host {
     fn placement_occupancy(&self, job: &str, row: Option<u32>) -> place::Occupancy {
         let (queue, owner, pool) = self.asker_of(job);
         let who = topo_core::prime::Asker { queue: queue.as_deref(), owner, pool: pool.as_deref() };
-        let ends_by = self.hints.get(job).and_then(JobHint::estimated_end);
+        let ends_by = self.hints.get(job).and_then(JobRecord::estimated_end);
         self.placement_occupancy_as(job, row, who, ends_by).0
     }
 
@@ -1162,7 +1031,7 @@ impl Host {
         if !self.confine_devices {
             return Ok(());
         }
-        let gpus = self.hints.get(id.as_str()).map(|h| h.gpus.clone()).unwrap_or_default();
+        let gpus = self.hints.get(id.as_str()).map(|h| h.ask.gpus.clone()).unwrap_or_default();
         let (denied, allowed) = self.device_rules(&gpus);
         self.backend.set_device_rules(id, &denied, &allowed)?;
         Ok(())
@@ -1201,9 +1070,14 @@ impl Host {
         self.gang.as_ref()
     }
 
-    /// The row `ask` puts a new job in, as a list of rows to try in order; `None` when the job is
-    /// not gang-scheduled.
-    fn gang_rows_for(&self, job: &str, ask: &GangAsk) -> Result<Option<Vec<u32>>, HostError> {
+    /// The row `ask` puts a new job of batch queue `queue` in, as a list of rows to try in
+    /// order; `None` when the job is not gang-scheduled.
+    fn gang_rows_for(
+        &self,
+        job: &str,
+        ask: &GangAsk,
+        queue: Option<&str>,
+    ) -> Result<Option<Vec<u32>>, HostError> {
         let Some(cfg) = &self.gang else {
             if ask.gang == Some(true) || ask.row.is_some() {
                 return Err(HostError::NoGang(job.to_string()));
@@ -1216,7 +1090,7 @@ impl Host {
                 if ask.prime { "prime" } else { "gang = false" }
             )));
         }
-        let prime = ask.prime || ask.queue.as_ref().is_some_and(|q| cfg.prime_queues.contains(q));
+        let prime = ask.prime || queue.is_some_and(|q| cfg.prime_queues.iter().any(|p| p == q));
         let wanted = ask.gang.unwrap_or(cfg.all_jobs) || ask.row.is_some();
         if prime || !wanted {
             return Ok(None);
@@ -1264,17 +1138,17 @@ impl Host {
         let asked = topo_core::pending::format_utc_nanos(std::time::SystemTime::now());
         let chosen = self.choose_gpus(job, prepared, owner_uid)?;
         let prepared = chosen.as_ref().unwrap_or(prepared);
-        if chosen.is_none() && !prepared.gpus.is_empty() {
+        if chosen.is_none() && !prepared.ask.gpus.is_empty() {
             // The batch system's word on its GPUs stands (Slurm shares one GPU between jobs
             // with its shard and mps gres), but a GPU another job holds is worth a line.
             for (other, hint) in self.hints.iter().filter(|(other, _)| other.as_str() != job) {
-                for gpu in prepared.gpus.iter().filter(|g| hint.gpus.contains(g)) {
+                for gpu in prepared.ask.gpus.iter().filter(|g| hint.ask.gpus.contains(g)) {
                     tracing::warn!("job {job}: given GPU {gpu}, which job {other} holds too");
                 }
             }
             let now = self.now_s();
             for r in self.reservations.values().filter(|r| r.job != job && r.live(now)) {
-                for gpu in prepared.gpus.iter().filter(|g| r.gpus.contains(g)) {
+                for gpu in prepared.ask.gpus.iter().filter(|g| r.gpus.contains(g)) {
                     tracing::warn!(
                         "job {job}: given GPU {gpu}, which job {}'s reservation holds; while this job holds it, job {} is given free GPUs instead of its reserved ones",
                         r.job,
@@ -1291,13 +1165,13 @@ impl Host {
         self.allocate_inner(job, prepared, mem_limit, owner_uid, asked)
     }
 
-    /// When `job` was last allocated, if that was after `t` (see [`JobHint::allocated_at`]).
+    /// When `job` was last allocated, if that was after `t` (see [`JobRecord::allocated_at`]).
     pub fn allocated_after(
         &self,
         job: &str,
         t: std::time::SystemTime,
     ) -> Option<std::time::SystemTime> {
-        self.hints.get(job).and_then(JobHint::allocated_time).filter(|at| *at > t)
+        self.hints.get(job).and_then(JobRecord::allocated_time).filter(|at| *at > t)
     }
 
     fn allocate_inner(
@@ -1312,7 +1186,7 @@ impl Host {
         if self.releasing.contains(job) {
             return Err(HostError::Releasing(job.to_string()));
         }
-        if let Some(pool) = prepared.pool.as_ref().filter(|_| !self.pools.is_empty()) {
+        if let Some(pool) = prepared.ask.pool.as_ref().filter(|_| !self.pools.is_empty()) {
             if !self.pools.iter().any(|p| &p.name == pool) {
                 let names: Vec<&str> = self.pools.iter().map(|p| p.name.as_str()).collect();
                 return Err(HostError::BadArgument(format!(
@@ -1321,7 +1195,7 @@ impl Host {
                 )));
             }
         }
-        let canonical = &prepared.canonical;
+        let canonical = &prepared.ask.request;
         if self.ledger.is_suspended(id.as_str()) && !self.batch_suspended(id.as_str()) {
             // Its CPUs may be lent: answering them would give a step CPUs another job runs on.
             // (A job the batch system suspended shares them by the batch system's turns.)
@@ -1331,30 +1205,35 @@ impl Host {
             if &existing.request == canonical {
                 // Asked again (each step, or a requeued job's new run): a new allocation time.
                 let existing = existing.clone();
-                let mut hint = self.hints.get(job).cloned().unwrap_or_else(|| JobHint {
-                    request: existing.request.clone(),
+                let mut hint = self.hints.get(job).cloned().unwrap_or_else(|| JobRecord {
+                    ask: JobAsk { request: existing.request.clone(), ..JobAsk::default() },
                     tasks: existing.tasks.clone(),
-                    ..JobHint::default()
+                    ..JobRecord::default()
                 });
                 // Each step names its own GPUs (Slurm's SLURM_STEP_GPUS), all the job's: the
                 // job has every GPU any of its allocates named, and may open each of them.
-                let added: Vec<String> =
-                    prepared.gpus.iter().filter(|g| !hint.gpus.contains(g)).cloned().collect();
+                let added: Vec<String> = prepared
+                    .ask
+                    .gpus
+                    .iter()
+                    .filter(|g| !hint.ask.gpus.contains(g))
+                    .cloned()
+                    .collect();
                 if !added.is_empty() && prepared.request.gpus_per_task.is_some() {
                     // Its gpus= fixed how many it holds.
                     return Err(HostError::BadRequest(format!(
                         "job {job} holds GPU(s) {} for its request's gpus=; this allocate names {}",
-                        hint.gpus.join(", "),
-                        prepared.gpus.join(", ")
+                        hint.ask.gpus.join(", "),
+                        prepared.ask.gpus.join(", ")
                     )));
                 }
                 if !added.is_empty() {
-                    hint.gpus.extend(added.iter().cloned());
+                    hint.ask.gpus.extend(added.iter().cloned());
                     tracing::info!(
                         "job {job}: also given GPU(s) {} (its CPUs stay where they are)",
                         added.join(", ")
                     );
-                    let (denied, allowed) = self.device_rules(&hint.gpus);
+                    let (denied, allowed) = self.device_rules(&hint.ask.gpus);
                     self.backend.set_device_rules(&id, &denied, &allowed)?;
                 }
                 hint.allocated_at = Some(asked);
@@ -1383,30 +1262,22 @@ impl Host {
                         self.model.closure(level, &adopted.cpus).difference(&adopted.cpus);
                 }
                 let suspended = self.ledger.is_suspended(id.as_str());
-                let hint = JobHint {
-                    request: canonical.clone(),
+                let hint = JobRecord {
+                    // What this allocate says of the job, as a new one's record would keep it.
+                    ask: JobAsk { owner_uid, ..prepared.ask.clone() },
                     tasks: adopted.tasks.clone(),
-                    owner_uid,
                     allocated_at: Some(asked),
                     suspensions: u32::from(suspended),
                     suspended,
                     suspended_by: None,
                     gang_row: adopted.gang_row,
-                    // What this allocate says of the job, as a new one's record would keep it.
-                    preemptible: prepared.preempt.preemptible,
-                    submitted_at: prepared.preempt.submitted_at,
-                    estimate_s: prepared.preempt.estimate_s,
                     running_since: (!suspended).then(|| self.now_s()),
                     protected_since: (!suspended).then(|| self.now_s()),
-                    resize_signal: prepared.resize_signal,
-                    queue: prepared.gang.queue.clone(),
-                    pool: prepared.pool.clone(),
                     tasks_unknown,
-                    gpus: prepared.gpus.clone(),
-                    ..JobHint::default()
+                    ..JobRecord::default()
                 };
                 // Its device rules as its GPUs now say (made at start with none known).
-                let (denied, allowed) = self.device_rules(&hint.gpus);
+                let (denied, allowed) = self.device_rules(&hint.ask.gpus);
                 self.backend.set_device_rules(&id, &denied, &allowed)?;
                 self.write_record(&id, &hint)?;
                 self.ledger.release(id.as_str())?;
@@ -1442,7 +1313,7 @@ impl Host {
             let placed = self.place_preemptor(&id, prepared, mem_limit, owner_uid, under_way);
             return self.allocated(&id, prepared, (mem_limit, owner_uid), None, asked, placed);
         }
-        let rows = self.gang_rows_for(job, &prepared.gang)?;
+        let rows = self.gang_rows_for(job, &prepared.gang, prepared.ask.queue.as_deref())?;
         // A malleable arrival starts at its share: the malleable jobs first shrink to the shares
         // equipartition gives them beside it, so that it is placed whole at its size (one
         // placement, no grow right after), as the policy core starts one.
@@ -1507,21 +1378,19 @@ impl Host {
         }
         let first = match first {
             Err(refused @ HostError::DoesNotFit { .. })
-                if prepared.preempt.preempt && rows.is_none() && self.preempt.is_some() =>
+                if prepared.preempt && rows.is_none() && self.preempt.is_some() =>
             {
                 self.preempt_and_place(&id, prepared, mem_limit, owner_uid, refused)
             }
             // It asked to preempt: say why that was not tried.
-            Err(refused @ HostError::DoesNotFit { .. }) if prepared.preempt.preempt => {
-                Err(not_preempted(
-                    refused,
-                    if self.preempt.is_none() {
-                        "preemption is off on this host (preempt = false in topod.toml)"
-                    } else {
-                        "a gang-scheduled job does not preempt (it waits for its row)"
-                    },
-                ))
-            }
+            Err(refused @ HostError::DoesNotFit { .. }) if prepared.preempt => Err(not_preempted(
+                refused,
+                if self.preempt.is_none() {
+                    "preemption is off on this host (preempt = false in topod.toml)"
+                } else {
+                    "a gang-scheduled job does not preempt (it waits for its row)"
+                },
+            )),
             other => other,
         };
         self.allocated(&id, prepared, (mem_limit, owner_uid), rows.as_deref(), asked, first)
@@ -1539,7 +1408,7 @@ impl Host {
         first: Result<(), HostError>,
     ) -> Result<Allocation, HostError> {
         let job = id.as_str();
-        let canonical = &prepared.canonical;
+        let canonical = &prepared.ask.request;
         match first {
             Err(HostError::Cgroup(e)) => {
                 // The kernel refused the cpuset: an exclusive cpuset beside ours may have come or
@@ -1558,32 +1427,24 @@ impl Host {
             .get(id.as_str())
             .cloned()
             .ok_or_else(|| HostError::UnknownJob(job.to_string()))?;
-        let hint = JobHint {
-            request: canonical.clone(),
+        let hint = JobRecord {
+            ask: JobAsk { owner_uid, ..prepared.ask.clone() },
             tasks: alloc.tasks.clone(),
-            owner_uid,
             allocated_at: Some(asked),
             suspensions: 0,
             suspended: false,
             suspended_by: None,
             gang_row: alloc.gang_row,
-            preemptible: prepared.preempt.preemptible,
-            submitted_at: prepared.preempt.submitted_at,
-            estimate_s: prepared.preempt.estimate_s,
             ran_s: 0,
             running_since: Some(self.now_s()),
             protected_since: Some(self.now_s()),
             preempted_by: None,
-            resize_signal: prepared.resize_signal,
             notify_generation: 1,
             moved_at: None,
-            queue: prepared.gang.queue.clone(),
-            pool: prepared.pool.clone(),
             tasks_cap: None,
             tasks_unknown: false,
             batch_suspended: false,
             batch_suspended_ns: 0,
-            gpus: prepared.gpus.clone(),
         };
         // The record is written before the answer: an owner lost in a crash would lock the job's
         // own processes out of it.
@@ -1606,10 +1467,10 @@ impl Host {
             owner_uid,
             "job {job}: allocated CPUs {}{}",
             alloc.cpus,
-            if prepared.gpus.is_empty() {
+            if prepared.ask.gpus.is_empty() {
                 String::new()
             } else {
-                format!(" (given GPUs {})", prepared.gpus.join(", "))
+                format!(" (given GPUs {})", prepared.ask.gpus.join(", "))
             }
         );
         if let Some(row) = alloc.gang_row {
@@ -1638,9 +1499,9 @@ impl Host {
             None => vec![None],
         };
         let who = topo_core::prime::Asker {
-            queue: prepared.gang.queue.as_deref(),
+            queue: prepared.ask.queue.as_deref(),
             owner: owner_uid,
-            pool: prepared.pool.as_deref(),
+            pool: prepared.ask.pool.as_deref(),
         };
         // A job with a reservation goes inside its block when it fits there, one a prime-time
         // pool admits inside the pool.
@@ -1727,20 +1588,20 @@ impl Host {
                 self.held_back_by(id.as_str(), &prepared.request, &rows, who, ends_by);
             held_back += &self.held_for_preempted_note(id.as_str(), ends_by);
             if let (Some(bind @ (request::GpuBind::Numa | request::GpuBind::Socket)), false) =
-                (prepared.request.gpubind, prepared.gpus.is_empty())
+                (prepared.request.gpubind, prepared.ask.gpus.is_empty())
             {
                 // Its CPU list came from its GPUs, not from the user: say so.
                 held_back += &format!(
                     "; gpubind={} keeps it to CPUs {}, those near its GPUs {} that it may use",
                     bind.name(),
                     prepared.request.cpu_list.as_ref().map(|l| l.to_string()).unwrap_or_default(),
-                    prepared.gpus.join(", ")
+                    prepared.ask.gpus.join(", ")
                 );
             }
             if let (true, Some(near)) = (prepared.near_only, &prepared.near_gpus) {
                 held_back += &format!(
                     "; topod chose GPU(s) {} for its gpus=: it runs only on CPUs near them ({near})",
-                    prepared.gpus.join(", ")
+                    prepared.ask.gpus.join(", ")
                 );
             }
             if let (Some(tried), Some(cfg)) = (gang_rows, &self.gang) {
@@ -1758,7 +1619,7 @@ impl Host {
             cpus: placement.cpus.clone(),
             mems: placement.mems.clone(),
             memory_limit: mem_limit.or(prepared.request.mem_mib.map(|m| m << 20)),
-            denied_devices: self.denied_devices(&prepared.gpus),
+            denied_devices: self.denied_devices(&prepared.ask.gpus),
         };
         if let Err(e) = self.backend.create(id, &spec) {
             // Nothing can have joined a cgroup that was never configured: remove what was made.
@@ -1766,7 +1627,9 @@ impl Host {
             return Err(e.into());
         }
         let inserted = match row {
-            None => self.ledger.allocate(id.as_str(), &placement, &prepared.canonical).map(|_| ()),
+            None => {
+                self.ledger.allocate(id.as_str(), &placement, &prepared.ask.request).map(|_| ())
+            }
             Some(row) => {
                 // Frozen before anything can join it: it shares CPUs with other rows' jobs.
                 if let Err(e) = self.backend.freeze(id, self.freeze_timeout) {
@@ -1779,7 +1642,7 @@ impl Host {
                     tasks: placement.tasks.clone(),
                     mems: placement.mems.clone(),
                     fenced: placement.fenced.clone(),
-                    request: prepared.canonical.clone(),
+                    request: prepared.ask.request.clone(),
                     gang_row: Some(row),
                 })
             }
@@ -2286,7 +2149,7 @@ impl Host {
     /// Why `job`'s owner (`uid`) may not resume it: who suspended it, and who may resume it.
     pub fn not_the_owners_to_resume(&self, job: &str, uid: u32) -> String {
         match self.hints.get(job) {
-            Some(JobHint { preempted_by: Some(p), .. }) => format!(
+            Some(JobRecord { preempted_by: Some(p), .. }) => format!(
                 "job {job} was suspended by topod's preemption for job {p}; topod resumes it once its CPUs are free of running jobs and of {p} (you are uid {uid})"
             ),
             Some(h) if h.batch_suspended => format!(
@@ -2298,14 +2161,14 @@ impl Host {
         }
     }
 
-    /// Who suspended `job`, when it was its owner (see [`JobHint::suspended_by`]).
+    /// Who suspended `job`, when it was its owner (see [`JobRecord::suspended_by`]).
     pub fn suspended_by(&self, job: &str) -> Option<u32> {
         self.hints.get(job).and_then(|h| h.suspended_by)
     }
 
     /// The uid allowed to join its own processes to `job`, if one was given at allocation.
     pub fn owner_of(&self, job: &str) -> Option<u32> {
-        self.hints.get(job).and_then(|h| h.owner_uid)
+        self.hints.get(job).and_then(|h| h.ask.owner_uid)
     }
 
     /// Would `request` fit now, and how well.
@@ -2364,7 +2227,7 @@ impl Host {
         self.backend.kind()
     }
 
-    fn write_record(&self, id: &JobId, hint: &JobHint) -> Result<(), HostError> {
+    fn write_record(&self, id: &JobId, hint: &JobRecord) -> Result<(), HostError> {
         match &self.records {
             Some(r) => r.write(id, hint).map_err(HostError::Records),
             None => Ok(()),
@@ -2372,7 +2235,7 @@ impl Host {
     }
 
     /// Writes a record during recovery, where a failure is only logged (the cgroup is kept).
-    fn record(&self, id: &JobId, hint: &JobHint) {
+    fn record(&self, id: &JobId, hint: &JobRecord) {
         if let Err(e) = self.write_record(id, hint) {
             tracing::warn!("job {id}: {e}");
         }

@@ -12,13 +12,159 @@
 //! The directory must be root's and writable by nobody else when topod runs as root; otherwise
 //! a planted link or file could make root write where it should not.
 
-use super::host::JobHint;
 use crate::cgroup::JobId;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use topo_core::cpuset::CpuSet;
 use topo_core::ledger::Allocation;
+
+/// What a job asked of this host: built once from its allocate (the request made canonical by
+/// [`super::host::prepare`], and what the protocol's fields said of the job), kept in its
+/// record, and read by every rule that depends on what a job said of itself (preemption's
+/// expansion factor, prime-time pools, a malleable job's signal, the GPUs the batch system
+/// gave it). Another allocate of the same job (a Slurm step) only adds the GPUs it names.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct JobAsk {
+    /// The request, in its canonical form (what the ledger keeps, and what reads back as the
+    /// same request after a restart).
+    pub request: String,
+    /// The uid that may join its own processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_uid: Option<u32>,
+    /// It may be suspended for another job (its allocate said so).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preemptible: bool,
+    /// When the batch system took it, seconds since the epoch (for its expansion factor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_at: Option<i64>,
+    /// Its estimated run time, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_s: Option<u64>,
+    /// The signal its processes get after its CPUs change (a malleable job's choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resize_signal: Option<i32>,
+    /// Its batch queue, as its allocate said (prime-time pools admit by queue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// The prime-time pool its allocate named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// The GPUs the batch system gave it, by PCI address (kept for `list`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
+}
+
+/// One job's record: what it asked ([`JobAsk`]) and what has happened to it on this host since
+/// (its tasks' CPUs, its suspensions and by whom, its gang row, its run time, its moves). The
+/// file holds both as one JSON object, as records always have.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct JobRecord {
+    /// What it asked.
+    #[serde(flatten)]
+    pub ask: JobAsk,
+    /// The CPUs of each task.
+    pub tasks: Vec<CpuSet>,
+    /// When the job was last allocated (a new allocation, or the same one asked again), in UTC
+    /// to the nanosecond: a release queued before then was for an earlier run of the same job
+    /// id ([`super::host::Host::allocated_after`]), also after a restart. Records written
+    /// before this field existed take their file's time ([`Records::load`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_at: Option<String>,
+    /// How many times topod's preemption has suspended the job (`preempt_max_suspensions`).
+    /// Suspensions by its owner, an administrator or the batch system are not the policy's and
+    /// do not count: an owner's own would otherwise use up the job's turns and shield it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub suspensions: u32,
+    /// Written before topod freezes the job and cleared after it thaws it: a frozen cgroup
+    /// whose record does not say so was frozen by a release that a crash cut short, not
+    /// suspended ([`super::host::Host::recover`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspended: bool,
+    /// The job's owner, when it was the owner who suspended it: only then may the owner resume
+    /// it (a suspension by root, an administrator or the batch system is theirs to undo).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended_by: Option<u32>,
+    /// Its gang row, when gang-scheduled: a job found frozen after a restart that has one was
+    /// frozen by slicing, and takes its turns again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_row: Option<u32>,
+    /// Seconds it ran before its last start or resume.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub ran_s: u64,
+    /// When it last started or resumed, seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_since: Option<i64>,
+    /// When it started, or was last resumed after topod's preemption, seconds since the epoch:
+    /// it may not be preempted before `preempt_min_run_s` from then. Another suspension and
+    /// resume (its owner's, say) does not restart that time, or an owner could keep the job
+    /// out of reach by suspending and resuming it. Records without it take `running_since`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protected_since: Option<i64>,
+    /// The job it was suspended for, while topod's preemption holds it: topod resumes it
+    /// itself once its CPUs are free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<String>,
+    /// The generation its notify file says: 1 when allocated, one more at every change.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub notify_generation: u64,
+    /// When its CPUs last changed (a resize or a move), seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_at: Option<i64>,
+    /// A malleable job's size its last `resize` asked for: equipartition grows it no further
+    /// (an owner who gave CPUs back does not get them pushed on it again), until a resize asks
+    /// for more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_cap: Option<u32>,
+    /// Its tasks are not known: recovered from its cgroup without a record of its tasks (or with
+    /// one its cgroup no longer matches), and not since divided into tasks of its request by an
+    /// allocate. Kept in the record, so that the next restart does not take the tasks made up
+    /// for it (one over all its CPUs) as known. Such a job is never resized, by `resize` or by
+    /// equipartition.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tasks_unknown: bool,
+    /// Suspended by the batch system, not by topod (Slurm stopped it and gave its CPUs to
+    /// another job, see `host/follow.rs`): topod neither froze it nor thaws it, and a restart
+    /// keeps it suspended beside the job that borrows its CPUs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch_suspended: bool,
+    /// When the batch system suspended it (nanoseconds since the epoch, unique on the host):
+    /// the last suspended runs first again.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub batch_suspended_ns: u64,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl JobRecord {
+    /// [`JobRecord::allocated_at`] as a time (`None` when missing or not a time).
+    pub fn allocated_time(&self) -> Option<std::time::SystemTime> {
+        self.allocated_at.as_deref().and_then(topo_core::pending::parse_utc)
+    }
+}
+
+impl JobRecord {
+    /// Since when the job counts as running for preemption's and defrag's minimum run times:
+    /// [`JobRecord::protected_since`], or for a record written before it, `running_since`.
+    pub fn protected_from(&self) -> Option<i64> {
+        self.protected_since.or(self.running_since)
+    }
+
+    /// When the job ends by its estimate if it runs on from now without a stop, seconds since
+    /// the epoch; `None` without an estimate, or while it is not running.
+    pub fn estimated_end(&self) -> Option<i64> {
+        let since = self.running_since?;
+        let left = self.ask.estimate_s?.saturating_sub(self.ran_s);
+        Some(since.saturating_add(i64::try_from(left).unwrap_or(i64::MAX)))
+    }
+}
 
 /// A state directory that topod cannot trust or use.
 #[derive(Debug, thiserror::Error)]
@@ -157,7 +303,7 @@ impl Records {
     }
 
     /// Writes the record of `job`, replacing the one it had; done when this returns.
-    pub fn write(&self, job: &JobId, hint: &JobHint) -> Result<(), RecordsError> {
+    pub fn write(&self, job: &JobId, hint: &JobRecord) -> Result<(), RecordsError> {
         let bytes = serde_json::to_vec(hint).unwrap_or_default();
         let tmp = self.dir.join(format!(".{}.tmp", job.as_str()));
         write_atomically(&tmp, &self.path(job), &bytes)
@@ -241,10 +387,10 @@ impl Records {
     }
 
     /// Every record, by job id; files that are not records (or cannot be read) are reported in
-    /// the second list and left alone. A record without [`JobHint::allocated_at`] (written by a
+    /// the second list and left alone. A record without [`JobRecord::allocated_at`] (written by a
     /// topod before it kept one) takes its file's time: it was written when the job was
     /// allocated, or later.
-    pub fn load(&self) -> (BTreeMap<String, JobHint>, Vec<String>) {
+    pub fn load(&self) -> (BTreeMap<String, JobRecord>, Vec<String>) {
         let mut records = BTreeMap::new();
         let mut unreadable = Vec::new();
         let Ok(entries) = std::fs::read_dir(&self.dir) else { return (records, unreadable) };
@@ -259,7 +405,7 @@ impl Records {
             };
             let parsed = std::fs::read(e.path())
                 .ok()
-                .and_then(|b| serde_json::from_slice::<JobHint>(&b).ok());
+                .and_then(|b| serde_json::from_slice::<JobRecord>(&b).ok());
             match parsed {
                 Some(mut hint) => {
                     if hint.allocated_time().is_none() {
@@ -287,33 +433,46 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = Records::open(dir.path()).unwrap();
         let job = JobId::parse("12[3]").unwrap();
-        let hint = JobHint {
-            request: "affinity[thread*1]".into(),
+        let hint = JobRecord {
+            ask: JobAsk {
+                request: "affinity[thread*1]".into(),
+                owner_uid: Some(1000),
+                preemptible: true,
+                submitted_at: Some(1_700_000_000),
+                estimate_s: Some(3600),
+                resize_signal: Some(10),
+                queue: Some("batch".into()),
+                pool: Some("day".into()),
+                gpus: vec!["0000:3b:00.0".into()],
+            },
             tasks: vec![topo_core::CpuSet::parse_list("3").unwrap()],
-            owner_uid: Some(1000),
             allocated_at: Some("2025-06-01T12:00:00.123456789Z".into()),
             suspensions: 2,
             suspended: true,
             suspended_by: Some(1000),
             gang_row: Some(1),
-            preemptible: true,
-            submitted_at: Some(1_700_000_000),
-            estimate_s: Some(3600),
             ran_s: 120,
             running_since: None,
             protected_since: Some(1_700_000_050),
             preempted_by: Some("9".into()),
-            resize_signal: Some(10),
             notify_generation: 3,
             moved_at: Some(1_700_000_100),
-            queue: Some("batch".into()),
-            pool: Some("day".into()),
             tasks_cap: Some(2),
             tasks_unknown: true,
             batch_suspended: true,
             batch_suspended_ns: 1_700_000_000_000_000_000,
-            gpus: vec!["0000:3b:00.0".into()],
         };
+        // One flat object on disk, as records were before what a job asked was its own type: a
+        // topod of either version reads the other's records.
+        let flat = serde_json::to_value(&hint).unwrap();
+        for key in ["request", "owner_uid", "queue", "gpus", "tasks", "suspensions"] {
+            assert!(flat.get(key).is_some(), "{key} in {flat}");
+        }
+        assert!(flat.get("ask").is_none(), "{flat}");
+        let before = r#"{"request":"affinity[thread*1]","tasks":["3"],"owner_uid":1000,"suspensions":1,"preemptible":true,"submitted_at":1700000000,"estimate_s":3600,"queue":"batch","gpus":["0000:3b:00.0"]}"#;
+        let old: JobRecord = serde_json::from_str(before).unwrap();
+        assert_eq!((old.ask.owner_uid, old.ask.queue.as_deref()), (Some(1000), Some("batch")));
+        assert_eq!((old.ask.estimate_s, old.suspensions, old.tasks.len()), (Some(3600), 1, 1));
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();
         let (all, bad) = r.load();
@@ -353,7 +512,7 @@ mod tests {
         let job = JobId::parse("7").unwrap();
         std::os::unix::fs::symlink(&target, dir.path().join("jobs/.7.tmp")).unwrap();
         std::os::unix::fs::symlink(&target, dir.path().join("jobs/7.json")).unwrap();
-        r.write(&job, &JobHint::default()).unwrap();
+        r.write(&job, &JobRecord::default()).unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
         assert!(!std::fs::symlink_metadata(dir.path().join("jobs/7.json"))
             .unwrap()

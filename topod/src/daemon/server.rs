@@ -721,7 +721,8 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
                     return Reply::error(ErrorCode::BadRequest, why);
                 }
             }
-            prepared.gang = host::GangAsk { gang, row: gang_row, prime, queue };
+            prepared.gang = host::GangAsk { gang, row: gang_row, prime };
+            prepared.ask.queue = queue;
             if (preempt || preemptible) && (submitted_at.is_none() || estimate_s.is_none()) {
                 return Reply::error(
                     ErrorCode::BadRequest,
@@ -734,9 +735,15 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
                     "submitted_at is seconds since the epoch (above 0) and estimate_s the job's time limit in seconds (at least 1; a job without a limit is not preemptible and cannot preempt)",
                 );
             }
-            prepared.preempt = host::PreemptAsk { preempt, preemptible, submitted_at, estimate_s };
-            prepared.resize_signal = resize_signal;
-            prepared.pool = pool;
+            prepared.preempt = preempt;
+            prepared.ask = host::JobAsk {
+                preemptible,
+                submitted_at,
+                estimate_s,
+                resize_signal,
+                pool,
+                ..prepared.ask
+            };
             prepared.starts_suspended = starts_suspended;
             prepared.follows_batch = starts_suspended || batch.is_some();
             if let Some(Err(why)) = batch.as_ref().map(proto::BatchView::check) {
@@ -1355,12 +1362,15 @@ mod tests {
         }));
         let now = host.now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
         let mut victim = host::prepare(&topo, "affinity[core*4]", None, None).unwrap();
-        victim.preempt = host::PreemptAsk {
-            preemptible: true,
-            submitted_at: Some(now),
-            estimate_s: Some(36_000),
-            ..Default::default()
-        };
+        host::PreemptAsk::apply(
+            host::PreemptAsk {
+                preemptible: true,
+                submitted_at: Some(now),
+                estimate_s: Some(36_000),
+                ..Default::default()
+            },
+            &mut victim,
+        );
         host.allocate_prepared("v", &victim, None, None).unwrap();
         let server = Server::new(
             host,

@@ -191,12 +191,15 @@ impl TopodDriver {
             let j = self.jobs[head as usize];
             let text = policy::cores_request(j.cores).to_string();
             let mut prepared = prepare(&self.host.topo, &text, None, None).unwrap();
-            prepared.preempt = PreemptAsk {
-                preempt: true,
-                preemptible: true,
-                submitted_at: Some(EPOCH + j.submit),
-                estimate_s: Some(j.estimate as u64),
-            };
+            PreemptAsk::apply(
+                PreemptAsk {
+                    preempt: true,
+                    preemptible: true,
+                    submitted_at: Some(EPOCH + j.submit),
+                    estimate_s: Some(j.estimate as u64),
+                },
+                &mut prepared,
+            );
             let suspended_before = self.host.ledger().suspended_jobs().count();
             let mut allocated = self.host.allocate_prepared(&name(head), &prepared, None, None);
             if let Err(HostError::PreemptionUnderWay(_)) = allocated {
@@ -228,12 +231,15 @@ impl TopodDriver {
         let mut prepared = prepare(&self.host.topo, &text, None, None).unwrap();
         if let Rules::Gang(_, Some(_)) = self.rules {
             // Asking to preempt, as every job does where preemption is on.
-            prepared.preempt = PreemptAsk {
-                preempt: true,
-                preemptible: true,
-                submitted_at: Some(EPOCH + j.submit),
-                estimate_s: Some(j.estimate as u64),
-            };
+            PreemptAsk::apply(
+                PreemptAsk {
+                    preempt: true,
+                    preemptible: true,
+                    submitted_at: Some(EPOCH + j.submit),
+                    estimate_s: Some(j.estimate as u64),
+                },
+                &mut prepared,
+            );
         }
         for row in 0..rows {
             prepared.gang = GangAsk { gang: Some(true), row: Some(row), ..GangAsk::default() };

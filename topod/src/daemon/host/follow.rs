@@ -5,7 +5,7 @@
 //! ([`topo_core::proto::BatchView`]) and topod follows:
 //!
 //! - a job the batch system suspended is held as suspended *by the batch system*
-//!   ([`super::JobHint::batch_suspended`]): its CPUs may be lent to the job the batch system
+//!   ([`super::JobRecord::batch_suspended`]): its CPUs may be lent to the job the batch system
 //!   starts on them, and topod does not freeze it (the batch system stopped it; topod would not
 //!   learn when to thaw it);
 //! - a job the batch system runs again takes its CPUs back once no running job holds them, and

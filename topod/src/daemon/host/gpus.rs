@@ -18,7 +18,7 @@ impl Host {
     /// The PCI addresses of the GPUs live jobs hold (running, suspended or frozen in a gang
     /// row): what no other job may be given by topod.
     pub fn held_gpus(&self) -> std::collections::BTreeSet<String> {
-        self.hints.values().flat_map(|h| h.gpus.iter().cloned()).collect()
+        self.hints.values().flat_map(|h| h.ask.gpus.iter().cloned()).collect()
     }
 
     /// The GPUs `job` may not be given: those live jobs hold, and those the live reservations
@@ -56,7 +56,7 @@ impl Host {
         let request = &prepared.request;
         let Some(per_task) = gpus_to_choose(prepared)? else { return Ok(None) };
         if let Some(existing) = self.ledger.get(job) {
-            let has_gpus = self.hints.get(job).is_some_and(|h| !h.gpus.is_empty());
+            let has_gpus = self.hints.get(job).is_some_and(|h| !h.ask.gpus.is_empty());
             if has_gpus || !existing.request.is_empty() {
                 return Ok(None);
             }
@@ -83,13 +83,13 @@ impl Host {
                 pick.gpus.join(", ")
             );
             let mut chosen = prepared.clone();
-            chosen.gpus = pick.gpus;
+            chosen.ask.gpus = pick.gpus;
             return Ok(Some(chosen));
         }
         let who = topo_core::prime::Asker {
-            queue: prepared.gang.queue.as_deref(),
+            queue: prepared.ask.queue.as_deref(),
             owner: owner_uid,
-            pool: prepared.pool.as_deref(),
+            pool: prepared.ask.pool.as_deref(),
         };
         let (occupancy, _) = self.placement_occupancy_as(job, None, who, self.ends_by(prepared));
         let occupancy = self.without_lending(&occupancy).unwrap_or(occupancy);
@@ -119,13 +119,13 @@ impl Host {
             }
         };
         let mut chosen = prepared.clone();
-        chosen.gpus = pick.gpus;
+        chosen.ask.gpus = pick.gpus;
         chosen.near_only = pick.near.is_some() && request.gpubind != Some(GpuBind::Any);
         chosen.near_gpus = pick.near;
         chosen.gpu_nodes = pick.nodes;
         tracing::info!(
             "job {job}: topod chose GPU(s) {} for gpus={per_task} (CPUs near them: {})",
-            chosen.gpus.join(", "),
+            chosen.ask.gpus.join(", "),
             chosen.near_gpus.as_ref().map_or_else(|| "anywhere".to_string(), CpuSet::to_string)
         );
         Ok(Some(chosen))
@@ -196,14 +196,14 @@ pub(super) fn gpus_to_choose(prepared: &Prepared) -> Result<Option<u32>, HostErr
         )));
     }
     let wanted = u64::from(per_task) * u64::from(tasks);
-    if prepared.gpus.is_empty() {
+    if prepared.ask.gpus.is_empty() {
         return Ok(Some(per_task));
     }
-    if prepared.gpus.len() as u64 != wanted {
+    if prepared.ask.gpus.len() as u64 != wanted {
         return Err(HostError::BadRequest(format!(
             "the batch system gave the job {} GPU(s) ({}), but its request asks for gpus={per_task} per task for {tasks} task(s): {wanted}",
-            prepared.gpus.len(),
-            prepared.gpus.join(", ")
+            prepared.ask.gpus.len(),
+            prepared.ask.gpus.join(", ")
         )));
     }
     Ok(None)

@@ -17,7 +17,7 @@
 //! A cgroup the kernel refuses mid-plan is put back, with the moves made before it.
 
 use super::super::records::PlannedMove;
-use super::{Host, HostError, JobHint};
+use super::{Host, HostError, JobAsk, JobRecord};
 use crate::cgroup::{CgroupError, CgroupSpec, JobId};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -69,7 +69,7 @@ impl Host {
     }
 
     /// The protocol's `resize`: `Host::resize_to`, and `tasks` becomes the job's ceiling for
-    /// equipartition ([`JobHint::tasks_cap`]), kept in its record, until the next `resize`.
+    /// equipartition ([`JobRecord::tasks_cap`]), kept in its record, until the next `resize`.
     pub fn resize(&mut self, job: &str, tasks: u32) -> Result<Allocation, HostError> {
         let before = self.hints.get(job).and_then(|h| h.tasks_cap);
         if let Some(hint) = self.hints.get_mut(job) {
@@ -223,10 +223,10 @@ impl Host {
         let now = self.now_s();
         let mut recorded = true;
         for m in &moves {
-            let hint = self
-                .hints
-                .entry(m.job.clone())
-                .or_insert_with(|| JobHint { request: m.request.clone(), ..JobHint::default() });
+            let hint = self.hints.entry(m.job.clone()).or_insert_with(|| JobRecord {
+                ask: JobAsk { request: m.request.clone(), ..JobAsk::default() },
+                ..JobRecord::default()
+            });
             hint.tasks = m.tasks.clone();
             hint.moved_at = Some(now);
             hint.notify_generation = hint.notify_generation.max(1).saturating_add(1);
@@ -268,7 +268,7 @@ impl Host {
     /// Finishes the plan of moves a crash cut short (see the module documentation): each job
     /// still there gets its planned CPUs, and its record (in `hints`) its planned tasks. Returns
     /// the jobs moved.
-    pub(crate) fn recover_moves(&mut self, hints: &mut BTreeMap<String, JobHint>) -> Vec<String> {
+    pub(crate) fn recover_moves(&mut self, hints: &mut BTreeMap<String, JobRecord>) -> Vec<String> {
         let Some(records) = self.records.clone() else { return Vec::new() };
         let moves = match records.load_moves() {
             Ok(Some(moves)) => moves,
@@ -380,10 +380,10 @@ impl Host {
             }
         }
         let Some(hint) = self.hints.get(job) else { return };
-        let Some(signal) = hint.resize_signal.filter(|_| signal) else { return };
+        let Some(signal) = hint.ask.resize_signal.filter(|_| signal) else { return };
         let Ok(id) = JobId::parse(job) else { return };
         let Ok(signal) = nix::sys::signal::Signal::try_from(signal) else { return };
-        let owner = hint.owner_uid;
+        let owner = hint.ask.owner_uid;
         for pid in self.backend.pids(&id).unwrap_or_default() {
             // Only to processes that catch it (a process that does not would die of it, or
             // stop), and, when the job has an owner, that run as the owner: topod keeps

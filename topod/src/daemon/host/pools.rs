@@ -171,7 +171,7 @@ impl Host {
     pub(crate) fn asker_of(&self, job: &str) -> (Option<String>, Option<u32>, Option<String>) {
         self.hints
             .get(job)
-            .map(|h| (h.queue.clone(), h.owner_uid, h.pool.clone()))
+            .map(|h| (h.ask.queue.clone(), h.ask.owner_uid, h.ask.pool.clone()))
             .unwrap_or_default()
     }
 

@@ -10,7 +10,7 @@ use super::*;
 /// again places the job.
 pub(crate) struct Preempting {
     /// The jobs chosen for it, with their records as they were before.
-    victims: Vec<(JobId, JobHint)>,
+    victims: Vec<(JobId, JobRecord)>,
     /// Its expansion factor, for the log.
     xf: f64,
 }
@@ -68,8 +68,8 @@ impl Host {
     /// A job's expansion factor now (`topo_core::policy::expansion_factor`): its time since
     /// submission and its estimate less what it has run; `None` without a submission time and
     /// estimate.
-    pub(super) fn expansion_factor(&self, hint: &JobHint, now: i64) -> Option<f64> {
-        let (submitted, estimate) = (hint.submitted_at?, hint.estimate_s?);
+    pub(super) fn expansion_factor(&self, hint: &JobRecord, now: i64) -> Option<f64> {
+        let (submitted, estimate) = (hint.ask.submitted_at?, hint.ask.estimate_s?);
         let running = hint.running_since.map_or(0, |t| (now - t).max(0) as u64);
         let left = estimate.saturating_sub(hint.ran_s + running);
         let as_time = |s: u64| i64::try_from(s).unwrap_or(i64::MAX);
@@ -92,13 +92,8 @@ impl Host {
         refused: HostError,
     ) -> Result<(), HostError> {
         let Some(rules) = self.preempt else { return Err(refused) };
-        let ask = &prepared.preempt;
         let now = self.now_s();
-        let me = JobHint {
-            submitted_at: ask.submitted_at,
-            estimate_s: ask.estimate_s,
-            ..JobHint::default()
-        };
+        let me = JobRecord { ask: prepared.ask.clone(), ..JobRecord::default() };
         // Who may be suspended and for whom: the steps topod shares with the policy core
         // (`topo_core::policy::preemption_on_host`); topod only says what its host knows.
         let my_xf = match topo_core::policy::may_preempt(&rules, self.expansion_factor(&me, now)) {
@@ -142,9 +137,9 @@ impl Host {
         // Where it would go: with the CPUs of suspended jobs it may borrow (it ends before they
         // may resume), as its placement will see them.
         let who = topo_core::prime::Asker {
-            queue: prepared.gang.queue.as_deref(),
+            queue: prepared.ask.queue.as_deref(),
             owner: owner_uid,
-            pool: prepared.pool.as_deref(),
+            pool: prepared.ask.pool.as_deref(),
         };
         let ends_by = self.ends_by(prepared);
         let (occupancy, _) = self.placement_occupancy_as(id.as_str(), None, who, ends_by);
@@ -209,7 +204,7 @@ impl Host {
                 && host.hints.get(victim.as_str()).and_then(|h| h.preempted_by.as_deref())
                     == Some(id.as_str())
         };
-        let victims: Vec<(JobId, JobHint)> =
+        let victims: Vec<(JobId, JobRecord)> =
             under_way.victims.into_iter().filter(|(v, _)| mine(self, v)).collect();
         let placed = self.place_and_create(id, prepared, mem_limit, owner_uid, None);
         let victims = match placed {
@@ -264,7 +259,7 @@ impl Host {
     }
 
     /// Every victim still suspended for `preemptor` runs again, as its record said before.
-    fn undo_preemption(&mut self, preemptor: &str, victims: Vec<(JobId, JobHint)>) {
+    fn undo_preemption(&mut self, preemptor: &str, victims: Vec<(JobId, JobRecord)>) {
         for (vid, before) in victims {
             let Some(after) = self.hints.get(vid.as_str()).cloned() else { continue };
             if !self.ledger.is_suspended(vid.as_str())
@@ -280,9 +275,9 @@ impl Host {
 
     /// What only this host knows that keeps a running job from being suspended for another,
     /// whatever the rules of `topo_core::policy::Preempt` say; `None` when nothing does.
-    pub(super) fn kept_by_host(&self, job: &str, hint: &JobHint) -> Option<String> {
+    pub(super) fn kept_by_host(&self, job: &str, hint: &JobRecord) -> Option<String> {
         let gang = self.ledger.get(job).is_some_and(|a| a.gang_row.is_some());
-        if !hint.preemptible {
+        if !hint.ask.preemptible {
             Some(format!("job {job} did not say it may be suspended (preemptible)"))
         } else if self.ledger.is_suspended(job) {
             // It runs on nothing to free, and its suspension is somebody else's.
@@ -372,13 +367,13 @@ impl Host {
     /// When a job starting now ends by its time limit: it may borrow the CPUs of a job suspended
     /// by preemption that will not resume before then (`topo_core::policy::may_borrow`).
     pub(crate) fn ends_by(&self, prepared: &Prepared) -> Option<i64> {
-        let estimate = prepared.preempt.estimate_s?;
+        let estimate = prepared.ask.estimate_s?;
         Some(self.now_s().saturating_add(i64::try_from(estimate).unwrap_or(i64::MAX)))
     }
 
     /// When the job suspended by preemption `hint` describes may resume by its preemptor's
     /// estimate (see `topo_core::policy::may_borrow`); `None` when that is not known.
-    pub(super) fn resume_by(&self, hint: &JobHint) -> Option<i64> {
+    pub(super) fn resume_by(&self, hint: &JobRecord) -> Option<i64> {
         let preemptor = hint.preempted_by.as_deref()?;
         self.hints.get(preemptor)?.estimated_end()
     }

@@ -29,7 +29,7 @@ impl Host {
     /// Rebuilds the ledger from the job cgroups that exist; the records add their requests,
     /// tasks and owners. `legacy` holds the hints of an older topod's single hint file, used for
     /// jobs that have no record.
-    pub fn recover(&mut self, legacy: BTreeMap<String, JobHint>) -> Result<Recovery, HostError> {
+    pub fn recover(&mut self, legacy: BTreeMap<String, JobRecord>) -> Result<Recovery, HostError> {
         let mut report = Recovery::default();
         let (mut hints, unreadable) = self.records.as_ref().map(Records::load).unwrap_or_default();
         report.unreadable = unreadable;
@@ -74,14 +74,14 @@ impl Host {
                 }
             }
             let mut hint = hints.remove(job.as_str()).unwrap_or_default();
-            let parsed = if hint.request.is_empty() {
+            let parsed = if hint.ask.request.is_empty() {
                 None
             } else {
-                request::parse(&hint.request).ok().filter(|r| r.to_string() == hint.request)
+                request::parse(&hint.ask.request).ok().filter(|r| r.to_string() == hint.ask.request)
             };
-            if parsed.is_none() && !hint.request.is_empty() {
+            if parsed.is_none() && !hint.ask.request.is_empty() {
                 report.bad_requests.push(job.to_string());
-                hint.request.clear();
+                hint.ask.request.clear();
             }
             let mut tasks = tasks_for(&job, &hint.tasks, &eff.cpus);
             if tasks != hint.tasks {
@@ -112,7 +112,7 @@ impl Host {
                 tasks,
                 mems: eff.mems.clone(),
                 fenced,
-                request: hint.request.clone(),
+                request: hint.ask.request.clone(),
                 gang_row: hint.gang_row,
             };
             if self.backend.pids(&job).map(|p| !p.is_empty()).unwrap_or(false) {

@@ -110,7 +110,7 @@ impl Host {
         let r = Reservation {
             job: job.into(),
             cpus: block.cpus,
-            request: prepared.canonical.clone(),
+            request: prepared.ask.request.clone(),
             made_at: now,
             expires_at: now + expires_in_s as i64,
             gpus,

@@ -26,8 +26,8 @@ pub struct KernelWork {
 
 /// A preemption victim's record as it was, and as its suspension makes it.
 pub(super) struct VictimHints {
-    pub(super) before: JobHint,
-    pub(super) after: JobHint,
+    pub(super) before: JobRecord,
+    pub(super) after: JobRecord,
 }
 
 /// What a [`KernelWork`] is for, and so how its outcome is recorded.

@@ -179,15 +179,16 @@ impl Host {
                 preempted_by: (state == JobState::Suspended)
                     .then(|| self.hints.get(&a.job).and_then(|h| h.preempted_by.clone()))
                     .flatten(),
-                queue: self.hints.get(&a.job).and_then(|h| h.queue.clone()),
-                pool: self.hints.get(&a.job).and_then(|h| h.pool.clone()),
+                queue: self.hints.get(&a.job).and_then(|h| h.ask.queue.clone()),
+                pool: self.hints.get(&a.job).and_then(|h| h.ask.pool.clone()),
                 tasks_cap: self.hints.get(&a.job).and_then(|h| h.tasks_cap),
                 batch_suspended: state == JobState::Suspended
                     && self.hints.get(&a.job).is_some_and(|h| h.batch_suspended),
                 gpus: self.hints.get(&a.job).map_or_else(Vec::new, |h| {
-                    self.gpus_of(&h.gpus, &a.cpus, &task_gpus, &a.tasks)
+                    self.gpus_of(&h.ask.gpus, &a.cpus, &task_gpus, &a.tasks)
                 }),
-                nics: self.nics_of(self.hints.get(&a.job).map_or(&[][..], |h| &h.gpus), &a.cpus),
+                nics: self
+                    .nics_of(self.hints.get(&a.job).map_or(&[][..], |h| &h.ask.gpus), &a.cpus),
                 task_gpus,
             }
         };
@@ -205,7 +206,9 @@ impl Host {
     /// Each task's GPUs, for a job of several tasks asking `gpus=n` per task, or given GPUs by
     /// its batch system as many for each task.
     fn task_gpus_of(&self, a: &Allocation) -> Vec<Vec<String>> {
-        let Some(addresses) = self.hints.get(&a.job).map(|h| &h.gpus) else { return Vec::new() };
+        let Some(addresses) = self.hints.get(&a.job).map(|h| &h.ask.gpus) else {
+            return Vec::new();
+        };
         let asked = topo_core::request::parse(&a.request).ok().and_then(|r| r.gpus_per_task);
         let even = (!a.tasks.is_empty() && addresses.len() % a.tasks.len() == 0)
             .then(|| (addresses.len() / a.tasks.len()) as u32)

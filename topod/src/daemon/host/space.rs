@@ -8,7 +8,7 @@
 //! moved before it has run `migrate_min_run_s`, nor again within `migrate_gap_s` of its last
 //! move (or resize).
 
-use super::{Host, HostError, JobHint, Prepared};
+use super::{Host, HostError, JobRecord, Prepared};
 use topo_core::cpuset::CpuSet;
 use topo_core::defrag::{self, Movable};
 use topo_core::ledger::{Allocation, JobState};
@@ -54,7 +54,7 @@ impl Host {
             .jobs()
             .filter(|a| a.gang_row.is_none() && !self.releasing.contains(&a.job))
             .filter(|a| !self.changing.contains_key(&a.job))
-            // Tasks not known (see JobHint::tasks_unknown): as rigid as it is.
+            // Tasks not known (see JobRecord::tasks_unknown): as rigid as it is.
             .filter(|a| !self.hints.get(&a.job).is_some_and(|h| h.tasks_unknown))
             .filter_map(|a| {
                 let req = request::parse(&a.request).ok().filter(Request::is_malleable)?;
@@ -193,9 +193,9 @@ impl Host {
         owner_uid: Option<u32>,
     ) -> Option<Arrival> {
         let who = topo_core::prime::Asker {
-            queue: prepared.gang.queue.as_deref(),
+            queue: prepared.ask.queue.as_deref(),
             owner: owner_uid,
-            pool: prepared.pool.as_deref(),
+            pool: prepared.ask.pool.as_deref(),
         };
         let (mut occupancy, _) =
             self.placement_occupancy_as(job, None, who, self.ends_by(prepared));
@@ -243,11 +243,11 @@ impl Host {
                 a.gang_row.is_none() && self.ledger.state_of(&a.job) == Some(JobState::Running)
             })
             .filter(|a| !self.releasing.contains(&a.job) && !self.changing.contains_key(&a.job))
-            .filter(|a| self.hints.get(&a.job).is_none_or(|h| h.gpus.is_empty()))
+            .filter(|a| self.hints.get(&a.job).is_none_or(|h| h.ask.gpus.is_empty()))
             .map(|a| {
                 let hint = self.hints.get(&a.job);
                 let from = cfg.movable_from(
-                    hint.and_then(JobHint::protected_from),
+                    hint.and_then(JobRecord::protected_from),
                     hint.and_then(|h| h.moved_at),
                 );
                 (a, from)
@@ -288,9 +288,9 @@ impl Host {
         let Some(cfg) = self.defrag else { return Ok(Defragged::NoRoom(None)) };
         let now = self.now_s();
         let who = topo_core::prime::Asker {
-            queue: prepared.gang.queue.as_deref(),
+            queue: prepared.ask.queue.as_deref(),
             owner: owner_uid,
-            pool: prepared.pool.as_deref(),
+            pool: prepared.ask.pool.as_deref(),
         };
         let (occupancy, _) = self.placement_occupancy_as(job, None, who, self.ends_by(prepared));
         let running: Vec<(Allocation, Request, bool)> = self
@@ -368,7 +368,7 @@ impl Host {
                 .filter_map(|m| held.iter().find(|(a, _, _)| a.job == m.key))
                 .map(|(a, _, _)| {
                     let hint = self.hints.get(&a.job);
-                    let started = hint.and_then(JobHint::protected_from).unwrap_or(now);
+                    let started = hint.and_then(JobRecord::protected_from).unwrap_or(now);
                     match hint.and_then(|h| h.moved_at) {
                         Some(t) if now - t < cfg.gap => format!(
                             "job {} was moved or resized {} s ago, less than migrate_gap_s {}",

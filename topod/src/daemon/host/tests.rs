@@ -504,7 +504,7 @@ fn a_prime_pool_is_for_its_jobs_inside_its_windows_and_a_window_that_opens_moves
     // Closed: a batch job may go anywhere; two fill the pool's node and one more.
     let batch = |h: &mut Host, job: &str, n: u32| {
         let mut p = prepare(&topo, &format!("affinity[thread*{n}]"), None, None).unwrap();
-        p.gang.queue = Some("batch".into());
+        p.ask.queue = Some("batch".into());
         h.allocate_prepared(job, &p, None, None)
     };
     let a = batch(&mut h, "a", 4).unwrap();
@@ -527,11 +527,11 @@ fn a_prime_pool_is_for_its_jobs_inside_its_windows_and_a_window_that_opens_moves
     assert!(e.contains("does not fit") && !e.contains("would fit without"), "{e}");
     // A job of its queue goes inside, as does one whose allocate names it.
     let mut p = prepare(&topo, "affinity[thread*2]", None, None).unwrap();
-    p.gang.queue = Some("interactive".into());
+    p.ask.queue = Some("interactive".into());
     let i = h.allocate_prepared("i", &p, None, None).unwrap();
     assert!(i.cpus.is_subset(&pool));
     let mut p = prepare(&topo, "affinity[thread*2]", None, None).unwrap();
-    p.pool = Some("day".into());
+    p.ask.pool = Some("day".into());
     let n = h.allocate_prepared("n", &p, None, None).unwrap();
     assert!(n.cpus.is_subset(&pool));
     h.ledger().check().unwrap();
@@ -917,7 +917,7 @@ fn defrag_moves_no_job_into_an_open_prime_pool_that_does_not_admit_it() {
     h.set_pools(pools, Arc::new(|_| 0));
     let with_queue = |text: &str, queue: &str| {
         let mut p = prepare(&topo, text, None, None).unwrap();
-        p.gang.queue = Some(queue.into());
+        p.ask.queue = Some(queue.into());
         p
     };
     let a =
@@ -936,7 +936,7 @@ fn defrag_moves_no_job_into_an_open_prime_pool_that_does_not_admit_it() {
 }
 
 fn gang_ask(row: Option<u32>, prime: bool) -> GangAsk {
-    GangAsk { gang: Some(!prime), row, prime, queue: None }
+    GangAsk { gang: Some(!prime), row, prime }
 }
 
 fn gang_allocate(
@@ -991,9 +991,13 @@ fn gang_jobs_share_cpus_by_rows_and_take_turns_also_after_a_crash() {
         ("c", gang_ask(Some(0), false)),
         ("d", GangAsk::default()),
         ("e", gang_ask(None, true)),
-        ("f", GangAsk { queue: Some("prime".into()), gang: Some(true), ..GangAsk::default() }),
+        ("f", GangAsk { gang: Some(true), ..GangAsk::default() }),
     ] {
-        let err = gang_allocate(&mut first, job, "affinity[thread*1]", ask).unwrap_err();
+        let mut prepared = prepare(&first.topo, "affinity[thread*1]", None, None).unwrap();
+        prepared.gang = ask;
+        // Job f's queue is a prime queue.
+        prepared.ask.queue = (job == "f").then(|| "prime".to_string());
+        let err = first.allocate_prepared(job, &prepared, None, None).unwrap_err();
         assert!(matches!(err, HostError::DoesNotFit { .. }), "{job}: {err}");
         // The gang job is told its row is what is full.
         let row_full = err.to_string().contains("it runs only in row 0 of 2");
@@ -1105,8 +1109,8 @@ fn gang_regressions_rows_lowered_suspend_frees_at_once_frozen_is_frozen_and_one_
     let other = kernel_for(&topo);
     let mut h2 = host_on(&topo, &other, None);
     gang_on(&mut h2, 2, 10);
-    let here = h.gang_rows_for("multi-7", &gang_ask(None, false)).unwrap();
-    let there = h2.gang_rows_for("multi-7", &gang_ask(None, false)).unwrap();
+    let here = h.gang_rows_for("multi-7", &gang_ask(None, false), None).unwrap();
+    let there = h2.gang_rows_for("multi-7", &gang_ask(None, false), None).unwrap();
     assert_eq!(here, there);
     assert_eq!(here.map(|r| r.len()), Some(1));
 }
@@ -1131,7 +1135,7 @@ fn an_owner_suspending_and_resuming_a_job_does_not_shield_it_from_preemption() {
     }));
     let alloc = |h: &mut Host, job: &str, p: PreemptAsk| {
         let mut prepared = prepare(&h.topo, "affinity[thread*2]", None, None).unwrap();
-        prepared.preempt = p;
+        PreemptAsk::apply(p, &mut prepared);
         h.allocate_prepared(job, &prepared, None, None)
     };
     let victim = PreemptAsk {
@@ -1200,16 +1204,19 @@ fn an_allocate_that_asks_to_preempt_where_it_cannot_is_told_why() {
     let mut h = host_on(&topo, &kernel, None);
     h.allocate("a", "affinity[thread*2]", None, None, None, None).unwrap();
     let mut prepared = prepare(&h.topo, "affinity[thread*1]", None, None).unwrap();
-    prepared.preempt = PreemptAsk {
-        preempt: true,
-        preemptible: false,
-        submitted_at: Some(h.now_s() - 86_400),
-        estimate_s: Some(60),
-    };
+    PreemptAsk::apply(
+        PreemptAsk {
+            preempt: true,
+            preemptible: false,
+            submitted_at: Some(h.now_s() - 86_400),
+            estimate_s: Some(60),
+        },
+        &mut prepared,
+    );
     let e = h.allocate_prepared("b", &prepared, None, None).unwrap_err().to_string();
     assert!(e.contains("preemption is off on this host (preempt = false"), "{e}");
     h.set_preempt(Some(topo_core::policy::Preempt::default()));
-    prepared.preempt.submitted_at = None;
+    prepared.ask.submitted_at = None;
     let e = h.allocate_prepared("b", &prepared, None, None).unwrap_err().to_string();
     assert!(e.contains("it gave no submission time and time limit"), "{e}");
 }
@@ -1229,22 +1236,25 @@ fn preemption_regressions_from_an_attack() {
     let now = h.now_s();
     let alloc = |h: &mut Host, job: &str, req: &str, cpus: &str, preempt: Option<bool>| {
         let mut prepared = prepare(&h.topo, req, None, Some(cpus)).unwrap();
-        prepared.preempt = match preempt {
-            // A preemptor that has waited a day for an hour; a victim that just came.
-            Some(true) => PreemptAsk {
-                preempt: true,
-                preemptible: false,
-                submitted_at: Some(now - 86_400),
-                estimate_s: Some(3_600),
+        PreemptAsk::apply(
+            match preempt {
+                // A preemptor that has waited a day for an hour; a victim that just came.
+                Some(true) => PreemptAsk {
+                    preempt: true,
+                    preemptible: false,
+                    submitted_at: Some(now - 86_400),
+                    estimate_s: Some(3_600),
+                },
+                Some(false) => PreemptAsk {
+                    preempt: false,
+                    preemptible: true,
+                    submitted_at: Some(now - 10),
+                    estimate_s: Some(100_000),
+                },
+                None => PreemptAsk::default(),
             },
-            Some(false) => PreemptAsk {
-                preempt: false,
-                preemptible: true,
-                submitted_at: Some(now - 10),
-                estimate_s: Some(100_000),
-            },
-            None => PreemptAsk::default(),
-        };
+            &mut prepared,
+        );
         h.allocate_prepared(job, &prepared, None, None)
     };
     let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
@@ -1292,7 +1302,7 @@ fn a_preempted_jobs_idle_cpus_go_only_to_jobs_that_end_before_it_may_resume() {
     let alloc = |h: &mut Host, job: &str, cpus: &str, ask: PreemptAsk| {
         let req = format!("affinity[thread*{}]", CpuSet::parse_list(cpus).unwrap().len());
         let mut prepared = prepare(&h.topo, &req, None, Some(cpus)).unwrap();
-        prepared.preempt = ask;
+        PreemptAsk::apply(ask, &mut prepared);
         h.allocate_prepared(job, &prepared, None, None)
     };
     // Preemptible jobs that just came, with these time limits.
@@ -1372,7 +1382,7 @@ fn an_allocate_that_may_preempt_suspends_the_jobs_that_free_the_tightest_domain(
     };
     let alloc = |h: &mut Host, job: &str, req: &str, p: PreemptAsk| {
         let mut prepared = prepare(&h.topo, req, None, None).unwrap();
-        prepared.preempt = p;
+        PreemptAsk::apply(p, &mut prepared);
         h.allocate_prepared(job, &prepared, None, None)
     };
     let a = alloc(&mut h, "a", "affinity[core(3)]", ask(false, 999_000, 100_000)).unwrap();
@@ -1522,12 +1532,15 @@ fn a_deferred_preemption_places_its_job_when_asked_again_and_an_abandoned_one_is
     h.set_preempt(Some(topo_core::policy::Preempt { min_run: 0, ..Default::default() }));
     let alloc = |h: &mut Host, job: &str, req: &str, preempt: bool| {
         let mut prepared = prepare(&h.topo, req, None, None).unwrap();
-        prepared.preempt = PreemptAsk {
-            preempt,
-            preemptible: !preempt,
-            submitted_at: Some(if preempt { 990_000 } else { 999_000 }),
-            estimate_s: Some(3_600),
-        };
+        PreemptAsk::apply(
+            PreemptAsk {
+                preempt,
+                preemptible: !preempt,
+                submitted_at: Some(if preempt { 990_000 } else { 999_000 }),
+                estimate_s: Some(3_600),
+            },
+            &mut prepared,
+        );
         h.allocate_prepared(job, &prepared, None, None)
     };
     let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
@@ -1618,12 +1631,15 @@ fn an_owner_resumes_no_job_whose_cpus_a_preempted_job_waits_for_and_is_told_whic
     h.set_preempt(Some(topo_core::policy::Preempt { min_run: 0, ..Default::default() }));
     let alloc = |h: &mut Host, job: &str, req: &str, cpus: Option<&str>, preempt: bool| {
         let mut prepared = prepare(&h.topo, req, None, cpus).unwrap();
-        prepared.preempt = PreemptAsk {
-            preempt,
-            preemptible: !preempt,
-            submitted_at: Some(if preempt { 990_000 } else { 999_000 }),
-            estimate_s: Some(if preempt { 10 } else { 3_600 }),
-        };
+        PreemptAsk::apply(
+            PreemptAsk {
+                preempt,
+                preemptible: !preempt,
+                submitted_at: Some(if preempt { 990_000 } else { 999_000 }),
+                estimate_s: Some(if preempt { 10 } else { 3_600 }),
+            },
+            &mut prepared,
+        );
         h.allocate_prepared(job, &prepared, None, None)
     };
     alloc(&mut h, "x", "affinity[core*1]", Some("0"), false).unwrap();
@@ -1670,12 +1686,15 @@ fn a_victim_whose_cpus_its_preemptor_did_not_take_runs_on_uncounted() {
     h.set_preempt(Some(topo_core::policy::Preempt { min_run: 0, ..Default::default() }));
     let alloc = |h: &mut Host, job: &str, req: &str, preempt: bool, preemptible: bool| {
         let mut prepared = prepare(&h.topo, req, None, None).unwrap();
-        prepared.preempt = PreemptAsk {
-            preempt,
-            preemptible,
-            submitted_at: Some(if preempt { 990_000 } else { 999_000 }),
-            estimate_s: Some(if preempt { 10 } else { 3_600 }),
-        };
+        PreemptAsk::apply(
+            PreemptAsk {
+                preempt,
+                preemptible,
+                submitted_at: Some(if preempt { 990_000 } else { 999_000 }),
+                estimate_s: Some(if preempt { 10 } else { 3_600 }),
+            },
+            &mut prepared,
+        );
         h.allocate_prepared(job, &prepared, None, None)
     };
     let frozen = |job: &str| kernel.is_frozen(&JobId::parse(job).unwrap()).unwrap();
@@ -2457,7 +2476,7 @@ fn gpus_that_are_not_here_twice_or_of_unknown_place_are_refused_saying_which() {
     assert!(e.contains("its NUMA node 7 is not one of this host's"), "{e}");
     let socket = with_gpus(&topo, "affinity[core:gpubind=socket]", Some("2-7"), &["card0"]);
     assert_eq!(socket.request.cpu_list, Some(CpuSet::parse_list("2-3").unwrap()));
-    assert_eq!(socket.gpus, ["0000:18:00.0"]);
+    assert_eq!(socket.ask.gpus, ["0000:18:00.0"]);
 }
 
 /// Review finding: the preference for the GPUs' node never borrows a suspended job's CPUs (a
