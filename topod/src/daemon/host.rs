@@ -729,18 +729,8 @@ pub struct Host {
     releasing: BTreeSet<String>,
     /// Jobs being suspended or resumed, and which.
     changing: BTreeMap<String, &'static str>,
-    /// Jobs a gang switch or a resume after preemption is freezing or thawing (see [`settle`]).
-    switching: BTreeMap<String, settle::WorkKind>,
-    /// Whether those freezes and thaws are queued for the server to run without the lock.
-    defer_waits: bool,
-    /// The freezes and thaws queued, not yet taken.
-    queued_work: Vec<KernelWork>,
-    /// The gang switch under way, with what it has done.
-    gang_cycle: Option<settle::GangCycle>,
-    /// A gang switch met a job being frozen or thawed: made again once that is done.
-    gang_recheck: bool,
-    /// Preemptors whose victims are being frozen, by job (see [`preempt`]).
-    preempting: BTreeMap<String, preempt::Preempting>,
+    /// The freezes and thaws decided and not yet done (see [`settle`]).
+    settling: settle::Settling,
     /// How long a freeze or thaw may take before it is given up.
     freeze_timeout: Duration,
     /// Jobs that have had a process: only those are released when they become empty.
@@ -754,8 +744,9 @@ pub struct Host {
     gang_status: Option<topo_core::proto::reply::GangStatus>,
     /// The wall clock gang slices follow (a test's own in tests).
     clock: Arc<dyn Fn() -> std::time::SystemTime + Send + Sync>,
-    /// Preemption's rules, when allocates may suspend jobs.
-    preempt: Option<topo_core::policy::Preempt>,
+    /// Preemption: its rules, when allocates may suspend jobs, and those under way (see
+    /// [`preempt`]).
+    preemption: preempt::Preemption,
     /// What topod counts for its metrics (allocations, releases, requests).
     metrics: Arc<super::metrics::Metrics>,
     /// Jobs the sampler found mis-sized, until their release.
@@ -764,15 +755,10 @@ pub struct Host {
     confine_devices: bool,
     /// Where jobs' notify files go (see [`moves`]).
     notify_dir: Option<PathBuf>,
-    /// Topology reservations by job (see [`reserve`]).
-    reservations: BTreeMap<String, topo_core::reservation::Reservation>,
-    /// Bumped at every change of the reservations: the free map's generation counts them.
-    reservation_changes: u64,
-    /// Prime-time pools (see [`pools`]), the host's offset from UTC at a time, and which pools
-    /// were in a window at the last look.
-    pools: Vec<topo_core::prime::Pool>,
-    utc_offset: Arc<dyn Fn(i64) -> i64 + Send + Sync>,
-    pools_open: Vec<bool>,
+    /// Topology reservations (see [`reserve`]).
+    reservations: reserve::Blocks,
+    /// Prime-time pools (see [`pools`]).
+    pools: pools::PrimePools,
     /// Malleable jobs share what rigid jobs leave equally (see [`space`]).
     equipartition: bool,
     /// Defragmenting migration, when on (see [`space`]).
@@ -823,27 +809,19 @@ impl Host {
             release_timeout: Duration::from_secs(10),
             releasing: Default::default(),
             changing: Default::default(),
-            switching: Default::default(),
-            defer_waits: false,
-            queued_work: Vec::new(),
-            gang_cycle: None,
-            gang_recheck: false,
-            preempting: BTreeMap::new(),
+            settling: settle::Settling::default(),
             freeze_timeout: Duration::from_secs(5),
             joined: Default::default(),
             self_join_offered: Default::default(),
             gang: None,
             gang_status: None,
             clock: Arc::new(std::time::SystemTime::now),
-            preempt: None,
+            preemption: preempt::Preemption::default(),
             metrics: Default::default(),
             missized: BTreeMap::new(),
             notify_dir: None,
-            reservations: BTreeMap::new(),
-            reservation_changes: 0,
-            pools: Vec::new(),
-            utc_offset: Arc::new(|_| 0),
-            pools_open: Vec::new(),
+            reservations: reserve::Blocks::default(),
+            pools: pools::PrimePools::default(),
             equipartition: false,
             defrag: None,
             batch_reporter: None,
@@ -854,7 +832,7 @@ impl Host {
     /// (`preemptible`) when it does not fit, by `rules` (see `topo_core::policy::Preempt`); off
     /// with `None`.
     pub fn set_preempt(&mut self, rules: Option<topo_core::policy::Preempt>) {
-        self.preempt = rules;
+        self.preemption.rules = rules;
     }
 
     /// Where the changes topod makes to running batch jobs' CPUs are told (see
@@ -889,7 +867,7 @@ impl Host {
     ) -> (place::Occupancy, CpuSet) {
         let occ = topo_core::reservation::blocked_for(
             &self.jobs_occupancy(job, row, ends_by),
-            self.reservations.values(),
+            self.reservations.all(),
             job,
             self.now_s(),
         );
@@ -952,8 +930,7 @@ impl Host {
         // What keeps CPUs out: its CPUs, and how the message names it.
         let mut blockers: Vec<(&CpuSet, String)> = self
             .reservations
-            .values()
-            .filter(|r| r.job != job && r.live(now))
+            .others_live(job, now)
             .map(|r| {
                 let text = format!(
                     "job {}'s reservation (CPUs {}, for {} s more)",
@@ -964,7 +941,9 @@ impl Host {
                 (&r.cpus, text)
             })
             .collect();
-        for (pool, _) in self.pools.iter().zip(open).filter(|(p, open)| *open && !p.admits(who)) {
+        for (pool, _) in
+            self.pools.list().iter().zip(open).filter(|(p, open)| *open && !p.admits(who))
+        {
             let text = format!(
                 "prime-time pool {} (CPUs {}, open now; it admits {})",
                 pool.name,
@@ -1147,7 +1126,7 @@ impl Host {
                 }
             }
             let now = self.now_s();
-            for r in self.reservations.values().filter(|r| r.job != job && r.live(now)) {
+            for r in self.reservations.others_live(job, now) {
                 for gpu in prepared.ask.gpus.iter().filter(|g| r.gpus.contains(g)) {
                     tracing::warn!(
                         "job {job}: given GPU {gpu}, which job {}'s reservation holds; while this job holds it, job {} is given free GPUs instead of its reserved ones",
@@ -1187,8 +1166,8 @@ impl Host {
             return Err(HostError::Releasing(job.to_string()));
         }
         if let Some(pool) = prepared.ask.pool.as_ref().filter(|_| !self.pools.is_empty()) {
-            if !self.pools.iter().any(|p| &p.name == pool) {
-                let names: Vec<&str> = self.pools.iter().map(|p| p.name.as_str()).collect();
+            if !self.pools.list().iter().any(|p| &p.name == pool) {
+                let names: Vec<&str> = self.pools.list().iter().map(|p| p.name.as_str()).collect();
                 return Err(HostError::BadArgument(format!(
                     "job {job}: pool {pool:?}: this host has no prime-time pool of that name (its pools: {})",
                     names.join(", ")
@@ -1301,10 +1280,10 @@ impl Host {
                 request: existing.request.clone(),
             });
         }
-        if let Some(under_way) = self.preempting.remove(job) {
+        if let Some(under_way) = self.preemption.under_way.remove(job) {
             if under_way.freezing(self) {
                 // Asked again by someone else while its victims freeze: not twice.
-                self.preempting.insert(job.to_string(), under_way);
+                self.preemption.under_way.insert(job.to_string(), under_way);
                 return Err(HostError::Changing {
                     job: job.to_string(),
                     what: "being started: the jobs it preempts are being suspended",
@@ -1378,14 +1357,14 @@ impl Host {
         }
         let first = match first {
             Err(refused @ HostError::DoesNotFit { .. })
-                if prepared.preempt && rows.is_none() && self.preempt.is_some() =>
+                if prepared.preempt && rows.is_none() && self.preemption.rules.is_some() =>
             {
                 self.preempt_and_place(&id, prepared, mem_limit, owner_uid, refused)
             }
             // It asked to preempt: say why that was not tried.
             Err(refused @ HostError::DoesNotFit { .. }) if prepared.preempt => Err(not_preempted(
                 refused,
-                if self.preempt.is_none() {
+                if self.preemption.rules.is_none() {
                     "preemption is off on this host (preempt = false in topod.toml)"
                 } else {
                     "a gang-scheduled job does not preempt (it waits for its row)"

@@ -26,7 +26,7 @@ impl Host {
     pub(super) fn gpus_kept_from(&self, job: &str) -> std::collections::BTreeSet<String> {
         let now = self.now_s();
         let mut kept = self.held_gpus();
-        for r in self.reservations.values().filter(|r| r.job != job && r.live(now)) {
+        for r in self.reservations.others_live(job, now) {
             kept.extend(r.gpus.iter().cloned());
         }
         kept
@@ -36,8 +36,8 @@ impl Host {
     fn reserved_gpus(&self, job: &str) -> Option<&[String]> {
         let now = self.now_s();
         self.reservations
-            .get(job)
-            .filter(|r| r.live(now) && !r.gpus.is_empty())
+            .live_of(job, now)
+            .filter(|r| !r.gpus.is_empty())
             .map(|r| r.gpus.as_slice())
     }
 
@@ -146,11 +146,8 @@ impl Host {
             return refused;
         };
         let now = self.now_s();
-        let holding: Vec<_> = self
-            .reservations
-            .values()
-            .filter(|r| r.job != job && r.live(now) && !r.gpus.is_empty())
-            .collect();
+        let holding: Vec<_> =
+            self.reservations.others_live(job, now).filter(|r| !r.gpus.is_empty()).collect();
         let mut held_back = held_back;
         if held_back.is_empty()
             && !holding.is_empty()

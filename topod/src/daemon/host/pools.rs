@@ -119,6 +119,72 @@ pub fn make_pools(model: &place::HostModel, configs: &[PoolConfig]) -> Result<Ve
     Ok(pools)
 }
 
+/// The host's prime-time pools and what they need to be looked at: the host's offset from UTC
+/// at a time (the local time zone; a test's own in tests), and which pools were in a window at
+/// the last look (a window that opens since is what moves jobs, [`Host::pool_windows`]).
+pub(crate) struct PrimePools {
+    list: Vec<Pool>,
+    utc_offset: std::sync::Arc<dyn Fn(i64) -> i64 + Send + Sync>,
+    open_at_last_look: Vec<bool>,
+}
+
+impl Default for PrimePools {
+    fn default() -> Self {
+        PrimePools {
+            list: Vec::new(),
+            utc_offset: std::sync::Arc::new(|_| 0),
+            open_at_last_look: Vec::new(),
+        }
+    }
+}
+
+impl PrimePools {
+    /// No pool: most hosts, and then nothing need look at the time zone.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The pools.
+    pub(crate) fn list(&self) -> &[Pool] {
+        &self.list
+    }
+
+    /// The host's local time at `now` (seconds since the epoch).
+    fn local_time(&self, now: i64) -> LocalTime {
+        LocalTime::at(now, (self.utc_offset)(now))
+    }
+
+    /// Whether each pool is in a window at `now`.
+    pub(crate) fn open_at(&self, now: i64) -> Vec<bool> {
+        let t = self.local_time(now);
+        self.list.iter().map(|p| p.open_at(t)).collect()
+    }
+
+    /// The pools whose window opened since the last look, by index; `now` is the new last look.
+    fn opened_since_last_look(&mut self, now: i64) -> Vec<usize> {
+        let now_open = self.open_at(now);
+        let opened = (0..self.list.len())
+            .filter(|&i| now_open[i] && !self.open_at_last_look.get(i).copied().unwrap_or(false))
+            .collect();
+        self.open_at_last_look = now_open;
+        opened
+    }
+
+    /// `occupancy` with the pools open at `now` that `who` may not use fenced, and the CPUs of
+    /// those it may.
+    pub(crate) fn fence(
+        &self,
+        occupancy: &Occupancy,
+        who: Asker<'_>,
+        now: i64,
+    ) -> (Occupancy, CpuSet) {
+        if self.list.is_empty() {
+            return (occupancy.clone(), CpuSet::new());
+        }
+        topo_core::prime::pools_for(occupancy, &self.list, who, self.local_time(now))
+    }
+}
+
 impl Host {
     /// Sets the prime-time pools; `utc_offset` gives the host's offset east of UTC, in seconds,
     /// at a time (the local time zone; a test's own in tests).
@@ -127,25 +193,18 @@ impl Host {
         pools: Vec<Pool>,
         utc_offset: std::sync::Arc<dyn Fn(i64) -> i64 + Send + Sync>,
     ) {
-        self.pools = pools;
-        self.utc_offset = utc_offset;
-        self.pools_open = self.open_pools();
+        let now = self.now_s();
+        self.pools = PrimePools { list: pools, utc_offset, open_at_last_look: Vec::new() };
+        self.pools.open_at_last_look = self.pools.open_at(now);
     }
 
     /// The pools and whether each is in a window now.
     pub fn pools(&self) -> Vec<(Pool, bool)> {
-        let t = self.local_time();
-        self.pools.iter().map(|p| (p.clone(), p.open_at(t))).collect()
-    }
-
-    fn local_time(&self) -> LocalTime {
-        let now = self.now_s();
-        LocalTime::at(now, (self.utc_offset)(now))
+        self.pools.list.iter().cloned().zip(self.open_pools()).collect()
     }
 
     pub(crate) fn open_pools(&self) -> Vec<bool> {
-        let t = self.local_time();
-        self.pools.iter().map(|p| p.open_at(t)).collect()
+        self.pools.open_at(self.now_s())
     }
 
     /// The pools as `free_map` shows them (nothing looked up on a host without pools).
@@ -154,6 +213,7 @@ impl Host {
             return Vec::new();
         }
         self.pools
+            .list
             .iter()
             .zip(self.open_pools())
             .map(|(p, open)| topo_core::proto::reply::PoolStatus {
@@ -177,25 +237,21 @@ impl Host {
 
     /// `occupancy` with the open pools `who` may not use fenced, and the CPUs of those it may.
     pub(crate) fn with_pools(&self, occupancy: &Occupancy, who: Asker<'_>) -> (Occupancy, CpuSet) {
-        // Most hosts have no pool: no look at the time zone on every placement then.
+        // Most hosts have no pool: no look at the clock on every placement then.
         if self.pools.is_empty() {
             return (occupancy.clone(), CpuSet::new());
         }
-        topo_core::prime::pools_for(occupancy, &self.pools, who, self.local_time())
+        self.pools.fence(occupancy, who, self.now_s())
     }
 
     /// Checks the windows (topod's tick): for each pool whose window has just opened, the jobs
     /// on it that it does not admit stay or, with `on_open = "migrate"`, are moved out where they
     /// fit. Returns the jobs moved.
     pub fn pool_windows(&mut self) -> Vec<String> {
-        let now_open = self.open_pools();
-        let opened: Vec<usize> = (0..self.pools.len())
-            .filter(|&i| now_open[i] && !self.pools_open.get(i).copied().unwrap_or(false))
-            .collect();
-        self.pools_open = now_open;
+        let now = self.now_s();
         let mut moved = Vec::new();
-        for i in opened {
-            let pool = self.pools[i].clone();
+        for i in self.pools.opened_since_last_look(now) {
+            let pool = self.pools.list[i].clone();
             tracing::info!(event = "pool_open", pool = %pool.name, "prime pool {}: window open, CPUs {} reserved for its jobs", pool.name, pool.cpus);
             if pool.on_open != OnOpen::Migrate {
                 continue;

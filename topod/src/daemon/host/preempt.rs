@@ -6,6 +6,14 @@
 //! differential test `super::agrees` checks that topod and the cluster core decide alike.
 use super::*;
 
+/// Preemption on this host: its rules (`None`: allocates never suspend jobs) and the
+/// preemptors whose victims are being frozen, by job.
+#[derive(Default)]
+pub(crate) struct Preemption {
+    pub(crate) rules: Option<topo_core::policy::Preempt>,
+    pub(crate) under_way: BTreeMap<String, Preempting>,
+}
+
 /// A preemption whose victims are being frozen (without the host lock): the allocate asked
 /// again places the job.
 pub(crate) struct Preempting {
@@ -47,7 +55,7 @@ impl Host {
                     "until about {} s from now, its preemptor's time limit",
                     (t - self.now_s()).max(0)
                 ),
-                None if self.preempting.contains_key(preemptor) => {
+                None if self.preemption.under_way.contains_key(preemptor) => {
                     format!("while job {preemptor} is being started on them")
                 }
                 None => format!("while job {preemptor} is suspended or has no time limit"),
@@ -91,7 +99,7 @@ impl Host {
         owner_uid: Option<u32>,
         refused: HostError,
     ) -> Result<(), HostError> {
-        let Some(rules) = self.preempt else { return Err(refused) };
+        let Some(rules) = self.preemption.rules else { return Err(refused) };
         let now = self.now_s();
         let me = JobRecord { ask: prepared.ask.clone(), ..JobRecord::default() };
         // Who may be suspended and for whom: the steps topod shares with the policy core
@@ -158,7 +166,9 @@ impl Host {
         };
         // Under way from the first freeze: a victim whose freeze ends after the job gave up
         // runs again (`finish_victim`).
-        self.preempting.insert(id.to_string(), Preempting { victims: Vec::new(), xf: my_xf });
+        self.preemption
+            .under_way
+            .insert(id.to_string(), Preempting { victims: Vec::new(), xf: my_xf });
         for victim in &victims {
             let Ok(vid) = JobId::parse(victim) else { continue };
             let before = self.hints.get(victim).cloned().unwrap_or_default();
@@ -173,17 +183,17 @@ impl Host {
             if self.write_record(&vid, &after).is_err() {
                 continue;
             }
-            if let Some(p) = self.preempting.get_mut(id.as_str()) {
+            if let Some(p) = self.preemption.under_way.get_mut(id.as_str()) {
                 p.victims.push((vid.clone(), before.clone()));
             }
             self.change_victim(vid, true, settle::VictimHints { before, after });
         }
-        if self.defer_waits {
+        if self.settling.defer_waits {
             // The freezes run without the lock; the same allocate, asked again once they are
             // done, places the job (`place_preemptor`).
             return Err(HostError::PreemptionUnderWay(id.to_string()));
         }
-        let Some(under_way) = self.preempting.remove(id.as_str()) else {
+        let Some(under_way) = self.preemption.under_way.remove(id.as_str()) else {
             return Err(not_preempted(refused, "its preemption was given up"));
         };
         self.place_preemptor(id, prepared, mem_limit, owner_uid, under_way)
@@ -252,7 +262,7 @@ impl Host {
     /// A preemption whose allocate did not come back to place its job (it was refused on the
     /// way, e.g. released meanwhile): its victims run again. Nothing when there is none.
     pub fn abandon_preemption(&mut self, job: &str) {
-        if let Some(under_way) = self.preempting.remove(job) {
+        if let Some(under_way) = self.preemption.under_way.remove(job) {
             tracing::info!("job {job}: not started; the jobs suspended for it run again");
             self.undo_preemption(job, under_way.victims);
         }

@@ -6,7 +6,7 @@
 
 use super::gpus::pick_gpus;
 use super::{Host, HostError, Prepared};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use topo_core::cpuset::CpuSet;
 use topo_core::place::Occupancy;
 use topo_core::request::GpuBind;
@@ -14,6 +14,42 @@ use topo_core::reservation::{self, Reservation};
 
 /// The longest a reservation may be made for: 30 days.
 pub const MAX_RESERVATION_S: u64 = 30 * 24 * 3600;
+
+/// The host's topology reservations by job, and how many times they changed (the free map's
+/// generation counts them, so that a plug-in's cache sees a new block as a change).
+#[derive(Debug, Default)]
+pub(crate) struct Blocks {
+    by_job: BTreeMap<String, Reservation>,
+    changes: u64,
+}
+
+impl Blocks {
+    /// No reservation at all, live or expired.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_job.is_empty()
+    }
+
+    /// Every reservation, live or expired.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Reservation> + Clone {
+        self.by_job.values()
+    }
+
+    /// The live reservations at `now` of jobs other than `job`: what keeps `job` out.
+    pub(crate) fn others_live(&self, job: &str, now: i64) -> impl Iterator<Item = &Reservation> {
+        let job = job.to_string();
+        self.by_job.values().filter(move |r| r.job != job && r.live(now))
+    }
+
+    /// `job`'s reservation, when it is live at `now`.
+    pub(crate) fn live_of(&self, job: &str, now: i64) -> Option<&Reservation> {
+        self.by_job.get(job).filter(|r| r.live(now))
+    }
+
+    /// How many times the reservations changed.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
+    }
+}
 
 impl Host {
     /// Reserves a block for `job`'s `prepared` request for `expires_in_s` seconds, replacing a
@@ -39,8 +75,7 @@ impl Host {
             });
         }
         let now = self.now_s();
-        let others: Vec<&Reservation> =
-            self.reservations.values().filter(|r| r.job != job && r.live(now)).collect();
+        let others: Vec<&Reservation> = self.reservations.others_live(job, now).collect();
         let occupancy = self.ledger.occupancy_for(None);
         // Not in an open prime pool: who the job is (its queue, owner) is not known before its
         // allocate, and a block there would be for a job the pool may not admit.
@@ -115,11 +150,11 @@ impl Host {
             expires_at: now + expires_in_s as i64,
             gpus,
         };
-        let before = self.reservations.insert(job.into(), r.clone());
+        let before = self.reservations.by_job.insert(job.into(), r.clone());
         if let Err(e) = self.save_reservations() {
             match before {
-                Some(b) => self.reservations.insert(job.into(), b),
-                None => self.reservations.remove(job),
+                Some(b) => self.reservations.by_job.insert(job.into(), b),
+                None => self.reservations.by_job.remove(job),
             };
             return Err(e);
         }
@@ -140,10 +175,13 @@ impl Host {
     /// Drops `job`'s reservation and returns it.
     pub fn unreserve(&mut self, job: &str) -> Result<Reservation, HostError> {
         crate::cgroup::JobId::parse(job)?;
-        let r =
-            self.reservations.remove(job).ok_or_else(|| HostError::NoReservation(job.into()))?;
+        let r = self
+            .reservations
+            .by_job
+            .remove(job)
+            .ok_or_else(|| HostError::NoReservation(job.into()))?;
         if let Err(e) = self.save_reservations() {
-            self.reservations.insert(job.into(), r);
+            self.reservations.by_job.insert(job.into(), r);
             return Err(e);
         }
         tracing::info!(event = "unreserved", job = %job, "job {job}: reservation of CPUs {}{} dropped", r.cpus, gpus_named(&r));
@@ -153,16 +191,16 @@ impl Host {
     /// The live reservations.
     pub fn reservations(&self) -> Vec<Reservation> {
         let now = self.now_s();
-        self.reservations.values().filter(|r| r.live(now)).cloned().collect()
+        self.reservations.all().filter(|r| r.live(now)).cloned().collect()
     }
 
     /// Drops the reservations that have expired (topod's tick); returns their jobs.
     pub fn expire_reservations(&mut self) -> Vec<String> {
         let now = self.now_s();
         let gone: Vec<String> =
-            self.reservations.values().filter(|r| !r.live(now)).map(|r| r.job.clone()).collect();
+            self.reservations.all().filter(|r| !r.live(now)).map(|r| r.job.clone()).collect();
         for job in &gone {
-            self.reservations.remove(job);
+            self.reservations.by_job.remove(job);
             tracing::info!(event = "reservation_expired", job = %job, "job {job}: its reservation expired");
         }
         if !gone.is_empty() {
@@ -175,7 +213,7 @@ impl Host {
 
     /// The job's allocate spent its reservation.
     pub(crate) fn claim_reservation(&mut self, job: &str) {
-        if let Some(r) = self.reservations.remove(job) {
+        if let Some(r) = self.reservations.by_job.remove(job) {
             tracing::info!(event = "reservation_claimed", job = %job, "job {job}: its reservation of CPUs {}{} is claimed", r.cpus, gpus_named(&r));
             if let Err(e) = self.save_reservations() {
                 tracing::warn!("{e}");
@@ -186,7 +224,7 @@ impl Host {
     /// `job`'s live block, if it has one.
     pub(crate) fn block_of(&self, job: &str) -> Option<&CpuSet> {
         let now = self.now_s();
-        self.reservations.get(job).filter(|r| r.live(now)).map(|r| &r.cpus)
+        self.reservations.live_of(job, now).map(|r| &r.cpus)
     }
 
     /// Reads the reservations back after a restart (expired ones are dropped at the next tick).
@@ -218,8 +256,8 @@ impl Host {
                         changed = true;
                     }
                 }
-                self.reservations = all.into_iter().map(|r| (r.job.clone(), r)).collect();
-                self.reservation_changes += 1;
+                self.reservations.by_job = all.into_iter().map(|r| (r.job.clone(), r)).collect();
+                self.reservations.changes += 1;
                 if changed {
                     if let Err(e) = self.save_reservations() {
                         tracing::error!("{e}; the reservations' GPUs are dropped in memory only");
@@ -231,10 +269,10 @@ impl Host {
     }
 
     fn save_reservations(&mut self) -> Result<(), HostError> {
-        self.reservation_changes += 1;
+        self.reservations.changes += 1;
         match &self.records {
             Some(records) => records
-                .write_reservations(&self.reservations.values().collect::<Vec<_>>())
+                .write_reservations(&self.reservations.all().collect::<Vec<_>>())
                 .map_err(HostError::Records),
             None => Ok(()),
         }

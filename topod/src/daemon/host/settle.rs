@@ -64,27 +64,44 @@ pub(super) struct GangCycle {
     report: GangSwitch,
 }
 
+/// The freezes and thaws the host decided and has not finished: the jobs concerned (nothing
+/// else plans for them meanwhile), the work queued for the server, and the gang switch under
+/// way.
+#[derive(Default)]
+pub(super) struct Settling {
+    /// Jobs a gang switch or a resume after preemption is freezing or thawing.
+    pub(super) switching: BTreeMap<String, WorkKind>,
+    /// Whether those freezes and thaws are queued for the server to run without the lock.
+    pub(super) defer_waits: bool,
+    /// The freezes and thaws queued, not yet taken.
+    pub(super) queued_work: Vec<KernelWork>,
+    /// The gang switch under way, with what it has done.
+    pub(super) gang_cycle: Option<GangCycle>,
+    /// A gang switch met a job being frozen or thawed: made again once that is done.
+    pub(super) gang_recheck: bool,
+}
+
 impl Host {
     /// Queues the kernel's freezes and thaws for [`Host::take_kernel_work`] instead of running
     /// them at once (the server, which runs them without the host lock).
     pub fn defer_kernel_waits(&mut self) {
-        self.defer_waits = true;
+        self.settling.defer_waits = true;
     }
 
     /// Whether freezes or thaws are queued for [`Host::take_kernel_work`].
     pub fn has_queued_kernel_work(&self) -> bool {
-        !self.queued_work.is_empty()
+        !self.settling.queued_work.is_empty()
     }
 
     /// The freezes and thaws decided and not yet run (see [`Host::defer_kernel_waits`]).
     pub fn take_kernel_work(&mut self) -> Vec<KernelWork> {
-        std::mem::take(&mut self.queued_work)
+        std::mem::take(&mut self.settling.queued_work)
     }
 
     /// Whether freezes or thaws are queued or under way: while they are, the jobs concerned are
     /// marked and only the server's settling may change them.
     pub fn kernel_work_pending(&self) -> bool {
-        !self.switching.is_empty()
+        !self.settling.switching.is_empty()
     }
 
     /// Whether a job is being suspended or resumed (its ticket's freeze or thaw under way).
@@ -94,7 +111,7 @@ impl Host {
 
     /// Whether `job` is being frozen or thawed by a gang switch or a resume after preemption.
     pub(super) fn is_switching(&self, job: &str) -> bool {
-        self.switching.contains_key(job)
+        self.settling.switching.contains_key(job)
     }
 
     /// Records what the kernel did with one [`KernelWork`].
@@ -106,7 +123,7 @@ impl Host {
     /// [`Host::finish_kernel_work`] within a switch that goes on (its report still filling).
     fn finish_work(&mut self, work: KernelWork, outcome: Result<(), CgroupError>) {
         let job = work.ticket.id.as_str().to_string();
-        self.switching.remove(&job);
+        self.settling.switching.remove(&job);
         match work.kind {
             WorkKind::GangFreeze => self.finish_gang_freeze(&job, outcome),
             WorkKind::GangThaw => self.finish_gang_thaw(&job, outcome),
@@ -142,7 +159,7 @@ impl Host {
             (WorkKind::VictimFreeze, Ok(())) => {
                 let _ = self.ledger.suspend(&job);
                 let preemptor = hints.after.preempted_by.clone().unwrap_or_default();
-                if !self.preempting.contains_key(&preemptor)
+                if !self.preemption.under_way.contains_key(&preemptor)
                     && self.ledger.get(&preemptor).is_none()
                 {
                     // Its preemptor gave up while it froze: it runs again at once.
@@ -185,14 +202,14 @@ impl Host {
     /// Whether a gang switch met a job being frozen or thawed and must be made again once the
     /// kernel's work is done (the server does, [`Host::gang_switch`]). Cleared.
     pub fn take_gang_recheck(&mut self) -> bool {
-        std::mem::take(&mut self.gang_recheck)
+        std::mem::take(&mut self.settling.gang_recheck)
     }
 
     /// Runs `work` at once when nobody defers the kernel's waits, else queues it.
     fn kernel(&mut self, work: KernelWork) {
-        self.switching.insert(work.ticket.id.as_str().to_string(), work.kind);
-        if self.defer_waits {
-            self.queued_work.push(work);
+        self.settling.switching.insert(work.ticket.id.as_str().to_string(), work.kind);
+        if self.settling.defer_waits {
+            self.settling.queued_work.push(work);
         } else {
             let outcome = work.run();
             self.finish_work(work, outcome);
@@ -212,7 +229,7 @@ impl Host {
             .filter(|m| m.running && !m.should_run)
             .filter_map(|m| JobId::parse(&m.job).ok())
             .collect();
-        self.gang_cycle.get_or_insert_with(|| GangCycle {
+        self.settling.gang_cycle.get_or_insert_with(|| GangCycle {
             began: std::time::Instant::now(),
             at: now,
             report: GangSwitch { active_row: active, ..GangSwitch::default() },
@@ -224,7 +241,7 @@ impl Host {
         // Deferred freezes still hold their CPUs: the thaws onto them come after
         // (`gang_thaws`); those onto CPUs that are free now need not wait.
         self.thaw_members(active, &members);
-        let report = self.gang_cycle.as_ref().map(|c| c.report.clone());
+        let report = self.settling.gang_cycle.as_ref().map(|c| c.report.clone());
         self.end_gang_cycle_when_done();
         report
     }
@@ -236,13 +253,13 @@ impl Host {
         let since_epoch = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let busy = |job: &str| self.releasing.contains(job) || self.changing.contains_key(job);
         let gang_jobs = self.ledger.gang_jobs();
-        if gang_jobs.iter().any(|a| self.switching.contains_key(&a.job)) {
+        if gang_jobs.iter().any(|a| self.settling.switching.contains_key(&a.job)) {
             // One is being frozen or thawed: once it is, the switch is made again with it.
-            self.gang_recheck = true;
+            self.settling.gang_recheck = true;
         }
         let mut members: Vec<GangMemberNow> = gang_jobs
             .into_iter()
-            .filter(|a| !busy(&a.job) && !self.switching.contains_key(&a.job))
+            .filter(|a| !busy(&a.job) && !self.settling.switching.contains_key(&a.job))
             .map(|a| GangMemberNow {
                 job: a.job.clone(),
                 row: a.gang_row.unwrap_or(0),
@@ -279,14 +296,14 @@ impl Host {
     fn thaw_members(&mut self, active: u32, members: &[GangMemberNow]) {
         for m in members.iter().filter(|m| !m.running && m.should_run) {
             let Ok(id) = JobId::parse(&m.job) else { continue };
-            let being_switched = self
-                .switching
-                .keys()
-                .any(|job| self.ledger.jobs().any(|a| &a.job == job && a.cpus.intersects(&m.cpus)));
+            let being_switched =
+                self.settling.switching.keys().any(|job| {
+                    self.ledger.jobs().any(|a| &a.job == job && a.cpus.intersects(&m.cpus))
+                });
             if being_switched {
                 // A job on its CPUs is still being frozen (`gang_thaws` comes back for it) or
                 // thawed (the switch is made again once it is).
-                self.gang_recheck = true;
+                self.settling.gang_recheck = true;
                 continue;
             }
             if let Err(e) = self.ledger.gang_thaw(&m.job) {
@@ -333,7 +350,7 @@ impl Host {
     }
 
     fn gang_cycle_report(&mut self, f: impl FnOnce(&mut GangSwitch)) {
-        if let Some(cycle) = &mut self.gang_cycle {
+        if let Some(cycle) = &mut self.settling.gang_cycle {
             f(&mut cycle.report);
         }
     }
@@ -342,13 +359,14 @@ impl Host {
     /// (when it changed anything) and logs it.
     fn end_gang_cycle_when_done(&mut self) {
         if self
+            .settling
             .switching
             .values()
             .any(|kind| matches!(kind, WorkKind::GangFreeze | WorkKind::GangThaw))
         {
             return;
         }
-        let Some(cycle) = self.gang_cycle.take() else { return };
+        let Some(cycle) = self.settling.gang_cycle.take() else { return };
         let report = cycle.report;
         if let Some(status) = &mut self.gang_status {
             if !report.frozen.is_empty() || !report.thawed.is_empty() {
@@ -389,10 +407,10 @@ impl Host {
                     by_preemption: preemptor.is_some(),
                     // Not while its preemptor is being placed on its CPUs, nor while it is
                     // being released or changed.
-                    kept: preemptor.is_some_and(|p| self.preempting.contains_key(p))
+                    kept: preemptor.is_some_and(|p| self.preemption.under_way.contains_key(p))
                         || self.releasing.contains(&a.job)
                         || self.changing.contains_key(&a.job)
-                        || self.switching.contains_key(&a.job),
+                        || self.settling.switching.contains_key(&a.job),
                 })
             })
             .collect();

@@ -145,7 +145,7 @@ impl Host {
             // With gang rows, what a job that runs through every slice must avoid.
             occupancy: self.ledger.occupancy_for(None),
             // Reservations change what placement may use, so they count as changes too.
-            generation: self.ledger.generation() + self.reservation_changes,
+            generation: self.ledger.generation() + self.reservations.changes(),
             jobs: self.jobs(),
             reservations: self.reservations(),
             defrag: self.defrag.is_some(),
