@@ -127,6 +127,8 @@ cleanup() {
     if [ -f "$BASE/sched_config.orig" ]; then
         cp "$BASE/sched_config.orig" "$PBS_HOME/sched_priv/sched_config"
         qmgr -c "unset node $NODE resources_available.ngpus" >/dev/null 2>&1
+        qmgr -c "delete node $NODE[0]" >/dev/null 2>&1
+        qmgr -c "delete node $NODE[1]" >/dev/null 2>&1
         qmgr -c "delete resource ngpus" >/dev/null 2>&1
     fi
     pbs_stop
@@ -526,6 +528,58 @@ EOT
     wait_state "$g1" F 30 || true; wait_state "$g2" F 30 || true
     left=$(ledger)
     check "  ... and both are released at their end (held: ${left:-nothing})" test -z "$left"
+
+    # --- 10c. one vnode per NUMA node: each publishes its own NUMA node's GPUs ----------------
+    # With vnode_per_numa_node, exechost_startup (run at the MoM's start) makes $NODE[0] and
+    # $NODE[1], one CPU each, and gives each the ngpus of its NUMA node's GPU (the host's own
+    # vnode keeps none): PBS gives a chunk CPUs and a GPU of one NUMA node, and topod chooses
+    # that GPU, beside that CPU.
+    restart_mom() {
+        pkill -x pbs_mom || true
+        for _ in $(seq 100); do pgrep -x pbs_mom >/dev/null || break; sleep 0.2; done
+        "$PBS_EXEC/sbin/pbs_mom" || fail "pbs_mom did not start again"
+    }
+    set_numa_vnodes() { # true|false
+        python3 - "$BASE/topo.json" "$1" <<'EOP'
+import json, sys
+path, on = sys.argv[1], sys.argv[2] == "true"
+config = json.load(open(path))
+config["vnode_per_numa_node"] = on
+json.dump(config, open(path, "w"), indent=2)
+EOP
+        qmgr -c "import hook topo application/x-config default $BASE/topo.json" >/dev/null
+        sleep 2
+        restart_mom
+    }
+    vnode_ngpus() { pbsnodes -v "$1" 2>/dev/null | awk -F' = ' '/resources_available.ngpus/ { print $2 }'; }
+    # The count 10b set by hand would stand over the hook's.
+    qmgr -c "unset node $NODE resources_available.ngpus"
+    set_numa_vnodes true
+    for _ in $(seq 150); do
+        [ "$(vnode_ngpus "$NODE[1]")" = 1 ] && pbsnodes -v "$NODE[1]" 2>/dev/null | grep -q "state = free" && break
+        sleep 0.2
+    done
+    check "exechost_startup made a vnode per NUMA node, each with its node's GPU (ngpus: $NODE $(vnode_ngpus "$NODE"), [0] $(vnode_ngpus "$NODE[0]"), [1] $(vnode_ngpus "$NODE[1]"))" \
+        test "$(vnode_ngpus "$NODE")/$(vnode_ngpus "$NODE[0]")/$(vnode_ngpus "$NODE[1]")" = "0/1/1"
+    v1=$(gpu_job vgpu1 'affinity[thread]')
+    v2=$(gpu_job vgpu2 'affinity[thread]')
+    wait_file "$OUT/vgpu1.cpus" 30 || fail "per-NUMA GPU job one did not start: $(job_attr "$v1" comment)"
+    wait_file "$OUT/vgpu2.cpus" 30 || fail "per-NUMA GPU job two did not start: $(job_attr "$v2" comment)"
+    for n in 1 2; do
+        jid=$([ $n = 1 ] && echo "$v1" || echo "$v2")
+        where=$(job_attr "$jid" exec_vnode)
+        index=$(sed -n 's/^([^+]*\[\([0-9]*\)\]:[^+]*)$/\1/p' <<<"$where")
+        gpu=$(cat "$OUT/vgpu$n.gpus" 2>/dev/null); cpus=$(cat "$OUT/vgpu$n.cpus" 2>/dev/null)
+        check "per-NUMA GPU job $n got its CPU and GPU from one vnode ($where), CPU ${cpus:-none} of that node and the GPU beside it (${gpu:-none})" \
+            sh -c "[ -n '$index' ] && [ '$cpus' = '$index' ] && [ '$(near_cpu "$gpu")' = '$index' ]"
+    done
+    touch "$OUT/vgpu1.stop" "$OUT/vgpu2.stop"
+    wait_state "$v1" F 30 || true; wait_state "$v2" F 30 || true
+    # Back to one vnode: the per-NUMA vnodes go (the server keeps vnodes a MoM once reported).
+    set_numa_vnodes false
+    qmgr -c "delete node $NODE[0]" >/dev/null 2>&1 || true
+    qmgr -c "delete node $NODE[1]" >/dev/null 2>&1 || true
+    for _ in $(seq 150); do pbsnodes "$NODE" 2>/dev/null | grep -q "state = free" && break; sleep 0.2; done
     cp "$BASE/topod/topod.toml.cpus" "$BASE/topod/topod.toml"
     stop_topod; start_topod
 fi

@@ -1072,6 +1072,63 @@ def publish_ncpus(event, host, topology, free_map, allocations, running, config,
         write_published(config, published)
 
 
+def gpus_per_numa_node(topology, free_map, allocations):
+    """{NUMA node os_index, or None where not known: how many GPUs topod may give jobs there},
+    counting the free ones (free_map's gpus, by their NUMA node's CPUs), those reservations hold
+    (reserved_gpus) and those jobs hold (each allocation's gpus, by PCI address): every GPU
+    topod counts as a job's, whoever holds it now (topod's own rule of which devices those are,
+    not one written again here)."""
+    node_of_cpus = {}
+    for node in topology.get("numa_nodes") or []:
+        if node.get("os_index") is not None:
+            node_of_cpus[frozenset(cpu_set(node["cpus"]))] = node["os_index"]
+    node_of_address = dict((d.get("pci_address"), d.get("numa_node")) for d in topology.get("devices") or [])
+    counts = {}
+
+    def count(node):
+        counts[node] = counts.get(node, 0) + 1
+
+    sites = list(free_map.get("gpus") or []) + [r.get("site") or {} for r in free_map.get("reserved_gpus") or []]
+    for site in sites:
+        numa = site.get("numa")
+        count(node_of_cpus.get(frozenset(cpu_set(numa))) if numa else None)
+    for allocation in allocations:
+        for gpu in allocation.get("gpus") or []:
+            count(node_of_address.get(gpu.get("pci_address")))
+    return counts
+
+
+def publish_gpus_per_numa_node(event, host, topology, free_map, allocations, config):
+    """With vnode_per_numa_node (exechost_startup): each vnode host[N] gets as many of the GPUs
+    resource (gpus_resource, "ngpus") as NUMA node N has GPUs, so that PBS gives a chunk GPUs of
+    the vnode whose CPUs it gives, and topod chooses them there, beside the job's CPUs; GPUs
+    whose NUMA node is not known, or has no vnode (no CPU jobs may use), stay on the host's own
+    vnode. Nothing is set on a host without GPUs (an administrator's count stays), nor where
+    the server does not define the resource (logged: qmgr -c "create resource ...")."""
+    counts = gpus_per_numa_node(topology, free_map, allocations)
+    if not counts:
+        return
+    resource = config["gpus_resource"]
+    vnodes = event.vnode_list
+    published = []   # (vnode, count)
+    try:
+        for index, _, _ in numa_nodes_with_cpus(topology, free_map):
+            name = "%s[%d]" % (host, index)
+            if name in vnodes:
+                vnodes[name].resources_available[resource] = counts.get(index, 0)
+                published.append((name, counts.get(index, 0)))
+        if host not in vnodes:
+            vnodes[host] = pbs.vnode(host)
+        rest = sum(counts.values()) - sum(n for _, n in published)
+        vnodes[host].resources_available[resource] = rest
+        published.append((host, rest))
+    except Exception as e:  # the server does not define it: PBS raises on the attribute
+        log_info("%s per NUMA vnode not published (%s: %s): the server defines no resource %s "
+            "(qmgr -c \"create resource %s type=long,flag=nh\")" % (resource, type(e).__name__, e, resource, resource))
+        return
+    log_info("%s per vnode: %s" % (resource, ", ".join("%s=%d" % p for p in published)))
+
+
 def published_path(config):
     return os.path.join(config["state_dir"], "ncpus.json")
 
@@ -1150,6 +1207,8 @@ def publish(event, host, topod, config, make_numa_vnodes, running=None, lower_on
                 vnodes[name].resources_available[prefix + suffix] = counts[field]
         if make_numa_vnodes and host in vnodes:
             vnodes[host].resources_available["ncpus"] = 0
+        if make_numa_vnodes and config["gpus_resource"]:
+            publish_gpus_per_numa_node(event, host, topology, free_map, topod.call("list") or [], config)
     if config["publish_ncpus"]:
         allocations = topod.call("list") or []
         if running is None:

@@ -671,6 +671,42 @@ class GpuTest(HookTestCase):
     def allocation(self, jid):
         return {a["job"]: a for a in self.topod.call("list")["ok"]}.get("pbs-" + jid)
 
+    def test_vnode_per_numa_node_gives_each_vnode_its_nodes_gpus_and_a_job_there_gets_them(self):
+        gpus_by_node = {}
+        for d in self.topod.call("topology")["ok"]["devices"]:
+            if d.get("class") == "gpu":
+                gpus_by_node.setdefault(d["numa_node"], set()).add(d["pci_address"])
+        self.write_config(default_request="affinity[thread]", vnode_per_numa_node=True)
+        started = self.run_event("exechost_startup", vnode_list={HOST: {"resources_available": {"ncpus": 32, "ngpus": 6}}})
+        self.assert_accepted(started)
+        vnodes = started["vnode_list"]
+        per_vnode = dict((name, vnodes[name]["resources_available"].get("ngpus")) for name in vnodes)
+        self.assertEqual(per_vnode, dict([(HOST, 0)] + [("%s[%d]" % (HOST, n), len(g)) for n, g in gpus_by_node.items()]))
+        self.assertTrue(any("ngpus per vnode: " in line for _, line in started["log"]), started["log"])
+        # PBS gives a chunk ncpus and ngpus of the second NUMA node's vnode (node 8 on this
+        # POWER machine): its GPUs and CPUs are that node's.
+        second = max(gpus_by_node)
+        job = mom_job("75.server", ncpus=2, ngpus=2, topology="affinity[thread*2:gpus=1]", vnode="%s[%d]" % (HOST, second))
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={"%s[%d]" % (HOST, second): {}}))
+        held = self.allocation("75.server")
+        self.assertEqual(len(held["gpus"]), 2, held)
+        self.assertEqual(set(g["pci_address"] for g in held["gpus"]) - gpus_by_node[second], set(), held)
+        node = [n for n in self.topod.call("topology")["ok"]["numa_nodes"] if n["os_index"] == second][0]
+        hook = load_hook_module()
+        self.assertTrue(hook.cpu_set(held["cpus"]) <= hook.cpu_set(node["cpus"]), held)
+        # The MoM restarts while the job runs: its GPUs still count where they are.
+        again = self.run_event("exechost_startup", vnode_list={HOST: {}})
+        self.assertEqual(dict((n, again["vnode_list"][n]["resources_available"].get("ngpus")) for n in again["vnode_list"]),
+                         per_vnode)
+        # Without gpus_resource, or one vnode per host, the GPUs' count is the administrator's.
+        self.write_config(default_request="affinity[thread]", vnode_per_numa_node=True, gpus_resource="")
+        plain = self.run_event("exechost_startup", vnode_list={HOST: {"resources_available": {"ngpus": 6}}})
+        self.assertEqual(plain["vnode_list"][HOST]["resources_available"].get("ngpus"), 6)
+        self.assertNotIn("ngpus", plain["vnode_list"]["%s[%d]" % (HOST, second)]["resources_available"])
+        self.write_config(default_request="affinity[thread]")
+        plain = self.run_event("exechost_startup", vnode_list={HOST: {"resources_available": {"ngpus": 6}}})
+        self.assertEqual(plain["vnode_list"][HOST]["resources_available"].get("ngpus"), 6)
+
     def test_topod_chooses_as_many_gpus_as_pbs_counted_beside_the_jobs_cpus(self):
         gpus_by_node = {}
         for d in self.topod.call("topology")["ok"]["devices"]:
