@@ -71,6 +71,20 @@ struct ScriptJob {
     estimate: i64,
 }
 
+/// `prepared` as a job of the script asks it where preemption is on: it may preempt and be
+/// preempted, with its submission time and estimate.
+fn asks_to_preempt(prepared: &mut Prepared, j: &ScriptJob) {
+    PreemptAsk::apply(
+        PreemptAsk {
+            preempt: true,
+            preemptible: true,
+            submitted_at: Some(EPOCH + j.submit),
+            estimate_s: Some(j.estimate as u64),
+        },
+        prepared,
+    );
+}
+
 /// Where a job is, as one driver has it.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct View {
@@ -191,15 +205,7 @@ impl TopodDriver {
             let j = self.jobs[head as usize];
             let text = policy::cores_request(j.cores).to_string();
             let mut prepared = prepare(&self.host.topo, &text, None, None).unwrap();
-            PreemptAsk::apply(
-                PreemptAsk {
-                    preempt: true,
-                    preemptible: true,
-                    submitted_at: Some(EPOCH + j.submit),
-                    estimate_s: Some(j.estimate as u64),
-                },
-                &mut prepared,
-            );
+            asks_to_preempt(&mut prepared, &j);
             let suspended_before = self.host.ledger().suspended_jobs().count();
             let mut allocated = self.host.allocate_prepared(&name(head), &prepared, None, None);
             if let Err(HostError::PreemptionUnderWay(_)) = allocated {
@@ -231,15 +237,7 @@ impl TopodDriver {
         let mut prepared = prepare(&self.host.topo, &text, None, None).unwrap();
         if let Rules::Gang(_, Some(_)) = self.rules {
             // Asking to preempt, as every job does where preemption is on.
-            PreemptAsk::apply(
-                PreemptAsk {
-                    preempt: true,
-                    preemptible: true,
-                    submitted_at: Some(EPOCH + j.submit),
-                    estimate_s: Some(j.estimate as u64),
-                },
-                &mut prepared,
-            );
+            asks_to_preempt(&mut prepared, &j);
         }
         for row in 0..rows {
             prepared.gang = GangAsk { gang: Some(true), row: Some(row), ..GangAsk::default() };
