@@ -20,6 +20,7 @@ mod agrees;
 mod follow;
 mod gpus;
 mod moves;
+mod notify;
 mod pools;
 mod preempt;
 mod recover;

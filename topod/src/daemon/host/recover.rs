@@ -229,7 +229,7 @@ impl Host {
             }
         }
         if let Some(dir) = &self.notify_dir {
-            moves::sweep_notify_dir(dir, &kept.iter().cloned().collect());
+            notify::sweep_notify_dir(dir, &kept.iter().cloned().collect());
         }
         for job in kept {
             let signal = moved.contains(&job);
