@@ -518,6 +518,10 @@ fn gang_options_are_checked() {
     refused(&["--policy", "easy+slices"], "+slices is not an option");
     refused(&["--gang", "0"], "--gang");
     refused(&["--gang", "30", "--gang-rows", "0"], "--gang-rows");
+    // The rule topod's configuration refuses too (topod_check_config), in the same words.
+    let why = topo_core::policy::rules_conflict(true, false, true).unwrap();
+    refused(&["--policy", "easy+malleable+preempt"], why);
+    refused(&["--policy", "easy+malleable", "--gang", "30"], why);
 }
 
 /// `topoctl simulate --json` with `extra` arguments, as one object per replay (an array even

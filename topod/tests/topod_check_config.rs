@@ -44,11 +44,16 @@ fn a_valid_configuration_is_said_valid() {
 fn each_mistake_is_named_plainly_with_its_file() {
     for (text, expected) in [
         ("gang_rows = 1\n", "gang_rows must be 2 to 64"),
-        // The policies that do not combine, as the simulator refuses them too.
+        // The policies that do not combine, as the simulator refuses them too (one rule:
+        // topo_core::policy::rules_conflict, whose reason both give).
         ("equipartition = true\npreempt = true\n", "equipartition does not go with preempt"),
         (
             "equipartition = true\ngang_rows = 2\n",
             "equipartition does not go with preempt or gang_rows",
+        ),
+        (
+            "equipartition = true\ngang_rows = 2\n",
+            topo_core::policy::rules_conflict(false, true, true).unwrap(),
         ),
         ("bogus = 1\n", "unknown field `bogus`"),
         ("cgroup_subtree = \"../x\"\n", "cgroup_subtree"),

@@ -353,12 +353,15 @@ impl Config {
             } else {
                 None
             });
-        let bad_gang = bad_gang.or((config.equipartition
-            && (config.preempt || config.gang_rows.is_some()))
-        .then_some(
-            "equipartition does not go with preempt or gang_rows: it would resize malleable jobs while jobs are suspended or frozen on CPUs held for their resume (the simulator refuses +malleable with +preempt or +gang for the same reason); turn one off",
-        ));
-        let bad_gang = bad_gang.or(
+        let conflict = topo_core::policy::rules_conflict(
+            config.preempt,
+            config.gang_rows.is_some(),
+            config.equipartition,
+        )
+        .map(|why| {
+            format!("equipartition does not go with preempt or gang_rows: {why}; turn one off")
+        });
+        let bad_gang = bad_gang.map(str::to_string).or(conflict).or(
             if config.metrics_interval_s.is_some_and(|s| !(1..=3600).contains(&s)) {
                 Some("metrics_interval_s must be 1 to 3600 (seconds)")
             } else if config.missized_settle_s.is_some_and(|s| s > 31_536_000) {
@@ -369,10 +372,11 @@ impl Config {
                 Some("missized_idle_fraction must be above 0 and at most 1 (a share of the CPUs given)")
             } else {
                 None
-            },
+            }
+            .map(str::to_string),
         );
         if let Some(what) = bad_gang {
-            return Err(ConfigError::Invalid { path: path.to_path_buf(), what: what.into() });
+            return Err(ConfigError::Invalid { path: path.to_path_buf(), what });
         }
         for (key, ms) in [
             ("idle_timeout_ms", config.idle_timeout_ms),

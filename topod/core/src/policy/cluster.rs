@@ -991,8 +991,11 @@ impl PolicyCore {
         }
         let total = states.iter().map(|h| u64::from(h.cores)).sum();
         let largest_host = states.iter().map(|h| h.cores).max().unwrap_or(0);
-        let malleable =
-            config.malleable.filter(|_| config.preempt.is_none() && config.gang.is_none());
+        // Refused by both drivers' configuration; a core built with them anyway keeps its jobs
+        // rigid.
+        let malleable = config.malleable.filter(|_| {
+            super::rules_conflict(config.preempt.is_some(), config.gang.is_some(), true).is_none()
+        });
         let space = config.preempt.is_none() && config.gang.is_none();
         let prime = config.prime.clone().filter(|_| space);
         let pools = match &prime {

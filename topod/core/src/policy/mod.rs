@@ -257,6 +257,21 @@ impl Default for Preempt {
     }
 }
 
+/// Why time rules of one host do not go together, in either driver (topod's configuration, the
+/// simulator's `--policy`; each names its own settings before it): equipartition (topod's
+/// `equipartition`, the simulator's `+malleable`) with preemption or gang slicing.
+/// Equipartition grows malleable jobs into what is free, and CPUs held for a suspended job's
+/// resume or shared by another gang row look free. `None` when the rules go together.
+///
+/// The simulator refuses more than this (migration, reservations and prime-time pools with
+/// preemption or gang slicing; preemption with gang slicing): those are combinations its
+/// cluster core does not model, which topod runs.
+pub fn rules_conflict(preempt: bool, gang: bool, equipartition: bool) -> Option<&'static str> {
+    (equipartition && (preempt || gang)).then_some(
+        "equipartition would resize malleable jobs onto CPUs held for a suspended job's resume or shared by another gang row",
+    )
+}
+
 /// Defragmenting migration (see the cluster core's documentation): when a job is refused on shape
 /// although enough cores are free, running jobs are moved by [`crate::defrag::plan_moves`] within
 /// `limits`, but not a job that has run less than `min_run` seconds, nor one moved or resized

@@ -19,8 +19,8 @@ use std::time::Instant;
 use topo_core::defrag::DefragLimits;
 use topo_core::place::{HostModel, Strategy};
 use topo_core::policy::{
-    Action, Defrag, Gang, Malleability, PolicyConfig, PoolSize, Preempt, Prime, QueueOrder,
-    Reserve, Time,
+    rules_conflict, Action, Defrag, Gang, Malleability, PolicyConfig, PoolSize, Preempt, Prime,
+    QueueOrder, Reserve, Time,
 };
 use topo_core::prime::{OnOpen, Window};
 use topo_core::sim::{self, SimReport, TraceFilter};
@@ -399,9 +399,9 @@ fn parse_policies(text: &str, everywhere: PolicyChoice) -> Result<Vec<PolicyChoi
                 "--policy {text:?}: {name:?}: conservative backfilling goes with neither preemption, gang slicing nor malleable jobs (it reserves each waiting job's processors over time by estimates, which suspensions, slices and resizes do not keep; --preempt, --gang and --malleable apply to every policy listed)"
             )));
         }
-        if choice.malleable && (choice.preempt || choice.gang) {
+        if let Some(why) = rules_conflict(choice.preempt, choice.gang, choice.malleable) {
             return Err(Failure::input(format!(
-                "--policy {text:?}: {name:?}: malleable jobs go with neither preemption nor gang slicing (equipartition would grow jobs into a suspended job's CPUs, and rows would share what it divides; --preempt, --gang and --malleable apply to every policy listed)"
+                "--policy {text:?}: {name:?}: malleable jobs go with neither preemption nor gang slicing: {why} (topod refuses equipartition with preempt or gang_rows alike; --preempt, --gang and --malleable apply to every policy listed)"
             )));
         }
         if !all.contains(&choice) {
