@@ -312,7 +312,7 @@ class Share(object):
         self.per_vnode = {}       # vnode -> ncpus PBS gave the job there
         self.mem_bytes = None
         self.mpiprocs = 0
-        self.numa_nodes = set()   # from per-NUMA vnodes host[N]; empty: the whole host
+        self.numa_nodes = set()   # per-NUMA vnodes host[N] with ncpus here; empty: the whole host
         self.requests = []        # topology requests of the chunks here
         self.ngpus = 0            # GPUs PBS counted for the job here (gpus_resource)
         self.chunks = 0           # select chunks PBS placed here
@@ -327,7 +327,9 @@ class Share(object):
         if resources.get("mem"):
             self.mem_bytes = (self.mem_bytes or 0) + size_in_bytes(resources["mem"])
         index = numa_index_of_vnode(vnode, host)
-        if index is not None:
+        # Only where PBS gave it CPUs: a chunk PBS spread over two NUMA vnodes (its CPUs on
+        # one, GPUs or memory on the other) keeps its CPUs where PBS counted them.
+        if index is not None and ncpus > 0:
             self.numa_nodes.add(index)
 
 
@@ -1073,42 +1075,54 @@ def publish_ncpus(event, host, topology, free_map, allocations, running, config,
 
 
 def gpus_per_numa_node(topology, free_map, allocations):
-    """{NUMA node os_index, or None where not known: how many GPUs topod may give jobs there},
-    counting the free ones (free_map's gpus, by their NUMA node's CPUs), those reservations hold
-    (reserved_gpus) and those jobs hold (each allocation's gpus, by PCI address): every GPU
-    topod counts as a job's, whoever holds it now (topod's own rule of which devices those are,
-    not one written again here)."""
-    node_of_cpus = {}
-    for node in topology.get("numa_nodes") or []:
-        if node.get("os_index") is not None:
-            node_of_cpus[frozenset(cpu_set(node["cpus"]))] = node["os_index"]
-    node_of_address = dict((d.get("pci_address"), d.get("numa_node")) for d in topology.get("devices") or [])
+    """({NUMA node os_index: how many GPUs topod may give jobs there}, None), counted from
+    free_map's free GPUs (each by its NUMA node's CPUs, topod's own rule of which devices are
+    jobs' GPUs and where they sit, not one written again here); or (None, why) when such counts
+    would not be what topod gives: a GPU is held by a job or a reservation now (its NUMA node is
+    not in free_map), or one has no NUMA node with CPUs PBS jobs may use (not known, as on
+    cloud VMs, or all its CPUs reserved or offline), where PBS would have to give it with CPUs
+    of another vnode. ({}, None) on a host without GPUs."""
+    held = sorted(set(g.get("pci_address") or "?" for a in allocations for g in a.get("gpus") or []))
+    reserved = free_map.get("reserved_gpus") or []
+    if held or reserved:
+        return None, ("GPU(s) are held now (%s): counted per NUMA node only when none is"
+                      % ", ".join(held + ["%d for reservations" % len(reserved)] if reserved else held))
+    with_vnode = {}
+    for index, cpus, _ in numa_nodes_with_cpus(topology, free_map):
+        for node in topology.get("numa_nodes") or []:
+            if node.get("os_index") == index:
+                with_vnode[frozenset(cpu_set(node["cpus"]))] = index
     counts = {}
-
-    def count(node):
-        counts[node] = counts.get(node, 0) + 1
-
-    sites = list(free_map.get("gpus") or []) + [r.get("site") or {} for r in free_map.get("reserved_gpus") or []]
-    for site in sites:
-        numa = site.get("numa")
-        count(node_of_cpus.get(frozenset(cpu_set(numa))) if numa else None)
-    for allocation in allocations:
-        for gpu in allocation.get("gpus") or []:
-            count(node_of_address.get(gpu.get("pci_address")))
-    return counts
+    stray = 0
+    for site in free_map.get("gpus") or []:
+        index = with_vnode.get(frozenset(cpu_set(site.get("numa")))) if site.get("numa") else None
+        if index is None:
+            stray += 1
+        else:
+            counts[index] = counts.get(index, 0) + 1
+    if stray:
+        return None, ("%d GPU(s) have no NUMA node with CPUs PBS jobs may use here (not known, or "
+                      "all its CPUs reserved or offline)" % stray)
+    return counts, None
 
 
 def publish_gpus_per_numa_node(event, host, topology, free_map, allocations, config):
     """With vnode_per_numa_node (exechost_startup): each vnode host[N] gets as many of the GPUs
-    resource (gpus_resource, "ngpus") as NUMA node N has GPUs, so that PBS gives a chunk GPUs of
-    the vnode whose CPUs it gives, and topod chooses them there, beside the job's CPUs; GPUs
-    whose NUMA node is not known, or has no vnode (no CPU jobs may use), stay on the host's own
-    vnode. Nothing is set on a host without GPUs (an administrator's count stays), nor where
-    the server does not define the resource (logged: qmgr -c "create resource ...")."""
-    counts = gpus_per_numa_node(topology, free_map, allocations)
+    resource (gpus_resource, "ngpus") as NUMA node N has GPUs for jobs, and the host's own vnode
+    none, so that PBS gives a chunk the GPUs of the vnode whose CPUs it gives, and topod chooses
+    them there, beside the job's CPUs. Only where every GPU lies in a NUMA node with such a
+    vnode, and none is held (a MoM restarted under GPU jobs keeps the counts it published
+    before); otherwise nothing is set, and the log says why and what to do. Nothing on a host
+    without GPUs (an administrator's count stays), nor where the server does not define the
+    resource."""
+    counts, why_not = gpus_per_numa_node(topology, free_map, allocations)
+    resource = config["gpus_resource"]
+    if why_not:
+        log_info("%s per NUMA vnode not published: %s; the counts PBS has stand (set them with qmgr, "
+                 "or restart the MoM once no GPU is held)" % (resource, why_not))
+        return
     if not counts:
         return
-    resource = config["gpus_resource"]
     vnodes = event.vnode_list
     published = []   # (vnode, count)
     try:
@@ -1119,14 +1133,14 @@ def publish_gpus_per_numa_node(event, host, topology, free_map, allocations, con
                 published.append((name, counts.get(index, 0)))
         if host not in vnodes:
             vnodes[host] = pbs.vnode(host)
-        rest = sum(counts.values()) - sum(n for _, n in published)
-        vnodes[host].resources_available[resource] = rest
-        published.append((host, rest))
+        vnodes[host].resources_available[resource] = 0
+        published.append((host, 0))
     except Exception as e:  # the server does not define it: PBS raises on the attribute
         log_info("%s per NUMA vnode not published (%s: %s): the server defines no resource %s "
-            "(qmgr -c \"create resource %s type=long,flag=nh\")" % (resource, type(e).__name__, e, resource, resource))
+                 "(qmgr -c \"create resource %s type=long,flag=nh\")" % (resource, type(e).__name__, e, resource, resource))
         return
-    log_info("%s per vnode: %s" % (resource, ", ".join("%s=%d" % p for p in published)))
+    log_info("%s per vnode: %s (a count set with qmgr on a vnode stands over these)"
+             % (resource, ", ".join("%s=%d" % p for p in published)))
 
 
 def published_path(config):
@@ -1351,9 +1365,15 @@ def on_begin(event, config):
         if share.ngpus and " GPU(s)" in str(e):
             # PBS counted GPUs free here that topod does not have free: its ngpus is not the
             # number of GPUs topod sees (or GPUs are held outside PBS).
-            raise HookError("%s; PBS counted %s=%d for job %s here: make resources_available.%s of %s "
-                            "the number of GPUs `topoctl show` lists there; the job goes back to the queue"
-                            % (e, config["gpus_resource"], share.ngpus, job.id, config["gpus_resource"], host))
+            if config["vnode_per_numa_node"]:
+                advice = ("resources_available.%s of the vnodes %s[N] is set by this hook at the MoM's start "
+                          "from topod's GPUs (unset any count set with qmgr on %s or its vnodes, and restart "
+                          "the MoM when no GPU is held)" % (config["gpus_resource"], host, host))
+            else:
+                advice = ("make resources_available.%s of %s the number of GPUs `topoctl show` lists there"
+                          % (config["gpus_resource"], host))
+            raise HookError("%s; PBS counted %s=%d for job %s here: %s; the job goes back to the queue"
+                            % (e, config["gpus_resource"], share.ngpus, job.id, advice))
         outside = held_outside_pbs(topod, config)
         if not outside:
             # Enough CPUs by PBS's count and topod's, but not in the shape the request asks

@@ -694,10 +694,20 @@ class GpuTest(HookTestCase):
         node = [n for n in self.topod.call("topology")["ok"]["numa_nodes"] if n["os_index"] == second][0]
         hook = load_hook_module()
         self.assertTrue(hook.cpu_set(held["cpus"]) <= hook.cpu_set(node["cpus"]), held)
-        # The MoM restarts while the job runs: its GPUs still count where they are.
+        # A chunk PBS spread over two NUMA vnodes (its CPU on the first, a GPU on each) keeps its
+        # CPU where PBS counted it.
+        first = min(gpus_by_node)
+        split = mom_job("76.server", ncpus=1, ngpus=2, topology="affinity[thread:gpus=2]")
+        split["exec_vnode"] = "(%s[%d]:ncpus=1:ngpus=1+%s[%d]:ngpus=1)" % (HOST, first, HOST, second)
+        self.assert_accepted(self.run_event("execjob_begin", job=split, vnode_list={HOST: {}}))
+        node = [n for n in self.topod.call("topology")["ok"]["numa_nodes"] if n["os_index"] == first][0]
+        self.assertTrue(hook.cpu_set(self.allocation("76.server")["cpus"]) <= hook.cpu_set(node["cpus"]))
+        # The MoM restarts while GPU jobs run: the counts PBS has stand (held GPUs are not in
+        # free_map by their NUMA node), and the log says so.
         again = self.run_event("exechost_startup", vnode_list={HOST: {}})
-        self.assertEqual(dict((n, again["vnode_list"][n]["resources_available"].get("ngpus")) for n in again["vnode_list"]),
-                         per_vnode)
+        self.assertEqual([n for n in again["vnode_list"] if "ngpus" in again["vnode_list"][n]["resources_available"]], [])
+        self.assertTrue(any("ngpus per NUMA vnode not published: GPU(s) are held now" in line for _, line in again["log"]),
+                        again["log"])
         # Without gpus_resource, or one vnode per host, the GPUs' count is the administrator's.
         self.write_config(default_request="affinity[thread]", vnode_per_numa_node=True, gpus_resource="")
         plain = self.run_event("exechost_startup", vnode_list={HOST: {"resources_available": {"ngpus": 6}}})
@@ -706,6 +716,36 @@ class GpuTest(HookTestCase):
         self.write_config(default_request="affinity[thread]")
         plain = self.run_event("exechost_startup", vnode_list={HOST: {"resources_available": {"ngpus": 6}}})
         self.assertEqual(plain["vnode_list"][HOST]["resources_available"].get("ngpus"), 6)
+
+    def test_a_chunk_spread_over_two_numa_vnodes_keeps_its_cpus_where_pbs_counted_them(self):
+        self.write_config(default_request="affinity[thread]", vnode_per_numa_node=True)
+        numa = dict((n["os_index"], n["cpus"]) for n in self.topod.call("topology")["ok"]["numa_nodes"])
+        first, second = min(numa), max(numa)
+        hook = load_hook_module()
+        # A job outside PBS on the second node: best fit would put a one-CPU job beside it.
+        cpus = hook.cpu_list(sorted(hook.cpu_set(numa[second]))[:4])
+        self.assertIn("ok", self.topod.call("allocate", job="other-1", request="affinity[thread*4]", cpus=cpus))
+        # PBS gives the chunk its CPU on the first node's vnode and memory on the second's.
+        job = mom_job("77.server", ncpus=1, topology="affinity[thread]")
+        job["exec_vnode"] = "(%s[%d]:ncpus=1:mem=1kb+%s[%d]:mem=262143kb)" % (HOST, first, HOST, second)
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        got = hook.cpu_set(self.allocation("77.server")["cpus"])
+        self.assertTrue(got <= hook.cpu_set(numa[first]), "CPUs %s, not on the vnode PBS gave them from" % sorted(got))
+
+    def test_gpus_without_a_numa_vnode_leave_the_count_to_the_administrator(self):
+        # All CPUs of NUMA node 8 reserved: its GPUs lie in no vnode PBS can give CPUs of, so
+        # per-vnode counts would send jobs there that topod refuses: none is set, and the log
+        # says why and what to do.
+        self.topod.stop()
+        self.topod.start(extra='reserved_cpus = "88-103"\n', topology=WITH_GPUS)
+        self.write_config(default_request="affinity[thread]", vnode_per_numa_node=True)
+        started = self.run_event("exechost_startup", vnode_list={HOST: {"resources_available": {"ngpus": 3}}})
+        self.assert_accepted(started)
+        self.assertEqual(started["vnode_list"][HOST]["resources_available"]["ngpus"], 3)
+        self.assertEqual([n for n in started["vnode_list"] if n != HOST
+                          and "ngpus" in started["vnode_list"][n]["resources_available"]], [])
+        self.assertTrue(any("3 GPU(s) have no NUMA node with CPUs PBS jobs may use" in line and "set them with qmgr" in line
+                            for _, line in started["log"]), started["log"])
 
     def test_topod_chooses_as_many_gpus_as_pbs_counted_beside_the_jobs_cpus(self):
         gpus_by_node = {}
