@@ -1111,14 +1111,15 @@ def publish_gpus_per_numa_node(event, host, topology, free_map, allocations, con
     resource (gpus_resource, "ngpus") as NUMA node N has GPUs for jobs, and the host's own vnode
     none, so that PBS gives a chunk the GPUs of the vnode whose CPUs it gives, and topod chooses
     them there, beside the job's CPUs. Only where every GPU lies in a NUMA node with such a
-    vnode, and none is held (a MoM restarted under GPU jobs keeps the counts it published
-    before); otherwise nothing is set, and the log says why and what to do. Nothing on a host
+    vnode, and none is held (a MoM restarted under GPU jobs sets none: whether the server keeps
+    earlier counts is PBS's, not verified here); otherwise nothing is set, and the log says why
+    and what to do. Nothing on a host
     without GPUs (an administrator's count stays), nor where the server does not define the
     resource."""
     counts, why_not = gpus_per_numa_node(topology, free_map, allocations)
     resource = config["gpus_resource"]
     if why_not:
-        log_info("%s per NUMA vnode not published: %s; the counts PBS has stand (set them with qmgr, "
+        log_info("%s per NUMA vnode not published: %s; none set by this hook (set them with qmgr, "
                  "or restart the MoM once no GPU is held)" % (resource, why_not))
         return
     if not counts:

@@ -702,8 +702,8 @@ class GpuTest(HookTestCase):
         self.assert_accepted(self.run_event("execjob_begin", job=split, vnode_list={HOST: {}}))
         node = [n for n in self.topod.call("topology")["ok"]["numa_nodes"] if n["os_index"] == first][0]
         self.assertTrue(hook.cpu_set(self.allocation("76.server")["cpus"]) <= hook.cpu_set(node["cpus"]))
-        # The MoM restarts while GPU jobs run: the counts PBS has stand (held GPUs are not in
-        # free_map by their NUMA node), and the log says so.
+        # The MoM restarts while GPU jobs run: none is set (held GPUs are not in free_map by
+        # their NUMA node), and the log says so.
         again = self.run_event("exechost_startup", vnode_list={HOST: {}})
         self.assertEqual([n for n in again["vnode_list"] if "ngpus" in again["vnode_list"][n]["resources_available"]], [])
         self.assertTrue(any("ngpus per NUMA vnode not published: GPU(s) are held now" in line for _, line in again["log"]),
