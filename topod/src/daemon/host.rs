@@ -37,6 +37,7 @@ pub use snapshot::Snapshot;
 /// Defragmenting migration's settings (topod.toml `defrag`, `migrate_min_run_s`,
 /// `migrate_gap_s`): the policy core's, whose rule for when a job may be moved both apply.
 pub use topo_core::policy::Defrag;
+use topo_core::policy::{RunClock, Stopper};
 
 pub use super::records::{JobAsk, JobRecord};
 use super::records::{Records, RecordsError};
@@ -1247,12 +1248,10 @@ impl Host {
                     ask: JobAsk { owner_uid, ..prepared.ask.clone() },
                     tasks: adopted.tasks.clone(),
                     allocated_at: Some(asked),
-                    suspensions: u32::from(suspended),
+                    clock: RunClock::found(self.now_s(), suspended),
                     suspended,
                     suspended_by: None,
                     gang_row: adopted.gang_row,
-                    running_since: (!suspended).then(|| self.now_s()),
-                    protected_since: (!suspended).then(|| self.now_s()),
                     tasks_unknown,
                     ..JobRecord::default()
                 };
@@ -1411,13 +1410,10 @@ impl Host {
             ask: JobAsk { owner_uid, ..prepared.ask.clone() },
             tasks: alloc.tasks.clone(),
             allocated_at: Some(asked),
-            suspensions: 0,
+            clock: RunClock::started(self.now_s()),
             suspended: false,
             suspended_by: None,
             gang_row: alloc.gang_row,
-            ran_s: 0,
-            running_since: Some(self.now_s()),
-            protected_since: Some(self.now_s()),
             preempted_by: None,
             notify_generation: 1,
             moved_at: None,
@@ -1891,8 +1887,7 @@ impl Host {
         }
         let cpus = self.ledger.get(&job).map(|a| a.cpus.clone()).unwrap_or_default();
         // Not counted in `suspensions`: this suspension is not the policy's.
-        let now = self.now_s();
-        hint.ran_s += hint.running_since.take().map_or(0, |t| (now - t).max(0) as u64);
+        hint.clock.stop(self.now_s(), Stopper::Outside);
         if self.ledger.get(&job).is_some_and(|a| a.gang_row.is_some()) {
             // Its CPUs are idle now: another row's job may run on them until the next slice.
             self.gang_switch(self.now());
@@ -1962,12 +1957,14 @@ impl Host {
         if let Some(mut hint) = self.hints.get(&job).cloned() {
             hint.suspended = false;
             hint.suspended_by = None;
-            if hint.preempted_by.take().is_some() {
-                // Preemption's suspension, undone by hand: as topod's own resume would.
-                hint.protected_since = Some(self.now_s());
-            }
+            // Preemption's suspension, undone by hand, restarts the job's protection as
+            // topod's own resume would; any other does not.
+            let after = match hint.preempted_by.take() {
+                Some(_) => Stopper::Preemption,
+                None => Stopper::Outside,
+            };
             hint.batch_suspended = false;
-            hint.running_since = Some(self.now_s());
+            hint.clock.resume(self.now_s(), after);
             self.record(&ticket.id, &hint);
             self.hints.insert(job.clone(), hint);
         }

@@ -19,6 +19,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use topo_core::cpuset::CpuSet;
 use topo_core::ledger::Allocation;
+use topo_core::policy::RunClock;
 
 /// What a job asked of this host: built once from its allocate (the request made canonical by
 /// [`super::host::prepare`], and what the protocol's fields said of the job), kept in its
@@ -72,11 +73,10 @@ pub struct JobRecord {
     /// before this field existed take their file's time ([`Records::load`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_at: Option<String>,
-    /// How many times topod's preemption has suspended the job (`preempt_max_suspensions`).
-    /// Suspensions by its owner, an administrator or the batch system are not the policy's and
-    /// do not count: an owner's own would otherwise use up the job's turns and shield it.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub suspensions: u32,
+    /// How long it has run, since when it is protected from preemption and migration, and how
+    /// many times preemption suspended it (its fields are the record's own, as before).
+    #[serde(flatten)]
+    pub clock: RunClock,
     /// Written before topod freezes the job and cleared after it thaws it: a frozen cgroup
     /// whose record does not say so was frozen by a release that a crash cut short, not
     /// suspended ([`super::host::Host::recover`]).
@@ -90,18 +90,6 @@ pub struct JobRecord {
     /// frozen by slicing, and takes its turns again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang_row: Option<u32>,
-    /// Seconds it ran before its last start or resume.
-    #[serde(default, skip_serializing_if = "is_zero_u64")]
-    pub ran_s: u64,
-    /// When it last started or resumed, seconds since the epoch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub running_since: Option<i64>,
-    /// When it started, or was last resumed after topod's preemption, seconds since the epoch:
-    /// it may not be preempted before `preempt_min_run_s` from then. Another suspension and
-    /// resume (its owner's, say) does not restart that time, or an owner could keep the job
-    /// out of reach by suspending and resuming it. Records without it take `running_since`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protected_since: Option<i64>,
     /// The job it was suspended for, while topod's preemption holds it: topod resumes it
     /// itself once its CPUs are free.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,10 +127,6 @@ fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
 
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
 impl JobRecord {
     /// [`JobRecord::allocated_at`] as a time (`None` when missing or not a time).
     pub fn allocated_time(&self) -> Option<std::time::SystemTime> {
@@ -151,18 +135,10 @@ impl JobRecord {
 }
 
 impl JobRecord {
-    /// Since when the job counts as running for preemption's and defrag's minimum run times:
-    /// [`JobRecord::protected_since`], or for a record written before it, `running_since`.
-    pub fn protected_from(&self) -> Option<i64> {
-        self.protected_since.or(self.running_since)
-    }
-
     /// When the job ends by its estimate if it runs on from now without a stop, seconds since
     /// the epoch; `None` without an estimate, or while it is not running.
     pub fn estimated_end(&self) -> Option<i64> {
-        let since = self.running_since?;
-        let left = self.ask.estimate_s?.saturating_sub(self.ran_s);
-        Some(since.saturating_add(i64::try_from(left).unwrap_or(i64::MAX)))
+        self.clock.estimated_end(self.ask.estimate_s?)
     }
 }
 
@@ -447,13 +423,15 @@ mod tests {
             },
             tasks: vec![topo_core::CpuSet::parse_list("3").unwrap()],
             allocated_at: Some("2025-06-01T12:00:00.123456789Z".into()),
-            suspensions: 2,
+            clock: RunClock {
+                suspensions: 2,
+                ran_s: 120,
+                running_since: None,
+                protected_since: Some(1_700_000_050),
+            },
             suspended: true,
             suspended_by: Some(1000),
             gang_row: Some(1),
-            ran_s: 120,
-            running_since: None,
-            protected_since: Some(1_700_000_050),
             preempted_by: Some("9".into()),
             notify_generation: 3,
             moved_at: Some(1_700_000_100),
@@ -465,14 +443,17 @@ mod tests {
         // One flat object on disk, as records were before what a job asked was its own type: a
         // topod of either version reads the other's records.
         let flat = serde_json::to_value(&hint).unwrap();
-        for key in ["request", "owner_uid", "queue", "gpus", "tasks", "suspensions"] {
+        for key in ["request", "owner_uid", "queue", "gpus", "tasks", "suspensions", "ran_s"] {
             assert!(flat.get(key).is_some(), "{key} in {flat}");
         }
-        assert!(flat.get("ask").is_none(), "{flat}");
+        assert!(flat.get("ask").is_none() && flat.get("clock").is_none(), "{flat}");
         let before = r#"{"request":"affinity[thread*1]","tasks":["3"],"owner_uid":1000,"suspensions":1,"preemptible":true,"submitted_at":1700000000,"estimate_s":3600,"queue":"batch","gpus":["0000:3b:00.0"]}"#;
         let old: JobRecord = serde_json::from_str(before).unwrap();
         assert_eq!((old.ask.owner_uid, old.ask.queue.as_deref()), (Some(1000), Some("batch")));
-        assert_eq!((old.ask.estimate_s, old.suspensions, old.tasks.len()), (Some(3600), 1, 1));
+        assert_eq!(
+            (old.ask.estimate_s, old.clock.suspensions, old.tasks.len()),
+            (Some(3600), 1, 1)
+        );
         r.write(&job, &hint).unwrap();
         r.write(&job, &hint).unwrap();
         let (all, bad) = r.load();

@@ -764,9 +764,9 @@ struct Running {
     estimated_end: Time,
     spec: JobSpec,
     submitted: Time,
-    /// When it last started or resumed.
-    since: Time,
-    suspensions: u32,
+    /// How long it has run, since when it is protected from preemption, and how often
+    /// preemption suspended it (as topod's job records keep it).
+    clock: RunClock,
     /// Its row (0 without gang slicing).
     row: u32,
     /// Frozen by gang slicing until its row's slice (it keeps its CPUs).
@@ -1386,6 +1386,7 @@ impl PolicyCore {
         else {
             unreachable!("checked running above");
         };
+        r.clock.stop(self.now, Stopper::Outside);
         self.ends.remove(&(r.estimated_end, job));
         if self.config.gang.is_some() {
             // A gang job keeps its place in its row and leaves the row's turns (frozen or
@@ -1469,9 +1470,7 @@ impl PolicyCore {
             self.generation += 1;
         }
         run.estimated_end = self.now.saturating_add(s.remaining);
-        if !s.by_owner {
-            run.since = self.now;
-        }
+        run.clock.resume(self.now, if s.by_owner { Stopper::Outside } else { Stopper::Preemption });
         self.ends.insert((run.estimated_end, job));
         self.suspended.remove(&job);
         self.jobs[job as usize] = Slot::Running(run);
@@ -2048,8 +2047,7 @@ impl PolicyCore {
             estimated_end,
             spec,
             submitted,
-            since: self.now,
-            suspensions: 0,
+            clock: RunClock::started(self.now),
             row,
             frozen: false,
             flex: None,
@@ -2108,8 +2106,8 @@ impl PolicyCore {
                 cpus: CpuSet::new(),
                 fenced: CpuSet::new(),
                 procs: r.procs,
-                ran: now - r.since,
-                suspensions: r.suspensions,
+                ran: r.clock.protected_for(now),
+                suspensions: r.clock.suspensions,
                 xf: Some(r.xf(now)),
                 kept: None,
             }),
@@ -2172,7 +2170,7 @@ impl PolicyCore {
                     continue;
                 }
                 if let Slot::Suspended(s) = &mut self.jobs[job as usize] {
-                    s.run.suspensions += 1;
+                    s.run.clock.stop(now, Stopper::Preemption);
                     s.remaining = s.remaining.saturating_add(cost);
                     s.resume_by = head_end.as_ref().map_or(now, |(end, _)| *end);
                 }
@@ -2250,7 +2248,8 @@ impl PolicyCore {
             .iter()
             .filter_map(|&(_, job)| match &self.jobs[job as usize] {
                 Slot::Running(r) => {
-                    let ripe = r.since.saturating_add(rules.min_run);
+                    let ripe =
+                        r.clock.protected_from().unwrap_or(now).saturating_add(rules.min_run);
                     let ripe = (ripe > now).then_some(ripe);
                     [ripe, reaches(r.xf(now), true)].into_iter().flatten().min()
                 }
@@ -2647,8 +2646,7 @@ impl PolicyCore {
             estimated_end,
             spec,
             submitted,
-            since: now,
-            suspensions: 0,
+            clock: RunClock::started(now),
             row: 0,
             frozen: false,
             flex: Some(flex),
@@ -3134,7 +3132,7 @@ impl PolicyCore {
                 let part = r.parts.iter().find(|p| p.host == host)?;
                 let tasks = part.placement.tasks.len() as u32;
                 let request = if r.numa_local { numa_request(tasks) } else { cores_request(tasks) };
-                let may_move = rules.may_move(now, r.since, r.moved_at);
+                let may_move = rules.may_move(now, &r.clock, r.moved_at);
                 Some((other, Arc::clone(&part.placement), request, may_move))
             })
             .collect();

@@ -294,20 +294,23 @@ impl Default for Defrag {
 }
 
 impl Defrag {
-    /// Whether a job running since `since` (its start, or its resume after preemption), last
-    /// moved or resized at `moved_at`, may be moved at `now`. topod and the policy core both
-    /// decide by this.
-    pub fn may_move(&self, now: Time, since: Time, moved_at: Option<Time>) -> bool {
-        now - since >= self.min_run && moved_at.is_none_or(|t| now - t >= self.gap)
+    /// Whether a job with `clock` (protected from its start, or its resume after preemption:
+    /// [`RunClock::protected_from`]), last moved or resized at `moved_at`, may be moved at
+    /// `now`. A job whose start is not known counts as starting now. topod and the policy core
+    /// both decide by this.
+    pub fn may_move(&self, now: Time, clock: &RunClock, moved_at: Option<Time>) -> bool {
+        let since = clock.protected_from().unwrap_or(now);
+        now.saturating_sub(since) >= self.min_run
+            && moved_at.is_none_or(|t| now.saturating_sub(t) >= self.gap)
     }
 
-    /// The time from which [`may_move`](Self::may_move) holds for a job running since `since`
-    /// (`None`: not known, as for a job whose start topod did not see: it counts as starting at
-    /// every look, so it never may while `min_run` is above 0), last moved or resized at
-    /// `moved_at`; [`Time::MAX`] for never. What topod tells schedulers (its `free_map`'s
-    /// `moves`), so that they decide as it will.
-    pub fn movable_from(&self, since: Option<Time>, moved_at: Option<Time>) -> Time {
-        let run = match since {
+    /// The time from which [`may_move`](Self::may_move) holds for a job with `clock`, last
+    /// moved or resized at `moved_at` (a job whose start is not known, as one whose start topod
+    /// did not see, counts as starting at every look, so it never may while `min_run` is above
+    /// 0); [`Time::MAX`] for never. What topod tells schedulers (its `free_map`'s `moves`), so
+    /// that they decide as it will.
+    pub fn movable_from(&self, clock: &RunClock, moved_at: Option<Time>) -> Time {
+        let run = match clock.protected_from() {
             Some(since) => since.saturating_add(self.min_run),
             None if self.min_run > 0 => return Time::MAX,
             None => Time::MIN,
@@ -575,6 +578,9 @@ pub fn cores_request(cores: u32) -> Request {
     Request { tasks: Some(cores), unit: Level::Core, ..Request::default() }
 }
 
+mod clock;
+pub use clock::{RunClock, Stopper};
+
 #[cfg(feature = "sim")]
 pub(crate) mod cluster;
 #[cfg(feature = "sim")]
@@ -593,11 +599,11 @@ mod timer_tests {
         for (min_run, gap) in [(60, 300), (0, 300), (60, 0), (0, 0)] {
             let d = Defrag { min_run, gap, limits: DefragLimits::default() };
             for since in [None, Some(1_000)] {
+                let clock = since.map_or_else(RunClock::default, RunClock::started);
                 for moved_at in [None, Some(900), Some(1_020), Some(1_500)] {
-                    let from = d.movable_from(since, moved_at);
+                    let from = d.movable_from(&clock, moved_at);
                     for now in (900..2_000).step_by(10) {
-                        // topod counts a job whose start it did not see as starting now.
-                        let may = d.may_move(now, since.unwrap_or(now), moved_at);
+                        let may = d.may_move(now, &clock, moved_at);
                         assert_eq!(
                             now >= from,
                             may,

@@ -22,6 +22,7 @@ use super::{Host, HostError, Prepared};
 use crate::cgroup::JobId;
 use topo_core::ledger::{Allocation, LedgerError};
 use topo_core::place;
+use topo_core::policy::Stopper;
 use topo_core::proto::{reply, BatchView};
 
 impl Host {
@@ -107,8 +108,7 @@ impl Host {
         // resume_batch_lenders); nanoseconds since the epoch, from the wall clock.
         let newest = self.hints.values().map(|h| h.batch_suspended_ns).max().unwrap_or(0);
         hint.batch_suspended_ns = now_ns().max(newest + 1);
-        let now = self.now_s();
-        hint.ran_s += hint.running_since.take().map_or(0, |t| (now - t).max(0) as u64);
+        hint.clock.stop(self.now_s(), Stopper::Outside);
         // The record first: a restart must find a lender that overlaps its borrower.
         self.write_record(&id, &hint)?;
         self.ledger.suspend(job)?;
@@ -171,7 +171,7 @@ impl Host {
         let now = self.now_s();
         if let Some(mut hint) = self.hints.get(job).cloned() {
             hint.batch_suspended = false;
-            hint.running_since = Some(now);
+            hint.clock.resume(now, Stopper::Outside);
             if let Ok(id) = JobId::parse(job) {
                 self.record(&id, &hint);
             }

@@ -77,15 +77,7 @@ impl Host {
     /// submission and its estimate less what it has run; `None` without a submission time and
     /// estimate.
     pub(super) fn expansion_factor(&self, hint: &JobRecord, now: i64) -> Option<f64> {
-        let (submitted, estimate) = (hint.ask.submitted_at?, hint.ask.estimate_s?);
-        let running = hint.running_since.map_or(0, |t| (now - t).max(0) as u64);
-        let left = estimate.saturating_sub(hint.ran_s + running);
-        let as_time = |s: u64| i64::try_from(s).unwrap_or(i64::MAX);
-        Some(topo_core::policy::expansion_factor(
-            now.saturating_sub(submitted),
-            as_time(left),
-            as_time(estimate),
-        ))
+        Some(hint.clock.expansion_factor(now, hint.ask.submitted_at?, hint.ask.estimate_s?))
     }
 
     /// Suspends the running jobs that free the tightest domain for `prepared` (see
@@ -126,8 +118,8 @@ impl Host {
                     cpus: a.cpus.clone(),
                     fenced: a.fenced.clone(),
                     procs: a.cpus.len() as u32,
-                    ran: hint.protected_from().map_or(0, |t| now - t),
-                    suspensions: hint.suspensions,
+                    ran: hint.clock.protected_for(now),
+                    suspensions: hint.clock.suspensions,
                     xf: self.expansion_factor(hint, now),
                     kept: self.kept_by_host(&a.job, hint),
                 })
@@ -176,9 +168,7 @@ impl Host {
             after.suspended = true;
             after.suspended_by = None;
             after.preempted_by = Some(id.to_string());
-            after.suspensions += 1;
-            after.ran_s += after.running_since.map_or(0, |t| (now - t).max(0) as u64);
-            after.running_since = None;
+            after.clock.stop(now, Stopper::Preemption);
             // The record first, as for every suspend: a crash after the freeze finds it suspended.
             if self.write_record(&vid, &after).is_err() {
                 continue;

@@ -456,8 +456,7 @@ impl Host {
             let now = self.now_s();
             hint.suspended = false;
             hint.preempted_by = None;
-            hint.running_since = Some(now);
-            hint.protected_since = Some(now);
+            hint.clock.resume(now, Stopper::Preemption);
             self.record(id, &hint);
             self.hints.insert(job.clone(), hint);
         }

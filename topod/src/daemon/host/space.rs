@@ -8,12 +8,12 @@
 //! moved before it has run `migrate_min_run_s`, nor again within `migrate_gap_s` of its last
 //! move (or resize).
 
-use super::{Host, HostError, JobRecord, Prepared};
+use super::{Host, HostError, Prepared};
 use topo_core::cpuset::CpuSet;
 use topo_core::defrag::{self, Movable};
 use topo_core::ledger::{Allocation, JobState};
 use topo_core::malleable::{self, Malleable};
-use topo_core::policy::Defrag;
+use topo_core::policy::{Defrag, RunClock};
 use topo_core::request::{self, Request};
 
 /// A job arriving on the host, for equipartition's shares beside it.
@@ -246,10 +246,9 @@ impl Host {
             .filter(|a| self.hints.get(&a.job).is_none_or(|h| h.ask.gpus.is_empty()))
             .map(|a| {
                 let hint = self.hints.get(&a.job);
-                let from = cfg.movable_from(
-                    hint.and_then(JobRecord::protected_from),
-                    hint.and_then(|h| h.moved_at),
-                );
+                let unknown = RunClock::default();
+                let clock = hint.map_or(&unknown, |h| &h.clock);
+                let from = cfg.movable_from(clock, hint.and_then(|h| h.moved_at));
                 (a, from)
             })
     }
@@ -368,7 +367,7 @@ impl Host {
                 .filter_map(|m| held.iter().find(|(a, _, _)| a.job == m.key))
                 .map(|(a, _, _)| {
                     let hint = self.hints.get(&a.job);
-                    let started = hint.and_then(JobRecord::protected_from).unwrap_or(now);
+                    let started = hint.and_then(|h| h.clock.protected_from()).unwrap_or(now);
                     match hint.and_then(|h| h.moved_at) {
                         Some(t) if now - t < cfg.gap => format!(
                             "job {} was moved or resized {} s ago, less than migrate_gap_s {}",

@@ -1153,7 +1153,7 @@ fn an_owner_suspending_and_resuming_a_job_does_not_shield_it_from_preemption() {
         h.finish_suspend(ticket, outcome).unwrap();
         h.resume("v").unwrap();
     }
-    assert_eq!(h.hints["v"].suspensions, 0, "the owner's suspensions are not the policy's");
+    assert_eq!(h.hints["v"].clock.suspensions, 0, "the owner's suspensions are not the policy's");
     // An urgent job (waited 3.6 h for an hour's work: expansion factor 4.6) takes its CPUs.
     let urgent = PreemptAsk {
         preempt: true,
@@ -1164,7 +1164,7 @@ fn an_owner_suspending_and_resuming_a_job_does_not_shield_it_from_preemption() {
     alloc(&mut h, "p", urgent.clone()).unwrap();
     assert!(kernel.is_frozen(&JobId::parse("v").unwrap()).unwrap());
     assert_eq!(h.hints["v"].preempted_by.as_deref(), Some("p"));
-    assert_eq!(h.hints["v"].suspensions, 1);
+    assert_eq!(h.hints["v"].clock.suspensions, 1);
     // Nor can its owner take preemption's suspension over (to resume it as their own):
     // attack, issue 29.
     assert!(h.suspended_by_policy("v"));
@@ -1714,7 +1714,10 @@ fn a_victim_whose_cpus_its_preemptor_did_not_take_runs_on_uncounted() {
     run_queued(&mut h);
     assert!(!frozen("v") && !h.ledger().is_suspended("v"));
     let hint = &h.hints["v"];
-    assert_eq!((hint.suspensions, hint.preempted_by.as_deref(), hint.suspended), (0, None, false));
+    assert_eq!(
+        (hint.clock.suspensions, hint.preempted_by.as_deref(), hint.suspended),
+        (0, None, false)
+    );
     h.ledger().check().unwrap();
 }
 
@@ -1764,7 +1767,7 @@ fn a_suspended_jobs_cpus_are_lent_and_it_resumes_when_they_are_back_also_after_a
     assert!(again.allocate("c", "affinity[thread*3]", None, None, None, None).is_err());
     // An explicit suspension is not preemption's: not counted toward
     // preempt_max_suspensions. A suspended job can be released.
-    assert_eq!(again.hints["a"].suspensions, 0);
+    assert_eq!(again.hints["a"].clock.suspensions, 0);
     again.suspend("a").unwrap();
     again.release("a").unwrap();
     assert!(again.ledger().is_empty());
