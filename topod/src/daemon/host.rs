@@ -38,6 +38,7 @@ pub use snapshot::Snapshot;
 /// `migrate_gap_s`): the policy core's, whose rule for when a job may be moved both apply.
 pub use topo_core::policy::Defrag;
 use topo_core::policy::{RunClock, Stopper};
+use topo_core::proto;
 
 pub use super::records::{JobAsk, JobRecord};
 use super::records::{Records, RecordsError};
@@ -597,6 +598,60 @@ pub fn prepare(
         Err(e) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which does not read back: {e}"
         ))),
+    }
+}
+
+impl Prepared {
+    /// What an `allocate` asks, read once from the wire for a host with topology `topo`: the
+    /// request ([`prepare`], keeping its parsed form and the position of a parse error), the
+    /// GPUs the batch system gave, and every field a rule reads later, checked here (a queue or
+    /// pool name, the resize signal, the times preemption needs, the batch system's view) so
+    /// that nothing past this point sees a field it has not. The job id, memory limit, process
+    /// to join and the batch system's view stay the caller's: they are not what the job asks
+    /// of the host but how this one request is carried out.
+    pub fn from_allocate(topo: &Topology, args: &proto::AllocateArgs) -> Result<Self, HostError> {
+        let resize_signal = args
+            .resize_signal
+            .map(check_resize_signal)
+            .transpose()
+            .map_err(HostError::BadArgument)?;
+        let gpus = device_files_to_pci(topo, &args.gpus)?;
+        let mut prepared = prepare(topo, &args.request, args.tasks, args.cpus.as_deref())?
+            .with_gpus(topo, &gpus)?;
+        for (field, value) in [("queue", &args.queue), ("pool", &args.pool)] {
+            if let Some(Err(why)) = value.as_deref().map(|v| proto::check_name(field, v)) {
+                return Err(HostError::BadArgument(why));
+            }
+        }
+        let (submitted_at, estimate_s) = (args.submitted_at, args.estimate_s);
+        if (args.preempt || args.preemptible) && (submitted_at.is_none() || estimate_s.is_none()) {
+            return Err(HostError::BadArgument(
+                "preempt and preemptible need submitted_at (seconds since the epoch) and estimate_s (the job's time limit): a job's expansion factor comes from them".into(),
+            ));
+        }
+        if submitted_at.is_some_and(|t| t <= 0) || estimate_s == Some(0) {
+            return Err(HostError::BadArgument(
+                "submitted_at is seconds since the epoch (above 0) and estimate_s the job's time limit in seconds (at least 1; a job without a limit is not preemptible and cannot preempt)".into(),
+            ));
+        }
+        if let Some(Err(why)) = args.batch.as_ref().map(proto::BatchView::check) {
+            return Err(HostError::BadArgument(why));
+        }
+        prepared.ask = JobAsk {
+            owner_uid: args.owner_uid,
+            preemptible: args.preemptible,
+            submitted_at,
+            estimate_s,
+            resize_signal,
+            queue: args.queue.clone(),
+            pool: args.pool.clone(),
+            ..prepared.ask
+        };
+        prepared.gang = GangAsk { gang: args.gang, row: args.gang_row, prime: args.prime };
+        prepared.preempt = args.preempt;
+        prepared.starts_suspended = args.starts_suspended;
+        prepared.follows_batch = args.starts_suspended || args.batch.is_some();
+        Ok(prepared)
     }
 }
 

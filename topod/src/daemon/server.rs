@@ -677,78 +677,17 @@ fn handle_op(server: &Server, peer: &Peer, op: Op) -> Reply {
             let snap = server.snapshot();
             Reply::ok(serde_json::to_value(&snap.jobs).unwrap_or_default())
         }
-        Op::Allocate(proto::AllocateArgs {
-            job,
-            request,
-            tasks,
-            cpus,
-            mem_limit_bytes,
-            owner_uid,
-            join_pid,
-            gang,
-            gang_row,
-            prime,
-            queue,
-            preempt,
-            preemptible,
-            submitted_at,
-            estimate_s,
-            resize_signal,
-            pool,
-            batch,
-            starts_suspended,
-            gpus,
-        }) => {
+        Op::Allocate(args) => {
             if !admin {
                 return forbidden("allocate");
             }
-            let resize_signal = match resize_signal.map(host::check_resize_signal).transpose() {
-                Ok(s) => s,
-                Err(why) => return Reply::error(ErrorCode::BadRequest, why),
+            // What the job asks, read and checked once (`Prepared::from_allocate`).
+            let prepared = match host::Prepared::from_allocate(&server.topology, &args) {
+                Ok(p) => p,
+                Err(e) => return error_reply(&e),
             };
-            let mut prepared =
-                match host::prepare(&server.topology, &request, tasks, cpus.as_deref()).and_then(
-                    |p| {
-                        let gpus = host::device_files_to_pci(&server.topology, &gpus)?;
-                        p.with_gpus(&server.topology, &gpus)
-                    },
-                ) {
-                    Ok(p) => p,
-                    Err(e) => return error_reply(&e),
-                };
-            for (field, value) in [("queue", &queue), ("pool", &pool)] {
-                if let Some(Err(why)) = value.as_deref().map(|v| proto::check_name(field, v)) {
-                    return Reply::error(ErrorCode::BadRequest, why);
-                }
-            }
-            prepared.gang = host::GangAsk { gang, row: gang_row, prime };
-            prepared.ask.queue = queue;
-            if (preempt || preemptible) && (submitted_at.is_none() || estimate_s.is_none()) {
-                return Reply::error(
-                    ErrorCode::BadRequest,
-                    "preempt and preemptible need submitted_at (seconds since the epoch) and estimate_s (the job's time limit): a job's expansion factor comes from them",
-                );
-            }
-            if submitted_at.is_some_and(|t| t <= 0) || estimate_s == Some(0) {
-                return Reply::error(
-                    ErrorCode::BadRequest,
-                    "submitted_at is seconds since the epoch (above 0) and estimate_s the job's time limit in seconds (at least 1; a job without a limit is not preemptible and cannot preempt)",
-                );
-            }
-            prepared.preempt = preempt;
-            prepared.ask = host::JobAsk {
-                preemptible,
-                submitted_at,
-                estimate_s,
-                resize_signal,
-                pool,
-                ..prepared.ask
-            };
-            prepared.starts_suspended = starts_suspended;
-            prepared.follows_batch = starts_suspended || batch.is_some();
-            if let Some(Err(why)) = batch.as_ref().map(proto::BatchView::check) {
-                return Reply::error(ErrorCode::BadRequest, why);
-            }
+            let proto::AllocateArgs { job, mem_limit_bytes, join_pid, preempt, batch, .. } = args;
+            let owner_uid = prepared.ask.owner_uid;
             // An administrator may move any process in, as with `join`, but never topod's own.
             let target = match join_pid.map(|pid| join_target(pid, peer, true)).transpose() {
                 Ok(t) => t,

@@ -3037,3 +3037,57 @@ fn gpus_any_runs_anywhere_and_a_job_found_without_its_record_gets_its_gpus() {
     h.recover(BTreeMap::new()).unwrap();
     assert_eq!(h.held_gpus().len(), 3, "recorded: held across a restart");
 }
+
+#[test]
+fn an_allocate_is_read_once_into_what_the_job_asks_and_each_bad_field_is_named() {
+    let topo = two_packages();
+    let args = proto::AllocateArgs {
+        owner_uid: Some(1000),
+        queue: Some("batch".into()),
+        pool: Some("day".into()),
+        preempt: true,
+        preemptible: true,
+        submitted_at: Some(1_700_000_000),
+        estimate_s: Some(3600),
+        resize_signal: Some(10),
+        gang: Some(true),
+        gang_row: Some(1),
+        starts_suspended: true,
+        tasks: Some(2),
+        cpus: Some("0-3".into()),
+        ..proto::AllocateArgs::new("7", "affinity[core]")
+    };
+    let p = Prepared::from_allocate(&topo, &args).unwrap();
+    let ask = &p.ask;
+    assert_eq!(
+        (ask.owner_uid, ask.queue.as_deref(), ask.pool.as_deref()),
+        (Some(1000), Some("batch"), Some("day"))
+    );
+    assert_eq!(
+        (ask.preemptible, ask.submitted_at, ask.estimate_s, ask.resize_signal),
+        (true, Some(1_700_000_000), Some(3600), Some(10))
+    );
+    assert_eq!(ask.request, p.request.to_string());
+    assert_eq!(p.request.tasks, Some(2));
+    assert_eq!(p.request.cpu_list.as_ref().map(ToString::to_string).as_deref(), Some("0-3"));
+    assert_eq!(p.gang, GangAsk { gang: Some(true), row: Some(1), prime: false });
+    assert!(p.preempt && p.starts_suspended && p.follows_batch);
+    let bad = |edit: &dyn Fn(&mut proto::AllocateArgs), says: &str| {
+        let mut wrong = args.clone();
+        edit(&mut wrong);
+        match Prepared::from_allocate(&topo, &wrong) {
+            Err(HostError::BadArgument(why)) => assert!(why.contains(says), "{why}"),
+            other => panic!("{says}: {other:?}"),
+        }
+    };
+    bad(&|a| a.resize_signal = Some(9), "resize_signal = 9");
+    bad(&|a| a.queue = Some("a\nb".into()), "queue \"a\\nb\" has a control character");
+    bad(&|a| a.pool = Some(String::new()), "pool");
+    bad(&|a| a.estimate_s = None, "need submitted_at");
+    bad(&|a| a.submitted_at = Some(0), "above 0");
+    bad(&|a| a.gpus = vec!["0000:99:00.0".into()], "no PCI device");
+    // The request's own errors keep their kind (and a parse error its position).
+    let mut unparsable = args.clone();
+    unparsable.request = "affinity[core(".into();
+    assert!(matches!(Prepared::from_allocate(&topo, &unparsable), Err(HostError::Unparsable(_))));
+}
