@@ -299,9 +299,22 @@ impl Defrag {
     /// `now`. A job whose start is not known counts as starting now. topod and the policy core
     /// both decide by this.
     pub fn may_move(&self, now: Time, clock: &RunClock, moved_at: Option<Time>) -> bool {
-        let since = clock.protected_from().unwrap_or(now);
-        now.saturating_sub(since) >= self.min_run
-            && moved_at.is_none_or(|t| now.saturating_sub(t) >= self.gap)
+        self.kept_in_place(now, clock, moved_at).is_none()
+    }
+
+    /// Why a job with `clock`, last moved or resized at `moved_at`, may not be moved at `now`
+    /// ([`may_move`](Self::may_move)); `None` when it may. A recent move is said first.
+    pub fn kept_in_place(
+        &self,
+        now: Time,
+        clock: &RunClock,
+        moved_at: Option<Time>,
+    ) -> Option<NotMovable> {
+        if let Some(ago) = moved_at.map(|t| now.saturating_sub(t)).filter(|&ago| ago < self.gap) {
+            return Some(NotMovable::MovedRecently { ago, gap: self.gap });
+        }
+        let ran = now.saturating_sub(clock.protected_from().unwrap_or(now));
+        (ran < self.min_run).then_some(NotMovable::TooEarly { ran, min_run: self.min_run })
     }
 
     /// The time from which [`may_move`](Self::may_move) holds for a job with `clock`, last
@@ -317,6 +330,26 @@ impl Defrag {
         };
         run.max(moved_at.map_or(Time::MIN, |t| t.saturating_add(self.gap)))
     }
+}
+
+/// Why migration may not move a job yet ([`Defrag::kept_in_place`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotMovable {
+    /// It was moved or resized `ago` seconds ago, less than [`Defrag::gap`].
+    MovedRecently {
+        /// Seconds since its last move or resize.
+        ago: Time,
+        /// The least time between two moves of a job.
+        gap: Time,
+    },
+    /// It has run `ran` seconds since its start (or its resume after preemption), less than
+    /// [`Defrag::min_run`].
+    TooEarly {
+        /// Seconds it has counted as running.
+        ran: Time,
+        /// The least run before a first move.
+        min_run: Time,
+    },
 }
 
 /// A job's expansion factor: (time in the system + estimated time still to run) ÷ estimate, the
@@ -593,6 +626,27 @@ pub use cluster::*;
 #[cfg(test)]
 mod timer_tests {
     use super::*;
+
+    #[test]
+    fn why_a_job_is_kept_in_place_names_the_timer_that_keeps_it() {
+        let d = Defrag { min_run: 60, gap: 300, limits: DefragLimits::default() };
+        let clock = RunClock::started(1_000);
+        assert_eq!(
+            d.kept_in_place(1_030, &clock, None),
+            Some(NotMovable::TooEarly { ran: 30, min_run: 60 })
+        );
+        // A recent move is said first, also when the job is young too.
+        assert_eq!(
+            d.kept_in_place(1_030, &clock, Some(1_010)),
+            Some(NotMovable::MovedRecently { ago: 20, gap: 300 })
+        );
+        assert_eq!(d.kept_in_place(1_400, &clock, Some(1_010)), None);
+        // A start topod did not see counts as now.
+        assert_eq!(
+            d.kept_in_place(5_000, &RunClock::default(), None),
+            Some(NotMovable::TooEarly { ran: 0, min_run: 60 })
+        );
+    }
 
     #[test]
     fn a_job_is_movable_from_exactly_the_time_may_move_says() {

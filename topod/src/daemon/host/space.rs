@@ -13,7 +13,7 @@ use topo_core::cpuset::CpuSet;
 use topo_core::defrag::{self, Movable};
 use topo_core::ledger::{Allocation, JobState};
 use topo_core::malleable::{self, Malleable};
-use topo_core::policy::{Defrag, RunClock};
+use topo_core::policy::{Defrag, NotMovable, RunClock};
 use topo_core::request::{self, Request};
 
 /// A job arriving on the host, for equipartition's shares beside it.
@@ -367,20 +367,19 @@ impl Host {
                 .filter_map(|m| held.iter().find(|(a, _, _)| a.job == m.key))
                 .map(|(a, _, _)| {
                     let hint = self.hints.get(&a.job);
-                    let started = hint.and_then(|h| h.clock.protected_from()).unwrap_or(now);
-                    match hint.and_then(|h| h.moved_at) {
-                        Some(t) if now - t < cfg.gap => format!(
-                            "job {} was moved or resized {} s ago, less than migrate_gap_s {}",
-                            a.job,
-                            now - t,
-                            cfg.gap
+                    let unknown = RunClock::default();
+                    let clock = hint.map_or(&unknown, |h| &h.clock);
+                    match cfg.kept_in_place(now, clock, hint.and_then(|h| h.moved_at)) {
+                        Some(NotMovable::MovedRecently { ago, gap }) => format!(
+                            "job {} was moved or resized {ago} s ago, less than migrate_gap_s {gap}",
+                            a.job
                         ),
-                        _ => format!(
-                            "job {} has run {} s, less than migrate_min_run_s {}",
-                            a.job,
-                            now - started,
-                            cfg.min_run
+                        Some(NotMovable::TooEarly { ran, min_run }) => format!(
+                            "job {} has run {ran} s, less than migrate_min_run_s {min_run}",
+                            a.job
                         ),
+                        // Movable by the time this ran: the planner found no room even so.
+                        None => format!("job {} may move but no room was found for it", a.job),
                     }
                 })
                 .collect();
