@@ -15,6 +15,8 @@
 #   are free; GPUs PBS counts (ngpus=1 each, two jobs at once, on a two-GPU machine given to
 #   topod as a sysfs tree) are chosen by topod, one each, beside each job's CPU, and each job
 #   opens its own GPU's device file and not the other's.
+#   With one vnode per NUMA node: each vnode publishes its own node's GPUs (10c); with topod
+#   down at the MoM's start, exechost_periodic makes those vnodes once topod answers (10d).
 #
 # Every daemon it starts is stopped at the end, pass or fail; /etc/hosts and /etc/pbs.conf are
 # restored. Needs root; exit 77 (a visible skip) when it cannot run here.
@@ -575,6 +577,34 @@ EOP
     done
     touch "$OUT/vgpu1.stop" "$OUT/vgpu2.stop"
     wait_state "$v1" F 30 || true; wait_state "$v2" F 30 || true
+    # --- 10d. topod not up when the MoM starts: exechost_periodic makes the per-NUMA vnodes ------
+    # exechost_startup cannot reach topod, so it offlines the host's vnode and makes none; once
+    # topod answers and no job runs, exechost_periodic makes $NODE[0] and $NODE[1] (the server
+    # creates vnodes a MoM's hook reports) and brings the host back.
+    qmgr -c "delete node $NODE[0]" >/dev/null 2>&1 || true
+    qmgr -c "delete node $NODE[1]" >/dev/null 2>&1 || true
+    stop_topod
+    restart_mom
+    for _ in $(seq 150); do pbsnodes -v "$NODE" 2>/dev/null | grep -q "state = offline" && break; sleep 0.2; done
+    check "with topod down, exechost_startup offlined $NODE and made no per-NUMA vnode ($(pbsnodes -v "$NODE" 2>/dev/null | awk -F' = ' '/comment/ { print $2 }'))" \
+        sh -c "pbsnodes -v '$NODE' | grep -q 'state = offline' && ! pbsnodes -v '$NODE[0]' >/dev/null 2>&1"
+    start_topod
+    for _ in $(seq 300); do
+        pbsnodes -v "$NODE[1]" 2>/dev/null | grep -q "state = free" && pbsnodes -v "$NODE" 2>/dev/null | grep -q "state = free" && break
+        sleep 0.2
+    done
+    vnode_ncpus() { pbsnodes -v "$1" 2>/dev/null | awk -F' = ' '/resources_available.ncpus/ { print $2 }'; }
+    check "exechost_periodic made the per-NUMA vnodes once topod answered (ncpus: $NODE $(vnode_ncpus "$NODE"), [0] $(vnode_ncpus "$NODE[0]"), [1] $(vnode_ncpus "$NODE[1]"); ngpus [0] $(vnode_ngpus "$NODE[0]"), [1] $(vnode_ngpus "$NODE[1]")), all free" \
+        sh -c "[ '$(vnode_ncpus "$NODE")/$(vnode_ncpus "$NODE[0]")/$(vnode_ncpus "$NODE[1]")' = 0/1/1 ] && [ '$(vnode_ngpus "$NODE[0]")/$(vnode_ngpus "$NODE[1]")' = 1/1 ] && pbsnodes -v '$NODE' | grep -q 'state = free' && pbsnodes -v '$NODE[0]' | grep -q 'state = free'"
+    v3=$(gpu_job vgpu3 'affinity[thread]')
+    wait_file "$OUT/vgpu3.cpus" 30 || fail "a GPU job on the vnodes periodic made did not start: $(job_attr "$v3" comment)"
+    where=$(job_attr "$v3" exec_vnode)
+    index=$(sed -n 's/^([^+]*\[\([0-9]*\)\]:[^+]*)$/\1/p' <<<"$where")
+    cpus=$(cat "$OUT/vgpu3.cpus" 2>/dev/null)
+    check "a job on a vnode periodic made ($where) runs on that NUMA node's CPU (${cpus:-none})" \
+        sh -c "[ -n '$index' ] && [ '$cpus' = '$index' ]"
+    touch "$OUT/vgpu3.stop"
+    wait_state "$v3" F 30 || true
     # Back to one vnode: the per-NUMA vnodes go (the server keeps vnodes a MoM once reported).
     set_numa_vnodes false
     qmgr -c "delete node $NODE[0]" >/dev/null 2>&1 || true

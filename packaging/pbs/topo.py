@@ -1724,7 +1724,9 @@ def on_periodic(event, config):
             for jid, misses in read_orphan_counts(config).items():
                 if misses <= 1:
                     running.setdefault(jid, None)
-            publish(event, host, topod, config, False, running)
+            publish(event, host, topod, config, numa_vnodes_to_make(event, host, topod, config), running)
+        elif numa_vnodes_to_make(event, host, topod, config):
+            publish(event, host, topod, config, True)
     except TopodUnreachable as e:
         offline_vnodes(event, host, config, "%s; jobs cannot start here" % e)
         return
@@ -1732,6 +1734,30 @@ def on_periodic(event, config):
         offline_vnodes(event, host, config, "; ".join(failures))
     else:
         online_vnodes_if_we_offlined(event, host, config)
+
+
+def numa_vnodes_to_make(event, host, topod, config):
+    """Whether this exechost_periodic run makes the per-NUMA vnodes exechost_startup could not
+    (topod was not up when the MoM started): with vnode_per_numa_node, when a NUMA node with CPUs
+    has no vnode HOST[N] yet and no PBS job runs on this MoM. While one does, its ncpus are
+    counted on the vnodes it was given (the host's own): taking them away there would let PBS
+    give the same CPUs again through the new vnodes, so the vnodes wait for the host to be idle
+    (logged at each run)."""
+    if not config["vnode_per_numa_node"]:
+        return False
+    topology = topod.call("topology")
+    free_map = topod.call("free_map")
+    missing = ["%s[%d]" % (host, index) for index, _, _ in numa_nodes_with_cpus(topology, free_map)
+               if "%s[%d]" % (host, index) not in event.vnode_list]
+    if not missing:
+        return False
+    if len(event.job_list):
+        log_info("vnode_per_numa_node: vnodes %s are not made yet (exechost_startup could not reach "
+                 "topod); they are made once no PBS job runs on %s" % (", ".join(missing), host))
+        return False
+    log_info("vnode_per_numa_node: making vnodes %s, which exechost_startup could not (topod was "
+             "not reachable then)" % ", ".join(missing))
+    return True
 
 
 def comment_missized(event, topod):

@@ -1055,6 +1055,37 @@ class HostTest(HookTestCase):
         again = self.periodic(vnodes={HOST: {"state": 1, "comment": "an admin's reason"}})
         self.assertEqual(again["vnode_list"][HOST]["state"], 1, "a vnode the hook did not offline stays offline")
 
+    def test_per_numa_vnodes_startup_could_not_make_are_made_by_periodic_once_no_job_runs(self):
+        self.write_config(vnode_per_numa_node=True)
+        self.topod.stop()
+        started = self.run_event("exechost_startup", vnode_list={HOST: {"resources_available": {"ncpus": 32}}})
+        self.assert_accepted(started)
+        self.assertEqual(sorted(started["vnode_list"]), [HOST])
+        self.assertEqual(started["vnode_list"][HOST]["state"], 1)
+        offlined = {HOST: {"state": 1, "comment": started["vnode_list"][HOST]["comment"]}}
+        # A machine with two NUMA nodes, on topod's in-memory backend (also as root).
+        self.topod.start(topology=EMULATED)
+        # A PBS job runs on the host's own vnode: its CPUs are counted there, so no vnode yet.
+        job = mom_job("72.server", ncpus=1)
+        self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
+        busy = self.periodic(running=["72.server"], vnodes=dict(offlined))
+        self.assertEqual(sorted(busy["vnode_list"]), [HOST])
+        self.assertTrue(any("are made once no PBS job runs" in line for _, line in busy["log"]), busy["log"])
+        self.assertEqual(busy["vnode_list"][HOST]["state"], 0, "the host's own vnode is back online meanwhile")
+        self.assert_accepted(self.run_event("execjob_end", job=job, vnode_list={HOST: {}}))
+        idle = self.periodic(vnodes={HOST: {}})
+        vnodes = idle["vnode_list"]
+        self.assertEqual(sorted(vnodes), [HOST, HOST + "[0]", HOST + "[1]"])
+        self.assertEqual(vnodes[HOST]["resources_available"]["ncpus"], 0)
+        for name in (HOST + "[0]", HOST + "[1]"):
+            self.assertEqual(vnodes[name]["resources_available"]["ncpus"], 16)
+            self.assertEqual(vnodes[name]["resources_available"]["topo_free_numa"], 1)
+        # Made once: the next run only refreshes them.
+        made = {name: {} for name in vnodes}
+        again = self.periodic(vnodes=made)
+        self.assertFalse(any("making vnodes" in line for _, line in again["log"]), again["log"])
+        self.assertEqual(sorted(again["vnode_list"]), sorted(vnodes))
+
     def test_a_job_whose_end_could_not_reach_topod_is_released_by_periodic(self):
         job = mom_job("71.server")
         self.assert_accepted(self.run_event("execjob_begin", job=job, vnode_list={HOST: {}}))
