@@ -7,11 +7,13 @@
 //!
 //! The scripts cover submits, ends (a job ends when its estimate has run, counting from its
 //! start and resumes), the passing of time, and jobs' owners suspending and resuming them
-//! (`topoctl suspend` and `resume` as the job's user); preemption is on with every job
-//! preemptible (and, under gang slicing, in every other script: gang jobs then neither preempt
-//! nor are preempted). Both drivers must also give each owner's request the same answer (carried out,
-//! or refused for the same reason). The owner's dodge of issue 30 (suspend and resume to reset
-//! preemption's counters) is a scripted case.
+//! (`topoctl suspend` and `resume` as the job's user). Each script runs under one rule set:
+//! preemption with every job preemptible; gang slicing (with preemption in every other script:
+//! gang jobs then neither preempt nor are preempted); equipartition of malleable jobs; or
+//! migration (a job no larger than a NUMA node asks for one, and one that does not fit although
+//! enough CPUs are free moves running jobs). Both drivers must also give each owner's request
+//! the same answer (carried out, or refused for the same reason). The owner's dodge of issue 30
+//! (suspend and resume to reset preemption's counters) is a scripted case.
 //! topod's side runs its freezes and thaws at once, or queues them and runs them after, as the
 //! server does without the host lock (asking a preempting allocate again).
 //! `AGREE_SEEDS=N` runs N random scripts per rule set and host (15 by default; 100 passed when
@@ -51,6 +53,9 @@ enum Rules {
     /// Equipartition of the CPUs rigid jobs leave among the malleable jobs (every even-numbered
     /// job malleable, in the range `Malleability` gives it: `*min-max` for topod).
     Malleable(policy::Malleability),
+    /// Defragmenting migration: a job that does not fit although enough CPUs are free moves
+    /// running jobs (those its timers let move) to make room.
+    Defrag(policy::Defrag),
 }
 
 impl Rules {
@@ -128,6 +133,7 @@ impl TopodDriver {
                 host.set_preempt(preempt);
             }
             Rules::Malleable(_) => host.set_equipartition(true),
+            Rules::Defrag(defrag) => host.set_defrag(Some(defrag)),
         }
         if deferred {
             host.defer_kernel_waits();
@@ -203,7 +209,7 @@ impl TopodDriver {
         }
         while let Some(&head) = self.queue.front() {
             let j = self.jobs[head as usize];
-            let text = policy::cores_request(j.cores).to_string();
+            let text = self.request_of(j.cores).to_string();
             let mut prepared = prepare(&self.host.topo, &text, None, None).unwrap();
             asks_to_preempt(&mut prepared, &j);
             let suspended_before = self.host.ledger().suspended_jobs().count();
@@ -227,6 +233,22 @@ impl TopodDriver {
             }
         }
         answers
+    }
+
+    /// The request a job of `cores` cores asks for: under migration, one NUMA node when it fits
+    /// in one (the core's `numa_local`), else any cores.
+    fn request_of(&self, cores: u32) -> Request {
+        let model = &self.host.model;
+        let numa_cores = model
+            .numa
+            .iter()
+            .map(|n| model.cores.iter().filter(|c| c.is_subset(n)).count() as u32)
+            .max()
+            .unwrap_or(0);
+        match self.rules {
+            Rules::Defrag(_) if cores <= numa_cores => policy::numa_request(cores),
+            _ => policy::cores_request(cores),
+        }
     }
 
     /// Asks topod for `head` in each gang row in turn, as a batch system that chose the first
@@ -349,6 +371,8 @@ struct Counts {
     owners_done: usize,
     /// Resizes of malleable jobs.
     resized: usize,
+    /// Moves by migration.
+    moved: usize,
     /// Owners' suspends and resumes refused.
     owners_refused: usize,
     /// Owners' suspends refused because the job held CPUs a job suspended by preemption waits
@@ -396,6 +420,8 @@ fn agree_under(
         Rules::Preempt(rules) => PolicyConfig { preempt: Some(rules), ..plain },
         Rules::Gang(gang, preempt) => PolicyConfig { gang: Some(gang), preempt, ..plain },
         Rules::Malleable(m) => PolicyConfig { malleable: Some(m), ..plain },
+        // Jobs no larger than a NUMA node ask for one: what leaves room only after moves.
+        Rules::Defrag(defrag) => PolicyConfig { defrag: Some(defrag), numa_local: true, ..plain },
     };
     let mut core = PolicyCore::new(vec![model], config);
     let mut topod = TopodDriver::new(topo, rules, jobs, deferred);
@@ -566,6 +592,13 @@ fn agree_under(
                         seen.running.insert(job, own.remove(&job).unwrap());
                     }
                     Action::Refused { .. } => {}
+                    Action::Move { job, parts, .. } => {
+                        if std::env::var_os("AGREE_DEBUG").is_some() {
+                            eprintln!("  core move {job} {:?}", parts[0].placement.tasks);
+                        }
+                        seen.running.insert(job, parts[0].placement.cpus.clone());
+                        counts.moved += 1;
+                    }
                     other => {
                         panic!("the core decided {other:?}, which this script does not expect")
                     }
@@ -801,4 +834,35 @@ fn policy_agrees_that_an_owner_holds_no_other_job_suspended() {
         // at 20,000 carried out.
         assert_eq!((c.preempted, c.owners_done, c.owners_refused), (1, 2, 1), "{c:?}");
     }
+}
+
+/// Migration (topod's `defrag`, the core's `+defrag` with NUMA-local jobs): the same moves, at
+/// the same instants, to the same CPUs, and none of a job its minimum run keeps in place (a
+/// topod that ignored `migrate_min_run_s` fails this). These scripts move no job twice, so the
+/// gap between two moves of one job is not compared here (the host's own tests check it).
+#[test]
+fn policy_agrees_on_migration_and_its_timers() {
+    let seeds: u64 = std::env::var("AGREE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let limits = topo_core::defrag::DefragLimits::default();
+    let rule_sets = [
+        policy::Defrag { min_run: 0, gap: 0, limits },
+        policy::Defrag { min_run: 1_000, gap: 2_000, limits },
+    ];
+    let mut moved = [0; 2];
+    for (topo, tick) in [(two_nodes_of_four(), 100), (small_topology(6), 37)] {
+        for (i, defrag) in rule_sets.into_iter().enumerate() {
+            for seed in 0..seeds {
+                // Jobs of up to half the host, arriving faster than they end: NUMA nodes
+                // fragment, and starts need moves.
+                let mut jobs = random_jobs(seed, 40, topo.pus.len() as u32 / 2);
+                for (k, j) in jobs.iter_mut().enumerate() {
+                    j.submit = j.submit / 4 + k as i64;
+                }
+                moved[i] +=
+                    agree_under(&topo, Rules::Defrag(defrag), &jobs, tick, false, None).moved;
+            }
+        }
+    }
+    eprintln!("moves: {moved:?}");
+    assert!(moved.iter().all(|&m| m > 0), "the scripts move jobs under each rule set: {moved:?}");
 }
