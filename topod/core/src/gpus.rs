@@ -44,17 +44,40 @@ pub fn gpu_indices(topo: &Topology) -> Vec<usize> {
 /// per the PCI ID registry): VGA (class 0x03) but no job's GPU.
 const BOARD_DISPLAY_VENDORS: [u16; 2] = [0x1a03, 0x102b];
 
+/// Single display adapters (vendor, device) that are no job's GPU either, by the PCI ID
+/// registry's names: a server board's ATI ES1000 (as on the IBM x3950 in
+/// `../shared/topologies`), and the display a virtual machine is given (QEMU's standard VGA
+/// 1234:1111, Cirrus GD 5446 1013:00b8, QXL 1b36:0100, virtio-gpu 1af4:1050, VMware SVGA II
+/// 15ad:0405, Hyper-V's synthetic video 1414:5353).
+const BOARD_DISPLAY_DEVICES: [(u16, u16); 7] = [
+    (0x1002, 0x515e),
+    (0x1234, 0x1111),
+    (0x1013, 0x00b8),
+    (0x1b36, 0x0100),
+    (0x1af4, 0x1050),
+    (0x15ad, 0x0405),
+    (0x1414, 0x5353),
+];
+
 /// Intel's PCI vendor id: its co-processors (class 0x0b40) are QuickAssist crypto and
 /// compression engines, which the kernel uses for everyone, not a job's accelerator.
 const INTEL: u16 = 0x8086;
 
 /// Whether `device` is a GPU or accelerator a job may be given (and be confined to): class
-/// 0x03 (display) or an accelerator, but not a board's or BMC's display adapter, nor Intel's
-/// QuickAssist.
+/// 0x03 (display) or an accelerator, but not a board's, BMC's or virtual machine's display
+/// adapter, nor Intel's QuickAssist, nor an SR-IOV virtual function (a slice of a GPU listed
+/// already as its physical function, made for virtual machines: giving both would give the same
+/// GPU twice).
 pub fn is_for_jobs(device: &crate::topology::IoDevice) -> bool {
     let vendor = device.vendor_id.unwrap_or(0);
+    if device.virtual_function {
+        return false;
+    }
     match device.class {
-        DeviceClass::Gpu => !BOARD_DISPLAY_VENDORS.contains(&vendor),
+        DeviceClass::Gpu => {
+            let id = (vendor, device.device_id.unwrap_or(0));
+            !BOARD_DISPLAY_VENDORS.contains(&vendor) && !BOARD_DISPLAY_DEVICES.contains(&id)
+        }
         DeviceClass::Accelerator => !(vendor == INTEL && device.class_code >> 8 == 0x0b40),
         _ => false,
     }
@@ -943,6 +966,22 @@ mod tests {
         assert!(!is_for_jobs(&device(0x030000, 0x102b)), "a Matrox board VGA");
         assert!(!is_for_jobs(&device(0x0b4000, 0x8086)), "Intel QuickAssist");
         assert!(!is_for_jobs(&device(0x020000, 0x10de)), "a NIC");
+        let model =
+            |vendor: u16, id: u16| IoDevice { device_id: Some(id), ..device(0x030000, vendor) };
+        assert!(!is_for_jobs(&model(0x1002, 0x515e)), "a board's ATI ES1000");
+        assert!(!is_for_jobs(&model(0x1234, 0x1111)), "a virtual machine's standard VGA");
+        assert!(!is_for_jobs(&model(0x1af4, 0x1050)), "virtio-gpu");
+        assert!(is_for_jobs(&model(0x1002, 0x740f)), "an AMD Instinct GPU");
+        let vf = IoDevice { virtual_function: true, ..device(0x030200, 0x10de) };
+        assert!(!is_for_jobs(&vf), "an SR-IOV virtual function of a GPU");
+        // The x3950 in ../shared has an ES1000 and no GPU.
+        if let Ok(x3950) = crate::topology::hwloc_xml::read_file(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/topologies/xml/96em64t-4n4d3ca2co-pci.xml"
+        ))) {
+            assert!(x3950.devices.iter().any(|d| d.device_id == Some(0x515e)));
+            assert_eq!(gpu_indices(&x3950), Vec::<usize>::new());
+        }
     }
     use crate::topology::{IoDevice, SyntheticShape};
 
