@@ -615,9 +615,11 @@ impl Prepared {
             .map(check_resize_signal)
             .transpose()
             .map_err(HostError::BadArgument)?;
+        // The request first: its error says where in it, and no device file is looked at for a
+        // request refused anyway.
+        let prepared = prepare(topo, &args.request, args.tasks, args.cpus.as_deref())?;
         let gpus = device_files_to_pci(topo, &args.gpus)?;
-        let mut prepared = prepare(topo, &args.request, args.tasks, args.cpus.as_deref())?
-            .with_gpus(topo, &gpus)?;
+        let mut prepared = prepared.with_gpus(topo, &gpus)?;
         for (field, value) in [("queue", &args.queue), ("pool", &args.pool)] {
             if let Some(Err(why)) = value.as_deref().map(|v| proto::check_name(field, v)) {
                 return Err(HostError::BadArgument(why));

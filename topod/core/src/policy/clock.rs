@@ -83,6 +83,9 @@ impl RunClock {
     /// The job stops at `now`, stopped by `by`: what it ran so far is kept, and a stop by the
     /// policy counts toward its suspensions. A clock already stopped only counts the stop.
     pub fn stop(&mut self, now: Time, by: Stopper) {
+        // A record from before `protected_since` counts from its last start: kept as it is, or
+        // the resume after an owner's stop would restart it.
+        self.protected_since = self.protected_since.or(self.running_since);
         if let Some(since) = self.running_since.take() {
             self.ran_s = self.ran_s.saturating_add(seconds(since, now));
         }
@@ -92,10 +95,11 @@ impl RunClock {
     }
 
     /// The job runs again at `now` after a stop by `after`: a resume after preemption restarts
-    /// the minimum run times, any other does not.
+    /// the minimum run times, any other does not (a job found stopped, whose start is not
+    /// known, counts from its first resume).
     pub fn resume(&mut self, now: Time, after: Stopper) {
         self.running_since = Some(now);
-        if after == Stopper::Preemption {
+        if after == Stopper::Preemption || self.protected_since.is_none() {
             self.protected_since = Some(now);
         }
     }
@@ -180,6 +184,17 @@ mod tests {
         assert_eq!(clock.expansion_factor(500, 0, 400), expansion_at(500, 0, 300, 400));
     }
 
+    #[test]
+    fn a_limit_of_u64_max_or_a_submission_long_ago_does_not_overflow() {
+        // (An attack: an allocate with estimate_s = u64::MAX and an early submitted_at made
+        // every preempting allocate panic in a debug build, and wrap in a release one.)
+        let clock = RunClock::started(1);
+        let xf = clock.expansion_factor(i64::MAX, i64::MIN, u64::MAX);
+        assert!(xf.is_finite() && xf >= 1.0, "{xf}");
+        assert_eq!(clock.estimated_end(u64::MAX), Some(i64::MAX));
+        assert!(super::super::expansion_factor(Time::MAX, Time::MAX, 1) > 1e18);
+    }
+
     fn expansion_at(now: Time, submitted: Time, left: Time, estimate: Time) -> f64 {
         super::super::expansion_factor(now - submitted, left, estimate)
     }
@@ -188,6 +203,18 @@ mod tests {
     fn a_record_without_protected_since_counts_from_its_last_start() {
         let old: RunClock = serde_json::from_str(r#"{"ran_s": 5, "running_since": 40}"#).unwrap();
         assert_eq!(old.protected_from(), Some(40));
+        // Its owner's stop and resume do not restart it (the dodge, on a record from before).
+        let mut dodged = old.clone();
+        dodged.stop(100, Stopper::Outside);
+        dodged.resume(110, Stopper::Outside);
+        assert_eq!(dodged.protected_for(200), 160);
+        // Found stopped, with nothing known: protected from its first resume, then kept.
+        let mut found = RunClock::found(10, true);
+        assert_eq!(found.protected_from(), None);
+        found.resume(50, Stopper::Outside);
+        found.stop(60, Stopper::Outside);
+        found.resume(70, Stopper::Outside);
+        assert_eq!(found.protected_from(), Some(50));
         assert_eq!(serde_json::to_string(&RunClock::default()).unwrap(), "{}");
         assert_eq!(RunClock::found(10, true).suspensions, 1);
         assert_eq!(RunClock::found(10, false), RunClock::started(10));

@@ -357,7 +357,7 @@ pub enum NotMovable {
 /// preempt whom, and the order suspended jobs resume in, go by it; topod and the policy core both
 /// compute it here.
 pub fn expansion_factor(in_system: Time, to_run: Time, estimate: Time) -> f64 {
-    (in_system.max(0) + to_run.max(0)) as f64 / estimate.max(1) as f64
+    in_system.max(0).saturating_add(to_run.max(0)) as f64 / estimate.max(1) as f64
 }
 
 /// A job suspended on a host, as the resume step ([`resume_preempted`]) sees it.

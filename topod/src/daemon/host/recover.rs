@@ -132,6 +132,9 @@ impl Host {
                 // resumes it once the job on its CPUs is gone.
                 (false, false) if hint.batch_suspended => {
                     hint.batch_suspended = in_way;
+                    if !in_way {
+                        hint.clock.resume(self.now_s(), Stopper::Outside);
+                    }
                     in_way
                 }
                 (true, true) => true,
@@ -143,6 +146,7 @@ impl Host {
                         "job {job}: found frozen, its CPUs held by running jobs; kept suspended"
                     );
                     hint.suspended = true;
+                    hint.clock.stop(self.now_s(), Stopper::Outside);
                     true
                 }
                 (true, false) => {
@@ -169,8 +173,17 @@ impl Host {
                     }
                 }
                 (false, true) => {
-                    // Thawed by a resume that a crash cut short before its record changed.
+                    // Thawed by a resume that a crash cut short before its record changed, or
+                    // never frozen (a suspend or preemption cut short before its freeze): it
+                    // runs, and its clock with it, as after a resume by hand (one after
+                    // preemption restarts its protection and keeps the count).
                     hint.suspended = false;
+                    hint.suspended_by = None;
+                    let after = match hint.preempted_by.take() {
+                        Some(_) => Stopper::Preemption,
+                        None => Stopper::Outside,
+                    };
+                    hint.clock.resume(self.now_s(), after);
                     false
                 }
                 (false, false) => false,

@@ -3086,8 +3086,97 @@ fn an_allocate_is_read_once_into_what_the_job_asks_and_each_bad_field_is_named()
     bad(&|a| a.estimate_s = None, "need submitted_at");
     bad(&|a| a.submitted_at = Some(0), "above 0");
     bad(&|a| a.gpus = vec!["0000:99:00.0".into()], "no PCI device");
-    // The request's own errors keep their kind (and a parse error its position).
+    // The request's own errors keep their kind (and a parse error its position), also beside a
+    // bad GPU: the request is read first (attack on this function: it looked at the GPUs
+    // first, and the reply lost its position in the request).
     let mut unparsable = args.clone();
     unparsable.request = "affinity[core(".into();
     assert!(matches!(Prepared::from_allocate(&topo, &unparsable), Err(HostError::Unparsable(_))));
+    unparsable.gpus = vec!["/etc/passwd".into()];
+    assert!(matches!(Prepared::from_allocate(&topo, &unparsable), Err(HostError::Unparsable(_))));
+    let no_tasks = proto::AllocateArgs { tasks: Some(0), gpus: vec!["char:abc".into()], ..args };
+    match Prepared::from_allocate(&topo, &no_tasks) {
+        Err(HostError::BadRequest(why)) => assert!(why.contains("tasks = 0"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Attack on the shared job clock (issue 30): a record written before `protected_since`
+/// existed, kept across an upgrade, must not let the owner's suspend and resume restart the
+/// job's protection; and a preemption a crash cut short before its freeze leaves a running job
+/// whose clock runs (it had stopped: its run time and estimated end no longer moved).
+#[test]
+fn the_job_clock_survives_an_old_record_and_a_crash_in_the_middle_of_a_preemption() {
+    let dir = tempfile::tempdir().unwrap();
+    let topo = small_topology(2);
+    let kernel = kernel_for(&topo);
+    let seconds = Arc::new(std::sync::atomic::AtomicU64::new(1_000_000));
+    let start = |seconds: &Arc<std::sync::atomic::AtomicU64>| {
+        let mut h = host_on(&topo, &kernel, Some(dir.path()));
+        let s = seconds.clone();
+        h.set_clock(Arc::new(move || at(s.load(std::sync::atomic::Ordering::SeqCst))));
+        h.set_preempt(Some(topo_core::policy::Preempt {
+            min_run: 600,
+            max_suspensions: 3,
+            min_xf: 2.0,
+        }));
+        h
+    };
+    let set = |t: u64| seconds.store(t, std::sync::atomic::Ordering::SeqCst);
+    let alloc = |h: &mut Host, job: &str, p: PreemptAsk| {
+        let mut prepared = prepare(&h.topo, "affinity[thread*2]", None, None).unwrap();
+        PreemptAsk::apply(p, &mut prepared);
+        h.allocate_prepared(job, &prepared, None, None)
+    };
+    let victim = PreemptAsk {
+        preempt: false,
+        preemptible: true,
+        submitted_at: Some(999_990),
+        estimate_s: Some(100_000),
+    };
+    let urgent = PreemptAsk {
+        preempt: true,
+        preemptible: false,
+        submitted_at: Some(990_000),
+        estimate_s: Some(3_600),
+    };
+    let v = JobId::parse("v").unwrap();
+    let mut h = start(&seconds);
+    alloc(&mut h, "v", victim).unwrap();
+    // Its record as a topod from before `protected_since` wrote it.
+    let mut old = h.hints["v"].clone();
+    old.clock.protected_since = None;
+    h.write_record(&v, &old).unwrap();
+    std::mem::forget(h);
+    let mut h = start(&seconds);
+    h.recover(BTreeMap::new()).unwrap();
+    set(1_003_600);
+    for _ in 0..2 {
+        let ticket = h.begin_suspend("v", Some(1000)).unwrap();
+        let outcome = ticket.run();
+        h.finish_suspend(ticket, outcome).unwrap();
+        h.resume("v").unwrap();
+    }
+    assert_eq!(h.hints["v"].clock.protected_from(), Some(1_000_000), "its start, kept");
+    alloc(&mut h, "p", urgent.clone()).unwrap();
+    assert_eq!(h.hints["v"].preempted_by.as_deref(), Some("p"), "preempted, not shielded");
+    h.release("p").unwrap();
+    assert!(h.hints["v"].clock.is_running());
+    // A preemption for q cut short by a crash after its record, before its freeze.
+    set(1_004_600);
+    let mut cut = h.hints["v"].clone();
+    cut.suspended = true;
+    cut.preempted_by = Some("q".into());
+    cut.clock.stop(1_004_600, topo_core::policy::Stopper::Preemption);
+    h.write_record(&v, &cut).unwrap();
+    std::mem::forget(h);
+    set(1_004_700);
+    let mut h = start(&seconds);
+    h.recover(BTreeMap::new()).unwrap();
+    assert!(!h.ledger().is_suspended("v") && !kernel.is_frozen(&v).unwrap());
+    let found = &h.hints["v"];
+    assert!(!found.suspended && found.preempted_by.is_none());
+    assert!(found.clock.is_running(), "its clock runs again: {:?}", found.clock);
+    assert_eq!(found.clock.protected_from(), Some(1_004_700), "as resumed after preemption");
+    assert_eq!(found.clock.suspensions, 2, "the suspension recorded stays counted");
 }
