@@ -735,24 +735,18 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
     // Keyed by fingerprints, themselves hashes of no one's choosing: a fast hash (Fx) suffices,
     // where SipHash was a tenth of a match's instructions (callgrind, LSF scale scenario).
     let mut by_print: FxHashMap<[u64; 2], u32> = FxHashMap::default();
-    // Hosts with reservations: hash of the whole state -> the representatives with that hash
-    // (equal states are compared, so a hash collision only costs a comparison).
+    // Hosts with reservations: hash of their state's fingerprint and what is reserved there ->
+    // the representatives with that hash (equal keys are compared, so a hash collision only
+    // costs a comparison). The fingerprint covers all the state a placement reads (free GPUs
+    // and open pools too); the reserved GPUs count as much as the reserved CPUs.
     let mut by_hash: FxHashMap<u64, Vec<u32>> = FxHashMap::default();
     let fresh_from = fresh_from(ctx.now, ctx.stale_after);
-    let state_of = |h: HostId| {
-        ctx.cache.usable(h, ctx.now, ctx.stale_after).ok().map(|state| {
-            (
-                (
-                    state.model,
-                    state.defrag,
-                    &state.held,
-                    &state.fenced,
-                    &state.blocks,
-                    &state.moves,
-                ),
-                ctx.reservations.on_host(h),
-            )
-        })
+    let reserved = |h: HostId| (ctx.reservations.on_host(h), ctx.reservations.gpus_on_host(h));
+    let key_of = |h: HostId| {
+        ctx.cache
+            .usable(h, ctx.now, ctx.stale_after)
+            .ok()
+            .map(|_| (ctx.cache.status(h).fingerprint, reserved(h)))
     };
     let own = |h: HostId, reps: &mut Vec<HostId>| {
         reps.push(h);
@@ -763,20 +757,20 @@ fn distinct_states(ctx: &Context<'_>, hosts: &[HostId]) -> (Vec<HostId>, Vec<u32
             which.push(own(h, &mut reps));
             continue;
         }
-        if ctx.reservations.on_host(h).is_none() {
+        if reserved(h) == (None, None) {
             let print = ctx.cache.status(h).fingerprint;
             let r = *by_print.entry(print).or_insert_with(|| own(h, &mut reps));
             which.push(r);
             continue;
         }
-        let Some(key) = state_of(h) else {
+        let Some(key) = key_of(h) else {
             which.push(own(h, &mut reps));
             continue;
         };
         let mut hasher = FxHasher::default();
         key.hash(&mut hasher);
         let same = by_hash.entry(hasher.finish()).or_default();
-        match same.iter().find(|&&r| state_of(reps[r as usize]) == Some(key)) {
+        match same.iter().find(|&&r| key_of(reps[r as usize]) == Some(key)) {
             Some(&r) => which.push(r),
             None => {
                 let r = own(h, &mut reps);

@@ -287,6 +287,11 @@ impl Reservations {
         self.by_host.get(&host)
     }
 
+    /// The GPUs reserved on `host`, by where they are, in one order for equal lists.
+    pub fn gpus_on_host(&self, host: HostId) -> Option<&[GpuSite]> {
+        self.gpus_by_host.get(&host).map(Vec::as_slice)
+    }
+
     /// The reservations of `job`.
     pub fn of_job(&self, job: &str) -> &[Reservation] {
         self.by_job.get(job).map(Vec::as_slice).unwrap_or(&[])
@@ -356,6 +361,9 @@ impl Reservations {
         if gpus.is_empty() {
             self.gpus_by_host.remove(&host);
         } else {
+            // One order for equal lists: hosts with the same reserved GPUs are matched alike.
+            let mut gpus = gpus;
+            gpus.sort_by_cached_key(|g| format!("{g:?}"));
             self.gpus_by_host.insert(host, gpus);
         }
     }

@@ -1641,3 +1641,54 @@ fn hosts_with_the_same_free_gpus_share_one_list_and_unused_lists_are_dropped() {
         cache.gpu_list_count()
     );
 }
+
+/// Attack on the match path (an independent mbschd stand-in): hosts with tentative
+/// reservations were told apart by their CPUs and blocks only, not by the GPUs reserved there
+/// (nor their free GPUs and open pools), so a host whose GPUs another dispatch took shared the
+/// verdict of a host with the same CPUs reserved and all its GPUs free: which one decided
+/// depended on the candidates' order. A host with only GPUs reserved was not told apart at all.
+#[test]
+fn hosts_whose_reservations_differ_in_gpus_get_their_own_verdicts_in_any_order() {
+    let config = CacheConfig::default();
+    let zen = shared_topology("AMD-17h-Zen-2xEpyc-7451.xml");
+    let site = |g: usize| topo_core::gpus::GpuSite {
+        numa: Some(CpuSet::parse_list("0-5,48-53").unwrap()),
+        socket: Some(CpuSet::parse_list(PACKAGE_0).unwrap()),
+        switch: Some(format!("0000:{:02x}:00.0", 0x10 + g)),
+        fabric: None,
+    };
+    let with_gpus =
+        FreeMap { gpus: (0..4).map(site).collect(), ..free_map(&zen, "", vec![], false) };
+    let (shared, _source) = setup_with(&config, with_gpus.clone(), with_gpus);
+    let cache = shared.cache.load();
+    let (x, y) = (cache.lookup("x").unwrap(), cache.lookup("y").unwrap());
+    let now = Instant::now();
+    let four = with_tasks("affinity[core(1):gpus=4]", 1);
+    let verdicts = |resv: &crate::Reservations| {
+        let ctx = context(&cache, resv, &config, now, Unreachable::Closed);
+        let alone: Vec<bool> = [x, y]
+            .iter()
+            .map(|&h| eval::evaluate(&ctx, h, &four, Claimant::Anyone).rank().is_some())
+            .collect();
+        for order in [[x, y], [y, x]] {
+            let ranks = eval::Memo::new().scores(&ctx, "four", &four, &order);
+            let got: Vec<bool> = order
+                .iter()
+                .map(|h| ranks[order.iter().position(|o| o == h).unwrap()].is_some())
+                .collect();
+            let want: Vec<bool> =
+                order.iter().map(|&h| alone[if h == x { 0 } else { 1 }]).collect();
+            assert_eq!(got, want, "candidates in the order {order:?}");
+        }
+        alone
+    };
+    // x: job 101 took a GPU and CPUs 0-1; y: job 102 took the same CPUs and no GPU.
+    let mut resv = crate::Reservations::new();
+    resv.reserve_with_gpus("lsf-101", x, CpuSet::parse_list("0-1").unwrap(), vec![site(0)], now);
+    resv.reserve("lsf-102", y, CpuSet::parse_list("0-1").unwrap(), now);
+    assert_eq!(verdicts(&resv), [false, true]);
+    // Only a GPU reserved on x, nothing on y.
+    let mut resv = crate::Reservations::new();
+    resv.reserve_with_gpus("lsf-103", x, CpuSet::new(), vec![site(1)], now);
+    assert_eq!(verdicts(&resv), [false, true]);
+}

@@ -274,8 +274,12 @@ pub fn bad_message(
     } else {
         input.to_string()
     };
-    let mut message =
-        format!("topo: bad topology request in {} \"{quoted}\": {}", e.source_string, e.error);
+    capped(format!("topo: bad topology request in {} \"{quoted}\": {}", e.source_string, e.error))
+}
+
+/// `message` cut to at most [`REASON_MAX`] bytes (ending "..." when cut): what the module
+/// hands the scheduler as a reason, which it may copy into a buffer of its own.
+pub fn capped(mut message: String) -> String {
     if message.len() > REASON_MAX {
         message.truncate(floor_char_boundary(&message, REASON_MAX - 3));
         message.push_str("...");
@@ -336,6 +340,19 @@ pub fn slots_per_host<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reason_is_capped_at_a_character_boundary() {
+        let long = format!(
+            "topo: h can no longer hold 1 task(s) of CPUSET[CPU_LIST={}é]",
+            "0,".repeat(100_000)
+        );
+        let cut = capped(long);
+        assert!(cut.len() <= REASON_MAX && cut.ends_with("..."), "{}", cut.len());
+        assert_eq!(capped("short".into()), "short");
+        let accents = capped("é".repeat(REASON_MAX));
+        assert!(accents.len() <= REASON_MAX && accents.is_char_boundary(accents.len() - 3));
+    }
 
     #[test]
     fn picks_topo_strings_only() {

@@ -730,8 +730,10 @@ unsafe extern "C" fn check_alloc_fn(
                 continue;
             }
             let max = eval::max_tasks(&ctx, h, &request, who, slots.saturating_sub(1));
-            let detail =
-                format!("topo: {host} can no longer hold {slots} task(s) of {request}: {why}");
+            // Capped: a request's CPU_LIST of thousands of CPUs made it hundreds of KB (attack).
+            let detail = crate::extsched::capped(format!(
+                "topo: {host} can no longer hold {slots} task(s) of {request}: {why}"
+            ));
             tracing::info!(job = %job_id, max_tasks = max, "{detail}");
             let Some(add) = m.api.add_alloc_limit else {
                 tracing::warn!(
