@@ -106,6 +106,10 @@ impl HostSource for TopodSource {
             }
         }
         .map_err(|e| fail(e.to_string()))?;
+        // A whole reply within four read timeouts: a topod that drips its reply must not keep
+        // its host unknown for as long as the drip lasts (attack: minutes, at a byte per
+        // 0.4 s), as the refresher asks a host again only once its fetch is over.
+        client.set_reply_within(self.timeout.saturating_mul(4));
         let asked_older = self.older_version(&name);
         if let Some(v) = asked_older {
             client.speak_version(v);

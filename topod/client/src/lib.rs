@@ -74,11 +74,62 @@ impl ClientError {
     }
 }
 
+/// A stream whose reads the client can bound.
+trait ReadWithin: Read + Send {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()>;
+}
+
+impl ReadWithin for UnixStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        UnixStream::set_read_timeout(self, timeout)
+    }
+}
+
+impl ReadWithin for TcpStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+}
+
+/// The connection's reading side: each read within the connection's timeout, and within the
+/// deadline of the reply being read, when there is one (a read that would pass it waits only
+/// until it, and one past it fails as timed out).
+struct Bounded {
+    stream: Box<dyn ReadWithin>,
+    per_read: Duration,
+    deadline: Option<std::time::Instant>,
+}
+
+impl Bounded {
+    fn new(stream: Box<dyn ReadWithin>, per_read: Duration) -> Self {
+        Bounded { stream, per_read, deadline: None }
+    }
+}
+
+impl Read for Bounded {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            self.stream.set_read_timeout(Some(left.min(self.per_read)))?;
+            let read = self.stream.read(buf);
+            self.stream.set_read_timeout(Some(self.per_read))?;
+            return read;
+        }
+        self.stream.read(buf)
+    }
+}
+
 /// One connection to topod: its local Unix socket, or its read-only TCP listener.
 pub struct Client {
     peer: String,
-    reader: BufReader<Box<dyn Read + Send>>,
+    reader: BufReader<Bounded>,
     writer: Box<dyn Write + Send>,
+    /// How long one whole reply may take ([`Client::set_reply_within`]); `None`: only each
+    /// read is bounded.
+    reply_within: Option<Duration>,
     /// The protocol version to ask in: this build's, until an older topod says it speaks
     /// only an older one (see `topo_core::proto`'s "Versions").
     version: u32,
@@ -114,7 +165,8 @@ impl Client {
         let writer = stream.try_clone().map_err(io)?;
         Ok(Client {
             peer,
-            reader: BufReader::new(Box::new(stream)),
+            reply_within: None,
+            reader: BufReader::new(Bounded::new(Box::new(stream), timeout)),
             writer: Box::new(writer),
             version: proto::PROTOCOL_VERSION,
         })
@@ -138,7 +190,8 @@ impl Client {
                     writer.write_all(format!("{key}\n").as_bytes()).map_err(io)?;
                     return Ok(Client {
                         peer,
-                        reader: BufReader::new(Box::new(stream)),
+                        reply_within: None,
+                        reader: BufReader::new(Bounded::new(Box::new(stream), timeout)),
                         writer: Box::new(writer),
                         version: proto::PROTOCOL_VERSION,
                     });
@@ -147,6 +200,14 @@ impl Client {
             }
         }
         Err(connect_error(last))
+    }
+
+    /// Bounds each whole reply to `within` (each read stays bounded by the connection's
+    /// timeout too): a peer that sends its reply a byte at a time, each within the read
+    /// timeout, otherwise holds the caller for as long as it likes (seen: a scheduler's host
+    /// left unknown for minutes by a topod that dripped one reply).
+    pub fn set_reply_within(&mut self, within: Duration) {
+        self.reply_within = Some(within);
     }
 
     /// Where this client is connected: the socket path, or `tcp:` and the address.
@@ -316,7 +377,10 @@ impl Client {
         let mut line = Vec::new();
         // The limit counts the reply, not its newline (as MAX_LINE_BYTES does).
         let limit = proto::MAX_REPLY_BYTES as u64 + 1;
-        (&mut self.reader).take(limit).read_until(b'\n', &mut line).map_err(|e| {
+        self.reader.get_mut().deadline = self.reply_within.map(|d| std::time::Instant::now() + d);
+        let read = (&mut self.reader).take(limit).read_until(b'\n', &mut line);
+        self.reader.get_mut().deadline = None;
+        read.map_err(|e| {
             // A read timeout is EAGAIN on a socket: say what it means.
             io(match e.kind() {
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
@@ -904,6 +968,40 @@ mod tests {
         drop(client);
         let sent = peer.join().unwrap();
         assert!(sent <= proto::MAX_REPLY_BYTES + 8 * 1024 * 1024, "the client read {sent} bytes");
+    }
+
+    /// A peer that drips its reply a byte at a time, each byte well within the read timeout,
+    /// held a scheduler's refresher for minutes (attack on the LSF module): with a bound on the
+    /// whole reply, the call fails as timed out long before the reply is through.
+    #[test]
+    fn a_reply_dripped_a_byte_at_a_time_fails_at_its_deadline() {
+        let scratch = Scratch::new("drip");
+        let socket = scratch.0.join("topod.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let reply = proto::Reply::ok(serde_json::json!({ "padding": "x".repeat(400) })).to_line();
+        let peer = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = [0u8; 256];
+            let _ = conn.read(&mut request);
+            // 400 bytes at one per 50 ms: 20 s for the whole reply.
+            for byte in reply.as_bytes() {
+                if conn.write_all(std::slice::from_ref(byte)).is_err() {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            true
+        });
+        let mut client = Client::connect_with_timeout(&socket, Duration::from_secs(5)).unwrap();
+        client.set_reply_within(Duration::from_millis(300));
+        match client.call(Op::Version) {
+            Err(ClientError::Io { source, .. }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::TimedOut, "{source}")
+            }
+            other => panic!("expected a timed-out reply, got {other:?}"),
+        }
+        drop(client);
+        assert!(!peer.join().unwrap(), "the client hung up before the reply was through");
     }
 
     /// topod refuses a connection it has no room for before reading the request: the client
