@@ -39,7 +39,8 @@ pub struct CacheConfig {
     pub key_file: Option<PathBuf>,
     /// How often every host is fetched again, in milliseconds.
     pub refresh_interval_ms: u64,
-    /// Connect, read and write time-out per host, in milliseconds.
+    /// Connect, read and write time-out per host, in milliseconds; one whole reply may take
+    /// four times this (a topod dripping its reply would otherwise hold its host's fetch).
     pub timeout_ms: u64,
     /// A host not refreshed for this long counts as unknown, in milliseconds. A failing host is
     /// tried again after 1, 2, 4, then 8 intervals, never later than half of this.
