@@ -50,6 +50,9 @@ fn devices_and_distances_are_read() {
     let t = hwloc_xml::read_file(&shared().join("xml/96em64t-4n4d3ca2co-pci.xml")).unwrap();
     assert_eq!(t.numa_distance(0, 1), 26);
     assert!(t.devices.iter().any(|d| d.names.iter().any(|n| n == "eth0")), "{:?}", t.devices);
+    // This IBM x3950's only display adapter is its board's ATI ES1000: no job's GPU.
+    assert!(t.devices.iter().any(|d| d.device_id == Some(0x515e)), "{:?}", t.devices);
+    assert_eq!(topo_core::gpus::gpu_indices(&t), Vec::<usize>::new());
     let gpus = hwloc_xml::read_file(
         &shared().join("converted-hwloc2.9/nvidiagpunumanodes.keptgpunuma.xml"),
     )

@@ -1118,6 +1118,43 @@ fn gang_regressions_rows_lowered_suspend_frees_at_once_frozen_is_frozen_and_one_
 /// Issue 30: `topoctl suspend; topoctl resume` twice by a job's owner used up its
 /// `preempt_max_suspensions` and restarted its `preempt_min_run_s`, so that an urgent job
 /// was refused. Only the policy's suspensions count, and only its resumes protect.
+/// Two CPUs for `job`, asking as `p` says.
+fn alloc_pair(h: &mut Host, job: &str, p: PreemptAsk) -> Result<Allocation, HostError> {
+    let mut prepared = prepare(&h.topo, "affinity[thread*2]", None, None).unwrap();
+    PreemptAsk::apply(p, &mut prepared);
+    h.allocate_prepared(job, &prepared, None, None)
+}
+
+/// A job that may be suspended, submitted at 999,990 for 100,000 s.
+fn long_preemptible() -> PreemptAsk {
+    PreemptAsk {
+        preempt: false,
+        preemptible: true,
+        submitted_at: Some(999_990),
+        estimate_s: Some(100_000),
+    }
+}
+
+/// A job that may preempt: it waited since 990,000 for an hour's work.
+fn urgent_preemptor() -> PreemptAsk {
+    PreemptAsk {
+        preempt: true,
+        preemptible: false,
+        submitted_at: Some(990_000),
+        estimate_s: Some(3_600),
+    }
+}
+
+/// `job`'s owner suspends and resumes it, `times` times.
+fn owner_suspends_and_resumes(h: &mut Host, job: &str, times: usize) {
+    for _ in 0..times {
+        let ticket = h.begin_suspend(job, Some(1000)).unwrap();
+        let outcome = ticket.run();
+        h.finish_suspend(ticket, outcome).unwrap();
+        h.resume(job).unwrap();
+    }
+}
+
 #[test]
 fn an_owner_suspending_and_resuming_a_job_does_not_shield_it_from_preemption() {
     let topo = small_topology(2);
@@ -1133,35 +1170,15 @@ fn an_owner_suspending_and_resuming_a_job_does_not_shield_it_from_preemption() {
         max_suspensions: 2,
         min_xf: 2.0,
     }));
-    let alloc = |h: &mut Host, job: &str, p: PreemptAsk| {
-        let mut prepared = prepare(&h.topo, "affinity[thread*2]", None, None).unwrap();
-        PreemptAsk::apply(p, &mut prepared);
-        h.allocate_prepared(job, &prepared, None, None)
-    };
-    let victim = PreemptAsk {
-        preempt: false,
-        preemptible: true,
-        submitted_at: Some(999_990),
-        estimate_s: Some(100_000),
-    };
-    alloc(&mut h, "v", victim).unwrap();
+    let victim = long_preemptible();
+    alloc_pair(&mut h, "v", victim).unwrap();
     // An hour later its owner suspends and resumes it, twice.
     seconds.store(1_003_600, std::sync::atomic::Ordering::SeqCst);
-    for _ in 0..2 {
-        let ticket = h.begin_suspend("v", Some(1000)).unwrap();
-        let outcome = ticket.run();
-        h.finish_suspend(ticket, outcome).unwrap();
-        h.resume("v").unwrap();
-    }
+    owner_suspends_and_resumes(&mut h, "v", 2);
     assert_eq!(h.hints["v"].clock.suspensions, 0, "the owner's suspensions are not the policy's");
     // An urgent job (waited 3.6 h for an hour's work: expansion factor 4.6) takes its CPUs.
-    let urgent = PreemptAsk {
-        preempt: true,
-        preemptible: false,
-        submitted_at: Some(990_000),
-        estimate_s: Some(3_600),
-    };
-    alloc(&mut h, "p", urgent.clone()).unwrap();
+    let urgent = urgent_preemptor();
+    alloc_pair(&mut h, "p", urgent.clone()).unwrap();
     assert!(kernel.is_frozen(&JobId::parse("v").unwrap()).unwrap());
     assert_eq!(h.hints["v"].preempted_by.as_deref(), Some("p"));
     assert_eq!(h.hints["v"].clock.suspensions, 1);
@@ -1174,13 +1191,13 @@ fn an_owner_suspending_and_resuming_a_job_does_not_shield_it_from_preemption() {
     h.release("p").unwrap();
     assert!(!kernel.is_frozen(&JobId::parse("v").unwrap()).unwrap());
     seconds.store(1_003_900, std::sync::atomic::Ordering::SeqCst);
-    assert!(matches!(alloc(&mut h, "q", urgent.clone()), Err(HostError::DoesNotFit { .. })));
+    assert!(matches!(alloc_pair(&mut h, "q", urgent.clone()), Err(HostError::DoesNotFit { .. })));
     // A job its owner keeps suspended is no victim: topod would otherwise resume it later.
     seconds.store(1_010_000, std::sync::atomic::Ordering::SeqCst);
     let ticket = h.begin_suspend("v", Some(1000)).unwrap();
     let outcome = ticket.run();
     h.finish_suspend(ticket, outcome).unwrap();
-    let _ = alloc(&mut h, "r", urgent);
+    let _ = alloc_pair(&mut h, "r", urgent);
     assert_eq!(h.hints["v"].suspended_by, Some(1000));
     assert_eq!(h.hints["v"].preempted_by, None);
     h.ledger().check().unwrap();
@@ -3123,26 +3140,11 @@ fn the_job_clock_survives_an_old_record_and_a_crash_in_the_middle_of_a_preemptio
         h
     };
     let set = |t: u64| seconds.store(t, std::sync::atomic::Ordering::SeqCst);
-    let alloc = |h: &mut Host, job: &str, p: PreemptAsk| {
-        let mut prepared = prepare(&h.topo, "affinity[thread*2]", None, None).unwrap();
-        PreemptAsk::apply(p, &mut prepared);
-        h.allocate_prepared(job, &prepared, None, None)
-    };
-    let victim = PreemptAsk {
-        preempt: false,
-        preemptible: true,
-        submitted_at: Some(999_990),
-        estimate_s: Some(100_000),
-    };
-    let urgent = PreemptAsk {
-        preempt: true,
-        preemptible: false,
-        submitted_at: Some(990_000),
-        estimate_s: Some(3_600),
-    };
+    let victim = long_preemptible();
+    let urgent = urgent_preemptor();
     let v = JobId::parse("v").unwrap();
     let mut h = start(&seconds);
-    alloc(&mut h, "v", victim).unwrap();
+    alloc_pair(&mut h, "v", victim).unwrap();
     // Its record as a topod from before `protected_since` wrote it.
     let mut old = h.hints["v"].clone();
     old.clock.protected_since = None;
@@ -3151,14 +3153,9 @@ fn the_job_clock_survives_an_old_record_and_a_crash_in_the_middle_of_a_preemptio
     let mut h = start(&seconds);
     h.recover(BTreeMap::new()).unwrap();
     set(1_003_600);
-    for _ in 0..2 {
-        let ticket = h.begin_suspend("v", Some(1000)).unwrap();
-        let outcome = ticket.run();
-        h.finish_suspend(ticket, outcome).unwrap();
-        h.resume("v").unwrap();
-    }
+    owner_suspends_and_resumes(&mut h, "v", 2);
     assert_eq!(h.hints["v"].clock.protected_from(), Some(1_000_000), "its start, kept");
-    alloc(&mut h, "p", urgent.clone()).unwrap();
+    alloc_pair(&mut h, "p", urgent.clone()).unwrap();
     assert_eq!(h.hints["v"].preempted_by.as_deref(), Some("p"), "preempted, not shielded");
     h.release("p").unwrap();
     assert!(h.hints["v"].clock.is_running());
