@@ -1189,12 +1189,18 @@ def write_state(config, path, value):
                         "configuration must be a directory root can write)" % (path, e))
 
 
+# publish()'s make_numa_vnodes for exechost_periodic: only those exechost_startup could not
+# make (see numa_vnodes_to_make).
+IF_MISSING = object()
+
+
 def publish(event, host, topod, config, make_numa_vnodes, running=None, lower_only=False):
     """Sets topo_free_numa / topo_free_l3 / topo_free_cores on this MoM's vnodes (with
     "publish") and their ncpus (with "publish_ncpus"). With vnode_per_numa_node, each NUMA node
     is a vnode host[N] with its ncpus, mem and counts, and the natural vnode keeps no CPUs (as
-    the stock cgroups hook does); `make_numa_vnodes` creates them (exechost_startup), otherwise
-    only the ones PBS already lists are refreshed. `running`: see pbs_usable_cpus (None: every
+    the stock cgroups hook does); `make_numa_vnodes` creates them (exechost_startup), IF_MISSING
+    only when exechost_startup could not (exechost_periodic), otherwise only the ones PBS already
+    lists are refreshed. `running`: see pbs_usable_cpus (None: every
     PBS job topod holds that is not an orphan candidate).
 
     A job that waited for CPUs topod held starts at the scheduler's next cycle once they are
@@ -1204,6 +1210,8 @@ def publish(event, host, topod, config, make_numa_vnodes, running=None, lower_on
     23.06 until pbs_sched was restarted (seen here), so this hook never asks."""
     topology = topod.call("topology")
     free_map = topod.call("free_map")
+    if make_numa_vnodes is IF_MISSING:
+        make_numa_vnodes = numa_vnodes_to_make(event, host, topology, free_map, config)
     prefix = config["resource_prefix"] if config["publish"] else None
     vnodes = event.vnode_list
     if config["vnode_per_numa_node"]:
@@ -1724,9 +1732,9 @@ def on_periodic(event, config):
             for jid, misses in read_orphan_counts(config).items():
                 if misses <= 1:
                     running.setdefault(jid, None)
-            publish(event, host, topod, config, numa_vnodes_to_make(event, host, topod, config), running)
-        elif numa_vnodes_to_make(event, host, topod, config):
-            publish(event, host, topod, config, True)
+            publish(event, host, topod, config, IF_MISSING, running)
+        elif config["vnode_per_numa_node"]:
+            publish(event, host, topod, config, IF_MISSING)
     except TopodUnreachable as e:
         offline_vnodes(event, host, config, "%s; jobs cannot start here" % e)
         return
@@ -1736,7 +1744,7 @@ def on_periodic(event, config):
         online_vnodes_if_we_offlined(event, host, config)
 
 
-def numa_vnodes_to_make(event, host, topod, config):
+def numa_vnodes_to_make(event, host, topology, free_map, config):
     """Whether this exechost_periodic run makes the per-NUMA vnodes exechost_startup could not
     (topod was not up when the MoM started): with vnode_per_numa_node, when a NUMA node with CPUs
     has no vnode HOST[N] yet and no PBS job runs on this MoM. While one does, its ncpus are
@@ -1745,8 +1753,6 @@ def numa_vnodes_to_make(event, host, topod, config):
     (logged at each run)."""
     if not config["vnode_per_numa_node"]:
         return False
-    topology = topod.call("topology")
-    free_map = topod.call("free_map")
     missing = ["%s[%d]" % (host, index) for index, _, _ in numa_nodes_with_cpus(topology, free_map)
                if "%s[%d]" % (host, index) not in event.vnode_list]
     if not missing:
