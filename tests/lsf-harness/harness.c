@@ -9,7 +9,7 @@
  * reason text of a bad request, tentative reservations across dispatches, checkAlloc limits,
  * the replay after a scheduler restart, and topod's topology reservations and defrag on h3.
  *
- * Usage: harness MODULE.so SCENARIO    (session | restart | reinit | open | pools | refuse | panic | blocks | scale)
+ * Usage: harness MODULE.so SCENARIO    (session | restart | reinit | reconfig | rehardware | open | pools | refuse | panic | blocks | scale)
  * Environment: TOPO_LSF_CONF (the module's config, written by run.sh), HARNESS_TOPOCTL,
  * HARNESS_H1_SOCKET and HARNESS_H3_SOCKET (to change topod's state between sessions),
  * HARNESS_REFRESH_MS.
@@ -677,6 +677,97 @@ static void scenario_pools(void) {
     free_resreq(r);
 }
 
+/* Whether a match of r keeps exactly `want`, tried for up to ~15 s (the module learns of a
+ * topod's restart only at its next fetches: a refresh interval or two after the topod is back,
+ * later on a busy machine). Reports the last result. */
+static void expect_soon(struct resreq *r, const char *want, const char *what) {
+    struct reasons rs;
+    char got[128] = "";
+    int rc = -1;
+    for (int i = 0; i < 50; i++) {
+        rc = match_sort(r, DEFAULT_ORDER, &rs, got, sizeof got);
+        free(rs.main_text);
+        if (rc == 0 && strcmp(got, want) == 0)
+            break;
+        usleep(300 * 1000);
+    }
+    check(rc == 0 && strcmp(got, want) == 0, "%s: kept [%s], expected [%s]", what, got, want);
+}
+
+/* The names a match keeps, as a set: "h3,h1" and "h1,h3" are equal. */
+static int same_hosts(const char *got, const char *want) {
+    char a[128], b[128];
+    snprintf(a, sizeof a, ",%s,", got);
+    snprintf(b, sizeof b, ",%s,", want);
+    if (strlen(a) != strlen(b))
+        return 0;
+    for (char *name = strtok(b, ","); name; name = strtok(NULL, ",")) {
+        char needle[32];
+        snprintf(needle, sizeof needle, ",%s,", name);
+        if (!strstr(a, needle))
+            return 0;
+    }
+    return 1;
+}
+
+/* As expect_soon, for the set of hosts kept in any order. */
+static void expect_hosts_soon(struct resreq *r, const char *want, const char *what) {
+    struct reasons rs;
+    char got[128] = "";
+    int rc = -1;
+    for (int i = 0; i < 50; i++) {
+        rc = match_sort(r, DEFAULT_ORDER, &rs, got, sizeof got);
+        free(rs.main_text);
+        if (rc == 0 && same_hosts(got, want))
+            break;
+        usleep(300 * 1000);
+    }
+    check(rc == 0 && same_hosts(got, want), "%s: kept [%s], expected {%s}", what, got, want);
+}
+
+/* sched_init again without sched_finalize after topo-lsf.toml changed (issue 31: the running
+ * module was kept as it was, so a host moved to another topod kept the old one's verdicts and a
+ * host given a topod stayed unknown). HARNESS_CONF2: h1 at h3's topod, h3 at h1's, h4 at h2's. */
+static void scenario_reconfig(void) {
+    fprintf(stderr, "sched_init again without sched_finalize, after topo-lsf.toml changed\n");
+    struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
+    expect(big, "h2,h1", "before: h1 and h2 each have a free package (h3's are 8 cores, h4 has no topod)");
+    const char *first = getenv("TOPO_LSF_CONF");
+    int registered = handler_registered;
+    setenv("TOPO_LSF_CONF", getenv("HARNESS_CONF2"), 1);
+    int rc = entry_fn[1](NULL);
+    check(rc == 0 && handler_registered == registered + 1,
+          "sched_init with the new configuration returns 0 (%d) and registers the handler again (%d)", rc,
+          handler_registered);
+    expect_hosts_soon(big, "h2,h3,h4", "after: h1 is the 8-core Intel now; h3 the EPYC, h4 a second view of h2");
+    /* A configuration that no longer reads fails the call, and the running module goes on. */
+    setenv("TOPO_LSF_CONF", getenv("HARNESS_CONF_BAD"), 1);
+    rc = entry_fn[1](NULL);
+    check(rc == -1 && handler_registered == registered + 1,
+          "sched_init with a configuration that does not read returns -1 (%d), registering nothing", rc);
+    expect_hosts_soon(big, "h2,h3,h4", "the running module goes on with the configuration before");
+    setenv("TOPO_LSF_CONF", first, 1);
+    rc = entry_fn[1](NULL);
+    check(rc == 0, "sched_init with the first configuration again returns 0 (%d)", rc);
+    expect_soon(big, "h2,h1", "and each host is judged on its own topod again");
+    free_resreq(big);
+}
+
+/* h1's topod stops and comes back at the same address on other hardware (issue 31): the
+ * module must judge h1 on the new machine, not on the topology it cached first. */
+static void scenario_rehardware(void) {
+    fprintf(stderr, "h1's topod (a 2 x 24-core EPYC) comes back at the same address on a 2 x 8-core Intel\n");
+    struct resreq *ten = new_resreq("affinity[core(10,same=socket)]", NULL, NULL);
+    expect(ten, "h1", "before: 10 cores in one package fit the EPYC");
+    check(system(getenv("HARNESS_SWAP_H1")) == 0, "h1's topod restarted on the other machine");
+    /* With the EPYC's model kept, the Intel's CPUs 0-31 would still be 24 cores of one package. */
+    expect_soon(ten, "", "after: 10 cores in one package do not fit the Intel's 8 (h1 removed)");
+    struct resreq *eight = new_resreq("affinity[core(8,same=socket)*2]", NULL, NULL);
+    expect(eight, "h1", "and two tasks of a whole 8-core package each fit it");
+    free_resreq(ten);
+    free_resreq(eight);
+}
+
 static void scenario_reinit(const char *path) {
     fprintf(stderr, "the scheduler finalizes the module, closes it, opens it and initializes it again\n");
     struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
@@ -858,7 +949,7 @@ static void scenario_panic(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|refuse|panic|blocks|scale\n", argv[0]);
+        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|reconfig|rehardware|open|pools|refuse|panic|blocks|scale\n", argv[0]);
         return 2;
     }
     int scale = strcmp(argv[2], "scale") == 0;
@@ -914,6 +1005,10 @@ int main(int argc, char **argv) {
         scenario_panic();
     else if (strcmp(argv[2], "reinit") == 0)
         scenario_reinit(argv[1]);
+    else if (strcmp(argv[2], "reconfig") == 0)
+        scenario_reconfig();
+    else if (strcmp(argv[2], "rehardware") == 0)
+        scenario_rehardware();
     else if (strcmp(argv[2], "open") == 0)
         scenario_open(argv[1]);
     else if (strcmp(argv[2], "pools") == 0)

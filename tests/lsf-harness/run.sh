@@ -14,7 +14,8 @@
 # are printed one per line ("figure ..."), and its thresholds are checked (see below).
 #
 # Usage: tests/lsf-harness/run.sh        (tests/run-all.sh runs it)
-#        HARNESS_ONLY=scale tests/lsf-harness/run.sh   (the scale scenario alone)
+#        HARNESS_ONLY=scale tests/lsf-harness/run.sh   (the scale scenario alone; any scenario's
+#                                                      name runs that one alone)
 #        HARNESS_MEMORY_DETAIL=1 ...   (where the resident growth is: by mapping, the C library's
 #                                       free bytes, and what malloc_trim would give back)
 set -euo pipefail
@@ -90,7 +91,11 @@ TOML
 export TOPO_LSF_CONF="$work/topo-lsf.toml" HARNESS_TOPOCTL="$PWD/target/debug/topoctl" HARNESS_H1_SOCKET="$work/h1/topod.sock" \
     HARNESS_H3_SOCKET="$work/h3/topod.sock"
 
-run() { echo "== $*"; "$@"; }
+# HARNESS_ONLY=SCENARIO: that harness scenario alone (its last argument), e.g. reconfig.
+run() {
+    if [ -n "${HARNESS_ONLY:-}" ] && [ "${*: -1}" != "$HARNESS_ONLY" ]; then return 0; fi
+    echo "== $*"; "$@"
+}
 status=0
 # HARNESS_ONLY=scale: the scale scenario alone (for its figures while changing the module).
 if [ "${HARNESS_ONLY:-}" != scale ]; then
@@ -98,12 +103,40 @@ run "$work/harness" "$work/schmod_topo.so" session || status=1
 run "$work/harness" "$work/schmod_topo.so" restart || status=1
 run "$work/harness-lsb" "$work/schmod_topo.so" restart || status=1
 run "$work/harness" "$work/schmod_topo.so" reinit || status=1
+# topo-lsf.toml changed between two sched_init calls (no sched_finalize between): h1 and h3 swap
+# topods, h4 gets h2's; then a configuration that does not read.
+sed -e "s|^h1 = .*|h1 = \"unix:$work/h3/topod.sock\"|" -e "s|^h3 = .*|h3 = \"tcp:127.0.0.1:$port\"|" \
+    -e "s|^h4 = .*|h4 = \"unix:$work/h2/topod.sock\"|" "$work/topo-lsf.toml" > "$work/topo-lsf-2.toml"
+printf '[lsf]\nhandler_id = 18\n' > "$work/topo-lsf-bad.toml"
+HARNESS_CONF2="$work/topo-lsf-2.toml" HARNESS_CONF_BAD="$work/topo-lsf-bad.toml" run "$work/harness" "$work/schmod_topo.so" reconfig || status=1
 sed 's/^unreachable = "closed"$/unreachable = "open"/' "$work/topo-lsf.toml" > "$work/topo-lsf-open.toml"
 TOPO_LSF_CONF="$work/topo-lsf-open.toml" run "$work/harness" "$work/schmod_topo.so" open || status=1
 # h1 is hp here, h2-h4 unknown (removed: fail-closed).
 sed -e '/^\[cache.hosts\]/,$d' "$work/topo-lsf.toml" > "$work/topo-lsf-pools.toml"
 printf '[cache.hosts]\nh1 = "unix:%s"\n' "$work/hp/topod.sock" >> "$work/topo-lsf-pools.toml"
 TOPO_LSF_CONF="$work/topo-lsf-pools.toml" HARNESS_H1_SOCKET="$work/hp/topod.sock" run "$work/harness" "$work/schmod_topo.so" pools || status=1
+# h1 is h5 here, a topod that the scenario stops and starts again on other hardware at the same
+# address (HARNESS_SWAP_H1); h2-h4 unknown (removed: fail-closed).
+mkdir -p "$work/h5"
+RUST_LOG=warn "$topod_bin" --cgroup fake --topology "$topologies/AMD-17h-Zen-2xEpyc-7451.xml" \
+    --socket "$work/h5/topod.sock" --state-dir "$work/h5" 2>>"$work/h5/log" &
+echo $! > "$work/h5/pid"
+cat > "$work/h5/swap.sh" <<SWAP
+#!/bin/sh
+pid=\$(cat "$work/h5/pid"); kill "\$pid"
+while kill -0 "\$pid" 2>/dev/null; do sleep 0.05; done
+rm -rf "$work/h5/state" "$work/h5/topod.sock"; mkdir "$work/h5/state"
+RUST_LOG=warn "$topod_bin" --cgroup fake --topology "$topologies/32intel64-2p8co2t+8ve.xml" \\
+    --socket "$work/h5/topod.sock" --state-dir "$work/h5/state" 2>>"$work/h5/log" </dev/null >/dev/null &
+echo \$! > "$work/h5/pid"
+for _ in \$(seq 200); do [ -S "$work/h5/topod.sock" ] && exit 0; sleep 0.05; done
+exit 1
+SWAP
+for _ in $(seq 100); do [ -S "$work/h5/topod.sock" ] && break; sleep 0.05; done
+sed -e '/^\[cache.hosts\]/,$d' "$work/topo-lsf.toml" > "$work/topo-lsf-h5.toml"
+printf '[cache.hosts]\nh1 = "unix:%s"\n' "$work/h5/topod.sock" >> "$work/topo-lsf-h5.toml"
+TOPO_LSF_CONF="$work/topo-lsf-h5.toml" HARNESS_SWAP_H1="sh $work/h5/swap.sh" run "$work/harness" "$work/schmod_topo.so" rehardware || status=1
+kill "$(cat "$work/h5/pid")" 2>/dev/null || true
 run "$work/harness" "$work/schmod_topo.so" refuse || status=1
 # A request longer than a handler key, made in one scheduler process and replayed in a new one
 # (the key is kept in key_dir, by default beside the log file).
@@ -154,6 +187,11 @@ fi
 # should be for the scheduler (they are different hosts to it), and nothing here starts a job
 # on a topod, so no topod ever reports one (which would show its CPUs held on every host that
 # shares the topod). The check "no job on a replayed job's CPUs" is therefore per LSF host.
+if [ -n "${HARNESS_ONLY:-}" ] && [ "$HARNESS_ONLY" != scale ]; then
+    [ "$status" -eq 0 ] && { echo "tests/lsf-harness/run.sh: $HARNESS_ONLY passed"; exit 0; }
+    echo "--- module log (last 60 lines)"; tail -n 60 "$work/schmod_topo.log"
+    echo "tests/lsf-harness/run.sh: $HARNESS_ONLY FAILED"; exit 1
+fi
 cargo build --quiet --locked --release -p topo-lsf
 cargo build --quiet --locked --release -p topod --bin topod
 # HARNESS_SCALE_MODULE: another build of the module to measure instead (e.g. an earlier

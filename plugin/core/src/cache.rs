@@ -74,6 +74,35 @@ pub struct FreeMap {
     /// [`Block`]s).
     #[serde(default)]
     pub reserved_gpus: Vec<topo_core::proto::reply::ReservedGpu>,
+    /// The fingerprint of the topology topod serves (a topod older than this field sends
+    /// none): when it is not the one the cache has, the topology is fetched again.
+    #[serde(default)]
+    pub topology_id: Option<u64>,
+}
+
+/// What the cache holds of a host's topology, which tells a fetch whether to bring it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CachedTopology {
+    /// None: the fetch brings it.
+    Nothing,
+    /// The one with this fingerprint (`None`: from a topod too old to send one): the fetch
+    /// brings it again only when topod's free map names another.
+    Known(Option<u64>),
+}
+
+impl CachedTopology {
+    /// Whether a fetch must bring the topology whatever the free map says.
+    pub fn is_nothing(self) -> bool {
+        self == CachedTopology::Nothing
+    }
+
+    /// Whether topod's free map, naming `served`, says the cached topology is not topod's.
+    pub fn is_stale(self, served: Option<u64>) -> bool {
+        match self {
+            CachedTopology::Nothing => true,
+            CachedTopology::Known(known) => served.is_some() && served != known,
+        }
+    }
 }
 
 /// What the cache knows of a host's state: what a placement depends on and the jobs topod
@@ -107,6 +136,9 @@ pub struct HostState {
     /// ([`topo_core::gpus::choose_among`]). Shared by every host whose list is the same
     /// ([`GpuLists`]): a site is ~180 bytes, and a host of 8 GPUs would keep 1.5 KB of them.
     pub gpus: Arc<[topo_core::gpus::GpuSite]>,
+    /// The fingerprint of the topology its model was made from, as topod sent it with the free
+    /// map ([`FreeMap::topology_id`]; `None` from a topod too old to send one).
+    pub topology_id: Option<u64>,
 }
 
 /// The lists of free GPU sites the cache's hosts hold, one copy of each: hosts of one kind
@@ -752,6 +784,21 @@ impl HostCache {
         id
     }
 
+    /// [`add`](Self::add), and where `name` is known at another address (a configuration read
+    /// again), moves it there: its state goes, as it was another topod's.
+    pub fn add_at(&mut self, name: &str, address: Address) -> HostId {
+        let id = self.add(name, address.clone());
+        if self.hosts[id as usize].address != address {
+            let h = Arc::make_mut(&mut self.hosts[id as usize]);
+            h.address = address;
+            h.state = None;
+            h.last_error = None;
+            h.version = h.version.wrapping_add(1);
+            self.status[id as usize] = HostStatus::default();
+        }
+        id
+    }
+
     /// Sets the domain aliases are made with (`""`: none) and indexes every host again.
     pub fn set_domain(&mut self, domain: &str) {
         let domain = domain.trim_start_matches('.');
@@ -869,9 +916,13 @@ impl HostCache {
         &self.models[state.model as usize]
     }
 
-    /// Whether a fetch for `id` must also bring the topology.
-    pub fn needs_topology(&self, id: HostId) -> bool {
-        self.hosts[id as usize].state.is_none()
+    /// What the cache holds of `id`'s topology: a fetch brings it when there is none, or when
+    /// topod's is not this one.
+    pub fn cached_topology(&self, id: HostId) -> CachedTopology {
+        match &self.hosts[id as usize].state {
+            None => CachedTopology::Nothing,
+            Some(state) => CachedTopology::Known(state.topology_id),
+        }
     }
 
     /// The state of `id` if it is fresh enough at `now`.
@@ -907,6 +958,15 @@ impl HostCache {
         let model = match topology {
             Some(topo) => self.intern_model(topo)?,
             None => match &self.hosts[id as usize].state {
+                Some(s) if free.topology_id.is_some() && free.topology_id != s.topology_id => {
+                    // Its topod came back on other hardware (or reads it differently): the
+                    // state goes, so that the next fetch brings the topology.
+                    let h = Arc::make_mut(&mut self.hosts[id as usize]);
+                    h.state = None;
+                    h.version = h.version.wrapping_add(1);
+                    self.status[id as usize] = HostStatus::default();
+                    return Err("its topod now serves another topology than the one cached; it is fetched again".into());
+                }
                 Some(s) => s.model,
                 None => return Err("the first fetch of a host must bring its topology".into()),
             },
@@ -962,6 +1022,7 @@ impl HostCache {
             moves,
             pools: pools.into(),
             gpus: self.gpu_lists.lock().unwrap_or_else(|e| e.into_inner()).intern(&free.gpus),
+            topology_id: free.topology_id,
         };
         let before = self.status[id as usize];
         let entry = &self.hosts[id as usize];

@@ -22,7 +22,7 @@
 //! the dispatches that waited for a host's state are placed ([`Reservations::settle`]).
 
 use crate::address::Address;
-use crate::cache::{CacheCell, FreeMap, HostCache, HostId};
+use crate::cache::{CacheCell, CachedTopology, FreeMap, HostCache, HostId};
 use crate::config::CacheConfig;
 use crate::reserve::Reservations;
 use std::cmp::Reverse;
@@ -57,8 +57,9 @@ pub struct FetchError {
 
 /// Where host states come from: topod itself, or a fake in tests.
 pub trait HostSource: Send + Sync {
-    /// Fetches the free map of the topod at `address`, and its topology when `with_topology`.
-    fn fetch(&self, address: &Address, with_topology: bool) -> Result<Fetched, FetchError>;
+    /// Fetches the free map of the topod at `address`, and its topology when the cache has
+    /// none (`cached`) or the free map names another than the cached one.
+    fn fetch(&self, address: &Address, cached: CachedTopology) -> Result<Fetched, FetchError>;
 }
 
 /// The real source: topod's read-only TCP listener or its Unix socket.
@@ -96,7 +97,7 @@ impl TopodSource {
 }
 
 impl HostSource for TopodSource {
-    fn fetch(&self, address: &Address, with_topology: bool) -> Result<Fetched, FetchError> {
+    fn fetch(&self, address: &Address, cached: CachedTopology) -> Result<Fetched, FetchError> {
         let name = address.to_string();
         let fail = |message: String| FetchError { address: name.clone(), message };
         let mut client = match address {
@@ -114,13 +115,18 @@ impl HostSource for TopodSource {
         if let Some(v) = asked_older {
             client.speak_version(v);
         }
-        let topology = if with_topology {
+        let mut topology = if cached.is_nothing() {
             Some(client.topology().map_err(|e| fail(e.to_string()))?)
         } else {
             None
         };
         // Only the part the cache keeps is decoded (see `FreeMap`).
         let free_map = client.call_as::<FreeMap>(Op::FreeMap).map_err(|e| fail(e.to_string()))?;
+        if topology.is_none() && cached.is_stale(free_map.topology_id) {
+            // Its topod came back on other hardware: the topology again, on this connection
+            // (one process serves one topology, so it goes with the free map just read).
+            topology = Some(client.topology().map_err(|e| fail(e.to_string()))?);
+        }
         let answered_in = client.protocol_version();
         if asked_older.is_none() && answered_in < topo_core::proto::PROTOCOL_VERSION {
             let mut older = self.older.lock().unwrap_or_else(|e| e.into_inner());
@@ -212,10 +218,13 @@ fn apply_batch(
             let ended = at;
             let ok = match result {
                 Ok(f) => {
-                    let first_time = f.topology.is_some();
+                    let topology_came = f.topology.is_some();
+                    let again = !cache.cached_topology(id).is_nothing();
                     match cache.update(id, f.topology.as_ref(), f.free_map, at) {
                         Ok(()) => {
-                            if first_time {
+                            if topology_came && again {
+                                tracing::warn!(host = %cache.host(id).name, "its topod serves another topology than before (restarted on other hardware?); the new one is cached");
+                            } else if topology_came {
                                 tracing::info!(host = %cache.host(id).name, "topod answers; topology and free map cached");
                             }
                             true
@@ -275,9 +284,9 @@ pub fn refresh_once(
 ) -> (usize, usize) {
     set_domain(shared, config);
     add_discovered(shared, config);
-    let jobs: Vec<(HostId, Address, bool)> = {
+    let jobs: Vec<(HostId, Address, CachedTopology)> = {
         let cache = shared.cache.load();
-        cache.hosts().map(|(id, h)| (id, h.address.clone(), cache.needs_topology(id))).collect()
+        cache.hosts().map(|(id, h)| (id, h.address.clone(), cache.cached_topology(id))).collect()
     };
     let next = AtomicUsize::new(0);
     let (done, results) = mpsc::channel::<FetchOutcome>();
@@ -288,8 +297,8 @@ pub fn refresh_once(
             let (jobs, next) = (&jobs, &next);
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((id, address, with_topology)) = jobs.get(i) else { break };
-                let r = source.fetch(address, *with_topology);
+                let Some((id, address, cached)) = jobs.get(i) else { break };
+                let r = source.fetch(address, *cached);
                 if done.send((*id, r, Instant::now())).is_err() {
                     break;
                 }
@@ -358,7 +367,7 @@ enum Msg {
 struct Task {
     id: HostId,
     address: Address,
-    with_topology: bool,
+    cached: CachedTopology,
 }
 
 /// When each host is due, which run, and how often each has failed in a row. Pure bookkeeping;
@@ -558,8 +567,7 @@ fn run(
             }
             let Some(id) = schedule.take_due(now) else { break };
             let h = cache.host(id);
-            let task =
-                Task { id, address: h.address.clone(), with_topology: cache.needs_topology(id) };
+            let task = Task { id, address: h.address.clone(), cached: cache.cached_topology(id) };
             if tasks.send(task).is_err() {
                 return;
             }
@@ -660,7 +668,7 @@ fn fetch_thread(queue: &Mutex<Receiver<Task>>, results: &Sender<Msg>, source: &d
     loop {
         let task = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
         let Ok(task) = task else { return };
-        let r = source.fetch(&task.address, task.with_topology);
+        let r = source.fetch(&task.address, task.cached);
         if results.send(Msg::Done(Box::new((task.id, r, Instant::now())))).is_err() {
             return;
         }
@@ -733,6 +741,7 @@ mod older_topod_tests {
             moves: None,
             gpus: Vec::new(),
             reserved_gpus: Vec::new(),
+            topology_id: None,
         };
         let free_map = serde_json::to_string(&free_map).unwrap();
         std::thread::spawn(move || {
@@ -765,14 +774,14 @@ mod older_topod_tests {
         let source = TopodSource::new(None, Duration::from_secs(10));
         let address = Address::Unix(socket.clone());
         for _ in 0..3 {
-            let fetched = source.fetch(&address, false).unwrap();
+            let fetched = source.fetch(&address, CachedTopology::Known(None)).unwrap();
             assert_eq!((fetched.free_map.generation, fetched.free_map.job_ids.len()), (3, 1));
         }
         // Ten minutes on, it is asked in this build's version again (it may have been upgraded).
         for entry in source.older.lock().unwrap().values_mut() {
             entry.1 = Instant::now().checked_sub(OLDER_TOPOD_RECHECK).unwrap();
         }
-        source.fetch(&address, false).unwrap();
+        source.fetch(&address, CachedTopology::Known(None)).unwrap();
         let now = topo_core::proto::PROTOCOL_VERSION as u64;
         assert_eq!(old.join().unwrap(), [vec![now, 1], vec![1], vec![1], vec![now, 1]]);
 
@@ -780,9 +789,153 @@ mod older_topod_tests {
         let socket = dir.path().join("new.sock");
         let new = topod_of_version(&socket, topo_core::proto::PROTOCOL_VERSION, 2);
         let address = Address::Unix(socket);
-        source.fetch(&address, false).unwrap();
-        source.fetch(&address, false).unwrap();
+        source.fetch(&address, CachedTopology::Known(None)).unwrap();
+        source.fetch(&address, CachedTopology::Known(None)).unwrap();
         assert_eq!(new.join().unwrap(), [vec![now], vec![now]]);
         assert_eq!(source.older.lock().unwrap().len(), 1, "only the old topod is noted");
+    }
+}
+
+#[cfg(test)]
+mod topology_change_tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    use topo_core::cpuset::CpuSet;
+
+    /// A topod on `socket` serving `topo`, whose free map names `served` as its topology's
+    /// fingerprint; it answers `connections` connections and returns the operations each asked.
+    fn topod_serving(
+        socket: &std::path::Path,
+        topo: Topology,
+        served: Option<u64>,
+        connections: usize,
+    ) -> std::thread::JoinHandle<Vec<Vec<String>>> {
+        let listener = UnixListener::bind(socket).unwrap();
+        let free_map = topo_core::proto::reply::FreeMap {
+            generation: 1,
+            allocatable: topo.allowed.clone(),
+            held: CpuSet::new(),
+            fenced: CpuSet::new(),
+            jobs: 0,
+            job_ids: Vec::new(),
+            free: Default::default(),
+            gang: None,
+            reservations: Vec::new(),
+            defrag: false,
+            pools: Vec::new(),
+            moves: None,
+            gpus: Vec::new(),
+            reserved_gpus: Vec::new(),
+            topology_id: served,
+        };
+        let (free_map, topo) =
+            (serde_json::to_string(&free_map).unwrap(), serde_json::to_string(&topo).unwrap());
+        std::thread::spawn(move || {
+            (0..connections)
+                .map(|_| {
+                    let (conn, _) = listener.accept().unwrap();
+                    let mut asked = Vec::new();
+                    for line in BufReader::new(conn.try_clone().unwrap()).lines() {
+                        let request: serde_json::Value =
+                            serde_json::from_str(&line.unwrap()).unwrap();
+                        let (v, op) = (
+                            request["v"].as_u64().unwrap(),
+                            request["op"].as_str().unwrap().to_string(),
+                        );
+                        let ok = if op == "topology" { &topo } else { &free_map };
+                        (&conn)
+                            .write_all(format!("{{\"v\":{v},\"ok\":{ok}}}\n").as_bytes())
+                            .unwrap();
+                        asked.push(op);
+                    }
+                    asked
+                })
+                .collect()
+        })
+    }
+
+    /// issue 31: a topod that came back on other hardware at the same address was judged on the
+    /// topology cached first until the scheduler restarted the module.
+    #[test]
+    fn a_topod_serving_another_topology_is_asked_for_it_on_the_same_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("topod.sock");
+        let intel = Topology::flat(16);
+        let id = intel.fingerprint();
+        let topod = topod_serving(&socket, intel.clone(), Some(id), 4);
+        let source = TopodSource::new(None, Duration::from_secs(10));
+        let address = Address::Unix(socket);
+        // The cache knows this topology: the free map alone.
+        let same = source.fetch(&address, CachedTopology::Known(Some(id))).unwrap();
+        assert!(same.topology.is_none());
+        // It knows another (or one from a topod too old to name it): the topology comes again.
+        let other = source.fetch(&address, CachedTopology::Known(Some(id ^ 1))).unwrap();
+        assert_eq!(other.topology.as_ref(), Some(&intel));
+        assert_eq!(other.free_map.topology_id, Some(id));
+        let older = source.fetch(&address, CachedTopology::Known(None)).unwrap();
+        assert_eq!(older.topology.as_ref(), Some(&intel));
+        // None cached: the topology first, as always.
+        assert!(source.fetch(&address, CachedTopology::Nothing).unwrap().topology.is_some());
+        let asked = topod.join().unwrap();
+        assert_eq!(
+            asked,
+            [
+                vec!["free_map"],
+                vec!["free_map", "topology"],
+                vec!["free_map", "topology"],
+                vec!["topology", "free_map"]
+            ]
+        );
+    }
+
+    /// A topod too old to name its topology is never asked for it again.
+    #[test]
+    fn a_topod_that_names_no_topology_is_not_asked_for_it_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("topod.sock");
+        let topod = topod_serving(&socket, Topology::flat(4), None, 1);
+        let source = TopodSource::new(None, Duration::from_secs(10));
+        let fetched = source.fetch(&Address::Unix(socket), CachedTopology::Known(Some(7))).unwrap();
+        assert!(fetched.topology.is_none());
+        assert_eq!(topod.join().unwrap(), [vec!["free_map"]]);
+    }
+
+    /// The cache itself: a free map naming another topology than the cached one, with no
+    /// topology beside it (a source that did not look), drops the host's state, so that the
+    /// next fetch brings the topology; a configuration that moves a host does the same.
+    #[test]
+    fn the_cache_forgets_a_state_of_another_topology() {
+        let (epyc, intel) = (Topology::flat(48), Topology::flat(16));
+        let mut cache = HostCache::new();
+        let id = cache.add("h1", Address::Unix("/a.sock".into()));
+        let free = |topo: &Topology| FreeMap {
+            generation: 1,
+            allocatable: topo.allowed.clone(),
+            held: CpuSet::new(),
+            fenced: CpuSet::new(),
+            job_ids: Vec::new(),
+            reservations: Vec::new(),
+            defrag: false,
+            moves: None,
+            pools: Vec::new(),
+            gpus: Vec::new(),
+            reserved_gpus: Vec::new(),
+            topology_id: Some(topo.fingerprint()),
+        };
+        cache.update(id, Some(&epyc), free(&epyc), Instant::now()).unwrap();
+        assert_eq!(cache.cached_topology(id), CachedTopology::Known(Some(epyc.fingerprint())));
+        cache.update(id, None, free(&epyc), Instant::now()).unwrap();
+        let err = cache.update(id, None, free(&intel), Instant::now()).unwrap_err();
+        assert!(err.contains("another topology"), "{err}");
+        assert_eq!(cache.cached_topology(id), CachedTopology::Nothing);
+        cache.update(id, Some(&intel), free(&intel), Instant::now()).unwrap();
+        assert_eq!(cache.cached_topology(id), CachedTopology::Known(Some(intel.fingerprint())));
+        // The same address again keeps the state; another drops it.
+        assert_eq!(cache.add_at("h1", Address::Unix("/a.sock".into())), id);
+        assert!(!cache.cached_topology(id).is_nothing());
+        assert_eq!(cache.add_at("h1", Address::Unix("/b.sock".into())), id);
+        assert_eq!(cache.cached_topology(id), CachedTopology::Nothing);
+        assert_eq!(cache.host(id).address, Address::Unix("/b.sock".into()));
     }
 }

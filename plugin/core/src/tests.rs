@@ -1,7 +1,7 @@
 //! The cache, reservations and evaluation together, fed by a fake source built from real
 //! machines in `shared/topologies`.
 
-use crate::cache::FreeMap;
+use crate::cache::{CachedTopology, FreeMap};
 use crate::eval::{self, Claimant, Context, NoFit, Verdict};
 use crate::fetch::{refresh_once, FetchError, Fetched, HostSource, Shared};
 use crate::{Address, CacheConfig, Unreachable};
@@ -59,6 +59,7 @@ impl FakeSource {
             pools: Vec::new(),
             gpus: Vec::new(),
             reserved_gpus: Vec::new(),
+            topology_id: None,
         };
         self.hosts.lock().unwrap().insert(address.to_string(), (topo.clone(), free));
     }
@@ -72,7 +73,8 @@ impl FakeSource {
 }
 
 impl HostSource for FakeSource {
-    fn fetch(&self, address: &Address, with_topology: bool) -> Result<Fetched, FetchError> {
+    fn fetch(&self, address: &Address, cached: CachedTopology) -> Result<Fetched, FetchError> {
+        let with_topology = cached.is_nothing();
         self.calls.lock().unwrap().push((address.to_string(), with_topology));
         let hosts = self.hosts.lock().unwrap();
         let (topo, free) = hosts.get(&address.to_string()).ok_or_else(|| FetchError {
@@ -371,9 +373,11 @@ fn reads_the_protocols_free_map() {
                 fabric: None,
             },
         }],
+        topology_id: Some(0x0123_4567_89ab_cdef),
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
     assert_eq!(kept.moves, sent.moves);
+    assert_eq!(kept.topology_id, sent.topology_id);
     assert_eq!(kept.gpus, sent.gpus);
     assert_eq!(kept.reserved_gpus, sent.reserved_gpus);
     assert_eq!(kept.pools, sent.pools);
@@ -413,7 +417,8 @@ struct ManyHosts {
 }
 
 impl HostSource for ManyHosts {
-    fn fetch(&self, address: &Address, with_topology: bool) -> Result<Fetched, FetchError> {
+    fn fetch(&self, address: &Address, cached: CachedTopology) -> Result<Fetched, FetchError> {
+        let with_topology = cached.is_nothing();
         let a = address.to_string();
         if self.hung.contains(&a) {
             std::thread::sleep(self.hang);
@@ -439,6 +444,7 @@ fn idle_free_map(topo: &Topology) -> FreeMap {
         pools: Vec::new(),
         gpus: Vec::new(),
         reserved_gpus: Vec::new(),
+        topology_id: None,
     }
 }
 
@@ -794,7 +800,7 @@ fn many_pending_dispatches_are_kept_once_each() {
 struct NiceProbe(Mutex<Vec<i32>>);
 
 impl HostSource for NiceProbe {
-    fn fetch(&self, address: &Address, _with_topology: bool) -> Result<Fetched, FetchError> {
+    fn fetch(&self, address: &Address, _cached: CachedTopology) -> Result<Fetched, FetchError> {
         self.0.lock().unwrap().push(crate::fetch::thread_nice());
         Err(FetchError { address: address.to_string(), message: "probe".into() })
     }

@@ -64,11 +64,17 @@ struct Module {
 /// (with or without `dlclose` in between: the library is linked `-z nodelete`, see build.rs, so
 /// it stays mapped and its statics survive). Each `sched_init` after a `sched_finalize`
 /// therefore builds a new module (the configuration read again, a new cache, a new refresher)
-/// and registers the handler again.
+/// and registers the handler again. A `sched_init` without `sched_finalize` before it also
+/// builds a new module from the configuration read again, but over the running module's cache
+/// and reservations (see [`init`]).
 /// The old module is left in place rather than freed: a callback of the old session may still
 /// hold it, and `&'static` is what lets every callback reach the module without a lock held
 /// across the call. Its refresher is stopped at `sched_finalize`.
 static MODULE: RwLock<Option<&'static Module>> = RwLock::new(None);
+/// The modules of earlier `sched_init` calls, kept (for late callbacks, as above) where they
+/// stay reachable: one small struct per `sched_init` of the process, whose hosts went at
+/// `sched_finalize` or passed to the next module.
+static RETIRED: Mutex<Vec<&'static Module>> = Mutex::new(Vec::new());
 static HANDLER: OnceLock<topo_lsf_sys::RsrcReqHandlerType> = OnceLock::new();
 
 fn module() -> Result<&'static Module, String> {
@@ -129,34 +135,24 @@ static INIT: Mutex<()> = Mutex::new(());
 
 fn init() -> Result<c_int, String> {
     let _one_at_a_time = INIT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Ok(m) = module() {
-        if m.refresher.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
-            // The running module (its cache, reservations, refresher) is kept; the handler is
-            // registered again, so that the scheduler has it whatever it did between the two
-            // calls. A refusal now fails loudly: returning 0 would leave topo silently out.
-            let handler_id = m.config.lsf.handler_id;
-            let handler = HANDLER.get_or_init(handler::table);
-            // SAFETY: as below: a valid table of six callbacks in the ABI order, never freed.
-            let rc = unsafe {
-                (m.api.register_handler)(handler_id, std::ptr::from_ref(handler).cast_mut())
-            };
-            if rc < 0 {
-                return Err(format!("sched_init called again without sched_finalize: the scheduler refused handler id {handler_id} (returned {rc})"));
-            }
-            tracing::info!(
-                handler_id,
-                "sched_init called again without sched_finalize; the running module kept and its handler registered again"
-            );
-            return Ok(0);
-        }
+    // A module whose refresher runs: this is sched_init again without sched_finalize.
+    let running =
+        module().ok().filter(|m| m.refresher.lock().unwrap_or_else(|e| e.into_inner()).is_some());
+    if running.is_none() && module().is_ok() {
         tracing::info!(
             "sched_init after sched_finalize: reading the configuration and starting again"
         );
     }
     let path = config::path();
+    // A configuration that no longer reads fails this call (loudly) and leaves a running
+    // module as it was.
     let mut config = config::load(&path).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
     config::start_log(&config.lsf).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %path.display(), header = topo_lsf_sys::HEADER_USED, "schmod_topo starting");
+    if running.is_some() {
+        tracing::info!(config = %path.display(), "sched_init called again without sched_finalize: the configuration is read again; the host states and tentative reservations are kept");
+    } else {
+        tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %path.display(), header = topo_lsf_sys::HEADER_USED, "schmod_topo starting");
+    }
     let api = Api::resolve()?;
     tracing::info!(flavour = ?api.flavour, "scheduler interface resolved");
     open_key_store(&config.lsf)?;
@@ -165,14 +161,18 @@ fn init() -> Result<c_int, String> {
     // copy of the configuration) would be two more of ten thousand names and addresses.
     config.cache.hosts = Default::default();
     let key = config.cache.read_key().map_err(|e| e.to_string())?;
-    let shared = Arc::new(Shared::default());
+    // Again without sched_finalize, the running module's cache and tentative reservations are
+    // kept (a job dispatched before must not lose its CPUs to the next one); hosts the
+    // configuration adds join it, a host at a new address starts unknown there, and a host it
+    // no longer names stays until sched_finalize (a job may hold a reservation there).
+    let shared = running.map_or_else(|| Arc::new(Shared::default()), |m| m.shared.clone());
     {
         let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
         // Before the first match (the refresher would set it too, perhaps after one): a match
         // remembers what each host pointer's name found, until the cache's names change.
         cache.set_domain(&config.cache.domain);
         for (name, address) in &hosts {
-            cache.add(name, address.clone());
+            cache.add_at(name, address.clone());
         }
     }
     let source = Arc::new(TopodSource::new(key, config.cache.timeout()));
@@ -188,12 +188,22 @@ fn init() -> Result<c_int, String> {
     // the scheduler only reads it.
     let rc = unsafe { (api.register_handler)(handler_id, std::ptr::from_ref(handler).cast_mut()) };
     if rc < 0 {
-        // Nothing is published: the next sched_init starts from scratch.
+        // Nothing new is published: the next sched_init starts from scratch, or from the
+        // running module, which goes on as it was.
         refresher.stop_soon();
-        return Err(format!("the scheduler refused handler id {handler_id} (returned {rc}); another module may use it: set [lsf] handler_id"));
+        let again =
+            if running.is_some() { "sched_init called again without sched_finalize: " } else { "" };
+        return Err(format!("{again}the scheduler refused handler id {handler_id} (returned {rc}); another module may use it: set [lsf] handler_id"));
+    }
+    if let Some(old) = running {
+        // The new refresher writes the same cache from now on.
+        if let Some(r) = old.refresher.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            r.stop_soon();
+        }
     }
     // Published only once the handler is registered: a module is running exactly when the
-    // scheduler has its handler.
+    // scheduler has its handler. A new host index: the scheduler's host pointers and indexes
+    // are resolved again (they may name other hosts than before).
     let module: &'static Module = Box::leak(Box::new(Module {
         api,
         config,
@@ -202,7 +212,10 @@ fn init() -> Result<c_int, String> {
         hosts: Mutex::new(hosts::HostIndex::new()),
         refresher: Mutex::new(Some(refresher)),
     }));
-    *MODULE.write().unwrap_or_else(|e| e.into_inner()) = Some(module);
+    let before = MODULE.write().unwrap_or_else(|e| e.into_inner()).replace(module);
+    if let Some(before) = before {
+        RETIRED.lock().unwrap_or_else(|e| e.into_inner()).push(before);
+    }
     tracing::info!(handler_id, hosts = hosts.len(), ?unreachable, "handler registered");
     Ok(0)
 }

@@ -533,6 +533,11 @@ pub mod reply {
         /// job (which topod gives them first), to no other.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub reserved_gpus: Vec<ReservedGpu>,
+        /// The fingerprint of the topology this topod serves (`Topology::fingerprint`): a
+        /// plug-in that cached the topology fetches it again when this changes (topod
+        /// restarted on other hardware). A topod older than this field sends none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub topology_id: Option<u64>,
     }
 
     /// A GPU a reservation holds for its job (`free_map`'s `reserved_gpus`).

@@ -773,6 +773,8 @@ impl FreezeTicket {
 /// The state of one host.
 pub struct Host {
     topo: Arc<Topology>,
+    /// Its fingerprint, computed once (the free map carries it).
+    topology_id: u64,
     model: Arc<HostModel>,
     /// CPUs configuration keeps from jobs.
     reserved: CpuSet,
@@ -856,6 +858,7 @@ impl Host {
         }
         Ok(Host {
             confine_devices,
+            topology_id: topo.fingerprint(),
             topo: Arc::new(topo),
             model: Arc::new(model),
             reserved,
@@ -1143,9 +1146,7 @@ impl Host {
         // Without a row given, the row comes from the job id (FNV-1a) and no other: every host
         // of a multi-host job puts it in the same row without talking, so it runs in the same
         // slices everywhere. (Trying other rows when it does not fit there would break that.)
-        let hash = job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
+        let hash = topo_core::topology::fnv1a(job.as_bytes());
         Ok(Some(vec![(hash % u64::from(rows)) as u32]))
     }
 

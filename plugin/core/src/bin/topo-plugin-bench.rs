@@ -33,7 +33,7 @@ use topo_core::place::{self, model::HostModel, Occupancy, Strategy};
 use topo_core::proto::Op;
 use topo_core::reservation::{choose_block, Reservation};
 use topo_core::topology::{hwloc_xml, Topology};
-use topo_plugin_core::cache::{FreeMap, HostCache};
+use topo_plugin_core::cache::{CachedTopology, FreeMap, HostCache};
 use topo_plugin_core::eval::{self, Claimant, Context, Memo, Verdict};
 use topo_plugin_core::fetch::{refresh_once, FetchError, Fetched, HostSource, Shared};
 use topo_plugin_core::{Address, CacheConfig, Reservations, Unreachable};
@@ -45,7 +45,8 @@ struct InMemory {
 }
 
 impl HostSource for InMemory {
-    fn fetch(&self, address: &Address, with_topology: bool) -> Result<Fetched, FetchError> {
+    fn fetch(&self, address: &Address, cached: CachedTopology) -> Result<Fetched, FetchError> {
+        let with_topology = cached.is_nothing();
         let Address::Unix(path) = address else { unreachable!("the bench uses unix:/N") };
         let i: usize = path.to_string_lossy().trim_start_matches('/').parse().unwrap_or(0);
         Ok(Fetched {
@@ -170,6 +171,7 @@ fn loaded_free_map(topo: &Topology, model: &HostModel, seed: u64) -> FreeMap {
         pools: Vec::new(),
         gpus: Vec::new(),
         reserved_gpus: Vec::new(),
+        topology_id: Some(topo.fingerprint()),
     }
 }
 

@@ -283,6 +283,15 @@ pub enum TopologyError {
 }
 
 impl Topology {
+    /// A fingerprint of this topology as topod serves it (FNV-1a over its JSON): the free map
+    /// carries it, so that a scheduler's plug-in that cached the topology of a host notices a
+    /// topod that came back on other hardware, or read it again differently, and fetches it
+    /// again. Equal only for equal topologies of one build; compared, never decoded.
+    pub fn fingerprint(&self) -> u64 {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        fnv1a(&json)
+    }
+
     /// CPUs a job may be given before configuration reservations: online and allowed.
     pub fn allowed_cpus(&self) -> &CpuSet {
         &self.allowed
@@ -504,6 +513,14 @@ pub fn classify_pci(class_code: u32) -> DeviceClass {
         (0x01, _) => DeviceClass::Storage,
         _ => DeviceClass::Other,
     }
+}
+
+/// FNV-1a, 64 bits: a hash that is the same in every build and process (unlike std's
+/// `DefaultHasher`, which makes no such promise).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@ pub struct Snapshot {
     pub model: Arc<HostModel>,
     /// The host's topology (its GPUs, for `fit`'s `gpus=`).
     pub topo: Arc<Topology>,
+    /// Its fingerprint ([`Topology::fingerprint`]), computed once.
+    pub topology_id: u64,
     /// The placement strategy.
     pub strategy: Strategy,
     /// Held and fenced CPUs.
@@ -83,6 +85,7 @@ impl Snapshot {
                 .map(|g| topo_core::gpus::GpuSite::of(&self.topo, g))
                 .collect(),
             reserved_gpus: self.reserved_free_gpus(),
+            topology_id: Some(self.topology_id),
         }
     }
 
@@ -141,6 +144,7 @@ impl Host {
         Snapshot {
             model: self.model.clone(),
             topo: self.topo.clone(),
+            topology_id: self.topology_id,
             strategy: self.strategy,
             // With gang rows, what a job that runs through every slice must avoid.
             occupancy: self.ledger.occupancy_for(None),
