@@ -9,7 +9,7 @@
  * reason text of a bad request, tentative reservations across dispatches, checkAlloc limits,
  * the replay after a scheduler restart, and topod's topology reservations and defrag on h3.
  *
- * Usage: harness MODULE.so SCENARIO    (session | restart | reinit | reconfig | rehardware | open | pools | refuse | panic | blocks | scale)
+ * Usage: harness MODULE.so SCENARIO    (session | restart | reinit | reconfig | agree | rehardware | open | pools | refuse | panic | blocks | scale)
  * Environment: TOPO_LSF_CONF (the module's config, written by run.sh), HARNESS_TOPOCTL,
  * HARNESS_H1_SOCKET and HARNESS_H3_SOCKET (to change topod's state between sessions),
  * HARNESS_REFRESH_MS.
@@ -694,6 +694,110 @@ static void expect_soon(struct resreq *r, const char *want, const char *what) {
     check(rc == 0 && strcmp(got, want) == 0, "%s: kept [%s], expected [%s]", what, got, want);
 }
 
+/* A job the module keeps on a host is one topod accepts there (issue 31): a long mixed run of
+ * jobs of many shapes and two queues over h1-h4 (h4 is hp here: a prime-time pool for queue
+ * interactive; h3 moves jobs to make room), each dispatched as LSF would (matchFn, sortFn, then
+ * checkAllocFn on the first kept host, the next where it limits the job to 0 tasks), then
+ * allocated on that host's topod as the job's pre-exec would, and ended at random. With
+ * fail-closed no dispatched job may be refused. */
+static unsigned long agree_rng = 0x9e3779b97f4a7c15UL;
+static unsigned agree_next(unsigned n) {
+    agree_rng ^= agree_rng << 13;
+    agree_rng ^= agree_rng >> 7;
+    agree_rng ^= agree_rng << 17;
+    return (unsigned)(agree_rng % n);
+}
+
+static void scenario_agree(void) {
+    static const char *shapes[] = {
+        "affinity[core(1)]",           "affinity[core(2,same=numa)]",   "affinity[core(4,same=numa)]",
+        "affinity[core(6,same=l3)]",   "affinity[core(8,same=socket)]", "affinity[core(12,same=socket)]",
+        "affinity[core(3)]",           "affinity[core(16)]",            "affinity[core(24,same=socket)]",
+        "affinity[core(2,same=core)]", "affinity[thread(2,same=core)]",
+    };
+    enum { NSHAPES = sizeof shapes / sizeof shapes[0], STEPS = 400, MAXRUN = 48 };
+    const char *sockets[NHOSTS] = {getenv("HARNESS_H1_SOCKET"), getenv("HARNESS_H2_SOCKET"), getenv("HARNESS_H3_SOCKET"),
+                                   getenv("HARNESS_H4_SOCKET")};
+    struct resreq *req[NSHAPES];
+    for (int i = 0; i < NSHAPES; i++)
+        req[i] = new_resreq(shapes[i], NULL, NULL);
+    struct running {
+        int id, host, shape;
+    } run[MAXRUN];
+    int n_run = 0, dispatched = 0, refused = 0, no_host = 0, limited = 0, next_id = 5001;
+    fprintf(stderr, "a mixed run of %d steps: %d shapes, queues normal and interactive, jobs ending at random\n", STEPS,
+            NSHAPES);
+    for (int step = 0; step < STEPS; step++) {
+        if (step % 16 == 15)
+            wait_refresh(); /* topod's view of what ended and started reaches the module */
+        if (n_run > 0 && (n_run == MAXRUN || agree_next(5) < 2)) {
+            int k = (int)agree_next((unsigned)n_run);
+            char cmd[512];
+            snprintf(cmd, sizeof cmd, "release --socket \"%s\" lsf-%d", sockets[run[k].host], run[k].id);
+            check(topoctl(cmd) == 0, "job %d released on %s", run[k].id, host_names[run[k].host]);
+            dispatch(req[run[k].shape], run[k].id, host_names[run[k].host], 1, NOTIFY_DEALLOC);
+            run[k] = run[--n_run];
+            continue;
+        }
+        int shape = (int)agree_next(NSHAPES), id = next_id++;
+        const char *queue = agree_next(10) < 3 ? "interactive" : "normal";
+        struct cand_list l;
+        struct reasons rs;
+        fill_list(&l, DEFAULT_ORDER, NHOSTS);
+        memset(&rs, 0, sizeof rs);
+        int rc = handler.matchFn(req[shape]->data, &l, &rs);
+        if (rc == 0)
+            rc = handler.sortFn(req[shape]->data, &l, &rs);
+        current_list = NULL;
+        free(rs.main_text);
+        check(rc == 0, "matchFn and sortFn for job %d return 0", id);
+        struct job j = {id, 0, req[shape]->key, queue, NULL};
+        int host = -1;
+        for (int i = 0; i < l.group.numOfMembers && host < 0; i++) {
+            int h = l.group.candHost[i].hostIdx;
+            struct alloc a = {host_names[h], 1};
+            memset(&last_limit, 0, sizeof last_limit);
+            rc = handler.checkAllocFn(req[shape]->data, &j, &a, (void *)&last_limit);
+            if (rc == 0 && last_limit.calls > 0 && last_limit.max_tasks == 0)
+                limited++;
+            else
+                host = h;
+        }
+        if (host < 0) {
+            no_host++;
+            continue;
+        }
+        struct alloc a = {host_names[host], 1};
+        rc = handler.notifyAllocFn(req[shape]->data, &j, &a, NULL, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
+        check(rc == 0, "notifyAllocFn(job %d on %s) returns 0", id, host_names[host]);
+        dispatched++;
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "alloc --socket \"%s\" --job lsf-%d --queue %s '%s' 2>&1", sockets[host], id, queue,
+                 shapes[shape]);
+        if (topoctl(cmd) != 0) {
+            refused++;
+            fprintf(stderr, "        job %d (%s, queue %s) kept on %s and refused there by topod\n", id, shapes[shape], queue,
+                    host_names[host]);
+            dispatch(req[shape], id, host_names[host], 1, NOTIFY_DEALLOC);
+            continue;
+        }
+        run[n_run++] = (struct running){id, host, shape};
+    }
+    fprintf(stderr, "  figure  %d jobs dispatched, %d refused by topod (%.1f%%); %d found no host, %d checkAllocFn refusals of a kept host\n",
+            dispatched, refused, dispatched ? 100.0 * refused / dispatched : 0.0, no_host, limited);
+    check(dispatched >= STEPS / 3, "most jobs were dispatched (%d), so the check means something", dispatched);
+    check(refused == 0, "fail-closed: every job the module kept on a host, topod accepted there (%d refused)", refused);
+    for (int k = 0; k < n_run; k++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "release --socket \"%s\" lsf-%d", sockets[run[k].host], run[k].id);
+        topoctl(cmd);
+        dispatch(req[run[k].shape], run[k].id, host_names[run[k].host], 1, NOTIFY_DEALLOC);
+    }
+    for (int i = 0; i < NSHAPES; i++)
+        free_resreq(req[i]);
+    wait_refresh();
+}
+
 /* The names a match keeps, as a set: "h3,h1" and "h1,h3" are equal. */
 static int same_hosts(const char *got, const char *want) {
     char a[128], b[128];
@@ -949,7 +1053,7 @@ static void scenario_panic(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|reconfig|rehardware|open|pools|refuse|panic|blocks|scale\n", argv[0]);
+        fprintf(stderr, "usage: %s MODULE.so session|restart|reinit|reconfig|agree|rehardware|open|pools|refuse|panic|blocks|scale\n", argv[0]);
         return 2;
     }
     int scale = strcmp(argv[2], "scale") == 0;
@@ -1005,6 +1109,8 @@ int main(int argc, char **argv) {
         scenario_panic();
     else if (strcmp(argv[2], "reinit") == 0)
         scenario_reinit(argv[1]);
+    else if (strcmp(argv[2], "agree") == 0)
+        scenario_agree();
     else if (strcmp(argv[2], "reconfig") == 0)
         scenario_reconfig();
     else if (strcmp(argv[2], "rehardware") == 0)

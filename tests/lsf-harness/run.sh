@@ -150,6 +150,11 @@ HARNESS_REFRESH_MS=2000 run valgrind --quiet --error-exitcode=99 --leak-check=fu
 # topod's topology reservations and defrag on h3 (after the runs that expect h3 idle; it leaves
 # h3 idle again).
 run "$work/harness" "$work/schmod_topo.so" blocks || status=1
+# A long mixed run, each job allocated on its topod after the module kept its host: none refused
+# (h4 is hp here, the prime-time pool).
+sed -e "s|^h4 = .*|h4 = \"unix:$work/hp/topod.sock\"|" "$work/topo-lsf.toml" > "$work/topo-lsf-agree.toml"
+TOPO_LSF_CONF="$work/topo-lsf-agree.toml" HARNESS_H2_SOCKET="$work/h2/topod.sock" HARNESS_H4_SOCKET="$work/hp/topod.sock" \
+    run "$work/harness" "$work/schmod_topo.so" agree || status=1
 # esub.topo at bsub time: a good request goes to the job's environment, a bad one is refused
 # with topoctl's message, another module's string is left alone.
 esub() { # extsched-string -> exit status; output in $work/esub.*
