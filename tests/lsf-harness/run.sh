@@ -155,6 +155,12 @@ run "$work/harness" "$work/schmod_topo.so" blocks || status=1
 sed -e "s|^h4 = .*|h4 = \"unix:$work/hp/topod.sock\"|" "$work/topo-lsf.toml" > "$work/topo-lsf-agree.toml"
 TOPO_LSF_CONF="$work/topo-lsf-agree.toml" HARNESS_H2_SOCKET="$work/h2/topod.sock" HARNESS_H4_SOCKET="$work/hp/topod.sock" \
     run "$work/harness" "$work/schmod_topo.so" agree || status=1
+# The same with a scheduler restart halfway, fail-closed and fail-open.
+TOPO_LSF_CONF="$work/topo-lsf-agree.toml" HARNESS_H2_SOCKET="$work/h2/topod.sock" HARNESS_H4_SOCKET="$work/hp/topod.sock" \
+    HARNESS_AGREE_RESTART=1 run "$work/harness" "$work/schmod_topo.so" agree || status=1
+sed 's/^unreachable = "closed"$/unreachable = "open"/' "$work/topo-lsf-agree.toml" > "$work/topo-lsf-agree-open.toml"
+TOPO_LSF_CONF="$work/topo-lsf-agree-open.toml" HARNESS_H2_SOCKET="$work/h2/topod.sock" HARNESS_H4_SOCKET="$work/hp/topod.sock" \
+    HARNESS_AGREE_RESTART=1 HARNESS_AGREE_OPEN=1 run "$work/harness" "$work/schmod_topo.so" agree || status=1
 # esub.topo at bsub time: a good request goes to the job's environment, a bad one is refused
 # with topoctl's message, another module's string is left alone.
 esub() { # extsched-string -> exit status; output in $work/esub.*
