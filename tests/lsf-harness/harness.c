@@ -866,7 +866,21 @@ static void scenario_reconfig(void) {
     const char *first = getenv("TOPO_LSF_CONF");
     int registered = handler_registered;
     setenv("TOPO_LSF_CONF", getenv("HARNESS_CONF2"), 1);
+    /* Nothing of the new configuration may take hold when the call fails (attack on 1380592:
+     * a refused registration had already moved h1 to h3's topod; a missing file read as the
+     * defaults turned a fail-closed site fail-open). */
+    refuse_registrations = 1;
     int rc = entry_fn[1](NULL);
+    check(rc == -1 && handler_registered == registered, "sched_init whose registration the scheduler refuses returns -1 (%d)", rc);
+    wait_refresh();
+    expect(big, "h2,h1", "and the running module goes on with the configuration before, each host on its own topod");
+    setenv("TOPO_LSF_CONF", getenv("HARNESS_CONF_MISSING"), 1);
+    rc = entry_fn[1](NULL);
+    check(rc == -1 && handler_registered == registered, "sched_init when topo-lsf.toml has gone returns -1 (%d)", rc);
+    wait_refresh();
+    expect(big, "h2,h1", "and the running module goes on fail-closed (h4, with no topod, is not offered)");
+    setenv("TOPO_LSF_CONF", getenv("HARNESS_CONF2"), 1);
+    rc = entry_fn[1](NULL);
     check(rc == 0 && handler_registered == registered + 1,
           "sched_init with the new configuration returns 0 (%d) and registers the handler again (%d)", rc,
           handler_registered);
@@ -889,13 +903,23 @@ static void scenario_reconfig(void) {
 static void scenario_rehardware(void) {
     fprintf(stderr, "h1's topod (a 2 x 24-core EPYC) comes back at the same address on a 2 x 8-core Intel\n");
     struct resreq *ten = new_resreq("affinity[core(10,same=socket)]", NULL, NULL);
-    expect(ten, "h1", "before: 10 cores in one package fit the EPYC");
-    check(system(getenv("HARNESS_SWAP_H1")) == 0, "h1's topod restarted on the other machine");
-    /* With the EPYC's model kept, the Intel's CPUs 0-31 would still be 24 cores of one package. */
-    expect_soon(ten, "", "after: 10 cores in one package do not fit the Intel's 8 (h1 removed)");
+    struct resreq *big = new_resreq("affinity[core(24,same=socket)]", NULL, NULL);
     struct resreq *eight = new_resreq("affinity[core(8,same=socket)*2]", NULL, NULL);
-    expect(eight, "h1", "and two tasks of a whole 8-core package each fit it");
+    expect(ten, "h1", "before: 10 cores in one package fit the EPYC");
+    /* Two jobs dispatched there, not started: each package reserved for one. */
+    dispatch(big, 950, "h1", 1, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
+    dispatch(big, 951, "h1", 1, NOTIFY_ALLOC | NOTIFY_IN_SCHED_SESSION);
+    expect(ten, "", "jobs 950 and 951 dispatched there hold both packages");
+    check(system(getenv("HARNESS_SWAP_H1")) == 0, "h1's topod restarted on the other machine");
+    /* With the EPYC's model kept, the Intel's CPUs 0-31 would still be 24 cores of one package;
+     * with the EPYC's reservations kept, they would hold every CPU of the Intel until they
+     * lapse (attack on 1380592: reservation_ttl_s, 300 s by default). */
+    expect_soon(eight, "h1", "after: two tasks of a whole 8-core package each fit the Intel, the old machine's reservations gone");
+    expect(ten, "", "and 10 cores in one package do not fit its 8");
+    dispatch(big, 950, "h1", 1, NOTIFY_DEALLOC);
+    dispatch(big, 951, "h1", 1, NOTIFY_DEALLOC);
     free_resreq(ten);
+    free_resreq(big);
     free_resreq(eight);
 }
 

@@ -108,7 +108,7 @@ run "$work/harness" "$work/schmod_topo.so" reinit || status=1
 sed -e "s|^h1 = .*|h1 = \"unix:$work/h3/topod.sock\"|" -e "s|^h3 = .*|h3 = \"tcp:127.0.0.1:$port\"|" \
     -e "s|^h4 = .*|h4 = \"unix:$work/h2/topod.sock\"|" "$work/topo-lsf.toml" > "$work/topo-lsf-2.toml"
 printf '[lsf]\nhandler_id = 18\n' > "$work/topo-lsf-bad.toml"
-HARNESS_CONF2="$work/topo-lsf-2.toml" HARNESS_CONF_BAD="$work/topo-lsf-bad.toml" run "$work/harness" "$work/schmod_topo.so" reconfig || status=1
+HARNESS_CONF2="$work/topo-lsf-2.toml" HARNESS_CONF_BAD="$work/topo-lsf-bad.toml" HARNESS_CONF_MISSING="$work/no-such.toml" run "$work/harness" "$work/schmod_topo.so" reconfig || status=1
 sed 's/^unreachable = "closed"$/unreachable = "open"/' "$work/topo-lsf.toml" > "$work/topo-lsf-open.toml"
 TOPO_LSF_CONF="$work/topo-lsf-open.toml" run "$work/harness" "$work/schmod_topo.so" open || status=1
 # h1 is hp here, h2-h4 unknown (removed: fail-closed).

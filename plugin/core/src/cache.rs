@@ -96,11 +96,13 @@ impl CachedTopology {
         self == CachedTopology::Nothing
     }
 
-    /// Whether topod's free map, naming `served`, says the cached topology is not topod's.
+    /// Whether topod's free map, naming `served`, says the cached topology is not topod's: it
+    /// names another, or none where the cached one came with a name (a topod too old to name it
+    /// took the place of one that did; fetched once, then cached as unnamed).
     pub fn is_stale(self, served: Option<u64>) -> bool {
         match self {
             CachedTopology::Nothing => true,
-            CachedTopology::Known(known) => served.is_some() && served != known,
+            CachedTopology::Known(known) => served != known,
         }
     }
 }
@@ -785,10 +787,12 @@ impl HostCache {
     }
 
     /// [`add`](Self::add), and where `name` is known at another address (a configuration read
-    /// again), moves it there: its state goes, as it was another topod's.
-    pub fn add_at(&mut self, name: &str, address: Address) -> HostId {
+    /// again), moves it there: its state goes, as it was another topod's. `Some` (its id) when
+    /// it moved.
+    pub fn add_at(&mut self, name: &str, address: Address) -> Option<HostId> {
         let id = self.add(name, address.clone());
-        if self.hosts[id as usize].address != address {
+        let moved = self.hosts[id as usize].address != address;
+        if moved {
             let h = Arc::make_mut(&mut self.hosts[id as usize]);
             h.address = address;
             h.state = None;
@@ -796,7 +800,7 @@ impl HostCache {
             h.version = h.version.wrapping_add(1);
             self.status[id as usize] = HostStatus::default();
         }
-        id
+        moved.then_some(id)
     }
 
     /// Sets the domain aliases are made with (`""`: none) and indexes every host again.
@@ -958,7 +962,7 @@ impl HostCache {
         let model = match topology {
             Some(topo) => self.intern_model(topo)?,
             None => match &self.hosts[id as usize].state {
-                Some(s) if free.topology_id.is_some() && free.topology_id != s.topology_id => {
+                Some(s) if free.topology_id != s.topology_id => {
                     // Its topod came back on other hardware (or reads it differently): the
                     // state goes, so that the next fetch brings the topology.
                     let h = Arc::make_mut(&mut self.hosts[id as usize]);

@@ -211,6 +211,8 @@ fn apply_batch(
 ) -> Vec<(HostId, bool, Instant)> {
     let started = Instant::now();
     let mut applied = Vec::new();
+    // Hosts whose topod came back on other hardware: their tentative reservations go.
+    let mut other_hardware = Vec::new();
     {
         let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
         let mut outcome = Some(first);
@@ -219,13 +221,33 @@ fn apply_batch(
             let ok = match result {
                 Ok(f) => {
                     let topology_came = f.topology.is_some();
-                    let again = !cache.cached_topology(id).is_nothing();
+                    let model_before = cache.host(id).state.as_ref().map(|s| s.model);
                     match cache.update(id, f.topology.as_ref(), f.free_map, at) {
                         Ok(()) => {
-                            if topology_came && again {
-                                tracing::warn!(host = %cache.host(id).name, "its topod serves another topology than before (restarted on other hardware?); the new one is cached");
-                            } else if topology_came {
-                                tracing::info!(host = %cache.host(id).name, "topod answers; topology and free map cached");
+                            let model_now = cache.host(id).state.as_ref().map(|s| s.model);
+                            let name = &cache.host(id).name;
+                            if !topology_came {
+                                // The free map alone: nothing to say.
+                            } else if model_before.is_none() {
+                                tracing::info!(host = %name, "topod answers; topology and free map cached");
+                            } else if model_before == model_now {
+                                // Equal topologies share a model: the same hardware, named
+                                // differently (a topod upgraded, or one too old to name it).
+                                tracing::info!(host = %name, "its topod names its topology differently now (upgraded or downgraded?); it is the same as the one cached");
+                            } else {
+                                other_hardware.push(id);
+                                // At most a few hosts a minute (a topod that changes it at every
+                                // reply would otherwise say so at every refresh).
+                                if shared
+                                    .host_lines
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .admit(at)
+                                {
+                                    tracing::warn!(host = %name, "its topod serves another topology than before (restarted on other hardware?); the new one is cached and the tentative reservations made on the old one are dropped");
+                                } else {
+                                    tracing::debug!(host = %name, "its topod serves another topology than before");
+                                }
                             }
                             true
                         }
@@ -263,6 +285,9 @@ fn apply_batch(
     let now = Instant::now();
     let ttl = Duration::from_secs(config.reservation_ttl_s);
     let mut reservations = shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
+    for id in other_hardware {
+        reservations.forget_host(id);
+    }
     let dropped = reservations.reconcile(&cache, now, ttl);
     let placed = reservations.settle(&cache, now, ttl);
     drop(reservations);
@@ -889,16 +914,21 @@ mod topology_change_tests {
         );
     }
 
-    /// A topod too old to name its topology is never asked for it again.
+    /// A topod too old to name its topology is not asked for it again once the cache has its
+    /// topology (cached as unnamed); one that took the place of a topod that named its own is
+    /// (attack on 1380592: an older topod on other hardware was never noticed).
     #[test]
-    fn a_topod_that_names_no_topology_is_not_asked_for_it_again() {
+    fn a_topod_that_names_no_topology_is_asked_for_it_once() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("topod.sock");
-        let topod = topod_serving(&socket, Topology::flat(4), None, 1);
+        let topod = topod_serving(&socket, Topology::flat(4), None, 2);
         let source = TopodSource::new(None, Duration::from_secs(10));
-        let fetched = source.fetch(&Address::Unix(socket), CachedTopology::Known(Some(7))).unwrap();
-        assert!(fetched.topology.is_none());
-        assert_eq!(topod.join().unwrap(), [vec!["free_map"]]);
+        let address = Address::Unix(socket);
+        let unnamed = source.fetch(&address, CachedTopology::Known(None)).unwrap();
+        assert!(unnamed.topology.is_none());
+        let named_before = source.fetch(&address, CachedTopology::Known(Some(7))).unwrap();
+        assert_eq!(named_before.topology, Some(Topology::flat(4)));
+        assert_eq!(topod.join().unwrap(), [vec!["free_map"], vec!["free_map", "topology"]]);
     }
 
     /// The cache itself: a free map naming another topology than the cached one, with no
@@ -932,9 +962,9 @@ mod topology_change_tests {
         cache.update(id, Some(&intel), free(&intel), Instant::now()).unwrap();
         assert_eq!(cache.cached_topology(id), CachedTopology::Known(Some(intel.fingerprint())));
         // The same address again keeps the state; another drops it.
-        assert_eq!(cache.add_at("h1", Address::Unix("/a.sock".into())), id);
+        assert_eq!(cache.add_at("h1", Address::Unix("/a.sock".into())), None);
         assert!(!cache.cached_topology(id).is_nothing());
-        assert_eq!(cache.add_at("h1", Address::Unix("/b.sock".into())), id);
+        assert_eq!(cache.add_at("h1", Address::Unix("/b.sock".into())), Some(id));
         assert_eq!(cache.cached_topology(id), CachedTopology::Nothing);
         assert_eq!(cache.host(id).address, Address::Unix("/b.sock".into()));
     }

@@ -332,6 +332,22 @@ impl Reservations {
         dropped
     }
 
+    /// Drops every reservation on `host`, whose topod is another now (it came back on other
+    /// hardware, or the configuration moved the host): their CPUs were that topod's. Dispatches
+    /// pending there stay (they are placed on the new state when it comes). Returns the number
+    /// dropped.
+    pub fn forget_host(&mut self, host: HostId) -> usize {
+        let mut dropped = 0;
+        self.by_job.retain(|_, list| {
+            let before = list.len();
+            list.retain(|r| r.host != host);
+            dropped += before - list.len();
+            !list.is_empty()
+        });
+        self.recompute(host);
+        dropped
+    }
+
     /// Changes whenever the reservations on `host` do (for [`crate::eval::Memo`]).
     pub fn version(&self, host: HostId) -> u32 {
         self.versions.get(host as usize).copied().unwrap_or(0)

@@ -144,10 +144,24 @@ fn init() -> Result<c_int, String> {
         );
     }
     let path = config::path();
-    // A configuration that no longer reads fails this call (loudly) and leaves a running
+    // Everything is read and checked before anything changes: a configuration that no longer
+    // reads, or a handler the scheduler refuses, fails this call (loudly) and leaves a running
     // module as it was.
+    if running.is_some() && !path.exists() {
+        // A missing file means the defaults at a first start; here it would silently turn a
+        // site's settings (fail-closed, its hosts, its key) into them.
+        let e = format!("sched_init called again without sched_finalize: {} no longer exists; the running module goes on with the configuration it read", path.display());
+        eprintln!("schmod_topo: {e}");
+        return Err(e);
+    }
     let mut config = config::load(&path).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
     config::start_log(&config.lsf).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
+    if let Ok(before) = module() {
+        let (was, now) = (&before.config.lsf, &config.lsf);
+        if was.log_file != now.log_file || was.log_level != now.log_level {
+            tracing::warn!(log_file = %was.log_file.display(), log_level = %was.log_level, "sched_init: the log file and level stay those of this process's first start; the new ones ({}, {}) take effect when mbschd starts again", now.log_file.display(), now.log_level);
+        }
+    }
     if running.is_some() {
         tracing::info!(config = %path.display(), "sched_init called again without sched_finalize: the configuration is read again; the host states and tentative reservations are kept");
     } else {
@@ -155,29 +169,12 @@ fn init() -> Result<c_int, String> {
     }
     let api = Api::resolve()?;
     tracing::info!(flavour = ?api.flavour, "scheduler interface resolved");
-    open_key_store(&config.lsf)?;
+    let key_store = key_store_of(&config.lsf)?;
     let hosts = config.cache.validate().map_err(|e| e.to_string())?;
     // From here the cache holds the hosts; the configuration's own copy (and the refresher's
     // copy of the configuration) would be two more of ten thousand names and addresses.
     config.cache.hosts = Default::default();
     let key = config.cache.read_key().map_err(|e| e.to_string())?;
-    // Again without sched_finalize, the running module's cache and tentative reservations are
-    // kept (a job dispatched before must not lose its CPUs to the next one); hosts the
-    // configuration adds join it, a host at a new address starts unknown there, and a host it
-    // no longer names stays until sched_finalize (a job may hold a reservation there).
-    let shared = running.map_or_else(|| Arc::new(Shared::default()), |m| m.shared.clone());
-    {
-        let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
-        // Before the first match (the refresher would set it too, perhaps after one): a match
-        // remembers what each host pointer's name found, until the cache's names change.
-        cache.set_domain(&config.cache.domain);
-        for (name, address) in &hosts {
-            cache.add_at(name, address.clone());
-        }
-    }
-    let source = Arc::new(TopodSource::new(key, config.cache.timeout()));
-    let refresher = Refresher::start(shared.clone(), source, config.cache.clone())
-        .map_err(|e| format!("cannot start the refresh thread: {e}"))?;
     let handler_id = config.lsf.handler_id;
     let unreachable = config.cache.unreachable;
     // The table lives as long as the process (the header: "Memory must not be freed"); a static
@@ -188,13 +185,18 @@ fn init() -> Result<c_int, String> {
     // the scheduler only reads it.
     let rc = unsafe { (api.register_handler)(handler_id, std::ptr::from_ref(handler).cast_mut()) };
     if rc < 0 {
-        // Nothing new is published: the next sched_init starts from scratch, or from the
-        // running module, which goes on as it was.
-        refresher.stop_soon();
+        // Nothing has changed: the next sched_init starts from scratch, or from the running
+        // module, which goes on as it was.
         let again =
             if running.is_some() { "sched_init called again without sched_finalize: " } else { "" };
         return Err(format!("{again}the scheduler refused handler id {handler_id} (returned {rc}); another module may use it: set [lsf] handler_id"));
     }
+    // Again without sched_finalize, the running module's cache and tentative reservations are
+    // kept (a job dispatched before must not lose its CPUs to the next one).
+    let shared = running.map_or_else(|| Arc::new(Shared::default()), |m| m.shared.clone());
+    let source = Arc::new(TopodSource::new(key, config.cache.timeout()));
+    let refresher = Refresher::start(shared.clone(), source, config.cache.clone())
+        .map_err(|e| format!("cannot start the refresh thread: {e}"))?;
     if let Some(old) = running {
         // The new refresher writes the same cache from now on; what the old module remembered
         // per host (verdicts, host pointers: megabytes at ten thousand hosts) goes now, not at
@@ -204,6 +206,23 @@ fn init() -> Result<c_int, String> {
         }
         *old.memo.lock().unwrap_or_else(|e| e.into_inner()) = Memo::new();
         *old.hosts.lock().unwrap_or_else(|e| e.into_inner()) = hosts::HostIndex::new();
+    }
+    extsched::set_key_store(key_store);
+    {
+        // Hosts the configuration adds join the cache; a host at a new address starts unknown
+        // there, its tentative reservations gone (they were for the topod it had); a host it
+        // no longer names stays until sched_finalize (a job may hold a reservation there).
+        // Before the first match (the refresher would set the domain too, perhaps after one):
+        // a match remembers what each host pointer's name found, until the cache's names change.
+        let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
+        cache.set_domain(&config.cache.domain);
+        let mut reservations = shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, address) in &hosts {
+            if let Some(id) = cache.add_at(name, address.clone()) {
+                let dropped = reservations.forget_host(id);
+                tracing::warn!(host = %name, %address, dropped, "the configuration gives this host another topod; its state is fetched there, and the tentative reservations made on the old one are dropped");
+            }
+        }
     }
     // Published only once the handler is registered: a module is running exactly when the
     // scheduler has its handler. A new host index: the scheduler's host pointers and indexes
@@ -226,7 +245,8 @@ fn init() -> Result<c_int, String> {
 
 /// Where long requests are kept for a new scheduler process ([`keys`]): `[lsf] key_dir`, which
 /// must be usable, or beside the log file, where a failure only costs replays after a restart.
-fn open_key_store(lsf: &config::LsfConfig) -> Result<(), String> {
+/// Opened here, put in use only once `sched_init` succeeds.
+fn key_store_of(lsf: &config::LsfConfig) -> Result<Option<Arc<dyn keys::KeyStore>>, String> {
     let (dir, chosen) = match &lsf.key_dir {
         Some(dir) => (dir.clone(), true),
         None => (lsf.log_file.with_file_name("schmod_topo.keys"), false),
@@ -234,14 +254,12 @@ fn open_key_store(lsf: &config::LsfConfig) -> Result<(), String> {
     match keys::DirKeyStore::open(&dir) {
         Ok(store) => {
             tracing::info!(dir = %dir.display(), "long requests kept in key_dir");
-            extsched::set_key_store(Some(Arc::new(store)));
-            Ok(())
+            Ok(Some(Arc::new(store)))
         }
         Err(e) if chosen => Err(e),
         Err(e) => {
             tracing::warn!("{e}; long requests are kept in memory only, so a restarted scheduler cannot replay jobs that have one (set [lsf] key_dir)");
-            extsched::set_key_store(None);
-            Ok(())
+            Ok(None)
         }
     }
 }
