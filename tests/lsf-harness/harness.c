@@ -677,23 +677,6 @@ static void scenario_pools(void) {
     free_resreq(r);
 }
 
-/* Whether a match of r keeps exactly `want`, tried for up to ~15 s (the module learns of a
- * topod's restart only at its next fetches: a refresh interval or two after the topod is back,
- * later on a busy machine). Reports the last result. */
-static void expect_soon(struct resreq *r, const char *want, const char *what) {
-    struct reasons rs;
-    char got[128] = "";
-    int rc = -1;
-    for (int i = 0; i < 50; i++) {
-        rc = match_sort(r, DEFAULT_ORDER, &rs, got, sizeof got);
-        free(rs.main_text);
-        if (rc == 0 && strcmp(got, want) == 0)
-            break;
-        usleep(300 * 1000);
-    }
-    check(rc == 0 && strcmp(got, want) == 0, "%s: kept [%s], expected [%s]", what, got, want);
-}
-
 /* A job the module keeps on a host is one topod accepts there (issue 31): a long mixed run of
  * jobs of many shapes and two queues over h1-h4 (h4 is hp here: a prime-time pool for queue
  * interactive; h3 moves jobs to make room), each dispatched as LSF would (matchFn, sortFn, then
@@ -841,20 +824,30 @@ static int same_hosts(const char *got, const char *want) {
     return 1;
 }
 
-/* As expect_soon, for the set of hosts kept in any order. */
-static void expect_hosts_soon(struct resreq *r, const char *want, const char *what) {
+static int same_order(const char *got, const char *want) { return strcmp(got, want) == 0; }
+
+/* Whether a match of r keeps `want` (by `same`), tried for up to ~15 s (the module learns of a
+ * topod's restart or a new configuration only at its next fetches: a refresh interval or two
+ * after, later on a busy machine). Reports the last result. */
+static void kept_soon(struct resreq *r, const char *want, int (*same)(const char *, const char *), const char *what) {
     struct reasons rs;
     char got[128] = "";
     int rc = -1;
     for (int i = 0; i < 50; i++) {
         rc = match_sort(r, DEFAULT_ORDER, &rs, got, sizeof got);
         free(rs.main_text);
-        if (rc == 0 && same_hosts(got, want))
+        if (rc == 0 && same(got, want))
             break;
         usleep(300 * 1000);
     }
-    check(rc == 0 && same_hosts(got, want), "%s: kept [%s], expected {%s}", what, got, want);
+    check(rc == 0 && same(got, want), "%s: kept [%s], expected %s", what, got, want);
 }
+
+/* Exactly `want`, in its order. */
+static void expect_soon(struct resreq *r, const char *want, const char *what) { kept_soon(r, want, same_order, what); }
+
+/* The hosts of `want`, in any order. */
+static void expect_hosts_soon(struct resreq *r, const char *want, const char *what) { kept_soon(r, want, same_hosts, what); }
 
 /* sched_init again without sched_finalize after topo-lsf.toml changed (issue 31: the running
  * module was kept as it was, so a host moved to another topod kept the old one's verdicts and a

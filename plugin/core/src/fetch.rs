@@ -735,6 +735,31 @@ mod schedule_tests {
     }
 }
 
+/// An idle host's free map as topod sends it, serving the topology named `topology_id` (tests).
+#[cfg(test)]
+fn idle_reply(
+    allocatable: topo_core::cpuset::CpuSet,
+    topology_id: Option<u64>,
+) -> topo_core::proto::reply::FreeMap {
+    topo_core::proto::reply::FreeMap {
+        generation: 1,
+        allocatable,
+        held: Default::default(),
+        fenced: Default::default(),
+        jobs: 0,
+        job_ids: Vec::new(),
+        free: Default::default(),
+        gang: None,
+        reservations: Vec::new(),
+        defrag: false,
+        pools: Vec::new(),
+        moves: None,
+        gpus: Vec::new(),
+        reserved_gpus: Vec::new(),
+        topology_id,
+    }
+}
+
 #[cfg(test)]
 mod older_topod_tests {
     use super::*;
@@ -753,20 +778,10 @@ mod older_topod_tests {
         let listener = UnixListener::bind(socket).unwrap();
         let free_map = topo_core::proto::reply::FreeMap {
             generation: 3,
-            allocatable: CpuSet::parse_list("0-7").unwrap(),
             held: CpuSet::parse_list("0-1").unwrap(),
-            fenced: CpuSet::new(),
             jobs: 1,
             job_ids: vec!["lsf-1".into()],
-            free: Default::default(),
-            gang: None,
-            reservations: Vec::new(),
-            defrag: false,
-            pools: Vec::new(),
-            moves: None,
-            gpus: Vec::new(),
-            reserved_gpus: Vec::new(),
-            topology_id: None,
+            ..idle_reply(CpuSet::parse_list("0-7").unwrap(), None)
         };
         let free_map = serde_json::to_string(&free_map).unwrap();
         std::thread::spawn(move || {
@@ -826,7 +841,6 @@ mod topology_change_tests {
     use super::*;
     use std::io::{BufRead, BufReader, Write};
     use std::os::unix::net::UnixListener;
-    use topo_core::cpuset::CpuSet;
 
     /// A topod on `socket` serving `topo`, whose free map names `served` as its topology's
     /// fingerprint; it answers `connections` connections and returns the operations each asked.
@@ -837,23 +851,7 @@ mod topology_change_tests {
         connections: usize,
     ) -> std::thread::JoinHandle<Vec<Vec<String>>> {
         let listener = UnixListener::bind(socket).unwrap();
-        let free_map = topo_core::proto::reply::FreeMap {
-            generation: 1,
-            allocatable: topo.allowed.clone(),
-            held: CpuSet::new(),
-            fenced: CpuSet::new(),
-            jobs: 0,
-            job_ids: Vec::new(),
-            free: Default::default(),
-            gang: None,
-            reservations: Vec::new(),
-            defrag: false,
-            pools: Vec::new(),
-            moves: None,
-            gpus: Vec::new(),
-            reserved_gpus: Vec::new(),
-            topology_id: served,
-        };
+        let free_map = idle_reply(topo.allowed.clone(), served);
         let (free_map, topo) =
             (serde_json::to_string(&free_map).unwrap(), serde_json::to_string(&topo).unwrap());
         std::thread::spawn(move || {
@@ -929,43 +927,5 @@ mod topology_change_tests {
         let named_before = source.fetch(&address, CachedTopology::Known(Some(7))).unwrap();
         assert_eq!(named_before.topology, Some(Topology::flat(4)));
         assert_eq!(topod.join().unwrap(), [vec!["free_map"], vec!["free_map", "topology"]]);
-    }
-
-    /// The cache itself: a free map naming another topology than the cached one, with no
-    /// topology beside it (a source that did not look), drops the host's state, so that the
-    /// next fetch brings the topology; a configuration that moves a host does the same.
-    #[test]
-    fn the_cache_forgets_a_state_of_another_topology() {
-        let (epyc, intel) = (Topology::flat(48), Topology::flat(16));
-        let mut cache = HostCache::new();
-        let id = cache.add("h1", Address::Unix("/a.sock".into()));
-        let free = |topo: &Topology| FreeMap {
-            generation: 1,
-            allocatable: topo.allowed.clone(),
-            held: CpuSet::new(),
-            fenced: CpuSet::new(),
-            job_ids: Vec::new(),
-            reservations: Vec::new(),
-            defrag: false,
-            moves: None,
-            pools: Vec::new(),
-            gpus: Vec::new(),
-            reserved_gpus: Vec::new(),
-            topology_id: Some(topo.fingerprint()),
-        };
-        cache.update(id, Some(&epyc), free(&epyc), Instant::now()).unwrap();
-        assert_eq!(cache.cached_topology(id), CachedTopology::Known(Some(epyc.fingerprint())));
-        cache.update(id, None, free(&epyc), Instant::now()).unwrap();
-        let err = cache.update(id, None, free(&intel), Instant::now()).unwrap_err();
-        assert!(err.contains("another topology"), "{err}");
-        assert_eq!(cache.cached_topology(id), CachedTopology::Nothing);
-        cache.update(id, Some(&intel), free(&intel), Instant::now()).unwrap();
-        assert_eq!(cache.cached_topology(id), CachedTopology::Known(Some(intel.fingerprint())));
-        // The same address again keeps the state; another drops it.
-        assert_eq!(cache.add_at("h1", Address::Unix("/a.sock".into())), None);
-        assert!(!cache.cached_topology(id).is_nothing());
-        assert_eq!(cache.add_at("h1", Address::Unix("/b.sock".into())), Some(id));
-        assert_eq!(cache.cached_topology(id), CachedTopology::Nothing);
-        assert_eq!(cache.host(id).address, Address::Unix("/b.sock".into()));
     }
 }

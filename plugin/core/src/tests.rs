@@ -1698,3 +1698,35 @@ fn hosts_whose_reservations_differ_in_gpus_get_their_own_verdicts_in_any_order()
     resv.reserve_with_gpus("lsf-103", x, CpuSet::new(), vec![site(1)], now);
     assert_eq!(verdicts(&resv), [false, true]);
 }
+
+/// The cache itself: a free map naming another topology than the cached one, with no
+/// topology beside it (a source that did not look), drops the host's state, so that the
+/// next fetch brings the topology; a configuration that moves a host does the same.
+#[test]
+fn the_cache_forgets_a_state_of_another_topology() {
+    let (epyc, intel) = (Topology::flat(48), Topology::flat(16));
+    let mut cache = crate::HostCache::new();
+    let id = cache.add("h1", Address::Unix("/a.sock".into()));
+    let free =
+        |topo: &Topology| FreeMap { topology_id: Some(topo.fingerprint()), ..idle_free_map(topo) };
+    cache.update(id, Some(&epyc), free(&epyc), Instant::now()).unwrap();
+    assert_eq!(
+        cache.cached_topology(id),
+        crate::cache::CachedTopology::Known(Some(epyc.fingerprint()))
+    );
+    cache.update(id, None, free(&epyc), Instant::now()).unwrap();
+    let err = cache.update(id, None, free(&intel), Instant::now()).unwrap_err();
+    assert!(err.contains("another topology"), "{err}");
+    assert_eq!(cache.cached_topology(id), crate::cache::CachedTopology::Nothing);
+    cache.update(id, Some(&intel), free(&intel), Instant::now()).unwrap();
+    assert_eq!(
+        cache.cached_topology(id),
+        crate::cache::CachedTopology::Known(Some(intel.fingerprint()))
+    );
+    // The same address again keeps the state; another drops it.
+    assert_eq!(cache.add_at("h1", Address::Unix("/a.sock".into())), None);
+    assert!(!cache.cached_topology(id).is_nothing());
+    assert_eq!(cache.add_at("h1", Address::Unix("/b.sock".into())), Some(id));
+    assert_eq!(cache.cached_topology(id), crate::cache::CachedTopology::Nothing);
+    assert_eq!(cache.host(id).address, Address::Unix("/b.sock".into()));
+}
