@@ -124,7 +124,8 @@ echo $! > "$work/h5/pid"
 cat > "$work/h5/swap.sh" <<SWAP
 #!/bin/sh
 pid=\$(cat "$work/h5/pid"); kill "\$pid"
-while kill -0 "\$pid" 2>/dev/null; do sleep 0.05; done
+for _ in \$(seq 200); do kill -0 "\$pid" 2>/dev/null || break; sleep 0.05; done
+kill -9 "\$pid" 2>/dev/null
 rm -rf "$work/h5/state" "$work/h5/topod.sock"; mkdir "$work/h5/state"
 RUST_LOG=warn "$topod_bin" --cgroup fake --topology "$topologies/32intel64-2p8co2t+8ve.xml" \\
     --socket "$work/h5/topod.sock" --state-dir "$work/h5/state" 2>>"$work/h5/log" </dev/null >/dev/null &

@@ -80,6 +80,17 @@ pub struct FreeMap {
     pub topology_id: Option<u64>,
 }
 
+/// What [`HostCache::update`] did with a fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Updated {
+    /// The state is the one fetched.
+    Applied,
+    /// The free map named another topology than the cached one and none came with it (its
+    /// topod is on other hardware now): the host's state is gone, and the next fetch brings
+    /// the topology.
+    AnotherTopology,
+}
+
 /// What the cache holds of a host's topology, which tells a fetch whether to bring it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CachedTopology {
@@ -958,7 +969,7 @@ impl HostCache {
         topology: Option<&Topology>,
         free: FreeMap,
         at: Instant,
-    ) -> Result<(), String> {
+    ) -> Result<Updated, String> {
         let model = match topology {
             Some(topo) => self.intern_model(topo)?,
             None => match &self.hosts[id as usize].state {
@@ -969,7 +980,7 @@ impl HostCache {
                     h.state = None;
                     h.version = h.version.wrapping_add(1);
                     self.status[id as usize] = HostStatus::default();
-                    return Err("its topod now serves another topology than the one cached; it is fetched again".into());
+                    return Ok(Updated::AnotherTopology);
                 }
                 Some(s) => s.model,
                 None => return Err("the first fetch of a host must bring its topology".into()),
@@ -1057,7 +1068,7 @@ impl HostCache {
         let version = self.hosts[id as usize].version;
         self.status[id as usize] =
             HostStatus { fetched_at: Some(at), version, blocks_until, fingerprint, failed: false };
-        Ok(())
+        Ok(Updated::Applied)
     }
 
     /// Records a failed fetch; the last good state stays until it goes stale.

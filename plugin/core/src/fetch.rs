@@ -22,7 +22,7 @@
 //! the dispatches that waited for a host's state are placed ([`Reservations::settle`]).
 
 use crate::address::Address;
-use crate::cache::{CacheCell, CachedTopology, FreeMap, HostCache, HostId};
+use crate::cache::{CacheCell, CachedTopology, FreeMap, HostCache, HostId, Updated};
 use crate::config::CacheConfig;
 use crate::reserve::Reservations;
 use std::cmp::Reverse;
@@ -195,8 +195,8 @@ impl HostLines {
     }
 }
 
-/// One host's fetch: which host, what came back, and when.
-type FetchOutcome = (HostId, Result<Fetched, FetchError>, Instant);
+/// One host's fetch: which host, at which address, what came back, and when.
+type FetchOutcome = (HostId, Address, Result<Fetched, FetchError>, Instant);
 
 /// A batch of results is published after this long at most.
 const BATCH: Duration = Duration::from_millis(5);
@@ -211,19 +211,37 @@ fn apply_batch(
 ) -> Vec<(HostId, bool, Instant)> {
     let started = Instant::now();
     let mut applied = Vec::new();
-    // Hosts whose topod came back on other hardware: their tentative reservations go.
+    // Hosts whose topod came back on other hardware: the jobs dispatched to them are placed again.
     let mut other_hardware = Vec::new();
     {
         let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
         let mut outcome = Some(first);
-        while let Some((id, result, at)) = outcome.take() {
+        while let Some((id, address, result, at)) = outcome.take() {
             let ended = at;
+            if id as usize >= cache.len() {
+                // The cache was emptied (sched_finalize) while this fetch ran.
+                break;
+            }
             let ok = match result {
+                // Fetched at an address the host no longer has (a configuration read again
+                // moved it while the fetch ran, by this refresher or the one before): that was
+                // another topod's state. Nothing is applied; the host is fetched again.
+                _ if cache.host(id).address != address => {
+                    tracing::debug!(host = %cache.host(id).name, %address, "a fetch from the host's old address is dropped");
+                    true
+                }
                 Ok(f) => {
                     let topology_came = f.topology.is_some();
                     let model_before = cache.host(id).state.as_ref().map(|s| s.model);
                     match cache.update(id, f.topology.as_ref(), f.free_map, at) {
-                        Ok(()) => {
+                        Ok(Updated::AnotherTopology) => {
+                            // A source that did not bring the topology (the real one brings it
+                            // on the same connection): the state went; the next fetch brings it.
+                            other_hardware.push(id);
+                            tracing::warn!(host = %cache.host(id).name, "its topod serves another topology than before (restarted on other hardware?); the topology is fetched again, and the jobs dispatched to it are placed again on it");
+                            true
+                        }
+                        Ok(Updated::Applied) => {
                             let model_now = cache.host(id).state.as_ref().map(|s| s.model);
                             let name = &cache.host(id).name;
                             if !topology_came {
@@ -244,7 +262,7 @@ fn apply_batch(
                                     .unwrap_or_else(|e| e.into_inner())
                                     .admit(at)
                                 {
-                                    tracing::warn!(host = %name, "its topod serves another topology than before (restarted on other hardware?); the new one is cached and the tentative reservations made on the old one are dropped");
+                                    tracing::warn!(host = %name, "its topod serves another topology than before (restarted on other hardware?); the new one is cached, and the jobs dispatched to it are placed again on it");
                                 } else {
                                     tracing::debug!(host = %name, "its topod serves another topology than before");
                                 }
@@ -286,7 +304,7 @@ fn apply_batch(
     let ttl = Duration::from_secs(config.reservation_ttl_s);
     let mut reservations = shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
     for id in other_hardware {
-        reservations.forget_host(id);
+        reservations.forget_host(id, &cache.host(id).name);
     }
     let dropped = reservations.reconcile(&cache, now, ttl);
     let placed = reservations.settle(&cache, now, ttl);
@@ -324,7 +342,7 @@ pub fn refresh_once(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some((id, address, cached)) = jobs.get(i) else { break };
                 let r = source.fetch(address, *cached);
-                if done.send((*id, r, Instant::now())).is_err() {
+                if done.send((*id, address.clone(), r, Instant::now())).is_err() {
                     break;
                 }
             });
@@ -591,6 +609,10 @@ fn run(
                 }
             }
             let Some(id) = schedule.take_due(now) else { break };
+            if id as usize >= cache.len() {
+                // Emptied by another module's sched_finalize before this refresher stopped.
+                continue;
+            }
             let h = cache.host(id);
             let task = Task { id, address: h.address.clone(), cached: cache.cached_topology(id) };
             if tasks.send(task).is_err() {
@@ -694,7 +716,7 @@ fn fetch_thread(queue: &Mutex<Receiver<Task>>, results: &Sender<Msg>, source: &d
         let task = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
         let Ok(task) = task else { return };
         let r = source.fetch(&task.address, task.cached);
-        if results.send(Msg::Done(Box::new((task.id, r, Instant::now())))).is_err() {
+        if results.send(Msg::Done(Box::new((task.id, task.address, r, Instant::now())))).is_err() {
             return;
         }
     }

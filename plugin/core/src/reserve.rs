@@ -34,6 +34,10 @@ pub struct Reservation {
     pub gpus: Vec<GpuSite>,
     /// When it was made (or replayed).
     pub made: Instant,
+    /// What the job asked and who it is, where the scheduler dispatched it (not for a bare
+    /// [`Reservations::reserve`]): a host whose topod changes ([`Reservations::forget_host`])
+    /// has the job placed again from it.
+    pub asked: Option<Box<(Request, Admission)>>,
 }
 
 /// A dispatch to a host whose state is not known yet.
@@ -49,6 +53,9 @@ pub struct Pending {
     pub made: Instant,
     /// Its queue and owner, for the prime-time pools.
     pub admission: Admission,
+    /// Taken back from a host whose topod changed ([`Reservations::forget_host`]): placed only
+    /// where it fits the new state, else dropped (that topod will refuse it).
+    pub again: bool,
 }
 
 /// What a dispatch did.
@@ -98,6 +105,24 @@ impl Reservations {
         self.reserve_with_gpus(job, host, cpus, Vec::new(), now);
     }
 
+    /// [`reserve_with_gpus`](Self::reserve_with_gpus) of a dispatch: with what the job asked,
+    /// to place it again if the host's topod changes.
+    fn reserve_dispatched(
+        &mut self,
+        job: &str,
+        host: HostId,
+        (cpus, gpus): (CpuSet, Vec<GpuSite>),
+        asked: (Request, Admission),
+        now: Instant,
+    ) {
+        self.reserve_with_gpus(job, host, cpus, gpus, now);
+        if let Some(r) =
+            self.by_job.get_mut(job).and_then(|l| l.iter_mut().find(|r| r.host == host))
+        {
+            r.asked = Some(Box::new(asked));
+        }
+    }
+
     /// [`reserve`](Self::reserve), with the GPUs the job takes there.
     pub fn reserve_with_gpus(
         &mut self,
@@ -109,7 +134,7 @@ impl Reservations {
     ) {
         let list = self.by_job.entry(job.to_string()).or_default();
         list.retain(|r| r.host != host);
-        list.push(Reservation { host, cpus, gpus, made: now });
+        list.push(Reservation { host, cpus, gpus, made: now, asked: None });
         self.recompute(host);
     }
 
@@ -174,6 +199,7 @@ impl Reservations {
                     request: request.clone(),
                     made,
                     admission,
+                    again: false,
                 },
             );
             return Dispatched::Pending;
@@ -246,7 +272,7 @@ impl Reservations {
             self.untaken_gpus(id, &state.gpus).iter().take(wanted).cloned().collect()
         });
         if !cpus.is_empty() || !gpus.is_empty() {
-            self.reserve_with_gpus(job, id, cpus, gpus, made);
+            self.reserve_dispatched(job, id, (cpus, gpus), (request.clone(), admission), made);
         }
         outcome
     }
@@ -266,6 +292,15 @@ impl Reservations {
             match cache.lookup(&p.host).filter(|&id| cache.host(id).state.is_some()) {
                 Some(id) => {
                     let outcome = self.place(cache, &p.job, p.admission, id, &p.request, p.made);
+                    if p.again && matches!(outcome, Dispatched::Squeezed(..)) {
+                        if let Some(list) = self.by_job.get_mut(&p.job) {
+                            list.retain(|r| r.host != id);
+                        }
+                        self.by_job.retain(|_, list| !list.is_empty());
+                        self.recompute(id);
+                        tracing::info!(job = %p.job, host = %p.host, ?outcome, "a job dispatched to the host before its topod changed does not fit its new machine; nothing is held for it (its topod will refuse it)");
+                        continue;
+                    }
                     tracing::info!(job = %p.job, host = %p.host, ?outcome, "pending dispatch placed now that the host's state is known");
                     placed += 1;
                 }
@@ -332,20 +367,40 @@ impl Reservations {
         dropped
     }
 
-    /// Drops every reservation on `host`, whose topod is another now (it came back on other
-    /// hardware, or the configuration moved the host): their CPUs were that topod's. Dispatches
-    /// pending there stay (they are placed on the new state when it comes). Returns the number
-    /// dropped.
-    pub fn forget_host(&mut self, host: HostId) -> usize {
-        let mut dropped = 0;
-        self.by_job.retain(|_, list| {
-            let before = list.len();
-            list.retain(|r| r.host != host);
-            dropped += before - list.len();
+    /// Takes back every reservation on `host` (named `name` by the scheduler), whose topod is
+    /// another now (it came back on other hardware, or the configuration moved the host): their
+    /// CPUs were the old topod's. Each dispatched job's becomes a pending dispatch again, placed
+    /// on the new state when it is known ([`settle`](Self::settle)), with its time-out from its
+    /// first dispatch; dispatches already pending there stay. Returns the number taken back.
+    pub fn forget_host(&mut self, host: HostId, name: &str) -> usize {
+        let mut again = Vec::new();
+        self.by_job.retain(|job, list| {
+            list.retain_mut(|r| {
+                if r.host != host {
+                    return true;
+                }
+                again.push((job.clone(), r.made, r.asked.take()));
+                false
+            });
             !list.is_empty()
         });
         self.recompute(host);
-        dropped
+        let taken = again.len();
+        for (job, made, asked) in again {
+            if let Some(asked) = asked {
+                let (request, admission) = *asked;
+                let pending = Pending {
+                    job: job.clone(),
+                    host: name.into(),
+                    request,
+                    made,
+                    admission,
+                    again: true,
+                };
+                self.pending.insert((job, name.into()), pending);
+            }
+        }
+        taken
     }
 
     /// Changes whenever the reservations on `host` do (for [`crate::eval::Memo`]).

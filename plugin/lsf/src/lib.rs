@@ -69,13 +69,15 @@ struct Module {
 /// and reservations (see [`init`]).
 /// The old module is left in place rather than freed: a callback of the old session may still
 /// hold it, and `&'static` is what lets every callback reach the module without a lock held
-/// across the call. Its refresher is stopped at `sched_finalize`.
+/// across the call. Its refresher is stopped at `sched_finalize`, or by the next `sched_init`.
 static MODULE: RwLock<Option<&'static Module>> = RwLock::new(None);
 /// The modules of earlier `sched_init` calls, kept (for late callbacks, as above) where they
 /// stay reachable: one small struct per `sched_init` of the process, whose hosts went at
 /// `sched_finalize` or passed to the next module.
 static RETIRED: Mutex<Vec<&'static Module>> = Mutex::new(Vec::new());
 static HANDLER: OnceLock<topo_lsf_sys::RsrcReqHandlerType> = OnceLock::new();
+/// The log file and level of the process's first start, which stay for its life.
+static FIRST_LOG: OnceLock<(std::path::PathBuf, String)> = OnceLock::new();
 
 fn module() -> Result<&'static Module, String> {
     MODULE
@@ -147,20 +149,23 @@ fn init() -> Result<c_int, String> {
     // Everything is read and checked before anything changes: a configuration that no longer
     // reads, or a handler the scheduler refuses, fails this call (loudly) and leaves a running
     // module as it was.
-    if running.is_some() && !path.exists() {
-        // A missing file means the defaults at a first start; here it would silently turn a
-        // site's settings (fail-closed, its hosts, its key) into them.
-        let e = format!("sched_init called again without sched_finalize: {} no longer exists; the running module goes on with the configuration it read", path.display());
+    if module().is_ok() && !path.exists() {
+        // A missing file means the defaults at a process's first start; at a later one it
+        // would silently turn the site's settings (fail-closed, its hosts, its key) into them.
+        let e = format!("sched_init: {} no longer exists; this process read it at its first start (restore it; a file that is to mean the defaults may be empty)", path.display());
         eprintln!("schmod_topo: {e}");
         return Err(e);
     }
     let mut config = config::load(&path).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
-    config::start_log(&config.lsf).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
-    if let Ok(before) = module() {
-        let (was, now) = (&before.config.lsf, &config.lsf);
-        if was.log_file != now.log_file || was.log_level != now.log_level {
-            tracing::warn!(log_file = %was.log_file.display(), log_level = %was.log_level, "sched_init: the log file and level stay those of this process's first start; the new ones ({}, {}) take effect when mbschd starts again", now.log_file.display(), now.log_level);
+    match FIRST_LOG.get() {
+        None => {
+            config::start_log(&config.lsf).inspect_err(|e| eprintln!("schmod_topo: {e}"))?;
+            let _ = FIRST_LOG.set((config.lsf.log_file.clone(), config.lsf.log_level.clone()));
         }
+        Some((file, level)) if *file != config.lsf.log_file || *level != config.lsf.log_level => {
+            tracing::warn!(log_file = %file.display(), log_level = %level, "sched_init: the log file and level stay those of this process's first start; the new ones ({}, {}) take effect when mbschd starts again", config.lsf.log_file.display(), config.lsf.log_level);
+        }
+        Some(_) => {}
     }
     if running.is_some() {
         tracing::info!(config = %path.display(), "sched_init called again without sched_finalize: the configuration is read again; the host states and tentative reservations are kept");
@@ -177,6 +182,24 @@ fn init() -> Result<c_int, String> {
     let key = config.cache.read_key().map_err(|e| e.to_string())?;
     let handler_id = config.lsf.handler_id;
     let unreachable = config.cache.unreachable;
+    // Again without sched_finalize, the running module's cache and tentative reservations are
+    // kept (a job dispatched before must not lose its CPUs to the next one).
+    let shared = running.map_or_else(|| Arc::new(Shared::default()), |m| m.shared.clone());
+    let source = Arc::new(TopodSource::new(key, config.cache.timeout()));
+    let start_refresher = || {
+        Refresher::start(shared.clone(), source.clone(), config.cache.clone())
+            .map_err(|e| format!("cannot start the refresh thread: {e}"))
+    };
+    // At a first start the refresher is started before the handler is registered (a scheduler
+    // must never hold the handler of a module that has none); again, after, so that nothing
+    // changes the running module's cache (the refresher sets the domain) unless the
+    // registration succeeds.
+    let mut refresher = if running.is_none() {
+        put_hosts(&shared, &config.cache.domain, &hosts);
+        Some(start_refresher()?)
+    } else {
+        None
+    };
     // The table lives as long as the process (the header: "Memory must not be freed"); a static
     // rather than a leaked box, so that it stays reachable whether the scheduler keeps the
     // pointer or a copy.
@@ -187,16 +210,22 @@ fn init() -> Result<c_int, String> {
     if rc < 0 {
         // Nothing has changed: the next sched_init starts from scratch, or from the running
         // module, which goes on as it was.
+        if let Some(r) = refresher {
+            r.stop_soon();
+        }
         let again =
             if running.is_some() { "sched_init called again without sched_finalize: " } else { "" };
         return Err(format!("{again}the scheduler refused handler id {handler_id} (returned {rc}); another module may use it: set [lsf] handler_id"));
     }
-    // Again without sched_finalize, the running module's cache and tentative reservations are
-    // kept (a job dispatched before must not lose its CPUs to the next one).
-    let shared = running.map_or_else(|| Arc::new(Shared::default()), |m| m.shared.clone());
-    let source = Arc::new(TopodSource::new(key, config.cache.timeout()));
-    let refresher = Refresher::start(shared.clone(), source, config.cache.clone())
-        .map_err(|e| format!("cannot start the refresh thread: {e}"))?;
+    let refresher = match refresher.take() {
+        Some(r) => r,
+        None => {
+            put_hosts(&shared, &config.cache.domain, &hosts);
+            // Should this fail, the handler is the running module's too (one table), and it
+            // goes on serving.
+            start_refresher()?
+        }
+    };
     if let Some(old) = running {
         // The new refresher writes the same cache from now on; what the old module remembered
         // per host (verdicts, host pointers: megabytes at ten thousand hosts) goes now, not at
@@ -208,22 +237,6 @@ fn init() -> Result<c_int, String> {
         *old.hosts.lock().unwrap_or_else(|e| e.into_inner()) = hosts::HostIndex::new();
     }
     extsched::set_key_store(key_store);
-    {
-        // Hosts the configuration adds join the cache; a host at a new address starts unknown
-        // there, its tentative reservations gone (they were for the topod it had); a host it
-        // no longer names stays until sched_finalize (a job may hold a reservation there).
-        // Before the first match (the refresher would set the domain too, perhaps after one):
-        // a match remembers what each host pointer's name found, until the cache's names change.
-        let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
-        cache.set_domain(&config.cache.domain);
-        let mut reservations = shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
-        for (name, address) in &hosts {
-            if let Some(id) = cache.add_at(name, address.clone()) {
-                let dropped = reservations.forget_host(id);
-                tracing::warn!(host = %name, %address, dropped, "the configuration gives this host another topod; its state is fetched there, and the tentative reservations made on the old one are dropped");
-            }
-        }
-    }
     // Published only once the handler is registered: a module is running exactly when the
     // scheduler has its handler. A new host index: the scheduler's host pointers and indexes
     // are resolved again (they may name other hosts than before).
@@ -241,6 +254,23 @@ fn init() -> Result<c_int, String> {
     }
     tracing::info!(handler_id, hosts = hosts.len(), ?unreachable, "handler registered");
     Ok(0)
+}
+
+/// Puts the configuration's hosts in the cache: hosts it adds join; a host at a new address
+/// starts unknown there, the jobs dispatched to it placed again on that state when it comes; a
+/// host it no longer names stays until sched_finalize (a job may hold a reservation there).
+/// The domain is set first: a match remembers what each host pointer's name found, until the
+/// cache's names change.
+fn put_hosts(shared: &Shared, domain: &str, hosts: &[(String, topo_plugin_core::Address)]) {
+    let mut cache = shared.cache.write().unwrap_or_else(|e| e.into_inner());
+    cache.set_domain(domain);
+    let mut reservations = shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
+    for (name, address) in hosts {
+        if let Some(id) = cache.add_at(name, address.clone()) {
+            let placed_again = reservations.forget_host(id, name);
+            tracing::warn!(host = %name, %address, placed_again, "the configuration gives this host another topod; its state is fetched there, and the jobs dispatched to it are placed again on that state when it comes");
+        }
+    }
 }
 
 /// Where long requests are kept for a new scheduler process ([`keys`]): `[lsf] key_dir`, which
