@@ -299,10 +299,12 @@ fn apply_batch(
     }
     // The count of the lines the last minute left out, once it has passed.
     shared.host_lines.lock().unwrap_or_else(|e| e.into_inner()).roll(Instant::now());
+    // The reservations first, the cache's snapshot after: one taken before could be older
+    // than one a dispatch holding the lock saw (a configuration moving a host meanwhile).
+    let mut reservations = shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
     let cache = shared.cache.load();
     let now = Instant::now();
     let ttl = Duration::from_secs(config.reservation_ttl_s);
-    let mut reservations = shared.reservations.lock().unwrap_or_else(|e| e.into_inner());
     for id in other_hardware {
         reservations.forget_host(id, &cache.host(id).name);
     }

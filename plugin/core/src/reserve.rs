@@ -292,13 +292,24 @@ impl Reservations {
             match cache.lookup(&p.host).filter(|&id| cache.host(id).state.is_some()) {
                 Some(id) => {
                     let outcome = self.place(cache, &p.job, p.admission, id, &p.request, p.made);
-                    if p.again && matches!(outcome, Dispatched::Squeezed(..)) {
+                    // Placed again on a host whose topod changed, and not fitting it even idle:
+                    // that topod refuses it, so nothing is held (one that only waits for CPUs
+                    // holds its least count, as at a first dispatch).
+                    let never_fits = || {
+                        let state = cache.host(id).state.as_ref();
+                        state.is_some_and(|state| {
+                            let idle = topo_core::place::Occupancy::default();
+                            topo_core::place::fit_and_score(cache.model(state), &idle, &p.request)
+                                .is_err()
+                        })
+                    };
+                    if p.again && matches!(outcome, Dispatched::Squeezed(..)) && never_fits() {
                         if let Some(list) = self.by_job.get_mut(&p.job) {
                             list.retain(|r| r.host != id);
                         }
                         self.by_job.retain(|_, list| !list.is_empty());
                         self.recompute(id);
-                        tracing::info!(job = %p.job, host = %p.host, ?outcome, "a job dispatched to the host before its topod changed does not fit its new machine; nothing is held for it (its topod will refuse it)");
+                        tracing::info!(job = %p.job, host = %p.host, ?outcome, "a job dispatched to the host before its topod changed can never fit its new machine; nothing is held for it (its topod will refuse it)");
                         continue;
                     }
                     tracing::info!(job = %p.job, host = %p.host, ?outcome, "pending dispatch placed now that the host's state is known");

@@ -1775,3 +1775,40 @@ fn a_fetch_from_an_address_the_host_no_longer_has_is_not_applied() {
     refresh_once(&shared, &source, &config);
     assert!(shared.cache.load().host(id).state.is_some(), "the new address's is");
 }
+
+/// Attacks on 4f5d619 and db91782: the jobs dispatched to a host whose topod changed are placed
+/// again on the new machine; one that cannot fit it even idle holds nothing there (its topod
+/// refuses it), one that only waits for CPUs holds its least count, as at a first dispatch.
+#[test]
+fn jobs_dispatched_to_a_host_whose_topod_changed_are_placed_again() {
+    use crate::reserve::{Dispatched, Reservations};
+    let (old, new) = (Topology::flat(48), Topology::flat(16));
+    let mut cache = crate::HostCache::new();
+    let id = cache.add("h1", Address::Unix("/h1.sock".into()));
+    let now = Instant::now();
+    cache.update(id, Some(&old), idle_free_map(&old), now).unwrap();
+    let mut resv = Reservations::new();
+    for (job, cores) in [("lsf-1", 24), ("lsf-2", 12)] {
+        let request = request::parse(&format!("affinity[core({cores})]")).unwrap();
+        let outcome = resv.dispatch(&cache, job, "h1", &request, now);
+        assert!(matches!(outcome, Dispatched::Reserved(_)), "{job}: {outcome:?}");
+    }
+    // The new machine: 16 CPUs, 10 of them held by a running job.
+    let busy = FreeMap {
+        held: CpuSet::parse_list("0-9").unwrap(),
+        job_ids: vec!["running".into()],
+        ..idle_free_map(&new)
+    };
+    cache.update(id, Some(&new), busy, now).unwrap();
+    assert_eq!(resv.forget_host(id, "h1"), 2);
+    assert!(resv.of_job("lsf-1").is_empty() && resv.of_job("lsf-2").is_empty());
+    resv.settle(&cache, now, Duration::from_secs(300));
+    assert!(resv.of_job("lsf-1").is_empty(), "lsf-1 (24 cores) can never fit 16: nothing held");
+    let kept: Vec<CpuSet> = resv.of_job("lsf-2").iter().map(|r| r.cpus.clone()).collect();
+    assert_eq!(
+        kept,
+        [CpuSet::parse_list("10-15").unwrap()],
+        "lsf-2 (12 cores) waits for CPUs there: it holds the free ones"
+    );
+    assert!(resv.pending().is_empty());
+}

@@ -271,6 +271,11 @@ fn put_hosts(shared: &Shared, domain: &str, hosts: &[(String, topo_plugin_core::
             tracing::warn!(host = %name, %address, placed_again, "the configuration gives this host another topod; its state is fetched there, and the jobs dispatched to it are placed again on that state when it comes");
         }
     }
+    // The cache first (its writer publishes when dropped), the reservations after: a dispatch
+    // waiting for them must not find the host's old state (attack: a job reserved on the old
+    // topod's CPUs right after the move, held on the new one until its time-out).
+    drop(cache);
+    drop(reservations);
 }
 
 /// Where long requests are kept for a new scheduler process ([`keys`]): `[lsf] key_dir`, which
