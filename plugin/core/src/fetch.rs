@@ -784,11 +784,38 @@ fn idle_reply(
     }
 }
 
+/// A scripted topod on `socket`: answers `connections` connections, each request line (its
+/// protocol version and operation) with what `answer` says, and returns per connection what
+/// `note` made of each request (tests).
+#[cfg(test)]
+fn scripted_topod<N: Send + 'static>(
+    socket: &std::path::Path,
+    connections: usize,
+    answer: impl Fn(u64, &str) -> String + Send + 'static,
+    note: impl Fn(u64, &str) -> N + Send + 'static,
+) -> std::thread::JoinHandle<Vec<Vec<N>>> {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || {
+        (0..connections)
+            .map(|_| {
+                let (conn, _) = listener.accept().unwrap();
+                let mut asked = Vec::new();
+                for line in BufReader::new(conn.try_clone().unwrap()).lines() {
+                    let request: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+                    let (v, op) = (request["v"].as_u64().unwrap(), request["op"].as_str().unwrap());
+                    (&conn).write_all(format!("{}\n", answer(v, op)).as_bytes()).unwrap();
+                    asked.push(note(v, op));
+                }
+                asked
+            })
+            .collect()
+    })
+}
+
 #[cfg(test)]
 mod older_topod_tests {
     use super::*;
-    use std::io::{BufRead, BufReader, Write};
-    use std::os::unix::net::UnixListener;
     use topo_core::cpuset::CpuSet;
 
     /// A topod on `socket` that speaks protocol versions up to `speaks`, as topod does: a
@@ -799,7 +826,6 @@ mod older_topod_tests {
         speaks: u32,
         connections: usize,
     ) -> std::thread::JoinHandle<Vec<Vec<u64>>> {
-        let listener = UnixListener::bind(socket).unwrap();
         let free_map = topo_core::proto::reply::FreeMap {
             generation: 3,
             held: CpuSet::parse_list("0-1").unwrap(),
@@ -808,26 +834,16 @@ mod older_topod_tests {
             ..idle_reply(CpuSet::parse_list("0-7").unwrap(), None)
         };
         let free_map = serde_json::to_string(&free_map).unwrap();
-        std::thread::spawn(move || {
-            (0..connections)
-                .map(|_| {
-                    let (conn, _) = listener.accept().unwrap();
-                    let mut asked = Vec::new();
-                    for line in BufReader::new(conn.try_clone().unwrap()).lines() {
-                        let line = line.unwrap();
-                        let v = serde_json::from_str::<serde_json::Value>(&line).unwrap()["v"].as_u64().unwrap();
-                        asked.push(v);
-                        let reply = if v as u32 <= speaks {
-                            format!(r#"{{"v":{v},"ok":{free_map}}}"#)
-                        } else {
-                            format!(r#"{{"v":1,"error":{{"code":"bad_request","message":"protocol version {v} is not supported; this topod speaks version 1"}}}}"#)
-                        };
-                        (&conn).write_all(format!("{reply}\n").as_bytes()).unwrap();
-                    }
-                    asked
-                })
-                .collect()
-        })
+        let answer = move |v: u64, _: &str| {
+            if v as u32 <= speaks {
+                format!(r#"{{"v":{v},"ok":{free_map}}}"#)
+            } else {
+                format!(
+                    r#"{{"v":1,"error":{{"code":"bad_request","message":"protocol version {v} is not supported; this topod speaks version 1"}}}}"#
+                )
+            }
+        };
+        scripted_topod(socket, connections, answer, |v, _| v)
     }
 
     #[test]
@@ -863,8 +879,6 @@ mod older_topod_tests {
 #[cfg(test)]
 mod topology_change_tests {
     use super::*;
-    use std::io::{BufRead, BufReader, Write};
-    use std::os::unix::net::UnixListener;
 
     /// A topod on `socket` serving `topo`, whose free map names `served` as its topology's
     /// fingerprint; it answers `connections` connections and returns the operations each asked.
@@ -874,32 +888,14 @@ mod topology_change_tests {
         served: Option<u64>,
         connections: usize,
     ) -> std::thread::JoinHandle<Vec<Vec<String>>> {
-        let listener = UnixListener::bind(socket).unwrap();
         let free_map = idle_reply(topo.allowed.clone(), served);
         let (free_map, topo) =
             (serde_json::to_string(&free_map).unwrap(), serde_json::to_string(&topo).unwrap());
-        std::thread::spawn(move || {
-            (0..connections)
-                .map(|_| {
-                    let (conn, _) = listener.accept().unwrap();
-                    let mut asked = Vec::new();
-                    for line in BufReader::new(conn.try_clone().unwrap()).lines() {
-                        let request: serde_json::Value =
-                            serde_json::from_str(&line.unwrap()).unwrap();
-                        let (v, op) = (
-                            request["v"].as_u64().unwrap(),
-                            request["op"].as_str().unwrap().to_string(),
-                        );
-                        let ok = if op == "topology" { &topo } else { &free_map };
-                        (&conn)
-                            .write_all(format!("{{\"v\":{v},\"ok\":{ok}}}\n").as_bytes())
-                            .unwrap();
-                        asked.push(op);
-                    }
-                    asked
-                })
-                .collect()
-        })
+        let answer = move |v: u64, op: &str| {
+            let ok = if op == "topology" { &topo } else { &free_map };
+            format!(r#"{{"v":{v},"ok":{ok}}}"#)
+        };
+        scripted_topod(socket, connections, answer, |_, op| op.to_string())
     }
 
     /// issue 31: a topod that came back on other hardware at the same address was judged on the
