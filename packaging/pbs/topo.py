@@ -315,18 +315,27 @@ class Share(object):
         self.numa_nodes = set()   # per-NUMA vnodes host[N] with ncpus here; empty: the whole host
         self.requests = []        # topology requests of the chunks here
         self.ngpus = 0            # GPUs PBS counted for the job here (gpus_resource)
+        self.gpus_by_numa = {}    # NUMA node N -> GPUs PBS counted on vnode host[N]
+        self.gpus_off_numa = 0    # GPUs PBS counted on the host's own vnode
         self.chunks = 0           # select chunks PBS placed here
 
     def add(self, vnode, resources, host, gpus_resource=""):
         ncpus = whole(resources.get("ncpus", 0) or 0, "ncpus of %s" % vnode)
+        index = numa_index_of_vnode(vnode, host)
         if gpus_resource:
-            self.ngpus += whole(resources.get(gpus_resource, 0) or 0, "%s of %s" % (gpus_resource, vnode))
+            ngpus = whole(resources.get(gpus_resource, 0) or 0, "%s of %s" % (gpus_resource, vnode))
+            self.ngpus += ngpus
+            # Where PBS counted them: topod takes them in the same NUMA nodes (gpus_by_numa),
+            # also where PBS split a chunk (its CPUs on one vnode, a GPU on another).
+            if ngpus and index is not None:
+                self.gpus_by_numa[index] = self.gpus_by_numa.get(index, 0) + ngpus
+            elif ngpus:
+                self.gpus_off_numa += ngpus
         self.ncpus += ncpus
         self.known = True
         self.per_vnode[vnode] = self.per_vnode.get(vnode, 0) + ncpus
         if resources.get("mem"):
             self.mem_bytes = (self.mem_bytes or 0) + size_in_bytes(resources["mem"])
-        index = numa_index_of_vnode(vnode, host)
         # Only where PBS gave it CPUs: a chunk PBS spread over two NUMA vnodes (its CPUs on
         # one, GPUs or memory on the other) keeps its CPUs where PBS counted them.
         if index is not None and ncpus > 0:
@@ -1456,6 +1465,9 @@ def allocate(topod, event, job, jid, share, request, tasks):
         fields["cpus"] = cpu_list(cpus)
     if share.mem_bytes:
         fields["mem_limit_bytes"] = share.mem_bytes
+    gpus_by_numa = gpu_counts_by_numa(share, request)
+    if gpus_by_numa:
+        fields["gpus_by_numa"] = gpus_by_numa
     uid = owner_uid(job)
     if uid is not None:
         fields["owner_uid"] = uid
@@ -1476,11 +1488,31 @@ def allocate(topod, event, job, jid, share, request, tasks):
     # execjob_postsuspend and execjob_preresume.
     fields["gang"] = False
     try:
-        return topod.call("allocate", **fields)
+        try:
+            return topod.call("allocate", **fields)
+        except TopodRefused as e:
+            if "gpus_by_numa" not in fields or "unknown field" not in e.reason or "gpus_by_numa" not in e.reason:
+                raise
+            # A topod older than this hook: it chooses the GPUs where it finds best (PBS's count
+            # of free GPUs per vnode may then drift from topod's).
+            pbs.logjobmsg(job.id, "%s: topod takes no gpus_by_numa (older than this hook): it "
+                          "chooses the job's GPUs in any NUMA node; upgrade topod" % HOOK)
+            del fields["gpus_by_numa"]
+            return topod.call("allocate", **fields)
     except TopodRefused as e:
         if e.code == "does_not_fit":
             raise DoesNotFitHere("%s on %s" % (e, pbs.get_local_nodename()))
         raise HookError("cannot place job %s on %s: %s" % (job.id, pbs.get_local_nodename(), e))
+
+
+def gpu_counts_by_numa(share, request):
+    """allocate's gpus_by_numa ([{"numa": N, "count": k}]): the GPUs PBS counted for the job on
+    each per-NUMA vnode host[N] here, for a request that asks topod for GPUs (gpus=, which
+    request_with_gpus made add up to share.ngpus); [] when PBS counted some on the host's own
+    vnode (their node is not PBS's to say) or the request asks for none."""
+    if not share.gpus_by_numa or share.gpus_off_numa or not MAY_ASK_FOR_GPUS.search(request or ""):
+        return []
+    return [{"numa": index, "count": count} for index, count in sorted(share.gpus_by_numa.items())]
 
 
 def owner_uid(job):

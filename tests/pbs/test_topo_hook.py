@@ -695,13 +695,23 @@ class GpuTest(HookTestCase):
         hook = load_hook_module()
         self.assertTrue(hook.cpu_set(held["cpus"]) <= hook.cpu_set(node["cpus"]), held)
         # A chunk PBS spread over two NUMA vnodes (its CPU on the first, a GPU on each) keeps its
-        # CPU where PBS counted it.
+        # CPU where PBS counted it, and takes a GPU in each node as PBS counted them (both
+        # beside its CPU would leave PBS counting one free on the first node that topod gave).
         first = min(gpus_by_node)
         split = mom_job("76.server", ncpus=1, ngpus=2, topology="affinity[thread:gpus=2]")
         split["exec_vnode"] = "(%s[%d]:ncpus=1:ngpus=1+%s[%d]:ngpus=1)" % (HOST, first, HOST, second)
         self.assert_accepted(self.run_event("execjob_begin", job=split, vnode_list={HOST: {}}))
         node = [n for n in self.topod.call("topology")["ok"]["numa_nodes"] if n["os_index"] == first][0]
-        self.assertTrue(hook.cpu_set(self.allocation("76.server")["cpus"]) <= hook.cpu_set(node["cpus"]))
+        held = self.allocation("76.server")
+        self.assertTrue(hook.cpu_set(held["cpus"]) <= hook.cpu_set(node["cpus"]))
+        self.assertEqual(sorted(g["numa_node"] for g in held["gpus"]), [first, second], held)
+        # The second node's last GPU is 76's now; a job PBS gives it there goes back to the
+        # queue, naming the node.
+        late = mom_job("78.server", ncpus=1, ngpus=1, topology="affinity[thread:gpus=1]")
+        late["exec_vnode"] = "(%s[%d]:ncpus=1:ngpus=1)" % (HOST, second)
+        refused = self.run_event("execjob_begin", job=late, vnode_list={HOST: {}})
+        self.assert_rejected(refused, "needs 1 GPU(s) but only 0 are free in NUMA node %d" % second, "goes back to the queue")
+        self.assertIsNone(self.allocation("78.server"))
         # The MoM restarts while GPU jobs run: none is set (held GPUs are not in free_map by
         # their NUMA node), and the log says so.
         again = self.run_event("exechost_startup", vnode_list={HOST: {}})
@@ -1187,6 +1197,40 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertEqual((other.ncpus, other.mem_bytes, other.mpiprocs, other.numa_nodes), (8, 2 << 30, 1, set()))
         self.assertEqual(self.hook.share_on_host(Job(), "node10", "topology").ncpus, 0, "node1 is not a prefix match")
 
+    def test_a_topod_older_than_gpus_by_numa_is_asked_again_without_it(self):
+        hook = self.hook
+        calls = []
+
+        class OldTopod(object):
+            """Answers as a topod before gpus_by_numa did (proto.rs's wording for an unknown field)."""
+            def call(self, op, **fields):
+                calls.append(dict(fields))
+                if "gpus_by_numa" in fields:
+                    raise hook.TopodRefused("bad_request", 'unknown field "gpus_by_numa" for operation allocate; '
+                                                           "accepted fields: job, request, tasks, cpus, gpus")
+                return {"job": fields["job"], "cpus": "0"}
+
+        class Job(object):
+            id = "80.server"
+            euser = "root"
+        share = hook.Share()
+        share.gpus_by_numa = {1: 1}
+        got = hook.allocate(OldTopod(), None, Job(), "pbs-80.server", share, "affinity[core:gpus=1]", 1)
+        self.assertEqual(got["cpus"], "0")
+        self.assertEqual([c.get("gpus_by_numa") for c in calls], [[{"numa": 1, "count": 1}], None])
+        # Any other refusal is the job's, not retried.
+        del calls[:]
+
+        class Refusing(OldTopod):
+            def call(self, op, **fields):
+                calls.append(dict(fields))
+                raise hook.TopodRefused("bad_argument", "gpus_by_numa: this host has no NUMA node 1 (its nodes: 0)")
+        os.environ.setdefault("PBS_STANDIN_HOST", HOST)
+        with self.assertRaises(hook.HookError) as refused:
+            hook.allocate(Refusing(), None, Job(), "pbs-80.server", share, "affinity[core:gpus=1]", 1)
+        self.assertIn("no NUMA node 1", str(refused.exception))
+        self.assertEqual(len(calls), 1)
+
     def test_share_on_host_sums_this_hosts_gpus(self):
         class Job(object):
             exec_vnode = "(node1[0]:ncpus=4:ngpus=1+node1[1]:ncpus=4:ngpus=2)+(node2:ncpus=8:ngpus=4)"
@@ -1194,6 +1238,16 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertEqual(self.hook.share_on_host(Job(), "node1", "topology", "ngpus").ngpus, 3)
         self.assertEqual(self.hook.share_on_host(Job(), "node2", "topology", "ngpus").ngpus, 4)
         self.assertEqual(self.hook.share_on_host(Job(), "node1", "topology").ngpus, 0, "not counted without gpus_resource")
+        # Where PBS counted them: per NUMA vnode, sent to topod as gpus_by_numa for a request
+        # that asks for GPUs; none when some are on the host's own vnode.
+        one = self.hook.share_on_host(Job(), "node1", "topology", "ngpus")
+        self.assertEqual((one.gpus_by_numa, one.gpus_off_numa), ({0: 1, 1: 2}, 0))
+        self.assertEqual(self.hook.gpu_counts_by_numa(one, "affinity[core*3:gpus=1]"),
+                         [{"numa": 0, "count": 1}, {"numa": 1, "count": 2}])
+        self.assertEqual(self.hook.gpu_counts_by_numa(one, "affinity[core]"), [])
+        two = self.hook.share_on_host(Job(), "node2", "topology", "ngpus")
+        self.assertEqual((two.gpus_by_numa, two.gpus_off_numa), ({}, 4))
+        self.assertEqual(self.hook.gpu_counts_by_numa(two, "affinity[core:gpus=4]"), [])
 
     def test_a_job_is_told_its_gpus_and_cuda_its_uuids_only_when_the_driver_says_every_one(self):
         nvidia = tempfile.mkdtemp(prefix="topo-pbs-nvidia-")

@@ -198,6 +198,14 @@ fn take_from(sites: &[GpuSite], group: &[usize], count: usize) -> Vec<usize> {
     }
 }
 
+/// `count` of the free GPUs `group` (indices into `sites`), taken as [`choose_among`] takes
+/// them from one domain (one NVLink island, else one PCIe switch, keeping larger ones whole);
+/// `None` when the group has fewer. For a batch system that counted how many GPUs a job has
+/// in each NUMA node: topod takes each node's from that node's free GPUs.
+pub fn take(sites: &[GpuSite], group: &[usize], count: usize) -> Option<Vec<usize>> {
+    (count > 0 && group.len() >= count).then(|| take_from(sites, group, count))
+}
+
 /// Of `group`'s GPUs split by `key` (those without one apart), the smallest part of at least
 /// `count` (the first of equals, in `group`'s order).
 fn smallest_holding<'a>(

@@ -129,6 +129,9 @@ pub const OPERATIONS: &[&str] = &[
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+// An `allocate` carries every field a batch system may give; a request is parsed once per line
+// and moved, never kept in bulk, so boxing it would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Op {
     /// The daemon's version and protocol version.
     Version,
@@ -365,6 +368,25 @@ pub struct AllocateArgs {
     /// confines devices (`confine_devices`), the job may open no other GPU's device files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<String>,
+    /// How many of the job's GPUs the batch system counted in each NUMA node, for a request
+    /// with `gpus=` whose GPUs topod chooses (PBS with one vnode per NUMA node counts a chunk's
+    /// `ngpus` on the vnodes `host[N]` it took them from, and may take them from a node other
+    /// than its CPUs'): topod then takes that many free GPUs in each node, so that its count
+    /// of free GPUs per node stays the batch system's. The counts add up to the GPUs the
+    /// request asks for; not with `gpus`. A topod older than this field refuses it as unknown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus_by_numa: Vec<NumaGpus>,
+}
+
+/// GPUs a batch system counted in one NUMA node (`allocate`'s `gpus_by_numa`).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NumaGpus {
+    /// The NUMA node's kernel id (`nodeN`; PBS's vnode `host[N]`).
+    pub numa: u32,
+    /// How many GPUs the job has there (at least 1).
+    pub count: u32,
 }
 
 impl AllocateArgs {
@@ -1018,6 +1040,7 @@ fn fields_of(op: &str) -> &'static [&'static str] {
             "batch",
             "starts_suspended",
             "gpus",
+            "gpus_by_numa",
         ],
         "follow" => &["suspended", "running"],
         "resize" => &["job", "tasks"],
@@ -1244,6 +1267,21 @@ mod tests {
         let p = |s: &str| admin_socket_for(std::path::Path::new(s)).display().to_string();
         assert_eq!(p("/run/topo/topod.sock"), "/run/topo/topod-admin.sock");
         assert_eq!(p("/tmp/x/s"), "/tmp/x/s-admin");
+    }
+
+    #[test]
+    fn an_allocate_reads_gpus_counted_per_numa_node_strictly() {
+        let line = r#"{"v":2,"op":"allocate","job":"1","request":"affinity[core:gpus=2]","gpus_by_numa":[{"numa":0,"count":1},{"numa":1,"count":1}]}"#;
+        let Op::Allocate(args) = parse_request(line.as_bytes()).unwrap().op else { panic!() };
+        assert_eq!(
+            args.gpus_by_numa,
+            vec![NumaGpus { numa: 0, count: 1 }, NumaGpus { numa: 1, count: 1 }]
+        );
+        let e = |s: &str| parse_request(s.as_bytes()).unwrap_err().to_string();
+        let extra = r#"{"v":2,"op":"allocate","job":"1","request":"r","gpus_by_numa":[{"numa":0,"count":1,"gpu":"x"}]}"#;
+        assert!(e(extra).contains("unknown field `gpu`"), "{}", e(extra));
+        let negative = r#"{"v":2,"op":"allocate","job":"1","request":"r","gpus_by_numa":[{"numa":-1,"count":1}]}"#;
+        assert!(e(negative).contains("invalid value"), "{}", e(negative));
     }
 
     #[test]

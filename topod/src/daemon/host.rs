@@ -256,6 +256,10 @@ pub struct Prepared {
     /// in several: each node's share of its tasks is placed beside them first
     /// ([`topo_core::gpus::place_split`]). Empty otherwise.
     pub gpu_nodes: Vec<(CpuSet, usize)>,
+    /// How many GPUs topod is to choose in each NUMA node (node id, count), as the batch
+    /// system counted them (`allocate`'s `gpus_by_numa`; see `host/gpus.rs`). Empty: where
+    /// topod finds best.
+    pub gpus_by_numa: Vec<(u32, u32)>,
 }
 
 impl Prepared {
@@ -591,6 +595,7 @@ pub fn prepare(
             near_gpus: None,
             near_only: false,
             gpu_nodes: Vec::new(),
+            gpus_by_numa: Vec::new(),
         }),
         Ok(again) => Err(HostError::BadRequest(format!(
             "{text:?} cannot be recorded: it becomes {canonical:?}, which reads back as {again}"
@@ -639,6 +644,7 @@ impl Prepared {
         if let Some(Err(why)) = args.batch.as_ref().map(proto::BatchView::check) {
             return Err(HostError::BadArgument(why));
         }
+        prepared.gpus_by_numa = gpus_by_numa(topo, &prepared, args)?;
         prepared.ask = JobAsk {
             owner_uid: args.owner_uid,
             preemptible: args.preemptible,
@@ -655,6 +661,65 @@ impl Prepared {
         prepared.follows_batch = args.starts_suspended || args.batch.is_some();
         Ok(prepared)
     }
+}
+
+/// `allocate`'s `gpus_by_numa` checked against the host and the request: each node one of the
+/// host's, named once, with at least one GPU; not beside `gpus` (GPUs named leave nothing to
+/// choose); adding up to the GPUs the request asks for.
+fn gpus_by_numa(
+    topo: &Topology,
+    prepared: &Prepared,
+    args: &proto::AllocateArgs,
+) -> Result<Vec<(u32, u32)>, HostError> {
+    let counts = &args.gpus_by_numa;
+    if counts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let bad = |why: String| Err(HostError::BadArgument(format!("gpus_by_numa: {why}")));
+    if !args.gpus.is_empty() {
+        return bad(
+            "counts GPUs for topod to choose, but gpus names them already; give one or the other"
+                .into(),
+        );
+    }
+    let mut seen: Vec<(u32, u32)> = Vec::with_capacity(counts.len());
+    for c in counts {
+        if !topo.numa_nodes.iter().any(|n| n.os_index == c.numa) {
+            let nodes: Vec<String> =
+                topo.numa_nodes.iter().map(|n| n.os_index.to_string()).collect();
+            return bad(format!(
+                "this host has no NUMA node {} (its nodes: {})",
+                c.numa,
+                nodes.join(", ")
+            ));
+        }
+        if c.count == 0 {
+            return bad(format!("NUMA node {} is given 0 GPUs; leave it out", c.numa));
+        }
+        if seen.iter().any(|(n, _)| *n == c.numa) {
+            return bad(format!("NUMA node {} is named twice", c.numa));
+        }
+        seen.push((c.numa, c.count));
+    }
+    let counted: u64 = seen.iter().map(|(_, c)| u64::from(*c)).sum();
+    let said: Vec<String> = seen.iter().map(|(n, c)| format!("{c} in node {n}")).collect();
+    let request = &prepared.request;
+    let Some(wanted) = request.gpus_wanted() else {
+        return bad(format!(
+            "counts {counted} GPU(s) ({}), but the request {} asks for none (gpus=)",
+            said.join(", "),
+            prepared.ask.request
+        ));
+    };
+    if counted != wanted as u64 {
+        return bad(format!(
+            "counts {counted} GPU(s) ({}), but the request asks for gpus={} per task for {} task(s): {wanted}",
+            said.join(", "),
+            request.gpus_per_task.unwrap_or(0),
+            request.tasks.unwrap_or(topo_core::place::DEFAULT_TASKS)
+        ));
+    }
+    Ok(seen)
 }
 
 /// A recovered job's tasks: its record's, checked against the CPUs its cgroup has (the cgroup

@@ -8,6 +8,7 @@
 
 use super::{Host, HostError, Prepared};
 use topo_core::cpuset::CpuSet;
+use topo_core::gpus::GpuSite;
 use topo_core::place::{self, HostModel, PlaceError, Strategy};
 use topo_core::request::GpuBind;
 use topo_core::request::Level;
@@ -86,6 +87,9 @@ impl Host {
             chosen.ask.gpus = pick.gpus;
             return Ok(Some(chosen));
         }
+        if !prepared.gpus_by_numa.is_empty() {
+            return self.gpus_as_counted(job, prepared, per_task).map(Some);
+        }
         let who = topo_core::prime::Asker {
             queue: prepared.ask.queue.as_deref(),
             owner: owner_uid,
@@ -129,6 +133,75 @@ impl Host {
             chosen.near_gpus.as_ref().map_or_else(|| "anywhere".to_string(), CpuSet::to_string)
         );
         Ok(Some(chosen))
+    }
+
+    /// `prepared` given GPUs in each NUMA node as the batch system counted them
+    /// (`gpus_by_numa`, PBS's per-NUMA vnodes): each node's taken from its GPUs no job holds
+    /// and no other job's reservation holds, as [`topo_core::gpus::take`] takes them from one
+    /// domain, so that the batch system's count of free GPUs in each node stays topod's. The
+    /// job is then placed as one whose GPUs the batch system named ([`Prepared::with_gpus`]):
+    /// its CPUs beside them where they fit among those it may use (the batch system chose
+    /// where its CPUs are too, and may have taken GPUs of another node). Too few free in a node:
+    /// it does not fit, naming the node.
+    fn gpus_as_counted(
+        &self,
+        job: &str,
+        prepared: &Prepared,
+        per_task: u32,
+    ) -> Result<Prepared, HostError> {
+        let topo = &self.topo;
+        let kept = self.gpus_kept_from(job);
+        let all = topo_core::gpus::gpu_indices(topo);
+        let sites: Vec<GpuSite> = all.iter().map(|&g| GpuSite::of(topo, g)).collect();
+        let address = |i: usize| topo.devices[all[i]].pci_address.clone();
+        let mut given: Vec<String> = Vec::new();
+        for &(node, count) in &prepared.gpus_by_numa {
+            // A GPU is in the node whose CPUs are near it (the free map's `gpus[].numa`, by
+            // which the PBS hook counts each vnode's GPUs).
+            let node_cpus = topo
+                .numa_nodes
+                .iter()
+                .find(|n| n.os_index == node)
+                .map(|n| n.cpus.intersection(&topo.pus));
+            let in_node: Vec<usize> = (0..all.len())
+                .filter(|&i| node_cpus.is_some() && sites[i].numa == node_cpus)
+                .collect();
+            let free: Vec<usize> =
+                in_node.iter().copied().filter(|&i| !kept.contains(&address(i))).collect();
+            let Some(picked) = topo_core::gpus::take(&sites, &free, count as usize) else {
+                let names: Vec<String> = free.iter().map(|&i| address(i)).collect();
+                return Err(HostError::DoesNotFit {
+                    job: job.to_string(),
+                    source: PlaceError::NotEnoughFree {
+                        needed: count as usize,
+                        free: free.len(),
+                        unit: "GPU",
+                        detail: format!(
+                            " in NUMA node {node}, where the batch system counted them (gpus_by_numa; the node has {} GPU(s){})",
+                            in_node.len(),
+                            if names.is_empty() {
+                                String::new()
+                            } else {
+                                format!(", free: {}", names.join(", "))
+                            }
+                        ),
+                    },
+                    held_back: String::new(),
+                });
+            };
+            given.extend(picked.into_iter().map(address));
+        }
+        let mut chosen = prepared.clone().with_gpus(topo, &given)?;
+        chosen.gpus_by_numa = Vec::new();
+        let counted: Vec<String> =
+            prepared.gpus_by_numa.iter().map(|(n, c)| format!("{c} in node {n}")).collect();
+        tracing::info!(
+            "job {job}: topod chose GPU(s) {} for gpus={per_task}, as the batch system counted them ({}; CPUs near them: {})",
+            chosen.ask.gpus.join(", "),
+            counted.join(", "),
+            chosen.near_gpus.as_ref().map_or_else(|| "where they fit".to_string(), CpuSet::to_string)
+        );
+        Ok(chosen)
     }
 
     /// `refused` (a job's GPUs not found) with `; it would fit without job J's reservation

@@ -2824,6 +2824,82 @@ fn two_packages_with_four_gpus() -> Topology {
     topo
 }
 
+/// Issue 33, PBS with one vnode per NUMA node: a chunk PBS gave CPUs of node 0 and one GPU of
+/// each node (its scheduler may split a chunk so) gets one GPU in each node, as PBS counted
+/// them, not both beside its CPUs: else PBS would see a GPU free in node 0 that topod has
+/// given, and one taken in node 1 that is free (the count drifts, and the next job PBS sends
+/// to node 0 for a GPU finds none there). A node out of GPUs is named in the refusal, and
+/// counts that do not match the request or the host are refused saying what.
+#[test]
+fn gpus_counted_per_numa_node_by_the_batch_system_are_taken_in_those_nodes() {
+    let topo = two_packages_with_four_gpus();
+    let kernel = kernel_for(&topo);
+    let mut h = host_on(&topo, &kernel, None);
+    let node_cpus =
+        |n: u32| topo.numa_nodes.iter().find(|node| node.os_index == n).unwrap().cpus.to_string();
+    let ask = |job: &str, request: &str, cpus: &str, counts: &[(u32, u32)]| {
+        let mut args = proto::AllocateArgs::new(job, request);
+        args.cpus = Some(cpus.to_string());
+        args.gpus_by_numa =
+            counts.iter().map(|&(numa, count)| proto::NumaGpus { numa, count }).collect();
+        Prepared::from_allocate(&topo, &args)
+    };
+    let gpus_of = |h: &Host, job: &str| -> Vec<Option<u32>> {
+        let listed = h.jobs().into_iter().find(|j| j.allocation.job == job).unwrap().gpus;
+        listed.iter().map(|g| g.numa_node).collect()
+    };
+    let split = ask("a", "affinity[core(2):gpus=2]", &node_cpus(0), &[(0, 1), (1, 1)]).unwrap();
+    let a = h.allocate_prepared("a", &split, None, None).unwrap();
+    assert_eq!(gpus_of(&h, "a"), vec![Some(0), Some(1)]);
+    assert!(a.cpus.is_subset(&CpuSet::parse_list(&node_cpus(0)).unwrap()), "{a:?}");
+    // Each node has one GPU left, as PBS counts; a job PBS gives node 0's takes it, and so for
+    // node 1.
+    let b = ask("b", "affinity[core:gpus=1]", &node_cpus(0), &[(0, 1)]).unwrap();
+    h.allocate_prepared("b", &b, None, None).unwrap();
+    assert_eq!(gpus_of(&h, "b"), vec![Some(0)]);
+    let c = ask("c", "affinity[core:gpus=1]", &node_cpus(1), &[(1, 1)]).unwrap();
+    h.allocate_prepared("c", &c, None, None).unwrap();
+    assert_eq!(gpus_of(&h, "c"), vec![Some(1)]);
+    let d = ask("d", "affinity[core:gpus=1]", &node_cpus(0), &[(0, 1)]).unwrap();
+    let e = h.allocate_prepared("d", &d, None, None).unwrap_err();
+    assert!(matches!(e, HostError::DoesNotFit { .. }), "{e}");
+    assert!(
+        e.to_string().contains(
+            "needs 1 GPU(s) but only 0 are free in NUMA node 0, where the batch system counted them (gpus_by_numa; the node has 2 GPU(s))"
+        ),
+        "{e}"
+    );
+    // Asked again, a job keeps what it has.
+    let again = h.allocate_prepared("a", &split, None, None).unwrap();
+    assert_eq!(again.cpus, a.cpus);
+    assert_eq!(gpus_of(&h, "a"), vec![Some(0), Some(1)]);
+    let refused = |request: &str, counts: &[(u32, u32)], gpus: &[&str]| {
+        let mut args = proto::AllocateArgs::new("x", request);
+        args.gpus = gpus.iter().map(|g| g.to_string()).collect();
+        args.gpus_by_numa =
+            counts.iter().map(|&(numa, count)| proto::NumaGpus { numa, count }).collect();
+        match Prepared::from_allocate(&topo, &args) {
+            Err(HostError::BadArgument(why)) => why,
+            other => panic!("{request} {counts:?}: {other:?}"),
+        }
+    };
+    let why = refused("affinity[core*2:gpus=1]", &[(0, 1)], &[]);
+    assert!(
+        why.contains("counts 1 GPU(s) (1 in node 0), but the request asks for gpus=1 per task for 2 task(s): 2"),
+        "{why}"
+    );
+    let why = refused("affinity[core]", &[(0, 1)], &[]);
+    assert!(why.contains("asks for none (gpus=)"), "{why}");
+    let why = refused("affinity[core:gpus=1]", &[(7, 1)], &[]);
+    assert!(why.contains("this host has no NUMA node 7 (its nodes: 0, 1)"), "{why}");
+    let why = refused("affinity[core*2:gpus=1]", &[(0, 0), (1, 2)], &[]);
+    assert!(why.contains("NUMA node 0 is given 0 GPUs"), "{why}");
+    let why = refused("affinity[core*2:gpus=1]", &[(1, 1), (1, 1)], &[]);
+    assert!(why.contains("NUMA node 1 is named twice"), "{why}");
+    let why = refused("affinity[core:gpus=1]", &[(0, 1)], &["0000:18:00.0"]);
+    assert!(why.contains("gpus names them already"), "{why}");
+}
+
 /// Issue 33 and issue 31's rule for `gpus=` requests: the plug-ins (from the free map's free
 /// GPUs) keep a host exactly when topod's allocate there chooses GPUs and places the job, on
 /// random mixes of GPU and CPU jobs, with reservations for `gpus=` jobs (which hold GPUs) made
