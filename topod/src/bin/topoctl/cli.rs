@@ -166,6 +166,11 @@ pub(crate) enum Command {
         /// its CPUs go near them as the request's gpubind= says.
         #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_gpu)]
         gpus: Vec<String>,
+        /// How many of the job's GPUs the batch system counted in each NUMA node,
+        /// comma-separated NODE:COUNT (PBS's per-NUMA vnodes: 0:1,1:1): topod takes that many
+        /// free GPUs in each node for the request's gpus=.
+        #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_numa_gpus, conflicts_with = "gpus")]
+        gpus_by_numa: Vec<topo_core::proto::NumaGpus>,
         /// The request.
         request: String,
         /// Print JSON.
@@ -488,7 +493,6 @@ fn parse_duration_s(text: &str) -> Result<u64, String> {
     })
 }
 
-/// `--owner`: a uid, or a user name looked up on this host.
 /// A GPU as `--gpus` names it; a device file goes to topod as its number (`char:MAJ:MIN`), read
 /// here, where the user's `/dev` is (topod's, under the unit's PrivateDevices=, has no GPUs).
 fn parse_gpu(text: &str) -> Result<String, String> {
@@ -499,6 +503,18 @@ fn parse_gpu(text: &str) -> Result<String, String> {
     Ok(numbers.remove(0))
 }
 
+/// One of `--gpus-by-numa`'s `NODE:COUNT`.
+fn parse_numa_gpus(text: &str) -> Result<topo_core::proto::NumaGpus, String> {
+    let (node, count) = text.split_once(':').ok_or_else(|| {
+        format!("{text:?} is not NODE:COUNT (a NUMA node's number and its GPUs, e.g. 1:2)")
+    })?;
+    let number = |what: &str, v: &str| {
+        v.trim().parse::<u32>().map_err(|_| format!("{text:?}: {what} {v:?} is not a whole number"))
+    };
+    Ok(topo_core::proto::NumaGpus { numa: number("node", node)?, count: number("count", count)? })
+}
+
+/// `--owner`: a uid, or a user name looked up on this host.
 fn parse_owner(text: &str) -> Result<u32, String> {
     if let Ok(uid) = text.parse::<u32>() {
         return Ok(uid);

@@ -137,6 +137,7 @@ fn main() -> ExitCode {
             pool,
             owner,
             gpus,
+            gpus_by_numa,
             request,
             json,
         } => alloc_and_print(
@@ -162,6 +163,7 @@ fn main() -> ExitCode {
                 pool,
                 owner_uid: owner,
                 gpus,
+                gpus_by_numa,
                 ..topo_core::proto::AllocateArgs::new(job, request)
             }),
             json,
