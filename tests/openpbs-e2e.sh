@@ -577,6 +577,18 @@ EOP
     done
     touch "$OUT/vgpu1.stop" "$OUT/vgpu2.stop"
     wait_state "$v1" F 30 || true; wait_state "$v2" F 30 || true
+    # A chunk no one vnode holds (one CPU and both GPUs): PBS splits it over both vnodes of the
+    # host, its CPU on one and a GPU counted on each. The hook sends those counts
+    # (gpus_by_numa), and topod takes one GPU in each node, as PBS counted them.
+    v4=$(as_user qsub -N vgpu4 -l select=1:ncpus=1:ngpus=2 -l topology='affinity[thread]' -- "$BASE/gpu-job.sh" "$OUT/vgpu4")
+    wait_file "$OUT/vgpu4.cpus" 30 || fail "the split GPU job did not start: $(job_attr "$v4" comment)"
+    where=$(job_attr "$v4" exec_vnode)
+    gpus=$(cat "$OUT/vgpu4.gpus" 2>/dev/null)
+    counted=$(grep -c "job pbs-${v4%%.*}.*as the batch system counted them (1 in node 0, 1 in node 1" "$BASE/topod.log" || true)
+    check "a chunk PBS split over both NUMA vnodes ($where) got a GPU in each node (${gpus:-none}), as PBS counted them (topod's log: $counted line)" \
+        bash -c "grep -q 'ngpus=1+' <<<'$where' && [ '$counted' = 1 ] && [ \"\$(tr , '\n' <<<'$gpus' | sort | tr '\n' ' ')\" = '0000:18:00.0 0000:86:00.0 ' ]"
+    touch "$OUT/vgpu4.stop"
+    wait_state "$v4" F 30 || true
     # --- 10d. topod not up when the MoM starts: exechost_periodic makes the per-NUMA vnodes ------
     # exechost_startup cannot reach topod, so it offlines the host's vnode and makes none; once
     # topod answers and no job runs, exechost_periodic makes $NODE[0] and $NODE[1] (the server

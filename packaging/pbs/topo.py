@@ -1589,22 +1589,31 @@ def on_launch(event, config):
         on_topod_down_rerun(job, lambda: topod.call("join", job=jid, pid=os.getppid()))
     else:
         prepend_topo_exec(event, jid, config)
-    event.env["TOPO_JOB"] = jid
-    event.env["TOPO_CPUS"] = allocation["cpus"]
-    event.env["TOPO_MEMS"] = allocation["mems"]
+    event.env["TOPO_JOB"] = env_value(jid)
+    event.env["TOPO_CPUS"] = env_value(allocation["cpus"])
+    event.env["TOPO_MEMS"] = env_value(allocation["mems"])
     if config["launch"] == "join":
         # topo-exec tells the job its GPUs itself. Lists the job inherited (qsub -V, an outer
         # job) name GPUs it was not given: topo's own are removed when not set here, and so is
         # CUDA_VISIBLE_DEVICES of a job given GPUs (as topo-exec does).
         told = gpu_variables(allocation)
         for name, value in told:
-            event.env[name] = value
+            event.env[name] = env_value(value)
         stale = set(JOB_GPU_LISTS if told else TOPO_GPU_LISTS) - set(n for n, _ in told)
         for name in sorted(stale):
             if name in event.env:
                 del event.env[name]
     # Where topod tells a malleable job its CPUs after a resize (libtopo's topo_resize_wait).
-    event.env["TOPO_NOTIFY_FILE"] = os.path.join(os.path.dirname(config["socket"]), "job-notify", jid)
+    event.env["TOPO_NOTIFY_FILE"] = env_value(os.path.join(os.path.dirname(config["socket"]), "job-notify", jid))
+
+
+def env_value(value):
+    """`value` as execjob_launch's event.env must hold it: the MoM cuts a value at its first
+    comma unless the comma is escaped with a backslash. Observed on the OpenPBS built from
+    ../shared/pbs: a two-GPU job was told TOPO_GPUS=0000:18:00.0 (its first GPU only) until
+    this; OpenPBS's own pbs_cgroups hook joins CUDA_VISIBLE_DEVICES with "\\,"
+    (setup_job_devices_env). A CPU list ("0,2-3") needs it as much as a list of GPUs."""
+    return str(value).replace(",", "\\,")
 
 
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"

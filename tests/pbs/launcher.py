@@ -4,7 +4,10 @@ launcher.py HOOK.py EVENT.json RESULT.json.
 It runs the execjob_launch hook as its child (so the hook's os.getppid() is this process, as
 observed on a real OpenPBS: the launch hook's parent is the process that will exec the job),
 waits for it, and if the event was accepted execs event.progname with event.argv (an empty
-argv means [progname]) and event.env as the whole environment, as MoM does.
+argv means [progname]) and event.env as the whole environment, as MoM does: each value cut at
+its first comma not escaped with a backslash, and "\\," read as "," (observed on the OpenPBS
+built from ../shared/pbs: a hook's TOPO_GPUS=A,B reached the job as A; OpenPBS's pbs_cgroups
+hook escapes its CUDA_VISIBLE_DEVICES so).
 """
 
 import json
@@ -22,7 +25,26 @@ def main():
     if result["outcome"] != "accept":
         sys.exit(3)
     argv = result["argv"] or [result["progname"]]
-    os.execve(result["progname"], argv, result["env"])
+    env = dict((name, as_passed(value)) for name, value in result["env"].items())
+    os.execve(result["progname"], argv, env)
+
+
+def as_passed(value):
+    """An event.env value as the job gets it (see above)."""
+    out, escaped = [], False
+    for c in value:
+        if escaped:
+            out.append(c if c == "," else "\\" + c)
+            escaped = False
+        elif c == "\\":
+            escaped = True
+        elif c == ",":
+            break
+        else:
+            out.append(c)
+    if escaped:
+        out.append("\\")
+    return "".join(out)
 
 
 if __name__ == "__main__":

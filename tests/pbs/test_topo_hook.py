@@ -1197,6 +1197,13 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertEqual((other.ncpus, other.mem_bytes, other.mpiprocs, other.numa_nodes), (8, 2 << 30, 1, set()))
         self.assertEqual(self.hook.share_on_host(Job(), "node10", "topology").ncpus, 0, "node1 is not a prefix match")
 
+    def test_values_the_launch_hook_sets_keep_their_commas(self):
+        # The MoM cuts an event.env value at an unescaped comma (see env_value).
+        self.assertEqual(self.hook.env_value("0,2-3"), "0\\,2-3")
+        self.assertEqual(self.hook.env_value("0000:18:00.0,0000:86:00.0;0000:87:00.0"),
+                         "0000:18:00.0\\,0000:86:00.0;0000:87:00.0")
+        self.assertEqual(self.hook.env_value("0-7"), "0-7")
+
     def test_a_topod_older_than_gpus_by_numa_is_asked_again_without_it(self):
         hook = self.hook
         calls = []
