@@ -586,7 +586,16 @@ EOP
     gpus=$(cat "$OUT/vgpu4.gpus" 2>/dev/null)
     counted=$(grep -c "job pbs-${v4%%.*}.*as the batch system counted them (1 in node 0, 1 in node 1" "$BASE/topod.log" || true)
     check "a chunk PBS split over both NUMA vnodes ($where) got a GPU in each node (${gpus:-none}), as PBS counted them (topod's log: $counted line)" \
-        bash -c "grep -q 'ngpus=1+' <<<'$where' && [ '$counted' = 1 ] && [ \"\$(tr , '\n' <<<'$gpus' | sort | tr '\n' ' ')\" = '0000:18:00.0 0000:86:00.0 ' ]"
+        bash -c "[ \$(grep -o 'ngpus=1' <<<'$where' | wc -l) = 2 ] && [ '$counted' = 1 ] && [ \"\$(tr , '\n' <<<'$gpus' | sort | tr '\n' ' ')\" = '0000:18:00.0 0000:86:00.0 ' ]"
+    # The MoM restarts while that job holds both GPUs: exechost_startup publishes the same
+    # counts (the held GPUs counted in their nodes), and the job runs on.
+    before=$(grep -c "ngpus per vnode: " "$mom_log" || true)
+    restart_mom
+    for _ in $(seq 150); do [ "$(grep -c "ngpus per vnode: " "$mom_log" || true)" -gt "$before" ] && break; sleep 0.2; done
+    for _ in $(seq 50); do pbsnodes -v "$NODE[1]" 2>/dev/null | grep -q "state = free" && break; sleep 0.2; done
+    said=$(grep "ngpus per vnode: " "$mom_log" | tail -1 | sed 's/.*ngpus per vnode: //')
+    check "a MoM restarted under that GPU job publishes the same GPU counts ($said; server: [0] $(vnode_ngpus "$NODE[0]"), [1] $(vnode_ngpus "$NODE[1]")) and the job runs on ($(job_state "$v4"))" \
+        sh -c "[ '$(grep -c "ngpus per vnode: " "$mom_log" || true)' -gt '$before' ] && [ '$(vnode_ngpus "$NODE[0]")/$(vnode_ngpus "$NODE[1]")' = 1/1 ] && [ '$(job_state "$v4")' = R ]"
     touch "$OUT/vgpu4.stop"
     wait_state "$v4" F 30 || true
     # --- 10d. topod not up when the MoM starts: exechost_periodic makes the per-NUMA vnodes ------

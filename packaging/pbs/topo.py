@@ -1085,33 +1085,51 @@ def publish_ncpus(event, host, topology, free_map, allocations, running, config,
 
 def gpus_per_numa_node(topology, free_map, allocations):
     """({NUMA node os_index: how many GPUs topod may give jobs there}, None), counted from
-    free_map's free GPUs (each by its NUMA node's CPUs, topod's own rule of which devices are
-    jobs' GPUs and where they sit, not one written again here); or (None, why) when such counts
-    would not be what topod gives: a GPU is held by a job or a reservation now (its NUMA node is
-    not in free_map), or one has no NUMA node with CPUs PBS jobs may use (not known, as on
-    cloud VMs, or all its CPUs reserved or offline), where PBS would have to give it with CPUs
-    of another vnode. ({}, None) on a host without GPUs."""
-    held = sorted(set(g.get("pci_address") or "?" for a in allocations for g in a.get("gpus") or []))
-    reserved = free_map.get("reserved_gpus") or []
-    if held or reserved:
-        return None, ("GPU(s) are held now (%s): counted per NUMA node only when none is"
-                      % ", ".join(held + ["%d for reservations" % len(reserved)] if reserved else held))
+    free_map's free GPUs and the GPUs reservations hold (each by its NUMA node's CPUs, topod's
+    own rule of which devices are jobs' GPUs and where they sit, not one written again here),
+    and the GPUs jobs hold (by the NUMA node topod lists them in), so that a MoM restarted under
+    GPU jobs publishes the same counts as one started on an idle host; or (None, why) when such
+    counts would not be what topod gives: a GPU has no NUMA node with CPUs PBS jobs may use (not
+    known, as on cloud VMs, or all its CPUs reserved or offline), where PBS would have to give
+    it with CPUs of another vnode, a held GPU's node is not known, or a job outside PBS holds
+    GPUs. ({}, None) on a host
+    without GPUs."""
     with_vnode = {}
     for index, cpus, _ in numa_nodes_with_cpus(topology, free_map):
         for node in topology.get("numa_nodes") or []:
             if node.get("os_index") == index:
                 with_vnode[frozenset(cpu_set(node["cpus"]))] = index
     counts = {}
-    stray = 0
-    for site in free_map.get("gpus") or []:
+    stray = []
+    sites = [(None, site) for site in free_map.get("gpus") or []]
+    sites += [(g.get("pci_address"), g.get("site") or {}) for g in free_map.get("reserved_gpus") or []]
+    for address, site in sites:
         index = with_vnode.get(frozenset(cpu_set(site.get("numa")))) if site.get("numa") else None
         if index is None:
-            stray += 1
+            stray.append(address or "a free GPU")
         else:
             counts[index] = counts.get(index, 0) + 1
+    seen = set(address for address, _ in sites if address)
+    vnode_nodes = set(with_vnode.values())
+    outside = sorted(set(g.get("pci_address") or "?" for a in allocations if not str(a.get("job")).startswith(JOB_PREFIX)
+                         for g in a.get("gpus") or []))
+    if outside:
+        # Not PBS's to count: it would send jobs there that topod refuses.
+        return None, "GPU(s) are held outside PBS now (%s)" % ", ".join(outside[:4])
+    for allocation in allocations:
+        for gpu in allocation.get("gpus") or []:
+            address = gpu.get("pci_address")
+            if not address or address in seen or gpu.get("gone"):
+                continue
+            seen.add(address)
+            index = gpu.get("numa_node")
+            if index in vnode_nodes:
+                counts[index] = counts.get(index, 0) + 1
+            else:
+                stray.append("%s (held by %s)" % (address, allocation.get("job") or "a job"))
     if stray:
         return None, ("%d GPU(s) have no NUMA node with CPUs PBS jobs may use here (not known, or "
-                      "all its CPUs reserved or offline)" % stray)
+                      "all its CPUs reserved or offline): %s" % (len(stray), ", ".join(stray[:4])))
     return counts, None
 
 
@@ -1120,9 +1138,9 @@ def publish_gpus_per_numa_node(event, host, topology, free_map, allocations, con
     resource (gpus_resource, "ngpus") as NUMA node N has GPUs for jobs, and the host's own vnode
     none, so that PBS gives a chunk the GPUs of the vnode whose CPUs it gives, and topod chooses
     them there, beside the job's CPUs. Only where every GPU lies in a NUMA node with such a
-    vnode, and none is held (a MoM restarted under GPU jobs sets none: whether the server keeps
-    earlier counts is PBS's, not verified here); otherwise nothing is set, and the log says why
-    and what to do. Nothing on a host
+    vnode, and none is held outside PBS (GPUs PBS jobs hold count in their nodes, so that a MoM
+    restarted under GPU jobs sets the same counts); otherwise nothing is set, and the log says
+    why and what to do. Nothing on a host
     without GPUs (an administrator's count stays), nor where the server does not define the
     resource."""
     counts, why_not = gpus_per_numa_node(topology, free_map, allocations)
@@ -1491,7 +1509,7 @@ def allocate(topod, event, job, jid, share, request, tasks):
         try:
             return topod.call("allocate", **fields)
         except TopodRefused as e:
-            if "gpus_by_numa" not in fields or "unknown field" not in e.reason or "gpus_by_numa" not in e.reason:
+            if "gpus_by_numa" not in fields or 'unknown field "gpus_by_numa"' not in e.reason:
                 raise
             # A topod older than this hook: it chooses the GPUs where it finds best (PBS's count
             # of free GPUs per vnode may then drift from topod's).
@@ -1609,11 +1627,14 @@ def on_launch(event, config):
 
 def env_value(value):
     """`value` as execjob_launch's event.env must hold it: the MoM cuts a value at its first
-    comma unless the comma is escaped with a backslash. Observed on the OpenPBS built from
-    ../shared/pbs: a two-GPU job was told TOPO_GPUS=0000:18:00.0 (its first GPU only) until
-    this; OpenPBS's own pbs_cgroups hook joins CUDA_VISIBLE_DEVICES with "\\,"
-    (setup_job_devices_env). A CPU list ("0,2-3") needs it as much as a list of GPUs."""
-    return str(value).replace(",", "\\,")
+    comma unless the comma is escaped with a backslash, and drops a backslash that escapes the
+    character after it (OpenPBS src/lib/Libattr/attr_func.c, strtok_quoted and
+    prune_esc_backslash). Observed on the OpenPBS built from ../shared/pbs: a two-GPU job was
+    told TOPO_GPUS=0000:18:00.0 (its first GPU only) until this; OpenPBS's own pbs_cgroups hook
+    joins CUDA_VISIBLE_DEVICES with "\\," (setup_job_devices_env). A CPU list ("0,2-3")
+    needs it as much as a list of GPUs. A backslash right before a comma cannot be passed (the
+    MoM reads "\\\\\\," as a backslash and a cut); none of the values set here has one."""
+    return str(value).replace("\\", "\\\\").replace(",", "\\,")
 
 
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"

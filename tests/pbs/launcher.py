@@ -5,9 +5,12 @@ It runs the execjob_launch hook as its child (so the hook's os.getppid() is this
 observed on a real OpenPBS: the launch hook's parent is the process that will exec the job),
 waits for it, and if the event was accepted execs event.progname with event.argv (an empty
 argv means [progname]) and event.env as the whole environment, as MoM does: each value cut at
-its first comma not escaped with a backslash, and "\\," read as "," (observed on the OpenPBS
-built from ../shared/pbs: a hook's TOPO_GPUS=A,B reached the job as A; OpenPBS's pbs_cgroups
-hook escapes its CUDA_VISIBLE_DEVICES so).
+its first comma not escaped with a backslash (a comma after two backslashes is a cut: the
+backslash is the one escaped), and a backslash that escapes the character after it dropped
+(OpenPBS src/lib/Libattr/attr_func.c, strtok_quoted and prune_esc_backslash; quotes, which
+strtok_quoted also reads, are not in any value the hook sets). Observed on the OpenPBS built
+from ../shared/pbs: a hook's TOPO_GPUS=A,B reached the job as A; OpenPBS's pbs_cgroups hook
+escapes its CUDA_VISIBLE_DEVICES so.
 """
 
 import json
@@ -31,19 +34,18 @@ def main():
 
 def as_passed(value):
     """An event.env value as the job gets it (see above)."""
-    out, escaped = [], False
-    for c in value:
-        if escaped:
-            out.append(c if c == "," else "\\" + c)
-            escaped = False
-        elif c == "\\":
-            escaped = True
-        elif c == ",":
+    cut = len(value)
+    for i, c in enumerate(value):
+        if c == "," and (i < 1 or value[i - 1] != "\\" or (i >= 2 and value[i - 2] == "\\")):
+            cut = i
             break
-        else:
-            out.append(c)
-    if escaped:
-        out.append("\\")
+    token, out, i = value[:cut], [], 0
+    while i < len(token):
+        if token[i] == "\\":
+            i += 1
+        if i < len(token):
+            out.append(token[i])
+        i += 1
     return "".join(out)
 
 

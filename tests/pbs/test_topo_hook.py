@@ -712,12 +712,20 @@ class GpuTest(HookTestCase):
         refused = self.run_event("execjob_begin", job=late, vnode_list={HOST: {}})
         self.assert_rejected(refused, "needs 1 GPU(s) but only 0 are free in NUMA node %d" % second, "goes back to the queue")
         self.assertIsNone(self.allocation("78.server"))
-        # The MoM restarts while GPU jobs run: none is set (held GPUs are not in free_map by
-        # their NUMA node), and the log says so.
+        # The MoM restarts while GPU jobs run (75 and 76 hold 4 of the 6): the same counts as on
+        # the idle host, the held GPUs counted in their nodes.
+        again = self.run_event("exechost_startup", vnode_list={HOST: {}})
+        per_vnode = dict((name, again["vnode_list"][name]["resources_available"].get("ngpus")) for name in again["vnode_list"])
+        self.assertEqual(per_vnode, dict([(HOST, 0)] + [("%s[%d]" % (HOST, n), len(g)) for n, g in gpus_by_node.items()]))
+        # A job outside PBS holding a GPU: PBS would count it as its own to give, so none is
+        # set, and the log says why.
+        outside = [g for g in gpus_by_node[first] if g not in set(x["pci_address"] for a in self.topod.call("list")["ok"] for x in a.get("gpus") or [])][0]
+        self.assertIn("ok", self.topod.call("allocate", job="other-9", request="affinity[thread]", gpus=[outside]))
         again = self.run_event("exechost_startup", vnode_list={HOST: {}})
         self.assertEqual([n for n in again["vnode_list"] if "ngpus" in again["vnode_list"][n]["resources_available"]], [])
-        self.assertTrue(any("ngpus per NUMA vnode not published: GPU(s) are held now" in line for _, line in again["log"]),
-                        again["log"])
+        self.assertTrue(any("ngpus per NUMA vnode not published: GPU(s) are held outside PBS now (%s)" % outside in line
+                            for _, line in again["log"]), again["log"])
+        self.topod.call("release", job="other-9")
         # Without gpus_resource, or one vnode per host, the GPUs' count is the administrator's.
         self.write_config(default_request="affinity[thread]", vnode_per_numa_node=True, gpus_resource="")
         plain = self.run_event("exechost_startup", vnode_list={HOST: {"resources_available": {"ngpus": 6}}})
@@ -1203,6 +1211,13 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertEqual(self.hook.env_value("0000:18:00.0,0000:86:00.0;0000:87:00.0"),
                          "0000:18:00.0\\,0000:86:00.0;0000:87:00.0")
         self.assertEqual(self.hook.env_value("0-7"), "0-7")
+        # Through the MoM (the launcher's reading of OpenPBS's strtok_quoted and
+        # prune_esc_backslash), every value the hook sets arrives whole, backslashes too.
+        import launcher
+        self.assertEqual(launcher.as_passed("a,b"), "a")
+        self.assertEqual(launcher.as_passed("a\\\\,b"), "a\\")
+        for value in ("0,2-3", "0000:18:00.0,0000:86:00.0;0000:87:00.0", "/srv\\topo,1/job-notify/pbs-1.x", "\\"):
+            self.assertEqual(launcher.as_passed(self.hook.env_value(value)), value)
 
     def test_a_topod_older_than_gpus_by_numa_is_asked_again_without_it(self):
         hook = self.hook

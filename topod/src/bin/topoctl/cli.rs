@@ -509,7 +509,9 @@ fn parse_numa_gpus(text: &str) -> Result<topo_core::proto::NumaGpus, String> {
         format!("{text:?} is not NODE:COUNT (a NUMA node's number and its GPUs, e.g. 1:2)")
     })?;
     let number = |what: &str, v: &str| {
-        v.trim().parse::<u32>().map_err(|_| format!("{text:?}: {what} {v:?} is not a whole number"))
+        v.trim().parse::<u32>().map_err(|_| {
+            format!("{text:?}: {what} {v:?} is not a whole number from 0 to {}", u32::MAX)
+        })
     };
     Ok(topo_core::proto::NumaGpus { numa: number("node", node)?, count: number("count", count)? })
 }

@@ -66,6 +66,19 @@ impl Host {
             // batch system asks again.
             let mut occupancy = self.ledger.occupancy_for(None);
             occupancy.held = occupancy.held.difference(&existing.cpus);
+            // As the batch system counted them by node, where it did and they are free.
+            if let Ok(Counted::Taken(given)) = self.take_as_counted(job, &prepared.gpus_by_numa) {
+                if !given.is_empty() {
+                    tracing::warn!(
+                        "job {job}: found without its record; topod took GPU(s) {} for its gpus={per_task} now, as the batch system counted them",
+                        given.join(", ")
+                    );
+                    let mut chosen = prepared.clone();
+                    chosen.ask.gpus = given;
+                    chosen.gpus_by_numa = Vec::new();
+                    return Ok(Some(chosen));
+                }
+            }
             // Its CPUs are where they are: GPUs beside them where free, else any free ones.
             let mut inside =
                 topo_core::gpus::within(request, &existing.cpus).unwrap_or_else(|| request.clone());
@@ -88,7 +101,9 @@ impl Host {
             return Ok(Some(chosen));
         }
         if !prepared.gpus_by_numa.is_empty() {
-            return self.gpus_as_counted(job, prepared, per_task).map(Some);
+            if let Some(chosen) = self.gpus_as_counted(job, prepared, per_task)? {
+                return Ok(Some(chosen));
+            }
         }
         let who = topo_core::prime::Asker {
             queue: prepared.ask.queue.as_deref(),
@@ -136,28 +151,69 @@ impl Host {
     }
 
     /// `prepared` given GPUs in each NUMA node as the batch system counted them
-    /// (`gpus_by_numa`, PBS's per-NUMA vnodes): each node's taken from its GPUs no job holds
-    /// and no other job's reservation holds, as [`topo_core::gpus::take`] takes them from one
-    /// domain, so that the batch system's count of free GPUs in each node stays topod's. The
-    /// job is then placed as one whose GPUs the batch system named ([`Prepared::with_gpus`]):
-    /// its CPUs beside them where they fit among those it may use (the batch system chose
-    /// where its CPUs are too, and may have taken GPUs of another node). Too few free in a node:
-    /// it does not fit, naming the node.
+    /// (`gpus_by_numa`, PBS's per-NUMA vnodes), so that the batch system's count of free GPUs
+    /// in each node stays topod's ([`Host::take_as_counted`]). The job is then placed as one
+    /// whose GPUs the batch system named ([`Prepared::with_gpus`]): its CPUs beside them where
+    /// they fit among those it may use (the batch system chose where its CPUs are too, and may
+    /// have taken GPUs of another node). `Ok(None)` when the counts cannot be followed and
+    /// topod chooses as without them, logged: counts that are not this host's GPUs by node (an
+    /// administrator's count on a vnode, a GPU whose node the kernel does not know), or GPUs
+    /// whose node the job's `gpubind=` keeps its CPUs out of (the batch system split its chunk).
     fn gpus_as_counted(
         &self,
         job: &str,
         prepared: &Prepared,
         per_task: u32,
-    ) -> Result<Prepared, HostError> {
+    ) -> Result<Option<Prepared>, HostError> {
+        let counted: Vec<String> =
+            prepared.gpus_by_numa.iter().map(|(n, c)| format!("{c} in node {n}")).collect();
+        let given = match self.take_as_counted(job, &prepared.gpus_by_numa)? {
+            Counted::Taken(given) => given,
+            Counted::NotThisHost(why) => {
+                tracing::warn!(
+                    "job {job}: the batch system counted its GPUs by NUMA node ({}), but {why}: topod chooses them as without those counts (the batch system's count of free GPUs per node may then differ from topod's)",
+                    counted.join(", ")
+                );
+                return Ok(None);
+            }
+        };
+        let mut chosen = match prepared.clone().with_gpus(&self.topo, &given) {
+            Ok(chosen) => chosen,
+            Err(why) => {
+                tracing::warn!(
+                    "job {job}: the GPUs the batch system counted ({}: {}) cannot be its own: {why}; topod chooses them as without those counts (the batch system's count of free GPUs per node differs from topod's until the job ends)",
+                    counted.join(", "),
+                    given.join(", ")
+                );
+                return Ok(None);
+            }
+        };
+        chosen.gpus_by_numa = Vec::new();
+        tracing::info!(
+            "job {job}: topod chose GPU(s) {} for gpus={per_task}, as the batch system counted them ({}; CPUs near them: {})",
+            chosen.ask.gpus.join(", "),
+            counted.join(", "),
+            chosen.near_gpus.as_ref().map_or_else(|| "where they fit".to_string(), CpuSet::to_string)
+        );
+        Ok(Some(chosen))
+    }
+
+    /// The PCI addresses of `counts` free GPUs in each NUMA node (node id, count), each
+    /// node's taken from its GPUs no job holds and no other job's reservation holds, as
+    /// [`topo_core::gpus::take`] takes them from one domain. A GPU is in the node whose CPUs
+    /// are near it (the free map's `gpus[].numa`, by which the PBS hook counts each vnode's
+    /// GPUs). [`Counted::NotThisHost`] when a node has fewer GPUs than counted at all; too few
+    /// free: it does not fit, naming the node (and the reservations, where only they keep it
+    /// out).
+    fn take_as_counted(&self, job: &str, counts: &[(u32, u32)]) -> Result<Counted, HostError> {
         let topo = &self.topo;
         let kept = self.gpus_kept_from(job);
+        let held = self.held_gpus();
         let all = topo_core::gpus::gpu_indices(topo);
         let sites: Vec<GpuSite> = all.iter().map(|&g| GpuSite::of(topo, g)).collect();
         let address = |i: usize| topo.devices[all[i]].pci_address.clone();
         let mut given: Vec<String> = Vec::new();
-        for &(node, count) in &prepared.gpus_by_numa {
-            // A GPU is in the node whose CPUs are near it (the free map's `gpus[].numa`, by
-            // which the PBS hook counts each vnode's GPUs).
+        for &(node, count) in counts {
             let node_cpus = topo
                 .numa_nodes
                 .iter()
@@ -166,10 +222,36 @@ impl Host {
             let in_node: Vec<usize> = (0..all.len())
                 .filter(|&i| node_cpus.is_some() && sites[i].numa == node_cpus)
                 .collect();
+            if in_node.len() < count as usize {
+                return Ok(Counted::NotThisHost(format!(
+                    "NUMA node {node} has {} GPU(s) for jobs here (a GPU whose node the kernel does not know, or whose node has no CPUs, is in none)",
+                    in_node.len()
+                )));
+            }
             let free: Vec<usize> =
                 in_node.iter().copied().filter(|&i| !kept.contains(&address(i))).collect();
             let Some(picked) = topo_core::gpus::take(&sites, &free, count as usize) else {
                 let names: Vec<String> = free.iter().map(|&i| address(i)).collect();
+                let unheld = in_node.iter().filter(|&&i| !held.contains(&address(i))).count();
+                let now = self.now_s();
+                let holding: Vec<String> = self
+                    .reservations
+                    .others_live(job, now)
+                    .filter(|r| r.gpus.iter().any(|g| in_node.iter().any(|&i| address(i) == *g)))
+                    .map(|r| {
+                        format!(
+                            "job {}'s reservation (GPU(s) {}, for {} s more)",
+                            r.job,
+                            r.gpus.join(", "),
+                            (r.expires_at - now).max(0)
+                        )
+                    })
+                    .collect();
+                let held_back = if unheld >= count as usize && !holding.is_empty() {
+                    format!("; it would fit without {}", holding.join(" and "))
+                } else {
+                    String::new()
+                };
                 return Err(HostError::DoesNotFit {
                     job: job.to_string(),
                     source: PlaceError::NotEnoughFree {
@@ -186,22 +268,12 @@ impl Host {
                             }
                         ),
                     },
-                    held_back: String::new(),
+                    held_back,
                 });
             };
             given.extend(picked.into_iter().map(address));
         }
-        let mut chosen = prepared.clone().with_gpus(topo, &given)?;
-        chosen.gpus_by_numa = Vec::new();
-        let counted: Vec<String> =
-            prepared.gpus_by_numa.iter().map(|(n, c)| format!("{c} in node {n}")).collect();
-        tracing::info!(
-            "job {job}: topod chose GPU(s) {} for gpus={per_task}, as the batch system counted them ({}; CPUs near them: {})",
-            chosen.ask.gpus.join(", "),
-            counted.join(", "),
-            chosen.near_gpus.as_ref().map_or_else(|| "where they fit".to_string(), CpuSet::to_string)
-        );
-        Ok(chosen)
+        Ok(Counted::Taken(given))
     }
 
     /// `refused` (a job's GPUs not found) with `; it would fit without job J's reservation
@@ -277,6 +349,14 @@ pub(super) fn gpus_to_choose(prepared: &Prepared) -> Result<Option<u32>, HostErr
         )));
     }
     Ok(None)
+}
+
+/// GPUs taken as a batch system counted them by NUMA node ([`Host::take_as_counted`]).
+enum Counted {
+    /// Their PCI addresses.
+    Taken(Vec<String>),
+    /// The counts are not this host's GPUs by node: why.
+    NotThisHost(String),
 }
 
 /// GPUs [`pick_gpus`] chose.

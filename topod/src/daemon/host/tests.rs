@@ -2900,6 +2900,81 @@ fn gpus_counted_per_numa_node_by_the_batch_system_are_taken_in_those_nodes() {
     assert!(why.contains("gpus names them already"), "{why}");
 }
 
+/// From the attack on `gpus_by_numa`: counts topod cannot follow do not refuse a job that ran
+/// before them (counts that are not this host's GPUs by node, as an administrator's qmgr count
+/// over GPUs whose node the kernel does not know; GPUs of a split chunk its `gpubind=numa`
+/// keeps its CPUs away from): topod chooses as without them. Another job's reservation that
+/// is all that keeps a node's GPUs out is named, and a job found without its record takes its
+/// GPUs where they were counted.
+#[test]
+fn counts_topod_cannot_follow_are_chosen_as_without_them_and_reservations_are_named() {
+    let topo = two_packages_with_four_gpus();
+    let kernel = kernel_for(&topo);
+    let records = tempfile::tempdir().unwrap();
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    h.set_clock(Arc::new(|| at(1_000)));
+    let node_cpus =
+        |n: u32| topo.numa_nodes.iter().find(|node| node.os_index == n).unwrap().cpus.to_string();
+    let ask = |job: &str, request: &str, cpus: &str, counts: &[(u32, u32)]| {
+        let mut args = proto::AllocateArgs::new(job, request);
+        args.cpus = Some(cpus.to_string());
+        args.gpus_by_numa =
+            counts.iter().map(|&(numa, count)| proto::NumaGpus { numa, count }).collect();
+        Prepared::from_allocate(&topo, &args).unwrap()
+    };
+    let gpus_of = |h: &Host, job: &str| -> Vec<Option<u32>> {
+        let listed = h.jobs().into_iter().find(|j| j.allocation.job == job).unwrap().gpus;
+        listed.iter().map(|g| g.numa_node).collect()
+    };
+    // Three counted in node 0, which has two: placed as without counts.
+    let more = ask("more", "affinity[thread:gpus=3]", &node_cpus(0), &[(0, 3)]);
+    h.allocate_prepared("more", &more, None, None).unwrap();
+    assert_eq!(gpus_of(&h, "more").len(), 3);
+    h.release("more").unwrap();
+    // gpubind=numa with its CPU in node 0 and its GPU counted in node 1: its GPU beside it.
+    let bound = ask("bound", "affinity[thread:gpus=1:gpubind=numa]", &node_cpus(0), &[(1, 1)]);
+    let placed = h.allocate_prepared("bound", &bound, None, None).unwrap();
+    assert_eq!(gpus_of(&h, "bound"), vec![Some(0)]);
+    assert!(placed.cpus.is_subset(&CpuSet::parse_list(&node_cpus(0)).unwrap()));
+    h.release("bound").unwrap();
+    // Node 0's free GPU is another job's reservation: the refusal names it.
+    h.allocate_prepared(
+        "n0",
+        &ask("n0", "affinity[thread:gpus=1]", &node_cpus(0), &[(0, 1)]),
+        None,
+        None,
+    )
+    .unwrap();
+    let block = prepare(&topo, "affinity[thread:gpus=1]", None, Some(&node_cpus(0))).unwrap();
+    let (r, _) = h.reserve("later", &block, 600).unwrap();
+    assert_eq!(r.gpus.len(), 1);
+    let e = h
+        .allocate_prepared(
+            "n0b",
+            &ask("n0b", "affinity[thread:gpus=1]", &node_cpus(0), &[(0, 1)]),
+            None,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("only 0 are free in NUMA node 0")
+            && e.contains("; it would fit without job later's reservation (GPU(s) "),
+        "{e}"
+    );
+    h.unreserve("later").unwrap();
+    // Found without its record: its GPU where the batch system counted it, not beside its CPU.
+    let lost = ask("lost", "affinity[thread:gpus=1]", &node_cpus(0), &[(1, 1)]);
+    h.allocate_prepared("lost", &lost, None, None).unwrap();
+    assert_eq!(gpus_of(&h, "lost"), vec![Some(1)]);
+    drop(h);
+    std::fs::remove_file(records.path().join("jobs/lost.json")).unwrap();
+    let mut h = host_on(&topo, &kernel, Some(records.path()));
+    h.recover(BTreeMap::new()).unwrap();
+    h.allocate_prepared("lost", &lost, None, None).unwrap();
+    assert_eq!(gpus_of(&h, "lost"), vec![Some(1)]);
+}
+
 /// Issue 33 and issue 31's rule for `gpus=` requests: the plug-ins (from the free map's free
 /// GPUs) keep a host exactly when topod's allocate there chooses GPUs and places the job, on
 /// random mixes of GPU and CPU jobs, with reservations for `gpus=` jobs (which hold GPUs) made
