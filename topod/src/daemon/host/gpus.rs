@@ -59,6 +59,7 @@ impl Host {
         if let Some(existing) = self.ledger.get(job) {
             let has_gpus = self.hints.get(job).is_some_and(|h| !h.ask.gpus.is_empty());
             if has_gpus || !existing.request.is_empty() {
+                self.warn_if_counted_elsewhere(job, &prepared.gpus_by_numa);
                 return Ok(None);
             }
             // Found in its cgroup without a record (topod died before writing it, or it was
@@ -196,6 +197,47 @@ impl Host {
             chosen.near_gpus.as_ref().map_or_else(|| "where they fit".to_string(), CpuSet::to_string)
         );
         Ok(Some(chosen))
+    }
+
+    /// A job allocated again keeps its GPUs (the allocate answers it again); where the batch
+    /// system now counts them in other NUMA nodes than they are, that is worth a line.
+    fn warn_if_counted_elsewhere(&self, job: &str, counts: &[(u32, u32)]) {
+        if counts.is_empty() {
+            return;
+        }
+        let topo = &self.topo;
+        let held = self.hints.get(job).map(|h| h.ask.gpus.clone()).unwrap_or_default();
+        let node_of = |address: &String| {
+            let g = topo_core::gpus::gpu_indices(topo)
+                .into_iter()
+                .find(|&g| topo.devices[g].pci_address == *address)?;
+            let site = GpuSite::of(topo, g).numa?;
+            topo.numa_nodes
+                .iter()
+                .find(|n| n.cpus.intersection(&topo.pus) == site)
+                .map(|n| n.os_index)
+        };
+        let mut has: Vec<(u32, u32)> = Vec::new();
+        for node in held.iter().filter_map(node_of) {
+            match has.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, c)) => *c += 1,
+                None => has.push((node, 1)),
+            }
+        }
+        let mut asked = counts.to_vec();
+        has.sort_unstable();
+        asked.sort_unstable();
+        if has != asked {
+            let say = |v: &[(u32, u32)]| {
+                v.iter().map(|(n, c)| format!("{c} in node {n}")).collect::<Vec<_>>().join(", ")
+            };
+            tracing::warn!(
+                "job {job}: allocated again with its GPUs counted as {}; it keeps those it has ({}: {})",
+                say(&asked),
+                held.join(", "),
+                say(&has)
+            );
+        }
     }
 
     /// The PCI addresses of `counts` free GPUs in each NUMA node (node id, count), each
