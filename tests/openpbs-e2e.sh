@@ -588,9 +588,13 @@ EOP
     check "a chunk PBS split over both NUMA vnodes ($where) got a GPU in each node (${gpus:-none}), as PBS counted them (topod's log: $counted line)" \
         bash -c "[ \$(grep -o 'ngpus=1' <<<'$where' | wc -l) = 2 ] && [ '$counted' = 1 ] && [ \"\$(tr , '\n' <<<'$gpus' | sort | tr '\n' ' ')\" = '0000:18:00.0 0000:86:00.0 ' ]"
     # The MoM restarts while that job holds both GPUs: exechost_startup publishes the same
-    # counts (the held GPUs counted in their nodes), and the job runs on.
+    # counts (the held GPUs counted in their nodes), and the job runs on. A site restarts a MoM
+    # under running jobs with SIGINT and pbs_mom -p (SIGTERM kills its jobs: OpenPBS
+    # src/resmom/linux/mom_func.c, stop_me; -p preserves them: src/resmom/mom_main.c).
     before=$(grep -c "ngpus per vnode: " "$mom_log" || true)
-    restart_mom
+    pkill -INT -x pbs_mom || true
+    for _ in $(seq 100); do pgrep -x pbs_mom >/dev/null || break; sleep 0.2; done
+    "$PBS_EXEC/sbin/pbs_mom" -p || fail "pbs_mom -p did not start again"
     for _ in $(seq 150); do [ "$(grep -c "ngpus per vnode: " "$mom_log" || true)" -gt "$before" ] && break; sleep 0.2; done
     for _ in $(seq 50); do pbsnodes -v "$NODE[1]" 2>/dev/null | grep -q "state = free" && break; sleep 0.2; done
     said=$(grep "ngpus per vnode: " "$mom_log" | tail -1 | sed 's/.*ngpus per vnode: //')

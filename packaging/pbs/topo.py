@@ -1085,15 +1085,25 @@ def publish_ncpus(event, host, topology, free_map, allocations, running, config,
 
 def gpus_per_numa_node(topology, free_map, allocations):
     """({NUMA node os_index: how many GPUs topod may give jobs there}, None), counted from
-    free_map's free GPUs and the GPUs reservations hold (each by its NUMA node's CPUs, topod's
-    own rule of which devices are jobs' GPUs and where they sit, not one written again here),
-    and the GPUs jobs hold (by the NUMA node topod lists them in), so that a MoM restarted under
-    GPU jobs publishes the same counts as one started on an idle host; or (None, why) when such
-    counts would not be what topod gives: a GPU has no NUMA node with CPUs PBS jobs may use (not
-    known, as on cloud VMs, or all its CPUs reserved or offline), where PBS would have to give
-    it with CPUs of another vnode, a held GPU's node is not known, or a job outside PBS holds
-    GPUs. ({}, None) on a host
-    without GPUs."""
+    free_map's GPUs, free, reserved and held alike (each by its NUMA node's CPUs, topod's own
+    rule of which devices are jobs' GPUs and where they sit, not one written again here), so
+    that a MoM restarted under GPU jobs publishes the same counts as one started on an idle
+    host; or (None, why) when such counts would not be what topod gives: a GPU has no NUMA node
+    with CPUs PBS jobs may use (not known, as on cloud VMs, or all its CPUs reserved or
+    offline), where PBS would have to give it with CPUs of another vnode; a job outside PBS
+    holds GPUs; or GPUs are held and topod (older than held_gpus) does not say where. ({},
+    None) on a host without GPUs."""
+    held = free_map.get("held_gpus") or []
+    outside = sorted(set(g.get("pci_address") or "?" for g in held if not str(g.get("job")).startswith(JOB_PREFIX)))
+    if outside:
+        # Not PBS's to count: it would send jobs there that topod refuses.
+        return None, "GPU(s) are held outside PBS now (%s)" % ", ".join(outside[:4])
+    if not held:
+        listed = sorted(set(g.get("pci_address") or "?" for a in allocations for g in a.get("gpus") or []
+                            if isinstance(g, dict) and not g.get("gone")))
+        if listed:
+            return None, ("GPU(s) are held now (%s) and this topod does not say where (it is older than "
+                          "the hook: upgrade it)" % ", ".join(listed[:4]))
     with_vnode = {}
     for index, cpus, _ in numa_nodes_with_cpus(topology, free_map):
         for node in topology.get("numa_nodes") or []:
@@ -1101,32 +1111,21 @@ def gpus_per_numa_node(topology, free_map, allocations):
                 with_vnode[frozenset(cpu_set(node["cpus"]))] = index
     counts = {}
     stray = []
-    sites = [(None, site) for site in free_map.get("gpus") or []]
-    sites += [(g.get("pci_address"), g.get("site") or {}) for g in free_map.get("reserved_gpus") or []]
-    for address, site in sites:
+    seen = set()
+    sites = [("a free GPU", None, site) for site in free_map.get("gpus") or []]
+    sites += [("a GPU reserved for %s" % g.get("job"), None, g.get("site") or {}) for g in free_map.get("reserved_gpus") or []]
+    sites += [("%s (held by %s)" % (g.get("pci_address"), g.get("job")), g.get("pci_address"), g.get("site") or {})
+              for g in held]
+    for name, address, site in sites:
+        if address is not None:
+            if address in seen:
+                continue   # one GPU two jobs share (a batch system's word) counts once
+            seen.add(address)
         index = with_vnode.get(frozenset(cpu_set(site.get("numa")))) if site.get("numa") else None
         if index is None:
-            stray.append(address or "a free GPU")
+            stray.append(name)
         else:
             counts[index] = counts.get(index, 0) + 1
-    seen = set(address for address, _ in sites if address)
-    vnode_nodes = set(with_vnode.values())
-    outside = sorted(set(g.get("pci_address") or "?" for a in allocations if not str(a.get("job")).startswith(JOB_PREFIX)
-                         for g in a.get("gpus") or []))
-    if outside:
-        # Not PBS's to count: it would send jobs there that topod refuses.
-        return None, "GPU(s) are held outside PBS now (%s)" % ", ".join(outside[:4])
-    for allocation in allocations:
-        for gpu in allocation.get("gpus") or []:
-            address = gpu.get("pci_address")
-            if not address or address in seen or gpu.get("gone"):
-                continue
-            seen.add(address)
-            index = gpu.get("numa_node")
-            if index in vnode_nodes:
-                counts[index] = counts.get(index, 0) + 1
-            else:
-                stray.append("%s (held by %s)" % (address, allocation.get("job") or "a job"))
     if stray:
         return None, ("%d GPU(s) have no NUMA node with CPUs PBS jobs may use here (not known, or "
                       "all its CPUs reserved or offline): %s" % (len(stray), ", ".join(stray[:4])))

@@ -1205,6 +1205,29 @@ class PureFunctionsTest(unittest.TestCase):
         self.assertEqual((other.ncpus, other.mem_bytes, other.mpiprocs, other.numa_nodes), (8, 2 << 30, 1, set()))
         self.assertEqual(self.hook.share_on_host(Job(), "node10", "topology").ncpus, 0, "node1 is not a prefix match")
 
+    def test_gpus_per_numa_node_counts_held_gpus_where_free_ones_would_be(self):
+        # A GPU in a CPU-less node (HBM) or of unknown node with a local_cpulist: topod's free
+        # map places it by the CPUs near it, held or free alike (from the second attack: held
+        # ones were counted by their listed numa_node, 2 here, and nothing was published).
+        topology = {"numa_nodes": [{"os_index": 0, "cpus": "0-1"}, {"os_index": 1, "cpus": "2-3"},
+                                   {"os_index": 2, "cpus": ""}]}
+        free_map = {"allocatable": "0-3", "gpus": [{"numa": "2-3"}],
+                    "held_gpus": [{"job": "pbs-1.x", "pci_address": "0000:18:00.0", "site": {"numa": "0-1"}}]}
+        listed = [{"job": "pbs-1.x", "gpus": [{"pci_address": "0000:18:00.0", "numa_node": 2}]}]
+        self.assertEqual(self.hook.gpus_per_numa_node(topology, free_map, listed), ({0: 1, 1: 1}, None))
+        # Two jobs sharing one GPU count it once; a job outside PBS holding one: none published.
+        shared = dict(free_map, held_gpus=free_map["held_gpus"] * 2)
+        self.assertEqual(self.hook.gpus_per_numa_node(topology, shared, listed), ({0: 1, 1: 1}, None))
+        outside = dict(free_map, held_gpus=[dict(free_map["held_gpus"][0], job="other-1")])
+        counts, why = self.hook.gpus_per_numa_node(topology, outside, listed)
+        self.assertIsNone(counts)
+        self.assertIn("held outside PBS now (0000:18:00.0)", why)
+        # A topod older than held_gpus: GPUs held, their place not said.
+        older = {"allocatable": "0-3", "gpus": [{"numa": "2-3"}]}
+        counts, why = self.hook.gpus_per_numa_node(topology, older, listed)
+        self.assertIsNone(counts)
+        self.assertIn("does not say where", why)
+
     def test_values_the_launch_hook_sets_keep_their_commas(self):
         # The MoM cuts an event.env value at an unescaped comma (see env_value).
         self.assertEqual(self.hook.env_value("0,2-3"), "0\\,2-3")

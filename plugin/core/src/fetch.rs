@@ -780,6 +780,7 @@ fn idle_reply(
         moves: None,
         gpus: Vec::new(),
         reserved_gpus: Vec::new(),
+        held_gpus: Vec::new(),
         topology_id,
     }
 }

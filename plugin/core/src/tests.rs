@@ -373,6 +373,7 @@ fn reads_the_protocols_free_map() {
                 fabric: None,
             },
         }],
+        held_gpus: Vec::new(),
         topology_id: Some(0x0123_4567_89ab_cdef),
     };
     let kept: FreeMap = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();

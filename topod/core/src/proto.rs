@@ -555,11 +555,28 @@ pub mod reply {
         /// job (which topod gives them first), to no other.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub reserved_gpus: Vec<ReservedGpu>,
+        /// The GPUs (and accelerators) jobs hold, each with its job and where it is, so that a
+        /// batch system counting GPUs per NUMA node (the PBS hook's per-NUMA vnodes) counts
+        /// held ones as it counts free ones. A topod older than this field sends none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub held_gpus: Vec<HeldGpu>,
         /// The fingerprint of the topology this topod serves (`Topology::fingerprint`): a
         /// plug-in that cached the topology fetches it again when this changes (topod
         /// restarted on other hardware). A topod older than this field sends none.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub topology_id: Option<u64>,
+    }
+
+    /// A GPU a job holds (`free_map`'s `held_gpus`).
+    #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct HeldGpu {
+        /// The job.
+        pub job: String,
+        /// Its PCI address.
+        pub pci_address: String,
+        /// Where it is.
+        pub site: crate::gpus::GpuSite,
     }
 
     /// A GPU a reservation holds for its job (`free_map`'s `reserved_gpus`).

@@ -890,6 +890,9 @@ pub struct Host {
     /// Defragmenting migration, when on (see [`space`]).
     defrag: Option<Defrag>,
     /// Tells Slurm and PBS of the CPUs topod changed in their running jobs, when set.
+    /// A batch system's GPU counts by NUMA node were found not to be this host's since the
+    /// start (said once, `host/gpus.rs`).
+    counts_not_followed: std::sync::atomic::AtomicBool,
     batch_reporter: Option<super::batch_report::BatchReporter>,
 }
 
@@ -952,6 +955,7 @@ impl Host {
             equipartition: false,
             defrag: None,
             batch_reporter: None,
+            counts_not_followed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -156,10 +156,10 @@ impl Host {
     /// in each node stays topod's ([`Host::take_as_counted`]). The job is then placed as one
     /// whose GPUs the batch system named ([`Prepared::with_gpus`]): its CPUs beside them where
     /// they fit among those it may use (the batch system chose where its CPUs are too, and may
-    /// have taken GPUs of another node). `Ok(None)` when the counts cannot be followed and
-    /// topod chooses as without them, logged: counts that are not this host's GPUs by node (an
-    /// administrator's count on a vnode, a GPU whose node the kernel does not know), or GPUs
-    /// whose node the job's `gpubind=` keeps its CPUs out of (the batch system split its chunk).
+    /// have taken GPUs of another node), or refused where its `gpubind=` keeps its CPUs away
+    /// from them. `Ok(None)` when the counts are not this host's GPUs by node (an
+    /// administrator's count on a vnode over GPUs whose node the kernel does not know): topod
+    /// chooses as without them (logged once a start).
     fn gpus_as_counted(
         &self,
         job: &str,
@@ -171,23 +171,33 @@ impl Host {
         let given = match self.take_as_counted(job, &prepared.gpus_by_numa)? {
             Counted::Taken(given) => given,
             Counted::NotThisHost(why) => {
+                if self.counts_not_followed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::debug!(
+                        "job {job}: GPUs counted {} not followed: {why}",
+                        counted.join(", ")
+                    );
+                    return Ok(None);
+                }
                 tracing::warn!(
-                    "job {job}: the batch system counted its GPUs by NUMA node ({}), but {why}: topod chooses them as without those counts (the batch system's count of free GPUs per node may then differ from topod's)",
+                    "job {job}: the batch system counted its GPUs by NUMA node ({}), but {why}: topod chooses them as without those counts (the batch system's count of free GPUs per node may then differ from topod's; said once until topod restarts, then at debug level)",
                     counted.join(", ")
                 );
                 return Ok(None);
             }
         };
+        // A gpubind= the GPUs counted cannot meet (the batch system split the job's chunk: its
+        // CPUs in one node, its GPUs counted in another) is the job's rule against the batch
+        // system's choice: refused, saying so. Choosing GPUs beside its CPUs instead would take
+        // GPUs the batch system counts as free in their node.
         let mut chosen = match prepared.clone().with_gpus(&self.topo, &given) {
             Ok(chosen) => chosen,
-            Err(why) => {
-                tracing::warn!(
-                    "job {job}: the GPUs the batch system counted ({}: {}) cannot be its own: {why}; topod chooses them as without those counts (the batch system's count of free GPUs per node differs from topod's until the job ends)",
-                    counted.join(", "),
-                    given.join(", ")
-                );
-                return Ok(None);
+            Err(HostError::BadRequest(why)) => {
+                return Err(HostError::BadRequest(format!(
+                    "{why}: the batch system counted the job's GPUs as {} (gpus_by_numa) and gave it CPUs away from them (it split the job's chunk over NUMA nodes); without gpubind= it would run on those CPUs with those GPUs",
+                    counted.join(", ")
+                )));
             }
+            Err(e) => return Err(e),
         };
         chosen.gpus_by_numa = Vec::new();
         tracing::info!(
@@ -207,6 +217,9 @@ impl Host {
         }
         let topo = &self.topo;
         let held = self.hints.get(job).map(|h| h.ask.gpus.clone()).unwrap_or_default();
+        if held.is_empty() {
+            return;
+        }
         let node_of = |address: &String| {
             let g = topo_core::gpus::gpu_indices(topo)
                 .into_iter()
@@ -223,6 +236,22 @@ impl Host {
                 Some((_, c)) => *c += 1,
                 None => has.push((node, 1)),
             }
+        }
+        // Counts topod does not follow here (not this host's GPUs by node) were not followed
+        // at its first allocate either: nothing new to say.
+        let in_node = |node: u32| {
+            let cpus = topo
+                .numa_nodes
+                .iter()
+                .find(|n| n.os_index == node)
+                .map(|n| n.cpus.intersection(&topo.pus));
+            topo_core::gpus::gpu_indices(topo)
+                .into_iter()
+                .filter(|&g| cpus.is_some() && GpuSite::of(topo, g).numa == cpus)
+                .count()
+        };
+        if counts.iter().any(|&(node, count)| in_node(node) < count as usize) {
+            return;
         }
         let mut asked = counts.to_vec();
         has.sort_unstable();
@@ -266,7 +295,7 @@ impl Host {
                 .collect();
             if in_node.len() < count as usize {
                 return Ok(Counted::NotThisHost(format!(
-                    "NUMA node {node} has {} GPU(s) for jobs here (a GPU whose node the kernel does not know, or whose node has no CPUs, is in none)",
+                    "NUMA node {node} has {} GPU(s) for jobs here (a GPU whose node the kernel does not know is in none; one in a node without CPUs is in the node whose CPUs are nearest)",
                     in_node.len()
                 )));
             }
@@ -276,10 +305,15 @@ impl Host {
                 let names: Vec<String> = free.iter().map(|&i| address(i)).collect();
                 let unheld = in_node.iter().filter(|&&i| !held.contains(&address(i))).count();
                 let now = self.now_s();
+                // Only reservations whose GPUs in this node no job holds keep them out.
                 let holding: Vec<String> = self
                     .reservations
                     .others_live(job, now)
-                    .filter(|r| r.gpus.iter().any(|g| in_node.iter().any(|&i| address(i) == *g)))
+                    .filter(|r| {
+                        r.gpus
+                            .iter()
+                            .any(|g| !held.contains(g) && in_node.iter().any(|&i| address(i) == *g))
+                    })
                     .map(|r| {
                         format!(
                             "job {}'s reservation (GPU(s) {}, for {} s more)",

@@ -85,8 +85,31 @@ impl Snapshot {
                 .map(|g| topo_core::gpus::GpuSite::of(&self.topo, g))
                 .collect(),
             reserved_gpus: self.reserved_free_gpus(),
+            held_gpus: self.held_gpus(),
             topology_id: Some(self.topology_id),
         }
+    }
+
+    /// The GPUs jobs hold that are GPUs for jobs here (not a device a batch system named that
+    /// is none, nor one the host no longer has), with their jobs.
+    fn held_gpus(&self) -> Vec<topo_core::proto::reply::HeldGpu> {
+        let gpus = topo_core::gpus::gpu_indices(&self.topo);
+        let mut out = Vec::new();
+        for j in &self.jobs {
+            for gpu in &j.gpus {
+                let Some(&g) =
+                    gpus.iter().find(|&&g| self.topo.devices[g].pci_address == gpu.pci_address)
+                else {
+                    continue;
+                };
+                out.push(topo_core::proto::reply::HeldGpu {
+                    job: j.allocation.job.clone(),
+                    pci_address: gpu.pci_address.clone(),
+                    site: topo_core::gpus::GpuSite::of(&self.topo, g),
+                });
+            }
+        }
+        out
     }
 
     /// The GPUs reservations hold for their jobs that no job holds now, with their jobs.

@@ -2900,10 +2900,10 @@ fn gpus_counted_per_numa_node_by_the_batch_system_are_taken_in_those_nodes() {
     assert!(why.contains("gpus names them already"), "{why}");
 }
 
-/// From the attack on `gpus_by_numa`: counts topod cannot follow do not refuse a job that ran
-/// before them (counts that are not this host's GPUs by node, as an administrator's qmgr count
-/// over GPUs whose node the kernel does not know; GPUs of a split chunk its `gpubind=numa`
-/// keeps its CPUs away from): topod chooses as without them. Another job's reservation that
+/// From the attacks on `gpus_by_numa`: counts that are not this host's GPUs by node (an
+/// administrator's qmgr count over GPUs whose node the kernel does not know) do not refuse a
+/// job that ran before them: topod chooses as without them. A split chunk whose `gpubind=numa`
+/// keeps its CPUs away from the GPUs counted is refused saying why. Another job's reservation that
 /// is all that keeps a node's GPUs out is named, and a job found without its record takes its
 /// GPUs where they were counted.
 #[test]
@@ -2931,12 +2931,17 @@ fn counts_topod_cannot_follow_are_chosen_as_without_them_and_reservations_are_na
     h.allocate_prepared("more", &more, None, None).unwrap();
     assert_eq!(gpus_of(&h, "more").len(), 3);
     h.release("more").unwrap();
-    // gpubind=numa with its CPU in node 0 and its GPU counted in node 1: its GPU beside it.
+    // gpubind=numa with its CPU in node 0 and its GPU counted in node 1 (the batch system
+    // split its chunk): refused, saying so, not given a GPU the batch system counts as free in
+    // node 0 (the second attack: that made the counts drift).
     let bound = ask("bound", "affinity[thread:gpus=1:gpubind=numa]", &node_cpus(0), &[(1, 1)]);
-    let placed = h.allocate_prepared("bound", &bound, None, None).unwrap();
-    assert_eq!(gpus_of(&h, "bound"), vec![Some(0)]);
-    assert!(placed.cpus.is_subset(&CpuSet::parse_list(&node_cpus(0)).unwrap()));
-    h.release("bound").unwrap();
+    let e = h.allocate_prepared("bound", &bound, None, None).unwrap_err();
+    assert!(matches!(e, HostError::BadRequest(_)), "{e}");
+    assert!(
+        e.to_string().contains("the batch system counted the job's GPUs as 1 in node 1 (gpus_by_numa) and gave it CPUs away from them (it split the job's chunk over NUMA nodes)"),
+        "{e}"
+    );
+    assert!(h.jobs().is_empty());
     // Node 0's free GPU is another job's reservation: the refusal names it.
     h.allocate_prepared(
         "n0",
