@@ -306,25 +306,13 @@ impl Host {
                 let unheld = in_node.iter().filter(|&&i| !held.contains(&address(i))).count();
                 let now = self.now_s();
                 // Only reservations whose GPUs in this node no job holds keep them out.
-                let holding: Vec<String> = self
-                    .reservations
-                    .others_live(job, now)
-                    .filter(|r| {
-                        r.gpus
-                            .iter()
-                            .any(|g| !held.contains(g) && in_node.iter().any(|&i| address(i) == *g))
-                    })
-                    .map(|r| {
-                        format!(
-                            "job {}'s reservation (GPU(s) {}, for {} s more)",
-                            r.job,
-                            r.gpus.join(", "),
-                            (r.expires_at - now).max(0)
-                        )
-                    })
-                    .collect();
-                let held_back = if unheld >= count as usize && !holding.is_empty() {
-                    format!("; it would fit without {}", holding.join(" and "))
+                let holding = self.reservations.others_live(job, now).filter(|r| {
+                    r.gpus
+                        .iter()
+                        .any(|g| !held.contains(g) && in_node.iter().any(|&i| address(i) == *g))
+                });
+                let held_back = if unheld >= count as usize {
+                    would_fit_without(holding, now)
                 } else {
                     String::new()
                 };
@@ -383,18 +371,7 @@ impl Host {
             )
             .is_ok()
         {
-            let named: Vec<String> = holding
-                .iter()
-                .map(|r| {
-                    format!(
-                        "job {}'s reservation (GPU(s) {}, for {} s more)",
-                        r.job,
-                        r.gpus.join(", "),
-                        (r.expires_at - now).max(0)
-                    )
-                })
-                .collect();
-            held_back = format!("; it would fit without {}", named.join(" and "));
+            held_back = would_fit_without(holding.iter().copied(), now);
         }
         HostError::DoesNotFit { job: who, source, held_back }
     }
@@ -425,6 +402,29 @@ pub(super) fn gpus_to_choose(prepared: &Prepared) -> Result<Option<u32>, HostErr
         )));
     }
     Ok(None)
+}
+
+/// `; it would fit without job R's reservation (GPU(s) ..., for N s more) and ...` naming
+/// `holding`, the reservations whose GPUs keep a job out; empty when there are none.
+fn would_fit_without<'a>(
+    holding: impl Iterator<Item = &'a topo_core::reservation::Reservation>,
+    now: i64,
+) -> String {
+    let named: Vec<String> = holding
+        .map(|r| {
+            format!(
+                "job {}'s reservation (GPU(s) {}, for {} s more)",
+                r.job,
+                r.gpus.join(", "),
+                (r.expires_at - now).max(0)
+            )
+        })
+        .collect();
+    if named.is_empty() {
+        String::new()
+    } else {
+        format!("; it would fit without {}", named.join(" and "))
+    }
 }
 
 /// GPUs taken as a batch system counted them by NUMA node ([`Host::take_as_counted`]).

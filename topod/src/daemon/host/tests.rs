@@ -2824,6 +2824,31 @@ fn two_packages_with_four_gpus() -> Topology {
     topo
 }
 
+/// An `allocate` of `job` inside `cpus` with GPUs counted by NUMA node (node, count).
+fn counted_args(
+    job: &str,
+    request: &str,
+    cpus: &str,
+    counts: &[(u32, u32)],
+) -> proto::AllocateArgs {
+    let mut args = proto::AllocateArgs::new(job, request);
+    args.cpus = Some(cpus.to_string());
+    args.gpus_by_numa =
+        counts.iter().map(|&(numa, count)| proto::NumaGpus { numa, count }).collect();
+    args
+}
+
+/// The NUMA nodes of the GPUs `job` holds, as its listing says.
+fn gpu_nodes_of(h: &Host, job: &str) -> Vec<Option<u32>> {
+    let listed = h.jobs().into_iter().find(|j| j.allocation.job == job).unwrap().gpus;
+    listed.iter().map(|g| g.numa_node).collect()
+}
+
+/// The CPUs of NUMA node `n`, as a list.
+fn node_cpus_of(topo: &Topology, n: u32) -> String {
+    topo.numa_nodes.iter().find(|node| node.os_index == n).unwrap().cpus.to_string()
+}
+
 /// Issue 33, PBS with one vnode per NUMA node: a chunk PBS gave CPUs of node 0 and one GPU of
 /// each node (its scheduler may split a chunk so) gets one GPU in each node, as PBS counted
 /// them, not both beside its CPUs: else PBS would see a GPU free in node 0 that topod has
@@ -2835,19 +2860,11 @@ fn gpus_counted_per_numa_node_by_the_batch_system_are_taken_in_those_nodes() {
     let topo = two_packages_with_four_gpus();
     let kernel = kernel_for(&topo);
     let mut h = host_on(&topo, &kernel, None);
-    let node_cpus =
-        |n: u32| topo.numa_nodes.iter().find(|node| node.os_index == n).unwrap().cpus.to_string();
+    let node_cpus = |n: u32| node_cpus_of(&topo, n);
     let ask = |job: &str, request: &str, cpus: &str, counts: &[(u32, u32)]| {
-        let mut args = proto::AllocateArgs::new(job, request);
-        args.cpus = Some(cpus.to_string());
-        args.gpus_by_numa =
-            counts.iter().map(|&(numa, count)| proto::NumaGpus { numa, count }).collect();
-        Prepared::from_allocate(&topo, &args)
+        Prepared::from_allocate(&topo, &counted_args(job, request, cpus, counts))
     };
-    let gpus_of = |h: &Host, job: &str| -> Vec<Option<u32>> {
-        let listed = h.jobs().into_iter().find(|j| j.allocation.job == job).unwrap().gpus;
-        listed.iter().map(|g| g.numa_node).collect()
-    };
+    let gpus_of = gpu_nodes_of;
     let split = ask("a", "affinity[core(2):gpus=2]", &node_cpus(0), &[(0, 1), (1, 1)]).unwrap();
     let a = h.allocate_prepared("a", &split, None, None).unwrap();
     assert_eq!(gpus_of(&h, "a"), vec![Some(0), Some(1)]);
@@ -2913,19 +2930,11 @@ fn counts_topod_cannot_follow_are_chosen_as_without_them_and_reservations_are_na
     let records = tempfile::tempdir().unwrap();
     let mut h = host_on(&topo, &kernel, Some(records.path()));
     h.set_clock(Arc::new(|| at(1_000)));
-    let node_cpus =
-        |n: u32| topo.numa_nodes.iter().find(|node| node.os_index == n).unwrap().cpus.to_string();
+    let node_cpus = |n: u32| node_cpus_of(&topo, n);
     let ask = |job: &str, request: &str, cpus: &str, counts: &[(u32, u32)]| {
-        let mut args = proto::AllocateArgs::new(job, request);
-        args.cpus = Some(cpus.to_string());
-        args.gpus_by_numa =
-            counts.iter().map(|&(numa, count)| proto::NumaGpus { numa, count }).collect();
-        Prepared::from_allocate(&topo, &args).unwrap()
+        Prepared::from_allocate(&topo, &counted_args(job, request, cpus, counts)).unwrap()
     };
-    let gpus_of = |h: &Host, job: &str| -> Vec<Option<u32>> {
-        let listed = h.jobs().into_iter().find(|j| j.allocation.job == job).unwrap().gpus;
-        listed.iter().map(|g| g.numa_node).collect()
-    };
+    let gpus_of = gpu_nodes_of;
     // Three counted in node 0, which has two: placed as without counts.
     let more = ask("more", "affinity[thread:gpus=3]", &node_cpus(0), &[(0, 3)]);
     h.allocate_prepared("more", &more, None, None).unwrap();
