@@ -272,8 +272,9 @@ impl Prepared {
     /// meet is refused, naming it. `gpubind=` without GPUs binds nothing (logged).
     pub fn with_gpus(mut self, topo: &Topology, names: &[String]) -> Result<Self, HostError> {
         if names.is_empty() {
-            if let Some(bind @ (request::GpuBind::Numa | request::GpuBind::Socket)) =
-                self.request.gpubind
+            // With gpus= topod chooses them, and binds then (`host/gpus.rs`).
+            if let (Some(bind @ (request::GpuBind::Numa | request::GpuBind::Socket)), None) =
+                (self.request.gpubind, self.request.gpus_per_task)
             {
                 tracing::info!(
                     "request {}: gpubind={} binds nothing: the batch system gave the job no GPUs",
