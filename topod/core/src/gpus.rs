@@ -206,6 +206,15 @@ pub fn take(sites: &[GpuSite], group: &[usize], count: usize) -> Option<Vec<usiz
     (count > 0 && group.len() >= count).then(|| take_from(sites, group, count))
 }
 
+/// The NUMA node (kernel id) a GPU at `site` counts in: the node whose CPUs are those near
+/// it (a GPU in a node without CPUs counts in the node whose CPUs are nearest; one whose node
+/// the kernel does not know, in none). What a batch system counting GPUs per NUMA node (the
+/// PBS hook, from the free map's sites) and topod following those counts both go by.
+pub fn counted_node(topo: &Topology, site: &GpuSite) -> Option<u32> {
+    let near = site.numa.as_ref()?;
+    topo.numa_nodes.iter().find(|n| n.cpus.intersection(&topo.pus) == *near).map(|n| n.os_index)
+}
+
 /// Of `group`'s GPUs split by `key` (those without one apart), the smallest part of at least
 /// `count` (the first of equals, in `group`'s order).
 fn smallest_holding<'a>(

@@ -891,10 +891,10 @@ pub struct Host {
     /// Defragmenting migration, when on (see [`space`]).
     defrag: Option<Defrag>,
     /// Tells Slurm and PBS of the CPUs topod changed in their running jobs, when set.
+    batch_reporter: Option<super::batch_report::BatchReporter>,
     /// A batch system's GPU counts by NUMA node were found not to be this host's since the
     /// start (said once, `host/gpus.rs`).
     counts_not_followed: std::sync::atomic::AtomicBool,
-    batch_reporter: Option<super::batch_report::BatchReporter>,
 }
 
 /// How long after a process was told how to move itself into a job the job is not released for

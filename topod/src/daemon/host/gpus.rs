@@ -220,44 +220,28 @@ impl Host {
         if held.is_empty() {
             return;
         }
-        let node_of = |address: &String| {
-            let g = topo_core::gpus::gpu_indices(topo)
-                .into_iter()
-                .find(|&g| topo.devices[g].pci_address == *address)?;
-            let site = GpuSite::of(topo, g).numa?;
-            topo.numa_nodes
-                .iter()
-                .find(|n| n.cpus.intersection(&topo.pus) == site)
-                .map(|n| n.os_index)
-        };
-        let mut has: Vec<(u32, u32)> = Vec::new();
-        for node in held.iter().filter_map(node_of) {
-            match has.iter_mut().find(|(n, _)| *n == node) {
-                Some((_, c)) => *c += 1,
-                None => has.push((node, 1)),
-            }
-        }
+        let nodes: Vec<(String, Option<u32>)> = topo_core::gpus::gpu_indices(topo)
+            .into_iter()
+            .map(|g| {
+                let node = topo_core::gpus::counted_node(topo, &GpuSite::of(topo, g));
+                (topo.devices[g].pci_address.clone(), node)
+            })
+            .collect();
         // Counts topod does not follow here (not this host's GPUs by node) were not followed
         // at its first allocate either: nothing new to say.
-        let in_node = |node: u32| {
-            let cpus = topo
-                .numa_nodes
-                .iter()
-                .find(|n| n.os_index == node)
-                .map(|n| n.cpus.intersection(&topo.pus));
-            topo_core::gpus::gpu_indices(topo)
-                .into_iter()
-                .filter(|&g| cpus.is_some() && GpuSite::of(topo, g).numa == cpus)
-                .count()
-        };
+        let in_node = |node: u32| nodes.iter().filter(|(_, n)| *n == Some(node)).count();
         if counts.iter().any(|&(node, count)| in_node(node) < count as usize) {
             return;
         }
-        let mut asked = counts.to_vec();
-        has.sort_unstable();
-        asked.sort_unstable();
+        let mut has: std::collections::BTreeMap<u32, u32> = std::collections::BTreeMap::new();
+        for address in &held {
+            if let Some((_, Some(node))) = nodes.iter().find(|(a, _)| a == address) {
+                *has.entry(*node).or_default() += 1;
+            }
+        }
+        let asked: std::collections::BTreeMap<u32, u32> = counts.iter().copied().collect();
         if has != asked {
-            let say = |v: &[(u32, u32)]| {
+            let say = |v: &std::collections::BTreeMap<u32, u32>| {
                 v.iter().map(|(n, c)| format!("{c} in node {n}")).collect::<Vec<_>>().join(", ")
             };
             tracing::warn!(
@@ -271,9 +255,9 @@ impl Host {
 
     /// The PCI addresses of `counts` free GPUs in each NUMA node (node id, count), each
     /// node's taken from its GPUs no job holds and no other job's reservation holds, as
-    /// [`topo_core::gpus::take`] takes them from one domain. A GPU is in the node whose CPUs
-    /// are near it (the free map's `gpus[].numa`, by which the PBS hook counts each vnode's
-    /// GPUs). [`Counted::NotThisHost`] when a node has fewer GPUs than counted at all; too few
+    /// [`topo_core::gpus::take`] takes them from one domain. A GPU is in the node
+    /// [`topo_core::gpus::counted_node`] says (as the PBS hook counts each vnode's GPUs from
+    /// the free map). [`Counted::NotThisHost`] when a node has fewer GPUs than counted at all; too few
     /// free: it does not fit, naming the node (and the reservations, where only they keep it
     /// out).
     fn take_as_counted(&self, job: &str, counts: &[(u32, u32)]) -> Result<Counted, HostError> {
@@ -284,15 +268,10 @@ impl Host {
         let sites: Vec<GpuSite> = all.iter().map(|&g| GpuSite::of(topo, g)).collect();
         let address = |i: usize| topo.devices[all[i]].pci_address.clone();
         let mut given: Vec<String> = Vec::new();
+        let nodes: Vec<Option<u32>> =
+            sites.iter().map(|site| topo_core::gpus::counted_node(topo, site)).collect();
         for &(node, count) in counts {
-            let node_cpus = topo
-                .numa_nodes
-                .iter()
-                .find(|n| n.os_index == node)
-                .map(|n| n.cpus.intersection(&topo.pus));
-            let in_node: Vec<usize> = (0..all.len())
-                .filter(|&i| node_cpus.is_some() && sites[i].numa == node_cpus)
-                .collect();
+            let in_node: Vec<usize> = (0..all.len()).filter(|&i| nodes[i] == Some(node)).collect();
             if in_node.len() < count as usize {
                 return Ok(Counted::NotThisHost(format!(
                     "NUMA node {node} has {} GPU(s) for jobs here (a GPU whose node the kernel does not know is in none; one in a node without CPUs is in the node whose CPUs are nearest)",
